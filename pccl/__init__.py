@@ -1,0 +1,46 @@
+"""pccl: fault-tolerant collective communications over the internet, on Trio."""
+
+from .config import Config
+from .errors import (
+    AuthenticationFailed,
+    CollectiveAborted,
+    InvalidArgument,
+    InvalidUsage,
+    Kicked,
+    KickReason,
+    MasterUnreachable,
+    PCCLError,
+    ProtocolError,
+    RevisionViolation,
+    SharedStateSyncFailed,
+    TooFewPeers,
+    TopologyUpdateFailed,
+)
+from .types import DType, Quantization, QuantKind, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuthenticationFailed",
+    "CollectiveAborted",
+    "Config",
+    "DType",
+    "InvalidArgument",
+    "InvalidUsage",
+    "Kicked",
+    "KickReason",
+    "MasterUnreachable",
+    "PCCLError",
+    "ProtocolError",
+    "Quantization",
+    "QuantKind",
+    "ReduceInfo",
+    "ReduceOp",
+    "RevisionViolation",
+    "SharedStateSyncFailed",
+    "SyncInfo",
+    "SyncStrategy",
+    "TooFewPeers",
+    "TopologyUpdateFailed",
+    "__version__",
+]

@@ -1,0 +1,57 @@
+"""Tunable settings of a communicator or master, as one frozen record."""
+
+from __future__ import annotations
+
+import dataclasses
+import ssl
+
+from .errors import InvalidArgument
+
+__all__ = ["Config", "DEFAULT_MASTER_PORT"]
+
+DEFAULT_MASTER_PORT = 48148
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Settings shared by masters and peers.  All durations are in seconds.
+
+    Construct with keyword arguments; ``dataclasses.replace`` derives variants.
+    """
+
+    #: A peer that sends nothing (not even a heartbeat) for this long is removed by the master,
+    #: and a peer that hears nothing from the master for this long declares it unreachable.
+    peer_timeout: float = 10.0
+    #: Interval between heartbeats on the master connection.
+    heartbeat_interval: float = 1.0
+    #: Time allowed to establish a TCP connection (plus handshake).
+    connect_timeout: float = 10.0
+    #: Largest control frame accepted, in bytes; a larger announced length is refused before
+    #: any allocation.
+    max_frame_size: int = 16 * 1024 * 1024
+    #: Base ports for a peer's listeners; when taken, the next free port above is used.
+    p2p_base_port: int = 48150
+    shared_state_base_port: int = 48149
+    benchmark_base_port: int = 48151
+    #: How many ports above a base port are tried before giving up.
+    port_search_range: int = 512
+    #: Socket buffer sizes requested for data connections (bytes; 0 keeps the OS default).
+    socket_buffer_size: int = 4 * 1024 * 1024
+    #: Optional TLS: a client-side context for outgoing and a server-side one for incoming
+    #: connections.  Both or neither.
+    tls_client_context: ssl.SSLContext | None = None
+    tls_server_context: ssl.SSLContext | None = None
+
+    def __post_init__(self) -> None:
+        if self.peer_timeout <= 0 or self.heartbeat_interval <= 0 or self.connect_timeout <= 0:
+            raise InvalidArgument("timeouts and intervals must be positive")
+        if self.heartbeat_interval >= self.peer_timeout:
+            raise InvalidArgument("heartbeat_interval must be shorter than peer_timeout")
+        if self.max_frame_size < 1024:
+            raise InvalidArgument("max_frame_size must be at least 1024 bytes")
+        for name in ("p2p_base_port", "shared_state_base_port", "benchmark_base_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise InvalidArgument(f"{name} must be a port number, got {port}")
+        if (self.tls_client_context is None) != (self.tls_server_context is None):
+            raise InvalidArgument("set both tls_client_context and tls_server_context, or neither")

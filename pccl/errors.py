@@ -1,0 +1,137 @@
+"""The pccl exception tree.
+
+Every error pccl raises to its caller is a :class:`PCCLError`.  No bare trio, OS or msgspec
+exception and no ExceptionGroup crosses the public API.  Errors say whose fault they are:
+``InvalidUsage``/``InvalidArgument`` are the caller's, ``ProtocolError`` is the remote side's,
+the rest are the environment's (peers dying, the master going away).
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "PCCLError",
+    "InvalidUsage",
+    "InvalidArgument",
+    "TooFewPeers",
+    "CollectiveAborted",
+    "TopologyUpdateFailed",
+    "SharedStateSyncFailed",
+    "RevisionViolation",
+    "KickReason",
+    "Kicked",
+    "MasterUnreachable",
+    "AuthenticationFailed",
+    "ProtocolError",
+    "TransportError",
+    "PeerDisconnected",
+    "ConnectionRefused",
+    "ConnectTimeout",
+    "AddressInUse",
+    "StreamClosed",
+]
+
+
+class PCCLError(Exception):
+    """Base class of every error pccl raises."""
+
+
+# --- caller bugs -------------------------------------------------------------------------------
+
+
+class InvalidUsage(PCCLError):
+    """The caller used the API wrongly (wrong phase, concurrent sync and collective, reused tag…)."""
+
+
+class InvalidArgument(InvalidUsage, ValueError):
+    """An argument is unacceptable: wrong dtype, size, contiguity, overlapping buffers, bad address."""
+
+
+# --- run-time conditions -----------------------------------------------------------------------
+
+
+class TooFewPeers(PCCLError):
+    """The operation needs at least two peers in the group and this peer is alone."""
+
+
+class CollectiveAborted(PCCLError):
+    """A participant left mid-operation; an in-place buffer holds its input again. Retry."""
+
+
+class TopologyUpdateFailed(PCCLError):
+    """The topology update could not complete."""
+
+
+class SharedStateSyncFailed(PCCLError):
+    """The shared-state synchronisation could not complete."""
+
+
+class RevisionViolation(SharedStateSyncFailed):
+    """The shared-state revision did not advance by exactly one since the last sync."""
+
+
+class KickReason(enum.IntEnum):
+    """Why the master removed a peer.  Sent on the wire: values are stable."""
+
+    UNSPECIFIED = 0
+    PROTOCOL_ERROR = 1
+    OUT_OF_PHASE = 2
+    TIMEOUT = 3
+    AUTHENTICATION = 4
+    REVISION_VIOLATION = 5
+    SHARED_STATE_MISMATCH = 6
+    STRATEGY_VIOLATION = 7
+    P2P_UNREACHABLE = 8
+    SHUTDOWN = 9
+    DUPLICATE_TAG = 10
+    FRAME_TOO_LARGE = 11
+
+
+class Kicked(PCCLError):
+    """The master removed this peer; :attr:`reason` says why, :attr:`detail` gives specifics."""
+
+    def __init__(self, reason: KickReason, detail: str = "") -> None:
+        self.reason = KickReason(reason)
+        self.detail = detail
+        msg = f"kicked by the master: {self.reason.name}"
+        super().__init__(f"{msg} ({detail})" if detail else msg)
+
+
+class MasterUnreachable(PCCLError):
+    """The master cannot be reached, or the connection to it was lost."""
+
+
+class AuthenticationFailed(PCCLError):
+    """The other side did not prove the run token (or this side could not)."""
+
+
+class ProtocolError(PCCLError):
+    """The other side sent malformed, oversized, out-of-phase or unknown data."""
+
+
+# --- transport (raised by pccl.net; the runtime maps them to the errors above) -----------------
+
+
+class TransportError(PCCLError):
+    """A connection-level failure.  ``__cause__`` carries the underlying OS/trio error."""
+
+
+class PeerDisconnected(TransportError):
+    """The remote end closed or reset the connection, or it broke."""
+
+
+class ConnectionRefused(TransportError):
+    """Nothing accepted the connection at that address."""
+
+
+class ConnectTimeout(TransportError):
+    """The connection attempt did not complete in time."""
+
+
+class AddressInUse(TransportError):
+    """No port could be bound in the requested range."""
+
+
+class StreamClosed(TransportError):
+    """This side already closed the stream (or its sending half) and then used it."""

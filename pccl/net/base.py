@@ -1,0 +1,154 @@
+"""The transport seam: the ``Network`` every pccl component talks through.
+
+Real TCP (:mod:`pccl.net.tcp`) and the simulator's virtual network both implement it, and the
+same protocol code runs over either.  Nothing above ``pccl.net`` sees a trio or OS exception:
+implementations raise the :class:`~pccl.errors.TransportError` subclasses below, with the
+original exception as ``__cause__``.
+
+Addresses are ``"host:port"`` strings; IPv6 hosts are bracketed (``"[::1]:48148"``).
+"""
+
+from __future__ import annotations
+
+import abc
+
+from ..errors import InvalidArgument, PeerDisconnected
+
+__all__ = ["Network", "Stream", "Listener", "parse_address", "format_address"]
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``"host:port"`` / ``"[v6]:port"`` into ``(host, port)``; :class:`InvalidArgument` if malformed."""
+    if not isinstance(address, str):
+        raise InvalidArgument(f"address must be a 'host:port' string, got {type(address).__name__}")
+    if address.startswith("["):
+        host, sep, rest = address[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise InvalidArgument(f"malformed IPv6 address {address!r}; expected '[host]:port'")
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = address.rpartition(":")
+        if not sep:
+            raise InvalidArgument(f"address {address!r} has no port; expected 'host:port'")
+        if ":" in host:
+            raise InvalidArgument(f"IPv6 address {address!r} must be bracketed: '[host]:port'")
+    if not host:
+        raise InvalidArgument(f"address {address!r} has no host")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise InvalidArgument(f"address {address!r} has an invalid port")
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    """Inverse of :func:`parse_address`."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Stream(abc.ABC):
+    """A reliable, ordered, bidirectional byte stream.
+
+    Every method is a trio checkpoint.  Cancelling a ``send_all`` may leave the stream with a
+    partial message sent: the stream is then unusable for framing and callers close it.
+    Cancelling a ``receive_into`` loses no bytes.
+    """
+
+    #: ``"host:port"`` of the remote end as this side sees it (the master uses it as the
+    #: peer's observed address).
+    remote_address: str
+    local_address: str
+
+    @abc.abstractmethod
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Send every byte of ``data``.  Raises ``PeerDisconnected`` or ``StreamClosed``."""
+
+    @abc.abstractmethod
+    async def receive_into(self, buffer: memoryview | bytearray) -> int:
+        """Receive at least one byte into ``buffer``; return how many.  ``0`` means EOF.
+
+        ``buffer`` must be non-empty and writable.  Raises ``PeerDisconnected`` on a reset.
+        """
+
+    @abc.abstractmethod
+    async def send_eof(self) -> None:
+        """Half-close: the peer's receives return EOF after the data sent so far."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Close the stream.  Idempotent; closes even when cancelled; never raises a transport error."""
+
+    def abort(self) -> None:
+        """Close at once without a goodbye (RST where the transport has one).  Synchronous.
+
+        The default falls back to marking the stream for ``aclose``; transports override it.
+        """
+
+    async def receive_exactly_into(self, buffer: memoryview | bytearray) -> None:
+        """Fill ``buffer`` completely; ``PeerDisconnected`` if EOF comes first."""
+        view = memoryview(buffer).cast("B")
+        filled = 0
+        total = len(view)
+        while filled < total:
+            n = await self.receive_into(view[filled:])
+            if n == 0:
+                raise PeerDisconnected(
+                    f"connection to {self.remote_address} closed after {filled} of {total} expected bytes"
+                )
+            filled += n
+
+    async def receive_exactly(self, n: int) -> bytearray:
+        """Receive exactly ``n`` bytes (``PeerDisconnected`` on early EOF)."""
+        buf = bytearray(n)
+        await self.receive_exactly_into(buf)
+        return buf
+
+    async def __aenter__(self) -> "Stream":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Listener(abc.ABC):
+    """Accepts incoming streams on one bound address."""
+
+    #: The bound ``"host:port"`` (with the real port when port 0 or bump allocation was used).
+    address: str
+
+    @property
+    def port(self) -> int:
+        return parse_address(self.address)[1]
+
+    @abc.abstractmethod
+    async def accept(self) -> Stream:
+        """Wait for and return the next incoming stream.  ``StreamClosed`` after ``aclose``."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Stop listening; a blocked ``accept`` raises ``StreamClosed``.  Idempotent."""
+
+    async def __aenter__(self) -> "Listener":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Network(abc.ABC):
+    """Factory of streams and listeners: real TCP or the simulator's virtual network."""
+
+    @abc.abstractmethod
+    async def connect(self, address: str, *, timeout: float | None = None) -> Stream:
+        """Open a stream to ``address``.
+
+        Raises ``ConnectionRefused`` (nothing listening), ``ConnectTimeout`` (no answer within
+        ``timeout`` seconds), ``InvalidArgument`` (malformed address) or another ``TransportError``.
+        """
+
+    @abc.abstractmethod
+    async def listen(self, address: str, *, port_range: int = 1) -> Listener:
+        """Bind ``address`` and listen.
+
+        Port 0 asks for any free port.  With ``port_range > 1`` the ports ``port,
+        port+1, … port+port_range-1`` are tried in order and the first free one is bound (PCCL's
+        bump allocation from 48148/48149…).  ``AddressInUse`` if none is free.
+        """

@@ -1,0 +1,140 @@
+"""Enums and info records of the public API.  Wire values of the enums are stable."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+
+from .errors import InvalidArgument
+
+__all__ = [
+    "ReduceOp",
+    "DType",
+    "QuantKind",
+    "Quantization",
+    "SyncStrategy",
+    "ReduceInfo",
+    "SyncInfo",
+    "dtype_of",
+]
+
+
+class ReduceOp(enum.IntEnum):
+    SUM = 0
+    AVG = 1
+    PROD = 2
+    MIN = 3
+    MAX = 4
+
+
+class DType(enum.IntEnum):
+    """Element types pccl moves and reduces.  The values travel on the wire."""
+
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    UINT64 = 6
+    INT64 = 7
+    FLOAT16 = 8
+    BFLOAT16 = 9
+    FLOAT32 = 10
+    FLOAT64 = 11
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+    @property
+    def is_float(self) -> bool:
+        return self >= DType.FLOAT16
+
+    def numpy_dtype(self) -> np.dtype:
+        """The numpy dtype; BFLOAT16 needs the optional ``ml_dtypes`` package."""
+        if self is DType.BFLOAT16:
+            try:
+                import ml_dtypes
+            except ImportError as exc:  # pragma: no cover - depends on the environment
+                raise InvalidArgument("bfloat16 arrays need the optional 'ml_dtypes' package") from exc
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(_NUMPY_NAME[self])
+
+
+_ITEMSIZE = {
+    DType.UINT8: 1, DType.INT8: 1, DType.UINT16: 2, DType.INT16: 2,
+    DType.UINT32: 4, DType.INT32: 4, DType.UINT64: 8, DType.INT64: 8,
+    DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.FLOAT32: 4, DType.FLOAT64: 8,
+}
+_NUMPY_NAME = {
+    DType.UINT8: "uint8", DType.INT8: "int8", DType.UINT16: "uint16", DType.INT16: "int16",
+    DType.UINT32: "uint32", DType.INT32: "int32", DType.UINT64: "uint64", DType.INT64: "int64",
+    DType.FLOAT16: "float16", DType.FLOAT32: "float32", DType.FLOAT64: "float64",
+}
+_BY_NUMPY = {np.dtype(name): dt for dt, name in _NUMPY_NAME.items()}
+
+
+def dtype_of(dtype: object) -> DType:
+    """Map a numpy dtype (or anything ``np.dtype`` accepts) to :class:`DType`.
+
+    Raises :class:`InvalidArgument` for unsupported dtypes.  ``ml_dtypes.bfloat16`` is recognised
+    by name so that ml_dtypes stays optional.
+    """
+    try:
+        npd = np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError as exc:
+        raise InvalidArgument(f"not a dtype: {dtype!r}") from exc
+    if npd.byteorder == ">" or (npd.byteorder == "=" and np.little_endian is False):
+        raise InvalidArgument(f"big-endian dtype {npd} is not supported")
+    found = _BY_NUMPY.get(npd.newbyteorder("=")) if npd.kind in "uif" else None
+    if found is not None:
+        return found
+    if npd.name == "bfloat16" and npd.itemsize == 2:
+        return DType.BFLOAT16
+    raise InvalidArgument(f"unsupported dtype {npd}; pccl supports {', '.join(d.name.lower() for d in DType)}")
+
+
+class QuantKind(enum.IntEnum):
+    NONE = 0
+    MIN_MAX = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    """Quantization of an all-reduce's wire traffic: MIN_MAX to uint8 or uint16."""
+
+    kind: QuantKind = QuantKind.MIN_MAX
+    dtype: object = np.uint8
+
+    def __post_init__(self) -> None:
+        kind = QuantKind(self.kind)
+        object.__setattr__(self, "kind", kind)
+        if kind is QuantKind.MIN_MAX and dtype_of(self.dtype) not in (DType.UINT8, DType.UINT16):
+            raise InvalidArgument("MIN_MAX quantization needs dtype uint8 or uint16")
+
+
+class SyncStrategy(enum.IntEnum):
+    ENFORCE_POPULAR = 0
+    SEND_ONLY = 1
+    RECEIVE_ONLY = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceInfo:
+    """Result of an all-reduce: the number of peers it ran over and payload bytes moved."""
+
+    world_size: int
+    tx_bytes: int
+    rx_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncInfo:
+    """Result of a shared-state sync: the adopted revision and payload bytes moved."""
+
+    revision: int
+    tx_bytes: int
+    rx_bytes: int

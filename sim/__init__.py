@@ -1,0 +1,1 @@
+"""pccl's deterministic simulator: virtual network, seeded chaos, replay and shrink."""
