@@ -1,2 +1,72 @@
-/* pccl native kernels: declarations shared by the C sources and the cffi build (cdef). */
+/* pccl native kernels: the public declarations, shared by the C sources and the cffi build.
+ *
+ * This file is fed verbatim to cffi's cdef(), so it holds declarations only: no #include,
+ * no #if, no macros.  The C sources include <stddef.h> and <stdint.h> before it.
+ *
+ * Conventions (every kernel):
+ *   - buffers are contiguous arrays of n elements, aligned to their element size, and never
+ *     overlap (the Python wrappers in pccl/kernels.py check all of this and realign odd views);
+ *   - n == 0 is a no-op that touches no memory;
+ *   - the return value is a pccl_status; nothing else reports errors, nothing aborts.
+ *
+ * Dtype and op codes equal the wire values of pccl.types.DType and pccl.types.ReduceOp.
+ * Exact semantics (integer wrapping, NaN rules, AVG rounding, the quantization formulas)
+ * are specified in reduce.c and quant.c, next to the code that implements them.
+ */
+
+enum pccl_status {
+    PCCL_OK = 0,
+    PCCL_EDTYPE = -1,     /* unsupported dtype or dtype/op combination */
+    PCCL_EOP = -2,        /* unknown reduce op */
+    PCCL_ENONFINITE = -3, /* NaN or +-Inf in the input of a min/max scan or a quantization */
+    PCCL_ERANGE = -4,     /* max - min of a chunk overflows the accumulator type */
+    PCCL_EARG = -5        /* other bad argument (AVG count of 0) */
+};
+
+enum pccl_dtype {
+    PCCL_U8 = 0, PCCL_I8 = 1, PCCL_U16 = 2, PCCL_I16 = 3,
+    PCCL_U32 = 4, PCCL_I32 = 5, PCCL_U64 = 6, PCCL_I64 = 7,
+    PCCL_F16 = 8, PCCL_BF16 = 9, PCCL_F32 = 10, PCCL_F64 = 11
+};
+
+enum pccl_op { PCCL_SUM = 0, PCCL_AVG = 1, PCCL_PROD = 2, PCCL_MIN = 3, PCCL_MAX = 4 };
+
 int pccl_kernels_abi_version(void);
+
+/* ---- reduce.c ---------------------------------------------------------------------------- */
+
+/* dst[i] = dst[i] op src[i]; dst and src both of `dtype` (f32, f64 or an integer type).
+ * AVG accumulates like SUM (finalise with pccl_avg_finalize). */
+int pccl_reduce(int op, int dtype, void *dst, const void *src, size_t n);
+
+/* dst[i] = dst[i] op (float)src[i] with src of dtype f16 or bf16 and an f32 destination. */
+int pccl_reduce_widen(int op, int src_dtype, float *dst, const void *src, size_t n);
+
+/* dst[i] = (float)src[i], src f16 or bf16 (exact). */
+int pccl_widen(int src_dtype, float *dst, const void *src, size_t n);
+
+/* dst[i] = src[i] rounded to f16 or bf16, round-to-nearest-even. */
+int pccl_narrow(int dst_dtype, void *dst, const float *src, size_t n);
+
+/* dst[i] = dst[i] / count; floats: IEEE division by (T)count; integers: floor division. */
+int pccl_avg_finalize(int dtype, void *dst, size_t n, uint64_t count);
+
+/* ---- quant.c ----------------------------------------------------------------------------- */
+
+/* One pass over x (f16, bf16, f32 or f64): *lo = min, *hi = max (as doubles; -0 reported as
+ * +0).  PCCL_ENONFINITE if any element is NaN or +-Inf.  n == 0 gives lo = hi = 0. */
+int pccl_minmax(int dtype, const void *x, size_t n, double *lo, double *hi);
+
+/* Min-max quantization of x (f16, bf16, f32, f64) to q (u8 or u16).  Writes the parameters
+ * that pccl_dequantize needs to *lo and *scale. */
+int pccl_quantize(int src_dtype, const void *x, size_t n, int q_dtype, void *q,
+                  double *lo, double *scale);
+
+/* out[i] = lo + (A)q[i] * scale in the accumulator type A = out_dtype (f32 or f64). */
+int pccl_dequantize(int q_dtype, const void *q, size_t n, int out_dtype, void *out,
+                    double lo, double scale);
+
+/* acc[i] = acc[i] op (lo + (A)q[i] * scale), A = acc_dtype (f32 or f64): bit-identical to
+ * pccl_dequantize into a temporary followed by pccl_reduce, in one pass. */
+int pccl_dequantize_reduce(int op, int q_dtype, const void *q, size_t n, int acc_dtype,
+                           void *acc, double lo, double scale);

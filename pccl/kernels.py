@@ -1,0 +1,460 @@
+"""Typed numpy-facing wrappers over the C kernels of ``pccl._kernels``, and numpy oracles.
+
+Every wrapper validates its arguments and raises :class:`~pccl.errors.InvalidArgument` with a
+message naming the argument: unsupported or mismatched dtype, a non-C-contiguous array,
+different element counts, a read-only destination, or a destination that overlaps an input.
+Arrays of any shape are accepted as long as they are C-contiguous; kernels work on the flat
+element sequence.  Misaligned views (e.g. ``np.frombuffer(buf, offset=1)``) are accepted: they
+go through an aligned temporary copy, because the C code may assume natural alignment.
+``n == 0`` is fine everywhere.
+
+The GIL: cffi's API mode wraps every C call in ``Py_BEGIN_ALLOW_THREADS`` /
+``Py_END_ALLOW_THREADS`` (documented by cffi since 0.3, "C function calls are done with the GIL
+released"; visible in the generated ``_kernels.c``), so a kernel running in a worker thread
+never blocks the Trio thread, whatever the buffer size.  Pointers come from ``ffi.from_buffer``:
+no copies.  Nothing here awaits, so cancellation cannot interrupt a kernel half-way; callers
+that run kernels in threads decide what cancellation means for the buffer.
+
+Semantics (integer wrapping, NaN rules of MIN/MAX, floor division of integer AVG, rounding of
+float16/bfloat16 narrowing, the quantization formulas) are specified in ``native/reduce.c`` and
+``native/quant.c``.  The ``*_oracle`` functions at the end implement the same definitions in
+plain numpy; the property tests check the kernels against them bit for bit.
+
+bfloat16 arrays are numpy arrays of ``ml_dtypes.bfloat16`` (recognised by name, so ml_dtypes
+stays optional); where a function takes an explicit ``dtype=DType.BFLOAT16`` (or FLOAT16) a raw
+``uint16`` array holding the bit patterns is accepted too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import numpy as np
+
+from ._kernels import ffi, lib
+from .errors import InvalidArgument
+from .types import DType, ReduceOp, dtype_of
+
+__all__ = [
+    "QuantParams",
+    "accumulator_dtype",
+    "reduce_into",
+    "avg_finalize",
+    "widen",
+    "narrow",
+    "minmax",
+    "quantize",
+    "dequantize",
+    "dequantize_reduce",
+    "reduce_oracle",
+    "avg_oracle",
+    "widen_oracle",
+    "narrow_oracle",
+    "minmax_oracle",
+    "quantize_oracle",
+    "dequantize_oracle",
+    "dequantize_reduce_oracle",
+]
+
+_log = logging.getLogger(__name__)
+
+_HALF = (DType.FLOAT16, DType.BFLOAT16)
+_QUANT_SOURCES = (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)
+_QUANT_TARGETS = {DType.UINT8: 255, DType.UINT16: 65535}
+_ACCUMULATORS = (DType.FLOAT32, DType.FLOAT64)
+
+# The native module must be the one built from this source tree (an editable install whose
+# extension was not rebuilt after a change of native/ would otherwise misbehave silently).
+_ABI_VERSION = 2
+if lib.pccl_kernels_abi_version() != _ABI_VERSION:  # pragma: no cover - stale build only
+    raise ImportError(
+        f"pccl._kernels has ABI {lib.pccl_kernels_abi_version()}, expected {_ABI_VERSION}: "
+        "rebuild it (pip install -e .)"
+    )
+if (lib.PCCL_F32, lib.PCCL_BF16, lib.PCCL_U64, lib.PCCL_MAX) != (
+    DType.FLOAT32, DType.BFLOAT16, DType.UINT64, ReduceOp.MAX
+):  # pragma: no cover - kernels.h and pccl/types.py disagree
+    raise ImportError("pccl._kernels dtype/op codes disagree with pccl.types")
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantParams:
+    """What a quantized chunk needs besides its integers: ``x' = lo + q * scale``.
+
+    Both values are exact images of accumulator-type numbers (float32 for float32/float16/
+    bfloat16 chunks, float64 for float64 chunks), so sending them as float64 loses nothing.
+    """
+
+    lo: float
+    scale: float
+
+
+def accumulator_dtype(dtype: DType) -> DType:
+    """The type reductions and (de)quantization of ``dtype`` compute in: FLOAT64 stays FLOAT64,
+    every other float type accumulates in FLOAT32; integers reduce in their own type."""
+    dtype = DType(dtype)
+    if dtype is DType.FLOAT64 or not dtype.is_float:
+        return dtype
+    return DType.FLOAT32
+
+
+# --- argument checking ------------------------------------------------------------------------
+
+
+def _fail(message: str) -> InvalidArgument:
+    _log.debug("kernel argument rejected: %s", message)
+    return InvalidArgument(message)
+
+
+def _array(name: str, a: Any, *, writable: bool = False) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise _fail(f"{name} must be a numpy array, not {type(a).__name__}")
+    if not a.flags.c_contiguous:
+        raise _fail(f"{name} must be C-contiguous (got strides {a.strides} for shape {a.shape})")
+    if writable and not a.flags.writeable:
+        raise _fail(f"{name} is read-only but the kernel writes into it")
+    return a
+
+
+_DTYPE_CACHE: dict[np.dtype, DType] = {}
+
+
+def _dtype(name: str, a: np.ndarray, declared: DType | int | None = None) -> DType:
+    """The element type of ``a``; with ``declared``, also accept raw uint16 bits for f16/bf16."""
+    if declared is None:
+        found = _DTYPE_CACHE.get(a.dtype)
+        if found is None:
+            found = _DTYPE_CACHE[a.dtype] = dtype_of(a.dtype)  # raises for unsupported dtypes
+        return found
+    declared = DType(declared)
+    try:
+        actual: DType | None = dtype_of(a.dtype)
+    except InvalidArgument:
+        actual = None
+    if actual is declared or (declared in _HALF and actual is DType.UINT16):
+        return declared
+    raise _fail(f"{name} has dtype {a.dtype}, which cannot hold {declared.name.lower()}")
+
+
+def _same_size(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
+    if a.size != b.size:
+        raise _fail(f"{name_a} has {a.size} elements but {name_b} has {b.size}")
+
+
+def _no_overlap(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
+    # Exact test (not just bounds); cheap for contiguous arrays.
+    if np.shares_memory(a, b):
+        raise _fail(f"{name_a} and {name_b} overlap in memory; the kernel needs separate buffers")
+
+
+_CHAR_ARRAY = ffi.typeof("char[]")
+_FLOAT_ARRAY = ffi.typeof("float[]")
+
+
+def _ptr(a: np.ndarray, ctype: Any = _CHAR_ARRAY) -> Any:
+    """A zero-copy cffi pointer to the array's memory (it keeps ``a`` alive)."""
+    return ffi.from_buffer(ctype, a, require_writable=a.flags.writeable)
+
+
+def _aligned(a: np.ndarray) -> np.ndarray:
+    """``a`` itself if naturally aligned, else an aligned copy (the C code may assume alignment)."""
+    return a if a.flags.aligned else a.copy()
+
+
+def _check(rc: int, what: str, acc: DType | None = None) -> None:
+    if rc == lib.PCCL_OK:
+        return
+    if rc == lib.PCCL_ENONFINITE:
+        raise _fail(f"{what}: the input contains NaN or Inf; min-max quantization needs finite values")
+    if rc == lib.PCCL_ERANGE:
+        acc_name = acc.name.lower() if acc is not None else "the accumulator type"
+        raise _fail(f"{what}: max - min of the input overflows {acc_name}")
+    # The wrappers validate everything the C code checks, so this is a wrapper bug.
+    raise _fail(f"{what}: the native kernel rejected its arguments (status {rc})")
+
+
+def _op(op: ReduceOp | int) -> ReduceOp:
+    if type(op) is ReduceOp:
+        return op
+    try:
+        return ReduceOp(op)
+    except ValueError as exc:
+        raise _fail(f"unknown reduce op {op!r}") from exc
+
+
+# --- wrappers -----------------------------------------------------------------------------------
+
+
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp | int = ReduceOp.SUM,
+                *, src_dtype: DType | None = None) -> None:
+    """``dst op= src`` element-wise, in place.
+
+    ``dst`` and ``src`` share a dtype (float32, float64, any integer type), or ``src`` is
+    float16/bfloat16 and ``dst`` float32 (``src_dtype`` declares raw uint16 bits).  Integers
+    wrap like numpy; float SUM/PROD are one IEEE operation per element (float32 SUM equals
+    ``np.add(dst, src, out=dst)`` bit for bit); MIN/MAX behave like ``np.minimum`` /
+    ``np.maximum``: NaN in either operand gives NaN, and on ties (+0 vs -0) src wins.  AVG
+    accumulates like SUM; finish with :func:`avg_finalize`.  Raises InvalidArgument.
+    """
+    op = _op(op)
+    dst = _array("dst", dst, writable=True)
+    src = _array("src", src)
+    dt_dst = _dtype("dst", dst)
+    dt_src = _dtype("src", src, src_dtype)
+    _same_size("dst", dst, "src", src)
+    _no_overlap("dst", dst, "src", src)
+    if dt_src in _HALF:
+        if dt_dst is not DType.FLOAT32:
+            raise _fail(f"{dt_src.name.lower()} src must be accumulated into a float32 dst, not {dst.dtype}")
+    elif dt_src is not dt_dst:
+        raise _fail(f"dst has dtype {dst.dtype} but src has {src.dtype}; they must match")
+    if dst.size == 0:
+        return
+    d, s = _aligned(dst), _aligned(src)
+    if dt_src in _HALF:
+        rc = lib.pccl_reduce_widen(op, dt_src, _ptr(d, _FLOAT_ARRAY), _ptr(s), d.size)
+    else:
+        rc = lib.pccl_reduce(op, dt_dst, _ptr(d), _ptr(s), d.size)
+    _check(rc, "reduce")
+    if d is not dst:
+        dst[...] = d
+
+
+def avg_finalize(dst: np.ndarray, count: int) -> None:
+    """``dst /= count`` in place: IEEE division for floats, FLOOR division for integers
+    (numpy's ``//``: -7 // 2 == -4).  float16/bfloat16 results are finalised in their float32
+    accumulator before :func:`narrow`.  ``count`` must be in [1, 2**63)."""
+    dst = _array("dst", dst, writable=True)
+    dt = _dtype("dst", dst)
+    if dt in _HALF:
+        raise _fail(f"AVG of {dt.name.lower()} is finalised in the float32 accumulator")
+    if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or not 1 <= count < 2**63:
+        raise _fail(f"AVG count must be an integer in [1, 2**63), got {count!r}")
+    if dst.size == 0:
+        return
+    d = _aligned(dst)
+    _check(lib.pccl_avg_finalize(dt, _ptr(d), d.size, int(count)), "avg_finalize")
+    if d is not dst:
+        dst[...] = d
+
+
+def widen(dst: np.ndarray, src: np.ndarray, *, src_dtype: DType | None = None) -> None:
+    """``dst[:] = src`` converting float16/bfloat16 to float32 (exact)."""
+    dst = _array("dst", dst, writable=True)
+    src = _array("src", src)
+    if _dtype("dst", dst) is not DType.FLOAT32:
+        raise _fail(f"widen writes float32, dst has dtype {dst.dtype}")
+    dt_src = _dtype("src", src, src_dtype)
+    if dt_src not in _HALF:
+        raise _fail(f"widen reads float16 or bfloat16, src has dtype {src.dtype}")
+    _same_size("dst", dst, "src", src)
+    _no_overlap("dst", dst, "src", src)
+    if dst.size == 0:
+        return
+    d, s = _aligned(dst), _aligned(src)
+    _check(lib.pccl_widen(dt_src, _ptr(d, _FLOAT_ARRAY), _ptr(s), d.size), "widen")
+    if d is not dst:
+        dst[...] = d
+
+
+def narrow(dst: np.ndarray, src: np.ndarray, *, dst_dtype: DType | None = None) -> None:
+    """``dst[:] = src`` rounding float32 to float16/bfloat16, round-to-nearest-even (overflow
+    gives Inf, NaN stays NaN).  ``dst_dtype`` declares a raw uint16 destination."""
+    dst = _array("dst", dst, writable=True)
+    src = _array("src", src)
+    dt_dst = _dtype("dst", dst, dst_dtype)
+    if dt_dst not in _HALF:
+        raise _fail(f"narrow writes float16 or bfloat16, dst has dtype {dst.dtype}")
+    if _dtype("src", src) is not DType.FLOAT32:
+        raise _fail(f"narrow reads float32, src has dtype {src.dtype}")
+    _same_size("dst", dst, "src", src)
+    _no_overlap("dst", dst, "src", src)
+    if dst.size == 0:
+        return
+    d, s = _aligned(dst), _aligned(src)
+    _check(lib.pccl_narrow(dt_dst, _ptr(d), _ptr(s, _FLOAT_ARRAY), d.size), "narrow")
+    if d is not dst:
+        dst[...] = d
+
+
+def minmax(x: np.ndarray, *, dtype: DType | None = None) -> tuple[float, float]:
+    """``(min(x), max(x))`` of a float16/bfloat16/float32/float64 array in one pass; a -0
+    extreme is reported as +0; an empty array gives ``(0.0, 0.0)``.  Raises InvalidArgument
+    if ``x`` contains NaN or Inf."""
+    x = _array("x", x)
+    dt = _dtype("x", x, dtype)
+    if dt not in _QUANT_SOURCES:
+        raise _fail(f"minmax scans float arrays, x has dtype {x.dtype}")
+    if x.size == 0:
+        return 0.0, 0.0
+    lo = ffi.new("double *")
+    hi = ffi.new("double *")
+    xa = _aligned(x)
+    _check(lib.pccl_minmax(dt, _ptr(xa), xa.size, lo, hi), "minmax")
+    return lo[0], hi[0]
+
+
+def quantize(x: np.ndarray, q: np.ndarray, *, dtype: DType | None = None) -> QuantParams:
+    """Min-max quantize ``x`` (float16/bfloat16/float32/float64) into ``q`` (uint8/uint16).
+
+    Returns the :class:`QuantParams` that :func:`dequantize` needs.  Rounds to nearest (ties to
+    even); a constant chunk gets scale 0 and dequantizes exactly.  Raises InvalidArgument on
+    NaN/Inf in ``x`` or when max - min overflows the accumulator type; ``q`` is then unspecified.
+    """
+    x = _array("x", x)
+    q = _array("q", q, writable=True)
+    dt = _dtype("x", x, dtype)
+    if dt not in _QUANT_SOURCES:
+        raise _fail(f"quantize reads float arrays, x has dtype {x.dtype}")
+    qdt = _dtype("q", q)
+    if qdt not in _QUANT_TARGETS:
+        raise _fail(f"quantize writes uint8 or uint16, q has dtype {q.dtype}")
+    _same_size("x", x, "q", q)
+    _no_overlap("x", x, "q", q)
+    if x.size == 0:
+        return QuantParams(0.0, 0.0)
+    xa, qa = _aligned(x), _aligned(q)
+    lo = ffi.new("double *")
+    scale = ffi.new("double *")
+    _check(lib.pccl_quantize(dt, _ptr(xa), xa.size, qdt, _ptr(qa), lo, scale), "quantize",
+           accumulator_dtype(dt))
+    if qa is not q:
+        q[...] = qa
+    return QuantParams(lo[0], scale[0])
+
+
+def _quant_pair(q: np.ndarray, out_name: str, out: np.ndarray) -> tuple[DType, DType]:
+    qdt = _dtype("q", q)
+    if qdt not in _QUANT_TARGETS:
+        raise _fail(f"quantized input must be uint8 or uint16, q has dtype {q.dtype}")
+    odt = _dtype(out_name, out)
+    if odt not in _ACCUMULATORS:
+        raise _fail(f"{out_name} must be a float32 or float64 accumulator, not {out.dtype}")
+    _same_size(out_name, out, "q", q)
+    _no_overlap(out_name, out, "q", q)
+    return qdt, odt
+
+
+def dequantize(q: np.ndarray, params: QuantParams, out: np.ndarray) -> None:
+    """``out[:] = lo + q * scale`` computed in out's type (float32 or float64)."""
+    q = _array("q", q)
+    out = _array("out", out, writable=True)
+    qdt, odt = _quant_pair(q, "out", out)
+    if out.size == 0:
+        return
+    qa, oa = _aligned(q), _aligned(out)
+    _check(lib.pccl_dequantize(qdt, _ptr(qa), qa.size, odt, _ptr(oa), params.lo, params.scale),
+           "dequantize")
+    if oa is not out:
+        out[...] = oa
+
+
+def dequantize_reduce(acc: np.ndarray, q: np.ndarray, params: QuantParams,
+                      op: ReduceOp | int = ReduceOp.SUM) -> None:
+    """``acc op= (lo + q * scale)`` in one pass, bit-identical to :func:`dequantize` into a
+    temporary followed by :func:`reduce_into`.  ``acc`` is float32 or float64."""
+    op = _op(op)
+    acc = _array("acc", acc, writable=True)
+    q = _array("q", q)
+    qdt, adt = _quant_pair(q, "acc", acc)
+    if acc.size == 0:
+        return
+    aa, qa = _aligned(acc), _aligned(q)
+    _check(lib.pccl_dequantize_reduce(op, qdt, _ptr(qa), qa.size, adt, _ptr(aa),
+                                      params.lo, params.scale), "dequantize_reduce")
+    if aa is not acc:
+        acc[...] = aa
+
+
+# --- numpy oracles (plain numpy, same definitions; used by the tests) ---------------------------
+
+
+def _as_f32(x: np.ndarray, dt: DType) -> np.ndarray:
+    """float16/bfloat16 (or their uint16 bit patterns) to float32, exactly."""
+    bits = x.reshape(-1).view(np.uint16)
+    if dt is DType.FLOAT16:
+        return bits.view(np.float16).astype(np.float32)
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def widen_oracle(src: np.ndarray, src_dtype: DType | None = None) -> np.ndarray:
+    dt = DType(src_dtype) if src_dtype is not None else dtype_of(src.dtype)
+    return _as_f32(src, dt).reshape(src.shape)
+
+
+def narrow_oracle(src: np.ndarray, dst_dtype: DType) -> np.ndarray:
+    """float32 -> uint16 bit patterns of float16 (numpy's cast) or bfloat16 (ml_dtypes' cast)."""
+    if DType(dst_dtype) is DType.FLOAT16:
+        return src.astype(np.float16).view(np.uint16)
+    return src.astype(DType.BFLOAT16.numpy_dtype()).view(np.uint16)
+
+
+_NUMPY_OPS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
+              ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
+
+
+def reduce_oracle(dst: np.ndarray, src: np.ndarray, op: ReduceOp | int,
+                  src_dtype: DType | None = None) -> np.ndarray:
+    dt_src = DType(src_dtype) if src_dtype is not None else dtype_of(src.dtype)
+    s = widen_oracle(src, dt_src) if dt_src in _HALF else src
+    with np.errstate(all="ignore"):
+        return _NUMPY_OPS[ReduceOp(op)](dst, s.reshape(dst.shape))
+
+
+def avg_oracle(dst: np.ndarray, count: int) -> np.ndarray:
+    if dst.dtype.kind == "f":
+        return dst / dst.dtype.type(count)
+    wide = np.int64 if dst.dtype.kind == "i" else np.uint64
+    return np.floor_divide(dst.astype(wide), wide(count)).astype(dst.dtype)
+
+
+def _float_view(x: np.ndarray, dt: DType) -> np.ndarray:
+    return _as_f32(x, dt) if dt in _HALF else x.reshape(-1)
+
+
+def minmax_oracle(x: np.ndarray, dtype: DType | None = None) -> tuple[float, float]:
+    dt = DType(dtype) if dtype is not None else dtype_of(x.dtype)
+    v = _float_view(x, dt)
+    if v.size == 0:
+        return 0.0, 0.0
+    if not np.all(np.isfinite(v)):
+        raise InvalidArgument("minmax: the input contains NaN or Inf")
+    zero = v.dtype.type(0)
+    return float(v.min() + zero), float(v.max() + zero)
+
+
+def quantize_oracle(x: np.ndarray, qdtype: Any, dtype: DType | None = None) -> tuple[np.ndarray, QuantParams]:
+    dt = DType(dtype) if dtype is not None else dtype_of(x.dtype)
+    qnp = np.dtype(qdtype)
+    qmax_i = _QUANT_TARGETS[dtype_of(qnp)]
+    v = _float_view(x, dt)
+    acc = np.float64 if dt is DType.FLOAT64 else np.float32
+    lo_f, hi_f = minmax_oracle(x, dt)
+    lo, hi, qmax = acc(lo_f), acc(hi_f), acc(qmax_i)
+    with np.errstate(all="ignore"):
+        rng = hi - lo
+        if not np.isfinite(rng):
+            raise InvalidArgument("quantize: max - min overflows the accumulator type")
+        scale = rng / qmax
+        inv = qmax / rng if rng > 0 else acc(0)
+        if rng > 0 and np.isfinite(inv):
+            val = (v - lo) * inv
+        elif rng > 0 and scale > 0:
+            val = (v - lo) / scale
+        else:
+            scale = acc(0)
+            val = np.zeros_like(v)
+    q = np.rint(np.clip(val, acc(0), qmax)).astype(qnp)
+    return q.reshape(x.shape), QuantParams(float(lo), float(scale))
+
+
+def dequantize_oracle(q: np.ndarray, params: QuantParams, acc_dtype: Any) -> np.ndarray:
+    acc = np.dtype(acc_dtype).type
+    return acc(params.lo) + q.astype(acc) * acc(params.scale)
+
+
+def dequantize_reduce_oracle(acc: np.ndarray, q: np.ndarray, params: QuantParams,
+                             op: ReduceOp | int) -> np.ndarray:
+    return reduce_oracle(acc, dequantize_oracle(q, params, acc.dtype).reshape(acc.shape), op)
