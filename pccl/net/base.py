@@ -14,7 +14,15 @@ import abc
 
 from ..errors import InvalidArgument, PeerDisconnected
 
-__all__ = ["Network", "Stream", "Listener", "parse_address", "format_address"]
+__all__ = [
+    "Network",
+    "Stream",
+    "Listener",
+    "parse_address",
+    "format_address",
+    "send_view",
+    "receive_view",
+]
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -44,12 +52,57 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def send_view(data: bytes | bytearray | memoryview) -> memoryview:
+    """``data`` as a flat byte view (no copy); :class:`InvalidArgument` if it is not contiguous.
+
+    Implementations call it at the top of ``send_all`` so every transport accepts the same
+    buffers (bytes, bytearray, any C-contiguous memoryview or numpy array, whatever its format).
+    """
+    try:
+        view = memoryview(data)
+    except TypeError as exc:
+        raise InvalidArgument(f"cannot send a {type(data).__name__}: not a buffer") from exc
+    if not view.c_contiguous:
+        raise InvalidArgument("send buffer must be C-contiguous")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def receive_view(buffer: memoryview | bytearray) -> memoryview:
+    """``buffer`` as a flat writable byte view (no copy) for ``receive_into``.
+
+    :class:`InvalidArgument` if it is read-only, not contiguous or empty (a zero-length receive
+    could not tell "nothing yet" from EOF, so every transport refuses it).
+    """
+    try:
+        view = memoryview(buffer)
+    except TypeError as exc:
+        raise InvalidArgument(f"cannot receive into a {type(buffer).__name__}: not a buffer") from exc
+    if view.readonly:
+        raise InvalidArgument("receive buffer is read-only")
+    if not view.c_contiguous:
+        raise InvalidArgument("receive buffer must be C-contiguous")
+    if view.nbytes == 0:
+        raise InvalidArgument("receive buffer is empty; receive_into needs room for at least one byte")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
 class Stream(abc.ABC):
     """A reliable, ordered, bidirectional byte stream.
 
-    Every method is a trio checkpoint.  Cancelling a ``send_all`` may leave the stream with a
-    partial message sent: the stream is then unusable for framing and callers close it.
-    Cancelling a ``receive_into`` loses no bytes.
+    Every method is a trio checkpoint.  One task may send while another receives; two tasks
+    sending (or two receiving) at once is a caller bug (``InvalidUsage``).
+
+    Cancellation: cancelling a ``send_all`` may leave a prefix of the data sent: the stream is
+    then unusable for framing and callers close it.  Cancelling a ``receive_into`` loses no
+    bytes (either it returned a count or nothing was consumed).  Cancelling a
+    ``receive_exactly_into`` may leave the buffer partly written and the bytes consumed: the
+    stream is then unusable for framing, like a cancelled send.
+
+    Closing: after ``aclose``/``abort`` every operation on this side raises ``StreamClosed``, and
+    a ``send_all``/``receive_into`` blocked in another task wakes with ``StreamClosed``.  After the
+    peer closed cleanly, ``receive_into`` returns ``0`` (repeatedly) and sends eventually raise
+    ``PeerDisconnected``; after the peer aborted (or its machine vanished), receives raise
+    ``PeerDisconnected`` (possibly after delivering data that was already in flight), never EOF.
     """
 
     #: ``"host:port"`` of the remote end as this side sees it (the master uses it as the
@@ -59,32 +112,52 @@ class Stream(abc.ABC):
 
     @abc.abstractmethod
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        """Send every byte of ``data``.  Raises ``PeerDisconnected`` or ``StreamClosed``."""
+        """Send every byte of ``data`` (any C-contiguous buffer; empty is a no-op checkpoint).
+
+        Raises ``PeerDisconnected`` (peer gone), ``StreamClosed`` (this side closed, or after
+        ``send_eof``), ``InvalidArgument`` (not a contiguous buffer).
+        """
 
     @abc.abstractmethod
     async def receive_into(self, buffer: memoryview | bytearray) -> int:
         """Receive at least one byte into ``buffer``; return how many.  ``0`` means EOF.
 
-        ``buffer`` must be non-empty and writable.  Raises ``PeerDisconnected`` on a reset.
+        ``buffer`` must be non-empty, writable and contiguous (see :func:`receive_view`), else
+        ``InvalidArgument``.  Raises ``PeerDisconnected`` on a reset, ``StreamClosed`` after
+        this side's ``aclose``.  Cancelled: nothing was consumed.
         """
 
     @abc.abstractmethod
     async def send_eof(self) -> None:
-        """Half-close: the peer's receives return EOF after the data sent so far."""
+        """Half-close: the peer's receives return EOF after the data sent so far.
+
+        Receiving still works.  Idempotent; later ``send_all`` raises ``StreamClosed``.
+        """
 
     @abc.abstractmethod
     async def aclose(self) -> None:
-        """Close the stream.  Idempotent; closes even when cancelled; never raises a transport error."""
+        """Close the stream.  Idempotent; never raises a transport error.
 
+        Closes even when cancelled (the close happens first, then ``Cancelled`` propagates).
+        """
+
+    @abc.abstractmethod
     def abort(self) -> None:
         """Close at once without a goodbye (RST where the transport has one).  Synchronous.
 
-        The default falls back to marking the stream for ``aclose``; transports override it.
+        The peer's receives raise ``PeerDisconnected`` (not EOF); this side behaves as after
+        ``aclose``.  Idempotent; never raises.
         """
 
     async def receive_exactly_into(self, buffer: memoryview | bytearray) -> None:
-        """Fill ``buffer`` completely; ``PeerDisconnected`` if EOF comes first."""
-        view = memoryview(buffer).cast("B")
+        """Fill ``buffer`` completely; ``PeerDisconnected`` if EOF comes first.
+
+        Transports may override it with a faster bulk path.  Cancelled: the buffer may be partly
+        written and those bytes are consumed (close the stream).
+        """
+        if isinstance(buffer, (bytearray, memoryview)) and memoryview(buffer).nbytes == 0:
+            return  # nothing to fill; receive_view would refuse the empty buffer
+        view = receive_view(buffer)
         filled = 0
         total = len(view)
         while filled < total:
@@ -140,6 +213,7 @@ class Network(abc.ABC):
     async def connect(self, address: str, *, timeout: float | None = None) -> Stream:
         """Open a stream to ``address``.
 
+        ``timeout=None`` means the implementation's default (``Config.connect_timeout`` for TCP).
         Raises ``ConnectionRefused`` (nothing listening), ``ConnectTimeout`` (no answer within
         ``timeout`` seconds), ``InvalidArgument`` (malformed address) or another ``TransportError``.
         """

@@ -14,6 +14,9 @@ Add every new message class to ``ALL_MESSAGES`` at the bottom.
 
 from __future__ import annotations
 
+import enum
+from typing import Annotated
+
 import msgspec
 
 
@@ -21,4 +24,263 @@ class Message(msgspec.Struct, frozen=True, array_like=True, tag_field="t"):
     """Base of all control messages.  Subclasses pass ``tag=<int>``."""
 
 
-ALL_MESSAGES: tuple[type[Message], ...] = ()
+# --- 1–49: master ↔ peer membership (pccl/protocol/master_state.py, pccl/communicator.py) --------
+#
+# Flow (see master_state.py for the rules):  peer → Register;  master → Welcome(peer_id).
+# Accepted peers → VoteTopology; at consensus master → ConnectToPeers(round, ring, neighbours) to
+# every participant (accepted + newcomers); each dials its ring successor over the p2p port
+# (P2PHello / P2PHelloAck after the framed handshake) → P2PReport(round, ok, unreachable).  All
+# ok → TopologyComplete(round, ring, membership); otherwise the master sends a fresh
+# ConnectToPeers with a new round id (automatic retry, no re-vote).  A peer's first
+# TopologyComplete is its acceptance.  Heartbeat flows both ways; KickNotice precedes a close.
+
+U16 = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+# msgspec cannot express le=2**64-1 (bounds must fit an int64); msgpack itself caps ints at 2**64-1.
+U64 = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class PeerEndpoint(msgspec.Struct, frozen=True, array_like=True):
+    """Where a peer can be reached: the host the master observed plus the ports it advertised."""
+
+    peer_id: U64
+    host: str
+    p2p_port: U16
+    shared_state_port: U16
+    benchmark_port: U16
+
+
+class Membership(msgspec.Struct, frozen=True, array_like=True):
+    """The attributes of SPEC §2, counting accepted peers only (never pending ones)."""
+
+    world_size: U32
+    global_world_size: U32
+    num_peer_groups: U32
+    largest_peer_group_size: U32
+
+
+class Register(Message, tag=1):
+    """Peer → master, first message: join ``peer_group``; ports of this peer's listeners.
+
+    ``previous_peer_id`` is reserved for re-registration after a master restart (0 = none).
+    """
+
+    peer_group: U32
+    p2p_port: U16
+    shared_state_port: U16
+    benchmark_port: U16
+    previous_peer_id: U64 = 0
+
+
+class VoteTopology(Message, tag=2):
+    """Peer → master: ``update_topology()`` (accept pending peers, global vote) when
+    ``accept_new_peers``, else re-wire this peer's group only (group vote)."""
+
+    accept_new_peers: bool = True
+
+
+class P2PReport(Message, tag=3):
+    """Peer → master: result of dialling the ring successor for ``round``.
+
+    ``unreachable`` lists the peer ids this peer could not connect to (empty when ``ok``).
+    """
+
+    round: U64
+    ok: bool
+    unreachable: tuple[U64, ...] = ()
+
+
+class VotePeersPending(Message, tag=4):
+    """Peer → master: vote for the ``are_peers_pending()`` query (phase-independent)."""
+
+
+class Heartbeat(Message, tag=5):
+    """Either direction: I am alive.  Any message counts as a sign of life; this one is for idle
+    periods."""
+
+
+class Leave(Message, tag=6):
+    """Peer → master: I am closing on purpose; remove me now (no timeout wait)."""
+
+
+class Welcome(Message, tag=20):
+    """Master → peer: registered, with this id.  Acceptance comes with a TopologyComplete."""
+
+    peer_id: U64
+
+
+class ConnectToPeers(Message, tag=21):
+    """Master → participant of a topology round: (re)connect to your ring neighbours.
+
+    ``ring`` is this peer's group ring (peer ids, in order) for the round; ``neighbours`` the
+    endpoints of its predecessor and successor (one entry for a ring of two, none when alone).
+    A newer round supersedes an older one: drop the older attempt's connections.
+    """
+
+    round: U64
+    ring: tuple[U64, ...]
+    neighbours: tuple[PeerEndpoint, ...]
+
+
+class TopologyComplete(Message, tag=22):
+    """Master → participant: the round succeeded; ``ring`` is the group ring in order (endpoints
+    of every member, for later shared-state transfers) and ``membership`` the fresh attributes."""
+
+    round: U64
+    ring: tuple[PeerEndpoint, ...]
+    membership: Membership
+
+
+class PeersPendingResult(Message, tag=23):
+    """Master → voter: whether any registered peer waits for acceptance (at consensus time)."""
+
+    pending: bool
+
+
+class KickNotice(Message, tag=24):
+    """Master → peer, just before closing: why (``pccl.errors.KickReason`` value) and details."""
+
+    reason: U32
+    detail: str = ""
+
+
+class P2PHello(Message, tag=40):
+    """Peer → peer, first message on a ring connection after the framed handshake: lane ``lane``
+    of ``lanes`` from ring predecessor ``peer_id`` in topology round ``round``."""
+
+    peer_id: U64
+    round: U64
+    lane: U32 = 0
+    lanes: U32 = 1
+
+
+class P2PHelloAck(Message, tag=41):
+    """Peer → peer: the acceptor expects this connection (it is a ring neighbour in ``round``)."""
+
+    peer_id: U64
+    round: U64
+
+
+# --- 50–79: collective votes (master side in master_state.py; data path in pccl/collectives) ---
+#
+# Every accepted peer of a group sends CollectiveInit(tag, params).  At consensus the master
+# checks the parameters agree and answers Commence(tag, seq, ring) — or CollectiveRejected(tag,
+# code) to every voter.  Each participant then sends CollectiveDone(tag, seq, aborted) and
+# receives exactly one final message per (tag, seq): CollectiveComplete when every live
+# participant reported success, or CollectiveAbort as soon as one reports failure or dies first.
+# After a final message the tag is free again; a Done that arrives after an abort (same seq) is
+# ignored by the master.
+
+
+class RejectCode(enum.IntEnum):
+    """Why the master refused to commence a collective (CollectiveRejected.code)."""
+
+    PARAMETER_MISMATCH = 1  # peers disagree on count / dtype / op / quantization → InvalidUsage
+    TAG_IN_USE = 2  # this peer reused an in-flight tag → InvalidUsage (this peer only)
+    TOO_FEW_PEERS = 3  # fewer than two participants → TooFewPeers
+    STALE_RING = 4  # a group member left since the ring was built: re-wire, then retry
+
+
+class CollectiveInit(Message, tag=50):
+    """Peer → master: vote to start collective ``tag`` with these parameters."""
+
+    tag: U64
+    count: U64
+    dtype: U32  # pccl.types.DType
+    op: U32  # pccl.types.ReduceOp
+    quant_kind: U32 = 0  # pccl.types.QuantKind
+    quant_dtype: U32 = 0  # pccl.types.DType of the wire type (0 when quant_kind is NONE)
+
+
+class CollectiveCommence(Message, tag=51):
+    """Master → participant: run it; ``seq`` is global and unique, ``ring`` the participants."""
+
+    tag: U64
+    seq: U64
+    ring: tuple[U64, ...]
+
+
+class CollectiveDone(Message, tag=52):
+    """Participant → master: my part of op ``seq`` finished (``aborted`` = it failed locally)."""
+
+    tag: U64
+    seq: U64
+    aborted: bool = False
+
+
+class CollectiveComplete(Message, tag=53):
+    """Master → participant: every live participant finished; the result stands."""
+
+    tag: U64
+    seq: U64
+
+
+class CollectiveAbort(Message, tag=54):
+    """Master → participant: op ``seq`` failed somewhere; restore inputs, raise, retry later."""
+
+    tag: U64
+    seq: U64
+
+
+class CollectiveRejected(Message, tag=55):
+    """Master → voter: collective ``tag`` will not commence (``code`` is a RejectCode)."""
+
+    tag: U64
+    code: U32
+    detail: str = ""
+
+
+MEMBERSHIP_MESSAGES: tuple[type[Message], ...] = (
+    Register, VoteTopology, P2PReport, VotePeersPending, Heartbeat, Leave,
+    Welcome, ConnectToPeers, TopologyComplete, PeersPendingResult, KickNotice,
+    P2PHello, P2PHelloAck,
+)
+COLLECTIVE_MESSAGES: tuple[type[Message], ...] = (
+    CollectiveInit, CollectiveCommence, CollectiveDone, CollectiveComplete, CollectiveAbort,
+    CollectiveRejected,
+)
+
+# --- 200–219: connection handshake and authentication (pccl/net/framed.py) ---------------------
+#
+# Sent right after the raw preamble (magic + protocol version, pccl/protocol/handshake.py), in this
+# order by both sides at once: Hello, then — only when both sides hold a run token — AuthProof and
+# AuthResult.  The handshake is symmetric except for ``role``, which the HMAC binds.
+
+
+class HandshakeRole(enum.IntEnum):
+    """Which end of a connection a side is: the one that dialled or the one that accepted."""
+
+    CLIENT = 0
+    SERVER = 1
+
+
+class Hello(Message, tag=200):
+    """First frame on every connection: who I am in this connection and my challenge nonce."""
+
+    role: HandshakeRole
+    #: Whether this side holds a run token (and therefore requires the other side to prove one).
+    has_token: bool
+    #: Fresh random challenge; the other side's proof covers it (see ``handshake.auth_proof``).
+    nonce: bytes
+
+
+class AuthProof(Message, tag=201):
+    """HMAC-SHA256 over both nonces and the prover's role, keyed by the run token."""
+
+    mac: bytes
+
+
+class AuthResult(Message, tag=202):
+    """Whether the sender accepted the other side's proof; ``reason`` says why not."""
+
+    ok: bool
+    reason: str = ""
+
+
+ALL_MESSAGES: tuple[type[Message], ...] = (
+    *MEMBERSHIP_MESSAGES,
+    *COLLECTIVE_MESSAGES,
+    Hello,
+    AuthProof,
+    AuthResult,
+)

@@ -1,0 +1,572 @@
+"""Real TCP: the :class:`~pccl.net.base.Network` of production runs.
+
+Trio drives every connection: connects, accepts, waits and cancellation.  Bytes move on one of
+two paths behind the same :class:`TcpStream` methods:
+
+* **the Trio path** (default for everything): ``send``/``recv_into`` straight from/into the
+  caller's memory with ``MSG_DONTWAIT``, and ``trio.lowlevel.wait_writable/readable`` only when a
+  call would block.  Measured on the project's 2-core loopback box: 0.9-1.1x a blocking
+  ``sendall``/``recv_into`` loop for 1-16 MiB chunks, one direction or both at once.  (Trio's own socket wrappers add two scheduler yields
+  per call; skipping them is most of what makes this path fast.)
+* **the worker-thread path** (opt-in, ``TcpNetwork(bulk_threshold=n)``): ``send_all`` and
+  ``receive_exactly_into`` of at least ``n`` bytes run plain blocking ``sendall``/``recv_into``
+  in a Trio worker thread (GIL released in the syscalls), so a process can copy in both
+  directions on two cores while its Trio thread does other work.  A thread hand-off costs
+  ~35 us per call, which made it slower than the Trio path on the 2-core box for chunks below
+  ~4 MiB and no faster above; it is there for many-core hosts (ARCHITECTURE.md §6).
+
+The socket stays in *blocking* mode (for the workers) and the Trio path asks for non-blocking
+behaviour per call (``MSG_DONTWAIT``, Linux/BSD).  A worker blocked in the kernel is interrupted
+with ``shutdown()`` of its direction: cancelling a bulk send shuts the sending half down (the
+peer sees EOF after a prefix of the data), cancelling a bulk receive shuts the receiving half
+down; either way that direction is dead afterwards (``StreamClosed``), which the ``Stream``
+contract allows (a cancelled transfer leaves the stream unusable for framing).  ``aclose``/
+``abort`` from another task shut both directions down, and the socket is released when the last
+worker has returned (closing a descriptor another thread is blocked on would not wake it, and
+the number could be reused).  The simulator never gets here: it has its own Network.
+
+Errors: every OS or Trio failure leaves this module as a :class:`~pccl.errors.TransportError`
+subclass with the original exception as ``__cause__``; malformed arguments as
+:class:`~pccl.errors.InvalidArgument`, and two tasks sending (or receiving) on one stream at once
+as :class:`~pccl.errors.InvalidUsage`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import struct
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+import outcome
+import trio
+
+from ..config import Config
+from ..errors import (
+    AddressInUse,
+    ConnectionRefused,
+    ConnectTimeout,
+    InvalidArgument,
+    InvalidUsage,
+    PeerDisconnected,
+    StreamClosed,
+    TransportError,
+)
+from .base import Listener, Network, Stream, format_address, parse_address, receive_view, send_view
+
+__all__ = ["TcpNetwork", "TcpStream", "TcpListener", "DEFAULT_BULK_THRESHOLD"]
+
+logger = logging.getLogger(__name__)
+
+#: Default ``bulk_threshold``: no worker threads (the Trio path was as fast on the test box).
+DEFAULT_BULK_THRESHOLD: int | None = None
+
+_MSG_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)  # EPIPE instead of SIGPIPE, even if embedded
+_MSG_DONTWAIT = socket.MSG_DONTWAIT
+# accept() failures that concern only the one half-open connection (the same list as trio's).
+_ACCEPT_RETRY_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
+_CONNECT_TIMEOUT_ERRNOS = frozenset({errno.ETIMEDOUT})
+_SEND, _RECEIVE = "send", "receive"
+
+_T = TypeVar("_T")
+
+
+def _sockaddr_text(sockaddr: tuple) -> str:  # type: ignore[type-arg]
+    return format_address(str(sockaddr[0]), int(sockaddr[1]))
+
+
+# --- worker-thread side --------------------------------------------------------------------------
+
+
+def _send_in_worker(sock: socket.socket, view: memoryview) -> None:
+    """Blocking ``sendall``; a ``shutdown(SHUT_WR)`` from the Trio thread makes it fail (EPIPE)."""
+    sock.sendall(view, _MSG_NOSIGNAL)
+
+
+def _receive_in_worker(sock: socket.socket, view: memoryview) -> tuple[int, bool]:
+    """Fill ``view`` with blocking ``recv_into``; return ``(filled, eof)``.
+
+    A ``shutdown(SHUT_RD)`` from the Trio thread makes the blocked ``recv_into`` return 0, which
+    looks like EOF here; the caller knows it interrupted the worker and classifies it.
+    """
+    filled, total = 0, len(view)
+    while filled < total:
+        n = sock.recv_into(view[filled:])
+        if n == 0:
+            return filled, True
+        filled += n
+    return filled, False
+
+
+# --- streams -------------------------------------------------------------------------------------
+
+
+class TcpStream(Stream):
+    """One TCP connection.  See :class:`~pccl.net.base.Stream` for the contract.
+
+    With a ``bulk_threshold``, ``send_all`` and ``receive_exactly_into`` of at least that many
+    bytes run in a worker thread.  Cancelling one raises ``Cancelled`` promptly with an unknown prefix of the
+    data transferred and shuts that direction down (later use: ``StreamClosed``); close the
+    stream.  ``receive_into`` always runs on the Trio thread, and cancelling it loses nothing.
+    """
+
+    def __init__(
+        self, sock: socket.socket, *, bulk_threshold: int | None = None, remote_address: str | None = None
+    ) -> None:
+        sock.setblocking(True)  # for the workers; the Trio path passes MSG_DONTWAIT
+        self._sock = sock
+        self._bulk_threshold = sys.maxsize if bulk_threshold is None else bulk_threshold
+        self.local_address = _sockaddr_text(sock.getsockname())
+        self.remote_address = remote_address if remote_address is not None else _sockaddr_text(sock.getpeername())
+        self._closed = False
+        self._eof_sent = False
+        self._sending = False
+        self._receiving = False
+        #: Directions shut down because a bulk transfer in them was cancelled.
+        self._dead: set[str] = set()
+        #: The OS error of a reset seen by a receive; Linux reports ECONNRESET once and EOF after.
+        self._receive_error: OSError | None = None
+        self._workers_active = 0
+
+    @property
+    def socket(self) -> socket.socket:
+        """The underlying socket, for inspecting options.  Do no I/O on it."""
+        return self._sock
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<TcpStream {self.local_address} -> {self.remote_address} {state}>"
+
+    # -- sending --
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        view = send_view(data)
+        if self._closed:
+            raise StreamClosed(f"send on a closed stream to {self.remote_address}")
+        if self._eof_sent:
+            raise StreamClosed(f"send after send_eof on the stream to {self.remote_address}")
+        if _SEND in self._dead:
+            raise StreamClosed(f"send on the stream to {self.remote_address} after a cancelled bulk send")
+        if self._sending:
+            raise InvalidUsage("another task is already sending on this stream")
+        self._sending = True
+        try:
+            if len(view) >= self._bulk_threshold:
+                await self._send_bulk(view)
+            else:
+                await self._send_small(view)
+        finally:
+            self._sending = False
+
+    async def _send_small(self, view: memoryview) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        waited = False
+        sent = 0
+        while sent < len(view):
+            if self._closed:
+                raise StreamClosed(f"stream to {self.remote_address} was closed during a send")
+            try:
+                sent += self._sock.send(view[sent:], _MSG_DONTWAIT | _MSG_NOSIGNAL)
+            except BlockingIOError:
+                await self._wait(trio.lowlevel.wait_writable)
+                waited = True
+            except OSError as exc:
+                raise self._failure(exc, "send") from exc
+        if not waited:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _send_bulk(self, view: memoryview) -> None:
+        try:
+            await self._in_worker(_SEND, _send_in_worker, view)
+        except OSError as exc:
+            raise self._failure(exc, "send") from exc
+
+    async def send_eof(self) -> None:
+        await trio.lowlevel.checkpoint()
+        if self._closed:
+            raise StreamClosed(f"send_eof on a closed stream to {self.remote_address}")
+        if self._eof_sent or _SEND in self._dead:
+            return
+        if self._sending:
+            raise InvalidUsage("send_eof while another task is sending on this stream")
+        self._eof_sent = True
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            if exc.errno != errno.ENOTCONN:  # ENOTCONN: the peer is already gone; EOF is moot
+                raise self._failure(exc, "send_eof") from exc
+
+    # -- receiving --
+
+    def _begin_receive(self) -> None:
+        if self._closed:
+            raise StreamClosed(f"receive on a closed stream from {self.remote_address}")
+        if _RECEIVE in self._dead:
+            raise StreamClosed(f"receive on the stream from {self.remote_address} after a cancelled bulk receive")
+        if self._receiving:
+            raise InvalidUsage("another task is already receiving on this stream")
+        if self._receive_error is not None:
+            raise PeerDisconnected(
+                f"connection from {self.remote_address} was reset: {self._receive_error}"
+            ) from self._receive_error
+        self._receiving = True
+
+    async def receive_into(self, buffer: memoryview | bytearray) -> int:
+        view = receive_view(buffer)
+        self._begin_receive()
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            waited = False
+            while True:
+                if self._closed:
+                    raise StreamClosed(f"stream from {self.remote_address} was closed during a receive")
+                try:
+                    n = self._sock.recv_into(view, 0, _MSG_DONTWAIT)
+                except BlockingIOError:
+                    # Cancellation can only strike here, before anything was consumed.
+                    await self._wait(trio.lowlevel.wait_readable)
+                    waited = True
+                    continue
+                except OSError as exc:
+                    raise self._receive_failure(exc) from exc
+                if not waited:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                return n
+        finally:
+            self._receiving = False
+
+    async def receive_exactly_into(self, buffer: memoryview | bytearray) -> None:
+        if isinstance(buffer, (bytearray, memoryview)) and memoryview(buffer).nbytes == 0:
+            await trio.lowlevel.checkpoint()
+            return
+        view = receive_view(buffer)
+        if len(view) < self._bulk_threshold:
+            await super().receive_exactly_into(view)
+            return
+        self._begin_receive()
+        try:
+            try:
+                filled, eof = await self._in_worker(_RECEIVE, _receive_in_worker, view)
+            except OSError as exc:
+                raise self._receive_failure(exc) from exc
+            if eof:
+                raise PeerDisconnected(
+                    f"connection to {self.remote_address} closed after {filled} of {len(view)} expected bytes"
+                )
+        finally:
+            self._receiving = False
+
+    # -- closing --
+
+    async def aclose(self) -> None:
+        self._close(abortive=False)
+        await trio.lowlevel.checkpoint()
+
+    def abort(self) -> None:
+        self._close(abortive=True)
+
+    def _close(self, *, abortive: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        logger.debug(
+            "%s connection %s -> %s", "aborting" if abortive else "closing", self.local_address, self.remote_address
+        )
+        if abortive:
+            try:
+                # Linger on with a zero timeout: close() discards the send queue and sends RST.
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:  # pragma: no cover - the socket is already dead; close() suffices
+                pass
+        # Wake tasks parked in wait_readable/wait_writable (they raise ClosedResourceError,
+        # which _wait maps to StreamClosed).
+        trio.lowlevel.notify_closing(self._sock)
+        if self._workers_active == 0:
+            self._sock.close()
+            return
+        # Wake the workers blocked in the kernel; the last one to return closes the socket.
+        # (After an abort a blocked sender's queue is full, so the FIN queued behind it never
+        # leaves before close() turns everything into a RST.)
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # -- helpers --
+
+    async def _wait(self, wait: Callable[[socket.socket], object]) -> None:
+        try:
+            await wait(self._sock)  # type: ignore[misc]
+        except trio.ClosedResourceError as exc:
+            raise StreamClosed(f"stream to {self.remote_address} was closed by this side") from exc
+        except trio.BusyResourceError as exc:  # pragma: no cover - guarded by _sending/_receiving
+            raise InvalidUsage("two tasks wait on the same stream direction") from exc
+
+    def _failure(self, exc: OSError, operation: str) -> TransportError:
+        if self._closed:
+            return StreamClosed(f"stream to {self.remote_address} was closed by this side")
+        logger.debug("%s to %s failed: %s", operation, self.remote_address, exc)
+        return PeerDisconnected(f"connection to {self.remote_address} broke during {operation}: {exc}")
+
+    def _receive_failure(self, exc: OSError) -> TransportError:
+        if not self._closed:
+            self._receive_error = exc
+        return self._failure(exc, "receive")
+
+    async def _in_worker(self, direction: str, work: Callable[[socket.socket, memoryview], _T], view: memoryview) -> _T:
+        """Run ``work(sock, view)`` in a worker thread and wait for it, cancellably.
+
+        Cancellation shuts ``direction`` down, which makes the blocked syscall return at once;
+        then this raises ``Cancelled`` (or ``StreamClosed`` if the stream was closed meanwhile),
+        whatever the worker reported.  Otherwise the worker's result or OSError comes out.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._closed:
+            raise StreamClosed(f"stream to {self.remote_address} was closed by this side")
+        task = trio.lowlevel.current_task()
+        token = trio.lowlevel.current_trio_token()
+        sock = self._sock
+        interrupted = False
+
+        def deliver(result: outcome.Outcome[_T]) -> None:
+            token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+
+        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
+            nonlocal interrupted
+            interrupted = True
+            self._dead.add(direction)
+            try:
+                self._sock.shutdown(socket.SHUT_WR if direction == _SEND else socket.SHUT_RD)
+            except OSError:  # already disconnected: the worker is returning anyway
+                pass
+            return trio.lowlevel.Abort.FAILED  # keep waiting: the worker reports back promptly
+
+        self._workers_active += 1
+        try:
+            trio.lowlevel.start_thread_soon(lambda: work(sock, view), deliver, name=f"pccl-tcp-{direction}")
+            try:
+                result: _T = await trio.lowlevel.wait_task_rescheduled(abort)
+            except OSError:
+                if not (interrupted or self._closed):
+                    raise
+                result = None  # type: ignore[assignment]  # replaced by the exception below
+        finally:
+            self._workers_active -= 1
+            if self._closed and self._workers_active == 0:
+                self._sock.close()
+        if self._closed:
+            raise StreamClosed(f"stream to {self.remote_address} was closed during a transfer")
+        if interrupted:
+            await trio.lowlevel.checkpoint()  # raises the Cancelled that interrupted the worker
+            # Only a shield raised meanwhile gets here; the direction is shut down regardless.
+            raise StreamClosed(f"{direction} on the stream to {self.remote_address} was interrupted")
+        return result
+
+
+# --- listener ------------------------------------------------------------------------------------
+
+
+class TcpListener(Listener):
+    """A listening TCP socket; :meth:`accept` yields configured :class:`TcpStream` objects."""
+
+    def __init__(self, sock: socket.socket, network: TcpNetwork) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._network = network
+        self._closed = False
+        self.address = _sockaddr_text(sock.getsockname())
+
+    @property
+    def socket(self) -> socket.socket:
+        """The listening socket, for inspecting options.  Do no I/O on it."""
+        return self._sock
+
+    def __repr__(self) -> str:
+        return f"<TcpListener {self.address}{' closed' if self._closed else ''}>"
+
+    async def accept(self) -> TcpStream:
+        """Next incoming connection.  ``StreamClosed`` after (or during) ``aclose``;
+        ``TransportError`` if the OS refuses (e.g. out of file descriptors).  Cancelled: no
+        connection is taken off the queue."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        waited = False
+        while True:
+            if self._closed:
+                raise StreamClosed(f"listener {self.address} is closed")
+            try:
+                conn, sockaddr = self._sock.accept()
+            except BlockingIOError:
+                try:
+                    await trio.lowlevel.wait_readable(self._sock)
+                except trio.ClosedResourceError as exc:
+                    raise StreamClosed(f"listener {self.address} was closed") from exc
+                except trio.BusyResourceError as exc:
+                    raise InvalidUsage("another task is already accepting on this listener") from exc
+                waited = True
+                continue
+            except OSError as exc:
+                if exc.errno in _ACCEPT_RETRY_ERRNOS:
+                    continue
+                if self._closed:
+                    raise StreamClosed(f"listener {self.address} was closed") from exc
+                logger.warning("accept on %s failed: %s", self.address, exc)
+                raise TransportError(f"accept on {self.address} failed: {exc}") from exc
+            try:
+                stream = self._network._stream(conn, remote_address=_sockaddr_text(sockaddr))
+            except OSError as exc:  # the connection died before we could configure it
+                conn.close()
+                logger.debug("dropping connection from %s: %s", sockaddr, exc)
+                continue
+            if not waited:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            logger.debug("accepted %s on %s", stream.remote_address, self.address)
+            return stream
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            trio.lowlevel.notify_closing(self._sock)
+            self._sock.close()
+        await trio.lowlevel.checkpoint()
+
+
+# --- network -------------------------------------------------------------------------------------
+
+
+class TcpNetwork(Network):
+    """Streams and listeners over real TCP (IPv4 and IPv6; host names are resolved).
+
+    ``config.socket_buffer_size`` sets SO_SNDBUF/SO_RCVBUF of every socket (before connect/
+    listen, so TCP window scaling can use them; 0 leaves Linux's autotuning alone);
+    ``config.connect_timeout`` is the default ``connect`` timeout.  ``bulk_threshold`` (bytes)
+    turns on the worker-thread path for transfers at least that large (module docstring).
+    """
+
+    def __init__(self, config: Config | None = None, *, bulk_threshold: int | None = DEFAULT_BULK_THRESHOLD) -> None:
+        if bulk_threshold is not None and bulk_threshold < 1:
+            raise InvalidArgument("bulk_threshold must be at least 1 byte")
+        self._config = config if config is not None else Config()
+        self._bulk_threshold = bulk_threshold
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    def _configure(self, sock: socket.socket) -> None:
+        size = self._config.socket_buffer_size
+        if size > 0:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+
+    def _stream(self, sock: socket.socket, *, remote_address: str | None = None) -> TcpStream:
+        # Small control messages must not wait for Nagle's algorithm (PCCL's 44 ms latency).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return TcpStream(sock, bulk_threshold=self._bulk_threshold, remote_address=remote_address)
+
+    async def connect(self, address: str, *, timeout: float | None = None) -> TcpStream:
+        """Connect to ``address``, trying each resolved address in turn.
+
+        ``timeout`` (default ``config.connect_timeout``) bounds the whole attempt, name
+        resolution included.  Raises ``ConnectionRefused`` (refused, unreachable, or the name does
+        not resolve), ``ConnectTimeout``, ``InvalidArgument``.  Cancelled: no socket is left open.
+        """
+        host, port = parse_address(address)
+        if port == 0:
+            raise InvalidArgument(f"cannot connect to port 0 ({address!r})")
+        limit = self._config.connect_timeout if timeout is None else timeout
+        if limit < 0:
+            raise InvalidArgument(f"connect timeout must not be negative, got {limit}")
+        stream: TcpStream | None = None
+        with trio.move_on_after(limit):
+            stream = await self._connect(host, port, address)
+        if stream is None:
+            logger.debug("connect to %s timed out after %s s", address, limit)
+            raise ConnectTimeout(f"no connection to {address} within {limit} s")
+        logger.debug("connected %s -> %s", stream.local_address, stream.remote_address)
+        return stream
+
+    async def _connect(self, host: str, port: int, address: str) -> TcpStream:
+        try:
+            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:  # socket.gaierror included
+            raise ConnectionRefused(f"cannot resolve {host!r} for {address}: {exc}") from exc
+        last_error: OSError | None = None
+        for family, kind, proto, _name, sockaddr in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                self._configure(sock)
+                sock.setblocking(False)
+                await self._connect_socket(sock, sockaddr)
+                return self._stream(sock)
+            except OSError as exc:
+                sock.close()
+                last_error = exc
+            except BaseException:
+                sock.close()
+                raise
+        assert last_error is not None  # getaddrinfo never returns an empty list
+        if last_error.errno in _CONNECT_TIMEOUT_ERRNOS:
+            raise ConnectTimeout(f"connecting to {address} timed out: {last_error}") from last_error
+        raise ConnectionRefused(f"cannot connect to {address}: {last_error}") from last_error
+
+    @staticmethod
+    async def _connect_socket(sock: socket.socket, sockaddr: tuple) -> None:  # type: ignore[type-arg]
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            sock.connect(sockaddr)
+        except BlockingIOError:  # EINPROGRESS: writable once the handshake finished or failed
+            pass
+        await trio.lowlevel.wait_writable(sock)
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            raise OSError(err, os.strerror(err))
+
+    async def listen(self, address: str, *, port_range: int = 1) -> TcpListener:
+        """Bind and listen on ``address`` (the first address its host resolves to).
+
+        Port 0: any free port.  Otherwise ports ``port … port+port_range-1`` are tried in order.
+        SO_REUSEADDR is set (not on Windows, where it would allow stealing a port): on POSIX it
+        only lets a port with connections in TIME_WAIT be re-bound, a port someone listens on
+        still fails with EADDRINUSE, so bump allocation still sees it as taken.  Raises
+        ``AddressInUse`` (no free port in range), ``InvalidArgument``, ``TransportError``
+        (e.g. the host is not a local address).
+        """
+        host, port = parse_address(address)
+        if port_range < 1:
+            raise InvalidArgument(f"port_range must be at least 1, got {port_range}")
+        try:
+            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except OSError as exc:
+            raise TransportError(f"cannot resolve {host!r} to listen on {address}: {exc}") from exc
+        family, kind, proto, _name, sockaddr = infos[0]
+        candidates = [0] if port == 0 else range(port, min(port + port_range, 65536))
+        last_error: OSError | None = None
+        for candidate in candidates:
+            sock = socket.socket(family, kind, proto)
+            try:
+                if sys.platform != "win32":
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    # "[::]:p" must not also grab the IPv4 port p (the same choice trio makes).
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                self._configure(sock)  # accepted sockets inherit the buffer sizes
+                sock.bind((sockaddr[0], candidate, *sockaddr[2:]))
+                sock.listen(socket.SOMAXCONN)
+            except OSError as exc:
+                sock.close()
+                if exc.errno == errno.EADDRINUSE:
+                    last_error = exc
+                    continue
+                raise TransportError(f"cannot listen on {address}: {exc}") from exc
+            except BaseException:
+                sock.close()
+                raise
+            listener = TcpListener(sock, self)
+            logger.debug("listening on %s", listener.address)
+            return listener
+        last = candidates[-1]
+        raise AddressInUse(f"no free port for {host} in {port}..{last}") from last_error

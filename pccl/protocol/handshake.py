@@ -1,0 +1,128 @@
+"""The connection handshake's pure parts: the preamble and the run-token proofs.
+
+Every pccl connection (master, p2p, shared state, benchmark) opens the same way; both sides run
+the same steps at once, so no step waits for the other side's reply before sending its own:
+
+1. **Preamble** (raw bytes, not a frame): ``MAGIC[8] | version:u32``.  A wrong magic means the
+   other end is not pccl; a different version is refused naming both versions.
+2. **Hello** (a control frame): the side's role (the dialling ``CLIENT`` or the accepting
+   ``SERVER``), whether it holds a run token, and a fresh :data:`NONCE_SIZE`-byte nonce.  If one
+   side holds a token and the other does not, both fail with ``AuthenticationFailed`` right here;
+   if neither does, the handshake is complete.
+3. **AuthProof**: ``HMAC-SHA256(token, DOMAIN | prover_role | verifier_nonce | prover_nonce)`` —
+   proof of the token that answers the *other* side's challenge.  Binding the prover's role
+   means a proof can never be reflected back to the side that issued the challenge (it would
+   carry the wrong role); binding both nonces means it cannot be replayed on another connection.
+4. **AuthResult**: whether this side accepted the other's proof, and why not.  Both sides send it
+   before either closes, so the side whose proof was refused learns why.
+
+The I/O lives in :mod:`pccl.net.framed`; this module only computes and checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+
+from ..errors import InvalidArgument, ProtocolError
+from .messages import HandshakeRole, Hello
+
+__all__ = [
+    "MAGIC",
+    "PROTOCOL_VERSION",
+    "PREAMBLE_SIZE",
+    "NONCE_SIZE",
+    "HANDSHAKE_MAX_FRAME_SIZE",
+    "encode_preamble",
+    "parse_preamble",
+    "normalize_token",
+    "check_hello",
+    "auth_proof",
+    "verify_proof",
+]
+
+#: First bytes on every connection.  PNG-style: a high-bit byte and CR LF catch 7-bit and
+#: line-ending mangling, and no text protocol starts like this.
+MAGIC = b"\x89PCCL\r\n\x1a"
+#: Bumped on every incompatible change of the wire format or the message set's meaning.
+PROTOCOL_VERSION = 1
+
+_PREAMBLE = struct.Struct(">8sI")
+PREAMBLE_SIZE = _PREAMBLE.size
+NONCE_SIZE = 32
+#: Limit for control frames before the other side is authenticated: handshake messages are tiny,
+#: so an unauthenticated stranger cannot make us allocate ``Config.max_frame_size`` bytes.
+HANDSHAKE_MAX_FRAME_SIZE = 1024
+
+_PROOF_DOMAIN = b"pccl-auth-v1\x00"
+
+
+def encode_preamble(version: int = PROTOCOL_VERSION) -> bytes:
+    """The preamble this side sends first."""
+    return _PREAMBLE.pack(MAGIC, version)
+
+
+def parse_preamble(raw: bytes | bytearray | memoryview, *, local_version: int = PROTOCOL_VERSION) -> int:
+    """Check the other side's preamble; return its version.
+
+    :class:`ProtocolError` if the magic is wrong (not a pccl peer) or the versions differ (the
+    message names both).
+    """
+    if len(raw) != PREAMBLE_SIZE:
+        raise ProtocolError(f"handshake preamble must be {PREAMBLE_SIZE} bytes, got {len(raw)}")
+    magic, version = _PREAMBLE.unpack(raw)
+    if magic != MAGIC:
+        raise ProtocolError(f"not a pccl peer: expected magic {MAGIC!r}, got {magic!r}")
+    if version != local_version:
+        raise ProtocolError(
+            f"protocol version mismatch: this side speaks version {local_version}, the peer speaks version {version}"
+        )
+    return version
+
+
+def normalize_token(token: str | bytes | None) -> bytes | None:
+    """The HMAC key for a run token (``str`` is UTF-8 encoded); ``None`` means no token.
+
+    :class:`InvalidArgument` for an empty token, which would authenticate nothing.
+    """
+    if token is None:
+        return None
+    if isinstance(token, str):
+        token = token.encode("utf-8")
+    if not isinstance(token, (bytes, bytearray)):
+        raise InvalidArgument(f"token must be str or bytes, got {type(token).__name__}")
+    if not token:
+        raise InvalidArgument("token must not be empty (pass None for no authentication)")
+    return bytes(token)
+
+
+def check_hello(hello: Hello, *, local_role: HandshakeRole) -> None:
+    """Validate the other side's Hello: opposite role, nonce of the right size."""
+    expected = HandshakeRole.SERVER if local_role is HandshakeRole.CLIENT else HandshakeRole.CLIENT
+    if hello.role != expected:
+        raise ProtocolError(
+            f"handshake role conflict: this side is the {local_role.name} and so is the peer "
+            f"(it announced {HandshakeRole(hello.role).name})"
+        )
+    if len(hello.nonce) != NONCE_SIZE:
+        raise ProtocolError(f"handshake nonce has {len(hello.nonce)} bytes, expected {NONCE_SIZE}")
+
+
+def auth_proof(token: bytes, *, prover: HandshakeRole, prover_nonce: bytes, verifier_nonce: bytes) -> bytes:
+    """The MAC the ``prover`` side sends to show it holds ``token``.
+
+    Both nonces have the fixed size :data:`NONCE_SIZE`, so the concatenation is unambiguous.
+    """
+    if len(prover_nonce) != NONCE_SIZE or len(verifier_nonce) != NONCE_SIZE:
+        raise InvalidArgument(f"nonces must be {NONCE_SIZE} bytes")
+    message = _PROOF_DOMAIN + bytes([int(prover)]) + verifier_nonce + prover_nonce
+    return hmac.new(token, message, hashlib.sha256).digest()
+
+
+def verify_proof(
+    token: bytes, mac: bytes, *, prover: HandshakeRole, prover_nonce: bytes, verifier_nonce: bytes
+) -> bool:
+    """Whether ``mac`` is the ``prover``'s valid proof; constant-time comparison."""
+    expected = auth_proof(token, prover=prover, prover_nonce=prover_nonce, verifier_nonce=verifier_nonce)
+    return hmac.compare_digest(expected, bytes(mac))
