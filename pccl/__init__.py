@@ -17,10 +17,19 @@ from .errors import (
     TopologyUpdateFailed,
 )
 from .types import DType, Quantization, QuantKind, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
+from .communicator import Communicator, CommunicatorStatistics, open_communicator
+from .master import Master, MasterStatistics, open_master, serve_master
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Communicator",
+    "CommunicatorStatistics",
+    "Master",
+    "MasterStatistics",
+    "open_communicator",
+    "open_master",
+    "serve_master",
     "AuthenticationFailed",
     "CollectiveAborted",
     "Config",

@@ -35,6 +35,9 @@ class Config:
     benchmark_base_port: int = 48151
     #: How many ports above a base port are tried before giving up.
     port_search_range: int = 512
+    #: Connections ("lanes") each peer opens to its ring successor per topology round; an
+    #: all-reduce stripes its sub-chunks over them.  Must be the same on every peer of a run.
+    p2p_lanes: int = 1
     #: Socket buffer sizes requested for data connections (bytes; 0 keeps the OS default).
     socket_buffer_size: int = 4 * 1024 * 1024
     #: Optional TLS: a client-side context for outgoing and a server-side one for incoming
@@ -47,6 +50,8 @@ class Config:
             raise InvalidArgument("timeouts and intervals must be positive")
         if self.heartbeat_interval >= self.peer_timeout:
             raise InvalidArgument("heartbeat_interval must be shorter than peer_timeout")
+        if not 1 <= self.p2p_lanes <= 64:
+            raise InvalidArgument(f"p2p_lanes must be between 1 and 64, got {self.p2p_lanes}")
         if self.max_frame_size < 1024:
             raise InvalidArgument("max_frame_size must be at least 1024 bytes")
         for name in ("p2p_base_port", "shared_state_base_port", "benchmark_base_port"):

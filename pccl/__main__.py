@@ -1,0 +1,7 @@
+"""``python -m pccl``: the same as the ``pccl`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

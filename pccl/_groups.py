@@ -1,0 +1,25 @@
+"""Keeping ExceptionGroups away from pccl's users (SPEC §2: never an ExceptionGroup)."""
+
+from __future__ import annotations
+
+import trio
+
+__all__ = ["single_exception"]
+
+
+def single_exception(group: BaseExceptionGroup) -> BaseException:
+    """The one meaningful exception in a nursery's ``group``: the first leaf that is not a
+    ``trio.Cancelled`` (background tasks of pccl never raise; the leaf is the caller's own
+    exception or the error that ended the block), else the first ``Cancelled``."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            stack[:0] = exc.exceptions
+        else:
+            leaves.append(exc)
+    for exc in leaves:
+        if not isinstance(exc, trio.Cancelled):
+            return exc
+    return leaves[0]

@@ -1,0 +1,108 @@
+"""The ``pccl`` command (also ``python -m pccl``).  The only module that configures logging.
+
+Sub-commands:
+
+* ``pccl master --listen HOST:PORT [--token TOKEN | --token-file FILE]`` runs a master until
+  interrupted (Ctrl-C / SIGTERM).  The token may also come from the ``PCCL_TOKEN`` environment
+  variable (preferable: command lines are visible to every user of the machine).  The bound
+  address is logged as ``master listening on HOST:PORT`` (useful with port 0).
+
+Other issues add sub-commands here (``demo``, ``bench``): add a parser in ``_build_parser`` and a
+handler in ``_COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+import trio
+
+from ._groups import single_exception
+from .config import DEFAULT_MASTER_PORT, Config
+from .errors import PCCLError
+
+__all__ = ["main"]
+
+log = logging.getLogger("pccl.cli")
+
+_LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pccl", description="pccl: fault-tolerant collective communications")
+    parser.add_argument("--log-level", default=os.environ.get("PCCL_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                        help="logging level (default: $PCCL_LOG_LEVEL or INFO); logs go to stderr")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    master = commands.add_parser("master", help="run the master (orchestrator) of a run")
+    master.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_MASTER_PORT}", metavar="HOST:PORT",
+                        help=f"address to listen on (default 0.0.0.0:{DEFAULT_MASTER_PORT}; port 0 picks a free one)")
+    token = master.add_mutually_exclusive_group()
+    token.add_argument("--token", help="run token peers must prove (default: $PCCL_TOKEN; none = no authentication)")
+    token.add_argument("--token-file", help="read the run token from this file (trailing newline stripped)")
+    master.add_argument("--peer-timeout", type=float, default=Config.peer_timeout,
+                        help="seconds of silence after which a peer is removed (default %(default)s)")
+    master.add_argument("--heartbeat-interval", type=float, default=Config.heartbeat_interval,
+                        help="seconds between heartbeats on idle connections (default %(default)s)")
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def _run_master(args: argparse.Namespace) -> int:
+    from .master import serve_master
+
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            token: str | None = f.read().rstrip("\n")
+    else:
+        token = args.token if args.token is not None else os.environ.get("PCCL_TOKEN") or None
+    config = Config(peer_timeout=args.peer_timeout, heartbeat_interval=args.heartbeat_interval)
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(lambda task_status: serve_master(
+                    args.listen, token=token, config=config, task_status=task_status))
+                if token is None:
+                    log.warning("no run token: any host can join this run (use --token or $PCCL_TOKEN)")
+                async for signum in signals:
+                    log.info("received %s, shutting down", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(run)
+    except BaseExceptionGroup as group:
+        raise single_exception(group) from None
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"master": _run_master}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``pccl`` console script; returns the exit status."""
+    args = _build_parser().parse_args(argv)
+    _configure_logging(args.log_level)
+    try:
+        return _COMMANDS[args.command](args)
+    except PCCLError as exc:
+        log.error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""The master: a thin Trio shell around :class:`pccl.protocol.master_state.MasterState`.
+
+One task per connection runs the framed handshake (magic, version, run token), then reads
+messages and feeds them to the machine; a writer task per connection sends what the machine
+says, plus a heartbeat when idle.  One timer task feeds ``Tick`` at the machine's deadline.
+Everything the machine decides happens synchronously inside :meth:`_MasterServer.feed`, so no
+locks are needed: Trio runs one task at a time.
+
+Bad input never takes the master down: a connection whose handshake fails is closed and logged;
+a connection that sends an undecodable or oversized frame becomes a ``ProtocolViolation`` event,
+which the machine turns into a kick of that peer only; a peer that stops reading (its outbox
+fills up) is kicked too.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from .config import DEFAULT_MASTER_PORT, Config
+from ._groups import single_exception
+from .errors import AuthenticationFailed, KickReason, PCCLError, ProtocolError, TransportError
+from .net.base import Listener, Network, Stream, parse_address
+from .net.framed import FramedConnection, accept_framed
+from .protocol import master_state as ms
+from .protocol import messages as m
+
+__all__ = ["Master", "MasterStatistics", "serve_master", "open_master"]
+
+log = logging.getLogger(__name__)
+
+#: Messages queued for one peer before the master decides it is not reading and kicks it.
+OUTBOX_LIMIT = 4096
+#: How long the master tries to deliver a KickNotice to a peer before closing regardless.
+KICK_NOTICE_TIMEOUT = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MasterStatistics:
+    """A snapshot of the master's counters."""
+
+    connections: int
+    registered_peers: int
+    accepted_peers: int
+    kicks: int
+    handshake_failures: int
+
+
+class _Closing:
+    """Outbox marker: deliver ``notice`` (if any), then close the connection."""
+
+    def __init__(self, notice: m.KickNotice | None) -> None:
+        self.notice = notice
+
+
+@dataclasses.dataclass(eq=False)
+class _Conn:
+    conn_id: int
+    framed: FramedConnection
+    outbox: trio.MemorySendChannel[m.Message | _Closing]
+    scope: trio.CancelScope
+    closing: bool = False
+
+
+class Master:
+    """A running master (from :func:`open_master` or ``nursery.start(serve_master, ...)``).
+
+    ``address`` is the bound ``host:port`` (the real port when 0 was asked for).
+    """
+
+    def __init__(self, server: _MasterServer) -> None:
+        self._server = server
+
+    @property
+    def address(self) -> str:
+        return self._server.listener.address
+
+    @property
+    def state(self) -> ms.MasterState:
+        """The consensus machine, read-only use only (tests, the simulator's checkers)."""
+        return self._server.state
+
+    def statistics(self) -> MasterStatistics:
+        return self._server.statistics()
+
+    async def aclose(self) -> None:
+        """Stop serving: close the listener and every connection.  Idempotent."""
+        self._server.stop()
+        await trio.lowlevel.checkpoint()
+
+
+class _MasterServer:
+    def __init__(self, listener: Listener, *, token: str | bytes | None, config: Config,
+                 rng: random.Random | None) -> None:
+        self.listener = listener
+        self.token = token
+        self.config = config
+        self.nonce_source = rng  # None: cryptographic nonces (secrets); a seeded RNG in the simulator
+        self.state = ms.MasterState(rng=rng if rng is not None else random.Random(), peer_timeout=config.peer_timeout)
+        self.conns: dict[int, _Conn] = {}
+        self.next_conn_id = 1
+        self.timer_at: float | None = None
+        self.timer_changed = trio.Event()
+        self.events: collections.deque[ms.Event] = collections.deque()
+        self.feeding = False
+        self.kicks = 0
+        self.handshake_failures = 0
+        self.scope = trio.CancelScope()
+
+    # --- the machine ------------------------------------------------------------------------------
+
+    def feed(self, event: ms.Event) -> None:
+        """Hand ``event`` to the machine and execute its effects (synchronously)."""
+        self.events.append(event)
+        if self.feeding:  # an effect produced a follow-up event: the outer loop handles it
+            return
+        self.feeding = True
+        try:
+            while self.events:
+                effects = self.state.handle(self.events.popleft(), trio.current_time())
+                for effect in effects:
+                    self._execute(effect)
+        finally:
+            self.feeding = False
+
+    def _execute(self, effect: ms.Effect) -> None:
+        if isinstance(effect, ms.SetTimer):
+            self.timer_at = effect.at
+            self.timer_changed.set()
+            return
+        conn = self.conns.get(effect.conn_id)
+        if conn is None or conn.closing:
+            return
+        if isinstance(effect, ms.Send):
+            self._enqueue(conn, effect.msg)
+        elif isinstance(effect, ms.Kick):
+            self.kicks += 1
+            log.warning("kicking %s (connection %d): %s: %s", conn.framed.remote_address, conn.conn_id,
+                        effect.reason.name, effect.detail)
+            self._close(conn, m.KickNotice(int(effect.reason), effect.detail))
+        elif isinstance(effect, ms.Close):
+            self._close(conn, None)
+
+    def _enqueue(self, conn: _Conn, msg: m.Message) -> None:
+        try:
+            conn.outbox.send_nowait(msg)
+        except trio.WouldBlock:
+            self.events.append(ms.ProtocolViolation(conn.conn_id, KickReason.TIMEOUT,
+                                                    f"not reading: {OUTBOX_LIMIT} messages queued"))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the writer is gone; its PeerDisconnected event is on the way
+
+    def _close(self, conn: _Conn, notice: m.KickNotice | None) -> None:
+        conn.closing = True
+        try:
+            conn.outbox.send_nowait(_Closing(notice))
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            conn.framed.abort()
+            conn.scope.cancel()
+
+    def statistics(self) -> MasterStatistics:
+        peers = self.state.peers()
+        return MasterStatistics(
+            connections=len(self.conns),
+            registered_peers=sum(p.status is ms.PeerStatus.REGISTERED for p in peers),
+            accepted_peers=sum(p.status is ms.PeerStatus.ACCEPTED for p in peers),
+            kicks=self.kicks,
+            handshake_failures=self.handshake_failures,
+        )
+
+    def stop(self) -> None:
+        self.scope.cancel()
+
+    # --- tasks ------------------------------------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[Master]) -> None:
+        with self.scope:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._timer)
+                    task_status.started(Master(self))
+                    log.info("master listening on %s", self.listener.address)
+                    while True:
+                        try:
+                            stream = await self.listener.accept()
+                        except TransportError as exc:
+                            log.error("master listener failed: %s", exc)
+                            raise
+                        nursery.start_soon(self._serve_connection, stream)
+            except BaseExceptionGroup as group:
+                raise single_exception(group) from None
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self.listener.aclose()
+
+    async def _timer(self) -> None:
+        while True:
+            self.timer_changed = trio.Event()
+            at = self.timer_at
+            if at is None:
+                await self.timer_changed.wait()
+                continue
+            with trio.move_on_at(at):
+                await self.timer_changed.wait()
+                continue
+            self.feed(ms.Tick())
+            # A Tick at the deadline always removes someone or moves the deadline; if the clock
+            # granularity left it unchanged, wait for a change instead of spinning.
+            if self.timer_at == at:
+                await trio.sleep(max(self.config.heartbeat_interval / 10, 0.001))
+
+    async def _serve_connection(self, stream: Stream) -> None:
+        remote = stream.remote_address
+        try:
+            framed = await accept_framed(stream, token=self.token, config=self.config, nonce_source=self.nonce_source)
+        except AuthenticationFailed as exc:
+            self.handshake_failures += 1
+            log.warning("refused %s: %s", remote, exc)
+            return
+        except PCCLError as exc:
+            self.handshake_failures += 1
+            log.info("handshake with %s failed: %s", remote, exc)
+            return
+        conn_id = self.next_conn_id
+        self.next_conn_id += 1
+        send, receive = trio.open_memory_channel[m.Message | _Closing](OUTBOX_LIMIT)
+        conn = _Conn(conn_id, framed, send, trio.CancelScope())
+        self.conns[conn_id] = conn
+        try:
+            with conn.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer, conn, receive)
+                    self.feed(ms.PeerConnected(conn_id, parse_address(framed.remote_address)[0]))
+                    await self._reader(conn)
+        finally:
+            # Forget the connection first so that no effect of its own removal is sent to it.
+            del self.conns[conn_id]
+            self.feed(ms.PeerDisconnected(conn_id))  # ignored if the machine already removed it
+            conn.framed.abort()
+
+    async def _reader(self, conn: _Conn) -> None:
+        while not conn.closing:
+            try:
+                msg = await conn.framed.receive()
+            except ProtocolError as exc:
+                reason = KickReason.FRAME_TOO_LARGE if "exceeds the limit" in str(exc) else KickReason.PROTOCOL_ERROR
+                self.feed(ms.ProtocolViolation(conn.conn_id, reason, str(exc)))
+                break
+            except TransportError as exc:
+                log.info("connection %d (%s) lost: %s", conn.conn_id, conn.framed.remote_address, exc)
+                conn.scope.cancel()
+                return
+            self.feed(ms.MessageReceived(conn.conn_id, msg))
+        # Kicked or leaving: the writer delivers the notice and closes; stop reading meanwhile.
+        await trio.sleep_forever()
+
+    async def _writer(self, conn: _Conn, outbox: trio.MemoryReceiveChannel[m.Message | _Closing]) -> None:
+        interval = self.config.heartbeat_interval
+        try:
+            while True:
+                item: m.Message | _Closing = m.Heartbeat()
+                with trio.move_on_after(interval):
+                    item = await outbox.receive()
+                if isinstance(item, _Closing):
+                    if item.notice is not None:
+                        with trio.move_on_after(KICK_NOTICE_TIMEOUT):
+                            await conn.framed.send(item.notice)
+                    await conn.framed.aclose()
+                    break
+                await conn.framed.send(item)
+        except TransportError as exc:
+            log.info("sending to connection %d (%s) failed: %s", conn.conn_id, conn.framed.remote_address, exc)
+        conn.closing = True
+        conn.scope.cancel()
+
+
+async def serve_master(
+    address: str = f"0.0.0.0:{DEFAULT_MASTER_PORT}",
+    *,
+    token: str | bytes | None = None,
+    config: Config | None = None,
+    network: Network | None = None,
+    rng: random.Random | None = None,
+    task_status: trio.TaskStatus[Master] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve as the master on ``address`` until cancelled (use with ``nursery.start``, which
+    returns the :class:`Master`).
+
+    ``token``: the run token every peer must prove (None: no authentication).  ``network``
+    defaults to real TCP; ``rng`` (default: unseeded) draws peer ids and, when given, handshake
+    nonces.  Raises ``AddressInUse``/``TransportError`` if it cannot listen.  Cancellation closes
+    the listener and every connection.
+    """
+    config = config or Config()
+    if network is None:
+        from .net.tcp import TcpNetwork
+
+        network = TcpNetwork(config)
+    listener = await network.listen(address)
+    server = _MasterServer(listener, token=token, config=config, rng=rng)
+    await server.run(task_status)
+
+
+@asynccontextmanager
+async def open_master(
+    address: str = f"0.0.0.0:{DEFAULT_MASTER_PORT}",
+    *,
+    token: str | bytes | None = None,
+    config: Config | None = None,
+    network: Network | None = None,
+    rng: random.Random | None = None,
+) -> AsyncIterator[Master]:
+    """Run a master for the duration of the ``async with`` block; yields the :class:`Master`.
+
+    Errors as for :func:`serve_master`; leaving the block stops the master.
+    """
+    try:
+        async with trio.open_nursery() as nursery:
+            master = await nursery.start(
+                lambda task_status: serve_master(address, token=token, config=config, network=network, rng=rng,
+                                                 task_status=task_status))
+            try:
+                yield master
+            finally:
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise single_exception(group) from None
+

@@ -1,0 +1,730 @@
+"""The master's consensus machine: pure, synchronous, no I/O (h11 style).
+
+``MasterState.handle(event, now) -> list[Effect]`` is the whole interface.  The Trio shell
+(:mod:`pccl.master`) turns connections into events and executes the effects; the simulator and
+the property tests drive the same object directly.  Time (``now``) and randomness (``rng``) are
+inputs.  Nothing a peer sends can make ``handle`` raise: bad input becomes a ``Kick`` of that
+peer only.  (Shell bugs — an unknown event type, a duplicate ``PeerConnected`` — do raise.)
+
+Rules
+=====
+
+Peers.  A connection is CONNECTED until it sends ``Register``; then it is REGISTERED (it has a
+peer id from the injected RNG and waits); it becomes ACCEPTED when a topology round it took part
+in succeeds.  Registered and accepted peers are disjoint by construction (one status field).
+
+Topology votes.  ``VoteTopology(accept_new_peers=True)`` is a *global* vote: when every accepted
+peer of every group has cast it (and no round runs), a **global round** starts over all accepted
+peers plus all registered ones.  If nobody is registered and no group's ring is stale, the vote
+completes at once without touching p2p connections.  If no peer is accepted at all, registered
+peers need nobody's vote: a global round starts for them at once (the first peer is accepted
+alone this way).  ``VoteTopology(accept_new_peers=False)`` is a *re-wire* of the voter's group
+only: when every accepted peer of the group has cast it (and no round touches the group), a
+**group round** starts over them — other groups keep running collectives meanwhile (PCCL makes
+re-wiring global, which can deadlock groups against each other).  A peer's vote stays standing
+until its round ends; mixing accept and re-wire votes inside one group waits for the group to
+agree.
+
+Rounds.  Every participant gets ``ConnectToPeers(round, ring, neighbours)`` and answers
+``P2PReport(round, ok, unreachable)``.  When every *live* participant has reported: all ok and
+nobody dropped out → ``TopologyComplete`` to all, registered participants become accepted, the
+group rings are installed; otherwise the master starts a fresh round (new id) with the
+survivors — automatic retry, no re-vote.  After ``max_p2p_attempts`` failed attempts the peers
+reported unreachable most often are kicked (``P2P_UNREACHABLE``) and the retry goes on without
+them.  A peer that registers during a round waits for the next one.
+
+Rings.  A group's ring is its accepted members ordered by peer id (:mod:`pccl.protocol.ring`).
+A group's ring is *stale* once an accepted member is removed or one of its collectives aborts;
+collectives of a stale group are rejected with ``STALE_RING`` until a round re-wires it.
+
+Collectives (per group, per tag).  Every accepted peer of the group sends ``CollectiveInit``;
+at consensus: stale ring → ``STALE_RING``; parameters differ → ``PARAMETER_MISMATCH``; fewer than
+two voters → ``TOO_FEW_PEERS`` (each a ``CollectiveRejected`` to every voter); otherwise
+``CollectiveCommence(tag, seq, ring)`` with a new global ``seq``.  A peer that reuses a tag it
+already voted (or that is running) gets ``TAG_IN_USE`` alone.  Each participant then sends
+``CollectiveDone(tag, seq, aborted)``.  Exactly one final message per (op, live participant):
+``CollectiveAbort`` as soon as one reports ``aborted`` or a participant that has not reported
+leaves; ``CollectiveComplete`` once every live participant reported success (a peer that dies
+after reporting success still counts: its bytes have moved).  Late ``Done`` for a finished
+``seq`` is ignored.
+
+Pending query.  ``VotePeersPending`` from every accepted peer → ``PeersPendingResult(any peer
+registered)`` to all of them.  Independent of every other vote, legal while collectives run.
+
+Liveness.  Any message refreshes a connection's deadline ``last_heard + peer_timeout``; at that
+deadline (checked on every event, ``Tick`` included) the peer is kicked with ``TIMEOUT``.
+``SetTimer(at)`` tells the shell the earliest deadline whenever it changes.
+
+Re-checks.  Every consensus above is a predicate over the current state, and *all* of them are
+re-evaluated (to a fixed point) after every event — so a disconnect, kick or timeout in any phase
+lets every vote it was blocking complete (PCCL forgets some of these re-checks, reference §3.5).
+
+Out of phase.  A message not allowed in the sender's status (table ``_ALLOWED``) or in its current
+phase → ``Kick(OUT_OF_PHASE)``; a message type peers never send → ``Kick(PROTOCOL_ERROR)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from ..errors import KickReason
+from . import messages as m
+
+__all__ = [
+    "MasterState",
+    "RandomSource",
+    "PeerStatus",
+    "TopologyVote",
+    "PeerConnected",
+    "MessageReceived",
+    "PeerDisconnected",
+    "ProtocolViolation",
+    "Tick",
+    "Event",
+    "Send",
+    "Kick",
+    "Close",
+    "SetTimer",
+    "Effect",
+    "PeerInfo",
+    "OpInfo",
+    "GLOBAL_SCOPE",
+    "build_ring",
+    "ring_neighbours",
+]
+
+log = logging.getLogger(__name__)
+
+
+class RandomSource(Protocol):
+    """What the machine needs from the injected ``random.Random``."""
+
+    def getrandbits(self, k: int, /) -> int: ...
+
+
+def build_ring(peer_ids: Iterable[int]) -> tuple[int, ...]:
+    """A group's default ring: ascending peer id (until the topology issue optimises rings)."""
+    return tuple(sorted(peer_ids))
+
+
+def ring_neighbours(ring: Sequence[int], peer_id: int) -> tuple[int, ...]:
+    """The distinct neighbours of ``peer_id`` in ``ring``, predecessor first: two, one for a ring
+    of two, none when alone.  ``ValueError`` if ``peer_id`` is not in the ring."""
+    i = list(ring).index(peer_id)
+    out: list[int] = []
+    for other in (ring[(i - 1) % len(ring)], ring[(i + 1) % len(ring)]):
+        if other != peer_id and other not in out:
+            out.append(other)
+    return tuple(out)
+
+
+# --- events (shell → machine) ------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerConnected:
+    """A connection finished the framed handshake; ``observed_host`` is its source address."""
+
+    conn_id: int
+    observed_host: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageReceived:
+    conn_id: int
+    msg: m.Message
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerDisconnected:
+    """The connection closed or broke (EOF, reset, send failure)."""
+
+    conn_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolViolation:
+    """The shell could not decode what the connection sent (garbage, oversized frame…)."""
+
+    conn_id: int
+    reason: KickReason
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Tick:
+    """A timer set by ``SetTimer`` fired (the deadline check runs on every event anyway)."""
+
+
+Event = PeerConnected | MessageReceived | PeerDisconnected | ProtocolViolation | Tick
+
+
+# --- effects (machine → shell) -----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Send:
+    conn_id: int
+    msg: m.Message
+
+
+@dataclasses.dataclass(frozen=True)
+class Kick:
+    """Send ``KickNotice(reason, detail)`` if possible, then close.  The peer is already gone."""
+
+    conn_id: int
+    reason: KickReason
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Close:
+    """Close the connection without a notice (the peer left on purpose)."""
+
+    conn_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SetTimer:
+    """Feed a ``Tick`` at time ``at`` (``None``: no deadline pending).  Replaces earlier timers."""
+
+    at: float | None
+
+
+Effect = Send | Kick | Close | SetTimer
+
+
+# --- state -------------------------------------------------------------------------------------
+
+
+class PeerStatus(enum.Enum):
+    CONNECTED = "connected"  # handshake done, not registered yet
+    REGISTERED = "registered"  # has a peer id, waits to be accepted
+    ACCEPTED = "accepted"
+
+
+class TopologyVote(enum.Enum):
+    ACCEPT = "accept"  # update_topology(): global
+    REWIRE = "rewire"  # re-wire own group only
+
+
+#: Round scope key of the global (accepting) round; group rounds use the group number (≥ 0).
+GLOBAL_SCOPE = -1
+
+
+@dataclasses.dataclass(eq=False)
+class _Peer:
+    conn_id: int
+    host: str
+    last_heard: float
+    status: PeerStatus = PeerStatus.CONNECTED
+    peer_id: int = 0
+    group: int = 0
+    p2p_port: int = 0
+    shared_state_port: int = 0
+    benchmark_port: int = 0
+    topology_vote: TopologyVote | None = None
+    round_scope: int | None = None  # scope key of the round this peer takes part in
+    pending_vote: bool = False
+
+    def endpoint(self) -> m.PeerEndpoint:
+        return m.PeerEndpoint(self.peer_id, self.host, self.p2p_port, self.shared_state_port, self.benchmark_port)
+
+
+@dataclasses.dataclass(eq=False)
+class _Round:
+    scope: int
+    round_id: int
+    participants: tuple[int, ...]  # peer ids
+    reports: dict[int, m.P2PReport] = dataclasses.field(default_factory=dict)
+    dropped: bool = False  # a participant left during this attempt
+    failed_attempts: int = 0  # consecutive attempts with an unreachable report
+    blame: Counter[int] = dataclasses.field(default_factory=Counter)
+
+
+@dataclasses.dataclass(eq=False)
+class _Op:
+    group: int
+    tag: int
+    inits: dict[int, m.CollectiveInit] = dataclasses.field(default_factory=dict)  # voting phase
+    seq: int | None = None  # set once commenced
+    participants: tuple[int, ...] = ()
+    done: set[int] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerInfo:
+    """Read-only view of one connection, for tests, logs and the simulator's checkers."""
+
+    conn_id: int
+    peer_id: int
+    group: int
+    status: PeerStatus
+    topology_vote: TopologyVote | None
+    in_round: bool
+    pending_vote: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class OpInfo:
+    group: int
+    tag: int
+    voters: frozenset[int]
+    seq: int | None
+    participants: tuple[int, ...]
+    done: frozenset[int]
+
+
+_C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
+
+#: Which statuses may send which message (anything else: OUT_OF_PHASE; unlisted types:
+#: PROTOCOL_ERROR).  Finer phase rules live in the handlers.
+_ALLOWED: dict[type[m.Message], frozenset[PeerStatus]] = {
+    m.Register: frozenset({_C}),
+    m.Heartbeat: frozenset({_C, _R, _A}),
+    m.Leave: frozenset({_C, _R, _A}),
+    m.P2PReport: frozenset({_R, _A}),
+    m.VoteTopology: frozenset({_A}),
+    m.VotePeersPending: frozenset({_A}),
+    m.CollectiveInit: frozenset({_A}),
+    m.CollectiveDone: frozenset({_A}),
+}
+
+
+class _PeerFault(Exception):
+    """Raised inside handlers for a peer's mistake; turned into a Kick of that peer."""
+
+    def __init__(self, reason: KickReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class MasterState:
+    """The consensus machine.  See the module docstring for the rules.
+
+    ``rng`` supplies peer ids; ``peer_timeout`` is ``Config.peer_timeout``.
+    """
+
+    def __init__(self, *, rng: RandomSource, peer_timeout: float, max_p2p_attempts: int = 3) -> None:
+        if peer_timeout <= 0 or max_p2p_attempts < 1:
+            raise ValueError("peer_timeout must be positive and max_p2p_attempts at least 1")
+        self._rng = rng
+        self._peer_timeout = peer_timeout
+        self._max_attempts = max_p2p_attempts
+        self._peers: dict[int, _Peer] = {}  # by conn_id
+        self._by_id: dict[int, int] = {}  # peer_id -> conn_id
+        self._issued_ids: set[int] = set()  # never reuse an id, so "gone" is unambiguous
+        self._rounds: dict[int, _Round] = {}  # by scope
+        self._rings: dict[int, tuple[int, ...]] = {}  # group -> established ring
+        self._stale_groups: set[int] = set()
+        self._ops: dict[tuple[int, int], _Op] = {}  # (group, tag)
+        self._next_round = 1
+        self._next_seq = 1
+        self._timer_at: float | None = None
+        self._out: list[Effect] = []
+
+    # --- the interface ------------------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Effect]:
+        """Apply one event at time ``now``; return the effects to execute, in order."""
+        self._out = []
+        if isinstance(event, PeerConnected):
+            if event.conn_id in self._peers:
+                raise ValueError(f"shell bug: connection {event.conn_id} connected twice")
+            self._peers[event.conn_id] = _Peer(event.conn_id, event.observed_host, now)
+        elif isinstance(event, MessageReceived):
+            peer = self._peers.get(event.conn_id)
+            if peer is not None:  # messages still queued from a removed peer are dropped
+                peer.last_heard = now
+                try:
+                    self._dispatch(peer, event.msg)
+                except _PeerFault as fault:
+                    self._remove(peer.conn_id, fault.reason, fault.detail)
+        elif isinstance(event, PeerDisconnected):
+            if event.conn_id in self._peers:
+                self._remove(event.conn_id, None, "disconnected")
+        elif isinstance(event, ProtocolViolation):
+            if event.conn_id in self._peers:
+                self._remove(event.conn_id, KickReason(event.reason), event.detail)
+        elif not isinstance(event, Tick):
+            raise TypeError(f"shell bug: unknown event {event!r}")
+        self._expire(now)
+        self._settle()
+        deadline = self.next_deadline
+        if deadline != self._timer_at:
+            self._timer_at = deadline
+            self._out.append(SetTimer(deadline))
+        out, self._out = self._out, []
+        return out
+
+    @property
+    def next_deadline(self) -> float | None:
+        if not self._peers:
+            return None
+        return min(p.last_heard for p in self._peers.values()) + self._peer_timeout
+
+    # --- read-only views ------------------------------------------------------------------------
+
+    def peers(self) -> list[PeerInfo]:
+        return [
+            PeerInfo(p.conn_id, p.peer_id, p.group, p.status, p.topology_vote, p.round_scope is not None,
+                     p.pending_vote)
+            for p in self._peers.values()
+        ]
+
+    def peer_id_of(self, conn_id: int) -> int | None:
+        p = self._peers.get(conn_id)
+        return p.peer_id if p is not None and p.status is not _C else None
+
+    def conn_of(self, peer_id: int) -> int | None:
+        return self._by_id.get(peer_id)
+
+    def rings(self) -> dict[int, tuple[int, ...]]:
+        return dict(self._rings)
+
+    def stale_groups(self) -> frozenset[int]:
+        return frozenset(self._stale_groups)
+
+    def rounds_in_progress(self) -> dict[int, tuple[int, ...]]:
+        """scope → participants of each running round."""
+        return {s: r.participants for s, r in self._rounds.items()}
+
+    def ops(self) -> list[OpInfo]:
+        return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done))
+                for o in self._ops.values()]
+
+    def membership_of(self, group: int) -> m.Membership:
+        sizes = Counter(p.group for p in self._peers.values() if p.status is _A)
+        return m.Membership(
+            world_size=sizes.get(group, 0),
+            global_world_size=sum(sizes.values()),
+            num_peer_groups=len(sizes),
+            largest_peer_group_size=max(sizes.values(), default=0),
+        )
+
+    # --- dispatch -------------------------------------------------------------------------------
+
+    def _dispatch(self, peer: _Peer, msg: m.Message) -> None:
+        allowed = _ALLOWED.get(type(msg))
+        if allowed is None:
+            raise _PeerFault(KickReason.PROTOCOL_ERROR,
+                             f"{type(msg).__name__} is not a message peers send to the master")
+        if peer.status not in allowed:
+            raise _PeerFault(KickReason.OUT_OF_PHASE, f"{type(msg).__name__} while {peer.status.value}")
+        getattr(self, "_on_" + type(msg).__name__)(peer, msg)
+
+    def _on_Heartbeat(self, peer: _Peer, msg: m.Heartbeat) -> None:
+        pass  # last_heard was refreshed by handle()
+
+    def _on_Leave(self, peer: _Peer, msg: m.Leave) -> None:
+        self._remove(peer.conn_id, None, "left")
+        self._out.append(Close(peer.conn_id))
+
+    def _on_Register(self, peer: _Peer, msg: m.Register) -> None:
+        if msg.p2p_port == 0:
+            raise _PeerFault(KickReason.PROTOCOL_ERROR, "registration without a p2p port")
+        peer_id = 0
+        while peer_id == 0 or peer_id in self._issued_ids:
+            peer_id = self._rng.getrandbits(63)
+        self._issued_ids.add(peer_id)
+        peer.peer_id, peer.group, peer.status = peer_id, msg.peer_group, _R
+        peer.p2p_port, peer.shared_state_port, peer.benchmark_port = (
+            msg.p2p_port, msg.shared_state_port, msg.benchmark_port)
+        self._by_id[peer_id] = peer.conn_id
+        self._send(peer, m.Welcome(peer_id))
+        log.debug("registered peer %x (group %d) on connection %d", peer_id, msg.peer_group, peer.conn_id)
+
+    def _on_VoteTopology(self, peer: _Peer, msg: m.VoteTopology) -> None:
+        if peer.topology_vote is not None or peer.round_scope is not None:
+            raise _PeerFault(KickReason.OUT_OF_PHASE, "topology vote while already voting or in a topology round")
+        busy = self._ops_of(peer)
+        if busy:
+            raise _PeerFault(KickReason.OUT_OF_PHASE, f"topology vote with collective tag {busy[0].tag} in flight")
+        peer.topology_vote = TopologyVote.ACCEPT if msg.accept_new_peers else TopologyVote.REWIRE
+
+    def _on_P2PReport(self, peer: _Peer, msg: m.P2PReport) -> None:
+        rnd = self._rounds.get(peer.round_scope) if peer.round_scope is not None else None
+        current = rnd.round_id if rnd is not None else self._next_round
+        if msg.round < current:
+            log.debug("ignoring stale p2p report of peer %x for round %d", peer.peer_id, msg.round)
+            return
+        if rnd is None or msg.round != rnd.round_id:
+            raise _PeerFault(KickReason.OUT_OF_PHASE, f"p2p report for round {msg.round}, which it was not sent")
+        if peer.peer_id in rnd.reports:
+            raise _PeerFault(KickReason.OUT_OF_PHASE, f"second p2p report for round {msg.round}")
+        rnd.reports[peer.peer_id] = msg
+
+    def _on_VotePeersPending(self, peer: _Peer, msg: m.VotePeersPending) -> None:
+        if peer.pending_vote:
+            raise _PeerFault(KickReason.OUT_OF_PHASE, "second are_peers_pending vote before the answer")
+        peer.pending_vote = True
+
+    def _on_CollectiveInit(self, peer: _Peer, msg: m.CollectiveInit) -> None:
+        if peer.topology_vote is not None or peer.round_scope is not None:
+            raise _PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} during a topology update")
+        op = self._ops.get((peer.group, msg.tag))
+        if op is not None and (op.seq is not None or peer.peer_id in op.inits):
+            self._send(peer, m.CollectiveRejected(msg.tag, m.RejectCode.TAG_IN_USE,
+                                                  f"tag {msg.tag} is already in flight for this peer"))
+            return
+        if op is None:
+            op = self._ops[(peer.group, msg.tag)] = _Op(peer.group, msg.tag)
+        op.inits[peer.peer_id] = msg
+
+    def _on_CollectiveDone(self, peer: _Peer, msg: m.CollectiveDone) -> None:
+        if msg.seq >= self._next_seq:
+            raise _PeerFault(KickReason.PROTOCOL_ERROR, f"collective done for seq {msg.seq}, never commenced")
+        op = self._ops.get((peer.group, msg.tag))
+        if op is None or op.seq != msg.seq or peer.peer_id not in op.participants:
+            log.debug("ignoring late done of peer %x for tag %d seq %d", peer.peer_id, msg.tag, msg.seq)
+            return
+        if peer.peer_id in op.done:
+            raise _PeerFault(KickReason.OUT_OF_PHASE, f"second done for collective tag {msg.tag}")
+        if msg.aborted:
+            self._abort(op, f"peer {peer.peer_id:x} reported failure")
+        else:
+            op.done.add(peer.peer_id)
+
+    # --- removal and timeouts -------------------------------------------------------------------
+
+    def _remove(self, conn_id: int, reason: KickReason | None, detail: str) -> None:
+        """Forget a connection; every vote it blocked is re-checked by ``_settle``."""
+        peer = self._peers.pop(conn_id)
+        if reason is not None:
+            log.info("kicking connection %d (peer %x): %s: %s", conn_id, peer.peer_id, reason.name, detail)
+            self._out.append(Kick(conn_id, reason, detail))
+        if peer.status is _C:
+            return
+        del self._by_id[peer.peer_id]
+        if peer.round_scope is not None and peer.round_scope in self._rounds:
+            self._rounds[peer.round_scope].dropped = True
+        if peer.status is _A:
+            self._stale_groups.add(peer.group)
+        for op in self._ops.values():
+            if op.group == peer.group:
+                op.inits.pop(peer.peer_id, None)
+
+    def _expire(self, now: float) -> None:
+        for peer in list(self._peers.values()):
+            if now >= peer.last_heard + self._peer_timeout and peer.conn_id in self._peers:
+                self._remove(peer.conn_id, KickReason.TIMEOUT, f"silent for {now - peer.last_heard:.3g} s")
+
+    # --- consensus (re-evaluated after every event) ---------------------------------------------
+
+    def _settle(self) -> None:
+        progressed = True
+        while progressed:
+            progressed = False
+            for scope in list(self._rounds):
+                progressed |= self._check_round(scope)
+            progressed |= self._check_accept_vote()
+            for group in sorted({p.group for p in self._peers.values() if p.status is _A}):
+                progressed |= self._check_rewire_vote(group)
+            progressed |= self._check_pending_vote()
+            for key in list(self._ops):
+                progressed |= self._check_op(key)
+
+    def _accepted(self, group: int | None = None) -> list[_Peer]:
+        return [p for p in self._peers.values() if p.status is _A and (group is None or p.group == group)]
+
+    def _check_accept_vote(self) -> bool:
+        if self._rounds:
+            return False
+        accepted = self._accepted()
+        registered = [p for p in self._peers.values() if p.status is _R]
+        if any(p.topology_vote is not TopologyVote.ACCEPT for p in accepted):
+            return False
+        if not accepted and not registered:
+            return False
+        live_groups = {p.group for p in accepted}
+        if not registered and not (self._stale_groups & live_groups):
+            # Nothing changed since the rings were built: answer without a p2p round.
+            round_id = self._take_round_id()
+            for p in accepted:
+                p.topology_vote = None
+                self._send(p, self._topology_complete(round_id, p.group))
+            return True
+        self._start_round(GLOBAL_SCOPE, [p.peer_id for p in accepted + registered], _Round(GLOBAL_SCOPE, 0, ()))
+        return True
+
+    def _check_rewire_vote(self, group: int) -> bool:
+        if GLOBAL_SCOPE in self._rounds or group in self._rounds:
+            return False
+        members = self._accepted(group)
+        if not members or any(p.topology_vote is not TopologyVote.REWIRE for p in members):
+            return False
+        self._start_round(group, [p.peer_id for p in members], _Round(group, 0, ()))
+        return True
+
+    def _start_round(self, scope: int, participants: list[int], previous: _Round) -> None:
+        rnd = _Round(scope, self._take_round_id(), tuple(sorted(participants)),
+                     failed_attempts=previous.failed_attempts, blame=previous.blame)
+        self._rounds[scope] = rnd
+        by_group: dict[int, list[int]] = {}
+        for pid in rnd.participants:
+            by_group.setdefault(self._peer(pid).group, []).append(pid)
+        for ids in by_group.values():
+            ring = build_ring(ids)
+            for pid in ring:
+                p = self._peer(pid)
+                p.topology_vote, p.round_scope = None, scope
+                ends = tuple(self._peer(n).endpoint() for n in ring_neighbours(ring, pid))
+                self._send(p, m.ConnectToPeers(rnd.round_id, ring, ends))
+        log.debug("round %d (scope %d) started with %d peers", rnd.round_id, scope, len(rnd.participants))
+
+    def _check_round(self, scope: int) -> bool:
+        rnd = self._rounds[scope]
+        live = [pid for pid in rnd.participants if pid in self._by_id]
+        if not live:
+            del self._rounds[scope]
+            return True
+        if not all(pid in rnd.reports for pid in live):
+            return False
+        failed = [rnd.reports[pid] for pid in live if not rnd.reports[pid].ok]
+        if not failed and not rnd.dropped:
+            self._complete_round(rnd, live)
+            return True
+        if failed:
+            rnd.failed_attempts += 1
+            for report in failed:
+                rnd.blame.update(u for u in set(report.unreachable) if u in self._by_id and u in live)
+            if rnd.failed_attempts >= self._max_attempts:
+                self._kick_unreachable(rnd, live)
+                live = [pid for pid in live if pid in self._by_id]
+        del self._rounds[scope]
+        for pid in live:
+            self._peer(pid).round_scope = None
+        if live:
+            self._start_round(scope, live, rnd)
+        return True
+
+    def _kick_unreachable(self, rnd: _Round, live: list[int]) -> None:
+        if rnd.blame:
+            worst = max(rnd.blame.values())
+            culprits = [pid for pid, n in rnd.blame.items() if n == worst]
+            detail = f"unreachable from its ring neighbours in {rnd.failed_attempts} attempts"
+        else:  # failures that name nobody: the reporters themselves cannot connect
+            culprits = [pid for pid in live if not rnd.reports[pid].ok]
+            detail = f"could not connect to its ring neighbours in {rnd.failed_attempts} attempts"
+        for pid in sorted(culprits):
+            if pid in self._by_id:
+                self._remove(self._by_id[pid], KickReason.P2P_UNREACHABLE, detail)
+        rnd.failed_attempts = 0
+        rnd.blame = Counter()
+
+    def _complete_round(self, rnd: _Round, live: list[int]) -> None:
+        del self._rounds[rnd.scope]
+        for pid in live:
+            p = self._peer(pid)
+            p.status, p.round_scope = _A, None
+        groups = {self._peer(pid).group for pid in live}
+        for g in groups:
+            self._rings[g] = build_ring(p.peer_id for p in self._accepted(g))
+            self._stale_groups.discard(g)
+        if rnd.scope == GLOBAL_SCOPE:  # forget groups that have no members any more
+            alive = {p.group for p in self._accepted()}
+            for g in list(self._rings):
+                if g not in alive:
+                    del self._rings[g]
+            self._stale_groups &= alive
+        for pid in live:
+            p = self._peer(pid)
+            self._send(p, self._topology_complete(rnd.round_id, p.group))
+        log.debug("round %d complete: %d peers", rnd.round_id, len(live))
+
+    def _topology_complete(self, round_id: int, group: int) -> m.TopologyComplete:
+        ring = tuple(self._peer(pid).endpoint() for pid in self._rings[group])
+        return m.TopologyComplete(round_id, ring, self.membership_of(group))
+
+    def _check_pending_vote(self) -> bool:
+        accepted = self._accepted()
+        if not accepted or not all(p.pending_vote for p in accepted):
+            return False
+        pending = any(p.status is _R for p in self._peers.values())
+        for p in accepted:
+            p.pending_vote = False
+            self._send(p, m.PeersPendingResult(pending))
+        return True
+
+    def _check_op(self, key: tuple[int, int]) -> bool:
+        op = self._ops[key]
+        if op.seq is None:
+            return self._check_op_vote(op)
+        live = [pid for pid in op.participants if pid in self._by_id]
+        gone_early = [pid for pid in op.participants if pid not in self._by_id and pid not in op.done]
+        if gone_early:
+            self._abort(op, f"participant {gone_early[0]:x} left before finishing")
+            return True
+        if all(pid in op.done for pid in live):
+            del self._ops[key]
+            for pid in live:
+                self._send(self._peer(pid), m.CollectiveComplete(op.tag, op.seq))
+            return True
+        return False
+
+    def _check_op_vote(self, op: _Op) -> bool:
+        key = (op.group, op.tag)
+        if not op.inits:
+            del self._ops[key]
+            return True
+        voters = self._accepted(op.group)
+        if not all(p.peer_id in op.inits for p in voters):
+            return False
+        del self._ops[key]
+        code, detail = self._reject_reason(op)
+        if code is not None:
+            for p in voters:
+                self._send(p, m.CollectiveRejected(op.tag, code, detail))
+            return True
+        op.seq = self._next_seq
+        self._next_seq += 1
+        op.participants = self._rings[op.group]
+        self._ops[key] = op
+        for pid in op.participants:
+            self._send(self._peer(pid), m.CollectiveCommence(op.tag, op.seq, op.participants))
+        return True
+
+    def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
+        params = {pid: (i.count, i.dtype, i.op, i.quant_kind, i.quant_dtype) for pid, i in op.inits.items()}
+        if len(set(params.values())) > 1:
+            listing = "; ".join(
+                f"peer {pid:x}: count={c} dtype={d} op={o} quant={qk}/{qd}"
+                for pid, (c, d, o, qk, qd) in sorted(params.items()))
+            return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on tag {op.tag}: {listing}"
+        if len(op.inits) < 2:
+            return m.RejectCode.TOO_FEW_PEERS, f"only {len(op.inits)} peer(s) in group {op.group}"
+        ring = self._rings.get(op.group)
+        if op.group in self._stale_groups or ring is None or set(ring) != set(op.inits):
+            return m.RejectCode.STALE_RING, f"group {op.group} lost a member; re-wire before retrying"
+        return None, ""
+
+    def _abort(self, op: _Op, why: str) -> None:
+        del self._ops[(op.group, op.tag)]
+        self._stale_groups.add(op.group)  # the ring failed once: the next topology vote re-wires it
+        log.debug("aborting collective tag %d seq %s: %s", op.tag, op.seq, why)
+        for pid in op.participants:
+            if pid in self._by_id:
+                self._send(self._peer(pid), m.CollectiveAbort(op.tag, op.seq or 0))
+
+    # --- small helpers --------------------------------------------------------------------------
+
+    def _ops_of(self, peer: _Peer) -> list[_Op]:
+        return [op for op in self._ops.values()
+                if op.group == peer.group and (peer.peer_id in op.inits or peer.peer_id in op.participants)]
+
+    def _peer(self, peer_id: int) -> _Peer:
+        return self._peers[self._by_id[peer_id]]
+
+    def _send(self, peer: _Peer, msg: m.Message) -> None:
+        self._out.append(Send(peer.conn_id, msg))
+
+    def _take_round_id(self) -> int:
+        rid = self._next_round
+        self._next_round += 1
+        return rid

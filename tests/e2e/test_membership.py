@@ -1,0 +1,485 @@
+"""Membership end to end on real TCP: a master and peers as Trio tasks, and as OS processes where
+a real SIGSTOP / SIGKILL matters (reference/pccl.md §7 scenarios 1, 2, 14, 27, 35, 36)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+import trio
+
+import pccl
+from pccl import Config
+from pccl.errors import AuthenticationFailed, Kicked, KickReason, MasterUnreachable
+from pccl.net.base import Listener, Network, Stream
+from pccl.net.framed import open_framed
+from pccl.net.tcp import TcpNetwork
+from pccl.protocol import codec
+from pccl.protocol import messages as m
+
+TOKEN = "e2e-run-token"
+PEER_TIMEOUT = 2.0
+HEARTBEAT = 0.25
+CFG = Config(peer_timeout=PEER_TIMEOUT, heartbeat_interval=HEARTBEAT, connect_timeout=2.0, p2p_base_port=0)
+HERE = pathlib.Path(__file__).resolve().parent
+#: Upper bound for anything that should happen "promptly"; generous for a loaded 2-core CI box.
+BOUND = 10.0
+
+
+class KillableNetwork(Network):
+    """Real TCP that can be cut like a crashed host (every stream reset at once) and can hold
+    this host's p2p dials (anything but the master) to catch it inside p2p establishment."""
+
+    def __init__(self, master_address: str | None = None) -> None:
+        self._tcp = TcpNetwork(CFG)
+        self._master = master_address
+        self._streams: list[Stream] = []
+        self._listeners: list[Listener] = []
+        self.hold_p2p_dials = False
+        self.dialing = trio.Event()
+
+    async def connect(self, address: str, *, timeout: float | None = None) -> Stream:
+        if self.hold_p2p_dials and address != self._master:
+            self.dialing.set()
+            await trio.sleep_forever()
+        stream = await self._tcp.connect(address, timeout=timeout)
+        self._streams.append(stream)
+        return stream
+
+    async def listen(self, address: str, *, port_range: int = 1) -> Listener:
+        listener = await self._tcp.listen(address, port_range=port_range)
+        network = self
+
+        class Tracked(Listener):
+            def __init__(self) -> None:
+                self.address = listener.address
+
+            async def accept(self) -> Stream:
+                stream = await listener.accept()
+                network._streams.append(stream)
+                return stream
+
+            async def aclose(self) -> None:
+                await listener.aclose()
+
+        tracked = Tracked()
+        self._listeners.append(tracked)
+        return tracked
+
+    async def kill(self) -> None:
+        for stream in self._streams:
+            stream.abort()
+        with trio.CancelScope(shield=True):
+            for listener in self._listeners:
+                await listener.aclose()
+
+
+@pytest.fixture
+async def master():
+    async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG) as running:
+        yield running
+
+
+def _open(master_address: str, group: int = 0, *, config: Config = CFG, **kw: object):
+    return pccl.open_communicator(master_address, peer_group=group, token=TOKEN, config=config, **kw)  # type: ignore[arg-type]
+
+
+async def _wait_until(predicate, what: str) -> None:
+    with trio.fail_after(BOUND):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+def _attrs(comm: pccl.Communicator) -> tuple[int, int, int, int]:
+    return comm.world_size, comm.global_world_size, comm.num_peer_groups, comm.largest_peer_group_size
+
+
+async def _admit(nursery: trio.Nursery, master: pccl.Master, existing: list[pccl.Communicator], *,
+                 group: int = 0, network: Network | None = None,
+                 config: Config = CFG) -> tuple[pccl.Communicator, trio.CancelScope]:
+    """Start a peer task and have every existing peer vote it in; return it and its scope."""
+    holder: list[pccl.Communicator] = []
+    scope = trio.CancelScope()
+    before = master.statistics().registered_peers
+
+    async def peer() -> None:
+        with scope:
+            async with _open(master.address, group, network=network, config=config) as comm:
+                holder.append(comm)
+                await trio.sleep_forever()
+
+    nursery.start_soon(peer)
+    await _wait_until(lambda: master.statistics().registered_peers > before, "newcomer registered")
+    async with trio.open_nursery() as voters:
+        for comm in existing:
+            voters.start_soon(comm.update_topology)
+    await _wait_until(lambda: holder, "newcomer accepted")
+    return holder[0], scope
+
+
+async def _run_peer(master_address: str, *, accepted: dict, done: trio.Event) -> None:
+    """A peer task: open, record the attributes it was accepted with, stay until ``done``."""
+    async with _open(master_address) as comm:
+        accepted[comm.peer_id] = _attrs(comm)
+        await done.wait()
+
+
+async def test_first_peer_is_accepted_alone(master: pccl.Master) -> None:
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as comm:
+            assert _attrs(comm) == (1, 1, 1, 1)
+            assert comm.ring == (comm.peer_id,)
+            assert await comm.are_peers_pending() is False
+            await comm.update_topology()  # nothing to do: returns at once
+            stats = comm.statistics()
+            assert stats.world_size == 1 and stats.peer_id == comm.peer_id and stats.topology_updates == 2
+
+
+async def test_second_peer_waits_for_update_topology(master: pccl.Master) -> None:
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as first, trio.open_nursery() as nursery:
+            accepted: dict[int, tuple] = {}
+            done = trio.Event()
+            nursery.start_soon(lambda: _run_peer(master.address, accepted=accepted, done=done))
+            await _wait_until(lambda: master.statistics().registered_peers == 1, "second peer registered")
+            await trio.sleep(0.3)
+            assert accepted == {}, "the newcomer must wait until the accepted peer votes"
+            assert await first.are_peers_pending() is True
+            await first.update_topology()
+            await _wait_until(lambda: accepted, "newcomer accepted")
+            assert _attrs(first) == (2, 2, 1, 2) and list(accepted.values()) == [(2, 2, 1, 2)]
+            assert set(first.ring) == {first.peer_id, *accepted}
+            assert len(first.p2p.outgoing) == 1 and len(first.p2p.incoming) == 1
+            done.set()
+
+
+async def test_ring_links_have_the_configured_lanes() -> None:
+    config = dataclasses.replace(CFG, p2p_lanes=3)
+    with trio.fail_after(BOUND):
+        async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=config) as master:
+            async with _open(master.address, config=config) as a, trio.open_nursery() as nursery:
+                b, _ = await _admit(nursery, master, [a], config=config)
+                c, _ = await _admit(nursery, master, [a, b], config=config)
+                peers = {x.peer_id: x for x in (a, b, c)}
+                for x in peers.values():
+                    assert len(x.p2p.to_successor()) == 3
+                    assert x.p2p.successor == peers[x.p2p.successor].peer_id
+                # lane j of a peer's successor links is lane j of the successor's predecessor links
+                for x in peers.values():
+                    succ = peers[x.p2p.successor]
+                    incoming = await succ.p2p.from_predecessor()
+                    for lane, conn in enumerate(x.p2p.to_successor()):
+                        await conn.send(m.Welcome(lane))
+                    assert [(await conn.receive()).peer_id for conn in incoming] == [0, 1, 2]
+                nursery.cancel_scope.cancel()
+
+
+async def test_three_peers_in_two_groups_agree_on_attributes(master: pccl.Master) -> None:
+    with trio.fail_after(BOUND):
+        async with _open(master.address, group=0) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a], group=0)
+            c, _ = await _admit(nursery, master, [a, b], group=1)
+            assert _attrs(a) == _attrs(b) == (2, 3, 2, 2)
+            assert _attrs(c) == (1, 3, 2, 2)
+            assert set(a.ring) == set(b.ring) == {a.peer_id, b.peer_id} and c.ring == (c.peer_id,)
+            async with trio.open_nursery() as voters:  # a plain update keeps everything identical
+                for comm in (a, b, c):
+                    voters.start_soon(comm.update_topology)
+            assert [_attrs(x) for x in (a, b, c)] == [(2, 3, 2, 2), (2, 3, 2, 2), (1, 3, 2, 2)]
+            nursery.cancel_scope.cancel()
+
+
+async def test_group_rewire_needs_only_the_group(master: pccl.Master) -> None:
+    """The re-wire after a failed collective involves only the group's peers (PCCL makes it
+    global, which can deadlock groups against each other)."""
+    with trio.fail_after(BOUND):
+        async with _open(master.address, group=0) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a], group=0)
+            c, _ = await _admit(nursery, master, [a, b], group=1)
+            rounds_before = a.statistics().p2p_rounds, c.statistics().p2p_rounds
+            async with trio.open_nursery() as voters:  # c never votes
+                voters.start_soon(a._rewire)
+                voters.start_soon(b._rewire)
+            assert a.statistics().p2p_rounds == rounds_before[0] + 1  # really reconnected
+            assert c.statistics().p2p_rounds == rounds_before[1]
+            assert _attrs(a) == _attrs(b) == (2, 3, 2, 2)
+            assert await a.p2p.from_predecessor() and a.p2p.to_successor()
+            nursery.cancel_scope.cancel()
+
+
+async def test_peer_killed_during_the_accept_vote_does_not_wedge_the_others(master: pccl.Master) -> None:
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a])
+            victim_net = KillableNetwork()
+            victim, victim_scope = await _admit(nursery, master, [a, b], network=victim_net)
+            assert _attrs(a) == _attrs(b) == _attrs(victim) == (3, 3, 1, 3)
+            async with trio.open_nursery() as voters:
+                voters.start_soon(a.update_topology)
+                voters.start_soon(b.update_topology)
+                await _wait_until(lambda: sum(p.topology_vote is not None for p in master.state.peers()) == 2,
+                                  "a and b voted, the victim did not")
+                await victim_net.kill()  # dies as the last missing vote
+                victim_scope.cancel()
+            assert _attrs(a) == _attrs(b) == (2, 2, 1, 2)
+            assert set(a.ring) == {a.peer_id, b.peer_id}
+            nursery.cancel_scope.cancel()
+
+
+async def test_peer_killed_during_p2p_establishment_does_not_wedge_the_others(master: pccl.Master) -> None:
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a, trio.open_nursery() as nursery:
+            victim_net = KillableNetwork(master.address)
+            victim_net.hold_p2p_dials = True
+            victim_scope = trio.CancelScope()
+
+            async def victim() -> None:
+                with victim_scope, pytest.raises(MasterUnreachable):  # its own connections were cut
+                    async with _open(master.address, network=victim_net):
+                        pytest.fail("the victim must never be accepted")
+
+            nursery.start_soon(victim)
+            await _wait_until(lambda: master.statistics().registered_peers == 1, "victim registered")
+            async with trio.open_nursery() as inner:
+                inner.start_soon(a.update_topology)
+                with trio.fail_after(BOUND):
+                    await victim_net.dialing.wait()  # the victim is inside the p2p round now
+                await victim_net.kill()
+                victim_scope.cancel()
+            assert _attrs(a) == (1, 1, 1, 1)
+            assert master.statistics().accepted_peers == 1
+
+
+def _spawn_peer(master_address: str, group: int = 0) -> trio.Process:
+    return trio.lowlevel.open_process(  # type: ignore[return-value]
+        [sys.executable, str(HERE / "peer_process.py"), master_address, str(group), TOKEN, str(PEER_TIMEOUT),
+         str(HEARTBEAT)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+async def _reap(proc: trio.Process) -> None:
+    """Kill (if still running), wait for, and close the pipes of a child process."""
+    proc.kill()
+    await proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            await pipe.aclose()
+
+
+class _Lines:
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buf = b""
+
+    async def next(self) -> str:
+        while b"\n" not in self._buf:
+            chunk = await self._stream.receive_some(4096)
+            if not chunk:
+                raise EOFError("process closed its stdout")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+
+async def test_sigstopped_peer_is_removed_after_the_timeout(master: pccl.Master) -> None:
+    proc = await _spawn_peer(master.address)
+    try:
+        with trio.fail_after(BOUND * 2):
+            async with _open(master.address) as a:
+                lines = _Lines(proc.stdout)
+                await _wait_until(lambda: master.statistics().registered_peers == 1, "process registered")
+                await a.update_topology()
+                assert (await lines.next()).split() == ["ACCEPTED", "2", "2"]
+                os.kill(proc.pid, signal.SIGSTOP)
+                stopped_at = trio.current_time()
+                await a.update_topology()  # blocked by the stopped peer until the master drops it
+                # removed by the timeout (its last heartbeat may predate the SIGSTOP by one interval)
+                assert trio.current_time() - stopped_at >= PEER_TIMEOUT - 2 * HEARTBEAT
+                assert _attrs(a) == (1, 1, 1, 1)
+                assert master.statistics().kicks >= 1
+    finally:
+        await _reap(proc)
+
+
+async def _spawn_master() -> tuple[trio.Process, str]:
+    """``python -m pccl master`` on a free port; returns the process and its address."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "pccl", "master", "--listen", "127.0.0.1:0", "--token", TOKEN,
+         "--peer-timeout", str(PEER_TIMEOUT), "--heartbeat-interval", str(HEARTBEAT)],
+        stderr=subprocess.PIPE)
+    lines = _Lines(proc.stderr)
+    with trio.fail_after(BOUND):
+        while "master listening on" not in (line := await lines.next()):
+            pass
+    return proc, line.rsplit(" ", 1)[-1]
+
+
+async def test_killing_the_master_fails_every_peer_promptly() -> None:
+    master_proc, address = await _spawn_master()
+    try:
+        with trio.fail_after(BOUND * 2):
+            async with _open(address) as a, trio.open_nursery() as nursery:
+                peer_b: list[pccl.Communicator] = []
+
+                async def b_peer() -> None:
+                    async with _open(address) as b:
+                        peer_b.append(b)
+                        with pytest.raises(MasterUnreachable):
+                            await b.update_topology()  # pending when the master dies
+                        with pytest.raises(MasterUnreachable):
+                            await b.are_peers_pending()  # and every later call
+
+                nursery.start_soon(b_peer)
+                await trio.sleep(0.2)
+                await a.update_topology()
+                await _wait_until(lambda: peer_b, "b accepted")
+                await trio.sleep(0.2)  # b's vote is now waiting for a's
+                master_proc.kill()
+                killed_at = trio.current_time()
+                with pytest.raises(MasterUnreachable):
+                    await a.are_peers_pending()
+                assert trio.current_time() - killed_at < BOUND
+    finally:
+        await _reap(master_proc)
+
+
+async def test_a_stalled_master_is_detected_by_its_silence() -> None:
+    master_proc, address = await _spawn_master()
+    try:
+        with trio.fail_after(BOUND * 2):
+            async with _open(address) as a:
+                os.kill(master_proc.pid, signal.SIGSTOP)  # connections stay open, nothing arrives
+                with pytest.raises(MasterUnreachable, match="silent"):
+                    await a.are_peers_pending()
+                with pytest.raises(MasterUnreachable):
+                    await a.update_topology()
+    finally:
+        await _reap(master_proc)
+
+
+async def test_garbage_and_oversized_frames_get_that_connection_kicked(master: pccl.Master) -> None:
+    network = TcpNetwork(CFG)
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a:
+            # 1. Garbage instead of a handshake: closed, never registered.
+            raw = await network.connect(master.address)
+            await raw.send_all(b"GET / HTTP/1.1\r\n\r\n" + bytes(range(256)))
+            buf = bytearray(1024)
+            while True:
+                try:
+                    if await raw.receive_into(buf) == 0:
+                        break
+                except pccl.errors.PeerDisconnected:
+                    break
+            await raw.aclose()
+            assert master.statistics().handshake_failures == 1
+            # 2. and 3. After a valid handshake and registration: garbage / an oversized frame.
+            control = int(codec.FrameKind.CONTROL).to_bytes(1, "big")
+            for payload, reason in [
+                ((9).to_bytes(4, "big") + control + b"\xc1" * 9, KickReason.PROTOCOL_ERROR),  # undecodable body
+                ((2**30).to_bytes(4, "big") + control, KickReason.FRAME_TOO_LARGE),  # announces 1 GiB
+            ]:
+                conn = await open_framed(network, master.address, token=TOKEN, config=CFG)
+                await conn.send(m.Register(0, 9, 0, 0))
+                assert isinstance(await conn.receive(), m.Welcome)
+                await conn._stream.send_all(payload)  # noqa: SLF001 - bypass the encoder on purpose
+                notice = await conn.receive()
+                while isinstance(notice, m.Heartbeat):
+                    notice = await conn.receive()
+                assert isinstance(notice, m.KickNotice) and notice.reason == reason
+                await conn.aclose()
+            # The real peer never noticed.
+            assert await a.are_peers_pending() is False
+            await a.update_topology()
+            assert _attrs(a) == (1, 1, 1, 1)
+
+
+async def test_peer_without_the_run_token_is_refused(master: pccl.Master) -> None:
+    with trio.fail_after(BOUND):
+        with pytest.raises(AuthenticationFailed):
+            async with pccl.open_communicator(master.address, config=CFG):
+                pass
+        with pytest.raises(AuthenticationFailed):
+            async with pccl.open_communicator(master.address, token="wrong", config=CFG):
+                pass
+        async with _open(master.address) as comm:  # the master still serves
+            assert comm.world_size == 1
+
+
+async def test_kicked_peer_raises_kicked_with_the_reason(master: pccl.Master) -> None:
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a, trio.open_nursery() as nursery:
+            await _admit(nursery, master, [a], group=1)  # a second member, so a's vote below waits
+            async with trio.open_nursery() as voters:
+                async def vote() -> None:
+                    with pytest.raises(Kicked) as info:
+                        await a.update_topology()
+                    assert info.value.reason is KickReason.OUT_OF_PHASE
+
+                voters.start_soon(vote)
+                await _wait_until(lambda: any(p.topology_vote for p in master.state.peers()), "a voted")
+                await a._send_master(m.VoteTopology(True))  # a second vote: out of phase
+            with pytest.raises(Kicked):
+                await a.are_peers_pending()  # every later call, too
+            assert master.statistics().accepted_peers == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_cancelled_update_topology_leaves_its_vote_standing(master: pccl.Master) -> None:
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a])
+            with trio.move_on_after(0.2) as cancelled:
+                await a.update_topology()  # waits for b's vote
+            assert cancelled.cancelled_caught
+            votes = [p.topology_vote for p in master.state.peers() if p.topology_vote is not None]
+            assert len(votes) == 1, "a's vote must stand after the cancellation"
+            async with trio.open_nursery() as voters:
+                voters.start_soon(a.update_topology)  # resumes waiting for the same vote (no second vote)
+                voters.start_soon(b.update_topology)
+            assert master.statistics().kicks == 0 and _attrs(a) == (2, 2, 1, 2)
+            nursery.cancel_scope.cancel()
+
+
+async def test_pending_query_while_a_collective_is_in_flight(master: pccl.Master) -> None:
+    """The collective vote path the all-reduce builds on, and are_peers_pending beside it."""
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a])
+            inboxes = {c: c._collective_inbox(5) for c in (a, b)}
+            for c in (a, b):
+                await c._send_master(m.CollectiveInit(5, 100, int(pccl.DType.FLOAT32), int(pccl.ReduceOp.SUM)))
+            commence = {c: await inboxes[c].receive() for c in (a, b)}
+            assert all(isinstance(x, m.CollectiveCommence) for x in commence.values())
+            assert commence[a].ring == commence[b].ring == a.ring
+            # The ring links are in place and usable: a's successor receives what a sends.
+            assert a.p2p.successor == b.peer_id and b.p2p.predecessor == a.peer_id
+            (to_b,) = a.p2p.to_successor()
+            await to_b.send(m.Heartbeat())
+            (from_a,) = await b.p2p.from_predecessor()
+            assert isinstance(await from_a.receive(), m.Heartbeat)
+            with pytest.raises(pccl.InvalidUsage):
+                await a.update_topology()  # not while a collective is in flight
+            with pytest.raises(pccl.InvalidUsage):
+                a._collective_inbox(5)  # the tag is taken
+
+            answers: list[bool] = []
+
+            async def pending(c: pccl.Communicator) -> None:
+                answers.append(await c.are_peers_pending())
+
+            async with trio.open_nursery() as voters:
+                voters.start_soon(pending, a)
+                voters.start_soon(pending, b)
+            assert answers == [False, False]
+            for c in (a, b):
+                await c._send_master(m.CollectiveDone(5, commence[c].seq))
+            for c in (a, b):
+                assert isinstance(await inboxes[c].receive(), m.CollectiveComplete)
+                c._release_collective(5)
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,733 @@
+"""The master's consensus machine under Hypothesis: any interleaving of joins, votes, p2p
+reports, collectives, kills, timeouts, kicks and garbage keeps its invariants, and every vote
+whose voters are all present completes (reference/pccl.md §3.5 lists where PCCL hangs instead).
+"""
+
+from __future__ import annotations
+
+import random
+
+import hypothesis.strategies as st
+import msgspec.inspect as mi
+from hypothesis import HealthCheck, given, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from pccl.errors import KickReason
+from pccl.protocol import codec
+from pccl.protocol import messages as m
+from pccl.protocol.master_state import (
+    Close,
+    GLOBAL_SCOPE,
+    Kick,
+    MasterState,
+    MessageReceived,
+    PeerConnected,
+    PeerDisconnected,
+    PeerStatus,
+    ProtocolViolation,
+    Send,
+    SetTimer,
+    Tick,
+    TopologyVote,
+)
+
+TIMEOUT = 10.0
+RARE = st.integers(0, 5)  # destructive rules act only when this draws 0
+
+
+class Harness:
+    """Drives a MasterState and remembers what each connection was told (a peer's view)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.ms = MasterState(rng=random.Random(seed), peer_timeout=TIMEOUT)
+        self.now = 0.0
+        self.next_conn = 1
+        self.gone: set[int] = set()  # connections the master must never address again
+        self.kicks: dict[int, KickReason] = {}
+        self.inbox: dict[int, list[m.Message]] = {}
+        self.finals: set[tuple[int, int]] = set()  # (conn, seq) that got Complete/Abort
+        self.effects_log: list[object] = []
+
+    # --- driving ---------------------------------------------------------------------------------
+
+    def feed(self, event: object) -> list[object]:
+        out = self.ms.handle(event, self.now)  # type: ignore[arg-type]
+        self.effects_log.extend(out)
+        topo: dict[int, set[tuple[int, int, int]]] = {}
+        for eff in out:
+            if isinstance(eff, SetTimer):
+                continue
+            assert eff.conn_id not in self.gone, f"{eff} addresses a removed peer"
+            if isinstance(eff, (Kick, Close)):
+                self.gone.add(eff.conn_id)
+                if isinstance(eff, Kick):
+                    self.kicks[eff.conn_id] = eff.reason
+                continue
+            assert isinstance(eff, Send)
+            self.inbox.setdefault(eff.conn_id, []).append(eff.msg)
+            msg = eff.msg
+            if isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)):
+                key = (eff.conn_id, msg.seq)
+                assert key not in self.finals, f"two final messages for seq {msg.seq} to {eff.conn_id}"
+                self.finals.add(key)
+            if isinstance(msg, m.TopologyComplete):
+                ms = msg.membership
+                assert ms.world_size == len(msg.ring)
+                topo.setdefault(msg.round, set()).add(
+                    (ms.global_world_size, ms.num_peer_groups, ms.largest_peer_group_size))
+        for rnd, attrs in topo.items():
+            assert len(attrs) == 1, f"round {rnd} told peers different attributes: {attrs}"
+        return out
+
+    def connect(self, host: str = "10.0.0.1") -> int:
+        c = self.next_conn
+        self.next_conn += 1
+        self.feed(PeerConnected(c, host))
+        return c
+
+    def send(self, conn: int, msg: m.Message) -> list[object]:
+        return self.feed(MessageReceived(conn, msg))
+
+    def register(self, conn: int, group: int = 0) -> None:
+        self.send(conn, m.Register(group, 4000 + conn, 5000 + conn, 6000 + conn))
+
+    def join(self, group: int = 0) -> int:
+        c = self.connect()
+        self.register(c, group)
+        return c
+
+    def kill(self, conn: int) -> None:
+        self.feed(PeerDisconnected(conn))
+        self.gone.add(conn)
+
+    def last(self, conn: int, kind: type) -> m.Message | None:
+        for msg in reversed(self.inbox.get(conn, [])):
+            if isinstance(msg, kind):
+                return msg
+        return None
+
+    def pending_round(self, conn: int) -> int | None:
+        """The round this connection was last asked to connect for, if it has not reported yet."""
+        connect = self.last(conn, m.ConnectToPeers)
+        if connect is None or conn in self.gone:
+            return None
+        done = [x for x in self.inbox[conn] if isinstance(x, m.TopologyComplete) and x.round > connect.round]
+        info = self.info(conn)
+        if done or info is None or not info.in_round:
+            return None
+        return connect.round
+
+    def report(self, conn: int, ok: bool = True) -> None:
+        rnd = self.pending_round(conn)
+        assert rnd is not None
+        connect = self.last(conn, m.ConnectToPeers)
+        unreachable = () if ok else tuple(e.peer_id for e in connect.neighbours)
+        self.send(conn, m.P2PReport(rnd, ok, unreachable))
+
+    def settle_rounds(self) -> None:
+        """Every live connection in a round reports success until no round is left."""
+        for _ in range(50):
+            todo = [c for c in self.live() if self.pending_round(c) is not None
+                    and self.ms.peer_id_of(c) not in self._reported()]
+            if not todo:
+                return
+            self.report(todo[0])
+        raise AssertionError("rounds do not settle")
+
+    def _reported(self) -> set[int]:
+        return {pid for scope, _ in self.ms.rounds_in_progress().items()
+                for pid in self.ms._rounds[scope].reports}  # noqa: SLF001 - test introspection
+
+    def info(self, conn: int):
+        for p in self.ms.peers():
+            if p.conn_id == conn:
+                return p
+        return None
+
+    def live(self, status: PeerStatus | None = None) -> list[int]:
+        return sorted(p.conn_id for p in self.ms.peers() if status is None or p.status is status)
+
+    def accepted(self) -> list[int]:
+        return self.live(PeerStatus.ACCEPTED)
+
+    def advance(self, dt: float, silent: set[int] = frozenset()) -> None:
+        """Let ``dt`` pass while every live connection except ``silent`` keeps heartbeating."""
+        steps = int(dt // (TIMEOUT / 3)) + 1
+        for _ in range(steps):
+            self.now += dt / steps
+            for c in self.live():
+                if c not in silent and c not in self.gone:
+                    self.send(c, m.Heartbeat())
+            self.feed(Tick())
+
+    # --- invariants ------------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        ms = self.ms
+        peers = ms.peers()
+        registered = {p.peer_id for p in peers if p.status is PeerStatus.REGISTERED}
+        accepted = {p.peer_id for p in peers if p.status is PeerStatus.ACCEPTED}
+        assert not registered & accepted
+        assert not {p.conn_id for p in peers} & self.gone
+        rounds = ms.rounds_in_progress()
+        groups = {p.group for p in peers if p.status is PeerStatus.ACCEPTED}
+        # Rings: a permutation of the group's accepted peers whenever the group is settled.
+        for g in groups:
+            members = {p.peer_id for p in peers if p.status is PeerStatus.ACCEPTED and p.group == g}
+            ring = ms.rings().get(g)
+            assert ring is not None, f"group {g} has accepted peers but no ring"
+            assert len(set(ring)) == len(ring)
+            if g not in ms.stale_groups() and g not in rounds and GLOBAL_SCOPE not in rounds:
+                assert sorted(ring) == sorted(members)
+            else:
+                assert members <= set(ring) or rounds, "an accepted peer is missing from a settled ring"
+        # Every vote whose voters are all present has completed.
+        acc = [p for p in peers if p.status is PeerStatus.ACCEPTED]
+        if not rounds:
+            assert not (acc and all(p.topology_vote is TopologyVote.ACCEPT for p in acc)), "accept vote stuck"
+            assert not (registered and not acc), "registered peers wait although nobody can vote"
+        for g in groups:
+            mem = [p for p in acc if p.group == g]
+            if GLOBAL_SCOPE not in rounds and g not in rounds:
+                assert not all(p.topology_vote is TopologyVote.REWIRE for p in mem), f"rewire of {g} stuck"
+        assert not (acc and all(p.pending_vote for p in acc)), "pending vote stuck"
+        for scope, parts in rounds.items():
+            live = [pid for pid in parts if ms.conn_of(pid) is not None]
+            reports = ms._rounds[scope].reports  # noqa: SLF001
+            assert live and not all(pid in reports for pid in live), "round stuck"
+        for op in ms.ops():
+            mem = {p.peer_id for p in acc if p.group == op.group}
+            if op.seq is None:
+                assert not mem <= op.voters, f"collective vote {op.tag} stuck"
+            else:
+                live = {pid for pid in op.participants if ms.conn_of(pid) is not None}
+                assert not live <= op.done, f"collective {op.tag} complete but not announced"
+                assert all(pid in live or pid in op.done for pid in op.participants), "dead participant not aborted"
+        # Nothing is waiting without a timer.
+        if peers:
+            assert ms.next_deadline is not None and ms.next_deadline > self.now
+
+
+class MasterMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = Harness(seed=7)
+
+    def pick(self, conns: list[int], i: int) -> int:
+        return conns[i % len(conns)]
+
+    @rule()
+    def connect(self) -> None:
+        if len(self.h.live()) < 6:
+            self.h.connect()
+
+    @precondition(lambda self: self.h.live(PeerStatus.CONNECTED))
+    @rule(i=st.integers(0, 10), group=st.sampled_from([0, 0, 1]))
+    def register(self, i: int, group: int) -> None:
+        self.h.register(self.pick(self.h.live(PeerStatus.CONNECTED), i), group)
+
+    @precondition(lambda self: self.h.accepted())
+    @rule(i=st.integers(0, 10), accept=st.booleans())
+    def vote_topology(self, i: int, accept: bool) -> None:
+        c = self.pick(self.h.accepted(), i)
+        info = self.h.info(c)
+        busy = any(self.h.ms.peer_id_of(c) in (op.voters | set(op.participants)) for op in self.h.ms.ops())
+        self.h.send(c, m.VoteTopology(accept))
+        if info.topology_vote is not None or info.in_round or busy:
+            assert self.h.kicks.get(c) is KickReason.OUT_OF_PHASE
+
+    @precondition(lambda self: any(self.h.pending_round(c) is not None for c in self.h.live()))
+    @rule(i=st.integers(0, 10), ok=st.booleans(), data=st.data())
+    def report(self, i: int, ok: bool, data: st.DataObject) -> None:
+        conns = [c for c in self.h.live() if self.h.pending_round(c) is not None]
+        c = self.pick(conns, i)
+        if self.h.ms.peer_id_of(c) in self.h._reported():
+            self.h.send(c, m.P2PReport(self.h.pending_round(c), True))
+            assert self.h.kicks.get(c) is KickReason.OUT_OF_PHASE
+        else:
+            self.h.report(c, ok or data.draw(st.integers(0, 3)) > 0)  # mostly succeed
+
+    @precondition(lambda self: self.h.accepted())
+    @rule(i=st.integers(0, 10))
+    def vote_pending(self, i: int) -> None:
+        c = self.pick(self.h.accepted(), i)
+        twice = self.h.info(c).pending_vote
+        self.h.send(c, m.VotePeersPending())
+        if twice:
+            assert self.h.kicks.get(c) is KickReason.OUT_OF_PHASE
+
+    @precondition(lambda self: self.h.accepted())
+    @rule(i=st.integers(0, 10), tag=st.integers(0, 1), count=st.sampled_from([8, 8, 8, 9]))
+    def collective_init(self, i: int, tag: int, count: int) -> None:
+        c = self.pick(self.h.accepted(), i)
+        self.h.send(c, m.CollectiveInit(tag, count, 10, 0))
+
+    @precondition(lambda self: self.h.accepted())
+    @rule(i=st.integers(0, 10), aborted=st.booleans(), stale=st.booleans())
+    def collective_done(self, i: int, aborted: bool, stale: bool) -> None:
+        c = self.pick(self.h.accepted(), i)
+        commence = self.h.last(c, m.CollectiveCommence)
+        if commence is None or ((c, commence.seq) in self.h.finals and not stale):
+            return
+        self.h.send(c, m.CollectiveDone(commence.tag, commence.seq, aborted))
+
+    @precondition(lambda self: self.h.live())
+    @rule(i=st.integers(0, 10), rare=st.integers(0, 2))
+    def kill(self, i: int, rare: int) -> None:
+        if rare:
+            return
+        self.h.kill(self.pick(self.h.live(), i))
+
+    @precondition(lambda self: self.h.live())
+    @rule(i=st.integers(0, 10), rare=RARE)
+    def leave(self, i: int, rare: int) -> None:
+        if rare:
+            return
+        self.h.send(self.pick(self.h.live(), i), m.Leave())
+
+    @precondition(lambda self: self.h.live())
+    @rule(i=st.integers(0, 10), rare=RARE)
+    def stall_until_timeout(self, i: int, rare: int) -> None:
+        if rare:
+            return
+        c = self.pick(self.h.live(), i)
+        self.h.advance(TIMEOUT * 1.2, silent={c})
+        assert c in self.h.gone and self.h.kicks[c] is KickReason.TIMEOUT
+
+    @precondition(lambda self: self.h.live())
+    @rule(i=st.integers(0, 10), reason=st.sampled_from([KickReason.PROTOCOL_ERROR, KickReason.FRAME_TOO_LARGE]), rare=RARE)
+    def garbage(self, i: int, reason: KickReason, rare: int) -> None:
+        if rare:
+            return
+        c = self.pick(self.h.live(), i)
+        self.h.feed(ProtocolViolation(c, reason, "garbage"))
+        assert self.h.kicks[c] is reason
+
+    @precondition(lambda self: self.h.live())
+    @rule(i=st.integers(0, 10), msg=st.sampled_from([
+        m.Welcome(1), m.Register(0, 1, 1, 1), m.P2PReport(999, True), m.CollectiveDone(0, 10**6),
+        m.KickNotice(0), m.Hello(0, False, b""),
+    ]), rare=RARE)
+    def misbehave(self, i: int, msg: m.Message, rare: int) -> None:
+        if rare:
+            return
+        c = self.pick(self.h.live(), i)
+        if isinstance(msg, m.Register) and self.h.info(c).status is PeerStatus.CONNECTED:
+            return  # that one is legal
+        self.h.send(c, msg)
+        assert c in self.h.gone
+
+    @rule(group=st.sampled_from([0, 0, 1]))
+    def join(self, group: int) -> None:
+        if len(self.h.live()) < 6:
+            self.h.join(group)
+
+    @precondition(lambda self: self.h.accepted())
+    @rule(accept=st.booleans())
+    def everyone_votes(self, accept: bool) -> None:
+        """Every idle accepted peer votes the same way (the usual lockstep step)."""
+        for c in self.h.accepted():
+            info = self.h.info(c)
+            busy = any(info.peer_id in (op.voters | set(op.participants)) for op in self.h.ms.ops())
+            if info.topology_vote is None and not info.in_round and not busy and c not in self.h.gone:
+                self.h.send(c, m.VoteTopology(accept))
+
+    @precondition(lambda self: self.h.accepted())
+    @rule(group=st.integers(0, 1), tag=st.integers(0, 1), mismatch=st.integers(0, 4))
+    def group_collective(self, group: int, tag: int, mismatch: int) -> None:
+        """Every accepted peer of a group starts the same collective (rarely with a wrong count)."""
+        members = [c for c in self.h.accepted() if self.h.info(c).group == group]
+        for k, c in enumerate(members):
+            info = self.h.info(c)
+            if c in self.h.gone or info is None or info.topology_vote is not None or info.in_round:
+                continue
+            self.h.send(c, m.CollectiveInit(tag, 9 if (mismatch == 0 and k == 0) else 8, 10, 0))
+
+    @precondition(lambda self: self.h.ms.rounds_in_progress())
+    @rule(attempts=st.integers(1, 3), rare=RARE)
+    def unreachable_streak(self, attempts: int, rare: int) -> None:
+        """Every participant fails to reach its successor, attempt after attempt (→ kicks)."""
+        if rare:
+            return
+        for _ in range(attempts):
+            for c in self.h.live():
+                if self.h.pending_round(c) is not None and self.h.ms.peer_id_of(c) not in self.h._reported():
+                    self.h.report(c, ok=False)
+
+    @rule()
+    def cooperate(self) -> None:
+        """Well-behaved peers: report rounds, finish commenced collectives."""
+        self.h.settle_rounds()
+        for c in self.h.accepted():
+            commence = self.h.last(c, m.CollectiveCommence)
+            if commence is not None and (c, commence.seq) not in self.h.finals:
+                self.h.send(c, m.CollectiveDone(commence.tag, commence.seq, False))
+
+    @invariant()
+    def invariants(self) -> None:
+        self.h.check_invariants()
+
+
+MasterMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_master_state_machine = MasterMachine.TestCase
+
+
+# --- focused cases ---------------------------------------------------------------------------------
+
+
+def _accepted_cluster(h: Harness, groups: list[int]) -> list[int]:
+    """Join peers one by one through the real protocol; return their connections."""
+    conns: list[int] = []
+    for g in groups:
+        c = h.join(g)
+        for old in conns:
+            h.send(old, m.VoteTopology(True))
+        h.settle_rounds()
+        conns.append(c)
+    assert h.accepted() == sorted(conns)
+    return conns
+
+
+def _pid(h: Harness, c: int) -> int:
+    pid = h.ms.peer_id_of(c)
+    assert pid is not None
+    return pid
+
+
+def test_first_peer_is_accepted_alone() -> None:
+    h = Harness()
+    c = h.join()
+    connect = h.last(c, m.ConnectToPeers)
+    assert connect.neighbours == () and connect.ring == (_pid(h, c),)
+    h.report(c)
+    done = h.last(c, m.TopologyComplete)
+    assert done.membership == m.Membership(1, 1, 1, 1)
+    assert h.accepted() == [c]
+
+
+def test_newcomer_waits_for_the_vote_and_both_finish_in_the_same_round() -> None:
+    h = Harness()
+    a = _accepted_cluster(h, [0])[0]
+    b = h.join()
+    assert h.last(b, m.ConnectToPeers) is None  # waits: nobody voted yet
+    h.advance(TIMEOUT * 3)  # waiting is not a timeout while heartbeats flow
+    assert h.last(b, m.ConnectToPeers) is None and h.live() == sorted([a, b])
+    h.send(a, m.VoteTopology(True))
+    assert h.last(b, m.ConnectToPeers).ring == tuple(sorted([_pid(h, a), _pid(h, b)]))
+    h.report(a)
+    assert h.last(a, m.TopologyComplete).round == 1  # not yet: b has not reported
+    h.report(b)
+    ta, tb = h.last(a, m.TopologyComplete), h.last(b, m.TopologyComplete)
+    assert ta.round == tb.round and ta.membership == tb.membership == m.Membership(2, 2, 1, 2)
+
+
+def test_vote_with_nothing_to_do_completes_without_a_round() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    rounds_before = len([x for x in h.inbox[a] if isinstance(x, m.ConnectToPeers)])
+    h.send(a, m.VoteTopology(True))
+    assert not h.ms.rounds_in_progress()
+    h.send(b, m.VoteTopology(True))
+    assert len([x for x in h.inbox[a] if isinstance(x, m.ConnectToPeers)]) == rounds_before
+    assert h.last(a, m.TopologyComplete).round == h.last(b, m.TopologyComplete).round
+
+
+def test_last_missing_accept_voter_dies() -> None:
+    h = Harness()
+    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    newcomer = h.join()
+    h.send(a, m.VoteTopology(True))
+    h.send(b, m.VoteTopology(True))
+    assert not h.ms.rounds_in_progress()
+    h.kill(c)  # the only vote missing
+    assert h.ms.rounds_in_progress(), "the vote must complete without the dead peer"
+    h.settle_rounds()
+    assert h.accepted() == sorted([a, b, newcomer])
+    assert h.last(newcomer, m.TopologyComplete).membership.world_size == 3
+
+
+def test_newcomer_dies_before_acceptance() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    newcomer = h.join()
+    h.send(a, m.VoteTopology(True))
+    h.kill(newcomer)
+    h.send(b, m.VoteTopology(True))  # nothing left to accept, rings intact: answered at once
+    assert h.last(a, m.TopologyComplete).membership.world_size == 2
+    assert not h.ms.rounds_in_progress()
+
+
+def test_newcomer_dies_during_its_p2p_round_survivors_retry() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    c, d = h.join(), h.join()
+    h.send(a, m.VoteTopology(True))
+    h.send(b, m.VoteTopology(True))
+    first = h.last(a, m.ConnectToPeers).round
+    h.report(a)
+    h.report(b)
+    h.report(c)
+    dead = _pid(h, d)
+    h.kill(d)  # last missing report: the attempt fails, a new one starts without d
+    retry = h.last(a, m.ConnectToPeers)
+    assert retry.round > first and dead not in retry.ring and len(retry.ring) == 3
+    h.settle_rounds()
+    assert h.accepted() == sorted([a, b, c])
+    assert {h.last(x, m.TopologyComplete).membership.world_size for x in (a, b, c)} == {3}
+
+
+def test_p2p_failure_retries_then_succeeds() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    c = h.join()
+    h.send(a, m.VoteTopology(True))
+    h.send(b, m.VoteTopology(True))
+    first = h.last(c, m.ConnectToPeers).round
+    h.report(a)
+    h.report(b, ok=False)
+    h.report(c)
+    assert h.last(c, m.ConnectToPeers).round == first + 1  # automatic retry, nobody re-votes
+    h.settle_rounds()
+    assert h.accepted() == sorted([a, b, c]) and not h.kicks
+
+
+def test_persistently_unreachable_peer_is_kicked_and_the_rest_completes() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    c = h.join()
+    h.send(a, m.VoteTopology(True))
+    h.send(b, m.VoteTopology(True))
+    for _ in range(3):  # every attempt: whoever dials c fails
+        for x in (a, b, c):
+            connect = h.last(x, m.ConnectToPeers)
+            ring = list(connect.ring)
+            succ = ring[(ring.index(_pid(h, x)) + 1) % len(ring)]
+            h.send(x, m.P2PReport(connect.round, succ != _pid(h, c), (succ,) if succ == _pid(h, c) else ()))
+    assert h.kicks == {c: KickReason.P2P_UNREACHABLE}
+    h.settle_rounds()
+    assert h.accepted() == sorted([a, b])
+
+
+def test_last_missing_pending_voter_dies() -> None:
+    h = Harness()
+    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    h.join()
+    h.send(a, m.VotePeersPending())
+    h.send(b, m.VotePeersPending())
+    h.kill(c)
+    assert h.last(a, m.PeersPendingResult) == m.PeersPendingResult(True)
+    assert h.last(b, m.PeersPendingResult) == m.PeersPendingResult(True)
+
+
+def test_pending_vote_is_legal_while_a_collective_runs() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    for x in (a, b):
+        h.send(x, m.CollectiveInit(7, 100, 10, 0))
+    assert h.last(a, m.CollectiveCommence).tag == 7
+    for x in (a, b):
+        h.send(x, m.VotePeersPending())
+    assert h.last(a, m.PeersPendingResult) == m.PeersPendingResult(False) and not h.kicks
+
+
+def test_collective_commence_complete_and_participant_death() -> None:
+    h = Harness()
+    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    for x in (a, b, c):
+        h.send(x, m.CollectiveInit(1, 100, 10, 0))
+    commence = h.last(a, m.CollectiveCommence)
+    assert commence.ring == tuple(sorted(_pid(h, x) for x in (a, b, c)))
+    assert {h.last(x, m.CollectiveCommence).seq for x in (a, b, c)} == {commence.seq}
+    h.send(a, m.CollectiveDone(1, commence.seq))
+    h.send(b, m.CollectiveDone(1, commence.seq))
+    h.kill(c)  # died before reporting: abort for the survivors
+    assert h.last(a, m.CollectiveAbort) == m.CollectiveAbort(1, commence.seq)
+    assert h.last(b, m.CollectiveAbort) == m.CollectiveAbort(1, commence.seq)
+    assert h.last(a, m.CollectiveComplete) is None
+    # The ring is stale now: a retry is refused until the group re-wires.
+    for x in (a, b):
+        h.send(x, m.CollectiveInit(1, 100, 10, 0))
+    assert h.last(a, m.CollectiveRejected).code == m.RejectCode.STALE_RING
+    for x in (a, b):
+        h.send(x, m.VoteTopology(False))
+    h.settle_rounds()
+    assert h.last(a, m.TopologyComplete).membership.world_size == 2
+    for x in (a, b):
+        h.send(x, m.CollectiveInit(1, 100, 10, 0))
+    retry = h.last(a, m.CollectiveCommence)
+    assert retry.seq > commence.seq and len(retry.ring) == 2
+
+
+def test_peer_dying_after_reporting_success_still_counts() -> None:
+    h = Harness()
+    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    for x in (a, b, c):
+        h.send(x, m.CollectiveInit(3, 10, 10, 0))
+    seq = h.last(a, m.CollectiveCommence).seq
+    h.send(c, m.CollectiveDone(3, seq))
+    h.kill(c)
+    h.send(a, m.CollectiveDone(3, seq))
+    assert h.last(a, m.CollectiveComplete) is None
+    h.send(b, m.CollectiveDone(3, seq))
+    assert h.last(a, m.CollectiveComplete) == h.last(b, m.CollectiveComplete) == m.CollectiveComplete(3, seq)
+
+
+def test_last_missing_init_voter_dies() -> None:
+    h = Harness()
+    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    h.send(a, m.CollectiveInit(0, 4, 10, 0))
+    h.send(b, m.CollectiveInit(0, 4, 10, 0))
+    h.kill(c)
+    assert h.last(a, m.CollectiveRejected).code == m.RejectCode.STALE_RING
+    assert h.last(b, m.CollectiveRejected).code == m.RejectCode.STALE_RING
+    assert not h.ms.ops()
+
+
+def test_parameter_mismatch_rejects_every_voter_without_kicks() -> None:
+    h = Harness()
+    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    h.send(a, m.CollectiveInit(5, 4, 10, 0))
+    h.send(b, m.CollectiveInit(5, 4, 11, 0))  # different dtype
+    assert h.last(a, m.CollectiveRejected) is None  # decided at consensus, once everyone voted
+    h.send(c, m.CollectiveInit(5, 4, 10, 0))
+    for x in (a, b, c):
+        rejected = h.last(x, m.CollectiveRejected)
+        assert rejected.code == m.RejectCode.PARAMETER_MISMATCH and "dtype=11" in rejected.detail
+    assert not h.kicks and not h.ms.ops()
+
+
+def test_reused_in_flight_tag_is_an_error_for_that_peer_only() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    h.send(a, m.CollectiveInit(9, 4, 10, 0))
+    h.send(a, m.CollectiveInit(9, 4, 10, 0))
+    assert h.last(a, m.CollectiveRejected).code == m.RejectCode.TAG_IN_USE
+    assert h.last(b, m.CollectiveRejected) is None
+    h.send(b, m.CollectiveInit(9, 4, 10, 0))
+    assert h.last(a, m.CollectiveCommence).tag == h.last(b, m.CollectiveCommence).tag == 9
+
+
+def test_late_done_after_abort_is_ignored() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    for x in (a, b):
+        h.send(x, m.CollectiveInit(2, 4, 10, 0))
+    seq = h.last(a, m.CollectiveCommence).seq
+    h.send(a, m.CollectiveDone(2, seq, aborted=True))
+    assert h.last(b, m.CollectiveAbort) == m.CollectiveAbort(2, seq)
+    h.send(b, m.CollectiveDone(2, seq))  # crossed the abort on the wire
+    assert not h.kicks
+
+
+def test_group_rewire_does_not_involve_other_groups() -> None:
+    h = Harness()
+    a, b, c, d = _accepted_cluster(h, [0, 0, 1, 1])
+    for x in (c, d):  # group 1 runs a collective meanwhile
+        h.send(x, m.CollectiveInit(0, 4, 10, 0))
+    seq = h.last(c, m.CollectiveCommence).seq
+    for x in (a, b):
+        h.send(x, m.VoteTopology(False))
+    assert set(h.ms.rounds_in_progress()) == {0}
+    assert h.last(c, m.ConnectToPeers).round < h.last(a, m.ConnectToPeers).round
+    h.settle_rounds()
+    for x in (c, d):
+        h.send(x, m.CollectiveDone(0, seq))
+    assert h.last(c, m.CollectiveComplete) is not None and not h.kicks
+
+
+def test_attributes_count_accepted_peers_only_and_agree() -> None:
+    h = Harness()
+    a, b, c = _accepted_cluster(h, [0, 0, 1])
+    h.join(1)  # pending: not counted anywhere
+    assert h.last(a, m.TopologyComplete).membership == m.Membership(2, 3, 2, 2)
+    assert h.last(c, m.TopologyComplete).membership == m.Membership(1, 3, 2, 2)
+
+
+def test_silent_peer_is_removed_and_unblocks_the_vote() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    h.send(a, m.VoteTopology(True))
+    timer = [e for e in h.effects_log if isinstance(e, SetTimer)][-1]
+    assert timer.at is not None
+    h.advance(TIMEOUT * 1.5, silent={b})
+    assert h.kicks == {b: KickReason.TIMEOUT}
+    h.settle_rounds()
+    assert h.last(a, m.TopologyComplete).membership.world_size == 1
+
+
+def test_out_of_phase_and_foreign_messages_kick_only_the_sender() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    c = h.join()
+    h.send(c, m.VoteTopology(True))  # not accepted yet
+    assert h.kicks == {c: KickReason.OUT_OF_PHASE}
+    h.send(a, m.TopologyComplete(1, (), m.Membership(1, 1, 1, 1)))  # master-to-peer message
+    assert h.kicks[a] is KickReason.PROTOCOL_ERROR
+    assert h.accepted() == [b]
+
+
+# --- whatever the decoder lets through never crashes the machine ----------------------------------
+
+
+def _values(t: mi.Type) -> st.SearchStrategy:
+    """Values of a msgspec type: mostly small (so tags, rounds and seqs hit live ones)."""
+    if isinstance(t, mi.IntType):
+        lo = t.ge if t.ge is not None else -(2**63)
+        hi = t.le if t.le is not None else 2**64 - 1
+        return st.one_of(st.integers(max(lo, 0), min(hi, 12)), st.integers(lo, hi))
+    if isinstance(t, mi.BoolType):
+        return st.booleans()
+    if isinstance(t, mi.StrType):
+        return st.text(max_size=8)
+    if isinstance(t, mi.BytesType):
+        return st.binary(max_size=8)
+    if isinstance(t, (mi.VarTupleType, mi.ListType)):
+        return st.lists(_values(t.item_type), max_size=4).map(tuple)
+    if isinstance(t, mi.EnumType):
+        return st.sampled_from(list(t.cls))
+    if isinstance(t, mi.StructType):
+        return _instances(t.cls)
+    raise NotImplementedError(f"no strategy for {t}")
+
+
+def _instances(cls: type) -> st.SearchStrategy:
+    info = mi.type_info(cls)
+    return st.builds(cls, **{f.name: _values(f.type) for f in info.fields})
+
+
+_ANY_MESSAGE = st.one_of([_instances(cls) for cls in m.ALL_MESSAGES])
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames=st.lists(st.tuples(st.integers(0, 3), _ANY_MESSAGE), max_size=30))
+def test_any_message_in_any_state_never_raises(frames: list) -> None:
+    h = Harness(seed=3)
+    conns = _accepted_cluster(h, [0, 0, 1]) + [h.connect()]
+    for index, msg in frames:
+        msg = codec.decode_message(codec.encode_message(msg)[codec.PREFIX_SIZE:])  # what the wire delivers
+        conn = conns[index]
+        if conn in h.gone:
+            continue
+        h.send(conn, msg)  # must not raise; the Harness checks every effect
+        h.check_invariants()
+
+
+def test_same_seed_same_effects() -> None:
+    """Peer ids come from the injected RNG only: a replay with the same seed is identical."""
+    logs = []
+    for _ in range(2):
+        h = Harness(seed=11)
+        a, b, c = _accepted_cluster(h, [0, 1, 0])
+        h.kill(b)
+        h.send(a, m.VoteTopology(True))
+        h.send(c, m.VoteTopology(True))
+        h.settle_rounds()
+        logs.append(h.effects_log)
+    assert logs[0] == logs[1]
+    ids = set()
+    for seed in (11, 12):
+        h = Harness(seed=seed)
+        ids.add(h.ms.peer_id_of(h.join()))
+    assert len(ids) == 2, "peer ids must come from the seeded RNG"
