@@ -1,0 +1,461 @@
+"""Ring all-reduce over the data lanes to the ring neighbours (SPEC §3, ARCHITECTURE §3).
+
+:func:`ring_all_reduce` runs one operation — reduce-scatter, then all-gather, on the schedule of
+:mod:`pccl.protocol.ring` — and returns the payload bytes it sent and received.  The communicator
+calls it after the master's ``Commence(tag, seq, ring)``, inside the op's cancel scope.
+
+Design
+------
+* **Pipelining.**  Every chunk is cut into sub-chunks (one data frame each).  Per lane three
+  tasks run: a *receiver* that takes the lane's next frame straight into its destination, a
+  *processor* that runs the kernel for it (reduce / dequantize) and marks it ready, and a
+  *sender* that sends frame ``(step, k)`` as soon as ``(step - 1, k)`` is ready.  On TCP the
+  bulk send and receive run in worker threads (:mod:`pccl.net.tcp`) and the C kernels release
+  the GIL, so receiving, reducing and sending overlap sub-chunk by sub-chunk and across steps.
+  Kernels run inline on the Trio thread up to a size and in a worker thread above it
+  (:class:`KernelRunner`; the simulator passes ``threads=False``).
+* **Scratch memory** (the in-place backup, the f32 working array, staging) comes from a
+  process-wide :class:`~pccl.collectives.buffers.ScratchArena` that keeps freed buffers: fresh
+  pages cost more to fault in than the whole copy.
+* **Zero copy.**  Frames are sent from memoryviews of the caller's arrays (or the f32 working
+  array).  All-gather payloads are received straight into the output.  Reduce-scatter payloads
+  must be combined with what is there, so they land in a small per-lane staging pool and are
+  reduced from it.  The processor never waits for the sender, so a full pool only ever waits for
+  a kernel: no cycle of waits can form around the ring.
+* **f16/bf16** accumulate in f32: reduce-scatter frames carry f32 partial sums (a partial sum
+  rounded to 16 bits per hop would gain nothing over 16-bit arithmetic); the owner of a chunk
+  rounds the final sum once (RNE) into the output and the all-gather moves those 16-bit values.
+* **AVG** is SUM, then the owner divides its chunk by the world size (floats: IEEE division;
+  integers: floor division) before the all-gather, so every peer holds the same bytes.
+* **MIN_MAX quantization.**  Reduce-scatter frames are quantized by their sender with fresh
+  per-frame parameters and dequantize-reduced by the receiver into its full-precision
+  accumulator (one fused kernel).  In the all-gather only the owner quantizes: it quantizes its
+  final chunk once into the *gather store* (``count × qbytes`` plus 16 bytes per frame), applies
+  the dequantized values to its own output, and sends the stored bytes; every other peer
+  receives the bytes into its gather store, dequantizes them into its output and forwards them
+  verbatim.  Everyone applies the same dequantization to the same bytes: bit-identical.
+* **Frames** are stamped ``(op_seq=seq, stream=sub-chunk index, step, offset=byte offset in the
+  caller's array)``; the receiver checks every field against its own schedule.  Frames of other
+  operations are routed by seq (:mod:`pccl.collectives.links`); frames of an ended seq are
+  discarded, so a late frame of an aborted op is never taken for a later op's.
+* **Concurrency and striping.**  Several operations run at once over the same
+  :class:`~pccl.collectives.links.RingLinks` (frames interleave whole; receivers demultiplex by
+  seq).  With ``lanes > 1`` connections per neighbour, sub-chunk ``k`` of every step travels on
+  lane ``k mod lanes``, so one operation is striped over all lanes.
+
+Aborts
+------
+The operation is cancellable at any instant.  Cancellation, a broken lane or a protocol error
+stops every task of the operation (kernels in worker threads are waited for, never abandoned)
+and :func:`ring_all_reduce` raises exactly one exception: ``Cancelled`` when the caller's scope
+was cancelled and nothing else went wrong, else the first real error (``PeerDisconnected``,
+``StreamClosed``, ``ProtocolError``, ``InvalidArgument`` for NaN/Inf under quantization…); never
+an ExceptionGroup.  For an in-place operation every slice is saved in an :class:`InputBackup`
+right before its first overwrite; pass your own ``backup`` to be able to restore the input after
+this function has returned (an abort decided by the master after this peer finished its ring),
+otherwise the input is restored here before the exception propagates.  A lane torn mid-frame is
+aborted by its connection, so later operations on it fail fast until the ring is re-wired.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import trio
+
+from ..errors import InvalidArgument, PCCLError, ProtocolError, TransportError
+from ..protocol.codec import DataHeader
+from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, Frame, Phase, RingSchedule, subchunk_elements
+from ..types import Quantization, ReduceOp
+from . import buffers as bf
+from .buffers import InputBackup, KernelRunner, OpBuffers, StagingPool
+from .links import RingLinks
+
+__all__ = ["ring_all_reduce", "InputBackup", "KernelRunner", "single_error"]
+
+logger = logging.getLogger(__name__)
+
+#: Staging buffers per lane for reduce-scatter payloads: one being received, one being reduced,
+#: one spare to absorb scheduling jitter (measured: depth 2 stalls the receiver noticeably).
+_STAGING_DEPTH = 3
+#: Quantized send buffers per lane (one being filled while the previous one is on the wire).
+_SEND_DEPTH = 2
+
+
+async def ring_all_reduce(
+    send: np.ndarray,
+    recv: np.ndarray | None = None,
+    *,
+    op: ReduceOp,
+    links: RingLinks,
+    rank: int,
+    world: int,
+    seq: int,
+    quantization: Quantization | None = None,
+    backup: InputBackup | None = None,
+    runner: KernelRunner | None = None,
+    max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
+) -> tuple[int, int]:
+    """All-reduce ``send`` into ``recv`` (``None`` or ``send`` itself: in place) over the ring.
+
+    ``rank``/``world``: this peer's position in the ring and the ring size (≥ 2); ``links`` the
+    lanes to the successor ``ring[(rank+1) % world]`` and from the predecessor; ``seq`` the
+    master's sequence number of this op (unique per group, the same on every peer).  Every peer
+    must pass the same ``count``, dtype, ``op``, ``quantization``, ``max_subchunk_bytes`` and
+    number of lanes (the master checks the first four; the others are configuration).
+
+    Returns ``(tx_bytes, rx_bytes)``: payload bytes sent and received (quantization metadata
+    included, frame headers not).  Errors: see the module docstring; ``InvalidArgument`` for
+    bad arguments before anything is sent.  The seq is retired on exit, whatever the outcome.
+    """
+    try:
+        return await _run_op(
+            send, send if recv is None else recv, op=op, links=links, rank=rank, world=world, seq=seq,
+            quantization=quantization, backup=backup, runner=runner, max_subchunk_bytes=max_subchunk_bytes,
+        )
+    finally:
+        links.retire(seq)
+
+
+async def _run_op(
+    send: np.ndarray,
+    recv: np.ndarray,
+    *,
+    op: ReduceOp,
+    links: RingLinks,
+    rank: int,
+    world: int,
+    seq: int,
+    quantization: Quantization | None,
+    backup: InputBackup | None,
+    runner: KernelRunner | None,
+    max_subchunk_bytes: int,
+) -> tuple[int, int]:
+    if world < 2 or not 0 <= rank < world:
+        raise InvalidArgument(f"rank {rank} / world {world}: a ring needs 2+ peers and 0 <= rank < world")
+    bufs = OpBuffers.check(send, recv, op, quantization)
+    own_backup = backup is None and bufs.in_place
+    if own_backup:
+        backup = InputBackup(bufs.dst)
+    try:
+        ring_op = _RingOp(
+            bufs,
+            links=links,
+            rank=rank,
+            world=world,
+            seq=seq,
+            backup=backup if bufs.in_place else None,
+            runner=runner or KernelRunner(),
+            max_subchunk_bytes=max_subchunk_bytes,
+        )
+        await ring_op.run()
+    except BaseException:
+        if own_backup:
+            assert backup is not None
+            backup.restore()
+        raise
+    finally:
+        # Every task of the op has stopped (kernels and socket workers are waited for), so
+        # nothing touches the scratch memory any more.
+        bufs.release()
+        if own_backup:
+            assert backup is not None
+            backup.release()
+    return ring_op.tx_bytes, ring_op.rx_bytes
+
+
+def _as_bytes(array: np.ndarray) -> np.ndarray:
+    """A uint8 view (no copy): the buffer protocol refuses some dtypes (ml_dtypes' bfloat16)."""
+    return array.view(np.uint8)
+
+
+def single_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The one exception to raise for an exception group from the op's nursery.
+
+    Non-``Exception`` base exceptions (KeyboardInterrupt…) win; then the first pccl error,
+    preferring a ``ProtocolError`` (a misbehaving peer) over transport errors; then any other
+    exception; ``Cancelled`` only if nothing else happened (so the caller's cancel scope catches
+    it).  The others are logged at debug level.
+    """
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for e in exc.exceptions:
+                walk(e)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+
+    def rank(exc: BaseException) -> int:
+        if isinstance(exc, trio.Cancelled):
+            return 5
+        if not isinstance(exc, Exception):
+            return 0
+        if isinstance(exc, ProtocolError):
+            return 1
+        if isinstance(exc, PCCLError) and not isinstance(exc, TransportError):
+            return 2
+        if isinstance(exc, TransportError):
+            return 3
+        return 4
+
+    chosen = min(leaves, key=rank)
+    for other in leaves:
+        if other is not chosen and not isinstance(other, trio.Cancelled):
+            logger.debug("secondary error in all-reduce: %r", other)
+    return chosen
+
+
+class _RingOp:
+    """The state of one running all-reduce on this peer."""
+
+    def __init__(
+        self,
+        bufs: OpBuffers,
+        *,
+        links: RingLinks,
+        rank: int,
+        world: int,
+        seq: int,
+        backup: InputBackup | None,
+        runner: KernelRunner,
+        max_subchunk_bytes: int,
+    ) -> None:
+        self.bufs = bufs
+        self.links = links
+        self.world = world
+        self.seq = seq
+        self.backup = backup
+        self.runner = runner
+        self.lanes = links.lanes
+        count = bufs.src.size
+        sub = subchunk_elements(count, world, bufs.itemsize, max_bytes=max_subchunk_bytes)
+        self.schedule = RingSchedule(count, world, rank, sub)
+        self.tx_bytes = 0
+        self.rx_bytes = 0
+        # ready[(step, k)]: the frame received at (step, k) is processed; the sender of
+        # (step + 1, k) waits for it.
+        self.ready: dict[tuple[int, int], trio.Event] = {}
+        for step in range(self.schedule.num_steps):
+            for k in range(len(self.schedule.subchunks(self.schedule.recv_chunk(step)))):
+                self.ready[(step, k)] = trio.Event()
+        self.gather_store, self.gather_offsets = self._make_gather_store()
+
+    # --- layout ------------------------------------------------------------------------------
+
+    def _make_gather_store(self) -> tuple[np.ndarray | None, dict[tuple[int, int], int]]:
+        """Quantized all-gather bytes of every sub-chunk, each ``meta | q`` contiguous."""
+        if not self.bufs.quantized:
+            return None, {}
+        offsets: dict[tuple[int, int], int] = {}
+        pos = 0
+        for c in range(self.world):
+            for k, (a, b) in enumerate(self.schedule.subchunks(c)):
+                offsets[(c, k)] = pos
+                pos += self.bufs.all_gather_nbytes(b - a)
+        return self.bufs.take(max(pos, 1)), offsets
+
+    def _gather_segment(self, frame: Frame) -> np.ndarray:
+        assert self.gather_store is not None
+        at = self.gather_offsets[(frame.chunk, frame.index)]
+        return self.gather_store[at : at + self.bufs.all_gather_nbytes(frame.count)]
+
+    def _frame_nbytes(self, frame: Frame) -> int:
+        if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
+            return self.bufs.reduce_scatter_nbytes(frame.count)
+        return self.bufs.all_gather_nbytes(frame.count)
+
+    def _header(self, frame: Frame) -> DataHeader:
+        return DataHeader(
+            op_seq=self.seq,
+            stream=frame.index,
+            step=frame.step,
+            offset=frame.start * self.bufs.itemsize,
+            nbytes=self._frame_nbytes(frame),
+        )
+
+    def _save(self, a: int, b: int) -> None:
+        if self.backup is not None:
+            self.backup.save(a, b)
+
+    # --- running -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        if not any(self.schedule.send_frames(lane, self.lanes) for lane in range(self.lanes)) and not any(
+            self.schedule.recv_frames(lane, self.lanes) for lane in range(self.lanes)
+        ):
+            await trio.lowlevel.checkpoint()  # nothing to move (an empty buffer)
+            return
+        largest_frame = min(self.schedule.subchunk_elements, self.schedule.chunk_size(0))
+        max_rs = self.bufs.reduce_scatter_nbytes(largest_frame)
+        try:
+            async with trio.open_nursery() as nursery:
+                for lane in range(self.lanes):
+                    to_processor, from_receiver = trio.open_memory_channel[tuple[Frame, np.ndarray | None]](
+                        _STAGING_DEPTH
+                    )
+                    staging = StagingPool(_STAGING_DEPTH, max_rs, self.bufs)
+                    nursery.start_soon(self._receiver, lane, staging, to_processor)
+                    nursery.start_soon(self._processor, staging, from_receiver)
+                    nursery.start_soon(self._sender, lane)
+        except BaseExceptionGroup as group:
+            raise single_error(group) from None
+
+    async def _receiver(
+        self, lane: int, staging: StagingPool, to_processor: trio.MemorySendChannel[tuple[Frame, np.ndarray | None]]
+    ) -> None:
+        inbox = self.links.inboxes[lane]
+        bufs = self.bufs
+        async with to_processor:
+            for frame in self.schedule.recv_frames(lane, self.lanes):
+                nbytes = self._frame_nbytes(frame)
+                stage: np.ndarray | None = None
+                if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
+                    stage = await staging.get()
+                    destination = memoryview(stage)[:nbytes]
+                elif bufs.quantized:
+                    destination = memoryview(self._gather_segment(frame))
+                else:
+                    if self.backup is not None and not self.backup.is_saved(frame.start):
+                        await self.runner.run(nbytes, self.backup.save, frame.start, frame.stop)
+                    destination = memoryview(_as_bytes(bufs.dst[frame.start : frame.stop]))
+                self.rx_bytes += await inbox.receive_into(
+                    seq=self.seq,
+                    stream=frame.index,
+                    step=frame.step,
+                    offset=frame.start * bufs.itemsize,
+                    destination=destination,
+                )
+                if stage is None and not bufs.quantized:
+                    self.ready[(frame.step, frame.index)].set()  # received in place: nothing to do
+                else:
+                    await to_processor.send((frame, stage))
+
+    async def _processor(
+        self, staging: StagingPool, from_receiver: trio.MemoryReceiveChannel[tuple[Frame, np.ndarray | None]]
+    ) -> None:
+        async with from_receiver:
+            async for frame, stage in from_receiver:
+                nbytes = self._frame_nbytes(frame)
+                if stage is not None:
+                    await self.runner.run(nbytes * 2, self._reduce_frame, frame, stage[:nbytes])
+                    staging.put(stage)
+                else:
+                    await self.runner.run(nbytes * 4, self._apply_gathered, frame)
+                self.ready[(frame.step, frame.index)].set()
+
+    def _reduce_frame(self, frame: Frame, payload: np.ndarray) -> None:
+        """Reduce-scatter: fold a received partial result into the accumulator (worker thread)."""
+        bufs = self.bufs
+        a, b = frame.start, frame.stop
+        acc = bufs.acc[a:b]
+        # First touch of this slice: bring in this peer's own contribution.
+        if bufs.half:
+            bf.widen(acc, bufs.src[a:b])
+        elif not bufs.in_place:
+            np.copyto(acc, bufs.src[a:b])
+        else:
+            self._save(a, b)
+        if bufs.quantized:
+            lo, scale = bf.unpack_meta(memoryview(payload)[: bf.QUANT_META.size])
+            q = payload[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
+            bf.dequantize_reduce(bufs.op, q, acc, lo, scale)
+        else:
+            bf.reduce_into(bufs.op, acc, payload.view(acc.dtype))
+
+    def _apply_gathered(self, frame: Frame) -> None:
+        """All-gather, quantized: dequantize the received bytes into the output (worker thread)."""
+        self._dequantize_own(frame, self._gather_segment(frame))
+
+    def _dequantize_own(self, frame: Frame, segment: np.ndarray) -> None:
+        bufs = self.bufs
+        a, b = frame.start, frame.stop
+        lo, scale = bf.unpack_meta(memoryview(segment)[: bf.QUANT_META.size])
+        q = segment[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
+        self._save(a, b)
+        if bufs.half:
+            bf.dequantize(q, bufs.acc[a:b], lo, scale)
+            bf.narrow(bufs.dst[a:b], bufs.acc[a:b])
+        else:
+            bf.dequantize(q, bufs.dst[a:b], lo, scale)
+
+    async def _sender(self, lane: int) -> None:
+        connection = self.links.to_next[lane]
+        bufs = self.bufs
+        owner_step = self.world - 1
+        largest_frame = min(self.schedule.subchunk_elements, self.schedule.chunk_size(0))
+        send_pool = (
+            StagingPool(_SEND_DEPTH, bufs.reduce_scatter_nbytes(largest_frame), bufs)
+            if bufs.quantized
+            else None
+        )
+        for frame in self.schedule.send_frames(lane, self.lanes):
+            if frame.step > 0:
+                await self.ready[(frame.step - 1, frame.index)].wait()
+            nbytes = self._frame_nbytes(frame)
+            pooled: np.ndarray | None = None
+            if frame.step < owner_step:
+                if bufs.quantized:
+                    assert send_pool is not None
+                    pooled = await send_pool.get()
+                    payload = pooled[:nbytes]
+                    await self.runner.run(nbytes * 2, self._quantize_partial, frame, payload)
+                elif frame.step == 0:
+                    payload = self._own_contribution(frame)
+                    if bufs.half:
+                        await self.runner.run(nbytes, bf.widen, payload, bufs.src[frame.start : frame.stop])
+                else:
+                    payload = bufs.acc[frame.start : frame.stop]
+            elif frame.step == owner_step:
+                payload = await self.runner.run(nbytes * 4, self._finalize_owned, frame)
+            elif bufs.quantized:
+                payload = self._gather_segment(frame)
+            else:
+                payload = bufs.dst[frame.start : frame.stop]
+            await connection.send_data(self._header(frame), _as_bytes(payload))
+            self.tx_bytes += nbytes
+            if pooled is not None:
+                assert send_pool is not None
+                send_pool.put(pooled)
+
+    def _own_contribution(self, frame: Frame) -> np.ndarray:
+        """What step 0 sends unquantized: the input slice (f32 working slice for f16/bf16)."""
+        if self.bufs.half:
+            return self.bufs.acc[frame.start : frame.stop]
+        return self.bufs.src[frame.start : frame.stop]
+
+    def _quantize_partial(self, frame: Frame, out: np.ndarray) -> None:
+        """Reduce-scatter, quantized: quantize the slice's current partial result into ``out``."""
+        bufs = self.bufs
+        a, b = frame.start, frame.stop
+        source = bufs.src[a:b] if frame.step == 0 else bufs.acc[a:b]
+        q = out[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
+        lo, scale = bf.quantize(source, q)
+        bf.pack_meta(memoryview(out)[: bf.QUANT_META.size], lo, scale)
+
+    def _finalize_owned(self, frame: Frame) -> np.ndarray:
+        """The owner's last word on its chunk: AVG division, rounding, quantization (worker thread).
+
+        Returns the payload of the first all-gather frame; this peer's output slice then holds
+        exactly what every other peer will derive from that payload.
+        """
+        bufs = self.bufs
+        a, b = frame.start, frame.stop
+        acc = bufs.acc[a:b]
+        if bufs.op is ReduceOp.AVG:
+            bf.avg_finalize(acc, self.world)
+        if bufs.quantized:
+            segment = self._gather_segment(frame)
+            q = segment[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
+            lo, scale = bf.quantize(acc, q)
+            bf.pack_meta(memoryview(segment)[: bf.QUANT_META.size], lo, scale)
+            self._dequantize_own(frame, segment)
+            return segment
+        if bufs.half:
+            self._save(a, b)
+            bf.narrow(bufs.dst[a:b], acc)
+        return bufs.dst[a:b]

@@ -1,0 +1,184 @@
+"""The data connections of one ring position: lanes to the successor and from the predecessor.
+
+A :class:`RingLinks` bundles, for the current ring, ``lanes`` framed connections on which this
+peer *sends* to its successor and ``lanes`` on which it *receives* from its predecessor (with two
+peers both may be the same connections, used in opposite directions).  It outlives operations:
+the communicator builds one per ring configuration and hands it to every all-reduce.
+
+Several operations share the lanes at once.  Sending needs no coordination beyond
+:class:`~pccl.net.framed.FramedConnection`'s send lock (frames stay whole).  Receiving is
+demultiplexed by the frame header's ``op_seq`` without copies and without a reader task:
+
+* A receiving operation takes the lane's :class:`Inbox` lock, reads the next data header (a
+  cancellable, resumable read) and, if the header is its own, receives the payload straight
+  into its destination while still holding the lock.
+* A header of another operation that is running or about to start here is *parked*: the lock is
+  released and the waiting operations are woken; the owner picks it up when it asks for its next
+  frame.  Because each lane carries every operation's frames in the senders' order and the
+  master starts an operation on all peers, the owner will come.
+* A header of an operation that ended here (:meth:`SeqRegistry.retire`, called when an op
+  finishes or aborts, and by the communicator for seqs it never started) is a *late frame*: its
+  payload is discarded.  A late frame can therefore never be taken for a later operation's.
+
+A lane whose frame was torn — a payload receive or a send cancelled midway, a malformed
+header — is aborted by the framed connection itself and every later use raises; the
+communicator then rebuilds the links (the re-wire that follows an abort).  Cancelling an
+operation while it merely waits for a header or for a lane lock leaves the lane intact.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Sequence
+
+import trio
+
+from ..errors import InvalidArgument, ProtocolError
+from ..net.framed import FramedConnection
+from ..protocol.codec import DataHeader
+
+__all__ = ["SeqRegistry", "Inbox", "RingLinks"]
+
+logger = logging.getLogger(__name__)
+
+#: How many retired seqs are remembered.  A late frame belongs to an op that ended moments ago;
+#: this only bounds memory over a long run.
+_RETIRED_MEMORY = 1 << 16
+
+
+class SeqRegistry:
+    """Which operation seqs have ended on this peer, shared by all inboxes of a communicator.
+
+    Every change wakes the operations waiting on a parked header so they re-check it.
+    """
+
+    def __init__(self) -> None:
+        self._retired: set[int] = set()
+        self._order: collections.deque[int] = collections.deque()
+        self._changed = trio.Event()
+
+    def is_retired(self, seq: int) -> bool:
+        return seq in self._retired
+
+    def retire(self, seq: int) -> None:
+        """Mark ``seq`` ended: its frames still in flight will be discarded.  Idempotent."""
+        if seq in self._retired:
+            return
+        self._retired.add(seq)
+        self._order.append(seq)
+        while len(self._order) > _RETIRED_MEMORY:
+            self._retired.discard(self._order.popleft())
+        self.notify()
+
+    def notify(self) -> None:
+        """Wake every waiter (they re-check their condition)."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    @property
+    def changed(self) -> trio.Event:
+        """An event set at the next change (take it before releasing a lock, then wait)."""
+        return self._changed
+
+
+class Inbox:
+    """The receiving side of one lane: demultiplexes data frames by ``op_seq``."""
+
+    def __init__(self, connection: FramedConnection, registry: SeqRegistry) -> None:
+        self.connection = connection
+        self._registry = registry
+        self._lock = trio.Lock()
+        self._parked: DataHeader | None = None
+
+    async def receive_into(
+        self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview
+    ) -> int:
+        """Receive this op's next frame, which must be exactly ``(seq, stream, step, offset)``
+        with ``destination.nbytes`` payload bytes, straight into ``destination``.
+
+        Returns the payload size.  Raises :class:`ProtocolError` (after logging) if the frame
+        of this op that arrives is not the expected one (peers disagree on the schedule, or a
+        peer misbehaves), transport errors if the lane is broken.  Cancellation while waiting
+        for the frame loses nothing; cancellation during the payload aborts the lane.
+        """
+        nbytes = destination.nbytes
+        while True:
+            async with self._lock:
+                header = self._parked
+                if header is None:
+                    header = await self.connection.receive_data_header()
+                    self._parked = header
+                if header.op_seq == seq:
+                    self._parked = None
+                    self._registry.notify()
+                    if (header.stream, header.step, header.offset, header.nbytes) != (stream, step, offset, nbytes):
+                        self.connection.abort()
+                        msg = (
+                            f"{self.connection.remote_address} sent op {seq} frame stream={header.stream} "
+                            f"step={header.step} offset={header.offset} nbytes={header.nbytes}; expected "
+                            f"stream={stream} step={step} offset={offset} nbytes={nbytes}"
+                        )
+                        logger.warning("%s", msg)
+                        raise ProtocolError(msg)
+                    await self.connection.receive_data_into(destination)
+                    return nbytes
+                if self._registry.is_retired(header.op_seq):
+                    logger.debug(
+                        "discarding a late frame of ended op %d (%d bytes) from %s",
+                        header.op_seq, header.nbytes, self.connection.remote_address,
+                    )
+                    self._parked = None
+                    await self.connection.discard_data()
+                    self._registry.notify()
+                    continue
+                # Another op's frame (running here, or about to start): leave it for its owner.
+                changed = self._registry.changed
+            await changed.wait()
+
+
+class RingLinks:
+    """The lanes of one ring position: ``to_next[j]`` sends, ``from_prev[j]`` receives lane ``j``.
+
+    Both lists must have the same length on every peer of the ring (``lanes``), since sub-chunk
+    ``k`` travels on lane ``k mod lanes``.  With two peers, ``to_next`` and ``from_prev`` may be
+    the same connections.  The links do not own the connections' lifetime: :meth:`aclose` is a
+    convenience for the communicator and tests.
+    """
+
+    def __init__(
+        self,
+        to_next: Sequence[FramedConnection],
+        from_prev: Sequence[FramedConnection],
+        *,
+        registry: SeqRegistry | None = None,
+    ) -> None:
+        if not to_next or len(to_next) != len(from_prev):
+            raise InvalidArgument(
+                f"need the same non-zero number of lanes in both directions, got {len(to_next)} and {len(from_prev)}"
+            )
+        self.registry = registry if registry is not None else SeqRegistry()
+        self.to_next = tuple(to_next)
+        self.inboxes = tuple(Inbox(c, self.registry) for c in from_prev)
+
+    @property
+    def lanes(self) -> int:
+        return len(self.to_next)
+
+    def retire(self, seq: int) -> None:
+        """Discard any frame of ``seq`` still to come (the op ended or was never started here)."""
+        self.registry.retire(seq)
+
+    def abort(self) -> None:
+        """Abort every connection (RST): used when a ring is torn down after a failure."""
+        for c in self.to_next:
+            c.abort()
+        for inbox in self.inboxes:
+            inbox.connection.abort()
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            for c in self.to_next:
+                await c.aclose()
+            for inbox in self.inboxes:
+                await inbox.connection.aclose()
