@@ -1,0 +1,627 @@
+"""The simulator's virtual network: hosts, directed links, connections, and network faults.
+
+One :class:`World` holds the whole simulated internet of a run.  Each simulated host incarnation
+gets its own :class:`~sim.streams.SimNetwork` (a :class:`pccl.net.base.Network`), bound to its
+identity so that ``connect`` knows the source host; the code under test cannot tell it from real
+TCP (both pass ``tests/net_conformance.py``).
+
+Model (TCP connections, not packets — TCP never loses, reorders or duplicates bytes within a
+connection, so the interesting behaviour is timing, flow control and how connections end):
+
+* **Links** are directed host pairs with a :class:`LinkSpec`: one-way ``latency`` (+ optional
+  ``jitter`` drawn from a per-link RNG, FIFO kept per connection), ``bandwidth`` shared fairly by
+  the connections currently sending on the link (round-robin over segments of at most
+  ``segment_size`` bytes), and a per-connection ``window``: bytes transmitted but not yet both
+  acknowledged (one reverse latency after arrival) and read by the receiving application.  An
+  eager reader therefore caps a connection at ``window / RTT`` (parallel connections matter, as on
+  a WAN); a reader that does not read stops the sender after ``window`` bytes.
+* **Send buffers**: ``send_all`` copies into a per-connection buffer of ``send_buffer`` bytes and
+  blocks while it is full — a sender that loops blocks, so virtual time advances.
+* **Handshake**: SYN and SYN-ACK travel the links (one RTT), so connects obey partitions; nothing
+  listening → RST → ``ConnectionRefused``; a machine that is down or cut off never answers →
+  ``ConnectTimeout``.
+* **Endings**: ``aclose`` sends FIN behind the data (or RST when unread data is discarded, as
+  Linux does); ``abort`` and data arriving at a closed or dead endpoint answer RST.
+
+Faults (synchronous methods, called by the runner's fault injector or by phase triggers):
+
+* :meth:`World.kill` — the process dies, the machine stays up: every connection of the
+  incarnation is reset at once (RST towards each peer, after the data already on the wire), its
+  listeners vanish (later connects are refused).  The runner cancels the host's tasks *after*
+  this, so nothing the corpse "sends" afterwards leaves the host.
+* :meth:`World.power_off` — the machine vanishes: no FIN, no RST; data to it is black-holed and
+  never acknowledged, connects time out.  Peers only notice through their own timeouts.
+* :meth:`World.stall` / :meth:`World.unstall` — SIGSTOP-like: every link touching the host is
+  held (nothing leaves or enters it; senders block on their windows), its connections stay open,
+  and every network operation its tasks make blocks until the stall ends.
+* :meth:`World.partition` / :meth:`World.heal` — hold traffic between sets of hosts (one-way or
+  both ways); nothing is lost, it flows again on heal (TCP retransmits).
+* :meth:`World.boot` — a (new) incarnation of a host: a join, or a restart after a kill.
+
+Every network operation checks the caller's incarnation: an operation of a dead incarnation at a
+later virtual instant than its death is recorded as a **zombie** failure (something outlived the
+kill).  Event-driven: one delivery task sleeps until the next due event (a heap ordered by
+``(time, sequence)``), nothing polls.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import heapq
+import logging
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .trace import Trace
+
+if TYPE_CHECKING:
+    from .streams import SimListener, SimNetwork, SimStream
+
+__all__ = ["LinkSpec", "World", "Incarnation", "CURRENT_INCARNATION", "derive_rng"]
+
+logger = logging.getLogger(__name__)
+
+#: The incarnation whose task is running; the runner sets it in each host's root task (child
+#: tasks inherit it), and the network's zombie check reads it.
+CURRENT_INCARNATION: contextvars.ContextVar["Incarnation | None"] = contextvars.ContextVar(
+    "sim_current_incarnation", default=None
+)
+
+#: Names by which a host reaches itself.
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+_WILDCARD = frozenset({"0.0.0.0", "::", ""})
+
+
+def derive_rng(seed: int | str, *purpose: object) -> random.Random:
+    """A ``random.Random`` for one purpose, derived from the run's seed.
+
+    A str seed is hashed with sha512 by ``random``, so this is independent of ``PYTHONHASHSEED``
+    and stable across processes and Python versions.
+    """
+    return random.Random(":".join([str(seed), *map(str, purpose)]))
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkSpec:
+    """Properties of one directed link (see the module docstring for the model)."""
+
+    latency: float = 0.005
+    bandwidth: float = math.inf  # bytes per second, shared by the connections on the link
+    window: int = 1 << 20  # bytes in flight per connection: throughput <= window / RTT
+    jitter: float = 0.0  # extra one-way delay, uniform in [0, jitter]
+
+    def __post_init__(self) -> None:
+        if self.latency < 0 or self.jitter < 0:
+            raise ValueError("latency and jitter must not be negative")
+        if self.bandwidth <= 0:
+            raise ValueError("bandwidth must be positive")
+        if self.window < 1:
+            raise ValueError("window must be at least one byte")
+
+
+class Incarnation:
+    """One life of a host's process: its connections and listeners die with it."""
+
+    def __init__(self, host: "_Host", number: int, born_at: float) -> None:
+        self.host = host
+        self.number = number
+        self.born_at = born_at
+        self.alive = True
+        self.died_at: float | None = None
+        self.death: str | None = None  # "kill" or "power_off"
+        self.streams: dict[int, "SimStream"] = {}  # insertion-ordered: deterministic teardown
+        self.listeners: dict[int, "SimListener"] = {}
+        self.attempts: list[Any] = []  # pending connect attempts
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive else f"dead ({self.death} at {self.died_at})"
+        return f"<Incarnation {self.host.name}#{self.number} {state}>"
+
+
+class _Host:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.machine_up = False
+        self.process: Incarnation | None = None
+        self.stalled = 0
+        self.stall_lot = trio.lowlevel.ParkingLot()
+        self.listeners: dict[int, "SimListener"] = {}
+        self.next_ephemeral = 49152
+        self.incarnations = 0
+        self.orphans: list[SimStream] = []  # connections of a powered-off incarnation
+
+    def ephemeral_port(self) -> int:
+        port = self.next_ephemeral
+        self.next_ephemeral = 49152 + (port - 49152 + 1) % (65536 - 49152)
+        return port
+
+
+class _Partition:
+    def __init__(self, pid: int, side: frozenset[str], other: frozenset[str] | None, both_ways: bool) -> None:
+        self.pid = pid
+        self.side = side
+        self.other = other  # None: every host not in ``side``
+        self.both_ways = both_ways
+
+    def _in_other(self, host: str) -> bool:
+        return host not in self.side if self.other is None else host in self.other
+
+    def blocks(self, src: str, dst: str) -> bool:
+        if src in self.side and self._in_other(dst):
+            return True
+        return self.both_ways and dst in self.side and self._in_other(src)
+
+
+class Pipe:
+    """One direction of a connection: the sender's buffer, the wire, and the flow control."""
+
+    __slots__ = (
+        "link", "src", "dst", "sendq", "queued", "fin_pending", "fin_sent", "transmitted",
+        "arrived", "read", "acked", "acks", "last_arrival", "active", "window_blocked",
+        "send_lot", "dead",
+    )
+
+    def __init__(self, link: "Link", src: "SimStream", dst: "SimStream") -> None:
+        self.link = link
+        self.src = src
+        self.dst = dst
+        self.sendq: deque[memoryview] = deque()
+        self.queued = 0
+        self.fin_pending = False
+        self.fin_sent = False
+        self.transmitted = 0
+        self.arrived = 0
+        self.read = 0
+        self.acked = 0
+        self.acks: deque[tuple[float, int]] = deque()
+        self.last_arrival = -math.inf
+        self.active = False
+        self.window_blocked = False
+        self.send_lot = trio.lowlevel.ParkingLot()
+        self.dead = False  # reset or black-holed: nothing more is transmitted
+
+    def outstanding(self, now: float) -> int:
+        acks = self.acks
+        while acks and acks[0][0] <= now:
+            self.acked = acks.popleft()[1]
+        return self.transmitted - min(self.acked, self.read)
+
+    def enqueue(self, chunk: bytes) -> None:
+        self.sendq.append(memoryview(chunk))
+        self.queued += len(chunk)
+        self.link.activate(self)
+
+    def drop(self) -> None:
+        """Forget everything not yet transmitted (a reset or a dead host)."""
+        self.dead = True
+        self.sendq.clear()
+        self.queued = 0
+        self.fin_pending = False
+        self.send_lot.unpark_all()
+
+
+class Link:
+    """A directed host pair: transmits the segments of its connections and control packets."""
+
+    def __init__(self, world: "World", src: str, dst: str, spec: LinkSpec) -> None:
+        self.world = world
+        self.src = src
+        self.dst = dst
+        self.spec = spec
+        self.rng = derive_rng(world.seed, "link", f"{src}->{dst}")
+        self.active: deque[Pipe] = deque()
+        self.control: deque[tuple[Callable[..., None], tuple[Any, ...], Pipe | None]] = deque()
+        self.busy_until = -math.inf
+        self.next_service = math.inf
+        self.last_served: Pipe | None = None
+        self.carried = 0  # payload bytes delivered over this link
+
+    def delay(self) -> float:
+        jitter = self.spec.jitter
+        return self.spec.latency + (self.rng.uniform(0.0, jitter) if jitter else 0.0)
+
+    def held(self) -> bool:
+        return self.world._held(self.src, self.dst)
+
+    def activate(self, pipe: Pipe) -> None:
+        if not pipe.active and not pipe.dead:
+            pipe.active = True
+            self.active.append(pipe)
+        self.service()
+
+    def send_control(self, fn: Callable[..., None], args: tuple[Any, ...], pipe: Pipe | None = None) -> None:
+        """Queue a zero-size packet (SYN, SYN-ACK, RST); ``pipe`` keeps it behind that pipe's data."""
+        self.control.append((fn, args, pipe))
+        self.service()
+
+    def service(self) -> None:
+        """Transmit whatever may leave now; schedule the next service when the link is busy."""
+        world = self.world
+        if self.held():
+            return  # World._release() services every link again when a hold ends
+        now = trio.current_time()
+        while self.control:
+            fn, args, pipe = self.control.popleft()
+            at = now + self.delay()
+            if pipe is not None:
+                at = max(at, pipe.last_arrival)
+                pipe.last_arrival = at
+            world.at(at, fn, *args)
+        active = self.active
+        bandwidth = self.spec.bandwidth
+        while active or self.last_served is not None:
+            if self.busy_until > now:
+                self.schedule_service(self.busy_until)
+                return
+            # The pipe served last goes behind the ones that became ready meanwhile (fair
+            # round-robin even when they arrived while the link was busy).
+            last = self.last_served
+            if last is not None:
+                self.last_served = None
+                if (last.queued or last.fin_pending) and not last.dead:
+                    active.append(last)
+                else:
+                    last.active = False
+                if not active:
+                    break
+            pipe = active.popleft()
+            pipe.active = False
+            if pipe.dead:
+                continue
+            if pipe.queued == 0:
+                if pipe.fin_pending:
+                    pipe.fin_pending = False
+                    pipe.fin_sent = True
+                    at = max(now + self.delay(), pipe.last_arrival)
+                    pipe.last_arrival = at
+                    world.at(at, world._arrive_fin, pipe)
+                continue
+            room = self.spec.window - pipe.outstanding(now)
+            if room <= 0:
+                # Parked until an acknowledgement returns (timed) or the reader reads (it
+                # calls unblock); either may not suffice, and then it parks again.
+                pipe.window_blocked = True
+                if pipe.acks:
+                    world.at(pipe.acks[0][0], self.unblock, pipe)
+                continue
+            # Several segments per window, so a window pipelines instead of stop-and-wait.
+            n = min(room, pipe.queued, world.segment_size, max(self.spec.window // 8, 1024))
+            views: list[memoryview] = []
+            need = n
+            sendq = pipe.sendq
+            while need:
+                head = sendq[0]
+                if len(head) <= need:
+                    views.append(sendq.popleft())
+                    need -= len(head)
+                else:
+                    views.append(head[:need])
+                    sendq[0] = head[need:]
+                    need = 0
+            pipe.queued -= n
+            pipe.transmitted += n
+            tx = n / bandwidth
+            self.busy_until = now + tx
+            at = max(now + tx + self.delay(), pipe.last_arrival)
+            pipe.last_arrival = at
+            world.at(at, world._arrive_data, pipe, views, n)
+            if pipe.send_lot:
+                pipe.send_lot.unpark_all()
+            pipe.active = True  # until re-queued (or retired) at the next turn
+            self.last_served = pipe
+
+    def unblock(self, pipe: Pipe) -> None:
+        if pipe.window_blocked:
+            pipe.window_blocked = False
+            self.activate(pipe)
+
+    def schedule_service(self, at: float) -> None:
+        if at < self.next_service:
+            self.next_service = at
+            self.world.at(at, self._timed_service, at)
+
+    def _timed_service(self, at: float) -> None:
+        if at == self.next_service:
+            self.next_service = math.inf
+        self.service()
+
+
+class World:
+    """The simulated internet of one run (see the module docstring).
+
+    ``trace`` receives network-level events (listen, connect, reset, faults).  ``tap``, if set,
+    observes bytes as hosts send, read and links carry them (phase triggers and coverage use it;
+    see :mod:`sim.observe`).  All fault methods are synchronous and take effect at the current
+    virtual instant.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int,
+        trace: Trace | None = None,
+        default_link: LinkSpec | None = None,
+        send_buffer: int = 256 * 1024,
+        segment_size: int = 64 * 1024,
+        syn_timeout: float = 127.0,
+    ) -> None:
+        self.seed = seed
+        self.trace = trace if trace is not None else Trace()
+        self.default_link = default_link or LinkSpec()
+        self.send_buffer = send_buffer
+        self.segment_size = segment_size
+        self.syn_timeout = syn_timeout
+        self.tap: Any = None
+        self.hosts: dict[str, _Host] = {}
+        self.links: dict[tuple[str, str], Link] = {}
+        self._link_specs: dict[tuple[str, str], LinkSpec] = {}
+        self._partitions: dict[int, _Partition] = {}
+        self._next_partition = 1
+        self._incarnations = 0
+        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = 0
+        self._wait_scope: trio.CancelScope | None = None
+        self._next_stream_id = 0
+        self.events_processed = 0
+        #: Called with (incarnation, operation) when a dead incarnation's code runs on.
+        self.on_zombie: Callable[[Incarnation, str], None] | None = None
+
+    # -- configuration -----------------------------------------------------------------------
+
+    def set_link(self, a: str, b: str, spec: LinkSpec, *, both_ways: bool = True) -> None:
+        """Give the link a→b (and b→a unless ``both_ways`` is false) ``spec``."""
+        pairs = [(a, b), (b, a)] if both_ways else [(a, b)]
+        for pair in pairs:
+            self._link_specs[pair] = spec
+            if pair in self.links:
+                self.links[pair].spec = spec
+
+    def link(self, src: str, dst: str) -> Link:
+        link = self.links.get((src, dst))
+        if link is None:
+            link = Link(self, src, dst, self._link_specs.get((src, dst), self.default_link))
+            self.links[(src, dst)] = link
+        return link
+
+    # -- the event loop ------------------------------------------------------------------------
+
+    def at(self, when: float, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn(*args)`` at virtual time ``when`` (FIFO among equal times)."""
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, fn, args))
+        scope = self._wait_scope
+        if scope is not None and when < scope.deadline:
+            scope.deadline = when
+
+    async def run(self) -> None:
+        """Deliver events forever; the runner starts this in its nursery and cancels it at the end."""
+        heap = self._heap
+        while True:
+            now = trio.current_time()
+            while heap and heap[0][0] <= now:
+                _, _, fn, args = heapq.heappop(heap)
+                self.events_processed += 1
+                fn(*args)
+            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as scope:
+                self._wait_scope = scope
+                await trio.sleep_forever()
+            self._wait_scope = None
+
+    # -- hosts -------------------------------------------------------------------------------
+
+    def host(self, name: str) -> _Host:
+        host = self.hosts.get(name)
+        if host is None:
+            if not name or ":" in name or name in _LOOPBACK or name in _WILDCARD:
+                raise ValueError(f"invalid simulated host name {name!r}")
+            host = self.hosts[name] = _Host(name)
+        return host
+
+    def boot(self, name: str, *, config: Any = None) -> "SimNetwork":
+        """Power the machine on (if needed) and start a new incarnation; return its network.
+
+        Raises ``RuntimeError`` if an incarnation of ``name`` is still alive.
+        """
+        from .streams import SimNetwork
+
+        host = self.host(name)
+        if host.process is not None:
+            raise RuntimeError(f"host {name} is still running incarnation {host.process.number}")
+        self._incarnations += 1
+        if not host.machine_up:
+            self._answer_orphans(host)
+        host.machine_up = True
+        host.incarnations += 1
+        inc = Incarnation(host, self._incarnations, trio.current_time())
+        host.process = inc
+        self.trace.record("net", "boot", host=name, incarnation=inc.number)
+        return SimNetwork(self, inc, config=config)
+
+    def _answer_orphans(self, host: _Host) -> None:
+        """A machine comes back after a power-off: peers still retransmitting into its old
+        connections now reach a kernel that knows nothing of them, and it answers RST."""
+        for stream in host.orphans:
+            peer_pipe = stream._in
+            if peer_pipe is not None and (peer_pipe.queued or peer_pipe.transmitted > peer_pipe.arrived):
+                stream._send_rst()
+        host.orphans.clear()
+
+    def alive(self, name: str) -> bool:
+        host = self.hosts.get(name)
+        return host is not None and host.process is not None
+
+    def incarnation(self, name: str) -> Incarnation | None:
+        host = self.hosts.get(name)
+        return None if host is None else host.process
+
+    def kill(self, name: str) -> Incarnation | None:
+        """The host's process dies (kill -9); its kernel resets every connection.  Returns the
+        dead incarnation, or ``None`` if nothing was running."""
+        return self._end(name, "kill")
+
+    def power_off(self, name: str) -> Incarnation | None:
+        """The machine vanishes without a word; returns the dead incarnation (or ``None``)."""
+        inc = self._end(name, "power_off")
+        host = self.hosts.get(name)
+        if host is not None:
+            host.machine_up = False
+            # Nothing leaves a machine that is off, not even packets queued behind a hold.
+            for (src, _dst), link in self.links.items():
+                if src == name:
+                    link.control.clear()
+        return inc
+
+    def _end(self, name: str, how: str) -> Incarnation | None:
+        host = self.hosts.get(name)
+        if host is None or host.process is None:
+            if host is not None and how == "power_off":
+                self.trace.record("net", how, host=name, incarnation=None)
+            return None
+        inc = host.process
+        inc.alive = False
+        inc.died_at = trio.current_time()
+        inc.death = how
+        host.process = None
+        self.trace.record("net", how, host=name, incarnation=inc.number)
+        if how == "power_off":
+            host.orphans.extend(inc.streams.values())
+        for listener in list(inc.listeners.values()):
+            listener._shutdown(reset_backlog=how == "exit")
+        for stream in list(inc.streams.values()):
+            if how == "exit":  # the process ended: its kernel closes the sockets (FIN, or RST)
+                stream._close(abortive=False)
+            else:
+                stream._die(reset=how == "kill")
+        for attempt in inc.attempts:
+            attempt.abandon()
+        inc.attempts.clear()
+        # A stall of a dead process is moot: release waiters so nothing stays parked.
+        return inc
+
+    def stall(self, name: str) -> None:
+        """Freeze the host: its traffic is held both ways and its network operations block."""
+        host = self.host(name)
+        host.stalled += 1
+        self.trace.record("net", "stall", host=name, depth=host.stalled)
+
+    def unstall(self, name: str) -> None:
+        host = self.host(name)
+        if host.stalled == 0:
+            return
+        host.stalled -= 1
+        self.trace.record("net", "unstall", host=name, depth=host.stalled)
+        if host.stalled == 0:
+            host.stall_lot.unpark_all()
+            self._release()
+
+    def partition(self, side: Iterable[str], other: Iterable[str] | None = None, *, both_ways: bool = True) -> int:
+        """Hold all traffic from ``side`` to ``other`` (default: every other host) and, unless
+        ``both_ways`` is false, back.  Returns an id for :meth:`heal`."""
+        side_set = frozenset(side)
+        other_set = None if other is None else frozenset(other)
+        pid = self._next_partition
+        self._next_partition += 1
+        self._partitions[pid] = _Partition(pid, side_set, other_set, both_ways)
+        self.trace.record(
+            "net", "partition", id=pid, side=sorted(side_set),
+            other=None if other_set is None else sorted(other_set), both_ways=both_ways,
+        )
+        return pid
+
+    def heal(self, pid: int | None = None) -> None:
+        """End partition ``pid`` (all partitions if ``None``); held traffic flows again."""
+        if pid is None:
+            ended = list(self._partitions)
+            self._partitions.clear()
+        else:
+            ended = [pid] if self._partitions.pop(pid, None) is not None else []
+        if ended:
+            self.trace.record("net", "heal", ids=ended)
+            self._release()
+
+    def heal_all(self) -> None:
+        """End every partition and stall (the liveness phase starts from a healed network)."""
+        for host in self.hosts.values():
+            while host.stalled:
+                self.unstall(host.name)
+        self.heal()
+
+    def _held(self, src: str, dst: str) -> bool:
+        hosts = self.hosts
+        if hosts[src].stalled or hosts[dst].stalled:
+            return True
+        for partition in self._partitions.values():
+            if partition.blocks(src, dst):
+                return True
+        return False
+
+    def _release(self) -> None:
+        for link in list(self.links.values()):
+            link.service()
+
+    # -- arrivals (called from the event loop) --------------------------------------------------
+
+    def _arrive_data(self, pipe: Pipe, views: list[memoryview], n: int) -> None:
+        dst = pipe.dst
+        dst_host = dst._inc.host
+        pipe.link.carried += n
+        if self.tap is not None:
+            self.tap.on_carried(pipe.link.src, pipe.link.dst, n)
+        if not dst_host.machine_up or pipe.dead:
+            return  # black hole: never acknowledged
+        if dst._closed or dst._reset or not dst._inc.alive:
+            dst._send_rst()  # the kernel answers data for a socket that is gone
+            return
+        dst._rbuf.extend(views)
+        dst._rbuf_bytes += n
+        pipe.arrived += n
+        pipe.acks.append((trio.current_time() + self.link(pipe.link.dst, pipe.link.src).delay(), pipe.arrived))
+        if dst._recv_lot:
+            dst._recv_lot.unpark_all()
+
+    def _arrive_fin(self, pipe: Pipe) -> None:
+        dst = pipe.dst
+        if not dst._inc.host.machine_up or pipe.dead:
+            return
+        dst._eof = True
+        if dst._recv_lot:
+            dst._recv_lot.unpark_all()
+
+    def _arrive_rst(self, target: "SimStream") -> None:
+        if not target._inc.host.machine_up:
+            return
+        target._on_reset()
+
+    # -- ids -----------------------------------------------------------------------------------
+
+    def _stream_id(self) -> int:
+        self._next_stream_id += 1
+        return self._next_stream_id
+
+    def zombie(self, inc: Incarnation, operation: str) -> None:
+        """A dead incarnation's code ran on after its death instant: report it."""
+        message = (
+            f"{operation} by {inc.name} incarnation {inc.number}, which died "
+            f"({inc.death}) at t={inc.died_at}"
+        )
+        if self.on_zombie is not None:
+            self.on_zombie(inc, operation)
+        else:
+            self.trace.fail("zombie", inc.name, message)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "events": self.events_processed,
+            "links": len(self.links),
+            "bytes_carried": sum(link.carried for link in self.links.values()),
+        }

@@ -1,0 +1,258 @@
+"""Watching the wire: frame sniffing, phase triggers and per-host phases — no hooks in pccl.
+
+The network calls a :class:`Tap` with the bytes each host sends (as they enter its send buffer),
+reads (as its application consumes them) and each link carries.  The tap parses the byte streams
+with the scenario's :class:`FrameFormat` — for pccl, :class:`PcclFrames`, built on
+:mod:`pccl.protocol.codec`: the 12-byte preamble, then ``length:u32 | kind:u8 | body`` frames,
+control bodies decoded to message names, data payloads skipped without copying — and
+
+* fires armed phase triggers (:class:`sim.faults.Trigger`): "after H sends/reads message M for
+  the n-th time", "after a→b carried x bytes", possibly chained with ``after``;
+* keeps each host's *phase*: the last control message it sent or read (the coverage matrix of
+  where faults land is built from it).
+
+A trigger fires synchronously, inside the network call that completed the condition: a kill
+"after H sends M" therefore puts M on the wire and then cuts H before it does anything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .faults import FaultEvent, Trigger
+
+if TYPE_CHECKING:
+    from .streams import SimStream
+
+__all__ = ["FrameFormat", "LengthKindFrames", "PcclFrames", "Tap"]
+
+
+class FrameFormat(Protocol):
+    """How to cut a connection's byte stream into frames and name its control messages."""
+
+    #: Bytes at the start of every connection that are not frames (skipped).
+    preamble_size: int
+    #: Bytes of the fixed frame prefix.
+    prefix_size: int
+    #: Control bodies longer than this are not decoded (their frame is skipped).
+    max_decoded_body: int
+
+    def parse_prefix(self, prefix: bytes) -> tuple[int, bool]:
+        """``(body_length, is_control)`` of the frame starting with ``prefix``."""
+
+    def message_name(self, body: bytes) -> str | None:
+        """The control message's name, or ``None`` if it cannot be decoded."""
+
+
+class LengthKindFrames:
+    """``length:u32 | kind:u8 | body`` frames (big-endian); ``control_kind`` bodies are named by
+    ``namer``.  The layout pccl uses, and the toy scenario too."""
+
+    prefix_size = 5
+    _prefix = struct.Struct(">IB")
+
+    def __init__(
+        self,
+        namer: Callable[[bytes], str | None],
+        *,
+        control_kind: int = 1,
+        preamble_size: int = 0,
+        max_decoded_body: int = 64 * 1024,
+    ) -> None:
+        self._namer = namer
+        self.control_kind = control_kind
+        self.preamble_size = preamble_size
+        self.max_decoded_body = max_decoded_body
+
+    def parse_prefix(self, prefix: bytes) -> tuple[int, bool]:
+        length, kind = self._prefix.unpack(prefix)
+        return length, kind == self.control_kind
+
+    def message_name(self, body: bytes) -> str | None:
+        return self._namer(body)
+
+
+def PcclFrames() -> LengthKindFrames:  # noqa: N802 - a factory standing in for a class
+    """pccl's wire format (preamble + codec frames); message names are the Message class names."""
+    from pccl.errors import ProtocolError
+    from pccl.protocol import codec, handshake
+
+    def name(body: bytes) -> str | None:
+        try:
+            return type(codec.decode_message(body)).__name__
+        except ProtocolError:
+            return None
+
+    assert codec.PREFIX_SIZE == LengthKindFrames.prefix_size
+    return LengthKindFrames(name, control_kind=int(codec.FrameKind.CONTROL), preamble_size=handshake.PREAMBLE_SIZE)
+
+
+class _FrameParser:
+    """Incremental, copy-light frame splitter for one direction of one stream."""
+
+    __slots__ = ("fmt", "skip", "head", "body_left", "body", "decode")
+
+    def __init__(self, fmt: FrameFormat) -> None:
+        self.fmt = fmt
+        self.skip = fmt.preamble_size  # bytes to ignore (preamble, skipped bodies)
+        self.head = bytearray()
+        self.body_left = 0
+        self.body: bytearray | None = None
+        self.decode = False
+
+    def feed(self, data: memoryview | bytes, found: list[str]) -> None:
+        view = memoryview(data)
+        pos, end = 0, len(view)
+        fmt = self.fmt
+        while pos < end:
+            if self.skip:
+                k = min(self.skip, end - pos)
+                self.skip -= k
+                pos += k
+                continue
+            if self.body is not None:
+                k = min(self.body_left, end - pos)
+                self.body += view[pos : pos + k]
+                self.body_left -= k
+                pos += k
+                if self.body_left == 0:
+                    name = fmt.message_name(bytes(self.body))
+                    if name is not None:
+                        found.append(name)
+                    self.body = None
+                continue
+            need = fmt.prefix_size - len(self.head)
+            k = min(need, end - pos)
+            self.head += view[pos : pos + k]
+            pos += k
+            if len(self.head) == fmt.prefix_size:
+                length, control = fmt.parse_prefix(bytes(self.head))
+                self.head.clear()
+                if control and length <= fmt.max_decoded_body:
+                    if length == 0:
+                        name = fmt.message_name(b"")
+                        if name is not None:
+                            found.append(name)
+                    else:
+                        self.body = bytearray()
+                        self.body_left = length
+                else:
+                    self.skip = length
+
+
+@dataclasses.dataclass
+class _Armed:
+    event: FaultEvent
+    stages: list[Trigger]  # innermost ``after`` first, the event's own trigger last
+    stage: int = 0
+    count: int = 0
+
+
+def _stages(trigger: Trigger) -> list[Trigger]:
+    chain = []
+    node: Trigger | None = trigger
+    while node is not None:
+        chain.append(node)
+        node = node.after
+    return chain[::-1]
+
+
+class Tap:
+    """Observer installed as ``World.tap`` (see the module docstring).
+
+    ``fire(event)`` is called when an armed event's trigger completes; ``on_message(host,
+    direction, name, peer)`` for every control message seen (the runner traces phases with it).
+    """
+
+    def __init__(
+        self,
+        fmt: FrameFormat | None,
+        fire: Callable[[FaultEvent], None],
+        on_message: Callable[[str, str, str, str], None] | None = None,
+    ) -> None:
+        self.fmt = fmt
+        self._fire = fire
+        self._on_message = on_message
+        self._parsers: dict[tuple[int, str], _FrameParser] = {}
+        self._armed: list[_Armed] = []
+        #: Last control message each host sent or read: its protocol phase.
+        self.phase: dict[str, str] = {}
+        self.messages_seen = 0
+
+    # -- arming --
+
+    def arm(self, event: FaultEvent) -> None:
+        assert event.trigger is not None
+        stages = _stages(event.trigger)
+        if self.fmt is None and any(s.type == "message" for s in stages):
+            raise ValueError(f"message trigger in {event.describe()}, but the scenario has no frame format")
+        self._armed.append(_Armed(event, stages))
+
+    def disarm_all(self) -> list[FaultEvent]:
+        left = [a.event for a in self._armed]
+        self._armed.clear()
+        return left
+
+    @property
+    def armed(self) -> int:
+        return len(self._armed)
+
+    # -- network callbacks --
+
+    def on_sent(self, stream: "SimStream", chunk: bytes) -> None:
+        self._parse(stream, "send", chunk)
+
+    def on_read(self, stream: "SimStream", view: memoryview) -> None:
+        self._parse(stream, "recv", view)
+
+    def on_carried(self, src: str, dst: str, n: int) -> None:
+        if not self._armed:
+            return
+        for armed in list(self._armed):
+            stage = armed.stages[armed.stage]
+            if stage.type == "bytes" and stage.src == src and stage.dst == dst:
+                armed.count += n
+                if armed.count >= stage.bytes:
+                    self._advance(armed)
+
+    def _parse(self, stream: "SimStream", direction: str, data: Any) -> None:
+        if self.fmt is None:
+            return
+        key = (stream._id, direction)
+        parser = self._parsers.get(key)
+        if parser is None:
+            parser = self._parsers[key] = _FrameParser(self.fmt)
+        found: list[str] = []
+        parser.feed(data, found)
+        if not found:
+            return
+        host = stream._inc.name
+        peer = stream.remote_address.rsplit(":", 1)[0]
+        for name in found:
+            self.messages_seen += 1
+            self.phase[host] = name
+            if self._on_message is not None:
+                self._on_message(host, direction, name, peer)
+            for armed in list(self._armed):
+                stage = armed.stages[armed.stage]
+                if (
+                    stage.type == "message"
+                    and stage.host == host
+                    and stage.message == name
+                    and stage.direction in (direction, "any")
+                ):
+                    armed.count += 1
+                    if armed.count >= stage.nth:
+                        self._advance(armed)
+
+    def _advance(self, armed: _Armed) -> None:
+        armed.stage += 1
+        armed.count = 0
+        if armed.stage == len(armed.stages):
+            self._armed.remove(armed)
+            self._fire(armed.event)
+        elif armed.stages[armed.stage].type == "bytes" and armed.stages[armed.stage].bytes == 0:
+            self._advance(armed)

@@ -1,0 +1,126 @@
+"""Timing model of the virtual network: latency, shared bandwidth, per-connection window cap,
+backpressure."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import trio
+
+from sim.network import LinkSpec, World
+from sim.runner import simulate
+
+MiB = 1024 * 1024
+
+
+
+async def _transfer_times(world: World, sizes: list[int]) -> list[float]:
+    """Open one a→b connection per size, send them all at t0, return each completion delay."""
+    a, b = world.boot("a"), world.boot("b")
+    listener = await b.listen("b:9000")
+    streams = []
+    for _ in sizes:
+        async with trio.open_nursery() as nursery:
+            accepted = []
+
+            async def accept() -> None:
+                accepted.append(await listener.accept())
+
+            nursery.start_soon(accept)
+            client = await a.connect("b:9000")
+        streams.append((client, accepted[0]))
+    done = [math.nan] * len(sizes)
+    t0 = trio.current_time()
+
+    async def send(client, size: int) -> None:
+        await client.send_all(bytes(size))
+
+    async def receive(i: int, server, size: int) -> None:
+        buf = bytearray(size)
+        await server.receive_exactly_into(buf)
+        done[i] = trio.current_time() - t0
+
+    async with trio.open_nursery() as nursery:
+        for i, ((client, server), size) in enumerate(zip(streams, sizes)):
+            nursery.start_soon(send, client, size)
+            nursery.start_soon(receive, i, server, size)
+    return done
+
+
+def test_transfer_takes_latency_plus_size_over_bandwidth() -> None:
+    latency, bandwidth, size = 0.05, 1_000_000, 500_000
+    link = LinkSpec(latency=latency, bandwidth=bandwidth, window=64 * MiB)
+    (elapsed,) = simulate(lambda w: _transfer_times(w, [size]), default_link=link)
+    assert elapsed == pytest.approx(latency + size / bandwidth, rel=0.01)
+
+
+def test_concurrent_connections_share_bandwidth_fairly() -> None:
+    latency, bandwidth, size = 0.05, 1_000_000, 400_000
+    link = LinkSpec(latency=latency, bandwidth=bandwidth, window=64 * MiB)
+    first, second = simulate(lambda w: _transfer_times(w, [size, size]), default_link=link)
+    expected = latency + 2 * size / bandwidth  # each gets half the link
+    assert first == pytest.approx(expected, rel=0.05)
+    assert second == pytest.approx(expected, rel=0.05)
+
+
+def test_per_connection_window_caps_throughput_and_parallel_connections_help() -> None:
+    latency, window, total = 0.05, 64 * 1024, 2 * MiB
+    link = LinkSpec(latency=latency, window=window)  # unlimited bandwidth: only the window binds
+    (single,) = simulate(lambda w: _transfer_times(w, [total]), default_link=link)
+    rtt = 2 * latency
+    assert single == pytest.approx(total / window * rtt, rel=0.15)  # window / RTT throughput
+    parallel = simulate(lambda w: _transfer_times(w, [total // 4] * 4), default_link=link)
+    assert max(parallel) == pytest.approx(single / 4, rel=0.2)
+
+
+def test_sender_blocks_when_peer_does_not_read() -> None:
+    window, send_buffer = 256 * 1024, 128 * 1024
+
+    async def body(world: World) -> tuple[bool, int]:
+        a, b = world.boot("a"), world.boot("b")
+        listener = await b.listen("b:9000")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(listener.accept)
+            client = await a.connect("b:9000")
+        with trio.move_on_after(30) as scope:
+            await client.send_all(bytes(8 * MiB))
+        pipe = client._out
+        return scope.cancelled_caught, pipe.transmitted + pipe.queued
+
+    blocked, accepted = simulate(body, default_link=LinkSpec(window=window), send_buffer=send_buffer)
+    assert blocked, "a send the peer never reads must block (or virtual time cannot advance)"
+    assert accepted <= window + send_buffer
+
+
+def test_latency_applies_per_direction_and_connect_takes_one_rtt() -> None:
+    async def body(world: World) -> tuple[float, float]:
+        a, b = world.boot("a"), world.boot("b")
+        listener = await b.listen("b:9000")
+        accepted = []
+        t0 = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: _accept_into(listener, accepted))
+            client = await a.connect("b:9000")
+        connect_time = trio.current_time() - t0
+        t1 = trio.current_time()
+        await client.send_all(b"ping")
+        await accepted[0].receive_exactly(4)
+        await accepted[0].send_all(b"pong")
+        await client.receive_exactly(4)
+        return connect_time, trio.current_time() - t1
+
+    world_link = LinkSpec(latency=0.1)
+
+    async def run(world: World):
+        world.set_link("a", "b", LinkSpec(latency=0.02), both_ways=False)
+        world.set_link("b", "a", LinkSpec(latency=0.07), both_ways=False)
+        return await body(world)
+
+    connect_time, round_trip = simulate(run, default_link=world_link)
+    assert connect_time == pytest.approx(0.09)
+    assert round_trip == pytest.approx(0.09)
+
+
+async def _accept_into(listener, out: list) -> None:
+    out.append(await listener.accept())
