@@ -6,8 +6,7 @@ two paths behind the same :class:`TcpStream` methods:
 * **the Trio path** (default for everything): ``send``/``recv_into`` straight from/into the
   caller's memory with ``MSG_DONTWAIT``, and ``trio.lowlevel.wait_writable/readable`` only when a
   call would block.  Measured on the project's 2-core loopback box: 0.9-1.1x a blocking
-  ``sendall``/``recv_into`` loop for 1-16 MiB chunks, one direction or both at once.  (Trio's own socket wrappers add two scheduler yields
-  per call; skipping them is most of what makes this path fast.)
+  ``sendall``/``recv_into`` loop for 1-16 MiB chunks, one direction or both at once.
 * **the worker-thread path** (opt-in, ``TcpNetwork(bulk_threshold=n)``): ``send_all`` and
   ``receive_exactly_into`` of at least ``n`` bytes run plain blocking ``sendall``/``recv_into``
   in a Trio worker thread (GIL released in the syscalls), so a process can copy in both
@@ -109,9 +108,10 @@ class TcpStream(Stream):
     """One TCP connection.  See :class:`~pccl.net.base.Stream` for the contract.
 
     With a ``bulk_threshold``, ``send_all`` and ``receive_exactly_into`` of at least that many
-    bytes run in a worker thread.  Cancelling one raises ``Cancelled`` promptly with an unknown prefix of the
-    data transferred and shuts that direction down (later use: ``StreamClosed``); close the
-    stream.  ``receive_into`` always runs on the Trio thread, and cancelling it loses nothing.
+    bytes run in a worker thread.  Cancelling one raises ``Cancelled`` promptly with an unknown
+    prefix of the data transferred and shuts that direction down (later use: ``StreamClosed``);
+    close the stream.  ``receive_into`` always runs on the Trio thread; cancelling it loses
+    nothing.
     """
 
     def __init__(
