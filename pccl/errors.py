@@ -24,6 +24,7 @@ __all__ = [
     "MasterUnreachable",
     "AuthenticationFailed",
     "ProtocolError",
+    "FrameTooLarge",
     "TransportError",
     "PeerDisconnected",
     "ConnectionRefused",
@@ -108,6 +109,11 @@ class AuthenticationFailed(PCCLError):
 
 class ProtocolError(PCCLError):
     """The other side sent malformed, oversized, out-of-phase or unknown data."""
+
+
+class FrameTooLarge(ProtocolError):
+    """The other side announced a frame longer than this side accepts (``Config.max_frame_size``
+    for control frames); refused from the 5-byte prefix, before anything was allocated."""
 
 
 # --- transport (raised by pccl.net; the runtime maps them to the errors above) -----------------

@@ -9,7 +9,16 @@ locks are needed: Trio runs one task at a time.
 Bad input never takes the master down: a connection whose handshake fails is closed and logged;
 a connection that sends an undecodable or oversized frame becomes a ``ProtocolViolation`` event,
 which the machine turns into a kick of that peer only; a peer that stops reading (its outbox
-fills up) is kicked too.
+fills up) is kicked too.  As a last line of defence, any other exception (a bug) escaping one
+connection's tasks is logged with its traceback and closes that connection only.
+
+Resource limits: at most ``max_pending_handshakes`` (default :data:`MAX_PENDING_HANDSHAKES`)
+connections may be in the handshake at once; while that many are, the master stops accepting
+and further connections wait in the kernel's listen backlog, so idle half-open connections
+(a slowloris) cannot use up the master's file descriptors.  Each handshake is bounded by
+``Config.connect_timeout``.  Running out of descriptors anyway makes the listener back off and
+retry (:meth:`pccl.net.tcp.TcpListener.accept`) rather than stop.  Kick details are clipped to
+:data:`pccl.protocol.codec.MAX_DETAIL` characters.
 """
 
 from __future__ import annotations
@@ -25,13 +34,22 @@ import trio
 
 from .config import DEFAULT_MASTER_PORT, Config
 from ._groups import single_exception
-from .errors import AuthenticationFailed, KickReason, PCCLError, ProtocolError, TransportError
+from .errors import (
+    AuthenticationFailed,
+    FrameTooLarge,
+    InvalidArgument,
+    KickReason,
+    PCCLError,
+    ProtocolError,
+    TransportError,
+)
 from .net.base import Listener, Network, Stream, parse_address
 from .net.framed import FramedConnection, accept_framed
 from .protocol import master_state as ms
+from .protocol.codec import MAX_DETAIL, clip_text
 from .protocol import messages as m
 
-__all__ = ["Master", "MasterStatistics", "serve_master", "open_master"]
+__all__ = ["Master", "MasterStatistics", "serve_master", "open_master", "MAX_PENDING_HANDSHAKES"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +57,10 @@ log = logging.getLogger(__name__)
 OUTBOX_LIMIT = 4096
 #: How long the master tries to deliver a KickNotice to a peer before closing regardless.
 KICK_NOTICE_TIMEOUT = 1.0
+#: Connections allowed in the handshake (not yet authenticated) at once; more wait in the kernel's
+#: listen backlog.  Each handshake takes a few round trips, so 128 admits a burst of thousands of
+#: joining peers within seconds while bounding what idle connections can hold.
+MAX_PENDING_HANDSHAKES = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +72,9 @@ class MasterStatistics:
     accepted_peers: int
     kicks: int
     handshake_failures: int
+    #: Connections closed because of an unexpected exception (a bug, logged with its traceback).
+    #: Always 0 in a correct master: the simulator and tests should treat more as a failure.
+    internal_errors: int = 0
 
 
 class _Closing:
@@ -97,8 +122,9 @@ class Master:
 
 class _MasterServer:
     def __init__(self, listener: Listener, *, token: str | bytes | None, config: Config,
-                 rng: random.Random | None) -> None:
+                 rng: random.Random | None, max_pending_handshakes: int = MAX_PENDING_HANDSHAKES) -> None:
         self.listener = listener
+        self.handshake_slots = trio.Semaphore(max_pending_handshakes)
         self.token = token
         self.config = config
         self.nonce_source = rng  # None: cryptographic nonces (secrets); a seeded RNG in the simulator
@@ -111,6 +137,7 @@ class _MasterServer:
         self.feeding = False
         self.kicks = 0
         self.handshake_failures = 0
+        self.internal_errors = 0
         self.scope = trio.CancelScope()
 
     # --- the machine ------------------------------------------------------------------------------
@@ -141,9 +168,10 @@ class _MasterServer:
             self._enqueue(conn, effect.msg)
         elif isinstance(effect, ms.Kick):
             self.kicks += 1
+            detail = clip_text(effect.detail, MAX_DETAIL)  # may quote peer input: keep it sendable
             log.warning("kicking %s (connection %d): %s: %s", conn.framed.remote_address, conn.conn_id,
-                        effect.reason.name, effect.detail)
-            self._close(conn, m.KickNotice(int(effect.reason), effect.detail))
+                        effect.reason.name, detail)
+            self._close(conn, m.KickNotice(int(effect.reason), detail))
         elif isinstance(effect, ms.Close):
             self._close(conn, None)
 
@@ -172,6 +200,7 @@ class _MasterServer:
             accepted_peers=sum(p.status is ms.PeerStatus.ACCEPTED for p in peers),
             kicks=self.kicks,
             handshake_failures=self.handshake_failures,
+            internal_errors=self.internal_errors,
         )
 
     def stop(self) -> None:
@@ -187,12 +216,18 @@ class _MasterServer:
                     task_status.started(Master(self))
                     log.info("master listening on %s", self.listener.address)
                     while True:
+                        # A slot per handshake in progress; without one, leave connections queued
+                        # in the kernel (no descriptor is used for them here).
+                        await self.handshake_slots.acquire()
                         try:
                             stream = await self.listener.accept()
                         except TransportError as exc:
                             log.error("master listener failed: %s", exc)
                             raise
-                        nursery.start_soon(self._serve_connection, stream)
+                        except BaseException:
+                            self.handshake_slots.release()
+                            raise
+                        nursery.start_soon(self._connection_task, stream)
             except BaseExceptionGroup as group:
                 raise single_exception(group) from None
             finally:
@@ -215,18 +250,39 @@ class _MasterServer:
             if self.timer_at == at:
                 await trio.sleep(max(self.config.heartbeat_interval / 10, 0.001))
 
-    async def _serve_connection(self, stream: Stream) -> None:
+    async def _connection_task(self, stream: Stream) -> None:
+        """Serve one connection; an unexpected exception (a bug) closes it, never the master.
+
+        ``trio.Cancelled``, ``KeyboardInterrupt`` and other ``BaseException``s propagate (also out
+        of an exception group, whose ``Exception`` leaves are logged and dropped).
+        """
+        try:
+            try:
+                framed = await self._handshake(stream)
+            finally:
+                self.handshake_slots.release()
+            if framed is not None:
+                await self._serve_connection(framed)
+        except* Exception as group:
+            self.internal_errors += 1
+            log.error("connection from %s failed unexpectedly; closed it", stream.remote_address,
+                      exc_info=group.exceptions[0] if len(group.exceptions) == 1 else group)
+            stream.abort()
+
+    async def _handshake(self, stream: Stream) -> FramedConnection | None:
+        """The authenticated connection, or None (logged; the stream is closed) if it failed."""
         remote = stream.remote_address
         try:
-            framed = await accept_framed(stream, token=self.token, config=self.config, nonce_source=self.nonce_source)
+            return await accept_framed(stream, token=self.token, config=self.config, nonce_source=self.nonce_source)
         except AuthenticationFailed as exc:
             self.handshake_failures += 1
             log.warning("refused %s: %s", remote, exc)
-            return
         except PCCLError as exc:
             self.handshake_failures += 1
             log.info("handshake with %s failed: %s", remote, exc)
-            return
+        return None
+
+    async def _serve_connection(self, framed: FramedConnection) -> None:
         conn_id = self.next_conn_id
         self.next_conn_id += 1
         send, receive = trio.open_memory_channel[m.Message | _Closing](OUTBOX_LIMIT)
@@ -249,7 +305,7 @@ class _MasterServer:
             try:
                 msg = await conn.framed.receive()
             except ProtocolError as exc:
-                reason = KickReason.FRAME_TOO_LARGE if "exceeds the limit" in str(exc) else KickReason.PROTOCOL_ERROR
+                reason = KickReason.FRAME_TOO_LARGE if isinstance(exc, FrameTooLarge) else KickReason.PROTOCOL_ERROR
                 self.feed(ms.ProtocolViolation(conn.conn_id, reason, str(exc)))
                 break
             except TransportError as exc:
@@ -276,6 +332,12 @@ class _MasterServer:
                 await conn.framed.send(item)
         except TransportError as exc:
             log.info("sending to connection %d (%s) failed: %s", conn.conn_id, conn.framed.remote_address, exc)
+        except PCCLError as exc:
+            # A message this side cannot encode (e.g. over the frame limit): the peer would miss
+            # it and go out of step, so give up on this connection (only).
+            log.error("cannot send to connection %d (%s), closing it: %s", conn.conn_id,
+                      conn.framed.remote_address, exc)
+            conn.framed.abort()
         conn.closing = True
         conn.scope.cancel()
 
@@ -287,6 +349,7 @@ async def serve_master(
     config: Config | None = None,
     network: Network | None = None,
     rng: random.Random | None = None,
+    max_pending_handshakes: int = MAX_PENDING_HANDSHAKES,
     task_status: trio.TaskStatus[Master] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve as the master on ``address`` until cancelled (use with ``nursery.start``, which
@@ -294,16 +357,20 @@ async def serve_master(
 
     ``token``: the run token every peer must prove (None: no authentication).  ``network``
     defaults to real TCP; ``rng`` (default: unseeded) draws peer ids and, when given, handshake
-    nonces.  Raises ``AddressInUse``/``TransportError`` if it cannot listen.  Cancellation closes
-    the listener and every connection.
+    nonces.  ``max_pending_handshakes`` caps connections in the handshake at once (see the module
+    docstring; ``InvalidArgument`` below 1).  Raises ``AddressInUse``/``TransportError`` if it
+    cannot listen.  Cancellation closes the listener and every connection.
     """
     config = config or Config()
+    if max_pending_handshakes < 1:
+        raise InvalidArgument(f"max_pending_handshakes must be at least 1, got {max_pending_handshakes}")
     if network is None:
         from .net.tcp import TcpNetwork
 
         network = TcpNetwork(config)
     listener = await network.listen(address)
-    server = _MasterServer(listener, token=token, config=config, rng=rng)
+    server = _MasterServer(listener, token=token, config=config, rng=rng,
+                           max_pending_handshakes=max_pending_handshakes)
     await server.run(task_status)
 
 
@@ -315,6 +382,7 @@ async def open_master(
     config: Config | None = None,
     network: Network | None = None,
     rng: random.Random | None = None,
+    max_pending_handshakes: int = MAX_PENDING_HANDSHAKES,
 ) -> AsyncIterator[Master]:
     """Run a master for the duration of the ``async with`` block; yields the :class:`Master`.
 
@@ -324,6 +392,7 @@ async def open_master(
         async with trio.open_nursery() as nursery:
             master = await nursery.start(
                 lambda task_status: serve_master(address, token=token, config=config, network=network, rng=rng,
+                                                 max_pending_handshakes=max_pending_handshakes,
                                                  task_status=task_status))
             try:
                 yield master

@@ -21,7 +21,7 @@ import ssl
 import trio
 
 from ..errors import InvalidUsage, PeerDisconnected, StreamClosed, TransportError
-from .base import Stream
+from .base import Stream, receive_view
 
 __all__ = ["TlsStream", "wrap_client", "wrap_server"]
 
@@ -100,7 +100,7 @@ class TlsStream(Stream):
     async def receive_into(self, buffer: memoryview | bytearray) -> int:
         if self._closed:
             raise StreamClosed(f"TLS stream to {self.remote_address} is closed")
-        view = memoryview(buffer).cast("B")
+        view = receive_view(buffer)  # InvalidArgument for an empty or read-only buffer, as on TCP
         try:
             chunk = await self._ssl.receive_some(len(view))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:

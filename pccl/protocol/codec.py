@@ -26,7 +26,10 @@ byte of the body is read or allocated.
     transfers.
 
 Every malformed input raises :class:`~pccl.errors.ProtocolError` with a message that says what
-was wrong; no msgspec, struct or index error escapes this module.
+was wrong (:class:`~pccl.errors.FrameTooLarge` for an oversized announced length); no msgspec,
+struct, index or recursion error escapes this module.  Error texts quote peer-supplied values
+only clipped (:func:`clip_text`), so a hostile frame cannot turn into a huge log line or an
+unsendable ``KickNotice``.
 
 The msgpack encoder/decoder is built over ``messages.ALL_MESSAGES`` as it is when first used and
 rebuilt whenever that tuple is replaced, so messages that later modules add are always included.
@@ -35,6 +38,7 @@ rebuilt whenever that tuple is replaced, so messages that later modules add are 
 from __future__ import annotations
 
 import enum
+import reprlib
 import struct
 import typing
 from collections.abc import Iterable
@@ -42,7 +46,7 @@ from typing import NamedTuple, Union
 
 import msgspec
 
-from ..errors import InvalidArgument, ProtocolError
+from ..errors import FrameTooLarge, InvalidArgument, ProtocolError
 from . import messages
 from .messages import Message
 
@@ -63,6 +67,9 @@ __all__ = [
     "DataFrame",
     "NEED_DATA",
     "END_OF_STREAM",
+    "clip_text",
+    "MAX_QUOTE",
+    "MAX_DETAIL",
 ]
 
 _PREFIX = struct.Struct(">IB")
@@ -77,6 +84,44 @@ MAX_DATA_PAYLOAD = 0xFFFFFFFF - DATA_HEADER_SIZE
 
 _U32_MAX = 0xFFFFFFFF
 _U64_MAX = 0xFFFFFFFFFFFFFFFF
+
+#: Characters of a peer-supplied value (or of a library error describing one) quoted in an error.
+MAX_QUOTE = 200
+#: Characters of free text a master puts into a ``KickNotice``/``*Rejected`` detail: small enough
+#: that the notice always encodes far below any frame limit.
+MAX_DETAIL = 1024
+
+
+def clip_text(text: str, limit: int = MAX_QUOTE) -> str:
+    """``text`` cut to at most about ``limit`` characters, saying how long it was when cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text)} characters]"
+
+
+# Bounded repr of decoded msgpack values (unknown tags): nested containers are elided by depth
+# and length; strings and bytes are sliced *before* repr so a 16 MiB string is never copied whole.
+class _QuoteRepr(reprlib.Repr):
+    def __init__(self) -> None:
+        super().__init__()  # (keyword arguments need Python 3.12)
+        self.maxlevel = 3
+        self.maxtuple = self.maxlist = self.maxdict = self.maxset = 6
+        self.maxlong = self.maxstring = self.maxother = 60
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        return repr(x[: self.maxstring]) + ("…" if len(x) > self.maxstring else "")
+
+
+_quote_repr = _QuoteRepr()
+
+
+def _quote(value: object) -> str:
+    if isinstance(value, (str, bytes)):
+        text = repr(value[:MAX_QUOTE])
+        if len(value) <= MAX_QUOTE and len(text) <= MAX_QUOTE:
+            return text
+        return f"{text[:MAX_QUOTE]}… [{len(value)} long]"
+    return clip_text(_quote_repr.repr(value))
 
 
 class FrameKind(enum.IntEnum):
@@ -197,7 +242,7 @@ def parse_prefix(raw: bytes | bytearray | memoryview, *, max_frame_size: int) ->
         raise ProtocolError(f"unknown frame kind {kind_byte}; expected one of {known}") from None
     if kind is FrameKind.CONTROL:
         if length > max_frame_size:
-            raise ProtocolError(
+            raise FrameTooLarge(
                 f"control frame of {length} bytes exceeds the limit of {max_frame_size} bytes "
                 "(Config.max_frame_size)"
             )
@@ -281,29 +326,42 @@ def encode_message(message: Message, *, max_frame_size: int | None = None) -> by
 
 
 def decode_message(body: bytes | bytearray | memoryview) -> Message:
-    """Decode the body of a control frame; :class:`ProtocolError` says what was wrong with it."""
+    """Decode the body of a control frame; :class:`ProtocolError` says what was wrong with it.
+
+    Deeply nested msgpack (msgspec recurses, even to skip an unknown trailing field) is a
+    ``ProtocolError`` too, never a ``RecursionError``: a 1 KiB handshake frame can nest that deep.
+    """
     codec = _current_codec()
     try:
         return codec.decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise ProtocolError(_explain_invalid(codec, body, exc)) from exc
     except msgspec.DecodeError as exc:
-        raise ProtocolError(f"undecodable control frame ({len(body)} bytes): {exc}") from exc
+        raise ProtocolError(f"undecodable control frame ({len(body)} bytes): {clip_text(str(exc))}") from exc
+    except RecursionError:
+        raise ProtocolError(_too_deep(body)) from None
+
+
+def _too_deep(body: bytes | bytearray | memoryview) -> str:
+    return f"control frame of {len(body)} bytes nests too deeply to decode"
 
 
 def _explain_invalid(codec: _MessageCodec, body: bytes | bytearray | memoryview, exc: Exception) -> str:
     """Turn a msgspec validation error into a message naming the message type and the field."""
+    reason = clip_text(str(exc))
     try:
         raw = codec.raw_decoder.decode(body)
     except msgspec.DecodeError:
-        return f"malformed control frame ({len(body)} bytes): {exc}"
+        return f"malformed control frame ({len(body)} bytes): {reason}"
+    except RecursionError:
+        return _too_deep(body)
     if not isinstance(raw, list) or not raw:
-        return f"control frame is not a tagged message array: {exc}"
+        return f"control frame is not a tagged message array: {reason}"
     tag = raw[0]
     if not isinstance(tag, int) or isinstance(tag, bool) or tag not in codec.tags:
-        return f"unknown message tag {tag!r} in control frame"
+        return f"unknown message tag {_quote(tag)} in control frame"
     cls = next(t for t in codec.message_types if t.__struct_config__.tag == tag)
-    return f"invalid {cls.__name__} message (tag {tag}): {exc} — fields are {_field_names(cls)}"
+    return f"invalid {cls.__name__} message (tag {tag}): {reason} — fields are {_field_names(cls)}"
 
 
 def _field_names(cls: type[Message]) -> str:
@@ -388,7 +446,7 @@ class FrameDecoder:
             return self._incomplete(PREFIX_SIZE)
         kind, length = parse_prefix(memoryview(buf)[:PREFIX_SIZE], max_frame_size=self._max_frame_size)
         if kind is FrameKind.DATA and length - DATA_HEADER_SIZE > self._max_data_payload:
-            raise ProtocolError(
+            raise FrameTooLarge(
                 f"data frame of {length - DATA_HEADER_SIZE} payload bytes exceeds this decoder's "
                 f"limit of {self._max_data_payload}"
             )

@@ -5,8 +5,8 @@ so messages later issues add are covered without touching this file — survives
 whole and fed in arbitrary pieces.  Strategies are built from the msgspec field types; a field
 type the builder does not understand fails the test rather than being skipped.
 
-Fuzzing: garbage, truncated, mutated and oversized frames only ever produce ``ProtocolError``
-with a message saying what was wrong, and an oversized announced length is refused from the
+Fuzzing: garbage, truncated, mutated, deeply nested and oversized frames only ever produce
+``ProtocolError`` with a message saying what was wrong (and quoting peer data only clipped), and an oversized announced length is refused from the
 5-byte prefix alone, before any allocation.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from pccl.errors import InvalidArgument, ProtocolError
+from pccl.errors import FrameTooLarge, InvalidArgument, ProtocolError
 from pccl.protocol import codec, handshake, messages
 from pccl.protocol.codec import (
     DATA_HEADER_SIZE,
@@ -238,6 +238,73 @@ def test_decoding_garbage_bodies_is_a_protocol_error(body: bytes) -> None:
         codec.decode_message(body)
     except ProtocolError as exc:
         assert str(exc)
+
+
+# Deep nesting: msgspec recurses per level (also to skip an unknown trailing field of a known
+# message), so these overflow the interpreter's recursion limit; a 1 KiB handshake frame suffices.
+_DEEP_BODIES = {
+    "untyped arrays": b"\x91" * 2000,
+    "trailing field of Heartbeat": b"\x92" + bytes([5]) + b"\x91" * 2000,
+    "maps": b"\x81\x00" * 2000,
+    "array16 in a known message": b"\x93" + bytes([41]) + b"\x01" + b"\xdc\x00\x01" * 1000,
+    "handshake-sized": b"\x91" * 1000,
+}
+
+
+@pytest.mark.parametrize("body", list(_DEEP_BODIES.values()), ids=list(_DEEP_BODIES))
+def test_deeply_nested_bodies_are_protocol_errors_not_recursion_errors(body: bytes) -> None:
+    with pytest.raises(ProtocolError, match="nests too deeply"):
+        codec.decode_message(body)
+    decoder = FrameDecoder(max_frame_size=MAX_FRAME)
+    decoder.feed(struct.pack(">IB", len(body), FrameKind.CONTROL) + body)
+    with pytest.raises(ProtocolError, match="nests too deeply"):
+        decoder.next_event()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    head=st.sampled_from([b"", b"\x92\x05", b"\x92\xcc\xc7", b"\x93\x28\x01"]),
+    opener=st.sampled_from([b"\x91", b"\x81\x00", b"\xdc\x00\x01", b"\xdf\x00\x00\x00\x01\xa1k"]),
+    depth=st.integers(1, 4000),
+    tail=st.binary(max_size=8),
+)
+def test_nested_bodies_of_any_depth_are_a_message_or_protocol_error(head: bytes, opener: bytes, depth: int,
+                                                                    tail: bytes) -> None:
+    try:
+        message = codec.decode_message(head + opener * depth + tail)
+    except ProtocolError as exc:
+        assert str(exc)
+    else:
+        assert isinstance(message, messages.Message)
+
+
+@pytest.mark.parametrize("tag", ["\x00" * (5 * 1024 * 1024), b"\xff" * (1024 * 1024), [["x" * 1000] * 100] * 10,
+                                 {"k" * 100_000: b"v" * 100_000}, -(2**63)],
+                         ids=["nul-string", "bytes", "nested-lists", "dict", "int"])
+def test_unknown_tags_are_quoted_clipped(tag: object) -> None:
+    body = msgspec.msgpack.encode([tag, 1, 2])
+    with pytest.raises(ProtocolError, match="unknown message tag") as info:
+        codec.decode_message(body)
+    assert len(str(info.value)) < 2 * codec.MAX_QUOTE
+
+
+def test_clip_text_keeps_short_text_and_says_how_long_cut_text_was() -> None:
+    assert codec.clip_text("short") == "short"
+    clipped = codec.clip_text("x" * 1000, 10)
+    assert clipped.startswith("x" * 10) and "1000 characters" in clipped and len(clipped) < 40
+
+
+def test_oversized_frames_raise_frame_too_large_and_nothing_else_does() -> None:
+    with pytest.raises(FrameTooLarge):
+        codec.parse_prefix(struct.pack(">IB", MAX_FRAME + 1, FrameKind.CONTROL), max_frame_size=MAX_FRAME)
+    decoder = FrameDecoder(max_frame_size=MAX_FRAME, max_data_payload=10)
+    decoder.feed(codec.encode_data_prefix(DataHeader(1, 0, 0, 0, 11)))
+    with pytest.raises(FrameTooLarge):
+        decoder.next_event()
+    # Peer-chosen text that *says* "exceeds the limit" is an ordinary protocol error.
+    with pytest.raises(ProtocolError, match="exceeds the limit") as info:
+        codec.decode_message(msgspec.msgpack.encode(["control frame of 1 bytes exceeds the limit"]))
+    assert not isinstance(info.value, FrameTooLarge)
 
 
 def test_huge_announced_msgpack_containers_allocate_nothing() -> None:
