@@ -199,8 +199,9 @@ class InputBackup:
     a slice (cache-hot) — and nothing for slices an aborted op never touched.  :meth:`restore`
     puts the input back; the communicator keeps the backup until the master has confirmed the
     op, so an abort that arrives after this peer finished its ring still restores the input.
-    Thread safety: each slice is saved by exactly one task (the schedule gives every slice one
-    first writer), and :meth:`restore` runs only after every writer has stopped.
+    Thread safety: :meth:`save` may be called for one slice from several threads (the first
+    copies, the others wait for it and return), and :meth:`restore` runs only after every
+    writer has stopped.
     """
 
     def __init__(self, buffer: np.ndarray, *, arena: ScratchArena = SCRATCH) -> None:
@@ -214,14 +215,20 @@ class InputBackup:
         self._bytes = self._buffer.view(np.uint8) if self._buffer.nbytes else None
         self._itemsize = self._buffer.itemsize
         self._saved: dict[int, int] = {}
+        self._lock = threading.Lock()
 
     def save(self, start: int, stop: int) -> None:
         """Remember ``buffer[start:stop]`` unless a save starting at ``start`` already happened."""
         if start in self._saved or stop <= start or self._copy is None or self._bytes is None:
             return
-        a, b = start * self._itemsize, stop * self._itemsize
-        np.copyto(self._copy[a:b], self._bytes[a:b])
-        self._saved[start] = stop
+        # Locked: on the threaded path a lane's sender saves slices ahead of its receiver, and
+        # the receiver must not start overwriting a slice while the sender is still copying it.
+        with self._lock:
+            if start in self._saved:
+                return
+            a, b = start * self._itemsize, stop * self._itemsize
+            np.copyto(self._copy[a:b], self._bytes[a:b])
+            self._saved[start] = stop
 
     def is_saved(self, start: int) -> bool:
         return start in self._saved

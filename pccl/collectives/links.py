@@ -20,6 +20,12 @@ demultiplexed by the frame header's ``op_seq`` without copies and without a read
   finishes or aborts, and by the communicator for seqs it never started) is a *late frame*: its
   payload is discarded.  A late frame can therefore never be taken for a later operation's.
 
+On real TCP the lanes also offer a thread-side fast path
+(:class:`~pccl.net.framed_threads.BlockingDataChannel`): the all-reduce then runs its per-lane send and
+receive loops in worker threads, and :meth:`Inbox.receive_blocking` does the same demultiplexing
+with a threading condition instead of the Trio lock.  A :class:`RingLinks` uses one path for all
+its operations (:attr:`RingLinks.threaded`): the two must never read one lane at once.
+
 A lane whose frame was torn — a payload receive or a send cancelled midway, a malformed
 header — is aborted by the framed connection itself and every later use raises; the
 communicator then rebuilds the links (the re-wire that follows an abort).  Cancelling an
@@ -30,12 +36,16 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Callable, Sequence
 
 import trio
 
 from ..errors import InvalidArgument, ProtocolError
+from ..net.blocking import ThreadCancel
 from ..net.framed import FramedConnection
+from ..net.framed_threads import BlockingDataChannel
 from ..protocol.codec import DataHeader
 
 __all__ = ["SeqRegistry", "Inbox", "RingLinks"]
@@ -57,6 +67,14 @@ class SeqRegistry:
         self._retired: set[int] = set()
         self._order: collections.deque[int] = collections.deque()
         self._changed = trio.Event()
+        # Weak: inboxes of torn-down rings must not live as long as the communicator's registry.
+        self._listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
+
+    def add_listener(self, wake: Callable[[], None]) -> None:
+        """Call the bound method ``wake()`` (on the Trio thread) at every change while its
+        object lives: wakes thread-side waiters."""
+        self._listeners = [ref for ref in self._listeners if ref() is not None]
+        self._listeners.append(weakref.WeakMethod(wake))  # type: ignore[arg-type]
 
     def is_retired(self, seq: int) -> bool:
         return seq in self._retired
@@ -75,6 +93,10 @@ class SeqRegistry:
         """Wake every waiter (they re-check their condition)."""
         self._changed.set()
         self._changed = trio.Event()
+        for ref in self._listeners:
+            wake = ref()
+            if wake is not None:
+                wake()
 
     @property
     def changed(self) -> trio.Event:
@@ -90,6 +112,96 @@ class Inbox:
         self._registry = registry
         self._lock = trio.Lock()
         self._parked: DataHeader | None = None
+        # Thread-side demultiplexing: one thread at a time reads from the lane (_reading).
+        self._cond = threading.Condition()
+        self._reading = False
+        self.channel: BlockingDataChannel | None = connection.blocking_channel()
+        if self.channel is not None:
+            registry.add_listener(self.wake_threads)
+
+    def wake_threads(self) -> None:
+        """Wake threads waiting in :meth:`receive_blocking` (they re-check their condition)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def receive_blocking(
+        self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview, cancel: ThreadCancel
+    ) -> int:
+        """:meth:`receive_into` for worker threads (needs :attr:`channel`).
+
+        ``Interrupted`` once ``cancel`` is cancelled while waiting (the lane stays intact; the
+        canceller must call :meth:`wake_threads`); a cancellation during the payload is handled
+        by the caller aborting the connection (see :class:`~pccl.net.blocking.ThreadCancel`).
+        """
+        channel = self.channel
+        assert channel is not None
+        nbytes = destination.nbytes
+        cond = self._cond
+        with cond:
+            while True:
+                cancel.check()
+                if self._reading:
+                    cond.wait()
+                    continue
+                header = self._parked
+                if header is not None and header.op_seq != seq and not self._registry.is_retired(header.op_seq):
+                    cond.wait()  # another op's frame: its owner takes it (or a retire wakes us)
+                    continue
+                self._reading = True
+                break
+        reading = True  # whether this thread holds the lane's read role (self._reading)
+        try:
+            while True:
+                if header is None:
+                    header = channel.receive_data_header(cancel)
+                if header.op_seq == seq:
+                    with cond:
+                        self._parked = None
+                    if (header.stream, header.step, header.offset, header.nbytes) != (stream, step, offset, nbytes):
+                        msg = (
+                            f"{channel.remote_address} sent op {seq} frame stream={header.stream} "
+                            f"step={header.step} offset={header.offset} nbytes={header.nbytes}; expected "
+                            f"stream={stream} step={step} offset={offset} nbytes={nbytes}"
+                        )
+                        logger.warning("%s", msg)
+                        self.connection._receive_broken = msg  # the caller aborts the lane
+                        raise ProtocolError(msg)
+                    channel.receive_data_into(destination, cancel)
+                    return nbytes
+                if self._registry.is_retired(header.op_seq):
+                    logger.debug(
+                        "discarding a late frame of ended op %d (%d bytes) from %s",
+                        header.op_seq, header.nbytes, channel.remote_address,
+                    )
+                    with cond:
+                        self._parked = None
+                    channel.discard_data(cancel)
+                    header = None
+                    continue
+                with cond:  # another op's frame: park it for its owner
+                    self._parked = header
+                    self._reading = reading = False
+                    cond.notify_all()
+                    while True:
+                        cancel.check()
+                        if not self._reading and self._parked is None:
+                            self._reading = reading = True
+                            header = None
+                            break
+                        if (
+                            not self._reading
+                            and self._parked is not None
+                            and (self._parked.op_seq == seq or self._registry.is_retired(self._parked.op_seq))
+                        ):
+                            self._reading = reading = True
+                            header = self._parked
+                            break
+                        cond.wait()
+        finally:
+            with cond:
+                if reading:
+                    self._reading = False
+                cond.notify_all()
 
     async def receive_into(
         self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview
@@ -142,8 +254,9 @@ class RingLinks:
 
     Both lists must have the same length on every peer of the ring (``lanes``), since sub-chunk
     ``k`` travels on lane ``k mod lanes``.  With two peers, ``to_next`` and ``from_prev`` may be
-    the same connections.  The links do not own the connections' lifetime: :meth:`aclose` is a
-    convenience for the communicator and tests.
+    the same connections.  ``threaded`` (default: whenever every connection offers it) selects the
+    thread-side fast path for all operations on these links.  The links do not own the
+    connections' lifetime: :meth:`aclose` is a convenience for the communicator and tests.
     """
 
     def __init__(
@@ -152,6 +265,7 @@ class RingLinks:
         from_prev: Sequence[FramedConnection],
         *,
         registry: SeqRegistry | None = None,
+        threaded: bool | None = None,
     ) -> None:
         if not to_next or len(to_next) != len(from_prev):
             raise InvalidArgument(
@@ -160,6 +274,20 @@ class RingLinks:
         self.registry = registry if registry is not None else SeqRegistry()
         self.to_next = tuple(to_next)
         self.inboxes = tuple(Inbox(c, self.registry) for c in from_prev)
+        channels = [c.blocking_channel() for c in self.to_next]
+        #: Thread-side senders per lane, when every lane offers the fast path (else ``None``).
+        self.send_channels: tuple[BlockingDataChannel, ...] | None = None
+        available = all(ch is not None for ch in channels) and all(i.channel is not None for i in self.inboxes)
+        if threaded and not available:
+            raise InvalidArgument("threaded lanes need connections that offer blocking I/O (real TCP)")
+        if available and threaded is not False:
+            self.send_channels = tuple(ch for ch in channels if ch is not None)
+
+    @property
+    def threaded(self) -> bool:
+        """Whether operations on these links run their lane loops in worker threads (every
+        connection offers a :class:`~pccl.net.framed_threads.BlockingDataChannel`)."""
+        return self.send_channels is not None
 
     @property
     def lanes(self) -> int:

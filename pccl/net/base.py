@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import abc
 
+from typing import TYPE_CHECKING
+
 from ..errors import InvalidArgument, PeerDisconnected
+
+if TYPE_CHECKING:
+    from .blocking import BlockingIO
 
 __all__ = [
     "Network",
@@ -149,6 +154,11 @@ class Stream(abc.ABC):
         ``aclose``.  Idempotent; never raises.
         """
 
+    def blocking_io(self) -> BlockingIO | None:
+        """Blocking access for worker threads (the bulk fast path of :mod:`pccl.net.blocking`),
+        or ``None`` if this transport has none (the default: callers use the async methods)."""
+        return None
+
     async def receive_exactly_into(self, buffer: memoryview | bytearray) -> None:
         """Fill ``buffer`` completely; ``PeerDisconnected`` if EOF comes first.
 
@@ -193,7 +203,10 @@ class Listener(abc.ABC):
 
     @abc.abstractmethod
     async def accept(self) -> Stream:
-        """Wait for and return the next incoming stream.  ``StreamClosed`` after ``aclose``."""
+        """Wait for and return the next incoming stream.  ``StreamClosed`` after ``aclose``.
+
+        A transient shortage (out of file descriptors) is waited out inside ``accept``; any
+        other ``TransportError`` means the listener is unusable for good."""
 
     @abc.abstractmethod
     async def aclose(self) -> None:

@@ -27,7 +27,7 @@ import logging
 import random
 import secrets
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
@@ -47,6 +47,9 @@ from ..protocol.codec import DATA_HEADER_SIZE, PREFIX_SIZE, DataHeader, FrameKin
 from ..protocol.messages import AuthProof, AuthResult, HandshakeRole, Hello, Message
 from . import tls
 from .base import Network, Stream, parse_address
+
+if TYPE_CHECKING:
+    from .framed_threads import BlockingDataChannel
 
 __all__ = [
     "FramedConnection",
@@ -116,6 +119,7 @@ class FramedConnection:
         self._data_header: DataHeader | None = None
         self._data_remaining = 0
         self._closed = False
+        self._blocking: BlockingDataChannel | None = None  # see blocking_channel()
         self._stats = dict.fromkeys(
             ("frames_sent", "frames_received", "bytes_sent", "bytes_received", "data_bytes_sent", "data_bytes_received"),
             0,
@@ -154,6 +158,11 @@ class FramedConnection:
                 raise StreamClosed(f"connection to {self.remote_address} is unusable: {self._send_broken}")
             if self._closed:
                 raise StreamClosed(f"connection to {self.remote_address} is closed")
+            # Taking the lock ends in a schedule point that does not raise Cancelled; a cancel
+            # delivered there must surface now, while nothing is written and the connection is
+            # intact, not at send_all's first check, where it would count as a torn frame.
+            # Nothing yields between this check and send_all's own.
+            await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 for part in parts:
                     await self._stream.send_all(part)
@@ -336,6 +345,11 @@ class FramedConnection:
         await trio.lowlevel.checkpoint()
 
     @property
+    def broken(self) -> bool:
+        """Whether a torn frame or a protocol error made this connection unusable (abort it)."""
+        return self._send_broken is not None or self._receive_broken is not None
+
+    @property
     def data_remaining(self) -> int:
         """Payload bytes of the current data frame not yet received."""
         return self._data_remaining
@@ -439,6 +453,20 @@ class FramedConnection:
                 f"{self.remote_address} sent {type(message).__name__} during the handshake; expected {kind.__name__}"
             )
         return message
+
+    # --- the thread-side fast path ----------------------------------------------------------------
+
+    def blocking_channel(self) -> BlockingDataChannel | None:
+        """Data frames from worker threads with blocking I/O, if the stream offers it (real TCP
+        does, the simulator and TLS do not: ``None``).  See :class:`BlockingDataChannel`."""
+        if self._blocking is None:
+            io = self._stream.blocking_io()
+            if io is None:
+                return None
+            from .framed_threads import BlockingDataChannel  # imports this module
+
+            self._blocking = BlockingDataChannel(self, io)
+        return self._blocking
 
     # --- lifetime -------------------------------------------------------------------------------
 

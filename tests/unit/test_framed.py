@@ -484,6 +484,30 @@ async def test_garbage_after_the_handshake_fails_cleanly(garbage: bytes, valid_f
         assert "closed the connection" in str(info.value)
 
 
+async def test_send_cancelled_on_getting_the_lock_leaves_the_connection_intact() -> None:
+    # Taking a contended lock ends with the lock handed over and no cancellation check: a cancel
+    # that lands just then must not count as "interrupted mid-frame", since nothing was written.
+    client, server = await framed_pair()
+    scope = trio.CancelScope()
+    outcome: list[str] = []
+
+    async def victim() -> None:
+        with scope:
+            await client.send(Welcome(peer_id=1))
+            outcome.append("sent")
+        if scope.cancelled_caught:
+            outcome.append("cancelled")
+
+    async with trio.open_nursery() as nursery:
+        async with client._send_lock:  # noqa: SLF001 - hold the lock so that the victim parks on it
+            nursery.start_soon(victim)
+            await trio.testing.wait_all_tasks_blocked()
+        scope.cancel()  # the lock now belongs to the victim, which has not run yet
+    assert outcome == ["cancelled"]
+    await client.send(Welcome(peer_id=2))  # still usable, and nothing torn reached the peer
+    assert await server.receive() == Welcome(peer_id=2)
+
+
 # --- TLS ---------------------------------------------------------------------------------------------
 
 
@@ -529,6 +553,18 @@ async def test_tls_untrusted_certificate_fails(certificate_authority: tuple[obje
     )
     assert isinstance(client, PeerDisconnected) and "CERTIFICATE_VERIFY_FAILED" in str(client)
     assert isinstance(server, PeerDisconnected)
+
+
+async def test_tls_stream_refuses_empty_and_read_only_receive_buffers(certificate_authority: tuple[object, object]) -> None:
+    config = tls_config(*certificate_authority)
+    client_stream, server_stream = memory_stream_pair()
+    client, server = await framed_pair(streams=(client_stream, server_stream), config=config)
+    tls_stream = server._stream  # noqa: SLF001 - the TlsStream under the framed connection
+    for bad in (bytearray(0), memoryview(bytearray(0)), b"read-only", memoryview(bytes(8))):
+        with pytest.raises(InvalidArgument):
+            await tls_stream.receive_into(bad)  # type: ignore[arg-type]
+    await client.send(Welcome(peer_id=3))  # the stream is still fine
+    assert await server.receive() == Welcome(peer_id=3)
 
 
 # --- over real TCP -------------------------------------------------------------------------------

@@ -1,0 +1,199 @@
+"""The thread-side fast path of the ring all-reduce on real TCP (pccl.collectives.threaded).
+
+Covers what the Trio path's tests cannot: that TCP lanes run in threads (and in-memory streams do
+not), that a thread waiting for a frame is cancelled without tearing the lane, that a thread
+blocked mid-transfer is stopped by aborting its connection (and the in-place input is restored,
+with no thread left running), and the blocking frame channel itself.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import trio
+
+from pccl.collectives import RingLinks, ring_all_reduce
+from pccl.config import Config
+from pccl.errors import StreamClosed
+from pccl.net.blocking import Interrupted, ThreadCancel
+from pccl.net.framed import accept_framed, open_framed
+from pccl.net.tcp import TcpNetwork
+from pccl.protocol.codec import DataHeader
+from pccl.types import ReduceOp
+
+CONFIG = Config()
+
+
+async def tcp_pair() -> tuple[RingLinks, RingLinks]:
+    """Two peers, one lane each way (with two peers each connection carries both directions)."""
+    network = TcpNetwork(CONFIG)
+    listener = await network.listen("127.0.0.1:0")
+    accepted = []
+
+    async def accept() -> None:
+        accepted.append(await accept_framed(await listener.accept(), config=CONFIG))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept)
+        dialed = await open_framed(network, listener.address, config=CONFIG)
+    await listener.aclose()
+    return RingLinks([dialed], [dialed]), RingLinks([accepted[0]], [accepted[0]])
+
+
+async def both(a: RingLinks, b: RingLinks, bufs: list[np.ndarray], seq: int) -> None:
+    async with trio.open_nursery() as nursery:
+        for rank, links in enumerate((a, b)):
+            nursery.start_soon(
+                lambda rank=rank, links=links: ring_all_reduce(
+                    bufs[rank], op=ReduceOp.SUM, links=links, rank=rank, world=2, seq=seq
+                )
+            )
+
+
+async def test_tcp_links_run_in_threads_and_reduce_correctly() -> None:
+    a, b = await tcp_pair()
+    try:
+        assert a.threaded and b.threaded
+        inputs = [np.arange(300_001, dtype=np.float32) * (r + 1) for r in range(2)]
+        bufs = [x.copy() for x in inputs]
+        with trio.fail_after(20):
+            await both(a, b, bufs, seq=1)
+        assert np.array_equal(bufs[0], inputs[0] + inputs[1])
+        assert np.array_equal(bufs[1], bufs[0])
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_cancel_while_waiting_for_a_frame_keeps_the_lane() -> None:
+    a, b = await tcp_pair()
+    try:
+        data = np.ones(50_000, np.float32)
+        original = data.copy()
+        # Peer b never runs seq 1: a's receiver thread waits for a frame that never comes.
+        with trio.move_on_after(0.3) as scope:
+            await ring_all_reduce(data, op=ReduceOp.SUM, links=a, rank=0, world=2, seq=1)
+        assert scope.cancelled_caught
+        assert np.array_equal(data, original)  # restored (a had reduced its own half partly)
+        b.retire(1)  # what the communicator does for a seq it never ran: its frames are discarded
+        assert not a.to_next[0].broken
+        bufs = [np.full(50_000, 2, np.float32), np.full(50_000, 3, np.float32)]
+        with trio.fail_after(20):
+            await both(a, b, bufs, seq=2)  # the same lanes still work
+        assert np.array_equal(bufs[0], np.full(50_000, 5, np.float32))
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+def test_cancel_mid_transfer_aborts_the_lane_and_restores_the_input() -> None:
+    async def main() -> None:
+        a, b = await tcp_pair()
+        try:
+            data = np.random.default_rng(0).standard_normal(16 << 20, dtype=np.float32)  # 64 MiB
+            original = data.copy()
+            # b never reads: a's sender blocks in sendall once the socket buffers are full.
+            with trio.move_on_after(0.5) as scope:
+                await ring_all_reduce(data, op=ReduceOp.SUM, links=a, rank=0, world=2, seq=1)
+            assert scope.cancelled_caught
+            assert np.array_equal(data, original)
+            with pytest.raises(StreamClosed):
+                await a.to_next[0].send_data(DataHeader(op_seq=9, stream=0, step=0, offset=0, nbytes=1), b"x")
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    before = threading.active_count()
+    trio.run(main)
+    # Every lane thread has returned (idle thread-cache workers may linger; none of ours run).
+    assert not [t for t in threading.enumerate() if t.name == "pccl-ring-lane"]
+    assert threading.active_count() >= before
+
+
+async def test_blocking_channel_frames_and_interrupted_wait() -> None:
+    a, b = await tcp_pair()
+    try:
+        sender = a.send_channels[0] if a.send_channels else None
+        receiver = b.inboxes[0].channel
+        assert sender is not None and receiver is not None
+        cancel = ThreadCancel()
+        payload = np.arange(100_000, dtype=np.uint8)
+
+        def send() -> None:
+            sender.send_data(DataHeader(op_seq=7, stream=1, step=0, offset=0, nbytes=payload.nbytes),
+                             memoryview(payload), cancel)
+
+        def receive() -> tuple[DataHeader, bytearray]:
+            header = receiver.receive_data_header(cancel)
+            out = bytearray(header.nbytes)
+            receiver.receive_data_into(memoryview(out), cancel)
+            return header, out
+
+        await trio.to_thread.run_sync(send)
+        header, out = await trio.to_thread.run_sync(receive)
+        assert (header.op_seq, header.stream, header.nbytes) == (7, 1, payload.nbytes)
+        assert bytes(out) == payload.tobytes()
+
+        # Nothing is coming: a cancel wakes the waiting thread without consuming anything.
+        waiting = trio.Event()
+
+        async def cancel_soon() -> None:
+            await trio.sleep(0.1)
+            cancel.cancel()
+            waiting.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_soon)
+            with pytest.raises(Interrupted):
+                await trio.to_thread.run_sync(lambda: receiver.receive_data_header(cancel))
+        cancel.close()
+        assert not b.inboxes[0].connection.broken
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_concurrent_ops_share_threaded_lanes_and_late_frames_are_discarded() -> None:
+    a, b = await tcp_pair()
+    try:
+        # Eight ops at once on the same lanes, started in opposite orders on the two peers, so
+        # the receivers keep finding each other's frames first (parked for their owner).
+        sizes = [1, 3, 1025, 70_000, 200_000, 5, 300_000, 4096]
+        inputs = [[np.arange(n, dtype=np.float32) + 7 * (r + 1) for n in sizes] for r in range(2)]
+        bufs = [[x.copy() for x in row] for row in inputs]
+
+        async def peer(rank: int, links: RingLinks) -> None:
+            order = range(len(sizes)) if rank == 0 else reversed(range(len(sizes)))
+            async with trio.open_nursery() as nursery:
+                for i in order:
+                    nursery.start_soon(
+                        lambda i=i: ring_all_reduce(
+                            bufs[rank][i], op=ReduceOp.SUM, links=links, rank=rank, world=2, seq=100 + i
+                        )
+                    )
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(peer, 0, a)
+                nursery.start_soon(peer, 1, b)
+        for i in range(len(sizes)):
+            assert np.array_equal(bufs[0][i], inputs[0][i] + inputs[1][i])
+            assert np.array_equal(bufs[1][i], bufs[0][i])
+
+        # Frames of an op that ended on the receiver (seq 5: only b runs it, a retired it) are
+        # discarded by a's next op instead of being taken for its own.
+        a.retire(5)
+        lone = np.ones(100_000, np.float32)
+        with trio.move_on_after(0.3):
+            await ring_all_reduce(lone, op=ReduceOp.SUM, links=b, rank=1, world=2, seq=5)
+        assert not b.to_next[0].broken  # b only waited for a's frames: the lane is intact
+        after = [np.full(100_000, 2, np.float32), np.full(100_000, 3, np.float32)]
+        with trio.fail_after(20):
+            await both(a, b, after, seq=6)  # a first reads (and drops) b's seq-5 frame
+        assert np.array_equal(after[0], np.full(100_000, 5, np.float32))
+        assert np.array_equal(after[1], after[0])
+    finally:
+        await a.aclose()
+        await b.aclose()
