@@ -19,6 +19,7 @@ from .errors import (
 from .types import DType, Quantization, QuantKind, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
 from .communicator import Communicator, CommunicatorStatistics, open_communicator
 from .master import Master, MasterStatistics, open_master, serve_master
+from .shared_state import SharedState, Tensor
 
 __version__ = "0.1.0"
 
@@ -46,9 +47,11 @@ __all__ = [
     "ReduceInfo",
     "ReduceOp",
     "RevisionViolation",
+    "SharedState",
     "SharedStateSyncFailed",
     "SyncInfo",
     "SyncStrategy",
+    "Tensor",
     "TooFewPeers",
     "TopologyUpdateFailed",
     "__version__",

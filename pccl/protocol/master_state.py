@@ -48,6 +48,21 @@ leaves; ``CollectiveComplete`` once every live participant reported success (a p
 after reporting success still counts: its bytes have moved).  Late ``Done`` for a finished
 ``seq`` is ignored.
 
+Shared-state sync (per group; election rules in :mod:`pccl.protocol.election`).  Every accepted
+peer of the group sends ``SyncVote``; a malformed vote is a PROTOCOL_ERROR kick.  A peer may not
+sync while it has a topology vote standing, takes part in a round or has a collective in flight,
+and may not vote topology or start a collective while its sync runs (OUT_OF_PHASE).  At
+consensus the election kicks (revision violation, mask mismatch, SEND_ONLY that would receive)
+and rejects (``SyncRejected``: strategy mix, no source) and fixes the adopted revision, which
+becomes the group's revision at once (the next sync expects it + 1; the first sync of a run
+takes the highest revision offered).  Every receiver with something to fetch gets
+``SyncPlan(sync_id, attempt 1)``; everybody else just waits.  A receiver answers
+``SyncReport``: ok → done; failed sources → the next attempt moves their pieces onto the
+remaining sources (``SyncRejected(NO_SOURCE)`` when none is left); a hash mismatch →
+``SyncRejected(HASH_MISMATCH)`` for that receiver only.  A receiver that leaves is dropped; a
+source that leaves is reported by its receivers.  Once no receiver is pending every remaining
+participant gets ``SyncComplete(sync_id, revision)``.  Sources serve until then.
+
 Pending query.  ``VotePeersPending`` from every accepted peer → ``PeersPendingResult(any peer
 registered)`` to all of them.  Independent of every other vote, legal while collectives run.
 
@@ -73,7 +88,9 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from ..errors import KickReason
+from . import election
 from . import messages as m
+from .codec import MAX_DETAIL, clip_text
 
 __all__ = [
     "MasterState",
@@ -93,6 +110,7 @@ __all__ = [
     "Effect",
     "PeerInfo",
     "OpInfo",
+    "SyncRoundInfo",
     "GLOBAL_SCOPE",
     "build_ring",
     "ring_neighbours",
@@ -280,6 +298,39 @@ class OpInfo:
     done: frozenset[int]
 
 
+@dataclasses.dataclass(eq=False)
+class _Receiver:
+    plan: election.ReceiverPlan
+    attempt: int = 1
+    excluded: set[int] = dataclasses.field(default_factory=set)  # sources that failed it
+
+
+@dataclasses.dataclass(eq=False)
+class _Sync:
+    group: int
+    votes: dict[int, m.SyncVote] = dataclasses.field(default_factory=dict)
+    sync_id: int | None = None  # set once elected
+    revision: int = 0
+    participants: tuple[int, ...] = ()
+    sources: tuple[int, ...] = ()
+    receivers: dict[int, _Receiver] = dataclasses.field(default_factory=dict)  # still fetching
+    #: Votes for the group's *next* sync from peers this one already finished with (rejected).
+    next_votes: dict[int, m.SyncVote] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncRoundInfo:
+    """Read-only view of one group's shared-state sync."""
+
+    group: int
+    voters: frozenset[int]
+    sync_id: int | None
+    revision: int
+    participants: tuple[int, ...]
+    sources: tuple[int, ...]
+    receivers: frozenset[int]
+
+
 _C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
 
 #: Which statuses may send which message (anything else: OUT_OF_PHASE; unlisted types:
@@ -293,6 +344,8 @@ _ALLOWED: dict[type[m.Message], frozenset[PeerStatus]] = {
     m.VotePeersPending: frozenset({_A}),
     m.CollectiveInit: frozenset({_A}),
     m.CollectiveDone: frozenset({_A}),
+    m.SyncVote: frozenset({_A}),
+    m.SyncReport: frozenset({_A}),
 }
 
 
@@ -311,7 +364,8 @@ class MasterState:
     ``rng`` supplies peer ids; ``peer_timeout`` is ``Config.peer_timeout``.
     """
 
-    def __init__(self, *, rng: RandomSource, peer_timeout: float, max_p2p_attempts: int = 3) -> None:
+    def __init__(self, *, rng: RandomSource, peer_timeout: float, max_p2p_attempts: int = 3,
+                 min_stripe: int = election.DEFAULT_MIN_STRIPE) -> None:
         if peer_timeout <= 0 or max_p2p_attempts < 1:
             raise ValueError("peer_timeout must be positive and max_p2p_attempts at least 1")
         self._rng = rng
@@ -326,6 +380,10 @@ class MasterState:
         self._ops: dict[tuple[int, int], _Op] = {}  # (group, tag)
         self._next_round = 1
         self._next_seq = 1
+        self._syncs: dict[int, _Sync] = {}  # group -> sync in progress
+        self._revisions: dict[int, int] = {}  # group -> revision adopted at its last sync
+        self._next_sync = 1
+        self._min_stripe = min_stripe
         self._timer_at: float | None = None
         self._out: list[Effect] = []
 
@@ -399,6 +457,14 @@ class MasterState:
         return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done))
                 for o in self._ops.values()]
 
+    def syncs(self) -> list[SyncRoundInfo]:
+        return [SyncRoundInfo(s.group, frozenset(s.votes if s.sync_id is None else s.next_votes), s.sync_id, s.revision, s.participants, s.sources,
+                              frozenset(s.receivers)) for s in self._syncs.values()]
+
+    def revision_of(self, group: int) -> int | None:
+        """The revision ``group`` adopted at its last sync (``None`` before its first)."""
+        return self._revisions.get(group)
+
     def membership_of(self, group: int) -> m.Membership:
         sizes = Counter(p.group for p in self._peers.values() if p.status is _A)
         return m.Membership(
@@ -446,6 +512,7 @@ class MasterState:
         busy = self._ops_of(peer)
         if busy:
             raise _PeerFault(KickReason.OUT_OF_PHASE, f"topology vote with collective tag {busy[0].tag} in flight")
+        self._refuse_during_sync(peer, "topology vote")
         peer.topology_vote = TopologyVote.ACCEPT if msg.accept_new_peers else TopologyVote.REWIRE
 
     def _on_P2PReport(self, peer: _Peer, msg: m.P2PReport) -> None:
@@ -468,6 +535,7 @@ class MasterState:
     def _on_CollectiveInit(self, peer: _Peer, msg: m.CollectiveInit) -> None:
         if peer.topology_vote is not None or peer.round_scope is not None:
             raise _PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} during a topology update")
+        self._refuse_during_sync(peer, f"collective tag {msg.tag}")
         op = self._ops.get((peer.group, msg.tag))
         if op is not None and (op.seq is not None or peer.peer_id in op.inits):
             self._send(peer, m.CollectiveRejected(msg.tag, m.RejectCode.TAG_IN_USE,
@@ -491,12 +559,152 @@ class MasterState:
         else:
             op.done.add(peer.peer_id)
 
+    # --- shared-state sync ----------------------------------------------------------------------
+
+    def _in_sync(self, peer: _Peer) -> bool:
+        sync = self._syncs.get(peer.group)
+        if sync is None:
+            return False
+        if peer.peer_id in sync.next_votes:
+            return True
+        return peer.peer_id in (sync.votes if sync.sync_id is None else sync.participants)
+
+    def _refuse_during_sync(self, peer: _Peer, what: str) -> None:
+        if self._in_sync(peer):
+            raise _PeerFault(KickReason.OUT_OF_PHASE, f"{what} during a shared-state sync")
+
+    def _on_SyncVote(self, peer: _Peer, msg: m.SyncVote) -> None:
+        if peer.topology_vote is not None or peer.round_scope is not None:
+            raise _PeerFault(KickReason.OUT_OF_PHASE, "shared-state sync during a topology update")
+        busy = self._ops_of(peer)
+        if busy:
+            raise _PeerFault(KickReason.OUT_OF_PHASE, f"shared-state sync with collective tag {busy[0].tag} in flight")
+        if self._in_sync(peer):
+            raise _PeerFault(KickReason.OUT_OF_PHASE, "second shared-state sync vote before the first completed")
+        problem = election.validate_vote(msg)
+        if problem is not None:
+            raise _PeerFault(KickReason.PROTOCOL_ERROR, f"malformed sync vote: {problem}")
+        sync = self._syncs.get(peer.group)
+        if sync is None:
+            sync = self._syncs[peer.group] = _Sync(peer.group)
+        if sync.sync_id is not None:
+            # The group's previous sync still transfers and this peer is already out of it
+            # (rejected): its vote counts for the next sync, which starts when this one ends.
+            sync.next_votes[peer.peer_id] = msg
+        else:
+            sync.votes[peer.peer_id] = msg
+
+    def _on_SyncReport(self, peer: _Peer, msg: m.SyncReport) -> None:
+        sync = self._syncs.get(peer.group)
+        receiver = sync.receivers.get(peer.peer_id) if sync is not None else None
+        if sync is None or sync.sync_id != msg.sync_id or receiver is None:
+            if msg.sync_id < self._next_sync:
+                log.debug("ignoring late sync report of peer %x for sync %d", peer.peer_id, msg.sync_id)
+                return
+            raise _PeerFault(KickReason.OUT_OF_PHASE, f"sync report for sync {msg.sync_id}, which it was not sent")
+        if msg.attempt != receiver.attempt:
+            if msg.attempt < receiver.attempt:
+                return
+            raise _PeerFault(KickReason.OUT_OF_PHASE, f"sync report for attempt {msg.attempt}, never planned")
+        if msg.ok:
+            del sync.receivers[peer.peer_id]
+            return
+        if not msg.failed_sources:
+            detail = clip_text(msg.detail, MAX_DETAIL)  # the peer's own text
+            log.warning("peer %x received shared state that does not match the elected hashes: %s",
+                        peer.peer_id, detail)
+            self._reject_receiver(sync, peer.peer_id, m.SyncRejectCode.HASH_MISMATCH,
+                                  f"the received bytes do not match the elected hashes: {detail}")
+            return
+        self._replan(sync, peer.peer_id, receiver, msg.failed_sources)
+
+    def _replan(self, sync: _Sync, pid: int, receiver: _Receiver, failed: Sequence[int]) -> None:
+        planned = set(receiver.plan.sources)
+        receiver.excluded |= {s for s in failed if s in planned}
+        available = [s for s in sync.sources if s in self._by_id and s not in receiver.excluded]
+        plan = election.replan(sync.votes, receiver.plan, sorted(receiver.excluded), available,
+                               min_stripe=self._min_stripe)
+        if plan is None:
+            self._reject_receiver(sync, pid, m.SyncRejectCode.NO_SOURCE,
+                                  f"every source failed ({len(receiver.excluded)} tried)")
+            return
+        receiver.plan = plan
+        receiver.attempt += 1
+        log.info("sync %s: re-planning peer %x (attempt %d) after sources %s failed", sync.sync_id, pid,
+                 receiver.attempt, ", ".join(f"{s:x}" for s in failed))
+        self._send(self._peer(pid), self._sync_plan(sync, receiver))
+
+    def _reject_receiver(self, sync: _Sync, pid: int, code: m.SyncRejectCode, detail: str) -> None:
+        del sync.receivers[pid]
+        sync.participants = tuple(p for p in sync.participants if p != pid)
+        self._send(self._peer(pid), m.SyncRejected(code, detail))
+
+    def _sync_plan(self, sync: _Sync, receiver: _Receiver) -> m.SyncPlan:
+        plan = receiver.plan
+        fetches = []
+        for src in plan.sources:
+            pieces = tuple(m.StatePiece(p.key, p.offset, p.nbytes) for p in plan.pieces if p.source == src)
+            fetches.append(m.SourceFetch(self._peer(src).endpoint(), pieces))
+        expected = tuple(m.ExpectedHash(k, plan.expected[k]) for k in sorted(plan.expected))
+        assert sync.sync_id is not None
+        return m.SyncPlan(sync.sync_id, receiver.attempt, sync.revision, expected, tuple(fetches))
+
+    def _check_sync(self, group: int) -> bool:
+        sync = self._syncs[group]
+        if sync.sync_id is None:
+            for pid in [p for p in sync.votes if p not in self._by_id]:
+                del sync.votes[pid]
+            if not sync.votes:
+                del self._syncs[group]
+                return True
+            if not all(p.peer_id in sync.votes for p in self._accepted(group)):
+                return False
+            self._elect(sync)
+            return True
+        for pid in [p for p in sync.receivers if p not in self._by_id]:
+            del sync.receivers[pid]
+        live = [p for p in sync.participants if p in self._by_id]
+        if sync.receivers and live:
+            # A receiver whose plan names only dead sources and that has not noticed yet will
+            # report; nothing to do here (its fetch fails on the dead connection or times out).
+            return False
+        del self._syncs[group]
+        queued = {pid: v for pid, v in sync.next_votes.items() if pid in self._by_id}
+        if queued:
+            self._syncs[group] = _Sync(group, votes=queued)
+        for pid in live:
+            self._send(self._peer(pid), m.SyncComplete(sync.sync_id, sync.revision))
+        log.debug("sync %d of group %d complete at revision %d", sync.sync_id, group, sync.revision)
+        return True
+
+    def _elect(self, sync: _Sync) -> None:
+        outcome = election.elect(sync.votes, self._revisions.get(sync.group), min_stripe=self._min_stripe)
+        for pid, (code, detail) in sorted(outcome.rejects.items()):
+            self._send(self._peer(pid), m.SyncRejected(code, clip_text(detail, MAX_DETAIL)))  # quotes keys
+        for pid, (reason, detail) in sorted(outcome.kicks.items()):
+            self._remove(self._by_id[pid], reason, detail)
+        sync.sync_id = self._next_sync
+        self._next_sync += 1
+        sync.participants = outcome.participants
+        sync.sources = outcome.sources
+        if outcome.revision is not None:
+            sync.revision = outcome.revision
+            self._revisions[sync.group] = outcome.revision
+        for pid in sorted(outcome.plans):
+            receiver = _Receiver(outcome.plans[pid])
+            sync.receivers[pid] = receiver
+            self._send(self._peer(pid), self._sync_plan(sync, receiver))
+        log.debug("sync %d of group %d elected: revision %s, %d sources, %d receivers, %d kicked, %d rejected",
+                  sync.sync_id, sync.group, outcome.revision, len(outcome.sources), len(outcome.plans),
+                  len(outcome.kicks), len(outcome.rejects))
+
     # --- removal and timeouts -------------------------------------------------------------------
 
     def _remove(self, conn_id: int, reason: KickReason | None, detail: str) -> None:
         """Forget a connection; every vote it blocked is re-checked by ``_settle``."""
         peer = self._peers.pop(conn_id)
         if reason is not None:
+            detail = clip_text(detail, MAX_DETAIL)  # may quote peer input (keys, frames): keep it small
             log.info("kicking connection %d (peer %x): %s: %s", conn_id, peer.peer_id, reason.name, detail)
             self._out.append(Kick(conn_id, reason, detail))
         if peer.status is _C:
@@ -529,6 +737,8 @@ class MasterState:
             progressed |= self._check_pending_vote()
             for key in list(self._ops):
                 progressed |= self._check_op(key)
+            for group in sorted(self._syncs):
+                progressed |= self._check_sync(group)
 
     def _accepted(self, group: int | None = None) -> list[_Peer]:
         return [p for p in self._peers.values() if p.status is _A and (group is None or p.group == group)]

@@ -240,6 +240,124 @@ COLLECTIVE_MESSAGES: tuple[type[Message], ...] = (
     CollectiveRejected,
 )
 
+# --- 80–109: shared state (election in election.py, votes in master_state.py, transfer in
+# pccl/shared_state.py) ---------------------------------------------------------------------------
+#
+# Every accepted peer of a group sends SyncVote(revision, strategy, entries) — entries sorted by
+# key, each with its xxh3-128 digest.  At consensus the master elects the popular state
+# (election.py) and sends each peer that must fetch something a SyncPlan: which byte ranges of
+# which tensors to fetch from which up-to-date peers (striped), and the hashes to verify.  The
+# receiver dials each source's shared-state port (framed handshake with the run token), sends
+# StateRequest and receives one data frame per piece straight into its buffers, then answers
+# SyncReport.  A failed source → SyncReport(ok=False, failed_sources) → a fresh SyncPlan (next
+# attempt) moving only that source's pieces onto the others.  When every receiver is done the
+# master sends SyncComplete(revision) to every participant; a peer the sync cannot serve gets
+# SyncRejected(code) instead.  Kicks (revision violation, mask mismatch, strategy) use KickNotice.
+
+
+class SyncRejectCode(enum.IntEnum):
+    """Why a peer's sync ended without the state (SyncRejected.code)."""
+
+    STRATEGY_MIX = 1  # ENFORCE_POPULAR mixed with another strategy → InvalidUsage for this peer
+    NO_SOURCE = 2  # nobody can send (all RECEIVE_ONLY, or every source failed) → SharedStateSyncFailed
+    HASH_MISMATCH = 3  # fetched bytes did not match the elected hash → SharedStateSyncFailed
+
+
+class SharedStateEntry(msgspec.Struct, frozen=True, array_like=True):
+    """One tensor of a peer's shared state as voted: name, pccl.types.DType, size, xxh3-128."""
+
+    key: str
+    dtype: U32
+    nbytes: U64
+    hash: bytes
+    allow_content_inequality: bool = False
+
+
+class SyncVote(Message, tag=80):
+    """Peer → master: sync my shared state (entries sorted by key, keys unique)."""
+
+    revision: U64
+    strategy: U32  # pccl.types.SyncStrategy
+    entries: tuple[SharedStateEntry, ...]
+
+
+class StatePiece(msgspec.Struct, frozen=True, array_like=True):
+    """Bytes ``[offset, offset + nbytes)`` of tensor ``key``."""
+
+    key: str
+    offset: U64
+    nbytes: U64
+
+
+class SourceFetch(msgspec.Struct, frozen=True, array_like=True):
+    """Fetch ``pieces`` from ``source``'s shared-state port."""
+
+    source: PeerEndpoint
+    pieces: tuple[StatePiece, ...]
+
+
+class ExpectedHash(msgspec.Struct, frozen=True, array_like=True):
+    key: str
+    hash: bytes
+
+
+class SyncPlan(Message, tag=81):
+    """Master → receiver: attempt ``attempt`` of sync ``sync_id``: fetch these pieces, then
+    verify every tensor in ``expected`` (all tensors this peer receives in this sync)."""
+
+    sync_id: U64
+    attempt: U32
+    revision: U64
+    expected: tuple[ExpectedHash, ...]
+    fetches: tuple[SourceFetch, ...]
+
+
+class SyncReport(Message, tag=82):
+    """Receiver → master: attempt finished.  ``ok``: every piece arrived and every hash matched.
+    Otherwise ``failed_sources`` lists the sources that failed (re-plan), or it is empty and the
+    received bytes did not match the elected hashes (``detail`` says which)."""
+
+    sync_id: U64
+    attempt: U32
+    ok: bool
+    failed_sources: tuple[U64, ...] = ()
+    detail: str = ""
+
+
+class SyncComplete(Message, tag=83):
+    """Master → participant: the sync is complete everywhere; adopt ``revision``."""
+
+    sync_id: U64
+    revision: U64
+
+
+class SyncRejected(Message, tag=84):
+    """Master → voter: this peer's sync ends without the state (``code`` is a SyncRejectCode)."""
+
+    code: U32
+    detail: str = ""
+
+
+class StateRequest(Message, tag=90):
+    """Receiver → source, on the source's shared-state port: send these pieces of sync
+    ``sync_id``; the source answers with one data frame per piece (``stream`` = piece index) or
+    ``StateRefused``."""
+
+    sync_id: U64
+    requester: U64
+    pieces: tuple[StatePiece, ...]
+
+
+class StateRefused(Message, tag=91):
+    """Source → receiver: this peer does not serve that request (not a source, unknown key…)."""
+
+    reason: str
+
+
+SHARED_STATE_MESSAGES: tuple[type[Message], ...] = (
+    SyncVote, SyncPlan, SyncReport, SyncComplete, SyncRejected, StateRequest, StateRefused,
+)
+
 # --- 200–219: connection handshake and authentication (pccl/net/framed.py) ---------------------
 #
 # Sent right after the raw preamble (magic + protocol version, pccl/protocol/handshake.py), in this
@@ -280,6 +398,7 @@ class AuthResult(Message, tag=202):
 ALL_MESSAGES: tuple[type[Message], ...] = (
     *MEMBERSHIP_MESSAGES,
     *COLLECTIVE_MESSAGES,
+    *SHARED_STATE_MESSAGES,
     Hello,
     AuthProof,
     AuthResult,
