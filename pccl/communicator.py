@@ -21,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Generic, TypeVar
 
+import numpy as np
 import trio
 
 from .config import Config
@@ -38,11 +39,16 @@ from .errors import (
     PCCLError,
     PeerDisconnected,
     ProtocolError,
+    StreamClosed,
     TransportError,
 )
 from .net.base import Listener, Network, Stream, format_address, parse_address
 from .net.framed import FramedConnection, accept_framed, open_framed
 from .protocol import messages as m
+from .shared_state import SharedState, SharedStateService
+from .types import SyncInfo, SyncStrategy
+from .collectives.operation import MANY_FIRST_TAG, AllReduceService
+from .types import Quantization, ReduceInfo, ReduceOp
 
 __all__ = ["Communicator", "CommunicatorStatistics", "P2PLinks", "open_communicator"]
 
@@ -232,8 +238,10 @@ class Communicator:
         self._round_scope: trio.CancelScope | None = None
         self._round_changed = trio.Event()
         self._routes: dict[int, trio.MemorySendChannel[m.Message]] = {}
+        self._shared = SharedStateService(self)
         self._stats = dict.fromkeys(("topology_updates", "p2p_rounds", "collectives_completed",
                                      "collectives_aborted", "retries", "tx_bytes", "rx_bytes"), 0)
+        self._all_reduce = AllReduceService(self)
 
     # --- attributes (accepted peers only; identical on every peer after each change) -----------
 
@@ -319,7 +327,103 @@ class Communicator:
             self._links.close()
             if self._listener is not None:
                 await self._listener.aclose()
+            await self._shared.aclose()
         self._nursery.cancel_scope.cancel()
+
+    # --- all-reduce (the machinery is pccl.collectives.operation) --------------------------------
+
+    async def all_reduce(self, send: np.ndarray, recv: np.ndarray | None = None, *, op: ReduceOp = ReduceOp.SUM,
+                         tag: int = 0, quantization: Quantization | None = None) -> ReduceInfo:
+        """Ring all-reduce of ``send`` into ``recv`` (``None``: in place) over the group's accepted
+        peers; returns ``ReduceInfo(world_size, tx_bytes, rx_bytes)`` — the peers it ran over and
+        the payload bytes this peer moved.
+
+        Every peer of the group must call it with the same ``tag``, element count, dtype, ``op``
+        and ``quantization`` (else ``InvalidUsage`` on every peer).  f16/bf16 accumulate in f32;
+        AVG divides by the number of participants; MIN_MAX quantization leaves every peer with
+        bit-identical results.  Several calls with distinct tags may run at once.
+
+        Raises ``InvalidArgument`` (bad buffer: unsupported dtype, size/dtype mismatch between
+        ``send`` and ``recv``, non-contiguous, read-only output, NaN/Inf under quantization),
+        ``InvalidUsage`` (``tag`` already in flight here, or the peers' parameters disagree),
+        ``TooFewPeers`` (alone in the group; the buffers are untouched), ``CollectiveAborted`` (a
+        participant failed: an in-place buffer holds its input again; retry — a stale ring is
+        re-wired automatically by the next call), ``Kicked``, ``MasterUnreachable``.
+        Cancellation restores an in-place buffer and makes the other participants abort.
+        """
+        return await self._all_reduce.all_reduce(send, recv, op=op, tag=tag, quantization=quantization)
+
+    async def all_reduce_many(self, arrays: Sequence[np.ndarray], *, op: ReduceOp = ReduceOp.SUM,
+                              quantization: Quantization | None = None, max_in_flight: int = 4,
+                              first_tag: int = MANY_FIRST_TAG) -> ReduceInfo:
+        """All-reduce each array of ``arrays`` in place, up to ``max_in_flight`` at once (array
+        ``i`` uses tag ``first_tag + i``).  Ops that abort are retried on the survivors — after
+        every running op has settled — until all succeeded.  Returns the smallest world size
+        any array was reduced over and the summed payload bytes of the successful ops.
+
+        Raises ``TooFewPeers`` once alone (arrays reduced before keep their results, the others
+        their inputs), and the errors of :meth:`all_reduce` other than ``CollectiveAborted``;
+        no op is left running when it raises.  Cancellation cancels every running op.
+        """
+        return await self._all_reduce.all_reduce_many(arrays, op=op, quantization=quantization,
+                                                      max_in_flight=max_in_flight, first_tag=first_tag)
+
+    # --- shared state (logic in pccl/shared_state.py) -----------------------------------------------
+
+    async def sync_shared_state(self, state: SharedState,
+                                strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> SyncInfo:
+        """Make ``state`` bit-identical to the group's popular state and adopt its revision
+        (written back into ``state.revision``).  Returns once every peer of the group is done.
+
+        Raises ``InvalidArgument``/``InvalidUsage`` (bad state or strategy, collective or another
+        sync in flight, ENFORCE_POPULAR mixed with another strategy), ``RevisionViolation`` (the
+        revision did not advance by exactly one; this peer is kicked), ``Kicked`` (key set, dtype
+        or size differs from the popular state; SEND_ONLY without the popular state),
+        ``SharedStateSyncFailed`` (no source could deliver, hash mismatch), ``MasterUnreachable``.
+        Cancellation after the vote went out leaves the run (the communicator fails).
+        """
+        self._refuse_during_topology_vote("synchronise the shared state")
+        return await self._shared.sync(state, strategy)
+
+    def _refuse_during_topology_vote(self, what: str) -> None:
+        # A cancelled update_topology() leaves its vote standing at the master, which refuses
+        # (kicks, OUT_OF_PHASE) any collective or sync vote until that round completes.  Fail
+        # locally with a clear message instead of getting the peer kicked.
+        waiter = self._topology_waiter
+        if waiter is not None:
+            raise InvalidUsage(f"cannot {what} while a topology vote ({waiter.kind}) is outstanding; "
+                               "call update_topology() again to finish it")
+
+    async def steps(self, state: SharedState, *,
+                    strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> AsyncIterator[SyncInfo]:
+        """The recommended training loop, as an async iterator yielding each step's ``SyncInfo``.
+
+        Each step: ``update_topology()`` (skipped on the first step — a newcomer's
+        ``open_communicator`` returned exactly when the others' update returned, so it already
+        stands at this line), then while this peer is alone in its group, wait for a newcomer
+        (``are_peers_pending()`` every ``config.heartbeat_interval``, accepting it when one
+        waits), then ``sync_shared_state(state, strategy)``.  The caller all-reduces, updates the
+        state and increments ``state.revision`` in the loop body.  Errors as for the calls it
+        makes; cancellation as for them.  Close it (``aclose``) or break out of the loop.
+        """
+        first = True
+        while True:
+            if not first:
+                await self.update_topology()
+            first = False
+            while self.world_size < 2:
+                if await self.are_peers_pending():
+                    await self.update_topology()
+                else:
+                    await trio.sleep(self._config.heartbeat_interval)
+            yield await self.sync_shared_state(state, strategy)
+
+    def _leave_lockstep(self, error: PCCLError) -> None:
+        """This peer can no longer follow its group (a sync was abandoned midway): fail every
+        call with ``error`` and drop the master connection so the master removes it at once."""
+        self._fail(error)
+        if self._master is not None:
+            self._master.abort()
 
     # --- internals the collectives use -----------------------------------------------------------
 
@@ -335,6 +439,9 @@ class Communicator:
         self._raise_if_unusable()
         if tag in self._routes:
             raise InvalidUsage(f"collective tag {tag} is already in flight")
+        if self._shared.busy:
+            raise InvalidUsage("cannot start a collective while a shared-state sync is running")
+        self._refuse_during_topology_vote("start a collective")
         send, receive = trio.open_memory_channel[m.Message](16)
         self._routes[tag] = send
         return receive
@@ -375,7 +482,8 @@ class Communicator:
         self._last_heard = trio.current_time()
         waiter: _Waiter[m.TopologyComplete] = _Waiter("accept")
         self._topology_waiter = waiter  # our first TopologyComplete is the acceptance
-        await self._send_master(m.Register(self.peer_group, self._listener.port, 0, 0))
+        state_port = await self._shared.listen(bind.strip("[]"))
+        await self._send_master(m.Register(self.peer_group, self._listener.port, state_port, 0))
         try:
             with trio.fail_after(cfg.connect_timeout):
                 while True:
@@ -397,6 +505,7 @@ class Communicator:
         self._nursery.start_soon(self._read_master)
         self._nursery.start_soon(self._heartbeat)
         self._nursery.start_soon(self._serve_p2p, self._listener)
+        self._nursery.start_soon(self._shared.serve)
         await waiter.wait()
         log.info("accepted: world size %d, global world size %d", self.world_size, self.global_world_size)
 
@@ -408,6 +517,8 @@ class Communicator:
         kind = "accept" if accept_new_peers else "rewire"
         if self._routes:
             raise InvalidUsage(f"cannot update the topology while collective tags {sorted(self._routes)} are in flight")
+        if self._shared.busy:
+            raise InvalidUsage("cannot update the topology while a shared-state sync is running")
         waiter = self._topology_waiter
         if waiter is None:
             waiter = self._topology_waiter = _Waiter(kind)
@@ -442,6 +553,7 @@ class Communicator:
                 setattr(self, slot, None)
         for route in self._routes.values():
             route.close()
+        self._shared.fail()
 
     async def _read_master(self) -> None:
         assert self._master is not None
@@ -483,6 +595,8 @@ class Communicator:
                 route.send_nowait(msg)
             except trio.WouldBlock:
                 self._fail(ProtocolError(f"the master flooded collective tag {msg.tag}"))
+        elif self._shared.deliver(msg):
+            pass
         else:
             self._fail(ProtocolError(f"the master sent an unexpected {type(msg).__name__}"))
 
@@ -571,8 +685,14 @@ class Communicator:
             while True:
                 try:
                     stream = await listener.accept()
-                except TransportError:
-                    return  # closed by aclose
+                except TransportError as exc:
+                    # StreamClosed: closed by aclose.  Anything else is permanent (running out of
+                    # descriptors is waited out inside accept): say so, the master will see this
+                    # peer as unreachable by its ring predecessor.
+                    if not isinstance(exc, StreamClosed):
+                        log.error("peer %x: p2p listener failed, accepting no more ring connections: %s",
+                                  self.peer_id, exc)
+                    return
                 nursery.start_soon(self._accept_p2p, stream)
 
     async def _accept_p2p(self, stream: Stream) -> None:
@@ -611,6 +731,10 @@ class Communicator:
             log.info("peer %x: refused p2p connection from %s: %s", self.peer_id, remote, exc)
             if conn is not None:
                 conn.abort()
+        except BaseException:
+            if conn is not None:  # cancelled while pending: close now, not when the GC gets to it
+                conn.abort()
+            raise
 
 
 @asynccontextmanager

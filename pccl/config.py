@@ -44,6 +44,10 @@ class Config:
     #: connections.  Both or neither.
     tls_client_context: ssl.SSLContext | None = None
     tls_server_context: ssl.SSLContext | None = None
+    #: Whether all-reduce kernels over large slices may run in worker threads (the GIL is
+    #: released, so reduction overlaps the transfers).  The simulator sets False: a simulated
+    #: run must not start real threads.
+    kernel_threads: bool = True
 
     def __post_init__(self) -> None:
         if self.peer_timeout <= 0 or self.heartbeat_interval <= 0 or self.connect_timeout <= 0:

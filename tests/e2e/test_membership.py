@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import trio
 
@@ -443,6 +444,26 @@ async def test_cancelled_update_topology_leaves_its_vote_standing(master: pccl.M
                 voters.start_soon(a.update_topology)  # resumes waiting for the same vote (no second vote)
                 voters.start_soon(b.update_topology)
             assert master.statistics().kicks == 0 and _attrs(a) == (2, 2, 1, 2)
+            nursery.cancel_scope.cancel()
+
+
+async def test_collective_or_sync_during_a_standing_vote_is_refused_locally(master: pccl.Master) -> None:
+    # The master kicks a peer that starts a collective or sync while its topology vote stands
+    # (OUT_OF_PHASE); the communicator must refuse that locally instead.
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a])
+            with trio.move_on_after(0.2):
+                await a.update_topology()  # b does not vote: a's vote stands
+            data = np.ones(8, np.float32)
+            with pytest.raises(pccl.InvalidUsage, match="topology vote"):
+                await a.all_reduce(data)
+            with pytest.raises(pccl.InvalidUsage, match="topology vote"):
+                await a.sync_shared_state(pccl.SharedState({"x": np.zeros(4, np.float32)}))
+            async with trio.open_nursery() as voters:
+                voters.start_soon(a.update_topology)
+                voters.start_soon(b.update_topology)
+            assert master.statistics().kicks == 0
             nursery.cancel_scope.cancel()
 
 

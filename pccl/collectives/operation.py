@@ -1,0 +1,519 @@
+"""The all-reduce as a communicator runs it: the master's votes around the ring data path.
+
+:class:`AllReduceService` (one per :class:`~pccl.communicator.Communicator`) implements
+``Communicator.all_reduce`` and ``all_reduce_many``.  One ``all_reduce`` is one or more
+*attempts*:
+
+1. **Vote.**  The buffers are checked first (``InvalidArgument`` before anything is sent).  The
+   master's messages for ``tag`` are routed here (a tag already in flight on this peer is
+   ``InvalidUsage``), ``CollectiveInit(tag, count, dtype, op, quantization)`` goes to the master
+   and its answer decides: ``Commence(seq, ring)`` runs the op; ``Rejected`` with
+   ``PARAMETER_MISMATCH`` or ``TAG_IN_USE`` is ``InvalidUsage``, ``TOO_FEW_PEERS`` is
+   ``TooFewPeers`` (the buffer is untouched), ``STALE_RING`` (a member left or an op aborted
+   since the ring was wired) re-wires the group — once no other all-reduce of this peer holds a
+   tag, because the master refuses topology votes with collectives in flight — and votes again.
+2. **Ring.**  :func:`~pccl.collectives.allreduce.ring_all_reduce` runs in its own cancel scope
+   over the current round's lanes.  Beside it a listener reads the tag's messages — the master's
+   ``Abort(seq)`` cancels the ring scope — and a watchdog cancels it when no byte has moved on
+   this peer's ring connections for ``config.peer_timeout`` (a neighbour that the master still
+   hears but this peer does not: a partition between two peers, a wedged process).  A stalled
+   or dead peer is otherwise removed by the master's heartbeat timeout, which aborts the op.
+3. **Settle.**  ``Done(seq, aborted)`` goes to the master, which answers every participant with
+   exactly one ``Complete(seq)`` or ``Abort(seq)``.  The in-place input backup is kept until
+   then, so an ``Abort`` that arrives after this peer finished its ring still restores the input.
+
+Outcome: ``ReduceInfo(world_size=len(ring), tx_bytes, rx_bytes)`` on ``Complete``; otherwise
+exactly one ``CollectiveAborted`` (its ``__cause__`` is the local error, if any) with an in-place
+buffer holding its input again.  Master messages of an earlier op on the same tag are told apart
+by ``seq`` and ignored; data frames of ended seqs are discarded by the links' ``SeqRegistry``.
+
+Cancellation restores an in-place buffer and reports ``Done(aborted=True)`` (shielded, bounded by
+``peer_timeout``), so the other participants abort instead of waiting.  Cancelled while the vote
+is still open, the call returns at once and a background task in the communicator's nursery
+waits for the master's answer and reports the abort then; the tag stays in flight until then.
+Once this peer has reported success the op's fate is the master's: a cancelled call restores the
+input even if the others go on to complete.
+
+Every control message to the master is sent shielded: a send cut mid-frame would break the
+master connection (and with it the communicator).
+
+``all_reduce_many`` runs rounds: each round starts every pending array's op in order, op ``j``
+once op ``j - max_in_flight`` has finished here (a rule that does not depend on when this peer
+learns of a failure, so every peer starts the same ops); when the round is over, the ops that
+aborted or met a stale ring are retried after one re-wire of the group.
+
+Limitations: the automatic re-wire waits until no all-reduce of this peer holds a tag, so peers
+must issue concurrent all-reduces alike (a peer that runs tags 1 and 2 at once while another
+runs them one after the other can wait on each other after a failure); a vote abandoned by
+cancellation keeps its tag (and the re-wire) waiting until the other peers vote on that tag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import trio
+
+from .._groups import single_exception
+from ..errors import (
+    CollectiveAborted,
+    InvalidArgument,
+    InvalidUsage,
+    MasterUnreachable,
+    PCCLError,
+    PeerDisconnected,
+    ProtocolError,
+    TooFewPeers,
+)
+from ..protocol import messages as m
+from ..types import Quantization, QuantKind, ReduceInfo, ReduceOp
+from .allreduce import ring_all_reduce
+from .buffers import InputBackup, KernelRunner, OpBuffers
+from .links import RingLinks, SeqRegistry
+
+if TYPE_CHECKING:
+    from ..communicator import Communicator, P2PLinks
+
+__all__ = ["AllReduceService", "MANY_FIRST_TAG"]
+
+log = logging.getLogger(__name__)
+
+#: ``all_reduce_many`` gives array ``i`` the tag ``MANY_FIRST_TAG + i`` (unless told otherwise):
+#: far above the small tags training loops pick for their own concurrent all-reduces.
+MANY_FIRST_TAG = 1 << 62
+_TAG_LIMIT = 1 << 64
+#: How many checks per ``peer_timeout`` the transfer watchdog makes.
+_WATCHDOG_CHECKS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """One all-reduce's arguments, checked, and the Init that announces them."""
+
+    send: np.ndarray
+    recv: np.ndarray | None
+    op: ReduceOp
+    tag: int
+    quantization: Quantization | None
+    in_place: bool
+    init: m.CollectiveInit
+
+    @classmethod
+    def make(cls, send: Any, recv: Any, op: Any, tag: Any, quantization: Any) -> _Plan:
+        try:
+            op = ReduceOp(op)
+        except ValueError:
+            raise InvalidArgument(f"op must be a ReduceOp, got {op!r}") from None
+        if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < _TAG_LIMIT:
+            raise InvalidArgument(f"tag must be an integer in [0, 2**64), got {tag!r}")
+        if quantization is not None and not isinstance(quantization, Quantization):
+            raise InvalidArgument(f"quantization must be a pccl.Quantization or None, got {quantization!r}")
+        if quantization is not None and quantization.kind is QuantKind.NONE:
+            quantization = None
+        # The data path's own checks (dtype, sizes, contiguity, writability, overlap), made now
+        # so a bad buffer never reaches the vote.  Scratch it takes goes straight back.
+        bufs = OpBuffers.check(send, send if recv is None else recv, op, quantization)
+        bufs.release()
+        quant_dtype = bufs.quant_dtype
+        init = m.CollectiveInit(
+            tag=tag,
+            count=int(bufs.src.size),
+            dtype=int(bufs.dtype),
+            op=int(op),
+            quant_kind=int(QuantKind.MIN_MAX if quant_dtype is not None else QuantKind.NONE),
+            quant_dtype=int(quant_dtype) if quant_dtype is not None else 0,
+        )
+        return cls(send, None if bufs.in_place else recv, op, tag, quantization, bufs.in_place, init)
+
+
+class _Settlement:
+    """How one commenced op went here: this peer's ring, and the master's final word."""
+
+    def __init__(self) -> None:
+        self.final: m.CollectiveComplete | m.CollectiveAbort | None = None
+        self.master_lost = False
+        self.stalled = False
+        self.settled = trio.Event()
+        self.done_sent = False
+        #: (tx, rx) payload bytes once this peer's ring finished; the local failure otherwise.
+        self.traffic: tuple[int, int] | None = None
+        self.local_error: PCCLError | None = None
+
+
+class _StaleRing(Exception):
+    """Internal: the master answered STALE_RING; re-wire and vote again."""
+
+
+class AllReduceService:
+    """The all-reduce machinery of one communicator (see the module docstring)."""
+
+    def __init__(self, comm: Communicator) -> None:
+        self._comm = comm
+        #: Seqs that ended on this peer, shared by every round's links (late frames discarded).
+        self.registry = SeqRegistry()
+        self._runner = KernelRunner(threads=comm._config.kernel_threads)
+        self._links_lock = trio.Lock()
+        self._links_round: P2PLinks | None = None
+        self._ring_links: RingLinks | None = None
+        self._holding = 0  # attempts of this service that hold a tag route
+        self._holding_changed = trio.Event()
+
+    # --- public entry points (called by Communicator) ---------------------------------------
+
+    async def all_reduce(
+        self, send: Any, recv: Any = None, *, op: Any = ReduceOp.SUM, tag: Any = 0, quantization: Any = None
+    ) -> ReduceInfo:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._comm._raise_if_unusable()
+        return await self._reduce(_Plan.make(send, recv, op, tag, quantization))
+
+    async def all_reduce_many(
+        self,
+        arrays: Sequence[Any],
+        *,
+        op: Any = ReduceOp.SUM,
+        quantization: Any = None,
+        max_in_flight: int = 4,
+        first_tag: int = MANY_FIRST_TAG,
+    ) -> ReduceInfo:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._comm._raise_if_unusable()
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise InvalidArgument(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
+        if isinstance(arrays, np.ndarray):
+            raise InvalidArgument("all_reduce_many takes a sequence of arrays; use all_reduce for one array")
+        plans = [_Plan.make(a, None, op, first_tag + i, quantization) for i, a in enumerate(arrays)]
+        if not plans:
+            return ReduceInfo(self._comm.world_size, 0, 0)
+        results: dict[int, ReduceInfo] = {}
+        pending = list(range(len(plans)))
+        while True:
+            pending = await self._many_round(plans, pending, max_in_flight, results)
+            if not pending:
+                break
+            # Every failure left the group's ring stale; re-wire once for the whole batch.
+            self._comm._stats["retries"] += len(pending)
+            log.info("peer %x: retrying %d all-reduce(s) on the survivors", self._comm.peer_id, len(pending))
+            await self._rewire_when_idle()
+        infos = list(results.values())
+        return ReduceInfo(
+            world_size=min(i.world_size for i in infos),
+            tx_bytes=sum(i.tx_bytes for i in infos),
+            rx_bytes=sum(i.rx_bytes for i in infos),
+        )
+
+    # --- all_reduce_many ----------------------------------------------------------------------
+
+    async def _many_round(
+        self, plans: list[_Plan], pending: list[int], max_in_flight: int, results: dict[int, ReduceInfo]
+    ) -> list[int]:
+        """Run every op of ``pending`` once; return the ones that aborted (or met a stale ring).
+
+        Op ``pending[j]`` starts once ``pending[j - max_in_flight]`` (and so every op before it)
+        has finished here.  Which ops start must not depend on when this peer learns of a
+        failure — other peers learn it at other moments, and an op that one peer starts and
+        another does not would wait for that peer's vote forever — so every op is started;
+        after an abort the later ones are refused quickly with ``STALE_RING``.  Every op has
+        finished when this returns; the first error other than an abort is raised then.
+        """
+        failed: list[int] = []
+        errors: list[PCCLError] = []
+        finished = [trio.Event() for _ in pending]
+
+        async def one(position: int, i: int) -> None:
+            try:
+                results[i] = await self._reduce(plans[i], rewire_on_stale=False)
+            except (CollectiveAborted, _StaleRing) as exc:
+                log.debug("all_reduce_many: tag %d failed (%r); it will be retried", plans[i].tag, exc)
+                failed.append(i)
+            except PCCLError as exc:
+                errors.append(exc)
+            finally:
+                finished[position].set()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for position, i in enumerate(pending):
+                    if position >= max_in_flight:
+                        await finished[position - max_in_flight].wait()
+                    nursery.start_soon(one, position, i)
+        except BaseExceptionGroup as group:
+            raise single_exception(group) from None
+        if errors:
+            raise errors[0]
+        return sorted(failed)
+
+    # --- one all-reduce -----------------------------------------------------------------------
+
+    async def _reduce(self, plan: _Plan, *, rewire_on_stale: bool = True) -> ReduceInfo:
+        while True:
+            try:
+                return await self._attempt(plan)
+            except _StaleRing:
+                if not rewire_on_stale:
+                    raise
+                self._comm._stats["retries"] += 1
+                await self._rewire_when_idle()
+
+    async def _rewire_when_idle(self) -> None:
+        """Re-wire the group once no all-reduce of this peer holds a tag (the master refuses a
+        topology vote while this peer has a collective in flight).  Concurrent callers share
+        the one vote."""
+        while self._holding:
+            await self._holding_changed.wait()
+        log.info("peer %x: ring is stale, re-wiring the group before retrying", self._comm.peer_id)
+        await self._comm._rewire()
+
+    def _hold(self) -> None:
+        self._holding += 1
+        self._holding_changed.set()
+        self._holding_changed = trio.Event()
+
+    def _release(self, tag: int) -> None:
+        self._comm._release_collective(tag)
+        self._holding -= 1
+        self._holding_changed.set()
+        self._holding_changed = trio.Event()
+
+    async def _attempt(self, plan: _Plan) -> ReduceInfo:
+        comm = self._comm
+        inbox = comm._collective_inbox(plan.tag)
+        self._hold()
+        keep_route = False
+        try:
+            await self._tell_master(plan.init)
+            try:
+                answer = await self._await_answer(inbox)
+            except trio.Cancelled:
+                # The Init stands at the master; the others may commence without us.  Leave a
+                # task behind to report the abort then (and to release the tag).
+                keep_route = self._abandon(plan.tag, inbox)
+                raise
+            if isinstance(answer, m.CollectiveRejected):
+                raise self._rejection(plan, answer)
+            return await self._run(plan, answer, inbox)
+        finally:
+            if not keep_route:
+                self._release(plan.tag)
+
+    async def _await_answer(
+        self, inbox: trio.MemoryReceiveChannel[m.Message]
+    ) -> m.CollectiveCommence | m.CollectiveRejected:
+        while True:
+            try:
+                msg = await inbox.receive()
+            except trio.EndOfChannel:
+                self._comm._raise_if_unusable()
+                raise ProtocolError("the collective's message route closed unexpectedly") from None
+            if isinstance(msg, (m.CollectiveCommence, m.CollectiveRejected)):
+                return msg
+            # The final message of an earlier op on this tag, released before it arrived.
+            log.debug("ignoring %s for tag %d seq %d: not for this op", type(msg).__name__, msg.tag,
+                      getattr(msg, "seq", -1))
+
+    def _rejection(self, plan: _Plan, answer: m.CollectiveRejected) -> Exception:
+        try:
+            code = m.RejectCode(answer.code)
+        except ValueError:
+            return ProtocolError(f"the master rejected tag {plan.tag} with unknown code {answer.code}")
+        detail = f" ({answer.detail})" if answer.detail else ""
+        if code is m.RejectCode.STALE_RING:
+            return _StaleRing()
+        if code is m.RejectCode.TOO_FEW_PEERS:
+            return TooFewPeers(f"all-reduce tag {plan.tag} needs at least two peers in the group{detail}")
+        if code is m.RejectCode.TAG_IN_USE:
+            return InvalidUsage(f"all-reduce tag {plan.tag} is already in flight{detail}")
+        return InvalidUsage(f"the peers' all-reduce parameters for tag {plan.tag} disagree{detail}")
+
+    def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message]) -> bool:
+        """Start the task that settles a vote whose caller was cancelled; True if it runs."""
+        try:
+            self._comm._nursery.start_soon(self._settle_abandoned, tag, inbox)
+        except RuntimeError:  # the communicator is shutting down: nobody will commence anything
+            return False
+        return True
+
+    async def _settle_abandoned(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message]) -> None:
+        try:
+            async for msg in inbox:
+                if isinstance(msg, m.CollectiveRejected):
+                    return
+                if isinstance(msg, m.CollectiveCommence):
+                    log.info("peer %x: reporting the abort of cancelled all-reduce tag %d seq %d",
+                             self._comm.peer_id, tag, msg.seq)
+                    self.registry.retire(msg.seq)
+                    try:
+                        await self._tell_master(m.CollectiveDone(tag, msg.seq, aborted=True))
+                    except PCCLError:
+                        pass  # the communicator failed; every caller sees that
+                    return
+        finally:
+            self._release(tag)
+
+    async def _tell_master(self, msg: m.Message) -> None:
+        """Send ``msg`` to the master even if the caller is being cancelled (bounded)."""
+        comm = self._comm
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + comm._config.peer_timeout
+            await comm._send_master(msg)
+        if scope.cancelled_caught:
+            comm._fail(MasterUnreachable(f"could not send {type(msg).__name__} to the master within "
+                                         f"{comm._config.peer_timeout:g} s"))
+            comm._raise_if_unusable()
+
+    # --- a commenced op -----------------------------------------------------------------------
+
+    async def _run(self, plan: _Plan, commence: m.CollectiveCommence, inbox: trio.MemoryReceiveChannel[m.Message]
+                   ) -> ReduceInfo:
+        comm = self._comm
+        seq, ring = commence.seq, tuple(commence.ring)
+        backup = InputBackup(plan.send) if plan.in_place else None
+        state = _Settlement()
+        try:
+            try:
+                try:
+                    await self._ring_and_settle(plan, seq, ring, backup, inbox, state)
+                except BaseExceptionGroup as group:
+                    raise single_exception(group) from None
+            except BaseException:
+                # Cancelled by the caller, or the communicator failed: the op is over for us.
+                if backup is not None:
+                    backup.restore()
+                if not state.done_sent and state.final is None and not state.master_lost:
+                    try:
+                        await self._tell_master(m.CollectiveDone(plan.tag, seq, aborted=True))
+                    except PCCLError:
+                        pass  # already failing; the caller sees the original exception
+                comm._stats["collectives_aborted"] += 1
+                raise
+            finally:
+                self.registry.retire(seq)  # frames of this seq still in flight are discarded
+            return self._outcome(plan, seq, ring, state, backup)
+        finally:
+            if backup is not None:
+                backup.release()
+
+    async def _ring_and_settle(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
+                               inbox: trio.MemoryReceiveChannel[m.Message], state: _Settlement) -> None:
+        """Run the ring beside the listener, report Done, wait for the master's final word."""
+        async with trio.open_nursery() as nursery:
+            ring_scope = trio.CancelScope()
+            nursery.start_soon(self._listen, inbox, plan.tag, seq, state, ring_scope)
+            with ring_scope:
+                try:
+                    state.traffic = await self._ring(plan, seq, ring, backup, nursery, state, ring_scope)
+                except PCCLError as exc:
+                    state.local_error = exc
+            if state.stalled and state.local_error is None:
+                state.local_error = PeerDisconnected(
+                    f"no data moved on the ring connections for {self._comm._config.peer_timeout:g} s")
+            if state.final is None and not state.master_lost:
+                ok = state.traffic is not None and state.local_error is None
+                await self._tell_master(m.CollectiveDone(plan.tag, seq, aborted=not ok))
+                state.done_sent = True
+                if ok:
+                    await state.settled.wait()
+            nursery.cancel_scope.cancel()
+
+    def _outcome(self, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement,
+                 backup: InputBackup | None) -> ReduceInfo:
+        """The op's result for the caller once the master has spoken (or this peer gave up)."""
+        comm = self._comm
+        traffic, local_error = state.traffic, state.local_error
+        if isinstance(state.final, m.CollectiveComplete) and traffic is not None and local_error is None:
+            tx, rx = traffic
+            comm._stats["collectives_completed"] += 1
+            comm._stats["tx_bytes"] += tx
+            comm._stats["rx_bytes"] += rx
+            return ReduceInfo(world_size=len(ring), tx_bytes=tx, rx_bytes=rx)
+        if backup is not None:
+            backup.restore()
+        comm._stats["collectives_aborted"] += 1
+        if state.master_lost:
+            comm._raise_if_unusable()
+            raise MasterUnreachable("lost the master during the all-reduce")
+        if isinstance(local_error, InvalidArgument):
+            raise local_error  # this peer's data is unusable (NaN/Inf under quantization)
+        why = f"{type(local_error).__name__}: {local_error}" if local_error is not None else "the master aborted it"
+        log.info("peer %x: all-reduce tag %d seq %d aborted: %s", comm.peer_id, plan.tag, seq, why)
+        raise CollectiveAborted(f"all-reduce tag {plan.tag} (seq {seq}) aborted: {why}") from local_error
+
+    async def _listen(self, inbox: trio.MemoryReceiveChannel[m.Message], tag: int, seq: int,
+                      state: _Settlement, ring_scope: trio.CancelScope) -> None:
+        """Wait for the master's final word on ``seq``; an Abort cancels the ring at once."""
+        async for msg in inbox:
+            if not isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)) or msg.seq != seq:
+                log.debug("ignoring %s for tag %d during seq %d", type(msg).__name__, tag, seq)
+                continue
+            state.final = msg
+            if isinstance(msg, m.CollectiveAbort):
+                ring_scope.cancel()
+            state.settled.set()
+            return
+        state.master_lost = True  # the route closed: the communicator failed
+        ring_scope.cancel()
+        state.settled.set()
+
+    async def _ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
+                    nursery: trio.Nursery, state: _Settlement, ring_scope: trio.CancelScope) -> tuple[int, int]:
+        comm = self._comm
+        p2p = comm.p2p
+        if comm.peer_id not in ring or ring != p2p.ring:
+            raise ProtocolError(f"the master commenced seq {seq} on ring {[f'{p:x}' for p in ring]}, but this "
+                                f"peer is wired for {[f'{p:x}' for p in p2p.ring]}")
+        watchdog = trio.CancelScope()
+        nursery.start_soon(self._watchdog, p2p, state, ring_scope, watchdog)
+        try:
+            links = await self._links(p2p)
+            return await ring_all_reduce(
+                plan.send, plan.recv, op=plan.op, links=links, rank=ring.index(comm.peer_id), world=len(ring),
+                seq=seq, quantization=plan.quantization, backup=backup, runner=self._runner,
+            )
+        finally:
+            watchdog.cancel()
+
+    async def _links(self, p2p: P2PLinks) -> RingLinks:
+        """The ring links of ``p2p``'s round, built once per round (one Inbox per connection)."""
+        async with self._links_lock:
+            if self._links_round is not p2p or self._ring_links is None:
+                outgoing = p2p.to_successor()
+                if not outgoing:
+                    raise PeerDisconnected(f"no connection to ring successor {p2p.successor:x} in round {p2p.round}")
+                incoming = await p2p.from_predecessor()
+                self._ring_links = RingLinks(outgoing, incoming, registry=self.registry)
+                self._links_round = p2p
+            return self._ring_links
+
+    async def _watchdog(self, p2p: P2PLinks, state: _Settlement, ring_scope: trio.CancelScope,
+                        scope: trio.CancelScope) -> None:
+        """Cancel the ring when nothing moved on this round's connections for ``peer_timeout``.
+
+        Counters advance per completed frame, so a single sub-chunk (≤ 4 MiB by default) must
+        cross a link within ``peer_timeout``.
+        """
+        timeout = self._comm._config.peer_timeout
+        with scope:
+            last, since = _bytes_moved(p2p), trio.current_time()
+            while True:
+                await trio.sleep(timeout / _WATCHDOG_CHECKS)
+                moved = _bytes_moved(p2p)
+                if moved != last:
+                    last, since = moved, trio.current_time()
+                elif trio.current_time() - since >= timeout:
+                    log.warning("peer %x: no all-reduce data moved for %.3g s; aborting", self._comm.peer_id,
+                                trio.current_time() - since)
+                    state.stalled = True
+                    ring_scope.cancel()
+                    return
+
+
+def _bytes_moved(p2p: P2PLinks) -> int:
+    total = 0
+    for conn in p2p.connections():
+        stats = conn.statistics()
+        total += stats.bytes_sent + stats.bytes_received
+    return total

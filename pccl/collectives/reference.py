@@ -1,0 +1,52 @@
+"""A numpy model of the ring all-reduce's exact result, for tests and the simulator's checkers.
+
+The ring folds chunk ``c`` starting at ring position ``c`` and going around the ring
+(``acc = x[c]; acc = x[c+1] op acc; …``) in the accumulator type (f32 for f16/bf16), then the
+owner divides for AVG (IEEE division for floats, floor division for integers) and rounds once to
+the buffer's dtype.  Floating-point sums depend on that order, so a reference that ignores it
+would not match bit for bit; this one does (unquantized).  Chunk boundaries are those of
+:func:`pccl.protocol.ring.chunk_bounds`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..protocol.ring import chunk_bounds
+from ..types import DType, ReduceOp, dtype_of
+
+__all__ = ["ring_reference"]
+
+_NP_OP: dict[ReduceOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,
+    ReduceOp.PROD: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+}
+
+
+def ring_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp) -> np.ndarray:
+    """The all-reduce of ``inputs_in_ring_order`` (one array per participant, in the order of the
+    master's ``Commence.ring``) as the unquantized ring computes it, as a new flat array."""
+    world = len(inputs_in_ring_order)
+    if world == 0:
+        raise ValueError("need at least one input")
+    op = ReduceOp(op)
+    flat = [np.ascontiguousarray(x).reshape(-1) for x in inputs_in_ring_order]
+    dtype = flat[0].dtype
+    half = dtype_of(dtype) in (DType.FLOAT16, DType.BFLOAT16)
+    acc_t = np.dtype(np.float32) if half else dtype
+    out = np.empty(flat[0].size, dtype)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for c, (start, stop) in enumerate(chunk_bounds(flat[0].size, world)):
+            acc = flat[c][start:stop].astype(acc_t)
+            for j in range(1, world):
+                acc = _NP_OP[op](flat[(c + j) % world][start:stop].astype(acc_t), acc)
+            if op is ReduceOp.AVG:
+                divisor = acc_t.type(world)
+                acc = acc // divisor if np.issubdtype(acc_t, np.integer) else acc / divisor
+            out[start:stop] = acc.astype(dtype)
+    return out

@@ -1,0 +1,665 @@
+"""The all-reduce end to end on real TCP (issue 6 acceptance).
+
+Part 1 — peers as OS processes (``allreduce_peer.py``) under a ``pccl master`` process: every op x
+dtype x size for N = 2, 3, 4 against numpy, bit-identical results with and without quantization,
+exact payload byte counts, concurrent tags, usage errors, a peer SIGKILLed / SIGSTOPped mid-op.
+Each process regenerates its inputs from a seed, reports digests of its outputs, and the test
+computes the reference (:func:`pccl.collectives.reference.ring_reference`, in the ring order the
+processes report) itself.
+
+Part 2 — peers as Trio tasks in this process, where the test needs a hand inside the op:
+cancellation mid-ring and during the vote, an abort that reaches peers which already finished
+their ring, a ring that stalls while every peer still answers the master.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pathlib
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+import pccl
+from pccl import CollectiveAborted, Config, InvalidArgument, InvalidUsage, Quantization, ReduceOp, TooFewPeers
+from pccl.collectives.reference import ring_reference
+from pccl.net.base import Listener, Network, Stream
+from pccl.net.tcp import TcpNetwork
+from allreduce_cases import digest, make_input, matrix_cases, np_dtype, reduce_op
+
+HERE = pathlib.Path(__file__).resolve().parent
+TOKEN = "allreduce-e2e-token"
+#: Short enough for the SIGSTOP test, long enough that a peer starved of CPU on a loaded 2-core
+#: machine is not taken for a dead one.
+PEER_TIMEOUT = 3.0
+HEARTBEAT = 0.3
+#: Generous bound for one command on a loaded 2-core machine.
+BOUND = 90.0
+
+
+# =================================================================================================
+# Part 1: OS processes
+# =================================================================================================
+
+
+class _Proc:
+    """A child process whose stdout (stderr merged) is read by a thread: JSON lines are events,
+    anything else is kept as log text for failure messages."""
+
+    def __init__(self, argv: list[str], *, stderr_is_log: bool = False) -> None:
+        self.popen = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if stderr_is_log else subprocess.STDOUT, text=True, bufsize=1,
+        )
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.log: list[str] = []
+        stream = self.popen.stderr if stderr_is_log else self.popen.stdout
+        self._reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            line = line.rstrip("\n")
+            if line.startswith("{"):
+                self.events.put(json.loads(line))
+            else:
+                self.log.append(line)
+                del self.log[:-200]
+
+    def send(self, obj: dict[str, Any]) -> None:
+        assert self.popen.stdin is not None
+        self.popen.stdin.write(json.dumps(obj) + "\n")
+        self.popen.stdin.flush()
+
+    def next(self, timeout: float = BOUND) -> dict[str, Any]:
+        try:
+            event = self.events.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no event from pid {self.popen.pid} within {timeout} s; log:\n"
+                                 + "\n".join(self.log[-40:])) from None
+        if event.get("event") == "fatal":
+            raise AssertionError(f"peer process failed: {event}; log:\n" + "\n".join(self.log[-40:]))
+        return event
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait()
+        for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+class Cluster:
+    """A ``pccl master`` process and ``world`` peer processes, all accepted into one group."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.master: _Proc | None = None
+        self.peers: list[_Proc] = []
+        self.peer_ids: list[int] = []
+        self.ring: list[int] = []
+
+    def start(self) -> Cluster:
+        self.master = _Proc([sys.executable, "-m", "pccl", "master", "--listen", "127.0.0.1:0", "--token", TOKEN,
+                             "--peer-timeout", str(PEER_TIMEOUT), "--heartbeat-interval", str(HEARTBEAT)],
+                            stderr_is_log=True)
+        address = self._master_address()
+        for index in range(self.world):
+            self.peers.append(_Proc([sys.executable, str(HERE / "allreduce_peer.py"), address, TOKEN,
+                                     str(PEER_TIMEOUT), str(HEARTBEAT), str(index), str(self.world)]))
+        ready = [p.next() for p in self.peers]
+        self.peer_ids = [e["peer_id"] for e in ready]
+        self.ring = ready[0]["ring"]
+        assert all(e["ring"] == self.ring for e in ready) and sorted(self.ring) == sorted(self.peer_ids)
+        return self
+
+    def _master_address(self) -> str:
+        assert self.master is not None
+        deadline = time.monotonic() + BOUND
+        while time.monotonic() < deadline:
+            for line in list(self.master.log):
+                if "master listening on" in line:
+                    return line.rsplit(" ", 1)[-1]
+            if self.master.popen.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise AssertionError("the master did not start:\n" + "\n".join(self.master.log))
+
+    def index_of(self, peer_id: int) -> int:
+        return self.peer_ids.index(peer_id)
+
+    def close(self) -> None:
+        for p in self.peers:
+            with contextlib.suppress(OSError, ValueError):  # ValueError: already stopped
+                p.send({"cmd": "exit"})
+        for p in self.peers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.popen.wait(timeout=5)
+            p.stop()
+        if self.master is not None:
+            self.master.stop()
+
+
+@pytest.fixture
+def cluster_factory() -> Iterator[Any]:
+    clusters: list[Cluster] = []
+
+    def make(world: int) -> Cluster:
+        cluster = Cluster(world)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield make
+    for c in clusters:
+        c.close()
+
+
+def _inputs_in_ring(cluster: Cluster, ring: list[int], seed: int, n: int, dtype: str, op: str) -> list[np.ndarray]:
+    return [make_input(seed, cluster.index_of(pid), n, dtype, op) for pid in ring]
+
+
+def _payload_items(dtype: str) -> tuple[int, int]:
+    """Bytes per element on the wire: reduce-scatter (f32 partial sums for f16/bf16), all-gather."""
+    size = np_dtype(dtype).itemsize
+    return (4 if dtype in ("float16", "bfloat16") else size), size
+
+
+def _check_quantized(cluster: Cluster, case: dict[str, Any], outputs: list[np.ndarray], ring: list[int]) -> None:
+    """Quantized results: close to the exact f64 result within the error min-max quantization
+    can make (a step of ``range / levels`` per quantization, ring hops included)."""
+    world = len(ring)
+    inputs = [x.astype(np.float64) for x in _inputs_in_ring(cluster, ring, case["seed"], case["n"], case["dtype"],
+                                                             case["op"])]
+    exact = {"SUM": np.sum, "AVG": np.sum, "MAX": np.max}[case["op"]](np.stack(inputs), axis=0)
+    if case["op"] == "AVG":
+        exact = exact / world
+    levels = 255 if case["quant"] == "uint8" else 65535
+    spread = max(float(x.max() - x.min()) for x in inputs)
+    tol = spread * world * (world + 1) / (2 * levels)
+    if case["op"] == "AVG":
+        tol /= world
+    rounding = {"float16": 2**-10, "bfloat16": 2**-7}.get(case["dtype"], 0.0)
+    got = outputs[0].astype(np.float64)
+    err = np.abs(got - exact)
+    assert np.all(err <= tol + rounding * np.abs(exact) + 1e-9), \
+        f"{case['key']}: max error {err.max():.4g} > tolerance {tol:.4g}"
+    assert err.mean() < tol / 2 + rounding * np.abs(exact).mean(), f"{case['key']}: mean error {err.mean():.4g}"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_op_and_dtype_matches_numpy(cluster_factory: Any, world: int, tmp_path: pathlib.Path) -> None:
+    cluster = cluster_factory(world)
+    paths = [tmp_path / f"peer{i}.npz" for i in range(world)]
+    for p, path in zip(cluster.peers, paths):
+        p.send({"cmd": "matrix", "out": str(path)})
+    reports = [p.next() for p in cluster.peers]
+    saved = [np.load(path) for path in paths]
+    ring = reports[0]["ring"]
+    assert ring == cluster.ring
+    wrong: list[str] = []
+    for case in matrix_cases():
+        key = case["key"]
+        results = [r["results"][key] for r in reports]
+        errors = [r for r in results if "error" in r]
+        if errors:
+            wrong.append(f"{key}: {errors[0]}")
+            continue
+        assert all(r["world"] == world for r in results), key
+        # Bit-identical on every peer, with and without quantization.
+        if len({r["digest"] for r in results}) != 1:
+            wrong.append(f"{key}: peers differ")
+            continue
+        tx = [r["tx"] for r in results]
+        rx = [r["rx"] for r in results]
+        assert sum(tx) == sum(rx), key
+        if case["quant"] is None:
+            rs_item, ag_item = _payload_items(case["dtype"])
+            # Every chunk crosses N-1 links in each phase.
+            assert sum(tx) == (world - 1) * case["n"] * (rs_item + ag_item), key
+            if case["n"] % world == 0:
+                assert tx == rx == [(world - 1) * case["n"] // world * (rs_item + ag_item)] * world, key
+            reference = ring_reference(_inputs_in_ring(cluster, ring, case["seed"], case["n"], case["dtype"],
+                                                       case["op"]), reduce_op(case["op"]))
+            if digest(reference) != results[0]["digest"]:
+                detail = ""
+                if key in saved[0].files:  # small cases are saved whole: show the first elements
+                    detail = f": got {saved[0][key].view(np_dtype(case['dtype']))[:4]}, expected {reference[:4]}"
+                wrong.append(f"{key}: differs from numpy{detail}")
+        else:
+            outputs = [s[key].view(np_dtype(case["dtype"])) for s in saved]
+            assert all(np.array_equal(o.view(np.uint8), outputs[0].view(np.uint8)) for o in outputs), key
+            _check_quantized(cluster, case, outputs, ring)
+    assert not wrong, f"{len(wrong)} wrong cases:\n" + "\n".join(wrong[:30])
+
+
+def _spec(tag: int, seed: int, n: int, dtype: str, op: str, **extra: Any) -> dict[str, Any]:
+    return {"tag": tag, "seed": seed, "n": n, "dtype": dtype, "op": op, **extra}
+
+
+def _run_ops(cluster: Cluster, specs_for: Any, **cmd: Any) -> list[dict[str, Any]]:
+    """Send an ``ops`` command to every peer (``specs_for(index)`` gives its specs)."""
+    for i, p in enumerate(cluster.peers):
+        p.send({"cmd": "ops", "ops": specs_for(i), **cmd})
+    return [p.next() for p in cluster.peers]
+
+
+def _expect_reference(cluster: Cluster, reports: list[dict[str, Any]], specs: list[dict[str, Any]]) -> None:
+    ring = reports[0]["ring"]
+    for k, spec in enumerate(specs):
+        results = [r["results"][k] for r in reports]
+        assert all(r.get("ok") for r in results), results
+        assert len({r["digest"] for r in results}) == 1, f"tag {spec['tag']}: peers differ"
+        assert all(r["world"] == len(ring) for r in results)
+        if spec.get("quant") is None:
+            ref = ring_reference(_inputs_in_ring(cluster, ring, spec["seed"], spec["n"], spec["dtype"], spec["op"]),
+                                 reduce_op(spec["op"]))
+            assert results[0]["digest"] == digest(ref), f"tag {spec['tag']} differs from numpy"
+
+
+def test_concurrent_tags_and_usage_errors(cluster_factory: Any) -> None:
+    cluster = cluster_factory(3)
+    two = [_spec(1, 1, 100_000, "float32", "SUM"), _spec(2, 2, 1025, "int32", "MAX")]
+    _expect_reference(cluster, _run_ops(cluster, lambda i: two), two)
+
+    eight = [
+        _spec(10, 10, 300_000, "float32", "AVG"),
+        _spec(11, 11, 1025, "float16", "SUM"),
+        _spec(12, 12, 77_777, "bfloat16", "MAX"),
+        _spec(13, 13, 3, "int64", "PROD"),
+        _spec(14, 14, 50_000, "uint8", "MIN", in_place=False),
+        _spec(15, 15, 200_000, "float64", "SUM", quant="uint8"),
+        _spec(16, 16, 1, "uint16", "SUM"),
+        _spec(17, 17, 123_457, "float32", "SUM", quant="uint16", in_place=False),
+    ]
+    _expect_reference(cluster, _run_ops(cluster, lambda i: eight), eight)
+
+    # A tag reused while in flight: on every peer one call runs, the other is refused.
+    same = [_spec(5, 5, 50_000, "float32", "SUM"), _spec(5, 5, 50_000, "float32", "SUM")]
+    reports = _run_ops(cluster, lambda i: same)
+    ring = reports[0]["ring"]
+    ref = digest(ring_reference(_inputs_in_ring(cluster, ring, 5, 50_000, "float32", "SUM"), ReduceOp.SUM))
+    for r in reports:
+        outcomes = sorted(res.get("error", "ok") for res in r["results"])
+        assert outcomes == ["InvalidUsage", "ok"], r
+        assert [res["digest"] for res in r["results"] if res.get("ok")] == [ref]
+        assert all(res["untouched"] for res in r["results"] if "error" in res)
+
+    # Mismatched count, dtype, op, quantization: InvalidUsage on every peer, buffers untouched.
+    def mismatched(i: int) -> list[dict[str, Any]]:
+        return [
+            _spec(20, 20, 1000 + (i == 0), "float32", "SUM"),
+            _spec(21, 21, 1000, "float64" if i == 0 else "float32", "SUM"),
+            _spec(22, 22, 1000, "float32", "MAX" if i == 1 else "SUM"),
+            _spec(23, 23, 1000, "float32", "SUM", quant="uint8" if i == 2 else None),
+        ]
+
+    for r in _run_ops(cluster, mismatched):
+        assert [res.get("error") for res in r["results"]] == ["InvalidUsage"] * 4, r
+        assert all(res["untouched"] for res in r["results"])
+    # The refused tags are free again.
+    again = [_spec(20, 30, 1000, "float32", "SUM")]
+    _expect_reference(cluster, _run_ops(cluster, lambda i: again), again)
+
+
+def _abort_and_retry(cluster_factory: Any, world: int, fault: dict[str, Any]) -> None:
+    """The last peer faults mid-op; survivors abort with their input restored, then the retry
+    runs over the survivors with AVG divided by their number."""
+    cluster = cluster_factory(world)
+    victim = cluster.peers[-1]
+    spec = _spec(7, 77, 6_000_000, "float32", "AVG")  # 24 MB: the ring takes a while
+    for i, p in enumerate(cluster.peers):
+        p.send({"cmd": "ops", "ops": [spec], "retry": True, **({"fault": fault} if p is victim else {})})
+    reports = [p.next() for p in cluster.peers[:-1]]
+    victim_pid = cluster.peer_ids[-1]
+    for r in reports:
+        res = r["results"][0]
+        assert res["first_error"] == "CollectiveAborted" and res["restored"] is True, json.dumps(res)
+        assert res.get("ok") and res["world"] == world - 1 and res["attempts"] >= 2, json.dumps(res)
+        assert victim_pid not in r["ring"] and len(r["ring"]) == world - 1
+    ring = reports[0]["ring"]
+    ref = ring_reference(_inputs_in_ring(cluster, ring, spec["seed"], spec["n"], "float32", "AVG"), ReduceOp.AVG)
+    assert {r["results"][0]["digest"] for r in reports} == {digest(ref)}
+    if fault["kind"] == "kill":
+        assert victim.popen.wait(timeout=BOUND) == -signal.SIGKILL
+    else:
+        assert victim.popen.poll() is None  # still stopped: it was aborted around, not waited for
+        victim.stop()
+
+
+def test_sigkilled_peer_mid_reduce_scatter(cluster_factory: Any) -> None:
+    _abort_and_retry(cluster_factory, 3, {"kind": "kill", "at": 0.2})
+
+
+def test_sigkilled_peer_mid_all_gather(cluster_factory: Any) -> None:
+    _abort_and_retry(cluster_factory, 4, {"kind": "kill", "at": 0.7})
+
+
+def test_sigstopped_peer_is_aborted_around(cluster_factory: Any) -> None:
+    _abort_and_retry(cluster_factory, 3, {"kind": "stop", "at": 0.3})
+
+
+def test_all_reduce_many_retries_on_the_survivors(cluster_factory: Any) -> None:
+    cluster = cluster_factory(3)
+    arrays = [_spec(0, 40 + k, 1_500_000, "float32", "SUM") for k in range(6)]
+    for p in cluster.peers:
+        fault = {"kind": "kill", "at": 0.3} if p is cluster.peers[-1] else None
+        p.send({"cmd": "many", "arrays": arrays, "max_in_flight": 3, "fault": fault})
+    reports = [p.next() for p in cluster.peers[:-1]]
+    for r in reports:
+        assert "error" not in r, r
+        assert r["world"] == 2 and r["retries"] >= 1
+    ring = reports[0]["ring"]
+    assert reports[1]["digests"] == reports[0]["digests"]
+    for k, spec in enumerate(arrays):
+        over_survivors = digest(ring_reference(_inputs_in_ring(cluster, ring, spec["seed"], spec["n"], "float32",
+                                                                "SUM"), ReduceOp.SUM))
+        over_all = digest(ring_reference(_inputs_in_ring(cluster, cluster.ring, spec["seed"], spec["n"], "float32",
+                                                          "SUM"), ReduceOp.SUM))
+        assert reports[0]["digests"][k] in (over_survivors, over_all), f"array {k}"
+    assert over_survivors in reports[0]["digests"]  # at least the ops in flight at the kill were retried
+
+
+# =================================================================================================
+# Part 2: peers as Trio tasks in this process
+# =================================================================================================
+
+CFG = Config(peer_timeout=PEER_TIMEOUT, heartbeat_interval=HEARTBEAT, connect_timeout=5.0, p2p_base_port=0)
+#: Bound for anything that should happen promptly in-process.
+SOON = 20.0
+
+
+class _GatedStream(Stream):
+    def __init__(self, inner: Stream, network: GatedNetwork) -> None:
+        self._inner = inner
+        self._network = network
+        self.remote_address = inner.remote_address
+        self.local_address = inner.local_address
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._inner.send_all(data)
+
+    async def receive_into(self, buffer: memoryview | bytearray) -> int:
+        await self._network.gate()
+        n = await self._inner.receive_into(buffer)
+        self._network.received += n
+        return n
+
+    async def receive_exactly_into(self, buffer: memoryview | bytearray) -> None:
+        await self._network.gate()
+        await self._inner.receive_exactly_into(buffer)
+        self._network.received += memoryview(buffer).nbytes
+
+    async def send_eof(self) -> None:
+        await self._inner.send_eof()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+
+class _GatedListener(Listener):
+    def __init__(self, inner: Listener, network: GatedNetwork) -> None:
+        self._inner = inner
+        self._network = network
+        self.address = inner.address
+
+    async def accept(self) -> Stream:
+        return _GatedStream(await self._inner.accept(), self._network)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class GatedNetwork(Network):
+    """Real TCP whose peer-to-peer receives (not the master connection) stop once ``hold_after``
+    bytes have arrived, until :meth:`release`: a peer frozen mid-ring while it still heartbeats."""
+
+    def __init__(self, master_address: str) -> None:
+        self._tcp = TcpNetwork(CFG)
+        self._master = master_address
+        self.received = 0
+        self.hold_after: int | None = None
+        self.held = trio.Event()
+        self._released = trio.Event()
+
+    async def connect(self, address: str, *, timeout: float | None = None) -> Stream:
+        stream = await self._tcp.connect(address, timeout=timeout)
+        return stream if address == self._master else _GatedStream(stream, self)
+
+    async def listen(self, address: str, *, port_range: int = 1) -> Listener:
+        return _GatedListener(await self._tcp.listen(address, port_range=port_range), self)
+
+    def hold_after_more(self, nbytes: int) -> None:
+        self.hold_after = self.received + nbytes
+
+    async def gate(self) -> None:
+        if self.hold_after is not None and self.received >= self.hold_after and not self._released.is_set():
+            self.held.set()
+            await self._released.wait()
+
+    def release(self) -> None:
+        self._released.set()
+
+
+@contextlib.asynccontextmanager
+async def _in_process_group(world: int, *, config: Config = CFG, gated: dict[int, Network] | None = None):
+    """A master and ``world`` accepted communicators (peer ``i`` on ``gated[i]`` if given)."""
+    async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=config) as master:
+        comms: list[pccl.Communicator] = []
+        networks = {i: net(master.address) for i, net in (gated or {}).items()}
+        done = trio.Event()
+        async with trio.open_nursery() as nursery:
+
+            async def peer(i: int) -> None:
+                async with pccl.open_communicator(master.address, token=TOKEN, config=config,
+                                                  network=networks.get(i)) as comm:
+                    comms.append(comm)
+                    await done.wait()
+
+            with trio.fail_after(SOON):
+                for i in range(world):
+                    before = master.statistics().registered_peers
+                    nursery.start_soon(peer, i)
+                    if i > 0:
+                        while master.statistics().registered_peers == before:
+                            await trio.sleep(0.005)
+                        async with trio.open_nursery() as voters:
+                            for comm in list(comms):
+                                voters.start_soon(comm.update_topology)
+                    while len(comms) < i + 1:
+                        await trio.sleep(0.005)
+            yield master, comms, networks
+            done.set()
+
+
+def _f32_inputs(world: int, n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(n).astype(np.float32) for _ in range(world)]
+
+
+def _in_ring_order(comms: list[pccl.Communicator], arrays: list[np.ndarray]) -> list[np.ndarray]:
+    by_id = {c.peer_id: a for c, a in zip(comms, arrays)}
+    return [by_id[pid] for pid in comms[0].ring]
+
+
+async def _all_reduce_all(comms: list[pccl.Communicator], bufs: list[np.ndarray], **kw: Any) -> list[Any]:
+    """Run every peer's call; return each ReduceInfo or the pccl error it raised."""
+    out: list[Any] = [None] * len(comms)
+
+    async def one(i: int) -> None:
+        try:
+            out[i] = await comms[i].all_reduce(bufs[i], **kw)
+        except pccl.PCCLError as exc:
+            out[i] = exc
+
+    with trio.fail_after(SOON):
+        async with trio.open_nursery() as nursery:
+            for i in range(len(comms)):
+                nursery.start_soon(one, i)
+    return out
+
+
+async def test_alone_is_too_few_peers_and_bad_buffers_are_refused_before_the_vote() -> None:
+    async with _in_process_group(1) as (master, comms, _):
+        x = np.arange(10, dtype=np.float32)
+        with pytest.raises(TooFewPeers):
+            await comms[0].all_reduce(x)
+        assert np.array_equal(x, np.arange(10, dtype=np.float32))
+        assert comms[0].statistics().collectives_completed == 0
+    async with _in_process_group(2) as (master, comms, _):
+        good = np.ones(8, np.float32)
+        read_only = np.ones(8, np.float32)
+        read_only.flags.writeable = False
+        bad_calls = [
+            dict(send=np.ones(8, np.complex64)),
+            dict(send=good, recv=np.ones(9, np.float32)),
+            dict(send=good, recv=np.ones(8, np.float64)),
+            dict(send=np.ones((8, 2), np.float32)[:, 0]),
+            dict(send=good, recv=read_only),
+            dict(send=read_only),
+            dict(send=good, tag=-1),
+            dict(send=good, op=17),
+            dict(send=np.ones(8, np.int32), quantization=Quantization()),
+            dict(send=[1.0, 2.0]),
+        ]
+        for kwargs in bad_calls:
+            with pytest.raises(InvalidArgument):
+                await comms[0].all_reduce(**kwargs)
+        assert master.state.ops() == []  # nothing reached the master
+        inputs = _f32_inputs(2, 1000, 1)
+        bufs = [x.copy() for x in inputs]
+        infos = await _all_reduce_all(comms, bufs)
+        assert all(isinstance(i, pccl.ReduceInfo) and i.world_size == 2 for i in infos), infos
+        assert np.array_equal(bufs[0], ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM))
+
+
+async def test_cancelling_mid_ring_restores_the_input_and_aborts_the_others() -> None:
+    async with _in_process_group(3, gated={0: GatedNetwork}) as (master, comms, networks):
+        gate = networks[0]
+        inputs = _f32_inputs(3, 3_000_000, 2)
+        bufs = [x.copy() for x in inputs]
+        gate.hold_after_more(4 << 20)  # freeze peer 0 inside the reduce-scatter
+        outcome: list[Any] = [None] * 3
+        victim = trio.CancelScope()
+
+        async def run(i: int) -> None:
+            try:
+                with victim if i == 0 else contextlib.nullcontext():
+                    outcome[i] = await comms[i].all_reduce(bufs[i], tag=3)
+            except pccl.PCCLError as exc:
+                outcome[i] = exc
+
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                for i in range(3):
+                    nursery.start_soon(run, i)
+                await gate.held.wait()
+                victim.cancel()
+        gate.release()
+        assert outcome[0] is None and victim.cancelled_caught
+        assert all(isinstance(o, CollectiveAborted) for o in outcome[1:]), outcome
+        for buf, x in zip(bufs, inputs):
+            assert np.array_equal(buf, x)  # every in-place buffer holds its input again
+        assert comms[0].statistics().collectives_aborted == 1
+        # The retry re-wires the stale ring and runs over all three.
+        infos = await _all_reduce_all(comms, bufs, tag=3)
+        assert all(isinstance(i, pccl.ReduceInfo) and i.world_size == 3 for i in infos), infos
+        expected = ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM)
+        assert all(np.array_equal(b, expected) for b in bufs)
+        assert all(c.statistics().retries >= 1 for c in comms)
+
+
+async def test_cancelling_during_the_vote_makes_the_others_abort() -> None:
+    async with _in_process_group(3) as (master, comms, _):
+        inputs = _f32_inputs(3, 100_000, 3)
+        bufs = [x.copy() for x in inputs]
+        with trio.fail_after(SOON):
+            with trio.move_on_after(0.3) as waited:
+                await comms[0].all_reduce(bufs[0], tag=9)  # nobody else calls yet: the vote stays open
+            assert waited.cancelled_caught
+            assert [op.voters for op in master.state.ops()] == [frozenset({comms[0].peer_id})]
+            with pytest.raises(InvalidUsage):  # the tag stays in flight until the vote is settled
+                await comms[0].all_reduce(bufs[0], tag=9)
+            others = await _all_reduce_all(comms[1:], bufs[1:], tag=9)
+        assert all(isinstance(o, CollectiveAborted) for o in others), others
+        for buf, x in zip(bufs, inputs):
+            assert np.array_equal(buf, x)
+        infos = await _all_reduce_all(comms, bufs, tag=9)
+        assert all(isinstance(i, pccl.ReduceInfo) for i in infos), infos
+        assert np.array_equal(bufs[0], ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM))
+
+
+async def test_abort_after_local_completion_restores_the_input() -> None:
+    from pccl.protocol import messages as m
+
+    async with _in_process_group(3) as (master, comms, _):
+        inputs = _f32_inputs(3, 500_000, 4)
+        bufs = [x.copy() for x in inputs]
+        crasher = comms[2]._all_reduce
+        finished = {comms[0].peer_id, comms[1].peer_id}
+        real_tell = crasher._tell_master
+
+        async def crash_instead_of_done(msg: m.Message) -> None:
+            if isinstance(msg, m.CollectiveDone) and not msg.aborted:
+                # Every byte has moved; the others report success; this peer dies before it does.
+                while not any(op.done >= finished for op in master.state.ops()):
+                    await trio.sleep(0.005)
+                assert comms[2]._master is not None
+                comms[2]._master.abort()
+                await trio.sleep_forever()
+            await real_tell(msg)
+
+        crasher._tell_master = crash_instead_of_done  # type: ignore[method-assign]
+        survivors = comms[:2]
+        outcome: list[Any] = [None] * 2
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                crash_scope = trio.CancelScope()
+
+                async def crashing_peer() -> None:
+                    with crash_scope:
+                        await comms[2].all_reduce(bufs[2])
+
+                nursery.start_soon(crashing_peer)
+                outcome = await _all_reduce_all(survivors, bufs[:2])
+                crash_scope.cancel()
+        assert all(isinstance(o, CollectiveAborted) for o in outcome), outcome
+        assert np.array_equal(bufs[0], inputs[0]) and np.array_equal(bufs[1], inputs[1])
+        # Retry over the two survivors (the stale ring is re-wired automatically).
+        infos = await _all_reduce_all(survivors, bufs[:2], op=ReduceOp.AVG)
+        assert all(isinstance(i, pccl.ReduceInfo) and i.world_size == 2 for i in infos), infos
+        expected = ring_reference(_in_ring_order(survivors, inputs[:2]), ReduceOp.AVG)
+        assert np.array_equal(bufs[0], expected) and np.array_equal(bufs[1], expected)
+
+
+async def test_a_ring_that_stalls_is_aborted_though_every_peer_answers_the_master() -> None:
+    config = Config(peer_timeout=1.0, heartbeat_interval=0.2, connect_timeout=5.0, p2p_base_port=0)
+    async with _in_process_group(3, config=config, gated={1: GatedNetwork}) as (master, comms, networks):
+        gate = networks[1]
+        inputs = _f32_inputs(3, 2_000_000, 5)
+        bufs = [x.copy() for x in inputs]
+        gate.hold_after_more(2 << 20)  # peer 1 stops reading mid-ring but keeps heartbeating
+        started = trio.current_time()
+        outcome = await _all_reduce_all(comms, bufs)
+        assert all(isinstance(o, CollectiveAborted) for o in outcome), outcome
+        assert trio.current_time() - started >= config.peer_timeout
+        assert master.statistics().kicks == 0  # nobody was removed: the transfer watchdog fired
+        for buf, x in zip(bufs, inputs):
+            assert np.array_equal(buf, x)
+        gate.release()
+        infos = await _all_reduce_all(comms, bufs)
+        assert all(isinstance(i, pccl.ReduceInfo) and i.world_size == 3 for i in infos), infos
