@@ -1,43 +1,64 @@
-"""``pccl-sim``: run, replay and shrink simulated runs (minimal; campaigns and coverage come later).
+"""``pccl-sim``: chaos-test pccl in the deterministic simulator; replay and shrink failures.
 
-    pccl-sim run --seed 7 [--profile chaos --peers 3 --duration 20 --quiet 15 --save FILE]
-    pccl-sim run --seed 7 --check-determinism
-    pccl-sim replay --seed 7 | FILE
+    pccl-sim run --seed 7 [--peers 4 --duration 20 --quiet Q --profile chaos --master real]
+    pccl-sim run --seed 7 --check-determinism      # twice; prints the first divergent event
+    pccl-sim campaign --seeds 0..99 [--workers 2 --save-failing DIR]
+    pccl-sim replay --seed 7 | FILE [--expect HASH] # prints the trace hash
     pccl-sim shrink --seed 7 [--out FILE] | FILE
+    pccl-sim coverage --seeds 0..49                # where faults landed: victim x master phase x kind
+    pccl-sim plot --seed 7 [--out run.png] | FILE  # membership and faults timeline (needs matplotlib)
 
-Until the pccl workload lands the scenario is the toy echo service (:mod:`sim.toy`); a schedule
-file names its own scenario.  Exit status: 0 if the run passed, 1 if it failed, 2 on bad usage.
+The default scenario is ``pccl`` (:mod:`sim.workload`: the real master and peers running the
+recommended training loop); ``--scenario toy-echo`` runs the simulator's toy.  A seed plus the
+generation options (``--profile --peers --duration --quiet --master --phases``) determine the
+schedule; a schedule FILE carries its own.  Exit status: 0 if every run passed, 1 if one failed,
+2 on bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import pathlib
 import sys
+from typing import Any
 
-from .faults import Schedule
-from .runner import run
+from .campaign import CampaignSpec, ProgressBar, parse_seeds, run_campaign, summary_table
+from .faults import PROFILES, Schedule
+from .runner import Scenario, run
 from .scenarios import scenario_from_json
 from .shrink import NotFailing, same_failure, shrink
-from .toy import toy_schedule
 from .trace import Trace
 
 __all__ = ["main"]
 
 
-def _schedule(args: argparse.Namespace) -> Schedule:
+def _spec(args: argparse.Namespace) -> CampaignSpec:
+    params: list[tuple[str, Any]] = []
+    if args.master != "real":
+        params.append(("master", args.master))
+    if args.phases:
+        params.append(("phases", tuple(args.phases.split(","))))
+    if args.groups != 1:
+        params.append(("groups", args.groups))
+    return CampaignSpec(
+        scenario=args.scenario, profile=args.profile, peers=args.peers, duration=args.duration, quiet=args.quiet,
+        params=tuple(params),
+    )
+
+
+def _load(args: argparse.Namespace) -> tuple[Scenario, Schedule]:
     if getattr(args, "file", None):
-        return Schedule.load(args.file)
+        schedule = Schedule.load(args.file)
+        return scenario_from_json(schedule.scenario), schedule
     if args.seed is None:
         raise SystemExit("give --seed S or a schedule FILE")
-    _, schedule = toy_schedule(
-        args.seed, profile=args.profile, peers=args.peers, duration=args.duration, quiet=args.quiet
-    )
-    return schedule
+    return _spec(args).build(args.seed)
 
 
-def _report(schedule: Schedule, trace: Trace) -> None:
+def _report(schedule: Schedule, trace: Trace, spec: CampaignSpec | None) -> None:
     stats = trace.stats
     print(f"seed {schedule.seed}: {len(schedule.events)} faults, {len(trace)} trace events, hash {trace.hash()}")
     print(
@@ -49,31 +70,78 @@ def _report(schedule: Schedule, trace: Trace) -> None:
     for failure in trace.failures:
         print(f"  FAIL {failure}")
     if not trace.ok:
-        print(f"  replay: pccl-sim replay --seed {schedule.seed}")
+        print(f"  replay: {spec.command(schedule.seed) if spec else 'pccl-sim replay FILE'}")
 
 
-def _run(args: argparse.Namespace) -> int:
-    schedule = _schedule(args)
+def _cmd_run(args: argparse.Namespace) -> int:
+    scenario, schedule = _load(args)
     if args.save:
         schedule.save(args.save)
-    trace = run(scenario_from_json(schedule.scenario), schedule)
-    _report(schedule, trace)
+    trace = run(scenario, schedule)
+    _report(schedule, trace, None if args.file else _spec(args))
+    if args.trace_out:
+        pathlib.Path(args.trace_out).write_text(json.dumps(trace.to_json()) + "\n")
+    if args.verbose:
+        print(trace.format())
     if args.check_determinism:
         again = run(scenario_from_json(schedule.scenario), schedule)
         divergence = trace.first_divergence(again)
         if divergence is not None:
             print(f"  NON-DETERMINISTIC: {divergence}")
             return 1
-        print("  deterministic: second run has the same trace hash")
+        print("  deterministic: a second run has the same trace hash")
     return 0 if trace.ok else 1
 
 
-def _shrink(args: argparse.Namespace) -> int:
-    schedule = _schedule(args)
-    first = run(scenario_from_json(schedule.scenario), schedule)
+def _cmd_replay(args: argparse.Namespace) -> int:
+    scenario, schedule = _load(args)
+    trace = run(scenario, schedule)
+    print(trace.hash())
+    for failure in trace.failures:
+        print(f"FAIL {failure}")
+    if args.expect and args.expect != trace.hash():
+        print(f"hash mismatch: expected {args.expect}", file=sys.stderr)
+        return 1
+    return 0 if trace.ok else 1
+
+
+def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
+    spec = _spec(args)
+    seeds = parse_seeds(args.seeds)
+    bar = ProgressBar(len(seeds))
+    results = run_campaign(spec, seeds, workers=args.workers, progress=bar.update)
+    failing = [r for r in results if not r.ok]
+    print(f"campaign: scenario {spec.scenario}, profile {spec.profile}, {spec.peers} peers, "
+          f"{spec.duration:g} s of faults, seeds {seeds[0]}..{seeds[-1]}")
+    print(summary_table(results))
+    if coverage:
+        from .coverage import coverage_table
+        from .workload import MEMBERSHIP_MESSAGES
+
+        print()
+        print(coverage_table([c for r in results for c in r.coverage], phases=MEMBERSHIP_MESSAGES))
+    if failing:
+        print(f"\n{len(failing)} failing seed(s):")
+        for r in failing:
+            print(f"  seed {r.seed}: {', '.join(r.kinds)}: {r.failures[0]}")
+            print(f"    {spec.command(r.seed)}")
+            print(f"    {spec.command(r.seed).replace('replay', 'shrink', 1)}")
+        if args.save_failing:
+            out = pathlib.Path(args.save_failing)
+            out.mkdir(parents=True, exist_ok=True)
+            for r in failing:
+                spec.build(r.seed)[1].save(out / f"seed-{r.seed}.json")
+            print(f"  schedules saved in {out}/")
+    return 1 if failing else 0
+
+
+def _cmd_shrink(args: argparse.Namespace) -> int:
+    scenario, schedule = _load(args)
+    first = run(scenario, schedule)
     if first.ok:
         print(f"seed {schedule.seed} passes; nothing to shrink")
         return 0
+    print(f"seed {schedule.seed} fails ({', '.join(first.failure_kinds)}) with {len(schedule.events)} faults; shrinking")
     oracle = same_failure(lambda s: scenario_from_json(s.scenario), first.failure_kinds)
     try:
         result = shrink(schedule, oracle)
@@ -82,33 +150,80 @@ def _shrink(args: argparse.Namespace) -> int:
         return 1
     out = args.out or f"shrunk-{schedule.seed}.json"
     result.schedule.save(out)
+    again = run(scenario_from_json(result.schedule.scenario), result.schedule)
     print(f"{result.original_events} -> {len(result.events)} events in {result.runs} runs; saved {out}")
     for event in result.events:
         print(f"  {event.describe()}")
+    print(f"replay: pccl-sim replay {out}  (hash {again.hash()})")
+    for failure in again.failures:
+        print(f"  FAIL {failure}")
     return 1
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from .plot import MatplotlibMissing, plot_trace
+
+    scenario, schedule = _load(args)
+    trace = run(scenario, schedule)
+    out = args.out or f"pccl-sim-{schedule.seed}.png"
+    try:
+        plot_trace(trace, schedule, out)
+    except MatplotlibMissing as exc:
+        print(f"pccl-sim plot: {exc}", file=sys.stderr)
+        return 2
+    print(f"seed {schedule.seed}: {'PASS' if trace.ok else 'FAIL ' + ', '.join(trace.failure_kinds)}; wrote {out}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pccl-sim", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def generation(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--scenario", default="pccl", choices=("pccl", "toy-echo"))
+        p.add_argument("--profile", default="chaos", choices=sorted(PROFILES))
+        p.add_argument("--peers", type=int, default=4)
+        p.add_argument("--duration", type=float, default=20.0, help="fault window (virtual s)")
+        p.add_argument("--quiet", type=float, default=None, help="recovery window after it (default: scenario's)")
+        p.add_argument("--master", default="real", help="master variant (sim.mutants), e.g. no-recheck-on-disconnect")
+        p.add_argument("--phases", default="", help="step body, comma-separated (default: compute)")
+        p.add_argument("--groups", type=int, default=1, help="peer groups (peerN joins group N %% groups)")
+        p.add_argument("-v", "--verbose", action="store_true")
+
+    for name in ("run", "replay", "shrink", "plot"):
+        p = sub.add_parser(name)
+        p.add_argument("file", nargs="?", help="a schedule JSON file (instead of --seed)")
+        p.add_argument("--seed", type=int)
+        generation(p)
+        if name == "run":
+            p.add_argument("--save", help="write the schedule to this file")
+            p.add_argument("--trace-out", help="write the trace (JSON) to this file")
+            p.add_argument("--check-determinism", action="store_true")
+        elif name == "replay":
+            p.add_argument("--expect", help="fail unless the trace hash is this")
+        elif name == "shrink":
+            p.add_argument("--out", help="where to write the minimal schedule")
+        elif name == "plot":
+            p.add_argument("--out", help="PNG file (default pccl-sim-SEED.png)")
+    for name in ("campaign", "coverage"):
+        p = sub.add_parser(name)
+        p.add_argument("--seeds", required=True, help="A..B (inclusive), or a comma list")
+        p.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+        p.add_argument("--save-failing", help="directory for the failing seeds' schedules")
+        generation(p)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONHASHSEED", "0")  # for child processes; runs do not depend on it
-    parser = argparse.ArgumentParser(prog="pccl-sim", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("run", "replay", "shrink"):
-        p = sub.add_parser(name)
-        p.add_argument("file", nargs="?", help="a schedule JSON file")
-        p.add_argument("--seed", type=int)
-        p.add_argument("--profile", default="chaos")
-        p.add_argument("--peers", type=int, default=3)
-        p.add_argument("--duration", type=float, default=20.0)
-        p.add_argument("--quiet", type=float, default=15.0)
-        p.add_argument("--save", help="write the schedule to this file")
-        p.add_argument("--out", help="shrink: where to write the minimal schedule")
-        p.add_argument("--check-determinism", action="store_true")
-        p.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    if args.command == "shrink":
-        return _shrink(args)
-    return _run(args)
+    args = _parser().parse_args(argv)
+    # Chaos makes pccl log warnings by design (kicks, lost masters); show them only on request.
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL, format="%(name)s: %(message)s")
+    if args.command == "campaign":
+        return _cmd_campaign(args)
+    if args.command == "coverage":
+        return _cmd_campaign(args, coverage=True)
+    return {"run": _cmd_run, "replay": _cmd_replay, "shrink": _cmd_shrink, "plot": _cmd_plot}[args.command](args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -302,6 +302,12 @@ class FaultRates:
     clog: float = 0.0
     master_restart: float = 0.0
     triggered_kill: float = 0.0
+    #: A new peer joins and a fault is armed on its own first protocol messages (``messages``),
+    #: so faults land in the short join phases (registration, first round) too.
+    triggered_join: float = 0.0
+    #: What a phase-triggered fault does (``triggered_kill`` / ``triggered_join``): drawn
+    #: uniformly from kill, power_off, stall, partition (the victim alone), restart.
+    triggered_kinds: tuple[str, ...] = ("kill",)
     stall_duration: tuple[float, float] = (0.1, 3.0)
     partition_duration: tuple[float, float] = (0.1, 5.0)
     clog_duration: tuple[float, float] = (0.05, 2.0)
@@ -318,6 +324,12 @@ PROFILES: dict[str, FaultRates] = {
         spawn=0.3, kill=0.15, power_off=0.05, restart=0.05, stall=0.1, partition=0.1, clog=0.1, triggered_kill=0.15
     ),
     "network": FaultRates(spawn=0.0, kill=0.0, stall=0.3, partition=0.4, clog=0.3),
+    # Chaos aimed at protocol phases: most faults fire on control messages, of every kind.
+    "phases": FaultRates(
+        spawn=0.15, kill=0.05, power_off=0.03, restart=0.03, stall=0.04, partition=0.05, clog=0.05,
+        triggered_kill=0.4, triggered_join=0.2,
+        triggered_kinds=("kill", "kill", "power_off", "stall", "partition", "restart"),
+    ),
 }
 
 
@@ -333,6 +345,7 @@ def generate(
     master: str | None = "master",
     peer_prefix: str = "peer",
     initial_peers: Sequence[str] | None = None,
+    message_directions: Mapping[str, Sequence[str]] | None = None,
 ) -> Schedule:
     """Draw a schedule from ``seed`` (deterministic: same arguments, same schedule).
 
@@ -340,6 +353,8 @@ def generate(
     ``peer0 … peer{peers-1}``) so that kills target live peers and spawns use fresh names.
     ``messages`` are the control-message names a message trigger may name (the scenario's
     vocabulary); without them ``triggered_kill`` falls back to byte triggers.
+    ``message_directions`` (message -> the directions a peer can see it in: ``send``/``recv``)
+    keeps triggers plausible ("peer1 *sends* VoteTopology", never "receives").
     """
     from .network import derive_rng
 
@@ -352,7 +367,10 @@ def generate(
     events: list[FaultEvent] = []
     weights = {
         name: getattr(rates, name)
-        for name in ("spawn", "kill", "power_off", "restart", "stall", "partition", "clog", "master_restart", "triggered_kill")
+        for name in (
+            "spawn", "kill", "power_off", "restart", "stall", "partition", "clog", "master_restart", "triggered_kill",
+            "triggered_join",
+        )
     }
     if master is None:
         weights["master_restart"] = 0.0
@@ -362,7 +380,7 @@ def generate(
         while names:
             action = rng.choices(names, weights=[weights[n] for n in names])[0]
             removes_peer = action in ("kill", "power_off", "triggered_kill")
-            if (action == "spawn" and len(alive) >= rates.max_peers) or (
+            if (action in ("spawn", "triggered_join") and len(alive) >= rates.max_peers) or (
                 removes_peer and len(alive) <= rates.min_peers
             ) or (action in ("restart", "stall") and not alive):
                 names.remove(action)
@@ -403,13 +421,26 @@ def generate(
             events.append(
                 FaultEvent(t_event, "clog", host=a, other=(b,), duration=round(rng.uniform(*rates.clog_duration), 6))
             )
-        elif action == "triggered_kill":
-            victim = rng.choice(sorted(alive))
-            alive.remove(victim)
+        elif action in ("triggered_kill", "triggered_join"):
+            if action == "triggered_join":
+                victim = f"{peer_prefix}{next_index}"
+                next_index += 1
+                alive.append(victim)
+                events.append(FaultEvent(t_event, "spawn", host=victim, role="peer"))
+            else:
+                victim = rng.choice(sorted(alive))
+            kind = rng.choice(rates.triggered_kinds) if len(rates.triggered_kinds) > 1 else rates.triggered_kinds[0]
+            if kind in ("kill", "power_off"):
+                alive.remove(victim)
             if messages:
+                if message_directions:
+                    message = rng.choice(list(messages))
+                    direction = rng.choice(list(message_directions.get(message, _DIRECTIONS)))
+                else:
+                    direction, message = rng.choice(_DIRECTIONS), rng.choice(list(messages))
                 trigger = Trigger(
-                    "message", host=victim, direction=rng.choice(_DIRECTIONS), message=rng.choice(list(messages)),
-                    nth=rng.randint(1, 3),
+                    "message", host=victim, direction=direction, message=message,
+                    nth=1 if action == "triggered_join" else rng.randint(1, 3),
                 )
             else:
                 others = [h for h in hosts if h != victim]
@@ -417,7 +448,19 @@ def generate(
                     "bytes", src=victim, dst=rng.choice(others) if others else victim,
                     bytes=rng.randint(*rates.bytes_trigger),
                 )
-            events.append(FaultEvent(t_event, "kill", host=victim, trigger=trigger))
+            if kind in ("kill", "power_off"):
+                events.append(FaultEvent(t_event, kind, host=victim, trigger=trigger))
+            elif kind == "stall":
+                length = round(rng.uniform(*rates.stall_duration), 6)
+                events.append(FaultEvent(t_event, "stall", host=victim, duration=length, trigger=trigger))
+            elif kind == "partition":
+                length = round(rng.uniform(*rates.partition_duration), 6)
+                events.append(FaultEvent(t_event, "partition", side=(victim,), duration=length, trigger=trigger))
+            elif kind == "restart":
+                length = round(rng.uniform(*rates.restart_down), 6)
+                events.append(FaultEvent(t_event, "restart", host=victim, duration=length, trigger=trigger))
+            else:
+                raise ValueError(f"unsupported triggered fault kind {kind!r}")
         t += rng.uniform(*rates.interval)
     return Schedule(
         seed=seed,

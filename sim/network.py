@@ -505,7 +505,10 @@ class World:
         for attempt in inc.attempts:
             attempt.abandon()
         inc.attempts.clear()
-        # A stall of a dead process is moot: release waiters so nothing stays parked.
+        # A stall of a dead process is moot: release waiters so nothing stays parked.  (Without
+        # this, a corpse's shielded cleanup — e.g. Communicator.aclose sending Leave — parked in
+        # the stall gate stayed parked until the unstall and then ran on: a false zombie.)
+        host.stall_lot.unpark_all()
         return inc
 
     def stall(self, name: str) -> None:

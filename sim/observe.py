@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .faults import FaultEvent, Trigger
@@ -86,8 +86,16 @@ def PcclFrames() -> LengthKindFrames:  # noqa: N802 - a factory standing in for 
         except ProtocolError:
             return None
 
+    def decode(body: bytes) -> object | None:
+        try:
+            return codec.decode_message(body)
+        except ProtocolError:
+            return None
+
     assert codec.PREFIX_SIZE == LengthKindFrames.prefix_size
-    return LengthKindFrames(name, control_kind=int(codec.FrameKind.CONTROL), preamble_size=handshake.PREAMBLE_SIZE)
+    frames = LengthKindFrames(name, control_kind=int(codec.FrameKind.CONTROL), preamble_size=handshake.PREAMBLE_SIZE)
+    frames.decode = decode  # type: ignore[attr-defined]  # decoded messages for Tap.watch
+    return frames
 
 
 class _FrameParser:
@@ -103,7 +111,9 @@ class _FrameParser:
         self.body: bytearray | None = None
         self.decode = False
 
-    def feed(self, data: memoryview | bytes, found: list[str]) -> None:
+    def feed(self, data: memoryview | bytes, found: list[str], bodies: list[bytes] | None = None) -> None:
+        """Parse ``data``; append the names of completed control messages to ``found`` (and,
+        if given, their bodies to ``bodies``, index for index)."""
         view = memoryview(data)
         pos, end = 0, len(view)
         fmt = self.fmt
@@ -119,9 +129,12 @@ class _FrameParser:
                 self.body_left -= k
                 pos += k
                 if self.body_left == 0:
-                    name = fmt.message_name(bytes(self.body))
+                    body = bytes(self.body)
+                    name = fmt.message_name(body)
                     if name is not None:
                         found.append(name)
+                        if bodies is not None:
+                            bodies.append(body)
                     self.body = None
                 continue
             need = fmt.prefix_size - len(self.head)
@@ -136,6 +149,8 @@ class _FrameParser:
                         name = fmt.message_name(b"")
                         if name is not None:
                             found.append(name)
+                            if bodies is not None:
+                                bodies.append(b"")
                     else:
                         self.body = bytearray()
                         self.body_left = length
@@ -178,9 +193,24 @@ class Tap:
         self._on_message = on_message
         self._parsers: dict[tuple[int, str], _FrameParser] = {}
         self._armed: list[_Armed] = []
+        self._watchers: list[tuple[Callable[[str, str, str, str, Any], None], frozenset[str] | None, bool]] = []
         #: Last control message each host sent or read: its protocol phase.
         self.phase: dict[str, str] = {}
         self.messages_seen = 0
+
+    def watch(
+        self,
+        callback: Callable[[str, str, str, str, Any], None],
+        names: Iterable[str] | None = None,
+        *,
+        decode: bool = True,
+    ) -> None:
+        """Call ``callback(host, direction, name, peer, message)`` for every control message
+        (or only those named in ``names``), synchronously inside the network call that moved it.
+        ``message`` is the decoded object when ``decode`` is set and the frame format has a
+        ``decode(body)`` method (pccl's does), else ``None``.  Checkers use it to read what the
+        wire carries (e.g. the round id of a ``TopologyComplete``)."""
+        self._watchers.append((callback, None if names is None else frozenset(names), decode))
 
     # -- arming --
 
@@ -226,16 +256,25 @@ class Tap:
         if parser is None:
             parser = self._parsers[key] = _FrameParser(self.fmt)
         found: list[str] = []
-        parser.feed(data, found)
+        bodies: list[bytes] | None = [] if self._watchers else None
+        parser.feed(data, found, bodies)
         if not found:
             return
         host = stream._inc.name
         peer = stream.remote_address.rsplit(":", 1)[0]
-        for name in found:
+        decode = getattr(self.fmt, "decode", None)
+        for i, name in enumerate(found):
             self.messages_seen += 1
             self.phase[host] = name
             if self._on_message is not None:
                 self._on_message(host, direction, name, peer)
+            if bodies is not None:
+                message = None
+                for callback, names, wants in list(self._watchers):
+                    if names is None or name in names:
+                        if wants and message is None and decode is not None:
+                            message = decode(bodies[i])
+                        callback(host, direction, name, peer, message if wants else None)
             for armed in list(self._armed):
                 stage = armed.stages[armed.stage]
                 if (

@@ -72,6 +72,10 @@ class Checker:
 
     name = "checker"
 
+    def attach(self, sim: "Simulation") -> None:
+        """Called once before any host starts, after ``sim.tap`` exists (when the run sniffs
+        frames): subscribe to the wire here (``sim.tap.watch``)."""
+
     def on_event(self, sim: "Simulation", event: TraceEvent) -> None:
         pass
 
@@ -88,6 +92,8 @@ class Scenario:
     """
 
     name = "scenario"
+    #: Parse the wire in every run (phases, ``Tap.watch``), not only when a trigger needs it.
+    sniff = False
 
     def __init__(self, **params: Any) -> None:
         self.params = params
@@ -371,6 +377,12 @@ class Simulation:
         else:  # pragma: no cover - FaultEvent validates kinds
             raise ValueError(kind)
 
+    def start_task(self, fn: Callable[..., Awaitable[object]], *args: Any, name: str) -> None:
+        """Run ``fn(*args)`` as a simulator task (not a host: no fault reaches it; it is
+        cancelled when the run ends).  For scenario monitors that probe state periodically."""
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args, name=name)
+
     def _later(self, delay: float, action: Callable[[], object]) -> None:
         async def after() -> None:
             await trio.sleep(delay)
@@ -417,11 +429,15 @@ class Simulation:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self.world.run, name="sim:network")
-            self.scenario.configure(self)
-            needs_tap = self.options.sniff or any(e.trigger is not None for e in schedule.events)
+            needs_tap = (
+                self.options.sniff or self.scenario.sniff or any(e.trigger is not None for e in schedule.events)
+            )
             if needs_tap:
                 self.tap = Tap(self.scenario.frame_format(), self._fire, self._message_seen)
                 self.world.tap = self.tap
+            self.scenario.configure(self)
+            for checker in self.checkers:
+                checker.attach(self)
             self.trace.record("runner", "begin", seed=self.seed, scenario=self.scenario.to_json(), events=len(schedule.events))
             for name, role in self.scenario.initial_hosts():
                 self.spawn(name, role)

@@ -1,0 +1,239 @@
+"""The all-reduce step of the pccl workload, and its checker (issue 6).
+
+:class:`AllReducePhase` (phase name ``"all_reduce"``) makes every peer all-reduce a small array
+each step, through the public API, exactly as a training loop does: ``comm.all_reduce(x, op=…)``
+in place.  Peer ``p``'s input of its ``k``-th call is :func:`phase_input` ``(p, k)`` — a pure
+function, so the checker can rebuild every participant's input.  Trace events (plain data):
+
+* ``all_reduce_call`` (``k``): right before the call (so before the peer's ``CollectiveInit``);
+* ``all_reduce`` (``k``, ``world_size``, ``ring``, ``digest`` of the result, ``tx``/``rx``);
+* ``all_reduce_aborted`` (``k``, ``restored``: the in-place buffer equals its input again);
+* ``all_reduce_alone`` (``k``): ``TooFewPeers`` (the group shrank to one since the step began).
+
+:class:`AllReduceAgreement` (**safety**) reads which op each call became off the wire: the
+``CollectiveCommence(tag, seq, ring)`` a host receives while its call ``k`` runs binds
+``(peer, k)`` to ``seq`` (causally: the master commences only after every participant's Init,
+which follows its ``all_reduce_call``).  Then, for every peer that completed an op:
+
+* its ``ring`` and ``world_size`` are exactly the op's participants (the Commence ring);
+* its result is bit-identical to every other completer's of the same ``seq`` (with and without
+  quantization);
+* unquantized, it equals :func:`pccl.collectives.reference.ring_reference` over the inputs of
+  exactly those participants, in ring order (AVG divided by their number) — a participant that
+  died after every byte moved still counts, one that never commenced never does;
+* an aborted call left its in-place buffer holding its input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import trio
+
+import pccl
+from pccl.collectives.reference import ring_reference
+
+from .runner import Checker, Simulation
+from .trace import TraceEvent
+from .workload import Phase, StepContext, register_phase
+
+if TYPE_CHECKING:
+    from .workload import PcclScenario
+
+__all__ = ["AllReducePhase", "AllReduceAgreement", "phase_input", "digest"]
+
+
+def phase_input(peer_id: int, tag: int, k: int, n: int, dtype: str) -> np.ndarray:
+    """Peer ``peer_id``'s input for its ``k``-th all-reduce on ``tag``: small integers as
+    ``dtype`` (exact in every dtype, so sums of a few peers stay representable and any mix-up
+    shows)."""
+    rng = np.random.default_rng([peer_id & 0xFFFFFFFF, peer_id >> 32, tag, k])
+    return rng.integers(-50, 50, n, endpoint=True).astype(_np_dtype(dtype))
+
+
+def digest(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).view(np.uint8).tobytes()).hexdigest()[:32]
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        return pccl.DType.BFLOAT16.numpy_dtype()
+    return np.dtype(name)
+
+
+class AllReducePhase(Phase):
+    """In-place all-reduces each step.  Parameters: ``n`` (elements, default 33), ``dtype``
+    (default ``"float32"``), ``op`` (a ReduceOp name, default ``"AVG"``), ``quantization``
+    (``None``, ``"uint8"`` or ``"uint16"``), ``tag`` (default 0), ``concurrent`` (how many run at
+    once, on tags ``tag``, ``tag + 1``, …; default 1)."""
+
+    name = "all_reduce"
+    messages = {
+        "CollectiveInit": ("send",),
+        "CollectiveCommence": ("recv",),
+        "CollectiveDone": ("send",),
+        "CollectiveComplete": ("recv",),
+        "CollectiveAbort": ("recv",),
+    }
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.n = int(params.get("n", 33))
+        self.dtype = str(params.get("dtype", "float32"))
+        self.op = pccl.ReduceOp[str(params.get("op", "AVG"))]
+        quant = params.get("quantization")
+        self.quantization = None if quant is None else pccl.Quantization(dtype=np.dtype(quant))
+        self.tag = int(params.get("tag", 0))
+        self.concurrent = int(params.get("concurrent", 1))
+        if self.concurrent < 1:
+            raise ValueError("concurrent must be at least 1")
+        # Calls per (peer id, tag) (peer ids are never reused within a run).
+        self._calls: dict[tuple[int, int], int] = {}
+
+    @property
+    def tags(self) -> range:
+        return range(self.tag, self.tag + self.concurrent)
+
+    async def run(self, step: StepContext) -> None:
+        if self.concurrent == 1:
+            await self._one(step, self.tag)
+            return
+        async with trio.open_nursery() as nursery:
+            for tag in self.tags:
+                nursery.start_soon(self._one, step, tag)
+
+    async def _one(self, step: StepContext, tag: int) -> None:
+        comm = step.comm
+        k = self._calls.get((comm.peer_id, tag), 0) + 1
+        self._calls[(comm.peer_id, tag)] = k
+        x = phase_input(comm.peer_id, tag, k, self.n, self.dtype)
+        original = x.copy()
+        step.record("all_reduce_call", k=k, tag=tag)
+        try:
+            info = await comm.all_reduce(x, op=self.op, tag=tag, quantization=self.quantization)
+        except pccl.CollectiveAborted as exc:
+            step.record("all_reduce_aborted", k=k, tag=tag, restored=bool(np.array_equal(x.view(np.uint8),
+                                                                                 original.view(np.uint8))),
+                        error=str(exc))
+            return
+        except pccl.TooFewPeers:
+            step.record("all_reduce_alone", k=k, tag=tag)
+            return
+        step.record("all_reduce", k=k, tag=tag, world_size=info.world_size, ring=list(comm.ring), digest=digest(x),
+                    tx=info.tx_bytes, rx=info.rx_bytes)
+
+    def checkers(self, scenario: PcclScenario) -> Sequence[Checker]:
+        return [AllReduceAgreement(self)]
+
+
+register_phase(AllReducePhase)
+
+
+class AllReduceAgreement(Checker):
+    """Every completed all-reduce equals the numpy reference over exactly its participants and
+    is bit-identical across them (module docstring)."""
+
+    name = "all-reduce-agreement"
+
+    def __init__(self, phase: AllReducePhase) -> None:
+        self.phase = phase
+        self.peer_of_host: dict[str, int] = {}  # host -> peer id of its current incarnation
+        self.running: dict[tuple[str, int], int] = {}  # (host, tag) -> k of the call in progress
+        self.calls: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}  # (epoch, seq) -> {peer: (tag, k)}
+        self.rings: dict[tuple[int, int], tuple[int, ...]] = {}  # (epoch, seq) -> participants, ring order
+        self.seq_of: dict[tuple[int, int, int], tuple[int, int]] = {}  # (peer id, tag, k) -> (epoch, seq)
+        self.results: dict[tuple[int, int], str] = {}  # (epoch, seq) -> digest of the first completer
+        # A restarted master numbers ops from 1 again: seqs are keyed by the master's epoch.
+        self.epoch = 0
+        self.verified: set[tuple[int, int]] = set()
+        self.completed = 0
+        self.aborted = 0
+        self.failed = False
+
+    def attach(self, sim: Simulation) -> None:
+        if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
+            raise RuntimeError("AllReduceAgreement needs the wire (Scenario.sniff)")
+        sim.tap.watch(lambda *args: self._wire(*args), names=("Welcome", "CollectiveCommence"))
+
+    def _fail(self, sim: Simulation, message: str) -> None:
+        if not self.failed:
+            self.failed = True
+            sim.fail("safety", message, self.name)
+
+    def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
+        if direction != "recv" or msg is None:
+            return
+        if name == "Welcome":
+            self.peer_of_host[host] = msg.peer_id
+            return
+        k = self.running.get((host, msg.tag))
+        if k is None or host not in self.peer_of_host:
+            return
+        pid = self.peer_of_host[host]
+        op = (self.epoch, msg.seq)
+        self.calls.setdefault(op, {})[pid] = (msg.tag, k)
+        self.rings[op] = tuple(msg.ring)
+        self.seq_of[(pid, msg.tag, k)] = op
+
+    def on_event(self, sim: Simulation, event: TraceEvent) -> None:
+        kind, host, data = event.kind, event.source, event.data
+        if kind == "start":
+            for key in [key for key in self.running if key[0] == host]:
+                del self.running[key]
+            self.peer_of_host.pop(host, None)
+            if host == "master":
+                self.epoch += 1
+        elif kind == "all_reduce_call":
+            self.running[(host, data["tag"])] = data["k"]
+        elif kind == "all_reduce_aborted":
+            self.running.pop((host, data["tag"]), None)
+            self.aborted += 1
+            if not data["restored"]:
+                self._fail(sim, f"{host}: aborted all-reduce #{data['k']} left the in-place buffer modified")
+        elif kind == "all_reduce_alone":
+            self.running.pop((host, data["tag"]), None)
+        elif kind == "all_reduce":
+            self.running.pop((host, data["tag"]), None)
+            self.completed += 1
+            self._check_result(sim, host, data)
+
+    def _check_result(self, sim: Simulation, host: str, data: dict[str, Any]) -> None:
+        pid = data["peer_id"]
+        op = self.seq_of.get((pid, data["tag"], data["k"]))
+        if op is None:
+            self._fail(sim, f"{host} (peer {pid:x}) completed all-reduce #{data['k']} without a Commence")
+            return
+        seq = op[1]
+        ring = self.rings[op]
+        if tuple(data["ring"]) != ring or data["world_size"] != len(ring):
+            self._fail(sim, f"{host}: all-reduce seq {seq} commenced on {len(ring)} peers {_ids(ring)} but reports "
+                            f"world_size {data['world_size']} and ring {_ids(data['ring'])}")
+            return
+        first = self.results.setdefault(op, data["digest"])
+        if first != data["digest"]:
+            self._fail(sim, f"{host}: all-reduce seq {seq} result differs from another participant's")
+            return
+        if self.phase.quantization is not None or op in self.verified:
+            return
+        calls = self.calls[op]
+        missing = [p for p in ring if p not in calls]
+        if missing:
+            self._fail(sim, f"all-reduce seq {seq}: no Commence seen for participants {_ids(missing)}")
+            return
+        inputs = [phase_input(p, *calls[p], self.phase.n, self.phase.dtype) for p in ring]
+        expected = digest(ring_reference(inputs, self.phase.op))
+        if expected != data["digest"]:
+            self._fail(sim, f"{host}: all-reduce seq {seq} over {_ids(ring)} differs from the numpy reference")
+            return
+        self.verified.add(op)
+
+    def at_end(self, sim: Simulation) -> None:
+        sim.trace.stats["all_reduce_completed"] = self.completed
+        sim.trace.stats["all_reduce_aborted"] = self.aborted
+
+
+def _ids(peer_ids: Sequence[int]) -> list[str]:
+    return [f"{p:x}" for p in peer_ids]

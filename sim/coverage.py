@@ -1,0 +1,117 @@
+"""Where faults land: the (victim phase × master phase × fault kind) coverage matrix.
+
+Time-triggered kills land where time is *spent* (idle, waiting in a vote); short protocol phases
+are only reached by phase-triggered faults (the design study found twice as many failures with
+them).  This module measures which protocol phases the faults of a run or a campaign actually hit.
+
+A host's *phase* is the last control message it sent or read, as the network carries it —
+heartbeats excluded (they say nothing about the protocol's state) and reset when the host
+(re)boots.  No hook in pccl: :class:`PhaseTracker` subscribes to the frame sniffer
+(:meth:`sim.observe.Tap.watch`).  :class:`CoverageProbe` (a checker that never fails) reads the
+victim's and the master's phase at the instant each fault is applied and appends a cell to
+``trace.stats["coverage"]`` (statistics: not part of the trace hash).  :func:`coverage_table`
+prints the campaign's matrix.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .runner import Checker, Simulation
+from .trace import TraceEvent
+
+__all__ = ["PhaseTracker", "CoverageProbe", "fault_victims", "coverage_table", "IDLE_MESSAGES", "NO_PHASE"]
+
+#: Control messages that do not change a host's protocol phase.
+IDLE_MESSAGES = frozenset({"Heartbeat"})
+#: Phase of a host that has not sent or read a control message in this incarnation.
+NO_PHASE = "-"
+
+Cell = tuple[str, str, str]  # (victim phase, master phase, fault kind)
+
+
+class PhaseTracker:
+    """Each host's protocol phase: the last non-idle control message it sent or read."""
+
+    def __init__(self) -> None:
+        self.phase: dict[str, str] = {}
+
+    def on_message(self, host: str, direction: str, name: str, peer: str, message: Any) -> None:
+        if name not in IDLE_MESSAGES:
+            self.phase[host] = name
+
+    def reset(self, host: str) -> None:
+        self.phase.pop(host, None)
+
+    def of(self, host: str) -> str:
+        return self.phase.get(host, NO_PHASE)
+
+
+def fault_victims(event: Mapping[str, Any]) -> list[str]:
+    """The hosts a fault (``FaultEvent.to_json()``) hits."""
+    kind = event["kind"]
+    if kind == "partition":
+        return list(event.get("side", ()))
+    if kind == "master_restart":
+        return [event.get("host") or "master"]
+    host = event.get("host")
+    return [host] if host else []
+
+
+class CoverageProbe(Checker):
+    """Records the coverage cell of every fault applied in the run (never fails)."""
+
+    name = "coverage"
+
+    def __init__(self, master: str = "master") -> None:
+        self.master = master
+        self.tracker = PhaseTracker()
+
+    def attach(self, sim: Simulation) -> None:
+        if sim.tap is not None:
+            sim.tap.watch(self.tracker.on_message, decode=False)
+
+    def on_event(self, sim: Simulation, event: TraceEvent) -> None:
+        if event.kind == "start":
+            self.tracker.reset(event.source)
+        elif event.kind == "fault" and event.source == "faults":
+            fault = event.data["event"]
+            cells = sim.trace.stats.setdefault("coverage", [])
+            master_phase = self.tracker.of(self.master) if self.master in sim.hosts else "down"
+            for victim in fault_victims(fault):
+                cells.append([self.tracker.of(victim), master_phase, fault["kind"]])
+
+
+def coverage_table(cells: Iterable[Sequence[str]], *, phases: Sequence[str] = ()) -> str:
+    """Text tables of a campaign's cells: victim phase × fault kind, master phase × fault kind,
+    then the full (victim, master, kind) matrix.  ``phases`` are listed even when no fault hit
+    them (an empty row is the finding)."""
+    counter: Counter[Cell] = Counter(tuple(c) for c in cells)  # type: ignore[misc]
+    kinds = sorted({k for _, _, k in counter})
+    out: list[str] = []
+    for title, index in (("victim phase", 0), ("master phase", 1)):
+        rows: dict[str, Counter[str]] = {}
+        for cell, n in counter.items():
+            rows.setdefault(cell[index], Counter())[cell[2]] += n
+        names = list(dict.fromkeys([*phases, *sorted(rows)]))
+        out.append(_table(title, names, kinds, rows))
+    out.append(f"{len(counter)} distinct (victim phase, master phase, fault kind) cells, {sum(counter.values())} faults")
+    width = max((len(v) for v, _, _ in counter), default=5)
+    mwidth = max((len(m) for _, m, _ in counter), default=5)
+    for (victim, master, kind), n in sorted(counter.items()):
+        out.append(f"  {victim:<{width}}  {master:<{mwidth}}  {kind:<14} {n}")
+    return "\n".join(out)
+
+
+def _table(title: str, names: Sequence[str], kinds: Sequence[str], rows: Mapping[str, Counter[str]]) -> str:
+    width = max([len(title), *(len(n) for n in names)])
+    cols = [max(len(k), 5) for k in kinds]
+    header = f"{title:<{width}} | " + " ".join(f"{k:>{w}}" for k, w in zip(kinds, cols)) + " | total"
+    lines = [header, "-" * len(header)]
+    for name in names:
+        row = rows.get(name, Counter())
+        cells = " ".join(f"{row.get(k, 0):>{w}}" for k, w in zip(kinds, cols))
+        lines.append(f"{name:<{width}} | {cells} | {sum(row.values()):>5}")
+    return "\n".join(lines) + "\n"

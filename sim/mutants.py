@@ -1,0 +1,77 @@
+"""Deliberately broken masters: the simulator's own teeth test (mutation testing).
+
+A campaign that passes proves little unless the same campaign *fails* when the code under test
+is wrong.  Each variant here is a :class:`~pccl.protocol.master_state.MasterState` subclass with
+one classic distributed-systems bug planted in it.  The pccl scenario installs one by name
+(``PcclScenario(master="no-recheck-on-disconnect")``) — injected through the scenario, never
+through a branch in pccl — and ``tests/sim/test_teeth.py`` shows a campaign finds it and the
+shrinker reduces the failing schedule to a handful of events.
+
+``MASTER_VARIANTS`` maps a name to a factory ``(rng, peer_timeout) -> MasterState``; ``"real"``
+is pccl's own machine.  Register more with :func:`register_master_variant`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pccl.protocol import master_state as ms
+from pccl.protocol import messages as m
+
+__all__ = [
+    "MASTER_VARIANTS",
+    "NoRecheckOnDisconnect",
+    "CrashesOnP2PReport",
+    "register_master_variant",
+    "make_master_state",
+]
+
+MasterFactory = Callable[..., ms.MasterState]
+
+
+class NoRecheckOnDisconnect(ms.MasterState):
+    """PCCL's classic bug (reference §3.5): consensus is only re-evaluated when a peer *says*
+    something meaningful (a vote, a report, a registration), not when a peer disconnects or times
+    out, nor on heartbeats and timer ticks.  A peer dying while the others wait in a vote leaves
+    them waiting until some unrelated message happens to arrive — in a quiet cluster, forever."""
+
+    _recheck = True
+
+    def handle(self, event: ms.Event, now: float) -> list[ms.Effect]:
+        self._recheck = isinstance(event, ms.MessageReceived) and not isinstance(event.msg, m.Heartbeat)
+        return super().handle(event, now)
+
+    def _settle(self) -> None:
+        if self._recheck:
+            super()._settle()
+
+
+class CrashesOnP2PReport(ms.MasterState):
+    """A plain programming error in the machine: it raises on the first ``P2PReport``.  The
+    master's shell contains it (closes that connection, counts ``internal_errors``) and keeps
+    serving, so only a checker that reads those statistics notices."""
+
+    def handle(self, event: ms.Event, now: float) -> list[ms.Effect]:
+        if isinstance(event, ms.MessageReceived) and isinstance(event.msg, m.P2PReport):
+            raise RuntimeError("planted bug: P2PReport handler crashed")
+        return super().handle(event, now)
+
+
+MASTER_VARIANTS: dict[str, MasterFactory] = {
+    "real": ms.MasterState,
+    "no-recheck-on-disconnect": NoRecheckOnDisconnect,
+    "crashes-on-p2p-report": CrashesOnP2PReport,
+}
+
+
+def register_master_variant(name: str, factory: MasterFactory) -> None:
+    MASTER_VARIANTS[name] = factory
+
+
+def make_master_state(name: str, **kwargs: object) -> ms.MasterState:
+    """Build the variant ``name`` (``KeyError`` listing the known ones if unknown)."""
+    try:
+        factory = MASTER_VARIANTS[name]
+    except KeyError:
+        raise KeyError(f"unknown master variant {name!r}; known: {sorted(MASTER_VARIANTS)}") from None
+    return factory(**kwargs)

@@ -1,0 +1,201 @@
+"""The shared-state step of the pccl workload, and its checker (issue 7).
+
+:class:`SyncPhase` (phase name ``"sync"``) makes every peer sync a small shared state each step
+and then update it with a deterministic rule, exactly as a training loop does::
+
+    info = await comm.sync_shared_state(state)
+    update(state)            # the same pure function of the state on every peer
+    state.revision += 1
+
+The state lives per *host incarnation*: a peer that is kicked or loses the master keeps its
+weights and revision when it joins again (as a real user would), while a freshly spawned host
+starts as a joiner — random content from its own RNG, revision 0.  Besides the compared tensors
+it holds an ``allow_content_inequality`` tensor re-randomised after every sync (a per-peer RNG
+state): it must reach joiners but never cause a transfer among up-to-date peers.
+
+Trace events (plain data): ``sync`` (``revision``, ``tx``/``rx``, ``digest`` of the compared
+tensors after the sync, ``first``: the communicator's first successful sync, ``group``) and
+``sync_failed`` (``error``: the exception class, when a sync could not complete —
+``SharedStateSyncFailed`` because every source died, for instance).
+
+:class:`SharedStateAgreement` (**safety**) checks, after every sync:
+
+* every peer that completed the same sync (the ``SyncComplete(sync_id)`` it received, per master
+  epoch) holds bit-identical compared tensors — in particular a joiner after its first sync;
+* with the deterministic update rule, no peer receives a byte after its communicator's first
+  successful sync (unless one of its syncs failed since: its buffers may be half-written);
+* revisions advance by exactly one between a communicator's consecutive successful syncs;
+* no peer is told ``RevisionViolation`` or kicked for a shared-state reason (this workload
+  never deserves it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+import pccl
+
+from .runner import Checker, Simulation
+from .trace import TraceEvent
+from .workload import Phase, StepContext, register_phase
+
+if TYPE_CHECKING:
+    from .workload import PcclScenario
+
+__all__ = ["SyncPhase", "SharedStateAgreement", "state_digest", "update_state"]
+
+_BF16 = pccl.DType.BFLOAT16.numpy_dtype()
+_SHARED_STATE_KICKS = ("REVISION_VIOLATION", "SHARED_STATE_MISMATCH", "STRATEGY_VIOLATION")
+
+
+def new_state(rng: Any, n: int) -> pccl.SharedState:
+    """A joiner's state: random content (from the host's seeded RNG), revision 0."""
+    gen = np.random.default_rng(rng.getrandbits(64))
+    return pccl.SharedState({
+        "w": gen.standard_normal(n).astype(np.float32),
+        "m": gen.standard_normal(n // 4 + 1).astype(_BF16),
+        "count": np.array([gen.integers(0, 1000)], np.int64),
+        "rng": pccl.Tensor(gen.integers(0, 2**63, 4, dtype=np.uint64), allow_content_inequality=True),
+    })
+
+
+def update_state(state: pccl.SharedState, rng: Any) -> None:
+    """The deterministic optimizer step (same on every peer), plus a per-peer re-randomised
+    ``rng`` tensor (allowed to differ)."""
+    w, mom = state["w"], state["m"]
+    np.multiply(w, np.float32(0.75), out=w)
+    np.add(w, np.float32(state.revision % 7), out=w)
+    mom[:] = (mom.astype(np.float32) * np.float32(0.5) + np.float32(1.0)).astype(_BF16)
+    state["count"][0] += 1
+    state["rng"][:] = np.array([rng.getrandbits(63) for _ in range(state["rng"].size)], np.uint64)
+    state.revision += 1
+
+
+def state_digest(state: pccl.SharedState) -> str:
+    """sha256 over the tensors peers must agree on (``allow_content_inequality`` ones excluded)."""
+    h = hashlib.sha256()
+    for key, tensor in state.tensors().items():
+        if not tensor.allow_content_inequality:
+            h.update(key.encode())
+            h.update(np.ascontiguousarray(tensor.array).view(np.uint8).tobytes())
+    return h.hexdigest()[:32]
+
+
+class SyncPhase(Phase):
+    """Sync then update the shared state each step.  Parameters: ``n`` (elements of ``w``,
+    default 1000), ``diverge`` (host name whose update rule is *not* deterministic — for the
+    checker's teeth test only; default none)."""
+
+    name = "sync"
+    messages = {
+        "SyncVote": ("send",),
+        "SyncPlan": ("recv",),
+        "StateRequest": ("send", "recv"),  # the fetcher sends it, the source reads it
+        "SyncReport": ("send",),
+        "SyncComplete": ("recv",),
+    }
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.n = int(params.get("n", 1000))
+        self.diverge = params.get("diverge")
+        self._states: dict[int, pccl.SharedState] = {}  # host incarnation -> its state
+        self._synced: set[int] = set()  # peer ids (communicators) with a successful sync
+
+    async def run(self, step: StepContext) -> None:
+        host, comm = step.host, step.comm
+        state = self._states.get(host.incarnation)
+        if state is None:
+            state = self._states[host.incarnation] = new_state(host.rng, self.n)
+        try:
+            info = await comm.sync_shared_state(state)
+        except pccl.SharedStateSyncFailed as exc:  # RevisionViolation included: the checker judges
+            self._synced.discard(comm.peer_id)
+            step.record("sync_failed", error=type(exc).__name__, detail=str(exc))
+            return
+        first = comm.peer_id not in self._synced
+        self._synced.add(comm.peer_id)
+        step.record("sync", group=comm.peer_group, revision=info.revision, tx=info.tx_bytes, rx=info.rx_bytes,
+                    digest=state_digest(state), first=first)
+        update_state(state, host.rng)
+        if self.diverge == host.name:
+            state["w"][0] += np.float32(host.rng.random())
+
+    def checkers(self, scenario: PcclScenario) -> Sequence[Checker]:
+        return [SharedStateAgreement()]
+
+
+register_phase(SyncPhase)
+
+
+class SharedStateAgreement(Checker):
+    """The shared-state invariants of the module docstring."""
+
+    name = "shared-state-agreement"
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.sync_of_host: dict[str, tuple[int, int]] = {}  # host -> (epoch, sync_id) last completed
+        self.digests: dict[tuple[int, int], tuple[str, str]] = {}  # (epoch, sync_id) -> (digest, host)
+        self.last_revision: dict[int, int] = {}  # peer id -> revision of its last successful sync
+        self.failed_since: set[int] = set()  # peer ids whose last sync failed
+        self.syncs = 0
+        self.first_syncs_with_bytes = 0
+        self.failed = False
+
+    def attach(self, sim: Simulation) -> None:
+        if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
+            raise RuntimeError("SharedStateAgreement needs the wire (Scenario.sniff)")
+        sim.tap.watch(self._wire, names=("SyncComplete",))
+
+    def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
+        if direction == "recv" and msg is not None:
+            self.sync_of_host[host] = (self.epoch, msg.sync_id)
+
+    def _fail(self, sim: Simulation, message: str) -> None:
+        if not self.failed:
+            self.failed = True
+            sim.fail("safety", message, self.name)
+
+    def on_event(self, sim: Simulation, event: TraceEvent) -> None:
+        kind, host, data = event.kind, event.source, event.data
+        if kind == "start":
+            self.sync_of_host.pop(host, None)
+            if host == "master":
+                self.epoch += 1
+        elif kind == "left" and data.get("reason") in _SHARED_STATE_KICKS:
+            self._fail(sim, f"{host} was kicked for {data['reason']}, which this workload never deserves")
+        elif kind == "sync_failed":
+            self.failed_since.add(data["peer_id"])
+            if data["error"] == "RevisionViolation":
+                self._fail(sim, f"{host} (peer {data['peer_id']:x}) got RevisionViolation: {data['detail']}")
+        elif kind == "sync":
+            self._check_sync(sim, host, data)
+
+    def _check_sync(self, sim: Simulation, host: str, data: dict[str, Any]) -> None:
+        self.syncs += 1
+        pid, revision = data["peer_id"], data["revision"]
+        key = self.sync_of_host.pop(host, None)
+        if key is None:
+            self._fail(sim, f"{host} (peer {pid:x}) completed a sync without receiving SyncComplete")
+            return
+        seen = self.digests.setdefault(key, (data["digest"], host))
+        if seen[0] != data["digest"]:
+            self._fail(sim, f"sync {key[1]} (master epoch {key[0]}): {host} holds state {data['digest']} but "
+                            f"{seen[1]} holds {seen[0]} — not bit-identical")
+        recovering = pid in self.failed_since
+        self.failed_since.discard(pid)
+        if data["first"]:
+            self.first_syncs_with_bytes += data["rx"] > 0
+        elif not recovering:
+            if data["rx"]:
+                self._fail(sim, f"{host} (peer {pid:x}) received {data['rx']} bytes in a sync after its first, "
+                                "although every peer updates its state deterministically")
+            last = self.last_revision.get(pid)
+            if last is not None and revision != last + 1:
+                self._fail(sim, f"{host} (peer {pid:x}) adopted revision {revision} after {last}: not +1")
+        self.last_revision[pid] = revision

@@ -1,0 +1,423 @@
+"""The pccl workload: a master and peers running the real library, as users run it.
+
+:class:`PcclScenario` (registered as ``"pccl"``) runs
+
+* on ``master``: ``pccl.open_master(..., network=host.network, rng=host.rng, config=...)`` and
+  nothing else (the master is a service);
+* on every ``peer*``: exactly the recommended training loop of SPEC §2 through the public API::
+
+      async with pccl.open_communicator(MASTER, network=host.network, rng=host.rng, config=cfg) as comm:
+          first = True
+          while True:
+              if not first:
+                  await comm.update_topology()    # never on a newcomer's first step
+              first = False
+              if comm.world_size < 2:             # alone: wait for someone to join
+                  await trio.sleep(alone_wait)
+                  continue
+              ... step body: the phases (compute; all-reduce; shared-state sync) ...
+
+  When the master kicks the peer (``Kicked``) or is lost (``MasterUnreachable``) the peer does what
+  a resilient user loop does: it records why, backs off (exponentially, jittered, from its own
+  RNG) and joins again as a newcomer with a fresh communicator.  Any other exception escapes and
+  is a *crash* (``ProtocolError``, ``InvalidUsage``, ``AssertionError`` … are bugs here).
+
+Trace events (plain data) the checkers and plots read: ``accepted`` and ``topology`` (membership
+attributes after joining / after each ``update_topology``, with the ring), ``alone`` (waiting),
+``step`` (a step body completed, with the attributes it ran under), ``left`` (the communicator failed: error
+class and kick reason), ``join_failed`` (``open_communicator`` failed: master down or kicked
+before acceptance), ``probe`` (from the ``monitor`` task: the master's view, every
+``probe_interval``).
+
+Extending the step (issues 6 and 7).  The step body is a list of :class:`Phase` objects built
+from the scenario parameter ``phases`` (plain data: names, or ``{"name": ..., **params}``).  An
+issue adds one by subclassing :class:`Phase` and calling :func:`register_phase`::
+
+    class AllReducePhase(Phase):
+        name = "all_reduce"
+        async def run(self, step: StepContext) -> None:
+            info = await step.comm.all_reduce(x, op=pccl.ReduceOp.SUM, tag=0)
+            step.record("all_reduce", seq=..., world_size=info.world_size, digest=...)
+        def checkers(self, scenario):
+            return [AllReduceAgreement()]       # sim.checkers.Checker subclasses
+
+    register_phase(AllReducePhase)
+
+adds its module to :data:`PHASE_MODULES` (so fresh processes find it), then runs
+``PcclScenario(phases=["compute", "all_reduce"])`` (CLI: ``--phases compute,all_reduce``).  A phase raising one of its
+expected errors (``CollectiveAborted``) should record it and return; ``Kicked`` /
+``MasterUnreachable`` propagate to the reconnect logic above.  A phase's checkers are added to
+the membership checkers of :mod:`sim.checkers` automatically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import trio
+
+import pccl
+from pccl.protocol import master_state as ms
+
+from .faults import PROFILES, FaultRates, Schedule, generate
+from .network import LinkSpec
+from .mutants import MASTER_VARIANTS, make_master_state
+from .observe import FrameFormat, PcclFrames
+from .runner import Checker, HostContext, Scenario, Simulation
+
+__all__ = [
+    "PcclScenario",
+    "Phase",
+    "ComputePhase",
+    "StepContext",
+    "PHASES",
+    "register_phase",
+    "MEMBERSHIP_MESSAGES",
+    "PEER_MESSAGE_DIRECTIONS",
+    "MASTER_PORT",
+    "pccl_schedule",
+    "attributes",
+]
+
+MASTER_PORT = 48148
+#: Control messages of the membership protocol, with the directions a *peer* sees them in:
+#: phase-triggered faults aim at these ("kill peer3 after it sends its 2nd VoteTopology").
+PEER_MESSAGE_DIRECTIONS: dict[str, tuple[str, ...]] = {
+    "Register": ("send",),
+    "Welcome": ("recv",),
+    "VoteTopology": ("send",),
+    "ConnectToPeers": ("recv",),
+    "P2PHello": ("send", "recv"),  # the dialler sends it, the successor's acceptor reads it
+    "P2PHelloAck": ("send", "recv"),
+    "P2PReport": ("send",),
+    "TopologyComplete": ("recv",),
+}
+MEMBERSHIP_MESSAGES = tuple(PEER_MESSAGE_DIRECTIONS)
+
+
+def attributes(comm: pccl.Communicator) -> dict[str, int]:
+    """The membership attributes SPEC §3 requires to agree among peers (plain data)."""
+    return {
+        "world_size": comm.world_size,
+        "global_world_size": comm.global_world_size,
+        "num_peer_groups": comm.num_peer_groups,
+        "largest_peer_group_size": comm.largest_peer_group_size,
+    }
+
+
+@dataclasses.dataclass
+class StepContext:
+    """What a phase of the step body gets: the communicator, the host, the step number."""
+
+    host: HostContext
+    comm: pccl.Communicator
+    step: int
+    scenario: "PcclScenario"
+
+    def record(self, kind: str, **data: Any) -> None:
+        """A trace event from this peer, tagged with the step number and peer id."""
+        self.host.record(kind, step=self.step, peer_id=self.comm.peer_id, **data)
+
+
+class Phase:
+    """One part of the step body.  Subclass, set ``name``, implement :meth:`run`; register with
+    :func:`register_phase`.  Parameters come from the scenario's ``phases`` entry."""
+
+    name: ClassVar[str] = "phase"
+    #: Control messages of this phase, with the directions a peer sees them in: phase-triggered
+    #: faults aim at them too ("kill peer2 after it sends its 3rd CollectiveInit"), so faults
+    #: land inside the phase's votes and transfers, not only in membership phases.
+    messages: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+
+    def __init__(self, **params: Any) -> None:
+        self.params = params
+
+    async def run(self, step: StepContext) -> None:
+        raise NotImplementedError
+
+    def checkers(self, scenario: "PcclScenario") -> Sequence[Checker]:
+        """Invariants this phase needs (instantiated per run)."""
+        return ()
+
+
+class ComputePhase(Phase):
+    """Simulated local compute: sleep ``scenario.step_time`` × uniform(0.5, 1.5) (the peer's RNG)."""
+
+    name = "compute"
+
+    async def run(self, step: StepContext) -> None:
+        scale = float(self.params.get("scale", 1.0))
+        await trio.sleep(step.scenario.step_time * scale * (0.5 + step.host.rng.random()))
+
+
+#: name -> Phase subclass.
+PHASES: dict[str, type[Phase]] = {"compute": ComputePhase}
+#: name -> module that registers it when imported: a schedule file (or a campaign worker, a fresh
+#: process) naming the phase rebuilds it without the caller importing the module first.
+PHASE_MODULES: dict[str, str] = {"all_reduce": "sim.collectives", "sync": "sim.shared_state"}
+
+
+def register_phase(cls: type[Phase]) -> type[Phase]:
+    """Make ``cls`` available to ``PcclScenario(phases=[cls.name, ...])`` (usable as a decorator)."""
+    PHASES[cls.name] = cls
+    return cls
+
+
+def _build_phase(spec: str | Mapping[str, Any]) -> Phase:
+    if isinstance(spec, str):
+        name, params = spec, {}
+    else:
+        params = {k: v for k, v in spec.items() if k != "name"}
+        name = spec["name"]
+    if name not in PHASES and name in PHASE_MODULES:
+        importlib.import_module(PHASE_MODULES[name])
+    if name not in PHASES:
+        raise KeyError(f"unknown phase {name!r}; known: {sorted(set(PHASES) | set(PHASE_MODULES))}")
+    return PHASES[name](**params)
+
+
+class PcclScenario(Scenario):
+    """Master + peers running pccl (see the module docstring).
+
+    Parameters (plain data, stored in the schedule): ``peers`` (initial), ``groups`` (peer
+    ``peerN`` joins group ``N % groups``), ``peer_timeout``/``heartbeat_interval``/
+    ``connect_timeout`` (the :class:`pccl.Config`, short for simulation), ``step_time`` (compute
+    per step), ``alone_wait``, ``backoff`` (reconnect range), ``phases`` (the step body),
+    ``master`` (a :mod:`sim.mutants` variant; ``"real"`` is pccl's), ``liveness_bound`` (seconds
+    after the faults stop within which a full-membership step must happen; default derived from
+    the timeouts), ``probe_interval``, ``hold`` (after that step, keep watching this long, then
+    end the run; default ``2 × peer_timeout + 2 × heartbeat_interval``; ``None``: run the whole
+    quiet window), ``latency``/``jitter`` (one-way seconds on every link; WAN-like values make
+    deliveries race).
+    """
+
+    name = "pccl"
+    sniff = True  # the checkers read TopologyComplete off the wire; coverage reads phases
+
+    def __init__(
+        self,
+        *,
+        peers: int = 4,
+        groups: int = 1,
+        peer_timeout: float = 2.0,
+        heartbeat_interval: float = 0.5,
+        connect_timeout: float = 2.0,
+        step_time: float = 0.2,
+        alone_wait: float = 0.1,
+        backoff: Sequence[float] = (0.1, 2.0),
+        phases: Sequence[str | Mapping[str, Any]] = ("compute",),
+        master: str = "real",
+        liveness_bound: float | None = None,
+        probe_interval: float = 0.5,
+        hold: float | None = -1.0,
+        latency: float = 0.005,
+        jitter: float = 0.0,
+    ) -> None:
+        params: dict[str, Any] = dict(
+            peers=peers, groups=groups, peer_timeout=peer_timeout, heartbeat_interval=heartbeat_interval,
+            connect_timeout=connect_timeout, step_time=step_time, alone_wait=alone_wait, backoff=list(backoff),
+            phases=[p if isinstance(p, str) else dict(p) for p in phases], master=master,
+            probe_interval=probe_interval,
+        )
+        if liveness_bound is not None:
+            params["liveness_bound"] = liveness_bound
+        if hold != -1.0:
+            params["hold"] = hold
+        if (latency, jitter) != (0.005, 0.0):
+            params.update(latency=latency, jitter=jitter)
+        super().__init__(**params)
+        self.link = LinkSpec(latency=latency, jitter=jitter)
+        if groups < 1 or peers < 0:
+            raise ValueError("need groups >= 1 and peers >= 0")
+        self.peers = peers
+        self.groups = groups
+        self.config = pccl.Config(
+            peer_timeout=peer_timeout, heartbeat_interval=heartbeat_interval, connect_timeout=connect_timeout,
+            kernel_threads=False,  # a simulated run starts no real threads
+        )
+        self.step_time = step_time
+        self.alone_wait = alone_wait
+        self.backoff = (float(backoff[0]), float(backoff[1]))
+        self.phases = [_build_phase(p) for p in phases]
+        self.master_variant = master
+        if master not in MASTER_VARIANTS:  # fail fast on a typo, not inside the run
+            raise KeyError(f"unknown master variant {master!r}; known: {sorted(MASTER_VARIANTS)}")
+        self.probe_interval = probe_interval
+        # Recovery after the last fault, worst case: a silent peer or master is noticed after
+        # peer_timeout; a reconnect waits up to the backoff ceiling; a p2p round whose dial hangs
+        # costs connect_timeout per attempt, 3 attempts before the master kicks the culprit; then
+        # one more round.  Twice that, to judge liveness and not timing.
+        self.liveness_bound = (
+            float(liveness_bound)
+            if liveness_bound is not None
+            else 2 * (2 * peer_timeout + self.backoff[1] + 4 * connect_timeout + 4 * step_time)
+        )
+        # After recovery, watch the cluster for longer than any timeout, then end the run.
+        self.hold = 2 * peer_timeout + 2 * heartbeat_interval if hold == -1.0 else hold
+        self._masters: dict[int, pccl.Master] = {}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "PcclScenario":
+        return cls(**{k: v for k, v in data.items() if k != "name"})
+
+    # -- scenario hooks --
+
+    def group_of(self, host: str) -> int:
+        digits = "".join(c for c in host if c.isdigit())
+        return int(digits or 0) % self.groups
+
+    def frame_format(self) -> FrameFormat:
+        return PcclFrames()
+
+    def checkers(self) -> list[Checker]:
+        from .checkers import membership_checkers
+        from .coverage import CoverageProbe
+
+        out: list[Checker] = [*membership_checkers(self), CoverageProbe()]
+        for phase in self.phases:
+            out.extend(phase.checkers(self))
+        return out
+
+    def configure(self, sim: Simulation) -> None:
+        self._masters.clear()
+        sim.world.default_link = self.link
+        sim.start_task(self._monitor, sim, name="sim:monitor")
+
+    def on_quiet(self, sim: Simulation) -> None:
+        if "master" not in sim.hosts:
+            sim.spawn("master", "master")
+
+    def masters(self) -> list[pccl.Master]:
+        """Every master incarnation of the current run (dead ones included)."""
+        return [self._masters[incarnation] for incarnation in sorted(self._masters)]
+
+    def master_state(self, sim: Simulation) -> ms.MasterState | None:
+        """The live master's consensus machine (read-only), or ``None`` while it is down."""
+        record = sim.hosts.get("master")
+        if record is None:
+            return None
+        master = self._masters.get(record.context.incarnation)
+        return None if master is None else master.state
+
+    async def _monitor(self, sim: Simulation) -> None:
+        """Probe the master's view periodically, so state invariants are checked even while
+        nothing else happens (a stuck vote is silence)."""
+        while True:
+            await trio.sleep(self.probe_interval)
+            state = self.master_state(sim)
+            if state is None:
+                sim.trace.record("monitor", "probe", master=False)
+                continue
+            peers = state.peers()
+            sim.trace.record(
+                "monitor",
+                "probe",
+                master=True,
+                accepted=sum(p.status is ms.PeerStatus.ACCEPTED for p in peers),
+                registered=sum(p.status is ms.PeerStatus.REGISTERED for p in peers),
+                voting=sum(p.topology_vote is not None for p in peers),
+                rounds=len(state.rounds_in_progress()),
+            )
+
+    # -- roles --
+
+    async def master(self, host: HostContext) -> None:
+        async with pccl.open_master(
+            f"0.0.0.0:{MASTER_PORT}", network=host.network, rng=host.rng, config=self.config
+        ) as master:
+            if self.master_variant != "real":
+                # Swap in the broken machine before anyone can connect (a connect takes an RTT).
+                server = master._server
+                if server.state.peers():
+                    raise RuntimeError("cannot install a master variant: peers connected already")
+                server.state = make_master_state(
+                    self.master_variant, rng=host.rng, peer_timeout=self.config.peer_timeout
+                )
+            self._masters[host.incarnation] = master
+            host.record("master_up", address=master.address)
+            await trio.sleep_forever()
+
+    async def peer(self, host: HostContext) -> None:
+        group = self.group_of(host.name)
+        delay = self.backoff[0]
+        while True:
+            joined = False
+            try:
+                async with pccl.open_communicator(
+                    f"master:{MASTER_PORT}", peer_group=group, config=self.config, network=host.network,
+                    rng=host.rng,
+                ) as comm:
+                    joined = True
+                    delay = self.backoff[0]
+                    host.record("accepted", peer_id=comm.peer_id, group=group, ring=list(comm.ring), **attributes(comm))
+                    await self._training_loop(host, comm)
+            except (pccl.Kicked, pccl.MasterUnreachable) as exc:
+                reason = exc.reason.name if isinstance(exc, pccl.Kicked) else None
+                # "left": an accepted peer lost its membership; "join_failed": never got in.
+                host.record("left" if joined else "join_failed", error=type(exc).__name__, reason=reason)
+            await trio.sleep(delay * (0.5 + host.rng.random()))
+            delay = min(delay * 2, self.backoff[1])
+
+    async def _training_loop(self, host: HostContext, comm: pccl.Communicator) -> None:
+        """The recommended loop (SPEC §2), step body = the phases."""
+        step = 0
+        first = True
+        while True:
+            if not first:
+                await comm.update_topology()
+                host.record("topology", peer_id=comm.peer_id, ring=list(comm.ring), **attributes(comm))
+            first = False
+            if comm.world_size < 2:
+                host.record("alone", peer_id=comm.peer_id)
+                await trio.sleep(self.alone_wait)
+                continue
+            step += 1
+            began = trio.current_time()
+            context = StepContext(host, comm, step, self)
+            for phase in self.phases:
+                await phase.run(context)
+            # Recorded when the step body *finished*: liveness needs steps that complete.
+            host.record("step", step=step, began=began, peer_id=comm.peer_id, **attributes(comm))
+
+
+
+def pccl_schedule(
+    seed: int,
+    *,
+    profile: str | FaultRates = "chaos",
+    peers: int = 4,
+    duration: float = 20.0,
+    quiet: float | None = None,
+    max_peers: int | None = None,
+    **params: Any,
+) -> tuple[PcclScenario, Schedule]:
+    """A generated fault schedule for the pccl scenario, and the scenario it describes.
+
+    ``quiet`` defaults to the scenario's liveness bound plus 20 %: the liveness verdict needs the
+    whole bound.  Phase-triggered kills aim at :data:`MEMBERSHIP_MESSAGES` and at the
+    control messages of the scenario's step phases (``Phase.messages``).  ``max_peers`` caps
+    spawns (default: the profile's, at least ``peers``).
+    """
+    scenario = PcclScenario(peers=peers, **params)
+    directions = dict(PEER_MESSAGE_DIRECTIONS)
+    for phase in scenario.phases:
+        directions.update(phase.messages)
+    rates = PROFILES[profile] if isinstance(profile, str) else profile
+    if max_peers is not None or rates.max_peers < peers:
+        rates = dataclasses.replace(rates, max_peers=max(max_peers or rates.max_peers, peers))
+    schedule = generate(
+        seed,
+        profile=rates,
+        peers=peers,
+        duration=duration,
+        quiet=quiet if quiet is not None else round(scenario.liveness_bound * 1.2, 3),
+        scenario=scenario.to_json(),
+        messages=tuple(directions),
+        message_directions=directions,
+    )
+    if isinstance(profile, str):
+        schedule.profile = profile
+    return scenario, schedule

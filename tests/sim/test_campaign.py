@@ -1,0 +1,48 @@
+"""Acceptance: a bounded chaos campaign of the real pccl code passes (larger ones are slow)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.campaign import CampaignSpec, parse_seeds, run_campaign, summary_table
+from sim.workload import MEMBERSHIP_MESSAGES
+
+
+def _assert_all_pass(results: list) -> None:  # type: ignore[type-arg]
+    failing = [(r.seed, r.failures) for r in results if not r.ok]
+    assert not failing, failing
+
+
+def test_bounded_campaign_of_the_real_code_passes() -> None:
+    """24 seeds on 2 worker processes: PCCL-style chaos and phase-aimed faults."""
+    chaos = run_campaign(CampaignSpec(profile="chaos", peers=4, duration=10.0), range(12), workers=2)
+    phases = run_campaign(CampaignSpec(profile="phases", peers=4, duration=10.0), range(100, 112), workers=2)
+    results = chaos + phases
+    _assert_all_pass(results)
+    assert [r.seed for r in chaos] == list(range(12))  # sorted back into seed order
+    assert sum(r.faults for r in results) > 150
+    assert all(r.converged_after is not None for r in results)
+    # Faults reached the protocol's phases, not only idle time.
+    victim_phases = {cell[0] for r in results for cell in r.coverage}
+    assert len(victim_phases & set(MEMBERSHIP_MESSAGES)) >= 5, victim_phases
+    assert "seeds / minute / core" in summary_table(results)
+
+
+def test_parse_seeds() -> None:
+    assert parse_seeds("3..6") == [3, 4, 5, 6]
+    assert parse_seeds("1,5,9..10") == [1, 5, 9, 10]
+    with pytest.raises(ValueError):
+        parse_seeds("9..3")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["chaos", "phases", "stress", "network"])
+def test_large_campaign_ten_peers(profile: str) -> None:
+    spec = CampaignSpec(profile=profile, peers=10, duration=30.0)
+    _assert_all_pass(run_campaign(spec, range(50), workers=2))
+
+
+@pytest.mark.slow
+def test_large_campaign_peer_groups() -> None:
+    spec = CampaignSpec(profile="chaos", peers=6, duration=20.0, params=(("groups", 2),))
+    _assert_all_pass(run_campaign(spec, range(40), workers=2))

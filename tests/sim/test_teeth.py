@@ -1,0 +1,57 @@
+"""Acceptance: the simulator has teeth.
+
+A deliberately broken master (sim.mutants.NoRecheckOnDisconnect: consensus re-checked only when
+a peer says something, not when one disconnects or times out — PCCL's own bug) is injected
+through the scenario.  A small campaign must find a failing seed; shrinking must reduce its
+schedule to a handful of events that still fail the same way when replayed from the saved file.
+The real master passes the very same seeds.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from sim.campaign import CampaignSpec, run_campaign
+from sim.faults import Schedule
+from sim.runner import run
+from sim.scenarios import scenario_from_json
+from sim.shrink import same_failure, shrink
+
+_BROKEN = CampaignSpec(profile="chaos", peers=3, duration=10.0, params=(("master", "no-recheck-on-disconnect"),))
+
+
+def test_campaign_finds_the_broken_master_and_shrinks_it(tmp_path: pathlib.Path) -> None:
+    seeds = range(6)
+    results = run_campaign(_BROKEN, seeds, workers=1)
+    failing = [r for r in results if not r.ok]
+    assert failing, "the campaign did not notice a master that forgets to re-check votes"
+    assert all("safety" in r.kinds for r in failing)
+    assert any("no-stuck-vote" in f for r in failing for f in r.failures)
+
+    # The real master, same seeds: all pass (so the failures are the mutant's, not noise).
+    real = CampaignSpec(profile="chaos", peers=3, duration=10.0)
+    assert all(r.ok for r in run_campaign(real, [r.seed for r in failing], workers=1))
+
+    victim = failing[0]
+    scenario, schedule = _BROKEN.build(victim.seed)
+    first = run(scenario, schedule)
+    assert first.hash() == victim.hash  # the campaign's verdict replays bit for bit
+    oracle = same_failure(lambda s: scenario_from_json(s.scenario), ("safety",))
+    result = shrink(schedule, oracle, simplify=False)
+    assert 1 <= len(result.events) <= 3 < result.original_events
+    path = tmp_path / "shrunk.json"
+    result.schedule.save(path)
+    replayed = Schedule.load(path)
+    trace = run(scenario_from_json(replayed.scenario), replayed)
+    assert "safety" in trace.failure_kinds
+    assert any("no round started" in f.message for f in trace.failures)
+
+
+def test_a_contained_master_bug_is_reported_as_a_crash() -> None:
+    # pccl.master survives an exception in its machine by closing that one connection; the
+    # simulator must still classify the run as a crash rather than pass it.
+    spec = CampaignSpec(profile="none", peers=2, duration=5.0, params=(("master", "crashes-on-p2p-report"),))
+    scenario, schedule = spec.build(0)
+    trace = run(scenario, schedule)
+    assert "crash" in trace.failure_kinds, trace.failures
+    assert any("no-master-internal-errors" in str(f) for f in trace.failures)

@@ -1,0 +1,101 @@
+"""The membership checkers catch what they claim to catch, and stay quiet on the real code."""
+
+from __future__ import annotations
+
+import random
+
+from pccl.protocol import master_state as ms
+from pccl.protocol import messages as m
+from sim.checkers import NoProtocolKicks, stuck_votes
+from sim.coverage import coverage_table, fault_victims
+from sim.faults import FaultEvent, Schedule
+from sim.mutants import MASTER_VARIANTS, NoRecheckOnDisconnect, register_master_variant
+from sim.runner import run
+from sim.trace import Trace, TraceEvent
+from sim.workload import MEMBERSHIP_MESSAGES, PcclScenario
+
+
+def _feed(machine: ms.MasterState, event: ms.Event) -> None:
+    """Hand ``event`` to the machine; peers answer every ConnectToPeers with a good report."""
+    queue = [event]
+    while queue:
+        for effect in machine.handle(queue.pop(0), 0.0):
+            if isinstance(effect, ms.Send) and isinstance(effect.msg, m.ConnectToPeers):
+                queue.append(ms.MessageReceived(effect.conn_id, m.P2PReport(effect.msg.round, True, ())))
+
+
+def _three_voters(machine: ms.MasterState) -> None:
+    """Accept three peers, then let two of them vote to accept: the third blocks the vote."""
+    for conn in (1, 2, 3):
+        _feed(machine, ms.PeerConnected(conn, f"h{conn}"))
+        _feed(machine, ms.MessageReceived(conn, m.Register(0, 5000 + conn, 0, 0)))
+    _feed(machine, ms.MessageReceived(1, m.VoteTopology(True)))  # the first peer admits the others
+    assert [p.status for p in machine.peers()] == [ms.PeerStatus.ACCEPTED] * 3
+    for conn in (1, 2):
+        _feed(machine, ms.MessageReceived(conn, m.VoteTopology(True)))
+
+
+def test_stuck_votes_sees_the_missing_recheck_and_not_the_real_machine() -> None:
+    real = ms.MasterState(rng=random.Random(1), peer_timeout=2.0)
+    broken = NoRecheckOnDisconnect(rng=random.Random(1), peer_timeout=2.0)
+    for machine in (real, broken):
+        _three_voters(machine)
+        assert stuck_votes(machine) == []  # peer 3 has not voted: waiting is right
+        _feed(machine, ms.PeerDisconnected(3))
+    assert stuck_votes(real) == []
+    assert stuck_votes(broken) == ["accept vote: all 2 accepted peers voted (0 registered waiting), no round started"]
+
+
+class _LyingMaster(ms.MasterState):
+    """Tells the first peer it accepts a world one larger than it is."""
+
+    def _topology_complete(self, round_id: int, group: int) -> m.TopologyComplete:
+        msg = super()._topology_complete(round_id, group)
+        self.__dict__.setdefault("_told", 0)
+        self._told += 1
+        if self._told != 1:
+            return msg
+        ms_ = msg.membership
+        return m.TopologyComplete(msg.round, msg.ring, m.Membership(ms_.world_size + 1, ms_.global_world_size + 1,
+                                                                    ms_.num_peer_groups, ms_.largest_peer_group_size + 1))
+
+
+def test_disagreeing_attributes_are_a_safety_failure() -> None:
+    register_master_variant("test-lying", _LyingMaster)
+    try:
+        scenario = PcclScenario(peers=3, master="test-lying")
+        trace = run(scenario, Schedule(seed=2, duration=3.0, quiet=scenario.liveness_bound + 1, scenario=scenario.to_json()))
+    finally:
+        del MASTER_VARIANTS["test-lying"]
+    assert trace.failure_kinds[0] == "safety"
+    assert trace.failures[0].source == "membership-agreement"
+    assert "says world_size" in trace.failures[0].message or "differ" in trace.failures[0].message
+
+
+class _FakeSim:
+    def __init__(self) -> None:
+        self.trace = Trace()
+
+    def fail(self, kind: str, message: str, source: str = "runner") -> None:
+        self.trace.fail(kind, source, message, t=0.0)
+
+
+def test_protocol_kicks_are_safety_failures_timeouts_are_not() -> None:
+    checker, sim = NoProtocolKicks(), _FakeSim()
+    checker.on_event(sim, TraceEvent(0, 1.0, "peer1", "left", {"error": "Kicked", "reason": "TIMEOUT"}))  # type: ignore[arg-type]
+    assert sim.trace.ok
+    checker.on_event(sim, TraceEvent(1, 2.0, "peer1", "left", {"error": "Kicked", "reason": "OUT_OF_PHASE"}))  # type: ignore[arg-type]
+    assert sim.trace.failure_kinds == ("safety",) and "OUT_OF_PHASE" in sim.trace.failures[0].message
+
+
+def test_coverage_table_lists_every_membership_phase_even_unhit_ones() -> None:
+    cells = [["VoteTopology", "VoteTopology", "kill"], ["P2PHello", "ConnectToPeers", "stall"],
+             ["VoteTopology", "VoteTopology", "kill"]]
+    table = coverage_table(cells, phases=MEMBERSHIP_MESSAGES)
+    victim_rows = {line.split("|")[0].strip(): line for line in table.splitlines()[:12] if "|" in line}
+    assert set(MEMBERSHIP_MESSAGES) <= set(victim_rows)
+    assert victim_rows["VoteTopology"].split("|")[-1].strip() == "2"
+    assert victim_rows["Register"].split("|")[-1].strip() == "0"
+    assert "2 distinct (victim phase, master phase, fault kind) cells, 3 faults" in table
+    assert fault_victims(FaultEvent(1.0, "partition", side=("peer1", "peer2")).to_json()) == ["peer1", "peer2"]
+    assert fault_victims(FaultEvent(1.0, "master_restart").to_json()) == ["master"]
