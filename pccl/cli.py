@@ -31,12 +31,12 @@ __all__ = ["main"]
 log = logging.getLogger("pccl.cli")
 
 _LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+_LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pccl", description="pccl: fault-tolerant collective communications")
-    parser.add_argument("--log-level", default=os.environ.get("PCCL_LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+    parser.add_argument("--log-level", default=os.environ.get("PCCL_LOG_LEVEL", "INFO"), choices=_LOG_LEVELS,
                         help="logging level (default: $PCCL_LOG_LEVEL or INFO); logs go to stderr")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -50,6 +50,19 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="seconds of silence after which a peer is removed (default %(default)s)")
     master.add_argument("--heartbeat-interval", type=float, default=Config.heartbeat_interval,
                         help="seconds between heartbeats on idle connections (default %(default)s)")
+    from . import demo
+
+    demo.add_parsers(commands)
+
+    bench = commands.add_parser("bench", help="all-reduce benchmark: a master and N peers as processes on loopback")
+    from .bench import add_arguments as _bench_arguments
+
+    _bench_arguments(bench)
+    # --log-level also after the sub-command (``pccl master --log-level DEBUG``); SUPPRESS keeps
+    # a sub-command from overwriting a level given before it with a default.
+    for sub in {id(p): p for p in commands.choices.values()}.values():
+        sub.add_argument("--log-level", default=argparse.SUPPRESS, choices=_LOG_LEVELS,
+                         help="logging level (also accepted before the sub-command)")
     return parser
 
 
@@ -65,8 +78,13 @@ def _run_master(args: argparse.Namespace) -> int:
     from .master import serve_master
 
     if args.token_file:
-        with open(args.token_file, encoding="utf-8") as f:
-            token: str | None = f.read().rstrip("\n")
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                token: str | None = f.read().rstrip("\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            log.error("cannot read the run token from --token-file %s: %s", args.token_file,
+                      exc.strerror if isinstance(exc, OSError) and exc.strerror else exc)
+            return 2
     else:
         token = args.token if args.token is not None else os.environ.get("PCCL_TOKEN") or None
     config = Config(peer_timeout=args.peer_timeout, heartbeat_interval=args.heartbeat_interval)
@@ -90,15 +108,24 @@ def _run_master(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"master": _run_master}
+def _run_bench(args: argparse.Namespace) -> int:
+    from .bench import run_driver
+
+    return run_driver(args)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"master": _run_master, "bench": _run_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pccl`` console script; returns the exit status."""
+    from . import demo
+
     args = _build_parser().parse_args(argv)
     _configure_logging(args.log_level)
+    commands = {**_COMMANDS, **demo.COMMANDS}
     try:
-        return _COMMANDS[args.command](args)
+        return commands[args.command](args)
     except PCCLError as exc:
         log.error("%s", exc)
         return 1

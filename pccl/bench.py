@@ -1,0 +1,319 @@
+"""All-reduce benchmark: a master and N peers as OS processes on loopback (``pccl bench``).
+
+nccl-tests conventions: ``time`` is, per iteration, the slowest peer's wall time of the
+all-reduce call(s), then the median over iterations; ``algbw = size / time`` and
+``busbw = algbw * 2 (N - 1) / N`` (what each peer's links carry in a ring).  Everything goes
+through the public API — :func:`pccl.open_master`, :func:`pccl.open_communicator`,
+:meth:`pccl.Communicator.all_reduce` — so the master round trips of every operation are
+included.  Buffers are float32, reduced with SUM in place (so the input backup that makes
+aborts restorable is included too; ``--out-of-place`` reduces into a separate array instead);
+the inputs are refilled before each iteration, untimed, and the peers meet at a tiny untimed all-reduce (a barrier) before each timed one.
+
+``--concurrency k`` splits the buffer into ``k`` slices all-reduced at once under distinct
+tags; ``--quant u8``/``u16`` uses MIN_MAX quantization.
+
+Roles: the driver (:func:`main`) starts ``python -m pccl.bench master`` and
+``python -m pccl.bench peer`` processes; peers write their timings to a JSON file.
+:func:`run_group` is the reusable part (``benchmarks/shared_bench/pccl_trio_bench.py`` uses it).
+This is a measurement tool, not library code: it uses wall-clock time freely.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["main", "run_group", "parse_size", "format_size", "bus_bandwidth"]
+
+_QUANT_NAMES = ("none", "u8", "u16")
+#: Timed iterations per size (before ``--iters-scale``): small ones are cheap and noisy.
+_BASE_ITERS = ((1 << 20, 30), (16 << 20, 10), (64 << 20, 6), (1 << 62, 4))
+_BARRIER_TAG = 1 << 30
+
+
+def parse_size(text: str) -> int:
+    """``"16K"``, ``"64M"``, ``"1G"``, ``"4096"`` → bytes (binary units)."""
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def bus_bandwidth(nbytes: int, world: int, seconds: float) -> tuple[float, float]:
+    """``(algbw, busbw)`` in bytes/s."""
+    alg = nbytes / seconds
+    return alg, alg * 2 * (world - 1) / world
+
+
+def _iterations(nbytes: int, scale: float) -> int:
+    base = next(n for limit, n in _BASE_ITERS if nbytes <= limit)
+    return max(3, round(base * scale))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the processes ---------------------------------------------------------------------------------
+
+
+def _run_master(port: int) -> None:
+    import trio
+
+    import pccl
+
+    async def serve() -> None:
+        async with pccl.open_master(f"127.0.0.1:{port}"):
+            print("MASTER_READY", flush=True)
+            await trio.to_thread.run_sync(sys.stdin.read)  # the driver closes stdin when done
+
+    trio.run(serve)
+
+
+def _run_peer(args: argparse.Namespace) -> None:
+    import numpy as np
+    import trio
+
+    import pccl
+
+    quant_types = {"none": None, "u8": np.uint8, "u16": np.uint16}
+
+    async def admit(comm: pccl.Communicator) -> None:
+        deadline = time.monotonic() + 120
+        while comm.world_size < args.world:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the group never reached {args.world} peers")
+            if await comm.are_peers_pending():
+                await comm.update_topology()
+            else:
+                await trio.sleep(0.01)
+
+    def make_inputs(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        base = np.random.default_rng(1234).standard_normal(count, dtype=np.float32)
+        inputs = base * np.float32(args.index + 1)  # peer r contributes (r+1)*base
+        return base, inputs, inputs.copy()
+
+    def relative_error(base: np.ndarray, result: np.ndarray) -> float:
+        expect = base * np.float32(args.world * (args.world + 1) / 2)
+        return float(np.max(np.abs(result - expect)) / max(float(np.max(np.abs(expect))), 1e-30))
+
+    async def run() -> list[dict[str, Any]]:
+        results: list[dict[str, Any]] = []
+        async with pccl.open_communicator(f"127.0.0.1:{args.port}") as comm:
+            await admit(comm)
+            small = np.ones(4, np.float32)
+
+            async def barrier() -> None:
+                small[:] = 1
+                await comm.all_reduce(small, tag=_BARRIER_TAG)
+
+            for quant_name in args.quant:
+                quant = None if quant_types[quant_name] is None else pccl.Quantization(dtype=quant_types[quant_name])
+                for conc in args.concurrency:
+                    for nbytes in args.sizes:
+                        count = max(nbytes // 4, 1)
+                        # Seconds of numpy work for large buffers: in a thread, so that this
+                        # peer's Trio loop keeps answering the master's heartbeats meanwhile.
+                        base, inputs, buf = await trio.to_thread.run_sync(make_inputs, count)
+                        out = np.empty_like(buf) if args.out_of_place else buf
+                        step = -(-count // conc)
+                        slices = [(buf[a : a + step], out[a : a + step]) for a in range(0, count, step)]
+
+                        async def one_call() -> tuple[float, float]:
+                            await trio.to_thread.run_sync(np.copyto, buf, inputs)
+                            await barrier()
+                            t0 = time.perf_counter()
+                            if len(slices) == 1:
+                                await comm.all_reduce(*slices[0], op=pccl.ReduceOp.SUM, tag=0, quantization=quant)
+                            else:
+                                async with trio.open_nursery() as nursery:
+                                    for i, (piece, result) in enumerate(slices):
+                                        nursery.start_soon(
+                                            lambda piece=piece, result=result, i=i: comm.all_reduce(
+                                                piece, result, op=pccl.ReduceOp.SUM, tag=i, quantization=quant)
+                                        )
+                            return t0, time.perf_counter()
+
+                        warmups = 1 if nbytes >= 256 << 20 else 2
+                        for _ in range(warmups):
+                            await one_call()
+                        times = []
+                        for _ in range(_iterations(nbytes, args.iters_scale)):
+                            t0, t1 = await one_call()
+                            times.append(t1 - t0)
+                        rel = await trio.to_thread.run_sync(relative_error, base, out)
+                        del base, inputs, buf, out, slices
+                        results.append({"quant": quant_name, "conc": conc, "bytes": count * 4, "times": times,
+                                        "max_rel_err": rel})
+            await barrier()  # nobody leaves while others still run
+        return results
+
+    results = trio.run(run)
+    with open(args.result_file, "w") as f:
+        json.dump({"index": args.index, "results": results}, f)
+
+
+# --- the driver ------------------------------------------------------------------------------------
+
+
+def run_group(
+    world: int,
+    *,
+    sizes: Sequence[int],
+    quant: Sequence[str] = ("none",),
+    concurrency: Sequence[int] = (1,),
+    iters_scale: float = 1.0,
+    timeout: float = 1800.0,
+    logdir: str | None = None,
+    python: str = sys.executable,
+    out_of_place: bool = False,
+) -> list[dict[str, Any]]:
+    """Run one master and ``world`` peers through every (quant, concurrency, size) and return one
+    row per configuration: ``{quant, conc, N, bytes, times (per-iteration max over peers),
+    per_rank_times, max_rel_err}``.  Raises ``RuntimeError`` if a process fails."""
+    logdir = logdir or tempfile.mkdtemp(prefix="pccl-bench-")
+    os.makedirs(logdir, exist_ok=True)
+    port = _free_port()
+    master_log = open(os.path.join(logdir, f"master_N{world}.log"), "w")
+    master = subprocess.Popen([python, "-m", "pccl.bench", "master", "--port", str(port)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=master_log, text=True)
+    peers: list[tuple[subprocess.Popen[str], str, Any]] = []
+    try:
+        line = master.stdout.readline() if master.stdout else ""
+        if not line.startswith("MASTER_READY"):
+            raise RuntimeError(f"master did not start; see {master_log.name}")
+        for index in range(world):
+            result_file = os.path.join(logdir, f"peer_N{world}_{index}.json")
+            if os.path.exists(result_file):
+                os.remove(result_file)
+            log = open(os.path.join(logdir, f"peer_N{world}_{index}.log"), "w")
+            cmd = [python, "-m", "pccl.bench", "peer", "--port", str(port), "--world", str(world),
+                   "--index", str(index), "--result-file", result_file, "--iters-scale", str(iters_scale),
+                   "--sizes", *map(str, sizes), "--quant", *quant, "--concurrency", *map(str, concurrency)]
+            if out_of_place:
+                cmd.append("--out-of-place")
+            peers.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True), result_file, log))
+        outputs = []
+        deadline = time.monotonic() + timeout
+        for proc, result_file, log in peers:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            log.close()
+            if proc.returncode != 0 or not os.path.exists(result_file):
+                raise RuntimeError(f"peer failed (exit {proc.returncode}); see {log.name}")
+            with open(result_file) as f:
+                outputs.append(json.load(f)["results"])
+    finally:
+        for proc, _, _ in peers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if master.stdin:
+            master.stdin.close()
+        try:
+            master.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            master.kill()
+            master.wait()
+        master_log.close()
+    rows = []
+    for k, first in enumerate(outputs[0]):
+        per_rank = [out[k]["times"] for out in outputs]
+        rows.append({
+            "quant": first["quant"], "conc": first["conc"], "N": world, "bytes": first["bytes"],
+            "times": [max(ts) for ts in zip(*per_rank)], "per_rank_times": per_rank,
+            "max_rel_err": max(out[k]["max_rel_err"] for out in outputs),
+        })
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [f"{'N':>3} {'size':>8} {'quant':>5} {'conc':>4} {'iters':>5} {'time ms':>10} {'min ms':>9} "
+             f"{'algbw GB/s':>11} {'busbw GB/s':>11} {'rel err':>9}"]
+    for r in rows:
+        t = statistics.median(r["times"])
+        alg, bus = bus_bandwidth(r["bytes"], r["N"], t)
+        lines.append(f"{r['N']:>3} {format_size(r['bytes']):>8} {r['quant']:>5} {r['conc']:>4} {len(r['times']):>5} "
+                     f"{t * 1e3:>10.3f} {min(r['times']) * 1e3:>9.3f} {alg / 1e9:>11.3f} {bus / 1e9:>11.3f} "
+                     f"{r['max_rel_err']:>9.1e}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The driver's options (shared by ``benchmarks/allreduce.py`` and ``pccl bench``)."""
+    parser.add_argument("--peers", type=int, nargs="+", default=[2], help="group sizes to run (default 2)")
+    parser.add_argument("--sizes", type=parse_size, nargs="+", default=[parse_size(s) for s in ("16K", "64M")],
+                        help="buffer sizes, e.g. 16K 64M 256M (default 16K 64M)")
+    parser.add_argument("--quant", nargs="+", choices=_QUANT_NAMES, default=["none"],
+                        help="MIN_MAX quantization to none/u8/u16 (several: each is run)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1],
+                        help="split each buffer into k slices all-reduced at once (default 1)")
+    parser.add_argument("--iters-scale", type=float, default=1.0, help="multiply the iteration counts")
+    parser.add_argument("--out-of-place", action="store_true",
+                        help="reduce into a separate output array (default: in place, which includes the "
+                             "input backup that makes an aborted op restorable)")
+    parser.add_argument("--json", help="also write every row (with per-iteration times) to this file")
+    parser.add_argument("--logdir", help="where process logs go (default: a fresh temporary directory)")
+
+
+def run_driver(args: argparse.Namespace) -> int:
+    rows: list[dict[str, Any]] = []
+    where = "out of place" if args.out_of_place else "in place"
+    print(f"# pccl all-reduce, float32 SUM {where}, loopback, {os.cpu_count()} CPUs, "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)
+    for world in args.peers:
+        group = run_group(world, sizes=args.sizes, quant=args.quant, concurrency=args.concurrency,
+                          iters_scale=args.iters_scale, logdir=args.logdir, out_of_place=args.out_of_place)
+        rows.extend(group)
+        print(format_table(group), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("master", "peer"):
+        parser = argparse.ArgumentParser(prog="pccl.bench")
+        parser.add_argument("role", choices=["master", "peer"])
+        parser.add_argument("--port", type=int, required=True)
+        parser.add_argument("--world", type=int)
+        parser.add_argument("--index", type=int)
+        parser.add_argument("--result-file")
+        parser.add_argument("--iters-scale", type=float, default=1.0)
+        parser.add_argument("--sizes", type=int, nargs="+")
+        parser.add_argument("--quant", nargs="+")
+        parser.add_argument("--concurrency", type=int, nargs="+")
+        parser.add_argument("--out-of-place", action="store_true")
+        args = parser.parse_args(argv)
+        if args.role == "master":
+            _run_master(args.port)
+        else:
+            _run_peer(args)
+        return 0
+    parser = argparse.ArgumentParser(prog="pccl bench", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run_driver(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
