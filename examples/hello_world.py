@@ -1,0 +1,54 @@
+"""The recommended training loop (SPEC §2), runnable as is.
+
+Start a master, then two or more copies of this script (each blocks until accepted):
+
+    pccl master --listen 127.0.0.1:48148
+    python examples/hello_world.py --master 127.0.0.1:48148
+    python examples/hello_world.py --master 127.0.0.1:48148
+
+Kill one with Ctrl-C or SIGKILL at any moment and start it again: the others carry on, and the
+newcomer downloads the weights at its first sync and continues at the same step.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import trio
+
+import pccl
+
+
+async def train(master: str, steps: int) -> None:
+    async with pccl.open_communicator(master, peer_group=0) as comm:
+        w = np.zeros(1_000_000, np.float32)
+        m = np.zeros_like(w)
+        state = pccl.SharedState({"w": w, "m": m}, revision=0)  # references, no copies
+        rng = np.random.default_rng()
+        async for info in comm.steps(state):  # update_topology / wait while alone / sync
+            if state.revision >= steps:
+                break
+            grads = (rng.standard_normal(w.shape, dtype=np.float32) * 0.01 + (w - 1.0)).astype(np.float32)
+            try:
+                reduced = await comm.all_reduce(grads, op=pccl.ReduceOp.AVG)  # in place
+            except (pccl.CollectiveAborted, pccl.TooFewPeers):
+                continue  # a peer left mid-op: the next step runs on the survivors
+            m *= 0.9
+            m += grads  # deterministic update: identical on every peer
+            w -= 0.1 * m
+            state.revision += 1
+            print(f"step {state.revision}: world {reduced.world_size}, "
+                  f"synced {info.rx_bytes} B, sent {reduced.tx_bytes} B, |w-1| = {float(np.abs(w - 1).mean()):.4f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--master", default="127.0.0.1:48148")
+    parser.add_argument("--steps", type=int, default=100)
+    args = parser.parse_args()
+    trio.run(train, args.master, args.steps)
+
+
+if __name__ == "__main__":
+    main()
