@@ -39,6 +39,14 @@ int pccl_kernels_abi_version(void);
  * AVG accumulates like SUM (finalise with pccl_avg_finalize). */
 int pccl_reduce(int op, int dtype, void *dst, const void *src, size_t n);
 
+/* backup[i] = dst[i]; dst[i] = dst[i] op src[i] in one pass (same dtypes and arithmetic as
+ * pccl_reduce; backup has dst's dtype): the in-place all-reduce's save-before-overwrite. */
+int pccl_reduce_save(int op, int dtype, void *dst, const void *src, void *backup, size_t n);
+
+/* memcpy(backup, src, nbytes) for a backup that is written once and read only on abort:
+ * non-temporal stores on x86-64 (no cache pollution, no read-for-ownership).  Any alignment. */
+int pccl_save_copy(void *backup, const void *src, size_t nbytes);
+
 /* dst[i] = dst[i] op (float)src[i] with src of dtype f16 or bf16 and an f32 destination. */
 int pccl_reduce_widen(int op, int src_dtype, float *dst, const void *src, size_t n);
 
@@ -70,3 +78,7 @@ int pccl_dequantize(int q_dtype, const void *q, size_t n, int out_dtype, void *o
  * pccl_dequantize into a temporary followed by pccl_reduce, in one pass. */
 int pccl_dequantize_reduce(int op, int q_dtype, const void *q, size_t n, int acc_dtype,
                            void *acc, double lo, double scale);
+
+/* pccl_dequantize_reduce that first saves acc[i] into backup[i] (acc's dtype), in one pass. */
+int pccl_dequantize_reduce_save(int op, int q_dtype, const void *q, size_t n, int acc_dtype,
+                                void *acc, void *backup, double lo, double scale);

@@ -100,4 +100,11 @@ PCCL_INLINE uint16_t pccl_f32_to_bf16(float f) {
     return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
+/* reduce.c: copy nbytes of dst to backup with non-temporal stores where available (the backup
+ * of an in-place all-reduce is written once and read only on abort); pccl_save_fence orders
+ * those stores before anything that follows (call it before returning). */
+void pccl_save_block(void *restrict backup, const void *restrict dst, size_t nbytes);
+#define PCCL_SAVE_BLOCK 8192 /* bytes per block of the saving kernels: inside L1 with the source */
+void pccl_save_fence(void);
+
 #endif /* PCCL_KERNELS_INTERNAL_H */

@@ -281,3 +281,23 @@ int pccl_dequantize_reduce(int op, int q_dtype, const void *q, size_t n, int acc
     if (acc_dtype == PCCL_F64) DEQ_OP_DISPATCH(f64, double)
     return PCCL_EDTYPE;
 }
+
+/* Block by block like pccl_reduce_save (see reduce.c): copy a block of acc to the backup with
+ * streaming stores, then dequantize-reduce into it while it is in L1. */
+int pccl_dequantize_reduce_save(int op, int q_dtype, const void *q, size_t n, int acc_dtype,
+                                void *acc, void *backup, double lo, double scale) {
+    int rc = pccl_dequantize_reduce(op, q_dtype, q, 0, acc_dtype, acc, lo, scale);
+    if (rc != PCCL_OK) return rc;
+    size_t asize = acc_dtype == PCCL_F64 ? 8 : 4;
+    size_t qsize = q_dtype == PCCL_U16 ? 2 : 1;
+    size_t block = PCCL_SAVE_BLOCK / asize;
+    char *a = (char *)acc, *b = (char *)backup;
+    const char *qq = (const char *)q;
+    for (size_t i = 0; i < n; i += block) {
+        size_t len = n - i < block ? n - i : block;
+        pccl_save_block(b + i * asize, a + i * asize, len * asize);
+        pccl_dequantize_reduce(op, q_dtype, qq + i * qsize, len, acc_dtype, a + i * asize, lo, scale);
+    }
+    pccl_save_fence();
+    return PCCL_OK;
+}

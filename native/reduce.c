@@ -32,7 +32,11 @@
 #include "kernels.h"
 #include "kernels_internal.h"
 
-int pccl_kernels_abi_version(void) { return 2; }
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+int pccl_kernels_abi_version(void) { return 3; }
 
 /* ---- same-type reductions ------------------------------------------------------------ */
 
@@ -107,6 +111,83 @@ int pccl_reduce(int op, int dtype, void *dst, const void *src, size_t n) {
     case PCCL_F64: DISPATCH_OP(f64, double)
     default: return PCCL_EDTYPE;
     }
+}
+
+/* ---- reductions that save the destination first ------------------------------------- */
+
+/* backup[i] = dst[i]; dst[i] = dst[i] op src[i], for the in-place all-reduce, whose input must
+ * stay restorable.  Done block by block: each block of dst is copied to the backup and then
+ * reduced while it is still in L1, so dst is read from memory once instead of twice (copy pass,
+ * then reduce pass).  On x86-64 the backup is written with non-temporal (streaming) stores: it
+ * is only read again if the op aborts, so there is no point pulling its lines into the cache
+ * (a normal store first reads the line: a third of the backup's memory traffic).  The closing
+ * sfence orders those stores before the kernel returns, so any thread that later sees the
+ * slice marked as saved (through a lock) also sees its bytes.  The arithmetic is pccl_reduce's
+ * / pccl_dequantize_reduce's own, applied to each block: results are bit-identical. */
+void pccl_save_block(void *restrict backup, const void *restrict dst, size_t nbytes) {
+#if defined(__SSE2__)
+    char *b = (char *)backup;
+    const char *d = (const char *)dst;
+    size_t i = 0;
+    while (i < nbytes && ((uintptr_t)(b + i) & 15u) != 0) {
+        b[i] = d[i];
+        i++;
+    }
+    for (; i + 64 <= nbytes; i += 64) {
+        __m128i x0 = _mm_loadu_si128((const __m128i *)(d + i));
+        __m128i x1 = _mm_loadu_si128((const __m128i *)(d + i + 16));
+        __m128i x2 = _mm_loadu_si128((const __m128i *)(d + i + 32));
+        __m128i x3 = _mm_loadu_si128((const __m128i *)(d + i + 48));
+        _mm_stream_si128((__m128i *)(b + i), x0);
+        _mm_stream_si128((__m128i *)(b + i + 16), x1);
+        _mm_stream_si128((__m128i *)(b + i + 32), x2);
+        _mm_stream_si128((__m128i *)(b + i + 48), x3);
+    }
+    for (; i + 16 <= nbytes; i += 16)
+        _mm_stream_si128((__m128i *)(b + i), _mm_loadu_si128((const __m128i *)(d + i)));
+    for (; i < nbytes; i++) b[i] = d[i];
+#else
+    memcpy(backup, dst, nbytes);
+#endif
+}
+
+void pccl_save_fence(void) {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
+int pccl_save_copy(void *backup, const void *src, size_t nbytes) {
+    pccl_save_block(backup, src, nbytes);
+    pccl_save_fence();
+    return PCCL_OK;
+}
+
+static size_t dtype_size(int dtype) {
+    switch (dtype) {
+    case PCCL_U8: case PCCL_I8: return 1;
+    case PCCL_U16: case PCCL_I16: case PCCL_F16: case PCCL_BF16: return 2;
+    case PCCL_U32: case PCCL_I32: case PCCL_F32: return 4;
+    case PCCL_U64: case PCCL_I64: case PCCL_F64: return 8;
+    default: return 0;
+    }
+}
+
+int pccl_reduce_save(int op, int dtype, void *dst, const void *src, void *backup, size_t n) {
+    /* validate op and dtype (f16/bf16 are refused) before touching memory: n == 0 checks only */
+    int rc = pccl_reduce(op, dtype, dst, src, 0);
+    if (rc != PCCL_OK) return rc;
+    size_t size = dtype_size(dtype);
+    size_t block = PCCL_SAVE_BLOCK / size;
+    char *d = (char *)dst, *b = (char *)backup;
+    const char *s = (const char *)src;
+    for (size_t i = 0; i < n; i += block) {
+        size_t len = n - i < block ? n - i : block;
+        pccl_save_block(b + i * size, d + i * size, len * size);
+        pccl_reduce(op, dtype, d + i * size, s + i * size, len);
+    }
+    pccl_save_fence();
+    return PCCL_OK;
 }
 
 /* ---- float16 / bfloat16 into float32 ------------------------------------------------- */

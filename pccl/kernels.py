@@ -41,6 +41,8 @@ __all__ = [
     "QuantParams",
     "accumulator_dtype",
     "reduce_into",
+    "reduce_into_saving",
+    "save_copy",
     "avg_finalize",
     "widen",
     "narrow",
@@ -48,6 +50,7 @@ __all__ = [
     "quantize",
     "dequantize",
     "dequantize_reduce",
+    "dequantize_reduce_saving",
     "reduce_oracle",
     "avg_oracle",
     "widen_oracle",
@@ -67,7 +70,7 @@ _ACCUMULATORS = (DType.FLOAT32, DType.FLOAT64)
 
 # The native module must be the one built from this source tree (an editable install whose
 # extension was not rebuilt after a change of native/ would otherwise misbehave silently).
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 if lib.pccl_kernels_abi_version() != _ABI_VERSION:  # pragma: no cover - stale build only
     raise ImportError(
         f"pccl._kernels has ABI {lib.pccl_kernels_abi_version()}, expected {_ABI_VERSION}: "
@@ -222,6 +225,64 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp | int = ReduceOp.
         dst[...] = d
 
 
+def _backup_for(backup: Any, name: str, dst: np.ndarray, dt: DType, *inputs: tuple[str, np.ndarray]) -> np.ndarray:
+    """Check the ``backup`` array of a saving kernel: writable, ``name``'s dtype and size, and
+    apart from every other array of the call."""
+    backup = _array("backup", backup, writable=True)
+    if _dtype("backup", backup) is not dt:
+        raise _fail(f"backup has dtype {backup.dtype} but {name} has {dst.dtype}; they must match")
+    _same_size("backup", backup, name, dst)
+    _no_overlap("backup", backup, name, dst)
+    for other_name, other in inputs:
+        _no_overlap("backup", backup, other_name, other)
+    return backup
+
+
+def reduce_into_saving(dst: np.ndarray, src: np.ndarray, backup: np.ndarray,
+                       op: ReduceOp | int = ReduceOp.SUM) -> None:
+    """``backup[:] = dst; dst op= src`` in one pass over memory.
+
+    The in-place all-reduce's save-before-overwrite fused into its reduction: the result in
+    ``dst`` is bit-identical to :func:`reduce_into` and ``backup`` receives dst's previous bytes
+    exactly (NaN payloads included).  ``dst``, ``src`` and ``backup`` share one dtype (float32,
+    float64 or an integer type; float16/bfloat16 accumulate in float32 and have no saving
+    variant) and element count, and must not overlap.  Raises InvalidArgument.
+    """
+    op = _op(op)
+    dst = _array("dst", dst, writable=True)
+    src = _array("src", src)
+    dt_dst = _dtype("dst", dst)
+    dt_src = _dtype("src", src)
+    if dt_src is not dt_dst:
+        raise _fail(f"dst has dtype {dst.dtype} but src has {src.dtype}; they must match")
+    if dt_dst in _HALF:
+        raise _fail(f"reduce_into_saving works on float32/float64/integer arrays, not {dst.dtype}")
+    _same_size("dst", dst, "src", src)
+    _no_overlap("dst", dst, "src", src)
+    backup = _backup_for(backup, "dst", dst, dt_dst, ("src", src))
+    if dst.size == 0:
+        return
+    d, s, b = _aligned(dst), _aligned(src), _aligned(backup)
+    _check(lib.pccl_reduce_save(op, dt_dst, _ptr(d), _ptr(s), _ptr(b), d.size), "reduce_into_saving")
+    if d is not dst:
+        dst[...] = d
+    if b is not backup:
+        backup[...] = b
+
+
+def save_copy(backup: np.ndarray, src: np.ndarray) -> None:
+    """``backup[:] = src`` (same dtype and size, no overlap) with streaming stores: for a copy that
+    is written once and read back only on abort (the in-place all-reduce's backup), so it
+    neither evicts useful cache lines nor reads the destination's lines first.  Any alignment
+    (it copies bytes).  Raises InvalidArgument."""
+    src = _array("src", src)
+    dt = _dtype("src", src)
+    backup = _backup_for(backup, "src", src, dt)
+    if src.size == 0:
+        return
+    _check(lib.pccl_save_copy(_ptr(backup), _ptr(src), src.nbytes), "save_copy")
+
+
 def avg_finalize(dst: np.ndarray, count: int) -> None:
     """``dst /= count`` in place: IEEE division for floats, FLOOR division for integers
     (numpy's ``//``: -7 // 2 == -4).  float16/bfloat16 results are finalised in their float32
@@ -366,6 +427,27 @@ def dequantize_reduce(acc: np.ndarray, q: np.ndarray, params: QuantParams,
                                       params.lo, params.scale), "dequantize_reduce")
     if aa is not acc:
         acc[...] = aa
+
+
+def dequantize_reduce_saving(acc: np.ndarray, q: np.ndarray, params: QuantParams, backup: np.ndarray,
+                             op: ReduceOp | int = ReduceOp.SUM) -> None:
+    """``backup[:] = acc; acc op= (lo + q * scale)`` in one pass: :func:`dequantize_reduce`
+    (bit-identical result) that first saves acc's previous values into ``backup`` (acc's dtype
+    and size, overlapping neither ``acc`` nor ``q``)."""
+    op = _op(op)
+    acc = _array("acc", acc, writable=True)
+    q = _array("q", q)
+    qdt, adt = _quant_pair(q, "acc", acc)
+    backup = _backup_for(backup, "acc", acc, adt, ("q", q))
+    if acc.size == 0:
+        return
+    aa, qa, ba = _aligned(acc), _aligned(q), _aligned(backup)
+    _check(lib.pccl_dequantize_reduce_save(op, qdt, _ptr(qa), qa.size, adt, _ptr(aa), _ptr(ba),
+                                           params.lo, params.scale), "dequantize_reduce_saving")
+    if aa is not acc:
+        acc[...] = aa
+    if ba is not backup:
+        backup[...] = ba
 
 
 # --- numpy oracles (plain numpy, same definitions; used by the tests) ---------------------------

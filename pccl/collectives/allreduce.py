@@ -55,9 +55,12 @@ and :func:`ring_all_reduce` raises exactly one exception: ``Cancelled`` when the
 was cancelled and nothing else went wrong, else the first real error (``PeerDisconnected``,
 ``StreamClosed``, ``ProtocolError``, ``InvalidArgument`` for NaN/Inf under quantization…); never
 an ExceptionGroup.  For an in-place operation every slice is saved in an :class:`InputBackup`
-right before its first overwrite; pass your own ``backup`` to be able to restore the input after
-this function has returned (an abort decided by the master after this peer finished its ring),
-otherwise the input is restored here before the exception propagates.  A lane torn mid-frame is
+right before its first overwrite — by the reduce-scatter kernel itself where that overwrite is a
+reduction (``reduce_into_saving``: the copy rides along with the reduction's own pass over the
+slice), by a copy otherwise (the chunk sent at step 0; f16/bf16 outputs).  Pass your own
+``backup`` to be able to restore the input after this function has returned (an abort decided
+by the master after this peer finished its ring), otherwise the input is restored here before
+the exception propagates.  A lane torn mid-frame is
 aborted by its connection, so later operations on it fail fast until the ring is re-wired.
 """
 
@@ -251,6 +254,10 @@ class _RingOp:
             for k in range(len(self.schedule.subchunks(self.schedule.recv_chunk(step)))):
                 self.ready[(step, k)] = trio.Event()
         self.gather_store, self.gather_offsets = self._make_gather_store()
+        #: In place without a working array, a reduce-scatter reduction is the first overwrite of
+        #: its slice of the caller's buffer, and saves the slice in the same pass
+        #: (:meth:`InputBackup.overwrite`); the other slices are saved by plain copies.
+        self.fused_backup = backup is not None and bufs.in_place and not bufs.half
 
     # --- layout ------------------------------------------------------------------------------
 
@@ -378,14 +385,31 @@ class _RingOp:
                 np.add(bufs.src[a:b], payload.view(acc.dtype), out=acc)
                 return
             np.copyto(acc, bufs.src[a:b])
-        else:
-            self._save(a, b)
         if bufs.quantized:
             lo, scale = bf.unpack_meta(memoryview(payload)[: bf.QUANT_META.size])
             q = payload[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
-            bf.dequantize_reduce(bufs.op, q, acc, lo, scale)
+            if self.fused_backup:
+                assert self.backup is not None
+                self.backup.overwrite(
+                    a, b,
+                    lambda saved: bf.dequantize_reduce_saving(bufs.op, q, acc, lo, scale, saved),
+                    lambda: bf.dequantize_reduce(bufs.op, q, acc, lo, scale),
+                )
+            else:
+                bf.dequantize_reduce(bufs.op, q, acc, lo, scale)
         else:
-            bf.reduce_into(bufs.op, acc, payload.view(acc.dtype))
+            wire = payload.view(acc.dtype)
+            if self.fused_backup:
+                # In place, this reduction is the slice's first overwrite: the kernel saves the
+                # input as it reads it, so the backup costs no pass over memory of its own.
+                assert self.backup is not None
+                self.backup.overwrite(
+                    a, b,
+                    lambda saved: bf.reduce_into_saving(bufs.op, acc, wire, saved),
+                    lambda: bf.reduce_into(bufs.op, acc, wire),
+                )
+            else:
+                bf.reduce_into(bufs.op, acc, wire)
 
     def _apply_gathered(self, frame: Frame) -> None:
         """All-gather, quantized: dequantize the received bytes into the output (worker thread)."""

@@ -195,13 +195,16 @@ class OpBuffers:
 class InputBackup:
     """The original content of an in-place buffer, saved lazily just before it is overwritten.
 
-    Costs at most one copy of the input, made piecewise by the kernels right before they write
-    a slice (cache-hot) — and nothing for slices an aborted op never touched.  :meth:`restore`
-    puts the input back; the communicator keeps the backup until the master has confirmed the
-    op, so an abort that arrives after this peer finished its ring still restores the input.
-    Thread safety: :meth:`save` may be called for one slice from several threads (the first
-    copies, the others wait for it and return), and :meth:`restore` runs only after every
-    writer has stopped.
+    Costs at most one copy of the input, made piecewise right before a slice is first written —
+    and nothing for slices an aborted op never touched.  Where that first write is a reduction
+    (the ring's reduce-scatter), :meth:`overwrite` lets a fused kernel store the copy in the same
+    pass that reads the slice for the reduction, so the copy costs no pass of its own; elsewhere
+    :meth:`save` copies the slice (with streaming stores: the copy is read back only on abort).  :meth:`restore` puts the
+    input back; the communicator keeps the backup until the master has confirmed the op, so an
+    abort that arrives after this peer finished its ring still restores the input.
+    Thread safety: :meth:`save` / :meth:`overwrite` may be called for one slice from several
+    threads (the first copies, the others wait for that copy and return or run the plain
+    kernel), and :meth:`restore` runs only after every writer has stopped.
     """
 
     def __init__(self, buffer: np.ndarray, *, arena: ScratchArena = SCRATCH) -> None:
@@ -215,7 +218,11 @@ class InputBackup:
         self._bytes = self._buffer.view(np.uint8) if self._buffer.nbytes else None
         self._itemsize = self._buffer.itemsize
         self._saved: dict[int, int] = {}
+        # Slices whose copy a fused kernel is making right now (start -> stop); a save() of one
+        # waits on _copied until it is in _saved.
+        self._copying: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._copied = threading.Condition(self._lock)
 
     def save(self, start: int, stop: int) -> None:
         """Remember ``buffer[start:stop]`` unless a save starting at ``start`` already happened."""
@@ -224,11 +231,48 @@ class InputBackup:
         # Locked: on the threaded path a lane's sender saves slices ahead of its receiver, and
         # the receiver must not start overwriting a slice while the sender is still copying it.
         with self._lock:
+            while start in self._copying:
+                self._copied.wait()
             if start in self._saved:
                 return
             a, b = start * self._itemsize, stop * self._itemsize
-            np.copyto(self._copy[a:b], self._bytes[a:b])
+            kernels.save_copy(self._copy[a:b], self._bytes[a:b])
             self._saved[start] = stop
+
+    def overwrite(self, start: int, stop: int, fused: Callable[[np.ndarray], None],
+                  plain: Callable[[], None]) -> None:
+        """Run the write of ``buffer[start:stop]`` through a kernel that saves the slice itself.
+
+        If the slice is not saved yet, ``fused(saved)`` runs: it must copy the slice's current
+        elements into ``saved`` (a view of the backup with the buffer's dtype) in the same pass
+        as it overwrites them (``kernels.reduce_into_saving``).  Otherwise ``plain()`` runs.
+        The lock is not held while the kernel runs, so lanes reducing different slices do not
+        wait for each other; a concurrent :meth:`save` of this slice waits for the copy.  If
+        ``fused`` raises (its argument checks), the slice counts as not saved.
+        """
+        if self._copy is None or stop <= start:
+            plain()
+            return
+        with self._lock:
+            while start in self._copying:
+                self._copied.wait()
+            claimed = start not in self._saved
+            if claimed:
+                self._copying[start] = stop
+        if not claimed:
+            plain()
+            return
+        a, b = start * self._itemsize, stop * self._itemsize
+        saved = False
+        try:
+            fused(self._copy[a:b].view(self._buffer.dtype))
+            saved = True
+        finally:
+            with self._lock:
+                del self._copying[start]
+                if saved:
+                    self._saved[start] = stop
+                self._copied.notify_all()
 
     def is_saved(self, start: int) -> bool:
         return start in self._saved
@@ -303,6 +347,11 @@ def reduce_into(op: ReduceOp, acc: np.ndarray, wire: np.ndarray) -> None:
     kernels.reduce_into(acc, wire, op)
 
 
+def reduce_into_saving(op: ReduceOp, acc: np.ndarray, wire: np.ndarray, saved: np.ndarray) -> None:
+    """``saved[:] = acc; acc op= wire`` in one pass (same dtype)."""
+    kernels.reduce_into_saving(acc, wire, saved, op)
+
+
 def widen(dst_f32: np.ndarray, src_half: np.ndarray) -> None:
     kernels.widen(dst_f32, src_half)
 
@@ -327,3 +376,9 @@ def dequantize(q: np.ndarray, out: np.ndarray, lo: float, scale: float) -> None:
 
 def dequantize_reduce(op: ReduceOp, q: np.ndarray, acc: np.ndarray, lo: float, scale: float) -> None:
     kernels.dequantize_reduce(acc, q, kernels.QuantParams(lo, scale), op)
+
+
+def dequantize_reduce_saving(op: ReduceOp, q: np.ndarray, acc: np.ndarray, lo: float, scale: float,
+                             saved: np.ndarray) -> None:
+    """``saved[:] = acc; acc op= (lo + q * scale)`` in one pass."""
+    kernels.dequantize_reduce_saving(acc, q, kernels.QuantParams(lo, scale), saved, op)

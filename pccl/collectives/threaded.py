@@ -195,10 +195,17 @@ class LaneThreads:
         sent = 0
         # In place, every slice must be backed up before its first overwrite; most of those
         # copies would fall on the receiver (the busier thread).  The sender saves them ahead,
-        # in the order the receiver will need them, whenever it would otherwise wait.
+        # in the order the receiver will need them, whenever it would otherwise wait.  Slices
+        # whose first overwrite is a reduce-scatter reduction are left out when that reduction
+        # saves them itself (op.fused_backup): copying them here would be the extra pass the
+        # fused kernel avoids.  What remains is the chunk sent at step 0, first overwritten by
+        # the all-gather receive.
         idle_work: list[tuple[int, int]] | None = None
         if op.backup is not None:
-            idle_work = [(f.start, f.stop) for f in op.schedule.recv_frames(lane, op.lanes)]
+            if op.fused_backup:
+                idle_work = []
+            else:
+                idle_work = [(f.start, f.stop) for f in op.schedule.recv_frames(lane, op.lanes)]
             idle_work += [(f.start, f.stop) for f in op.schedule.send_frames(lane, op.lanes) if f.step == 0]
             idle_work.reverse()  # pop() takes the most urgent first
         try:

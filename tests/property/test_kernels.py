@@ -133,6 +133,71 @@ def test_reduce_matches_numpy_bit_for_bit(dtype: type, data: st.DataObject, op: 
     np.testing.assert_array_equal(src, b)  # src untouched
 
 
+@pytest.mark.parametrize("dtype", SAME_TYPE, ids=lambda d: np.dtype(d).name)
+@FAST
+@given(data=st.data(), op=st.sampled_from(OPS),
+       unaligned=st.tuples(st.booleans(), st.booleans(), st.booleans()))
+def test_reduce_saving_matches_numpy_and_keeps_the_old_bits(dtype: type, data: st.DataObject, op: ReduceOp,
+                                                           unaligned: tuple[bool, bool, bool]) -> None:
+    # The in-place all-reduce's fused save + reduce: dst gets exactly reduce_into's result and
+    # backup exactly dst's previous bytes (NaN payloads included: restore must be lossless).
+    a, b = data.draw(pair(dtype))
+    dst, src = place(a, unaligned[0]), place(b, unaligned[1])
+    backup = place(np.full_like(a, 7), unaligned[2])
+    K.reduce_into_saving(dst, src, backup, op)
+    assert_same(dst, K.reduce_oracle(a, b, op))
+    plain = a.copy()
+    K.reduce_into(plain, b.copy(), op)
+    np.testing.assert_array_equal(bits(dst), bits(plain))
+    np.testing.assert_array_equal(bits(backup), bits(a))
+    np.testing.assert_array_equal(bits(src), bits(b))  # src untouched
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.int64, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [8191, 8192, 8193, 20011])
+def test_saving_kernels_across_block_boundaries(dtype: type, n: int) -> None:
+    # The saving kernels work in 8 KiB blocks with streaming stores after a scalar head that
+    # aligns the backup: long arrays, at odd backup offsets, cross every one of those seams.
+    rng = np.random.default_rng(n)
+    npd = np.dtype(dtype)
+    if npd.kind == "f":
+        a, b = rng.standard_normal(n).astype(npd), rng.standard_normal(n).astype(npd)
+    else:
+        a, b = (rng.integers(np.iinfo(npd).min, np.iinfo(npd).max, n, dtype=npd, endpoint=True) for _ in range(2))
+    for offset in (0, npd.itemsize, 3 * npd.itemsize):
+        raw = np.zeros(n * npd.itemsize + offset, np.uint8)
+        backup = raw[offset:].view(npd)
+        dst = a.copy()
+        K.reduce_into_saving(dst, b, backup, ReduceOp.SUM)
+        assert_same(dst, K.reduce_oracle(a, b, ReduceOp.SUM))
+        np.testing.assert_array_equal(bits(backup), bits(a))
+    if npd.kind == "f":
+        q = rng.integers(0, 65535, n, dtype=np.uint16, endpoint=True)
+        params = K.QuantParams(-1.5, 0.001)
+        acc, backup = a.copy(), np.empty_like(a)
+        K.dequantize_reduce_saving(acc, q, params, backup, ReduceOp.MAX)
+        assert_same(acc, K.dequantize_reduce_oracle(a, q, params, ReduceOp.MAX))
+        np.testing.assert_array_equal(bits(backup), bits(a))
+
+
+@FAST
+@given(payload=st.binary(max_size=300), src_offset=st.integers(0, 17), dst_offset=st.integers(0, 17))
+def test_save_copy_is_a_byte_exact_copy_at_any_alignment(payload: bytes, src_offset: int, dst_offset: int) -> None:
+    # Streaming stores need 16-byte aligned destinations: a scalar head and tail cover the rest.
+    src = np.frombuffer(bytes(src_offset) + payload, np.uint8, offset=src_offset)
+    raw = np.full(len(payload) + dst_offset + 16, 0xAB, np.uint8)
+    K.save_copy(raw[dst_offset : dst_offset + len(payload)], src)
+    assert raw[dst_offset : dst_offset + len(payload)].tobytes() == payload
+    assert (raw[:dst_offset] == 0xAB).all() and (raw[dst_offset + len(payload) :] == 0xAB).all()
+
+
+def test_save_copy_of_large_float_arrays_keeps_every_bit() -> None:
+    x = np.random.default_rng(1).integers(0, 2**32, 100_003, dtype=np.uint32).view(np.float32)  # NaNs too
+    backup = np.empty_like(x)
+    K.save_copy(backup, x)
+    np.testing.assert_array_equal(bits(backup), bits(x))
+
+
 @pytest.mark.parametrize("half", [DType.FLOAT16, DType.BFLOAT16], ids=lambda d: d.name.lower())
 @FAST
 @given(data=st.data(), op=st.sampled_from(OPS), raw=st.booleans(), unaligned=st.booleans())
@@ -363,6 +428,29 @@ def test_dequantize_reduce_matches_two_step(acc_type: type, qdtype: type, data: 
     two_step = acc0.copy()
     K.reduce_into(two_step, tmp, op)
     assert_same(acc, two_step)
+
+
+@pytest.mark.parametrize("acc_type", [np.float32, np.float64])
+@pytest.mark.parametrize("qdtype", [np.uint8, np.uint16])
+@FAST
+@given(data=st.data(), op=st.sampled_from(OPS), unaligned=st.tuples(st.booleans(), st.booleans()))
+def test_dequantize_reduce_saving_matches_oracle_and_keeps_the_old_bits(
+        acc_type: type, qdtype: type, data: st.DataObject, op: ReduceOp, unaligned: tuple[bool, bool]) -> None:
+    n = data.draw(SIZES)
+    q = data.draw(arrays(qdtype, n))
+    width = 32 if acc_type is np.float32 else 64
+    params = K.QuantParams(data.draw(st.floats(-1e6, 1e6, width=width)),
+                           data.draw(st.floats(0, 1e3, width=width)))
+    acc0 = data.draw(pair(acc_type))[0][:n] if data.draw(st.booleans()) else data.draw(arrays(acc_type, n))
+    q = q[: acc0.size]
+    acc = place(acc0, unaligned[0])
+    backup = place(np.zeros_like(acc0), unaligned[1])
+    K.dequantize_reduce_saving(acc, place(q, unaligned[0]), params, backup, op)
+    assert_same(acc, K.dequantize_reduce_oracle(acc0, q, params, op))
+    plain = acc0.copy()
+    K.dequantize_reduce(plain, q, params, op)
+    np.testing.assert_array_equal(bits(acc), bits(plain))
+    np.testing.assert_array_equal(bits(backup), bits(acc0))
 
 
 def test_dequantize_rounds_twice_never_fused() -> None:

@@ -57,6 +57,22 @@ def test_enum_codes_match_the_wire_values() -> None:
          "float32 or float64 accumulator"),
         (lambda: K.dequantize(np.zeros(4, np.int32), K.QuantParams(0, 1), f32(4)), "uint8 or uint16"),
         (lambda: K.dequantize_reduce(f32(4), np.zeros(3, np.uint8), K.QuantParams(0, 1)), "4 elements but q has 3"),
+        (lambda: K.reduce_into_saving(f32(), f32(), np.zeros(8, np.float64)), "backup has dtype float64"),
+        (lambda: K.reduce_into_saving(f32(), f32(), f32(7)), "backup has 7 elements but dst has 8"),
+        (lambda: K.reduce_into_saving(f32(), f32(), f32(16)[::2]), "backup must be C-contiguous"),
+        (lambda: K.reduce_into_saving(f32(), f32(), [0.0] * 8), "numpy array"),
+        (lambda: K.reduce_into_saving(f32(), np.arange(8, dtype=np.float64), f32()), "must match"),
+        (lambda: K.reduce_into_saving(np.zeros(8, np.float16), np.zeros(8, np.float16), np.zeros(8, np.float16)),
+         "float32/float64/integer"),
+        (lambda: K.reduce_into_saving(f32(), f32(), f32(), op=9), "unknown reduce op"),
+        (lambda: K.dequantize_reduce_saving(f32(4), np.zeros(4, np.uint8), K.QuantParams(0, 1), np.zeros(4, np.float64)),
+         "backup has dtype float64 but acc has float32"),
+        (lambda: K.dequantize_reduce_saving(f32(4), np.zeros(4, np.uint8), K.QuantParams(0, 1), f32(5)),
+         "backup has 5 elements but acc has 4"),
+        (lambda: K.dequantize_reduce_saving(f32(4), np.zeros(4, np.int8), K.QuantParams(0, 1), f32(4)), "uint8 or uint16"),
+        (lambda: K.save_copy(f32(), np.arange(8, dtype=np.int32)), "backup has dtype float32 but src has int32"),
+        (lambda: K.save_copy(f32(7), f32()), "backup has 7 elements but src has 8"),
+        (lambda: K.save_copy(f32(), f32(16)[::2]), "src must be C-contiguous"),
     ],
 )
 def test_bad_arguments_raise_invalid_argument(call: Callable[[], object], match: str) -> None:
@@ -81,6 +97,10 @@ def test_readonly_destination() -> None:
         K.dequantize(np.zeros(8, np.uint8), K.QuantParams(0, 1), ro)
     with pytest.raises(pccl.InvalidArgument, match="read-only"):
         K.quantize(f32(), np.frombuffer(bytes(8), dtype=np.uint8))
+    with pytest.raises(pccl.InvalidArgument, match="backup is read-only"):
+        K.reduce_into_saving(f32(), f32(), np.frombuffer(bytes(32), dtype=np.float32))
+    with pytest.raises(pccl.InvalidArgument, match="backup is read-only"):
+        K.save_copy(np.frombuffer(bytes(32), dtype=np.float32), f32())
 
 
 def test_readonly_source_is_fine() -> None:
@@ -102,7 +122,19 @@ def test_overlapping_buffers() -> None:
         K.quantize(raw[:32].view(np.float32), raw[28:36])
     with pytest.raises(pccl.InvalidArgument, match="overlap"):
         K.dequantize_reduce(raw[:32].view(np.float32), raw[31:39], K.QuantParams(0, 1))
+    with pytest.raises(pccl.InvalidArgument, match="backup and dst overlap"):
+        K.reduce_into_saving(buf[:8], buf[8:], buf[4:12])
+    with pytest.raises(pccl.InvalidArgument, match="backup and src overlap"):
+        K.reduce_into_saving(buf[:4], buf[8:12], buf[10:14])
+    with pytest.raises(pccl.InvalidArgument, match="backup and acc overlap"):
+        K.dequantize_reduce_saving(buf[:4], np.zeros(4, np.uint8), K.QuantParams(0, 1), buf[:4])
+    with pytest.raises(pccl.InvalidArgument, match="backup and src overlap"):
+        K.save_copy(buf[:8], buf[4:12])
+    with pytest.raises(pccl.InvalidArgument, match="backup and q overlap"):
+        K.dequantize_reduce_saving(raw[:16].view(np.float32), raw[32:36], K.QuantParams(0, 1),
+                                   raw[32:48].view(np.float32))
     np.testing.assert_array_equal(buf, before)
+    # adjacent is not overlapping    np.testing.assert_array_equal(buf, before)
     # adjacent is not overlapping
     K.reduce_into(buf[:8], buf[8:])
     np.testing.assert_array_equal(buf[:8], before[:8] + before[8:])
@@ -118,6 +150,9 @@ def test_empty_arrays() -> None:
     assert K.quantize(e, np.empty(0, np.uint16)) == K.QuantParams(0.0, 0.0)
     K.dequantize(np.empty(0, np.uint8), K.QuantParams(1.0, 2.0), e)
     K.dequantize_reduce(e, np.empty(0, np.uint8), K.QuantParams(1.0, 2.0), ReduceOp.MAX)
+    K.reduce_into_saving(e, np.empty(0, np.float32), np.empty(0, np.float32))
+    K.save_copy(e, np.empty(0, np.float32))
+    K.dequantize_reduce_saving(e, np.empty(0, np.uint8), K.QuantParams(1.0, 2.0), np.empty(0, np.float32))
 
 
 def test_bfloat16_raw_bits_need_the_declaration() -> None:

@@ -1,0 +1,138 @@
+"""InputBackup: the in-place all-reduce's save-before-overwrite, fused into the reduce-scatter.
+
+The fused path (:meth:`InputBackup.overwrite` with ``kernels.reduce_into_saving``) must keep the
+invariants of the plain one: every slice saved exactly once before its first write, a restore
+that gives back the input bit for bit, and a concurrent :meth:`InputBackup.save` of a slice that
+waits for the fused copy instead of copying the half-reduced bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import trio
+from test_allreduce_ring import make_inputs, memory_ring, ring_reference
+
+from pccl import kernels as K
+from pccl.collectives import InputBackup, ring_all_reduce
+from pccl.collectives import buffers as bf
+from pccl.collectives.buffers import ScratchArena
+from pccl.types import Quantization, QuantKind, ReduceOp
+
+
+def test_overwrite_saves_in_the_kernel_once_then_runs_the_plain_kernel() -> None:
+    buf = np.arange(10, dtype=np.float32)
+    original = buf.copy()
+    backup = InputBackup(buf, arena=ScratchArena())
+    calls: list[str] = []
+    wire = np.full(4, 100, np.float32)
+
+    def fused(saved: np.ndarray) -> None:
+        calls.append("fused")
+        K.reduce_into_saving(buf[2:6], wire, saved)
+
+    def plain() -> None:
+        calls.append("plain")
+        K.reduce_into(buf[2:6], wire)
+
+    backup.overwrite(2, 6, fused, plain)
+    backup.overwrite(2, 6, fused, plain)  # already saved: no second copy
+    backup.save(2, 6)  # a no-op too: the copy must still be the original
+    assert calls == ["fused", "plain"]
+    assert backup.is_saved(2) and backup.saved_elements == 4
+    np.testing.assert_array_equal(buf[2:6], original[2:6] + 200)
+    backup.restore()
+    np.testing.assert_array_equal(buf, original)
+
+
+def test_a_failed_fused_kernel_leaves_the_slice_unsaved() -> None:
+    buf = np.arange(8, dtype=np.int32)
+    backup = InputBackup(buf, arena=ScratchArena())
+
+    def fused(saved: np.ndarray) -> None:  # rejects its arguments before writing anything
+        K.reduce_into_saving(buf[0:4], np.zeros(3, np.int32), saved)
+
+    with pytest.raises(ValueError, match="4 elements but src has 3"):
+        backup.overwrite(0, 4, fused, lambda: None)
+    assert not backup.is_saved(0) and backup.saved_elements == 0
+    backup.save(0, 4)  # the slice can still be saved normally
+    assert backup.saved_elements == 4
+
+
+def test_a_concurrent_save_waits_for_the_fused_copy() -> None:
+    buf = np.arange(1000, dtype=np.float64)
+    original = buf.copy()
+    backup = InputBackup(buf, arena=ScratchArena())
+    inside = threading.Event()
+    release = threading.Event()
+
+    def fused(saved: np.ndarray) -> None:
+        inside.set()
+        assert release.wait(10)
+        K.reduce_into_saving(buf[0:500], np.ones(500), saved)
+
+    worker = threading.Thread(target=backup.overwrite, args=(0, 500, fused, lambda: None))
+    worker.start()
+    assert inside.wait(10)
+    saver = threading.Thread(target=backup.save, args=(0, 500))
+    saver.start()
+    saver.join(0.05)
+    assert saver.is_alive()  # blocked on the slice being copied by the fused kernel
+    release.set()
+    worker.join(10)
+    saver.join(10)
+    assert not saver.is_alive()
+    assert backup.saved_elements == 500  # saved once, by the fused kernel
+    backup.restore()
+    np.testing.assert_array_equal(buf, original)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+async def test_in_place_ring_saves_reduce_scatter_slices_in_the_reduction(
+        monkeypatch: pytest.MonkeyPatch, quantized: bool) -> None:
+    # Every slice is saved once; those first overwritten by a reduce-scatter reduction (all but
+    # the chunk this peer sends at step 0) are saved by the fused kernel, not by a copy pass.
+    world, n = 3, 9_000
+    fused_elements = [0]
+    copied_elements = [0]
+    real_rs, real_dq, real_save = bf.reduce_into_saving, bf.dequantize_reduce_saving, InputBackup.save
+
+    def counting_rs(op: ReduceOp, acc: np.ndarray, wire: np.ndarray, saved: np.ndarray) -> None:
+        fused_elements[0] += acc.size
+        real_rs(op, acc, wire, saved)
+
+    def counting_dq(op: ReduceOp, q: np.ndarray, acc: np.ndarray, lo: float, scale: float, saved: np.ndarray) -> None:
+        fused_elements[0] += acc.size
+        real_dq(op, q, acc, lo, scale, saved)
+
+    def counting_save(self: InputBackup, start: int, stop: int) -> None:
+        if not self.is_saved(start):
+            copied_elements[0] += stop - start
+        real_save(self, start, stop)
+
+    monkeypatch.setattr(bf, "reduce_into_saving", counting_rs)
+    monkeypatch.setattr(bf, "dequantize_reduce_saving", counting_dq)
+    monkeypatch.setattr(InputBackup, "save", counting_save)
+    links, _ = memory_ring(world)
+    inputs = make_inputs(world, n, np.float32, ReduceOp.SUM, seed=3)
+    bufs = [x.copy() for x in inputs]
+    backups = [InputBackup(b) for b in bufs]
+    quant = Quantization(QuantKind.MIN_MAX, np.uint16) if quantized else None
+
+    async def peer(r: int) -> None:
+        await ring_all_reduce(bufs[r], op=ReduceOp.SUM, links=links[r], rank=r, world=world, seq=5,
+                              quantization=quant, backup=backups[r], max_subchunk_bytes=4096)
+
+    async with trio.open_nursery() as nursery:
+        for r in range(world):
+            nursery.start_soon(peer, r)
+    if not quantized:
+        np.testing.assert_array_equal(bufs[0], ring_reference(inputs, ReduceOp.SUM))
+    assert fused_elements[0] == world * n * (world - 1) // world
+    assert copied_elements[0] == world * n // world
+    for r in range(world):
+        assert backups[r].saved_elements == n
+        backups[r].restore()
+        np.testing.assert_array_equal(bufs[r], inputs[r])
