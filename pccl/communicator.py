@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Generic, TypeVar
 
@@ -107,6 +107,34 @@ class _Waiter(Generic[_T]):
         if self._error is not None:
             raise _fresh(self._error)
         return self._value  # type: ignore[return-value]
+
+
+class CollectiveRoute:
+    """The master's messages for one in-flight collective tag (see ``Communicator._collective_inbox``).
+
+    Messages queue on :attr:`inbox` (``EndOfChannel`` once the communicator fails).  While
+    :attr:`intercept` is set, :meth:`deliver` hands each message to it synchronously instead (in
+    the task reading the master connection), and ``intercept(None)`` tells it the communicator
+    failed: a running op reacts to an abort without a task of its own listening.
+    """
+
+    __slots__ = ("_send", "inbox", "intercept")
+
+    def __init__(self, capacity: int) -> None:
+        self._send, self.inbox = trio.open_memory_channel[m.Message](capacity)
+        self.intercept: Callable[[m.Message | None], None] | None = None
+
+    def deliver(self, msg: m.Message) -> None:
+        """Queue (or intercept) ``msg``; ``trio.WouldBlock`` if the inbox is full."""
+        if self.intercept is not None:
+            self.intercept(msg)
+        else:
+            self._send.send_nowait(msg)
+
+    def close(self) -> None:
+        self._send.close()
+        if self.intercept is not None:
+            self.intercept(None)
 
 
 def _leaf_error(exc: BaseException) -> PCCLError | None:
@@ -237,7 +265,7 @@ class Communicator:
         self._links = P2PLinks(0, (0,), 0, config.p2p_lanes)
         self._round_scope: trio.CancelScope | None = None
         self._round_changed = trio.Event()
-        self._routes: dict[int, trio.MemorySendChannel[m.Message]] = {}
+        self._routes: dict[int, CollectiveRoute] = {}
         self._shared = SharedStateService(self)
         self._stats = dict.fromkeys(("topology_updates", "p2p_rounds", "collectives_completed",
                                      "collectives_aborted", "retries", "tx_bytes", "rx_bytes"), 0)
@@ -436,15 +464,20 @@ class Communicator:
         """Route the master's messages for collective ``tag`` to the returned channel until
         :meth:`_release_collective`.  ``InvalidUsage`` if the tag is in flight.  The channel ends
         (``EndOfChannel``) when the communicator fails; then call ``_raise_if_unusable``."""
+        return self._collective_route(tag).inbox
+
+    def _collective_route(self, tag: int) -> CollectiveRoute:
+        """As :meth:`_collective_inbox`, but the route itself (whose messages can also be
+        intercepted synchronously: see :class:`CollectiveRoute`)."""
         self._raise_if_unusable()
         if tag in self._routes:
             raise InvalidUsage(f"collective tag {tag} is already in flight")
         if self._shared.busy:
             raise InvalidUsage("cannot start a collective while a shared-state sync is running")
         self._refuse_during_topology_vote("start a collective")
-        send, receive = trio.open_memory_channel[m.Message](16)
-        self._routes[tag] = send
-        return receive
+        route = CollectiveRoute(16)
+        self._routes[tag] = route
+        return route
 
     def _release_collective(self, tag: int) -> None:
         route = self._routes.pop(tag, None)
@@ -592,7 +625,7 @@ class Communicator:
                 log.debug("dropping %s for tag %d: no collective waits for it", type(msg).__name__, msg.tag)
                 return
             try:
-                route.send_nowait(msg)
+                route.deliver(msg)
             except trio.WouldBlock:
                 self._fail(ProtocolError(f"the master flooded collective tag {msg.tag}"))
         elif self._shared.deliver(msg):

@@ -13,11 +13,14 @@
    since the ring was wired) re-wires the group — once no other all-reduce of this peer holds a
    tag, because the master refuses topology votes with collectives in flight — and votes again.
 2. **Ring.**  :func:`~pccl.collectives.allreduce.ring_all_reduce` runs in its own cancel scope
-   over the current round's lanes.  Beside it a listener reads the tag's messages — the master's
-   ``Abort(seq)`` cancels the ring scope — and a watchdog cancels it when no byte has moved on
-   this peer's ring connections for ``config.peer_timeout`` (a neighbour that the master still
-   hears but this peer does not: a partition between two peers, a wedged process).  A stalled
-   or dead peer is otherwise removed by the master's heartbeat timeout, which aborts the op.
+   over the current round's lanes.  Meanwhile the tag's messages are intercepted synchronously
+   by the task that reads the master connection (``CollectiveRoute.intercept``) — the master's
+   ``Abort(seq)`` cancels the ring scope there and then — and the service's one watchdog task
+   cancels it when no byte has moved on this peer's ring connections for ``config.peer_timeout``
+   (a neighbour that the master still hears but this peer does not: a partition between two
+   peers, a wedged process).  A stalled or dead peer is otherwise removed by the master's
+   heartbeat timeout, which aborts the op.  No task is spawned per op: for a small all-reduce a
+   nursery with a listener and a watchdog cost more than a tenth of the whole call.
 3. **Settle.**  ``Done(seq, aborted)`` goes to the master, which answers every participant with
    exactly one ``Complete(seq)`` or ``Abort(seq)``.  The in-place input backup is kept until
    then, so an ``Abort`` that arrives after this peer finished its ring still restores the input.
@@ -76,7 +79,7 @@ from .buffers import InputBackup, KernelRunner, OpBuffers
 from .links import RingLinks, SeqRegistry
 
 if TYPE_CHECKING:
-    from ..communicator import Communicator, P2PLinks
+    from ..communicator import CollectiveRoute, Communicator, P2PLinks
 
 __all__ = ["AllReduceService", "MANY_FIRST_TAG"]
 
@@ -161,6 +164,9 @@ class AllReduceService:
         self._ring_links: RingLinks | None = None
         self._holding = 0  # attempts of this service that hold a tag route
         self._holding_changed = trio.Event()
+        self._watches: set[_Watch] = set()
+        self._watch_added = trio.Event()
+        self._watchdog_started = False
 
     # --- public entry points (called by Communicator) ---------------------------------------
 
@@ -281,21 +287,21 @@ class AllReduceService:
 
     async def _attempt(self, plan: _Plan) -> ReduceInfo:
         comm = self._comm
-        inbox = comm._collective_inbox(plan.tag)
+        route = comm._collective_route(plan.tag)
         self._hold()
         keep_route = False
         try:
             await self._tell_master(plan.init)
             try:
-                answer = await self._await_answer(inbox)
+                answer = await self._await_answer(route.inbox)
             except trio.Cancelled:
                 # The Init stands at the master; the others may commence without us.  Leave a
                 # task behind to report the abort then (and to release the tag).
-                keep_route = self._abandon(plan.tag, inbox)
+                keep_route = self._abandon(plan.tag, route.inbox)
                 raise
             if isinstance(answer, m.CollectiveRejected):
                 raise self._rejection(plan, answer)
-            return await self._run(plan, answer, inbox)
+            return await self._run(plan, answer, route)
         finally:
             if not keep_route:
                 self._release(plan.tag)
@@ -367,18 +373,14 @@ class AllReduceService:
 
     # --- a commenced op -----------------------------------------------------------------------
 
-    async def _run(self, plan: _Plan, commence: m.CollectiveCommence, inbox: trio.MemoryReceiveChannel[m.Message]
-                   ) -> ReduceInfo:
+    async def _run(self, plan: _Plan, commence: m.CollectiveCommence, route: CollectiveRoute) -> ReduceInfo:
         comm = self._comm
         seq, ring = commence.seq, tuple(commence.ring)
         backup = InputBackup(plan.send) if plan.in_place else None
         state = _Settlement()
         try:
             try:
-                try:
-                    await self._ring_and_settle(plan, seq, ring, backup, inbox, state)
-                except BaseExceptionGroup as group:
-                    raise single_exception(group) from None
+                await self._ring_and_settle(plan, seq, ring, backup, route, state)
             except BaseException:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
                 if backup is not None:
@@ -398,14 +400,27 @@ class AllReduceService:
                 backup.release()
 
     async def _ring_and_settle(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
-                               inbox: trio.MemoryReceiveChannel[m.Message], state: _Settlement) -> None:
-        """Run the ring beside the listener, report Done, wait for the master's final word."""
-        async with trio.open_nursery() as nursery:
-            ring_scope = trio.CancelScope()
-            nursery.start_soon(self._listen, inbox, plan.tag, seq, state, ring_scope)
+                               route: CollectiveRoute, state: _Settlement) -> None:
+        """Run the ring, report Done, wait for the master's final word.
+
+        The tag's messages are intercepted meanwhile (:meth:`_intercept`, run synchronously by
+        the task reading the master connection): an ``Abort`` cancels the ring at once.  No
+        task is spawned per op; the transfer watchdog is the service's shared one.
+        """
+        ring_scope = trio.CancelScope()
+        route.intercept = lambda msg: self._intercept(msg, plan.tag, seq, state, ring_scope)
+        try:
+            # Messages that arrived between the Commence and now (an Abort already, say).
+            while state.final is None and not state.master_lost:
+                try:
+                    route.intercept(route.inbox.receive_nowait())
+                except trio.WouldBlock:
+                    break
+                except trio.EndOfChannel:
+                    route.intercept(None)
             with ring_scope:
                 try:
-                    state.traffic = await self._ring(plan, seq, ring, backup, nursery, state, ring_scope)
+                    state.traffic = await self._ring(plan, seq, ring, backup, state, ring_scope)
                 except PCCLError as exc:
                     state.local_error = exc
             if state.stalled and state.local_error is None:
@@ -417,7 +432,8 @@ class AllReduceService:
                 state.done_sent = True
                 if ok:
                     await state.settled.wait()
-            nursery.cancel_scope.cancel()
+        finally:
+            route.intercept = None
 
     def _outcome(self, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement,
                  backup: InputBackup | None) -> ReduceInfo:
@@ -442,31 +458,33 @@ class AllReduceService:
         log.info("peer %x: all-reduce tag %d seq %d aborted: %s", comm.peer_id, plan.tag, seq, why)
         raise CollectiveAborted(f"all-reduce tag {plan.tag} (seq {seq}) aborted: {why}") from local_error
 
-    async def _listen(self, inbox: trio.MemoryReceiveChannel[m.Message], tag: int, seq: int,
-                      state: _Settlement, ring_scope: trio.CancelScope) -> None:
-        """Wait for the master's final word on ``seq``; an Abort cancels the ring at once."""
-        async for msg in inbox:
-            if not isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)) or msg.seq != seq:
-                log.debug("ignoring %s for tag %d during seq %d", type(msg).__name__, tag, seq)
-                continue
-            state.final = msg
-            if isinstance(msg, m.CollectiveAbort):
-                ring_scope.cancel()
+    @staticmethod
+    def _intercept(msg: m.Message | None, tag: int, seq: int, state: _Settlement, ring_scope: trio.CancelScope) -> None:
+        """Take the master's final word on ``seq`` (``None``: the communicator failed); an
+        Abort, or losing the master, cancels the ring at once."""
+        if state.settled.is_set():
+            return
+        if msg is None:
+            state.master_lost = True  # the route closed: the communicator failed
+            ring_scope.cancel()
             state.settled.set()
             return
-        state.master_lost = True  # the route closed: the communicator failed
-        ring_scope.cancel()
+        if not isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)) or msg.seq != seq:
+            log.debug("ignoring %s for tag %d during seq %d", type(msg).__name__, tag, seq)
+            return
+        state.final = msg
+        if isinstance(msg, m.CollectiveAbort):
+            ring_scope.cancel()
         state.settled.set()
 
     async def _ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
-                    nursery: trio.Nursery, state: _Settlement, ring_scope: trio.CancelScope) -> tuple[int, int]:
+                    state: _Settlement, ring_scope: trio.CancelScope) -> tuple[int, int]:
         comm = self._comm
         p2p = comm.p2p
         if comm.peer_id not in ring or ring != p2p.ring:
             raise ProtocolError(f"the master commenced seq {seq} on ring {[f'{p:x}' for p in ring]}, but this "
                                 f"peer is wired for {[f'{p:x}' for p in p2p.ring]}")
-        watchdog = trio.CancelScope()
-        nursery.start_soon(self._watchdog, p2p, state, ring_scope, watchdog)
+        watch = self._watch(p2p, state, ring_scope)
         try:
             links = await self._links(p2p)
             return await ring_all_reduce(
@@ -474,10 +492,12 @@ class AllReduceService:
                 seq=seq, quantization=plan.quantization, backup=backup, runner=self._runner,
             )
         finally:
-            watchdog.cancel()
+            self._watches.discard(watch)
 
     async def _links(self, p2p: P2PLinks) -> RingLinks:
         """The ring links of ``p2p``'s round, built once per round (one Inbox per connection)."""
+        if self._links_round is p2p and self._ring_links is not None:
+            return self._ring_links  # the common case: no schedule point (the ring has plenty)
         async with self._links_lock:
             if self._links_round is not p2p or self._ring_links is None:
                 outgoing = p2p.to_successor()
@@ -488,27 +508,63 @@ class AllReduceService:
                 self._links_round = p2p
             return self._ring_links
 
-    async def _watchdog(self, p2p: P2PLinks, state: _Settlement, ring_scope: trio.CancelScope,
-                        scope: trio.CancelScope) -> None:
-        """Cancel the ring when nothing moved on this round's connections for ``peer_timeout``.
+    def _watch(self, p2p: P2PLinks, state: _Settlement, ring_scope: trio.CancelScope) -> _Watch:
+        """Put a ring under the shared watchdog (remove it with ``self._watches.discard``).
 
-        Counters advance per completed frame, so a single sub-chunk (≤ 4 MiB by default) must
-        cross a link within ``peer_timeout``.
+        One watchdog task per service, started on first use in the communicator's nursery,
+        checks every running ring; spawning one per op would cost more than a small op's
+        whole ring.  If the communicator is shutting down no watchdog starts: the op fails
+        with the communicator anyway.
+        """
+        watch = _Watch(p2p, state, ring_scope, _bytes_moved(p2p), trio.current_time())
+        self._watches.add(watch)
+        if not self._watchdog_started:
+            try:
+                self._comm._nursery.start_soon(self._watchdog)
+                self._watchdog_started = True
+            except RuntimeError:
+                pass
+        else:
+            self._watch_added.set()
+        return watch
+
+    async def _watchdog(self) -> None:
+        """Cancel a ring when nothing moved on its round's connections for ``peer_timeout``.
+
+        Checks every ``peer_timeout / _WATCHDOG_CHECKS`` while rings run, so a stall is caught
+        within ``peer_timeout`` plus one period; parks while none runs.  Counters advance per
+        completed frame, so a single sub-chunk (≤ 4 MiB by default) must cross a link within
+        ``peer_timeout``.  Runs until the communicator's nursery is cancelled.
         """
         timeout = self._comm._config.peer_timeout
-        with scope:
-            last, since = _bytes_moved(p2p), trio.current_time()
-            while True:
-                await trio.sleep(timeout / _WATCHDOG_CHECKS)
-                moved = _bytes_moved(p2p)
-                if moved != last:
-                    last, since = moved, trio.current_time()
-                elif trio.current_time() - since >= timeout:
+        while True:
+            if not self._watches:
+                self._watch_added = trio.Event()
+                await self._watch_added.wait()
+                continue
+            await trio.sleep(timeout / _WATCHDOG_CHECKS)
+            now = trio.current_time()
+            for watch in list(self._watches):
+                moved = _bytes_moved(watch.p2p)
+                if moved != watch.last:
+                    watch.last, watch.since = moved, now
+                elif now - watch.since >= timeout:
                     log.warning("peer %x: no all-reduce data moved for %.3g s; aborting", self._comm.peer_id,
-                                trio.current_time() - since)
-                    state.stalled = True
-                    ring_scope.cancel()
-                    return
+                                now - watch.since)
+                    self._watches.discard(watch)
+                    watch.state.stalled = True
+                    watch.ring_scope.cancel()
+
+
+@dataclasses.dataclass(eq=False)
+class _Watch:
+    """One running ring under the watchdog: its connections' byte count when it last moved."""
+
+    p2p: P2PLinks
+    state: _Settlement
+    ring_scope: trio.CancelScope
+    last: int
+    since: float
 
 
 def _bytes_moved(p2p: P2PLinks) -> int:

@@ -412,7 +412,11 @@ class MasterState:
                 self._remove(event.conn_id, KickReason(event.reason), event.detail)
         elif not isinstance(event, Tick):
             raise TypeError(f"shell bug: unknown event {event!r}")
-        self._expire(now)
+        # The deadline computed after the previous event bounds every peer's expiry from below
+        # (last_heard only grows; new peers are heard now), so the O(peers) scan is needed only
+        # once it is reached.
+        if self._timer_at is not None and now >= self._timer_at:
+            self._expire(now)
         self._settle()
         deadline = self.next_deadline
         if deadline != self._timer_at:
