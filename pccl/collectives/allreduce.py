@@ -72,6 +72,7 @@ from typing import Any
 import numpy as np
 import trio
 
+from .._groups import leaf_exceptions
 from ..errors import InvalidArgument, PCCLError, ProtocolError, TransportError
 from ..protocol.codec import DataHeader
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, Frame, Phase, RingSchedule, subchunk_elements
@@ -189,16 +190,7 @@ def single_error(group: BaseExceptionGroup[Any]) -> BaseException:
     exception; ``Cancelled`` only if nothing else happened (so the caller's cancel scope catches
     it).  The others are logged at debug level.
     """
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for e in exc.exceptions:
-                walk(e)
-        else:
-            leaves.append(exc)
-
-    walk(group)
+    leaves = leaf_exceptions(group)
 
     def rank(exc: BaseException) -> int:
         if isinstance(exc, trio.Cancelled):
