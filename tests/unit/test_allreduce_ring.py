@@ -20,6 +20,7 @@ import trio.testing
 
 from pccl.collectives import InputBackup, KernelRunner, RingLinks, ring_all_reduce
 from pccl.collectives.buffers import ScratchArena
+from pccl.collectives.reference import ring_reference
 from pccl.config import Config
 from pccl.errors import (
     InvalidArgument,
@@ -118,36 +119,7 @@ def memory_ring(world: int, lanes: int = 1) -> tuple[list[RingLinks], list[list[
     return [RingLinks(out[r], inc[r]) for r in range(world)], raw
 
 
-# --- the numpy model --------------------------------------------------------------------------
-
-_NP_OP: dict[ReduceOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
-    ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
-}
-
-
-def ring_reference(inputs: Sequence[np.ndarray], op: ReduceOp) -> np.ndarray:
-    """The exact result of the ring: chunk ``c`` is folded starting at peer ``c`` around the ring
-    (acc = x[c]; acc = x[c+1] op acc; …) in the accumulator type, then AVG-divided and rounded."""
-    world = len(inputs)
-    dtype = inputs[0].dtype
-    half = dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-    acc_t = np.float32 if half else dtype.type
-    n = inputs[0].size
-    out = np.empty(n, dtype)
-    base, extra = divmod(n, world)
-    start = 0
-    with np.errstate(over="ignore", invalid="ignore"):
-        for c in range(world):
-            stop = start + base + (1 if c < extra else 0)
-            acc = inputs[c][start:stop].astype(acc_t)
-            for j in range(1, world):
-                acc = _NP_OP[op](inputs[(c + j) % world][start:stop].astype(acc_t), acc)
-            if op is ReduceOp.AVG:
-                acc = acc // acc_t(world) if np.issubdtype(acc_t, np.integer) else acc / acc_t(world)
-            out[start:stop] = acc.astype(dtype)
-            start = stop
-    return out
+# The numpy model of the ring's reduction order is pccl.collectives.reference.ring_reference.
 
 
 def make_inputs(world: int, n: int, dtype: Any, op: ReduceOp, seed: int) -> list[np.ndarray]:
