@@ -180,8 +180,14 @@ async def _chaos(cluster: _Cluster, nursery: trio.Nursery, rng: random.Random) -
 async def _demo_main(args: argparse.Namespace) -> int:
     from .master import open_master
 
-    if args.peers < 2:
-        print("[demo] --peers must be at least 2", file=sys.stderr)
+    problems = [msg for bad, msg in ((args.peers < 2, "--peers must be at least 2"),
+                                     (args.steps < 1, "--steps must be at least 1"),
+                                     (args.size < 0, "--size must not be negative"),
+                                     (args.step_time < 0, "--step-time must not be negative"),
+                                     (args.chaos_interval <= 0, "--chaos-interval must be positive"))
+                if bad]
+    if problems:
+        print("[demo] " + "; ".join(problems), file=sys.stderr)
         return 2
     token = os.environ.get("PCCL_TOKEN") or None
     async with open_master("127.0.0.1:0", token=token, config=DEMO_CONFIG) as master:

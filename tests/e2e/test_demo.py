@@ -43,3 +43,10 @@ def test_demo_survives_sigkilled_peers() -> None:
     assert not {name for name, _ in done} & set(kills)  # the killed never report
     # Newcomers fetched the popular state at their first sync.
     assert re.search(r"sync rx +[1-9]\d* B", out), out
+
+
+def test_demo_refuses_bad_arguments_cleanly() -> None:
+    result = _run_demo("--peers", "1", "--steps", "0", timeout=60)
+    assert result.returncode == 2
+    assert "--peers must be at least 2" in result.stderr and "--steps must be at least 1" in result.stderr
+    assert "Traceback" not in result.stderr
