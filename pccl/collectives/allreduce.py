@@ -17,7 +17,9 @@ Design
 * **Threads on real TCP.**  When the lanes offer the blocking fast path (real TCP does, the
   simulator does not: :attr:`RingLinks.threaded`), the same per-lane loops run instead in one
   sender and one receiver *thread* per lane (:mod:`pccl.collectives.threaded`), with the same
-  frames, kernels and buffers — about twice the throughput on a 2-core loopback box.
+  frames, kernels and buffers — about twice the throughput on a 2-core loopback box.  Small ops
+  (≤ 256 KiB) on those lanes run instead as one sequential loop in the calling task
+  (:mod:`pccl.collectives.inline`): for them the threads' hand-offs cost more than the transfer.
 * **Scratch memory** (the in-place backup, the f32 working array, staging) comes from a
   process-wide :class:`~pccl.collectives.buffers.ScratchArena` that keeps freed buffers: fresh
   pages cost more to fault in than the whole copy.
@@ -80,6 +82,7 @@ from ..types import Quantization, ReduceOp
 from . import buffers as bf
 from .buffers import InputBackup, KernelRunner, OpBuffers, StagingPool
 from .links import RingLinks
+from .inline import InlineRing, suits_inline
 from .threaded import LaneThreads
 
 __all__ = ["ring_all_reduce", "InputBackup", "KernelRunner", "single_error"]
@@ -241,10 +244,8 @@ class _RingOp:
         self.rx_bytes = 0
         # ready[(step, k)]: the frame received at (step, k) is processed; the sender of
         # (step + 1, k) waits for it.
+        # (made by run() for the Trio path only; the other paths keep their own bookkeeping)
         self.ready: dict[tuple[int, int], trio.Event] = {}
-        for step in range(self.schedule.num_steps):
-            for k in range(len(self.schedule.subchunks(self.schedule.recv_chunk(step)))):
-                self.ready[(step, k)] = trio.Event()
         self.gather_store, self.gather_offsets = self._make_gather_store()
         #: In place without a working array, a reduce-scatter reduction is the first overwrite of
         #: its slice of the caller's buffer, and saves the slice in the same pass
@@ -303,9 +304,15 @@ class _RingOp:
             await trio.lowlevel.checkpoint()  # nothing to move (an empty buffer)
             return
         if self.links.threaded:
-            await LaneThreads(self).run()
+            if suits_inline(self):
+                await InlineRing(self).run()
+            else:
+                await LaneThreads(self).run()
             return
         max_rs = self.max_reduce_scatter_nbytes
+        for step in range(self.schedule.num_steps):
+            for k in range(len(self.schedule.subchunks(self.schedule.recv_chunk(step)))):
+                self.ready[(step, k)] = trio.Event()
         try:
             async with trio.open_nursery() as nursery:
                 for lane in range(self.lanes):

@@ -9,9 +9,9 @@ Several operations share the lanes at once.  Sending needs no coordination beyon
 :class:`~pccl.net.framed.FramedConnection`'s send lock (frames stay whole).  Receiving is
 demultiplexed by the frame header's ``op_seq`` without copies and without a reader task:
 
-* A receiving operation takes the lane's :class:`Inbox` lock, reads the next data header (a
-  cancellable, resumable read) and, if the header is its own, receives the payload straight
-  into its destination while still holding the lock.
+* A receiving operation takes the lane's *read role* (one reader at a time, a Trio task or a
+  worker thread), reads the next data header (a cancellable, resumable read) and, if the header
+  is its own, receives the payload straight into its destination while still holding the role.
 * A header of another operation that is running or about to start here is *parked*: the lock is
   released and the waiting operations are woken; the owner picks it up when it asks for its next
   frame.  Because each lane carries every operation's frames in the senders' order and the
@@ -21,10 +21,13 @@ demultiplexed by the frame header's ``op_seq`` without copies and without a read
   payload is discarded.  A late frame can therefore never be taken for a later operation's.
 
 On real TCP the lanes also offer a thread-side fast path
-(:class:`~pccl.net.framed_threads.BlockingDataChannel`): the all-reduce then runs its per-lane send and
-receive loops in worker threads, and :meth:`Inbox.receive_blocking` does the same demultiplexing
-with a threading condition instead of the Trio lock.  A :class:`RingLinks` uses one path for all
-its operations (:attr:`RingLinks.threaded`): the two must never read one lane at once.
+(:class:`~pccl.net.framed_threads.BlockingDataChannel`): large all-reduces then run their
+per-lane send and receive loops in worker threads, and :meth:`Inbox.receive_blocking` does the
+same demultiplexing with a threading condition.  Small all-reduces on the same links run in their
+Trio task (:mod:`pccl.collectives.inline`) and read through :meth:`Inbox.receive_into`; the read
+role and the parked header are shared by both kinds of reader, so the two kinds of operation
+run concurrently on one lane (a thread that gives the role up wakes waiting Trio tasks through
+the Trio token).
 
 A lane whose frame was torn — a payload receive or a send cancelled midway, a malformed
 header — is aborted by the framed connection itself and every later use raises; the
@@ -110,19 +113,62 @@ class Inbox:
     def __init__(self, connection: FramedConnection, registry: SeqRegistry) -> None:
         self.connection = connection
         self._registry = registry
-        self._lock = trio.Lock()
         self._parked: DataHeader | None = None
-        # Thread-side demultiplexing: one thread at a time reads from the lane (_reading).
+        # One reader at a time, a Trio task or a worker thread: whoever holds the read role
+        # (_reading) reads headers and payloads; the state is guarded by _cond.
         self._cond = threading.Condition()
         self._reading = False
+        #: Trio tasks waiting for the read role or for a parked header to change.
+        self._trio_waiters: list[trio.Event] = []
+        self._token = trio.lowlevel.current_trio_token()
         self.channel: BlockingDataChannel | None = connection.blocking_channel()
-        if self.channel is not None:
-            registry.add_listener(self.wake_threads)
+        registry.add_listener(self.wake_threads)
 
     def wake_threads(self) -> None:
-        """Wake threads waiting in :meth:`receive_blocking` (they re-check their condition)."""
+        """Wake every reader waiting for the lane (Trio thread): threads waiting in
+        :meth:`receive_blocking` and tasks waiting in :meth:`receive_into` re-check their
+        condition."""
         with self._cond:
             self._cond.notify_all()
+            waiters, self._trio_waiters = self._trio_waiters, []
+        for event in waiters:
+            event.set()
+
+    def _wake_from_thread(self) -> None:
+        """Worker-thread side of :meth:`wake_threads` for the Trio waiters (call with _cond held)."""
+        if self._trio_waiters:
+            waiters, self._trio_waiters = self._trio_waiters, []
+            try:
+                self._token.run_sync_soon(_set_all, waiters)
+            except trio.RunFinishedError:  # pragma: no cover - the run is over: nobody waits
+                pass
+
+    def _can_read(self, seq: int) -> bool:
+        """Whether ``seq``'s reader may take the read role now (call with _cond held)."""
+        if self._reading:
+            return False
+        header = self._parked
+        return header is None or header.op_seq == seq or self._registry.is_retired(header.op_seq)
+
+    async def _take_read_role(self, seq: int) -> DataHeader | None:
+        """Take the read role for ``seq``'s reader; returns the parked header it must handle
+        first (its own, or a late one to discard), or ``None``.  Cancellable while waiting."""
+        while True:
+            with self._cond:
+                if self._can_read(seq):
+                    self._reading = True
+                    return self._parked
+                event = trio.Event()
+                self._trio_waiters.append(event)
+            await event.wait()
+
+    def _release_read_role(self) -> None:
+        with self._cond:
+            self._reading = False
+            self._cond.notify_all()
+            waiters, self._trio_waiters = self._trio_waiters, []
+        for event in waiters:
+            event.set()
 
     def receive_blocking(
         self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview, cancel: ThreadCancel
@@ -182,6 +228,7 @@ class Inbox:
                     self._parked = header
                     self._reading = reading = False
                     cond.notify_all()
+                    self._wake_from_thread()
                     while True:
                         cancel.check()
                         if not self._reading and self._parked is None:
@@ -202,6 +249,7 @@ class Inbox:
                 if reading:
                     self._reading = False
                 cond.notify_all()
+                self._wake_from_thread()
 
     async def receive_into(
         self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview
@@ -215,15 +263,15 @@ class Inbox:
         for the frame loses nothing; cancellation during the payload aborts the lane.
         """
         nbytes = destination.nbytes
-        while True:
-            async with self._lock:
-                header = self._parked
+        header = await self._take_read_role(seq)
+        reading = True
+        try:
+            while True:
                 if header is None:
                     header = await self.connection.receive_data_header()
-                    self._parked = header
                 if header.op_seq == seq:
-                    self._parked = None
-                    self._registry.notify()
+                    with self._cond:
+                        self._parked = None
                     if (header.stream, header.step, header.offset, header.nbytes) != (stream, step, offset, nbytes):
                         self.connection.abort()
                         msg = (
@@ -240,13 +288,26 @@ class Inbox:
                         "discarding a late frame of ended op %d (%d bytes) from %s",
                         header.op_seq, header.nbytes, self.connection.remote_address,
                     )
-                    self._parked = None
+                    with self._cond:
+                        self._parked = None
                     await self.connection.discard_data()
-                    self._registry.notify()
+                    header = None
                     continue
                 # Another op's frame (running here, or about to start): leave it for its owner.
-                changed = self._registry.changed
-            await changed.wait()
+                with self._cond:
+                    self._parked = header
+                reading = False
+                self._release_read_role()
+                header = await self._take_read_role(seq)
+                reading = True
+        finally:
+            if reading:
+                self._release_read_role()
+
+
+def _set_all(events: list[trio.Event]) -> None:
+    for event in events:
+        event.set()
 
 
 class RingLinks:

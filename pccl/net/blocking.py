@@ -49,8 +49,9 @@ class ThreadCancel:
     """
 
     def __init__(self) -> None:
-        self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._write_fd, False)
+        # The pipe is made on first use of fileno(): an operation whose threads never wait for
+        # a socket (a small all-reduce's sends) needs none.
+        self._read_fd = self._write_fd = -1
         self._lock = threading.Lock()
         self._cancelled = False
         # Transfers under way: key -> what to abort when cancelled (opaque to this class).
@@ -62,7 +63,13 @@ class ThreadCancel:
 
     def fileno(self) -> int:
         """Readable once cancelled."""
-        return self._read_fd
+        with self._lock:
+            if self._read_fd < 0:
+                self._read_fd, self._write_fd = os.pipe()
+                os.set_blocking(self._write_fd, False)
+                if self._cancelled:
+                    os.write(self._write_fd, b"x")
+            return self._read_fd
 
     def check(self) -> None:
         """Raise :class:`Interrupted` if cancelled."""
@@ -75,10 +82,11 @@ class ThreadCancel:
         with self._lock:
             if not self._cancelled:
                 self._cancelled = True
-                try:
-                    os.write(self._write_fd, b"x")
-                except BlockingIOError:  # pragma: no cover - one byte never fills a pipe
-                    pass
+                if self._write_fd >= 0:
+                    try:
+                        os.write(self._write_fd, b"x")
+                    except BlockingIOError:  # pragma: no cover - one byte never fills a pipe
+                        pass
             return list(self._transfers.values())
 
     @contextlib.contextmanager
@@ -102,12 +110,14 @@ class ThreadCancel:
                 del self._transfers[key]
 
     def close(self) -> None:
-        for fd in (self._read_fd, self._write_fd):
-            try:
-                os.close(fd)
-            except OSError:  # pragma: no cover - closed twice
-                pass
-        self._read_fd = self._write_fd = -1
+        with self._lock:
+            for fd in (self._read_fd, self._write_fd):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:  # pragma: no cover - closed twice
+                        pass
+            self._read_fd = self._write_fd = -1
 
 
 class BlockingIO(abc.ABC):
@@ -121,6 +131,12 @@ class BlockingIO(abc.ABC):
     @abc.abstractmethod
     def send_all(self, data: memoryview) -> None:
         """Send every byte; ``PeerDisconnected``/``StreamClosed`` on failure."""
+
+    def send_nowait(self, data: memoryview) -> int:
+        """Send what the kernel takes at once, without blocking; returns the byte count (``0``
+        when nothing fits now).  The one method that may also be called on the Trio thread.
+        The default sends nothing (callers then finish with :meth:`send_all` in a thread)."""
+        return 0
 
     @abc.abstractmethod
     def receive_into(self, buffer: memoryview, *, fill: bool = False) -> int:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from ..errors import InvalidArgument, InvalidUsage, ProtocolError, StreamClosed
 from ..protocol import codec
 from ..protocol.codec import DATA_HEADER_SIZE, PREFIX_SIZE, DataHeader, FrameKind
-from .blocking import BlockingIO, ThreadCancel
+from .blocking import BlockingIO, Interrupted, ThreadCancel
 from .framed import _COALESCE_LIMIT, _DISCARD_CHUNK, _READ_AHEAD, FramedConnection, _byte_view
 
 __all__ = ["BlockingDataChannel"]
@@ -76,6 +77,63 @@ class BlockingDataChannel:
             stats["frames_sent"] += 1
             stats["bytes_sent"] += len(prefix) + view.nbytes
             stats["data_bytes_sent"] += view.nbytes
+
+    def send_data_soon(
+        self, header: DataHeader, payload: memoryview, cancel: ThreadCancel
+    ) -> Callable[[], None] | None:
+        """Start sending one data frame without blocking (any thread, the Trio thread included).
+
+        Returns ``None`` when the whole frame went out at once.  Otherwise returns the rest of
+        the job — finish the frame (or send all of it, if the send lock was busy) — which the
+        caller must run in a worker thread, in order with the lane's later frames; until it has
+        run, the connection's send lock may stay held.  Errors as for :meth:`send_data`.
+        """
+        conn = self.connection
+        view = _byte_view(payload, writable=False)
+        if header.nbytes != view.nbytes:
+            raise InvalidArgument(f"data header says {header.nbytes} payload bytes, the payload has {view.nbytes}")
+        if view.nbytes > _COALESCE_LIMIT or not self._send_lock.acquire(blocking=False):
+            return lambda: self.send_data(header, view, cancel)
+        try:
+            frame = memoryview(codec.encode_data_prefix(header) + view)
+            if conn._send_broken is not None:
+                raise StreamClosed(f"connection to {conn.remote_address} is unusable: {conn._send_broken}")
+            if conn._closed:
+                raise StreamClosed(f"connection to {conn.remote_address} is closed")
+            cancel.check()
+            sent = self._io.send_nowait(frame)
+        except BaseException:
+            self._send_lock.release()
+            raise
+        if sent == len(frame):
+            self._count_sent(len(frame), view.nbytes)
+            self._send_lock.release()
+            return None
+
+        def finish() -> None:
+            # The lock is still held (a threading.Lock may be released by another thread).
+            try:
+                with cancel.transfer(conn, "send"):
+                    try:
+                        self._io.send_all(frame[sent:])
+                    except BaseException as exc:
+                        conn._send_broken = f"a send was interrupted mid-frame ({type(exc).__name__})"
+                        raise
+                self._count_sent(len(frame), view.nbytes)
+            except Interrupted:
+                if sent:  # a torn frame: the peer must not take what follows for a header
+                    conn._send_broken = "a send was interrupted mid-frame (Interrupted)"
+                raise
+            finally:
+                self._send_lock.release()
+
+        return finish
+
+    def _count_sent(self, frame_bytes: int, payload_bytes: int) -> None:
+        stats = self.connection._stats
+        stats["frames_sent"] += 1
+        stats["bytes_sent"] += frame_bytes
+        stats["data_bytes_sent"] += payload_bytes
 
     # -- receiving (one thread at a time: the caller's inbox serializes) --
 

@@ -429,6 +429,16 @@ class _TcpBlockingIO(BlockingIO):
             except OSError as exc:
                 raise stream._failure(exc, "send") from exc
 
+    def send_nowait(self, data: memoryview) -> int:
+        stream = self._stream
+        with stream._thread_in_socket() as sock:
+            try:
+                return sock.send(data, _MSG_DONTWAIT | _MSG_NOSIGNAL)
+            except BlockingIOError:
+                return 0
+            except OSError as exc:
+                raise stream._failure(exc, "send") from exc
+
     def receive_into(self, buffer: memoryview, *, fill: bool = False) -> int:
         stream = self._stream
         if stream._receive_error is not None:

@@ -9,6 +9,8 @@ with no thread left running), and the blocking frame channel itself.
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -197,3 +199,70 @@ async def test_concurrent_ops_share_threaded_lanes_and_late_frames_are_discarded
     finally:
         await a.aclose()
         await b.aclose()
+
+
+@pytest.mark.parametrize("taken", [0, 7])
+async def test_small_ops_finish_sends_in_a_worker_when_the_socket_takes_too_little(
+    monkeypatch: pytest.MonkeyPatch, taken: int
+) -> None:
+    """The inline path (pccl.collectives.inline) offers each frame to the socket without
+    blocking; what is not taken (all of it, or all but a few bytes: a frame cut in two) is
+    finished by a worker thread, and the lane's later frames queue behind it in order."""
+    from pccl.collectives import inline
+    from pccl.net import tcp
+
+    real = tcp._TcpBlockingIO.send_nowait
+    monkeypatch.setattr(tcp._TcpBlockingIO, "send_nowait",
+                        lambda self, data: real(self, data[:taken]) if taken else 0)
+    started = []
+    real_start = trio.lowlevel.start_thread_soon
+    monkeypatch.setattr(inline.trio.lowlevel, "start_thread_soon",
+                        lambda *a, **k: (started.append(k.get("name")), real_start(*a, **k))[1])
+    a, b = await tcp_pair()
+    try:
+        for n, lanes_frames in ((4096, 2), (40_000, 2)):  # 16 KiB and 160 KiB: one frame per step
+            inputs = [np.arange(n, dtype=np.float32) * (r + 2) for r in range(2)]
+            bufs = [x.copy() for x in inputs]
+            with trio.fail_after(20):
+                await both(a, b, bufs, seq=n)
+            assert np.array_equal(bufs[0], inputs[0] + inputs[1]) and np.array_equal(bufs[1], bufs[0])
+        assert started and set(started) == {"pccl-ring-send"}
+        assert not a.to_next[0].broken and not b.to_next[0].broken
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+def test_cancelling_a_small_op_stops_its_send_worker_and_restores_the_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pccl.net import tcp
+
+    stuck = threading.Event()
+    monkeypatch.setattr(tcp._TcpBlockingIO, "send_nowait", lambda self, data: 0)
+
+    def wedged_send_all(self: Any, data: memoryview) -> None:
+        stuck.set()
+        while not self._stream._closed:  # until the op's cancellation aborts the connection
+            time.sleep(0.005)
+        raise StreamClosed("aborted")
+
+    monkeypatch.setattr(tcp._TcpBlockingIO, "send_all", wedged_send_all)
+
+    async def main() -> None:
+        a, b = await tcp_pair()
+        try:
+            x = np.arange(4096, dtype=np.float32)
+            before = threading.active_count()
+            with trio.move_on_after(5) as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(lambda: ring_all_reduce(x, op=ReduceOp.SUM, links=a, rank=0, world=2, seq=1))
+                    await trio.to_thread.run_sync(stuck.wait)
+                    nursery.cancel_scope.cancel()
+            assert not scope.cancelled_caught  # the op returned promptly once cancelled
+            assert np.array_equal(x, np.arange(4096, dtype=np.float32))
+            assert a.to_next[0].broken  # the frame was torn: the lane is dead
+            assert threading.active_count() <= before
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    trio.run(main)
