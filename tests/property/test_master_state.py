@@ -731,3 +731,66 @@ def test_same_seed_same_effects() -> None:
         h = Harness(seed=seed)
         ids.add(h.ms.peer_id_of(h.join()))
     assert len(ids) == 2, "peer ids must come from the seeded RNG"
+
+
+def test_commence_sets_aside_the_next_seq_of_the_tag_until_the_ring_changes() -> None:
+    h = Harness()
+    a, b, c = _accepted_cluster(h, [0, 0, 0])
+
+    def vote(tag: int, count: int = 100, voters: tuple[int, ...] = (a, b, c)) -> m.Message | None:
+        for x in voters:
+            h.send(x, m.CollectiveInit(tag, count, 10, 0))
+        return h.last(a, m.CollectiveCommence)
+
+    first = vote(1)
+    assert first is not None and first.next_seq > first.seq
+    assert {h.last(x, m.CollectiveCommence).next_seq for x in (a, b, c)} == {first.next_seq}
+    for x in (a, b, c):
+        h.send(x, m.CollectiveDone(1, first.seq))
+    other = vote(2)  # another tag gets a seq of its own
+    assert other.seq not in (first.seq, first.next_seq)
+    for x in (a, b, c):
+        h.send(x, m.CollectiveDone(2, other.seq))
+    second = vote(1)
+    assert second.seq == first.next_seq and second.next_seq not in (second.seq, other.next_seq)
+    for x in (a, b, c):
+        h.send(x, m.CollectiveDone(1, second.seq))
+    # A refused vote uses the set-aside seq up: the next op on the tag gets a fresh one.
+    for x, count in ((a, 100), (b, 100), (c, 99)):
+        h.send(x, m.CollectiveInit(1, count, 10, 0))
+    assert h.last(a, m.CollectiveRejected).code == m.RejectCode.PARAMETER_MISMATCH
+    third = vote(1)
+    assert third.seq > second.next_seq
+    for x in (a, b, c):
+        h.send(x, m.CollectiveDone(1, third.seq))
+    # A re-wired ring has new connections: nothing set aside for the old one is used.
+    h.kill(c)
+    for x in (a, b):
+        h.send(x, m.VoteTopology(False))
+    h.settle_rounds()
+    fourth = vote(1, voters=(a, b))
+    assert fourth.seq > third.next_seq and len(fourth.ring) == 2
+
+
+def test_seqs_set_aside_are_bounded() -> None:
+    import pccl.protocol.master_state as ms
+
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    limit = 3
+    old = ms.MAX_RESERVED_SEQS
+    ms.MAX_RESERVED_SEQS = limit
+    try:
+        for tag in range(limit + 2):
+            for x in (a, b):
+                h.send(x, m.CollectiveInit(tag, 10, 10, 0))
+            commence = h.last(a, m.CollectiveCommence)
+            assert (commence.next_seq != 0) == (tag < limit), (tag, commence)
+            for x in (a, b):
+                h.send(x, m.CollectiveDone(tag, commence.seq))
+        # A tag that holds one keeps getting one (its own is replaced, not added).
+        for x in (a, b):
+            h.send(x, m.CollectiveInit(0, 10, 10, 0))
+        assert h.last(a, m.CollectiveCommence).next_seq != 0
+    finally:
+        ms.MAX_RESERVED_SEQS = old

@@ -33,7 +33,9 @@ def _kinds(trace: Trace) -> collections.Counter[str]:
 ])
 def test_chaos_runs_all_reduce_every_step_and_pass(phase: Any) -> None:
     totals: collections.Counter[str] = collections.Counter()
-    for seed in (0, 1):
+    # Four seeds: whether a fault lands inside an op (rather than between ops) depends on the
+    # schedule's timing, which any change to the op's message pattern shifts.
+    for seed in (0, 1, 2, 3):
         trace = _run(seed, phase)
         assert trace.ok, [f.message for f in trace.failures]
         kinds = _kinds(trace)
