@@ -13,7 +13,9 @@ function, so the checker can rebuild every participant's input.  Trace events (p
 :class:`AllReduceAgreement` (**safety**) reads which op each call became off the wire: the
 ``CollectiveCommence(tag, seq, ring)`` a host receives while its call ``k`` runs binds
 ``(peer, k)`` to ``seq`` (causally: the master commences only after every participant's Init,
-which follows its ``all_reduce_call``).  Then, for every peer that completed an op:
+which follows its ``all_reduce_call``), and so does the ``CollectiveDone(tag, seq)`` it sends
+while the call runs (a call started early may report, and die, before its Commence arrives;
+its bytes still count).  Then, for every peer that completed an op:
 
 * its ``ring`` and ``world_size`` are exactly the op's participants (the Commence ring);
 * its result is bit-identical to every other completer's of the same ``seq`` (with and without
@@ -156,7 +158,7 @@ class AllReduceAgreement(Checker):
     def attach(self, sim: Simulation) -> None:
         if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
             raise RuntimeError("AllReduceAgreement needs the wire (Scenario.sniff)")
-        sim.tap.watch(lambda *args: self._wire(*args), names=("Welcome", "CollectiveCommence"))
+        sim.tap.watch(lambda *args: self._wire(*args), names=("Welcome", "CollectiveCommence", "CollectiveDone"))
 
     def _fail(self, sim: Simulation, message: str) -> None:
         if not self.failed:
@@ -164,7 +166,7 @@ class AllReduceAgreement(Checker):
             sim.fail("safety", message, self.name)
 
     def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
-        if direction != "recv" or msg is None:
+        if msg is None or direction != ("send" if name == "CollectiveDone" else "recv"):
             return
         if name == "Welcome":
             self.peer_of_host[host] = msg.peer_id
@@ -175,7 +177,8 @@ class AllReduceAgreement(Checker):
         pid = self.peer_of_host[host]
         op = (self.epoch, msg.seq)
         self.calls.setdefault(op, {})[pid] = (msg.tag, k)
-        self.rings[op] = tuple(msg.ring)
+        if name == "CollectiveCommence":
+            self.rings[op] = tuple(msg.ring)
         self.seq_of[(pid, msg.tag, k)] = op
 
     def on_event(self, sim: Simulation, event: TraceEvent) -> None:

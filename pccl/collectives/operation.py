@@ -29,8 +29,9 @@
    peers, a wedged process).  A stalled or dead peer is otherwise removed by the master's
    heartbeat timeout, which aborts the op.  No task is spawned per op: for a small all-reduce a
    nursery with a listener and a watchdog cost more than a tenth of the whole call.
-3. **Settle.**  ``Done(seq, aborted)`` goes to the master, which answers every participant with
-   exactly one ``Complete(seq)`` or ``Abort(seq)``.  The in-place input backup is kept until
+3. **Settle.**  ``Done(seq, aborted)`` goes to the master — after an early start as soon as the
+   ring ends, even before the ``Commence`` (the master holds it with the vote) — which answers
+   every participant with exactly one ``Complete(seq)`` or ``Abort(seq)``.  The in-place input backup is kept until
    then, so an ``Abort`` that arrives after this peer finished its ring still restores the input.
 
 Outcome: ``ReduceInfo(world_size=len(ring), tx_bytes, rx_bytes)`` on ``Complete``; otherwise
@@ -168,9 +169,10 @@ class _Unanswered(Exception):
     """Internal: an op started early ended on this peer before the master answered its vote;
     ``error`` is what the caller gets (``Cancelled``, or the failure)."""
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, error: BaseException, *, reported: bool) -> None:
         super().__init__(repr(error))
         self.error = error
+        self.reported = reported  # whether its Done went out already
 
 
 class AllReduceService:
@@ -339,7 +341,7 @@ class AllReduceService:
             # Cancelled (or the ring failed) before the master answered an early start: the
             # Init stands there and the others may commence without us.  Leave a task behind to
             # report the abort then (and to release the tag).
-            keep_route = self._abandon(plan.tag, route.inbox)
+            keep_route = self._abandon(plan.tag, route.inbox, report=not exc.reported)
             raise exc.error from None
         finally:
             if reserved is not None:
@@ -376,18 +378,22 @@ class AllReduceService:
             return InvalidUsage(f"all-reduce tag {plan.tag} is already in flight{detail}")
         return InvalidUsage(f"the peers' all-reduce parameters for tag {plan.tag} disagree{detail}")
 
-    def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message]) -> bool:
-        """Start the task that settles a vote whose caller was cancelled; True if it runs."""
+    def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], *, report: bool = True) -> bool:
+        """Start the task that settles a vote whose caller was cancelled; True if it runs.
+        ``report=False``: this peer's Done went out already (an early start)."""
         try:
-            self._comm._nursery.start_soon(self._settle_abandoned, tag, inbox)
+            self._comm._nursery.start_soon(self._settle_abandoned, tag, inbox, report)
         except RuntimeError:  # the communicator is shutting down: nobody will commence anything
             return False
         return True
 
-    async def _settle_abandoned(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message]) -> None:
+    async def _settle_abandoned(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], report: bool) -> None:
         try:
             async for msg in inbox:
                 if isinstance(msg, m.CollectiveRejected):
+                    return
+                if isinstance(msg, m.CollectiveCommence) and not report:
+                    self.registry.retire(msg.seq)
                     return
                 if isinstance(msg, m.CollectiveCommence):
                     log.info("peer %x: reporting the abort of cancelled all-reduce tag %d seq %d",
@@ -433,7 +439,7 @@ class AllReduceService:
                     backup.restore()
                 comm._stats["collectives_aborted"] += 1
                 if not state.commenced and state.rejection is None and not state.master_lost:
-                    raise _Unanswered(exc) from None
+                    raise _Unanswered(exc, reported=state.done_sent) from None
                 if not state.done_sent and state.final is None and not state.master_lost and state.commenced:
                     try:
                         await self._tell_master(m.CollectiveDone(plan.tag, seq, aborted=True))
@@ -490,18 +496,18 @@ class AllReduceService:
                     state.traffic = await self._ring(plan, seq, ring, backup)
                 except PCCLError as exc:
                     state.local_error = exc
-            if not state.commenced and state.rejection is None and not state.master_lost:
-                await state.answered.wait()
-            if state.rejection is not None:
-                return
             if state.stalled and state.local_error is None:
                 state.local_error = PeerDisconnected(
                     f"no data moved on the ring connections for {self._comm._config.peer_timeout:g} s")
-            if state.final is None and not state.master_lost:
+            if state.final is None and not state.master_lost and state.rejection is None:
+                # Before the Commence, too (an early start): the master holds the report with the
+                # vote, so the Commence and the final word can come back together.
                 ok = state.traffic is not None and state.local_error is None
                 await self._tell_master(m.CollectiveDone(plan.tag, seq, aborted=not ok))
                 state.done_sent = True
-                if ok:
+                if not state.commenced:
+                    await state.answered.wait()
+                if ok and state.rejection is None:
                     await state.settled.wait()
         finally:
             route.intercept = None

@@ -44,7 +44,8 @@ two voters → ``TOO_FEW_PEERS`` (each a ``CollectiveRejected`` to every voter);
 (group, tag) by the previous Commence on it (``next_seq``), if the group's ring has not been
 re-wired since, else a new global one; ``next_seq`` is a new global seq set aside for the next op
 on the tag (any vote on the tag uses up what was set aside), so peers can start that op's ring
-without waiting for its Commence.  At most ``MAX_RESERVED_SEQS`` seqs are set aside at once (a
+without waiting for its Commence — and report ``CollectiveDone`` on that seq before it, too
+(held with the vote and counted when the op commences; a vote that is refused drops them).  At most ``MAX_RESERVED_SEQS`` seqs are set aside at once (a
 program that uses a new tag for every op gets ``next_seq = 0`` once that many are out).  A peer that reuses a tag it
 already voted (or that is running) gets ``TAG_IN_USE`` alone.  Each participant then sends
 ``CollectiveDone(tag, seq, aborted)``.  Exactly one final message per (op, live participant):
@@ -280,6 +281,9 @@ class _Op:
     seq: int | None = None  # set once commenced
     participants: tuple[int, ...] = ()
     done: set[int] = dataclasses.field(default_factory=set)
+    #: Voting phase: Done reports on the seq set aside for this op (peers that started early and
+    #: finished before the vote did), peer -> aborted.
+    early_done: dict[int, bool] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -561,7 +565,14 @@ class MasterState:
     def _on_CollectiveDone(self, peer: _Peer, msg: m.CollectiveDone) -> None:
         if msg.seq >= self._next_seq:
             raise _PeerFault(KickReason.PROTOCOL_ERROR, f"collective done for seq {msg.seq}, never commenced")
-        op = self._ops.get((peer.group, msg.tag))
+        key = (peer.group, msg.tag)
+        op = self._ops.get(key)
+        if op is not None and op.seq is None and peer.peer_id in op.inits and msg.seq == self._reserved.get(key):
+            # An early start finished before the vote: counted once the op commences.
+            if peer.peer_id in op.early_done:
+                raise _PeerFault(KickReason.OUT_OF_PHASE, f"second done for collective tag {msg.tag}")
+            op.early_done[peer.peer_id] = msg.aborted
+            return
         if op is None or op.seq != msg.seq or peer.peer_id not in op.participants:
             log.debug("ignoring late done of peer %x for tag %d seq %d", peer.peer_id, msg.tag, msg.seq)
             return
@@ -917,6 +928,13 @@ class MasterState:
         self._ops[key] = op
         for pid in op.participants:
             self._send(self._peer(pid), m.CollectiveCommence(op.tag, op.seq, op.participants, next_seq))
+        if op.seq == reserved and op.early_done:
+            failed = [pid for pid, aborted in op.early_done.items() if aborted]
+            if failed:
+                self._abort(op, f"peer {failed[0]:x} reported failure")
+            else:
+                op.done.update(pid for pid in op.early_done if pid in op.participants)
+        op.early_done = {}
         return True
 
     def _take_seq(self) -> int:
