@@ -493,7 +493,20 @@ class Communicator:
         self._raise_if_unusable()
         assert self._master is not None
         try:
-            await self._master.send(msg)
+            if self._master.send_nowait(msg):  # written at once (see FramedConnection.send_nowait)
+                await self._master.flush()
+            else:
+                await self._master.send(msg)
+        except TransportError as exc:
+            self._fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"),
+                       cause=exc)
+            self._raise_if_unusable()
+
+    async def _flush_master(self) -> None:
+        """Finish a frame ``send_nowait`` began; errors as for :meth:`_send_master`."""
+        assert self._master is not None
+        try:
+            await self._master.flush()
         except TransportError as exc:
             self._fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"),
                        cause=exc)

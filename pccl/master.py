@@ -84,13 +84,20 @@ class _Closing:
         self.notice = notice
 
 
+class _Flush:
+    """Outbox marker: send the rest of a frame that ``FramedConnection.send_nowait`` began."""
+
+
 @dataclasses.dataclass(eq=False)
 class _Conn:
     conn_id: int
     framed: FramedConnection
-    outbox: trio.MemorySendChannel[m.Message | _Closing]
+    outbox: trio.MemorySendChannel[m.Message | _Closing | _Flush]
     scope: trio.CancelScope
     closing: bool = False
+    #: Items put in the outbox and not yet written by the writer task (a message may skip the
+    #: queue only when this is 0, or the order on the wire would change).
+    queued: int = 0
 
 
 class Master:
@@ -175,9 +182,22 @@ class _MasterServer:
         elif isinstance(effect, ms.Close):
             self._close(conn, None)
 
-    def _enqueue(self, conn: _Conn, msg: m.Message) -> None:
+    def _enqueue(self, conn: _Conn, msg: m.Message | _Flush) -> None:
+        if not conn.queued and not isinstance(msg, _Flush):
+            # Nothing queued: write it right here if the socket takes it at once (the common
+            # case), which spares the writer task's wake-up — the master answers every vote of
+            # every op, so this is on the latency path of each small all-reduce.
+            try:
+                sent = conn.framed.send_nowait(msg)
+            except PCCLError:
+                sent = False  # the writer meets the same error and closes the connection
+            if sent:
+                if conn.framed.needs_flush:
+                    self._enqueue(conn, _Flush())
+                return
         try:
             conn.outbox.send_nowait(msg)
+            conn.queued += 1
         except trio.WouldBlock:
             self.events.append(ms.ProtocolViolation(conn.conn_id, KickReason.TIMEOUT,
                                                     f"not reading: {OUTBOX_LIMIT} messages queued"))
@@ -285,7 +305,7 @@ class _MasterServer:
     async def _serve_connection(self, framed: FramedConnection) -> None:
         conn_id = self.next_conn_id
         self.next_conn_id += 1
-        send, receive = trio.open_memory_channel[m.Message | _Closing](OUTBOX_LIMIT)
+        send, receive = trio.open_memory_channel[m.Message | _Closing | _Flush](OUTBOX_LIMIT)
         conn = _Conn(conn_id, framed, send, trio.CancelScope())
         self.conns[conn_id] = conn
         try:
@@ -316,20 +336,27 @@ class _MasterServer:
         # Kicked or leaving: the writer delivers the notice and closes; stop reading meanwhile.
         await trio.sleep_forever()
 
-    async def _writer(self, conn: _Conn, outbox: trio.MemoryReceiveChannel[m.Message | _Closing]) -> None:
+    async def _writer(self, conn: _Conn, outbox: trio.MemoryReceiveChannel[m.Message | _Closing | _Flush]) -> None:
         interval = self.config.heartbeat_interval
         try:
             while True:
-                item: m.Message | _Closing = m.Heartbeat()
+                item: m.Message | _Closing | _Flush | None = None
                 with trio.move_on_after(interval):
                     item = await outbox.receive()
+                if item is None:
+                    await conn.framed.send(m.Heartbeat())
+                    continue
                 if isinstance(item, _Closing):
                     if item.notice is not None:
                         with trio.move_on_after(KICK_NOTICE_TIMEOUT):
                             await conn.framed.send(item.notice)
                     await conn.framed.aclose()
                     break
-                await conn.framed.send(item)
+                if isinstance(item, _Flush):
+                    await conn.framed.flush()
+                else:
+                    await conn.framed.send(item)
+                conn.queued -= 1  # only now: until it is written, later messages queue behind it
         except TransportError as exc:
             log.info("sending to connection %d (%s) failed: %s", conn.conn_id, conn.framed.remote_address, exc)
         except PCCLError as exc:

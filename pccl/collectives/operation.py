@@ -410,9 +410,16 @@ class AllReduceService:
     async def _tell_master(self, msg: m.Message) -> None:
         """Send ``msg`` to the master even if the caller is being cancelled (bounded)."""
         comm = self._comm
+        master = comm._master
+        sent = comm._failure is None and master is not None and master.send_nowait(msg)
+        if sent and not master.needs_flush:  # type: ignore[union-attr]
+            return  # written at once: nothing to shield (the common case, and a latency-bound one)
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + comm._config.peer_timeout
-            await comm._send_master(msg)
+            if sent:
+                await comm._flush_master()
+            else:
+                await comm._send_master(msg)
         if scope.cancelled_caught:
             comm._fail(MasterUnreachable(f"could not send {type(msg).__name__} to the master within "
                                          f"{comm._config.peer_timeout:g} s"))

@@ -108,6 +108,9 @@ class FramedConnection:
         self._max_frame_size = config.max_frame_size
         self._send_lock = trio.Lock()
         self._send_broken: str | None = None
+        #: The tail of a frame that :meth:`send_nowait` could only partly write: it goes out
+        #: first, under the send lock, in the next send (or :meth:`flush`).
+        self._unsent: memoryview | None = None
         self._receiving = False
         self._receive_broken: str | None = None
         self._rbuf = bytearray(_READ_AHEAD)
@@ -137,6 +140,44 @@ class FramedConnection:
         frame = codec.encode_message(message, max_frame_size=self._max_frame_size)
         await self._send_frame((frame,), payload_bytes=0)
 
+    def send_nowait(self, message: Message) -> bool:
+        """Send one control message now, without waiting, if that can be done (Trio thread).
+
+        ``True``: the frame went to the transport — all of it, or, if the kernel took only a
+        part, the rest is kept and goes out first in the next send; :attr:`needs_flush` then
+        says so, and the caller must see to it that :meth:`flush` (or another send) runs.
+        ``False``: nothing was sent (the connection is busy or broken, or the transport offers
+        no such path, as the simulator's and TLS streams do not); use :meth:`send`, which also
+        reports errors.  A control message is latency-bound: this saves the lock, the
+        cancellation machinery and the trip through the run loop that :meth:`send` costs.
+        ``InvalidArgument`` as for :meth:`send`.
+        """
+        try_send = getattr(self._stream, "send_nowait", None)
+        if (try_send is None or self._send_lock.locked() or self._unsent is not None
+                or self._send_broken is not None or self._closed):
+            return False
+        frame = codec.encode_message(message, max_frame_size=self._max_frame_size)
+        sent = try_send(frame)
+        if not sent:
+            return False
+        if sent < len(frame):
+            self._unsent = memoryview(frame)[sent:]
+        self._stats["frames_sent"] += 1
+        self._stats["bytes_sent"] += len(frame)
+        return True
+
+    @property
+    def needs_flush(self) -> bool:
+        """Whether part of a frame from :meth:`send_nowait` still waits to be sent."""
+        return self._unsent is not None
+
+    async def flush(self) -> None:
+        """Send what :meth:`send_nowait` left over (a no-op if nothing); errors as for :meth:`send`."""
+        if self._unsent is None:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._send_frame((), payload_bytes=0, count=False)
+
     async def send_data(self, header: DataHeader, payload: bytes | bytearray | memoryview) -> None:
         """Send one data frame: ``header`` then ``payload`` (any C-contiguous buffer, e.g. a numpy
         array or a memoryview slice of one), without copying large payloads.
@@ -152,7 +193,7 @@ class FramedConnection:
         parts = (prefix + view,) if view.nbytes <= _COALESCE_LIMIT else (prefix, view)
         await self._send_frame(parts, payload_bytes=view.nbytes)
 
-    async def _send_frame(self, parts: tuple[bytes | memoryview, ...], *, payload_bytes: int) -> None:
+    async def _send_frame(self, parts: tuple[bytes | memoryview, ...], *, payload_bytes: int, count: bool = True) -> None:
         # An idle lock is taken without the schedule point of ``Lock.acquire``: the send below
         # ends in one anyway, and a control message (the master's votes) is latency-bound, so
         # one trip through the run loop less per frame is measurable.  A cancel already
@@ -172,6 +213,9 @@ class FramedConnection:
             # count as a torn frame.  Nothing yields between this check and send_all's own.
             await trio.lowlevel.checkpoint_if_cancelled()
             try:
+                if self._unsent is not None:  # a frame send_nowait began comes first
+                    await self._stream.send_all(self._unsent)
+                    self._unsent = None
                 for part in parts:
                     await self._stream.send_all(part)
             except BaseException as exc:
@@ -180,9 +224,10 @@ class FramedConnection:
                 self._send_broken = f"a send was interrupted mid-frame ({type(exc).__name__})"
                 self._stream.abort()
                 raise
-            self._stats["frames_sent"] += 1
-            self._stats["bytes_sent"] += sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-            self._stats["data_bytes_sent"] += payload_bytes
+            if count:
+                self._stats["frames_sent"] += 1
+                self._stats["bytes_sent"] += sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+                self._stats["data_bytes_sent"] += payload_bytes
         finally:
             self._send_lock.release()
 

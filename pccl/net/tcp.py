@@ -182,6 +182,17 @@ class TcpStream(Stream):
         finally:
             self._sending = False
 
+    def send_nowait(self, data: bytes | bytearray | memoryview) -> int:
+        """Send what the kernel takes at once (Trio thread, never waits): the byte count, ``0``
+        when nothing fits now or the stream cannot send at the moment (another send runs, it is
+        closed or broken) — then use :meth:`send_all`, which also reports the error."""
+        if self._closed or self._eof_sent or self._sending or _SEND in self._dead:
+            return 0
+        try:
+            return self._sock.send(data, _MSG_DONTWAIT | _MSG_NOSIGNAL)
+        except OSError:  # BlockingIOError included
+            return 0
+
     async def _send_small(self, view: memoryview) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
         waited = False
