@@ -84,7 +84,7 @@ from ..errors import (
 from ..protocol import messages as m
 from ..types import Quantization, QuantKind, ReduceInfo, ReduceOp
 from .allreduce import ring_all_reduce
-from .buffers import InputBackup, KernelRunner, OpBuffers
+from .buffers import SCRATCH, InputBackup, KernelRunner, OpBuffers
 from .links import RingLinks, SeqRegistry
 
 if TYPE_CHECKING:
@@ -98,6 +98,10 @@ log = logging.getLogger(__name__)
 #: far above the small tags training loops pick for their own concurrent all-reduces.
 MANY_FIRST_TAG = 1 << 62
 _TAG_LIMIT = 1 << 64
+#: In-place ops up to this size reduce into scratch memory and copy the result into the caller's
+#: array once the master confirms the op (cheaper for small ops than the input backup, which
+#: saves every slice before its first overwrite to be able to restore it).
+STAGED_IN_PLACE_BYTES = 256 * 1024
 #: How many checks per ``peer_timeout`` the transfer watchdog makes.
 _WATCHDOG_CHECKS = 4
 
@@ -432,14 +436,21 @@ class AllReduceService:
         """Run op ``seq`` on ``ring`` and settle it.  ``commenced=False``: an early start on the
         seq the master set aside, before its answer to the vote (which is awaited alongside)."""
         comm = self._comm
-        backup = InputBackup(plan.send) if plan.in_place else None
+        backup: InputBackup | None = None
+        staged: np.ndarray | None = None  # a small in-place op's output until it completes
+        storage: np.ndarray | None = None
+        if plan.in_place and plan.send.nbytes <= STAGED_IN_PLACE_BYTES:
+            storage = SCRATCH.take(plan.send.nbytes)
+            staged = storage[: plan.send.nbytes].view(plan.send.dtype).reshape(plan.send.shape)
+        elif plan.in_place:
+            backup = InputBackup(plan.send)
         state = _Settlement()
         state.commenced, state.next_seq = commenced, next_seq
         if commenced:
             self._remember(plan, seq, ring, state)
         try:
             try:
-                await self._ring_and_settle(plan, seq, ring, backup, route, state)
+                await self._ring_and_settle(plan, seq, ring, backup, staged, route, state)
             except BaseException as exc:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
                 if backup is not None:
@@ -459,10 +470,12 @@ class AllReduceService:
                 if backup is not None:
                     backup.restore()
                 raise self._rejection(plan, state.rejection)
-            return self._outcome(plan, seq, ring, state, backup)
+            return self._outcome(plan, seq, ring, state, backup, staged)
         finally:
             if backup is not None:
                 backup.release()
+            if storage is not None:
+                SCRATCH.give(storage)
 
     def _remember(self, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement) -> None:
         """Keep the seq the master set aside for the next op on this tag (from the Commence)."""
@@ -471,7 +484,7 @@ class AllReduceService:
             self._reserved[plan.tag] = (p2p, state.next_seq, plan.init)
 
     async def _ring_and_settle(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
-                               route: CollectiveRoute, state: _Settlement) -> None:
+                               staged: np.ndarray | None, route: CollectiveRoute, state: _Settlement) -> None:
         """Run the ring, report Done, wait for the master's final word.
 
         The tag's messages are intercepted meanwhile (:meth:`_intercept`, run synchronously by
@@ -500,7 +513,7 @@ class AllReduceService:
                     route.intercept(None)
             with ring_scope:
                 try:
-                    state.traffic = await self._ring(plan, seq, ring, backup)
+                    state.traffic = await self._ring(plan, seq, ring, backup, staged)
                 except PCCLError as exc:
                     state.local_error = exc
             if state.stalled and state.local_error is None:
@@ -522,11 +535,13 @@ class AllReduceService:
                 self._watches.discard(w)
 
     def _outcome(self, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement,
-                 backup: InputBackup | None) -> ReduceInfo:
+                 backup: InputBackup | None, staged: np.ndarray | None) -> ReduceInfo:
         """The op's result for the caller once the master has spoken (or this peer gave up)."""
         comm = self._comm
         traffic, local_error = state.traffic, state.local_error
         if isinstance(state.final, m.CollectiveComplete) and traffic is not None and local_error is None:
+            if staged is not None:
+                np.copyto(plan.send, staged)  # commit the staged result
             tx, rx = traffic
             comm._stats["collectives_completed"] += 1
             comm._stats["tx_bytes"] += tx
@@ -587,7 +602,8 @@ class AllReduceService:
             ring_scope.cancel()
         state.settled.set()
 
-    async def _ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None) -> tuple[int, int]:
+    async def _ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
+                    staged: np.ndarray | None) -> tuple[int, int]:
         comm = self._comm
         p2p = comm.p2p
         if comm.peer_id not in ring or ring != p2p.ring:
@@ -595,7 +611,8 @@ class AllReduceService:
                                 f"peer is wired for {[f'{p:x}' for p in p2p.ring]}")
         links = await self._links(p2p)
         return await ring_all_reduce(
-            plan.send, plan.recv, op=plan.op, links=links, rank=ring.index(comm.peer_id), world=len(ring),
+            plan.send, plan.recv if staged is None else staged, op=plan.op, links=links,
+            rank=ring.index(comm.peer_id), world=len(ring),
             seq=seq, quantization=plan.quantization, backup=backup, runner=self._runner,
         )
 

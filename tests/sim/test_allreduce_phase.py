@@ -60,8 +60,24 @@ def test_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPatch) 
     assert "differs" in trace.failures[0].message
 
 
-def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(InputBackup, "restore", lambda self: None)
+@pytest.mark.parametrize("mutant", ["backup-never-restored", "staged-op-touches-the-input"])
+def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: pytest.MonkeyPatch,
+                                                                    mutant: str) -> None:
+    if mutant == "backup-never-restored":
+        # Large in-place ops save their input in an InputBackup and restore it on abort.
+        monkeypatch.setattr(operation, "STAGED_IN_PLACE_BYTES", 0)
+        monkeypatch.setattr(InputBackup, "restore", lambda self: None)
+    else:
+        # Small ones reduce into scratch memory and touch the caller's array only on success.
+        real_ring = operation.AllReduceService._ring
+
+        async def touching(self: Any, plan: Any, *args: Any) -> Any:
+            try:
+                return await real_ring(self, plan, *args)
+            finally:  # as if the output were the caller's array: success overwrites it anyway
+                plan.send.view(np.uint8)[:1] ^= 0xFF
+
+        monkeypatch.setattr(operation.AllReduceService, "_ring", touching)
     for seed in range(8):
         trace = _run(seed)
         if _kinds(trace)["all_reduce_aborted"]:
