@@ -493,7 +493,10 @@ class Communicator:
         self._raise_if_unusable()
         assert self._master is not None
         try:
-            if self._master.send_nowait(msg):  # written at once (see FramedConnection.send_nowait)
+            # Cancellation before anything is written sends nothing; once the message went out
+            # (send_nowait), flush() finishes it and never raises Cancelled for a whole frame.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            if self._master.send_nowait(msg):
                 await self._master.flush()
             else:
                 await self._master.send(msg)

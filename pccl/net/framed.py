@@ -172,9 +172,13 @@ class FramedConnection:
         return self._unsent is not None
 
     async def flush(self) -> None:
-        """Send what :meth:`send_nowait` left over (a no-op if nothing); errors as for :meth:`send`."""
+        """Send what :meth:`send_nowait` left over; errors as for :meth:`send`.
+
+        The frame is already partly on the wire, so cancellation here aborts the connection
+        (as cancelling :meth:`send` midway does).  With nothing left over this is a schedule
+        point that never raises ``Cancelled`` (the message went out)."""
         if self._unsent is None:
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
             return
         await self._send_frame((), payload_bytes=0, count=False)
 
@@ -211,7 +215,9 @@ class FramedConnection:
             # idle one has none); a pending cancel must surface now, while nothing is written
             # and the connection is intact, not at send_all's first check, where it would
             # count as a torn frame.  Nothing yields between this check and send_all's own.
-            await trio.lowlevel.checkpoint_if_cancelled()
+            # (A frame send_nowait began is torn already if it is not finished: no check.)
+            if self._unsent is None:
+                await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 if self._unsent is not None:  # a frame send_nowait began comes first
                     await self._stream.send_all(self._unsent)
