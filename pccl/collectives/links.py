@@ -120,8 +120,9 @@ class Inbox:
         self._reading = False
         #: Trio tasks waiting for the read role or for a parked header to change.
         self._trio_waiters: list[trio.Event] = []
-        self._token = trio.lowlevel.current_trio_token()
         self.channel: BlockingDataChannel | None = connection.blocking_channel()
+        # Threads wake Trio readers through the run's token (only lanes with threads need it).
+        self._token = trio.lowlevel.current_trio_token() if self.channel is not None else None
         registry.add_listener(self.wake_threads)
 
     def wake_threads(self) -> None:
@@ -136,7 +137,7 @@ class Inbox:
 
     def _wake_from_thread(self) -> None:
         """Worker-thread side of :meth:`wake_threads` for the Trio waiters (call with _cond held)."""
-        if self._trio_waiters:
+        if self._trio_waiters and self._token is not None:
             waiters, self._trio_waiters = self._trio_waiters, []
             try:
                 self._token.run_sync_soon(_set_all, waiters)

@@ -550,6 +550,9 @@ class AllReduceService:
         if backup is not None:
             backup.restore()
         comm._stats["collectives_aborted"] += 1
+        # An abort leaves the group's ring stale until it is re-wired: starting the next ops
+        # early on it would only send frames nobody will take.
+        self._reserved.clear()
         if state.master_lost:
             comm._raise_if_unusable()
             raise MasterUnreachable("lost the master during the all-reduce")
