@@ -369,6 +369,26 @@ class _RingOp:
                     await self.runner.run(nbytes * 4, self._apply_gathered, frame)
                 self.ready[(frame.step, frame.index)].set()
 
+    def _destination(self, frame: Frame, stage: np.ndarray) -> memoryview:
+        """Where frame ``frame``'s payload is received, for the lane threads and the inline path
+        (any thread): ``stage`` in the reduce-scatter, the gather store when quantized, else the
+        output slice itself (saved first, in place).  :meth:`_received` processes it then."""
+        bufs = self.bufs
+        if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
+            return memoryview(stage[: self._frame_nbytes(frame)])
+        if bufs.quantized:
+            return memoryview(self._gather_segment(frame))
+        if self.backup is not None and not self.backup.is_saved(frame.start):
+            self.backup.save(frame.start, frame.stop)
+        return memoryview(_as_bytes(bufs.dst[frame.start : frame.stop]))
+
+    def _received(self, frame: Frame, stage: np.ndarray) -> None:
+        """Process a frame received into :meth:`_destination` (any thread)."""
+        if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
+            self._reduce_frame(frame, stage[: self._frame_nbytes(frame)])
+        elif self.bufs.quantized:
+            self._apply_gathered(frame)
+
     def _reduce_frame(self, frame: Frame, payload: np.ndarray) -> None:
         """Reduce-scatter: fold a received partial result into the accumulator (worker thread)."""
         bufs = self.bufs

@@ -39,7 +39,7 @@ import outcome
 import trio
 
 from ..net.blocking import ThreadCancel
-from ..protocol.ring import Frame, Phase
+from ..protocol.ring import Frame
 
 if TYPE_CHECKING:
     from .allreduce import _RingOp
@@ -130,25 +130,11 @@ class InlineRing:
 
     async def _receive(self, lane: int, frame: Frame, stage: np.ndarray) -> None:
         op = self.op
-        bufs = op.bufs
-        nbytes = op._frame_nbytes(frame)
-        reduce_scatter = op.schedule.phase(frame.step) is Phase.REDUCE_SCATTER
-        if reduce_scatter:
-            destination = memoryview(stage[:nbytes])
-        elif bufs.quantized:
-            destination = memoryview(op._gather_segment(frame))
-        else:
-            if op.backup is not None and not op.backup.is_saved(frame.start):
-                op.backup.save(frame.start, frame.stop)
-            destination = memoryview(bufs.dst[frame.start : frame.stop].view(np.uint8))
         op.rx_bytes += await op.links.inboxes[lane].receive_into(
-            seq=op.seq, stream=frame.index, step=frame.step, offset=frame.start * bufs.itemsize,
-            destination=destination,
+            seq=op.seq, stream=frame.index, step=frame.step, offset=frame.start * op.bufs.itemsize,
+            destination=op._destination(frame, stage),
         )
-        if reduce_scatter:
-            op._reduce_frame(frame, stage[:nbytes])
-        elif bufs.quantized:
-            op._apply_gathered(frame)
+        op._received(frame, stage)
 
     # --- sending (never blocks this task) -----------------------------------------------------
 

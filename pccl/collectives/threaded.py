@@ -41,7 +41,6 @@ import trio
 
 from ..errors import StreamClosed
 from ..net.blocking import Interrupted, ThreadCancel
-from ..protocol.ring import Phase
 
 if TYPE_CHECKING:
     from .allreduce import _RingOp
@@ -227,28 +226,15 @@ class LaneThreads:
         received = 0
         try:
             for frame in op.schedule.recv_frames(lane, op.lanes):
-                nbytes = op._frame_nbytes(frame)
-                reduce_scatter = op.schedule.phase(frame.step) is Phase.REDUCE_SCATTER
-                if reduce_scatter:
-                    destination = memoryview(stage[:nbytes])
-                elif bufs.quantized:
-                    destination = memoryview(op._gather_segment(frame))
-                else:
-                    if op.backup is not None and not op.backup.is_saved(frame.start):
-                        op.backup.save(frame.start, frame.stop)
-                    destination = memoryview(bufs.dst[frame.start : frame.stop].view(np.uint8))
                 received += inbox.receive_blocking(
                     seq=op.seq,
                     stream=frame.index,
                     step=frame.step,
                     offset=frame.start * bufs.itemsize,
-                    destination=destination,
+                    destination=op._destination(frame, stage),
                     cancel=self.cancel,
                 )
-                if reduce_scatter:
-                    op._reduce_frame(frame, stage[:nbytes])
-                elif bufs.quantized:
-                    op._apply_gathered(frame)
+                op._received(frame, stage)
                 self._mark_ready((frame.step, frame.index))
         finally:
             with self._lock:

@@ -15,26 +15,15 @@ import trio
 import pccl
 from pccl.config import Config
 from pccl.net import tcp
-from pccl.net.framed import accept_framed, open_framed
-from pccl.net.tcp import TcpNetwork
 from pccl.protocol import messages as m
+
+from tcp_pairs import framed_tcp_pair
 
 CONFIG = Config()
 
 
 async def _pair() -> tuple[Any, Any]:
-    network = TcpNetwork(CONFIG)
-    listener = await network.listen("127.0.0.1:0")
-    accepted = []
-
-    async def accept() -> None:
-        accepted.append(await accept_framed(await listener.accept(), config=CONFIG))
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(accept)
-        dialed = await open_framed(network, listener.address, config=CONFIG)
-    await listener.aclose()
-    return dialed, accepted[0]
+    return await framed_tcp_pair(CONFIG)
 
 
 def _cut_short(monkeypatch: pytest.MonkeyPatch, taken: int) -> None:

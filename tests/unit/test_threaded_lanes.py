@@ -20,28 +20,18 @@ from pccl.collectives import RingLinks, ring_all_reduce
 from pccl.config import Config
 from pccl.errors import StreamClosed
 from pccl.net.blocking import Interrupted, ThreadCancel
-from pccl.net.framed import accept_framed, open_framed
-from pccl.net.tcp import TcpNetwork
 from pccl.protocol.codec import DataHeader
 from pccl.types import ReduceOp
+
+from tcp_pairs import framed_tcp_pair
 
 CONFIG = Config()
 
 
 async def tcp_pair() -> tuple[RingLinks, RingLinks]:
     """Two peers, one lane each way (with two peers each connection carries both directions)."""
-    network = TcpNetwork(CONFIG)
-    listener = await network.listen("127.0.0.1:0")
-    accepted = []
-
-    async def accept() -> None:
-        accepted.append(await accept_framed(await listener.accept(), config=CONFIG))
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(accept)
-        dialed = await open_framed(network, listener.address, config=CONFIG)
-    await listener.aclose()
-    return RingLinks([dialed], [dialed]), RingLinks([accepted[0]], [accepted[0]])
+    dialed, accepted = await framed_tcp_pair(CONFIG)
+    return RingLinks([dialed], [dialed]), RingLinks([accepted], [accepted])
 
 
 async def both(a: RingLinks, b: RingLinks, bufs: list[np.ndarray], seq: int) -> None:
