@@ -81,9 +81,6 @@ class CommunicatorStatistics:
     retries: int
     tx_bytes: int
     rx_bytes: int
-    #: All-reduce attempts whose ring started before the master's Commence, on the seq it had
-    #: set aside for the tag (the same tag and parameters as the previous op on the same ring).
-    collectives_started_early: int = 0
 
 
 class _Waiter(Generic[_T]):
@@ -271,8 +268,7 @@ class Communicator:
         self._routes: dict[int, CollectiveRoute] = {}
         self._shared = SharedStateService(self)
         self._stats = dict.fromkeys(("topology_updates", "p2p_rounds", "collectives_completed",
-                                     "collectives_aborted", "retries", "tx_bytes", "rx_bytes",
-                                     "collectives_started_early"), 0)
+                                     "collectives_aborted", "retries", "tx_bytes", "rx_bytes"), 0)
         self._all_reduce = AllReduceService(self)
 
     # --- attributes (accepted peers only; identical on every peer after each change) -----------

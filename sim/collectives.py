@@ -13,9 +13,7 @@ function, so the checker can rebuild every participant's input.  Trace events (p
 :class:`AllReduceAgreement` (**safety**) reads which op each call became off the wire: the
 ``CollectiveCommence(tag, seq, ring)`` a host receives while its call ``k`` runs binds
 ``(peer, k)`` to ``seq`` (causally: the master commences only after every participant's Init,
-which follows its ``all_reduce_call``), and so does the ``CollectiveDone(tag, seq)`` it sends
-while the call runs (a call started early may report, and die, before its Commence arrives;
-its bytes still count).  Then, for every peer that completed an op:
+which follows its ``all_reduce_call``).  Then, for every peer that completed an op:
 
 * its ``ring`` and ``world_size`` are exactly the op's participants (the Commence ring);
 * its result is bit-identical to every other completer's of the same ``seq`` (with and without
@@ -158,7 +156,7 @@ class AllReduceAgreement(Checker):
     def attach(self, sim: Simulation) -> None:
         if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
             raise RuntimeError("AllReduceAgreement needs the wire (Scenario.sniff)")
-        sim.tap.watch(lambda *args: self._wire(*args), names=("Welcome", "CollectiveCommence", "CollectiveDone"))
+        sim.tap.watch(lambda *args: self._wire(*args), names=("Welcome", "CollectiveCommence"))
 
     def _fail(self, sim: Simulation, message: str) -> None:
         if not self.failed:
@@ -166,7 +164,7 @@ class AllReduceAgreement(Checker):
             sim.fail("safety", message, self.name)
 
     def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
-        if msg is None or direction != ("send" if name == "CollectiveDone" else "recv"):
+        if direction != "recv" or msg is None:
             return
         if name == "Welcome":
             self.peer_of_host[host] = msg.peer_id
@@ -177,8 +175,7 @@ class AllReduceAgreement(Checker):
         pid = self.peer_of_host[host]
         op = (self.epoch, msg.seq)
         self.calls.setdefault(op, {})[pid] = (msg.tag, k)
-        if name == "CollectiveCommence":
-            self.rings[op] = tuple(msg.ring)
+        self.rings[op] = tuple(msg.ring)
         self.seq_of[(pid, msg.tag, k)] = op
 
     def on_event(self, sim: Simulation, event: TraceEvent) -> None:

@@ -12,14 +12,6 @@
    ``TooFewPeers`` (the buffer is untouched), ``STALE_RING`` (a member left or an op aborted
    since the ring was wired) re-wires the group — once no other all-reduce of this peer holds a
    tag, because the master refuses topology votes with collectives in flight — and votes again.
-   **Early start.**  Every ``Commence`` carries ``next_seq``, a seq the master sets aside for
-   the next op of the group on the same tag.  When this peer's next op on the tag has the same
-   parameters and the ring has not been re-wired since, its ring starts right after the Init,
-   on that seq, while the master's answer is awaited alongside (one master round trip less per
-   op): a ``Commence`` then just confirms it (and arms the watchdog), a rejection cancels the
-   ring and restores the input.  A peer whose parameters changed does not start early; frames
-   that others sent it early are discarded, because every vote uses the set-aside seq up and
-   this peer retires it when its op ends.
 2. **Ring.**  :func:`~pccl.collectives.allreduce.ring_all_reduce` runs in its own cancel scope
    over the current round's lanes.  Meanwhile the tag's messages are intercepted synchronously
    by the task that reads the master connection (``CollectiveRoute.intercept``) — the master's
@@ -29,9 +21,8 @@
    peers, a wedged process).  A stalled or dead peer is otherwise removed by the master's
    heartbeat timeout, which aborts the op.  No task is spawned per op: for a small all-reduce a
    nursery with a listener and a watchdog cost more than a tenth of the whole call.
-3. **Settle.**  ``Done(seq, aborted)`` goes to the master — after an early start as soon as the
-   ring ends, even before the ``Commence`` (the master holds it with the vote) — which answers
-   every participant with exactly one ``Complete(seq)`` or ``Abort(seq)``.  The in-place input backup is kept until
+3. **Settle.**  ``Done(seq, aborted)`` goes to the master, which answers every participant with
+   exactly one ``Complete(seq)`` or ``Abort(seq)``.  The in-place input backup is kept until
    then, so an ``Abort`` that arrives after this peer finished its ring still restores the input.
 
 Outcome: ``ReduceInfo(world_size=len(ring), tx_bytes, rx_bytes)`` on ``Complete``; otherwise
@@ -64,7 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -150,11 +141,6 @@ class _Settlement:
     """How one commenced op went here: this peer's ring, and the master's final word."""
 
     def __init__(self) -> None:
-        #: Whether the master commenced the op (an early start runs before it has).
-        self.commenced = False
-        self.answered = trio.Event()  # the Commence (or a rejection) arrived
-        self.rejection: m.CollectiveRejected | None = None
-        self.next_seq = 0
         self.final: m.CollectiveComplete | m.CollectiveAbort | None = None
         self.master_lost = False
         self.stalled = False
@@ -167,16 +153,6 @@ class _Settlement:
 
 class _StaleRing(Exception):
     """Internal: the master answered STALE_RING; re-wire and vote again."""
-
-
-class _Unanswered(Exception):
-    """Internal: an op started early ended on this peer before the master answered its vote;
-    ``error`` is what the caller gets (``Cancelled``, or the failure)."""
-
-    def __init__(self, error: BaseException, *, reported: bool) -> None:
-        super().__init__(repr(error))
-        self.error = error
-        self.reported = reported  # whether its Done went out already
 
 
 class AllReduceService:
@@ -193,9 +169,6 @@ class AllReduceService:
         self._holding = 0  # attempts of this service that hold a tag route
         self._holding_changed = trio.Event()
         self._watches: set[_Watch] = set()
-        #: tag -> (round's links, seq the master set aside for the next op on the tag, the Init of
-        #: the op whose Commence announced it): lets that next op start its ring early.
-        self._reserved: dict[int, tuple[P2PLinks, int, m.CollectiveInit]] = {}
         self._watch_added = trio.Event()
         self._watchdog_started = False
 
@@ -321,15 +294,8 @@ class AllReduceService:
         route = comm._collective_route(plan.tag)
         self._hold()
         keep_route = False
-        # A seq set aside for this tag is used up by this vote, whatever becomes of it.
-        reserved = self._reserved.pop(plan.tag, None)
-        early = reserved is not None and reserved[0] is comm.p2p and reserved[2] == plan.init
         try:
             await self._tell_master(plan.init)
-            if early:
-                assert reserved is not None
-                comm._stats["collectives_started_early"] += 1
-                return await self._run(plan, reserved[1], comm.p2p.ring, route, commenced=False)
             try:
                 answer = await self._await_answer(route.inbox)
             except trio.Cancelled:
@@ -339,17 +305,8 @@ class AllReduceService:
                 raise
             if isinstance(answer, m.CollectiveRejected):
                 raise self._rejection(plan, answer)
-            return await self._run(plan, answer.seq, tuple(answer.ring), route, commenced=True,
-                                   next_seq=answer.next_seq)
-        except _Unanswered as exc:
-            # Cancelled (or the ring failed) before the master answered an early start: the
-            # Init stands there and the others may commence without us.  Leave a task behind to
-            # report the abort then (and to release the tag).
-            keep_route = self._abandon(plan.tag, route.inbox, report=not exc.reported)
-            raise exc.error from None
+            return await self._run(plan, answer, route)
         finally:
-            if reserved is not None:
-                self.registry.retire(reserved[1])  # frames sent early under it are discarded
             if not keep_route:
                 self._release(plan.tag)
 
@@ -382,22 +339,18 @@ class AllReduceService:
             return InvalidUsage(f"all-reduce tag {plan.tag} is already in flight{detail}")
         return InvalidUsage(f"the peers' all-reduce parameters for tag {plan.tag} disagree{detail}")
 
-    def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], *, report: bool = True) -> bool:
-        """Start the task that settles a vote whose caller was cancelled; True if it runs.
-        ``report=False``: this peer's Done went out already (an early start)."""
+    def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message]) -> bool:
+        """Start the task that settles a vote whose caller was cancelled; True if it runs."""
         try:
-            self._comm._nursery.start_soon(self._settle_abandoned, tag, inbox, report)
+            self._comm._nursery.start_soon(self._settle_abandoned, tag, inbox)
         except RuntimeError:  # the communicator is shutting down: nobody will commence anything
             return False
         return True
 
-    async def _settle_abandoned(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], report: bool) -> None:
+    async def _settle_abandoned(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message]) -> None:
         try:
             async for msg in inbox:
                 if isinstance(msg, m.CollectiveRejected):
-                    return
-                if isinstance(msg, m.CollectiveCommence) and not report:
-                    self.registry.retire(msg.seq)
                     return
                 if isinstance(msg, m.CollectiveCommence):
                     log.info("peer %x: reporting the abort of cancelled all-reduce tag %d seq %d",
@@ -431,11 +384,9 @@ class AllReduceService:
 
     # --- a commenced op -----------------------------------------------------------------------
 
-    async def _run(self, plan: _Plan, seq: int, ring: tuple[int, ...], route: CollectiveRoute, *,
-                   commenced: bool, next_seq: int = 0) -> ReduceInfo:
-        """Run op ``seq`` on ``ring`` and settle it.  ``commenced=False``: an early start on the
-        seq the master set aside, before its answer to the vote (which is awaited alongside)."""
+    async def _run(self, plan: _Plan, commence: m.CollectiveCommence, route: CollectiveRoute) -> ReduceInfo:
         comm = self._comm
+        seq, ring = commence.seq, tuple(commence.ring)
         backup: InputBackup | None = None
         staged: np.ndarray | None = None  # a small in-place op's output until it completes
         storage: np.ndarray | None = None
@@ -445,31 +396,22 @@ class AllReduceService:
         elif plan.in_place:
             backup = InputBackup(plan.send)
         state = _Settlement()
-        state.commenced, state.next_seq = commenced, next_seq
-        if commenced:
-            self._remember(plan, seq, ring, state)
         try:
             try:
                 await self._ring_and_settle(plan, seq, ring, backup, staged, route, state)
-            except BaseException as exc:
+            except BaseException:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
                 if backup is not None:
                     backup.restore()
-                comm._stats["collectives_aborted"] += 1
-                if not state.commenced and state.rejection is None and not state.master_lost:
-                    raise _Unanswered(exc, reported=state.done_sent) from None
-                if not state.done_sent and state.final is None and not state.master_lost and state.commenced:
+                if not state.done_sent and state.final is None and not state.master_lost:
                     try:
                         await self._tell_master(m.CollectiveDone(plan.tag, seq, aborted=True))
                     except PCCLError:
                         pass  # already failing; the caller sees the original exception
+                comm._stats["collectives_aborted"] += 1
                 raise
             finally:
                 self.registry.retire(seq)  # frames of this seq still in flight are discarded
-            if state.rejection is not None:
-                if backup is not None:
-                    backup.restore()
-                raise self._rejection(plan, state.rejection)
             return self._outcome(plan, seq, ring, state, backup, staged)
         finally:
             if backup is not None:
@@ -477,34 +419,19 @@ class AllReduceService:
             if storage is not None:
                 SCRATCH.give(storage)
 
-    def _remember(self, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement) -> None:
-        """Keep the seq the master set aside for the next op on this tag (from the Commence)."""
-        p2p = self._comm.p2p
-        if state.next_seq and ring == p2p.ring:
-            self._reserved[plan.tag] = (p2p, state.next_seq, plan.init)
-
     async def _ring_and_settle(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
                                staged: np.ndarray | None, route: CollectiveRoute, state: _Settlement) -> None:
         """Run the ring, report Done, wait for the master's final word.
 
         The tag's messages are intercepted meanwhile (:meth:`_intercept`, run synchronously by
-        the task reading the master connection): an ``Abort`` (or a rejection of an early
-        start) cancels the ring at once.  No task is spawned per op; the transfer watchdog is
-        the service's shared one, and watches the ring once the op is commenced (an early
-        start may wait for slower peers to reach their vote).
+        the task reading the master connection): an ``Abort`` cancels the ring at once.  No
+        task is spawned per op; the transfer watchdog is the service's shared one.
         """
         ring_scope = trio.CancelScope()
-        watch: list[_Watch] = []
-
-        def commenced() -> None:
-            watch.append(self._watch(self._comm.p2p, state, ring_scope))
-
-        route.intercept = lambda msg: self._intercept(msg, plan, seq, ring, state, ring_scope, commenced)
+        route.intercept = lambda msg: self._intercept(msg, plan.tag, seq, state, ring_scope)
         try:
-            if state.commenced:
-                commenced()
-            # Messages that arrived before now (an Abort already, say).
-            while state.final is None and not state.master_lost and state.rejection is None:
+            # Messages that arrived between the Commence and now (an Abort already, say).
+            while state.final is None and not state.master_lost:
                 try:
                     route.intercept(route.inbox.receive_nowait())
                 except trio.WouldBlock:
@@ -513,26 +440,20 @@ class AllReduceService:
                     route.intercept(None)
             with ring_scope:
                 try:
-                    state.traffic = await self._ring(plan, seq, ring, backup, staged)
+                    state.traffic = await self._ring(plan, seq, ring, backup, staged, state, ring_scope)
                 except PCCLError as exc:
                     state.local_error = exc
             if state.stalled and state.local_error is None:
                 state.local_error = PeerDisconnected(
                     f"no data moved on the ring connections for {self._comm._config.peer_timeout:g} s")
-            if state.final is None and not state.master_lost and state.rejection is None:
-                # Before the Commence, too (an early start): the master holds the report with the
-                # vote, so the Commence and the final word can come back together.
+            if state.final is None and not state.master_lost:
                 ok = state.traffic is not None and state.local_error is None
                 await self._tell_master(m.CollectiveDone(plan.tag, seq, aborted=not ok))
                 state.done_sent = True
-                if not state.commenced:
-                    await state.answered.wait()
-                if ok and state.rejection is None:
+                if ok:
                     await state.settled.wait()
         finally:
             route.intercept = None
-            for w in watch:
-                self._watches.discard(w)
 
     def _outcome(self, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement,
                  backup: InputBackup | None, staged: np.ndarray | None) -> ReduceInfo:
@@ -550,9 +471,6 @@ class AllReduceService:
         if backup is not None:
             backup.restore()
         comm._stats["collectives_aborted"] += 1
-        # An abort leaves the group's ring stale until it is re-wired: starting the next ops
-        # early on it would only send frames nobody will take.
-        self._reserved.clear()
         if state.master_lost:
             comm._raise_if_unusable()
             raise MasterUnreachable("lost the master during the all-reduce")
@@ -562,43 +480,19 @@ class AllReduceService:
         log.info("peer %x: all-reduce tag %d seq %d aborted: %s", comm.peer_id, plan.tag, seq, why)
         raise CollectiveAborted(f"all-reduce tag {plan.tag} (seq {seq}) aborted: {why}") from local_error
 
-    def _intercept(self, msg: m.Message | None, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement,
-                   ring_scope: trio.CancelScope, commenced: Callable[[], None]) -> None:
-        """Take the master's answer to an early start, and its final word on ``seq``
-        (``None``: the communicator failed); an Abort, a rejection or losing the master cancels
-        the ring at once."""
+    @staticmethod
+    def _intercept(msg: m.Message | None, tag: int, seq: int, state: _Settlement, ring_scope: trio.CancelScope) -> None:
+        """Take the master's final word on ``seq`` (``None``: the communicator failed); an
+        Abort, or losing the master, cancels the ring at once."""
         if state.settled.is_set():
             return
         if msg is None:
             state.master_lost = True  # the route closed: the communicator failed
             ring_scope.cancel()
-            state.answered.set()
             state.settled.set()
             return
-        if not state.commenced and isinstance(msg, m.CollectiveRejected):
-            state.rejection = msg
-            ring_scope.cancel()
-            state.answered.set()
-            state.settled.set()
-            return
-        if not state.commenced and isinstance(msg, m.CollectiveCommence):
-            if msg.seq != seq or tuple(msg.ring) != ring:
-                # The master did not use the seq it set aside: it is broken.
-                self._comm._fail(ProtocolError(
-                    f"the master commenced tag {plan.tag} as seq {msg.seq} on ring {list(msg.ring)}; it had set "
-                    f"aside seq {seq} for ring {list(ring)}"))
-                state.master_lost = True
-                ring_scope.cancel()
-                state.answered.set()
-                state.settled.set()
-                return
-            state.commenced, state.next_seq = True, msg.next_seq
-            self._remember(plan, seq, ring, state)
-            commenced()
-            state.answered.set()
-            return
-        if not isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)) or msg.seq != seq or not state.commenced:
-            log.debug("ignoring %s for tag %d during seq %d", type(msg).__name__, plan.tag, seq)
+        if not isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)) or msg.seq != seq:
+            log.debug("ignoring %s for tag %d during seq %d", type(msg).__name__, tag, seq)
             return
         state.final = msg
         if isinstance(msg, m.CollectiveAbort):
@@ -606,18 +500,22 @@ class AllReduceService:
         state.settled.set()
 
     async def _ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
-                    staged: np.ndarray | None) -> tuple[int, int]:
+                    staged: np.ndarray | None, state: _Settlement, ring_scope: trio.CancelScope) -> tuple[int, int]:
         comm = self._comm
         p2p = comm.p2p
         if comm.peer_id not in ring or ring != p2p.ring:
             raise ProtocolError(f"the master commenced seq {seq} on ring {[f'{p:x}' for p in ring]}, but this "
                                 f"peer is wired for {[f'{p:x}' for p in p2p.ring]}")
-        links = await self._links(p2p)
-        return await ring_all_reduce(
-            plan.send, plan.recv if staged is None else staged, op=plan.op, links=links,
-            rank=ring.index(comm.peer_id), world=len(ring),
-            seq=seq, quantization=plan.quantization, backup=backup, runner=self._runner,
-        )
+        watch = self._watch(p2p, state, ring_scope)
+        try:
+            links = await self._links(p2p)
+            return await ring_all_reduce(
+                plan.send, plan.recv if staged is None else staged, op=plan.op, links=links,
+                rank=ring.index(comm.peer_id), world=len(ring),
+                seq=seq, quantization=plan.quantization, backup=backup, runner=self._runner,
+            )
+        finally:
+            self._watches.discard(watch)
 
     async def _links(self, p2p: P2PLinks) -> RingLinks:
         """The ring links of ``p2p``'s round, built once per round (one Inbox per connection)."""
@@ -641,9 +539,7 @@ class AllReduceService:
         whole ring.  If the communicator is shutting down no watchdog starts: the op fails
         with the communicator anyway.
         """
-        # The byte count is first read by the watchdog's next check (reading the connections'
-        # statistics per op costs a small op a noticeable share of its time).
-        watch = _Watch(p2p, state, ring_scope, -1, trio.current_time())
+        watch = _Watch(p2p, state, ring_scope, _bytes_moved(p2p), trio.current_time())
         self._watches.add(watch)
         if not self._watchdog_started:
             try:
@@ -659,8 +555,7 @@ class AllReduceService:
         """Cancel a ring when nothing moved on its round's connections for ``peer_timeout``.
 
         Checks every ``peer_timeout / _WATCHDOG_CHECKS`` while rings run, so a stall is caught
-        within ``peer_timeout`` plus two periods (a new ring is counted from the first check after it
-        starts); parks while none runs.  Counters advance per
+        within ``peer_timeout`` plus one period; parks while none runs.  Counters advance per
         completed frame, so a single sub-chunk (≤ 4 MiB by default) must cross a link within
         ``peer_timeout``.  Runs until the communicator's nursery is cancelled.
         """

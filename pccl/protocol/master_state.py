@@ -40,13 +40,7 @@ collectives of a stale group are rejected with ``STALE_RING`` until a round re-w
 Collectives (per group, per tag).  Every accepted peer of the group sends ``CollectiveInit``;
 at consensus: stale ring → ``STALE_RING``; parameters differ → ``PARAMETER_MISMATCH``; fewer than
 two voters → ``TOO_FEW_PEERS`` (each a ``CollectiveRejected`` to every voter); otherwise
-``CollectiveCommence(tag, seq, ring, next_seq)``.  ``seq`` is the one set aside for this
-(group, tag) by the previous Commence on it (``next_seq``), if the group's ring has not been
-re-wired since, else a new global one; ``next_seq`` is a new global seq set aside for the next op
-on the tag (any vote on the tag uses up what was set aside), so peers can start that op's ring
-without waiting for its Commence — and report ``CollectiveDone`` on that seq before it, too
-(held with the vote and counted when the op commences; a vote that is refused drops them).  At most ``MAX_RESERVED_SEQS`` seqs are set aside at once (a
-program that uses a new tag for every op gets ``next_seq = 0`` once that many are out).  A peer that reuses a tag it
+``CollectiveCommence(tag, seq, ring)`` with a new global ``seq``.  A peer that reuses a tag it
 already voted (or that is running) gets ``TAG_IN_USE`` alone.  Each participant then sends
 ``CollectiveDone(tag, seq, aborted)``.  Exactly one final message per (op, live participant):
 ``CollectiveAbort`` as soon as one reports ``aborted`` or a participant that has not reported
@@ -237,8 +231,6 @@ class TopologyVote(enum.Enum):
     REWIRE = "rewire"  # re-wire own group only
 
 
-#: Most seqs set aside for next ops at once (``CollectiveCommence.next_seq``), over all groups.
-MAX_RESERVED_SEQS = 4096
 #: Round scope key of the global (accepting) round; group rounds use the group number (≥ 0).
 GLOBAL_SCOPE = -1
 
@@ -281,9 +273,6 @@ class _Op:
     seq: int | None = None  # set once commenced
     participants: tuple[int, ...] = ()
     done: set[int] = dataclasses.field(default_factory=set)
-    #: Voting phase: Done reports on the seq set aside for this op (peers that started early and
-    #: finished before the vote did), peer -> aborted.
-    early_done: dict[int, bool] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,8 +378,6 @@ class MasterState:
         self._rings: dict[int, tuple[int, ...]] = {}  # group -> established ring
         self._stale_groups: set[int] = set()
         self._ops: dict[tuple[int, int], _Op] = {}  # (group, tag)
-        #: (group, tag) -> seq set aside for the next op on it (CollectiveCommence.next_seq).
-        self._reserved: dict[tuple[int, int], int] = {}
         self._next_round = 1
         self._next_seq = 1
         self._syncs: dict[int, _Sync] = {}  # group -> sync in progress
@@ -565,14 +552,7 @@ class MasterState:
     def _on_CollectiveDone(self, peer: _Peer, msg: m.CollectiveDone) -> None:
         if msg.seq >= self._next_seq:
             raise _PeerFault(KickReason.PROTOCOL_ERROR, f"collective done for seq {msg.seq}, never commenced")
-        key = (peer.group, msg.tag)
-        op = self._ops.get(key)
-        if op is not None and op.seq is None and peer.peer_id in op.inits and msg.seq == self._reserved.get(key):
-            # An early start finished before the vote: counted once the op commences.
-            if peer.peer_id in op.early_done:
-                raise _PeerFault(KickReason.OUT_OF_PHASE, f"second done for collective tag {msg.tag}")
-            op.early_done[peer.peer_id] = msg.aborted
-            return
+        op = self._ops.get((peer.group, msg.tag))
         if op is None or op.seq != msg.seq or peer.peer_id not in op.participants:
             log.debug("ignoring late done of peer %x for tag %d seq %d", peer.peer_id, msg.tag, msg.seq)
             return
@@ -861,15 +841,12 @@ class MasterState:
         for g in groups:
             self._rings[g] = build_ring(p.peer_id for p in self._accepted(g))
             self._stale_groups.discard(g)
-        # Seqs set aside were for the old rings' connections.
-        self._reserved = {key: seq for key, seq in self._reserved.items() if key[0] not in groups}
         if rnd.scope == GLOBAL_SCOPE:  # forget groups that have no members any more
             alive = {p.group for p in self._accepted()}
             for g in list(self._rings):
                 if g not in alive:
                     del self._rings[g]
             self._stale_groups &= alive
-            self._reserved = {key: seq for key, seq in self._reserved.items() if key[0] in alive}
         for pid in live:
             p = self._peer(pid)
             self._send(p, self._topology_complete(rnd.round_id, p.group))
@@ -914,33 +891,18 @@ class MasterState:
         if not all(p.peer_id in op.inits for p in voters):
             return False
         del self._ops[key]
-        reserved = self._reserved.pop(key, None)
         code, detail = self._reject_reason(op)
         if code is not None:
             for p in voters:
                 self._send(p, m.CollectiveRejected(op.tag, code, detail))
             return True
-        op.seq = reserved if reserved is not None else self._take_seq()
-        next_seq = 0
-        if reserved is not None or len(self._reserved) < MAX_RESERVED_SEQS:
-            next_seq = self._reserved[key] = self._take_seq()
+        op.seq = self._next_seq
+        self._next_seq += 1
         op.participants = self._rings[op.group]
         self._ops[key] = op
         for pid in op.participants:
-            self._send(self._peer(pid), m.CollectiveCommence(op.tag, op.seq, op.participants, next_seq))
-        if op.seq == reserved and op.early_done:
-            failed = [pid for pid, aborted in op.early_done.items() if aborted]
-            if failed:
-                self._abort(op, f"peer {failed[0]:x} reported failure")
-            else:
-                op.done.update(pid for pid in op.early_done if pid in op.participants)
-        op.early_done = {}
+            self._send(self._peer(pid), m.CollectiveCommence(op.tag, op.seq, op.participants))
         return True
-
-    def _take_seq(self) -> int:
-        seq = self._next_seq
-        self._next_seq += 1
-        return seq
 
     def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
         params = {pid: (i.count, i.dtype, i.op, i.quant_kind, i.quant_dtype) for pid, i in op.inits.items()}

@@ -193,16 +193,11 @@ class CollectiveInit(Message, tag=50):
 
 
 class CollectiveCommence(Message, tag=51):
-    """Master → participant: run it; ``seq`` is global and unique, ``ring`` the participants.
-
-    ``next_seq`` (0: none) is the seq the master has set aside for the next op of this group on
-    this tag, valid while the group's ring stays as it is: a peer may start that op's ring right
-    after its ``CollectiveInit``, before the ``Commence`` (which then carries that seq)."""
+    """Master → participant: run it; ``seq`` is global and unique, ``ring`` the participants."""
 
     tag: U64
     seq: U64
     ring: tuple[U64, ...]
-    next_seq: U64 = 0
 
 
 class CollectiveDone(Message, tag=52):

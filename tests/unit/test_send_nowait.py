@@ -104,5 +104,4 @@ async def test_master_and_peers_survive_partly_written_votes(monkeypatch: pytest
                             ops.start_soon(lambda c=c, x=x: c.all_reduce(x, tag=3))
                     assert np.array_equal(bufs[0], np.full(1000, 3, np.float32))
                     assert np.array_equal(bufs[1], bufs[0])
-                assert c1.statistics().collectives_started_early == 4
                 done.set()
