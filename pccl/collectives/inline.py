@@ -167,6 +167,10 @@ class InlineRing:
             with queue.lock:
                 queue.jobs.clear()
                 queue.busy = False
+            abandon = getattr(job, "abandon", None)
+            if abandon is not None:  # it holds the lane's send lock, maybe mid-frame
+                abandon()
+                channel.connection.abort()
             raise
 
     def _drain(self, queue: _LaneSends) -> None:

@@ -12,9 +12,9 @@ demultiplexed by the frame header's ``op_seq`` without copies and without a read
 * A receiving operation takes the lane's *read role* (one reader at a time, a Trio task or a
   worker thread), reads the next data header (a cancellable, resumable read) and, if the header
   is its own, receives the payload straight into its destination while still holding the role.
-* A header of another operation that is running or about to start here is *parked*: the lock is
-  released and the waiting operations are woken; the owner picks it up when it asks for its next
-  frame.  Because each lane carries every operation's frames in the senders' order and the
+* A header of another operation that is running or about to start here is *parked*: the read
+  role is given up and the waiting readers are woken; the owner picks it up when it asks for its
+  next frame.  Because each lane carries every operation's frames in the senders' order and the
   master starts an operation on all peers, the owner will come.
 * A header of an operation that ended here (:meth:`SeqRegistry.retire`, called when an op
   finishes or aborts, and by the communicator for seqs it never started) is a *late frame*: its
@@ -69,13 +69,12 @@ class SeqRegistry:
     def __init__(self) -> None:
         self._retired: set[int] = set()
         self._order: collections.deque[int] = collections.deque()
-        self._changed = trio.Event()
         # Weak: inboxes of torn-down rings must not live as long as the communicator's registry.
         self._listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
 
     def add_listener(self, wake: Callable[[], None]) -> None:
         """Call the bound method ``wake()`` (on the Trio thread) at every change while its
-        object lives: wakes thread-side waiters."""
+        object lives: an Inbox wakes its waiting readers (tasks and threads) this way."""
         self._listeners = [ref for ref in self._listeners if ref() is not None]
         self._listeners.append(weakref.WeakMethod(wake))  # type: ignore[arg-type]
 
@@ -94,17 +93,10 @@ class SeqRegistry:
 
     def notify(self) -> None:
         """Wake every waiter (they re-check their condition)."""
-        self._changed.set()
-        self._changed = trio.Event()
         for ref in self._listeners:
             wake = ref()
             if wake is not None:
                 wake()
-
-    @property
-    def changed(self) -> trio.Event:
-        """An event set at the next change (take it before releasing a lock, then wait)."""
-        return self._changed
 
 
 class Inbox:

@@ -22,6 +22,9 @@ from .framed import _COALESCE_LIMIT, _DISCARD_CHUNK, _READ_AHEAD, FramedConnecti
 
 __all__ = ["BlockingDataChannel"]
 
+#: How often a thread waiting for a connection's send lock checks for cancellation (seconds).
+_LOCK_POLL = 0.05
+
 logger = logging.getLogger(__name__)
 
 
@@ -31,7 +34,9 @@ class BlockingDataChannel:
     The same wire format and the same receive buffer as the connection's async methods, driven
     by blocking calls from worker threads: one thread may send while another receives, and a
     threading lock keeps concurrent senders' frames whole.  Do not use the connection's async
-    data methods while threads use the channel.
+    send methods while threads use the channel (send through :meth:`send_data_soon` from the
+    Trio thread instead); async and thread-side receives may only alternate under an
+    :class:`~pccl.collectives.links.Inbox`'s read role.
 
     Failures mark the connection unusable in that direction (as the async methods do) and raise;
     a transfer torn midway leaves the peer a torn frame, so the caller must then
@@ -58,7 +63,8 @@ class BlockingDataChannel:
         if header.nbytes != view.nbytes:
             raise InvalidArgument(f"data header says {header.nbytes} payload bytes, the payload has {view.nbytes}")
         prefix = codec.encode_data_prefix(header)
-        with self._send_lock:
+        self._acquire(cancel)
+        try:
             if conn._send_broken is not None:
                 raise StreamClosed(f"connection to {conn.remote_address} is unusable: {conn._send_broken}")
             if conn._closed:
@@ -73,10 +79,18 @@ class BlockingDataChannel:
                 except BaseException as exc:
                     conn._send_broken = f"a send was interrupted mid-frame ({type(exc).__name__})"
                     raise
-            stats = conn._stats
-            stats["frames_sent"] += 1
-            stats["bytes_sent"] += len(prefix) + view.nbytes
-            stats["data_bytes_sent"] += view.nbytes
+            self._count_sent(len(prefix) + view.nbytes, view.nbytes)
+        finally:
+            self._send_lock.release()
+
+    def _acquire(self, cancel: ThreadCancel) -> None:
+        """Take the send lock, or raise ``Interrupted`` once ``cancel`` is cancelled meanwhile
+        (another operation's sender may hold it for a long transfer)."""
+        while not self._send_lock.acquire(timeout=_LOCK_POLL):
+            cancel.check()
+        if cancel.cancelled:
+            self._send_lock.release()
+            cancel.check()
 
     def send_data_soon(
         self, header: DataHeader, payload: memoryview, cancel: ThreadCancel
@@ -86,7 +100,9 @@ class BlockingDataChannel:
         Returns ``None`` when the whole frame went out at once.  Otherwise returns the rest of
         the job — finish the frame (or send all of it, if the send lock was busy) — which the
         caller must run in a worker thread, in order with the lane's later frames; until it has
-        run, the connection's send lock may stay held.  Errors as for :meth:`send_data`.
+        run, the connection's send lock may stay held.  A job that will never run must be given
+        up with its ``abandon()`` (if it has one), which releases the lock and marks a begun
+        frame torn (then abort the connection).  Errors as for :meth:`send_data`.
         """
         conn = self.connection
         view = _byte_view(payload, writable=False)
@@ -110,6 +126,12 @@ class BlockingDataChannel:
             self._send_lock.release()
             return None
 
+        def abandon() -> None:
+            # The job will never run (no thread to run it): the frame is torn if it began.
+            if sent:
+                conn._send_broken = "a send was abandoned mid-frame"
+            self._send_lock.release()
+
         def finish() -> None:
             # The lock is still held (a threading.Lock may be released by another thread).
             try:
@@ -127,6 +149,7 @@ class BlockingDataChannel:
             finally:
                 self._send_lock.release()
 
+        finish.abandon = abandon  # type: ignore[attr-defined]
         return finish
 
     def _count_sent(self, frame_bytes: int, payload_bytes: int) -> None:

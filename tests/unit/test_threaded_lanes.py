@@ -256,3 +256,29 @@ def test_cancelling_a_small_op_stops_its_send_worker_and_restores_the_input(monk
             await b.aclose()
 
     trio.run(main)
+
+
+def test_cancelling_a_small_op_whose_send_waits_for_another_ops_lock_returns_promptly() -> None:
+    """A frame that must wait for the lane's send lock (another op's sender thread holds it for a
+    long transfer) is sent by a worker; cancelling the op stops that wait, not only transfers."""
+
+    async def main() -> None:
+        a, b = await tcp_pair()
+        try:
+            channel = a.send_channels[0]
+            x = np.arange(4096, dtype=np.float32)
+            channel._send_lock.acquire()  # as if a large op's sender were mid-frame
+            try:
+                with trio.fail_after(5):
+                    with trio.move_on_after(0.3) as scope:
+                        await ring_all_reduce(x, op=ReduceOp.SUM, links=a, rank=0, world=2, seq=1)
+                assert scope.cancelled_caught
+            finally:
+                channel._send_lock.release()
+            assert np.array_equal(x, np.arange(4096, dtype=np.float32))
+            assert not a.to_next[0].broken  # nothing was written: the lane is intact
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    trio.run(main)
