@@ -32,6 +32,7 @@ import trio
 
 import pccl
 from pccl import CollectiveAborted, Config, InvalidArgument, InvalidUsage, Quantization, ReduceOp, TooFewPeers
+from pccl.protocol import messages as m
 from pccl.collectives.reference import ring_reference
 from pccl.net.base import Listener, Network, Stream
 from pccl.net.tcp import TcpNetwork
@@ -581,6 +582,77 @@ async def test_cancelling_mid_ring_restores_the_input_and_aborts_the_others() ->
         expected = ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM)
         assert all(np.array_equal(b, expected) for b in bufs)
         assert all(c.statistics().retries >= 1 for c in comms)
+
+
+async def test_concurrent_tags_in_different_orders_with_a_sequential_peer() -> None:
+    """Peer 0 runs tags 1 and 2 at once; peer 1 runs 2, then 1.  Tag 1's frames must never hold
+    up tag 2 on peer 1's lane (a design that starts a ring before its Commence did that)."""
+    async with _in_process_group(2) as (master, comms, _):
+        x = [np.full(1000, i + 1, np.float32) for i in range(2)]
+        assert all(isinstance(r, pccl.ReduceInfo) for r in await _all_reduce_all(comms, [a.copy() for a in x], tag=1))
+        out: dict[str, Any] = {}
+
+        async def record(key: str, call: Any) -> None:
+            try:
+                out[key] = await call()
+            except pccl.PCCLError as exc:
+                out[key] = exc
+
+        async def first() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(record, "0:1", lambda: comms[0].all_reduce(x[0].copy(), tag=1))
+                await trio.sleep(0.05)
+                nursery.start_soon(record, "0:2", lambda: comms[0].all_reduce(x[0].copy(), tag=2))
+
+        async def second() -> None:
+            await trio.sleep(0.02)
+            await record("1:2", lambda: comms[1].all_reduce(x[1].copy(), tag=2))
+            await record("1:1", lambda: comms[1].all_reduce(x[1].copy(), tag=1))
+
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(first)
+                nursery.start_soon(second)
+        assert all(isinstance(v, pccl.ReduceInfo) for v in out.values()), out
+
+
+async def test_a_tag_reused_right_after_a_cancelled_call_still_reduces_correctly() -> None:
+    """Peer 0 gives up on tag 1 after its Done went out (peer 1 reports late), calls tag 1 again
+    at once (refused: still in flight at the master), then both go on with tag 1 normally."""
+    async with _in_process_group(2) as (master, comms, _):
+        x = [np.full(1000, i + 1, np.float32) for i in range(2)]
+        expect = np.full(1000, 3, np.float32)
+        service = comms[1]._all_reduce
+        real_tell = service._tell_master
+
+        async def late_done(msg: m.Message) -> None:
+            if isinstance(msg, m.CollectiveDone):
+                await trio.sleep(0.5)
+            await real_tell(msg)
+
+        bufs = [a.copy() for a in x]
+        await _all_reduce_all(comms, bufs, tag=1)
+        assert all(np.array_equal(b, expect) for b in bufs)
+        service._tell_master = late_done  # type: ignore[method-assign]
+        try:
+            async def p0() -> None:
+                with trio.move_on_after(0.25):
+                    await comms[0].all_reduce(x[0].copy(), tag=1)
+                with pytest.raises(InvalidUsage):
+                    await comms[0].all_reduce(x[0].copy(), tag=1)
+
+            with trio.fail_after(SOON):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(p0)
+                    nursery.start_soon(lambda: comms[1].all_reduce(x[1].copy(), tag=1))
+        finally:
+            service._tell_master = real_tell  # type: ignore[method-assign]
+        await trio.sleep(0.2)
+        for _ in range(2):
+            bufs = [a.copy() for a in x]
+            infos = await _all_reduce_all(comms, bufs, tag=1)
+            assert all(isinstance(i, pccl.ReduceInfo) for i in infos), infos
+            assert all(np.array_equal(b, expect) for b in bufs)
 
 
 async def test_cancelling_during_the_vote_makes_the_others_abort() -> None:
