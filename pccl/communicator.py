@@ -23,7 +23,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Generic, TypeVar
+from typing import Generic, NoReturn, TypeVar
 
 import numpy as np
 import trio
@@ -497,9 +497,7 @@ class Communicator:
             else:
                 await self._master.send(msg)
         except TransportError as exc:
-            self._fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"),
-                       cause=exc)
-            self._raise_if_unusable()
+            self._master_send_failed(exc)
 
     async def _flush_master(self) -> None:
         """Finish a frame ``send_nowait`` began; errors as for :meth:`_send_master`."""
@@ -507,9 +505,12 @@ class Communicator:
         try:
             await self._master.flush()
         except TransportError as exc:
-            self._fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"),
-                       cause=exc)
-            self._raise_if_unusable()
+            self._master_send_failed(exc)
+
+    def _master_send_failed(self, exc: TransportError) -> NoReturn:
+        self._fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"), cause=exc)
+        self._raise_if_unusable()
+        raise AssertionError("unreachable: the communicator has failed")  # pragma: no cover
 
     def _raise_if_unusable(self) -> None:
         if self._failure is not None:

@@ -59,6 +59,8 @@ class Config:
             raise InvalidArgument("heartbeat_interval must be shorter than peer_timeout")
         if not 1 <= self.p2p_lanes <= 64:
             raise InvalidArgument(f"p2p_lanes must be between 1 and 64, got {self.p2p_lanes}")
+        if self.socket_buffer_size < 0:
+            raise InvalidArgument(f"socket_buffer_size must be 0 (the OS default) or positive, got {self.socket_buffer_size}")
         if self.max_frame_size < 1024:
             raise InvalidArgument("max_frame_size must be at least 1024 bytes")
         for name in ("p2p_base_port", "shared_state_base_port", "benchmark_base_port"):

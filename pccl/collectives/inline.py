@@ -39,6 +39,7 @@ import outcome
 import trio
 
 from ..net.blocking import ThreadCancel
+from ..net.framed_threads import _FrameTail
 from ..protocol.ring import Frame
 
 if TYPE_CHECKING:
@@ -167,9 +168,8 @@ class InlineRing:
             with queue.lock:
                 queue.jobs.clear()
                 queue.busy = False
-            abandon = getattr(job, "abandon", None)
-            if abandon is not None:  # it holds the lane's send lock, maybe mid-frame
-                abandon()
+            if isinstance(job, _FrameTail):  # it holds the lane's send lock, maybe mid-frame
+                job.abandon()
                 channel.connection.abort()
             raise
 

@@ -158,10 +158,7 @@ class Inbox:
     def _release_read_role(self) -> None:
         with self._cond:
             self._reading = False
-            self._cond.notify_all()
-            waiters, self._trio_waiters = self._trio_waiters, []
-        for event in waiters:
-            event.set()
+        self.wake_threads()
 
     def receive_blocking(
         self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview, cancel: ThreadCancel

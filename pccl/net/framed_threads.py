@@ -65,10 +65,7 @@ class BlockingDataChannel:
         prefix = codec.encode_data_prefix(header)
         self._acquire(cancel)
         try:
-            if conn._send_broken is not None:
-                raise StreamClosed(f"connection to {conn.remote_address} is unusable: {conn._send_broken}")
-            if conn._closed:
-                raise StreamClosed(f"connection to {conn.remote_address} is closed")
+            self._check_sendable()
             with cancel.transfer(conn, "send"):
                 try:
                     if view.nbytes <= _COALESCE_LIMIT:
@@ -82,6 +79,13 @@ class BlockingDataChannel:
             self._count_sent(len(prefix) + view.nbytes, view.nbytes)
         finally:
             self._send_lock.release()
+
+    def _check_sendable(self) -> None:
+        conn = self.connection
+        if conn._send_broken is not None:
+            raise StreamClosed(f"connection to {conn.remote_address} is unusable: {conn._send_broken}")
+        if conn._closed:
+            raise StreamClosed(f"connection to {conn.remote_address} is closed")
 
     def _acquire(self, cancel: ThreadCancel) -> None:
         """Take the send lock, or raise ``Interrupted`` once ``cancel`` is cancelled meanwhile
@@ -101,10 +105,9 @@ class BlockingDataChannel:
         the job — finish the frame (or send all of it, if the send lock was busy) — which the
         caller must run in a worker thread, in order with the lane's later frames; until it has
         run, the connection's send lock may stay held.  A job that will never run must be given
-        up with its ``abandon()`` (if it has one), which releases the lock and marks a begun
+        up with its ``abandon()`` (when it is a ``_FrameTail``), which releases the lock and marks a begun
         frame torn (then abort the connection).  Errors as for :meth:`send_data`.
         """
-        conn = self.connection
         view = _byte_view(payload, writable=False)
         if header.nbytes != view.nbytes:
             raise InvalidArgument(f"data header says {header.nbytes} payload bytes, the payload has {view.nbytes}")
@@ -112,10 +115,7 @@ class BlockingDataChannel:
             return lambda: self.send_data(header, view, cancel)
         try:
             frame = memoryview(codec.encode_data_prefix(header) + view)
-            if conn._send_broken is not None:
-                raise StreamClosed(f"connection to {conn.remote_address} is unusable: {conn._send_broken}")
-            if conn._closed:
-                raise StreamClosed(f"connection to {conn.remote_address} is closed")
+            self._check_sendable()
             cancel.check()
             sent = self._io.send_nowait(frame)
         except BaseException:
@@ -126,31 +126,7 @@ class BlockingDataChannel:
             self._send_lock.release()
             return None
 
-        def abandon() -> None:
-            # The job will never run (no thread to run it): the frame is torn if it began.
-            if sent:
-                conn._send_broken = "a send was abandoned mid-frame"
-            self._send_lock.release()
-
-        def finish() -> None:
-            # The lock is still held (a threading.Lock may be released by another thread).
-            try:
-                with cancel.transfer(conn, "send"):
-                    try:
-                        self._io.send_all(frame[sent:])
-                    except BaseException as exc:
-                        conn._send_broken = f"a send was interrupted mid-frame ({type(exc).__name__})"
-                        raise
-                self._count_sent(len(frame), view.nbytes)
-            except Interrupted:
-                if sent:  # a torn frame: the peer must not take what follows for a header
-                    conn._send_broken = "a send was interrupted mid-frame (Interrupted)"
-                raise
-            finally:
-                self._send_lock.release()
-
-        finish.abandon = abandon  # type: ignore[attr-defined]
-        return finish
+        return _FrameTail(self, frame, sent, view.nbytes, cancel)
 
     def _count_sent(self, frame_bytes: int, payload_bytes: int) -> None:
         stats = self.connection._stats
@@ -250,3 +226,36 @@ class BlockingDataChannel:
                     raise conn._eof_error("at a frame boundary" if have == 0 else f"after {have} bytes of a frame")
                 conn._rend += got
                 conn._stats["bytes_received"] += got
+
+
+class _FrameTail:
+    """The rest of a frame :meth:`BlockingDataChannel.send_data_soon` began while holding the
+    send lock: calling it (in a worker thread) sends the rest and releases the lock;
+    :meth:`abandon` releases the lock without sending (the frame is torn if it began)."""
+
+    def __init__(self, channel: BlockingDataChannel, frame: memoryview, sent: int, payload_bytes: int,
+                 cancel: ThreadCancel) -> None:
+        self._channel, self._frame, self._sent = channel, frame, sent
+        self._payload_bytes, self._cancel = payload_bytes, cancel
+
+    def __call__(self) -> None:
+        channel, conn = self._channel, self._channel.connection
+        try:
+            with self._cancel.transfer(conn, "send"):
+                try:
+                    channel._io.send_all(self._frame[self._sent :])
+                except BaseException as exc:
+                    conn._send_broken = f"a send was interrupted mid-frame ({type(exc).__name__})"
+                    raise
+            channel._count_sent(len(self._frame), self._payload_bytes)
+        except Interrupted:
+            if self._sent:  # a torn frame: the peer must not take what follows for a header
+                conn._send_broken = "a send was interrupted mid-frame (Interrupted)"
+            raise
+        finally:
+            channel._send_lock.release()
+
+    def abandon(self) -> None:
+        if self._sent:
+            self._channel.connection._send_broken = "a send was abandoned mid-frame"
+        self._channel._send_lock.release()

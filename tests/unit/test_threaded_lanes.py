@@ -282,3 +282,31 @@ def test_cancelling_a_small_op_whose_send_waits_for_another_ops_lock_returns_pro
             await b.aclose()
 
     trio.run(main)
+
+
+async def test_a_small_op_that_cannot_get_a_send_thread_gives_the_lane_lock_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frame the socket took only partly, and no thread to finish it: the op fails with the
+    thread error, the frame counts as torn (lane aborted), and the send lock is free again."""
+    from pccl.collectives import inline
+    from pccl.net import tcp
+
+    real = tcp._TcpBlockingIO.send_nowait
+    monkeypatch.setattr(tcp._TcpBlockingIO, "send_nowait", lambda self, data: real(self, data[:7]))
+
+    def no_thread(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(inline.trio.lowlevel, "start_thread_soon", no_thread)
+    a, b = await tcp_pair()
+    try:
+        x = np.arange(4096, dtype=np.float32)
+        with pytest.raises(RuntimeError, match="new thread"):
+            await ring_all_reduce(x, op=ReduceOp.SUM, links=a, rank=0, world=2, seq=1)
+        assert np.array_equal(x, np.arange(4096, dtype=np.float32))
+        assert a.to_next[0].broken
+        channel = a.send_channels[0]
+        assert channel._send_lock.acquire(blocking=False)
+        channel._send_lock.release()
+    finally:
+        await a.aclose()
+        await b.aclose()

@@ -1,0 +1,26 @@
+"""Config refuses values it cannot use, with a clear InvalidArgument."""
+
+from __future__ import annotations
+
+import pytest
+
+from pccl.config import Config
+from pccl.errors import InvalidArgument
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(socket_buffer_size=-1),
+    dict(p2p_lanes=0),
+    dict(peer_timeout=0),
+    dict(heartbeat_interval=20.0),
+    dict(max_frame_size=10),
+    dict(p2p_base_port=70000),
+])
+def test_bad_values_are_refused(kwargs: dict) -> None:
+    with pytest.raises(InvalidArgument):
+        Config(**kwargs)
+
+
+def test_socket_buffer_size_zero_keeps_the_os_default() -> None:
+    assert Config().socket_buffer_size == 0
+    assert Config(socket_buffer_size=1 << 20).socket_buffer_size == 1 << 20
