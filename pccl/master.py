@@ -165,8 +165,13 @@ class _MasterServer:
 
     def _execute(self, effect: ms.Effect) -> None:
         if isinstance(effect, ms.SetTimer):
+            # Most messages move the earliest deadline *later* (the sender was just heard): the
+            # timer task then wakes at the old deadline and goes back to sleep, which spares a
+            # wake-up and a cancel scope per message.  An earlier deadline wakes it now.
+            earlier = effect.at is not None and (self.timer_at is None or effect.at < self.timer_at)
             self.timer_at = effect.at
-            self.timer_changed.set()
+            if earlier:
+                self.timer_changed.set()
             return
         conn = self.conns.get(effect.conn_id)
         if conn is None or conn.closing:
@@ -264,6 +269,8 @@ class _MasterServer:
             with trio.move_on_at(at):
                 await self.timer_changed.wait()
                 continue
+            if self.timer_at is None or self.timer_at > at:
+                continue  # the deadline moved later meanwhile (see _execute): wait for that one
             self.feed(ms.Tick())
             # A Tick at the deadline always removes someone or moves the deadline; if the clock
             # granularity left it unchanged, wait for a change instead of spinning.
