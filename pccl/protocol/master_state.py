@@ -73,6 +73,11 @@ deadline (checked on every event, ``Tick`` included) the peer is kicked with ``T
 Re-checks.  Every consensus above is a predicate over the current state, and *all* of them are
 re-evaluated (to a fixed point) after every event — so a disconnect, kick or timeout in any phase
 lets every vote it was blocking complete (PCCL forgets some of these re-checks, reference §3.5).
+One exception keeps the per-op cost flat: a ``CollectiveInit`` or a successful
+``CollectiveDone`` handled without a fault (and no timeout on the same event) changes only its
+own op, and nothing else waits for ops (topology votes and syncs *refuse* a peer with an op in
+flight instead of waiting for it), so only that op is re-checked.  The property tests check
+after every event that a full re-check would find nothing more to do.
 
 Out of phase.  A message not allowed in the sender's status (table ``_ALLOWED``) or in its current
 phase → ``Kick(OUT_OF_PHASE)``; a message type peers never send → ``Kick(PROTOCOL_ERROR)``.
@@ -392,6 +397,7 @@ class MasterState:
     def handle(self, event: Event, now: float) -> list[Effect]:
         """Apply one event at time ``now``; return the effects to execute, in order."""
         self._out = []
+        only_op: tuple[int, int] | None = None  # see "Re-checks" in the module docstring
         if isinstance(event, PeerConnected):
             if event.conn_id in self._peers:
                 raise ValueError(f"shell bug: connection {event.conn_id} connected twice")
@@ -404,6 +410,8 @@ class MasterState:
                     self._dispatch(peer, event.msg)
                 except _PeerFault as fault:
                     self._remove(peer.conn_id, fault.reason, fault.detail)
+                else:
+                    only_op = self._own_op_only(peer, event.msg)
         elif isinstance(event, PeerDisconnected):
             if event.conn_id in self._peers:
                 self._remove(event.conn_id, None, "disconnected")
@@ -417,7 +425,12 @@ class MasterState:
         # once it is reached.
         if self._timer_at is not None and now >= self._timer_at:
             self._expire(now)
-        self._settle()
+            only_op = None
+        if only_op is None:
+            self._settle()
+        else:
+            while only_op in self._ops and self._check_op(only_op):
+                pass
         deadline = self.next_deadline
         if deadline != self._timer_at:
             self._timer_at = deadline
@@ -728,6 +741,14 @@ class MasterState:
                 self._remove(peer.conn_id, KickReason.TIMEOUT, f"silent for {now - peer.last_heard:.3g} s")
 
     # --- consensus (re-evaluated after every event) ---------------------------------------------
+
+    @staticmethod
+    def _own_op_only(peer: _Peer, msg: m.Message) -> tuple[int, int] | None:
+        """The op whose re-check is all that ``msg`` (just handled without a fault) needs, or
+        ``None`` for a full re-check (see "Re-checks" in the module docstring)."""
+        if isinstance(msg, m.CollectiveInit) or (isinstance(msg, m.CollectiveDone) and not msg.aborted):
+            return (peer.group, msg.tag)
+        return None
 
     def _settle(self) -> None:
         progressed = True

@@ -52,6 +52,10 @@ class Harness:
 
     def feed(self, event: object) -> list[object]:
         out = self.ms.handle(event, self.now)  # type: ignore[arg-type]
+        # handle() may re-check only the op a collective message touched: a full re-check right
+        # after it must find nothing left to do.
+        self.ms._settle()
+        assert not self.ms._out, f"after {event}: a full re-check found more to do: {self.ms._out}"
         self.effects_log.extend(out)
         topo: dict[int, set[tuple[int, int, int]]] = {}
         for eff in out:
