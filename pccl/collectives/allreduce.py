@@ -77,7 +77,15 @@ import trio
 from .._groups import leaf_exceptions
 from ..errors import InvalidArgument, PCCLError, ProtocolError, TransportError
 from ..protocol.codec import DataHeader
-from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, Frame, Phase, RingSchedule, subchunk_elements
+from ..protocol.ring import (
+    DEFAULT_SUBCHUNK_BYTES,
+    ExchangeSchedule,
+    Frame,
+    Phase,
+    RingSchedule,
+    subchunk_elements,
+    uses_exchange,
+)
 from ..types import Quantization, ReduceOp
 from . import buffers as bf
 from .buffers import InputBackup, KernelRunner, OpBuffers, StagingPool
@@ -239,7 +247,16 @@ class _RingOp:
         self.lanes = links.lanes
         count = bufs.src.size
         sub = subchunk_elements(count, world, bufs.itemsize, max_bytes=max_subchunk_bytes)
-        self.schedule = RingSchedule(count, world, rank, sub)
+        #: Two peers, a small unquantized op of a full-width dtype: one exchange step.  Decided
+        #: from agreed parameters only (world, count, dtype, quantization), so both peers agree.
+        self.exchange = uses_exchange(world, bufs.src.nbytes, half=bufs.half, quantized=bufs.quantized)
+        self.schedule = ExchangeSchedule(count, rank, sub) if self.exchange else RingSchedule(count, world, rank, sub)
+        #: In place, an exchange overwrites each slice with its result while the send of that same
+        #: slice may still be under way (a worker thread, the Trio sender): it sends from a copy.
+        self.exchange_send: np.ndarray | None = None
+        if self.exchange and bufs.in_place and count:
+            self.exchange_send = bufs.take(bufs.src.nbytes).view(bufs.src.dtype)
+            np.copyto(self.exchange_send, bufs.src)
         self.tx_bytes = 0
         self.rx_bytes = 0
         # ready[(step, k)]: the frame received at (step, k) is processed; the sender of
@@ -391,6 +408,38 @@ class _RingOp:
 
     def _reduce_frame(self, frame: Frame, payload: np.ndarray) -> None:
         """Reduce-scatter: fold a received partial result into the accumulator (worker thread)."""
+        if self.exchange:
+            self._reduce_exchanged(frame, payload)
+            return
+        self._reduce_partial(frame, payload)
+
+    def _reduce_exchanged(self, frame: Frame, payload: np.ndarray) -> None:
+        """Exchange: the other peer's contribution arrived; this slice's result is final.
+
+        Both peers compute ``input[rank 0] op input[rank 1]`` in that operand order (MIN/MAX of
+        +0 and -0 depend on it).  Which operand's payload a NaN sum or product keeps depends on
+        the instruction the compiler picked for that element (vector body or scalar tail, so on
+        alignment), so NaN results are made the canonical quiet NaN: both peers end
+        bit-identical.
+        """
+        bufs = self.bufs
+        a, b = frame.start, frame.stop
+        out = bufs.dst[a:b]
+        if self.schedule.rank == 0:
+            self._reduce_partial(frame, payload)  # dst = own op received
+        else:
+            wire = payload.view(bufs.acc_dtype.numpy_dtype())
+            bf.reduce_into(bufs.op, wire, bufs.src[a:b])  # received op own, in the staging buffer
+            self._save(a, b)
+            np.copyto(out, wire)
+        if bufs.op is ReduceOp.AVG:
+            bf.avg_finalize(out, self.world)
+        if bufs.dtype.is_float:
+            nan = np.isnan(out)
+            if nan.any():
+                out[nan] = np.nan
+
+    def _reduce_partial(self, frame: Frame, payload: np.ndarray) -> None:
         bufs = self.bufs
         a, b = frame.start, frame.stop
         acc = bufs.acc[a:b]
@@ -512,6 +561,8 @@ class _RingOp:
         """What step 0 sends unquantized: the input slice (f32 working slice for f16/bf16)."""
         if self.bufs.half:
             return self.bufs.acc[frame.start : frame.stop]
+        if self.exchange_send is not None:
+            return self.exchange_send[frame.start : frame.stop]
         return self.bufs.src[frame.start : frame.stop]
 
     def _quantize_partial(self, frame: Frame, out: np.ndarray) -> None:

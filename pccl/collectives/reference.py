@@ -5,7 +5,8 @@ The ring folds chunk ``c`` starting at ring position ``c`` and going around the 
 owner divides for AVG (IEEE division for floats, floor division for integers) and rounds once to
 the buffer's dtype.  Floating-point sums depend on that order, so a reference that ignores it
 would not match bit for bit; this one does (unquantized).  Chunk boundaries are those of
-:func:`pccl.protocol.ring.chunk_bounds`.
+:func:`pccl.protocol.ring.chunk_bounds`.  Small ops of two peers run as one exchange
+(:func:`pccl.protocol.ring.uses_exchange`): every element is ``x[0] op x[1]``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..protocol.ring import chunk_bounds
+from ..protocol.ring import chunk_bounds, uses_exchange
 from ..types import DType, ReduceOp, dtype_of
 
 __all__ = ["ring_reference"]
@@ -40,11 +41,15 @@ def ring_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp) -> 
     half = dtype_of(dtype) in (DType.FLOAT16, DType.BFLOAT16)
     acc_t = np.dtype(np.float32) if half else dtype
     out = np.empty(flat[0].size, dtype)
+    exchange = uses_exchange(world, flat[0].nbytes, half=half, quantized=False)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for c, (start, stop) in enumerate(chunk_bounds(flat[0].size, world)):
-            acc = flat[c][start:stop].astype(acc_t)
-            for j in range(1, world):
-                acc = _NP_OP[op](flat[(c + j) % world][start:stop].astype(acc_t), acc)
+        for c, (start, stop) in enumerate(((0, flat[0].size),) if exchange else chunk_bounds(flat[0].size, world)):
+            if exchange:
+                acc = _NP_OP[op](flat[0][start:stop], flat[1][start:stop])
+            else:
+                acc = flat[c][start:stop].astype(acc_t)
+                for j in range(1, world):
+                    acc = _NP_OP[op](flat[(c + j) % world][start:stop].astype(acc_t), acc)
             if op is ReduceOp.AVG:
                 divisor = acc_t.type(world)
                 acc = acc // divisor if np.issubdtype(acc_t, np.integer) else acc / divisor

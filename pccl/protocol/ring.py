@@ -22,6 +22,10 @@ Rules (PCCL's ``reduce.cpp`` with sub-chunk pipelining added):
   chunk, see :meth:`RingSchedule.send_chunk`), so the steps pipeline sub-chunk by sub-chunk.
 * **Lanes.**  When one op is striped over several connections per neighbour, sub-chunk ``k``
   of every step travels on lane ``k mod lanes``; each lane carries its frames in schedule order.
+
+:class:`ExchangeSchedule` is the plan for small ops of two peers (recursive doubling with one
+round): each peer sends its whole contribution to the other in one step and reduces what it
+receives, so the op costs one trip between the peers instead of two, for the same bytes.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ __all__ = [
     "Phase",
     "Frame",
     "RingSchedule",
+    "ExchangeSchedule",
+    "uses_exchange",
+    "EXCHANGE_MAX_BYTES",
     "chunk_bounds",
     "split_range",
     "subchunk_elements",
@@ -47,6 +54,10 @@ __all__ = [
 DEFAULT_SUBCHUNK_BYTES = 4 << 20
 #: Floor of the adaptive sub-chunk size for small ops (below it per-frame overhead dominates).
 MIN_SUBCHUNK_BYTES = 64 * 1024
+#: Largest op (bytes of the caller's array) of two peers run as one exchange
+#: (:class:`ExchangeSchedule`) instead of reduce-scatter + all-gather.  Above it the ring's
+#: pipelining and halved reduction win.
+EXCHANGE_MAX_BYTES = 256 * 1024
 #: How many sub-chunks per chunk the adaptive size aims for, so that even a mid-sized op
 #: keeps several frames in flight around the ring.
 _PIPELINE_DEPTH = 4
@@ -227,3 +238,51 @@ class RingSchedule:
         if lanes < 1 or not 0 <= lane < lanes:
             raise ValueError(f"lane {lane} outside 0..{lanes - 1}")
 
+
+
+def uses_exchange(world: int, nbytes: int, *, half: bool, quantized: bool) -> bool:
+    """Whether an op runs as an :class:`ExchangeSchedule`: two peers, at most
+    :data:`EXCHANGE_MAX_BYTES`, unquantized, not f16/bf16 (those keep the ring, whose partial sums
+    travel as f32 and whose owner rounds once).  Only agreed parameters decide, so both peers
+    choose the same plan."""
+    return world == 2 and not quantized and not half and nbytes <= EXCHANGE_MAX_BYTES
+
+
+class ExchangeSchedule(RingSchedule):
+    """Two peers, one step: each sends all ``count`` elements and receives the other's.
+
+    The same interface as :class:`RingSchedule`, seen as a ring of one chunk (the whole buffer)
+    and one reduce-scatter step: frame ``(0, 0, k)`` carries sub-chunk ``k`` of the buffer in
+    both directions.  Both peers then hold every element reduced from both contributions; to end
+    bit-identical (NaN payloads, operand order) they must combine the two contributions in rank
+    order, which :mod:`pccl.collectives.allreduce` does.  At two peers this moves the same bytes
+    as the ring (each peer sends ``count`` elements) in half the trips, at the price of reducing
+    the whole buffer instead of half of it: the choice for small ops only.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, count: int, rank: int, subchunk_elements: int) -> None:
+        super().__init__(count, 2, rank, subchunk_elements)
+        self.chunks = ((0, count),)
+        self._subchunks = (split_range(0, count, subchunk_elements),)
+
+    @property
+    def num_steps(self) -> int:
+        return 1
+
+    def phase(self, step: int) -> Phase:
+        self._check_step(step)
+        return Phase.REDUCE_SCATTER
+
+    @property
+    def owned_chunk(self) -> int:
+        return 0
+
+    def send_chunk(self, step: int) -> int:
+        self._check_step(step)
+        return 0
+
+    def recv_chunk(self, step: int) -> int:
+        self._check_step(step)
+        return 0

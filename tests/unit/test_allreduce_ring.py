@@ -226,6 +226,69 @@ def test_f16_accumulates_in_f32() -> None:
     assert [float(o[0]) for o in outputs] == [2050.0] * 3
 
 
+# --- the two-peer exchange (small ops of two peers: one step instead of reduce-scatter + gather) --
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX])
+async def test_nan_payloads_end_bit_identical(world: int, op: ReduceOp) -> None:
+    # x86 arithmetic keeps the first operand's NaN payload, so peers that combined the same two
+    # NaNs in opposite orders would disagree; the exchange combines in rank order, the ring
+    # distributes its owners' bytes.
+    inputs = [np.full(1000, 0x7FC00000 + r + 1, np.uint32).view(np.float32) for r in range(world)]
+    for in_place in (True, False):
+        outputs, _ = await run_ring(inputs, op, in_place=in_place)
+        assert_bit_identical(outputs)
+        assert np.all(np.isnan(outputs[0]))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("op", [ReduceOp.MIN, ReduceOp.MAX])
+async def test_signed_zeros_end_bit_identical(world: int, op: ReduceOp) -> None:
+    # MIN/MAX of +0 and -0 return one operand of an equal pair: the peers must agree which.
+    inputs = [np.full(1000, -0.0 if r % 2 else 0.0, np.float64) for r in range(world)]
+    for in_place in (True, False):
+        outputs, _ = await run_ring(inputs, op, in_place=in_place)
+        assert_bit_identical(outputs)
+        assert np.array_equal(outputs[0].view(np.uint64), ring_reference(inputs, op).view(np.uint64))
+
+
+async def test_exchange_moves_one_frame_each_way() -> None:
+    links, raw = memory_ring(2)
+    inputs = make_inputs(2, 1000, np.float32, ReduceOp.SUM, seed=3)
+    outputs, sizes = await run_ring(inputs, ReduceOp.SUM, links=links)
+    assert sizes == [(4000, 4000)] * 2
+    frame_overhead = links[0].to_next[0].statistics().bytes_sent - 4000
+    assert [stream.sent for stream in (raw[0][0], raw[1][0])] == [4000 + frame_overhead] * 2
+    assert links[0].to_next[0].statistics().frames_sent == 1
+    assert np.array_equal(outputs[1], inputs[0] + inputs[1])
+
+
+async def test_exchange_in_place_sends_the_input_not_the_result() -> None:
+    # In place, each slice's result overwrites the very memory being sent; a send still under
+    # way (here: held until this peer has applied the other's frame) must send the input.
+    links, _ = memory_ring(2)
+    inputs = make_inputs(2, 1000, np.float32, ReduceOp.SUM, seed=4)
+    bufs = [x.copy() for x in inputs]
+    connection = links[0].to_next[0]
+    send_data = connection.send_data
+
+    async def held_send_data(header: DataHeader, payload: Any) -> None:
+        with trio.move_on_after(2):
+            while np.array_equal(bufs[0], inputs[0]):
+                await trio.sleep(0.001)
+        await send_data(header, payload)
+
+    connection.send_data = held_send_data  # type: ignore[method-assign]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for r in range(2):
+                nursery.start_soon(lambda r=r: ring_all_reduce(bufs[r], op=ReduceOp.SUM, links=links[r], rank=r,
+                                                               world=2, seq=1))
+    assert np.array_equal(bufs[0], inputs[0] + inputs[1])
+    assert_bit_identical(bufs)
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("qdtype", [np.uint8, np.uint16], ids=["u8", "u16"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)

@@ -10,12 +10,15 @@ from hypothesis import strategies as st
 
 from pccl.protocol.ring import (
     DEFAULT_SUBCHUNK_BYTES,
+    EXCHANGE_MAX_BYTES,
     MIN_SUBCHUNK_BYTES,
+    ExchangeSchedule,
     Phase,
     RingSchedule,
     chunk_bounds,
     split_range,
     subchunk_elements,
+    uses_exchange,
 )
 
 
@@ -126,3 +129,32 @@ def test_invalid_parameters() -> None:
         RingSchedule(10, 3, 0, 4).send_chunk(4)
     with pytest.raises(ValueError):
         RingSchedule(10, 3, 0, 4).send_frames(2, 2)
+
+
+# --- the two-peer exchange ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, 1000])
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_exchange_sends_and_receives_the_whole_buffer_in_one_step(count: int, lanes: int) -> None:
+    scheds = [ExchangeSchedule(count, r, 7) for r in range(2)]
+    assert all(s.num_steps == 1 and s.phase(0) is Phase.REDUCE_SCATTER for s in scheds)
+    for r, lane in itertools.product(range(2), range(lanes)):
+        sent = scheds[r].send_frames(lane, lanes)
+        assert sent == scheds[1 - r].recv_frames(lane, lanes)  # what one sends, the other expects
+        assert all(f.step == 0 and f.chunk == 0 and f.index % lanes == lane for f in sent)
+    frames = sorted((f for lane in range(lanes) for f in scheds[0].send_frames(lane, lanes)), key=lambda f: f.start)
+    assert [(f.start, f.stop) for f in frames] == [(a, min(a + 7, count)) for a in range(0, count, 7)]
+    # The same bytes as the two-peer ring, half the trips.
+    assert scheds[0].sent_elements() == scheds[0].received_elements() == count
+    assert RingSchedule(count, 2, 0, 7).sent_elements() == count
+    with pytest.raises(ValueError):
+        scheds[0].send_chunk(1)
+
+
+def test_exchange_is_chosen_from_agreed_parameters_only() -> None:
+    assert uses_exchange(2, EXCHANGE_MAX_BYTES, half=False, quantized=False)
+    assert not uses_exchange(2, EXCHANGE_MAX_BYTES + 1, half=False, quantized=False)
+    assert not uses_exchange(3, 16, half=False, quantized=False)
+    assert not uses_exchange(2, 16, half=True, quantized=False)
+    assert not uses_exchange(2, 16, half=False, quantized=True)
