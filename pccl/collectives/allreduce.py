@@ -20,6 +20,12 @@ Design
   frames, kernels and buffers — about twice the throughput on a 2-core loopback box.  Small ops
   (≤ 256 KiB) on those lanes run instead as one sequential loop in the calling task
   (:mod:`pccl.collectives.inline`): for them the threads' hand-offs cost more than the transfer.
+* **Two peers, small op: one exchange.**  At N = 2 an unquantized op of at most 256 KiB (not
+  f16/bf16) runs on :class:`~pccl.protocol.ring.ExchangeSchedule`: each peer sends its whole
+  input and reduces the other's — the same bytes as the ring in one trip instead of two.  Both
+  compute ``input[rank 0] op input[rank 1]`` and canonicalise NaN results, so they end
+  bit-identical; in place, the input is sent from a copy (the result overwrites the slice being
+  sent).  Every execution path runs it (it is just another schedule).
 * **Scratch memory** (the in-place backup, the f32 working array, staging) comes from a
   process-wide :class:`~pccl.collectives.buffers.ScratchArena` that keeps freed buffers: fresh
   pages cost more to fault in than the whole copy.
