@@ -367,13 +367,16 @@ class _RingOp:
                     if self.backup is not None and not self.backup.is_saved(frame.start):
                         await self.runner.run(nbytes, self.backup.save, frame.start, frame.stop)
                     destination = memoryview(_as_bytes(bufs.dst[frame.start : frame.stop]))
-                self.rx_bytes += await inbox.receive_into(
+                # Not `self.rx_bytes += await ...`: that reads the total before the await, and
+                # the receivers of the other lanes add to it meanwhile.
+                received = await inbox.receive_into(
                     seq=self.seq,
                     stream=frame.index,
                     step=frame.step,
                     offset=frame.start * bufs.itemsize,
                     destination=destination,
                 )
+                self.rx_bytes += received
                 if stage is None and not bufs.quantized:
                     self.ready[(frame.step, frame.index)].set()  # received in place: nothing to do
                 else:

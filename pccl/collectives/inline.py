@@ -131,10 +131,11 @@ class InlineRing:
 
     async def _receive(self, lane: int, frame: Frame, stage: np.ndarray) -> None:
         op = self.op
-        op.rx_bytes += await op.links.inboxes[lane].receive_into(
+        received = await op.links.inboxes[lane].receive_into(
             seq=op.seq, stream=frame.index, step=frame.step, offset=frame.start * op.bufs.itemsize,
             destination=op._destination(frame, stage),
         )
+        op.rx_bytes += received
         op._received(frame, stage)
 
     # --- sending (never blocks this task) -----------------------------------------------------

@@ -213,9 +213,11 @@ async def test_large_buffers_striped_over_lanes(world: int, dtype: Any) -> None:
     lanes = 2 if world != 3 else 3
     for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX):
         inputs = make_inputs(world, n, dtype, op, seed=world + int(op))
-        outputs, _ = await run_ring(inputs, op, lanes=lanes, in_place=op is not ReduceOp.MAX)
+        outputs, sizes = await run_ring(inputs, op, lanes=lanes, in_place=op is not ReduceOp.MAX)
         assert_bit_identical(outputs)
         assert np.array_equal(outputs[0].view(np.uint8), ring_reference(inputs, op).view(np.uint8))
+        item = np.dtype(dtype).itemsize
+        assert sizes == expected_sizes(n, world, item, 4 if item == 2 else item)  # every lane counted
 
 
 def test_f16_accumulates_in_f32() -> None:
@@ -240,6 +242,8 @@ async def test_nan_payloads_end_bit_identical(world: int, op: ReduceOp) -> None:
         outputs, _ = await run_ring(inputs, op, in_place=in_place)
         assert_bit_identical(outputs)
         assert np.all(np.isnan(outputs[0]))
+        if world == 2:  # the exchange's NaN results are canonical, as its model says
+            assert np.array_equal(outputs[0].view(np.uint32), ring_reference(inputs, op).view(np.uint32))
 
 
 @pytest.mark.parametrize("world", [2, 3])
