@@ -6,7 +6,8 @@ owner divides for AVG (IEEE division for floats, floor division for integers) an
 the buffer's dtype.  Floating-point sums depend on that order, so a reference that ignores it
 would not match bit for bit; this one does (unquantized).  Chunk boundaries are those of
 :func:`pccl.protocol.ring.chunk_bounds`.  Small ops of two peers run as one exchange
-(:func:`pccl.protocol.ring.uses_exchange`): every element is ``x[0] op x[1]``.
+(:func:`pccl.protocol.ring.uses_exchange`): every element is ``x[0] op x[1]``, and a NaN
+result is the canonical quiet NaN.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def ring_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp) -> 
         for c, (start, stop) in enumerate(((0, flat[0].size),) if exchange else chunk_bounds(flat[0].size, world)):
             if exchange:
                 acc = _NP_OP[op](flat[0][start:stop], flat[1][start:stop])
+                if np.issubdtype(acc_t, np.floating):
+                    acc[np.isnan(acc)] = np.nan
             else:
                 acc = flat[c][start:stop].astype(acc_t)
                 for j in range(1, world):
