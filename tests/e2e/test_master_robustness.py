@@ -119,6 +119,18 @@ async def test_crafted_frames_after_registration_get_a_short_kick(body: bytes, r
             await _still_serves(master.address)
 
 
+async def test_a_lone_silent_peer_is_kicked_by_the_timer_alone() -> None:
+    # No other connection sends anything, so no event but the master's own timer can notice.
+    with trio.fail_after(BOUND):
+        async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG) as master:
+            conn = await _registered(master.address)
+            started = trio.current_time()
+            notice = await _kick_notice(conn)
+            await conn.aclose()
+            assert notice.reason == KickReason.TIMEOUT
+            assert trio.current_time() - started >= CFG.peer_timeout * 0.9
+
+
 def test_the_machine_clips_kick_details() -> None:
     state = ms.MasterState(rng=random.Random(1), peer_timeout=5.0)
     state.handle(ms.PeerConnected(1, "10.0.0.1"), 0.0)

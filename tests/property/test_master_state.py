@@ -53,9 +53,12 @@ class Harness:
     def feed(self, event: object) -> list[object]:
         out = self.ms.handle(event, self.now)  # type: ignore[arg-type]
         # handle() may re-check only the op a collective message touched: a full re-check right
-        # after it must find nothing left to do.
+        # after it must find nothing left to do (nothing to send, nothing to change).
+        before = (self.ms.ops(), self.ms.syncs(), self.ms.rounds_in_progress(), self.ms.peers())
         self.ms._settle()
         assert not self.ms._out, f"after {event}: a full re-check found more to do: {self.ms._out}"
+        after = (self.ms.ops(), self.ms.syncs(), self.ms.rounds_in_progress(), self.ms.peers())
+        assert before == after, f"after {event}: a full re-check changed the state"
         self.effects_log.extend(out)
         topo: dict[int, set[tuple[int, int, int]]] = {}
         for eff in out:
