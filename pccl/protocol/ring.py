@@ -239,7 +239,6 @@ class RingSchedule:
             raise ValueError(f"lane {lane} outside 0..{lanes - 1}")
 
 
-
 def uses_exchange(world: int, nbytes: int, *, half: bool, quantized: bool) -> bool:
     """Whether an op runs as an :class:`ExchangeSchedule`: two peers, at most
     :data:`EXCHANGE_MAX_BYTES`, unquantized, not f16/bf16 (those keep the ring, whose partial sums
@@ -254,8 +253,9 @@ class ExchangeSchedule(RingSchedule):
     The same interface as :class:`RingSchedule`, seen as a ring of one chunk (the whole buffer)
     and one reduce-scatter step: frame ``(0, 0, k)`` carries sub-chunk ``k`` of the buffer in
     both directions.  Both peers then hold every element reduced from both contributions; to end
-    bit-identical (NaN payloads, operand order) they must combine the two contributions in rank
-    order, which :mod:`pccl.collectives.allreduce` does.  At two peers this moves the same bytes
+    bit-identical they must combine the two in rank order (MIN/MAX of +0 and -0) and make NaN
+    results canonical (which payload a NaN sum keeps is up to the instruction), which
+    :mod:`pccl.collectives.allreduce` does.  At two peers this moves the same bytes
     as the ring (each peer sends ``count`` elements) in half the trips, at the price of reducing
     the whole buffer instead of half of it: the choice for small ops only.
     """
