@@ -584,6 +584,43 @@ async def test_cancelling_mid_ring_restores_the_input_and_aborts_the_others() ->
         assert all(c.statistics().retries >= 1 for c in comms)
 
 
+async def test_two_peer_exchange_aborted_after_one_peer_finished_restores_both_inputs() -> None:
+    """A small op of two peers is one exchange: peer 1 gets peer 0's frame and finishes, while
+    peer 0 is frozen before receiving and then cancelled.  Both inputs must be intact."""
+    async with _in_process_group(2, gated={0: GatedNetwork}) as (master, comms, networks):
+        gate = networks[0]
+        inputs = _f32_inputs(2, 4096, 5)
+        bufs = [x.copy() for x in inputs]
+        gate.hold_after_more(0)  # peer 0 sends its whole input, then receives nothing
+        outcome: list[Any] = [None] * 2
+        victim = trio.CancelScope()
+
+        async def run(i: int) -> None:
+            try:
+                with victim if i == 0 else contextlib.nullcontext():
+                    outcome[i] = await comms[i].all_reduce(bufs[i], tag=4)
+            except pccl.PCCLError as exc:
+                outcome[i] = exc
+
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                for i in range(2):
+                    nursery.start_soon(run, i)
+                await gate.held.wait()
+                # Peer 1 has reduced peer 0's input into its result and reported success.
+                while not any(comms[1].peer_id in op.done for op in master.state.ops()):
+                    await trio.sleep(0.005)
+                victim.cancel()
+        gate.release()
+        assert outcome[0] is None and victim.cancelled_caught
+        assert isinstance(outcome[1], CollectiveAborted), outcome
+        assert np.array_equal(bufs[0], inputs[0]) and np.array_equal(bufs[1], inputs[1])
+        infos = await _all_reduce_all(comms, bufs, tag=4)
+        assert all(isinstance(i, pccl.ReduceInfo) and i.tx_bytes == 4096 * 4 for i in infos), infos
+        expected = ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM)
+        assert np.array_equal(bufs[0], expected) and np.array_equal(bufs[1], expected)
+
+
 async def test_concurrent_tags_in_different_orders_with_a_sequential_peer() -> None:
     """Peer 0 runs tags 1 and 2 at once; peer 1 runs 2, then 1.  Tag 1's frames must never hold
     up tag 2 on peer 1's lane (a design that starts a ring before its Commence did that)."""
