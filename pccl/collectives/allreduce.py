@@ -20,12 +20,13 @@ Design
   frames, kernels and buffers — about twice the throughput on a 2-core loopback box.  Small ops
   (≤ 256 KiB) on those lanes run instead as one sequential loop in the calling task
   (:mod:`pccl.collectives.inline`): for them the threads' hand-offs cost more than the transfer.
-* **Two peers, small op: one exchange.**  At N = 2 an unquantized op of at most 256 KiB (not
-  f16/bf16) runs on :class:`~pccl.protocol.ring.ExchangeSchedule`: each peer sends its whole
-  input and reduces the other's — the same bytes as the ring in one trip instead of two.  Both
-  compute ``input[rank 0] op input[rank 1]`` and canonicalise NaN results, so they end
-  bit-identical; in place, the input is sent from a copy (the result overwrites the slice being
-  sent).  Every execution path runs it (it is just another schedule).
+* **Two peers, small op: one exchange.**  At N = 2 an unquantized op of at most 256 KiB runs on
+  :class:`~pccl.protocol.ring.ExchangeSchedule`: each peer sends its whole input (in its own
+  dtype) and reduces the other's — the same bytes as the ring (f16/bf16: fewer) in one trip
+  instead of two.  Both compute ``input[rank 0] op input[rank 1]`` (f16/bf16 widened to f32,
+  rounded once) and canonicalise NaN results, so they end bit-identical; in place, the input is
+  sent from a copy (the result overwrites the slice being sent).  Every execution path runs it
+  (it is just another schedule).
 * **Scratch memory** (the in-place backup, the f32 working array, staging) comes from a
   process-wide :class:`~pccl.collectives.buffers.ScratchArena` that keeps freed buffers: fresh
   pages cost more to fault in than the whole copy.
@@ -253,9 +254,9 @@ class _RingOp:
         self.lanes = links.lanes
         count = bufs.src.size
         sub = subchunk_elements(count, world, bufs.itemsize, max_bytes=max_subchunk_bytes)
-        #: Two peers, a small unquantized op of a full-width dtype: one exchange step.  Decided
-        #: from agreed parameters only (world, count, dtype, quantization), so both peers agree.
-        self.exchange = uses_exchange(world, bufs.src.nbytes, half=bufs.half, quantized=bufs.quantized)
+        #: Two peers, a small unquantized op: one exchange step.  Decided from agreed parameters
+        #: only (world, count, dtype, quantization), so both peers agree.
+        self.exchange = uses_exchange(world, bufs.src.nbytes, quantized=bufs.quantized)
         self.schedule = ExchangeSchedule(count, rank, sub) if self.exchange else RingSchedule(count, world, rank, sub)
         #: In place, an exchange overwrites each slice with its result while the send of that same
         #: slice may still be under way (a worker thread, the Trio sender): it sends from a copy.
@@ -295,6 +296,8 @@ class _RingOp:
         return self.gather_store[at : at + self.bufs.all_gather_nbytes(frame.count)]
 
     def _frame_nbytes(self, frame: Frame) -> int:
+        if self.exchange:
+            return frame.count * self.bufs.itemsize  # the input as it is (f16/bf16 not widened)
         if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
             return self.bufs.reduce_scatter_nbytes(frame.count)
         return self.bufs.all_gather_nbytes(frame.count)
@@ -434,6 +437,17 @@ class _RingOp:
         bufs = self.bufs
         a, b = frame.start, frame.stop
         out = bufs.dst[a:b]
+        if bufs.half:  # widen both to f32, reduce there, round once into the output
+            acc, other = bufs.acc[a:b], payload.view(bufs.src.dtype)
+            first, second = (bufs.src[a:b], other) if self.schedule.rank == 0 else (other, bufs.src[a:b])
+            bf.widen(acc, first)
+            bf.reduce_into(bufs.op, acc, second)
+            if bufs.op is ReduceOp.AVG:
+                bf.avg_finalize(acc, self.world)
+            acc[np.isnan(acc)] = np.nan
+            self._save(a, b)
+            bf.narrow(out, acc)
+            return
         if self.schedule.rank == 0:
             self._reduce_partial(frame, payload)  # dst = own op received
         else:
@@ -540,7 +554,7 @@ class _RingOp:
         if frame.step < owner_step:
             if self.bufs.quantized:
                 return nbytes * 2
-            return nbytes if frame.step == 0 and self.bufs.half else 0
+            return nbytes if frame.step == 0 and self.bufs.half and not self.exchange else 0
         return nbytes * 4 if frame.step == owner_step else 0
 
     def _prepare_payload(self, frame: Frame, scratch: np.ndarray | None) -> np.ndarray:
@@ -556,7 +570,7 @@ class _RingOp:
                 return payload
             if frame.step == 0:
                 payload = self._own_contribution(frame)
-                if bufs.half:
+                if bufs.half and not self.exchange:
                     bf.widen(payload, bufs.src[frame.start : frame.stop])
                 return payload
             return bufs.acc[frame.start : frame.stop]
@@ -567,11 +581,12 @@ class _RingOp:
         return bufs.dst[frame.start : frame.stop]
 
     def _own_contribution(self, frame: Frame) -> np.ndarray:
-        """What step 0 sends unquantized: the input slice (f32 working slice for f16/bf16)."""
-        if self.bufs.half:
-            return self.bufs.acc[frame.start : frame.stop]
+        """What step 0 sends unquantized: the input slice (the ring's f32 working slice for
+        f16/bf16, to be filled by widening; the exchange sends 16-bit inputs as they are)."""
         if self.exchange_send is not None:
             return self.exchange_send[frame.start : frame.stop]
+        if self.bufs.half and not self.exchange:
+            return self.bufs.acc[frame.start : frame.stop]
         return self.bufs.src[frame.start : frame.stop]
 
     def _quantize_partial(self, frame: Frame, out: np.ndarray) -> None:

@@ -6,8 +6,8 @@ owner divides for AVG (IEEE division for floats, floor division for integers) an
 the buffer's dtype.  Floating-point sums depend on that order, so a reference that ignores it
 would not match bit for bit; this one does (unquantized).  Chunk boundaries are those of
 :func:`pccl.protocol.ring.chunk_bounds`.  Small ops of two peers run as one exchange
-(:func:`pccl.protocol.ring.uses_exchange`): every element is ``x[0] op x[1]``, and a NaN
-result is the canonical quiet NaN.
+(:func:`pccl.protocol.ring.uses_exchange`): every element is ``x[0] op x[1]`` (in f32 for
+f16/bf16, rounded once), and a NaN result is the canonical quiet NaN.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ def ring_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp) -> 
     half = dtype_of(dtype) in (DType.FLOAT16, DType.BFLOAT16)
     acc_t = np.dtype(np.float32) if half else dtype
     out = np.empty(flat[0].size, dtype)
-    exchange = uses_exchange(world, flat[0].nbytes, half=half, quantized=False)
+    exchange = uses_exchange(world, flat[0].nbytes, quantized=False)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for c, (start, stop) in enumerate(((0, flat[0].size),) if exchange else chunk_bounds(flat[0].size, world)):
             if exchange:
-                acc = _NP_OP[op](flat[0][start:stop], flat[1][start:stop])
+                acc = _NP_OP[op](flat[0][start:stop].astype(acc_t), flat[1][start:stop].astype(acc_t))
                 if np.issubdtype(acc_t, np.floating):
                     acc[np.isnan(acc)] = np.nan
             else:

@@ -239,25 +239,27 @@ class RingSchedule:
             raise ValueError(f"lane {lane} outside 0..{lanes - 1}")
 
 
-def uses_exchange(world: int, nbytes: int, *, half: bool, quantized: bool) -> bool:
+def uses_exchange(world: int, nbytes: int, *, quantized: bool) -> bool:
     """Whether an op runs as an :class:`ExchangeSchedule`: two peers, at most
-    :data:`EXCHANGE_MAX_BYTES`, unquantized, not f16/bf16 (those keep the ring, whose partial sums
-    travel as f32 and whose owner rounds once).  Only agreed parameters decide, so both peers
+    :data:`EXCHANGE_MAX_BYTES` of input, unquantized (quantized ops keep the ring, where only a
+    chunk's owner quantizes its final values).  Only agreed parameters decide, so both peers
     choose the same plan."""
-    return world == 2 and not quantized and not half and nbytes <= EXCHANGE_MAX_BYTES
+    return world == 2 and not quantized and nbytes <= EXCHANGE_MAX_BYTES
 
 
 class ExchangeSchedule(RingSchedule):
     """Two peers, one step: each sends all ``count`` elements and receives the other's.
 
     The same interface as :class:`RingSchedule`, seen as a ring of one chunk (the whole buffer)
-    and one reduce-scatter step: frame ``(0, 0, k)`` carries sub-chunk ``k`` of the buffer in
-    both directions.  Both peers then hold every element reduced from both contributions; to end
-    bit-identical they must combine the two in rank order (MIN/MAX of +0 and -0) and make NaN
-    results canonical (which payload a NaN sum keeps is up to the instruction), which
-    :mod:`pccl.collectives.allreduce` does.  At two peers this moves the same bytes
-    as the ring (each peer sends ``count`` elements) in half the trips, at the price of reducing
-    the whole buffer instead of half of it: the choice for small ops only.
+    and one reduce-scatter step: frame ``(0, 0, k)`` carries sub-chunk ``k`` of the input, in the
+    input's own dtype, in both directions (f16/bf16 too: each peer widens both inputs to f32 and
+    rounds the result once, as the ring's owner does).  Both peers then hold every element
+    reduced from both contributions; to end bit-identical they must combine the two in rank
+    order (MIN/MAX of +0 and -0) and make NaN results canonical (which payload a NaN sum keeps
+    is up to the instruction), which :mod:`pccl.collectives.allreduce` does.  At two peers this
+    moves the same bytes as the ring (each peer sends ``count`` elements; for f16/bf16 a third
+    less, since no f32 partial sums travel) in half the trips, at the price of reducing the
+    whole buffer instead of half of it: the choice for small ops only.
     """
 
     __slots__ = ()

@@ -33,6 +33,7 @@ from pccl.net.base import Stream, receive_view, send_view
 from pccl.net.framed import FramedConnection
 from pccl.protocol.codec import DataHeader
 from pccl.protocol.messages import HandshakeRole
+from pccl.protocol.ring import uses_exchange
 from pccl.types import Quantization, ReduceOp
 
 CONFIG = Config()
@@ -176,6 +177,8 @@ def assert_bit_identical(outputs: Sequence[np.ndarray]) -> None:
 
 
 def expected_sizes(n: int, world: int, itemsize: int, rs_itemsize: int) -> list[tuple[int, int]]:
+    if uses_exchange(world, n * itemsize, quantized=False):
+        return [(n * itemsize, n * itemsize)] * world  # each peer's input once, in its own dtype
     base, extra = divmod(n, world)
     chunk = [base + (1 if c < extra else 0) for c in range(world)]
     result = []
@@ -231,30 +234,37 @@ def test_f16_accumulates_in_f32() -> None:
 # --- the two-peer exchange (small ops of two peers: one step instead of reduce-scatter + gather) --
 
 
+_QUIET_NAN_BITS = {np.dtype(np.float32): (np.uint32, 0x7FC00000), np.dtype(np.float16): (np.uint16, 0x7E00),
+                   np.dtype(ml_dtypes.bfloat16): (np.uint16, 0x7FC0)}
+
+
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX])
-async def test_nan_payloads_end_bit_identical(world: int, op: ReduceOp) -> None:
-    # x86 arithmetic keeps the first operand's NaN payload, so peers that combined the same two
-    # NaNs in opposite orders would disagree; the exchange combines in rank order, the ring
-    # distributes its owners' bytes.
-    inputs = [np.full(1000, 0x7FC00000 + r + 1, np.uint32).view(np.float32) for r in range(world)]
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
+async def test_nan_payloads_end_bit_identical(world: int, op: ReduceOp, dtype: Any) -> None:
+    # Which NaN payload an operation keeps depends on the instruction (and so on alignment, vector
+    # body or scalar tail): peers that computed the same element apart could disagree.  The
+    # exchange canonicalises NaN results; the ring distributes its owners' bytes.
+    bits, quiet = _QUIET_NAN_BITS[np.dtype(dtype)]
+    inputs = [np.full(1000, quiet + r + 1, bits).view(dtype) for r in range(world)]
     for in_place in (True, False):
         outputs, _ = await run_ring(inputs, op, in_place=in_place)
         assert_bit_identical(outputs)
-        assert np.all(np.isnan(outputs[0]))
+        assert np.all(np.isnan(outputs[0].astype(np.float32)))
         if world == 2:  # the exchange's NaN results are canonical, as its model says
-            assert np.array_equal(outputs[0].view(np.uint32), ring_reference(inputs, op).view(np.uint32))
+            assert np.array_equal(outputs[0].view(bits), ring_reference(inputs, op).view(bits))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("op", [ReduceOp.MIN, ReduceOp.MAX])
-async def test_signed_zeros_end_bit_identical(world: int, op: ReduceOp) -> None:
+@pytest.mark.parametrize("dtype", [np.float64, np.float16], ids=lambda d: np.dtype(d).name)
+async def test_signed_zeros_end_bit_identical(world: int, op: ReduceOp, dtype: Any) -> None:
     # MIN/MAX of +0 and -0 return one operand of an equal pair: the peers must agree which.
-    inputs = [np.full(1000, -0.0 if r % 2 else 0.0, np.float64) for r in range(world)]
+    inputs = [np.full(1000, -0.0 if r % 2 else 0.0, dtype) for r in range(world)]
     for in_place in (True, False):
         outputs, _ = await run_ring(inputs, op, in_place=in_place)
         assert_bit_identical(outputs)
-        assert np.array_equal(outputs[0].view(np.uint64), ring_reference(inputs, op).view(np.uint64))
+        assert np.array_equal(outputs[0].view(np.uint8), ring_reference(inputs, op).view(np.uint8))
 
 
 async def test_exchange_moves_one_frame_each_way() -> None:
@@ -469,13 +479,15 @@ async def test_broken_stream_mid_op_aborts_everyone_and_restores_inputs(world: i
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=["f16", "f32"])
 @pytest.mark.parametrize("progress", [0.3, 0.8])
-async def test_cancelling_one_peer_mid_op_restores_every_input(world: int, dtype: Any, progress: float) -> None:
+@pytest.mark.parametrize("n", [20_000, 200_000], ids=["small", "large"])  # small at N=2: the exchange
+async def test_cancelling_one_peer_mid_op_restores_every_input(world: int, dtype: Any, progress: float,
+                                                               n: int) -> None:
     links, raw = memory_ring(world)
-    n = 80_000
     inputs = make_inputs(world, n, dtype, ReduceOp.SUM, seed=3)
     originals = [x.copy() for x in inputs]
     # cancel peer 1 in reduce-scatter (0.3) or in all-gather (0.8, where f16 outputs are written)
-    total_tx = (world - 1) * n // world * (4 + np.dtype(dtype).itemsize)
+    item = np.dtype(dtype).itemsize
+    total_tx = expected_sizes(n, world, item, 4 if item == 2 else item)[1][0]
 
     async def cancel_peer_1_when_busy(scopes: list[trio.CancelScope]) -> None:
         while raw[1][0].sent < progress * total_tx:

@@ -153,8 +153,7 @@ def test_exchange_sends_and_receives_the_whole_buffer_in_one_step(count: int, la
 
 
 def test_exchange_is_chosen_from_agreed_parameters_only() -> None:
-    assert uses_exchange(2, EXCHANGE_MAX_BYTES, half=False, quantized=False)
-    assert not uses_exchange(2, EXCHANGE_MAX_BYTES + 1, half=False, quantized=False)
-    assert not uses_exchange(3, 16, half=False, quantized=False)
-    assert not uses_exchange(2, 16, half=True, quantized=False)
-    assert not uses_exchange(2, 16, half=False, quantized=True)
+    assert uses_exchange(2, EXCHANGE_MAX_BYTES, quantized=False)
+    assert not uses_exchange(2, EXCHANGE_MAX_BYTES + 1, quantized=False)
+    assert not uses_exchange(3, 16, quantized=False)
+    assert not uses_exchange(2, 16, quantized=True)
