@@ -315,6 +315,8 @@ class _RingOp:
     def max_reduce_scatter_nbytes(self) -> int:
         """Payload bytes of the largest reduce-scatter frame (staging buffer size)."""
         largest_frame = min(self.schedule.subchunk_elements, self.schedule.chunk_size(0))
+        if self.exchange:
+            return largest_frame * self.bufs.itemsize  # the input as it is (see _frame_nbytes)
         return self.bufs.reduce_scatter_nbytes(largest_frame)
 
     def _save(self, a: int, b: int) -> None:

@@ -61,7 +61,7 @@ def suits_inline(op: _RingOp) -> bool:
     if not op.links.threaded or op.bufs.src.nbytes > INLINE_MAX_BYTES:
         return False
     largest = min(op.schedule.subchunk_elements, op.schedule.chunk_size(0))
-    return op.bufs.reduce_scatter_nbytes(largest) <= INLINE_MAX_FRAME_BYTES and (
+    return op.max_reduce_scatter_nbytes <= INLINE_MAX_FRAME_BYTES and (
         op.bufs.all_gather_nbytes(largest) <= INLINE_MAX_FRAME_BYTES
     )
 

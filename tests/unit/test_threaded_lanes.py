@@ -16,11 +16,15 @@ import numpy as np
 import pytest
 import trio
 
-from pccl.collectives import RingLinks, ring_all_reduce
+from pccl.collectives import KernelRunner, RingLinks, ring_all_reduce
+from pccl.collectives.allreduce import _RingOp
+from pccl.collectives.buffers import OpBuffers
+from pccl.collectives.inline import suits_inline
 from pccl.config import Config
 from pccl.errors import StreamClosed
 from pccl.net.blocking import Interrupted, ThreadCancel
 from pccl.protocol.codec import DataHeader
+from pccl.protocol.ring import DEFAULT_SUBCHUNK_BYTES
 from pccl.types import ReduceOp
 
 from tcp_pairs import framed_tcp_pair
@@ -307,6 +311,24 @@ async def test_a_small_op_that_cannot_get_a_send_thread_gives_the_lane_lock_back
         channel = a.send_channels[0]
         assert channel._send_lock.acquire(blocking=False)
         channel._send_lock.release()
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+async def test_small_two_peer_ops_on_tcp_run_inline(dtype: Any) -> None:
+    # Frames of at most 64 KiB of what actually travels: 16-bit exchange frames are not sized as
+    # f32 partial sums (which sent 32-64 KiB f16 ops to the lane threads).
+    a, b = await tcp_pair()
+    try:
+        n = 32_768
+        bufs = OpBuffers.check(np.ones(n, dtype), np.zeros(n, dtype), ReduceOp.SUM, None)
+        op = _RingOp(bufs, links=a, rank=0, world=2, seq=1, backup=None, runner=KernelRunner(),
+                     max_subchunk_bytes=DEFAULT_SUBCHUNK_BYTES)
+        assert op.exchange and op.max_reduce_scatter_nbytes == 64 * 1024  # one 64 KiB sub-chunk
+        assert suits_inline(op)
+        bufs.release()
     finally:
         await a.aclose()
         await b.aclose()
