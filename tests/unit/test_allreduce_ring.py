@@ -267,15 +267,18 @@ async def test_signed_zeros_end_bit_identical(world: int, op: ReduceOp, dtype: A
         assert np.array_equal(outputs[0].view(np.uint8), ring_reference(inputs, op).view(np.uint8))
 
 
-async def test_exchange_moves_one_frame_each_way() -> None:
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
+async def test_exchange_moves_one_frame_each_way(dtype: Any) -> None:
     links, raw = memory_ring(2)
-    inputs = make_inputs(2, 1000, np.float32, ReduceOp.SUM, seed=3)
+    inputs = make_inputs(2, 1000, dtype, ReduceOp.SUM, seed=3)
+    nbytes = 1000 * np.dtype(dtype).itemsize  # f16/bf16 travel as they are, not as f32
     outputs, sizes = await run_ring(inputs, ReduceOp.SUM, links=links)
-    assert sizes == [(4000, 4000)] * 2
-    frame_overhead = links[0].to_next[0].statistics().bytes_sent - 4000
-    assert [stream.sent for stream in (raw[0][0], raw[1][0])] == [4000 + frame_overhead] * 2
+    assert sizes == [(nbytes, nbytes)] * 2
+    frame_overhead = links[0].to_next[0].statistics().bytes_sent - nbytes
+    assert [stream.sent for stream in (raw[0][0], raw[1][0])] == [nbytes + frame_overhead] * 2
     assert links[0].to_next[0].statistics().frames_sent == 1
-    assert np.array_equal(outputs[1], inputs[0] + inputs[1])
+    expected = (inputs[0].astype(np.float32) + inputs[1].astype(np.float32)).astype(dtype)
+    assert np.array_equal(outputs[1].view(np.uint8), expected.view(np.uint8))
 
 
 async def test_exchange_in_place_sends_the_input_not_the_result() -> None:
@@ -479,7 +482,8 @@ async def test_broken_stream_mid_op_aborts_everyone_and_restores_inputs(world: i
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=["f16", "f32"])
 @pytest.mark.parametrize("progress", [0.3, 0.8])
-@pytest.mark.parametrize("n", [20_000, 200_000], ids=["small", "large"])  # small at N=2: the exchange
+# small at N=2: the exchange, in 2 (f16) or 4 (f32) frames, so that the trigger lands mid-op
+@pytest.mark.parametrize("n", [60_000, 200_000], ids=["small", "large"])
 async def test_cancelling_one_peer_mid_op_restores_every_input(world: int, dtype: Any, progress: float,
                                                                n: int) -> None:
     links, raw = memory_ring(world)
@@ -525,12 +529,13 @@ async def test_stalled_peer_is_aborted_around_by_the_callers_deadline() -> None:
         await links[1].to_next[0].send_data(DataHeader(op_seq=9, stream=0, step=0, offset=0, nbytes=1), b"x")
 
 
-async def test_backup_restores_after_a_completed_ring() -> None:
+@pytest.mark.parametrize(("world", "dtype"), [(3, np.float64), (2, np.float64), (2, np.float16), (2, ml_dtypes.bfloat16)],
+                         ids=["ring", "exchange", "exchange-f16", "exchange-bf16"])
+async def test_backup_restores_after_a_completed_ring(world: int, dtype: Any) -> None:
     # The master may abort after this peer finished its ring: the caller's backup still holds
     # the input, and holds no more than one copy of it.
-    world = 3
     links, _ = memory_ring(world)
-    inputs = make_inputs(world, 10_000, np.float64, ReduceOp.PROD, seed=9)
+    inputs = make_inputs(world, 10_000, dtype, ReduceOp.PROD, seed=9)
     bufs = [x.copy() for x in inputs]
     backups = [InputBackup(b) for b in bufs]
 
@@ -541,11 +546,11 @@ async def test_backup_restores_after_a_completed_ring() -> None:
     async with trio.open_nursery() as nursery:
         for r in range(world):
             nursery.start_soon(peer, r)
-    assert np.array_equal(bufs[0], ring_reference(inputs, ReduceOp.PROD))
+    assert np.array_equal(bufs[0].view(np.uint8), ring_reference(inputs, ReduceOp.PROD).view(np.uint8))
     for r in range(world):
         assert backups[r].saved_elements == inputs[r].size
         backups[r].restore()
-        assert np.array_equal(bufs[r], inputs[r])
+        assert np.array_equal(bufs[r].view(np.uint8), inputs[r].view(np.uint8))
 
 
 def test_scratch_arena_reuses_buffers_of_similar_size() -> None:
