@@ -21,6 +21,38 @@
 #error "pccl kernels need FLT_EVAL_METHOD == 0 (compile with SSE2 math, e.g. -mfpmath=sse)"
 #endif
 
+/* Every peer must compute the same bits whatever the calling thread's floating-point mode: a
+ * thread may run with flush-to-zero / denormals-are-zero or another rounding mode (set by user
+ * code, e.g. torch.set_flush_denormal(True)), and where two peers compute the same element (the
+ * two-peer exchange, the dequantization of the gather phase) one peer's subnormals would become
+ * zeros.  Each exported float kernel runs under PCCL_IEEE_CALL, which puts the SSE control
+ * register in its IEEE default (round to nearest, no FTZ, no DAZ) for the call if it is not
+ * there already, and restores it afterwards (keeping the exception flags the kernel raised). */
+#if defined(__SSE__) || defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#define PCCL_MXCSR_MODE 0xE040u /* FTZ (bit 15), rounding control (13-14), DAZ (6) */
+typedef unsigned int pccl_fpmode;
+static inline pccl_fpmode pccl_ieee_enter(void) {
+    unsigned int csr = _mm_getcsr();
+    if (csr & PCCL_MXCSR_MODE) _mm_setcsr(csr & ~PCCL_MXCSR_MODE);
+    return csr;
+}
+static inline void pccl_ieee_leave(pccl_fpmode csr) {
+    if (csr & PCCL_MXCSR_MODE) _mm_setcsr(csr | (_mm_getcsr() & 0x3Fu));
+}
+#else
+typedef int pccl_fpmode;
+static inline pccl_fpmode pccl_ieee_enter(void) { return 0; }
+static inline void pccl_ieee_leave(pccl_fpmode mode) { (void)mode; }
+#endif
+#define PCCL_IEEE_CALL(call)                                                                       \
+    do {                                                                                           \
+        pccl_fpmode mode_ = pccl_ieee_enter();                                                     \
+        int rc_ = (call);                                                                          \
+        pccl_ieee_leave(mode_);                                                                    \
+        return rc_;                                                                                \
+    } while (0)
+
 #if defined(__GNUC__)
 #define PCCL_INLINE static inline __attribute__((always_inline))
 #else

@@ -110,7 +110,7 @@ static int scan_bf16(const uint16_t *restrict x, size_t n, float *lo, float *hi)
     return PCCL_OK;
 }
 
-int pccl_minmax(int dtype, const void *x, size_t n, double *lo, double *hi) {
+static int pccl_minmax_impl(int dtype, const void *x, size_t n, double *lo, double *hi) {
     float flo, fhi;
     double dlo, dhi;
     int rc;
@@ -132,6 +132,10 @@ int pccl_minmax(int dtype, const void *x, size_t n, double *lo, double *hi) {
         *hi = fhi;
     }
     return rc;
+}
+
+int pccl_minmax(int dtype, const void *x, size_t n, double *lo, double *hi) {
+    PCCL_IEEE_CALL(pccl_minmax_impl(dtype, x, n, lo, hi));
 }
 
 /* ---- quantization ------------------------------------------------------------------- */
@@ -203,8 +207,8 @@ DEF_QUANT(bf16, uint16_t, float, 0x1p23f, pccl_bf16_to_f32, u16, uint16_t, 65535
     if (q_dtype == PCCL_U16) return quant_##SUF##_u16((const T *)x, (uint16_t *)q, n, lo, scale);  \
     return PCCL_EDTYPE;
 
-int pccl_quantize(int src_dtype, const void *x, size_t n, int q_dtype, void *q,
-                  double *lo, double *scale) {
+static int pccl_quantize_impl(int src_dtype, const void *x, size_t n, int q_dtype, void *q,
+                              double *lo, double *scale) {
     switch (src_dtype) {
     case PCCL_F32: QUANT_CASE(f32, float)
     case PCCL_F64: QUANT_CASE(f64, double)
@@ -212,6 +216,11 @@ int pccl_quantize(int src_dtype, const void *x, size_t n, int q_dtype, void *q,
     case PCCL_BF16: QUANT_CASE(bf16, uint16_t)
     default: return PCCL_EDTYPE;
     }
+}
+
+int pccl_quantize(int src_dtype, const void *x, size_t n, int q_dtype, void *q,
+                  double *lo, double *scale) {
+    PCCL_IEEE_CALL(pccl_quantize_impl(src_dtype, x, n, q_dtype, q, lo, scale));
 }
 
 /* ---- dequantization and fused dequantize-reduce ------------------------------------- */
@@ -257,11 +266,16 @@ DEF_DEQ(f64, double, u16, uint16_t)
         return PCCL_OK;                                                                            \
     } while (0)
 
-int pccl_dequantize(int q_dtype, const void *q, size_t n, int out_dtype, void *out,
-                    double lo, double scale) {
+static int pccl_dequantize_impl(int q_dtype, const void *q, size_t n, int out_dtype, void *out,
+                                double lo, double scale) {
     if (out_dtype == PCCL_F32) DEQ_CALL(deq, f32, float);
     if (out_dtype == PCCL_F64) DEQ_CALL(deq, f64, double);
     return PCCL_EDTYPE;
+}
+
+int pccl_dequantize(int q_dtype, const void *q, size_t n, int out_dtype, void *out,
+                    double lo, double scale) {
+    PCCL_IEEE_CALL(pccl_dequantize_impl(q_dtype, q, n, out_dtype, out, lo, scale));
 }
 
 #define DEQ_OP_DISPATCH(ASUF, A)                                                                   \
@@ -274,12 +288,17 @@ int pccl_dequantize(int q_dtype, const void *q, size_t n, int out_dtype, void *o
     default: return PCCL_EOP;                                                                      \
     }
 
-int pccl_dequantize_reduce(int op, int q_dtype, const void *q, size_t n, int acc_dtype,
-                           void *acc, double lo, double scale) {
+static int pccl_dequantize_reduce_impl(int op, int q_dtype, const void *q, size_t n,
+                                       int acc_dtype, void *acc, double lo, double scale) {
     void *out = acc; /* DEQ_CALL writes through `out` */
     if (acc_dtype == PCCL_F32) DEQ_OP_DISPATCH(f32, float)
     if (acc_dtype == PCCL_F64) DEQ_OP_DISPATCH(f64, double)
     return PCCL_EDTYPE;
+}
+
+int pccl_dequantize_reduce(int op, int q_dtype, const void *q, size_t n, int acc_dtype,
+                           void *acc, double lo, double scale) {
+    PCCL_IEEE_CALL(pccl_dequantize_reduce_impl(op, q_dtype, q, n, acc_dtype, acc, lo, scale));
 }
 
 /* Block by block like pccl_reduce_save (see reduce.c): copy a block of acc to the backup with

@@ -97,7 +97,7 @@ DEF_FLOAT_REDUCE(f64, double)
     default: return PCCL_EOP;                                                                      \
     }
 
-int pccl_reduce(int op, int dtype, void *dst, const void *src, size_t n) {
+static int pccl_reduce_impl(int op, int dtype, void *dst, const void *src, size_t n) {
     switch (dtype) {
     case PCCL_U8: DISPATCH_OP(u8, uint8_t)
     case PCCL_I8: DISPATCH_OP(i8, int8_t)
@@ -111,6 +111,10 @@ int pccl_reduce(int op, int dtype, void *dst, const void *src, size_t n) {
     case PCCL_F64: DISPATCH_OP(f64, double)
     default: return PCCL_EDTYPE;
     }
+}
+
+int pccl_reduce(int op, int dtype, void *dst, const void *src, size_t n) {
+    PCCL_IEEE_CALL(pccl_reduce_impl(op, dtype, dst, src, n));
 }
 
 /* ---- reductions that save the destination first ------------------------------------- */
@@ -222,7 +226,7 @@ DEF_WIDEN_REDUCE(bf16, pccl_bf16_to_f32)
     default: return PCCL_EOP;                                                                      \
     }
 
-int pccl_reduce_widen(int op, int src_dtype, float *dst, const void *src, size_t n) {
+static int pccl_reduce_widen_impl(int op, int src_dtype, float *dst, const void *src, size_t n) {
     switch (src_dtype) {
     case PCCL_F16: DISPATCH_WIDEN_OP(f16)
     case PCCL_BF16: DISPATCH_WIDEN_OP(bf16)
@@ -230,12 +234,20 @@ int pccl_reduce_widen(int op, int src_dtype, float *dst, const void *src, size_t
     }
 }
 
-int pccl_widen(int src_dtype, float *dst, const void *src, size_t n) {
+int pccl_reduce_widen(int op, int src_dtype, float *dst, const void *src, size_t n) {
+    PCCL_IEEE_CALL(pccl_reduce_widen_impl(op, src_dtype, dst, src, n));
+}
+
+static int pccl_widen_impl(int src_dtype, float *dst, const void *src, size_t n) {
     switch (src_dtype) {
     case PCCL_F16: widen_f16(dst, (const uint16_t *)src, n); return PCCL_OK;
     case PCCL_BF16: widen_bf16(dst, (const uint16_t *)src, n); return PCCL_OK;
     default: return PCCL_EDTYPE;
     }
+}
+
+int pccl_widen(int src_dtype, float *dst, const void *src, size_t n) {
+    PCCL_IEEE_CALL(pccl_widen_impl(src_dtype, dst, src, n));
 }
 
 PCCL_VEC static void narrow_f16(uint16_t *restrict d, const float *restrict s, size_t n) {
@@ -246,12 +258,16 @@ PCCL_VEC static void narrow_bf16(uint16_t *restrict d, const float *restrict s, 
     for (size_t i = 0; i < n; i++) d[i] = pccl_f32_to_bf16(s[i]);
 }
 
-int pccl_narrow(int dst_dtype, void *dst, const float *src, size_t n) {
+static int pccl_narrow_impl(int dst_dtype, void *dst, const float *src, size_t n) {
     switch (dst_dtype) {
     case PCCL_F16: narrow_f16((uint16_t *)dst, src, n); return PCCL_OK;
     case PCCL_BF16: narrow_bf16((uint16_t *)dst, src, n); return PCCL_OK;
     default: return PCCL_EDTYPE;
     }
+}
+
+int pccl_narrow(int dst_dtype, void *dst, const float *src, size_t n) {
+    PCCL_IEEE_CALL(pccl_narrow_impl(dst_dtype, dst, src, n));
 }
 
 /* ---- AVG finalisation ---------------------------------------------------------------- */
@@ -287,7 +303,7 @@ DEF_AVG_UNSIGNED(u64, uint64_t)
 DEF_AVG_FLOAT(f32, float)
 DEF_AVG_FLOAT(f64, double)
 
-int pccl_avg_finalize(int dtype, void *dst, size_t n, uint64_t count) {
+static int pccl_avg_finalize_impl(int dtype, void *dst, size_t n, uint64_t count) {
     /* counts beyond INT64_MAX are meaningless (a peer count) and would break the signed path */
     if (count == 0 || count > (uint64_t)INT64_MAX) return PCCL_EARG;
     switch (dtype) {
@@ -303,4 +319,8 @@ int pccl_avg_finalize(int dtype, void *dst, size_t n, uint64_t count) {
     case PCCL_F64: avg_f64((double *)dst, n, count); return PCCL_OK;
     default: return PCCL_EDTYPE;
     }
+}
+
+int pccl_avg_finalize(int dtype, void *dst, size_t n, uint64_t count) {
+    PCCL_IEEE_CALL(pccl_avg_finalize_impl(dtype, dst, n, count));
 }

@@ -14,6 +14,8 @@ from pccl import kernels as K
 from pccl._kernels import lib
 from pccl.types import DType, ReduceOp
 
+from fp_mode import flush_denormals, mxcsr, needs_sse_modes
+
 
 def f32(n: int = 8) -> np.ndarray:
     return np.arange(n, dtype=np.float32)
@@ -172,3 +174,37 @@ def test_accumulator_dtype() -> None:
     for dt in (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32):
         assert K.accumulator_dtype(dt) is DType.FLOAT32
     assert K.accumulator_dtype(DType.INT8) is DType.INT8
+
+
+# --- the calling thread's floating-point mode does not change a kernel's bits -----------------
+
+
+@needs_sse_modes
+def test_kernels_compute_ieee_bits_under_flush_to_zero() -> None:
+    # Subnormal operands and results: flush-to-zero / denormals-are-zero would make them 0.
+    tiny = np.full(37, 3e-39, np.float32)  # subnormal in float32
+    halves = np.full(37, 1e-45, np.float32)
+    before = mxcsr()
+    with flush_denormals():
+        assert np.add(tiny, tiny)[0] == 0.0  # the mode is on: numpy flushes
+        total = tiny.copy()
+        K.reduce_into(total, tiny, ReduceOp.SUM)
+        mins = tiny.copy()
+        K.reduce_into(mins, halves, ReduceOp.MIN)
+        avg = tiny.copy()
+        K.avg_finalize(avg, 2)
+        widened = np.zeros(37, np.float32)
+        K.widen(widened, np.full(37, 1e-7, np.float16))  # a float16 subnormal
+        wsum = np.zeros(37, np.float32)
+        K.reduce_into(wsum, np.full(37, 1e-7, np.float16), ReduceOp.SUM)
+        deq = np.zeros(37, np.float32)
+        K.dequantize(np.full(37, 3, np.uint8), K.QuantParams(0.0, 1e-39), deq)
+        inside = mxcsr()
+    assert inside & 0x8040 == 0x8040  # the kernels left the caller's mode as they found it
+    assert mxcsr() == before
+    assert np.array_equal(total, tiny + tiny) and total[0] != 0.0
+    assert np.array_equal(mins, np.minimum(tiny, halves)) and mins[0] != 0.0
+    assert np.array_equal(avg, tiny / np.float32(2)) and avg[0] != 0.0
+    assert np.array_equal(widened, np.full(37, 1e-7, np.float16).astype(np.float32)) and widened[0] != 0.0
+    assert np.array_equal(wsum, widened)
+    assert np.all(deq == np.float32(0.0) + np.float32(3) * np.float32(1e-39)) and deq[0] != 0.0
