@@ -472,9 +472,12 @@ class _RingOp:
         if bufs.half:
             bf.widen(acc, bufs.src[a:b])
         elif not bufs.in_place:
-            if not bufs.quantized and bufs.op is ReduceOp.SUM and acc.dtype in _IEEE_FLOATS:
+            if not bufs.quantized and bufs.op is ReduceOp.SUM and acc.dtype in _IEEE_FLOATS and not self.exchange:
                 # One pass instead of copy + accumulate: IEEE addition of the same operands is
                 # the same whichever loop does it (the kernels are built without fast-math).
+                # Not in the exchange, where both peers compute every element: numpy runs in
+                # the calling thread's floating-point mode (flush-to-zero, if user code set it),
+                # the kernels always in IEEE's.
                 np.add(bufs.src[a:b], payload.view(acc.dtype), out=acc)
                 return
             np.copyto(acc, bufs.src[a:b])

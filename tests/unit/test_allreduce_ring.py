@@ -34,6 +34,8 @@ from pccl.net.framed import FramedConnection
 from pccl.protocol.codec import DataHeader
 from pccl.protocol.messages import HandshakeRole
 from pccl.protocol.ring import uses_exchange
+
+from fp_mode import flush_denormals, needs_sse_modes
 from pccl.types import Quantization, ReduceOp
 
 CONFIG = Config()
@@ -265,6 +267,26 @@ async def test_signed_zeros_end_bit_identical(world: int, op: ReduceOp, dtype: A
         outputs, _ = await run_ring(inputs, op, in_place=in_place)
         assert_bit_identical(outputs)
         assert np.array_equal(outputs[0].view(np.uint8), ring_reference(inputs, op).view(np.uint8))
+
+
+@needs_sse_modes
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
+async def test_results_are_ieee_whatever_the_callers_flush_to_zero_mode(world: int, dtype: Any) -> None:
+    # User code may turn flush-to-zero on in the thread that calls all_reduce; where peers compute
+    # the same elements themselves (the exchange) a flushed subnormal would make them differ.
+    # The ring distributes each chunk's owner's bytes, so it stays bit-identical; its out-of-place
+    # f32/f64 SUM still adds with numpy, in the caller's mode (see the stop note).
+    inputs = [np.full(1000, (r + 1) * 3e-39, np.float32).astype(dtype) for r in range(world)]
+    for op in (ReduceOp.SUM, ReduceOp.AVG):
+        expected = ring_reference(inputs, op)
+        assert np.any(expected.astype(np.float32) != 0.0)
+        for in_place in (True, False):
+            with flush_denormals():
+                outputs, _ = await run_ring(inputs, op, in_place=in_place)
+            assert_bit_identical(outputs)
+            if world == 2 or dtype is not np.float32 or in_place or op is not ReduceOp.SUM:
+                assert np.array_equal(outputs[0].view(np.uint8), expected.view(np.uint8)), (op, in_place)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
