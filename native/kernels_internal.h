@@ -21,14 +21,24 @@
 #error "pccl kernels need FLT_EVAL_METHOD == 0 (compile with SSE2 math, e.g. -mfpmath=sse)"
 #endif
 
-/* Every peer must compute the same bits whatever the calling thread's floating-point mode: a
- * thread may run with flush-to-zero / denormals-are-zero or another rounding mode (set by user
- * code, e.g. torch.set_flush_denormal(True)), and where two peers compute the same element (the
- * two-peer exchange, the dequantization of the gather phase) one peer's subnormals would become
- * zeros.  Each exported float kernel runs under PCCL_IEEE_CALL, which puts the SSE control
- * register in its IEEE default (round to nearest, no FTZ, no DAZ) for the call if it is not
- * there already, and restores it afterwards (keeping the exception flags the kernel raised). */
-#if defined(__SSE__) || defined(__x86_64__) || defined(_M_X64)
+/* On x86-64, every peer computes the same bits whatever the calling thread's floating-point
+ * mode: a thread may run with flush-to-zero / denormals-are-zero or another rounding mode (set
+ * by user code, e.g. torch.set_flush_denormal(True)), and where two peers compute the same
+ * element (the two-peer exchange, the dequantization of the gather phase) one peer's subnormals
+ * would become zeros.  Each exported float kernel runs under PCCL_IEEE_CALL, which puts the SSE
+ * control register in its IEEE default (round to nearest, no FTZ, no DAZ) for the call if it is
+ * not there already, and restores it afterwards (keeping the exception flags the kernel raised).
+ * The work is an out-of-line call (PCCL_NOINLINE), so the compiler cannot move float operations
+ * across the mode switch.  Elsewhere (aarch64's FPCR, 32-bit x86) the mode is not reset yet:
+ * peers there must not run in flush-to-zero mode. */
+#if defined(__GNUC__) || defined(__clang__)
+#define PCCL_NOINLINE __attribute__((noinline))
+#elif defined(_MSC_VER)
+#define PCCL_NOINLINE __declspec(noinline)
+#else
+#define PCCL_NOINLINE
+#endif
+#if defined(__x86_64__) || defined(_M_X64)
 #include <xmmintrin.h>
 #define PCCL_MXCSR_MODE 0xE040u /* FTZ (bit 15), rounding control (13-14), DAZ (6) */
 typedef unsigned int pccl_fpmode;

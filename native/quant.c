@@ -110,7 +110,7 @@ static int scan_bf16(const uint16_t *restrict x, size_t n, float *lo, float *hi)
     return PCCL_OK;
 }
 
-static int pccl_minmax_impl(int dtype, const void *x, size_t n, double *lo, double *hi) {
+PCCL_NOINLINE static int pccl_minmax_impl(int dtype, const void *x, size_t n, double *lo, double *hi) {
     float flo, fhi;
     double dlo, dhi;
     int rc;
@@ -207,7 +207,7 @@ DEF_QUANT(bf16, uint16_t, float, 0x1p23f, pccl_bf16_to_f32, u16, uint16_t, 65535
     if (q_dtype == PCCL_U16) return quant_##SUF##_u16((const T *)x, (uint16_t *)q, n, lo, scale);  \
     return PCCL_EDTYPE;
 
-static int pccl_quantize_impl(int src_dtype, const void *x, size_t n, int q_dtype, void *q,
+PCCL_NOINLINE static int pccl_quantize_impl(int src_dtype, const void *x, size_t n, int q_dtype, void *q,
                               double *lo, double *scale) {
     switch (src_dtype) {
     case PCCL_F32: QUANT_CASE(f32, float)
@@ -266,7 +266,7 @@ DEF_DEQ(f64, double, u16, uint16_t)
         return PCCL_OK;                                                                            \
     } while (0)
 
-static int pccl_dequantize_impl(int q_dtype, const void *q, size_t n, int out_dtype, void *out,
+PCCL_NOINLINE static int pccl_dequantize_impl(int q_dtype, const void *q, size_t n, int out_dtype, void *out,
                                 double lo, double scale) {
     if (out_dtype == PCCL_F32) DEQ_CALL(deq, f32, float);
     if (out_dtype == PCCL_F64) DEQ_CALL(deq, f64, double);
@@ -288,7 +288,7 @@ int pccl_dequantize(int q_dtype, const void *q, size_t n, int out_dtype, void *o
     default: return PCCL_EOP;                                                                      \
     }
 
-static int pccl_dequantize_reduce_impl(int op, int q_dtype, const void *q, size_t n,
+PCCL_NOINLINE static int pccl_dequantize_reduce_impl(int op, int q_dtype, const void *q, size_t n,
                                        int acc_dtype, void *acc, double lo, double scale) {
     void *out = acc; /* DEQ_CALL writes through `out` */
     if (acc_dtype == PCCL_F32) DEQ_OP_DISPATCH(f32, float)

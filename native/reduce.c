@@ -36,7 +36,7 @@
 #include <emmintrin.h>
 #endif
 
-int pccl_kernels_abi_version(void) { return 3; }
+int pccl_kernels_abi_version(void) { return 4; }
 
 /* ---- same-type reductions ------------------------------------------------------------ */
 
@@ -97,7 +97,7 @@ DEF_FLOAT_REDUCE(f64, double)
     default: return PCCL_EOP;                                                                      \
     }
 
-static int pccl_reduce_impl(int op, int dtype, void *dst, const void *src, size_t n) {
+PCCL_NOINLINE static int pccl_reduce_impl(int op, int dtype, void *dst, const void *src, size_t n) {
     switch (dtype) {
     case PCCL_U8: DISPATCH_OP(u8, uint8_t)
     case PCCL_I8: DISPATCH_OP(i8, int8_t)
@@ -226,7 +226,7 @@ DEF_WIDEN_REDUCE(bf16, pccl_bf16_to_f32)
     default: return PCCL_EOP;                                                                      \
     }
 
-static int pccl_reduce_widen_impl(int op, int src_dtype, float *dst, const void *src, size_t n) {
+PCCL_NOINLINE static int pccl_reduce_widen_impl(int op, int src_dtype, float *dst, const void *src, size_t n) {
     switch (src_dtype) {
     case PCCL_F16: DISPATCH_WIDEN_OP(f16)
     case PCCL_BF16: DISPATCH_WIDEN_OP(bf16)
@@ -238,7 +238,7 @@ int pccl_reduce_widen(int op, int src_dtype, float *dst, const void *src, size_t
     PCCL_IEEE_CALL(pccl_reduce_widen_impl(op, src_dtype, dst, src, n));
 }
 
-static int pccl_widen_impl(int src_dtype, float *dst, const void *src, size_t n) {
+PCCL_NOINLINE static int pccl_widen_impl(int src_dtype, float *dst, const void *src, size_t n) {
     switch (src_dtype) {
     case PCCL_F16: widen_f16(dst, (const uint16_t *)src, n); return PCCL_OK;
     case PCCL_BF16: widen_bf16(dst, (const uint16_t *)src, n); return PCCL_OK;
@@ -258,7 +258,7 @@ PCCL_VEC static void narrow_bf16(uint16_t *restrict d, const float *restrict s, 
     for (size_t i = 0; i < n; i++) d[i] = pccl_f32_to_bf16(s[i]);
 }
 
-static int pccl_narrow_impl(int dst_dtype, void *dst, const float *src, size_t n) {
+PCCL_NOINLINE static int pccl_narrow_impl(int dst_dtype, void *dst, const float *src, size_t n) {
     switch (dst_dtype) {
     case PCCL_F16: narrow_f16((uint16_t *)dst, src, n); return PCCL_OK;
     case PCCL_BF16: narrow_bf16((uint16_t *)dst, src, n); return PCCL_OK;
@@ -303,7 +303,7 @@ DEF_AVG_UNSIGNED(u64, uint64_t)
 DEF_AVG_FLOAT(f32, float)
 DEF_AVG_FLOAT(f64, double)
 
-static int pccl_avg_finalize_impl(int dtype, void *dst, size_t n, uint64_t count) {
+PCCL_NOINLINE static int pccl_avg_finalize_impl(int dtype, void *dst, size_t n, uint64_t count) {
     /* counts beyond INT64_MAX are meaningless (a peer count) and would break the signed path */
     if (count == 0 || count > (uint64_t)INT64_MAX) return PCCL_EARG;
     switch (dtype) {

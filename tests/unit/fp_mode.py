@@ -20,7 +20,7 @@ import pytest
 _FTZ_DAZ = 0x8040
 _MXCSR_OFFSET = 28
 
-AVAILABLE = sys.platform == "linux" and platform.machine() == "x86_64"
+AVAILABLE = sys.platform == "linux" and platform.machine() == "x86_64" and struct.calcsize("P") == 8
 needs_sse_modes = pytest.mark.skipif(not AVAILABLE, reason="MXCSR modes are set through glibc on x86-64 Linux")
 
 

@@ -34,9 +34,9 @@ from pccl.net.framed import FramedConnection
 from pccl.protocol.codec import DataHeader
 from pccl.protocol.messages import HandshakeRole
 from pccl.protocol.ring import uses_exchange
+from pccl.types import Quantization, ReduceOp
 
 from fp_mode import flush_denormals, needs_sse_modes
-from pccl.types import Quantization, ReduceOp
 
 CONFIG = Config()
 ALL_DTYPES = [
@@ -276,7 +276,7 @@ async def test_results_are_ieee_whatever_the_callers_flush_to_zero_mode(world: i
     # User code may turn flush-to-zero on in the thread that calls all_reduce; where peers compute
     # the same elements themselves (the exchange) a flushed subnormal would make them differ.
     # The ring distributes each chunk's owner's bytes, so it stays bit-identical; its out-of-place
-    # f32/f64 SUM still adds with numpy, in the caller's mode (see the stop note).
+    # f32/f64 SUM still adds with numpy (_RingOp._reduce_partial), in the caller's mode.
     inputs = [np.full(1000, (r + 1) * 3e-39, np.float32).astype(dtype) for r in range(world)]
     for op in (ReduceOp.SUM, ReduceOp.AVG):
         expected = ring_reference(inputs, op)

@@ -199,6 +199,10 @@ def test_kernels_compute_ieee_bits_under_flush_to_zero() -> None:
         K.reduce_into(wsum, np.full(37, 1e-7, np.float16), ReduceOp.SUM)
         deq = np.zeros(37, np.float32)
         K.dequantize(np.full(37, 3, np.uint8), K.QuantParams(0.0, 1e-39), deq)
+        deq_sum = tiny.copy()
+        K.dequantize_reduce(deq_sum, np.full(37, 3, np.uint8), K.QuantParams(0.0, 1e-39))
+        saved_sum, backup = tiny.copy(), np.zeros(37, np.float32)
+        K.reduce_into_saving(saved_sum, tiny, backup, ReduceOp.SUM)
         inside = mxcsr()
     assert inside & 0x8040 == 0x8040  # the kernels left the caller's mode as they found it
     assert mxcsr() == before
@@ -208,3 +212,5 @@ def test_kernels_compute_ieee_bits_under_flush_to_zero() -> None:
     assert np.array_equal(widened, np.full(37, 1e-7, np.float16).astype(np.float32)) and widened[0] != 0.0
     assert np.array_equal(wsum, widened)
     assert np.all(deq == np.float32(0.0) + np.float32(3) * np.float32(1e-39)) and deq[0] != 0.0
+    assert np.array_equal(deq_sum, tiny + deq)
+    assert np.array_equal(saved_sum, tiny + tiny) and np.array_equal(backup, tiny)
