@@ -9,7 +9,9 @@
  *   every compiler pccl supports (gcc, clang, MSVC document it).
  *
  *   Floats: SUM/PROD are one IEEE operation per element in the destination type, so
- *   float32 SUM equals numpy's float32 add bit for bit.  MIN/MAX follow numpy.minimum /
+ *   float32 SUM equals numpy's float32 add bit for bit (in IEEE's default mode: on x86-64 every
+ *   float kernel runs so whatever flush-to-zero / rounding mode the calling thread set, see
+ *   PCCL_IEEE_CALL in kernels_internal.h).  MIN/MAX follow numpy.minimum /
  *   numpy.maximum: a NaN in either operand gives NaN, and when the operands compare equal
  *   (+0 and -0) the result is the src operand, as numpy returns its second argument.
  *
