@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -502,13 +502,17 @@ def _in_ring_order(comms: list[pccl.Communicator], arrays: list[np.ndarray]) -> 
     return [by_id[pid] for pid in comms[0].ring]
 
 
-async def _all_reduce_all(comms: list[pccl.Communicator], bufs: list[np.ndarray], **kw: Any) -> list[Any]:
-    """Run every peer's call; return each ReduceInfo or the pccl error it raised."""
+async def _all_reduce_all(comms: list[pccl.Communicator], bufs: list[np.ndarray], *,
+                          victim: trio.CancelScope | None = None,
+                          meanwhile: Callable[[], Awaitable[None]] | None = None, **kw: Any) -> list[Any]:
+    """Run every peer's call; return each ReduceInfo or the pccl error it raised (``None`` for a
+    call cancelled by ``victim``, the scope around peer 0's call).  ``meanwhile`` runs alongside."""
     out: list[Any] = [None] * len(comms)
 
     async def one(i: int) -> None:
         try:
-            out[i] = await comms[i].all_reduce(bufs[i], **kw)
+            with victim if victim is not None and i == 0 else contextlib.nullcontext():
+                out[i] = await comms[i].all_reduce(bufs[i], **kw)
         except pccl.PCCLError as exc:
             out[i] = exc
 
@@ -516,6 +520,8 @@ async def _all_reduce_all(comms: list[pccl.Communicator], bufs: list[np.ndarray]
         async with trio.open_nursery() as nursery:
             for i in range(len(comms)):
                 nursery.start_soon(one, i)
+            if meanwhile is not None:
+                await meanwhile()
     return out
 
 
@@ -553,30 +559,32 @@ async def test_alone_is_too_few_peers_and_bad_buffers_are_refused_before_the_vot
         assert np.array_equal(bufs[0], ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM))
 
 
+async def _cancel_peer_0_once_held(comms: list[pccl.Communicator], bufs: list[np.ndarray], gate: GatedNetwork, *,
+                                   tag: int, then: Callable[[], Awaitable[None]] | None = None) -> list[Any]:
+    """Every peer all-reduces its buffer on ``tag``; once ``gate`` holds peer 0 (and ``then``
+    returned), peer 0's call is cancelled.  Returns each peer's ReduceInfo or pccl error (for
+    peer 0, which must have been cancelled, ``None``); the gate is released afterwards."""
+    victim = trio.CancelScope()
+
+    async def cancel_once_held() -> None:
+        await gate.held.wait()
+        if then is not None:
+            await then()
+        victim.cancel()
+
+    outcome = await _all_reduce_all(comms, bufs, victim=victim, meanwhile=cancel_once_held, tag=tag)
+    gate.release()
+    assert outcome[0] is None and victim.cancelled_caught
+    return outcome
+
+
 async def test_cancelling_mid_ring_restores_the_input_and_aborts_the_others() -> None:
     async with _in_process_group(3, gated={0: GatedNetwork}) as (master, comms, networks):
         gate = networks[0]
         inputs = _f32_inputs(3, 3_000_000, 2)
         bufs = [x.copy() for x in inputs]
         gate.hold_after_more(4 << 20)  # freeze peer 0 inside the reduce-scatter
-        outcome: list[Any] = [None] * 3
-        victim = trio.CancelScope()
-
-        async def run(i: int) -> None:
-            try:
-                with victim if i == 0 else contextlib.nullcontext():
-                    outcome[i] = await comms[i].all_reduce(bufs[i], tag=3)
-            except pccl.PCCLError as exc:
-                outcome[i] = exc
-
-        with trio.fail_after(SOON):
-            async with trio.open_nursery() as nursery:
-                for i in range(3):
-                    nursery.start_soon(run, i)
-                await gate.held.wait()
-                victim.cancel()
-        gate.release()
-        assert outcome[0] is None and victim.cancelled_caught
+        outcome = await _cancel_peer_0_once_held(comms, bufs, gate, tag=3)
         assert all(isinstance(o, CollectiveAborted) for o in outcome[1:]), outcome
         for buf, x in zip(bufs, inputs):
             assert np.array_equal(buf, x)  # every in-place buffer holds its input again
@@ -597,27 +605,12 @@ async def test_two_peer_exchange_aborted_after_one_peer_finished_restores_both_i
         inputs = _f32_inputs(2, 4096, 5)
         bufs = [x.copy() for x in inputs]
         gate.hold_after_more(0)  # peer 0 sends its whole input, then receives nothing
-        outcome: list[Any] = [None] * 2
-        victim = trio.CancelScope()
 
-        async def run(i: int) -> None:
-            try:
-                with victim if i == 0 else contextlib.nullcontext():
-                    outcome[i] = await comms[i].all_reduce(bufs[i], tag=4)
-            except pccl.PCCLError as exc:
-                outcome[i] = exc
+        async def peer_1_reported_success() -> None:  # it reduced peer 0's input into its result
+            while not any(comms[1].peer_id in op.done for op in master.state.ops()):
+                await trio.sleep(0.005)
 
-        with trio.fail_after(SOON):
-            async with trio.open_nursery() as nursery:
-                for i in range(2):
-                    nursery.start_soon(run, i)
-                await gate.held.wait()
-                # Peer 1 has reduced peer 0's input into its result and reported success.
-                while not any(comms[1].peer_id in op.done for op in master.state.ops()):
-                    await trio.sleep(0.005)
-                victim.cancel()
-        gate.release()
-        assert outcome[0] is None and victim.cancelled_caught
+        outcome = await _cancel_peer_0_once_held(comms, bufs, gate, tag=4, then=peer_1_reported_success)
         assert isinstance(outcome[1], CollectiveAborted), outcome
         assert np.array_equal(bufs[0], inputs[0]) and np.array_equal(bufs[1], inputs[1])
         infos = await _all_reduce_all(comms, bufs, tag=4)
