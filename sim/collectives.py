@@ -1,7 +1,7 @@
 """The all-reduce step of the pccl workload, and its checker (issue 6).
 
-:class:`AllReducePhase` (phase name ``"all_reduce"``) makes every peer all-reduce a small array
-each step, through the public API, exactly as a training loop does: ``comm.all_reduce(x, op=…)``
+:class:`AllReducePhase` (phase name ``"all_reduce"``) makes every peer all-reduce arrays
+(a small one and a ring-sized one, by default) each step, through the public API, exactly as a training loop does: ``comm.all_reduce(x, op=…)``
 in place.  Peer ``p``'s input of its ``k``-th call is :func:`phase_input` ``(p, k)`` — a pure
 function, so the checker can rebuild every participant's input.  Trace events (plain data):
 
@@ -65,10 +65,16 @@ def _np_dtype(name: str) -> np.dtype:
 
 
 class AllReducePhase(Phase):
-    """In-place all-reduces each step.  Parameters: ``n`` (elements, default 33), ``dtype``
-    (default ``"float32"``), ``op`` (a ReduceOp name, default ``"AVG"``), ``quantization``
-    (``None``, ``"uint8"`` or ``"uint16"``), ``tag`` (default 0), ``concurrent`` (how many run at
-    once, on tags ``tag``, ``tag + 1``, …; default 1)."""
+    """In-place all-reduces each step.  Parameters: ``n`` (elements: one size or a list of
+    sizes, default ``[33, 40000]``), ``dtype`` (default ``"float32"``), ``op`` (a ReduceOp name,
+    default ``"AVG"``), ``quantization`` (``None``, ``"uint8"`` or ``"uint16"``), ``tag``
+    (default 0), ``concurrent`` (how many run at once per size; default 1).
+
+    Each step all-reduces once per size, one size after the other; size ``i`` uses tags
+    ``tag + i * concurrent`` … ``tag + (i + 1) * concurrent - 1``.  The default sizes cover both
+    plans of :func:`pccl.protocol.ring.uses_exchange`: 33 float32 run as an exchange at any
+    world size, 40000 (160 KB) as reduce-scatter + all-gather from three peers on (an exchange
+    at two)."""
 
     name = "all_reduce"
     messages = {
@@ -81,7 +87,10 @@ class AllReducePhase(Phase):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.n = int(params.get("n", 33))
+        sizes = params.get("n", (33, 40_000))
+        self.sizes = tuple(int(x) for x in (sizes if isinstance(sizes, (list, tuple)) else (sizes,)))
+        if not self.sizes or min(self.sizes) < 0:
+            raise ValueError("n must be a non-negative size or a non-empty list of them")
         self.dtype = str(params.get("dtype", "float32"))
         self.op = pccl.ReduceOp[str(params.get("op", "AVG"))]
         quant = params.get("quantization")
@@ -95,21 +104,27 @@ class AllReducePhase(Phase):
 
     @property
     def tags(self) -> range:
-        return range(self.tag, self.tag + self.concurrent)
+        return range(self.tag, self.tag + self.concurrent * len(self.sizes))
+
+    def size_of(self, tag: int) -> int:
+        """Elements of every all-reduce on ``tag`` (one of :attr:`tags`)."""
+        return self.sizes[(tag - self.tag) // self.concurrent]
 
     async def run(self, step: StepContext) -> None:
-        if self.concurrent == 1:
-            await self._one(step, self.tag)
-            return
-        async with trio.open_nursery() as nursery:
-            for tag in self.tags:
-                nursery.start_soon(self._one, step, tag)
+        for i in range(len(self.sizes)):
+            first = self.tag + i * self.concurrent
+            if self.concurrent == 1:
+                await self._one(step, first)
+                continue
+            async with trio.open_nursery() as nursery:
+                for tag in range(first, first + self.concurrent):
+                    nursery.start_soon(self._one, step, tag)
 
     async def _one(self, step: StepContext, tag: int) -> None:
         comm = step.comm
         k = self._calls.get((comm.peer_id, tag), 0) + 1
         self._calls[(comm.peer_id, tag)] = k
-        x = phase_input(comm.peer_id, tag, k, self.n, self.dtype)
+        x = phase_input(comm.peer_id, tag, k, self.size_of(tag), self.dtype)
         original = x.copy()
         step.record("all_reduce_call", k=k, tag=tag)
         try:
@@ -223,7 +238,8 @@ class AllReduceAgreement(Checker):
         if missing:
             self._fail(sim, f"all-reduce seq {seq}: no Commence seen for participants {_ids(missing)}")
             return
-        inputs = [phase_input(p, *calls[p], self.phase.n, self.phase.dtype) for p in ring]
+        tag = calls[ring[0]][0]
+        inputs = [phase_input(p, *calls[p], self.phase.size_of(tag), self.phase.dtype) for p in ring]
         expected = digest(ring_reference(inputs, self.phase.op))
         if expected != data["digest"]:
             self._fail(sim, f"{host}: all-reduce seq {seq} over {_ids(ring)} differs from the numpy reference")
