@@ -20,13 +20,16 @@ Design
   frames, kernels and buffers — about twice the throughput on a 2-core loopback box.  Small ops
   (≤ 256 KiB) on those lanes run instead as one sequential loop in the calling task
   (:mod:`pccl.collectives.inline`): for them the threads' hand-offs cost more than the transfer.
-* **Two peers, small op: one exchange.**  At N = 2 an unquantized op of at most 256 KiB runs on
-  :class:`~pccl.protocol.ring.ExchangeSchedule`: each peer sends its whole input (in its own
-  dtype) and reduces the other's — the same bytes as the ring (f16/bf16: fewer) in one trip
-  instead of two.  Both compute ``input[rank 0] op input[rank 1]`` (f16/bf16 widened to f32,
-  rounded once) and canonicalise NaN results, so they end bit-identical; in place, the input is
+* **Small ops: the exchange.**  An unquantized op whose peers would each send at most 256 KiB
+  this way (``(N - 1) × input``: 256 KiB of input at N = 2, 128 KiB at N = 3) runs on
+  :class:`~pccl.protocol.ring.ExchangeSchedule`: every input travels around the ring in its own
+  dtype (each peer sends its own, then forwards what it received) and every peer reduces all of
+  them — N - 1 trips instead of the ring's 2 (N - 1); at N = 2 one trip for the same bytes.
+  Every peer folds ``x[0] op x[1] op … op x[N-1]`` in ring order (f16/bf16 widened to f32,
+  rounded once) and canonicalises NaN results, so all end bit-identical; in place, the input is
   sent from a copy (the result overwrites the slice being sent).  Every execution path runs it
-  (it is just another schedule).
+  (it is just another schedule).  Measured at 16 KiB on the 2-core loopback box: N = 3
+  1.91 → 1.55 ms per op, N = 4 2.91 → 2.53 ms; at N = 3 the ring catches up at 128 KiB.
 * **Scratch memory** (the in-place backup, the f32 working array, staging) comes from a
   process-wide :class:`~pccl.collectives.buffers.ScratchArena` that keeps freed buffers: fresh
   pages cost more to fault in than the whole copy.
@@ -86,6 +89,7 @@ from ..errors import InvalidArgument, PCCLError, ProtocolError, TransportError
 from ..protocol.codec import DataHeader
 from ..protocol.ring import (
     DEFAULT_SUBCHUNK_BYTES,
+    EXCHANGE_MAX_BYTES,
     ExchangeSchedule,
     Frame,
     Phase,
@@ -126,14 +130,17 @@ async def ring_all_reduce(
     backup: InputBackup | None = None,
     runner: KernelRunner | None = None,
     max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
+    exchange_max_bytes: int = EXCHANGE_MAX_BYTES,
 ) -> tuple[int, int]:
     """All-reduce ``send`` into ``recv`` (``None`` or ``send`` itself: in place) over the ring.
 
     ``rank``/``world``: this peer's position in the ring and the ring size (≥ 2); ``links`` the
     lanes to the successor ``ring[(rank+1) % world]`` and from the predecessor; ``seq`` the
     master's sequence number of this op (unique per group, the same on every peer).  Every peer
-    must pass the same ``count``, dtype, ``op``, ``quantization``, ``max_subchunk_bytes`` and
-    number of lanes (the master checks the first four; the others are configuration).
+    must pass the same ``count``, dtype, ``op``, ``quantization``, ``max_subchunk_bytes``,
+    ``exchange_max_bytes`` (which small ops run as an exchange,
+    :func:`~pccl.protocol.ring.uses_exchange`; 0: none) and number of lanes (the master checks
+    the first four; the others are configuration).
 
     Returns ``(tx_bytes, rx_bytes)``: payload bytes sent and received (quantization metadata
     included, frame headers not).  Errors: see the module docstring; ``InvalidArgument`` for
@@ -143,6 +150,7 @@ async def ring_all_reduce(
         return await _run_op(
             send, send if recv is None else recv, op=op, links=links, rank=rank, world=world, seq=seq,
             quantization=quantization, backup=backup, runner=runner, max_subchunk_bytes=max_subchunk_bytes,
+            exchange_max_bytes=exchange_max_bytes,
         )
     finally:
         links.retire(seq)
@@ -161,6 +169,7 @@ async def _run_op(
     backup: InputBackup | None,
     runner: KernelRunner | None,
     max_subchunk_bytes: int,
+    exchange_max_bytes: int,
 ) -> tuple[int, int]:
     if world < 2 or not 0 <= rank < world:
         raise InvalidArgument(f"rank {rank} / world {world}: a ring needs 2+ peers and 0 <= rank < world")
@@ -178,6 +187,7 @@ async def _run_op(
             backup=backup if bufs.in_place else None,
             runner=runner or KernelRunner(),
             max_subchunk_bytes=max_subchunk_bytes,
+            exchange_max_bytes=exchange_max_bytes,
         )
         await ring_op.run()
     except BaseException:
@@ -244,6 +254,7 @@ class _RingOp:
         backup: InputBackup | None,
         runner: KernelRunner,
         max_subchunk_bytes: int,
+        exchange_max_bytes: int = EXCHANGE_MAX_BYTES,
     ) -> None:
         self.bufs = bufs
         self.links = links
@@ -254,16 +265,26 @@ class _RingOp:
         self.lanes = links.lanes
         count = bufs.src.size
         sub = subchunk_elements(count, world, bufs.itemsize, max_bytes=max_subchunk_bytes)
-        #: Two peers, a small unquantized op: one exchange step.  Decided from agreed parameters
-        #: only (world, count, dtype, quantization), so both peers agree.
-        self.exchange = uses_exchange(world, bufs.src.nbytes, quantized=bufs.quantized)
-        self.schedule = ExchangeSchedule(count, rank, sub) if self.exchange else RingSchedule(count, world, rank, sub)
+        #: A small unquantized op: the inputs travel around the ring and every peer reduces
+        #: them all.  Decided from agreed parameters only (world, count, dtype, quantization),
+        #: so every peer agrees.
+        self.exchange = uses_exchange(world, bufs.src.nbytes, quantized=bufs.quantized, max_bytes=exchange_max_bytes)
+        self.schedule = (
+            ExchangeSchedule(count, world, rank, sub) if self.exchange else RingSchedule(count, world, rank, sub)
+        )
         #: In place, an exchange overwrites each slice with its result while the send of that same
         #: slice may still be under way (a worker thread, the Trio sender): it sends from a copy.
         self.exchange_send: np.ndarray | None = None
-        if self.exchange and bufs.in_place and count:
-            self.exchange_send = bufs.take(bufs.src.nbytes).view(bufs.src.dtype)
-            np.copyto(self.exchange_send, bufs.src)
+        #: Exchange: the other peers' inputs, row ``s`` the one received at step ``s`` (from ring
+        #: position ``rank - s - 1``), forwarded from there at step ``s + 1``.
+        self.exchange_inputs: np.ndarray | None = None
+        if self.exchange and count:
+            if bufs.in_place:
+                self.exchange_send = bufs.take(bufs.src.nbytes).view(bufs.src.dtype)
+                np.copyto(self.exchange_send, bufs.src)
+            self.exchange_inputs = (
+                bufs.take((world - 1) * bufs.src.nbytes).view(bufs.src.dtype).reshape(world - 1, count)
+            )
         self.tx_bytes = 0
         self.rx_bytes = 0
         # ready[(step, k)]: the frame received at (step, k) is processed; the sender of
@@ -363,7 +384,11 @@ class _RingOp:
             for frame in self.schedule.recv_frames(lane, self.lanes):
                 nbytes = self._frame_nbytes(frame)
                 stage: np.ndarray | None = None
-                if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
+                process = bufs.quantized
+                if self.exchange:
+                    destination = memoryview(_as_bytes(self._exchange_slot(frame.step, frame)))
+                    process = frame.step == self.schedule.num_steps - 1  # the last input: reduce
+                elif self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
                     stage = await staging.get()
                     destination = memoryview(stage)[:nbytes]
                 elif bufs.quantized:
@@ -382,7 +407,7 @@ class _RingOp:
                     destination=destination,
                 )
                 self.rx_bytes += received
-                if stage is None and not bufs.quantized:
+                if stage is None and not process:
                     self.ready[(frame.step, frame.index)].set()  # received in place: nothing to do
                 else:
                     await to_processor.send((frame, stage))
@@ -396,6 +421,8 @@ class _RingOp:
                 if stage is not None:
                     await self.runner.run(nbytes * 2, self._reduce_frame, frame, stage[:nbytes])
                     staging.put(stage)
+                elif self.exchange:
+                    await self.runner.run(nbytes * self.world, self._reduce_exchanged, frame)
                 else:
                     await self.runner.run(nbytes * 4, self._apply_gathered, frame)
                 self.ready[(frame.step, frame.index)].set()
@@ -405,6 +432,8 @@ class _RingOp:
         (any thread): ``stage`` in the reduce-scatter, the gather store when quantized, else the
         output slice itself (saved first, in place).  :meth:`_received` processes it then."""
         bufs = self.bufs
+        if self.exchange:
+            return memoryview(_as_bytes(self._exchange_slot(frame.step, frame)))
         if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
             return memoryview(stage[: self._frame_nbytes(frame)])
         if bufs.quantized:
@@ -415,54 +444,63 @@ class _RingOp:
 
     def _received(self, frame: Frame, stage: np.ndarray) -> None:
         """Process a frame received into :meth:`_destination` (any thread)."""
-        if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
+        if self.exchange:
+            if frame.step == self.schedule.num_steps - 1:
+                self._reduce_exchanged(frame)  # the last input of this slice is in
+        elif self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
             self._reduce_frame(frame, stage[: self._frame_nbytes(frame)])
         elif self.bufs.quantized:
             self._apply_gathered(frame)
 
     def _reduce_frame(self, frame: Frame, payload: np.ndarray) -> None:
         """Reduce-scatter: fold a received partial result into the accumulator (worker thread)."""
-        if self.exchange:
-            self._reduce_exchanged(frame, payload)
-            return
         self._reduce_partial(frame, payload)
 
-    def _reduce_exchanged(self, frame: Frame, payload: np.ndarray) -> None:
-        """Exchange: the other peer's contribution arrived; this slice's result is final.
+    def _exchange_slot(self, step: int, frame: Frame) -> np.ndarray:
+        """Exchange: where the input received at ``step`` keeps ``frame``'s slice."""
+        assert self.exchange_inputs is not None
+        return self.exchange_inputs[step, frame.start : frame.stop]
 
-        Both peers compute ``input[rank 0] op input[rank 1]`` in that operand order (MIN/MAX of
-        +0 and -0 depend on it).  Which operand's payload a NaN sum or product keeps depends on
-        the instruction the compiler picked for that element (vector body or scalar tail, so on
-        alignment), so NaN results are made the canonical quiet NaN: both peers end
-        bit-identical.
+    def _exchange_operand(self, position: int, frame: Frame) -> np.ndarray:
+        """Exchange: ``frame``'s slice of the input of ring position ``position``."""
+        if position == self.schedule.rank:
+            own = self.exchange_send if self.exchange_send is not None else self.bufs.src
+            return own[frame.start : frame.stop]
+        return self._exchange_slot((self.schedule.rank - position - 1) % self.world, frame)
+
+    def _reduce_exchanged(self, frame: Frame) -> None:
+        """Exchange: every input's slice ``frame`` is in; compute its final result (any thread).
+
+        Every peer computes ``x[0] op x[1] op … op x[N-1]`` (``x[p]`` the input of ring
+        position ``p``), folded left in that order: the operand order decides MIN/MAX of +0 and
+        -0, and float sums depend on it.  Which operand's payload a NaN sum or product keeps
+        depends on the instruction the compiler picked for that element (vector body or scalar
+        tail, so on alignment), so NaN results are made the canonical quiet NaN.  The kernels
+        compute in IEEE's default mode whatever the calling thread's, so every peer ends
+        bit-identical.  f16/bf16 inputs are widened to f32, reduced there and rounded once.
         """
         bufs = self.bufs
         a, b = frame.start, frame.stop
         out = bufs.dst[a:b]
-        if bufs.half:  # widen both to f32, reduce there, round once into the output
-            acc, other = bufs.acc[a:b], payload.view(bufs.src.dtype)
-            first, second = (bufs.src[a:b], other) if self.schedule.rank == 0 else (other, bufs.src[a:b])
-            bf.widen(acc, first)
-            bf.reduce_into(bufs.op, acc, second)
-            if bufs.op is ReduceOp.AVG:
-                bf.avg_finalize(acc, self.world)
-            acc[np.isnan(acc)] = np.nan
-            self._save(a, b)
-            bf.narrow(out, acc)
-            return
-        if self.schedule.rank == 0:
-            self._reduce_partial(frame, payload)  # dst = own op received
-        else:
-            wire = payload.view(bufs.acc_dtype.numpy_dtype())
-            bf.reduce_into(bufs.op, wire, bufs.src[a:b])  # received op own, in the staging buffer
-            self._save(a, b)
-            np.copyto(out, wire)
+        acc = bufs.acc[a:b] if bufs.half else out
+        operands = [self._exchange_operand(p, frame) for p in range(self.world)]
+        # In place, ``out`` is the caller's input: save it before the first write (the peer at
+        # position 0 folds straight onto its own input, which ``out`` already holds).
+        self._save(a, b)
+        if bufs.half:
+            bf.widen(acc, operands[0])
+        elif not (bufs.in_place and self.schedule.rank == 0):
+            np.copyto(acc, operands[0])
+        for operand in operands[1:]:
+            bf.reduce_into(bufs.op, acc, operand)
         if bufs.op is ReduceOp.AVG:
-            bf.avg_finalize(out, self.world)
-        if bufs.dtype.is_float:
-            nan = np.isnan(out)
+            bf.avg_finalize(acc, self.world)
+        if acc.dtype.kind == "f":
+            nan = np.isnan(acc)
             if nan.any():
-                out[nan] = np.nan
+                acc[nan] = np.nan
+        if bufs.half:
+            bf.narrow(out, acc)
 
     def _reduce_partial(self, frame: Frame, payload: np.ndarray) -> None:
         bufs = self.bufs
@@ -556,6 +594,8 @@ class _RingOp:
         """Bytes of kernel work :meth:`_prepare_payload` does for ``frame`` (0: none)."""
         nbytes = self._frame_nbytes(frame)
         owner_step = self.world - 1
+        if self.exchange:
+            return 0
         if frame.step < owner_step:
             if self.bufs.quantized:
                 return nbytes * 2
@@ -567,6 +607,10 @@ class _RingOp:
         reduce-scatter only) receives the quantized bytes."""
         bufs = self.bufs
         owner_step = self.world - 1
+        if self.exchange:  # its own input at step 0, then the one it received last
+            if frame.step == 0:
+                return self._own_contribution(frame)
+            return self._exchange_slot(frame.step - 1, frame)
         if frame.step < owner_step:
             if bufs.quantized:
                 assert scratch is not None

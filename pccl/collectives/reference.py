@@ -5,9 +5,9 @@ The ring folds chunk ``c`` starting at ring position ``c`` and going around the 
 owner divides for AVG (IEEE division for floats, floor division for integers) and rounds once to
 the buffer's dtype.  Floating-point sums depend on that order, so a reference that ignores it
 would not match bit for bit; this one does (unquantized).  Chunk boundaries are those of
-:func:`pccl.protocol.ring.chunk_bounds`.  Small ops of two peers run as one exchange
-(:func:`pccl.protocol.ring.uses_exchange`): every element is ``x[0] op x[1]`` (in f32 for
-f16/bf16, rounded once), and a NaN result is the canonical quiet NaN.
+:func:`pccl.protocol.ring.chunk_bounds`.  Small ops run as an exchange
+(:func:`pccl.protocol.ring.uses_exchange`): every element is ``x[0] op x[1] op … op x[N-1]``
+folded left (in f32 for f16/bf16, rounded once), and a NaN result is the canonical quiet NaN.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..protocol.ring import chunk_bounds, uses_exchange
+from ..protocol.ring import EXCHANGE_MAX_BYTES, chunk_bounds, uses_exchange
 from ..types import DType, ReduceOp, dtype_of
 
 __all__ = ["ring_reference"]
@@ -30,9 +30,11 @@ _NP_OP: dict[ReduceOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 
 
-def ring_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp) -> np.ndarray:
+def ring_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp, *,
+                   exchange_max_bytes: int = EXCHANGE_MAX_BYTES) -> np.ndarray:
     """The all-reduce of ``inputs_in_ring_order`` (one array per participant, in the order of the
-    master's ``Commence.ring``) as the unquantized ring computes it, as a new flat array."""
+    master's ``Commence.ring``) as the unquantized ring computes it, as a new flat array
+    (``exchange_max_bytes``: as passed to :func:`~pccl.collectives.allreduce.ring_all_reduce`)."""
     world = len(inputs_in_ring_order)
     if world == 0:
         raise ValueError("need at least one input")
@@ -42,11 +44,13 @@ def ring_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp) -> 
     half = dtype_of(dtype) in (DType.FLOAT16, DType.BFLOAT16)
     acc_t = np.dtype(np.float32) if half else dtype
     out = np.empty(flat[0].size, dtype)
-    exchange = uses_exchange(world, flat[0].nbytes, quantized=False)
+    exchange = uses_exchange(world, flat[0].nbytes, quantized=False, max_bytes=exchange_max_bytes)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for c, (start, stop) in enumerate(((0, flat[0].size),) if exchange else chunk_bounds(flat[0].size, world)):
             if exchange:
-                acc = _NP_OP[op](flat[0][start:stop].astype(acc_t), flat[1][start:stop].astype(acc_t))
+                acc = flat[0][start:stop].astype(acc_t)
+                for j in range(1, world):
+                    acc = _NP_OP[op](acc, flat[j][start:stop].astype(acc_t))
                 if np.issubdtype(acc_t, np.floating):
                     acc[np.isnan(acc)] = np.nan
             else:

@@ -23,9 +23,10 @@ Rules (PCCL's ``reduce.cpp`` with sub-chunk pipelining added):
 * **Lanes.**  When one op is striped over several connections per neighbour, sub-chunk ``k``
   of every step travels on lane ``k mod lanes``; each lane carries its frames in schedule order.
 
-:class:`ExchangeSchedule` is the plan for small ops of two peers (recursive doubling with one
-round): each peer sends its whole contribution to the other in one step and reduces what it
-receives, so the op costs one trip between the peers instead of two, for the same bytes.
+:class:`ExchangeSchedule` is the plan for small ops: every input travels around the ring (an
+all-gather of the inputs, ``world - 1`` trips instead of ``2 (world - 1)``) and every peer
+reduces them all in ring order.  At two peers that is one exchange, for the same bytes as the
+ring.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ __all__ = [
 DEFAULT_SUBCHUNK_BYTES = 4 << 20
 #: Floor of the adaptive sub-chunk size for small ops (below it per-frame overhead dominates).
 MIN_SUBCHUNK_BYTES = 64 * 1024
-#: Largest op (bytes of the caller's array) of two peers run as one exchange
-#: (:class:`ExchangeSchedule`) instead of reduce-scatter + all-gather.  Above it the ring's
-#: pipelining and halved reduction win.
+#: Largest number of bytes a peer sends in an op run as an exchange (:class:`ExchangeSchedule`:
+#: ``(world - 1) * input bytes``) instead of reduce-scatter + all-gather.  Above it the ring's
+#: fewer bytes, pipelining and ``1 / world`` share of the reduction win.
 EXCHANGE_MAX_BYTES = 256 * 1024
 #: How many sub-chunks per chunk the adaptive size aims for, so that even a mid-sized op
 #: keeps several frames in flight around the ring.
@@ -239,39 +240,50 @@ class RingSchedule:
             raise ValueError(f"lane {lane} outside 0..{lanes - 1}")
 
 
-def uses_exchange(world: int, nbytes: int, *, quantized: bool) -> bool:
-    """Whether an op runs as an :class:`ExchangeSchedule`: two peers, at most
-    :data:`EXCHANGE_MAX_BYTES` of input, unquantized (quantized ops keep the ring, where only a
-    chunk's owner quantizes its final values).  Only agreed parameters decide, so both peers
-    choose the same plan."""
-    return world == 2 and not quantized and nbytes <= EXCHANGE_MAX_BYTES
+def uses_exchange(world: int, nbytes: int, *, quantized: bool, max_bytes: int = EXCHANGE_MAX_BYTES) -> bool:
+    """Whether an op runs as an :class:`ExchangeSchedule`: unquantized (quantized ops keep the
+    ring, where only a chunk's owner quantizes its final values) and at most
+    ``max_bytes`` (default :data:`EXCHANGE_MAX_BYTES`) sent per peer, which is
+    ``(world - 1) * nbytes``: at most 256 KiB of input at two peers, 128 KiB at three, 85 KiB
+    at four.  Only agreed parameters decide, so every peer chooses the same plan (``max_bytes``
+    must be the same on every peer; 0 forces the ring for any non-empty op)."""
+    return world >= 2 and not quantized and (world - 1) * nbytes <= max_bytes
 
 
 class ExchangeSchedule(RingSchedule):
-    """Two peers, one step: each sends all ``count`` elements and receives the other's.
+    """Small ops: every input travels around the ring to every peer, which reduces them all.
 
-    The same interface as :class:`RingSchedule`, seen as a ring of one chunk (the whole buffer)
-    and one reduce-scatter step: frame ``(0, 0, k)`` carries sub-chunk ``k`` of the input, in the
-    input's own dtype, in both directions (f16/bf16 too: each peer widens both inputs to f32 and
-    rounds the result once, as the ring's owner does).  Both peers then hold every element
-    reduced from both contributions; to end bit-identical they must combine the two in rank
-    order (MIN/MAX of +0 and -0) and make NaN results canonical (which payload a NaN sum keeps
-    is up to the instruction), which :mod:`pccl.collectives.allreduce` does.  At two peers this
-    moves the same bytes as the ring (each peer sends ``count`` elements; for f16/bf16 a third
-    less, since no f32 partial sums travel) in half the trips, at the price of reducing the
-    whole buffer instead of half of it: the choice for small ops only.
+    An all-gather of the inputs followed by a local reduction: ``world - 1`` steps instead of
+    the ring's ``2 (world - 1)``.  At two peers it is a plain exchange (recursive doubling with
+    one round): each peer sends its whole input and receives the other's in one step.
+
+    The same interface as :class:`RingSchedule`, where chunk ``c`` is *the input of ring
+    position* ``c``, spanning the whole buffer: at step ``s`` the peer at position ``r`` sends
+    input ``(r - s) mod N`` (its own at step 0, then whatever it received at step ``s - 1``) and
+    receives input ``(r - s - 1) mod N`` — the reduce-scatter's formulas, so the frames pipeline
+    sub-chunk by sub-chunk as the ring's do.  Inputs travel in their own dtype (f16/bf16 too:
+    each peer widens all of them to f32 and rounds the result once, as the ring's owner does).
+    Once sub-chunk ``k`` of every input is in, each peer folds ``x[0] op x[1] op …`` in ring
+    order; to end bit-identical the peers must use that one order (MIN/MAX of +0 and -0) and
+    make NaN results canonical (which payload a NaN sum keeps is up to the instruction), which
+    :mod:`pccl.collectives.allreduce` does.
+
+    Each peer sends ``(world - 1) * count`` elements where the ring sends
+    ``2 (world - 1) / world * count``, and reduces the whole buffer instead of ``1 / world`` of
+    it: worth it only while the trips cost more than the bytes (:func:`uses_exchange`).
     """
 
     __slots__ = ()
 
-    def __init__(self, count: int, rank: int, subchunk_elements: int) -> None:
-        super().__init__(count, 2, rank, subchunk_elements)
-        self.chunks = ((0, count),)
-        self._subchunks = (split_range(0, count, subchunk_elements),)
+    def __init__(self, count: int, world: int, rank: int, subchunk_elements: int) -> None:
+        super().__init__(count, world, rank, subchunk_elements)
+        pieces = split_range(0, count, subchunk_elements)
+        self.chunks = ((0, count),) * world
+        self._subchunks = (pieces,) * world
 
     @property
     def num_steps(self) -> int:
-        return 1
+        return self.world - 1
 
     def phase(self, step: int) -> Phase:
         self._check_step(step)
@@ -279,12 +291,5 @@ class ExchangeSchedule(RingSchedule):
 
     @property
     def owned_chunk(self) -> int:
-        return 0
-
-    def send_chunk(self, step: int) -> int:
-        self._check_step(step)
-        return 0
-
-    def recv_chunk(self, step: int) -> int:
-        self._check_step(step)
-        return 0
+        """No chunk is owned: every peer computes the whole result.  Its own input."""
+        return self.rank

@@ -229,8 +229,8 @@ def test_every_op_and_dtype_matches_numpy(cluster_factory: Any, world: int, tmp_
         if case["quant"] is None:
             rs_item, ag_item = _payload_items(case["dtype"])
             if uses_exchange(world, case["n"] * ag_item, quantized=False):
-                # Two peers, a small op: each sends its input once, in its own dtype.
-                assert tx == rx == [case["n"] * ag_item] * world, key
+                # A small op: every input travels to every other peer once, in its own dtype.
+                assert tx == rx == [(world - 1) * case["n"] * ag_item] * world, key
             else:
                 # Every chunk crosses N-1 links in each phase.
                 assert sum(tx) == (world - 1) * case["n"] * (rs_item + ag_item), key

@@ -33,7 +33,7 @@ from pccl.net.base import Stream, receive_view, send_view
 from pccl.net.framed import FramedConnection
 from pccl.protocol.codec import DataHeader
 from pccl.protocol.messages import HandshakeRole
-from pccl.protocol.ring import uses_exchange
+from pccl.protocol.ring import EXCHANGE_MAX_BYTES, uses_exchange
 from pccl.types import Quantization, ReduceOp
 
 from fp_mode import flush_denormals, needs_sse_modes
@@ -147,6 +147,7 @@ async def run_ring(
     links: Sequence[RingLinks] | None = None,
     seq: int = 1,
     max_subchunk_bytes: int | None = None,
+    exchange_max_bytes: int | None = None,
 ) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
     world = len(inputs)
     if links is None:
@@ -154,7 +155,9 @@ async def run_ring(
     outputs = [x.copy() for x in inputs]
     recvs = [None if in_place else np.full_like(x, 7) for x in inputs]
     sizes: list[tuple[int, int]] = [(0, 0)] * world
-    kwargs = {} if max_subchunk_bytes is None else {"max_subchunk_bytes": max_subchunk_bytes}
+    kwargs: dict[str, int] = {} if max_subchunk_bytes is None else {"max_subchunk_bytes": max_subchunk_bytes}
+    if exchange_max_bytes is not None:
+        kwargs["exchange_max_bytes"] = exchange_max_bytes
 
     async def peer(r: int) -> None:
         sizes[r] = await ring_all_reduce(
@@ -178,9 +181,11 @@ def assert_bit_identical(outputs: Sequence[np.ndarray]) -> None:
         assert out.view(np.uint8).tobytes() == outputs[0].view(np.uint8).tobytes(), f"peer {r} differs from peer 0"
 
 
-def expected_sizes(n: int, world: int, itemsize: int, rs_itemsize: int) -> list[tuple[int, int]]:
-    if uses_exchange(world, n * itemsize, quantized=False):
-        return [(n * itemsize, n * itemsize)] * world  # each peer's input once, in its own dtype
+def expected_sizes(n: int, world: int, itemsize: int, rs_itemsize: int,
+                   exchange_max_bytes: int = EXCHANGE_MAX_BYTES) -> list[tuple[int, int]]:
+    if uses_exchange(world, n * itemsize, quantized=False, max_bytes=exchange_max_bytes):
+        # every other peer's input once, in its own dtype
+        return [((world - 1) * n * itemsize, (world - 1) * n * itemsize)] * world
     base, extra = divmod(n, world)
     chunk = [base + (1 if c < extra else 0) for c in range(world)]
     result = []
@@ -196,19 +201,27 @@ def expected_sizes(n: int, world: int, itemsize: int, rs_itemsize: int) -> list[
 # --- correctness ------------------------------------------------------------------------------
 
 
+#: ``exchange_max_bytes`` of each plan: these sizes are all exchanges by default; 0 forces the ring.
+PLANS = {"exchange": EXCHANGE_MAX_BYTES, "ring": 0}
+
+
+@pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("n", [1, 3, 1025])
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
-async def test_every_op_and_dtype_matches_the_ring_model(world: int, n: int, dtype: Any) -> None:
+async def test_every_op_and_dtype_matches_the_ring_model(plan: str, world: int, n: int, dtype: Any) -> None:
+    limit = PLANS[plan]
+    item = np.dtype(dtype).itemsize
+    assert uses_exchange(world, n * item, quantized=False, max_bytes=limit) == (plan == "exchange")
     for i, op in enumerate(ReduceOp):
         inputs = make_inputs(world, n, dtype, op, seed=world * 1000 + n + i)
-        outputs, sizes = await run_ring(inputs, op, in_place=(i % 2 == 0), max_subchunk_bytes=512)
+        outputs, sizes = await run_ring(inputs, op, in_place=(i % 2 == 0), max_subchunk_bytes=512,
+                                        exchange_max_bytes=limit)
         assert_bit_identical(outputs)
-        expected = ring_reference(inputs, op)
+        expected = ring_reference(inputs, op, exchange_max_bytes=limit)
         assert outputs[0].view(np.uint8).tobytes() == expected.view(np.uint8).tobytes(), op
-        item = np.dtype(dtype).itemsize
         rs_item = 4 if item == 2 and np.dtype(dtype).kind not in "iu" else item
-        assert sizes == expected_sizes(n, world, item, rs_item)
+        assert sizes == expected_sizes(n, world, item, rs_item, limit)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -233,98 +246,119 @@ def test_f16_accumulates_in_f32() -> None:
     assert [float(o[0]) for o in outputs] == [2050.0] * 3
 
 
-# --- the two-peer exchange (small ops of two peers: one step instead of reduce-scatter + gather) --
+# --- the exchange (small ops: every input around the ring, N - 1 steps instead of 2 (N - 1)) -----
 
 
 _QUIET_NAN_BITS = {np.dtype(np.float32): (np.uint32, 0x7FC00000), np.dtype(np.float16): (np.uint16, 0x7E00),
                    np.dtype(ml_dtypes.bfloat16): (np.uint16, 0x7FC0)}
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
-async def test_nan_payloads_end_bit_identical(world: int, op: ReduceOp, dtype: Any) -> None:
+async def test_nan_payloads_end_bit_identical(plan: str, world: int, op: ReduceOp, dtype: Any) -> None:
     # Which NaN payload an operation keeps depends on the instruction (and so on alignment, vector
     # body or scalar tail): peers that computed the same element apart could disagree.  The
     # exchange canonicalises NaN results; the ring distributes its owners' bytes.
     bits, quiet = _QUIET_NAN_BITS[np.dtype(dtype)]
     inputs = [np.full(1000, quiet + r + 1, bits).view(dtype) for r in range(world)]
     for in_place in (True, False):
-        outputs, _ = await run_ring(inputs, op, in_place=in_place)
+        outputs, _ = await run_ring(inputs, op, in_place=in_place, exchange_max_bytes=PLANS[plan])
         assert_bit_identical(outputs)
         assert np.all(np.isnan(outputs[0].astype(np.float32)))
-        if world == 2:  # the exchange's NaN results are canonical, as its model says
+        if plan == "exchange":  # the exchange's NaN results are canonical, as its model says
             assert np.array_equal(outputs[0].view(bits), ring_reference(inputs, op).view(bits))
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("op", [ReduceOp.MIN, ReduceOp.MAX])
 @pytest.mark.parametrize("dtype", [np.float64, np.float16], ids=lambda d: np.dtype(d).name)
-async def test_signed_zeros_end_bit_identical(world: int, op: ReduceOp, dtype: Any) -> None:
+async def test_signed_zeros_end_bit_identical(plan: str, world: int, op: ReduceOp, dtype: Any) -> None:
     # MIN/MAX of +0 and -0 return one operand of an equal pair: the peers must agree which.
     inputs = [np.full(1000, -0.0 if r % 2 else 0.0, dtype) for r in range(world)]
+    limit = PLANS[plan]
     for in_place in (True, False):
-        outputs, _ = await run_ring(inputs, op, in_place=in_place)
+        outputs, _ = await run_ring(inputs, op, in_place=in_place, exchange_max_bytes=limit)
         assert_bit_identical(outputs)
-        assert np.array_equal(outputs[0].view(np.uint8), ring_reference(inputs, op).view(np.uint8))
+        expected = ring_reference(inputs, op, exchange_max_bytes=limit)
+        assert np.array_equal(outputs[0].view(np.uint8), expected.view(np.uint8))
 
 
 @needs_sse_modes
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
-async def test_results_are_ieee_whatever_the_callers_flush_to_zero_mode(world: int, dtype: Any) -> None:
+async def test_results_are_ieee_whatever_the_callers_flush_to_zero_mode(plan: str, world: int, dtype: Any) -> None:
     # User code may turn flush-to-zero on in the thread that calls all_reduce; where peers compute
     # the same elements themselves (the exchange) a flushed subnormal would make them differ.
     # The ring distributes each chunk's owner's bytes, so it stays bit-identical; its out-of-place
     # f32/f64 SUM still adds with numpy (_RingOp._reduce_partial), in the caller's mode.
     inputs = [np.full(1000, (r + 1) * 3e-39, np.float32).astype(dtype) for r in range(world)]
+    limit = PLANS[plan]
     for op in (ReduceOp.SUM, ReduceOp.AVG):
-        expected = ring_reference(inputs, op)
+        expected = ring_reference(inputs, op, exchange_max_bytes=limit)
         assert np.any(expected.astype(np.float32) != 0.0)
         for in_place in (True, False):
             with flush_denormals():
-                outputs, _ = await run_ring(inputs, op, in_place=in_place)
+                outputs, _ = await run_ring(inputs, op, in_place=in_place, exchange_max_bytes=limit)
             assert_bit_identical(outputs)
-            if world == 2 or dtype is not np.float32 or in_place or op is not ReduceOp.SUM:
+            if plan == "exchange" or dtype is not np.float32 or in_place or op is not ReduceOp.SUM:
                 assert np.array_equal(outputs[0].view(np.uint8), expected.view(np.uint8)), (op, in_place)
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
-async def test_exchange_moves_one_frame_each_way(dtype: Any) -> None:
-    links, raw = memory_ring(2)
-    inputs = make_inputs(2, 1000, dtype, ReduceOp.SUM, seed=3)
+async def test_exchange_moves_one_frame_per_step_on_each_link(world: int, dtype: Any) -> None:
+    links, raw = memory_ring(world)
+    inputs = make_inputs(world, 1000, dtype, ReduceOp.SUM, seed=3)
     nbytes = 1000 * np.dtype(dtype).itemsize  # f16/bf16 travel as they are, not as f32
     outputs, sizes = await run_ring(inputs, ReduceOp.SUM, links=links)
-    assert sizes == [(nbytes, nbytes)] * 2
-    frame_overhead = links[0].to_next[0].statistics().bytes_sent - nbytes
-    assert [stream.sent for stream in (raw[0][0], raw[1][0])] == [nbytes + frame_overhead] * 2
-    assert links[0].to_next[0].statistics().frames_sent == 1
-    expected = (inputs[0].astype(np.float32) + inputs[1].astype(np.float32)).astype(dtype)
-    assert np.array_equal(outputs[1].view(np.uint8), expected.view(np.uint8))
+    assert sizes == [((world - 1) * nbytes, (world - 1) * nbytes)] * world
+    frame_overhead = links[0].to_next[0].statistics().bytes_sent // (world - 1) - nbytes
+    assert [raw[r][0].sent for r in range(world)] == [(world - 1) * (nbytes + frame_overhead)] * world
+    assert [links[r].to_next[0].statistics().frames_sent for r in range(world)] == [world - 1] * world
+    # Folded in ring order in f32, rounded once.
+    expected = inputs[0].astype(np.float32)
+    for x in inputs[1:]:
+        expected = expected + x.astype(np.float32)
+    assert_bit_identical(outputs)
+    assert np.array_equal(outputs[0].view(np.uint8), expected.astype(dtype).view(np.uint8))
 
 
-async def test_exchange_in_place_sends_the_input_not_the_result() -> None:
+@pytest.mark.parametrize("world", [2, 3])
+async def test_exchange_in_place_sends_the_input_not_the_result(world: int) -> None:
     # In place, each slice's result overwrites the very memory being sent; a send still under
-    # way (here: held until this peer has applied the other's frame) must send the input.
-    links, _ = memory_ring(2)
-    inputs = make_inputs(2, 1000, np.float32, ReduceOp.SUM, seed=4)
+    # way (here: held until this peer has applied the others' inputs) must send the input.
+    links, _ = memory_ring(world)
+    inputs = make_inputs(world, 1000, np.float32, ReduceOp.SUM, seed=4)
     bufs = [x.copy() for x in inputs]
+    # Hold peer 0's first send (its own input) until its buffer holds the result: it gets
+    # every other input without that frame (at N = 3 the last one comes from peer 2, which
+    # forwards peer 1's), so the result is written while the send is still under way.
     connection = links[0].to_next[0]
     send_data = connection.send_data
+    held = [True]
+    released_by_the_result: list[bool] = []
 
     async def held_send_data(header: DataHeader, payload: Any) -> None:
-        with trio.move_on_after(2):
-            while np.array_equal(bufs[0], inputs[0]):
-                await trio.sleep(0.001)
+        if held[0]:
+            held[0] = False
+            with trio.move_on_after(2):
+                while np.array_equal(bufs[0], inputs[0]):
+                    await trio.sleep(0.001)
+            released_by_the_result.append(not np.array_equal(bufs[0], inputs[0]))
         await send_data(header, payload)
 
     connection.send_data = held_send_data  # type: ignore[method-assign]
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            for r in range(2):
+            for r in range(world):
                 nursery.start_soon(lambda r=r: ring_all_reduce(bufs[r], op=ReduceOp.SUM, links=links[r], rank=r,
-                                                               world=2, seq=1))
-    assert np.array_equal(bufs[0], inputs[0] + inputs[1])
+                                                               world=world, seq=1))
+    assert released_by_the_result == [True]  # the result was written while the input was unsent
+    assert np.array_equal(bufs[0].view(np.uint8), ring_reference(inputs, ReduceOp.SUM).view(np.uint8))
     assert_bit_identical(bufs)
 
 
@@ -501,13 +535,15 @@ async def test_broken_stream_mid_op_aborts_everyone_and_restores_inputs(world: i
     assert all(o is CANCELLED or isinstance(o, PCCLError) for o in outcomes)
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=["f16", "f32"])
 @pytest.mark.parametrize("progress", [0.3, 0.8])
-# small at N=2: the exchange, in 2 (f16) or 4 (f32) frames, so that the trigger lands mid-op
-@pytest.mark.parametrize("n", [60_000, 200_000], ids=["small", "large"])
+@pytest.mark.parametrize("size", ["small", "large"])
 async def test_cancelling_one_peer_mid_op_restores_every_input(world: int, dtype: Any, progress: float,
-                                                               n: int) -> None:
+                                                               size: str) -> None:
+    # small: the exchange, in 2-6 frames per peer (1-2 per step), so that the trigger lands mid-op
+    n = {"small": 64_000 // (world - 1), "large": 200_000}[size]
+    assert uses_exchange(world, n * np.dtype(dtype).itemsize, quantized=False) == (size == "small")
     links, raw = memory_ring(world)
     inputs = make_inputs(world, n, dtype, ReduceOp.SUM, seed=3)
     originals = [x.copy() for x in inputs]
@@ -523,6 +559,14 @@ async def test_cancelling_one_peer_mid_op_restores_every_input(world: int, dtype
     outcomes = await _run_with_master_abort(inputs, links, trigger=cancel_peer_1_when_busy)
     assert outcomes[1] is CANCELLED
     for r in range(world):
+        if isinstance(outcomes[r], tuple):
+            # In the exchange a peer that already holds every input finishes while peer 1 still
+            # sends to another (late in the op, N > 2).  Its result is whole; the master's abort
+            # then restores it from the caller's backup (test_backup_restores_after_...).
+            assert size == "small" and world > 2 and progress > 0.5, (r, outcomes[r])
+            reference = ring_reference(originals, ReduceOp.SUM)
+            assert np.array_equal(inputs[r].view(np.uint8), reference.view(np.uint8)), f"peer {r}: wrong result"
+            continue
         assert outcomes[r] is CANCELLED or isinstance(outcomes[r], PCCLError), outcomes[r]
         assert np.array_equal(inputs[r].view(np.uint8), originals[r].view(np.uint8)), f"peer {r} not restored"
 
@@ -551,9 +595,11 @@ async def test_stalled_peer_is_aborted_around_by_the_callers_deadline() -> None:
         await links[1].to_next[0].send_data(DataHeader(op_seq=9, stream=0, step=0, offset=0, nbytes=1), b"x")
 
 
-@pytest.mark.parametrize(("world", "dtype"), [(3, np.float64), (2, np.float64), (2, np.float16), (2, ml_dtypes.bfloat16)],
-                         ids=["ring", "exchange", "exchange-f16", "exchange-bf16"])
-async def test_backup_restores_after_a_completed_ring(world: int, dtype: Any) -> None:
+@pytest.mark.parametrize(("world", "dtype", "plan"),
+                         [(3, np.float64, "ring"), (2, np.float64, "exchange"), (2, np.float16, "exchange"),
+                          (2, ml_dtypes.bfloat16, "exchange"), (3, np.float64, "exchange"), (4, np.float16, "exchange")],
+                         ids=["ring", "exchange", "exchange-f16", "exchange-bf16", "exchange-3", "exchange-4-f16"])
+async def test_backup_restores_after_a_completed_ring(world: int, dtype: Any, plan: str) -> None:
     # The master may abort after this peer finished its ring: the caller's backup still holds
     # the input, and holds no more than one copy of it.
     links, _ = memory_ring(world)
@@ -563,12 +609,14 @@ async def test_backup_restores_after_a_completed_ring(world: int, dtype: Any) ->
 
     async def peer(r: int) -> None:
         await ring_all_reduce(bufs[r], op=ReduceOp.PROD, links=links[r], rank=r, world=world, seq=4,
-                              backup=backups[r], max_subchunk_bytes=4096)
+                              backup=backups[r], max_subchunk_bytes=4096, exchange_max_bytes=PLANS[plan])
 
     async with trio.open_nursery() as nursery:
         for r in range(world):
             nursery.start_soon(peer, r)
-    assert np.array_equal(bufs[0].view(np.uint8), ring_reference(inputs, ReduceOp.PROD).view(np.uint8))
+    expected = ring_reference(inputs, ReduceOp.PROD, exchange_max_bytes=PLANS[plan])
+    assert_bit_identical(bufs)
+    assert np.array_equal(bufs[0].view(np.uint8), expected.view(np.uint8))
     for r in range(world):
         assert backups[r].saved_elements == inputs[r].size
         backups[r].restore()

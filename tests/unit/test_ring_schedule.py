@@ -131,29 +131,47 @@ def test_invalid_parameters() -> None:
         RingSchedule(10, 3, 0, 4).send_frames(2, 2)
 
 
-# --- the two-peer exchange ---------------------------------------------------------------------
+# --- the exchange (small ops: every input around the ring) --------------------------------------
 
 
 @pytest.mark.parametrize("count", [0, 1, 3, 1000])
 @pytest.mark.parametrize("lanes", [1, 2])
-def test_exchange_sends_and_receives_the_whole_buffer_in_one_step(count: int, lanes: int) -> None:
-    scheds = [ExchangeSchedule(count, r, 7) for r in range(2)]
-    assert all(s.num_steps == 1 and s.phase(0) is Phase.REDUCE_SCATTER for s in scheds)
-    for r, lane in itertools.product(range(2), range(lanes)):
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_exchange_brings_every_input_to_every_peer_in_world_minus_one_steps(count: int, lanes: int,
+                                                                            world: int) -> None:
+    scheds = [ExchangeSchedule(count, world, r, 7) for r in range(world)]
+    assert all(s.num_steps == world - 1 and s.phase(s.num_steps - 1) is Phase.REDUCE_SCATTER for s in scheds)
+    pieces = [(a, min(a + 7, count)) for a in range(0, count, 7)]
+    for r, lane in itertools.product(range(world), range(lanes)):
         sent = scheds[r].send_frames(lane, lanes)
-        assert sent == scheds[1 - r].recv_frames(lane, lanes)  # what one sends, the other expects
-        assert all(f.step == 0 and f.chunk == 0 and f.index % lanes == lane for f in sent)
-    frames = sorted((f for lane in range(lanes) for f in scheds[0].send_frames(lane, lanes)), key=lambda f: f.start)
-    assert [(f.start, f.stop) for f in frames] == [(a, min(a + 7, count)) for a in range(0, count, 7)]
-    # The same bytes as the two-peer ring, half the trips.
-    assert scheds[0].sent_elements() == scheds[0].received_elements() == count
-    assert RingSchedule(count, 2, 0, 7).sent_elements() == count
+        assert sent == scheds[(r + 1) % world].recv_frames(lane, lanes)  # what one sends, the next expects
+        assert all(f.index % lanes == lane for f in sent)
+    for r, s in enumerate(scheds):
+        # Step 0 sends the own input; step k forwards what step k - 1 received (chunk = origin).
+        assert s.send_chunk(0) == r
+        assert [s.send_chunk(k) for k in range(1, world - 1)] == [s.recv_chunk(k - 1) for k in range(1, world - 1)]
+        # Every other peer's input arrives exactly once, whole.
+        assert sorted(s.recv_chunk(k) for k in range(world - 1)) == sorted(set(range(world)) - {r})
+        for k in range(world - 1):
+            frames = sorted((f for lane in range(lanes) for f in s.recv_frames(lane, lanes) if f.step == k),
+                            key=lambda f: f.start)
+            assert [(f.start, f.stop) for f in frames] == pieces
+            assert {f.chunk for f in frames} <= {s.recv_chunk(k)}
+        assert s.sent_elements() == s.received_elements() == (world - 1) * count
+    # At two peers: the same bytes as the ring, half the trips.
+    if world == 2:
+        assert RingSchedule(count, 2, 0, 7).sent_elements() == count
     with pytest.raises(ValueError):
-        scheds[0].send_chunk(1)
+        scheds[0].send_chunk(world - 1)
 
 
 def test_exchange_is_chosen_from_agreed_parameters_only() -> None:
+    # At most EXCHANGE_MAX_BYTES sent per peer: (world - 1) * input bytes.
     assert uses_exchange(2, EXCHANGE_MAX_BYTES, quantized=False)
     assert not uses_exchange(2, EXCHANGE_MAX_BYTES + 1, quantized=False)
-    assert not uses_exchange(3, 16, quantized=False)
+    assert uses_exchange(3, EXCHANGE_MAX_BYTES // 2, quantized=False)
+    assert not uses_exchange(3, EXCHANGE_MAX_BYTES // 2 + 1, quantized=False)
+    assert uses_exchange(5, EXCHANGE_MAX_BYTES // 4, quantized=False)
+    assert not uses_exchange(5, EXCHANGE_MAX_BYTES // 4 + 4, quantized=False)
     assert not uses_exchange(2, 16, quantized=True)
+    assert not uses_exchange(1, 16, quantized=False)
