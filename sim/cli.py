@@ -115,11 +115,12 @@ def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
           f"{spec.duration:g} s of faults, seeds {seeds[0]}..{seeds[-1]}")
     print(summary_table(results))
     if coverage:
-        from .coverage import coverage_table
+        from .coverage import ALL_REDUCE_PHASES, coverage_table
         from .workload import MEMBERSHIP_MESSAGES
 
+        phases = MEMBERSHIP_MESSAGES + (ALL_REDUCE_PHASES if "all_reduce" in args.phases else ())
         print()
-        print(coverage_table([c for r in results for c in r.coverage], phases=MEMBERSHIP_MESSAGES))
+        print(coverage_table([c for r in results for c in r.coverage], phases=phases))
     if failing:
         print(f"\n{len(failing)} failing seed(s):")
         for r in failing:

@@ -80,6 +80,11 @@ class AllReducePhase(Phase):
     messages = {
         "CollectiveInit": ("send",),
         "CollectiveCommence": ("recv",),
+        # Data frames named by the part of the op they belong to (sim.observe.AllReduceParts):
+        # phase triggers land inside the transfers too.
+        "data:exchange": ("send", "recv"),
+        "data:reduce-scatter": ("send", "recv"),
+        "data:all-gather": ("send", "recv"),
         "CollectiveDone": ("send",),
         "CollectiveComplete": ("recv",),
         "CollectiveAbort": ("recv",),

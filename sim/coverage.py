@@ -6,7 +6,11 @@ them).  This module measures which protocol phases the faults of a run or a camp
 
 A host's *phase* is the last control message it sent or read, as the network carries it —
 heartbeats excluded (they say nothing about the protocol's state) and reset when the host
-(re)boots.  No hook in pccl: :class:`PhaseTracker` subscribes to the frame sniffer
+(re)boots — or, inside an all-reduce, the part of the op its last data frame belonged to:
+``data:reduce-scatter``, ``data:all-gather`` or ``data:exchange`` (the small-op plan of
+:func:`pccl.protocol.ring.uses_exchange`; :class:`sim.observe.AllReduceParts` reads it off the
+frame's header and the op's ``CollectiveInit`` / ``CollectiveCommence``).  While the host has more than one op in
+flight the data phase says so: ``data:all-gather [2 ops]``.  No hook in pccl: :class:`PhaseTracker` subscribes to the frame sniffer
 (:meth:`sim.observe.Tap.watch`).  :class:`CoverageProbe` (a checker that never fails) reads the
 victim's and the master's phase at the instant each fault is applied and appends a cell to
 ``trace.stats["coverage"]`` (statistics: not part of the trace hash).  :func:`coverage_table`
@@ -22,25 +26,45 @@ from typing import Any
 from .runner import Checker, Simulation
 from .trace import TraceEvent
 
-__all__ = ["PhaseTracker", "CoverageProbe", "fault_victims", "coverage_table", "IDLE_MESSAGES", "NO_PHASE"]
+__all__ = ["PhaseTracker", "CoverageProbe", "fault_victims", "coverage_table", "IDLE_MESSAGES", "NO_PHASE",
+           "ALL_REDUCE_PHASES"]
 
 #: Control messages that do not change a host's protocol phase.
 IDLE_MESSAGES = frozenset({"Heartbeat"})
 #: Phase of a host that has not sent or read a control message in this incarnation.
 NO_PHASE = "-"
 
+#: The phases of an all-reduce, in order (listed by the coverage table even when unhit).
+ALL_REDUCE_PHASES = ("CollectiveInit", "CollectiveCommence", "data:exchange", "data:reduce-scatter",
+                     "data:all-gather", "CollectiveDone", "CollectiveComplete", "CollectiveAbort")
+
 Cell = tuple[str, str, str]  # (victim phase, master phase, fault kind)
 
 
 class PhaseTracker:
-    """Each host's protocol phase: the last non-idle control message it sent or read."""
+    """Each host's protocol phase: the last non-idle control message it sent or read, or the
+    part of the all-reduce its last data frame belonged to (module docstring)."""
 
     def __init__(self) -> None:
         self.phase: dict[str, str] = {}
+        self._tap: Any = None
 
     def on_message(self, host: str, direction: str, name: str, peer: str, message: Any) -> None:
         if name not in IDLE_MESSAGES:
             self.phase[host] = name
+
+    def on_data(self, host: str, direction: str, header: Any, peer: str, part: str | None) -> None:
+        if part is None:
+            return  # not a frame of an all-reduce in flight there (a shared-state transfer, say)
+        ops = self._tap.parts.in_flight(host)
+        self.phase[host] = part + (f" [{ops} ops]" if ops > 1 else "")
+
+    def attach(self, sim: Simulation) -> None:
+        if sim.tap is not None:
+            self._tap = sim.tap
+            sim.tap.watch(self.on_message, decode=False)
+            if sim.tap.parts is not None:
+                sim.tap.watch_data(self.on_data)
 
     def reset(self, host: str) -> None:
         self.phase.pop(host, None)
@@ -70,8 +94,7 @@ class CoverageProbe(Checker):
         self.tracker = PhaseTracker()
 
     def attach(self, sim: Simulation) -> None:
-        if sim.tap is not None:
-            sim.tap.watch(self.tracker.on_message, decode=False)
+        self.tracker.attach(sim)
 
     def on_event(self, sim: Simulation, event: TraceEvent) -> None:
         if event.kind == "start":

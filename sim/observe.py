@@ -46,6 +46,10 @@ class FrameFormat(Protocol):
     def message_name(self, body: bytes) -> str | None:
         """The control message's name, or ``None`` if it cannot be decoded."""
 
+    def data_header(self, prefix: bytes) -> int:
+        """Bytes of header after ``prefix`` to hand (with the prefix) to data watchers; 0 for
+        frames that are not data frames."""
+
 
 class LengthKindFrames:
     """``length:u32 | kind:u8 | body`` frames (big-endian); ``control_kind`` bodies are named by
@@ -61,18 +65,97 @@ class LengthKindFrames:
         control_kind: int = 1,
         preamble_size: int = 0,
         max_decoded_body: int = 64 * 1024,
+        data_kind: int | None = None,
+        data_header_size: int = 0,
     ) -> None:
         self._namer = namer
         self.control_kind = control_kind
         self.preamble_size = preamble_size
         self.max_decoded_body = max_decoded_body
+        self.data_kind = data_kind
+        self.data_header_size = data_header_size
 
     def parse_prefix(self, prefix: bytes) -> tuple[int, bool]:
         length, kind = self._prefix.unpack(prefix)
         return length, kind == self.control_kind
 
+    def data_header(self, prefix: bytes) -> int:
+        """Bytes of data header at the start of this frame's body worth handing to data
+        watchers (:meth:`Tap.watch_data`); 0 for frames that are not data frames."""
+        length, kind = self._prefix.unpack(prefix)
+        if kind != self.data_kind or length < self.data_header_size:
+            return 0
+        return self.data_header_size
+
     def message_name(self, body: bytes) -> str | None:
         return self._namer(body)
+
+
+class AllReduceParts:
+    """Which part of a pccl all-reduce each data frame belongs to, read off the wire.
+
+    A peer's ``CollectiveInit`` (sent) gives an op's size, dtype and quantization, its
+    ``CollectiveCommence`` (read) the op's seq and ring; from then until it sends
+    ``CollectiveDone`` or reads the master's ``CollectiveComplete`` / ``CollectiveAbort``, its
+    data frames of that seq are ``data:exchange`` (the small-op plan,
+    :func:`pccl.protocol.ring.uses_exchange`), ``data:reduce-scatter`` (step < N - 1) or
+    ``data:all-gather``.  Other data frames (shared-state transfers) have no part.  State is
+    kept per incarnation: a restarted host starts afresh.
+    """
+
+    PARTS = ("data:exchange", "data:reduce-scatter", "data:all-gather")
+    #: The control messages it follows (decoded).
+    MESSAGES = frozenset({"CollectiveInit", "CollectiveCommence", "CollectiveDone", "CollectiveComplete",
+                          "CollectiveAbort"})
+
+    def __init__(self) -> None:
+        self._incarnation: dict[str, int] = {}
+        self._inits: dict[str, dict[int, Any]] = {}  # host -> tag -> its last CollectiveInit
+        self._ops: dict[str, dict[int, tuple[int, bool]]] = {}  # host -> seq -> (world, exchange)
+
+    def _host(self, host: str, incarnation: int) -> None:
+        if self._incarnation.get(host) != incarnation:
+            self._incarnation[host] = incarnation
+            self._inits[host] = {}
+            self._ops[host] = {}
+
+    def on_message(self, host: str, incarnation: int, direction: str, name: str, message: Any) -> None:
+        from pccl.protocol.ring import uses_exchange
+        from pccl.types import DType, QuantKind
+
+        self._host(host, incarnation)
+        if message is None:
+            return
+        if name == "CollectiveInit" and direction == "send":
+            self._inits[host][message.tag] = message
+        elif name == "CollectiveCommence" and direction == "recv":
+            init = self._inits[host].get(message.tag)
+            if init is None:
+                return
+            world = len(message.ring)
+            try:
+                nbytes = init.count * DType(init.dtype).itemsize
+                quantized = QuantKind(init.quant_kind) is not QuantKind.NONE
+            except ValueError:
+                return  # not an op the master would commence
+            self._ops[host][message.seq] = (world, uses_exchange(world, nbytes, quantized=quantized))
+        elif name in ("CollectiveDone", "CollectiveComplete", "CollectiveAbort"):
+            self._ops[host].pop(message.seq, None)
+
+    def on_data(self, host: str, incarnation: int, header: Any) -> str | None:
+        """The part ``header``'s frame belongs to, or ``None``."""
+        self._host(host, incarnation)
+        op = self._ops[host].get(header.op_seq) if header is not None else None
+        if op is None:
+            return None
+        world, exchange = op
+        if exchange:
+            return "data:exchange"
+        return "data:reduce-scatter" if header.step < world - 1 else "data:all-gather"
+
+    def in_flight(self, host: str) -> int:
+        """All-reduces in flight on ``host`` (commenced, not yet done)."""
+        return len(self._ops.get(host, ()))
 
 
 def PcclFrames() -> LengthKindFrames:  # noqa: N802 - a factory standing in for a class
@@ -93,15 +176,26 @@ def PcclFrames() -> LengthKindFrames:  # noqa: N802 - a factory standing in for 
             return None
 
     assert codec.PREFIX_SIZE == LengthKindFrames.prefix_size
-    frames = LengthKindFrames(name, control_kind=int(codec.FrameKind.CONTROL), preamble_size=handshake.PREAMBLE_SIZE)
+    frames = LengthKindFrames(name, control_kind=int(codec.FrameKind.CONTROL), preamble_size=handshake.PREAMBLE_SIZE,
+                              data_kind=int(codec.FrameKind.DATA), data_header_size=codec.DATA_HEADER_SIZE)
     frames.decode = decode  # type: ignore[attr-defined]  # decoded messages for Tap.watch
+    def decode_data(raw: bytes) -> object | None:
+        prefix = raw[: codec.PREFIX_SIZE]
+        try:
+            _kind, length = codec.parse_prefix(prefix, max_frame_size=0)
+            return codec.parse_data_header(raw[codec.PREFIX_SIZE :], length)
+        except ProtocolError:
+            return None
+
+    frames.decode_data = decode_data  # type: ignore[attr-defined]  # data frame headers for Tap.watch_data
+    frames.data_parts = AllReduceParts  # type: ignore[attr-defined]  # names data frames for the Tap
     return frames
 
 
 class _FrameParser:
     """Incremental, copy-light frame splitter for one direction of one stream."""
 
-    __slots__ = ("fmt", "skip", "head", "body_left", "body", "decode")
+    __slots__ = ("fmt", "skip", "head", "body_left", "body", "decode", "data_head", "data_left", "payload_left")
 
     def __init__(self, fmt: FrameFormat) -> None:
         self.fmt = fmt
@@ -110,10 +204,15 @@ class _FrameParser:
         self.body_left = 0
         self.body: bytearray | None = None
         self.decode = False
+        self.data_head: bytearray | None = None  # a data frame's header being collected
+        self.data_left = 0  # its header bytes still to come
+        self.payload_left = 0  # and the payload after it (skipped)
 
-    def feed(self, data: memoryview | bytes, found: list[str], bodies: list[bytes] | None = None) -> None:
+    def feed(self, data: memoryview | bytes, found: list[str], bodies: list[bytes] | None = None,
+             data_headers: list[bytes] | None = None) -> None:
         """Parse ``data``; append the names of completed control messages to ``found`` (and,
-        if given, their bodies to ``bodies``, index for index)."""
+        if given, their bodies to ``bodies``, index for index) and, if ``data_headers`` is
+        given, the header bytes of every data frame (``FrameFormat.data_header``)."""
         view = memoryview(data)
         pos, end = 0, len(view)
         fmt = self.fmt
@@ -122,6 +221,17 @@ class _FrameParser:
                 k = min(self.skip, end - pos)
                 self.skip -= k
                 pos += k
+                continue
+            if self.data_head is not None:
+                k = min(self.data_left, end - pos)
+                self.data_head += view[pos : pos + k]
+                self.data_left -= k
+                pos += k
+                if self.data_left == 0:
+                    if data_headers is not None:
+                        data_headers.append(bytes(self.data_head))  # prefix + header
+                    self.data_head = None
+                    self.skip = self.payload_left
                 continue
             if self.body is not None:
                 k = min(self.body_left, end - pos)
@@ -142,7 +252,8 @@ class _FrameParser:
             self.head += view[pos : pos + k]
             pos += k
             if len(self.head) == fmt.prefix_size:
-                length, control = fmt.parse_prefix(bytes(self.head))
+                prefix = bytes(self.head)
+                length, control = fmt.parse_prefix(prefix)
                 self.head.clear()
                 if control and length <= fmt.max_decoded_body:
                     if length == 0:
@@ -155,7 +266,13 @@ class _FrameParser:
                         self.body = bytearray()
                         self.body_left = length
                 else:
-                    self.skip = length
+                    header = fmt.data_header(prefix) if data_headers is not None and not control else 0
+                    if header:
+                        self.data_head = bytearray(prefix)
+                        self.data_left = header
+                        self.payload_left = length - header
+                    else:
+                        self.skip = length
 
 
 @dataclasses.dataclass
@@ -194,6 +311,11 @@ class Tap:
         self._parsers: dict[tuple[int, str], _FrameParser] = {}
         self._armed: list[_Armed] = []
         self._watchers: list[tuple[Callable[[str, str, str, str, Any], None], frozenset[str] | None, bool]] = []
+        self._data_watchers: list[Callable[[str, str, Any, str, str | None], None]] = []
+        #: Names data frames (the format's ``data_parts``): like control messages, a named data
+        #: frame sets its host's phase and can fire message triggers.
+        parts = getattr(fmt, "data_parts", None)
+        self.parts: Any = parts() if parts is not None else None
         #: Last control message each host sent or read: its protocol phase.
         self.phase: dict[str, str] = {}
         self.messages_seen = 0
@@ -211,6 +333,15 @@ class Tap:
         ``decode(body)`` method (pccl's does), else ``None``.  Checkers use it to read what the
         wire carries (e.g. the round id of a ``TopologyComplete``)."""
         self._watchers.append((callback, None if names is None else frozenset(names), decode))
+
+    def watch_data(self, callback: Callable[[str, str, Any, str, str | None], None]) -> None:
+        """Call ``callback(host, direction, header, peer, part)`` for every data frame a host
+        sends or reads, once its header has passed (``header``: the format's
+        ``decode_data(raw)`` of the frame's prefix and header bytes — for pccl a
+        :class:`~pccl.protocol.codec.DataHeader` — or those raw bytes if it has none; ``part``:
+        its name from the format's ``data_parts``, e.g. ``data:all-gather``, or ``None``).  The
+        payload is still skipped, never copied."""
+        self._data_watchers.append(callback)
 
     # -- arming --
 
@@ -256,11 +387,14 @@ class Tap:
         if parser is None:
             parser = self._parsers[key] = _FrameParser(self.fmt)
         found: list[str] = []
-        bodies: list[bytes] | None = [] if self._watchers else None
-        parser.feed(data, found, bodies)
-        if not found:
+        parts = self.parts
+        bodies: list[bytes] | None = [] if self._watchers or parts is not None else None
+        data_headers: list[bytes] | None = [] if self._data_watchers or parts is not None else None
+        parser.feed(data, found, bodies, data_headers)
+        if not found and not data_headers:
             return
-        host = stream._inc.name
+        inc = stream._inc
+        host = inc.name
         peer = stream.remote_address.rsplit(":", 1)[0]
         decode = getattr(self.fmt, "decode", None)
         for i, name in enumerate(found):
@@ -270,22 +404,40 @@ class Tap:
                 self._on_message(host, direction, name, peer)
             if bodies is not None:
                 message = None
+                if parts is not None and name in parts.MESSAGES and decode is not None:
+                    message = decode(bodies[i])
+                    parts.on_message(host, inc.number, direction, name, message)
                 for callback, names, wants in list(self._watchers):
                     if names is None or name in names:
                         if wants and message is None and decode is not None:
                             message = decode(bodies[i])
                         callback(host, direction, name, peer, message if wants else None)
-            for armed in list(self._armed):
-                stage = armed.stages[armed.stage]
-                if (
-                    stage.type == "message"
-                    and stage.host == host
-                    and stage.message == name
-                    and stage.direction in (direction, "any")
-                ):
-                    armed.count += 1
-                    if armed.count >= stage.nth:
-                        self._advance(armed)
+            self._match(host, direction, name)
+        if data_headers:
+            decode_data = getattr(self.fmt, "decode_data", None)
+            for raw in data_headers:
+                header = decode_data(raw) if decode_data is not None else raw
+                part = parts.on_data(host, inc.number, header) if parts is not None else None
+                if part is not None:
+                    self.phase[host] = part
+                for data_callback in list(self._data_watchers):
+                    data_callback(host, direction, header, peer, part)
+                if part is not None:
+                    self._match(host, direction, part)
+
+    def _match(self, host: str, direction: str, name: str) -> None:
+        """Advance the armed triggers waiting for ``host`` to send/read ``name``."""
+        for armed in list(self._armed):
+            stage = armed.stages[armed.stage]
+            if (
+                stage.type == "message"
+                and stage.host == host
+                and stage.message == name
+                and stage.direction in (direction, "any")
+            ):
+                armed.count += 1
+                if armed.count >= stage.nth:
+                    self._advance(armed)
 
     def _advance(self, armed: _Armed) -> None:
         armed.stage += 1

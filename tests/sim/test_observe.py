@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pccl.protocol import codec, handshake
-from pccl.protocol.messages import Register, VoteTopology
-from sim.observe import PcclFrames, _FrameParser
+from pccl.protocol.messages import (
+    CollectiveAbort,
+    CollectiveCommence,
+    CollectiveComplete,
+    CollectiveDone,
+    CollectiveInit,
+    Register,
+    VoteTopology,
+)
+from pccl.types import DType, QuantKind
+from sim.observe import AllReduceParts, PcclFrames, _FrameParser
 
 
 def _wire() -> bytes:
@@ -25,6 +36,57 @@ def test_pccl_frames_are_named_and_data_is_skipped_in_any_chunking() -> None:
         for i in range(0, len(wire), chunk):
             parser.feed(wire[i : i + chunk], found)
         assert found == ["Register", "VoteTopology"], chunk
+
+
+def test_data_headers_are_read_in_any_chunking_and_the_payload_still_skipped() -> None:
+    wire = _wire() + codec.encode_data_prefix(codec.DataHeader(op_seq=7, stream=2, step=3, offset=8, nbytes=0))
+    frames = PcclFrames()
+    for chunk in (1, 3, 7, 64, len(wire)):
+        parser = _FrameParser(frames)
+        found: list[str] = []
+        headers: list[bytes] = []
+        for i in range(0, len(wire), chunk):
+            parser.feed(wire[i : i + chunk], found, None, headers)
+        assert found == ["Register", "VoteTopology"], chunk
+        assert [frames.decode_data(h) for h in headers] == [  # type: ignore[attr-defined]
+            codec.DataHeader(op_seq=1, stream=0, step=0, offset=0, nbytes=5000),
+            codec.DataHeader(op_seq=7, stream=2, step=3, offset=8, nbytes=0),
+        ], chunk
+
+
+@pytest.mark.parametrize(("count", "world", "quant", "expected"), [
+    (33, 4, QuantKind.NONE, ["data:exchange"] * 4),  # small: the exchange, whatever the step
+    (40_000, 4, QuantKind.NONE, ["data:reduce-scatter"] * 3 + ["data:all-gather"] * 3),
+    (40_000, 2, QuantKind.NONE, ["data:exchange"] * 2),  # 160 KB at two peers: an exchange
+    (33, 3, QuantKind.MIN_MAX, ["data:reduce-scatter"] * 2 + ["data:all-gather"] * 2),  # quantized: the ring
+])
+def test_all_reduce_parts_follow_the_op_of_each_data_frame(count: int, world: int, quant: QuantKind,
+                                                          expected: list[str]) -> None:
+    parts = AllReduceParts()
+    init = CollectiveInit(tag=5, count=count, dtype=int(DType.FLOAT32), op=0, quant_kind=int(quant),
+                          quant_dtype=int(DType.UINT8) if quant else 0)
+
+    def frame(seq: int, step: int) -> codec.DataHeader:
+        return codec.DataHeader(op_seq=seq, stream=0, step=step, offset=0, nbytes=4)
+
+    assert parts.on_data("p", 0, frame(9, 0)) is None  # no op in flight: no part
+    parts.on_message("p", 0, "send", "CollectiveInit", init)
+    parts.on_message("p", 0, "recv", "CollectiveCommence", CollectiveCommence(tag=5, seq=9, ring=tuple(range(world))))
+    steps = range(len(expected))
+    assert [parts.on_data("p", 0, frame(9, s)) for s in steps] == expected
+    assert parts.on_data("p", 0, frame(8, 0)) is None  # another seq (a shared-state transfer, say)
+    assert parts.on_data("q", 0, frame(9, 0)) is None  # another host
+    assert parts.in_flight("p") == 1
+    parts.on_message("p", 0, "send", "CollectiveDone", CollectiveDone(tag=5, seq=9))
+    assert parts.on_data("p", 0, frame(9, 0)) is None and parts.in_flight("p") == 0
+    for final in (CollectiveComplete(tag=5, seq=10), CollectiveAbort(tag=5, seq=10)):
+        parts.on_message("p", 0, "recv", "CollectiveCommence", CollectiveCommence(tag=5, seq=10, ring=(1, 2)))
+        assert parts.on_data("p", 0, frame(10, 0)) is not None
+        parts.on_message("p", 0, "recv", type(final).__name__, final)
+        assert parts.on_data("p", 0, frame(10, 0)) is None
+    # A restarted host (a new incarnation) starts afresh.
+    parts.on_message("p", 0, "recv", "CollectiveCommence", CollectiveCommence(tag=5, seq=11, ring=(1, 2)))
+    assert parts.on_data("p", 1, frame(11, 0)) is None
 
 
 def test_undecodable_control_body_is_ignored() -> None:
