@@ -202,7 +202,11 @@ class Inbox:
                         logger.warning("%s", msg)
                         self.connection._receive_broken = msg  # the caller aborts the lane
                         raise ProtocolError(msg)
-                    channel.receive_data_into(destination, cancel)
+                    try:
+                        channel.receive_data_into(destination, cancel)
+                    except BaseException:
+                        self._repark_unread(header)
+                        raise
                     return nbytes
                 if self._registry.is_retired(header.op_seq):
                     logger.debug(
@@ -241,6 +245,16 @@ class Inbox:
                 cond.notify_all()
                 self._wake_from_thread()
 
+    def _repark_unread(self, header: DataHeader) -> None:
+        """The receive of ``header``'s payload failed.  If the connection is still intact, the
+        failure came before any byte of the payload left the socket (a cancellation at the
+        start): what is left of the frame is still there, so park its header again — the next
+        reader discards it as a late frame once its op has ended — instead of leaving the lane
+        with a frame nobody will read (every later receive would fail)."""
+        if not self.connection.broken:
+            with self._cond:
+                self._parked = header
+
     async def receive_into(
         self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview
     ) -> int:
@@ -271,7 +285,11 @@ class Inbox:
                         )
                         logger.warning("%s", msg)
                         raise ProtocolError(msg)
-                    await self.connection.receive_data_into(destination)
+                    try:
+                        await self.connection.receive_data_into(destination)
+                    except BaseException:
+                        self._repark_unread(header)
+                        raise
                     return nbytes
                 if self._registry.is_retired(header.op_seq):
                     logger.debug(

@@ -20,6 +20,7 @@ from pccl.collectives import KernelRunner, RingLinks, ring_all_reduce
 from pccl.collectives.allreduce import _RingOp
 from pccl.collectives.buffers import OpBuffers
 from pccl.collectives.inline import suits_inline
+from pccl.collectives.links import Inbox, SeqRegistry
 from pccl.config import Config
 from pccl.errors import StreamClosed
 from pccl.net.blocking import Interrupted, ThreadCancel
@@ -332,3 +333,61 @@ async def test_small_two_peer_ops_on_tcp_run_inline(dtype: Any) -> None:
     finally:
         await a.aclose()
         await b.aclose()
+
+
+@pytest.mark.parametrize("path", ["trio", "thread"])
+async def test_a_cancel_between_a_frames_header_and_payload_keeps_the_lane(path: str) -> None:
+    # The op is cancelled right after its frame's header was read, before any payload byte:
+    # the frame is still whole on the connection.  The lane must stay usable: the frame is
+    # discarded as late once its op has ended, and the next op's frame arrives intact.
+    dialed, accepted = await framed_tcp_pair(CONFIG)
+    try:
+        registry = SeqRegistry()
+        inbox = Inbox(accepted, registry)
+        nbytes = 1 << 20  # more than the read buffer holds: the thread path must start a transfer
+        first, second = np.full(nbytes, 1, np.uint8), np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
+        destination = bytearray(nbytes)
+        async with trio.open_nursery() as nursery:
+
+            async def send() -> None:
+                await dialed.send_data(DataHeader(op_seq=1, stream=0, step=0, offset=0, nbytes=nbytes), first)
+                await dialed.send_data(DataHeader(op_seq=2, stream=0, step=0, offset=0, nbytes=nbytes), second)
+
+            nursery.start_soon(send)
+            if path == "trio":
+                scope = trio.CancelScope()
+                real = accepted.receive_data_into
+
+                async def cancelled_first(buffer: Any) -> None:
+                    scope.cancel()
+                    await real(buffer)
+
+                accepted.receive_data_into = cancelled_first  # type: ignore[method-assign]
+                with scope:
+                    await inbox.receive_into(seq=1, stream=0, step=0, offset=0, destination=memoryview(destination))
+                del accepted.receive_data_into
+                assert scope.cancelled_caught
+            else:
+                cancel = ThreadCancel()
+                channel = inbox.channel
+                assert channel is not None
+                real_blocking = channel.receive_data_into
+
+                def interrupted_first(buffer: Any, c: ThreadCancel) -> None:
+                    cancel.cancel()
+                    real_blocking(buffer, c)
+
+                channel.receive_data_into = interrupted_first  # type: ignore[method-assign]
+                with pytest.raises(Interrupted):
+                    await trio.to_thread.run_sync(lambda: inbox.receive_blocking(
+                        seq=1, stream=0, step=0, offset=0, destination=memoryview(destination), cancel=cancel))
+                del channel.receive_data_into
+                cancel.close()
+            assert not accepted.broken
+            registry.retire(1)  # the op ended: its frame is late now
+            with trio.fail_after(10):
+                got = await inbox.receive_into(seq=2, stream=0, step=0, offset=0, destination=memoryview(destination))
+        assert got == nbytes and bytes(destination) == second.tobytes()
+    finally:
+        await dialed.aclose()
+        await accepted.aclose()
