@@ -35,6 +35,7 @@ import trio
 
 import pccl
 from pccl.collectives.reference import ring_reference
+from pccl.protocol.ring import EXCHANGE_MAX_BYTES
 
 from .runner import Checker, Simulation
 from .trace import TraceEvent
@@ -66,15 +67,14 @@ def _np_dtype(name: str) -> np.dtype:
 
 class AllReducePhase(Phase):
     """In-place all-reduces each step.  Parameters: ``n`` (elements: one size or a list of
-    sizes, default ``[33, 40000]``), ``dtype`` (default ``"float32"``), ``op`` (a ReduceOp name,
+    sizes, default ``[33, EXCHANGE_MAX_BYTES // itemsize + 1]``), ``dtype`` (default ``"float32"``), ``op`` (a ReduceOp name,
     default ``"AVG"``), ``quantization`` (``None``, ``"uint8"`` or ``"uint16"``), ``tag``
     (default 0), ``concurrent`` (how many run at once per size; default 1).
 
     Each step all-reduces once per size, one size after the other; size ``i`` uses tags
     ``tag + i * concurrent`` … ``tag + (i + 1) * concurrent - 1``.  The default sizes cover both
-    plans of :func:`pccl.protocol.ring.uses_exchange`: 33 float32 run as an exchange at any
-    world size, 40000 (160 KB) as reduce-scatter + all-gather from three peers on (an exchange
-    at two)."""
+    plans of :func:`pccl.protocol.ring.uses_exchange` at every world size: 33 elements run as an
+    exchange, one element more than 256 KiB as reduce-scatter + all-gather."""
 
     name = "all_reduce"
     messages = {
@@ -92,11 +92,12 @@ class AllReducePhase(Phase):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        sizes = params.get("n", (33, 40_000))
+        self.dtype = str(params.get("dtype", "float32"))
+        # Default: a small op (an exchange at any world size) and the smallest ring op at any.
+        sizes = params.get("n", (33, EXCHANGE_MAX_BYTES // _np_dtype(self.dtype).itemsize + 1))
         self.sizes = tuple(int(x) for x in (sizes if isinstance(sizes, (list, tuple)) else (sizes,)))
         if not self.sizes or min(self.sizes) < 0:
             raise ValueError("n must be a non-negative size or a non-empty list of them")
-        self.dtype = str(params.get("dtype", "float32"))
         self.op = pccl.ReduceOp[str(params.get("op", "AVG"))]
         quant = params.get("quantization")
         self.quantization = None if quant is None else pccl.Quantization(dtype=np.dtype(quant))

@@ -64,12 +64,14 @@ def test_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize("mutant", ["backup-never-restored", "staged-op-touches-the-input"])
 def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: pytest.MonkeyPatch,
                                                                     mutant: str) -> None:
+    phase: dict[str, Any] | str = "all_reduce"
     if mutant == "backup-never-restored":
         # Large in-place ops save their input in an InputBackup and restore it on abort.
         monkeypatch.setattr(operation, "STAGED_IN_PLACE_BYTES", 0)
         monkeypatch.setattr(InputBackup, "restore", lambda self: None)
     else:
         # Small ones reduce into scratch memory and touch the caller's array only on success.
+        phase = {"name": "all_reduce", "n": 33}  # only small ops: large ones are not staged
         real_ring = operation.AllReduceService._ring
 
         async def touching(self: Any, plan: Any, *args: Any) -> Any:
@@ -80,7 +82,7 @@ def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: p
 
         monkeypatch.setattr(operation.AllReduceService, "_ring", touching)
     for seed in range(8):
-        trace = _run(seed)
+        trace = _run(seed, phase)
         if _kinds(trace)["all_reduce_aborted"]:
             break
     else:

@@ -215,8 +215,7 @@ async def test_every_op_and_dtype_matches_the_ring_model(plan: str, world: int, 
     assert uses_exchange(world, n * item, quantized=False, max_bytes=limit) == (plan == "exchange")
     for i, op in enumerate(ReduceOp):
         inputs = make_inputs(world, n, dtype, op, seed=world * 1000 + n + i)
-        outputs, sizes = await run_ring(inputs, op, in_place=(i % 2 == 0), max_subchunk_bytes=512,
-                                        exchange_max_bytes=limit)
+        outputs, sizes = await run_ring(inputs, op, in_place=(i % 2 == 0), exchange_max_bytes=limit)
         assert_bit_identical(outputs)
         expected = ring_reference(inputs, op, exchange_max_bytes=limit)
         assert outputs[0].view(np.uint8).tobytes() == expected.view(np.uint8).tobytes(), op
@@ -782,6 +781,45 @@ async def test_over_tcp_loopback(world: int) -> None:
                 assert np.array_equal(outputs[0].view(np.uint8), ring_reference(inputs, op).view(np.uint8))
             stats_tx = sum(c.statistics().data_bytes_sent for c in links[0].to_next)
             assert stats_tx >= sizes[0][0]
+    finally:
+        for link in links:
+            await link.aclose()
+
+
+@pytest.mark.parametrize("path", ["inline", "threads"])
+@pytest.mark.parametrize("world", [2, 3, 4])
+async def test_exchange_over_tcp_loopback(world: int, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On real TCP the exchange runs inline (its frames are small); the lane threads run it too
+    # when forced.  Sizes: one frame per step, and the largest exchange (several frames per step,
+    # striped over both lanes); in place and out of place.
+    import pccl.collectives.allreduce as allreduce_module
+
+    ran: list[str] = []
+    real_suits = allreduce_module.suits_inline
+
+    def chosen(op: Any) -> bool:
+        inline = real_suits(op) and path == "inline"
+        ran.append("inline" if inline else "threads")
+        return inline
+
+    monkeypatch.setattr(allreduce_module, "suits_inline", chosen)
+    links = await tcp_ring(world, lanes=2)
+    try:
+        seq = 0
+        for dtype, op in ((np.float32, ReduceOp.SUM), (ml_dtypes.bfloat16, ReduceOp.AVG), (np.int64, ReduceOp.MIN)):
+            item = np.dtype(dtype).itemsize
+            for n in (1000, EXCHANGE_MAX_BYTES // (world - 1) // item):
+                assert uses_exchange(world, n * item, quantized=False)
+                for in_place in (True, False):
+                    seq += 1
+                    inputs = make_inputs(world, n, dtype, op, seed=seq)
+                    with trio.fail_after(20):
+                        outputs, sizes = await run_ring(inputs, op, links=links, seq=seq, in_place=in_place)
+                    assert_bit_identical(outputs)
+                    expected = ring_reference(inputs, op)
+                    assert np.array_equal(outputs[0].view(np.uint8), expected.view(np.uint8)), (dtype, n, in_place)
+                    assert sizes == [((world - 1) * n * item,) * 2] * world
+        assert set(ran) == {path}
     finally:
         for link in links:
             await link.aclose()
