@@ -215,7 +215,11 @@ class Inbox:
                     )
                     with cond:
                         self._parked = None
-                    channel.discard_data(cancel)
+                    try:
+                        channel.discard_data(cancel)
+                    except BaseException:
+                        self._repark_unread(header)
+                        raise
                     header = None
                     continue
                 with cond:  # another op's frame: park it for its owner
@@ -246,11 +250,12 @@ class Inbox:
                 self._wake_from_thread()
 
     def _repark_unread(self, header: DataHeader) -> None:
-        """The receive of ``header``'s payload failed.  If the connection is still intact, the
-        failure came before any byte of the payload left the socket (a cancellation at the
-        start): what is left of the frame is still there, so park its header again — the next
-        reader discards it as a late frame once its op has ended — instead of leaving the lane
-        with a frame nobody will read (every later receive would fail)."""
+        """Receiving (or discarding) ``header``'s payload failed.  If the connection is still
+        intact, the failure came before the receive started a transfer on the socket (a
+        cancellation at its start; what the connection had already buffered may be consumed,
+        and the connection counts what is left): park the header again, so the next reader
+        discards the rest as a late frame once its op has ended, instead of leaving the lane
+        with a frame nobody will finish reading (every later receive would fail)."""
         if not self.connection.broken:
             with self._cond:
                 self._parked = header
@@ -298,7 +303,11 @@ class Inbox:
                     )
                     with self._cond:
                         self._parked = None
-                    await self.connection.discard_data()
+                    try:
+                        await self.connection.discard_data()
+                    except BaseException:
+                        self._repark_unread(header)
+                        raise
                     header = None
                     continue
                 # Another op's frame (running here, or about to start): leave it for its owner.

@@ -391,3 +391,64 @@ async def test_a_cancel_between_a_frames_header_and_payload_keeps_the_lane(path:
     finally:
         await dialed.aclose()
         await accepted.aclose()
+
+
+@pytest.mark.parametrize("path", ["trio", "thread"])
+async def test_a_cancel_while_discarding_a_late_frame_keeps_the_lane(path: str) -> None:
+    # A late frame (of an op that ended) is being discarded by the next op's reader when that op
+    # is cancelled too: the rest of the late frame must still be discarded, not left unread.
+    dialed, accepted = await framed_tcp_pair(CONFIG)
+    try:
+        registry = SeqRegistry()
+        inbox = Inbox(accepted, registry)
+        nbytes = 3 << 20  # several discard chunks
+        late, good = np.full(nbytes, 1, np.uint8), np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
+        destination = bytearray(nbytes)
+        registry.retire(1)  # op 1 ended here: its frame is late
+        async with trio.open_nursery() as nursery:
+
+            async def send() -> None:
+                await dialed.send_data(DataHeader(op_seq=1, stream=0, step=0, offset=0, nbytes=nbytes), late)
+                await dialed.send_data(DataHeader(op_seq=3, stream=0, step=0, offset=0, nbytes=nbytes), good)
+
+            nursery.start_soon(send)
+            if path == "trio":
+                scope = trio.CancelScope()
+                real = accepted.receive_data_into
+
+                async def cancelled_first(buffer: Any) -> None:
+                    scope.cancel()  # op 2 is cancelled while its reader discards op 1's frame
+                    await real(buffer)
+
+                accepted.receive_data_into = cancelled_first  # type: ignore[method-assign]
+                with scope:
+                    await inbox.receive_into(seq=2, stream=0, step=0, offset=0, destination=memoryview(destination))
+                del accepted.receive_data_into
+                assert scope.cancelled_caught
+            else:
+                cancel = ThreadCancel()
+                channel = inbox.channel
+                assert channel is not None
+                real_blocking = channel.receive_data_into
+                calls = [0]
+
+                def interrupted_second(buffer: Any, c: ThreadCancel) -> None:
+                    calls[0] += 1
+                    if calls[0] == 2:
+                        cancel.cancel()  # between two discard chunks: no transfer registered
+                    real_blocking(buffer, c)
+
+                channel.receive_data_into = interrupted_second  # type: ignore[method-assign]
+                with pytest.raises(Interrupted):
+                    await trio.to_thread.run_sync(lambda: inbox.receive_blocking(
+                        seq=2, stream=0, step=0, offset=0, destination=memoryview(destination), cancel=cancel))
+                del channel.receive_data_into
+                cancel.close()
+            assert not accepted.broken
+            registry.retire(2)
+            with trio.fail_after(10):
+                got = await inbox.receive_into(seq=3, stream=0, step=0, offset=0, destination=memoryview(destination))
+        assert got == nbytes and bytes(destination) == good.tobytes()
+    finally:
+        await dialed.aclose()
+        await accepted.aclose()
