@@ -118,7 +118,9 @@ def coverage_table(cells: Iterable[Sequence[str]], *, phases: Sequence[str] = ()
         rows: dict[str, Counter[str]] = {}
         for cell, n in counter.items():
             rows.setdefault(cell[index], Counter())[cell[2]] += n
-        names = list(dict.fromkeys([*phases, *sorted(rows)]))
+        # The master sends no data frames: its table lists only control phases when unhit.
+        listed = [p for p in phases if index == 0 or not p.startswith("data:")]
+        names = list(dict.fromkeys([*listed, *sorted(rows)]))
         out.append(_table(title, names, kinds, rows))
     out.append(f"{len(counter)} distinct (victim phase, master phase, fault kind) cells, {sum(counter.values())} faults")
     width = max((len(v) for v, _, _ in counter), default=5)

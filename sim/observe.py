@@ -100,13 +100,15 @@ class AllReduceParts:
     data frames of that seq are ``data:exchange`` (the small-op plan,
     :func:`pccl.protocol.ring.uses_exchange`), ``data:reduce-scatter`` (step < N - 1) or
     ``data:all-gather``.  Other data frames (shared-state transfers) have no part.  State is
-    kept per incarnation: a restarted host starts afresh.
+    kept per incarnation: a restarted host starts afresh, and so does a peer that registers with
+    a master again (its ops ended with the old master connection, whether or not a Done or the
+    master's final word crossed the wire; a restarted master numbers ops from 1 again).
     """
 
     PARTS = ("data:exchange", "data:reduce-scatter", "data:all-gather")
     #: The control messages it follows (decoded).
     MESSAGES = frozenset({"CollectiveInit", "CollectiveCommence", "CollectiveDone", "CollectiveComplete",
-                          "CollectiveAbort"})
+                          "CollectiveAbort", "Register"})
 
     def __init__(self) -> None:
         self._incarnation: dict[str, int] = {}
@@ -126,7 +128,12 @@ class AllReduceParts:
         self._host(host, incarnation)
         if message is None:
             return
-        if name == "CollectiveInit" and direction == "send":
+        if name == "Register" and direction == "send":
+            # (Re)joining a master: every op it had in flight ended with the old connection,
+            # whether or not a Done / Complete / Abort crossed the wire.
+            self._inits[host].clear()
+            self._ops[host].clear()
+        elif name == "CollectiveInit" and direction == "send":
             self._inits[host][message.tag] = message
         elif name == "CollectiveCommence" and direction == "recv":
             init = self._inits[host].get(message.tag)

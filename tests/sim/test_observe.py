@@ -84,6 +84,15 @@ def test_all_reduce_parts_follow_the_op_of_each_data_frame(count: int, world: in
         assert parts.on_data("p", 0, frame(10, 0)) is not None
         parts.on_message("p", 0, "recv", type(final).__name__, final)
         assert parts.on_data("p", 0, frame(10, 0)) is None
+    # Losing the master mid-op: no Done or final word crosses the wire.  Registering again
+    # (with a restarted master, which numbers ops from 1 again) ends every op in flight.
+    parts.on_message("p", 0, "recv", "CollectiveCommence", CollectiveCommence(tag=5, seq=12, ring=(1, 2)))
+    assert parts.in_flight("p") == 1
+    parts.on_message("p", 0, "send", "Register", Register(peer_group=0, p2p_port=1, shared_state_port=2,
+                                                           benchmark_port=3))
+    assert parts.in_flight("p") == 0 and parts.on_data("p", 0, frame(12, 0)) is None
+    parts.on_message("p", 0, "recv", "CollectiveCommence", CollectiveCommence(tag=5, seq=12, ring=(1, 2)))
+    assert parts.on_data("p", 0, frame(12, 0)) is None  # its Init went to the old master
     # A restarted host (a new incarnation) starts afresh.
     parts.on_message("p", 0, "recv", "CollectiveCommence", CollectiveCommence(tag=5, seq=11, ring=(1, 2)))
     assert parts.on_data("p", 1, frame(11, 0)) is None
