@@ -336,22 +336,28 @@ async def test_small_two_peer_ops_on_tcp_run_inline(dtype: Any) -> None:
 
 
 @pytest.mark.parametrize("path", ["trio", "thread"])
-async def test_a_cancel_between_a_frames_header_and_payload_keeps_the_lane(path: str) -> None:
-    # The op is cancelled right after its frame's header was read, before any payload byte:
-    # the frame is still whole on the connection.  The lane must stay usable: the frame is
-    # discarded as late once its op has ended, and the next op's frame arrives intact.
+@pytest.mark.parametrize("moment", ["payload", "discard"])
+async def test_a_cancel_after_a_frames_header_keeps_the_lane(path: str, moment: str) -> None:
+    # An op is cancelled right after a frame's header was read: at the start of its own payload
+    # ("payload": op 1 reads its frame), or while discarding a late frame of an op that ended
+    # ("discard": op 2's reader meets op 1's frame, between two discard chunks on the thread
+    # path).  The rest of that frame must still be discarded later, not left unread: the next
+    # op's frame arrives intact on the same lane.
     dialed, accepted = await framed_tcp_pair(CONFIG)
     try:
         registry = SeqRegistry()
         inbox = Inbox(accepted, registry)
-        nbytes = 1 << 20  # more than the read buffer holds: the thread path must start a transfer
-        first, second = np.full(nbytes, 1, np.uint8), np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
+        nbytes = 3 << 20  # more than the read buffer and several discard chunks
+        first, good = np.full(nbytes, 1, np.uint8), np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
         destination = bytearray(nbytes)
+        reader = 1 if moment == "payload" else 2
+        if moment == "discard":
+            registry.retire(1)  # op 1 ended here: its frame is late
         async with trio.open_nursery() as nursery:
 
             async def send() -> None:
                 await dialed.send_data(DataHeader(op_seq=1, stream=0, step=0, offset=0, nbytes=nbytes), first)
-                await dialed.send_data(DataHeader(op_seq=2, stream=0, step=0, offset=0, nbytes=nbytes), second)
+                await dialed.send_data(DataHeader(op_seq=3, stream=0, step=0, offset=0, nbytes=nbytes), good)
 
             nursery.start_soon(send)
             if path == "trio":
@@ -364,65 +370,8 @@ async def test_a_cancel_between_a_frames_header_and_payload_keeps_the_lane(path:
 
                 accepted.receive_data_into = cancelled_first  # type: ignore[method-assign]
                 with scope:
-                    await inbox.receive_into(seq=1, stream=0, step=0, offset=0, destination=memoryview(destination))
-                del accepted.receive_data_into
-                assert scope.cancelled_caught
-            else:
-                cancel = ThreadCancel()
-                channel = inbox.channel
-                assert channel is not None
-                real_blocking = channel.receive_data_into
-
-                def interrupted_first(buffer: Any, c: ThreadCancel) -> None:
-                    cancel.cancel()
-                    real_blocking(buffer, c)
-
-                channel.receive_data_into = interrupted_first  # type: ignore[method-assign]
-                with pytest.raises(Interrupted):
-                    await trio.to_thread.run_sync(lambda: inbox.receive_blocking(
-                        seq=1, stream=0, step=0, offset=0, destination=memoryview(destination), cancel=cancel))
-                del channel.receive_data_into
-                cancel.close()
-            assert not accepted.broken
-            registry.retire(1)  # the op ended: its frame is late now
-            with trio.fail_after(10):
-                got = await inbox.receive_into(seq=2, stream=0, step=0, offset=0, destination=memoryview(destination))
-        assert got == nbytes and bytes(destination) == second.tobytes()
-    finally:
-        await dialed.aclose()
-        await accepted.aclose()
-
-
-@pytest.mark.parametrize("path", ["trio", "thread"])
-async def test_a_cancel_while_discarding_a_late_frame_keeps_the_lane(path: str) -> None:
-    # A late frame (of an op that ended) is being discarded by the next op's reader when that op
-    # is cancelled too: the rest of the late frame must still be discarded, not left unread.
-    dialed, accepted = await framed_tcp_pair(CONFIG)
-    try:
-        registry = SeqRegistry()
-        inbox = Inbox(accepted, registry)
-        nbytes = 3 << 20  # several discard chunks
-        late, good = np.full(nbytes, 1, np.uint8), np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
-        destination = bytearray(nbytes)
-        registry.retire(1)  # op 1 ended here: its frame is late
-        async with trio.open_nursery() as nursery:
-
-            async def send() -> None:
-                await dialed.send_data(DataHeader(op_seq=1, stream=0, step=0, offset=0, nbytes=nbytes), late)
-                await dialed.send_data(DataHeader(op_seq=3, stream=0, step=0, offset=0, nbytes=nbytes), good)
-
-            nursery.start_soon(send)
-            if path == "trio":
-                scope = trio.CancelScope()
-                real = accepted.receive_data_into
-
-                async def cancelled_first(buffer: Any) -> None:
-                    scope.cancel()  # op 2 is cancelled while its reader discards op 1's frame
-                    await real(buffer)
-
-                accepted.receive_data_into = cancelled_first  # type: ignore[method-assign]
-                with scope:
-                    await inbox.receive_into(seq=2, stream=0, step=0, offset=0, destination=memoryview(destination))
+                    await inbox.receive_into(seq=reader, stream=0, step=0, offset=0,
+                                             destination=memoryview(destination))
                 del accepted.receive_data_into
                 assert scope.cancelled_caught
             else:
@@ -431,21 +380,22 @@ async def test_a_cancel_while_discarding_a_late_frame_keeps_the_lane(path: str) 
                 assert channel is not None
                 real_blocking = channel.receive_data_into
                 calls = [0]
+                interrupt_at = 1 if moment == "payload" else 2  # no transfer registered then
 
-                def interrupted_second(buffer: Any, c: ThreadCancel) -> None:
+                def interrupted(buffer: Any, c: ThreadCancel) -> None:
                     calls[0] += 1
-                    if calls[0] == 2:
-                        cancel.cancel()  # between two discard chunks: no transfer registered
+                    if calls[0] == interrupt_at:
+                        cancel.cancel()
                     real_blocking(buffer, c)
 
-                channel.receive_data_into = interrupted_second  # type: ignore[method-assign]
+                channel.receive_data_into = interrupted  # type: ignore[method-assign]
                 with pytest.raises(Interrupted):
                     await trio.to_thread.run_sync(lambda: inbox.receive_blocking(
-                        seq=2, stream=0, step=0, offset=0, destination=memoryview(destination), cancel=cancel))
+                        seq=reader, stream=0, step=0, offset=0, destination=memoryview(destination), cancel=cancel))
                 del channel.receive_data_into
                 cancel.close()
             assert not accepted.broken
-            registry.retire(2)
+            registry.retire(reader)  # the cancelled op ended: frames of seqs 1 and 2 are late now
             with trio.fail_after(10):
                 got = await inbox.receive_into(seq=3, stream=0, step=0, offset=0, destination=memoryview(destination))
         assert got == nbytes and bytes(destination) == good.tobytes()
