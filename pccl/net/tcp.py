@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import logging
 import os
 import select
@@ -563,11 +564,28 @@ class TcpListener(Listener):
 # --- network -------------------------------------------------------------------------------------
 
 
+def is_same_host(sock: socket.socket) -> bool:
+    """Whether connected ``sock``'s remote end is on this host: a loopback address, or the
+    socket's own address (a connection to one of this host's addresses stays on it)."""
+    try:
+        local, remote = sock.getsockname()[0], sock.getpeername()[0]
+    except (OSError, IndexError, TypeError):
+        return False
+    try:
+        address = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback or remote == local
+
+
 class TcpNetwork(Network):
     """Streams and listeners over real TCP (IPv4 and IPv6; host names are resolved).
 
     ``config.socket_buffer_size`` sets SO_SNDBUF/SO_RCVBUF of every socket (before connect/
-    listen, so TCP window scaling can use them; 0 leaves Linux's autotuning alone);
+    listen, so TCP window scaling can use them; 0 leaves Linux's autotuning alone, except on
+    connections within this host, which get ``config.local_socket_buffer_size``);
     ``config.connect_timeout`` is the default ``connect`` timeout.  ``bulk_threshold`` (bytes)
     turns on the worker-thread path for transfers at least that large (module docstring).
     """
@@ -591,6 +609,12 @@ class TcpNetwork(Network):
     def _stream(self, sock: socket.socket, *, remote_address: str | None = None) -> TcpStream:
         # Small control messages must not wait for Nagle's algorithm (PCCL's 44 ms latency).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        local_size = self._config.local_socket_buffer_size
+        if self._config.socket_buffer_size == 0 and local_size > 0 and is_same_host(sock):
+            # Before any payload moves: the handshake only fixed the window scale, which a
+            # smaller buffer does not need.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, local_size)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, local_size)
         return TcpStream(sock, bulk_threshold=self._bulk_threshold, remote_address=remote_address)
 
     async def connect(self, address: str, *, timeout: float | None = None) -> TcpStream:

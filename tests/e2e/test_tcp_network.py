@@ -21,7 +21,7 @@ from pccl.errors import (
     TransportError,
 )
 from pccl.net.base import parse_address
-from pccl.net.tcp import TcpNetwork
+from pccl.net.tcp import TcpNetwork, is_same_host
 
 
 def _has_ipv6_loopback() -> bool:
@@ -103,6 +103,86 @@ async def test_nodelay_and_buffer_sizes_on_both_ends() -> None:
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= size
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= size
+
+
+def _as_set(size: int) -> tuple[int, int]:
+    """(SO_SNDBUF, SO_RCVBUF) as the OS reports them once both are set to ``size`` (Linux
+    doubles the request)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+        return (probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+                probe.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+
+
+def _buffers(stream: object) -> tuple[int, int]:
+    sock = stream.socket  # type: ignore[attr-defined]
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF), sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+
+
+@pytest.mark.parametrize("listen_address", [IPV4, IPV6])
+async def test_same_host_connections_get_the_local_buffer_size(listen_address: str) -> None:
+    local = Config().local_socket_buffer_size
+    assert local > 0
+    env = conformance.ConformanceEnv(server=TcpNetwork(), client=TcpNetwork(), listen_address=listen_address)
+    async with conformance.connected_pair(env) as (client, server):
+        assert _buffers(client) == _buffers(server) == _as_set(local)
+
+
+async def test_local_buffer_size_zero_keeps_the_os_default_and_an_explicit_size_wins() -> None:
+    with socket.socket() as raw_listener:
+        # What the OS gives a connected loopback pair nobody configured.
+        raw_listener.bind(("127.0.0.1", 0))
+        raw_listener.listen(1)
+        with socket.create_connection(raw_listener.getsockname()) as raw_client:
+            raw_server, _ = raw_listener.accept()
+            with raw_server:
+                os_default = _buffers(_Wrapped(raw_client))
+                assert _buffers(_Wrapped(raw_server)) == os_default
+    assert os_default != _as_set(Config().local_socket_buffer_size)
+    for config, expected in (
+        (Config(local_socket_buffer_size=0), os_default),
+        (Config(socket_buffer_size=1 << 20), _as_set(1 << 20)),
+    ):
+        env = conformance.ConformanceEnv(
+            server=TcpNetwork(config), client=TcpNetwork(config), listen_address="127.0.0.1:0"
+        )
+        async with conformance.connected_pair(env) as (client, server):
+            assert _buffers(client) == _buffers(server) == expected
+
+
+class _Wrapped:
+    def __init__(self, sock: socket.socket) -> None:
+        self.socket = sock
+
+
+def test_same_host_is_a_loopback_or_the_sockets_own_address() -> None:
+    class Fake:
+        def __init__(self, local: str, remote: str | None) -> None:
+            self.local, self.remote = local, remote
+
+        def getsockname(self) -> tuple[str, int]:
+            return (self.local, 1)
+
+        def getpeername(self) -> tuple[str, int]:
+            if self.remote is None:
+                raise OSError(errno.ENOTCONN, "not connected")
+            return (self.remote, 2)
+
+    def same(local: str, remote: str | None) -> bool:
+        return is_same_host(Fake(local, remote))  # type: ignore[arg-type]
+
+    assert same("127.0.0.1", "127.0.0.1")
+    assert same("127.0.0.1", "127.3.4.5")  # all of 127/8 is loopback
+    assert same("::1", "::1")
+    assert same("::ffff:127.0.0.1", "::ffff:127.0.0.1")
+    assert same("192.0.2.7", "192.0.2.7")  # a connection to this host's own address
+    assert same("fe80::1%eth0", "fe80::1%eth0")
+    assert not same("192.0.2.7", "192.0.2.8")
+    assert not same("10.0.0.1", "203.0.113.9")
+    assert not same("2001:db8::1", "2001:db8::2")
+    assert not same("::ffff:10.0.0.1", "::ffff:10.0.0.2")
+    assert not same("127.0.0.1", None)  # not connected (any more)
 
 
 async def test_connect_timeout_when_nobody_answers() -> None:
