@@ -118,7 +118,10 @@ def _run_peer(args: argparse.Namespace) -> None:
 
     async def run() -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = []
-        async with pccl.open_communicator(f"127.0.0.1:{args.port}") as comm:
+        config = pccl.Config()
+        if args.local_socket_buffer_size is not None:
+            config = pccl.Config(local_socket_buffer_size=args.local_socket_buffer_size)
+        async with pccl.open_communicator(f"127.0.0.1:{args.port}", config=config) as comm:
             await admit(comm)
             small = np.ones(4, np.float32)
 
@@ -186,6 +189,7 @@ def run_group(
     logdir: str | None = None,
     python: str = sys.executable,
     out_of_place: bool = False,
+    local_socket_buffer_size: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run one master and ``world`` peers through every (quant, concurrency, size) and return one
     row per configuration: ``{quant, conc, N, bytes, times (per-iteration max over peers),
@@ -211,6 +215,8 @@ def run_group(
                    "--sizes", *map(str, sizes), "--quant", *quant, "--concurrency", *map(str, concurrency)]
             if out_of_place:
                 cmd.append("--out-of-place")
+            if local_socket_buffer_size is not None:
+                cmd += ["--local-socket-buffer-size", str(local_socket_buffer_size)]
             peers.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True), result_file, log))
         outputs = []
         deadline = time.monotonic() + timeout
@@ -270,6 +276,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-of-place", action="store_true",
                         help="reduce into a separate output array (default: in place, which includes the "
                              "input backup that makes an aborted op restorable)")
+    parser.add_argument("--local-socket-buffer-size", type=parse_size, default=None,
+                        help="the peers' Config.local_socket_buffer_size, e.g. 256K (default: the "
+                             "library's; 0: the OS's autotuning)")
     parser.add_argument("--json", help="also write every row (with per-iteration times) to this file")
     parser.add_argument("--logdir", help="where process logs go (default: a fresh temporary directory)")
 
@@ -281,7 +290,8 @@ def run_driver(args: argparse.Namespace) -> int:
           f"load {os.getloadavg()[0]:.2f}", flush=True)
     for world in args.peers:
         group = run_group(world, sizes=args.sizes, quant=args.quant, concurrency=args.concurrency,
-                          iters_scale=args.iters_scale, logdir=args.logdir, out_of_place=args.out_of_place)
+                          iters_scale=args.iters_scale, logdir=args.logdir, out_of_place=args.out_of_place,
+                          local_socket_buffer_size=args.local_socket_buffer_size)
         rows.extend(group)
         print(format_table(group), flush=True)
     if args.json:
@@ -304,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--quant", nargs="+")
         parser.add_argument("--concurrency", type=int, nargs="+")
         parser.add_argument("--out-of-place", action="store_true")
+        parser.add_argument("--local-socket-buffer-size", type=int)
         args = parser.parse_args(argv)
         if args.role == "master":
             _run_master(args.port)
