@@ -585,7 +585,8 @@ class TcpNetwork(Network):
 
     ``config.socket_buffer_size`` sets SO_SNDBUF/SO_RCVBUF of every socket (before connect/
     listen, so TCP window scaling can use them; 0 leaves Linux's autotuning alone, except on
-    connections within this host, which get ``config.local_socket_buffer_size``);
+    connections within this host, which get ``config.local_socket_buffer_size`` once
+    connected, with the window clamp raised to match);
     ``config.connect_timeout`` is the default ``connect`` timeout.  ``bulk_threshold`` (bytes)
     turns on the worker-thread path for transfers at least that large (module docstring).
     """
@@ -611,10 +612,15 @@ class TcpNetwork(Network):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         local_size = self._config.local_socket_buffer_size
         if self._config.socket_buffer_size == 0 and local_size > 0 and is_same_host(sock):
-            # Before any payload moves: the handshake only fixed the window scale, which a
-            # smaller buffer does not need.
+            # After the handshake (only now is it known where the connection goes) but before
+            # any payload moves.  The handshake fixed the window scale, which suits any smaller
+            # buffer, and the largest window this end advertises (from the buffer it had then,
+            # ~64 KiB): raise that to the new size at once, as kernels that never grow the clamp
+            # of a socket whose buffer size was set would otherwise keep it.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, local_size)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, local_size)
+            if hasattr(socket, "TCP_WINDOW_CLAMP"):  # Linux
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_WINDOW_CLAMP, local_size)
         return TcpStream(sock, bulk_threshold=self._bulk_threshold, remote_address=remote_address)
 
     async def connect(self, address: str, *, timeout: float | None = None) -> TcpStream:
