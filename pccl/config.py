@@ -7,9 +7,12 @@ import ssl
 
 from .errors import InvalidArgument
 
-__all__ = ["Config", "DEFAULT_MASTER_PORT"]
+__all__ = ["Config", "DEFAULT_MASTER_PORT", "MIN_SOCKET_BUFFER_SIZE"]
 
 DEFAULT_MASTER_PORT = 48148
+#: The smallest nonzero socket buffer size accepted: loopback's segments are 64 KiB, and a
+#: buffer much smaller than a segment makes a 4 MiB transfer take seconds instead of a millisecond.
+MIN_SOCKET_BUFFER_SIZE = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,18 +41,20 @@ class Config:
     #: Connections ("lanes") each peer opens to its ring successor per topology round; an
     #: all-reduce stripes its sub-chunks over them.  Must be the same on every peer of a run.
     p2p_lanes: int = 1
-    #: Socket buffer sizes requested for every connection (bytes); 0 (the default) keeps the
-    #: OS default and its autotuning (``local_socket_buffer_size`` for same-host connections).
+    #: Socket buffer sizes requested for every connection (bytes, 0 or at least 64 KiB: below
+    #: loopback's segment size transfers crawl); 0 (the default) keeps the OS default and its
+    #: autotuning (``local_socket_buffer_size`` for same-host connections).
     #: Set it for links whose bandwidth-delay product exceeds the OS's autotuning limit
     #: (``net.ipv4.tcp_rmem``); a fixed size well above that product only costs cache misses.
     socket_buffer_size: int = 0
     #: The socket buffer size for connections between two processes of one host (the remote
     #: address is a loopback address or the socket's own), used while ``socket_buffer_size``
-    #: is 0; 0 keeps the OS default there too.  Such a link's bandwidth-delay product is tiny,
+    #: is 0; 0 keeps the OS default there too (else at least 64 KiB).  Such a link's bandwidth-delay product is tiny,
     #: so a small buffer costs no throughput, and it keeps the bytes in flight in the CPU's
     #: caches: Linux's autotuning grows loopback buffers to megabytes, so the receiver's copy
-    #: out of them reads memory the sender wrote long before.  256 KiB (Linux doubles it) made
-    #: 256 MiB all-reduces of 2-4 processes on one 2-core host 20-30% faster than autotuning
+    #: out of them reads memory the sender wrote long before.  256 KiB (which Linux doubles, up
+    #: to ``net.core.rmem_max``/``wmem_max``) made 64-256 MiB all-reduces of 2-4 processes on
+    #: one 2-core host 15-40% faster than autotuning
     #: (``benchmarks/allreduce.py --local-socket-buffer-size``).
     local_socket_buffer_size: int = 256 * 1024
     #: Optional TLS: a client-side context for outgoing and a server-side one for incoming
@@ -69,8 +74,11 @@ class Config:
         if not 1 <= self.p2p_lanes <= 64:
             raise InvalidArgument(f"p2p_lanes must be between 1 and 64, got {self.p2p_lanes}")
         for name in ("socket_buffer_size", "local_socket_buffer_size"):
-            if getattr(self, name) < 0:
-                raise InvalidArgument(f"{name} must be 0 (the OS default) or positive, got {getattr(self, name)}")
+            size = getattr(self, name)
+            if size != 0 and size < MIN_SOCKET_BUFFER_SIZE:
+                raise InvalidArgument(
+                    f"{name} must be 0 (the OS default) or at least {MIN_SOCKET_BUFFER_SIZE} bytes, got {size}"
+                )
         if self.max_frame_size < 1024:
             raise InvalidArgument("max_frame_size must be at least 1024 bytes")
         for name in ("p2p_base_port", "shared_state_base_port", "benchmark_base_port"):
