@@ -612,11 +612,12 @@ class TcpNetwork(Network):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         local_size = self._config.local_socket_buffer_size
         if self._config.socket_buffer_size == 0 and local_size > 0 and is_same_host(sock):
-            # After the handshake (only now is it known where the connection goes) but before
-            # any payload moves.  The handshake fixed the window scale, which suits any smaller
+            # After the handshake (only now is it known where the connection goes), before the
+            # bulk transfers.  The handshake fixed the window scale, which suits any smaller
             # buffer, and the largest window this end advertises (from the buffer it had then,
-            # ~64 KiB): raise that to the new size at once, as kernels that never grow the clamp
-            # of a socket whose buffer size was set would otherwise keep it.
+            # ~64 KiB): raise that to the new size at once.  Linux 6.x raises it after the first
+            # segment anyway; older kernels may never grow the clamp of a socket whose buffer
+            # size was set.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, local_size)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, local_size)
             if hasattr(socket, "TCP_WINDOW_CLAMP"):  # Linux
