@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pccl.config import Config
+from pccl.config import MIN_SOCKET_BUFFER_SIZE, Config
 from pccl.errors import InvalidArgument
 
 
@@ -27,3 +27,9 @@ def test_bad_values_are_refused(kwargs: dict) -> None:
 def test_socket_buffer_size_zero_keeps_the_os_default() -> None:
     assert Config().socket_buffer_size == 0
     assert Config(socket_buffer_size=1 << 20).socket_buffer_size == 1 << 20
+
+
+def test_socket_buffer_sizes_from_the_minimum_up_are_accepted() -> None:
+    assert Config(local_socket_buffer_size=0).local_socket_buffer_size == 0
+    smallest = Config(socket_buffer_size=MIN_SOCKET_BUFFER_SIZE, local_socket_buffer_size=MIN_SOCKET_BUFFER_SIZE)
+    assert smallest.socket_buffer_size == smallest.local_socket_buffer_size == MIN_SOCKET_BUFFER_SIZE
