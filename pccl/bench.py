@@ -323,7 +323,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(prog="pccl bench", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
-    return run_driver(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.local_socket_buffer_size is not None:
+        from .config import Config
+        from .errors import InvalidArgument
+
+        try:  # refuse it here, not in every peer process
+            Config(local_socket_buffer_size=args.local_socket_buffer_size)
+        except InvalidArgument as exc:
+            parser.error(str(exc))
+    return run_driver(args)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,8 @@ class Config:
             raise InvalidArgument(f"p2p_lanes must be between 1 and 64, got {self.p2p_lanes}")
         for name in ("socket_buffer_size", "local_socket_buffer_size"):
             size = getattr(self, name)
+            if not isinstance(size, int) or isinstance(size, bool):
+                raise InvalidArgument(f"{name} must be an int (bytes), got {size!r}")
             if size != 0 and size < MIN_SOCKET_BUFFER_SIZE:
                 raise InvalidArgument(
                     f"{name} must be 0 (the OS default) or at least {MIN_SOCKET_BUFFER_SIZE} bytes, got {size}"

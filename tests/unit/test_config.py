@@ -13,6 +13,8 @@ from pccl.errors import InvalidArgument
     dict(local_socket_buffer_size=-1),
     dict(local_socket_buffer_size=4096),  # below loopback's 64 KiB segments: transfers crawl
     dict(socket_buffer_size=65535),
+    dict(local_socket_buffer_size=262144.0),  # setsockopt would fail later, at connect
+    dict(socket_buffer_size=True),
     dict(p2p_lanes=0),
     dict(peer_timeout=0),
     dict(heartbeat_interval=20.0),
