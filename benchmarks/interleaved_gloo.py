@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import queue
 import resource
 import socket
 import statistics
@@ -127,9 +128,16 @@ def measure(world: int, sizes: list[int], iters: int, configs: list[str]) -> lis
                  for r in range(world)]
         for p in peers:
             p.start()
-        per_rank = {}
-        for _ in peers:
-            rank, out = results.get(timeout=1800)
+        per_rank: dict[int, Any] = {}
+        while len(per_rank) < world:
+            try:
+                rank, out = results.get(timeout=1)
+            except queue.Empty:
+                failed = [r for r, p in enumerate(peers) if p.exitcode not in (None, 0) and r not in per_rank]
+                if failed:
+                    raise RuntimeError(f"peer process(es) {failed} failed (exit codes "
+                                       f"{[peers[r].exitcode for r in failed]}); see their traceback above") from None
+                continue
             per_rank[rank] = out
         for p in peers:
             p.join()
