@@ -10,10 +10,11 @@ Why: on this shared 2-core machine, runs of the same code minutes apart differ b
 implementations measured in separate runs — as ``../shared/bench`` does — can swap places from
 one run to the next when they are close.  Here each peer process holds both a pccl communicator
 and a Gloo process group over one float32 buffer, and every iteration times one call of each
-configuration in turn (Gloo, pccl in place, pccl out of place; the order rotates from one
-iteration to the next), so drift hits all of them alike.
-Before each timed call the buffer is refreshed from the input and the peers meet at a barrier
-(a small pccl all-reduce), as in ``../shared/bench``.  A call's time is the slowest rank's; the
+configuration in turn (Gloo, pccl in place, pccl out of place, in an order shuffled afresh each
+iteration, the same on every rank), so drift hits all of them alike.  Before each timed call the
+buffer is refreshed from the input and the peers meet at a barrier (a small pccl all-reduce), as
+in ``../shared/bench``; the untimed first iteration also checks that the configurations' results
+agree (to float tolerance: the summation orders differ).  A call's time is the slowest rank's; the
 table shows the median and the minimum over iterations, bus bandwidth from the median, the ratio
 of Gloo's median to each configuration's (above 1: faster than Gloo), and the CPU time (user +
 system, summed over the ranks) per call.
@@ -28,12 +29,17 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import queue
+import random
 import resource
+import signal
 import socket
 import statistics
 import sys
+import tempfile
 import time
+import traceback
 from typing import Any
 
 import numpy as np
@@ -42,6 +48,8 @@ from pccl.bench import bus_bandwidth, format_size, parse_size
 
 CONFIGS = ("gloo", "in-place", "out-of-place")
 _BARRIER_TAG = 1 << 30
+#: Below this size a row's Gloo figure is not Gloo's standalone latency (see the docstring).
+_SMALL = 1 << 20
 
 
 def _free_port() -> int:
@@ -63,88 +71,143 @@ def _run_master(port: int, ready: Any) -> None:
     trio.run(serve)
 
 
-def _run_peer(rank: int, world: int, master_port: int, gloo_port: int, sizes: list[int], iters: int,
+def _run_peer(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
               configs: list[str], results: Any) -> None:
+    try:
+        results.put((rank, _peer_main(rank, world, master_port, gloo_file, sizes, iters, configs), None))
+    except BaseException:
+        results.put((rank, None, traceback.format_exc()))
+        raise
+
+
+def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
+               configs: list[str]) -> dict[tuple[int, str], list[tuple[float, float]]]:
     import torch
     import torch.distributed as dist
     import trio
 
     import pccl
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{gloo_port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{gloo_file}", rank=rank, world_size=world)
+
+    def gloo_call(tensor: Any) -> float:
+        # In a thread (timed there, so the hop is not counted): the Trio loop keeps serving the
+        # master connection meanwhile.
+        t0 = time.perf_counter()
+        dist.all_reduce(tensor)
+        return time.perf_counter() - t0
+
+    def check_agree(results: dict[str, np.ndarray], nbytes: int) -> None:
+        """The warm-up results of every configuration agree (float sums differ in order only)."""
+        ref_name, ref = next(iter(results.items()))
+        for name, result in results.items():
+            if not np.allclose(result, ref, rtol=1e-4, atol=1e-5 * float(np.max(np.abs(ref)))):
+                raise RuntimeError(f"{format_size(nbytes)}: {name} and {ref_name} results differ")
 
     async def run() -> dict[tuple[int, str], list[tuple[float, float]]]:
         out: dict[tuple[int, str], list[tuple[float, float]]] = {}
         async with pccl.open_communicator(f"127.0.0.1:{master_port}") as comm:
+            deadline = time.monotonic() + 120
             while comm.world_size < world:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the group never reached {world} peers")
                 if await comm.are_peers_pending():
                     await comm.update_topology()
                 else:
                     await trio.sleep(0.01)
             small = np.ones(4, np.float32)
+
+            async def barrier() -> None:
+                small[:] = 1
+                await comm.all_reduce(small, tag=_BARRIER_TAG)
+
             for nbytes in sizes:
-                src = np.random.default_rng(rank).standard_normal(nbytes // 4, dtype=np.float32)
+                src = await trio.to_thread.run_sync(
+                    lambda n=nbytes: np.random.default_rng(rank).standard_normal(n // 4, dtype=np.float32))
                 buf = src.copy()
                 dst = np.empty_like(buf)
                 tensor = torch.from_numpy(buf)  # shares buf's memory
+                warm: dict[str, np.ndarray] = {}
                 for i in range(iters + 1):  # iteration 0 warms up (page faults, scratch memory)
-                    turn = i % len(configs)  # rotate the order, so no configuration always goes first
-                    for cfg in configs[turn:] + configs[:turn]:
+                    # A fresh order every iteration, the same on every rank (seeded by i), so
+                    # that no configuration always runs first or after the same one.
+                    for cfg in random.Random(i).sample(configs, len(configs)):
                         np.copyto(buf, src)
-                        await comm.all_reduce(small, tag=_BARRIER_TAG)
+                        await barrier()
                         r0 = resource.getrusage(resource.RUSAGE_SELF)
                         t0 = time.perf_counter()
                         if cfg == "gloo":
-                            dist.all_reduce(tensor)
+                            elapsed = await trio.to_thread.run_sync(gloo_call, tensor)
                         elif cfg == "in-place":
                             await comm.all_reduce(buf, tag=0)
                         else:
                             await comm.all_reduce(buf, dst, tag=0)
-                        t1 = time.perf_counter()
+                        if cfg != "gloo":
+                            elapsed = time.perf_counter() - t0
                         r1 = resource.getrusage(resource.RUSAGE_SELF)
                         if i:
                             cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-                            out.setdefault((nbytes, cfg), []).append((t1 - t0, cpu))
-            await comm.all_reduce(small, tag=_BARRIER_TAG)  # nobody leaves while others time
+                            out.setdefault((nbytes, cfg), []).append((elapsed, cpu))
+                        else:
+                            warm[cfg] = (dst if cfg == "out-of-place" else buf).copy()
+                    if i == 0:
+                        check_agree(warm, nbytes)
+                        warm.clear()
+            await barrier()  # nobody leaves while others time
         return out
 
     try:
-        results.put((rank, trio.run(run)))
+        return trio.run(run)
     finally:
         dist.destroy_process_group()
 
 
-def measure(world: int, sizes: list[int], iters: int, configs: list[str]) -> list[dict[str, Any]]:
+def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
-    master_port, gloo_port = _free_port(), _free_port()
+    master_port = _free_port()
     master = ctx.Process(target=_run_master, args=(master_port, ready), daemon=True)
-    master.start()
     peers: list[Any] = []
-    try:
-        if not ready.wait(30):
-            raise RuntimeError("the master did not start within 30 s")
-        peers = [ctx.Process(target=_run_peer, args=(r, world, master_port, gloo_port, sizes, iters, configs, results))
-                 for r in range(world)]
-        for p in peers:
-            p.start()
-        per_rank: dict[int, Any] = {}
-        while len(per_rank) < world:
-            try:
-                rank, out = results.get(timeout=1)
-            except queue.Empty:
-                failed = [r for r, p in enumerate(peers) if p.exitcode not in (None, 0) and r not in per_rank]
-                if failed:
-                    raise RuntimeError(f"peer process(es) {failed} failed (exit codes "
-                                       f"{[peers[r].exitcode for r in failed]}); see their traceback above") from None
-                continue
-            per_rank[rank] = out
-        for p in peers:
-            p.join()
-    finally:
-        for p in (*peers, master):
-            if p.is_alive():
-                p.terminate()
+    with tempfile.TemporaryDirectory(prefix="pccl-interleaved-") as tmp:
+        try:
+            master.start()
+            started = time.monotonic()
+            while not ready.wait(0.2):
+                if master.exitcode is not None:
+                    raise RuntimeError(f"the master exited at start (exit code {master.exitcode}); see above")
+                if time.monotonic() - started > 30:
+                    raise RuntimeError("the master did not start within 30 s")
+            gloo_file = os.path.join(tmp, "gloo-rendezvous")
+            peers = [ctx.Process(target=_run_peer,
+                                 args=(r, world, master_port, gloo_file, sizes, iters, configs, results))
+                     for r in range(world)]
+            for p in peers:
+                p.start()
+            deadline = time.monotonic() + timeout
+            per_rank: dict[int, Any] = {}
+            while len(per_rank) < world:
+                try:
+                    rank, out, error = results.get(timeout=1)
+                except queue.Empty:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"no result from peers {sorted(set(range(world)) - set(per_rank))} "
+                                           f"within {timeout:g} s") from None
+                    dead = [r for r, p in enumerate(peers) if p.exitcode is not None and r not in per_rank]
+                    if dead:  # died without reporting (killed, or the interpreter crashed)
+                        raise RuntimeError(f"peer {dead[0]} exited with code {peers[dead[0]].exitcode} "
+                                           "without a result") from None
+                    continue
+                if error is not None:  # the first peer to fail is the one to blame
+                    raise RuntimeError(f"peer {rank} failed:\n{error}")
+                per_rank[rank] = out
+            for p in peers:
+                p.join()
+        finally:
+            for p in (*peers, master):
+                if p.is_alive():
+                    p.terminate()
+            for p in (*peers, master):
+                p.join(5)
     rows = []
     for nbytes in sizes:
         for cfg in configs:
@@ -166,6 +229,9 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         ratio = f"{ref / r['median']:.3f}" if ref else "-"
         lines.append(f"{r['N']:>3} {format_size(r['bytes']):>8} {r['cfg']:>13} {r['median'] * 1e3:>10.1f} "
                      f"{r['min'] * 1e3:>9.1f} {busbw / 1e9:>11.3f} {ratio:>10} {r['cpu'] * 1e3:>8.0f}")
+    if any(r["bytes"] < _SMALL for r in rows):
+        lines.append(f"(sizes under {format_size(_SMALL)}: Gloo here is slower than on its own; compare latency in "
+                     "../shared/bench)")
     return "\n".join(lines)
 
 
@@ -175,26 +241,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", nargs="+", default=["64M", "256M"], help="buffer sizes (16K, 64M, ...)")
     parser.add_argument("--iters", type=int, default=10, help="timed calls per configuration and size")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {CONFIGS}")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one group size may take")
     args = parser.parse_args(argv)
     try:
         import torch.distributed  # noqa: F401
     except ImportError:
         parser.error("needs torch (with Gloo) importable: see the module docstring for PYTHONPATH")
-    configs = args.configs.split(",")
+    configs = list(dict.fromkeys(args.configs.split(",")))  # repeated names would pool their samples
     unknown = set(configs) - set(CONFIGS)
     if unknown:
         parser.error(f"unknown configs {sorted(unknown)}; choose from {CONFIGS}")
     if args.iters < 1 or any(n < 2 for n in args.peers):
         parser.error("--iters must be at least 1 and every --peers at least 2")
     try:
-        sizes = [parse_size(s) for s in args.sizes]
+        sizes = list(dict.fromkeys(parse_size(s) for s in args.sizes))
     except ValueError as exc:
         parser.error(str(exc))
     if any(s < 4 or s % 4 for s in sizes):
         parser.error("sizes must be positive multiples of 4 bytes (float32 elements)")
+    # SIGTERM unwinds like Ctrl-C does, so that measure() stops the master and the peers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     rows = []
-    for world in args.peers:
-        rows += measure(world, sizes, args.iters, configs)
+    for world in dict.fromkeys(args.peers):
+        rows += measure(world, sizes, args.iters, configs, args.timeout)
         print(format_rows([r for r in rows if r["N"] == world]), flush=True)
     return 0
 
