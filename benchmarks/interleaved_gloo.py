@@ -207,7 +207,8 @@ def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeou
                 if p.is_alive():
                     p.terminate()
             for p in (*peers, master):
-                p.join(5)
+                if p.pid is not None:  # started (join() refuses a process that never was)
+                    p.join(5)
     rows = []
     for nbytes in sizes:
         for cfg in configs:
