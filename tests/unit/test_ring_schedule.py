@@ -49,8 +49,8 @@ def test_split_range() -> None:
 def test_subchunk_elements_is_clamped_and_deterministic() -> None:
     assert subchunk_elements(10, 2, 4) == MIN_SUBCHUNK_BYTES // 4
     assert subchunk_elements(1 << 30, 2, 4) == DEFAULT_SUBCHUNK_BYTES // 4
-    # chunks of 1M elements -> 4 sub-chunks of 250k elements (1 MB, below the 1 MiB cap)
-    assert subchunk_elements(2_000_000, 2, 4) == 250_000
+    # chunks of 1M elements -> 2 sub-chunks of 500k elements (2 MB, below the 4 MiB cap)
+    assert subchunk_elements(2_000_000, 2, 4) == 500_000
 
 
 def _simulate(count: int, world: int, sub: int) -> list[list[set[int]]]:
