@@ -45,8 +45,10 @@ __all__ = [
 #: First bytes on every connection.  PNG-style: a high-bit byte and CR LF catch 7-bit and
 #: line-ending mangling, and no text protocol starts like this.
 MAGIC = b"\x89PCCL\r\n\x1a"
-#: Bumped on every incompatible change of the wire format or the message set's meaning.
-PROTOCOL_VERSION = 1
+#: Bumped on every incompatible change of the wire format or the message set's meaning,
+#: including the ring's frame layout (peers must cut chunks into the same sub-chunks).
+#: 2: two sub-chunks per chunk instead of four (``pccl.protocol.ring._PIPELINE_DEPTH``).
+PROTOCOL_VERSION = 2
 
 _PREAMBLE = struct.Struct(">8sI")
 PREAMBLE_SIZE = _PREAMBLE.size
