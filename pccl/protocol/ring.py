@@ -64,7 +64,8 @@ EXCHANGE_MAX_BYTES = 256 * 1024
 #: CPU and a thread wake-up, and with four, 1-4 MiB ops were 7-28% slower on loopback (measured
 #: op by op, in place: 1 MiB 8.5 -> 6.3 ms at N = 3 and 15.2 -> 10.9 ms at N = 4, 4 MiB 13.1 ->
 #: 11.4 ms at N = 3).  One frame per chunk was no faster than two from 4 MiB up and gives up
-#: that overlap.  Ops whose chunks exceed twice ``DEFAULT_SUBCHUNK_BYTES`` are unaffected.
+#: that overlap.  Ops whose chunks are at least four times ``DEFAULT_SUBCHUNK_BYTES`` (16 MiB:
+#: 64 MiB at N <= 4) got capped frames with four and still do.
 _PIPELINE_DEPTH = 2
 
 
