@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from pccl.bench import bus_bandwidth, format_size, parse_size
+from pccl.bench import admit, bus_bandwidth, format_size, parse_size
 
 CONFIGS = ("gloo", "in-place", "out-of-place")
 _BARRIER_TAG = 1 << 30
@@ -107,14 +107,7 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
     async def run() -> dict[tuple[int, str], list[tuple[float, float]]]:
         out: dict[tuple[int, str], list[tuple[float, float]]] = {}
         async with pccl.open_communicator(f"127.0.0.1:{master_port}") as comm:
-            deadline = time.monotonic() + 120
-            while comm.world_size < world:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the group never reached {world} peers")
-                if await comm.are_peers_pending():
-                    await comm.update_topology()
-                else:
-                    await trio.sleep(0.01)
+            await admit(comm, world)
             small = np.ones(4, np.float32)
 
             async def barrier() -> None:
@@ -252,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(configs) - set(CONFIGS)
     if unknown:
         parser.error(f"unknown configs {sorted(unknown)}; choose from {CONFIGS}")
-    if args.iters < 1 or any(n < 2 for n in args.peers):
-        parser.error("--iters must be at least 1 and every --peers at least 2")
+    if args.iters < 1 or any(n < 2 for n in args.peers) or not args.timeout > 0:
+        parser.error("--iters must be at least 1, every --peers at least 2 and --timeout positive")
     try:
         sizes = list(dict.fromkeys(parse_size(s) for s in args.sizes))
     except ValueError as exc:

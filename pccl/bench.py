@@ -89,6 +89,21 @@ def _run_master(port: int) -> None:
     trio.run(serve)
 
 
+async def admit(comm: Any, world: int, *, timeout: float = 120.0) -> None:
+    """Admit pending peers into ``comm``'s group (``update_topology``) until it has ``world``
+    peers; ``RuntimeError`` after ``timeout`` seconds.  For benchmark peers started together."""
+    import trio
+
+    deadline = time.monotonic() + timeout
+    while comm.world_size < world:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the group never reached {world} peers within {timeout:g} s")
+        if await comm.are_peers_pending():
+            await comm.update_topology()
+        else:
+            await trio.sleep(0.01)
+
+
 def _run_peer(args: argparse.Namespace) -> None:
     import numpy as np
     import trio
@@ -96,16 +111,6 @@ def _run_peer(args: argparse.Namespace) -> None:
     import pccl
 
     quant_types = {"none": None, "u8": np.uint8, "u16": np.uint16}
-
-    async def admit(comm: pccl.Communicator) -> None:
-        deadline = time.monotonic() + 120
-        while comm.world_size < args.world:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the group never reached {args.world} peers")
-            if await comm.are_peers_pending():
-                await comm.update_topology()
-            else:
-                await trio.sleep(0.01)
 
     def make_inputs(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         base = np.random.default_rng(1234).standard_normal(count, dtype=np.float32)
@@ -122,7 +127,7 @@ def _run_peer(args: argparse.Namespace) -> None:
         if args.local_socket_buffer_size is not None:
             config = pccl.Config(local_socket_buffer_size=args.local_socket_buffer_size)
         async with pccl.open_communicator(f"127.0.0.1:{args.port}", config=config) as comm:
-            await admit(comm)
+            await admit(comm, args.world)
             small = np.ones(4, np.float32)
 
             async def barrier() -> None:

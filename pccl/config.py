@@ -51,10 +51,10 @@ class Config:
     #: address is a loopback address or the socket's own), used while ``socket_buffer_size``
     #: is 0; 0 keeps the OS default there too (else at least 64 KiB).  Such a link's
     #: bandwidth-delay product is tiny, so a small buffer costs no throughput, and it keeps the
-    #: bytes in flight in the CPU's caches: Linux's autotuning grows loopback buffers to megabytes, so the receiver's copy
-    #: out of them reads memory the sender wrote long before.  256 KiB (which Linux doubles, up
-    #: to ``net.core.rmem_max``/``wmem_max``) made 64-256 MiB all-reduces of 2-4 processes on
-    #: one 2-core host 15-40% faster than autotuning
+    #: bytes in flight in the CPU's caches: Linux's autotuning grows loopback buffers to
+    #: megabytes, so the receiver's copy out of them reads memory the sender wrote long before.
+    #: 256 KiB (which Linux doubles, up to ``net.core.rmem_max``/``wmem_max``) made 64-256 MiB
+    #: all-reduces of 2-4 processes on one 2-core host 15-40% faster than autotuning
     #: (``benchmarks/allreduce.py --local-socket-buffer-size``).
     local_socket_buffer_size: int = 256 * 1024
     #: Optional TLS: a client-side context for outgoing and a server-side one for incoming
