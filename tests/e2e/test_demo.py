@@ -26,8 +26,14 @@ def test_demo_without_chaos_ends_bit_identical() -> None:
     assert "all surviving peers hold bit-identical weights" in result.stdout
     hashes = set(re.findall(r"weights hash ([0-9a-f]{32})", result.stdout))
     assert len(hashes) == 1
-    # No one diverged and no one joined late, so no sync moved bytes.
-    assert re.search(r"sync rx +[1-9]", result.stdout) is None
+    # No one diverged, so no sync moved bytes — except a peer's first one, when its process
+    # started late and the others were already training (the demo does not wait for everyone).
+    per_peer: dict[str, list[int]] = {}
+    for peer, rx in re.findall(r"\[(peer\d+)\] step +\d+ .*?sync rx +(\d+) B", result.stdout):
+        per_peer.setdefault(peer, []).append(int(rx))
+    assert len(per_peer) == 3, result.stdout
+    for peer, received in per_peer.items():
+        assert not any(received[1:]), f"{peer} downloaded state after its first step: {received}"
 
 
 def test_demo_survives_sigkilled_peers() -> None:
