@@ -615,6 +615,11 @@ class Communicator:
         except ProtocolError as exc:
             self._fail(ProtocolError(f"the master at {self.master_address} sent garbage: {exc}"), cause=exc)
         except TransportError as exc:
+            if self._closed:
+                # aclose() sent Leave, and the master closes the connection once it has it: the
+                # end this peer asked for, not a lost master (no warning).
+                self._fail(InvalidUsage("the communicator is closed"))
+                return
             self._fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"),
                        cause=exc)
 
