@@ -39,6 +39,10 @@ int pccl_kernels_abi_version(void);
  * AVG accumulates like SUM (finalise with pccl_avg_finalize). */
 int pccl_reduce(int op, int dtype, void *dst, const void *src, size_t n);
 
+/* dst[i] = a[i] op b[i] (all of `dtype`, as for pccl_reduce): the same bits as copying a into
+ * dst and then pccl_reduce(op, dtype, dst, b, n), in one pass. */
+int pccl_reduce_to(int op, int dtype, void *dst, const void *a, const void *b, size_t n);
+
 /* backup[i] = dst[i]; dst[i] = dst[i] op src[i] in one pass (same dtypes and arithmetic as
  * pccl_reduce; backup has dst's dtype): the in-place all-reduce's save-before-overwrite. */
 int pccl_reduce_save(int op, int dtype, void *dst, const void *src, void *backup, size_t n);

@@ -38,7 +38,7 @@
 #include <emmintrin.h>
 #endif
 
-int pccl_kernels_abi_version(void) { return 4; }
+int pccl_kernels_abi_version(void) { return 5; }
 
 /* ---- same-type reductions ------------------------------------------------------------ */
 
@@ -99,24 +99,101 @@ DEF_FLOAT_REDUCE(f64, double)
     default: return PCCL_EOP;                                                                      \
     }
 
-PCCL_NOINLINE static int pccl_reduce_impl(int op, int dtype, void *dst, const void *src, size_t n) {
-    switch (dtype) {
-    case PCCL_U8: DISPATCH_OP(u8, uint8_t)
-    case PCCL_I8: DISPATCH_OP(i8, int8_t)
-    case PCCL_U16: DISPATCH_OP(u16, uint16_t)
-    case PCCL_I16: DISPATCH_OP(i16, int16_t)
-    case PCCL_U32: DISPATCH_OP(u32, uint32_t)
-    case PCCL_I32: DISPATCH_OP(i32, int32_t)
-    case PCCL_U64: DISPATCH_OP(u64, uint64_t)
-    case PCCL_I64: DISPATCH_OP(i64, int64_t)
-    case PCCL_F32: DISPATCH_OP(f32, float)
-    case PCCL_F64: DISPATCH_OP(f64, double)
-    default: return PCCL_EDTYPE;
+/* The dtypes of the same-type reductions, each dispatched by DISPATCH(suffix, C type). */
+#define SWITCH_SAME_TYPE(DISPATCH)                                                                 \
+    switch (dtype) {                                                                               \
+    case PCCL_U8: DISPATCH(u8, uint8_t)                                                            \
+    case PCCL_I8: DISPATCH(i8, int8_t)                                                             \
+    case PCCL_U16: DISPATCH(u16, uint16_t)                                                         \
+    case PCCL_I16: DISPATCH(i16, int16_t)                                                          \
+    case PCCL_U32: DISPATCH(u32, uint32_t)                                                         \
+    case PCCL_I32: DISPATCH(i32, int32_t)                                                          \
+    case PCCL_U64: DISPATCH(u64, uint64_t)                                                         \
+    case PCCL_I64: DISPATCH(i64, int64_t)                                                          \
+    case PCCL_F32: DISPATCH(f32, float)                                                            \
+    case PCCL_F64: DISPATCH(f64, double)                                                           \
+    default: return PCCL_EDTYPE;                                                                   \
     }
+
+PCCL_NOINLINE static int pccl_reduce_impl(int op, int dtype, void *dst, const void *src, size_t n) {
+    SWITCH_SAME_TYPE(DISPATCH_OP)
 }
 
 int pccl_reduce(int op, int dtype, void *dst, const void *src, size_t n) {
     PCCL_IEEE_CALL(pccl_reduce_impl(op, dtype, dst, src, n));
+}
+
+/* ---- three-operand reductions ------------------------------------------------------- */
+
+/* dst[i] = a[i] op b[i]: pccl_reduce's arithmetic with a in dst's role (so MIN/MAX give b on
+ * ties, as numpy.minimum(a, b) does), i.e. memcpy(dst, a) followed by pccl_reduce(dst, b), in
+ * one pass.  The out-of-place all-reduce's first reduction of a slice: its own input and the
+ * partial sum it received, into the output. */
+#define DEF_INT_REDUCE_TO(SUF, T, W)                                                               \
+    PCCL_VEC static void sum3_##SUF(T *restrict d, const T *restrict a, const T *restrict b,       \
+                                    size_t n) {                                                    \
+        for (size_t i = 0; i < n; i++) d[i] = (T)((W)a[i] + (W)b[i]);                              \
+    }                                                                                              \
+    PCCL_VEC static void prod3_##SUF(T *restrict d, const T *restrict a, const T *restrict b,      \
+                                     size_t n) {                                                   \
+        for (size_t i = 0; i < n; i++) d[i] = (T)((W)a[i] * (W)b[i]);                              \
+    }                                                                                              \
+    PCCL_VEC static void min3_##SUF(T *restrict d, const T *restrict a, const T *restrict b,       \
+                                    size_t n) {                                                    \
+        for (size_t i = 0; i < n; i++) d[i] = b[i] < a[i] ? b[i] : a[i];                           \
+    }                                                                                              \
+    PCCL_VEC static void max3_##SUF(T *restrict d, const T *restrict a, const T *restrict b,       \
+                                    size_t n) {                                                    \
+        for (size_t i = 0; i < n; i++) d[i] = b[i] > a[i] ? b[i] : a[i];                           \
+    }
+
+DEF_INT_REDUCE_TO(u8, uint8_t, unsigned int)
+DEF_INT_REDUCE_TO(i8, int8_t, unsigned int)
+DEF_INT_REDUCE_TO(u16, uint16_t, unsigned int)
+DEF_INT_REDUCE_TO(i16, int16_t, unsigned int)
+DEF_INT_REDUCE_TO(u32, uint32_t, uint32_t)
+DEF_INT_REDUCE_TO(i32, int32_t, uint32_t)
+DEF_INT_REDUCE_TO(u64, uint64_t, uint64_t)
+DEF_INT_REDUCE_TO(i64, int64_t, uint64_t)
+
+#define DEF_FLOAT_REDUCE_TO(SUF, T)                                                                \
+    PCCL_VEC static void sum3_##SUF(T *restrict d, const T *restrict a, const T *restrict b,       \
+                                    size_t n) {                                                    \
+        for (size_t i = 0; i < n; i++) d[i] = a[i] + b[i];                                         \
+    }                                                                                              \
+    PCCL_VEC static void prod3_##SUF(T *restrict d, const T *restrict a, const T *restrict b,      \
+                                     size_t n) {                                                   \
+        for (size_t i = 0; i < n; i++) d[i] = a[i] * b[i];                                         \
+    }                                                                                              \
+    PCCL_VEC static void min3_##SUF(T *restrict d, const T *restrict a, const T *restrict b,       \
+                                    size_t n) {                                                    \
+        for (size_t i = 0; i < n; i++) { T x = a[i], y = b[i]; d[i] = FMIN(x, y); }                \
+    }                                                                                              \
+    PCCL_VEC static void max3_##SUF(T *restrict d, const T *restrict a, const T *restrict b,       \
+                                    size_t n) {                                                    \
+        for (size_t i = 0; i < n; i++) { T x = a[i], y = b[i]; d[i] = FMAX(x, y); }                \
+    }
+
+DEF_FLOAT_REDUCE_TO(f32, float)
+DEF_FLOAT_REDUCE_TO(f64, double)
+
+#define DISPATCH_OP3(SUF, T)                                                                       \
+    switch (op) {                                                                                  \
+    case PCCL_SUM:                                                                                 \
+    case PCCL_AVG: sum3_##SUF((T *)dst, (const T *)a, (const T *)b, n); return PCCL_OK;            \
+    case PCCL_PROD: prod3_##SUF((T *)dst, (const T *)a, (const T *)b, n); return PCCL_OK;          \
+    case PCCL_MIN: min3_##SUF((T *)dst, (const T *)a, (const T *)b, n); return PCCL_OK;            \
+    case PCCL_MAX: max3_##SUF((T *)dst, (const T *)a, (const T *)b, n); return PCCL_OK;            \
+    default: return PCCL_EOP;                                                                      \
+    }
+
+PCCL_NOINLINE static int pccl_reduce_to_impl(int op, int dtype, void *dst, const void *a, const void *b,
+                                             size_t n) {
+    SWITCH_SAME_TYPE(DISPATCH_OP3)
+}
+
+int pccl_reduce_to(int op, int dtype, void *dst, const void *a, const void *b, size_t n) {
+    PCCL_IEEE_CALL(pccl_reduce_to_impl(op, dtype, dst, a, b, n));
 }
 
 /* ---- reductions that save the destination first ------------------------------------- */

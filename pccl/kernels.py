@@ -41,6 +41,7 @@ __all__ = [
     "QuantParams",
     "accumulator_dtype",
     "reduce_into",
+    "reduce_to",
     "reduce_into_saving",
     "save_copy",
     "avg_finalize",
@@ -70,7 +71,7 @@ _ACCUMULATORS = (DType.FLOAT32, DType.FLOAT64)
 
 # The native module must be the one built from this source tree (an editable install whose
 # extension was not rebuilt after a change of native/ would otherwise misbehave silently).
-_ABI_VERSION = 4  # 4: float kernels reset the caller's FTZ/DAZ/rounding mode for the call
+_ABI_VERSION = 5  # 4: float kernels reset the caller's FTZ/DAZ/rounding mode; 5: pccl_reduce_to
 if lib.pccl_kernels_abi_version() != _ABI_VERSION:  # pragma: no cover - stale build only
     raise ImportError(
         f"pccl._kernels has ABI {lib.pccl_kernels_abi_version()}, expected {_ABI_VERSION}: "
@@ -221,6 +222,33 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp | int = ReduceOp.
     else:
         rc = lib.pccl_reduce(op, dt_dst, _ptr(d), _ptr(s), d.size)
     _check(rc, "reduce")
+    if d is not dst:
+        dst[...] = d
+
+
+def reduce_to(dst: np.ndarray, a: np.ndarray, b: np.ndarray, op: ReduceOp | int = ReduceOp.SUM) -> None:
+    """``dst = a op b`` element-wise, in one pass: the same bits as ``dst[:] = a`` followed by
+    :func:`reduce_into` ``(dst, b, op)``, for ``a``, ``b`` and ``dst`` of one dtype (float32,
+    float64, any integer type; not float16/bfloat16).  ``a`` and ``b`` may be one array; ``dst``
+    overlaps neither.  Float arithmetic is IEEE's whatever the calling thread's floating-point
+    mode (unlike ``np.add`` in a thread with flush-to-zero on).  Raises InvalidArgument.
+    """
+    op = _op(op)
+    dst = _array("dst", dst, writable=True)
+    a = _array("a", a)
+    b = _array("b", b)
+    dt = _dtype("dst", dst)
+    for name, x in (("a", a), ("b", b)):
+        if _dtype(name, x) is not dt:
+            raise _fail(f"dst has dtype {dst.dtype} but {name} has {x.dtype}; they must match")
+        _same_size("dst", dst, name, x)
+        _no_overlap("dst", dst, name, x)
+    if dt in _HALF:
+        raise _fail(f"reduce_to does not take {dt.name.lower()}: widen to float32 first")
+    if dst.size == 0:
+        return
+    d, x, y = _aligned(dst), _aligned(a), _aligned(b)
+    _check(lib.pccl_reduce_to(op, dt, _ptr(d), _ptr(x), _ptr(y), d.size), "reduce_to")
     if d is not dst:
         dst[...] = d
 

@@ -137,6 +137,26 @@ def test_reduce_matches_numpy_bit_for_bit(dtype: type, data: st.DataObject, op: 
 @FAST
 @given(data=st.data(), op=st.sampled_from(OPS),
        unaligned=st.tuples(st.booleans(), st.booleans(), st.booleans()))
+def test_reduce_to_equals_copy_then_reduce(dtype: type, data: st.DataObject, op: ReduceOp,
+                                           unaligned: tuple[bool, bool, bool]) -> None:
+    # The out-of-place all-reduce's first reduction of a slice: dst = a op b in one pass, the
+    # bits of dst[:] = a; reduce_into(dst, b) (the operand order decides MIN/MAX ties).
+    a, b = data.draw(pair(dtype))
+    x, y = place(a, unaligned[0]), place(b, unaligned[1])
+    dst = place(np.full_like(a, 7), unaligned[2])
+    K.reduce_to(dst, x, y, op)
+    assert_same(dst, K.reduce_oracle(a, b, op))
+    two_pass = a.copy()
+    K.reduce_into(two_pass, b.copy(), op)
+    np.testing.assert_array_equal(bits(dst), bits(two_pass))
+    np.testing.assert_array_equal(bits(x), bits(a))  # inputs untouched
+    np.testing.assert_array_equal(bits(y), bits(b))
+
+
+@pytest.mark.parametrize("dtype", SAME_TYPE, ids=lambda d: np.dtype(d).name)
+@FAST
+@given(data=st.data(), op=st.sampled_from(OPS),
+       unaligned=st.tuples(st.booleans(), st.booleans(), st.booleans()))
 def test_reduce_saving_matches_numpy_and_keeps_the_old_bits(dtype: type, data: st.DataObject, op: ReduceOp,
                                                            unaligned: tuple[bool, bool, bool]) -> None:
     # The in-place all-reduce's fused save + reduce: dst gets exactly reduce_into's result and

@@ -43,6 +43,15 @@ def test_enum_codes_match_the_wire_values() -> None:
         (lambda: K.reduce_into(np.zeros(8, np.float64), np.zeros(8, np.float16)), "float32 dst"),
         (lambda: K.reduce_into(f32(), np.zeros(8, np.int16), src_dtype=DType.BFLOAT16), "cannot hold bfloat16"),
         (lambda: K.reduce_into(f32(), f32(), op=7), "unknown reduce op"),
+        (lambda: K.reduce_to(f32(), f32(), np.arange(8, dtype=np.float64)), "b has float64; they must match"),
+        (lambda: K.reduce_to(f32(), np.arange(8, dtype=np.int32), f32()), "a has int32; they must match"),
+        (lambda: K.reduce_to(f32(), f32(7), f32()), "8 elements but a has 7"),
+        (lambda: K.reduce_to(f32(), f32(), f32(16)[::2]), "b must be C-contiguous"),
+        (lambda: K.reduce_to(f32(16)[::2], f32(), f32()), "dst must be C-contiguous"),
+        (lambda: K.reduce_to(f32(), f32(), [1.0] * 8), "b must be a numpy array"),
+        (lambda: K.reduce_to(np.zeros(8, np.float16), np.zeros(8, np.float16), np.zeros(8, np.float16)),
+         "widen to float32 first"),
+        (lambda: K.reduce_to(f32(), f32(), f32(), op=7), "unknown reduce op"),
         (lambda: K.avg_finalize(f32(), 0), r"\[1, 2\*\*63\)"),
         (lambda: K.avg_finalize(f32(), 2.0), r"\[1, 2\*\*63\)"),
         (lambda: K.avg_finalize(np.zeros(4, np.float16), 2), "float32 accumulator"),
@@ -132,14 +141,20 @@ def test_overlapping_buffers() -> None:
         K.dequantize_reduce_saving(buf[:4], np.zeros(4, np.uint8), K.QuantParams(0, 1), buf[:4])
     with pytest.raises(pccl.InvalidArgument, match="backup and src overlap"):
         K.save_copy(buf[:8], buf[4:12])
+    with pytest.raises(pccl.InvalidArgument, match="dst and a overlap"):
+        K.reduce_to(buf[:8], buf[4:12], buf[8:])
+    with pytest.raises(pccl.InvalidArgument, match="dst and b overlap"):
+        K.reduce_to(buf[:8], buf[8:], buf[:8])
     with pytest.raises(pccl.InvalidArgument, match="backup and q overlap"):
         K.dequantize_reduce_saving(raw[:16].view(np.float32), raw[32:36], K.QuantParams(0, 1),
                                    raw[32:48].view(np.float32))
     np.testing.assert_array_equal(buf, before)
     # adjacent is not overlapping    np.testing.assert_array_equal(buf, before)
-    # adjacent is not overlapping
+    # adjacent is not overlapping; a and b may be one array
     K.reduce_into(buf[:8], buf[8:])
     np.testing.assert_array_equal(buf[:8], before[:8] + before[8:])
+    K.reduce_to(buf[:8], buf[8:], buf[8:], ReduceOp.PROD)
+    np.testing.assert_array_equal(buf[:8], before[8:] * before[8:])
 
 
 def test_empty_arrays() -> None:
@@ -153,6 +168,7 @@ def test_empty_arrays() -> None:
     K.dequantize(np.empty(0, np.uint8), K.QuantParams(1.0, 2.0), e)
     K.dequantize_reduce(e, np.empty(0, np.uint8), K.QuantParams(1.0, 2.0), ReduceOp.MAX)
     K.reduce_into_saving(e, np.empty(0, np.float32), np.empty(0, np.float32))
+    K.reduce_to(e, np.empty(0, np.float32), np.empty(0, np.float32))
     K.save_copy(e, np.empty(0, np.float32))
     K.dequantize_reduce_saving(e, np.empty(0, np.uint8), K.QuantParams(1.0, 2.0), np.empty(0, np.float32))
 
@@ -203,6 +219,8 @@ def test_kernels_compute_ieee_bits_under_flush_to_zero() -> None:
         K.dequantize_reduce(deq_sum, np.full(37, 3, np.uint8), K.QuantParams(0.0, 1e-39))
         saved_sum, backup = tiny.copy(), np.zeros(37, np.float32)
         K.reduce_into_saving(saved_sum, tiny, backup, ReduceOp.SUM)
+        sum_to = np.zeros(37, np.float32)
+        K.reduce_to(sum_to, tiny, tiny, ReduceOp.SUM)
         inside = mxcsr()
     assert inside & 0x8040 == 0x8040  # the kernels left the caller's mode as they found it
     assert mxcsr() == before
@@ -214,3 +232,4 @@ def test_kernels_compute_ieee_bits_under_flush_to_zero() -> None:
     assert np.all(deq == np.float32(0.0) + np.float32(3) * np.float32(1e-39)) and deq[0] != 0.0
     assert np.array_equal(deq_sum, tiny + deq)
     assert np.array_equal(saved_sum, tiny + tiny) and np.array_equal(backup, tiny)
+    assert np.array_equal(sum_to, tiny + tiny)
