@@ -111,8 +111,6 @@ logger = logging.getLogger(__name__)
 #: Staging buffers per lane for reduce-scatter payloads: one being received, one being reduced,
 #: one spare to absorb scheduling jitter (measured: depth 2 stalls the receiver noticeably).
 _STAGING_DEPTH = 3
-#: Dtypes whose SUM numpy may compute instead of the kernel (bit-identical IEEE addition).
-_IEEE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 #: Quantized send buffers per lane (one being filled while the previous one is on the wire).
 _SEND_DEPTH = 2
 
@@ -510,13 +508,9 @@ class _RingOp:
         if bufs.half:
             bf.widen(acc, bufs.src[a:b])
         elif not bufs.in_place:
-            if not bufs.quantized and bufs.op is ReduceOp.SUM and acc.dtype in _IEEE_FLOATS and not self.exchange:
-                # One pass instead of copy + accumulate: IEEE addition of the same operands is
-                # the same whichever loop does it (the kernels are built without fast-math).
-                # Not in the exchange, where both peers compute every element: numpy runs in
-                # the calling thread's floating-point mode (flush-to-zero, if user code set it),
-                # the kernels always in IEEE's.
-                np.add(bufs.src[a:b], payload.view(acc.dtype), out=acc)
+            if not bufs.quantized:
+                # One pass instead of copy + accumulate, with the same bits.
+                bf.reduce_to(bufs.op, acc, bufs.src[a:b], payload.view(acc.dtype))
                 return
             np.copyto(acc, bufs.src[a:b])
         if bufs.quantized:

@@ -347,6 +347,11 @@ def reduce_into(op: ReduceOp, acc: np.ndarray, wire: np.ndarray) -> None:
     kernels.reduce_into(acc, wire, op)
 
 
+def reduce_to(op: ReduceOp, acc: np.ndarray, own: np.ndarray, wire: np.ndarray) -> None:
+    """``acc = own op wire`` in one pass (same dtype; the same bits as copy, then reduce)."""
+    kernels.reduce_to(acc, own, wire, op)
+
+
 def reduce_into_saving(op: ReduceOp, acc: np.ndarray, wire: np.ndarray, saved: np.ndarray) -> None:
     """``saved[:] = acc; acc op= wire`` in one pass (same dtype)."""
     kernels.reduce_into_saving(acc, wire, saved, op)
