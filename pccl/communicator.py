@@ -42,8 +42,10 @@ from .errors import (
     StreamClosed,
     TransportError,
 )
+from .net import serving
 from .net.base import Listener, Network, Stream, format_address, parse_address
 from .net.framed import FramedConnection, accept_framed, open_framed
+from .net.serving import HandshakeSlot, serve_listener
 from .protocol import messages as m
 from .shared_state import SharedState, SharedStateService
 from .types import SyncInfo, SyncStrategy
@@ -736,25 +738,19 @@ class Communicator:
             raise ProtocolError(f"{address} answered the p2p hello with {ack!r}")
 
     async def _serve_p2p(self, listener: Listener) -> None:
-        async with trio.open_nursery() as nursery:
-            while True:
-                try:
-                    stream = await listener.accept()
-                except TransportError as exc:
-                    # StreamClosed: closed by aclose.  Anything else is permanent (running out of
-                    # descriptors is waited out inside accept): say so, the master will see this
-                    # peer as unreachable by its ring predecessor.
-                    if not isinstance(exc, StreamClosed):
-                        log.error("peer %x: p2p listener failed, accepting no more ring connections: %s",
-                                  self.peer_id, exc)
-                    return
-                nursery.start_soon(self._accept_p2p, stream)
+        exc = await serve_listener(listener, self._accept_p2p, max_pending=serving.MAX_PENDING_HANDSHAKES)
+        # StreamClosed: closed by aclose.  Anything else is permanent (running out of descriptors
+        # is waited out inside accept): say so, the master will see this peer as unreachable by
+        # its ring predecessor.
+        if not isinstance(exc, StreamClosed):
+            log.error("peer %x: p2p listener failed, accepting no more ring connections: %s", self.peer_id, exc)
 
-    async def _accept_p2p(self, stream: Stream) -> None:
+    async def _accept_p2p(self, stream: Stream, slot: HandshakeSlot) -> None:
         remote = stream.remote_address
         conn: FramedConnection | None = None
         try:
             conn = await accept_framed(stream, token=self._token, config=self._config, nonce_source=self._nonce_source)
+            slot.release()  # authenticated: no longer an anonymous connection
             with trio.fail_after(self._config.connect_timeout):
                 hello = await conn.receive()
                 if not isinstance(hello, m.P2PHello):

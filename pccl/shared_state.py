@@ -45,10 +45,12 @@ from .errors import (
     ProtocolError,
     RevisionViolation,
     SharedStateSyncFailed,
-    TransportError,
+    StreamClosed,
 )
+from .net import serving
 from .net.base import Listener, Stream, format_address
 from .net.framed import FramedConnection, accept_framed, open_framed
+from .net.serving import HandshakeSlot, serve_listener
 from .protocol import messages as m
 from .protocol.codec import DataHeader
 from .types import DType, SyncInfo, SyncStrategy, dtype_of
@@ -249,13 +251,10 @@ class SharedStateService:
     async def serve(self) -> None:
         """Accept state requests until the listener closes (run in the communicator's nursery)."""
         assert self.listener is not None
-        async with trio.open_nursery() as nursery:
-            while True:
-                try:
-                    stream = await self.listener.accept()
-                except TransportError:
-                    return
-                nursery.start_soon(self._serve_connection, stream)
+        exc = await serve_listener(self.listener, self._serve_connection, max_pending=serving.MAX_PENDING_HANDSHAKES)
+        if not isinstance(exc, StreamClosed):  # permanent (running out of descriptors is waited out)
+            log.error("peer %x: shared-state listener failed, serving no more state requests: %s",
+                      self._comm.peer_id, exc)
 
     def deliver(self, msg: m.Message) -> bool:
         """Route a master message to the running sync; False if it is not a sync message."""
@@ -433,13 +432,14 @@ class SharedStateService:
 
     # --- serving --------------------------------------------------------------------------------
 
-    async def _serve_connection(self, stream: Stream) -> None:
+    async def _serve_connection(self, stream: Stream, slot: HandshakeSlot) -> None:
         comm = self._comm
         remote = stream.remote_address
         conn: FramedConnection | None = None
         try:
             conn = await accept_framed(stream, token=comm._token, config=comm._config,
                                        nonce_source=comm._nonce_source)
+            slot.release()  # authenticated: no longer an anonymous connection
             with trio.fail_after(comm._config.connect_timeout):
                 request = await conn.receive()
             if not isinstance(request, m.StateRequest):

@@ -17,7 +17,8 @@ import trio
 import pccl
 from pccl import Config
 from pccl.errors import AuthenticationFailed, Kicked, KickReason, MasterUnreachable
-from pccl.net.base import Listener, Network, Stream
+from pccl.net import serving
+from pccl.net.base import Listener, Network, Stream, parse_address
 from pccl.net.framed import open_framed
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol import codec
@@ -526,3 +527,65 @@ async def test_closing_logs_no_lost_master_when_the_master_hangs_up_first(
         assert isinstance(comm._failure, pccl.InvalidUsage)  # noqa: SLF001
     lost = [r.getMessage() for r in caplog.records if "lost the connection to the master" in r.getMessage()]
     assert lost == []
+
+
+class CountingNetwork(Network):
+    """Real TCP whose listeners count the connections they hand out (``accepted[address]``)."""
+
+    def __init__(self) -> None:
+        self._tcp = TcpNetwork(CFG)
+        self.accepted: dict[str, int] = {}
+
+    async def connect(self, address: str, *, timeout: float | None = None) -> Stream:
+        return await self._tcp.connect(address, timeout=timeout)
+
+    async def listen(self, address: str, *, port_range: int = 1) -> Listener:
+        listener = await self._tcp.listen(address, port_range=port_range)
+        accepted = self.accepted
+        accepted[listener.address] = 0
+
+        class Counting(Listener):
+            def __init__(self) -> None:
+                self.address = listener.address
+
+            async def accept(self) -> Stream:
+                stream = await listener.accept()
+                accepted[listener.address] += 1
+                return stream
+
+            async def aclose(self) -> None:
+                await listener.aclose()
+
+        return Counting()
+
+
+@pytest.mark.parametrize("which", ["ring", "shared state"])
+async def test_idle_connections_cannot_pile_up_in_a_peers_listener(master: pccl.Master, which: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # A peer's ports face the network: connections that never complete the handshake take a slot
+    # each (until Config.connect_timeout), and with every slot taken the peer stops accepting, so
+    # the rest wait in the kernel's backlog instead of costing it a descriptor each.
+    monkeypatch.setattr(serving, "MAX_PENDING_HANDSHAKES", 3)
+    network = CountingNetwork()
+    patient = dataclasses.replace(CFG, connect_timeout=60.0)  # no slot frees itself during the test
+    with trio.fail_after(BOUND):
+        async with _open(master.address, network=network, config=patient) as comm:
+            listener = comm._listener if which == "ring" else comm._shared.listener  # noqa: SLF001
+            assert listener is not None
+            accepted = lambda: network.accepted[listener.address]  # noqa: E731
+            host, port = parse_address(listener.address)
+            idle = [await trio.open_tcp_stream(host, port) for _ in range(8)]
+            await _wait_until(lambda: accepted() >= 3, "the first idle connections accepted")
+            await trio.sleep(0.3)
+            assert accepted() == 3
+            for stream in idle[:2]:  # their handshakes fail at once: two slots come back
+                await stream.aclose()
+            await _wait_until(lambda: accepted() >= 5, "two more accepted")
+            await trio.sleep(0.3)
+            assert accepted() == 5
+            for stream in idle[2:]:
+                await stream.aclose()
+            await _wait_until(lambda: accepted() == 8, "the backlog drained")
+            late = await trio.open_tcp_stream(host, port)
+            await _wait_until(lambda: accepted() == 9, "a later connection accepted")
+            await late.aclose()
