@@ -660,8 +660,19 @@ class Communicator:
     async def _heartbeat(self) -> None:
         cfg = self._config
         while self._failure is None:
-            await trio.sleep(cfg.heartbeat_interval)
-            silent = trio.current_time() - self._last_heard
+            due = trio.current_time() + cfg.heartbeat_interval
+            await trio.sleep_until(due)
+            now = trio.current_time()
+            if now - due > cfg.heartbeat_interval:
+                # Woken this late, this peer's event loop was blocked (user code that did not
+                # yield): no heartbeat went out, and what the master sent meanwhile (a kick, most
+                # likely) is still unread.  The silence was this peer's: let the reader catch up
+                # before judging the master.
+                log.warning("peer %x: the event loop was blocked for %.3g s, with no heartbeats to the master "
+                            "(it removes peers silent for Config.peer_timeout = %g s); run long computations "
+                            "off the Trio thread", self.peer_id, now - due, cfg.peer_timeout)
+                self._last_heard = max(self._last_heard, now)
+            silent = now - self._last_heard
             if silent > cfg.peer_timeout:
                 self._fail(MasterUnreachable(f"the master at {self.master_address} has been silent for {silent:.3g} s"))
                 return
