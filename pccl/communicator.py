@@ -662,17 +662,22 @@ class Communicator:
         while self._failure is None:
             due = trio.current_time() + cfg.heartbeat_interval
             await trio.sleep_until(due)
-            now = trio.current_time()
-            if now - due > cfg.heartbeat_interval:
+            blocked = trio.current_time() - due
+            if blocked > cfg.heartbeat_interval:
                 # Woken this late, this peer's event loop was blocked (user code that did not
-                # yield): no heartbeat went out, and what the master sent meanwhile (a kick, most
-                # likely) is still unread.  The silence was this peer's: let the reader catch up
-                # before judging the master.
-                log.warning("peer %x: the event loop was blocked for %.3g s, with no heartbeats to the master "
-                            "(it removes peers silent for Config.peer_timeout = %g s); run long computations "
-                            "off the Trio thread", self.peer_id, now - due, cfg.peer_timeout)
-                self._last_heard = max(self._last_heard, now)
-            silent = now - self._last_heard
+                # yield): no heartbeat went out, and what the master sent meanwhile (heartbeats,
+                # or a kick) may still be unread.  Give the reader an interval to take it in
+                # before judging the master's silence.
+                if blocked >= cfg.peer_timeout / 2:
+                    log.warning("peer %x: the event loop was blocked for %.3g s, with no heartbeats to the master "
+                                "(it removes peers silent for Config.peer_timeout = %g s); run long "
+                                "computations off the Trio thread", self.peer_id, blocked, cfg.peer_timeout)
+                heard, deadline = self._last_heard, trio.current_time() + cfg.heartbeat_interval
+                while self._last_heard == heard and self._failure is None and trio.current_time() < deadline:
+                    await trio.sleep(cfg.heartbeat_interval / 50)
+                if self._failure is not None:
+                    return
+            silent = trio.current_time() - self._last_heard
             if silent > cfg.peer_timeout:
                 self._fail(MasterUnreachable(f"the master at {self.master_address} has been silent for {silent:.3g} s"))
                 return
