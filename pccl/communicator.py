@@ -666,14 +666,15 @@ class Communicator:
             if blocked > cfg.heartbeat_interval:
                 # Woken this late, this peer's event loop was blocked (user code that did not
                 # yield): no heartbeat went out, and what the master sent meanwhile (heartbeats,
-                # or a kick) may still be unread.  Give the reader an interval to take it in
-                # before judging the master's silence.
+                # or a kick) may still be unread.  If the master looks silent for too long, give
+                # the reader an interval to take that in before judging.
                 if blocked >= cfg.peer_timeout / 2:
                     log.warning("peer %x: the event loop was blocked for %.3g s, with no heartbeats to the master "
                                 "(it removes peers silent for Config.peer_timeout = %g s); run long "
                                 "computations off the Trio thread", self.peer_id, blocked, cfg.peer_timeout)
-                heard, deadline = self._last_heard, trio.current_time() + cfg.heartbeat_interval
-                while self._last_heard == heard and self._failure is None and trio.current_time() < deadline:
+                deadline = trio.current_time() + cfg.heartbeat_interval
+                while (trio.current_time() - self._last_heard > cfg.peer_timeout and self._failure is None
+                       and trio.current_time() < deadline):
                     await trio.sleep(cfg.heartbeat_interval / 50)
                 if self._failure is not None:
                     return
