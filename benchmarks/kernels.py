@@ -58,6 +58,7 @@ def build_rows(n: int) -> list[Row]:
     rng = np.random.default_rng(0)
     a = rng.standard_normal(n, dtype=np.float32)
     b = rng.standard_normal(n, dtype=np.float32)
+    c = np.empty(n, np.float32)
     a64 = rng.standard_normal(n)
     b64 = rng.standard_normal(n)
     ai = rng.integers(-1000, 1000, n, dtype=np.int32)
@@ -81,6 +82,8 @@ def build_rows(n: int) -> list[Row]:
             lambda: np.add(a64, b64, out=a64)),
         Row("f32 MAX", 12 * n, lambda: K.reduce_into(a, b, ReduceOp.MAX),
             lambda: np.maximum(a, b, out=a)),
+        Row("f32 SUM  c = a + b", 12 * n, lambda: K.reduce_to(c, a, b, ReduceOp.SUM),
+            lambda: np.add(a, b, out=c)),
         Row("i32 SUM", 12 * n, lambda: K.reduce_into(ai, bi, ReduceOp.SUM),
             lambda: np.add(ai, bi, out=ai)),
         Row("f16 into f32 SUM", 10 * n, lambda: K.reduce_into(a, h, ReduceOp.SUM),
@@ -98,7 +101,7 @@ def build_rows(n: int) -> list[Row]:
     if ml_dtypes is not None:
         bf = b.astype(ml_dtypes.bfloat16)
         bf_out = np.empty(n, ml_dtypes.bfloat16)
-        rows.insert(5, Row("bf16 into f32 SUM", 10 * n, lambda: K.reduce_into(a, bf, ReduceOp.SUM),
+        rows.insert(6, Row("bf16 into f32 SUM", 10 * n, lambda: K.reduce_into(a, bf, ReduceOp.SUM),
                            lambda: np.add(a, bf.astype(np.float32), out=a)))
         rows.insert(7, Row("f32 -> bf16", 6 * n, lambda: K.narrow(bf_out, b),
                            lambda: np.copyto(bf_out, b, casting="unsafe")))
