@@ -58,6 +58,11 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+#: Scheduler turns the heartbeat task gives the reader before it calls a quiet master silent
+#: (the reader needs two or three to take in a message waiting on the socket).
+_READER_TURNS = 10
+
+
 #: Collective messages the reader routes by tag.
 _COLLECTIVE_REPLIES = (m.CollectiveCommence, m.CollectiveComplete, m.CollectiveAbort, m.CollectiveRejected)
 
@@ -662,26 +667,27 @@ class Communicator:
         while self._failure is None:
             due = trio.current_time() + cfg.heartbeat_interval
             await trio.sleep_until(due)
-            blocked = trio.current_time() - due
-            if blocked > cfg.heartbeat_interval:
-                # Woken this late, this peer's event loop was blocked (user code that did not
-                # yield): no heartbeat went out, and what the master sent meanwhile (heartbeats,
-                # or a kick) may still be unread.  If the master looks silent for too long, give
-                # the reader an interval to take that in before judging.
-                if blocked >= cfg.peer_timeout / 2:
-                    log.warning("peer %x: the event loop was blocked for %.3g s, with no heartbeats to the master "
-                                "(it removes peers silent for Config.peer_timeout = %g s); run long "
-                                "computations off the Trio thread", self.peer_id, blocked, cfg.peer_timeout)
-                deadline = trio.current_time() + cfg.heartbeat_interval
-                while (trio.current_time() - self._last_heard > cfg.peer_timeout and self._failure is None
-                       and trio.current_time() < deadline):
-                    await trio.sleep(cfg.heartbeat_interval / 50)
-                if self._failure is not None:
+            late = trio.current_time() - due
+            if late >= cfg.peer_timeout / 2:
+                log.warning("peer %x: no heartbeat could go to the master for %.3g s: the event loop was blocked "
+                            "(the master removes peers silent for Config.peer_timeout = %g s); run long "
+                            "computations off the Trio thread", self.peer_id, late + cfg.heartbeat_interval,
+                            cfg.peer_timeout)
+            if trio.current_time() - self._last_heard > cfg.peer_timeout:
+                # Before calling the master silent, let the reader take in what may be waiting
+                # unread: after user code blocked the event loop, the master's heartbeats (or its
+                # kick) are there.  Counted in scheduler turns, not time, since the loop may block
+                # again meanwhile; a hung master is still caught within a few turns.
+                for _ in range(_READER_TURNS):
+                    await trio.lowlevel.checkpoint()
+                    if self._failure is not None:
+                        return
+                    if trio.current_time() - self._last_heard <= cfg.peer_timeout:
+                        break
+                else:
+                    silent = trio.current_time() - self._last_heard
+                    self._fail(MasterUnreachable(f"the master at {self.master_address} has been silent for {silent:.3g} s"))
                     return
-            silent = trio.current_time() - self._last_heard
-            if silent > cfg.peer_timeout:
-                self._fail(MasterUnreachable(f"the master at {self.master_address} has been silent for {silent:.3g} s"))
-                return
             try:
                 await self._send_master(m.Heartbeat())
             except PCCLError:

@@ -61,6 +61,14 @@ async def test_a_silent_master_is_declared_unreachable(autojump_clock: trio.test
     assert "silent" in str(state._failure)
 
 
+async def _reader(state: _State) -> None:
+    """A master heartbeat every interval, taken in by a reader that needs two scheduler turns."""
+    while True:
+        await trio.sleep(CFG.heartbeat_interval)
+        await trio.lowlevel.checkpoint()
+        state._last_heard = trio.current_time()
+
+
 async def test_a_blocked_event_loop_is_not_blamed_on_the_master(autojump_clock: trio.testing.MockClock,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     # While this peer's loop was blocked, the master's heartbeats (or its kick) piled up unread:
@@ -68,11 +76,12 @@ async def test_a_blocked_event_loop_is_not_blamed_on_the_master(autojump_clock: 
     state = _State()
 
     async def body() -> None:
-        await trio.sleep(CFG.heartbeat_interval / 2)
-        autojump_clock.jump(3 * CFG.peer_timeout)  # time passes, no task runs: a blocked loop
-        await trio.sleep(CFG.heartbeat_interval / 4)  # the heartbeat task has woken, late
-        state._last_heard = trio.current_time()  # the reader reads a master heartbeat
-        await trio.sleep(2 * CFG.heartbeat_interval)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_reader, state)
+            await trio.sleep(CFG.heartbeat_interval / 2)
+            autojump_clock.jump(3 * CFG.peer_timeout)  # time passes, no task runs: a blocked loop
+            await trio.sleep(2 * CFG.heartbeat_interval)
+            nursery.cancel_scope.cancel()
 
     with caplog.at_level(logging.WARNING, logger="pccl.communicator"):
         await _run_heartbeat(state, body)
@@ -81,9 +90,26 @@ async def test_a_blocked_event_loop_is_not_blamed_on_the_master(autojump_clock: 
     assert any("event loop was blocked" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_loop_that_blocks_every_step_keeps_a_live_master(autojump_clock: trio.testing.MockClock) -> None:
+    # Steps of 1.2 s that yield once each, shorter than peer_timeout: the grace after a late wake
+    # is counted in scheduler turns, so blocking again meanwhile does not cut it short.
+    state = _State()
+
+    async def body() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_reader, state)
+            for _ in range(40):
+                autojump_clock.jump(1.2)
+                await trio.lowlevel.checkpoint()
+            nursery.cancel_scope.cancel()
+
+    await _run_heartbeat(state, body)
+    assert state._failure is None
+
+
 async def test_a_master_silent_across_a_blocked_loop_is_still_declared_unreachable(
         autojump_clock: trio.testing.MockClock) -> None:
-    # Nothing arrives after the stall either: after the reader's grace interval, the verdict.
+    # Nothing arrives after the stall either: after the reader's turns, the verdict.
     state = _State()
 
     async def body() -> None:
@@ -93,3 +119,24 @@ async def test_a_master_silent_across_a_blocked_loop_is_still_declared_unreachab
 
     await _run_heartbeat(state, body)
     assert isinstance(state._failure, MasterUnreachable)
+
+
+async def test_a_short_block_gets_a_heartbeat_out_at_once_and_no_warning(
+        autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture) -> None:
+    state = _State()
+
+    async def body() -> None:
+        await trio.sleep(CFG.heartbeat_interval / 2)
+        state._last_heard = trio.current_time()
+        autojump_clock.jump(CFG.peer_timeout / 2 - CFG.heartbeat_interval)  # under the warning threshold
+        await trio.lowlevel.checkpoint()
+        woke = trio.current_time()
+        while not state.sent:
+            await trio.lowlevel.checkpoint()
+        assert trio.current_time() == woke  # sent in the same instant: no grace wait
+
+    with caplog.at_level(logging.WARNING, logger="pccl.communicator"):
+        await _run_heartbeat(state, body)
+    assert state._failure is None
+    assert not [r for r in caplog.records if "blocked" in r.getMessage()]
+
