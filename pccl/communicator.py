@@ -515,7 +515,11 @@ class Communicator:
             self._master_send_failed(exc)
 
     def _master_send_failed(self, exc: TransportError) -> NoReturn:
-        self._fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"), cause=exc)
+        if self._closed:  # after aclose()'s Leave the master may hang up: no lost master (see _read_master)
+            self._fail(InvalidUsage("the communicator is closed"))
+        else:
+            self._fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"),
+                       cause=exc)
         self._raise_if_unusable()
         raise AssertionError("unreachable: the communicator has failed")  # pragma: no cover
 
