@@ -42,7 +42,6 @@ from .errors import (
     StreamClosed,
     TransportError,
 )
-from .net import serving
 from .net.base import Listener, Network, Stream, format_address, parse_address
 from .net.framed import FramedConnection, accept_framed, open_framed
 from .net.serving import HandshakeSlot, serve_listener
@@ -61,7 +60,6 @@ _T = TypeVar("_T")
 #: Scheduler turns the heartbeat task gives the reader before it calls a quiet master silent
 #: (the reader needs two or three to take in a message waiting on the socket).
 _READER_TURNS = 10
-
 
 #: Collective messages the reader routes by tag.
 _COLLECTIVE_REPLIES = (m.CollectiveCommence, m.CollectiveComplete, m.CollectiveAbort, m.CollectiveRejected)
@@ -765,12 +763,14 @@ class Communicator:
             raise ProtocolError(f"{address} answered the p2p hello with {ack!r}")
 
     async def _serve_p2p(self, listener: Listener) -> None:
-        exc = await serve_listener(listener, self._accept_p2p, max_pending=serving.MAX_PENDING_HANDSHAKES)
-        # StreamClosed: closed by aclose.  Anything else is permanent (running out of descriptors
-        # is waited out inside accept): say so, the master will see this peer as unreachable by
-        # its ring predecessor.
-        if not isinstance(exc, StreamClosed):
-            log.error("peer %x: p2p listener failed, accepting no more ring connections: %s", self.peer_id, exc)
+        def failed(exc: TransportError) -> None:
+            # StreamClosed: closed by aclose.  Anything else is permanent (running out of
+            # descriptors is waited out inside accept): say so, the master will see this peer as
+            # unreachable by its ring predecessor.
+            if not isinstance(exc, StreamClosed):
+                log.error("peer %x: p2p listener failed, accepting no more ring connections: %s", self.peer_id, exc)
+
+        await serve_listener(listener, self._accept_p2p, on_error=failed)
 
     async def _accept_p2p(self, stream: Stream, slot: HandshakeSlot) -> None:
         remote = stream.remote_address

@@ -46,8 +46,8 @@ from .errors import (
     RevisionViolation,
     SharedStateSyncFailed,
     StreamClosed,
+    TransportError,
 )
-from .net import serving
 from .net.base import Listener, Stream, format_address
 from .net.framed import FramedConnection, accept_framed, open_framed
 from .net.serving import HandshakeSlot, serve_listener
@@ -251,10 +251,12 @@ class SharedStateService:
     async def serve(self) -> None:
         """Accept state requests until the listener closes (run in the communicator's nursery)."""
         assert self.listener is not None
-        exc = await serve_listener(self.listener, self._serve_connection, max_pending=serving.MAX_PENDING_HANDSHAKES)
-        if not isinstance(exc, StreamClosed):  # permanent (running out of descriptors is waited out)
-            log.error("peer %x: shared-state listener failed, serving no more state requests: %s",
-                      self._comm.peer_id, exc)
+        def failed(exc: TransportError) -> None:
+            if not isinstance(exc, StreamClosed):  # permanent (running out of descriptors is waited out)
+                log.error("peer %x: shared-state listener failed, serving no more state requests: %s",
+                          self._comm.peer_id, exc)
+
+        await serve_listener(self.listener, self._serve_connection, on_error=failed)
 
     def deliver(self, msg: m.Message) -> bool:
         """Route a master message to the running sync; False if it is not a sync message."""

@@ -44,14 +44,19 @@ async def serve_listener(
     listener: Listener,
     handler: Callable[[Stream, HandshakeSlot], Awaitable[None]],
     *,
-    max_pending: int,
-) -> TransportError:
+    on_error: Callable[[TransportError], None],
+    max_pending: int | None = None,
+) -> None:
     """Accept connections and run ``handler(stream, slot)`` for each in a nursery, at most
-    ``max_pending`` of them holding their slot at once.
+    ``max_pending`` (default :data:`MAX_PENDING_HANDSHAKES`) of them holding their slot at once.
 
-    Returns the ``TransportError`` that ended accepting (``StreamClosed`` once the listener is
-    closed), after every running handler has returned; other exceptions propagate.
+    When ``accept`` fails (``StreamClosed`` once the listener is closed), ``on_error`` gets the
+    ``TransportError`` at once, and this returns after every running handler has returned.
+    While every slot is taken the loop waits for one before it accepts, so it notices a closed
+    listener only then (cancel it to stop it sooner).  Other exceptions propagate.
     """
+    if max_pending is None:
+        max_pending = MAX_PENDING_HANDSHAKES
     if max_pending < 1:
         raise ValueError(f"max_pending must be at least 1, got {max_pending}")
     slots = trio.Semaphore(max_pending)
@@ -69,7 +74,8 @@ async def serve_listener(
                 stream = await listener.accept()
             except TransportError as exc:
                 slots.release()
-                return exc
+                on_error(exc)
+                return
             except BaseException:
                 slots.release()
                 raise
