@@ -39,8 +39,9 @@ int pccl_kernels_abi_version(void);
  * AVG accumulates like SUM (finalise with pccl_avg_finalize). */
 int pccl_reduce(int op, int dtype, void *dst, const void *src, size_t n);
 
-/* dst[i] = a[i] op b[i] (all of `dtype`, as for pccl_reduce): the same bits as copying a into
- * dst and then pccl_reduce(op, dtype, dst, b, n), in one pass. */
+/* dst[i] = a[i] op b[i] (all of `dtype`, as for pccl_reduce): the result of copying a into dst
+ * and then pccl_reduce(op, dtype, dst, b, n), in one pass (bit for bit, except which payload a
+ * float SUM/PROD of two NaNs keeps: the compiler may swap the operands of + and *). */
 int pccl_reduce_to(int op, int dtype, void *dst, const void *a, const void *b, size_t n);
 
 /* backup[i] = dst[i]; dst[i] = dst[i] op src[i] in one pass (same dtypes and arithmetic as

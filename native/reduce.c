@@ -127,8 +127,10 @@ int pccl_reduce(int op, int dtype, void *dst, const void *src, size_t n) {
 
 /* dst[i] = a[i] op b[i]: pccl_reduce's arithmetic with a in dst's role (so MIN/MAX give b on
  * ties, as numpy.minimum(a, b) does), i.e. memcpy(dst, a) followed by pccl_reduce(dst, b), in
- * one pass.  The out-of-place all-reduce's first reduction of a slice: its own input and the
- * partial sum it received, into the output. */
+ * one pass.  Bit for bit, except the payload of a float SUM/PROD of two NaNs: C lets the compiler
+ * swap the operands of + and *, and the hardware keeps the first one's (pccl_reduce leaves that
+ * unspecified too).  The out-of-place all-reduce's first reduction of a slice: its own input and
+ * the partial sum it received, into the output. */
 #define DEF_INT_REDUCE_TO(SUF, T, W)                                                               \
     PCCL_VEC static void sum3_##SUF(T *restrict d, const T *restrict a, const T *restrict b,       \
                                     size_t n) {                                                    \
@@ -187,8 +189,8 @@ DEF_FLOAT_REDUCE_TO(f64, double)
     default: return PCCL_EOP;                                                                      \
     }
 
-PCCL_NOINLINE static int pccl_reduce_to_impl(int op, int dtype, void *dst, const void *a, const void *b,
-                                             size_t n) {
+PCCL_NOINLINE static int pccl_reduce_to_impl(int op, int dtype, void *dst, const void *a,
+                                             const void *b, size_t n) {
     SWITCH_SAME_TYPE(DISPATCH_OP3)
 }
 

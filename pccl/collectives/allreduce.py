@@ -509,7 +509,8 @@ class _RingOp:
             bf.widen(acc, bufs.src[a:b])
         elif not bufs.in_place:
             if not bufs.quantized:
-                # One pass instead of copy + accumulate, with the same bits.
+                # One pass instead of copy + accumulate (NaN payloads aside, the same bits; the
+                # owner's bytes are what every peer ends with either way).
                 bf.reduce_to(bufs.op, acc, bufs.src[a:b], payload.view(acc.dtype))
                 return
             np.copyto(acc, bufs.src[a:b])

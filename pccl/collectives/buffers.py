@@ -348,7 +348,7 @@ def reduce_into(op: ReduceOp, acc: np.ndarray, wire: np.ndarray) -> None:
 
 
 def reduce_to(op: ReduceOp, acc: np.ndarray, own: np.ndarray, wire: np.ndarray) -> None:
-    """``acc = own op wire`` in one pass (same dtype; the same bits as copy, then reduce)."""
+    """``acc = own op wire`` in one pass (same dtype; copy, then reduce, in one)."""
     kernels.reduce_to(acc, own, wire, op)
 
 

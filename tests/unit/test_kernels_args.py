@@ -149,7 +149,6 @@ def test_overlapping_buffers() -> None:
         K.dequantize_reduce_saving(raw[:16].view(np.float32), raw[32:36], K.QuantParams(0, 1),
                                    raw[32:48].view(np.float32))
     np.testing.assert_array_equal(buf, before)
-    # adjacent is not overlapping    np.testing.assert_array_equal(buf, before)
     # adjacent is not overlapping; a and b may be one array
     K.reduce_into(buf[:8], buf[8:])
     np.testing.assert_array_equal(buf[:8], before[:8] + before[8:])
