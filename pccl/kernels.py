@@ -230,9 +230,9 @@ def reduce_to(dst: np.ndarray, a: np.ndarray, b: np.ndarray, op: ReduceOp | int 
     """``dst = a op b`` element-wise, in one pass: ``dst[:] = a`` followed by :func:`reduce_into`
     ``(dst, b, op)`` (bit for bit but for which NaN payload a float SUM/PROD of two NaNs keeps),
     for ``a``, ``b`` and ``dst`` of one dtype (float32, float64, any integer type; not
-    float16/bfloat16).  ``a`` and ``b`` may be one array; ``dst``
-    overlaps neither.  Float arithmetic is IEEE's whatever the calling thread's floating-point
-    mode (unlike ``np.add`` in a thread with flush-to-zero on).  Raises InvalidArgument.
+    float16/bfloat16).  ``a`` and ``b`` may be one array; ``dst`` overlaps neither.  Float
+    arithmetic is IEEE's whatever the calling thread's floating-point mode (unlike ``np.add`` in
+    a thread with flush-to-zero on).  Raises InvalidArgument.
     """
     op = _op(op)
     dst = _array("dst", dst, writable=True)

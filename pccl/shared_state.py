@@ -251,6 +251,7 @@ class SharedStateService:
     async def serve(self) -> None:
         """Accept state requests until the listener closes (run in the communicator's nursery)."""
         assert self.listener is not None
+
         def failed(exc: TransportError) -> None:
             if not isinstance(exc, StreamClosed):  # permanent (running out of descriptors is waited out)
                 log.error("peer %x: shared-state listener failed, serving no more state requests: %s",
