@@ -513,11 +513,7 @@ class Communicator:
             self._master_send_failed(exc)
 
     def _master_send_failed(self, exc: TransportError) -> NoReturn:
-        if self._closed:  # after aclose()'s Leave the master may hang up: no lost master (see _read_master)
-            self._fail(InvalidUsage("the communicator is closed"))
-        else:
-            self._fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"),
-                       cause=exc)
+        self._fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"), cause=exc)
         self._raise_if_unusable()
         raise AssertionError("unreachable: the communicator has failed")  # pragma: no cover
 
@@ -600,6 +596,10 @@ class Communicator:
     def _fail(self, error: PCCLError, *, cause: BaseException | None = None) -> None:
         if self._failure is not None:
             return
+        if self._closed and not isinstance(error, InvalidUsage):
+            # aclose() has begun: its Leave makes the master hang up, which the reader or a
+            # heartbeat may meet first.  That is the end this peer asked for, not a failure.
+            error, cause = InvalidUsage("the communicator is closed"), None
         if cause is not None:
             error.__cause__ = cause
         self._failure = error
@@ -624,11 +624,6 @@ class Communicator:
         except ProtocolError as exc:
             self._fail(ProtocolError(f"the master at {self.master_address} sent garbage: {exc}"), cause=exc)
         except TransportError as exc:
-            if self._closed:
-                # aclose() sent Leave, and the master closes the connection once it has it: the
-                # end this peer asked for, not a lost master (no warning).
-                self._fail(InvalidUsage("the communicator is closed"))
-                return
             self._fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"),
                        cause=exc)
 

@@ -4,6 +4,7 @@ a real SIGSTOP / SIGKILL matters (reference/pccl.md §7 scenarios 1, 2, 14, 27, 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import pathlib
 import signal
@@ -16,7 +17,7 @@ import trio
 
 import pccl
 from pccl import Config
-from pccl.errors import AuthenticationFailed, Kicked, KickReason, MasterUnreachable
+from pccl.errors import AuthenticationFailed, Kicked, KickReason, MasterUnreachable, StreamClosed
 from pccl.net import serving
 from pccl.net.base import Listener, Network, Stream, parse_address
 from pccl.net.framed import open_framed
@@ -528,6 +529,21 @@ async def test_closing_logs_no_lost_master_when_the_master_hangs_up_first(
     lost = [r.getMessage() for r in caplog.records if "lost the connection to the master" in r.getMessage()]
     assert lost == []
 
+
+
+async def test_a_failure_met_while_closing_is_the_close_not_a_lost_master(
+        master: pccl.Master, caplog: pytest.LogCaptureFixture) -> None:
+    # The same end met by the heartbeat's send instead of the reader: once aclose() has begun,
+    # whatever breaks is the closed communicator (no MasterUnreachable, no warning).
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as comm:
+            comm._closed = True  # noqa: SLF001 - aclose() has begun (its Leave is out)
+            try:
+                with pytest.raises(pccl.InvalidUsage, match="closed"):
+                    comm._master_send_failed(StreamClosed("the master hung up"))  # noqa: SLF001
+            finally:
+                comm._closed = False  # noqa: SLF001 - let the context manager close it for real
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "peer" in r.getMessage()]
 
 class CountingNetwork(Network):
     """Real TCP whose listeners count the connections they hand out (``accepted[address]``)."""

@@ -16,7 +16,7 @@ import trio.testing
 
 from pccl import Config
 from pccl.communicator import Communicator
-from pccl.errors import MasterUnreachable, PCCLError, StreamClosed
+from pccl.errors import MasterUnreachable, PCCLError
 from pccl.protocol import messages as m
 
 CFG = Config(peer_timeout=2.0, heartbeat_interval=0.25)
@@ -140,16 +140,3 @@ async def test_a_short_block_gets_a_heartbeat_out_at_once_and_no_warning(
     assert state._failure is None
     assert not [r for r in caplog.records if "blocked" in r.getMessage()]
 
-
-async def test_a_send_that_fails_after_close_is_not_a_lost_master() -> None:
-    # aclose() sent Leave and the master hung up; the heartbeat task's next send fails.  That is
-    # the end this peer asked for (as when the reader meets it: test_membership), not a lost master.
-    class Closing(_State):
-        _closed = True
-        _raise_if_unusable = Communicator._raise_if_unusable
-
-    state = Closing()
-    with pytest.raises(PCCLError) as raised:
-        Communicator._master_send_failed(state, StreamClosed("the master hung up"))  # type: ignore[arg-type]
-    assert not isinstance(raised.value, MasterUnreachable)
-    assert "closed" in str(raised.value)
