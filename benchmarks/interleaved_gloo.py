@@ -34,7 +34,6 @@ import queue
 import random
 import resource
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -44,18 +43,12 @@ from typing import Any
 
 import numpy as np
 
-from pccl.bench import admit, bus_bandwidth, format_size, parse_size
+from pccl.bench import admit, bus_bandwidth, format_size, free_port, parse_size
 
 CONFIGS = ("gloo", "in-place", "out-of-place")
 _BARRIER_TAG = 1 << 30
 #: Below this size a row's Gloo figure is not Gloo's standalone latency (see the docstring).
 _SMALL = 1 << 20
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _run_master(port: int, ready: Any) -> None:
@@ -158,7 +151,7 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
 def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
-    master_port = _free_port()
+    master_port = free_port()
     master = ctx.Process(target=_run_master, args=(master_port, ready), daemon=True)
     peers: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="pccl-interleaved-") as tmp:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["main", "run_group", "parse_size", "format_size", "bus_bandwidth"]
+__all__ = ["main", "run_group", "parse_size", "format_size", "bus_bandwidth", "admit", "free_port"]
 
 _QUANT_NAMES = ("none", "u8", "u16")
 #: Timed iterations per size (before ``--iters-scale``): small ones are cheap and noisy.
@@ -67,7 +67,8 @@ def _iterations(nbytes: int, scale: float) -> int:
     return max(3, round(base * scale))
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for benchmark masters)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -201,7 +202,7 @@ def run_group(
     per_rank_times, max_rel_err}``.  Raises ``RuntimeError`` if a process fails."""
     logdir = logdir or tempfile.mkdtemp(prefix="pccl-bench-")
     os.makedirs(logdir, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     master_log = open(os.path.join(logdir, f"master_N{world}.log"), "w")
     master = subprocess.Popen([python, "-m", "pccl.bench", "master", "--port", str(port)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=master_log, text=True)
