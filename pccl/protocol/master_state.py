@@ -89,13 +89,14 @@ import dataclasses
 import enum
 import logging
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from ..errors import KickReason
 from . import election
 from . import messages as m
 from .codec import MAX_DETAIL, clip_text
+from .ring import build_ring, ring_neighbours
 
 __all__ = [
     "MasterState",
@@ -117,8 +118,6 @@ __all__ = [
     "OpInfo",
     "SyncRoundInfo",
     "GLOBAL_SCOPE",
-    "build_ring",
-    "ring_neighbours",
 ]
 
 log = logging.getLogger(__name__)
@@ -128,22 +127,6 @@ class RandomSource(Protocol):
     """What the machine needs from the injected ``random.Random``."""
 
     def getrandbits(self, k: int, /) -> int: ...
-
-
-def build_ring(peer_ids: Iterable[int]) -> tuple[int, ...]:
-    """A group's default ring: ascending peer id (until the topology issue optimises rings)."""
-    return tuple(sorted(peer_ids))
-
-
-def ring_neighbours(ring: Sequence[int], peer_id: int) -> tuple[int, ...]:
-    """The distinct neighbours of ``peer_id`` in ``ring``, predecessor first: two, one for a ring
-    of two, none when alone.  ``ValueError`` if ``peer_id`` is not in the ring."""
-    i = list(ring).index(peer_id)
-    out: list[int] = []
-    for other in (ring[(i - 1) % len(ring)], ring[(i + 1) % len(ring)]):
-        if other != peer_id and other not in out:
-            out.append(other)
-    return tuple(out)
 
 
 # --- events (shell → machine) ------------------------------------------------------------------

@@ -33,9 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 __all__ = [
+    "build_ring",
+    "ring_neighbours",
+    "ring_successor",
+    "ring_predecessor",
     "Phase",
     "Frame",
     "RingSchedule",
@@ -67,6 +71,35 @@ EXCHANGE_MAX_BYTES = 256 * 1024
 #: that overlap.  Ops whose chunks are at least four times ``DEFAULT_SUBCHUNK_BYTES`` (16 MiB:
 #: 64 MiB at N <= 4) got capped frames with four and still do.
 _PIPELINE_DEPTH = 2
+
+
+def build_ring(peer_ids: Iterable[int]) -> tuple[int, ...]:
+    """A group's ring order: ascending peer id (until a topology optimisation orders it)."""
+    return tuple(sorted(peer_ids))
+
+
+def ring_successor(ring: Sequence[int], peer_id: int) -> int:
+    """The peer after ``peer_id`` in ``ring`` (``peer_id`` itself when alone): the one it sends
+    to.  ``ValueError`` if ``peer_id`` is not in the ring."""
+    i = list(ring).index(peer_id)
+    return ring[(i + 1) % len(ring)]
+
+
+def ring_predecessor(ring: Sequence[int], peer_id: int) -> int:
+    """The peer before ``peer_id`` in ``ring`` (``peer_id`` itself when alone): the one it
+    receives from.  ``ValueError`` if ``peer_id`` is not in the ring."""
+    i = list(ring).index(peer_id)
+    return ring[(i - 1) % len(ring)]
+
+
+def ring_neighbours(ring: Sequence[int], peer_id: int) -> tuple[int, ...]:
+    """The distinct neighbours of ``peer_id`` in ``ring``, predecessor first: two, one for a ring
+    of two, none when alone.  ``ValueError`` if ``peer_id`` is not in the ring."""
+    out: list[int] = []
+    for other in (ring_predecessor(ring, peer_id), ring_successor(ring, peer_id)):
+        if other != peer_id and other not in out:
+            out.append(other)
+    return tuple(out)
 
 
 class Phase(enum.Enum):

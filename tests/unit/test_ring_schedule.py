@@ -175,3 +175,18 @@ def test_exchange_is_chosen_from_agreed_parameters_only() -> None:
     assert not uses_exchange(5, EXCHANGE_MAX_BYTES // 4 + 4, quantized=False)
     assert not uses_exchange(2, 16, quantized=True)
     assert not uses_exchange(1, 16, quantized=False)
+
+
+def test_ring_order_helpers() -> None:
+    from pccl.protocol.ring import build_ring, ring_neighbours, ring_predecessor, ring_successor
+
+    ring = build_ring([30, 10, 20])
+    assert ring == (10, 20, 30)
+    assert [ring_successor(ring, p) for p in ring] == [20, 30, 10]
+    assert [ring_predecessor(ring, p) for p in ring] == [30, 10, 20]
+    assert ring_neighbours(ring, 10) == (30, 20)
+    assert ring_neighbours((10, 20), 10) == (20,)  # a ring of two: one neighbour, both directions
+    assert ring_neighbours((10,), 10) == ()
+    assert ring_successor((10,), 10) == ring_predecessor((10,), 10) == 10
+    with pytest.raises(ValueError):
+        ring_successor(ring, 99)
