@@ -79,13 +79,12 @@ aborted by its connection, so later operations on it fail fast until the ring is
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 import trio
 
-from .._groups import leaf_exceptions
-from ..errors import InvalidArgument, PCCLError, ProtocolError, TransportError
+from .._groups import single_exception
+from ..errors import InvalidArgument
 from ..protocol.codec import DataHeader
 from ..protocol.ring import (
     DEFAULT_SUBCHUNK_BYTES,
@@ -104,7 +103,7 @@ from .links import RingLinks
 from .inline import InlineRing, suits_inline
 from .threaded import LaneThreads
 
-__all__ = ["ring_all_reduce", "InputBackup", "KernelRunner", "single_error"]
+__all__ = ["ring_all_reduce", "InputBackup", "KernelRunner"]
 
 logger = logging.getLogger(__name__)
 
@@ -208,36 +207,6 @@ def _as_bytes(array: np.ndarray) -> np.ndarray:
     return array.view(np.uint8)
 
 
-def single_error(group: BaseExceptionGroup[Any]) -> BaseException:
-    """The one exception to raise for an exception group from the op's nursery.
-
-    Non-``Exception`` base exceptions (KeyboardInterrupt…) win; then the first pccl error,
-    preferring a ``ProtocolError`` (a misbehaving peer) over transport errors; then any other
-    exception; ``Cancelled`` only if nothing else happened (so the caller's cancel scope catches
-    it).  The others are logged at debug level.
-    """
-    leaves = leaf_exceptions(group)
-
-    def rank(exc: BaseException) -> int:
-        if isinstance(exc, trio.Cancelled):
-            return 5
-        if not isinstance(exc, Exception):
-            return 0
-        if isinstance(exc, ProtocolError):
-            return 1
-        if isinstance(exc, PCCLError) and not isinstance(exc, TransportError):
-            return 2
-        if isinstance(exc, TransportError):
-            return 3
-        return 4
-
-    chosen = min(leaves, key=rank)
-    for other in leaves:
-        if other is not chosen and not isinstance(other, trio.Cancelled):
-            logger.debug("secondary error in all-reduce: %r", other)
-    return chosen
-
-
 class _RingOp:
     """The state of one running all-reduce on this peer."""
 
@@ -314,20 +283,20 @@ class _RingOp:
         at = self.gather_offsets[(frame.chunk, frame.index)]
         return self.gather_store[at : at + self.bufs.all_gather_nbytes(frame.count)]
 
-    def _frame_nbytes(self, frame: Frame) -> int:
+    def frame_nbytes(self, frame: Frame) -> int:
         if self.exchange:
             return frame.count * self.bufs.itemsize  # the input as it is (f16/bf16 not widened)
         if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
             return self.bufs.reduce_scatter_nbytes(frame.count)
         return self.bufs.all_gather_nbytes(frame.count)
 
-    def _header(self, frame: Frame) -> DataHeader:
+    def header(self, frame: Frame) -> DataHeader:
         return DataHeader(
             op_seq=self.seq,
             stream=frame.index,
             step=frame.step,
             offset=frame.start * self.bufs.itemsize,
-            nbytes=self._frame_nbytes(frame),
+            nbytes=self.frame_nbytes(frame),
         )
 
     @property
@@ -335,7 +304,7 @@ class _RingOp:
         """Payload bytes of the largest reduce-scatter frame (staging buffer size)."""
         largest_frame = min(self.schedule.subchunk_elements, self.schedule.chunk_size(0))
         if self.exchange:
-            return largest_frame * self.bufs.itemsize  # the input as it is (see _frame_nbytes)
+            return largest_frame * self.bufs.itemsize  # the input as it is (see frame_nbytes)
         return self.bufs.reduce_scatter_nbytes(largest_frame)
 
     def _save(self, a: int, b: int) -> None:
@@ -345,6 +314,14 @@ class _RingOp:
     # --- running -----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Run the op on the path its links offer; connections it left broken (a torn frame, a
+        bad header) are aborted when it ends, whichever path ran."""
+        try:
+            await self._run()
+        finally:
+            self.links.abort_broken()
+
+    async def _run(self) -> None:
         if not any(self.schedule.send_frames(lane, self.lanes) for lane in range(self.lanes)) and not any(
             self.schedule.recv_frames(lane, self.lanes) for lane in range(self.lanes)
         ):
@@ -371,7 +348,7 @@ class _RingOp:
                     nursery.start_soon(self._processor, staging, from_receiver)
                     nursery.start_soon(self._sender, lane)
         except BaseExceptionGroup as group:
-            raise single_error(group) from None
+            raise single_exception(group) from None
 
     async def _receiver(
         self, lane: int, staging: StagingPool, to_processor: trio.MemorySendChannel[tuple[Frame, np.ndarray | None]]
@@ -380,7 +357,7 @@ class _RingOp:
         bufs = self.bufs
         async with to_processor:
             for frame in self.schedule.recv_frames(lane, self.lanes):
-                nbytes = self._frame_nbytes(frame)
+                nbytes = self.frame_nbytes(frame)
                 stage: np.ndarray | None = None
                 process = bufs.quantized
                 if self.exchange:
@@ -415,7 +392,7 @@ class _RingOp:
     ) -> None:
         async with from_receiver:
             async for frame, stage in from_receiver:
-                nbytes = self._frame_nbytes(frame)
+                nbytes = self.frame_nbytes(frame)
                 if stage is not None:
                     await self.runner.run(nbytes * 2, self._reduce_frame, frame, stage[:nbytes])
                     staging.put(stage)
@@ -425,28 +402,28 @@ class _RingOp:
                     await self.runner.run(nbytes * 4, self._apply_gathered, frame)
                 self.ready[(frame.step, frame.index)].set()
 
-    def _destination(self, frame: Frame, stage: np.ndarray) -> memoryview:
+    def destination(self, frame: Frame, stage: np.ndarray) -> memoryview:
         """Where frame ``frame``'s payload is received, for the lane threads and the inline path
         (any thread): ``stage`` in the reduce-scatter, the gather store when quantized, else the
-        output slice itself (saved first, in place).  :meth:`_received` processes it then."""
+        output slice itself (saved first, in place).  :meth:`received` processes it then."""
         bufs = self.bufs
         if self.exchange:
             return memoryview(_as_bytes(self._exchange_slot(frame.step, frame)))
         if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
-            return memoryview(stage[: self._frame_nbytes(frame)])
+            return memoryview(stage[: self.frame_nbytes(frame)])
         if bufs.quantized:
             return memoryview(self._gather_segment(frame))
         if self.backup is not None and not self.backup.is_saved(frame.start):
             self.backup.save(frame.start, frame.stop)
         return memoryview(_as_bytes(bufs.dst[frame.start : frame.stop]))
 
-    def _received(self, frame: Frame, stage: np.ndarray) -> None:
-        """Process a frame received into :meth:`_destination` (any thread)."""
+    def received(self, frame: Frame, stage: np.ndarray) -> None:
+        """Process a frame received into :meth:`destination` (any thread)."""
         if self.exchange:
             if frame.step == self.schedule.num_steps - 1:
                 self._reduce_exchanged(frame)  # the last input of this slice is in
         elif self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
-            self._reduce_frame(frame, stage[: self._frame_nbytes(frame)])
+            self._reduce_frame(frame, stage[: self.frame_nbytes(frame)])
         elif self.bufs.quantized:
             self._apply_gathered(frame)
 
@@ -569,25 +546,25 @@ class _RingOp:
         for frame in self.schedule.send_frames(lane, self.lanes):
             if frame.step > 0:
                 await self.ready[(frame.step - 1, frame.index)].wait()
-            nbytes = self._frame_nbytes(frame)
+            nbytes = self.frame_nbytes(frame)
             pooled: np.ndarray | None = None
             if bufs.quantized and frame.step < owner_step:
                 assert send_pool is not None
                 pooled = await send_pool.get()
             cost = self._payload_cost(frame)
             if cost:
-                payload = await self.runner.run(cost, self._prepare_payload, frame, pooled)
+                payload = await self.runner.run(cost, self.prepare_payload, frame, pooled)
             else:
-                payload = self._prepare_payload(frame, pooled)
-            await connection.send_data(self._header(frame), _as_bytes(payload))
+                payload = self.prepare_payload(frame, pooled)
+            await connection.send_data(self.header(frame), _as_bytes(payload))
             self.tx_bytes += nbytes
             if pooled is not None:
                 assert send_pool is not None
                 send_pool.put(pooled)
 
     def _payload_cost(self, frame: Frame) -> int:
-        """Bytes of kernel work :meth:`_prepare_payload` does for ``frame`` (0: none)."""
-        nbytes = self._frame_nbytes(frame)
+        """Bytes of kernel work :meth:`prepare_payload` does for ``frame`` (0: none)."""
+        nbytes = self.frame_nbytes(frame)
         owner_step = self.world - 1
         if self.exchange:
             return 0
@@ -597,7 +574,7 @@ class _RingOp:
             return nbytes if frame.step == 0 and self.bufs.half and not self.exchange else 0
         return nbytes * 4 if frame.step == owner_step else 0
 
-    def _prepare_payload(self, frame: Frame, scratch: np.ndarray | None) -> np.ndarray:
+    def prepare_payload(self, frame: Frame, scratch: np.ndarray | None) -> np.ndarray:
         """What to send for ``frame`` (kernels included; any thread).  ``scratch`` (quantized
         reduce-scatter only) receives the quantized bytes."""
         bufs = self.bufs
@@ -609,7 +586,7 @@ class _RingOp:
         if frame.step < owner_step:
             if bufs.quantized:
                 assert scratch is not None
-                payload = scratch[: self._frame_nbytes(frame)]
+                payload = scratch[: self.frame_nbytes(frame)]
                 self._quantize_partial(frame, payload)
                 return payload
             if frame.step == 0:

@@ -38,8 +38,8 @@ import numpy as np
 import outcome
 import trio
 
-from ..net.blocking import ThreadCancel
-from ..net.framed_threads import _FrameTail
+from ..net.framed_threads import FrameTail
+from ..net.thread_io import ThreadCancel
 from ..protocol.ring import Frame
 
 if TYPE_CHECKING:
@@ -107,10 +107,10 @@ class InlineRing:
                     for lane, frame in sends[step]:
                         scratch = None
                         if op.bufs.quantized and frame.step < owner_step:
-                            scratch = op.bufs.take(op._frame_nbytes(frame))  # owned until release
-                        payload = op._prepare_payload(frame, scratch)
+                            scratch = op.bufs.take(op.frame_nbytes(frame))  # owned until release
+                        payload = op.prepare_payload(frame, scratch)
                         self._send(lane, frame, memoryview(payload.view(np.uint8)))
-                        op.tx_bytes += op._frame_nbytes(frame)
+                        op.tx_bytes += op.frame_nbytes(frame)
                     for lane, frame in receives[step]:
                         await self._receive(lane, frame, stage)
                 await self._wait_workers()
@@ -124,7 +124,6 @@ class InlineRing:
                 raise self._errors[0] from None
             raise
         finally:
-            self._abort_broken()
             self.cancel.close()
 
     # --- receiving (this task) -----------------------------------------------------------------
@@ -133,10 +132,10 @@ class InlineRing:
         op = self.op
         received = await op.links.inboxes[lane].receive_into(
             seq=op.seq, stream=frame.index, step=frame.step, offset=frame.start * op.bufs.itemsize,
-            destination=op._destination(frame, stage),
+            destination=op.destination(frame, stage),
         )
         op.rx_bytes += received
-        op._received(frame, stage)
+        op.received(frame, stage)
 
     # --- sending (never blocks this task) -----------------------------------------------------
 
@@ -145,7 +144,7 @@ class InlineRing:
         channels = op.links.send_channels
         assert channels is not None
         channel = channels[lane]
-        header = op._header(frame)
+        header = op.header(frame)
         queue = self._lanes[lane]
         with queue.lock:
             queued = queue.busy
@@ -169,7 +168,7 @@ class InlineRing:
             with queue.lock:
                 queue.jobs.clear()
                 queue.busy = False
-            if isinstance(job, _FrameTail):  # it holds the lane's send lock, maybe mid-frame
+            if isinstance(job, FrameTail):  # it holds the lane's send lock, maybe mid-frame
                 job.abandon()
                 channel.connection.abort()
             raise
@@ -227,9 +226,3 @@ class InlineRing:
         their connections."""
         for connection in self.cancel.cancel():
             connection.abort()  # type: ignore[attr-defined]
-
-    def _abort_broken(self) -> None:
-        links = self.op.links
-        for connection in (*links.to_next, *(inbox.connection for inbox in links.inboxes)):
-            if connection.broken:
-                connection.abort()

@@ -29,15 +29,20 @@ role and the parked header are shared by both kinds of reader, so the two kinds 
 run concurrently on one lane (a thread that gives the role up wakes waiting Trio tasks through
 the Trio token).
 
-A lane whose frame was torn — a payload receive or a send cancelled midway, a malformed
-header — is aborted by the framed connection itself and every later use raises; the
-communicator then rebuilds the links (the re-wire that follows an abort).  Cancelling an
-operation while it merely waits for a header or for a lane lock leaves the lane intact.
+Both kinds of reader apply one rule to every header (:func:`classify`: take, discard, park) and
+one check to their own frames (:meth:`Inbox._check_own`).  A lane whose frame was torn — a
+payload receive or a send cancelled midway — is aborted by the framed connection itself; a lane
+that delivered a malformed or unexpected header is marked broken, and the op that met it aborts
+it when it ends (:meth:`RingLinks.abort_broken`, on the Trio thread, once no worker thread uses
+it).  Every later use raises; the communicator then rebuilds the links (the re-wire that follows
+an abort).  Cancelling an operation while it merely waits for a header or for a lane lock leaves
+the lane intact.
 """
 
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 import threading
 import weakref
@@ -46,12 +51,12 @@ from collections.abc import Callable, Sequence
 import trio
 
 from ..errors import InvalidArgument, ProtocolError
-from ..net.blocking import ThreadCancel
 from ..net.framed import FramedConnection
-from ..net.framed_threads import BlockingDataChannel
+from ..net.framed_threads import BlockingDataChannel, thread_channel
+from ..net.thread_io import ThreadCancel
 from ..protocol.codec import DataHeader
 
-__all__ = ["SeqRegistry", "Inbox", "RingLinks"]
+__all__ = ["SeqRegistry", "FrameAction", "classify", "Inbox", "RingLinks"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +104,23 @@ class SeqRegistry:
                 wake()
 
 
+class FrameAction(enum.Enum):
+    """What a reader does with the data frame whose header it just read."""
+
+    TAKE = "take"  # the reader's own frame: receive its payload
+    DISCARD = "discard"  # a late frame of an op that ended here: drop its payload
+    PARK = "park"  # another op's frame (running here, or about to start): leave it for its owner
+
+
+def classify(header: DataHeader, seq: int, registry: SeqRegistry) -> FrameAction:
+    """The one rule both kinds of reader (Trio task, worker thread) apply to a data frame."""
+    if header.op_seq == seq:
+        return FrameAction.TAKE
+    if registry.is_retired(header.op_seq):
+        return FrameAction.DISCARD
+    return FrameAction.PARK
+
+
 class Inbox:
     """The receiving side of one lane: demultiplexes data frames by ``op_seq``."""
 
@@ -112,7 +134,7 @@ class Inbox:
         self._reading = False
         #: Trio tasks waiting for the read role or for a parked header to change.
         self._trio_waiters: list[trio.Event] = []
-        self.channel: BlockingDataChannel | None = connection.blocking_channel()
+        self.channel: BlockingDataChannel | None = thread_channel(connection)
         # Threads wake Trio readers through the run's token (only lanes with threads need it).
         self._token = trio.lowlevel.current_trio_token() if self.channel is not None else None
         registry.add_listener(self.wake_threads)
@@ -141,7 +163,7 @@ class Inbox:
         if self._reading:
             return False
         header = self._parked
-        return header is None or header.op_seq == seq or self._registry.is_retired(header.op_seq)
+        return header is None or classify(header, seq, self._registry) is not FrameAction.PARK
 
     async def _take_read_role(self, seq: int) -> DataHeader | None:
         """Take the read role for ``seq``'s reader; returns the parked header it must handle
@@ -160,6 +182,26 @@ class Inbox:
             self._reading = False
         self.wake_threads()
 
+    def _check_own(self, header: DataHeader, stream: int, step: int, offset: int, nbytes: int) -> None:
+        """This op's frame must be exactly the one its schedule expects next; otherwise the lane
+        is unusable (peers disagree on the schedule, or one misbehaves): receiving is marked
+        broken, which makes the op that met it abort the connection when it ends
+        (:meth:`RingLinks.abort_broken`), and ``ProtocolError`` is raised."""
+        if (header.stream, header.step, header.offset, header.nbytes) == (stream, step, offset, nbytes):
+            return
+        msg = (
+            f"{self.connection.remote_address} sent op {header.op_seq} frame stream={header.stream} "
+            f"step={header.step} offset={header.offset} nbytes={header.nbytes}; expected "
+            f"stream={stream} step={step} offset={offset} nbytes={nbytes}"
+        )
+        logger.warning("%s", msg)
+        self.connection.frames.mark_receive_broken(msg)
+        raise ProtocolError(msg)
+
+    def _late(self, header: DataHeader) -> None:
+        logger.debug("discarding a late frame of ended op %d (%d bytes) from %s", header.op_seq, header.nbytes,
+                     self.connection.remote_address)
+
     def receive_blocking(
         self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview, cancel: ThreadCancel
     ) -> int:
@@ -167,7 +209,7 @@ class Inbox:
 
         ``Interrupted`` once ``cancel`` is cancelled while waiting (the lane stays intact; the
         canceller must call :meth:`wake_threads`); a cancellation during the payload is handled
-        by the caller aborting the connection (see :class:`~pccl.net.blocking.ThreadCancel`).
+        by the caller aborting the connection (see :class:`~pccl.net.thread_io.ThreadCancel`).
         """
         channel = self.channel
         assert channel is not None
@@ -176,43 +218,29 @@ class Inbox:
         with cond:
             while True:
                 cancel.check()
-                if self._reading:
-                    cond.wait()
-                    continue
-                header = self._parked
-                if header is not None and header.op_seq != seq and not self._registry.is_retired(header.op_seq):
-                    cond.wait()  # another op's frame: its owner takes it (or a retire wakes us)
-                    continue
-                self._reading = True
-                break
+                if self._can_read(seq):
+                    self._reading = True
+                    header = self._parked
+                    break
+                cond.wait()  # another reader, or another op's frame: its owner takes it (or a retire wakes us)
         reading = True  # whether this thread holds the lane's read role (self._reading)
         try:
             while True:
                 if header is None:
                     header = channel.receive_data_header(cancel)
-                if header.op_seq == seq:
+                action = classify(header, seq, self._registry)
+                if action is FrameAction.TAKE:
                     with cond:
                         self._parked = None
-                    if (header.stream, header.step, header.offset, header.nbytes) != (stream, step, offset, nbytes):
-                        msg = (
-                            f"{channel.remote_address} sent op {seq} frame stream={header.stream} "
-                            f"step={header.step} offset={header.offset} nbytes={header.nbytes}; expected "
-                            f"stream={stream} step={step} offset={offset} nbytes={nbytes}"
-                        )
-                        logger.warning("%s", msg)
-                        self.connection._receive_broken = msg  # the caller aborts the lane
-                        raise ProtocolError(msg)
+                    self._check_own(header, stream, step, offset, nbytes)
                     try:
                         channel.receive_data_into(destination, cancel)
                     except BaseException:
                         self._repark_unread(header)
                         raise
                     return nbytes
-                if self._registry.is_retired(header.op_seq):
-                    logger.debug(
-                        "discarding a late frame of ended op %d (%d bytes) from %s",
-                        header.op_seq, header.nbytes, channel.remote_address,
-                    )
+                if action is FrameAction.DISCARD:
+                    self._late(header)
                     with cond:
                         self._parked = None
                     try:
@@ -222,22 +250,14 @@ class Inbox:
                         raise
                     header = None
                     continue
-                with cond:  # another op's frame: park it for its owner
+                with cond:  # PARK: leave it for its owner, wait until this op may read again
                     self._parked = header
                     self._reading = reading = False
                     cond.notify_all()
                     self._wake_from_thread()
                     while True:
                         cancel.check()
-                        if not self._reading and self._parked is None:
-                            self._reading = reading = True
-                            header = None
-                            break
-                        if (
-                            not self._reading
-                            and self._parked is not None
-                            and (self._parked.op_seq == seq or self._registry.is_retired(self._parked.op_seq))
-                        ):
+                        if self._can_read(seq):
                             self._reading = reading = True
                             header = self._parked
                             break
@@ -266,10 +286,11 @@ class Inbox:
         """Receive this op's next frame, which must be exactly ``(seq, stream, step, offset)``
         with ``destination.nbytes`` payload bytes, straight into ``destination``.
 
-        Returns the payload size.  Raises :class:`ProtocolError` (after logging) if the frame
-        of this op that arrives is not the expected one (peers disagree on the schedule, or a
-        peer misbehaves), transport errors if the lane is broken.  Cancellation while waiting
-        for the frame loses nothing; cancellation during the payload aborts the lane.
+        Returns the payload size.  Raises :class:`ProtocolError` (after logging; the lane is
+        then broken) if the frame of this op that arrives is not the expected one (peers
+        disagree on the schedule, or a peer misbehaves), transport errors if the lane is
+        broken.  Cancellation while waiting for the frame loses nothing; cancellation during
+        the payload aborts the lane.
         """
         nbytes = destination.nbytes
         header = await self._take_read_role(seq)
@@ -278,29 +299,19 @@ class Inbox:
             while True:
                 if header is None:
                     header = await self.connection.receive_data_header()
-                if header.op_seq == seq:
+                action = classify(header, seq, self._registry)
+                if action is FrameAction.TAKE:
                     with self._cond:
                         self._parked = None
-                    if (header.stream, header.step, header.offset, header.nbytes) != (stream, step, offset, nbytes):
-                        self.connection.abort()
-                        msg = (
-                            f"{self.connection.remote_address} sent op {seq} frame stream={header.stream} "
-                            f"step={header.step} offset={header.offset} nbytes={header.nbytes}; expected "
-                            f"stream={stream} step={step} offset={offset} nbytes={nbytes}"
-                        )
-                        logger.warning("%s", msg)
-                        raise ProtocolError(msg)
+                    self._check_own(header, stream, step, offset, nbytes)
                     try:
                         await self.connection.receive_data_into(destination)
                     except BaseException:
                         self._repark_unread(header)
                         raise
                     return nbytes
-                if self._registry.is_retired(header.op_seq):
-                    logger.debug(
-                        "discarding a late frame of ended op %d (%d bytes) from %s",
-                        header.op_seq, header.nbytes, self.connection.remote_address,
-                    )
+                if action is FrameAction.DISCARD:
+                    self._late(header)
                     with self._cond:
                         self._parked = None
                     try:
@@ -310,8 +321,7 @@ class Inbox:
                         raise
                     header = None
                     continue
-                # Another op's frame (running here, or about to start): leave it for its owner.
-                with self._cond:
+                with self._cond:  # PARK: leave it for its owner
                     self._parked = header
                 reading = False
                 self._release_read_role()
@@ -352,7 +362,7 @@ class RingLinks:
         self.registry = registry if registry is not None else SeqRegistry()
         self.to_next = tuple(to_next)
         self.inboxes = tuple(Inbox(c, self.registry) for c in from_prev)
-        channels = [c.blocking_channel() for c in self.to_next]
+        channels = [thread_channel(c) for c in self.to_next]
         #: Thread-side senders per lane, when every lane offers the fast path (else ``None``).
         self.send_channels: tuple[BlockingDataChannel, ...] | None = None
         available = all(ch is not None for ch in channels) and all(i.channel is not None for i in self.inboxes)
@@ -374,6 +384,17 @@ class RingLinks:
     def retire(self, seq: int) -> None:
         """Discard any frame of ``seq`` still to come (the op ended or was never started here)."""
         self.registry.retire(seq)
+
+    def connections(self) -> tuple[FramedConnection, ...]:
+        return (*self.to_next, *(inbox.connection for inbox in self.inboxes))
+
+    def abort_broken(self) -> None:
+        """Abort the connections a torn frame or a bad header left unusable (Trio thread, once
+        no thread of the op that met it uses them): every op on them then fails fast until the
+        ring is re-wired."""
+        for connection in self.connections():
+            if connection.broken:
+                connection.abort()
 
     def abort(self) -> None:
         """Abort every connection (RST): used when a ring is torn down after a failure."""

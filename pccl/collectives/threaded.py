@@ -19,14 +19,15 @@ buffers are exactly those of the Trio path (the same :class:`_RingOp` methods), 
 bit-identical whichever path runs.
 
 Cancellation and errors: cancelling the Trio task cancels the op's
-:class:`~pccl.net.blocking.ThreadCancel` — threads waiting for a frame, a lane or a ready slice
+:class:`~pccl.net.thread_io.ThreadCancel` — threads waiting for a frame, a lane or a ready slice
 wake and stop; transfers already under way are stopped by aborting their connections (a torn
 frame kills a lane on either path).  The task always waits until every thread has returned, so
 no thread touches the caller's buffers (or the scratch memory) after the op has returned — the
 in-place restore is safe.  The first real error of any thread (``PeerDisconnected``,
 ``ProtocolError``, ``InvalidArgument`` for NaN/Inf under quantization…) cancels the others and is
 raised; errors caused by that cancellation are only logged.  ``Cancelled`` is raised only when
-the Trio scope was cancelled and nothing else went wrong.  Connections left broken are aborted.
+the Trio scope was cancelled and nothing else went wrong.  Connections left broken are aborted
+when the op ends (:meth:`~pccl.collectives.links.RingLinks.abort_broken`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import outcome
 import trio
 
 from ..errors import StreamClosed
-from ..net.blocking import Interrupted, ThreadCancel
+from ..net.thread_io import Interrupted, ThreadCancel
 
 if TYPE_CHECKING:
     from .allreduce import _RingOp
@@ -116,7 +117,6 @@ class LaneThreads:
             await trio.lowlevel.wait_task_rescheduled(abort)
         finally:
             self.cancel.close()
-            self._abort_broken()
         op.tx_bytes += self._tx
         op.rx_bytes += self._rx
         if self._errors:
@@ -136,12 +136,6 @@ class LaneThreads:
             self._cond.notify_all()
         for inbox in self.op.links.inboxes:
             inbox.wake_threads()
-
-    def _abort_broken(self) -> None:
-        links = self.op.links
-        for connection in (*links.to_next, *(inbox.connection for inbox in links.inboxes)):
-            if connection.broken:
-                connection.abort()
 
     # --- thread side -----------------------------------------------------------------------------
 
@@ -212,9 +206,9 @@ class LaneThreads:
                 if frame.step > 0:
                     self._wait_ready((frame.step - 1, frame.index), idle_work)
                 self.cancel.check()
-                payload = op._prepare_payload(frame, scratch)
-                channel.send_data(op._header(frame), memoryview(payload.view(np.uint8)), self.cancel)
-                sent += op._frame_nbytes(frame)
+                payload = op.prepare_payload(frame, scratch)
+                channel.send_data(op.header(frame), memoryview(payload.view(np.uint8)), self.cancel)
+                sent += op.frame_nbytes(frame)
         finally:
             with self._lock:
                 self._tx += sent
@@ -231,10 +225,10 @@ class LaneThreads:
                     stream=frame.index,
                     step=frame.step,
                     offset=frame.start * bufs.itemsize,
-                    destination=op._destination(frame, stage),
+                    destination=op.destination(frame, stage),
                     cancel=self.cancel,
                 )
-                op._received(frame, stage)
+                op.received(frame, stage)
                 self._mark_ready((frame.step, frame.index))
         finally:
             with self._lock:

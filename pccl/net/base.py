@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ..errors import InvalidArgument, PeerDisconnected
 
 if TYPE_CHECKING:
-    from .blocking import BlockingIO
+    from .thread_io import BlockingIO
 
 __all__ = [
     "Network",
@@ -155,7 +155,7 @@ class Stream(abc.ABC):
         """
 
     def blocking_io(self) -> BlockingIO | None:
-        """Blocking access for worker threads (the bulk fast path of :mod:`pccl.net.blocking`),
+        """Blocking access for worker threads (the bulk fast path of :mod:`pccl.net.thread_io`),
         or ``None`` if this transport has none (the default: callers use the async methods)."""
         return None
 

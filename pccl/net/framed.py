@@ -36,20 +36,18 @@ from ..errors import (
     AuthenticationFailed,
     ConnectTimeout,
     InvalidArgument,
-    InvalidUsage,
     PCCLError,
-    PeerDisconnected,
     ProtocolError,
-    StreamClosed,
 )
 from ..protocol import codec, handshake
-from ..protocol.codec import DATA_HEADER_SIZE, PREFIX_SIZE, DataHeader, FrameKind
+from ..protocol.codec import DataHeader
 from ..protocol.messages import AuthProof, AuthResult, HandshakeRole, Hello, Message
 from . import tls
+from ._frames import DISCARD_CHUNK, FrameCore, byte_view, data_frame_parts
 from .base import Network, Stream, parse_address
 
 if TYPE_CHECKING:
-    from .framed_threads import BlockingDataChannel
+    from .thread_io import BlockingIO
 
 __all__ = [
     "FramedConnection",
@@ -67,12 +65,6 @@ NonceSource = Callable[[int], bytes] | random.Random
 
 _M = TypeVar("_M", bound=Message)
 
-# Bytes read per receive when no payload is expected: many small frames arrive in one syscall.
-_READ_AHEAD = 64 * 1024
-# Payloads up to this size are copied behind their header and sent in one write (one segment
-# with TCP_NODELAY, lower latency); larger ones are sent from the caller's memory as they are.
-_COALESCE_LIMIT = 64 * 1024
-_DISCARD_CHUNK = 1024 * 1024
 # How long a side that refused the peer's token proof waits for the peer's verdict before closing.
 _VERDICT_GRACE = 1.0
 
@@ -94,7 +86,9 @@ class FramedConnection:
     """Frames over one Stream.  Obtain one from :func:`open_framed` or :func:`accept_framed`.
 
     Sends may come from several tasks at once (a lock keeps frames whole); receives must come
-    from one task at a time (``InvalidUsage`` otherwise).  ``async with`` closes it.
+    from one task at a time (``InvalidUsage`` otherwise).  ``async with`` closes it.  The frame
+    state lives in :attr:`frames` (a :class:`~pccl.net._frames.FrameCore`), which the
+    worker-thread path (:mod:`pccl.net.framed_threads`) drives as well.
     """
 
     def __init__(self, stream: Stream, *, role: HandshakeRole, config: Config) -> None:
@@ -105,28 +99,15 @@ class FramedConnection:
         self.local_address = stream.local_address
         #: Whether the peer proved the run token during the handshake.
         self.authenticated = False
-        self._max_frame_size = config.max_frame_size
+        #: The sans-IO frame state shared with the worker-thread path.
+        self.frames = FrameCore(max_frame_size=config.max_frame_size, remote_address=stream.remote_address)
+        #: The connection's thread-side data channel once made (see
+        #: :func:`pccl.net.framed_threads.thread_channel`), so every user shares its send lock.
+        self.thread_channel: object | None = None
         self._send_lock = trio.Lock()
-        self._send_broken: str | None = None
         #: The tail of a frame that :meth:`send_nowait` could only partly write: it goes out
         #: first, under the send lock, in the next send (or :meth:`flush`).
         self._unsent: memoryview | None = None
-        self._receiving = False
-        self._receive_broken: str | None = None
-        self._rbuf = bytearray(_READ_AHEAD)
-        self._rpos = 0
-        self._rend = 0
-        # A control frame too large for the read-ahead buffer, being received directly.
-        self._big_body: bytearray | None = None
-        self._big_filled = 0
-        self._data_header: DataHeader | None = None
-        self._data_remaining = 0
-        self._closed = False
-        self._blocking: BlockingDataChannel | None = None  # see blocking_channel()
-        self._stats = dict.fromkeys(
-            ("frames_sent", "frames_received", "bytes_sent", "bytes_received", "data_bytes_sent", "data_bytes_received"),
-            0,
-        )
 
     # --- sending ---------------------------------------------------------------------------------
 
@@ -134,10 +115,11 @@ class FramedConnection:
         """Send one control message.
 
         ``InvalidArgument`` if it is not a registered message or encodes to more than
-        ``Config.max_frame_size`` bytes (the peer, configured alike, would refuse it); transport errors as for ``Stream.send_all``.  Cancellation while waiting for the
-        send lock sends nothing; cancellation once writing started aborts the connection.
+        ``Config.max_frame_size`` bytes (the peer, configured alike, would refuse it); transport
+        errors as for ``Stream.send_all``.  Cancellation while waiting for the send lock sends
+        nothing; cancellation once writing started aborts the connection.
         """
-        frame = codec.encode_message(message, max_frame_size=self._max_frame_size)
+        frame = codec.encode_message(message, max_frame_size=self.frames.max_frame_size)
         await self._send_frame((frame,), payload_bytes=0)
 
     def send_nowait(self, message: Message) -> bool:
@@ -154,16 +136,15 @@ class FramedConnection:
         """
         try_send = getattr(self._stream, "send_nowait", None)
         if (try_send is None or self._send_lock.locked() or self._unsent is not None
-                or self._send_broken is not None or self._closed):
+                or self.frames.broken or self.frames.closed):
             return False
-        frame = codec.encode_message(message, max_frame_size=self._max_frame_size)
+        frame = codec.encode_message(message, max_frame_size=self.frames.max_frame_size)
         sent = try_send(frame)
         if not sent:
             return False
         if sent < len(frame):
             self._unsent = memoryview(frame)[sent:]
-        self._stats["frames_sent"] += 1
-        self._stats["bytes_sent"] += len(frame)
+        self.frames.count_sent(len(frame))
         return True
 
     @property
@@ -189,13 +170,10 @@ class FramedConnection:
         ``header.nbytes`` must equal the payload's size in bytes (``InvalidArgument`` otherwise).
         Cancellation as for :meth:`send`.
         """
-        view = _byte_view(payload, writable=False)
+        view = byte_view(payload, writable=False)
         if header.nbytes != view.nbytes:
             raise InvalidArgument(f"data header says {header.nbytes} payload bytes, the payload has {view.nbytes}")
-        prefix = codec.encode_data_prefix(header)
-        parts: tuple[bytes | memoryview, ...]
-        parts = (prefix + view,) if view.nbytes <= _COALESCE_LIMIT else (prefix, view)
-        await self._send_frame(parts, payload_bytes=view.nbytes)
+        await self._send_frame(data_frame_parts(header, view), payload_bytes=view.nbytes)
 
     async def _send_frame(self, parts: tuple[bytes | memoryview, ...], *, payload_bytes: int, count: bool = True) -> None:
         # An idle lock is taken without the schedule point of ``Lock.acquire``: the send below
@@ -207,10 +185,7 @@ class FramedConnection:
         except trio.WouldBlock:
             await self._send_lock.acquire()
         try:
-            if self._send_broken is not None:
-                raise StreamClosed(f"connection to {self.remote_address} is unusable: {self._send_broken}")
-            if self._closed:
-                raise StreamClosed(f"connection to {self.remote_address} is closed")
+            self.frames.check_sendable()
             # Taking a contended lock ends in a schedule point that does not raise Cancelled (an
             # idle one has none); a pending cancel must surface now, while nothing is written
             # and the connection is intact, not at send_all's first check, where it would
@@ -227,13 +202,12 @@ class FramedConnection:
             except BaseException as exc:
                 # Some unknown prefix of the frame may be on the wire: the peer must not go on
                 # parsing, so kill the connection (cancellation included).
-                self._send_broken = f"a send was interrupted mid-frame ({type(exc).__name__})"
+                self.frames.mark_send_broken(f"a send was interrupted mid-frame ({type(exc).__name__})")
                 self._stream.abort()
                 raise
             if count:
-                self._stats["frames_sent"] += 1
-                self._stats["bytes_sent"] += sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-                self._stats["data_bytes_sent"] += payload_bytes
+                self.frames.count_sent(sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts),
+                                       payload_bytes)
         finally:
             self._send_lock.release()
 
@@ -248,10 +222,7 @@ class FramedConnection:
         """
         frame = await self.receive_frame()
         if isinstance(frame, DataHeader):
-            self._receive_broken = "an unexpected data frame arrived"
-            raise ProtocolError(
-                f"{self.remote_address} sent a data frame ({frame.describe()}) where a control message was expected"
-            )
+            raise self.frames.unexpected_frame(frame, "a control message")
         return frame
 
     async def receive_data_header(
@@ -272,87 +243,23 @@ class FramedConnection:
         """
         frame = await self.receive_frame()
         if not isinstance(frame, DataHeader):
-            self._receive_broken = "an unexpected control frame arrived"
-            raise ProtocolError(
-                f"{self.remote_address} sent {type(frame).__name__} where a data frame was expected"
-            )
-        try:
-            frame.check(op_seq=op_seq, stream=stream, step=step, buffer_nbytes=buffer_nbytes, nbytes=nbytes)
-        except ProtocolError as exc:
-            self._receive_broken = str(exc)
-            logger.warning("bad data frame from %s: %s", self.remote_address, exc)
-            raise
+            raise self.frames.unexpected_frame(frame, "a data frame")
+        self.frames.check_data_header(frame, op_seq=op_seq, stream=stream, step=step, buffer_nbytes=buffer_nbytes,
+                                      nbytes=nbytes)
         return frame
 
     async def receive_frame(self) -> Message | DataHeader:
         """The next frame: a control message, or a data frame's header (whose payload must be
         consumed next).  Errors and cancellation as for :meth:`receive`."""
-        self._check_receivable()
-        if self._data_remaining:
-            raise InvalidUsage(
-                f"{self._data_remaining} payload bytes of the previous data frame are unread; "
-                "call receive_data_into or discard_data first"
-            )
-        self._receiving = True
+        frames = self.frames
+        frames.begin_receive()
         try:
             await trio.lowlevel.checkpoint_if_cancelled()
-            try:
-                return await self._receive_frame()
-            except ProtocolError as exc:
-                self._receive_broken = str(exc)
-                logger.warning("protocol error from %s: %s", self.remote_address, exc)
-                raise
+            while (frame := frames.next_frame()) is None:
+                frames.received(await self._stream.receive_into(frames.read_buffer()))
+            return frame
         finally:
-            self._receiving = False
-
-    async def _receive_frame(self) -> Message | DataHeader:
-        if self._big_body is not None:
-            return await self._finish_big_body()
-        await self._fill(PREFIX_SIZE)
-        kind, length = codec.parse_prefix(self._peek(PREFIX_SIZE), max_frame_size=self._max_frame_size)
-        if kind is FrameKind.DATA:
-            await self._fill(PREFIX_SIZE + DATA_HEADER_SIZE)
-            start = self._rpos + PREFIX_SIZE
-            header = codec.parse_data_header(self._rbuf[start : start + DATA_HEADER_SIZE], length)
-            self._rpos += PREFIX_SIZE + DATA_HEADER_SIZE
-            self._stats["frames_received"] += 1
-            self._data_header = header if header.nbytes else None
-            self._data_remaining = header.nbytes
-            return header
-        if PREFIX_SIZE + length <= _READ_AHEAD:
-            await self._fill(PREFIX_SIZE + length)
-            start = self._rpos + PREFIX_SIZE
-            body = memoryview(self._rbuf)[start : start + length]
-            try:
-                message = codec.decode_message(body)
-            finally:
-                body.release()
-            self._rpos = start + length
-            self._stats["frames_received"] += 1
-            return message
-        # Larger than the read-ahead buffer (length already checked against max_frame_size):
-        # move what is buffered into a body of exactly the announced size, then fill it directly.
-        self._rpos += PREFIX_SIZE
-        self._big_body = bytearray(length)
-        taken = min(length, self._rend - self._rpos)
-        self._big_body[:taken] = self._rbuf[self._rpos : self._rpos + taken]
-        self._rpos += taken
-        self._big_filled = taken
-        return await self._finish_big_body()
-
-    async def _finish_big_body(self) -> Message:
-        assert self._big_body is not None
-        body = self._big_body
-        with memoryview(body) as view:
-            while self._big_filled < len(body):
-                n = await self._stream.receive_into(view[self._big_filled :])
-                if n == 0:
-                    raise self._eof_error(f"in the middle of a {len(body)}-byte control frame")
-                self._big_filled += n
-                self._stats["bytes_received"] += n
-        self._big_body = None
-        self._stats["frames_received"] += 1
-        return codec.decode_message(body)
+            frames.end_receive()
 
     async def receive_data_into(self, buffer: memoryview | bytearray) -> None:
         """Receive the next ``len(buffer)`` payload bytes of the current data frame into
@@ -363,109 +270,58 @@ class FramedConnection:
         ``PeerDisconnected`` on EOF.  Cancellation (or any failure) once the payload is arriving
         aborts the connection: the amount received is unknown.
         """
-        view = _byte_view(buffer, writable=True)
-        self._check_receivable()
-        if not view.nbytes:
+        view = byte_view(buffer, writable=True)
+        frames = self.frames
+        if not frames.begin_payload(view.nbytes):
             await trio.lowlevel.checkpoint()
             return
-        if self._data_header is None:
-            raise InvalidUsage("receive_data_into called without a current data frame (receive_data_header first)")
-        if view.nbytes > self._data_remaining:
-            raise InvalidUsage(
-                f"destination of {view.nbytes} bytes is larger than the {self._data_remaining} payload bytes "
-                "left in the current data frame"
-            )
-        self._receiving = True
         try:
             await trio.lowlevel.checkpoint_if_cancelled()
-            taken = min(view.nbytes, self._rend - self._rpos)
-            view[:taken] = self._rbuf[self._rpos : self._rpos + taken]
-            self._rpos += taken
-            self._consume_payload(taken)
-            rest = view[taken:]
+            rest = view[frames.take_payload(view) :]
             if not rest.nbytes:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return
             try:
                 await self._stream.receive_exactly_into(rest)
             except BaseException as exc:
-                self._receive_broken = f"a payload receive was interrupted ({type(exc).__name__})"
+                frames.mark_receive_broken(f"a payload receive was interrupted ({type(exc).__name__})")
                 self._stream.abort()
                 raise
-            self._stats["bytes_received"] += rest.nbytes
-            self._consume_payload(rest.nbytes)
+            frames.payload_received(rest.nbytes)
         finally:
-            self._receiving = False
+            frames.end_receive()
 
     async def discard_data(self) -> None:
         """Read and drop the rest of the current data frame's payload (e.g. of an aborted op).
         Cancellation as for :meth:`receive_data_into`."""
-        scratch = bytearray(min(self._data_remaining, _DISCARD_CHUNK))
-        while self._data_remaining:
-            await self.receive_data_into(memoryview(scratch)[: min(self._data_remaining, len(scratch))])
+        frames = self.frames
+        scratch = bytearray(min(frames.data_remaining, DISCARD_CHUNK))
+        while frames.data_remaining:
+            await self.receive_data_into(memoryview(scratch)[: min(frames.data_remaining, len(scratch))])
         await trio.lowlevel.checkpoint()
 
     @property
     def broken(self) -> bool:
         """Whether a torn frame or a protocol error made this connection unusable (abort it)."""
-        return self._send_broken is not None or self._receive_broken is not None
+        return self.frames.broken
 
     @property
     def data_remaining(self) -> int:
         """Payload bytes of the current data frame not yet received."""
-        return self._data_remaining
-
-    def _consume_payload(self, n: int) -> None:
-        self._data_remaining -= n
-        self._stats["data_bytes_received"] += n
-        if not self._data_remaining:
-            self._data_header = None
-
-    def _check_receivable(self) -> None:
-        if self._receiving:
-            raise InvalidUsage(f"another task is already receiving on the connection to {self.remote_address}")
-        if self._closed:
-            raise StreamClosed(f"connection to {self.remote_address} is closed")
-        if self._receive_broken is not None:
-            raise ProtocolError(
-                f"connection to {self.remote_address} is unusable after an earlier failure: {self._receive_broken}"
-            )
-
-    def _peek(self, n: int) -> bytes:
-        return bytes(self._rbuf[self._rpos : self._rpos + n])
-
-    async def _fill(self, n: int) -> None:
-        """Make at least ``n`` (≤ read-ahead size) bytes available at ``_rpos``."""
-        if self._rend - self._rpos >= n:
-            return
-        if self._rpos + n > _READ_AHEAD:
-            # Compact: keep the unread bytes, make room behind them.
-            pending = self._rend - self._rpos
-            self._rbuf[:pending] = self._rbuf[self._rpos : self._rend]
-            self._rpos, self._rend = 0, pending
-        with memoryview(self._rbuf) as view:
-            while self._rend - self._rpos < n:
-                got = await self._stream.receive_into(view[self._rend :])
-                if got == 0:
-                    have = self._rend - self._rpos
-                    raise self._eof_error("at a frame boundary" if have == 0 else f"after {have} bytes of a frame")
-                self._rend += got
-                self._stats["bytes_received"] += got
-
-    def _eof_error(self, where: str) -> PeerDisconnected:
-        return PeerDisconnected(f"{self.remote_address} closed the connection {where}")
+        return self.frames.data_remaining
 
     # --- handshake ------------------------------------------------------------------------------
 
-    async def _handshake(self, token: bytes | None, draw_nonce: Callable[[int], bytes]) -> None:
-        """Run the handshake of :mod:`pccl.protocol.handshake` on this fresh connection."""
+    async def handshake(self, token: bytes | None, draw_nonce: Callable[[int], bytes]) -> None:
+        """Run the handshake of :mod:`pccl.protocol.handshake` on this fresh connection (the
+        entry points :func:`open_framed` and :func:`accept_framed` do; bounded by their caller)."""
         peer = self.remote_address
-        limit, self._max_frame_size = self._max_frame_size, handshake.HANDSHAKE_MAX_FRAME_SIZE
+        frames = self.frames
+        limit, frames.max_frame_size = frames.max_frame_size, handshake.HANDSHAKE_MAX_FRAME_SIZE
         try:
             await self._send_frame((handshake.encode_preamble(),), payload_bytes=0)
-            await self._fill(handshake.PREAMBLE_SIZE)
-            preamble = self._peek(handshake.PREAMBLE_SIZE)
-            self._rpos += handshake.PREAMBLE_SIZE
+            while (preamble := frames.take_raw(handshake.PREAMBLE_SIZE)) is None:
+                frames.received(await self._stream.receive_into(frames.read_buffer()))
             handshake.parse_preamble(preamble)
 
             nonce = bytes(draw_nonce(handshake.NONCE_SIZE))
@@ -505,7 +361,7 @@ class FramedConnection:
                 raise AuthenticationFailed(f"{peer} rejected this side's run token: {verdict.reason or 'no reason given'}")
             self.authenticated = True
         finally:
-            self._max_frame_size = limit
+            frames.max_frame_size = limit
 
     async def _receive_expected(self, kind: type[_M]) -> _M:
         message = await self.receive()
@@ -515,35 +371,26 @@ class FramedConnection:
             )
         return message
 
-    # --- the thread-side fast path ----------------------------------------------------------------
-
-    def blocking_channel(self) -> BlockingDataChannel | None:
-        """Data frames from worker threads with blocking I/O, if the stream offers it (real TCP
-        does, the simulator and TLS do not: ``None``).  See :class:`BlockingDataChannel`."""
-        if self._blocking is None:
-            io = self._stream.blocking_io()
-            if io is None:
-                return None
-            from .framed_threads import BlockingDataChannel  # imports this module
-
-            self._blocking = BlockingDataChannel(self, io)
-        return self._blocking
-
     # --- lifetime -------------------------------------------------------------------------------
+
+    def blocking_io(self) -> BlockingIO | None:
+        """The stream's thread-side blocking I/O, if it offers it (real TCP does, the simulator
+        and TLS do not): what :mod:`pccl.net.framed_threads` drives this connection with."""
+        return self._stream.blocking_io()
 
     def statistics(self) -> FramedStatistics:
         """A snapshot of this connection's counters."""
-        return FramedStatistics(**self._stats)
+        return FramedStatistics(**self.frames.counters)
 
     async def aclose(self) -> None:
         """Close the connection (idempotent; closes even when cancelled; never raises a
         transport error).  A task blocked in a receive gets the stream's closed error."""
-        self._closed = True
+        self.frames.close()
         await self._stream.aclose()
 
     def abort(self) -> None:
         """Close at once without a goodbye (RST where the transport has one)."""
-        self._closed = True
+        self.frames.close()
         self._stream.abort()
 
     async def __aenter__(self) -> FramedConnection:
@@ -551,19 +398,6 @@ class FramedConnection:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-def _byte_view(buffer: object, *, writable: bool) -> memoryview:
-    """A flat unsigned-byte view of ``buffer`` (no copy); ``InvalidArgument`` if impossible."""
-    try:
-        view = memoryview(buffer)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise InvalidArgument(f"expected a buffer (bytes, bytearray, memoryview, numpy array), got {type(buffer).__name__}") from exc
-    if not view.c_contiguous:
-        raise InvalidArgument("buffer must be C-contiguous")
-    if writable and view.readonly:
-        raise InvalidArgument("destination buffer is read-only")
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
 def _nonce_drawer(source: NonceSource | None) -> Callable[[int], bytes]:
@@ -597,7 +431,7 @@ async def _establish(
                 else:
                     stream = await tls.wrap_server(stream, config.tls_server_context)
             connection = FramedConnection(stream, role=role, config=config)
-            await connection._handshake(key, draw_nonce)
+            await connection.handshake(key, draw_nonce)
     except trio.TooSlowError:
         await stream.aclose()
         logger.info("handshake with %s timed out", remote)

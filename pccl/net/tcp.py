@@ -15,7 +15,7 @@ two paths behind the same :class:`TcpStream` methods:
   ~4 MiB and no faster above; it is there for many-core hosts (ARCHITECTURE.md §6).
 
 A third way is for bulk data paths that want whole loops in threads: :meth:`TcpStream.blocking_io`
-(:mod:`pccl.net.blocking`) hands out blocking ``sendall``/``recv_into``/``poll`` for worker threads
+(:mod:`pccl.net.thread_io`) hands out blocking ``sendall``/``recv_into``/``poll`` for worker threads
 to call directly — no hand-off per call.  The ring all-reduce uses it (about 2x the Trio path's
 throughput on the 2-core box).
 
@@ -65,7 +65,7 @@ from ..errors import (
     TransportError,
 )
 from .base import Listener, Network, Stream, format_address, parse_address, receive_view, send_view
-from .blocking import BlockingIO, Interrupted, ThreadCancel
+from .thread_io import BlockingIO, Interrupted, ThreadCancel
 
 __all__ = ["TcpNetwork", "TcpStream", "TcpListener", "DEFAULT_BULK_THRESHOLD"]
 
@@ -294,7 +294,7 @@ class TcpStream(Stream):
 
     def blocking_io(self) -> BlockingIO:
         """Blocking ``sendall``/``recv_into`` on this socket for worker threads (the bulk path of
-        :mod:`pccl.net.blocking`).  ``aclose``/``abort`` on the Trio thread wake a blocked thread
+        :mod:`pccl.net.thread_io`).  ``aclose``/``abort`` on the Trio thread wake a blocked thread
         (its call raises ``StreamClosed``/``PeerDisconnected``)."""
         if self._blocking_io is None:
             self._blocking_io = _TcpBlockingIO(self)
@@ -428,7 +428,7 @@ class TcpStream(Stream):
 
 
 class _TcpBlockingIO(BlockingIO):
-    """:class:`~pccl.net.blocking.BlockingIO` on a :class:`TcpStream`'s (blocking-mode) socket."""
+    """:class:`~pccl.net.thread_io.BlockingIO` on a :class:`TcpStream`'s (blocking-mode) socket."""
 
     def __init__(self, stream: TcpStream) -> None:
         self._stream = stream

@@ -25,17 +25,8 @@ from hypothesis import strategies as st
 
 from pccl.errors import FrameTooLarge, InvalidArgument, ProtocolError
 from pccl.protocol import codec, handshake, messages
-from pccl.protocol.codec import (
-    DATA_HEADER_SIZE,
-    END_OF_STREAM,
-    NEED_DATA,
-    PREFIX_SIZE,
-    ControlFrame,
-    DataFrame,
-    DataHeader,
-    FrameDecoder,
-    FrameKind,
-)
+from pccl.net._frames import END_OF_STREAM, NEED_DATA, ControlFrame, DataFrame, FrameDecoder
+from pccl.protocol.codec import DATA_HEADER_SIZE, PREFIX_SIZE, DataHeader, FrameKind
 from pccl.protocol.messages import HandshakeRole
 
 MAX_FRAME = 64 * 1024

@@ -23,7 +23,7 @@ from pccl.collectives.inline import suits_inline
 from pccl.collectives.links import Inbox, SeqRegistry
 from pccl.config import Config
 from pccl.errors import StreamClosed
-from pccl.net.blocking import Interrupted, ThreadCancel
+from pccl.net.thread_io import Interrupted, ThreadCancel
 from pccl.protocol.codec import DataHeader
 from pccl.protocol.ring import DEFAULT_SUBCHUNK_BYTES
 from pccl.types import ReduceOp
