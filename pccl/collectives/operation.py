@@ -56,12 +56,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import trio
 
 from .._groups import single_exception
+from .._peer.host import CollectiveRoute, PeerHost
+from .._peer.links import P2PLinks
 from ..errors import (
     CollectiveAborted,
     InvalidArgument,
@@ -77,9 +79,6 @@ from ..types import Quantization, QuantKind, ReduceInfo, ReduceOp
 from .allreduce import ring_all_reduce
 from .buffers import SCRATCH, InputBackup, KernelRunner, OpBuffers
 from .links import RingLinks, SeqRegistry
-
-if TYPE_CHECKING:
-    from ..communicator import CollectiveRoute, Communicator, P2PLinks
 
 __all__ = ["AllReduceService", "MANY_FIRST_TAG"]
 
@@ -158,11 +157,11 @@ class _StaleRing(Exception):
 class AllReduceService:
     """The all-reduce machinery of one communicator (see the module docstring)."""
 
-    def __init__(self, comm: Communicator) -> None:
-        self._comm = comm
+    def __init__(self, host: PeerHost) -> None:
+        self._host = host
         #: Seqs that ended on this peer, shared by every round's links (late frames discarded).
         self.registry = SeqRegistry()
-        self._runner = KernelRunner(threads=comm._config.kernel_threads)
+        self._runner = KernelRunner(threads=host.config.kernel_threads)
         self._links_lock = trio.Lock()
         self._links_round: P2PLinks | None = None
         self._ring_links: RingLinks | None = None
@@ -172,13 +171,13 @@ class AllReduceService:
         self._watch_added = trio.Event()
         self._watchdog_started = False
 
-    # --- public entry points (called by Communicator) ---------------------------------------
+    # --- entry points (Communicator.all_reduce, all_reduce_many) ------------------------------
 
     async def all_reduce(
         self, send: Any, recv: Any = None, *, op: Any = ReduceOp.SUM, tag: Any = 0, quantization: Any = None
     ) -> ReduceInfo:
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._comm._raise_if_unusable()
+        self._host.raise_if_failed()
         return await self._reduce(_Plan.make(send, recv, op, tag, quantization))
 
     async def all_reduce_many(
@@ -191,14 +190,14 @@ class AllReduceService:
         first_tag: int = MANY_FIRST_TAG,
     ) -> ReduceInfo:
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._comm._raise_if_unusable()
+        self._host.raise_if_failed()
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise InvalidArgument(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
         if isinstance(arrays, np.ndarray):
             raise InvalidArgument("all_reduce_many takes a sequence of arrays; use all_reduce for one array")
         plans = [_Plan.make(a, None, op, first_tag + i, quantization) for i, a in enumerate(arrays)]
         if not plans:
-            return ReduceInfo(self._comm.world_size, 0, 0)
+            return ReduceInfo(self._host.world_size, 0, 0)
         results: dict[int, ReduceInfo] = {}
         pending = list(range(len(plans)))
         while True:
@@ -206,8 +205,8 @@ class AllReduceService:
             if not pending:
                 break
             # Every failure left the group's ring stale; re-wire once for the whole batch.
-            self._comm._stats["retries"] += len(pending)
-            log.info("peer %x: retrying %d all-reduce(s) on the survivors", self._comm.peer_id, len(pending))
+            self._host.counters.retries += len(pending)
+            log.info("peer %x: retrying %d all-reduce(s) on the survivors", self._host.peer_id, len(pending))
             await self._rewire_when_idle()
         infos = list(results.values())
         return ReduceInfo(
@@ -266,7 +265,7 @@ class AllReduceService:
             except _StaleRing:
                 if not rewire_on_stale:
                     raise
-                self._comm._stats["retries"] += 1
+                self._host.counters.retries += 1
                 await self._rewire_when_idle()
 
     async def _rewire_when_idle(self) -> None:
@@ -275,8 +274,8 @@ class AllReduceService:
         the one vote."""
         while self._holding:
             await self._holding_changed.wait()
-        log.info("peer %x: ring is stale, re-wiring the group before retrying", self._comm.peer_id)
-        await self._comm._rewire()
+        log.info("peer %x: ring is stale, re-wiring the group before retrying", self._host.peer_id)
+        await self._host.rewire()
 
     def _hold(self) -> None:
         self._holding += 1
@@ -284,18 +283,17 @@ class AllReduceService:
         self._holding_changed = trio.Event()
 
     def _release(self, tag: int) -> None:
-        self._comm._release_collective(tag)
+        self._host.close_route(tag)
         self._holding -= 1
         self._holding_changed.set()
         self._holding_changed = trio.Event()
 
     async def _attempt(self, plan: _Plan) -> ReduceInfo:
-        comm = self._comm
-        route = comm._collective_route(plan.tag)
+        route = self._host.open_route(plan.tag)
         self._hold()
         keep_route = False
         try:
-            await self._tell_master(plan.init)
+            await self._host.send_shielded(plan.init)
             try:
                 answer = await self._await_answer(route.inbox)
             except trio.Cancelled:
@@ -317,7 +315,7 @@ class AllReduceService:
             try:
                 msg = await inbox.receive()
             except trio.EndOfChannel:
-                self._comm._raise_if_unusable()
+                self._host.raise_if_failed()
                 raise ProtocolError("the collective's message route closed unexpectedly") from None
             if isinstance(msg, (m.CollectiveCommence, m.CollectiveRejected)):
                 return msg
@@ -340,12 +338,9 @@ class AllReduceService:
         return InvalidUsage(f"the peers' all-reduce parameters for tag {plan.tag} disagree{detail}")
 
     def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message]) -> bool:
-        """Start the task that settles a vote whose caller was cancelled; True if it runs."""
-        try:
-            self._comm._nursery.start_soon(self._settle_abandoned, tag, inbox)
-        except RuntimeError:  # the communicator is shutting down: nobody will commence anything
-            return False
-        return True
+        """Start the task that settles a vote whose caller was cancelled; True if it runs (not
+        when the communicator is shutting down: nobody will commence anything then)."""
+        return self._host.spawn(self._settle_abandoned, tag, inbox)
 
     async def _settle_abandoned(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message]) -> None:
         try:
@@ -354,38 +349,20 @@ class AllReduceService:
                     return
                 if isinstance(msg, m.CollectiveCommence):
                     log.info("peer %x: reporting the abort of cancelled all-reduce tag %d seq %d",
-                             self._comm.peer_id, tag, msg.seq)
+                             self._host.peer_id, tag, msg.seq)
                     self.registry.retire(msg.seq)
                     try:
-                        await self._tell_master(m.CollectiveDone(tag, msg.seq, aborted=True))
+                        await self._host.send_shielded(m.CollectiveDone(tag, msg.seq, aborted=True))
                     except PCCLError:
                         pass  # the communicator failed; every caller sees that
                     return
         finally:
             self._release(tag)
 
-    async def _tell_master(self, msg: m.Message) -> None:
-        """Send ``msg`` to the master even if the caller is being cancelled (bounded)."""
-        comm = self._comm
-        master = comm._master
-        sent = comm._failure is None and master is not None and master.send_nowait(msg)
-        if sent and not master.needs_flush:  # type: ignore[union-attr]
-            return  # written at once: nothing to shield (the common case, and a latency-bound one)
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + comm._config.peer_timeout
-            if sent:
-                await comm._flush_master()
-            else:
-                await comm._send_master(msg)
-        if scope.cancelled_caught:
-            comm._fail(MasterUnreachable(f"could not send {type(msg).__name__} to the master within "
-                                         f"{comm._config.peer_timeout:g} s"))
-            comm._raise_if_unusable()
-
     # --- a commenced op -----------------------------------------------------------------------
 
     async def _run(self, plan: _Plan, commence: m.CollectiveCommence, route: CollectiveRoute) -> ReduceInfo:
-        comm = self._comm
+        host = self._host
         seq, ring = commence.seq, tuple(commence.ring)
         backup: InputBackup | None = None
         staged: np.ndarray | None = None  # a small in-place op's output until it completes
@@ -405,10 +382,10 @@ class AllReduceService:
                     backup.restore()
                 if not state.done_sent and state.final is None and not state.master_lost:
                     try:
-                        await self._tell_master(m.CollectiveDone(plan.tag, seq, aborted=True))
+                        await host.send_shielded(m.CollectiveDone(plan.tag, seq, aborted=True))
                     except PCCLError:
                         pass  # already failing; the caller sees the original exception
-                comm._stats["collectives_aborted"] += 1
+                host.counters.collectives_aborted += 1
                 raise
             finally:
                 self.registry.retire(seq)  # frames of this seq still in flight are discarded
@@ -445,10 +422,10 @@ class AllReduceService:
                     state.local_error = exc
             if state.stalled and state.local_error is None:
                 state.local_error = PeerDisconnected(
-                    f"no data moved on the ring connections for {self._comm._config.peer_timeout:g} s")
+                    f"no data moved on the ring connections for {self._host.config.peer_timeout:g} s")
             if state.final is None and not state.master_lost:
                 ok = state.traffic is not None and state.local_error is None
-                await self._tell_master(m.CollectiveDone(plan.tag, seq, aborted=not ok))
+                await self._host.send_shielded(m.CollectiveDone(plan.tag, seq, aborted=not ok))
                 state.done_sent = True
                 if ok:
                     await state.settled.wait()
@@ -458,26 +435,26 @@ class AllReduceService:
     def _outcome(self, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement,
                  backup: InputBackup | None, staged: np.ndarray | None) -> ReduceInfo:
         """The op's result for the caller once the master has spoken (or this peer gave up)."""
-        comm = self._comm
+        host = self._host
         traffic, local_error = state.traffic, state.local_error
         if isinstance(state.final, m.CollectiveComplete) and traffic is not None and local_error is None:
             if staged is not None:
                 np.copyto(plan.send, staged)  # commit the staged result
             tx, rx = traffic
-            comm._stats["collectives_completed"] += 1
-            comm._stats["tx_bytes"] += tx
-            comm._stats["rx_bytes"] += rx
+            host.counters.collectives_completed += 1
+            host.counters.tx_bytes += tx
+            host.counters.rx_bytes += rx
             return ReduceInfo(world_size=len(ring), tx_bytes=tx, rx_bytes=rx)
         if backup is not None:
             backup.restore()
-        comm._stats["collectives_aborted"] += 1
+        host.counters.collectives_aborted += 1
         if state.master_lost:
-            comm._raise_if_unusable()
+            host.raise_if_failed()
             raise MasterUnreachable("lost the master during the all-reduce")
         if isinstance(local_error, InvalidArgument):
             raise local_error  # this peer's data is unusable (NaN/Inf under quantization)
         why = f"{type(local_error).__name__}: {local_error}" if local_error is not None else "the master aborted it"
-        log.info("peer %x: all-reduce tag %d seq %d aborted: %s", comm.peer_id, plan.tag, seq, why)
+        log.info("peer %x: all-reduce tag %d seq %d aborted: %s", host.peer_id, plan.tag, seq, why)
         raise CollectiveAborted(f"all-reduce tag {plan.tag} (seq {seq}) aborted: {why}") from local_error
 
     @staticmethod
@@ -501,9 +478,9 @@ class AllReduceService:
 
     async def _ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
                     staged: np.ndarray | None, state: _Settlement, ring_scope: trio.CancelScope) -> tuple[int, int]:
-        comm = self._comm
-        p2p = comm.p2p
-        if comm.peer_id not in ring or ring != p2p.ring:
+        peer_id = self._host.peer_id
+        p2p = self._host.links
+        if peer_id not in ring or ring != p2p.ring:
             raise ProtocolError(f"the master commenced seq {seq} on ring {[f'{p:x}' for p in ring]}, but this "
                                 f"peer is wired for {[f'{p:x}' for p in p2p.ring]}")
         watch = self._watch(p2p, state, ring_scope)
@@ -511,7 +488,7 @@ class AllReduceService:
             links = await self._links(p2p)
             return await ring_all_reduce(
                 plan.send, plan.recv if staged is None else staged, op=plan.op, links=links,
-                rank=ring.index(comm.peer_id), world=len(ring),
+                rank=ring.index(peer_id), world=len(ring),
                 seq=seq, quantization=plan.quantization, backup=backup, runner=self._runner,
             )
         finally:
@@ -539,14 +516,10 @@ class AllReduceService:
         whole ring.  If the communicator is shutting down no watchdog starts: the op fails
         with the communicator anyway.
         """
-        watch = _Watch(p2p, state, ring_scope, _bytes_moved(p2p), trio.current_time())
+        watch = _Watch(p2p, state, ring_scope, p2p.bytes_moved(), trio.current_time())
         self._watches.add(watch)
         if not self._watchdog_started:
-            try:
-                self._comm._nursery.start_soon(self._watchdog)
-                self._watchdog_started = True
-            except RuntimeError:
-                pass
+            self._watchdog_started = self._host.spawn(self._watchdog)
         else:
             self._watch_added.set()
         return watch
@@ -559,7 +532,7 @@ class AllReduceService:
         completed frame, so a single sub-chunk (≤ 4 MiB by default) must cross a link within
         ``peer_timeout``.  Runs until the communicator's nursery is cancelled.
         """
-        timeout = self._comm._config.peer_timeout
+        timeout = self._host.config.peer_timeout
         while True:
             if not self._watches:
                 self._watch_added = trio.Event()
@@ -568,11 +541,11 @@ class AllReduceService:
             await trio.sleep(timeout / _WATCHDOG_CHECKS)
             now = trio.current_time()
             for watch in list(self._watches):
-                moved = _bytes_moved(watch.p2p)
+                moved = watch.p2p.bytes_moved()
                 if moved != watch.last:
                     watch.last, watch.since = moved, now
                 elif now - watch.since >= timeout:
-                    log.warning("peer %x: no all-reduce data moved for %.3g s; aborting", self._comm.peer_id,
+                    log.warning("peer %x: no all-reduce data moved for %.3g s; aborting", self._host.peer_id,
                                 now - watch.since)
                     self._watches.discard(watch)
                     watch.state.stalled = True
@@ -588,11 +561,3 @@ class _Watch:
     ring_scope: trio.CancelScope
     last: int
     since: float
-
-
-def _bytes_moved(p2p: P2PLinks) -> int:
-    total = 0
-    for conn in p2p.connections():
-        stats = conn.statistics()
-        total += stats.bytes_sent + stats.bytes_received
-    return total

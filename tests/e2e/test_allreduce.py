@@ -657,8 +657,8 @@ async def test_a_tag_reused_right_after_a_cancelled_call_still_reduces_correctly
     async with _in_process_group(2) as (master, comms, _):
         x = [np.full(1000, i + 1, np.float32) for i in range(2)]
         expect = np.full(1000, 3, np.float32)
-        service = comms[1]._all_reduce
-        real_tell = service._tell_master
+        service = comms[1]._session
+        real_tell = service.send_shielded
 
         async def late_done(msg: m.Message) -> None:
             if isinstance(msg, m.CollectiveDone):
@@ -668,7 +668,7 @@ async def test_a_tag_reused_right_after_a_cancelled_call_still_reduces_correctly
         bufs = [a.copy() for a in x]
         await _all_reduce_all(comms, bufs, tag=1)
         assert all(np.array_equal(b, expect) for b in bufs)
-        service._tell_master = late_done  # type: ignore[method-assign]
+        service.send_shielded = late_done  # type: ignore[method-assign]
         try:
             async def p0() -> None:
                 with trio.move_on_after(0.25):
@@ -681,7 +681,7 @@ async def test_a_tag_reused_right_after_a_cancelled_call_still_reduces_correctly
                     nursery.start_soon(p0)
                     nursery.start_soon(lambda: comms[1].all_reduce(x[1].copy(), tag=1))
         finally:
-            service._tell_master = real_tell  # type: ignore[method-assign]
+            service.send_shielded = real_tell  # type: ignore[method-assign]
         await trio.sleep(0.2)
         for _ in range(2):
             bufs = [a.copy() for a in x]
@@ -716,21 +716,21 @@ async def test_abort_after_local_completion_restores_the_input() -> None:
     async with _in_process_group(3) as (master, comms, _):
         inputs = _f32_inputs(3, 500_000, 4)
         bufs = [x.copy() for x in inputs]
-        crasher = comms[2]._all_reduce
+        crasher = comms[2]._session
         finished = {comms[0].peer_id, comms[1].peer_id}
-        real_tell = crasher._tell_master
+        real_tell = crasher.send_shielded
 
         async def crash_instead_of_done(msg: m.Message) -> None:
             if isinstance(msg, m.CollectiveDone) and not msg.aborted:
                 # Every byte has moved; the others report success; this peer dies before it does.
                 while not any(op.done >= finished for op in master.state.ops()):
                     await trio.sleep(0.005)
-                assert comms[2]._master is not None
-                comms[2]._master.abort()
+                assert crasher.master is not None
+                crasher.master.abort()
                 await trio.sleep_forever()
             await real_tell(msg)
 
-        crasher._tell_master = crash_instead_of_done  # type: ignore[method-assign]
+        crasher.send_shielded = crash_instead_of_done  # type: ignore[method-assign]
         survivors = comms[:2]
         outcome: list[Any] = [None] * 2
         with trio.fail_after(SOON):

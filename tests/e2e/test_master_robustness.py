@@ -90,7 +90,7 @@ async def test_deeply_nested_frame_on_a_p2p_port_does_not_end_the_peer() -> None
     with trio.fail_after(BOUND):
         async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG) as master:
             async with pccl.open_communicator(master.address, token=TOKEN, config=CFG) as comm:
-                raw = await TcpNetwork(CFG).connect(f"127.0.0.1:{comm._listener.port}")  # noqa: SLF001
+                raw = await TcpNetwork(CFG).connect(f"127.0.0.1:{comm._session.p2p_listener.port}")  # noqa: SLF001
                 await raw.send_all(handshake.encode_preamble() + _control_frame(b"\x92\x05" + NESTED))
                 await _closed_by_the_other_side(raw)
                 await raw.aclose()
@@ -354,7 +354,7 @@ async def test_pending_p2p_connection_is_closed_when_the_peer_closes() -> None:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ResourceWarning)
                 async with pccl.open_communicator(master.address, token=TOKEN, config=CFG) as comm:
-                    port = comm._listener.port  # noqa: SLF001
+                    port = comm._session.p2p_listener.port  # noqa: SLF001
                     silent = await open_framed(TcpNetwork(CFG), f"127.0.0.1:{port}", token=TOKEN, config=CFG)
                     await trio.sleep(0.1)  # the peer now waits for a hello
                 with pytest.raises(PCCLError):

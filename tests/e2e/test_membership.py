@@ -206,8 +206,8 @@ async def test_group_rewire_needs_only_the_group(master: pccl.Master) -> None:
             c, _ = await _admit(nursery, master, [a, b], group=1)
             rounds_before = a.statistics().p2p_rounds, c.statistics().p2p_rounds
             async with trio.open_nursery() as voters:  # c never votes
-                voters.start_soon(a._rewire)
-                voters.start_soon(b._rewire)
+                voters.start_soon(a._session.rewire)
+                voters.start_soon(b._session.rewire)
             assert a.statistics().p2p_rounds == rounds_before[0] + 1  # really reconnected
             assert c.statistics().p2p_rounds == rounds_before[1]
             assert _attrs(a) == _attrs(b) == (2, 3, 2, 2)
@@ -426,7 +426,7 @@ async def test_kicked_peer_raises_kicked_with_the_reason(master: pccl.Master) ->
 
                 voters.start_soon(vote)
                 await _wait_until(lambda: any(p.topology_vote for p in master.state.peers()), "a voted")
-                await a._send_master(m.VoteTopology(True))  # a second vote: out of phase
+                await a._session.send(m.VoteTopology(True))  # a second vote: out of phase
             with pytest.raises(Kicked):
                 await a.are_peers_pending()  # every later call, too
             assert master.statistics().accepted_peers == 1
@@ -474,9 +474,9 @@ async def test_pending_query_while_a_collective_is_in_flight(master: pccl.Master
     with trio.fail_after(BOUND):
         async with _open(master.address) as a, trio.open_nursery() as nursery:
             b, _ = await _admit(nursery, master, [a])
-            inboxes = {c: c._collective_inbox(5) for c in (a, b)}
+            inboxes = {c: c._session.open_route(5).inbox for c in (a, b)}
             for c in (a, b):
-                await c._send_master(m.CollectiveInit(5, 100, int(pccl.DType.FLOAT32), int(pccl.ReduceOp.SUM)))
+                await c._session.send(m.CollectiveInit(5, 100, int(pccl.DType.FLOAT32), int(pccl.ReduceOp.SUM)))
             commence = {c: await inboxes[c].receive() for c in (a, b)}
             assert all(isinstance(x, m.CollectiveCommence) for x in commence.values())
             assert commence[a].ring == commence[b].ring == a.ring
@@ -489,7 +489,7 @@ async def test_pending_query_while_a_collective_is_in_flight(master: pccl.Master
             with pytest.raises(pccl.InvalidUsage):
                 await a.update_topology()  # not while a collective is in flight
             with pytest.raises(pccl.InvalidUsage):
-                a._collective_inbox(5)  # the tag is taken
+                a._session.open_route(5)  # the tag is taken
 
             answers: list[bool] = []
 
@@ -501,10 +501,10 @@ async def test_pending_query_while_a_collective_is_in_flight(master: pccl.Master
                 voters.start_soon(pending, b)
             assert answers == [False, False]
             for c in (a, b):
-                await c._send_master(m.CollectiveDone(5, commence[c].seq))
+                await c._session.send(m.CollectiveDone(5, commence[c].seq))
             for c in (a, b):
                 assert isinstance(await inboxes[c].receive(), m.CollectiveComplete)
-                c._release_collective(5)
+                c._session.close_route(5)
             nursery.cancel_scope.cancel()
 
 
@@ -515,17 +515,17 @@ async def test_closing_logs_no_lost_master_when_the_master_hangs_up_first(
     # clean close in three of a benchmark's peers), it must not be reported as a lost master.
     with trio.fail_after(BOUND):
         async with _open(master.address) as comm:
-            framed = comm._master  # noqa: SLF001 - hold aclose() right after its Leave
+            framed = comm._session.master  # noqa: SLF001 - hold aclose() right after its Leave
             assert framed is not None
             real_send = framed.send
 
             async def send_then_wait_for_the_hang_up(msg: m.Message) -> None:
                 await real_send(msg)
                 if isinstance(msg, m.Leave):
-                    await _wait_until(lambda: comm._failure is not None, "the reader saw the master hang up")  # noqa: SLF001
+                    await _wait_until(lambda: comm._session.failure is not None, "the reader saw the master hang up")  # noqa: SLF001
 
             framed.send = send_then_wait_for_the_hang_up  # type: ignore[method-assign]
-        assert isinstance(comm._failure, pccl.InvalidUsage)  # noqa: SLF001
+        assert isinstance(comm._session.failure, pccl.InvalidUsage)  # noqa: SLF001
     lost = [r.getMessage() for r in caplog.records if "lost the connection to the master" in r.getMessage()]
     assert lost == []
 
@@ -537,12 +537,12 @@ async def test_a_failure_met_while_closing_is_the_close_not_a_lost_master(
     # whatever breaks is the closed communicator (no MasterUnreachable, no warning).
     with trio.fail_after(BOUND):
         async with _open(master.address) as comm:
-            comm._closed = True  # noqa: SLF001 - aclose() has begun (its Leave is out)
+            comm._session._closing = True  # noqa: SLF001 - aclose() has begun (its Leave is out)
             try:
                 with pytest.raises(pccl.InvalidUsage, match="closed"):
-                    comm._master_send_failed(StreamClosed("the master hung up"))  # noqa: SLF001
+                    comm._session.master_send_failed(StreamClosed("the master hung up"))  # noqa: SLF001
             finally:
-                comm._closed = False  # noqa: SLF001 - let the context manager close it for real
+                comm._session._closing = False  # noqa: SLF001 - let the context manager close it for real
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "peer" in r.getMessage()]
 
 class CountingNetwork(Network):
@@ -586,7 +586,7 @@ async def test_idle_connections_cannot_pile_up_in_a_peers_listener(master: pccl.
     patient = dataclasses.replace(CFG, connect_timeout=60.0)  # no slot frees itself during the test
     with trio.fail_after(BOUND):
         async with _open(master.address, network=network, config=patient) as comm:
-            listener = comm._listener if which == "ring" else comm._shared.listener  # noqa: SLF001
+            listener = comm._session.p2p_listener if which == "ring" else comm._sync.listener  # noqa: SLF001
             assert listener is not None
             accepted = lambda: network.accepted[listener.address]  # noqa: E731
             host, port = parse_address(listener.address)

@@ -48,7 +48,7 @@ class Cluster:
             await self._stop.wait()
 
     async def join(self, group: int = 0) -> pccl.Communicator:
-        live = [c for c in self.comms if c._failure is None]
+        live = [c for c in self.comms if c._session.failure is None]
         if not live:
             comm = await self.nursery.start(self._peer, group)
         else:
@@ -346,7 +346,7 @@ async def test_content_inequality_goes_to_joiners_only() -> None:
 
 
 async def test_corrupted_bytes_fail_the_receiver_never_accepted_silently(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pccl.shared_state as ss
+    import pccl.state_sync as ss
 
     check = ss._check_request
 
@@ -387,10 +387,10 @@ async def test_peer_groups_sync_independently() -> None:
 async def test_sync_while_collective_in_flight_is_invalid_usage() -> None:
     async with cluster(1) as c:
         comm = c.comms[0]
-        comm._collective_inbox(7)
+        comm._session.open_route(7)
         with pytest.raises(InvalidUsage):
             await comm.sync_shared_state(make_state(1))
-        comm._release_collective(7)
+        comm._session.close_route(7)
         info = await comm.sync_shared_state(make_state(1, revision=5))
         assert info == pccl.SyncInfo(5, 0, 0)
 
@@ -494,7 +494,7 @@ async def test_distributor_sigkilled_mid_transfer_sync_completes() -> None:
 
                 async def kill_when_flowing() -> None:
                     # The remote serves half the bytes; kill it once the joiner received some.
-                    while comms[1]._shared._route is None or _received(comms[1]) < 1:
+                    while not comms[1]._session.phase.syncing or _received(comms[1]) < 1:
                         await trio.sleep(0.001)
                     os.kill(proc.pid, signal.SIGKILL)
                     killed.set()
@@ -510,7 +510,7 @@ async def test_distributor_sigkilled_mid_transfer_sync_completes() -> None:
                         n2.start_soon(sync, comms[0], mine)
                         n2.start_soon(sync, comms[1], joiner)
                 assert killed.is_set()
-                assert comms[1]._shared.replans >= 1, "the kill did not land mid-transfer"
+                assert comms[1].statistics().sync_replans >= 1, "the kill did not land mid-transfer"
                 assert_same(joiner, base)
                 assert joiner.revision == 0
                 stop.set()
@@ -525,4 +525,4 @@ def _big_state(mib: int) -> SharedState:
 
 
 def _received(comm: pccl.Communicator) -> int:
-    return comm._shared.bytes_received
+    return comm.statistics().sync_rx_bytes

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from pccl import Config
-from pccl.communicator import Communicator
+from pccl._peer.session import run_heartbeat
 from pccl.errors import MasterUnreachable, PCCLError
 from pccl.protocol import messages as m
 
@@ -23,29 +23,29 @@ CFG = Config(peer_timeout=2.0, heartbeat_interval=0.25)
 
 
 class _State:
-    """What ``Communicator._heartbeat`` reads and calls."""
+    """What :func:`pccl._peer.session.run_heartbeat` reads and calls (its ``HeartbeatSubject``)."""
 
     peer_id = 0x5EED
     master_address = "master.invalid:1"
 
     def __init__(self) -> None:
-        self._config = CFG
-        self._last_heard = trio.current_time()
-        self._failure: PCCLError | None = None
+        self.config = CFG
+        self.last_heard = trio.current_time()
+        self.failure: PCCLError | None = None
         self.sent: list[m.Message] = []
 
-    def _fail(self, error: PCCLError, *, cause: BaseException | None = None) -> None:
-        if self._failure is None:
-            self._failure = error
+    def fail(self, error: PCCLError) -> None:
+        if self.failure is None:
+            self.failure = error
 
-    async def _send_master(self, msg: m.Message) -> None:
+    async def send(self, msg: m.Message) -> None:
         self.sent.append(msg)
         await trio.lowlevel.checkpoint()
 
 
 async def _run_heartbeat(state: Any, body: Any) -> None:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(Communicator._heartbeat, state)  # type: ignore[arg-type]
+        nursery.start_soon(run_heartbeat, state)
         await body()
         nursery.cancel_scope.cancel()
 
@@ -57,8 +57,8 @@ async def test_a_silent_master_is_declared_unreachable(autojump_clock: trio.test
         await trio.sleep(CFG.peer_timeout + 2 * CFG.heartbeat_interval)  # the task runs on time
 
     await _run_heartbeat(state, body)
-    assert isinstance(state._failure, MasterUnreachable)
-    assert "silent" in str(state._failure)
+    assert isinstance(state.failure, MasterUnreachable)
+    assert "silent" in str(state.failure)
 
 
 async def _reader(state: _State) -> None:
@@ -66,7 +66,7 @@ async def _reader(state: _State) -> None:
     while True:
         await trio.sleep(CFG.heartbeat_interval)
         await trio.lowlevel.checkpoint()
-        state._last_heard = trio.current_time()
+        state.last_heard = trio.current_time()
 
 
 async def test_a_blocked_event_loop_is_not_blamed_on_the_master(autojump_clock: trio.testing.MockClock,
@@ -85,7 +85,7 @@ async def test_a_blocked_event_loop_is_not_blamed_on_the_master(autojump_clock: 
 
     with caplog.at_level(logging.WARNING, logger="pccl.communicator"):
         await _run_heartbeat(state, body)
-    assert state._failure is None
+    assert state.failure is None
     assert any(isinstance(msg, m.Heartbeat) for msg in state.sent)
     assert any("event loop was blocked" in r.getMessage() for r in caplog.records)
 
@@ -104,7 +104,7 @@ async def test_a_loop_that_blocks_every_step_keeps_a_live_master(autojump_clock:
             nursery.cancel_scope.cancel()
 
     await _run_heartbeat(state, body)
-    assert state._failure is None
+    assert state.failure is None
 
 
 async def test_a_master_silent_across_a_blocked_loop_is_still_declared_unreachable(
@@ -118,7 +118,7 @@ async def test_a_master_silent_across_a_blocked_loop_is_still_declared_unreachab
         await trio.sleep(2 * CFG.heartbeat_interval)
 
     await _run_heartbeat(state, body)
-    assert isinstance(state._failure, MasterUnreachable)
+    assert isinstance(state.failure, MasterUnreachable)
 
 
 async def test_a_short_block_gets_a_heartbeat_out_at_once_and_no_warning(
@@ -127,7 +127,7 @@ async def test_a_short_block_gets_a_heartbeat_out_at_once_and_no_warning(
 
     async def body() -> None:
         await trio.sleep(CFG.heartbeat_interval / 2)
-        state._last_heard = trio.current_time()
+        state.last_heard = trio.current_time()
         autojump_clock.jump(CFG.peer_timeout / 2 - CFG.heartbeat_interval)  # under the warning threshold
         await trio.lowlevel.checkpoint()
         woke = trio.current_time()
@@ -137,6 +137,6 @@ async def test_a_short_block_gets_a_heartbeat_out_at_once_and_no_warning(
 
     with caplog.at_level(logging.WARNING, logger="pccl.communicator"):
         await _run_heartbeat(state, body)
-    assert state._failure is None
+    assert state.failure is None
     assert not [r for r in caplog.records if "blocked" in r.getMessage()]
 

@@ -1,0 +1,158 @@
+"""The one interface between the peer session and the services that run on it.
+
+The all-reduce (:mod:`pccl.collectives.operation`) and the shared-state sync
+(:mod:`pccl.state_sync`) reach the session only through :class:`PeerHost`; they never import
+:mod:`pccl.communicator` or the session, and never touch another class's private members (a
+test checks both).  :class:`~pccl._peer.session.PeerSession` implements it; tests may substitute
+their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import trio
+
+from ..config import Config
+from ..errors import PCCLError
+from ..net.base import Listener, Stream
+from ..net.framed import FramedConnection
+from ..protocol import messages as m
+from .links import P2PLinks
+from .phase import PhaseRule
+
+__all__ = ["PeerHost", "Counters", "CollectiveRoute"]
+
+
+@dataclasses.dataclass
+class Counters:
+    """Running totals of one communicator (``Communicator.statistics()`` snapshots them)."""
+
+    topology_updates: int = 0
+    p2p_rounds: int = 0
+    collectives_completed: int = 0
+    collectives_aborted: int = 0
+    #: All-reduce attempts repeated after an abort or a stale ring.
+    retries: int = 0
+    #: Payload bytes of completed all-reduces.
+    tx_bytes: int = 0
+    rx_bytes: int = 0
+    syncs_completed: int = 0
+    #: Sync attempts beyond the first (a source failed mid-transfer and the master re-planned).
+    sync_replans: int = 0
+    #: Shared-state payload bytes served to / received from other peers (partial pieces from a
+    #: source that died included: they did move).
+    sync_tx_bytes: int = 0
+    sync_rx_bytes: int = 0
+
+
+class CollectiveRoute:
+    """The master's messages for one in-flight collective tag.
+
+    Messages queue on :attr:`inbox` (``EndOfChannel`` once the communicator fails).  While
+    :attr:`intercept` is set, :meth:`deliver` hands each message to it synchronously instead (in
+    the task reading the master connection), and ``intercept(None)`` tells it the communicator
+    failed: a running op reacts to an abort without a task of its own listening.
+    """
+
+    __slots__ = ("_send", "inbox", "intercept")
+
+    def __init__(self, capacity: int) -> None:
+        self._send, self.inbox = trio.open_memory_channel[m.Message](capacity)
+        self.intercept: Callable[[m.Message | None], None] | None = None
+
+    def deliver(self, msg: m.Message) -> None:
+        """Queue (or intercept) ``msg``; ``trio.WouldBlock`` if the inbox is full."""
+        if self.intercept is not None:
+            self.intercept(msg)
+        else:
+            self._send.send_nowait(msg)
+
+    def close(self) -> None:
+        self._send.close()
+        if self.intercept is not None:
+            self.intercept(None)
+
+
+class PeerHost(Protocol):
+    """What a service may ask of the peer session."""
+
+    # --- who and what ----------------------------------------------------------------------------
+
+    @property
+    def peer_id(self) -> int:
+        """This peer's id (0 until registered)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def counters(self) -> Counters:
+        """The communicator's running totals; services add to them."""
+
+    @property
+    def phase(self) -> PhaseRule:
+        """The phase rule; the sync begins and ends its phase there (collectives do through
+        :meth:`open_route`)."""
+
+    @property
+    def world_size(self) -> int:
+        """Accepted peers in this peer's group."""
+
+    @property
+    def links(self) -> P2PLinks:
+        """The current topology round's ring connections."""
+
+    # --- failure ---------------------------------------------------------------------------------
+
+    def raise_if_failed(self) -> None:
+        """Raise (a fresh copy of) the error the communicator failed with, if it did."""
+
+    def fail(self, error: PCCLError) -> None:
+        """Fail the communicator: every pending and later call raises ``error``."""
+
+    def leave_lockstep(self, error: PCCLError) -> None:
+        """This peer can no longer follow its group: fail with ``error`` and drop the master
+        connection, so the master removes this peer at once."""
+
+    # --- the master ------------------------------------------------------------------------------
+
+    async def send(self, msg: m.Message) -> None:
+        """Send to the master; a transport failure fails the communicator (``MasterUnreachable``)."""
+
+    async def send_shielded(self, msg: m.Message) -> None:
+        """Send to the master even if the caller is being cancelled, bounded by
+        ``config.peer_timeout`` (a control message cut mid-frame would break the connection)."""
+
+    def open_route(self, tag: int) -> CollectiveRoute:
+        """Begin collective ``tag`` (the phase rule decides: ``InvalidUsage`` otherwise) and
+        route the master's messages for it to the returned route until :meth:`close_route`."""
+
+    def close_route(self, tag: int) -> None: ...
+
+    def open_sync_route(self) -> trio.MemoryReceiveChannel[m.Message]:
+        """Route the master's sync messages to the returned channel until
+        :meth:`close_sync_route` (``EndOfChannel`` once the communicator fails)."""
+
+    def close_sync_route(self) -> None: ...
+
+    async def rewire(self) -> None:
+        """Vote to re-wire this peer's group (after a failed collective); returns when the new
+        ring is connected.  Errors as for ``update_topology``."""
+
+    # --- tasks and connections -------------------------------------------------------------------
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
+        """Run ``fn(*args)`` in the communicator's nursery; ``False`` if it is shutting down."""
+
+    async def dial(self, address: str) -> FramedConnection:
+        """Connect to another peer's listener and run the authenticated handshake."""
+
+    async def accept(self, stream: Stream) -> FramedConnection:
+        """Run the authenticated handshake on a stream one of this peer's listeners accepted."""
+
+    async def listen(self, base_port: int) -> Listener:
+        """Bind a listener on the address the session binds to, from ``base_port`` upwards
+        (``config.port_search_range`` ports)."""

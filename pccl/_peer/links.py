@@ -1,0 +1,104 @@
+"""The ring connections of one topology round (what the all-reduce runs on)."""
+
+from __future__ import annotations
+
+import trio
+
+from ..errors import PeerDisconnected
+from ..net.framed import FramedConnection
+from ..protocol.ring import ring_predecessor, ring_successor
+
+__all__ = ["P2PLinks"]
+
+
+class P2PLinks:
+    """The ring connections of one topology round.
+
+    ``ring`` is this peer's group ring for the round.  ``outgoing[successor]`` holds the
+    ``lanes`` connections this peer dialled (lane ``j`` at index ``j``); ``incoming[predecessor]``
+    maps lane index to the connections the predecessor dialled to this peer.  With two peers the
+    successor is also the predecessor: the two directions use different connections.  Nobody
+    reads these connections between collectives; the all-reduce owns them while it runs.
+    """
+
+    def __init__(self, round_id: int, ring: tuple[int, ...], me: int, lanes: int) -> None:
+        self.round = round_id
+        self.ring = ring
+        self.me = me
+        self.lanes = lanes
+        self.outgoing: dict[int, tuple[FramedConnection, ...]] = {}
+        self.incoming: dict[int, dict[int, FramedConnection]] = {}
+        self.closed = False
+        self._changed = trio.Event()
+
+    @property
+    def successor(self) -> int:
+        return ring_successor(self.ring, self.me)
+
+    @property
+    def predecessor(self) -> int:
+        return ring_predecessor(self.ring, self.me)
+
+    def connections(self) -> list[FramedConnection]:
+        out = [c for lanes in self.outgoing.values() for c in lanes]
+        return out + [c for lanes in self.incoming.values() for c in lanes.values()]
+
+    def bytes_moved(self) -> int:
+        """Bytes sent and received so far on this round's connections (the all-reduce's
+        watchdog compares it over time)."""
+        total = 0
+        for conn in self.connections():
+            stats = conn.statistics()
+            total += stats.bytes_sent + stats.bytes_received
+        return total
+
+    def to_successor(self) -> tuple[FramedConnection, ...]:
+        """The lanes to the successor (empty when alone or not connected)."""
+        return self.outgoing.get(self.successor, ())
+
+    def add_outgoing(self, peer_id: int, lanes: tuple[FramedConnection, ...]) -> None:
+        """The lanes this peer dialled to ``peer_id`` are connected."""
+        self.outgoing[peer_id] = lanes
+        self._notify()
+
+    def add_incoming(self, peer_id: int, lane: int, conn: FramedConnection) -> None:
+        """``peer_id`` dialled lane ``lane`` to this peer (replacing an earlier dial of it)."""
+        lanes = self.incoming.setdefault(peer_id, {})
+        old = lanes.pop(lane, None)
+        if old is not None:
+            old.abort()
+        lanes[lane] = conn
+        self._notify()
+
+    def remove_incoming(self, peer_id: int, lane: int, conn: FramedConnection) -> None:
+        """Forget lane ``lane`` from ``peer_id`` if it is still ``conn``."""
+        lanes = self.incoming.get(peer_id, {})
+        if lanes.get(lane) is conn:
+            del lanes[lane]
+
+    async def from_predecessor(self) -> tuple[FramedConnection, ...]:
+        """The predecessor's lanes to this peer, in lane order (see :meth:`incoming_from`)."""
+        return await self.incoming_from(self.predecessor)
+
+    async def incoming_from(self, peer_id: int) -> tuple[FramedConnection, ...]:
+        """The ``lanes`` connections ``peer_id`` dialled to this peer in this round, waiting for
+        handshakes still running.  ``PeerDisconnected`` once the round's links are closed.
+        Cancellation (the collective's abort or timeout) just stops waiting."""
+        while len(self.incoming.get(peer_id, ())) < self.lanes:
+            if self.closed:
+                raise PeerDisconnected(f"the ring connections of round {self.round} are closed")
+            await self._changed.wait()
+        lanes = self.incoming[peer_id]
+        return tuple(lanes[j] for j in range(self.lanes))
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def close(self) -> None:
+        for conn in self.connections():
+            conn.abort()
+        self.outgoing.clear()
+        self.incoming.clear()
+        self.closed = True
+        self._notify()

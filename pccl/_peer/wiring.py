@@ -1,0 +1,167 @@
+"""Setting up the ring connections of each topology round (the p2p side of a topology vote).
+
+Every peer listens on a p2p port (bump-allocated from ``config.p2p_base_port``) and, in each
+topology round, dials its ring successor ``config.p2p_lanes`` times (framed handshake with the run
+token, then ``P2PHello``/``P2PHelloAck`` per lane) and reports the outcome to the master
+(``P2PReport``).  The round's connections live in :class:`~pccl._peer.links.P2PLinks`; a new
+round closes the old round's connections.  The master retries failed rounds and in the end
+removes the peers that stay unreachable.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from .._groups import single_exception
+from ..errors import PCCLError, ProtocolError, StreamClosed, TransportError
+from ..net.base import Listener, Stream, format_address
+from ..net.framed import FramedConnection
+from ..net.serving import HandshakeSlot, serve_listener
+from ..protocol import messages as m
+from .host import PeerHost
+from .links import P2PLinks
+
+__all__ = ["RingWiring"]
+
+log = logging.getLogger(__name__)
+
+
+class RingWiring:
+    """The p2p listener and the ring connections of the current round, for one session."""
+
+    def __init__(self, host: PeerHost, listener: Listener) -> None:
+        self._host = host
+        self.listener = listener
+        self.links = P2PLinks(0, (0,), 0, host.config.p2p_lanes)
+        self._round_scope: trio.CancelScope | None = None
+        self._round_changed = trio.Event()
+
+    def reset(self, peer_id: int) -> None:
+        """Registered as ``peer_id``: alone in a ring of one until the first round."""
+        self.links = P2PLinks(0, (peer_id,), peer_id, self._host.config.p2p_lanes)
+
+    def start_round(self, msg: m.ConnectToPeers) -> None:
+        """The master's ``ConnectToPeers``: drop the old round's connections, dial the new
+        successor in the background.  ``ProtocolError`` for a stale or foreign round."""
+        host = self._host
+        if msg.round <= self.links.round or host.peer_id not in msg.ring:
+            raise ProtocolError(f"the master sent a bad ConnectToPeers (round {msg.round})")
+        if self._round_scope is not None:
+            self._round_scope.cancel()
+        self.links.close()
+        self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, host.config.p2p_lanes)
+        host.counters.p2p_rounds += 1
+        self._round_changed.set()
+        self._round_changed = trio.Event()
+        self._round_scope = trio.CancelScope()
+        endpoints = {e.peer_id: e for e in msg.neighbours}
+        host.spawn(self._establish, self.links, self._round_scope, endpoints)
+
+    def close(self) -> None:
+        self.links.close()
+
+    async def _establish(self, links: P2PLinks, scope: trio.CancelScope, endpoints: dict[int, m.PeerEndpoint]) -> None:
+        host = self._host
+        with scope:
+            ok, unreachable = True, ()
+            succ = links.successor
+            if succ != host.peer_id:
+                dialled: list[FramedConnection | None] = [None] * links.lanes
+                try:
+                    endpoint = endpoints.get(succ)
+                    if endpoint is None:
+                        raise ProtocolError(f"the master sent no endpoint for ring successor {succ:x}")
+                    try:
+                        async with trio.open_nursery() as nursery:
+                            for lane in range(links.lanes):
+                                nursery.start_soon(self._dial_lane, endpoint, links, lane, dialled)
+                    except BaseExceptionGroup as group:
+                        raise single_exception(group) from None
+                except PCCLError as error:
+                    for conn in dialled:
+                        if conn is not None:
+                            conn.abort()
+                    log.info("peer %x: cannot connect to ring successor %x in round %d: %s",
+                             host.peer_id, succ, links.round, error)
+                    ok, unreachable = False, (succ,)
+                except BaseException:
+                    for conn in dialled:
+                        if conn is not None:
+                            conn.abort()
+                    raise
+                else:
+                    if links is not self.links:
+                        for conn in dialled:
+                            conn.abort()  # type: ignore[union-attr]
+                        return
+                    links.add_outgoing(succ, tuple(dialled))  # type: ignore[arg-type]
+            try:
+                await host.send(m.P2PReport(links.round, ok, unreachable))
+            except PCCLError:
+                pass  # the communicator failed; every caller sees that
+
+    async def _dial_lane(self, endpoint: m.PeerEndpoint, links: P2PLinks, lane: int,
+                         dialled: list[FramedConnection | None]) -> None:
+        host = self._host
+        address = format_address(endpoint.host, endpoint.p2p_port)
+        conn = await host.dial(address)
+        dialled[lane] = conn
+        try:
+            with trio.fail_after(host.config.connect_timeout):
+                await conn.send(m.P2PHello(host.peer_id, links.round, lane, links.lanes))
+                ack = await conn.receive()
+        except trio.TooSlowError:
+            raise ProtocolError(f"{address} did not acknowledge the p2p hello") from None
+        if not isinstance(ack, m.P2PHelloAck) or ack.peer_id != endpoint.peer_id or ack.round != links.round:
+            raise ProtocolError(f"{address} answered the p2p hello with {ack!r}")
+
+    async def serve(self) -> None:
+        """Accept the ring connections other peers dial (run in the session's nursery)."""
+        def failed(exc: TransportError) -> None:
+            # StreamClosed: closed by aclose.  Anything else is permanent (running out of
+            # descriptors is waited out inside accept): say so, the master will see this peer as
+            # unreachable by its ring predecessor.
+            if not isinstance(exc, StreamClosed):
+                log.error("peer %x: p2p listener failed, accepting no more ring connections: %s",
+                          self._host.peer_id, exc)
+
+        await serve_listener(self.listener, self._accept, on_error=failed)
+
+    async def _accept(self, stream: Stream, slot: HandshakeSlot) -> None:
+        host = self._host
+        remote = stream.remote_address
+        conn: FramedConnection | None = None
+        try:
+            conn = await host.accept(stream)
+            slot.release()  # authenticated: no longer an anonymous connection
+            with trio.fail_after(host.config.connect_timeout):
+                hello = await conn.receive()
+                if not isinstance(hello, m.P2PHello):
+                    raise ProtocolError(f"expected P2PHello, got {type(hello).__name__}")
+                while self.links.round < hello.round:  # the dialler may be ahead of us
+                    await self._round_changed.wait()
+            links = self.links
+            if hello.round != links.round or hello.peer_id != links.predecessor or hello.peer_id == host.peer_id:
+                raise ProtocolError(f"unexpected p2p hello from peer {hello.peer_id:x} for round {hello.round} "
+                                    f"(current round {links.round})")
+            if hello.lanes != links.lanes or not 0 <= hello.lane < links.lanes:
+                raise ProtocolError(f"peer {hello.peer_id:x} dials lane {hello.lane} of {hello.lanes}, this peer "
+                                    f"uses {links.lanes} lanes (Config.p2p_lanes must match)")
+            # Register before acknowledging: once the dialler has its ack it reports success, and
+            # the round may complete at once; the connection must be in place by then.
+            links.add_incoming(hello.peer_id, hello.lane, conn)
+            try:
+                await conn.send(m.P2PHelloAck(host.peer_id, hello.round))
+            except BaseException:
+                links.remove_incoming(hello.peer_id, hello.lane, conn)
+                raise
+        except (PCCLError, trio.TooSlowError) as exc:
+            log.info("peer %x: refused p2p connection from %s: %s", host.peer_id, remote, exc)
+            if conn is not None:
+                conn.abort()
+        except BaseException:
+            if conn is not None:  # cancelled while pending: close now, not when the GC gets to it
+                conn.abort()
+            raise

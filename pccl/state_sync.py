@@ -1,0 +1,301 @@
+"""The shared-state sync (``Communicator.sync_shared_state``): vote, fetch, verify, adopt.
+
+A sync (:meth:`StateSyncService.sync`):
+
+1. hash every tensor (xxh3-128 over its raw bytes, with a checkpoint every 64 MiB);
+2. start serving this state on the peer's shared-state port (unless RECEIVE_ONLY) and vote
+   ``SyncVote(revision, strategy, entries)``;
+3. the master elects the popular state (:mod:`pccl.protocol.election`) and sends each peer that
+   must fetch something a ``SyncPlan``: byte ranges of its dirty tensors, striped over the
+   up-to-date peers;
+4. the receiver dials every source of the plan at once (framed handshake with the run token),
+   sends ``StateRequest`` and receives one data frame per ≤ 4 MiB chunk straight into its
+   buffers; a source that fails (refused, reset, silent for ``Config.peer_timeout``) is reported
+   and the master moves its pieces to other sources (next attempt); once every piece arrived the
+   receiver re-hashes the tensors it got and reports — a mismatch fails its sync
+   (``SharedStateSyncFailed``), it is never accepted silently;
+5. ``SyncComplete(revision)`` ends the sync on every participant: the revision is written back
+   into ``state.revision``; sources stop serving.
+
+``SyncInfo.tx_bytes``/``rx_bytes`` count exactly the payload bytes this peer served / received
+during the sync (partial pieces from a source that died included: they did move); the
+communicator's counters (``statistics()``) keep the running totals.  The service reaches the
+peer session only through :class:`~pccl._peer.host.PeerHost`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import trio
+
+from ._peer.host import PeerHost
+from .errors import (
+    InvalidArgument,
+    InvalidUsage,
+    Kicked,
+    KickReason,
+    PCCLError,
+    ProtocolError,
+    RevisionViolation,
+    SharedStateSyncFailed,
+    StreamClosed,
+    TransportError,
+)
+from .net.base import Listener, Stream, format_address
+from .net.framed import FramedConnection
+from .net.serving import HandshakeSlot, serve_listener
+from .protocol import messages as m
+from .protocol.codec import DataHeader
+from .shared_state import SharedState, hash_array_async, state_bytes, vote_entries
+from .types import SyncInfo, SyncStrategy
+
+__all__ = ["StateSyncService", "CHUNK_SIZE"]
+
+log = logging.getLogger(__name__)
+
+#: Payload bytes per data frame: small enough that a slow link delivers one well within
+#: ``Config.peer_timeout`` (the idle timeout of a fetch), large enough that headers are noise.
+CHUNK_SIZE = 4 * 1024 * 1024
+
+
+@dataclasses.dataclass(eq=False)
+class _Serving:
+    """What this peer serves while its sync runs."""
+
+    arrays: dict[str, np.ndarray]  # flat uint8 views of the user's tensors
+    tx_bytes: int = 0
+
+
+class StateSyncService:
+    """A communicator's shared-state side: its listener and server, and the sync procedure."""
+
+    def __init__(self, host: PeerHost) -> None:
+        self._host = host
+        self.listener: Listener | None = None
+        self._serving: _Serving | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def listen(self) -> int:
+        """Bind the shared-state port (bump allocation from ``Config.shared_state_base_port``)."""
+        self.listener = await self._host.listen(self._host.config.shared_state_base_port)
+        return self.listener.port
+
+    async def serve(self) -> None:
+        """Accept state requests until the listener closes (run in the communicator's nursery)."""
+        assert self.listener is not None
+
+        def failed(exc: TransportError) -> None:
+            if not isinstance(exc, StreamClosed):  # permanent (running out of descriptors is waited out)
+                log.error("peer %x: shared-state listener failed, serving no more state requests: %s",
+                          self._host.peer_id, exc)
+
+        await serve_listener(self.listener, self._serve_connection, on_error=failed)
+
+    async def aclose(self) -> None:
+        self._serving = None
+        if self.listener is not None:
+            await self.listener.aclose()
+
+    # --- the sync -----------------------------------------------------------------------------
+
+    async def sync(self, state: SharedState, strategy: SyncStrategy) -> SyncInfo:
+        """Run one sync (see the module docstring).  Errors: ``InvalidArgument``/``InvalidUsage``
+        (bad state, strategy mix, collective or topology vote outstanding, concurrent sync),
+        ``RevisionViolation`` (this peer's revision jumped; it is kicked), ``Kicked``,
+        ``SharedStateSyncFailed``, ``MasterUnreachable``.  Cancellation after the vote was sent
+        leaves the lockstep: the communicator drops its master connection and fails with
+        ``SharedStateSyncFailed``."""
+        host = self._host
+        await trio.lowlevel.checkpoint_if_cancelled()
+        host.raise_if_failed()
+        if not isinstance(state, SharedState):
+            raise InvalidArgument(f"sync_shared_state needs a pccl.SharedState, got {type(state).__name__}")
+        try:
+            strategy = SyncStrategy(strategy)
+        except ValueError:
+            raise InvalidArgument(f"unknown sync strategy {strategy!r}") from None
+        host.phase.begin_sync()
+        try:
+            entries = await vote_entries(state)
+            return await self._vote_and_transfer(state, strategy, entries)
+        finally:
+            host.phase.end_sync()
+
+    async def _vote_and_transfer(self, state: SharedState, strategy: SyncStrategy,
+                                 entries: tuple[m.SharedStateEntry, ...]) -> SyncInfo:
+        host = self._host
+        receive = host.open_sync_route()
+        arrays = {key: state_bytes(t.array) for key, t in state.tensors().items()}
+        serving = _Serving(arrays)
+        if strategy is not SyncStrategy.RECEIVE_ONLY:
+            self._serving = serving  # before voting: receivers may dial as soon as the vote completes
+        rx = 0
+        voted = False
+        try:
+            await host.send(m.SyncVote(state.revision, int(strategy), entries))
+            voted = True
+            while True:
+                try:
+                    msg = await receive.receive()
+                except trio.EndOfChannel:
+                    host.raise_if_failed()
+                    raise SharedStateSyncFailed("the shared-state sync ended without an answer") from None
+                if isinstance(msg, m.SyncPlan):
+                    if msg.attempt > 1:
+                        host.counters.sync_replans += 1
+                    rx += await self._run_plan(msg, arrays)
+                elif isinstance(msg, m.SyncComplete):
+                    state.revision = msg.revision
+                    host.counters.syncs_completed += 1
+                    log.debug("peer %x: sync %d complete at revision %d (tx %d, rx %d)", host.peer_id, msg.sync_id,
+                              msg.revision, serving.tx_bytes, rx)
+                    return SyncInfo(msg.revision, serving.tx_bytes, rx)
+                else:
+                    assert isinstance(msg, m.SyncRejected)
+                    if msg.code == m.SyncRejectCode.STRATEGY_MIX:
+                        raise InvalidUsage(f"shared-state sync refused: {msg.detail}")
+                    raise SharedStateSyncFailed(f"shared-state sync failed: {msg.detail}")
+        except Kicked as exc:
+            if exc.reason is KickReason.REVISION_VIOLATION:
+                raise RevisionViolation(exc.detail or "revision violation") from exc
+            raise
+        except trio.Cancelled:
+            if voted:
+                host.leave_lockstep(SharedStateSyncFailed("sync_shared_state was cancelled mid-sync; this peer "
+                                                          "left the run"))
+            raise
+        finally:
+            host.close_sync_route()
+            self._serving = None
+
+    # --- receiving ------------------------------------------------------------------------------
+
+    async def _run_plan(self, plan: m.SyncPlan, arrays: dict[str, np.ndarray]) -> int:
+        """Fetch one attempt's pieces, report, and return the payload bytes received."""
+        host = self._host
+        for fetch in plan.fetches:
+            for piece in fetch.pieces:
+                view = arrays.get(piece.key)
+                if view is None or piece.offset + piece.nbytes > view.nbytes:
+                    raise ProtocolError(f"the master planned bytes {piece.offset}+{piece.nbytes} of {piece.key!r}, "
+                                        "which this peer's state does not have")
+        for expected in plan.expected:
+            if expected.key not in arrays:
+                raise ProtocolError(f"the master expects a hash for unknown key {expected.key!r}")
+        received = [0]
+        failed: list[int] = []
+        async with trio.open_nursery() as nursery:
+            for fetch in plan.fetches:
+                nursery.start_soon(self._fetch_from, plan.sync_id, fetch, arrays, received, failed)
+        if failed:
+            report = m.SyncReport(plan.sync_id, plan.attempt, False, tuple(sorted(failed)))
+        else:
+            mismatched = []
+            for expected in plan.expected:
+                digest = await hash_array_async(arrays[expected.key])
+                if digest != expected.hash:
+                    mismatched.append(expected.key)
+            detail = f"hash mismatch in {', '.join(repr(k) for k in mismatched)}" if mismatched else ""
+            if mismatched:
+                log.warning("peer %x: sync %d: %s", host.peer_id, plan.sync_id, detail)
+            report = m.SyncReport(plan.sync_id, plan.attempt, not mismatched, (), detail)
+        await host.send(report)
+        return received[0]
+
+    async def _fetch_from(self, sync_id: int, fetch: m.SourceFetch, arrays: dict[str, np.ndarray],
+                          received: list[int], failed: list[int]) -> None:
+        host = self._host
+        source = fetch.source
+        address = format_address(source.host, source.shared_state_port)
+        conn: FramedConnection | None = None
+        try:
+            conn = await host.dial(address)
+            await conn.send(m.StateRequest(sync_id, host.peer_id, fetch.pieces))
+            for index, piece in enumerate(fetch.pieces):
+                view = memoryview(arrays[piece.key])
+                for step, (offset, nbytes) in enumerate(_chunks(piece)):
+                    with trio.fail_after(host.config.peer_timeout):
+                        frame = await conn.receive_frame()
+                        if isinstance(frame, m.StateRefused):
+                            raise ProtocolError(f"refused: {frame.reason}")
+                        if not isinstance(frame, DataHeader):
+                            raise ProtocolError(f"sent {type(frame).__name__} instead of state data")
+                        frame.check(op_seq=sync_id, stream=index, step=step, nbytes=nbytes)
+                        if frame.offset != offset:
+                            raise ProtocolError(f"sent offset {frame.offset} of {piece.key!r}, expected {offset}")
+                        before = conn.statistics().data_bytes_received
+                        try:
+                            await conn.receive_data_into(view[offset : offset + nbytes])
+                        finally:
+                            got = conn.statistics().data_bytes_received - before
+                            received[0] += got
+                            host.counters.sync_rx_bytes += got
+        except (PCCLError, trio.TooSlowError) as exc:
+            reason = "silent too long" if isinstance(exc, trio.TooSlowError) else str(exc)
+            log.info("peer %x: fetching shared state from peer %x at %s failed: %s", host.peer_id,
+                     source.peer_id, address, reason)
+            failed.append(source.peer_id)
+        finally:
+            if conn is not None:
+                await conn.aclose()
+
+    # --- serving --------------------------------------------------------------------------------
+
+    async def _serve_connection(self, stream: Stream, slot: HandshakeSlot) -> None:
+        host = self._host
+        remote = stream.remote_address
+        conn: FramedConnection | None = None
+        try:
+            conn = await host.accept(stream)
+            slot.release()  # authenticated: no longer an anonymous connection
+            with trio.fail_after(host.config.connect_timeout):
+                request = await conn.receive()
+            if not isinstance(request, m.StateRequest):
+                raise ProtocolError(f"expected StateRequest, got {type(request).__name__}")
+            serving = self._serving
+            problem = _check_request(serving, request)
+            if problem is not None:
+                log.info("peer %x: refusing state request of peer %x: %s", host.peer_id, request.requester, problem)
+                await conn.send(m.StateRefused(problem))
+                return
+            assert serving is not None
+            for index, piece in enumerate(request.pieces):
+                view = serving.arrays[piece.key]
+                for step, (offset, nbytes) in enumerate(_chunks(piece)):
+                    if self._serving is not serving:
+                        raise SharedStateSyncFailed("the sync ended while serving")
+                    await conn.send_data(DataHeader(request.sync_id, index, step, offset, nbytes),
+                                         view[offset : offset + nbytes])
+                    serving.tx_bytes += nbytes
+                    host.counters.sync_tx_bytes += nbytes
+        except (PCCLError, trio.TooSlowError) as exc:
+            log.info("peer %x: state request from %s failed: %s", host.peer_id, remote, exc)
+        finally:
+            if conn is not None:
+                await conn.aclose()
+            else:
+                await stream.aclose()
+
+
+def _chunks(piece: m.StatePiece) -> Iterator[tuple[int, int]]:
+    """(offset, nbytes) of the data frames carrying ``piece``; both sides cut alike."""
+    end = piece.offset + piece.nbytes
+    for start in range(piece.offset, end, CHUNK_SIZE):
+        yield start, min(CHUNK_SIZE, end - start)
+
+
+def _check_request(serving: _Serving | None, request: m.StateRequest) -> str | None:
+    if serving is None:
+        return "this peer is not serving shared state (no sync running, or RECEIVE_ONLY)"
+    for piece in request.pieces:
+        view = serving.arrays.get(piece.key)
+        if view is None:
+            return f"unknown key {piece.key!r}"
+        if piece.offset + piece.nbytes > view.nbytes:
+            return f"bytes {piece.offset}+{piece.nbytes} are beyond {piece.key!r} ({view.nbytes} bytes)"
+    return None
