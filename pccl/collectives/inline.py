@@ -18,7 +18,7 @@ follows it there, in order.  Receives go through the lane's
 :class:`~pccl.collectives.links.Inbox`, which hands the read role back and forth between this task
 and the worker threads of concurrent large operations.  Kernels run inline (the frames are small).
 
-Frames, schedule, arithmetic and buffers are those of :class:`~pccl.collectives.allreduce._RingOp`,
+Frames, schedule, arithmetic and buffers are those of :class:`~pccl.collectives.ring_op.RingOp`,
 so the bytes on the wire and the results are identical to the other two paths.
 
 Aborts: cancellation or an error stops the op; send workers are cancelled (a transfer under way
@@ -32,7 +32,6 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import outcome
@@ -41,9 +40,8 @@ import trio
 from ..net.framed_threads import FrameTail
 from ..net.thread_io import ThreadCancel
 from ..protocol.ring import Frame
+from .ring_op import RingOp
 
-if TYPE_CHECKING:
-    from .allreduce import _RingOp
 
 __all__ = ["InlineRing", "INLINE_MAX_BYTES"]
 
@@ -56,7 +54,7 @@ INLINE_MAX_BYTES = 256 * 1024
 INLINE_MAX_FRAME_BYTES = 64 * 1024
 
 
-def suits_inline(op: _RingOp) -> bool:
+def suits_inline(op: RingOp) -> bool:
     """Whether ``op`` runs inline: threaded (real TCP) lanes and a small op."""
     if not op.links.threaded or op.bufs.src.nbytes > INLINE_MAX_BYTES:
         return False
@@ -78,7 +76,7 @@ class _LaneSends:
 class InlineRing:
     """One small operation's ring, run by the calling task (see the module docstring)."""
 
-    def __init__(self, op: _RingOp) -> None:
+    def __init__(self, op: RingOp) -> None:
         self.op = op
         self.cancel = ThreadCancel()
         self._lanes = [_LaneSends() for _ in range(op.lanes)]

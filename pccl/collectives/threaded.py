@@ -15,7 +15,7 @@ thread (prepare a frame's payload — quantize, finalize — then a blocking sen
 destination, then reduce / dequantize it right there).  They synchronize through a condition
 variable: the sender of ``(step, k)`` waits until ``(step - 1, k)`` was processed.  The Trio task
 waits for all of them without polling and is woken once.  Schedule, frames, arithmetic and
-buffers are exactly those of the Trio path (the same :class:`_RingOp` methods), so results are
+buffers are exactly those of the Trio path (the same :class:`~pccl.collectives.ring_op.RingOp` methods), so results are
 bit-identical whichever path runs.
 
 Cancellation and errors: cancelling the Trio task cancels the op's
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import outcome
@@ -42,9 +42,8 @@ import trio
 
 from ..errors import StreamClosed
 from ..net.thread_io import Interrupted, ThreadCancel
+from .ring_op import RingOp
 
-if TYPE_CHECKING:
-    from .allreduce import _RingOp
 
 __all__ = ["LaneThreads"]
 
@@ -54,7 +53,7 @@ logger = logging.getLogger(__name__)
 class LaneThreads:
     """One operation's sender and receiver threads, one pair per lane."""
 
-    def __init__(self, op: _RingOp) -> None:
+    def __init__(self, op: RingOp) -> None:
         self.op = op
         self.cancel: ThreadCancel  # created by run()
         self._cond = threading.Condition()

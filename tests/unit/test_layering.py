@@ -1,43 +1,249 @@
-"""ARCHITECTURE.md §1: pccl.protocol is sans-IO, and pccl never imports sim."""
+"""The layering of ARCHITECTURE.md §1, computed from the source (nothing is imported to check it).
+
+Rules:
+
+* no import cycle between modules of ``pccl`` and ``sim`` — imports inside functions and under
+  ``TYPE_CHECKING`` count (a package importing its own submodules is not a cycle: Python
+  imports the package first either way);
+* pccl never imports sim;
+* ``pccl/protocol``, and the other sans-IO modules (the phase rule, the frame core), import no
+  trio, socket, time, random, asyncio, threading, select or ssl;
+* no module of pccl imports ``pccl.communicator`` but the package itself and the applications
+  on top of it (cli, demo, bench, the blocking facade): the services reach the peer session
+  through ``pccl._peer.host.PeerHost``;
+* in the peer runtime, no ``x._name`` where ``x`` is not ``self``/``cls``: no class touches
+  another's private members, no module another module's private names;
+* ``sim/engine``, ``sim/faults``, ``sim/observe`` and ``sim/tools`` never import pccl (only the
+  workload packages may).
+
+Each rule is also run on a planted violation, so a checker that silently finds nothing fails.
+"""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+from collections.abc import Iterable, Iterator
 
-import pccl
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FORBIDDEN_IN_SANS_IO = {"trio", "socket", "time", "random", "asyncio", "threading", "select", "ssl"}
+SANS_IO = ("pccl.protocol", "pccl._peer.phase", "pccl.net._frames")
+#: Who may import pccl.communicator: the package (its public re-exports) and the applications.
+COMMUNICATOR_USERS = ("pccl", "pccl.cli", "pccl.demo", "pccl.bench", "pccl.blocking")
+PEER_RUNTIME = ("pccl.communicator", "pccl._peer", "pccl.collectives", "pccl.state_sync", "pccl.shared_state",
+                "pccl.net.framed", "pccl.net.framed_threads", "pccl.net._frames", "pccl.net.serving")
+SIM_WITHOUT_PCCL = ("sim.engine", "sim.faults", "sim.observe", "sim.tools")
 
-PCCL_DIR = pathlib.Path(pccl.__file__).resolve().parent
-FORBIDDEN_IN_PROTOCOL = {"trio", "socket", "time", "random", "asyncio", "threading", "select", "ssl"}
+
+# --- the graph -----------------------------------------------------------------------------------
 
 
-def _imported_modules(path: pathlib.Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module.split(".")[0])
+def modules(root: pathlib.Path, packages: Iterable[str]) -> dict[str, pathlib.Path]:
+    """Module name -> file, for every ``.py`` file of the given top-level packages."""
+    found: dict[str, pathlib.Path] = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
     return found
 
 
-def test_protocol_package_is_sans_io() -> None:
-    files = sorted((PCCL_DIR / "protocol").rglob("*.py"))
-    assert files, "pccl/protocol has no modules"
-    offenders = {
-        str(f.relative_to(PCCL_DIR)): sorted(_imported_modules(f) & FORBIDDEN_IN_PROTOCOL) for f in files
-    }
-    assert {k: v for k, v in offenders.items() if v} == {}
+def _is_package(name: str, known: dict[str, pathlib.Path]) -> bool:
+    return known[name].name == "__init__.py"
+
+
+def imports_of(name: str, known: dict[str, pathlib.Path]) -> Iterator[tuple[str, int]]:
+    """``(imported module, line)`` for every import in module ``name``, anywhere in the file.
+
+    ``from X import y`` counts as importing ``X.y`` when that is a module, else ``X``; modules
+    outside ``known`` are reported by their top-level name (``trio``, ``numpy`` …).
+    """
+    tree = ast.parse(known[name].read_text(), filename=str(known[name]))
+    package = name if _is_package(name, known) else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield _resolve(alias.name, known), node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                yield (candidate if candidate in known else _resolve(base, known)), node.lineno
+
+
+def _resolve(dotted: str, known: dict[str, pathlib.Path]) -> str:
+    """The longest known module prefix of ``dotted`` (``dotted``'s top level if none)."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in known:
+            return candidate
+    return parts[0]
+
+
+def graph(known: dict[str, pathlib.Path]) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {name: set() for name in known}
+    for name in known:
+        for target, _ in imports_of(name, known):
+            # A package importing its own submodule is how packages re-export: not a cycle.
+            if target in known and target != name and not target.startswith(name + "."):
+                edges[name].add(target)
+    return edges
+
+
+def _within(name: str, prefixes: Iterable[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+# --- the rules (each returns its violations as text) ----------------------------------------------
+
+
+def import_cycles(known: dict[str, pathlib.Path]) -> list[str]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    edges = graph(known)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[str] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(" <-> ".join(sorted(component)))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def forbidden_imports(known: dict[str, pathlib.Path], where: Iterable[str], forbidden: Iterable[str]) -> list[str]:
+    where, forbidden = tuple(where), tuple(forbidden)
+    found = []
+    for name in sorted(known):
+        if not _within(name, where):
+            continue
+        for target, line in imports_of(name, known):
+            if _within(target, forbidden):
+                found.append(f"{name}:{line} imports {target}")
+    return found
+
+
+def communicator_importers(known: dict[str, pathlib.Path]) -> list[str]:
+    return [violation for violation in forbidden_imports(known, ("pccl",), ("pccl.communicator",))
+            if violation.partition(":")[0] not in COMMUNICATOR_USERS]
+
+
+def private_accesses(known: dict[str, pathlib.Path], where: Iterable[str]) -> list[str]:
+    """``x._name`` with ``x`` other than ``self``/``cls`` (dunders excepted)."""
+    where = tuple(where)
+    found = []
+    for name in sorted(known):
+        if not _within(name, where):
+            continue
+        tree = ast.parse(known[name].read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+# --- the rules on the real tree --------------------------------------------------------------------
+
+KNOWN = modules(ROOT, ("pccl", "sim"))
+
+
+def test_the_scan_sees_the_tree() -> None:
+    assert {"pccl.communicator", "pccl._peer.host", "pccl.protocol.master_state"} <= set(KNOWN)
+    assert "pccl._peer.host" in graph(KNOWN)["pccl.collectives.operation"]
+
+
+def test_no_import_cycles() -> None:
+    assert import_cycles(KNOWN) == []
 
 
 def test_pccl_never_imports_sim() -> None:
-    offenders = [str(f.relative_to(PCCL_DIR)) for f in PCCL_DIR.rglob("*.py") if "sim" in _imported_modules(f)]
-    assert offenders == []
+    assert forbidden_imports(KNOWN, ("pccl",), ("sim",)) == []
 
 
-def test_checker_sees_forbidden_imports(tmp_path: pathlib.Path) -> None:
-    # The checks above pass vacuously if the import scan is broken; prove it detects imports.
-    probe = tmp_path / "probe.py"
-    probe.write_text("import trio\nfrom time import monotonic\nimport sim.network\n")
-    assert _imported_modules(probe) == {"trio", "time", "sim"}
+def test_sans_io_modules_import_no_io() -> None:
+    assert [n for n in KNOWN if _within(n, SANS_IO)], "no sans-IO modules found"
+    assert forbidden_imports(KNOWN, SANS_IO, FORBIDDEN_IN_SANS_IO) == []
+
+
+def test_services_do_not_import_the_communicator() -> None:
+    assert communicator_importers(KNOWN) == []
+
+
+def test_the_peer_runtime_touches_no_other_class_private_members() -> None:
+    assert private_accesses(KNOWN, PEER_RUNTIME) == []
+
+
+def test_the_simulation_engine_never_imports_pccl() -> None:
+    assert forbidden_imports(KNOWN, SIM_WITHOUT_PCCL, ("pccl",)) == []
+
+
+# --- each rule fails on a planted violation ----------------------------------------------------------
+
+
+def _plant(tmp_path: pathlib.Path, files: dict[str, str]) -> dict[str, pathlib.Path]:
+    for relative, text in files.items():
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return modules(tmp_path, ("pccl", "sim"))
+
+
+def test_planted_violations_are_found(tmp_path: pathlib.Path) -> None:
+    known = _plant(tmp_path, {
+        "pccl/__init__.py": "from .communicator import Communicator\n",
+        "pccl/communicator.py": "from .collectives import operation\n",
+        "pccl/collectives/__init__.py": "from .operation import AllReduceService\n",
+        # a service importing the communicator, only under TYPE_CHECKING: still a cycle
+        "pccl/collectives/operation.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..communicator import Communicator\n"
+            "def f(comm):\n    return comm._master\n"),
+        "pccl/protocol/__init__.py": "",
+        "pccl/protocol/state.py": "def now():\n    import time\n    return time.monotonic()\n",
+        "pccl/net/_frames.py": "import trio\n",
+        "pccl/sneaky.py": "import sim.engine.runner\n",
+        "sim/__init__.py": "",
+        "sim/engine/__init__.py": "",
+        "sim/engine/runner.py": "from pccl.protocol import state\n",
+        "sim/workloads/__init__.py": "",
+        "sim/workloads/pccl.py": "import pccl\n",  # allowed
+    })
+    assert import_cycles(known) == ["pccl.collectives.operation <-> pccl.communicator"]
+    assert forbidden_imports(known, ("pccl",), ("sim",)) == ["pccl.sneaky:1 imports sim.engine.runner"]
+    assert forbidden_imports(known, SANS_IO, FORBIDDEN_IN_SANS_IO) == [
+        "pccl.net._frames:1 imports trio", "pccl.protocol.state:2 imports time"]
+    assert communicator_importers(known) == ["pccl.collectives.operation:3 imports pccl.communicator"]
+    assert private_accesses(known, PEER_RUNTIME) == ["pccl.collectives.operation:5: comm._master"]
+    assert forbidden_imports(known, SIM_WITHOUT_PCCL, ("pccl",)) == ["sim.engine.runner:1 imports pccl.protocol.state"]
