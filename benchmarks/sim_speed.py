@@ -17,7 +17,7 @@ import argparse
 import logging
 
 from sim.campaign import CampaignSpec, peer_seconds
-from sim.runner import RunOptions, run
+from sim.engine.runner import RunOptions, run
 
 
 def main() -> None:

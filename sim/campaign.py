@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
 from .faults import Schedule
-from .runner import RunOptions, Scenario, run
-from .trace import Trace
+from .engine.runner import RunOptions, Scenario, run
+from .engine.trace import Trace
 
 __all__ = ["CampaignSpec", "SeedResult", "run_seed", "run_campaign", "peer_seconds", "ProgressBar", "parse_seeds"]
 

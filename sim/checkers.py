@@ -1,8 +1,8 @@
 """Invariants of the pccl workload, checked after every trace event.
 
-Each checker is an independent :class:`sim.runner.Checker`; a scenario lists the ones it needs
+Each checker is an independent :class:`sim.engine.runner.Checker`; a scenario lists the ones it needs
 (:func:`membership_checkers` for membership, plus whatever the step's phases add — see
-:mod:`sim.workload`).  Failure kinds (VOPR's classification, :data:`sim.trace.FAILURE_KINDS`):
+:mod:`sim.workload`).  Failure kinds (VOPR's classification, :data:`sim.engine.trace.FAILURE_KINDS`):
 
 * **safety** — :class:`MembershipAgreement`: every peer that completed the same topology round
   got the same attributes (``world_size`` within a ring, ``global_world_size`` /
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from pccl.protocol import master_state as ms
 
-from .runner import Checker, Simulation
-from .trace import TraceEvent
+from .engine.runner import Checker, Simulation
+from .engine.trace import TraceEvent
 
 if TYPE_CHECKING:
     from .workload import PcclScenario

@@ -27,10 +27,10 @@ from typing import Any
 
 from .campaign import CampaignSpec, ProgressBar, parse_seeds, run_campaign, summary_table
 from .faults import PROFILES, Schedule
-from .runner import Scenario, run
+from .engine.runner import Scenario, run
 from .scenarios import scenario_from_json
 from .shrink import NotFailing, same_failure, shrink
-from .trace import Trace
+from .engine.trace import Trace
 
 __all__ = ["main"]
 

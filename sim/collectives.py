@@ -37,8 +37,8 @@ import pccl
 from pccl.collectives.reference import ring_reference
 from pccl.protocol.ring import EXCHANGE_MAX_BYTES
 
-from .runner import Checker, Simulation
-from .trace import TraceEvent
+from .engine.runner import Checker, Simulation
+from .engine.trace import TraceEvent
 from .workload import Phase, StepContext, register_phase
 
 if TYPE_CHECKING:

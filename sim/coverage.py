@@ -23,8 +23,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .runner import Checker, Simulation
-from .trace import TraceEvent
+from .engine.runner import Checker, Simulation
+from .engine.trace import TraceEvent
 
 __all__ = ["PhaseTracker", "CoverageProbe", "fault_victims", "coverage_table", "IDLE_MESSAGES", "NO_PHASE",
            "ALL_REDUCE_PHASES"]

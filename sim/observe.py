@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .faults import FaultEvent, Trigger
 
 if TYPE_CHECKING:
-    from .streams import SimStream
+    from .engine.streams import SimStream
 
 __all__ = ["FrameFormat", "LengthKindFrames", "PcclFrames", "Tap"]
 

@@ -18,7 +18,7 @@ import pathlib
 from typing import Any
 
 from .faults import Schedule
-from .trace import Trace
+from .engine.trace import Trace
 
 __all__ = ["plot_trace", "MatplotlibMissing"]
 

@@ -39,8 +39,8 @@ import numpy as np
 
 import pccl
 
-from .runner import Checker, Simulation
-from .trace import TraceEvent
+from .engine.runner import Checker, Simulation
+from .engine.trace import TraceEvent
 from .workload import Phase, StepContext, register_phase
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from pccl.errors import PCCLError
 
 from .faults import Schedule, generate
 from .observe import LengthKindFrames
-from .runner import Checker, HostContext, Scenario, Simulation
-from .trace import TraceEvent
+from .engine.runner import Checker, HostContext, Scenario, Simulation
+from .engine.trace import TraceEvent
 
 __all__ = ["EchoScenario", "EchoIntegrity", "EchoProgress", "toy_schedule", "MESSAGES"]
 

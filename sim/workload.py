@@ -63,10 +63,10 @@ import pccl
 from pccl.protocol import master_state as ms
 
 from .faults import PROFILES, FaultRates, Schedule, generate
-from .network import LinkSpec
+from .engine.network import LinkSpec
 from .mutants import MASTER_VARIANTS, make_master_state
 from .observe import FrameFormat, PcclFrames
-from .runner import Checker, HostContext, Scenario, Simulation
+from .engine.runner import Checker, HostContext, Scenario, Simulation
 
 __all__ = [
     "PcclScenario",

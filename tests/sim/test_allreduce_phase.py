@@ -12,8 +12,8 @@ import pccl.collectives.operation as operation
 from pccl.collectives.buffers import InputBackup
 from sim.campaign import CampaignSpec
 from sim.faults import FaultEvent, Trigger
-from sim.runner import run
-from sim.trace import Trace
+from sim.engine.runner import run
+from sim.engine.trace import Trace
 
 
 def _run(seed: int, phase: dict[str, Any] | str = "all_reduce") -> Trace:

@@ -4,7 +4,7 @@ mid-transfer is replaced, and the checker has teeth (a non-deterministic update 
 from __future__ import annotations
 
 from sim.faults import FaultEvent, Schedule, Trigger
-from sim.runner import run
+from sim.engine.runner import run
 from sim.shared_state import SharedStateAgreement
 from sim.workload import PcclScenario, pccl_schedule
 

@@ -7,7 +7,7 @@ import pathlib
 import pytest
 
 from sim.faults import FaultEvent, Schedule, generate
-from sim.runner import run
+from sim.engine.runner import run
 from sim.scenarios import scenario_from_json
 from sim.shrink import NotFailing, ddmin, same_failure, shrink
 from sim.toy import EchoScenario

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from net_conformance import CHECKS, ConformanceEnv, check_connect_timeout, run_check
-from sim.network import LinkSpec, World
-from sim.runner import simulate
+from sim.engine.network import LinkSpec, World
+from sim.engine.runner import simulate
 
 MiB = 1024 * 1024
 

@@ -13,7 +13,7 @@ import pathlib
 
 from sim.campaign import CampaignSpec, run_campaign
 from sim.faults import Schedule
-from sim.runner import run
+from sim.engine.runner import run
 from sim.scenarios import scenario_from_json
 from sim.shrink import same_failure, shrink
 

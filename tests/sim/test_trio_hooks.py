@@ -13,7 +13,7 @@ import trio
 import trio.testing
 from trio._core import _run
 
-from sim.determinism import TrioHooksChanged, check_trio_hooks, deterministic_trio
+from sim.engine.determinism import TrioHooksChanged, check_trio_hooks, deterministic_trio
 
 
 def test_private_hooks_have_expected_names_and_types() -> None:

@@ -10,8 +10,8 @@ from sim.checkers import NoProtocolKicks, stuck_votes
 from sim.coverage import coverage_table, fault_victims
 from sim.faults import FaultEvent, Schedule
 from sim.mutants import MASTER_VARIANTS, NoRecheckOnDisconnect, register_master_variant
-from sim.runner import run
-from sim.trace import Trace, TraceEvent
+from sim.engine.runner import run
+from sim.engine.trace import Trace, TraceEvent
 from sim.workload import MEMBERSHIP_MESSAGES, PcclScenario
 
 

@@ -1,7 +1,7 @@
 """The simulator's virtual network: hosts, directed links, connections, and network faults.
 
 One :class:`World` holds the whole simulated internet of a run.  Each simulated host incarnation
-gets its own :class:`~sim.streams.SimNetwork` (a :class:`pccl.net.base.Network`), bound to its
+gets its own :class:`~sim.engine.streams.SimNetwork` (a :class:`pccl.net.base.Network`), bound to its
 identity so that ``connect`` knows the source host; the code under test cannot tell it from real
 TCP (both pass ``tests/net_conformance.py``).
 

@@ -7,9 +7,9 @@
     print(trace.hash())
 
 Inside, a single ``trio.run`` on ``MockClock(autojump_threshold=0)`` with trio's scheduler seeded
-from the schedule's seed (:mod:`sim.determinism`) runs:
+from the schedule's seed (:mod:`sim.engine.determinism`) runs:
 
-* the :class:`~sim.network.World` delivery loop;
+* the :class:`~sim.engine.network.World` delivery loop;
 * every simulated host as a task ``scenario.<role>(host)`` inside its own cancel scope, one per
   incarnation; ``host`` is a :class:`HostContext` with the host's own network, RNG and a
   ``record`` method for trace events;
@@ -48,9 +48,9 @@ import trio
 import trio.testing
 
 from .determinism import deterministic_trio
-from .faults import FaultEvent, Schedule
+from ..faults import FaultEvent, Schedule
 from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World, derive_rng
-from .observe import FrameFormat, Tap
+from ..observe import FrameFormat, Tap
 from .streams import SimNetwork
 from .trace import Trace, TraceEvent
 

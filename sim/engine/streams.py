@@ -1,7 +1,7 @@
 """The simulated host's view of the network: ``SimNetwork``, ``SimStream``, ``SimListener``.
 
 These implement :mod:`pccl.net.base` exactly as real TCP does (``tests/net_conformance.py`` holds
-both to one contract); the model behind them is in :mod:`sim.network`.  Every method is a trio
+both to one contract); the model behind them is in :mod:`sim.engine.network`.  Every method is a trio
 checkpoint.  Errors are pccl's transport errors: ``PeerDisconnected`` (reset, peer gone),
 ``StreamClosed`` (this side closed), ``ConnectionRefused``, ``ConnectTimeout``, ``AddressInUse``,
 ``InvalidArgument``, and ``InvalidUsage`` for two tasks sending (or receiving) at once.
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 class SimNetwork(Network):
     """The :class:`~pccl.net.base.Network` of one simulated host incarnation.
 
-    Obtain it from :meth:`sim.network.World.boot` (the runner hands it to the scenario as
+    Obtain it from :meth:`sim.engine.network.World.boot` (the runner hands it to the scenario as
     ``host.network``).  ``config.connect_timeout`` is the default ``connect`` timeout, as for
     :class:`pccl.net.tcp.TcpNetwork`.
     """
@@ -226,7 +226,7 @@ def _syn_arrive(attempt: _ConnectAttempt) -> None:
 
 
 class SimStream(Stream):
-    """One end of a simulated TCP connection (see :mod:`sim.network` for the model)."""
+    """One end of a simulated TCP connection (see :mod:`sim.engine.network` for the model)."""
 
     def __init__(self, net: SimNetwork, *, local: str, remote: str) -> None:
         self._net = net
