@@ -356,7 +356,7 @@ def generate(
     ``message_directions`` (message -> the directions a peer can see it in: ``send``/``recv``)
     keeps triggers plausible ("peer1 *sends* VoteTopology", never "receives").
     """
-    from .engine.network import derive_rng
+    from .engine.determinism import derive_rng
 
     rates = PROFILES[profile] if isinstance(profile, str) else profile
     rng = derive_rng(seed, "schedule")

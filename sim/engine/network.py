@@ -51,19 +51,19 @@ import dataclasses
 import heapq
 import logging
 import math
-import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .determinism import derive_rng
 from .trace import Trace
 
 if TYPE_CHECKING:
     from .streams import SimListener, SimNetwork, SimStream
 
-__all__ = ["LinkSpec", "World", "Incarnation", "CURRENT_INCARNATION", "derive_rng"]
+__all__ = ["LinkSpec", "World", "Incarnation", "CURRENT_INCARNATION"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,15 +76,6 @@ CURRENT_INCARNATION: contextvars.ContextVar["Incarnation | None"] = contextvars.
 #: Names by which a host reaches itself.
 _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 _WILDCARD = frozenset({"0.0.0.0", "::", ""})
-
-
-def derive_rng(seed: int | str, *purpose: object) -> random.Random:
-    """A ``random.Random`` for one purpose, derived from the run's seed.
-
-    A str seed is hashed with sha512 by ``random``, so this is independent of ``PYTHONHASHSEED``
-    and stable across processes and Python versions.
-    """
-    return random.Random(":".join([str(seed), *map(str, purpose)]))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,9 +47,9 @@ from typing import Any, TypeVar
 import trio
 import trio.testing
 
-from .determinism import deterministic_trio
+from .determinism import derive_rng, deterministic_trio
 from ..faults import FaultEvent, Schedule
-from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World, derive_rng
+from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World
 from ..observe import FrameFormat, Tap
 from .streams import SimNetwork
 from .trace import Trace, TraceEvent
