@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
-from .faults import Schedule
+from .faults.schedule import Schedule
 from .engine.runner import RunOptions, Scenario, run
 from .engine.trace import Trace
 

@@ -26,10 +26,11 @@ import sys
 from typing import Any
 
 from .campaign import CampaignSpec, ProgressBar, parse_seeds, run_campaign, summary_table
-from .faults import PROFILES, Schedule
+from .faults.generate import PROFILES
+from .faults.schedule import Schedule
 from .engine.runner import Scenario, run
 from .scenarios import scenario_from_json
-from .shrink import NotFailing, same_failure, shrink
+from .faults.shrink import NotFailing, same_failure, shrink
 from .engine.trace import Trace
 
 __all__ = ["main"]

@@ -6,7 +6,7 @@ with the scenario's :class:`FrameFormat` — for pccl, :class:`PcclFrames`, buil
 :mod:`pccl.protocol.codec`: the 12-byte preamble, then ``length:u32 | kind:u8 | body`` frames,
 control bodies decoded to message names, data payloads skipped without copying — and
 
-* fires armed phase triggers (:class:`sim.faults.Trigger`): "after H sends/reads message M for
+* fires armed phase triggers (:class:`sim.faults.schedule.Trigger`): "after H sends/reads message M for
   the n-th time", "after a→b carried x bytes", possibly chained with ``after``;
 * keeps each host's *phase*: the last control message it sent or read (the coverage matrix of
   where faults land is built from it).
@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .faults import FaultEvent, Trigger
+from .faults.schedule import FaultEvent, Trigger
 
 if TYPE_CHECKING:
     from .engine.streams import SimStream

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from .faults import Schedule
+from .faults.schedule import Schedule
 from .engine.trace import Trace
 
 __all__ = ["plot_trace", "MatplotlibMissing"]

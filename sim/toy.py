@@ -32,7 +32,8 @@ import trio
 
 from pccl.errors import PCCLError
 
-from .faults import Schedule, generate
+from .faults.generate import generate
+from .faults.schedule import Schedule
 from .observe import LengthKindFrames
 from .engine.runner import Checker, HostContext, Scenario, Simulation
 from .engine.trace import TraceEvent

@@ -62,7 +62,8 @@ import trio
 import pccl
 from pccl.protocol import master_state as ms
 
-from .faults import PROFILES, FaultRates, Schedule, generate
+from .faults.generate import PROFILES, FaultRates, generate
+from .faults.schedule import Schedule
 from .engine.network import LinkSpec
 from .mutants import MASTER_VARIANTS, make_master_state
 from .observe import FrameFormat, PcclFrames

@@ -48,7 +48,7 @@ import trio
 import trio.testing
 
 from .determinism import derive_rng, deterministic_trio
-from ..faults import FaultEvent, Schedule
+from ..faults.schedule import FaultEvent, Schedule
 from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World
 from ..observe import FrameFormat, Tap
 from .streams import SimNetwork

@@ -11,7 +11,7 @@ import pytest
 import pccl.collectives.operation as operation
 from pccl.collectives.buffers import InputBackup
 from sim.campaign import CampaignSpec
-from sim.faults import FaultEvent, Trigger
+from sim.faults.schedule import FaultEvent, Trigger
 from sim.engine.runner import run
 from sim.engine.trace import Trace
 

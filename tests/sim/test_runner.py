@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from sim.faults import FaultEvent, Schedule, Trigger
+from sim.faults.schedule import FaultEvent, Schedule, Trigger
 from sim.engine.runner import HostContext, RunOptions, Scenario, run
 from sim.toy import EchoScenario, toy_schedule
 

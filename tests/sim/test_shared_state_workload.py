@@ -3,7 +3,7 @@ mid-transfer is replaced, and the checker has teeth (a non-deterministic update 
 
 from __future__ import annotations
 
-from sim.faults import FaultEvent, Schedule, Trigger
+from sim.faults.schedule import FaultEvent, Schedule, Trigger
 from sim.engine.runner import run
 from sim.shared_state import SharedStateAgreement
 from sim.workload import PcclScenario, pccl_schedule

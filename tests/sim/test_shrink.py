@@ -6,10 +6,11 @@ import pathlib
 
 import pytest
 
-from sim.faults import FaultEvent, Schedule, generate
+from sim.faults.generate import generate
+from sim.faults.schedule import FaultEvent, Schedule
 from sim.engine.runner import run
 from sim.scenarios import scenario_from_json
-from sim.shrink import NotFailing, ddmin, same_failure, shrink
+from sim.faults.shrink import NotFailing, ddmin, same_failure, shrink
 from sim.toy import EchoScenario
 
 

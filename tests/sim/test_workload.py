@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from sim.faults import FaultEvent, Schedule, Trigger
+from sim.faults.schedule import FaultEvent, Schedule, Trigger
 from sim.engine.runner import run
 from sim.scenarios import scenario_from_json
 from sim.workload import PHASES, PcclScenario, Phase, StepContext, pccl_schedule, register_phase

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sim.cli import main
-from sim.faults import Schedule
+from sim.faults.schedule import Schedule
 
 
 def test_run_save_check_determinism_and_replay_file(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,9 +19,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from .faults import FaultEvent, Schedule
-from .engine.runner import RunOptions, Scenario, run
-from .engine.trace import Trace
+from ..engine.runner import RunOptions, Scenario, run
+from ..engine.trace import Trace
+from .schedule import FaultEvent, Schedule
 
 __all__ = ["ddmin", "shrink", "ShrinkResult", "same_failure", "NotFailing"]
 
