@@ -116,7 +116,7 @@ def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
           f"{spec.duration:g} s of faults, seeds {seeds[0]}..{seeds[-1]}")
     print(summary_table(results))
     if coverage:
-        from .coverage import ALL_REDUCE_PHASES, coverage_table
+        from .observe.coverage import ALL_REDUCE_PHASES, coverage_table
         from .workload import MEMBERSHIP_MESSAGES
 
         phases = MEMBERSHIP_MESSAGES + (ALL_REDUCE_PHASES if "all_reduce" in args.phases else ())

@@ -80,7 +80,7 @@ class AllReducePhase(Phase):
     messages = {
         "CollectiveInit": ("send",),
         "CollectiveCommence": ("recv",),
-        # Data frames named by the part of the op they belong to (sim.observe.AllReduceParts):
+        # Data frames named by the part of the op they belong to (sim.observe.tap.AllReduceParts):
         # phase triggers land inside the transfers too.
         "data:exchange": ("send", "recv"),
         "data:reduce-scatter": ("send", "recv"),

@@ -9,7 +9,7 @@ afterwards as the smallest scenario for benchmarks and for testing the simulator
   random payload (its RNG), waits for the echo with a timeout, and reconnects on any failure.
 
 Frames are ``length:u32 | kind:u8 | body`` (kind 1 control, 2 data), so the simulator's frame
-sniffer reads them with :class:`sim.observe.LengthKindFrames` and message triggers
+sniffer reads them with :class:`sim.observe.tap.LengthKindFrames` and message triggers
 ("kill peer1 after it sends PING for the 3rd time") work.
 
 Checkers: :class:`EchoIntegrity` (safety: every echo is the reversed payload),
@@ -34,7 +34,7 @@ from pccl.errors import PCCLError
 
 from .faults.generate import generate
 from .faults.schedule import Schedule
-from .observe import LengthKindFrames
+from .observe.tap import LengthKindFrames
 from .engine.runner import Checker, HostContext, Scenario, Simulation
 from .engine.trace import TraceEvent
 

@@ -66,7 +66,7 @@ from .faults.generate import PROFILES, FaultRates, generate
 from .faults.schedule import Schedule
 from .engine.network import LinkSpec
 from .mutants import MASTER_VARIANTS, make_master_state
-from .observe import FrameFormat, PcclFrames
+from .observe.tap import FrameFormat, PcclFrames
 from .engine.runner import Checker, HostContext, Scenario, Simulation
 
 __all__ = [
@@ -275,7 +275,7 @@ class PcclScenario(Scenario):
 
     def checkers(self) -> list[Checker]:
         from .checkers import membership_checkers
-        from .coverage import CoverageProbe
+        from .observe.coverage import CoverageProbe
 
         out: list[Checker] = [*membership_checkers(self), CoverageProbe()]
         for phase in self.phases:

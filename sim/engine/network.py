@@ -332,7 +332,7 @@ class World:
 
     ``trace`` receives network-level events (listen, connect, reset, faults).  ``tap``, if set,
     observes bytes as hosts send, read and links carry them (phase triggers and coverage use it;
-    see :mod:`sim.observe`).  All fault methods are synchronous and take effect at the current
+    see :mod:`sim.observe.tap`).  All fault methods are synchronous and take effect at the current
     virtual instant.
     """
 

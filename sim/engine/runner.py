@@ -14,7 +14,7 @@ from the schedule's seed (:mod:`sim.engine.determinism`) runs:
   incarnation; ``host`` is a :class:`HostContext` with the host's own network, RNG and a
   ``record`` method for trace events;
 * the fault injector, which applies the schedule's time-triggered events at their times and arms
-  the phase-triggered ones (:mod:`sim.observe`);
+  the phase-triggered ones (:mod:`sim.observe.tap`);
 * the watchdog: the run always has a deadline (the schedule's horizon), so a global deadlock ends
   in a reported liveness failure, never a hang; a loop-iteration counter turns a livelock (tasks
   spinning without virtual time passing) into one too.
@@ -50,7 +50,7 @@ import trio.testing
 from .determinism import derive_rng, deterministic_trio
 from ..faults.schedule import FaultEvent, Schedule
 from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World
-from ..observe import FrameFormat, Tap
+from ..observe.tap import FrameFormat, Tap
 from .streams import SimNetwork
 from .trace import Trace, TraceEvent
 

@@ -15,7 +15,7 @@ from pccl.protocol.messages import (
     VoteTopology,
 )
 from pccl.types import DType, QuantKind
-from sim.observe import AllReduceParts, PcclFrames, _FrameParser
+from sim.observe.tap import AllReduceParts, PcclFrames, _FrameParser
 
 
 def _wire() -> bytes:

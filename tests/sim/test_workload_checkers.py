@@ -7,7 +7,7 @@ import random
 from pccl.protocol import master_state as ms
 from pccl.protocol import messages as m
 from sim.checkers import NoProtocolKicks, stuck_votes
-from sim.coverage import coverage_table, fault_victims
+from sim.observe.coverage import coverage_table, fault_victims
 from sim.faults.schedule import FaultEvent, Schedule
 from sim.mutants import MASTER_VARIANTS, NoRecheckOnDisconnect, register_master_variant
 from sim.engine.runner import run

@@ -22,10 +22,10 @@ import struct
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .faults.schedule import FaultEvent, Trigger
+from ..faults.schedule import FaultEvent, Trigger
 
 if TYPE_CHECKING:
-    from .engine.streams import SimStream
+    from ..engine.streams import SimStream
 
 __all__ = ["FrameFormat", "LengthKindFrames", "PcclFrames", "Tap"]
 

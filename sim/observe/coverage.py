@@ -8,10 +8,10 @@ A host's *phase* is the last control message it sent or read, as the network car
 heartbeats excluded (they say nothing about the protocol's state) and reset when the host
 (re)boots — or, inside an all-reduce, the part of the op its last data frame belonged to:
 ``data:reduce-scatter``, ``data:all-gather`` or ``data:exchange`` (the small-op plan of
-:func:`pccl.protocol.ring.uses_exchange`; :class:`sim.observe.AllReduceParts` reads it off the
+:func:`pccl.protocol.ring.uses_exchange`; :class:`sim.observe.tap.AllReduceParts` reads it off the
 frame's header and the op's ``CollectiveInit`` / ``CollectiveCommence``).  While the host has more than one op in
 flight the data phase says so: ``data:all-gather [2 ops]``.  No hook in pccl: :class:`PhaseTracker` subscribes to the frame sniffer
-(:meth:`sim.observe.Tap.watch`).  :class:`CoverageProbe` (a checker that never fails) reads the
+(:meth:`sim.observe.tap.Tap.watch`).  :class:`CoverageProbe` (a checker that never fails) reads the
 victim's and the master's phase at the instant each fault is applied and appends a cell to
 ``trace.stats["coverage"]`` (statistics: not part of the trace hash).  :func:`coverage_table`
 prints the campaign's matrix.
@@ -23,8 +23,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .engine.runner import Checker, Simulation
-from .engine.trace import TraceEvent
+from ..engine.runner import Checker, Simulation
+from ..engine.trace import TraceEvent
 
 __all__ = ["PhaseTracker", "CoverageProbe", "fault_victims", "coverage_table", "IDLE_MESSAGES", "NO_PHASE",
            "ALL_REDUCE_PHASES"]
