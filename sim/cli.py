@@ -8,7 +8,7 @@
     pccl-sim coverage --seeds 0..49                # where faults landed: victim x master phase x kind
     pccl-sim plot --seed 7 [--out run.png] | FILE  # membership and faults timeline (needs matplotlib)
 
-The default scenario is ``pccl`` (:mod:`sim.workload`: the real master and peers running the
+The default scenario is ``pccl`` (:mod:`sim.workloads.pccl.scenario`: the real master and peers running the
 recommended training loop); ``--scenario toy-echo`` runs the simulator's toy.  A seed plus the
 generation options (``--profile --peers --duration --quiet --master --phases``) determine the
 schedule; a schedule FILE carries its own.  Exit status: 0 if every run passed, 1 if one failed,
@@ -26,12 +26,12 @@ import sys
 from typing import Any
 
 from .campaign import CampaignSpec, ProgressBar, parse_seeds, run_campaign, summary_table
+from .engine.runner import Scenario, run
+from .engine.trace import Trace
 from .faults.generate import PROFILES
 from .faults.schedule import Schedule
-from .engine.runner import Scenario, run
-from .scenarios import scenario_from_json
 from .faults.shrink import NotFailing, same_failure, shrink
-from .engine.trace import Trace
+from .scenarios import scenario_from_json
 
 __all__ = ["main"]
 
@@ -117,7 +117,7 @@ def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
     print(summary_table(results))
     if coverage:
         from .observe.coverage import ALL_REDUCE_PHASES, coverage_table
-        from .workload import MEMBERSHIP_MESSAGES
+        from .workloads.pccl.scenario import MEMBERSHIP_MESSAGES
 
         phases = MEMBERSHIP_MESSAGES + (ALL_REDUCE_PHASES if "all_reduce" in args.phases else ())
         print()
@@ -187,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--peers", type=int, default=4)
         p.add_argument("--duration", type=float, default=20.0, help="fault window (virtual s)")
         p.add_argument("--quiet", type=float, default=None, help="recovery window after it (default: scenario's)")
-        p.add_argument("--master", default="real", help="master variant (sim.mutants), e.g. no-recheck-on-disconnect")
+        p.add_argument("--master", default="real", help="master variant (sim.workloads.pccl.mutants), e.g. no-recheck-on-disconnect")
         p.add_argument("--phases", default="", help="step body, comma-separated (default: compute)")
         p.add_argument("--groups", type=int, default=1, help="peer groups (peerN joins group N %% groups)")
         p.add_argument("-v", "--verbose", action="store_true")

@@ -1,7 +1,7 @@
 """Scenario registry: a schedule names its scenario (``schedule.scenario["name"]``) and this maps
 the name to the class that rebuilds it from the schedule's parameters (``from_json``).
 
-Workloads register here (``"pccl"`` -> ``sim.workload:PcclScenario``; more with ``register``), so
+Workloads register here (``"pccl"`` -> ``sim.workloads.pccl.scenario:PcclScenario``; more with ``register``), so
 ``pccl-sim replay FILE`` can rebuild any scenario from the file alone.
 """
 
@@ -17,9 +17,9 @@ __all__ = ["SCENARIOS", "register", "scenario_from_json"]
 
 #: name -> "module:Class"; the class has ``from_json(params: dict) -> Scenario``.
 SCENARIOS: dict[str, str] = {
-    "toy-echo": "sim.toy:EchoScenario",
-    # pccl itself: master + peers running the recommended training loop (sim/workload.py).
-    "pccl": "sim.workload:PcclScenario",
+    "toy-echo": "sim.workloads.toy:EchoScenario",
+    # pccl itself: master + peers running the recommended training loop.
+    "pccl": "sim.workloads.pccl.scenario:PcclScenario",
 }
 
 

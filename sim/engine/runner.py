@@ -47,10 +47,10 @@ from typing import Any, TypeVar
 import trio
 import trio.testing
 
-from .determinism import derive_rng, deterministic_trio
 from ..faults.schedule import FaultEvent, Schedule
-from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World
 from ..observe.tap import FrameFormat, Tap
+from .determinism import derive_rng, deterministic_trio
+from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World
 from .streams import SimNetwork
 from .trace import Trace, TraceEvent
 

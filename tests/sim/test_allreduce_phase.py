@@ -1,4 +1,4 @@
-"""The all-reduce step of the simulated workload (sim.collectives) and its checker's teeth."""
+"""The all-reduce step of the simulated workload (sim.workloads.pccl.collectives) and its checker's teeth."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import pccl.collectives.operation as operation
 from pccl.collectives.buffers import InputBackup
 from sim.campaign import CampaignSpec
-from sim.faults.schedule import FaultEvent, Trigger
 from sim.engine.runner import run
 from sim.engine.trace import Trace
+from sim.faults.schedule import FaultEvent, Trigger
 
 
 def _run(seed: int, phase: dict[str, Any] | str = "all_reduce") -> Trace:

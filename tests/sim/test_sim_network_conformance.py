@@ -9,8 +9,8 @@ bandwidth and a small window (so flow control and backpressure are exercised), a
 from __future__ import annotations
 
 import pytest
-
 from net_conformance import CHECKS, ConformanceEnv, check_connect_timeout, run_check
+
 from sim.engine.network import LinkSpec, World
 from sim.engine.runner import simulate
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from sim.faults.schedule import FaultEvent, Schedule, Trigger
 from sim.engine.runner import run
+from sim.faults.schedule import FaultEvent, Schedule, Trigger
 from sim.scenarios import scenario_from_json
-from sim.workload import PHASES, PcclScenario, Phase, StepContext, pccl_schedule, register_phase
+from sim.workloads.pccl.phases import PHASES, Phase, StepContext, register_phase
+from sim.workloads.pccl.scenario import PcclScenario, pccl_schedule
 
 
 def _schedule(scenario: PcclScenario, events: list[FaultEvent], *, seed: int = 3, duration: float = 6.0,

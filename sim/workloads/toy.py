@@ -32,11 +32,11 @@ import trio
 
 from pccl.errors import PCCLError
 
-from .faults.generate import generate
-from .faults.schedule import Schedule
-from .observe.tap import LengthKindFrames
-from .engine.runner import Checker, HostContext, Scenario, Simulation
-from .engine.trace import TraceEvent
+from ..engine.runner import Checker, HostContext, Scenario, Simulation
+from ..engine.trace import TraceEvent
+from ..faults.generate import generate
+from ..faults.schedule import Schedule
+from ..observe.tap import LengthKindFrames
 
 __all__ = ["EchoScenario", "EchoIntegrity", "EchoProgress", "toy_schedule", "MESSAGES"]
 

@@ -2,7 +2,7 @@
 
 Each checker is an independent :class:`sim.engine.runner.Checker`; a scenario lists the ones it needs
 (:func:`membership_checkers` for membership, plus whatever the step's phases add — see
-:mod:`sim.workload`).  Failure kinds (VOPR's classification, :data:`sim.engine.trace.FAILURE_KINDS`):
+:mod:`sim.workloads.pccl.phases`).  Failure kinds (VOPR's classification, :data:`sim.engine.trace.FAILURE_KINDS`):
 
 * **safety** — :class:`MembershipAgreement`: every peer that completed the same topology round
   got the same attributes (``world_size`` within a ring, ``global_world_size`` /
@@ -22,7 +22,7 @@ Each checker is an independent :class:`sim.engine.runner.Checker`; a scenario li
   ``bound`` seconds: every live peer accepted and completing a step (begun after the faults
   stopped) with ``world_size`` equal to the number of live peers of its group (a peer alone in
   its group: waiting alone).  The bound is
-  longer than the protocol's timeouts (:attr:`sim.workload.PcclScenario.liveness_bound`).
+  longer than the protocol's timeouts (:attr:`sim.workloads.pccl.scenario.PcclScenario.liveness_bound`).
 * crash / zombie / determinism come from the runner and the CLI.
 """
 
@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 from pccl.protocol import master_state as ms
 
-from .engine.runner import Checker, Simulation
-from .engine.trace import TraceEvent
+from ...engine.runner import Checker, Simulation
+from ...engine.trace import TraceEvent
 
 if TYPE_CHECKING:
-    from .workload import PcclScenario
+    from .scenario import PcclScenario
 
 __all__ = [
     "MembershipAgreement",
@@ -216,7 +216,7 @@ class FullMembershipLiveness(Checker):
     ``group_of(host)`` gives a peer host's group.  With ``hold`` set, the run ends ``hold``
     seconds after the full-membership step (the other checkers keep watching meanwhile): a
     campaign spends its time on faults, not on steady state.  The verdict is given in ``at_end``, so the
-    run's quiet window should be longer than ``bound`` (:func:`sim.workload.pccl_schedule` makes
+    run's quiet window should be longer than ``bound`` (:func:`sim.workloads.pccl.scenario.pccl_schedule` makes
     it 1.2 × bound); a window too short to converge in fails rather than passing vacuously.
     """
 
