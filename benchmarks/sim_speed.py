@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from sim.campaign import CampaignSpec, peer_seconds
 from sim.engine.runner import RunOptions, run
+from sim.tools.campaign import CampaignSpec, peer_seconds
 
 
 def main() -> None:

@@ -10,10 +10,10 @@ import pytest
 
 import pccl.collectives.operation as operation
 from pccl.collectives.buffers import InputBackup
-from sim.campaign import CampaignSpec
 from sim.engine.runner import run
 from sim.engine.trace import Trace
 from sim.faults.schedule import FaultEvent, Trigger
+from sim.tools.campaign import CampaignSpec
 
 
 def _run(seed: int, phase: dict[str, Any] | str = "all_reduce") -> Trace:

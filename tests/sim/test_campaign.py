@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.campaign import CampaignSpec, parse_seeds, run_campaign, summary_table
+from sim.tools.campaign import CampaignSpec, parse_seeds, run_campaign, summary_table
 from sim.workloads.pccl.scenario import MEMBERSHIP_MESSAGES
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pathlib
 
-from sim.campaign import CampaignSpec, run_campaign
 from sim.engine.runner import run
 from sim.faults.schedule import Schedule
 from sim.faults.shrink import same_failure, shrink
-from sim.scenarios import scenario_from_json
+from sim.tools.campaign import CampaignSpec, run_campaign
+from sim.tools.scenarios import scenario_from_json
 
 _BROKEN = CampaignSpec(profile="chaos", peers=3, duration=10.0, params=(("master", "no-recheck-on-disconnect"),))
 

@@ -7,7 +7,7 @@ import trio
 
 from sim.engine.runner import run
 from sim.faults.schedule import FaultEvent, Schedule, Trigger
-from sim.scenarios import scenario_from_json
+from sim.tools.scenarios import scenario_from_json
 from sim.workloads.pccl.phases import PHASES, Phase, StepContext, register_phase
 from sim.workloads.pccl.scenario import PcclScenario, pccl_schedule
 

@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from .engine.runner import Scenario
+from ..engine.runner import Scenario
 
 __all__ = ["SCENARIOS", "register", "scenario_from_json"]
 

@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
-from .engine.runner import RunOptions, Scenario, run
-from .engine.trace import Trace
-from .faults.schedule import Schedule
+from ..engine.runner import RunOptions, Scenario, run
+from ..engine.trace import Trace
+from ..faults.schedule import Schedule
 
 __all__ = ["CampaignSpec", "SeedResult", "run_seed", "run_campaign", "peer_seconds", "ProgressBar", "parse_seeds"]
 
@@ -43,13 +43,13 @@ class CampaignSpec:
     def build(self, seed: int) -> tuple[Scenario, Schedule]:
         params = dict(self.params)
         if self.scenario == "pccl":
-            from .workloads.pccl.scenario import pccl_schedule
+            from ..workloads.pccl.scenario import pccl_schedule
 
             return pccl_schedule(
                 seed, profile=self.profile, peers=self.peers, duration=self.duration, quiet=self.quiet, **params
             )
         if self.scenario == "toy-echo":
-            from .workloads.toy import toy_schedule
+            from ..workloads.toy import toy_schedule
 
             return toy_schedule(
                 seed, profile=self.profile, peers=self.peers, duration=self.duration,

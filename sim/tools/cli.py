@@ -25,12 +25,12 @@ import pathlib
 import sys
 from typing import Any
 
+from ..engine.runner import Scenario, run
+from ..engine.trace import Trace
+from ..faults.generate import PROFILES
+from ..faults.schedule import Schedule
+from ..faults.shrink import NotFailing, same_failure, shrink
 from .campaign import CampaignSpec, ProgressBar, parse_seeds, run_campaign, summary_table
-from .engine.runner import Scenario, run
-from .engine.trace import Trace
-from .faults.generate import PROFILES
-from .faults.schedule import Schedule
-from .faults.shrink import NotFailing, same_failure, shrink
 from .scenarios import scenario_from_json
 
 __all__ = ["main"]
@@ -116,8 +116,8 @@ def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
           f"{spec.duration:g} s of faults, seeds {seeds[0]}..{seeds[-1]}")
     print(summary_table(results))
     if coverage:
-        from .observe.coverage import ALL_REDUCE_PHASES, coverage_table
-        from .workloads.pccl.scenario import MEMBERSHIP_MESSAGES
+        from ..observe.coverage import ALL_REDUCE_PHASES, coverage_table
+        from ..workloads.pccl.scenario import MEMBERSHIP_MESSAGES
 
         phases = MEMBERSHIP_MESSAGES + (ALL_REDUCE_PHASES if "all_reduce" in args.phases else ())
         print()
