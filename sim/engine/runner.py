@@ -119,6 +119,14 @@ class Scenario:
     def checkers(self) -> Sequence[Checker]:
         return ()
 
+    def coverage_phases(self) -> Sequence[str]:
+        """Phases the coverage table lists for fault victims even when no fault hit them."""
+        return ()
+
+    def master_coverage_phases(self) -> Sequence[str]:
+        """The same for the master's phase (default: :meth:`coverage_phases`)."""
+        return self.coverage_phases()
+
     def on_quiet(self, sim: "Simulation") -> None:
         """The fault window ended and the network is healed; e.g. restart dead hosts."""
 

@@ -30,6 +30,7 @@ from ..engine.trace import Trace
 from ..faults.generate import PROFILES
 from ..faults.schedule import Schedule
 from ..faults.shrink import NotFailing, same_failure, shrink
+from ..observe.coverage import coverage_table
 from .campaign import CampaignSpec, ProgressBar, parse_seeds, run_campaign, summary_table
 from .scenarios import scenario_from_json
 
@@ -116,12 +117,10 @@ def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
           f"{spec.duration:g} s of faults, seeds {seeds[0]}..{seeds[-1]}")
     print(summary_table(results))
     if coverage:
-        from ..observe.coverage import ALL_REDUCE_PHASES, coverage_table
-        from ..workloads.pccl.scenario import MEMBERSHIP_MESSAGES
-
-        phases = MEMBERSHIP_MESSAGES + (ALL_REDUCE_PHASES if "all_reduce" in args.phases else ())
+        scenario = spec.build(seeds[0])[0]
         print()
-        print(coverage_table([c for r in results for c in r.coverage], phases=phases))
+        print(coverage_table([c for r in results for c in r.coverage], phases=scenario.coverage_phases(),
+                             master_phases=scenario.master_coverage_phases()))
     if failing:
         print(f"\n{len(failing)} failing seed(s):")
         for r in failing:

@@ -104,7 +104,7 @@ def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: p
 def test_a_peer_killed_inside_each_part_of_an_all_reduce(part: str, direction: str, peers: int, concurrent: int,
                                                          kind: str) -> None:
     # The kill fires right after the victim sends (reads) its 3rd message of that part; the wire
-    # names data frames by the op they belong to (sim.observe.tap.AllReduceParts).  Every checker
+    # names data frames by the op they belong to (sim.workloads.pccl.frames.AllReduceParts).  Every checker
     # agrees (results equal the reference over exactly the completing peers, aborted ops left
     # their inputs restored), and the later ops run over the survivors.
     phase = {"name": "all_reduce", "concurrent": concurrent}

@@ -39,6 +39,7 @@ from pccl.protocol.ring import EXCHANGE_MAX_BYTES
 
 from ...engine.runner import Checker, Simulation
 from ...engine.trace import TraceEvent
+from .frames import ALL_REDUCE_PHASES
 from .phases import Phase, StepContext, StepScenario, register_phase
 
 __all__ = ["AllReducePhase", "AllReduceAgreement", "phase_input", "digest"]
@@ -77,8 +78,8 @@ class AllReducePhase(Phase):
     messages = {
         "CollectiveInit": ("send",),
         "CollectiveCommence": ("recv",),
-        # Data frames named by the part of the op they belong to (sim.observe.tap.AllReduceParts):
-        # phase triggers land inside the transfers too.
+        # Data frames named by the part of the op they belong to (frames.AllReduceParts): phase
+        # triggers land inside the transfers too.
         "data:exchange": ("send", "recv"),
         "data:reduce-scatter": ("send", "recv"),
         "data:all-gather": ("send", "recv"),
@@ -86,6 +87,7 @@ class AllReducePhase(Phase):
         "CollectiveComplete": ("recv",),
         "CollectiveAbort": ("recv",),
     }
+    coverage_phases = ALL_REDUCE_PHASES
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)

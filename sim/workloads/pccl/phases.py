@@ -78,6 +78,8 @@ class Phase:
     #: faults aim at them too ("kill peer2 after it sends its 3rd CollectiveInit"), so faults
     #: land inside the phase's votes and transfers, not only in membership phases.
     messages: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    #: Phases the coverage table lists even when no fault hit them.
+    coverage_phases: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **params: Any) -> None:
         self.params = params

@@ -49,7 +49,9 @@ from ...engine.network import LinkSpec
 from ...engine.runner import Checker, HostContext, Scenario, Simulation
 from ...faults.generate import PROFILES, FaultRates, generate
 from ...faults.schedule import Schedule
-from ...observe.tap import FrameFormat, PcclFrames
+from ...observe.coverage import CoverageProbe
+from ...observe.tap import FrameFormat
+from .frames import IDLE_MESSAGES, AllReduceParts, PcclFrames
 from .mutants import MASTER_VARIANTS, make_master_state
 from .phases import StepContext, build_phase
 
@@ -182,13 +184,20 @@ class PcclScenario(Scenario):
         return PcclFrames()
 
     def checkers(self) -> list[Checker]:
-        from ...observe.coverage import CoverageProbe
         from .checkers import membership_checkers
 
-        out: list[Checker] = [*membership_checkers(self), CoverageProbe()]
+        out: list[Checker] = [*membership_checkers(self), CoverageProbe(idle=IDLE_MESSAGES)]
         for phase in self.phases:
             out.extend(phase.checkers(self))
         return out
+
+    def coverage_phases(self) -> tuple[str, ...]:
+        """The membership protocol's messages, then those of the step's phases that list theirs."""
+        return MEMBERSHIP_MESSAGES + tuple(p for phase in self.phases for p in phase.coverage_phases)
+
+    def master_coverage_phases(self) -> tuple[str, ...]:
+        # The master sends and reads no data frames: only control phases are listed for it.
+        return tuple(p for p in self.coverage_phases() if p not in AllReduceParts.PARTS)
 
     def configure(self, sim: Simulation) -> None:
         self._masters.clear()
