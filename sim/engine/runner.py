@@ -41,8 +41,8 @@ import math
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Self, TypeVar
 
 import trio
 import trio.testing
@@ -89,6 +89,10 @@ class Scenario:
     Roles are async methods named after the role: ``async def master(self, host)`` and
     ``async def peer(self, host)`` by default.  A host's role comes from its spawn event, else
     :meth:`role_of`.  The base class keeps ``params`` (plain data, stored in the schedule).
+
+    Tools reach a scenario only through its registered ``name`` (:mod:`sim.tools.scenarios`) and
+    these class methods: :meth:`from_json` rebuilds it from a schedule, :meth:`generate_schedule`
+    draws a schedule for it from a seed.
     """
 
     name = "scenario"
@@ -100,6 +104,20 @@ class Scenario:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, **self.params}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        """The scenario :meth:`to_json` described (``data`` is a schedule's ``scenario``)."""
+        return cls(**{k: v for k, v in data.items() if k != "name"})
+
+    @classmethod
+    def generate_schedule(
+        cls, seed: int, *, profile: str, peers: int, duration: float, quiet: float | None = None, **params: Any
+    ) -> tuple[Scenario, Schedule]:
+        """A fault schedule drawn from ``seed`` (:func:`sim.faults.generate.generate` with this
+        scenario's vocabulary), and the scenario it describes; ``quiet=None``: the scenario's
+        own recovery window.  ``params`` go to the scenario."""
+        raise NotImplementedError(f"scenario {cls.name!r} has no schedule generator")
 
     def initial_hosts(self) -> list[tuple[str, str]]:
         """``(host name, role)`` started at t = 0, in this order."""

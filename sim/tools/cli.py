@@ -32,7 +32,7 @@ from ..faults.schedule import Schedule
 from ..faults.shrink import NotFailing, same_failure, shrink
 from ..observe.coverage import coverage_table
 from .campaign import CampaignSpec, ProgressBar, parse_seeds, run_campaign, summary_table
-from .scenarios import scenario_from_json
+from .scenarios import scenario_from_json, scenario_names
 
 __all__ = ["main"]
 
@@ -181,7 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def generation(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--scenario", default="pccl", choices=("pccl", "toy-echo"))
+        p.add_argument("--scenario", default="pccl", choices=scenario_names())
         p.add_argument("--profile", default="chaos", choices=sorted(PROFILES))
         p.add_argument("--peers", type=int, default=4)
         p.add_argument("--duration", type=float, default=20.0, help="fault window (virtual s)")

@@ -1,8 +1,15 @@
-"""Scenario registry: a schedule names its scenario (``schedule.scenario["name"]``) and this maps
-the name to the class that rebuilds it from the schedule's parameters (``from_json``).
+"""The scenario registry: the one place that maps a scenario's short name to its class.
 
-Workloads register here (``"pccl"`` -> ``sim.workloads.pccl.scenario:PcclScenario``; more with ``register``), so
-``pccl-sim replay FILE`` can rebuild any scenario from the file alone.
+A schedule names its scenario (``schedule.scenario["name"]``, e.g. ``"pccl"``), and so do the
+CLI's ``--scenario`` and a campaign's :class:`~sim.tools.campaign.CampaignSpec`.  Everything
+that needs per-scenario knowledge asks the class this registry yields: ``from_json`` to rebuild
+the scenario a saved schedule describes, ``generate_schedule`` to draw one from a seed,
+``coverage_phases`` for the coverage table.  Targets are ``"module:Class"`` strings imported on
+first use, so the tools never import a workload (nor the code under test) themselves.
+
+The names are part of the saved-schedule format: a name, once used, keeps meaning its scenario.
+More scenarios are added with :func:`register` (in-process only: a campaign's worker processes
+start fresh and see only the built-in entries).
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ from typing import Any
 
 from ..engine.runner import Scenario
 
-__all__ = ["SCENARIOS", "register", "scenario_from_json"]
+__all__ = ["SCENARIOS", "register", "scenario_names", "scenario_class", "scenario_from_json"]
 
-#: name -> "module:Class"; the class has ``from_json(params: dict) -> Scenario``.
+#: name -> "module:Class" of a :class:`~sim.engine.runner.Scenario` subclass.
 SCENARIOS: dict[str, str] = {
+    # The simulator's own toy: an echo service (sim/workloads/toy.py).
     "toy-echo": "sim.workloads.toy:EchoScenario",
     # pccl itself: master + peers running the recommended training loop.
     "pccl": "sim.workloads.pccl.scenario:PcclScenario",
@@ -24,14 +32,24 @@ SCENARIOS: dict[str, str] = {
 
 
 def register(name: str, target: str) -> None:
+    """Make ``target`` (``"module:Class"``) the scenario called ``name``."""
     SCENARIOS[name] = target
+
+
+def scenario_names() -> list[str]:
+    """The registered scenario names, sorted."""
+    return sorted(SCENARIOS)
+
+
+def scenario_class(name: str) -> type[Scenario]:
+    """The class registered as ``name``.  ``KeyError`` for an unknown name."""
+    if name not in SCENARIOS:
+        raise KeyError(f"unknown scenario {name!r}; known: {scenario_names()}")
+    module_name, _, attr = SCENARIOS[name].partition(":")
+    cls: type[Scenario] = getattr(importlib.import_module(module_name), attr)
+    return cls
 
 
 def scenario_from_json(data: Mapping[str, Any]) -> Scenario:
     """Rebuild the scenario a schedule describes.  ``KeyError`` for an unknown name."""
-    name = data.get("name")
-    if name not in SCENARIOS:
-        raise KeyError(f"unknown scenario {name!r}; known: {sorted(SCENARIOS)}")
-    module_name, _, attr = SCENARIOS[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
-    return cls.from_json(dict(data))
+    return scenario_class(data.get("name")).from_json(dict(data))  # type: ignore[arg-type]

@@ -43,6 +43,8 @@ __all__ = ["EchoScenario", "EchoIntegrity", "EchoProgress", "toy_schedule", "MES
 PORT = 7000
 CONTROL, DATA = 1, 2
 MESSAGES = ("HELLO", "PING", "PONG")
+#: Default recovery window after the faults (virtual seconds): longer than ``grace``.
+QUIET = 15.0
 _PREFIX = struct.Struct(">IB")
 
 
@@ -130,8 +132,12 @@ class EchoScenario(Scenario):
         self.bug = bug
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "EchoScenario":
-        return cls(**{k: v for k, v in data.items() if k != "name"})
+    def generate_schedule(
+        cls, seed: int, *, profile: str = "chaos", peers: int = 3, duration: float = 20.0, quiet: float | None = None,
+        **params: Any,
+    ) -> tuple[EchoScenario, Schedule]:
+        return toy_schedule(seed, profile=profile, peers=peers, duration=duration,
+                            quiet=QUIET if quiet is None else quiet, **params)
 
     def frame_format(self) -> LengthKindFrames:
         return LengthKindFrames(_name, control_kind=CONTROL)
@@ -232,7 +238,7 @@ def toy_schedule(
     profile: str = "chaos",
     peers: int = 3,
     duration: float = 20.0,
-    quiet: float = 15.0,
+    quiet: float = QUIET,
     **scenario: Any,
 ) -> tuple[EchoScenario, Schedule]:
     """A generated schedule for the toy, and the scenario it describes."""

@@ -171,8 +171,11 @@ class PcclScenario(Scenario):
         self._masters: dict[int, pccl.Master] = {}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "PcclScenario":
-        return cls(**{k: v for k, v in data.items() if k != "name"})
+    def generate_schedule(
+        cls, seed: int, *, profile: str = "chaos", peers: int = 4, duration: float = 20.0, quiet: float | None = None,
+        **params: Any,
+    ) -> tuple[PcclScenario, Schedule]:
+        return pccl_schedule(seed, profile=profile, peers=peers, duration=duration, quiet=quiet, **params)
 
     # -- scenario hooks --
 
