@@ -42,7 +42,7 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import trio
 import trio.testing
@@ -98,6 +98,9 @@ class Scenario:
     name = "scenario"
     #: Parse the wire in every run (phases, ``Tap.watch``), not only when a trigger needs it.
     sniff = False
+    #: The network each host gets (``host.network``): the engine's, or a workload's flavour of it
+    #: that speaks the code under test's transport interface and errors.
+    network_class: ClassVar[type[SimNetwork]] = SimNetwork
 
     def __init__(self, **params: Any) -> None:
         self.params = params
@@ -235,7 +238,8 @@ class Simulation:
         self.seed = schedule.seed
         self.trace = Trace()
         self.world = World(
-            seed=schedule.seed, trace=self.trace, default_link=options.default_link, send_buffer=options.send_buffer
+            seed=schedule.seed, network_class=scenario.network_class, trace=self.trace,
+            default_link=options.default_link, send_buffer=options.send_buffer,
         )
         self.world.on_zombie = self._zombie
         self.rng = derive_rng(schedule.seed, "scenario")
@@ -531,14 +535,17 @@ def simulate(
     send_buffer: int = 256 * 1024,
     trace: Trace | None = None,
     deadline: float = 3600.0,
+    network_class: type[SimNetwork] = SimNetwork,
 ) -> T:
     """Run ``await fn(world)`` in a deterministic simulated ``trio.run`` over a fresh
     :class:`World` (its delivery loop running); return its result.  For tests and tools that
-    drive hosts themselves (``world.boot(name)`` gives a host's network).  ``trio.TooSlowError``
-    if ``fn`` has not finished by virtual time ``deadline`` (a deadlock never hangs)."""
+    drive hosts themselves (``world.boot(name)`` gives a host's network, a ``network_class``).
+    ``trio.TooSlowError`` if ``fn`` has not finished by virtual time ``deadline`` (a deadlock
+    never hangs)."""
 
     async def main() -> T:
-        world = World(seed=seed, trace=trace, default_link=default_link, send_buffer=send_buffer)
+        world = World(seed=seed, network_class=network_class, trace=trace, default_link=default_link,
+                      send_buffer=send_buffer)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(world.run)
             with trio.fail_at(deadline):

@@ -1,7 +1,8 @@
 """A toy echo service: the simulator's own test workload (not pccl).
 
-It exercises everything the simulator does before pccl's communicator exists, and stays useful
-afterwards as the smallest scenario for benchmarks and for testing the simulator itself:
+It exercises everything the simulator does on the engine's own network and errors
+(:mod:`sim.engine.errors`; it imports nothing of pccl), the smallest scenario for benchmarks and
+for testing the simulator itself:
 
 * ``master`` listens on ``master:7000`` and echoes: for each ``PING seq n`` control frame followed
   by a data frame of ``n`` bytes it answers ``PONG seq n`` and the payload reversed;
@@ -30,8 +31,7 @@ from typing import Any
 
 import trio
 
-from pccl.errors import PCCLError
-
+from ..engine.errors import SimNetworkError
 from ..engine.runner import Checker, HostContext, Scenario, Simulation
 from ..engine.trace import TraceEvent
 from ..faults.generate import generate
@@ -173,7 +173,7 @@ class EchoScenario(Scenario):
                                 echo[0] ^= 0xFF
                             await _send(stream, CONTROL, b"PONG " + words[1] + b" " + words[2])
                             await _send(stream, DATA, bytes(echo))
-            except (PCCLError, ValueError):
+            except (SimNetworkError, ValueError):
                 pass  # the peer went away or spoke garbage: drop the connection
 
         async with trio.open_nursery() as nursery:
@@ -188,7 +188,7 @@ class EchoScenario(Scenario):
         while True:
             try:
                 stream = await host.network.connect(f"master:{PORT}", timeout=2.0)
-            except PCCLError as exc:
+            except SimNetworkError as exc:
                 host.record("connect_error", error=type(exc).__name__)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -217,7 +217,7 @@ class EchoScenario(Scenario):
                         else:
                             host.record("pong", seq=seq, rtt=trio.current_time() - start)
                         await trio.sleep(self.interval * (0.5 + rng.random()))
-            except (PCCLError, ValueError) as exc:
+            except (SimNetworkError, ValueError) as exc:
                 host.record("disconnected", error=type(exc).__name__)
             if self.bug == "give_up":
                 host.record("gave_up")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from pccl.errors import ConnectionRefused, ConnectTimeout, PeerDisconnected
+from sim.engine.errors import ConnectionRefused, ConnectTimeout, PeerDisconnected
 from sim.engine.network import LinkSpec, World
 from sim.engine.runner import simulate
 from sim.engine.streams import SimNetwork, SimStream

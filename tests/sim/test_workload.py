@@ -142,7 +142,7 @@ def test_kill_during_stall_releases_the_corpses_shielded_cleanup_at_once() -> No
     """Regression (found by a pccl campaign, shrunk to partition + stall + kill): a dead host's
     shielded cleanup parked in the stall gate stayed parked until the unstall, then ran on — a
     false zombie.  The kill must release it at the death instant."""
-    from pccl.errors import PeerDisconnected
+    from sim.engine.errors import PeerDisconnected
     from sim.engine.network import World
     from sim.engine.runner import simulate
     from sim.engine.streams import SimNetwork

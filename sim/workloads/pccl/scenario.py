@@ -53,6 +53,7 @@ from ...observe.coverage import CoverageProbe
 from ...observe.tap import FrameFormat
 from .frames import IDLE_MESSAGES, AllReduceParts, PcclFrames
 from .mutants import MASTER_VARIANTS, make_master_state
+from .network import PcclSimNetwork
 from .phases import StepContext, build_phase
 
 __all__ = [
@@ -107,6 +108,7 @@ class PcclScenario(Scenario):
 
     name = "pccl"
     sniff = True  # the checkers read TopologyComplete off the wire; coverage reads phases
+    network_class = PcclSimNetwork
 
     def __init__(
         self,
