@@ -29,26 +29,40 @@ Each checker is an independent :class:`sim.engine.runner.Checker`; a scenario li
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pccl.protocol import master_state as ms
 
 from ...engine.runner import Checker, Simulation
 from ...engine.trace import TraceEvent
 
-if TYPE_CHECKING:
-    from .scenario import PcclScenario
-
 __all__ = [
     "MembershipAgreement",
     "NoStuckVote",
     "NoProtocolKicks",
     "FullMembershipLiveness",
+    "MembershipScenario",
     "membership_checkers",
     "stuck_votes",
 ]
 
 _ATTRIBUTES = ("world_size", "global_world_size", "num_peer_groups", "largest_peer_group_size")
+
+
+class MembershipScenario(Protocol):
+    """What the membership checkers read of the scenario they watch (a
+    :class:`~sim.workloads.pccl.scenario.PcclScenario`)."""
+
+    #: Seconds after the faults stop within which a full-membership step must happen.
+    liveness_bound: float
+    #: Seconds to keep watching after that step before ending the run (``None``: never end early).
+    hold: float | None
+
+    def group_of(self, host: str) -> int: ...
+
+    def master_state(self, sim: Simulation) -> ms.MasterState | None: ...
+
+    def masters(self) -> Iterable[Any]: ...
 
 
 class MembershipAgreement(Checker):
@@ -296,8 +310,8 @@ class FullMembershipLiveness(Checker):
             )
 
 
-def membership_checkers(scenario: "PcclScenario") -> list[Checker]:
-    """The membership invariants of issue 5, for one run of ``scenario``."""
+def membership_checkers(scenario: MembershipScenario) -> list[Checker]:
+    """The membership invariants, for one run of ``scenario``."""
     return [
         MembershipAgreement(),
         NoStuckVote(scenario.master_state, grace=0.0),

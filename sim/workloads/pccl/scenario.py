@@ -51,6 +51,7 @@ from ...faults.generate import PROFILES, FaultRates, generate
 from ...faults.schedule import Schedule
 from ...observe.coverage import CoverageProbe
 from ...observe.tap import FrameFormat
+from .checkers import membership_checkers
 from .frames import IDLE_MESSAGES, AllReduceParts, PcclFrames
 from .mutants import MASTER_VARIANTS, make_master_state
 from .network import PcclSimNetwork
@@ -189,8 +190,6 @@ class PcclScenario(Scenario):
         return PcclFrames()
 
     def checkers(self) -> list[Checker]:
-        from .checkers import membership_checkers
-
         out: list[Checker] = [*membership_checkers(self), CoverageProbe(idle=IDLE_MESSAGES)]
         for phase in self.phases:
             out.extend(phase.checkers(self))
