@@ -11,8 +11,8 @@ from the schedule's seed (:mod:`sim.engine.determinism`) runs:
 
 * the :class:`~sim.engine.network.World` delivery loop;
 * every simulated host as a task ``scenario.<role>(host)`` inside its own cancel scope, one per
-  incarnation; ``host`` is a :class:`HostContext` with the host's own network, RNG and a
-  ``record`` method for trace events;
+  incarnation; ``host`` is a :class:`HostContext` with the host's own network (an instance of
+  the scenario's ``network_class``), RNG and a ``record`` method for trace events;
 * the fault injector, which applies the schedule's time-triggered events at their times and arms
   the phase-triggered ones (:mod:`sim.observe.tap`);
 * the watchdog: the run always has a deadline (the schedule's horizon), so a global deadlock ends

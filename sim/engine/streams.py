@@ -69,7 +69,7 @@ def format_address(host: str, port: int) -> str:
 
 
 def _send_view(data: Any, errors: TransportErrors) -> memoryview:
-    """``data`` as a flat byte view (no copy), as a kernel's ``send`` takes any contiguous buffer."""
+    """``data`` as a flat byte view (no copy): like a kernel, take any contiguous buffer."""
     try:
         view = memoryview(data)
     except TypeError as exc:

@@ -7,8 +7,8 @@ seed order.  Each seed is one deterministic ``trio.run`` inside a worker, so res
 depend on the sharding (the determinism test checks hashes across fresh processes).
 
 Workers are started with the ``spawn`` method (a clean interpreter: no state inherited from
-the parent), so a phase or master variant registered at run time in the parent is unknown to
-them; campaigns of such things use ``workers=1`` (in-process).
+the parent), so a scenario, phase or master variant registered at run time in the parent is
+unknown to them; campaigns of such things use ``workers=1`` (in-process).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Guard: trio's private scheduler hooks exist, look as expected, and still make runs identical.
 
 If this fails after a trio upgrade, the simulator's determinism is gone: pin trio back (see
-pyproject.toml) until sim/determinism.py is adapted.
+pyproject.toml) until sim/engine/determinism.py is adapted.
 """
 
 from __future__ import annotations

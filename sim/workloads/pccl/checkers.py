@@ -1,8 +1,9 @@
 """Invariants of the pccl workload, checked after every trace event.
 
-Each checker is an independent :class:`sim.engine.runner.Checker`; a scenario lists the ones it needs
-(:func:`membership_checkers` for membership, plus whatever the step's phases add — see
-:mod:`sim.workloads.pccl.phases`).  Failure kinds (VOPR's classification, :data:`sim.engine.trace.FAILURE_KINDS`):
+Each checker is an independent :class:`sim.engine.runner.Checker`; a scenario lists the ones it
+needs (:func:`membership_checkers` for membership, plus whatever the step's phases add — see
+:mod:`sim.workloads.pccl.phases`).  Failure kinds (VOPR's classification,
+:data:`sim.engine.trace.FAILURE_KINDS`):
 
 * **safety** — :class:`MembershipAgreement`: every peer that completed the same topology round
   got the same attributes (``world_size`` within a ring, ``global_world_size`` /
@@ -21,8 +22,8 @@ Each checker is an independent :class:`sim.engine.runner.Checker`; a scenario li
   network healed, the master restarted if needed) a *full-membership step* must follow within
   ``bound`` seconds: every live peer accepted and completing a step (begun after the faults
   stopped) with ``world_size`` equal to the number of live peers of its group (a peer alone in
-  its group: waiting alone).  The bound is
-  longer than the protocol's timeouts (:attr:`sim.workloads.pccl.scenario.PcclScenario.liveness_bound`).
+  its group: waiting alone).  The bound is longer than the protocol's timeouts
+  (:attr:`sim.workloads.pccl.scenario.PcclScenario.liveness_bound`).
 * crash / zombie / determinism come from the runner and the CLI.
 """
 
@@ -229,9 +230,10 @@ class FullMembershipLiveness(Checker):
 
     ``group_of(host)`` gives a peer host's group.  With ``hold`` set, the run ends ``hold``
     seconds after the full-membership step (the other checkers keep watching meanwhile): a
-    campaign spends its time on faults, not on steady state.  The verdict is given in ``at_end``, so the
-    run's quiet window should be longer than ``bound`` (:func:`sim.workloads.pccl.scenario.pccl_schedule` makes
-    it 1.2 × bound); a window too short to converge in fails rather than passing vacuously.
+    campaign spends its time on faults, not on steady state.  The verdict is given in ``at_end``,
+    so the run's quiet window should be longer than ``bound``
+    (:func:`sim.workloads.pccl.scenario.pccl_schedule` makes it 1.2 × bound); a window too short
+    to converge in fails rather than passing vacuously.
     """
 
     name = "full-membership"

@@ -99,9 +99,9 @@ class PcclScenario(Scenario):
     ``peerN`` joins group ``N % groups``), ``peer_timeout``/``heartbeat_interval``/
     ``connect_timeout`` (the :class:`pccl.Config`, short for simulation), ``step_time`` (compute
     per step), ``alone_wait``, ``backoff`` (reconnect range), ``phases`` (the step body),
-    ``master`` (a :mod:`sim.workloads.pccl.mutants` variant; ``"real"`` is pccl's), ``liveness_bound`` (seconds
-    after the faults stop within which a full-membership step must happen; default derived from
-    the timeouts), ``probe_interval``, ``hold`` (after that step, keep watching this long, then
+    ``master`` (a :mod:`sim.workloads.pccl.mutants` variant; ``"real"`` is pccl's),
+    ``liveness_bound`` (seconds after the faults stop within which a full-membership step must
+    happen; default derived from the timeouts), ``probe_interval``, ``hold`` (after that step, keep watching this long, then
     end the run; default ``2 × peer_timeout + 2 × heartbeat_interval``; ``None``: run the whole
     quiet window), ``latency``/``jitter`` (one-way seconds on every link; WAN-like values make
     deliveries race).
