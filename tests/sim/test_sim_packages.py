@@ -112,3 +112,15 @@ def test_the_checks_see_what_they_check(tmp_path: pathlib.Path) -> None:
     assert _imports(probe, "sim.engine") >= {"pccl.net", "sim.workloads.pccl", "sim.workloads.pccl.scenario"}
     assert "sim.engine.streams" in _graph()["sim.engine.runner"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_registry_names_are_the_scenarios_own_names() -> None:
+    # Saved schedules name their scenario by Scenario.name; the registry must resolve each name
+    # to the class that writes it, and keep the names schedules were saved under.
+    from sim.tools.scenarios import SCENARIOS, scenario_class, scenario_from_json
+
+    assert {"pccl", "toy-echo"} <= set(SCENARIOS)
+    for name in SCENARIOS:
+        cls = scenario_class(name)
+        assert cls.name == name
+        assert type(scenario_from_json({"name": name})) is cls
