@@ -102,8 +102,9 @@ def bench_loopback(mib: int, source_counts: list[int]) -> None:
 
 
 def bench_sim(mib: int, source_counts: list[int], gbit: float) -> None:
-    from sim.network import LinkSpec
-    from sim.runner import simulate
+    from sim.engine.network import LinkSpec
+    from sim.engine.runner import simulate
+    from sim.workloads.pccl.network import PcclSimNetwork
 
     link = LinkSpec(latency=0.005, bandwidth=gbit * 1e9 / 8, window=64 << 20)
     config = pccl.Config(p2p_base_port=0, shared_state_base_port=0, peer_timeout=30.0, heartbeat_interval=1.0)
@@ -129,7 +130,7 @@ def bench_sim(mib: int, source_counts: list[int], gbit: float) -> None:
             return result[0]
 
         wall = time.perf_counter()
-        virtual = simulate(scenario, seed=n, default_link=link, deadline=600.0)
+        virtual = simulate(scenario, seed=n, default_link=link, deadline=600.0, network_class=PcclSimNetwork)
         wall = time.perf_counter() - wall
         print(f"sim {gbit:g} Gbit/s links: joiner fetches {mib} MiB from {n} source(s): {virtual:.3f} virtual s "
               f"({mib * 1024 * 1024 * 8 / virtual / 1e9:.2f} Gbit/s; {wall:.1f} s wall)")

@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import logging
 
-from sim.campaign import CampaignSpec, peer_seconds
-from sim.runner import RunOptions, run
+from sim.engine.runner import RunOptions, run
+from sim.tools.campaign import CampaignSpec, peer_seconds
+from sim.tools.scenarios import scenario_names
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--scenario", default="pccl", choices=("pccl", "toy-echo"))
+    parser.add_argument("--scenario", default="pccl", choices=scenario_names())
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--peers", type=int, default=10)

@@ -1,4 +1,5 @@
-"""The all-reduce step of the simulated workload (sim.collectives) and its checker's teeth."""
+"""The all-reduce step of the simulated pccl workload (sim.workloads.pccl.collectives) and its
+checker's teeth."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 
 import pccl.collectives.operation as operation
 from pccl.collectives.buffers import InputBackup
-from sim.campaign import CampaignSpec
-from sim.faults import FaultEvent, Trigger
-from sim.runner import run
-from sim.trace import Trace
+from sim.engine.runner import run
+from sim.engine.trace import Trace
+from sim.faults.schedule import FaultEvent, Trigger
+from sim.tools.campaign import CampaignSpec
 
 
 def _run(seed: int, phase: dict[str, Any] | str = "all_reduce") -> Trace:
@@ -104,9 +105,9 @@ def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: p
 def test_a_peer_killed_inside_each_part_of_an_all_reduce(part: str, direction: str, peers: int, concurrent: int,
                                                          kind: str) -> None:
     # The kill fires right after the victim sends (reads) its 3rd message of that part; the wire
-    # names data frames by the op they belong to (sim.observe.AllReduceParts).  Every checker
-    # agrees (results equal the reference over exactly the completing peers, aborted ops left
-    # their inputs restored), and the later ops run over the survivors.
+    # names data frames by the op they belong to (sim.workloads.pccl.frames.AllReduceParts).
+    # Every checker agrees (results equal the reference over exactly the completing peers, aborted
+    # ops left their inputs restored), and the later ops run over the survivors.
     phase = {"name": "all_reduce", "concurrent": concurrent}
     spec = CampaignSpec(scenario="pccl", profile="none", peers=peers, duration=8.0, quiet=None,
                         params=(("phases", ("compute", phase)),))

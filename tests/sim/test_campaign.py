@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.campaign import CampaignSpec, parse_seeds, run_campaign, summary_table
-from sim.workload import MEMBERSHIP_MESSAGES
+from sim.tools.campaign import CampaignSpec, parse_seeds, run_campaign, summary_table
+from sim.workloads.pccl.scenario import MEMBERSHIP_MESSAGES
 
 
 def _assert_all_pass(results: list) -> None:  # type: ignore[type-arg]

@@ -8,7 +8,8 @@ import pathlib
 import pytest
 import trio
 
-from sim.faults import PROFILES, FaultEvent, Schedule, Trigger, generate
+from sim.faults.generate import PROFILES, generate
+from sim.faults.schedule import FaultEvent, Schedule, Trigger
 
 
 def test_schedule_round_trips_through_json(tmp_path: pathlib.Path) -> None:

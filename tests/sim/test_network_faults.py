@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from pccl.errors import ConnectionRefused, ConnectTimeout, PeerDisconnected
-from sim.network import LinkSpec, World
-from sim.runner import simulate
-from sim.streams import SimNetwork, SimStream
+from sim.engine.errors import ConnectionRefused, ConnectTimeout, PeerDisconnected
+from sim.engine.network import LinkSpec, World
+from sim.engine.runner import simulate
+from sim.engine.streams import SimNetwork, SimStream
 
 LATENCY = 0.01
 LINK = LinkSpec(latency=LATENCY)

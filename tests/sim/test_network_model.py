@@ -8,8 +8,8 @@ import math
 import pytest
 import trio
 
-from sim.network import LinkSpec, World
-from sim.runner import simulate
+from sim.engine.network import LinkSpec, World
+from sim.engine.runner import simulate
 
 MiB = 1024 * 1024
 

@@ -15,7 +15,8 @@ from pccl.protocol.messages import (
     VoteTopology,
 )
 from pccl.types import DType, QuantKind
-from sim.observe import AllReduceParts, PcclFrames, _FrameParser
+from sim.observe.tap import _FrameParser
+from sim.workloads.pccl.frames import AllReduceParts, PcclFrames
 
 
 def _wire() -> bytes:

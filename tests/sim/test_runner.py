@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import trio
 
-from sim.faults import FaultEvent, Schedule, Trigger
-from sim.runner import HostContext, RunOptions, Scenario, run
-from sim.toy import EchoScenario, toy_schedule
+from sim.engine.runner import HostContext, RunOptions, Scenario, run
+from sim.faults.schedule import FaultEvent, Schedule, Trigger
+from sim.workloads.toy import EchoScenario, toy_schedule
 
 
 def _schedule(events: list[FaultEvent], *, seed: int = 1, duration: float = 6.0, quiet: float = 12.0) -> Schedule:

@@ -3,10 +3,10 @@ mid-transfer is replaced, and the checker has teeth (a non-deterministic update 
 
 from __future__ import annotations
 
-from sim.faults import FaultEvent, Schedule, Trigger
-from sim.runner import run
-from sim.shared_state import SharedStateAgreement
-from sim.workload import PcclScenario, pccl_schedule
+from sim.engine.runner import run
+from sim.faults.schedule import FaultEvent, Schedule, Trigger
+from sim.workloads.pccl.scenario import PcclScenario, pccl_schedule
+from sim.workloads.pccl.shared_state import SharedStateAgreement
 
 
 def _schedule(scenario: PcclScenario, events: list[FaultEvent], *, seed: int = 5, duration: float = 5.0) -> Schedule:

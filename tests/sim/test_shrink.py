@@ -6,11 +6,12 @@ import pathlib
 
 import pytest
 
-from sim.faults import FaultEvent, Schedule, generate
-from sim.runner import run
-from sim.scenarios import scenario_from_json
-from sim.shrink import NotFailing, ddmin, same_failure, shrink
-from sim.toy import EchoScenario
+from sim.engine.runner import run
+from sim.faults.generate import generate
+from sim.faults.schedule import FaultEvent, Schedule
+from sim.faults.shrink import NotFailing, ddmin, same_failure, shrink
+from sim.tools.scenarios import scenario_from_json
+from sim.workloads.toy import EchoScenario
 
 
 def test_ddmin_finds_exactly_the_two_culprits() -> None:

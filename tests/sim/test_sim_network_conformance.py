@@ -1,18 +1,20 @@
 """The simulator's network passes the same transport conformance suite as real TCP.
 
 Each check of ``tests/net_conformance.py`` runs inside a deterministic simulated ``trio.run`` on
-the virtual clock, over three link models: a LAN-like link, a WAN-like link with limited
-bandwidth and a small window (so flow control and backpressure are exercised), and loopback
-(client and server on one host).
+the virtual clock, on the pccl flavour of the simulated network (``PcclSimNetwork``: pccl's
+``Network`` interface and transport errors), over three link models: a LAN-like link, a WAN-like
+link with limited bandwidth and a small window (so flow control and backpressure are exercised),
+and loopback (client and server on one host).
 """
 
 from __future__ import annotations
 
 import pytest
-
 from net_conformance import CHECKS, ConformanceEnv, check_connect_timeout, run_check
-from sim.network import LinkSpec, World
-from sim.runner import simulate
+
+from sim.engine.network import LinkSpec, World
+from sim.engine.runner import simulate
+from sim.workloads.pccl.network import PcclSimNetwork
 
 MiB = 1024 * 1024
 
@@ -43,7 +45,7 @@ def test_conformance(check, link: str) -> None:
         env = _env(world, loopback=link == "loopback")
         await run_check(check, env)
 
-    simulate(body, seed=1, default_link=LINKS.get(link, LINKS["lan"]))
+    simulate(body, seed=1, default_link=LINKS.get(link, LINKS["lan"]), network_class=PcclSimNetwork)
 
 
 @pytest.mark.parametrize("link", ["lan", "wan"])
@@ -54,4 +56,4 @@ def test_connect_timeout_to_powered_off_host(link: str) -> None:
         world.power_off("ghost")  # SYNs to it vanish: nobody ever answers
         await run_check(lambda e: check_connect_timeout(e, "ghost:7000"), env)
 
-    simulate(body, seed=2, default_link=LINKS[link])
+    simulate(body, seed=2, default_link=LINKS[link], network_class=PcclSimNetwork)

@@ -1,21 +1,21 @@
 """Acceptance: the simulator has teeth.
 
-A deliberately broken master (sim.mutants.NoRecheckOnDisconnect: consensus re-checked only when
-a peer says something, not when one disconnects or times out — PCCL's own bug) is injected
-through the scenario.  A small campaign must find a failing seed; shrinking must reduce its
-schedule to a handful of events that still fail the same way when replayed from the saved file.
-The real master passes the very same seeds.
+A deliberately broken master (sim.workloads.pccl.mutants.NoRecheckOnDisconnect: consensus
+re-checked only when a peer says something, not when one disconnects or times out — PCCL's own
+bug) is injected through the scenario.  A small campaign must find a failing seed; shrinking must
+reduce its schedule to a handful of events that still fail the same way when replayed from the
+saved file.  The real master passes the very same seeds.
 """
 
 from __future__ import annotations
 
 import pathlib
 
-from sim.campaign import CampaignSpec, run_campaign
-from sim.faults import Schedule
-from sim.runner import run
-from sim.scenarios import scenario_from_json
-from sim.shrink import same_failure, shrink
+from sim.engine.runner import run
+from sim.faults.schedule import Schedule
+from sim.faults.shrink import same_failure, shrink
+from sim.tools.campaign import CampaignSpec, run_campaign
+from sim.tools.scenarios import scenario_from_json
 
 _BROKEN = CampaignSpec(profile="chaos", peers=3, duration=10.0, params=(("master", "no-recheck-on-disconnect"),))
 

@@ -1,7 +1,7 @@
 """Guard: trio's private scheduler hooks exist, look as expected, and still make runs identical.
 
 If this fails after a trio upgrade, the simulator's determinism is gone: pin trio back (see
-pyproject.toml) until sim/determinism.py is adapted.
+pyproject.toml) until sim/engine/determinism.py is adapted.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import trio
 import trio.testing
 from trio._core import _run
 
-from sim.determinism import TrioHooksChanged, check_trio_hooks, deterministic_trio
+from sim.engine.determinism import TrioHooksChanged, check_trio_hooks, deterministic_trio
 
 
 def test_private_hooks_have_expected_names_and_types() -> None:

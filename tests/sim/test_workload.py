@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from sim.faults import FaultEvent, Schedule, Trigger
-from sim.runner import run
-from sim.scenarios import scenario_from_json
-from sim.workload import PHASES, PcclScenario, Phase, StepContext, pccl_schedule, register_phase
+from sim.engine.runner import run
+from sim.faults.schedule import FaultEvent, Schedule, Trigger
+from sim.tools.scenarios import scenario_from_json
+from sim.workloads.pccl.phases import PHASES, Phase, StepContext, register_phase
+from sim.workloads.pccl.scenario import PcclScenario, pccl_schedule
 
 
 def _schedule(scenario: PcclScenario, events: list[FaultEvent], *, seed: int = 3, duration: float = 6.0,
@@ -141,10 +142,10 @@ def test_kill_during_stall_releases_the_corpses_shielded_cleanup_at_once() -> No
     """Regression (found by a pccl campaign, shrunk to partition + stall + kill): a dead host's
     shielded cleanup parked in the stall gate stayed parked until the unstall, then ran on — a
     false zombie.  The kill must release it at the death instant."""
-    from pccl.errors import PeerDisconnected
-    from sim.network import World
-    from sim.runner import simulate
-    from sim.streams import SimNetwork
+    from sim.engine.errors import PeerDisconnected
+    from sim.engine.network import World
+    from sim.engine.runner import simulate
+    from sim.engine.streams import SimNetwork
 
     async def body(world: World) -> tuple[float, float, str]:
         a, b = world.boot("a"), world.boot("b")

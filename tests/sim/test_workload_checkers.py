@@ -6,13 +6,13 @@ import random
 
 from pccl.protocol import master_state as ms
 from pccl.protocol import messages as m
-from sim.checkers import NoProtocolKicks, stuck_votes
-from sim.coverage import coverage_table, fault_victims
-from sim.faults import FaultEvent, Schedule
-from sim.mutants import MASTER_VARIANTS, NoRecheckOnDisconnect, register_master_variant
-from sim.runner import run
-from sim.trace import Trace, TraceEvent
-from sim.workload import MEMBERSHIP_MESSAGES, PcclScenario
+from sim.engine.runner import run
+from sim.engine.trace import Trace, TraceEvent
+from sim.faults.schedule import FaultEvent, Schedule
+from sim.observe.coverage import coverage_table, fault_victims
+from sim.workloads.pccl.checkers import NoProtocolKicks, stuck_votes
+from sim.workloads.pccl.mutants import MASTER_VARIANTS, NoRecheckOnDisconnect, register_master_variant
+from sim.workloads.pccl.scenario import MEMBERSHIP_MESSAGES, PcclScenario
 
 
 def _feed(machine: ms.MasterState, event: ms.Event) -> None:

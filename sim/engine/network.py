@@ -1,9 +1,11 @@
 """The simulator's virtual network: hosts, directed links, connections, and network faults.
 
 One :class:`World` holds the whole simulated internet of a run.  Each simulated host incarnation
-gets its own :class:`~sim.streams.SimNetwork` (a :class:`pccl.net.base.Network`), bound to its
-identity so that ``connect`` knows the source host; the code under test cannot tell it from real
-TCP (both pass ``tests/net_conformance.py``).
+gets its own network object (a :class:`~sim.engine.streams.SimNetwork`, or the subclass the
+scenario names: for pccl, a :class:`pccl.net.base.Network`), bound to its identity so that
+``connect`` knows the source host; the code under test cannot tell it from real TCP (both pass
+``tests/net_conformance.py``).  The model below sees the streams' ends only through
+:class:`StreamEnd` and :class:`ListenerEnd`.
 
 Model (TCP connections, not packets — TCP never loses, reorders or duplicates bytes within a
 connection, so the interesting behaviour is timing, flow control and how connections end):
@@ -51,19 +53,16 @@ import dataclasses
 import heapq
 import logging
 import math
-import random
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
+from .determinism import derive_rng
 from .trace import Trace
 
-if TYPE_CHECKING:
-    from .streams import SimListener, SimNetwork, SimStream
-
-__all__ = ["LinkSpec", "World", "Incarnation", "CURRENT_INCARNATION", "derive_rng"]
+__all__ = ["LinkSpec", "World", "Incarnation", "CURRENT_INCARNATION", "StreamEnd", "ListenerEnd"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,13 +77,33 @@ _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 _WILDCARD = frozenset({"0.0.0.0", "::", ""})
 
 
-def derive_rng(seed: int | str, *purpose: object) -> random.Random:
-    """A ``random.Random`` for one purpose, derived from the run's seed.
+class StreamEnd(Protocol):
+    """What the model needs of one end of a connection (:class:`sim.engine.streams.SimStream`):
+    the receive side that arrivals fill, and the teardown a reset, a kill or a power-off starts.
+    The two modules are one model split in two, hence the private names."""
 
-    A str seed is hashed with sha512 by ``random``, so this is independent of ``PYTHONHASHSEED``
-    and stable across processes and Python versions.
-    """
-    return random.Random(":".join([str(seed), *map(str, purpose)]))
+    _inc: Incarnation
+    _in: Pipe
+    _rbuf: deque[memoryview]
+    _rbuf_bytes: int
+    _recv_lot: trio.lowlevel.ParkingLot
+    _eof: bool
+    _reset: bool
+    _closed: bool
+
+    def _send_rst(self) -> None: ...
+
+    def _on_reset(self) -> None: ...
+
+    def _close(self, *, abortive: bool) -> None: ...
+
+    def _die(self, *, reset: bool) -> None: ...
+
+
+class ListenerEnd(Protocol):
+    """What the model needs of a bound port (:class:`sim.engine.streams.SimListener`)."""
+
+    def _shutdown(self, *, reset_backlog: bool) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +134,8 @@ class Incarnation:
         self.alive = True
         self.died_at: float | None = None
         self.death: str | None = None  # "kill" or "power_off"
-        self.streams: dict[int, "SimStream"] = {}  # insertion-ordered: deterministic teardown
-        self.listeners: dict[int, "SimListener"] = {}
+        self.streams: dict[int, StreamEnd] = {}  # insertion-ordered: deterministic teardown
+        self.listeners: dict[int, ListenerEnd] = {}
         self.attempts: list[Any] = []  # pending connect attempts
 
     @property
@@ -135,10 +154,10 @@ class _Host:
         self.process: Incarnation | None = None
         self.stalled = 0
         self.stall_lot = trio.lowlevel.ParkingLot()
-        self.listeners: dict[int, "SimListener"] = {}
+        self.listeners: dict[int, Any] = {}  # port -> listener (the streams module looks it up)
         self.next_ephemeral = 49152
         self.incarnations = 0
-        self.orphans: list[SimStream] = []  # connections of a powered-off incarnation
+        self.orphans: list[StreamEnd] = []  # connections of a powered-off incarnation
 
     def ephemeral_port(self) -> int:
         port = self.next_ephemeral
@@ -171,7 +190,7 @@ class Pipe:
         "send_lot", "dead",
     )
 
-    def __init__(self, link: "Link", src: "SimStream", dst: "SimStream") -> None:
+    def __init__(self, link: "Link", src: StreamEnd, dst: StreamEnd) -> None:
         self.link = link
         self.src = src
         self.dst = dst
@@ -339,9 +358,11 @@ class Link:
 class World:
     """The simulated internet of one run (see the module docstring).
 
-    ``trace`` receives network-level events (listen, connect, reset, faults).  ``tap``, if set,
-    observes bytes as hosts send, read and links carry them (phase triggers and coverage use it;
-    see :mod:`sim.observe`).  All fault methods are synchronous and take effect at the current
+    ``network_class(world, incarnation, **options)`` makes the network object :meth:`boot` hands
+    out (:class:`sim.engine.streams.SimNetwork` or a workload's subclass).  ``trace`` receives
+    network-level events (listen, connect, reset, faults).  ``tap``, if set, observes bytes as
+    hosts send, read and links carry them (phase triggers and coverage use it; see
+    :mod:`sim.observe.tap`).  All fault methods are synchronous and take effect at the current
     virtual instant.
     """
 
@@ -349,6 +370,7 @@ class World:
         self,
         *,
         seed: int,
+        network_class: Callable[..., Any],
         trace: Trace | None = None,
         default_link: LinkSpec | None = None,
         send_buffer: int = 256 * 1024,
@@ -356,6 +378,7 @@ class World:
         syn_timeout: float = 127.0,
     ) -> None:
         self.seed = seed
+        self.network_class = network_class
         self.trace = trace if trace is not None else Trace()
         self.default_link = default_link or LinkSpec()
         self.send_buffer = send_buffer
@@ -427,13 +450,12 @@ class World:
             host = self.hosts[name] = _Host(name)
         return host
 
-    def boot(self, name: str, *, config: Any = None) -> "SimNetwork":
-        """Power the machine on (if needed) and start a new incarnation; return its network.
+    def boot(self, name: str, **options: Any) -> Any:
+        """Power the machine on (if needed) and start a new incarnation; return its network
+        (``network_class(self, incarnation, **options)``).
 
         Raises ``RuntimeError`` if an incarnation of ``name`` is still alive.
         """
-        from .streams import SimNetwork
-
         host = self.host(name)
         if host.process is not None:
             raise RuntimeError(f"host {name} is still running incarnation {host.process.number}")
@@ -445,7 +467,7 @@ class World:
         inc = Incarnation(host, self._incarnations, trio.current_time())
         host.process = inc
         self.trace.record("net", "boot", host=name, incarnation=inc.number)
-        return SimNetwork(self, inc, config=config)
+        return self.network_class(self, inc, **options)
 
     def _answer_orphans(self, host: _Host) -> None:
         """A machine comes back after a power-off: peers still retransmitting into its old
@@ -600,7 +622,7 @@ class World:
         if dst._recv_lot:
             dst._recv_lot.unpark_all()
 
-    def _arrive_rst(self, target: "SimStream") -> None:
+    def _arrive_rst(self, target: StreamEnd) -> None:
         if not target._inc.host.machine_up:
             return
         target._on_reset()

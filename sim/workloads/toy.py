@@ -1,7 +1,8 @@
 """A toy echo service: the simulator's own test workload (not pccl).
 
-It exercises everything the simulator does before pccl's communicator exists, and stays useful
-afterwards as the smallest scenario for benchmarks and for testing the simulator itself:
+It exercises everything the simulator does on the engine's own network and errors
+(:mod:`sim.engine.errors`; it imports nothing of pccl), the smallest scenario for benchmarks and
+for testing the simulator itself:
 
 * ``master`` listens on ``master:7000`` and echoes: for each ``PING seq n`` control frame followed
   by a data frame of ``n`` bytes it answers ``PONG seq n`` and the payload reversed;
@@ -9,7 +10,7 @@ afterwards as the smallest scenario for benchmarks and for testing the simulator
   random payload (its RNG), waits for the echo with a timeout, and reconnects on any failure.
 
 Frames are ``length:u32 | kind:u8 | body`` (kind 1 control, 2 data), so the simulator's frame
-sniffer reads them with :class:`sim.observe.LengthKindFrames` and message triggers
+sniffer reads them with :class:`sim.observe.tap.LengthKindFrames` and message triggers
 ("kill peer1 after it sends PING for the 3rd time") work.
 
 Checkers: :class:`EchoIntegrity` (safety: every echo is the reversed payload),
@@ -30,18 +31,20 @@ from typing import Any
 
 import trio
 
-from pccl.errors import PCCLError
-
-from .faults import Schedule, generate
-from .observe import LengthKindFrames
-from .runner import Checker, HostContext, Scenario, Simulation
-from .trace import TraceEvent
+from ..engine.errors import SimNetworkError
+from ..engine.runner import Checker, HostContext, Scenario, Simulation
+from ..engine.trace import TraceEvent
+from ..faults.generate import generate
+from ..faults.schedule import Schedule
+from ..observe.tap import LengthKindFrames
 
 __all__ = ["EchoScenario", "EchoIntegrity", "EchoProgress", "toy_schedule", "MESSAGES"]
 
 PORT = 7000
 CONTROL, DATA = 1, 2
 MESSAGES = ("HELLO", "PING", "PONG")
+#: Default recovery window after the faults (virtual seconds): longer than ``grace``.
+QUIET = 15.0
 _PREFIX = struct.Struct(">IB")
 
 
@@ -129,8 +132,12 @@ class EchoScenario(Scenario):
         self.bug = bug
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "EchoScenario":
-        return cls(**{k: v for k, v in data.items() if k != "name"})
+    def generate_schedule(
+        cls, seed: int, *, profile: str = "chaos", peers: int = 3, duration: float = 20.0, quiet: float | None = None,
+        **params: Any,
+    ) -> tuple[EchoScenario, Schedule]:
+        return toy_schedule(seed, profile=profile, peers=peers, duration=duration,
+                            quiet=QUIET if quiet is None else quiet, **params)
 
     def frame_format(self) -> LengthKindFrames:
         return LengthKindFrames(_name, control_kind=CONTROL)
@@ -166,7 +173,7 @@ class EchoScenario(Scenario):
                                 echo[0] ^= 0xFF
                             await _send(stream, CONTROL, b"PONG " + words[1] + b" " + words[2])
                             await _send(stream, DATA, bytes(echo))
-            except (PCCLError, ValueError):
+            except (SimNetworkError, ValueError):
                 pass  # the peer went away or spoke garbage: drop the connection
 
         async with trio.open_nursery() as nursery:
@@ -181,7 +188,7 @@ class EchoScenario(Scenario):
         while True:
             try:
                 stream = await host.network.connect(f"master:{PORT}", timeout=2.0)
-            except PCCLError as exc:
+            except SimNetworkError as exc:
                 host.record("connect_error", error=type(exc).__name__)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -210,7 +217,7 @@ class EchoScenario(Scenario):
                         else:
                             host.record("pong", seq=seq, rtt=trio.current_time() - start)
                         await trio.sleep(self.interval * (0.5 + rng.random()))
-            except (PCCLError, ValueError) as exc:
+            except (SimNetworkError, ValueError) as exc:
                 host.record("disconnected", error=type(exc).__name__)
             if self.bug == "give_up":
                 host.record("gave_up")
@@ -231,7 +238,7 @@ def toy_schedule(
     profile: str = "chaos",
     peers: int = 3,
     duration: float = 20.0,
-    quiet: float = 15.0,
+    quiet: float = QUIET,
     **scenario: Any,
 ) -> tuple[EchoScenario, Schedule]:
     """A generated schedule for the toy, and the scenario it describes."""

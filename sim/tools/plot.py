@@ -17,8 +17,8 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from .faults import Schedule
-from .trace import Trace
+from ..engine.trace import Trace
+from ..faults.schedule import Schedule
 
 __all__ = ["plot_trace", "MatplotlibMissing"]
 

@@ -6,6 +6,10 @@ memory address.  With ``_ALLOW_DETERMINISTIC_SCHEDULING`` set, trio sorts every 
 creation order before the seeded shuffle, which hides the address order (the same switch
 pytest-trio and Hypothesis flip).  Both names are private: :func:`check_trio_hooks` fails loudly
 if they move, and ``tests/sim/test_trio_hooks.py`` proves that they still make runs identical.
+
+Every other random choice of a run (link jitter, each host's RNG, schedule generation) draws from
+a ``random.Random`` that :func:`derive_rng` derives from the seed and a purpose, so removing one
+consumer leaves the others' numbers alone.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import hashlib
 import random
 from collections.abc import Iterator
 
-__all__ = ["TrioHooksChanged", "check_trio_hooks", "deterministic_trio", "trio_seed"]
+__all__ = ["TrioHooksChanged", "check_trio_hooks", "derive_rng", "deterministic_trio", "trio_seed"]
 
 
 class TrioHooksChanged(RuntimeError):
@@ -70,3 +74,12 @@ def deterministic_trio(seed: int | str) -> Iterator[None]:
     finally:
         run._ALLOW_DETERMINISTIC_SCHEDULING = saved_flag
         run._r.setstate(saved_state)
+
+
+def derive_rng(seed: int | str, *purpose: object) -> random.Random:
+    """A ``random.Random`` for one purpose, derived from the run's seed.
+
+    A str seed is hashed with sha512 by ``random``, so this is independent of ``PYTHONHASHSEED``
+    and stable across processes and Python versions.
+    """
+    return random.Random(":".join([str(seed), *map(str, purpose)]))

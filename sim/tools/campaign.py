@@ -7,8 +7,8 @@ seed order.  Each seed is one deterministic ``trio.run`` inside a worker, so res
 depend on the sharding (the determinism test checks hashes across fresh processes).
 
 Workers are started with the ``spawn`` method (a clean interpreter: no state inherited from
-the parent), so a phase or master variant registered at run time in the parent is unknown to
-them; campaigns of such things use ``workers=1`` (in-process).
+the parent), so a scenario, phase or master variant registered at run time in the parent is
+unknown to them; campaigns of such things use ``workers=1`` (in-process).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
-from .faults import Schedule
-from .runner import RunOptions, Scenario, run
-from .trace import Trace
+from ..engine.runner import RunOptions, Scenario, run
+from ..engine.trace import Trace
+from ..faults.schedule import Schedule
+from .scenarios import scenario_class
 
 __all__ = ["CampaignSpec", "SeedResult", "run_seed", "run_campaign", "peer_seconds", "ProgressBar", "parse_seeds"]
 
@@ -41,21 +42,10 @@ class CampaignSpec:
     params: tuple[tuple[str, Any], ...] = ()
 
     def build(self, seed: int) -> tuple[Scenario, Schedule]:
-        params = dict(self.params)
-        if self.scenario == "pccl":
-            from .workload import pccl_schedule
-
-            return pccl_schedule(
-                seed, profile=self.profile, peers=self.peers, duration=self.duration, quiet=self.quiet, **params
-            )
-        if self.scenario == "toy-echo":
-            from .toy import toy_schedule
-
-            return toy_schedule(
-                seed, profile=self.profile, peers=self.peers, duration=self.duration,
-                quiet=self.quiet if self.quiet is not None else 15.0, **params,
-            )
-        raise KeyError(f"no schedule generator for scenario {self.scenario!r} (known: pccl, toy-echo)")
+        """The scenario and the schedule of ``seed`` (the registered scenario's generator)."""
+        return scenario_class(self.scenario).generate_schedule(
+            seed, profile=self.profile, peers=self.peers, duration=self.duration, quiet=self.quiet, **dict(self.params)
+        )
 
     def command(self, seed: int) -> str:
         """The ``pccl-sim`` command line that replays ``seed`` of this campaign."""

@@ -29,52 +29,36 @@ class and kick reason), ``join_failed`` (``open_communicator`` failed: master do
 before acceptance), ``probe`` (from the ``monitor`` task: the master's view, every
 ``probe_interval``).
 
-Extending the step (issues 6 and 7).  The step body is a list of :class:`Phase` objects built
-from the scenario parameter ``phases`` (plain data: names, or ``{"name": ..., **params}``).  An
-issue adds one by subclassing :class:`Phase` and calling :func:`register_phase`::
-
-    class AllReducePhase(Phase):
-        name = "all_reduce"
-        async def run(self, step: StepContext) -> None:
-            info = await step.comm.all_reduce(x, op=pccl.ReduceOp.SUM, tag=0)
-            step.record("all_reduce", seq=..., world_size=info.world_size, digest=...)
-        def checkers(self, scenario):
-            return [AllReduceAgreement()]       # sim.checkers.Checker subclasses
-
-    register_phase(AllReducePhase)
-
-adds its module to :data:`PHASE_MODULES` (so fresh processes find it), then runs
-``PcclScenario(phases=["compute", "all_reduce"])`` (CLI: ``--phases compute,all_reduce``).  A phase raising one of its
-expected errors (``CollectiveAborted``) should record it and return; ``Kicked`` /
-``MasterUnreachable`` propagate to the reconnect logic above.  A phase's checkers are added to
-the membership checkers of :mod:`sim.checkers` automatically.
+The step body is a list of phases (:mod:`sim.workloads.pccl.phases`), built from the scenario
+parameter ``phases``; their checkers join the membership checkers of
+:mod:`sim.workloads.pccl.checkers`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import trio
 
 import pccl
 from pccl.protocol import master_state as ms
 
-from .faults import PROFILES, FaultRates, Schedule, generate
-from .network import LinkSpec
+from ...engine.network import LinkSpec
+from ...engine.runner import Checker, HostContext, Scenario, Simulation
+from ...faults.generate import PROFILES, FaultRates, generate
+from ...faults.schedule import Schedule
+from ...observe.coverage import CoverageProbe
+from ...observe.tap import FrameFormat
+from .checkers import membership_checkers
+from .frames import IDLE_MESSAGES, AllReduceParts, PcclFrames
 from .mutants import MASTER_VARIANTS, make_master_state
-from .observe import FrameFormat, PcclFrames
-from .runner import Checker, HostContext, Scenario, Simulation
+from .network import PcclSimNetwork
+from .phases import StepContext, build_phase
 
 __all__ = [
     "PcclScenario",
-    "Phase",
-    "ComputePhase",
-    "StepContext",
-    "PHASES",
-    "register_phase",
     "MEMBERSHIP_MESSAGES",
     "PEER_MESSAGE_DIRECTIONS",
     "MASTER_PORT",
@@ -108,77 +92,6 @@ def attributes(comm: pccl.Communicator) -> dict[str, int]:
     }
 
 
-@dataclasses.dataclass
-class StepContext:
-    """What a phase of the step body gets: the communicator, the host, the step number."""
-
-    host: HostContext
-    comm: pccl.Communicator
-    step: int
-    scenario: "PcclScenario"
-
-    def record(self, kind: str, **data: Any) -> None:
-        """A trace event from this peer, tagged with the step number and peer id."""
-        self.host.record(kind, step=self.step, peer_id=self.comm.peer_id, **data)
-
-
-class Phase:
-    """One part of the step body.  Subclass, set ``name``, implement :meth:`run`; register with
-    :func:`register_phase`.  Parameters come from the scenario's ``phases`` entry."""
-
-    name: ClassVar[str] = "phase"
-    #: Control messages of this phase, with the directions a peer sees them in: phase-triggered
-    #: faults aim at them too ("kill peer2 after it sends its 3rd CollectiveInit"), so faults
-    #: land inside the phase's votes and transfers, not only in membership phases.
-    messages: ClassVar[Mapping[str, tuple[str, ...]]] = {}
-
-    def __init__(self, **params: Any) -> None:
-        self.params = params
-
-    async def run(self, step: StepContext) -> None:
-        raise NotImplementedError
-
-    def checkers(self, scenario: "PcclScenario") -> Sequence[Checker]:
-        """Invariants this phase needs (instantiated per run)."""
-        return ()
-
-
-class ComputePhase(Phase):
-    """Simulated local compute: sleep ``scenario.step_time`` × uniform(0.5, 1.5) (the peer's RNG)."""
-
-    name = "compute"
-
-    async def run(self, step: StepContext) -> None:
-        scale = float(self.params.get("scale", 1.0))
-        await trio.sleep(step.scenario.step_time * scale * (0.5 + step.host.rng.random()))
-
-
-#: name -> Phase subclass.
-PHASES: dict[str, type[Phase]] = {"compute": ComputePhase}
-#: name -> module that registers it when imported: a schedule file (or a campaign worker, a fresh
-#: process) naming the phase rebuilds it without the caller importing the module first.
-PHASE_MODULES: dict[str, str] = {"all_reduce": "sim.collectives", "sync": "sim.shared_state"}
-
-
-def register_phase(cls: type[Phase]) -> type[Phase]:
-    """Make ``cls`` available to ``PcclScenario(phases=[cls.name, ...])`` (usable as a decorator)."""
-    PHASES[cls.name] = cls
-    return cls
-
-
-def _build_phase(spec: str | Mapping[str, Any]) -> Phase:
-    if isinstance(spec, str):
-        name, params = spec, {}
-    else:
-        params = {k: v for k, v in spec.items() if k != "name"}
-        name = spec["name"]
-    if name not in PHASES and name in PHASE_MODULES:
-        importlib.import_module(PHASE_MODULES[name])
-    if name not in PHASES:
-        raise KeyError(f"unknown phase {name!r}; known: {sorted(set(PHASES) | set(PHASE_MODULES))}")
-    return PHASES[name](**params)
-
-
 class PcclScenario(Scenario):
     """Master + peers running pccl (see the module docstring).
 
@@ -186,9 +99,9 @@ class PcclScenario(Scenario):
     ``peerN`` joins group ``N % groups``), ``peer_timeout``/``heartbeat_interval``/
     ``connect_timeout`` (the :class:`pccl.Config`, short for simulation), ``step_time`` (compute
     per step), ``alone_wait``, ``backoff`` (reconnect range), ``phases`` (the step body),
-    ``master`` (a :mod:`sim.mutants` variant; ``"real"`` is pccl's), ``liveness_bound`` (seconds
-    after the faults stop within which a full-membership step must happen; default derived from
-    the timeouts), ``probe_interval``, ``hold`` (after that step, keep watching this long, then
+    ``master`` (a :mod:`sim.workloads.pccl.mutants` variant; ``"real"`` is pccl's),
+    ``liveness_bound`` (seconds after the faults stop within which a full-membership step must
+    happen; default derived from the timeouts), ``probe_interval``, ``hold`` (after that step, keep watching this long, then
     end the run; default ``2 × peer_timeout + 2 × heartbeat_interval``; ``None``: run the whole
     quiet window), ``latency``/``jitter`` (one-way seconds on every link; WAN-like values make
     deliveries race).
@@ -196,6 +109,7 @@ class PcclScenario(Scenario):
 
     name = "pccl"
     sniff = True  # the checkers read TopologyComplete off the wire; coverage reads phases
+    network_class = PcclSimNetwork
 
     def __init__(
         self,
@@ -241,7 +155,7 @@ class PcclScenario(Scenario):
         self.step_time = step_time
         self.alone_wait = alone_wait
         self.backoff = (float(backoff[0]), float(backoff[1]))
-        self.phases = [_build_phase(p) for p in phases]
+        self.phases = [build_phase(p) for p in phases]
         self.master_variant = master
         if master not in MASTER_VARIANTS:  # fail fast on a typo, not inside the run
             raise KeyError(f"unknown master variant {master!r}; known: {sorted(MASTER_VARIANTS)}")
@@ -260,8 +174,11 @@ class PcclScenario(Scenario):
         self._masters: dict[int, pccl.Master] = {}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "PcclScenario":
-        return cls(**{k: v for k, v in data.items() if k != "name"})
+    def generate_schedule(
+        cls, seed: int, *, profile: str = "chaos", peers: int = 4, duration: float = 20.0, quiet: float | None = None,
+        **params: Any,
+    ) -> tuple[PcclScenario, Schedule]:
+        return pccl_schedule(seed, profile=profile, peers=peers, duration=duration, quiet=quiet, **params)
 
     # -- scenario hooks --
 
@@ -273,13 +190,18 @@ class PcclScenario(Scenario):
         return PcclFrames()
 
     def checkers(self) -> list[Checker]:
-        from .checkers import membership_checkers
-        from .coverage import CoverageProbe
-
-        out: list[Checker] = [*membership_checkers(self), CoverageProbe()]
+        out: list[Checker] = [*membership_checkers(self), CoverageProbe(idle=IDLE_MESSAGES)]
         for phase in self.phases:
             out.extend(phase.checkers(self))
         return out
+
+    def coverage_phases(self) -> tuple[str, ...]:
+        """The membership protocol's messages, then those of the step's phases that list theirs."""
+        return MEMBERSHIP_MESSAGES + tuple(p for phase in self.phases for p in phase.coverage_phases)
+
+    def master_coverage_phases(self) -> tuple[str, ...]:
+        # The master sends and reads no data frames: only control phases are listed for it.
+        return tuple(p for p in self.coverage_phases() if p not in AllReduceParts.PARTS)
 
     def configure(self, sim: Simulation) -> None:
         self._masters.clear()

@@ -1,37 +1,44 @@
-"""Watching the wire: frame sniffing, phase triggers and per-host phases — no hooks in pccl.
+"""Watching the wire: frame sniffing, phase triggers and per-host phases — no hooks in the code
+under test.
 
 The network calls a :class:`Tap` with the bytes each host sends (as they enter its send buffer),
 reads (as its application consumes them) and each link carries.  The tap parses the byte streams
-with the scenario's :class:`FrameFormat` — for pccl, :class:`PcclFrames`, built on
-:mod:`pccl.protocol.codec`: the 12-byte preamble, then ``length:u32 | kind:u8 | body`` frames,
-control bodies decoded to message names, data payloads skipped without copying — and
+with the scenario's :class:`FrameFormat` (e.g. :class:`LengthKindFrames`: an optional preamble,
+then ``length:u32 | kind:u8 | body`` frames, control bodies decoded to message names, data
+payloads skipped without copying) and
 
-* fires armed phase triggers (:class:`sim.faults.Trigger`): "after H sends/reads message M for
-  the n-th time", "after a→b carried x bytes", possibly chained with ``after``;
-* keeps each host's *phase*: the last control message it sent or read (the coverage matrix of
-  where faults land is built from it).
+* fires armed phase triggers (:class:`sim.faults.schedule.Trigger`): "after H sends/reads message
+  M for the n-th time", "after a→b carried x bytes", possibly chained with ``after``;
+* keeps each host's *phase*: the last control message it sent or read, or the part its last data
+  frame belonged to when the format names data frames (:class:`DataParts`); the coverage matrix
+  of where faults land is built from it.
 
 A trigger fires synchronously, inside the network call that completed the condition: a kill
 "after H sends M" therefore puts M on the wire and then cuts H before it does anything else.
 """
-
 from __future__ import annotations
 
 import dataclasses
 import struct
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .faults import FaultEvent, Trigger
+from ..faults.schedule import FaultEvent, Trigger
 
 if TYPE_CHECKING:
-    from .streams import SimStream
+    from ..engine.streams import SimStream
 
-__all__ = ["FrameFormat", "LengthKindFrames", "PcclFrames", "Tap"]
+__all__ = ["FrameFormat", "DataParts", "LengthKindFrames", "Tap"]
 
 
 class FrameFormat(Protocol):
-    """How to cut a connection's byte stream into frames and name its control messages."""
+    """How to cut a connection's byte stream into frames and name its control messages.
+
+    Optional members the tap uses when present: ``decode(body)`` (the decoded control message
+    handed to :meth:`Tap.watch` callbacks), ``decode_data(raw)`` (a data frame's header, for
+    :meth:`Tap.watch_data`) and ``data_parts`` (a factory of the run's :class:`DataParts`).
+    """
 
     #: Bytes at the start of every connection that are not frames (skipped).
     preamble_size: int
@@ -51,9 +58,28 @@ class FrameFormat(Protocol):
         frames that are not data frames."""
 
 
+class DataParts(Protocol):
+    """Names data frames by the part of a larger operation they belong to (e.g. the steps of a
+    collective), read off the wire.  The tap feeds it the control messages named in ``MESSAGES``
+    (decoded) and every data frame's header; the part it names becomes the host's phase and can
+    fire message triggers like a control message."""
+
+    #: The control messages it follows.
+    MESSAGES: AbstractSet[str]
+
+    def on_message(self, host: str, incarnation: int, direction: str, name: str, message: Any) -> None:
+        """``host`` (incarnation ``incarnation``) sent or read the control message ``name``."""
+
+    def on_data(self, host: str, incarnation: int, header: Any) -> str | None:
+        """The part the data frame with ``header`` belongs to, or ``None``."""
+
+    def in_flight(self, host: str) -> int:
+        """Operations in flight on ``host`` (the coverage matrix notes when there are several)."""
+
+
 class LengthKindFrames:
     """``length:u32 | kind:u8 | body`` frames (big-endian); ``control_kind`` bodies are named by
-    ``namer``.  The layout pccl uses, and the toy scenario too."""
+    ``namer``, ``data_kind`` frames start with a ``data_header_size``-byte header."""
 
     prefix_size = 5
     _prefix = struct.Struct(">IB")
@@ -89,114 +115,6 @@ class LengthKindFrames:
 
     def message_name(self, body: bytes) -> str | None:
         return self._namer(body)
-
-
-class AllReduceParts:
-    """Which part of a pccl all-reduce each data frame belongs to, read off the wire.
-
-    A peer's ``CollectiveInit`` (sent) gives an op's size, dtype and quantization, its
-    ``CollectiveCommence`` (read) the op's seq and ring; from then until it sends
-    ``CollectiveDone`` or reads the master's ``CollectiveComplete`` / ``CollectiveAbort``, its
-    data frames of that seq are ``data:exchange`` (the small-op plan,
-    :func:`pccl.protocol.ring.uses_exchange`), ``data:reduce-scatter`` (step < N - 1) or
-    ``data:all-gather``.  Other data frames (shared-state transfers) have no part.  State is
-    kept per incarnation: a restarted host starts afresh, and so does a peer that registers with
-    a master again (its ops ended with the old master connection, whether or not a Done or the
-    master's final word crossed the wire; a restarted master numbers ops from 1 again).
-    """
-
-    PARTS = ("data:exchange", "data:reduce-scatter", "data:all-gather")
-    #: The control messages it follows (decoded).
-    MESSAGES = frozenset({"CollectiveInit", "CollectiveCommence", "CollectiveDone", "CollectiveComplete",
-                          "CollectiveAbort", "Register"})
-
-    def __init__(self) -> None:
-        self._incarnation: dict[str, int] = {}
-        self._inits: dict[str, dict[int, Any]] = {}  # host -> tag -> its last CollectiveInit
-        self._ops: dict[str, dict[int, tuple[int, bool]]] = {}  # host -> seq -> (world, exchange)
-
-    def _host(self, host: str, incarnation: int) -> None:
-        if self._incarnation.get(host) != incarnation:
-            self._incarnation[host] = incarnation
-            self._inits[host] = {}
-            self._ops[host] = {}
-
-    def on_message(self, host: str, incarnation: int, direction: str, name: str, message: Any) -> None:
-        from pccl.protocol.ring import uses_exchange
-        from pccl.types import DType, QuantKind
-
-        self._host(host, incarnation)
-        if message is None:
-            return
-        if name == "Register" and direction == "send":
-            # (Re)joining a master: every op it had in flight ended with the old connection,
-            # whether or not a Done / Complete / Abort crossed the wire.
-            self._inits[host].clear()
-            self._ops[host].clear()
-        elif name == "CollectiveInit" and direction == "send":
-            self._inits[host][message.tag] = message
-        elif name == "CollectiveCommence" and direction == "recv":
-            init = self._inits[host].get(message.tag)
-            if init is None:
-                return
-            world = len(message.ring)
-            try:
-                nbytes = init.count * DType(init.dtype).itemsize
-                quantized = QuantKind(init.quant_kind) is not QuantKind.NONE
-            except ValueError:
-                return  # not an op the master would commence
-            self._ops[host][message.seq] = (world, uses_exchange(world, nbytes, quantized=quantized))
-        elif name in ("CollectiveDone", "CollectiveComplete", "CollectiveAbort"):
-            self._ops[host].pop(message.seq, None)
-
-    def on_data(self, host: str, incarnation: int, header: Any) -> str | None:
-        """The part ``header``'s frame belongs to, or ``None``."""
-        self._host(host, incarnation)
-        op = self._ops[host].get(header.op_seq) if header is not None else None
-        if op is None:
-            return None
-        world, exchange = op
-        if exchange:
-            return "data:exchange"
-        return "data:reduce-scatter" if header.step < world - 1 else "data:all-gather"
-
-    def in_flight(self, host: str) -> int:
-        """All-reduces in flight on ``host`` (commenced, not yet done)."""
-        return len(self._ops.get(host, ()))
-
-
-def PcclFrames() -> LengthKindFrames:  # noqa: N802 - a factory standing in for a class
-    """pccl's wire format (preamble + codec frames); message names are the Message class names."""
-    from pccl.errors import ProtocolError
-    from pccl.protocol import codec, handshake
-
-    def name(body: bytes) -> str | None:
-        try:
-            return type(codec.decode_message(body)).__name__
-        except ProtocolError:
-            return None
-
-    def decode(body: bytes) -> object | None:
-        try:
-            return codec.decode_message(body)
-        except ProtocolError:
-            return None
-
-    assert codec.PREFIX_SIZE == LengthKindFrames.prefix_size
-    frames = LengthKindFrames(name, control_kind=int(codec.FrameKind.CONTROL), preamble_size=handshake.PREAMBLE_SIZE,
-                              data_kind=int(codec.FrameKind.DATA), data_header_size=codec.DATA_HEADER_SIZE)
-    frames.decode = decode  # type: ignore[attr-defined]  # decoded messages for Tap.watch
-    def decode_data(raw: bytes) -> object | None:
-        prefix = raw[: codec.PREFIX_SIZE]
-        try:
-            _kind, length = codec.parse_prefix(prefix, max_frame_size=0)
-            return codec.parse_data_header(raw[codec.PREFIX_SIZE :], length)
-        except ProtocolError:
-            return None
-
-    frames.decode_data = decode_data  # type: ignore[attr-defined]  # data frame headers for Tap.watch_data
-    frames.data_parts = AllReduceParts  # type: ignore[attr-defined]  # names data frames for the Tap
-    return frames
 
 
 class _FrameParser:
@@ -322,7 +240,7 @@ class Tap:
         #: Names data frames (the format's ``data_parts``): like control messages, a named data
         #: frame sets its host's phase and can fire message triggers.
         parts = getattr(fmt, "data_parts", None)
-        self.parts: Any = parts() if parts is not None else None
+        self.parts: DataParts | None = parts() if parts is not None else None
         #: Last control message each host sent or read: its protocol phase.
         self.phase: dict[str, str] = {}
         self.messages_seen = 0
@@ -337,17 +255,16 @@ class Tap:
         """Call ``callback(host, direction, name, peer, message)`` for every control message
         (or only those named in ``names``), synchronously inside the network call that moved it.
         ``message`` is the decoded object when ``decode`` is set and the frame format has a
-        ``decode(body)`` method (pccl's does), else ``None``.  Checkers use it to read what the
-        wire carries (e.g. the round id of a ``TopologyComplete``)."""
+        ``decode(body)`` method, else ``None``.  Checkers use it to read what the wire carries
+        (e.g. a round id inside a message)."""
         self._watchers.append((callback, None if names is None else frozenset(names), decode))
 
     def watch_data(self, callback: Callable[[str, str, Any, str, str | None], None]) -> None:
         """Call ``callback(host, direction, header, peer, part)`` for every data frame a host
         sends or reads, once its header has passed (``header``: the format's
-        ``decode_data(raw)`` of the frame's prefix and header bytes — for pccl a
-        :class:`~pccl.protocol.codec.DataHeader` — or those raw bytes if it has none; ``part``:
-        its name from the format's ``data_parts``, e.g. ``data:all-gather``, or ``None``).  The
-        payload is still skipped, never copied."""
+        ``decode_data(raw)`` of the frame's prefix and header bytes, or those raw bytes if it has
+        none; ``part``: its name from the format's :class:`DataParts`, or ``None``).  The payload
+        is still skipped, never copied."""
         self._data_watchers.append(callback)
 
     # -- arming --

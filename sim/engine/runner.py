@@ -7,14 +7,14 @@
     print(trace.hash())
 
 Inside, a single ``trio.run`` on ``MockClock(autojump_threshold=0)`` with trio's scheduler seeded
-from the schedule's seed (:mod:`sim.determinism`) runs:
+from the schedule's seed (:mod:`sim.engine.determinism`) runs:
 
-* the :class:`~sim.network.World` delivery loop;
+* the :class:`~sim.engine.network.World` delivery loop;
 * every simulated host as a task ``scenario.<role>(host)`` inside its own cancel scope, one per
-  incarnation; ``host`` is a :class:`HostContext` with the host's own network, RNG and a
-  ``record`` method for trace events;
+  incarnation; ``host`` is a :class:`HostContext` with the host's own network (an instance of
+  the scenario's ``network_class``), RNG and a ``record`` method for trace events;
 * the fault injector, which applies the schedule's time-triggered events at their times and arms
-  the phase-triggered ones (:mod:`sim.observe`);
+  the phase-triggered ones (:mod:`sim.observe.tap`);
 * the watchdog: the run always has a deadline (the schedule's horizon), so a global deadlock ends
   in a reported liveness failure, never a hang; a loop-iteration counter turns a livelock (tasks
   spinning without virtual time passing) into one too.
@@ -41,16 +41,16 @@ import math
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, ClassVar, Self, TypeVar
 
 import trio
 import trio.testing
 
-from .determinism import deterministic_trio
-from .faults import FaultEvent, Schedule
-from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World, derive_rng
-from .observe import FrameFormat, Tap
+from ..faults.schedule import FaultEvent, Schedule
+from ..observe.tap import FrameFormat, Tap
+from .determinism import derive_rng, deterministic_trio
+from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World
 from .streams import SimNetwork
 from .trace import Trace, TraceEvent
 
@@ -89,17 +89,38 @@ class Scenario:
     Roles are async methods named after the role: ``async def master(self, host)`` and
     ``async def peer(self, host)`` by default.  A host's role comes from its spawn event, else
     :meth:`role_of`.  The base class keeps ``params`` (plain data, stored in the schedule).
+
+    Tools reach a scenario only through its registered ``name`` (:mod:`sim.tools.scenarios`) and
+    these class methods: :meth:`from_json` rebuilds it from a schedule, :meth:`generate_schedule`
+    draws a schedule for it from a seed.
     """
 
     name = "scenario"
     #: Parse the wire in every run (phases, ``Tap.watch``), not only when a trigger needs it.
     sniff = False
+    #: The network each host gets (``host.network``): the engine's, or a workload's flavour of it
+    #: that speaks the code under test's transport interface and errors.
+    network_class: ClassVar[type[SimNetwork]] = SimNetwork
 
     def __init__(self, **params: Any) -> None:
         self.params = params
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, **self.params}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        """The scenario :meth:`to_json` described (``data`` is a schedule's ``scenario``)."""
+        return cls(**{k: v for k, v in data.items() if k != "name"})
+
+    @classmethod
+    def generate_schedule(
+        cls, seed: int, *, profile: str, peers: int, duration: float, quiet: float | None = None, **params: Any
+    ) -> tuple[Scenario, Schedule]:
+        """A fault schedule drawn from ``seed`` (:func:`sim.faults.generate.generate` with this
+        scenario's vocabulary), and the scenario it describes; ``quiet=None``: the scenario's
+        own recovery window.  ``params`` go to the scenario."""
+        raise NotImplementedError(f"scenario {cls.name!r} has no schedule generator")
 
     def initial_hosts(self) -> list[tuple[str, str]]:
         """``(host name, role)`` started at t = 0, in this order."""
@@ -118,6 +139,14 @@ class Scenario:
 
     def checkers(self) -> Sequence[Checker]:
         return ()
+
+    def coverage_phases(self) -> Sequence[str]:
+        """Phases the coverage table lists for fault victims even when no fault hit them."""
+        return ()
+
+    def master_coverage_phases(self) -> Sequence[str]:
+        """The same for the master's phase (default: :meth:`coverage_phases`)."""
+        return self.coverage_phases()
 
     def on_quiet(self, sim: "Simulation") -> None:
         """The fault window ended and the network is healed; e.g. restart dead hosts."""
@@ -209,7 +238,8 @@ class Simulation:
         self.seed = schedule.seed
         self.trace = Trace()
         self.world = World(
-            seed=schedule.seed, trace=self.trace, default_link=options.default_link, send_buffer=options.send_buffer
+            seed=schedule.seed, network_class=scenario.network_class, trace=self.trace,
+            default_link=options.default_link, send_buffer=options.send_buffer,
         )
         self.world.on_zombie = self._zombie
         self.rng = derive_rng(schedule.seed, "scenario")
@@ -505,14 +535,17 @@ def simulate(
     send_buffer: int = 256 * 1024,
     trace: Trace | None = None,
     deadline: float = 3600.0,
+    network_class: type[SimNetwork] = SimNetwork,
 ) -> T:
     """Run ``await fn(world)`` in a deterministic simulated ``trio.run`` over a fresh
     :class:`World` (its delivery loop running); return its result.  For tests and tools that
-    drive hosts themselves (``world.boot(name)`` gives a host's network).  ``trio.TooSlowError``
-    if ``fn`` has not finished by virtual time ``deadline`` (a deadlock never hangs)."""
+    drive hosts themselves (``world.boot(name)`` gives a host's network, a ``network_class``).
+    ``trio.TooSlowError`` if ``fn`` has not finished by virtual time ``deadline`` (a deadlock
+    never hangs)."""
 
     async def main() -> T:
-        world = World(seed=seed, trace=trace, default_link=default_link, send_buffer=send_buffer)
+        world = World(seed=seed, network_class=network_class, trace=trace, default_link=default_link,
+                      send_buffer=send_buffer)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(world.run)
             with trio.fail_at(deadline):

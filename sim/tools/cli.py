@@ -8,10 +8,11 @@
     pccl-sim coverage --seeds 0..49                # where faults landed: victim x master phase x kind
     pccl-sim plot --seed 7 [--out run.png] | FILE  # membership and faults timeline (needs matplotlib)
 
-The default scenario is ``pccl`` (:mod:`sim.workload`: the real master and peers running the
-recommended training loop); ``--scenario toy-echo`` runs the simulator's toy.  A seed plus the
-generation options (``--profile --peers --duration --quiet --master --phases``) determine the
-schedule; a schedule FILE carries its own.  Exit status: 0 if every run passed, 1 if one failed,
+The default scenario is ``pccl`` (:mod:`sim.workloads.pccl.scenario`: the real master and peers
+running the recommended training loop); ``--scenario toy-echo`` runs the simulator's toy (the
+choices are the names of :mod:`sim.tools.scenarios`).  A seed plus the generation options
+(``--profile --peers --duration --quiet --master --phases``) determine the schedule; a schedule
+FILE carries its own (it names its scenario).  Exit status: 0 if every run passed, 1 if one failed,
 2 on bad usage.
 """
 
@@ -25,12 +26,14 @@ import pathlib
 import sys
 from typing import Any
 
+from ..engine.runner import Scenario, run
+from ..engine.trace import Trace
+from ..faults.generate import PROFILES
+from ..faults.schedule import Schedule
+from ..faults.shrink import NotFailing, same_failure, shrink
+from ..observe.coverage import coverage_table
 from .campaign import CampaignSpec, ProgressBar, parse_seeds, run_campaign, summary_table
-from .faults import PROFILES, Schedule
-from .runner import Scenario, run
-from .scenarios import scenario_from_json
-from .shrink import NotFailing, same_failure, shrink
-from .trace import Trace
+from .scenarios import scenario_from_json, scenario_names
 
 __all__ = ["main"]
 
@@ -115,12 +118,10 @@ def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
           f"{spec.duration:g} s of faults, seeds {seeds[0]}..{seeds[-1]}")
     print(summary_table(results))
     if coverage:
-        from .coverage import ALL_REDUCE_PHASES, coverage_table
-        from .workload import MEMBERSHIP_MESSAGES
-
-        phases = MEMBERSHIP_MESSAGES + (ALL_REDUCE_PHASES if "all_reduce" in args.phases else ())
+        scenario = spec.build(seeds[0])[0]
         print()
-        print(coverage_table([c for r in results for c in r.coverage], phases=phases))
+        print(coverage_table([c for r in results for c in r.coverage], phases=scenario.coverage_phases(),
+                             master_phases=scenario.master_coverage_phases()))
     if failing:
         print(f"\n{len(failing)} failing seed(s):")
         for r in failing:
@@ -181,12 +182,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def generation(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--scenario", default="pccl", choices=("pccl", "toy-echo"))
+        p.add_argument("--scenario", default="pccl", choices=scenario_names())
         p.add_argument("--profile", default="chaos", choices=sorted(PROFILES))
         p.add_argument("--peers", type=int, default=4)
         p.add_argument("--duration", type=float, default=20.0, help="fault window (virtual s)")
         p.add_argument("--quiet", type=float, default=None, help="recovery window after it (default: scenario's)")
-        p.add_argument("--master", default="real", help="master variant (sim.mutants), e.g. no-recheck-on-disconnect")
+        p.add_argument("--master", default="real",
+                       help="master variant (sim.workloads.pccl.mutants), e.g. no-recheck-on-disconnect")
         p.add_argument("--phases", default="", help="step body, comma-separated (default: compute)")
         p.add_argument("--groups", type=int, default=1, help="peer groups (peerN joins group N %% groups)")
         p.add_argument("-v", "--verbose", action="store_true")

@@ -33,18 +33,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 import pccl
 
-from .runner import Checker, Simulation
-from .trace import TraceEvent
-from .workload import Phase, StepContext, register_phase
-
-if TYPE_CHECKING:
-    from .workload import PcclScenario
+from ...engine.runner import Checker, Simulation
+from ...engine.trace import TraceEvent
+from .phases import Phase, StepContext, StepScenario, register_phase
 
 __all__ = ["SyncPhase", "SharedStateAgreement", "state_digest", "update_state"]
 
@@ -125,7 +122,7 @@ class SyncPhase(Phase):
         if self.diverge == host.name:
             state["w"][0] += np.float32(host.rng.random())
 
-    def checkers(self, scenario: PcclScenario) -> Sequence[Checker]:
+    def checkers(self, scenario: StepScenario) -> Sequence[Checker]:
         return [SharedStateAgreement()]
 
 

@@ -4,58 +4,51 @@ Time-triggered kills land where time is *spent* (idle, waiting in a vote); short
 are only reached by phase-triggered faults (the design study found twice as many failures with
 them).  This module measures which protocol phases the faults of a run or a campaign actually hit.
 
-A host's *phase* is the last control message it sent or read, as the network carries it —
-heartbeats excluded (they say nothing about the protocol's state) and reset when the host
-(re)boots — or, inside an all-reduce, the part of the op its last data frame belonged to:
-``data:reduce-scatter``, ``data:all-gather`` or ``data:exchange`` (the small-op plan of
-:func:`pccl.protocol.ring.uses_exchange`; :class:`sim.observe.AllReduceParts` reads it off the
-frame's header and the op's ``CollectiveInit`` / ``CollectiveCommence``).  While the host has more than one op in
-flight the data phase says so: ``data:all-gather [2 ops]``.  No hook in pccl: :class:`PhaseTracker` subscribes to the frame sniffer
-(:meth:`sim.observe.Tap.watch`).  :class:`CoverageProbe` (a checker that never fails) reads the
-victim's and the master's phase at the instant each fault is applied and appends a cell to
+A host's *phase* is the last control message it sent or read, as the network carries it — except
+the scenario's *idle* messages (heartbeats, say: they tell nothing about the protocol's state) —
+reset when the host (re)boots; or, when the frame format names data frames
+(:class:`sim.observe.tap.DataParts`), the part its last data frame belonged to.  While the host
+has more than one such operation in flight the data phase says so: ``data:all-gather [2 ops]``.
+No hook in the code under test: :class:`PhaseTracker` subscribes to the frame sniffer
+(:meth:`sim.observe.tap.Tap.watch`).  :class:`CoverageProbe` (a checker that never fails) reads
+the victim's and the master's phase at the instant each fault is applied and appends a cell to
 ``trace.stats["coverage"]`` (statistics: not part of the trace hash).  :func:`coverage_table`
-prints the campaign's matrix.
+prints the campaign's matrix; the scenario says which phases it lists even when no fault hit them
+(``Scenario.coverage_phases``).
 """
-
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .runner import Checker, Simulation
-from .trace import TraceEvent
+from ..engine.runner import Checker, Simulation
+from ..engine.trace import TraceEvent
 
-__all__ = ["PhaseTracker", "CoverageProbe", "fault_victims", "coverage_table", "IDLE_MESSAGES", "NO_PHASE",
-           "ALL_REDUCE_PHASES"]
+__all__ = ["PhaseTracker", "CoverageProbe", "fault_victims", "coverage_table", "NO_PHASE"]
 
-#: Control messages that do not change a host's protocol phase.
-IDLE_MESSAGES = frozenset({"Heartbeat"})
 #: Phase of a host that has not sent or read a control message in this incarnation.
 NO_PHASE = "-"
-
-#: The phases of an all-reduce, in order (listed by the coverage table even when unhit).
-ALL_REDUCE_PHASES = ("CollectiveInit", "CollectiveCommence", "data:exchange", "data:reduce-scatter",
-                     "data:all-gather", "CollectiveDone", "CollectiveComplete", "CollectiveAbort")
 
 Cell = tuple[str, str, str]  # (victim phase, master phase, fault kind)
 
 
 class PhaseTracker:
-    """Each host's protocol phase: the last non-idle control message it sent or read, or the
-    part of the all-reduce its last data frame belonged to (module docstring)."""
+    """Each host's protocol phase: the last control message it sent or read that is not in
+    ``idle``, or the part its last named data frame belonged to (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle: Iterable[str] = ()) -> None:
+        self.idle = frozenset(idle)
         self.phase: dict[str, str] = {}
         self._tap: Any = None
 
     def on_message(self, host: str, direction: str, name: str, peer: str, message: Any) -> None:
-        if name not in IDLE_MESSAGES:
+        if name not in self.idle:
             self.phase[host] = name
 
     def on_data(self, host: str, direction: str, header: Any, peer: str, part: str | None) -> None:
         if part is None:
-            return  # not a frame of an all-reduce in flight there (a shared-state transfer, say)
+            return  # not a frame of an operation in flight there (a bulk transfer, say)
         ops = self._tap.parts.in_flight(host)
         self.phase[host] = part + (f" [{ops} ops]" if ops > 1 else "")
 
@@ -85,13 +78,15 @@ def fault_victims(event: Mapping[str, Any]) -> list[str]:
 
 
 class CoverageProbe(Checker):
-    """Records the coverage cell of every fault applied in the run (never fails)."""
+    """Records the coverage cell of every fault applied in the run (never fails).  ``master``
+    names the host whose phase is the second coordinate; ``idle`` are the control messages that
+    do not change a phase."""
 
     name = "coverage"
 
-    def __init__(self, master: str = "master") -> None:
+    def __init__(self, master: str = "master", *, idle: Iterable[str] = ()) -> None:
         self.master = master
-        self.tracker = PhaseTracker()
+        self.tracker = PhaseTracker(idle)
 
     def attach(self, sim: Simulation) -> None:
         self.tracker.attach(sim)
@@ -107,10 +102,13 @@ class CoverageProbe(Checker):
                 cells.append([self.tracker.of(victim), master_phase, fault["kind"]])
 
 
-def coverage_table(cells: Iterable[Sequence[str]], *, phases: Sequence[str] = ()) -> str:
+def coverage_table(
+    cells: Iterable[Sequence[str]], *, phases: Sequence[str] = (), master_phases: Sequence[str] | None = None
+) -> str:
     """Text tables of a campaign's cells: victim phase × fault kind, master phase × fault kind,
-    then the full (victim, master, kind) matrix.  ``phases`` are listed even when no fault hit
-    them (an empty row is the finding)."""
+    then the full (victim, master, kind) matrix.  ``phases`` are listed in the victim table and
+    ``master_phases`` (default: ``phases``) in the master's even when no fault hit them (an empty
+    row is the finding)."""
     counter: Counter[Cell] = Counter(tuple(c) for c in cells)  # type: ignore[misc]
     kinds = sorted({k for _, _, k in counter})
     out: list[str] = []
@@ -118,8 +116,7 @@ def coverage_table(cells: Iterable[Sequence[str]], *, phases: Sequence[str] = ()
         rows: dict[str, Counter[str]] = {}
         for cell, n in counter.items():
             rows.setdefault(cell[index], Counter())[cell[2]] += n
-        # The master sends no data frames: its table lists only control phases when unhit.
-        listed = [p for p in phases if index == 0 or not p.startswith("data:")]
+        listed = phases if index == 0 or master_phases is None else master_phases
         names = list(dict.fromkeys([*listed, *sorted(rows)]))
         out.append(_table(title, names, kinds, rows))
     out.append(f"{len(counter)} distinct (victim phase, master phase, fault kind) cells, {sum(counter.values())} faults")

@@ -1,8 +1,9 @@
 """Invariants of the pccl workload, checked after every trace event.
 
-Each checker is an independent :class:`sim.runner.Checker`; a scenario lists the ones it needs
-(:func:`membership_checkers` for membership, plus whatever the step's phases add — see
-:mod:`sim.workload`).  Failure kinds (VOPR's classification, :data:`sim.trace.FAILURE_KINDS`):
+Each checker is an independent :class:`sim.engine.runner.Checker`; a scenario lists the ones it
+needs (:func:`membership_checkers` for membership, plus whatever the step's phases add — see
+:mod:`sim.workloads.pccl.phases`).  Failure kinds (VOPR's classification,
+:data:`sim.engine.trace.FAILURE_KINDS`):
 
 * **safety** — :class:`MembershipAgreement`: every peer that completed the same topology round
   got the same attributes (``world_size`` within a ring, ``global_world_size`` /
@@ -21,34 +22,48 @@ Each checker is an independent :class:`sim.runner.Checker`; a scenario lists the
   network healed, the master restarted if needed) a *full-membership step* must follow within
   ``bound`` seconds: every live peer accepted and completing a step (begun after the faults
   stopped) with ``world_size`` equal to the number of live peers of its group (a peer alone in
-  its group: waiting alone).  The bound is
-  longer than the protocol's timeouts (:attr:`sim.workload.PcclScenario.liveness_bound`).
+  its group: waiting alone).  The bound is longer than the protocol's timeouts
+  (:attr:`sim.workloads.pccl.scenario.PcclScenario.liveness_bound`).
 * crash / zombie / determinism come from the runner and the CLI.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pccl.protocol import master_state as ms
 
-from .runner import Checker, Simulation
-from .trace import TraceEvent
-
-if TYPE_CHECKING:
-    from .workload import PcclScenario
+from ...engine.runner import Checker, Simulation
+from ...engine.trace import TraceEvent
 
 __all__ = [
     "MembershipAgreement",
     "NoStuckVote",
     "NoProtocolKicks",
     "FullMembershipLiveness",
+    "MembershipScenario",
     "membership_checkers",
     "stuck_votes",
 ]
 
 _ATTRIBUTES = ("world_size", "global_world_size", "num_peer_groups", "largest_peer_group_size")
+
+
+class MembershipScenario(Protocol):
+    """What the membership checkers read of the scenario they watch (a
+    :class:`~sim.workloads.pccl.scenario.PcclScenario`)."""
+
+    #: Seconds after the faults stop within which a full-membership step must happen.
+    liveness_bound: float
+    #: Seconds to keep watching after that step before ending the run (``None``: never end early).
+    hold: float | None
+
+    def group_of(self, host: str) -> int: ...
+
+    def master_state(self, sim: Simulation) -> ms.MasterState | None: ...
+
+    def masters(self) -> Iterable[Any]: ...
 
 
 class MembershipAgreement(Checker):
@@ -215,9 +230,10 @@ class FullMembershipLiveness(Checker):
 
     ``group_of(host)`` gives a peer host's group.  With ``hold`` set, the run ends ``hold``
     seconds after the full-membership step (the other checkers keep watching meanwhile): a
-    campaign spends its time on faults, not on steady state.  The verdict is given in ``at_end``, so the
-    run's quiet window should be longer than ``bound`` (:func:`sim.workload.pccl_schedule` makes
-    it 1.2 × bound); a window too short to converge in fails rather than passing vacuously.
+    campaign spends its time on faults, not on steady state.  The verdict is given in ``at_end``,
+    so the run's quiet window should be longer than ``bound``
+    (:func:`sim.workloads.pccl.scenario.pccl_schedule` makes it 1.2 × bound); a window too short
+    to converge in fails rather than passing vacuously.
     """
 
     name = "full-membership"
@@ -296,8 +312,8 @@ class FullMembershipLiveness(Checker):
             )
 
 
-def membership_checkers(scenario: "PcclScenario") -> list[Checker]:
-    """The membership invariants of issue 5, for one run of ``scenario``."""
+def membership_checkers(scenario: MembershipScenario) -> list[Checker]:
+    """The membership invariants, for one run of ``scenario``."""
     return [
         MembershipAgreement(),
         NoStuckVote(scenario.master_state, grace=0.0),

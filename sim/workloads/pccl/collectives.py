@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import trio
@@ -37,12 +37,10 @@ import pccl
 from pccl.collectives.reference import ring_reference
 from pccl.protocol.ring import EXCHANGE_MAX_BYTES
 
-from .runner import Checker, Simulation
-from .trace import TraceEvent
-from .workload import Phase, StepContext, register_phase
-
-if TYPE_CHECKING:
-    from .workload import PcclScenario
+from ...engine.runner import Checker, Simulation
+from ...engine.trace import TraceEvent
+from .frames import ALL_REDUCE_PHASES
+from .phases import Phase, StepContext, StepScenario, register_phase
 
 __all__ = ["AllReducePhase", "AllReduceAgreement", "phase_input", "digest"]
 
@@ -80,8 +78,8 @@ class AllReducePhase(Phase):
     messages = {
         "CollectiveInit": ("send",),
         "CollectiveCommence": ("recv",),
-        # Data frames named by the part of the op they belong to (sim.observe.AllReduceParts):
-        # phase triggers land inside the transfers too.
+        # Data frames named by the part of the op they belong to (frames.AllReduceParts): phase
+        # triggers land inside the transfers too.
         "data:exchange": ("send", "recv"),
         "data:reduce-scatter": ("send", "recv"),
         "data:all-gather": ("send", "recv"),
@@ -89,6 +87,7 @@ class AllReducePhase(Phase):
         "CollectiveComplete": ("recv",),
         "CollectiveAbort": ("recv",),
     }
+    coverage_phases = ALL_REDUCE_PHASES
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -146,7 +145,7 @@ class AllReducePhase(Phase):
         step.record("all_reduce", k=k, tag=tag, world_size=info.world_size, ring=list(comm.ring), digest=digest(x),
                     tx=info.tx_bytes, rx=info.rx_bytes)
 
-    def checkers(self, scenario: PcclScenario) -> Sequence[Checker]:
+    def checkers(self, scenario: StepScenario) -> Sequence[Checker]:
         return [AllReduceAgreement(self)]
 
 

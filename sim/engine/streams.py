@@ -1,0 +1,591 @@
+"""The simulated host's view of the network: ``SimNetwork``, ``SimStream``, ``SimListener``.
+
+They behave exactly as real TCP does for a program (``tests/net_conformance.py`` holds pccl's TCP
+network and the simulated one to one contract); the model behind them is in
+:mod:`sim.engine.network`.  Every method is a trio checkpoint.  Addresses are ``"host:port"``
+strings (IPv6 hosts bracketed).  Errors come from the network's :class:`TransportErrors`
+vocabulary (:mod:`sim.engine.errors`): ``peer_disconnected`` (reset, peer gone),
+``stream_closed`` (this side closed), ``connection_refused``, ``connect_timeout``,
+``address_in_use``, ``invalid_argument``, and ``invalid_usage`` for two tasks sending (or
+receiving) at once.
+
+A workload gives the simulated network its own flavour by subclassing :class:`SimNetwork`: its
+``errors`` vocabulary, and the ``stream_class`` / ``listener_class`` it makes (subclasses that also
+implement the workload's transport interfaces, as :mod:`sim.workloads.pccl.network` does for
+:class:`pccl.net.base.Network`).  The runner boots each host with the scenario's
+``network_class``.
+
+A network object belongs to one host incarnation.  After that incarnation died, its operations
+fail (``peer_disconnected``; ``aclose`` is a silent no-op); if that happens at a later virtual
+instant than the death, the world records a zombie failure: in reality nothing runs after kill -9.
+While the host is stalled, every operation blocks until the stall ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import trio
+
+from .errors import ENGINE_ERRORS, TransportErrors
+from .network import _LOOPBACK, _WILDCARD, CURRENT_INCARNATION, Incarnation, Pipe
+
+if TYPE_CHECKING:
+    from .network import World
+
+__all__ = ["SimNetwork", "SimStream", "SimListener", "parse_address", "format_address"]
+
+logger = logging.getLogger(__name__)
+
+
+def parse_address(address: str, errors: TransportErrors = ENGINE_ERRORS) -> tuple[str, int]:
+    """Split ``"host:port"`` / ``"[v6]:port"`` into ``(host, port)``; ``errors.invalid_argument``
+    if malformed."""
+    if not isinstance(address, str):
+        raise errors.invalid_argument(f"address must be a 'host:port' string, got {type(address).__name__}")
+    if address.startswith("["):
+        host, sep, rest = address[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise errors.invalid_argument(f"malformed IPv6 address {address!r}; expected '[host]:port'")
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = address.rpartition(":")
+        if not sep:
+            raise errors.invalid_argument(f"address {address!r} has no port; expected 'host:port'")
+        if ":" in host:
+            raise errors.invalid_argument(f"IPv6 address {address!r} must be bracketed: '[host]:port'")
+    if not host:
+        raise errors.invalid_argument(f"address {address!r} has no host")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise errors.invalid_argument(f"address {address!r} has an invalid port")
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    """Inverse of :func:`parse_address`."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _send_view(data: Any, errors: TransportErrors) -> memoryview:
+    """``data`` as a flat byte view (no copy): like a kernel, take any contiguous buffer."""
+    try:
+        view = memoryview(data)
+    except TypeError as exc:
+        raise errors.invalid_argument(f"cannot send a {type(data).__name__}: not a buffer") from exc
+    if not view.c_contiguous:
+        raise errors.invalid_argument("send buffer must be C-contiguous")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _receive_view(buffer: Any, errors: TransportErrors) -> memoryview:
+    """``buffer`` as a flat writable byte view (no copy).  Empty is refused: a zero-length
+    receive could not tell "nothing yet" from EOF."""
+    try:
+        view = memoryview(buffer)
+    except TypeError as exc:
+        raise errors.invalid_argument(f"cannot receive into a {type(buffer).__name__}: not a buffer") from exc
+    if view.readonly:
+        raise errors.invalid_argument("receive buffer is read-only")
+    if not view.c_contiguous:
+        raise errors.invalid_argument("receive buffer must be C-contiguous")
+    if view.nbytes == 0:
+        raise errors.invalid_argument("receive buffer is empty; receive_into needs room for at least one byte")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+class SimStream:
+    """One end of a simulated TCP connection (see :mod:`sim.engine.network` for the model).
+
+    Its semantics are those of :class:`pccl.net.base.Stream` (the contract
+    ``tests/net_conformance.py`` checks): one task may send while another receives; a cancelled
+    ``receive_into`` loses no bytes; after ``aclose``/``abort`` every operation raises
+    ``stream_closed``; after the peer's clean close ``receive_into`` returns 0, after its abort it
+    raises ``peer_disconnected``.
+    """
+
+    def __init__(self, net: SimNetwork, *, local: str, remote: str) -> None:
+        self._net = net
+        self._errors = net.errors
+        self._world = net._world
+        self._inc = net._inc
+        self._id = self._world._stream_id()
+        self.local_address = local
+        self.remote_address = remote
+        self._out: Pipe = None  # type: ignore[assignment]  # set by _wire
+        self._in: Pipe = None  # type: ignore[assignment]
+        self._peer: SimStream = None  # type: ignore[assignment]
+        self._rbuf: deque[memoryview] = deque()
+        self._rbuf_bytes = 0
+        self._eof = False
+        self._reset = False
+        self._closed = False
+        self._eof_sent = False
+        self._rst_sent = False
+        self._sending = False
+        self._receiving = False
+        self._recv_lot = trio.lowlevel.ParkingLot()
+        if self._inc.alive:
+            self._inc.streams[self._id] = self
+        else:
+            self._closed = True
+
+    def _wire(self, peer: "SimStream", link: Any) -> None:
+        self._peer = peer
+        self._out = Pipe(link, self, peer)
+        peer._in = self._out
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "reset" if self._reset else "open"
+        return f"<SimStream {self.local_address} -> {self.remote_address} {state}>"
+
+    # -- sending --
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        view = _send_view(data, self._errors)
+        await self._net._enter("send_all")
+        if self._closed:
+            raise self._errors.stream_closed(f"send on a closed stream to {self.remote_address}")
+        if self._eof_sent:
+            raise self._errors.stream_closed(f"send after send_eof on the stream to {self.remote_address}")
+        if self._sending:
+            raise self._errors.invalid_usage("another task is already sending on this stream")
+        self._sending = True
+        try:
+            out = self._out
+            world = self._world
+            total = len(view)
+            offset = 0
+            while True:
+                if self._closed:
+                    raise self._errors.stream_closed(f"stream to {self.remote_address} was closed during a send")
+                self._net._raise_if_dead("send_all")
+                if self._reset or out.dead:
+                    raise self._errors.peer_disconnected(f"connection to {self.remote_address} was reset")
+                if offset >= total:
+                    return
+                room = world.send_buffer - out.queued
+                if room > 0:
+                    n = min(room, total - offset)
+                    # Copy, as a kernel does: the caller may reuse its buffer once we return.
+                    chunk = bytes(view[offset : offset + n])
+                    offset += n
+                    out.enqueue(chunk)
+                    if world.tap is not None:
+                        world.tap.on_sent(self, chunk)
+                    continue
+                await out.send_lot.park()
+                if self._inc.host.stalled:
+                    await self._net._gate("send_all")
+        finally:
+            self._sending = False
+
+    async def send_eof(self) -> None:
+        await self._net._enter("send_eof")
+        if self._closed:
+            raise self._errors.stream_closed(f"send_eof on a closed stream to {self.remote_address}")
+        if self._eof_sent:
+            return
+        if self._sending:
+            raise self._errors.invalid_usage("send_eof while another task is sending on this stream")
+        self._eof_sent = True
+        if not self._reset:
+            self._out.fin_pending = True
+            self._out.link.activate(self._out)
+
+    # -- receiving --
+
+    async def receive_into(self, buffer: memoryview | bytearray) -> int:
+        view = _receive_view(buffer, self._errors)
+        await self._net._enter("receive_into")
+        if self._closed:
+            raise self._errors.stream_closed(f"receive on a closed stream from {self.remote_address}")
+        if self._receiving:
+            raise self._errors.invalid_usage("another task is already receiving on this stream")
+        self._receiving = True
+        try:
+            while True:
+                if self._closed:
+                    raise self._errors.stream_closed(f"stream from {self.remote_address} was closed during a receive")
+                self._net._raise_if_dead("receive_into")
+                if self._rbuf_bytes:
+                    return self._consume(view)
+                if self._eof:
+                    return 0
+                if self._reset:
+                    raise self._errors.peer_disconnected(f"connection from {self.remote_address} was reset")
+                await self._recv_lot.park()
+                if self._inc.host.stalled:
+                    await self._net._gate("receive_into")
+        finally:
+            self._receiving = False
+
+    def _consume(self, view: memoryview) -> int:
+        rbuf = self._rbuf
+        want = len(view)
+        filled = 0
+        while rbuf and filled < want:
+            head = rbuf[0]
+            k = min(len(head), want - filled)
+            view[filled : filled + k] = head[:k]
+            if k == len(head):
+                rbuf.popleft()
+            else:
+                rbuf[0] = head[k:]
+            filled += k
+        self._rbuf_bytes -= filled
+        pipe = self._in
+        pipe.read += filled
+        if pipe.window_blocked:
+            pipe.link.unblock(pipe)
+        tap = self._world.tap
+        if tap is not None:
+            tap.on_read(self, view[:filled])
+        return filled
+
+    async def receive_exactly_into(self, buffer: memoryview | bytearray) -> None:
+        """Fill ``buffer`` completely; ``peer_disconnected`` if EOF comes first.  Cancelled: the
+        buffer may be partly written and those bytes are consumed (close the stream)."""
+        if isinstance(buffer, (bytearray, memoryview)) and memoryview(buffer).nbytes == 0:
+            return  # nothing to fill; receive_into would refuse the empty buffer
+        view = _receive_view(buffer, self._errors)
+        filled = 0
+        total = len(view)
+        while filled < total:
+            n = await self.receive_into(view[filled:])
+            if n == 0:
+                raise self._errors.peer_disconnected(
+                    f"connection to {self.remote_address} closed after {filled} of {total} expected bytes"
+                )
+            filled += n
+
+    async def receive_exactly(self, n: int) -> bytearray:
+        """Receive exactly ``n`` bytes (``peer_disconnected`` on early EOF)."""
+        buf = bytearray(n)
+        await self.receive_exactly_into(buf)
+        return buf
+
+    # -- closing --
+
+    async def __aenter__(self) -> SimStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._net._dead_caller("aclose") is None:  # checked first: a late corpse is a zombie
+            self._close(abortive=False)
+        await trio.lowlevel.checkpoint()
+
+    def abort(self) -> None:
+        if self._net._dead_caller("abort") is None:
+            self._close(abortive=True)
+
+    def _close(self, *, abortive: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._reset:
+            if abortive or self._rbuf_bytes:
+                self._send_rst()  # Linux resets when unread data is thrown away
+            elif not self._eof_sent:
+                self._eof_sent = True
+                self._out.fin_pending = True
+                self._out.link.activate(self._out)
+        self._discard()
+        self._inc.streams.pop(self._id, None)
+
+    def _discard(self) -> None:
+        self._rbuf.clear()
+        self._rbuf_bytes = 0
+        self._recv_lot.unpark_all()
+        self._out.send_lot.unpark_all()
+
+    def _send_rst(self) -> None:
+        if self._rst_sent or self._reset:
+            return
+        self._rst_sent = True
+        out = self._out
+        out.drop()
+        out.link.send_control(self._world._arrive_rst, (self._peer,), out)
+
+    def _on_reset(self) -> None:
+        """An RST arrived: the connection is gone (a received EOF still reads as EOF)."""
+        if self._reset or self._closed:
+            return
+        self._reset = True
+        self._out.drop()
+        if not self._eof:
+            self._rbuf.clear()
+            self._rbuf_bytes = 0
+        self._recv_lot.unpark_all()
+        self._world.trace.record(self._inc.name, "reset", local=self.local_address, remote=self.remote_address)
+
+    def _die(self, *, reset: bool) -> None:
+        """The owning incarnation ended: RST the peer (kill) or vanish silently (power-off)."""
+        if self._closed:
+            return
+        self._closed = True
+        if reset:
+            self._send_rst()
+        else:
+            self._out.drop()
+        self._discard()
+
+
+class SimListener:
+    """A bound port on a simulated host; connections queue in its backlog until accepted."""
+
+    def __init__(self, net: SimNetwork, port: int) -> None:
+        self._net = net
+        self._errors = net.errors
+        self.address = format_address(net._inc.name, port)
+        self._port = port
+        self._backlog: deque[SimStream] = deque()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._closed = False
+        self._accepting = False
+
+    def __repr__(self) -> str:
+        return f"<SimListener {self.address}{' closed' if self._closed else ''}>"
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    async def __aenter__(self) -> SimListener:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def accept(self) -> SimStream:
+        """Next incoming connection.  ``stream_closed`` after (or during) ``aclose``.
+        Cancelled: no connection is taken off the backlog."""
+        await self._net._enter("accept")
+        if self._accepting:
+            raise self._errors.invalid_usage("another task is already accepting on this listener")
+        self._accepting = True
+        try:
+            while True:
+                if self._closed:
+                    raise self._errors.stream_closed(f"listener {self.address} is closed")
+                self._net._raise_if_dead("accept")
+                if self._backlog:
+                    stream = self._backlog.popleft()
+                    self._net._world.trace.record(self._net._inc.name, "accept", local=self.address, remote=stream.remote_address)
+                    return stream
+                await self._lot.park()
+                if self._net._inc.host.stalled:
+                    await self._net._gate("accept")
+        finally:
+            self._accepting = False
+
+    async def aclose(self) -> None:
+        if self._net._dead_caller("listener aclose") is None:
+            self._shutdown(reset_backlog=True)
+        await trio.lowlevel.checkpoint()
+
+    def _shutdown(self, *, reset_backlog: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        inc = self._net._inc
+        if inc.host.listeners.get(self._port) is self:
+            del inc.host.listeners[self._port]
+        inc.listeners.pop(self._port, None)
+        if reset_backlog:
+            while self._backlog:
+                self._backlog.popleft()._close(abortive=True)
+        self._lot.unpark_all()
+
+
+class _ConnectAttempt:
+    """A SYN in flight; ``result`` becomes the client stream or an exception."""
+
+    def __init__(self, net: SimNetwork, target: str, port: int) -> None:
+        self.net = net
+        self.target = target
+        self.port = port
+        self.result: SimStream | Exception | None = None
+        self.abandoned = False
+        self.lot = trio.lowlevel.ParkingLot()
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        self.lot.unpark_all()
+
+    def refused(self) -> None:
+        if not self.abandoned:
+            self.result = self.net.errors.connection_refused(f"connection to {self.target}:{self.port} refused")
+            self.lot.unpark_all()
+
+    def established(self, client: "SimStream") -> None:
+        if self.abandoned or not client._inc.alive:
+            client._close(abortive=True)  # the server side learns via RST
+            return
+        self.result = client
+        self.lot.unpark_all()
+
+
+def _syn_arrive(attempt: _ConnectAttempt) -> None:
+    world = attempt.net._world
+    src_inc = attempt.net._inc
+    host = world.hosts.get(attempt.target)
+    if host is None or not host.machine_up:
+        return  # nobody answers: the client times out
+    back = world.link(attempt.target, src_inc.name)
+    listener = host.listeners.get(attempt.port)
+    if listener is None or listener._closed or not listener._net._inc.alive:
+        back.send_control(attempt.refused, ())
+        return
+    client_port = src_inc.host.ephemeral_port()
+    client = attempt.net.stream_class(
+        attempt.net, local=format_address(src_inc.name, client_port),
+        remote=format_address(attempt.target, attempt.port),
+    )
+    server = listener._net.stream_class(listener._net, local=listener.address, remote=client.local_address)
+    client._wire(server, world.link(src_inc.name, attempt.target))
+    server._wire(client, back)
+    listener._backlog.append(server)
+    if listener._lot:
+        listener._lot.unpark_all()
+    # The SYN-ACK rides the server→client pipe, so server data sent at once arrives after it.
+    back.send_control(attempt.established, (client,), server._out)
+
+
+class SimNetwork:
+    """The network of one simulated host incarnation: ``connect`` and ``listen``.
+
+    Obtain it from :meth:`sim.engine.network.World.boot` (the runner hands it to the scenario as
+    ``host.network``).  ``connect_timeout`` is the default ``connect`` timeout.  Subclasses choose
+    the errors raised and the stream and listener classes made (module docstring).
+    """
+
+    #: The exception classes raised (shared by this network's streams and listeners).
+    errors: ClassVar[TransportErrors] = ENGINE_ERRORS
+    stream_class: ClassVar[type[SimStream]] = SimStream
+    listener_class: ClassVar[type[SimListener]] = SimListener
+
+    def __init__(self, world: "World", incarnation: Incarnation, *, connect_timeout: float = 10.0) -> None:
+        self._world = world
+        self._inc = incarnation
+        self._connect_timeout = connect_timeout
+
+    @property
+    def host(self) -> str:
+        return self._inc.name
+
+    @property
+    def incarnation(self) -> Incarnation:
+        return self._inc
+
+    def __repr__(self) -> str:
+        return f"<SimNetwork {self._inc.name}#{self._inc.number}>"
+
+    # -- guards --
+
+    def _dead_caller(self, operation: str) -> Incarnation | None:
+        """The dead incarnation behind this call, if any (recording a zombie if it is late)."""
+        for inc in (self._inc, CURRENT_INCARNATION.get()):
+            if inc is not None and not inc.alive:
+                assert inc.died_at is not None
+                if trio.current_time() > inc.died_at:
+                    self._world.zombie(inc, operation)
+                return inc
+        return None
+
+    def _raise_if_dead(self, operation: str) -> None:
+        dead = self._dead_caller(operation)
+        if dead is not None:
+            raise self.errors.peer_disconnected(f"{operation}: host {dead.name} (incarnation {dead.number}) is dead")
+
+    async def _enter(self, operation: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self._raise_if_dead(operation)
+        if self._inc.host.stalled:
+            await self._gate(operation)
+
+    async def _gate(self, operation: str) -> None:
+        """Block while this host is stalled (a frozen process makes no progress)."""
+        host = self._inc.host
+        while host.stalled and self._inc.alive:
+            await host.stall_lot.park()
+        self._raise_if_dead(operation)
+
+    def _resolve(self, name: str) -> str | None:
+        if name == self._inc.name or name in _LOOPBACK:
+            return self._inc.name
+        return name if name in self._world.hosts else None
+
+    # -- Network --
+
+    async def connect(self, address: str, *, timeout: float | None = None) -> "SimStream":
+        """Open a stream (one RTT).  ``connection_refused`` if nothing listens there or the name
+        is unknown, ``connect_timeout`` if no answer comes within ``timeout`` (partition, machine
+        off).  Cancelled: the half-open connection is reset."""
+        errors = self.errors
+        name, port = parse_address(address, errors)
+        if port == 0:
+            raise errors.invalid_argument(f"cannot connect to port 0 ({address!r})")
+        limit = self._connect_timeout if timeout is None else timeout
+        if limit < 0:
+            raise errors.invalid_argument(f"connect timeout must not be negative, got {limit}")
+        await self._enter("connect")
+        world = self._world
+        target = self._resolve(name)
+        if target is None:
+            world.trace.record(self._inc.name, "connect_failed", address=address, reason="unknown host")
+            raise errors.connection_refused(f"cannot resolve {name!r} for {address}")
+        attempt = _ConnectAttempt(self, target, port)
+        self._inc.attempts.append(attempt)
+        world.link(self._inc.name, target).send_control(_syn_arrive, (attempt,))
+        try:
+            with trio.move_on_after(limit):
+                while attempt.result is None:
+                    await attempt.lot.park()
+        finally:
+            if attempt.result is None:
+                attempt.abandon()
+            if attempt in self._inc.attempts:
+                self._inc.attempts.remove(attempt)
+        self._raise_if_dead("connect")
+        if self._inc.host.stalled:
+            await self._gate("connect")
+        result = attempt.result
+        if isinstance(result, SimStream):
+            world.trace.record(self._inc.name, "connect", local=result.local_address, remote=result.remote_address)
+            return result
+        if result is None:
+            world.trace.record(self._inc.name, "connect_failed", address=address, reason="timeout")
+            raise errors.connect_timeout(f"no connection to {address} within {limit} s")
+        world.trace.record(self._inc.name, "connect_failed", address=address, reason="refused")
+        raise result
+
+    async def listen(self, address: str, *, port_range: int = 1) -> "SimListener":
+        """Bind ``address`` (the host's own name, a loopback or wildcard address).  The listener's
+        ``address`` is always ``"<host name>:<port>"``, which other hosts can connect to."""
+        errors = self.errors
+        name, port = parse_address(address, errors)
+        if port_range < 1:
+            raise errors.invalid_argument(f"port_range must be at least 1, got {port_range}")
+        await self._enter("listen")
+        if name != self._inc.name and name not in _LOOPBACK and name not in _WILDCARD:
+            raise errors.transport(f"cannot listen on {address}: not an address of host {self._inc.name}")
+        host = self._inc.host
+        if port == 0:
+            chosen = host.ephemeral_port()
+            while chosen in host.listeners:
+                chosen = host.ephemeral_port()
+        else:
+            candidates = [p for p in range(port, min(port + port_range, 65536)) if p not in host.listeners]
+            if not candidates:
+                raise errors.address_in_use(f"no free port for {self._inc.name} in {port}..{port + port_range - 1}")
+            chosen = candidates[0]
+        listener = self.listener_class(self, chosen)
+        host.listeners[chosen] = listener
+        self._inc.listeners[chosen] = listener
+        self._world.trace.record(self._inc.name, "listen", port=chosen)
+        return listener

@@ -1,0 +1,65 @@
+"""The simulated network in pccl's terms: a :class:`pccl.net.base.Network` over the engine's model.
+
+:class:`PcclSimNetwork` is the engine's :class:`~sim.engine.streams.SimNetwork` that also *is* a
+``pccl.net.base.Network`` (and its streams and listeners ``Stream`` / ``Listener``) and raises
+pccl's transport errors (:data:`PCCL_ERRORS`), so pccl's master and communicators run on it as on
+real TCP; ``tests/net_conformance.py`` holds both to one contract.  Nothing is wrapped: the
+subclasses add the pccl base classes and a vocabulary, every call goes straight to the engine's
+code.  The pccl scenario boots its hosts with it (``PcclScenario.network_class``); tests and
+benchmarks that drive hosts by hand pass it to :func:`sim.engine.runner.simulate`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pccl import errors
+from pccl.config import Config
+from pccl.net.base import Listener, Network, Stream
+
+from ...engine.errors import TransportErrors
+from ...engine.network import Incarnation, World
+from ...engine.streams import SimListener, SimNetwork, SimStream
+
+__all__ = ["PcclSimNetwork", "PcclSimStream", "PcclSimListener", "PCCL_ERRORS"]
+
+logger = logging.getLogger(__name__)
+
+#: pccl's transport errors, for the simulated network to raise.
+PCCL_ERRORS = TransportErrors(
+    transport=errors.TransportError,
+    peer_disconnected=errors.PeerDisconnected,
+    connection_refused=errors.ConnectionRefused,
+    connect_timeout=errors.ConnectTimeout,
+    address_in_use=errors.AddressInUse,
+    stream_closed=errors.StreamClosed,
+    invalid_usage=errors.InvalidUsage,
+    invalid_argument=errors.InvalidArgument,
+)
+
+
+class PcclSimStream(SimStream, Stream):
+    """A simulated connection end that is a :class:`pccl.net.base.Stream`."""
+
+    # pccl's own helpers over receive_into, so the simulated stream behaves as pccl.net.base
+    # defines them (the engine's copies serve workloads without pccl); blocking_io is inherited
+    # from Stream (None: pccl's bulk paths use the async methods, no threads in a simulation).
+    receive_exactly_into = Stream.receive_exactly_into
+    receive_exactly = Stream.receive_exactly
+
+
+class PcclSimListener(SimListener, Listener):
+    """A simulated bound port that is a :class:`pccl.net.base.Listener`."""
+
+
+class PcclSimNetwork(SimNetwork, Network):
+    """A simulated host's :class:`pccl.net.base.Network`.  ``config.connect_timeout`` is the
+    default ``connect`` timeout, as for :class:`pccl.net.tcp.TcpNetwork`."""
+
+    errors = PCCL_ERRORS
+    stream_class = PcclSimStream
+    listener_class = PcclSimListener
+
+    def __init__(self, world: World, incarnation: Incarnation, *, config: Config | None = None) -> None:
+        config = config if config is not None else Config()
+        super().__init__(world, incarnation, connect_timeout=config.connect_timeout)
