@@ -89,8 +89,8 @@ import dataclasses
 import enum
 import logging
 from collections import Counter
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from ..errors import KickReason
 from . import election
@@ -374,6 +374,19 @@ class MasterState:
         self._min_stripe = min_stripe
         self._timer_at: float | None = None
         self._out: list[Effect] = []
+        #: What each message type does once ``_dispatch`` let it through (same keys as ``_ALLOWED``).
+        self._handlers: dict[type[m.Message], Callable[[_Peer, Any], None]] = {
+            m.Register: self._on_register,
+            m.Heartbeat: self._on_heartbeat,
+            m.Leave: self._on_leave,
+            m.P2PReport: self._on_p2p_report,
+            m.VoteTopology: self._on_vote_topology,
+            m.VotePeersPending: self._on_vote_peers_pending,
+            m.CollectiveInit: self._on_collective_init,
+            m.CollectiveDone: self._on_collective_done,
+            m.SyncVote: self._on_sync_vote,
+            m.SyncReport: self._on_sync_report,
+        }
 
     # --- the interface ------------------------------------------------------------------------
 
@@ -483,16 +496,16 @@ class MasterState:
                              f"{type(msg).__name__} is not a message peers send to the master")
         if peer.status not in allowed:
             raise _PeerFault(KickReason.OUT_OF_PHASE, f"{type(msg).__name__} while {peer.status.value}")
-        getattr(self, "_on_" + type(msg).__name__)(peer, msg)
+        self._handlers[type(msg)](peer, msg)
 
-    def _on_Heartbeat(self, peer: _Peer, msg: m.Heartbeat) -> None:
+    def _on_heartbeat(self, peer: _Peer, msg: m.Heartbeat) -> None:
         pass  # last_heard was refreshed by handle()
 
-    def _on_Leave(self, peer: _Peer, msg: m.Leave) -> None:
+    def _on_leave(self, peer: _Peer, msg: m.Leave) -> None:
         self._remove(peer.conn_id, None, "left")
         self._out.append(Close(peer.conn_id))
 
-    def _on_Register(self, peer: _Peer, msg: m.Register) -> None:
+    def _on_register(self, peer: _Peer, msg: m.Register) -> None:
         if msg.p2p_port == 0:
             raise _PeerFault(KickReason.PROTOCOL_ERROR, "registration without a p2p port")
         peer_id = 0
@@ -506,7 +519,7 @@ class MasterState:
         self._send(peer, m.Welcome(peer_id))
         log.debug("registered peer %x (group %d) on connection %d", peer_id, msg.peer_group, peer.conn_id)
 
-    def _on_VoteTopology(self, peer: _Peer, msg: m.VoteTopology) -> None:
+    def _on_vote_topology(self, peer: _Peer, msg: m.VoteTopology) -> None:
         if peer.topology_vote is not None or peer.round_scope is not None:
             raise _PeerFault(KickReason.OUT_OF_PHASE, "topology vote while already voting or in a topology round")
         busy = self._ops_of(peer)
@@ -515,7 +528,7 @@ class MasterState:
         self._refuse_during_sync(peer, "topology vote")
         peer.topology_vote = TopologyVote.ACCEPT if msg.accept_new_peers else TopologyVote.REWIRE
 
-    def _on_P2PReport(self, peer: _Peer, msg: m.P2PReport) -> None:
+    def _on_p2p_report(self, peer: _Peer, msg: m.P2PReport) -> None:
         rnd = self._rounds.get(peer.round_scope) if peer.round_scope is not None else None
         current = rnd.round_id if rnd is not None else self._next_round
         if msg.round < current:
@@ -527,12 +540,12 @@ class MasterState:
             raise _PeerFault(KickReason.OUT_OF_PHASE, f"second p2p report for round {msg.round}")
         rnd.reports[peer.peer_id] = msg
 
-    def _on_VotePeersPending(self, peer: _Peer, msg: m.VotePeersPending) -> None:
+    def _on_vote_peers_pending(self, peer: _Peer, msg: m.VotePeersPending) -> None:
         if peer.pending_vote:
             raise _PeerFault(KickReason.OUT_OF_PHASE, "second are_peers_pending vote before the answer")
         peer.pending_vote = True
 
-    def _on_CollectiveInit(self, peer: _Peer, msg: m.CollectiveInit) -> None:
+    def _on_collective_init(self, peer: _Peer, msg: m.CollectiveInit) -> None:
         if peer.topology_vote is not None or peer.round_scope is not None:
             raise _PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} during a topology update")
         self._refuse_during_sync(peer, f"collective tag {msg.tag}")
@@ -545,7 +558,7 @@ class MasterState:
             op = self._ops[(peer.group, msg.tag)] = _Op(peer.group, msg.tag)
         op.inits[peer.peer_id] = msg
 
-    def _on_CollectiveDone(self, peer: _Peer, msg: m.CollectiveDone) -> None:
+    def _on_collective_done(self, peer: _Peer, msg: m.CollectiveDone) -> None:
         if msg.seq >= self._next_seq:
             raise _PeerFault(KickReason.PROTOCOL_ERROR, f"collective done for seq {msg.seq}, never commenced")
         op = self._ops.get((peer.group, msg.tag))
@@ -573,7 +586,7 @@ class MasterState:
         if self._in_sync(peer):
             raise _PeerFault(KickReason.OUT_OF_PHASE, f"{what} during a shared-state sync")
 
-    def _on_SyncVote(self, peer: _Peer, msg: m.SyncVote) -> None:
+    def _on_sync_vote(self, peer: _Peer, msg: m.SyncVote) -> None:
         if peer.topology_vote is not None or peer.round_scope is not None:
             raise _PeerFault(KickReason.OUT_OF_PHASE, "shared-state sync during a topology update")
         busy = self._ops_of(peer)
@@ -594,7 +607,7 @@ class MasterState:
         else:
             sync.votes[peer.peer_id] = msg
 
-    def _on_SyncReport(self, peer: _Peer, msg: m.SyncReport) -> None:
+    def _on_sync_report(self, peer: _Peer, msg: m.SyncReport) -> None:
         sync = self._syncs.get(peer.group)
         receiver = sync.receivers.get(peer.peer_id) if sync is not None else None
         if sync is None or sync.sync_id != msg.sync_id or receiver is None:
