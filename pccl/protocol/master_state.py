@@ -79,8 +79,11 @@ own op, and nothing else waits for ops (topology votes and syncs *refuse* a peer
 flight instead of waiting for it), so only that op is re-checked.  The property tests check
 after every event that a full re-check would find nothing more to do.
 
-Out of phase.  A message not allowed in the sender's status (table ``_ALLOWED``) or in its current
-phase → ``Kick(OUT_OF_PHASE)``; a message type peers never send → ``Kick(PROTOCOL_ERROR)``.
+Out of phase.  One table, ``_PHASES`` (below the imports), holds the phase rules: for each
+message type, which peer statuses may send it and which of the sender's activities make it
+``Kick(OUT_OF_PHASE)`` — a topology vote standing or a topology round, a collective in flight, a
+shared-state sync, an unanswered pending query — with the kick's detail.  It is checked once,
+before any handler runs.  A message type peers never send → ``Kick(PROTOCOL_ERROR)``.
 """
 
 from __future__ import annotations
@@ -121,6 +124,70 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+# --- the phase rules ---------------------------------------------------------------------------
+
+
+class PeerStatus(enum.Enum):
+    CONNECTED = "connected"  # handshake done, not registered yet
+    REGISTERED = "registered"  # has a peer id, waits to be accepted
+    ACCEPTED = "accepted"
+
+
+class _Activity(enum.Enum):
+    """What a peer can be in the middle of (``MasterState._busy_with`` tells)."""
+
+    TOPOLOGY = "its topology vote stands or it takes part in a topology round"
+    COLLECTIVE = "it voted for a collective or runs one"
+    SYNC = "it voted for a shared-state sync or takes part in one (or its vote for the next waits)"
+    PENDING_QUERY = "its are_peers_pending vote waits for the answer"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Phase:
+    """One row of ``_PHASES``: when peers may send one message type."""
+
+    senders: frozenset[PeerStatus]
+    refused_while: tuple[tuple[_Activity, str], ...] = ()
+
+
+_C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
+_TOPOLOGY, _COLLECTIVE, _SYNC = _Activity.TOPOLOGY, _Activity.COLLECTIVE, _Activity.SYNC
+_PENDING_QUERY = _Activity.PENDING_QUERY
+
+#: The phase rules, checked by ``MasterState._dispatch`` before the message's handler runs.  A
+#: type missing here is one peers never send: PROTOCOL_ERROR.  A sender outside ``senders``:
+#: OUT_OF_PHASE "<type> while <status>".  A sender busy with an activity of ``refused_while``
+#: (checked in that order): OUT_OF_PHASE with the first such activity's detail, formatted with
+#: ``msg`` and ``op`` (the sender's collective in flight).  A collective in flight does not stop
+#: another collective (a reused tag is ``TAG_IN_USE``, not a kick).  Checks that depend on what
+#: the message names (a round, a seq, a sync or an attempt) stay in the handlers.
+_PHASES: dict[type[m.Message], _Phase] = {
+    m.Register: _Phase(frozenset({_C})),
+    m.Heartbeat: _Phase(frozenset({_C, _R, _A})),
+    m.Leave: _Phase(frozenset({_C, _R, _A})),
+    m.P2PReport: _Phase(frozenset({_R, _A})),
+    m.VoteTopology: _Phase(frozenset({_A}), (
+        (_TOPOLOGY, "topology vote while already voting or in a topology round"),
+        (_COLLECTIVE, "topology vote with collective tag {op.tag} in flight"),
+        (_SYNC, "topology vote during a shared-state sync"),
+    )),
+    m.VotePeersPending: _Phase(frozenset({_A}), (
+        (_PENDING_QUERY, "second are_peers_pending vote before the answer"),
+    )),
+    m.CollectiveInit: _Phase(frozenset({_A}), (
+        (_TOPOLOGY, "collective tag {msg.tag} during a topology update"),
+        (_SYNC, "collective tag {msg.tag} during a shared-state sync"),
+    )),
+    m.CollectiveDone: _Phase(frozenset({_A})),
+    m.SyncVote: _Phase(frozenset({_A}), (
+        (_TOPOLOGY, "shared-state sync during a topology update"),
+        (_COLLECTIVE, "shared-state sync with collective tag {op.tag} in flight"),
+        (_SYNC, "second shared-state sync vote before the first completed"),
+    )),
+    m.SyncReport: _Phase(frozenset({_A})),
+}
 
 
 class RandomSource(Protocol):
@@ -206,12 +273,6 @@ Effect = Send | Kick | Close | SetTimer
 
 
 # --- state -------------------------------------------------------------------------------------
-
-
-class PeerStatus(enum.Enum):
-    CONNECTED = "connected"  # handshake done, not registered yet
-    REGISTERED = "registered"  # has a peer id, waits to be accepted
-    ACCEPTED = "accepted"
 
 
 class TopologyVote(enum.Enum):
@@ -319,24 +380,6 @@ class SyncRoundInfo:
     receivers: frozenset[int]
 
 
-_C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
-
-#: Which statuses may send which message (anything else: OUT_OF_PHASE; unlisted types:
-#: PROTOCOL_ERROR).  Finer phase rules live in the handlers.
-_ALLOWED: dict[type[m.Message], frozenset[PeerStatus]] = {
-    m.Register: frozenset({_C}),
-    m.Heartbeat: frozenset({_C, _R, _A}),
-    m.Leave: frozenset({_C, _R, _A}),
-    m.P2PReport: frozenset({_R, _A}),
-    m.VoteTopology: frozenset({_A}),
-    m.VotePeersPending: frozenset({_A}),
-    m.CollectiveInit: frozenset({_A}),
-    m.CollectiveDone: frozenset({_A}),
-    m.SyncVote: frozenset({_A}),
-    m.SyncReport: frozenset({_A}),
-}
-
-
 class _PeerFault(Exception):
     """Raised inside handlers for a peer's mistake; turned into a Kick of that peer."""
 
@@ -374,7 +417,7 @@ class MasterState:
         self._min_stripe = min_stripe
         self._timer_at: float | None = None
         self._out: list[Effect] = []
-        #: What each message type does once ``_dispatch`` let it through (same keys as ``_ALLOWED``).
+        #: What each message type does once ``_dispatch`` let it through (same keys as ``_PHASES``).
         self._handlers: dict[type[m.Message], Callable[[_Peer, Any], None]] = {
             m.Register: self._on_register,
             m.Heartbeat: self._on_heartbeat,
@@ -387,6 +430,7 @@ class MasterState:
             m.SyncVote: self._on_sync_vote,
             m.SyncReport: self._on_sync_report,
         }
+        assert self._handlers.keys() == _PHASES.keys()
 
     # --- the interface ------------------------------------------------------------------------
 
@@ -490,13 +534,28 @@ class MasterState:
     # --- dispatch -------------------------------------------------------------------------------
 
     def _dispatch(self, peer: _Peer, msg: m.Message) -> None:
-        allowed = _ALLOWED.get(type(msg))
-        if allowed is None:
+        phase = _PHASES.get(type(msg))
+        if phase is None:
             raise _PeerFault(KickReason.PROTOCOL_ERROR,
                              f"{type(msg).__name__} is not a message peers send to the master")
-        if peer.status not in allowed:
+        if peer.status not in phase.senders:
             raise _PeerFault(KickReason.OUT_OF_PHASE, f"{type(msg).__name__} while {peer.status.value}")
+        for activity, detail in phase.refused_while:
+            busy = self._busy_with(peer, activity)
+            if busy:
+                raise _PeerFault(KickReason.OUT_OF_PHASE, detail.format(msg=msg, op=busy))
         self._handlers[type(msg)](peer, msg)
+
+    def _busy_with(self, peer: _Peer, activity: _Activity) -> object:
+        """Whether ``peer`` is in the middle of ``activity`` (for COLLECTIVE: its first op, or None)."""
+        if activity is _Activity.TOPOLOGY:
+            return peer.topology_vote is not None or peer.round_scope is not None
+        if activity is _Activity.COLLECTIVE:
+            ops = self._ops_of(peer)
+            return ops[0] if ops else None
+        if activity is _Activity.SYNC:
+            return self._in_sync(peer)
+        return peer.pending_vote
 
     def _on_heartbeat(self, peer: _Peer, msg: m.Heartbeat) -> None:
         pass  # last_heard was refreshed by handle()
@@ -520,12 +579,6 @@ class MasterState:
         log.debug("registered peer %x (group %d) on connection %d", peer_id, msg.peer_group, peer.conn_id)
 
     def _on_vote_topology(self, peer: _Peer, msg: m.VoteTopology) -> None:
-        if peer.topology_vote is not None or peer.round_scope is not None:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, "topology vote while already voting or in a topology round")
-        busy = self._ops_of(peer)
-        if busy:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"topology vote with collective tag {busy[0].tag} in flight")
-        self._refuse_during_sync(peer, "topology vote")
         peer.topology_vote = TopologyVote.ACCEPT if msg.accept_new_peers else TopologyVote.REWIRE
 
     def _on_p2p_report(self, peer: _Peer, msg: m.P2PReport) -> None:
@@ -541,14 +594,9 @@ class MasterState:
         rnd.reports[peer.peer_id] = msg
 
     def _on_vote_peers_pending(self, peer: _Peer, msg: m.VotePeersPending) -> None:
-        if peer.pending_vote:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, "second are_peers_pending vote before the answer")
         peer.pending_vote = True
 
     def _on_collective_init(self, peer: _Peer, msg: m.CollectiveInit) -> None:
-        if peer.topology_vote is not None or peer.round_scope is not None:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} during a topology update")
-        self._refuse_during_sync(peer, f"collective tag {msg.tag}")
         op = self._ops.get((peer.group, msg.tag))
         if op is not None and (op.seq is not None or peer.peer_id in op.inits):
             self._send(peer, m.CollectiveRejected(msg.tag, m.RejectCode.TAG_IN_USE,
@@ -582,18 +630,7 @@ class MasterState:
             return True
         return peer.peer_id in (sync.votes if sync.sync_id is None else sync.participants)
 
-    def _refuse_during_sync(self, peer: _Peer, what: str) -> None:
-        if self._in_sync(peer):
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"{what} during a shared-state sync")
-
     def _on_sync_vote(self, peer: _Peer, msg: m.SyncVote) -> None:
-        if peer.topology_vote is not None or peer.round_scope is not None:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, "shared-state sync during a topology update")
-        busy = self._ops_of(peer)
-        if busy:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"shared-state sync with collective tag {busy[0].tag} in flight")
-        if self._in_sync(peer):
-            raise _PeerFault(KickReason.OUT_OF_PHASE, "second shared-state sync vote before the first completed")
         problem = election.validate_vote(msg)
         if problem is not None:
             raise _PeerFault(KickReason.PROTOCOL_ERROR, f"malformed sync vote: {problem}")
