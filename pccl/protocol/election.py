@@ -1,9 +1,10 @@
 """Shared-state election and transfer planning: pure functions, no I/O.
 
-The master calls :func:`elect` once every accepted peer of a group has voted ``SyncVote`` and
-:func:`replan` when a receiver reports a failed source.  Both are deterministic functions of
-their arguments: arrival order, dict order and peer-id order of the input mapping never matter
-(every iteration below is over sorted peer ids or sorted keys).
+The master's sync machine (:mod:`pccl.protocol.sync_state`) calls :func:`elect` once every
+accepted peer of a group has voted ``SyncVote`` and :func:`replan` when a receiver reports a
+failed source.  Both are deterministic functions of their arguments: arrival order, dict order
+and peer-id order of the input mapping never matter (every iteration below is over sorted peer
+ids or sorted keys).
 
 Rules
 =====

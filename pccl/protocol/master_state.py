@@ -48,20 +48,13 @@ leaves; ``CollectiveComplete`` once every live participant reported success (a p
 after reporting success still counts: its bytes have moved).  Late ``Done`` for a finished
 ``seq`` is ignored.
 
-Shared-state sync (per group; election rules in :mod:`pccl.protocol.election`).  Every accepted
-peer of the group sends ``SyncVote``; a malformed vote is a PROTOCOL_ERROR kick.  A peer may not
-sync while it has a topology vote standing, takes part in a round or has a collective in flight,
-and may not vote topology or start a collective while its sync runs (OUT_OF_PHASE).  At
-consensus the election kicks (revision violation, mask mismatch, SEND_ONLY that would receive)
-and rejects (``SyncRejected``: strategy mix, no source) and fixes the adopted revision, which
-becomes the group's revision at once (the next sync expects it + 1; the first sync of a run
-takes the highest revision offered).  Every receiver with something to fetch gets
-``SyncPlan(sync_id, attempt 1)``; everybody else just waits.  A receiver answers
-``SyncReport``: ok → done; failed sources → the next attempt moves their pieces onto the
-remaining sources (``SyncRejected(NO_SOURCE)`` when none is left); a hash mismatch →
-``SyncRejected(HASH_MISMATCH)`` for that receiver only.  A receiver that leaves is dropped; a
-source that leaves is reported by its receivers.  Once no receiver is pending every remaining
-participant gets ``SyncComplete(sync_id, revision)``.  Sources serve until then.
+Shared-state sync (per group).  Every accepted peer of the group sends ``SyncVote``; at
+consensus the election (:mod:`pccl.protocol.election`) fixes the group's revision and plans who
+fetches what from whom; receivers report until each is done or rejected, then every remaining
+participant gets ``SyncComplete``.  A peer may not sync while it has a topology vote standing,
+takes part in a round or has a collective in flight, and may not vote topology or start a
+collective while its sync runs (OUT_OF_PHASE).  The sub-machine and its rules live in
+:mod:`pccl.protocol.sync_state`; it sees the master only through ``_SyncHost``.
 
 Pending query.  ``VotePeersPending`` from every accepted peer → ``PeersPendingResult(any peer
 registered)`` to all of them.  Independent of every other vote, legal while collectives run.
@@ -79,8 +72,11 @@ own op, and nothing else waits for ops (topology votes and syncs *refuse* a peer
 flight instead of waiting for it), so only that op is re-checked.  The property tests check
 after every event that a full re-check would find nothing more to do.
 
-Out of phase.  A message not allowed in the sender's status (table ``_ALLOWED``) or in its current
-phase → ``Kick(OUT_OF_PHASE)``; a message type peers never send → ``Kick(PROTOCOL_ERROR)``.
+Out of phase.  One table, ``_PHASES`` (below the imports), holds the phase rules: for each
+message type, which peer statuses may send it and which of the sender's activities make it
+``Kick(OUT_OF_PHASE)`` — a topology vote standing or a topology round, a collective in flight, a
+shared-state sync, an unanswered pending query — with the kick's detail.  It is checked once,
+before any handler runs.  A message type peers never send → ``Kick(PROTOCOL_ERROR)``.
 """
 
 from __future__ import annotations
@@ -89,14 +85,15 @@ import dataclasses
 import enum
 import logging
 from collections import Counter
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ..errors import KickReason
 from . import election
 from . import messages as m
 from .codec import MAX_DETAIL, clip_text
 from .ring import build_ring, ring_neighbours
+from .sync_state import PeerFault, SyncRoundInfo, SyncState
 
 __all__ = [
     "MasterState",
@@ -121,6 +118,70 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+# --- the phase rules ---------------------------------------------------------------------------
+
+
+class PeerStatus(enum.Enum):
+    CONNECTED = "connected"  # handshake done, not registered yet
+    REGISTERED = "registered"  # has a peer id, waits to be accepted
+    ACCEPTED = "accepted"
+
+
+class _Activity(enum.Enum):
+    """What a peer can be in the middle of (``MasterState._busy_with`` tells)."""
+
+    TOPOLOGY = "its topology vote stands or it takes part in a topology round"
+    COLLECTIVE = "it voted for a collective or runs one"
+    SYNC = "it voted for a shared-state sync or takes part in one (or its vote for the next waits)"
+    PENDING_QUERY = "its are_peers_pending vote waits for the answer"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Phase:
+    """One row of ``_PHASES``: when peers may send one message type."""
+
+    senders: frozenset[PeerStatus]
+    refused_while: tuple[tuple[_Activity, str], ...] = ()
+
+
+_C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
+_TOPOLOGY, _COLLECTIVE, _SYNC = _Activity.TOPOLOGY, _Activity.COLLECTIVE, _Activity.SYNC
+_PENDING_QUERY = _Activity.PENDING_QUERY
+
+#: The phase rules, checked by ``MasterState._dispatch`` before the message's handler runs.  A
+#: type missing here is one peers never send: PROTOCOL_ERROR.  A sender outside ``senders``:
+#: OUT_OF_PHASE "<type> while <status>".  A sender busy with an activity of ``refused_while``
+#: (checked in that order): OUT_OF_PHASE with the first such activity's detail, formatted with
+#: ``msg`` and ``op`` (the sender's collective in flight).  A collective in flight does not stop
+#: another collective (a reused tag is ``TAG_IN_USE``, not a kick).  Checks that depend on what
+#: the message names (a round, a seq, a sync or an attempt) stay in the handlers.
+_PHASES: dict[type[m.Message], _Phase] = {
+    m.Register: _Phase(frozenset({_C})),
+    m.Heartbeat: _Phase(frozenset({_C, _R, _A})),
+    m.Leave: _Phase(frozenset({_C, _R, _A})),
+    m.P2PReport: _Phase(frozenset({_R, _A})),
+    m.VoteTopology: _Phase(frozenset({_A}), (
+        (_TOPOLOGY, "topology vote while already voting or in a topology round"),
+        (_COLLECTIVE, "topology vote with collective tag {op.tag} in flight"),
+        (_SYNC, "topology vote during a shared-state sync"),
+    )),
+    m.VotePeersPending: _Phase(frozenset({_A}), (
+        (_PENDING_QUERY, "second are_peers_pending vote before the answer"),
+    )),
+    m.CollectiveInit: _Phase(frozenset({_A}), (
+        (_TOPOLOGY, "collective tag {msg.tag} during a topology update"),
+        (_SYNC, "collective tag {msg.tag} during a shared-state sync"),
+    )),
+    m.CollectiveDone: _Phase(frozenset({_A})),
+    m.SyncVote: _Phase(frozenset({_A}), (
+        (_TOPOLOGY, "shared-state sync during a topology update"),
+        (_COLLECTIVE, "shared-state sync with collective tag {op.tag} in flight"),
+        (_SYNC, "second shared-state sync vote before the first completed"),
+    )),
+    m.SyncReport: _Phase(frozenset({_A})),
+}
 
 
 class RandomSource(Protocol):
@@ -208,12 +269,6 @@ Effect = Send | Kick | Close | SetTimer
 # --- state -------------------------------------------------------------------------------------
 
 
-class PeerStatus(enum.Enum):
-    CONNECTED = "connected"  # handshake done, not registered yet
-    REGISTERED = "registered"  # has a peer id, waits to be accepted
-    ACCEPTED = "accepted"
-
-
 class TopologyVote(enum.Enum):
     ACCEPT = "accept"  # update_topology(): global
     REWIRE = "rewire"  # re-wire own group only
@@ -286,64 +341,26 @@ class OpInfo:
     done: frozenset[int]
 
 
-@dataclasses.dataclass(eq=False)
-class _Receiver:
-    plan: election.ReceiverPlan
-    attempt: int = 1
-    excluded: set[int] = dataclasses.field(default_factory=set)  # sources that failed it
+class _SyncHost:
+    """The master as the sync machine sees it (:class:`sync_state.SyncHost`): peers by peer id."""
 
+    def __init__(self, master: MasterState) -> None:
+        self._master = master
 
-@dataclasses.dataclass(eq=False)
-class _Sync:
-    group: int
-    votes: dict[int, m.SyncVote] = dataclasses.field(default_factory=dict)
-    sync_id: int | None = None  # set once elected
-    revision: int = 0
-    participants: tuple[int, ...] = ()
-    sources: tuple[int, ...] = ()
-    receivers: dict[int, _Receiver] = dataclasses.field(default_factory=dict)  # still fetching
-    #: Votes for the group's *next* sync from peers this one already finished with (rejected).
-    next_votes: dict[int, m.SyncVote] = dataclasses.field(default_factory=dict)
+    def is_live(self, peer_id: int) -> bool:
+        return peer_id in self._master._by_id
 
+    def endpoint(self, peer_id: int) -> m.PeerEndpoint:
+        return self._master._peer(peer_id).endpoint()
 
-@dataclasses.dataclass(frozen=True)
-class SyncRoundInfo:
-    """Read-only view of one group's shared-state sync."""
+    def members(self, group: int) -> list[int]:
+        return [p.peer_id for p in self._master._accepted(group)]
 
-    group: int
-    voters: frozenset[int]
-    sync_id: int | None
-    revision: int
-    participants: tuple[int, ...]
-    sources: tuple[int, ...]
-    receivers: frozenset[int]
+    def send(self, peer_id: int, msg: m.Message) -> None:
+        self._master._send(self._master._peer(peer_id), msg)
 
-
-_C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
-
-#: Which statuses may send which message (anything else: OUT_OF_PHASE; unlisted types:
-#: PROTOCOL_ERROR).  Finer phase rules live in the handlers.
-_ALLOWED: dict[type[m.Message], frozenset[PeerStatus]] = {
-    m.Register: frozenset({_C}),
-    m.Heartbeat: frozenset({_C, _R, _A}),
-    m.Leave: frozenset({_C, _R, _A}),
-    m.P2PReport: frozenset({_R, _A}),
-    m.VoteTopology: frozenset({_A}),
-    m.VotePeersPending: frozenset({_A}),
-    m.CollectiveInit: frozenset({_A}),
-    m.CollectiveDone: frozenset({_A}),
-    m.SyncVote: frozenset({_A}),
-    m.SyncReport: frozenset({_A}),
-}
-
-
-class _PeerFault(Exception):
-    """Raised inside handlers for a peer's mistake; turned into a Kick of that peer."""
-
-    def __init__(self, reason: KickReason, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
+    def kick(self, peer_id: int, reason: KickReason, detail: str) -> None:
+        self._master._remove(self._master._by_id[peer_id], reason, detail)
 
 
 class MasterState:
@@ -368,12 +385,23 @@ class MasterState:
         self._ops: dict[tuple[int, int], _Op] = {}  # (group, tag)
         self._next_round = 1
         self._next_seq = 1
-        self._syncs: dict[int, _Sync] = {}  # group -> sync in progress
-        self._revisions: dict[int, int] = {}  # group -> revision adopted at its last sync
-        self._next_sync = 1
-        self._min_stripe = min_stripe
+        self._sync_state = SyncState(_SyncHost(self), min_stripe=min_stripe)
         self._timer_at: float | None = None
         self._out: list[Effect] = []
+        #: What each message type does once ``_dispatch`` let it through (same keys as ``_PHASES``).
+        self._handlers: dict[type[m.Message], Callable[[_Peer, Any], None]] = {
+            m.Register: self._on_register,
+            m.Heartbeat: self._on_heartbeat,
+            m.Leave: self._on_leave,
+            m.P2PReport: self._on_p2p_report,
+            m.VoteTopology: self._on_vote_topology,
+            m.VotePeersPending: self._on_vote_peers_pending,
+            m.CollectiveInit: self._on_collective_init,
+            m.CollectiveDone: self._on_collective_done,
+            m.SyncVote: self._on_sync_vote,
+            m.SyncReport: self._on_sync_report,
+        }
+        assert self._handlers.keys() == _PHASES.keys()
 
     # --- the interface ------------------------------------------------------------------------
 
@@ -391,7 +419,7 @@ class MasterState:
                 peer.last_heard = now
                 try:
                     self._dispatch(peer, event.msg)
-                except _PeerFault as fault:
+                except PeerFault as fault:
                     self._remove(peer.conn_id, fault.reason, fault.detail)
                 else:
                     only_op = self._own_op_only(peer, event.msg)
@@ -458,12 +486,11 @@ class MasterState:
                 for o in self._ops.values()]
 
     def syncs(self) -> list[SyncRoundInfo]:
-        return [SyncRoundInfo(s.group, frozenset(s.votes if s.sync_id is None else s.next_votes), s.sync_id, s.revision, s.participants, s.sources,
-                              frozenset(s.receivers)) for s in self._syncs.values()]
+        return self._sync_state.syncs()
 
     def revision_of(self, group: int) -> int | None:
         """The revision ``group`` adopted at its last sync (``None`` before its first)."""
-        return self._revisions.get(group)
+        return self._sync_state.revision_of(group)
 
     def membership_of(self, group: int) -> m.Membership:
         sizes = Counter(p.group for p in self._peers.values() if p.status is _A)
@@ -477,24 +504,39 @@ class MasterState:
     # --- dispatch -------------------------------------------------------------------------------
 
     def _dispatch(self, peer: _Peer, msg: m.Message) -> None:
-        allowed = _ALLOWED.get(type(msg))
-        if allowed is None:
-            raise _PeerFault(KickReason.PROTOCOL_ERROR,
-                             f"{type(msg).__name__} is not a message peers send to the master")
-        if peer.status not in allowed:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"{type(msg).__name__} while {peer.status.value}")
-        getattr(self, "_on_" + type(msg).__name__)(peer, msg)
+        phase = _PHASES.get(type(msg))
+        if phase is None:
+            raise PeerFault(KickReason.PROTOCOL_ERROR,
+                            f"{type(msg).__name__} is not a message peers send to the master")
+        if peer.status not in phase.senders:
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"{type(msg).__name__} while {peer.status.value}")
+        for activity, detail in phase.refused_while:
+            busy = self._busy_with(peer, activity)
+            if busy:
+                raise PeerFault(KickReason.OUT_OF_PHASE, detail.format(msg=msg, op=busy))
+        self._handlers[type(msg)](peer, msg)
 
-    def _on_Heartbeat(self, peer: _Peer, msg: m.Heartbeat) -> None:
+    def _busy_with(self, peer: _Peer, activity: _Activity) -> object:
+        """Whether ``peer`` is in the middle of ``activity`` (for COLLECTIVE: its first op, or None)."""
+        if activity is _Activity.TOPOLOGY:
+            return peer.topology_vote is not None or peer.round_scope is not None
+        if activity is _Activity.COLLECTIVE:
+            ops = self._ops_of(peer)
+            return ops[0] if ops else None
+        if activity is _Activity.SYNC:
+            return self._sync_state.in_sync(peer.group, peer.peer_id)
+        return peer.pending_vote
+
+    def _on_heartbeat(self, peer: _Peer, msg: m.Heartbeat) -> None:
         pass  # last_heard was refreshed by handle()
 
-    def _on_Leave(self, peer: _Peer, msg: m.Leave) -> None:
+    def _on_leave(self, peer: _Peer, msg: m.Leave) -> None:
         self._remove(peer.conn_id, None, "left")
         self._out.append(Close(peer.conn_id))
 
-    def _on_Register(self, peer: _Peer, msg: m.Register) -> None:
+    def _on_register(self, peer: _Peer, msg: m.Register) -> None:
         if msg.p2p_port == 0:
-            raise _PeerFault(KickReason.PROTOCOL_ERROR, "registration without a p2p port")
+            raise PeerFault(KickReason.PROTOCOL_ERROR, "registration without a p2p port")
         peer_id = 0
         while peer_id == 0 or peer_id in self._issued_ids:
             peer_id = self._rng.getrandbits(63)
@@ -506,36 +548,25 @@ class MasterState:
         self._send(peer, m.Welcome(peer_id))
         log.debug("registered peer %x (group %d) on connection %d", peer_id, msg.peer_group, peer.conn_id)
 
-    def _on_VoteTopology(self, peer: _Peer, msg: m.VoteTopology) -> None:
-        if peer.topology_vote is not None or peer.round_scope is not None:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, "topology vote while already voting or in a topology round")
-        busy = self._ops_of(peer)
-        if busy:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"topology vote with collective tag {busy[0].tag} in flight")
-        self._refuse_during_sync(peer, "topology vote")
+    def _on_vote_topology(self, peer: _Peer, msg: m.VoteTopology) -> None:
         peer.topology_vote = TopologyVote.ACCEPT if msg.accept_new_peers else TopologyVote.REWIRE
 
-    def _on_P2PReport(self, peer: _Peer, msg: m.P2PReport) -> None:
+    def _on_p2p_report(self, peer: _Peer, msg: m.P2PReport) -> None:
         rnd = self._rounds.get(peer.round_scope) if peer.round_scope is not None else None
         current = rnd.round_id if rnd is not None else self._next_round
         if msg.round < current:
             log.debug("ignoring stale p2p report of peer %x for round %d", peer.peer_id, msg.round)
             return
         if rnd is None or msg.round != rnd.round_id:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"p2p report for round {msg.round}, which it was not sent")
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"p2p report for round {msg.round}, which it was not sent")
         if peer.peer_id in rnd.reports:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"second p2p report for round {msg.round}")
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"second p2p report for round {msg.round}")
         rnd.reports[peer.peer_id] = msg
 
-    def _on_VotePeersPending(self, peer: _Peer, msg: m.VotePeersPending) -> None:
-        if peer.pending_vote:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, "second are_peers_pending vote before the answer")
+    def _on_vote_peers_pending(self, peer: _Peer, msg: m.VotePeersPending) -> None:
         peer.pending_vote = True
 
-    def _on_CollectiveInit(self, peer: _Peer, msg: m.CollectiveInit) -> None:
-        if peer.topology_vote is not None or peer.round_scope is not None:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} during a topology update")
-        self._refuse_during_sync(peer, f"collective tag {msg.tag}")
+    def _on_collective_init(self, peer: _Peer, msg: m.CollectiveInit) -> None:
         op = self._ops.get((peer.group, msg.tag))
         if op is not None and (op.seq is not None or peer.peer_id in op.inits):
             self._send(peer, m.CollectiveRejected(msg.tag, m.RejectCode.TAG_IN_USE,
@@ -545,158 +576,25 @@ class MasterState:
             op = self._ops[(peer.group, msg.tag)] = _Op(peer.group, msg.tag)
         op.inits[peer.peer_id] = msg
 
-    def _on_CollectiveDone(self, peer: _Peer, msg: m.CollectiveDone) -> None:
+    def _on_collective_done(self, peer: _Peer, msg: m.CollectiveDone) -> None:
         if msg.seq >= self._next_seq:
-            raise _PeerFault(KickReason.PROTOCOL_ERROR, f"collective done for seq {msg.seq}, never commenced")
+            raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective done for seq {msg.seq}, never commenced")
         op = self._ops.get((peer.group, msg.tag))
         if op is None or op.seq != msg.seq or peer.peer_id not in op.participants:
             log.debug("ignoring late done of peer %x for tag %d seq %d", peer.peer_id, msg.tag, msg.seq)
             return
         if peer.peer_id in op.done:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"second done for collective tag {msg.tag}")
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"second done for collective tag {msg.tag}")
         if msg.aborted:
             self._abort(op, f"peer {peer.peer_id:x} reported failure")
         else:
             op.done.add(peer.peer_id)
 
-    # --- shared-state sync ----------------------------------------------------------------------
+    def _on_sync_vote(self, peer: _Peer, msg: m.SyncVote) -> None:
+        self._sync_state.on_vote(peer.group, peer.peer_id, msg)
 
-    def _in_sync(self, peer: _Peer) -> bool:
-        sync = self._syncs.get(peer.group)
-        if sync is None:
-            return False
-        if peer.peer_id in sync.next_votes:
-            return True
-        return peer.peer_id in (sync.votes if sync.sync_id is None else sync.participants)
-
-    def _refuse_during_sync(self, peer: _Peer, what: str) -> None:
-        if self._in_sync(peer):
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"{what} during a shared-state sync")
-
-    def _on_SyncVote(self, peer: _Peer, msg: m.SyncVote) -> None:
-        if peer.topology_vote is not None or peer.round_scope is not None:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, "shared-state sync during a topology update")
-        busy = self._ops_of(peer)
-        if busy:
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"shared-state sync with collective tag {busy[0].tag} in flight")
-        if self._in_sync(peer):
-            raise _PeerFault(KickReason.OUT_OF_PHASE, "second shared-state sync vote before the first completed")
-        problem = election.validate_vote(msg)
-        if problem is not None:
-            raise _PeerFault(KickReason.PROTOCOL_ERROR, f"malformed sync vote: {problem}")
-        sync = self._syncs.get(peer.group)
-        if sync is None:
-            sync = self._syncs[peer.group] = _Sync(peer.group)
-        if sync.sync_id is not None:
-            # The group's previous sync still transfers and this peer is already out of it
-            # (rejected): its vote counts for the next sync, which starts when this one ends.
-            sync.next_votes[peer.peer_id] = msg
-        else:
-            sync.votes[peer.peer_id] = msg
-
-    def _on_SyncReport(self, peer: _Peer, msg: m.SyncReport) -> None:
-        sync = self._syncs.get(peer.group)
-        receiver = sync.receivers.get(peer.peer_id) if sync is not None else None
-        if sync is None or sync.sync_id != msg.sync_id or receiver is None:
-            if msg.sync_id < self._next_sync:
-                log.debug("ignoring late sync report of peer %x for sync %d", peer.peer_id, msg.sync_id)
-                return
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"sync report for sync {msg.sync_id}, which it was not sent")
-        if msg.attempt != receiver.attempt:
-            if msg.attempt < receiver.attempt:
-                return
-            raise _PeerFault(KickReason.OUT_OF_PHASE, f"sync report for attempt {msg.attempt}, never planned")
-        if msg.ok:
-            del sync.receivers[peer.peer_id]
-            return
-        if not msg.failed_sources:
-            detail = clip_text(msg.detail, MAX_DETAIL)  # the peer's own text
-            log.warning("peer %x received shared state that does not match the elected hashes: %s",
-                        peer.peer_id, detail)
-            self._reject_receiver(sync, peer.peer_id, m.SyncRejectCode.HASH_MISMATCH,
-                                  f"the received bytes do not match the elected hashes: {detail}")
-            return
-        self._replan(sync, peer.peer_id, receiver, msg.failed_sources)
-
-    def _replan(self, sync: _Sync, pid: int, receiver: _Receiver, failed: Sequence[int]) -> None:
-        planned = set(receiver.plan.sources)
-        receiver.excluded |= {s for s in failed if s in planned}
-        available = [s for s in sync.sources if s in self._by_id and s not in receiver.excluded]
-        plan = election.replan(sync.votes, receiver.plan, sorted(receiver.excluded), available,
-                               min_stripe=self._min_stripe)
-        if plan is None:
-            self._reject_receiver(sync, pid, m.SyncRejectCode.NO_SOURCE,
-                                  f"every source failed ({len(receiver.excluded)} tried)")
-            return
-        receiver.plan = plan
-        receiver.attempt += 1
-        log.info("sync %s: re-planning peer %x (attempt %d) after sources %s failed", sync.sync_id, pid,
-                 receiver.attempt, ", ".join(f"{s:x}" for s in failed))
-        self._send(self._peer(pid), self._sync_plan(sync, receiver))
-
-    def _reject_receiver(self, sync: _Sync, pid: int, code: m.SyncRejectCode, detail: str) -> None:
-        del sync.receivers[pid]
-        sync.participants = tuple(p for p in sync.participants if p != pid)
-        self._send(self._peer(pid), m.SyncRejected(code, detail))
-
-    def _sync_plan(self, sync: _Sync, receiver: _Receiver) -> m.SyncPlan:
-        plan = receiver.plan
-        fetches = []
-        for src in plan.sources:
-            pieces = tuple(m.StatePiece(p.key, p.offset, p.nbytes) for p in plan.pieces if p.source == src)
-            fetches.append(m.SourceFetch(self._peer(src).endpoint(), pieces))
-        expected = tuple(m.ExpectedHash(k, plan.expected[k]) for k in sorted(plan.expected))
-        assert sync.sync_id is not None
-        return m.SyncPlan(sync.sync_id, receiver.attempt, sync.revision, expected, tuple(fetches))
-
-    def _check_sync(self, group: int) -> bool:
-        sync = self._syncs[group]
-        if sync.sync_id is None:
-            for pid in [p for p in sync.votes if p not in self._by_id]:
-                del sync.votes[pid]
-            if not sync.votes:
-                del self._syncs[group]
-                return True
-            if not all(p.peer_id in sync.votes for p in self._accepted(group)):
-                return False
-            self._elect(sync)
-            return True
-        for pid in [p for p in sync.receivers if p not in self._by_id]:
-            del sync.receivers[pid]
-        live = [p for p in sync.participants if p in self._by_id]
-        if sync.receivers and live:
-            # A receiver whose plan names only dead sources and that has not noticed yet will
-            # report; nothing to do here (its fetch fails on the dead connection or times out).
-            return False
-        del self._syncs[group]
-        queued = {pid: v for pid, v in sync.next_votes.items() if pid in self._by_id}
-        if queued:
-            self._syncs[group] = _Sync(group, votes=queued)
-        for pid in live:
-            self._send(self._peer(pid), m.SyncComplete(sync.sync_id, sync.revision))
-        log.debug("sync %d of group %d complete at revision %d", sync.sync_id, group, sync.revision)
-        return True
-
-    def _elect(self, sync: _Sync) -> None:
-        outcome = election.elect(sync.votes, self._revisions.get(sync.group), min_stripe=self._min_stripe)
-        for pid, (code, detail) in sorted(outcome.rejects.items()):
-            self._send(self._peer(pid), m.SyncRejected(code, clip_text(detail, MAX_DETAIL)))  # quotes keys
-        for pid, (reason, detail) in sorted(outcome.kicks.items()):
-            self._remove(self._by_id[pid], reason, detail)
-        sync.sync_id = self._next_sync
-        self._next_sync += 1
-        sync.participants = outcome.participants
-        sync.sources = outcome.sources
-        if outcome.revision is not None:
-            sync.revision = outcome.revision
-            self._revisions[sync.group] = outcome.revision
-        for pid in sorted(outcome.plans):
-            receiver = _Receiver(outcome.plans[pid])
-            sync.receivers[pid] = receiver
-            self._send(self._peer(pid), self._sync_plan(sync, receiver))
-        log.debug("sync %d of group %d elected: revision %s, %d sources, %d receivers, %d kicked, %d rejected",
-                  sync.sync_id, sync.group, outcome.revision, len(outcome.sources), len(outcome.plans),
-                  len(outcome.kicks), len(outcome.rejects))
+    def _on_sync_report(self, peer: _Peer, msg: m.SyncReport) -> None:
+        self._sync_state.on_report(peer.group, peer.peer_id, msg)
 
     # --- removal and timeouts -------------------------------------------------------------------
 
@@ -745,8 +643,7 @@ class MasterState:
             progressed |= self._check_pending_vote()
             for key in list(self._ops):
                 progressed |= self._check_op(key)
-            for group in sorted(self._syncs):
-                progressed |= self._check_sync(group)
+            progressed |= self._sync_state.settle()
 
     def _accepted(self, group: int | None = None) -> list[_Peer]:
         return [p for p in self._peers.values() if p.status is _A and (group is None or p.group == group)]

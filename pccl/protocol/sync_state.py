@@ -1,0 +1,276 @@
+"""Shared-state sync, the master's side: one sync per group, pure and synchronous (no I/O).
+
+:class:`SyncState` is a sub-machine of :class:`pccl.protocol.master_state.MasterState`: the
+master checks the phase rules (a peer may not vote a sync while it has a topology vote standing,
+takes part in a round or has a collective in flight; nor vote twice), then hands it the sync
+messages of accepted peers and re-checks it with every other consensus after every event.  It
+sees the peers only through :class:`SyncHost`; it never imports the master.  Who fetches what
+from whom is decided by :mod:`pccl.protocol.election`.
+
+Rules
+=====
+
+Votes.  Every accepted peer of the group sends ``SyncVote``; a malformed vote is a
+PROTOCOL_ERROR kick.  A vote from a peer that the group's running sync already finished with
+(rejected) counts for the group's next sync, which starts when this one ends.
+
+Election.  At consensus (every accepted member voted; votes of peers that left are dropped) the
+election kicks (revision violation, mask mismatch, SEND_ONLY that would receive) and rejects
+(``SyncRejected``: strategy mix, no source) and fixes the adopted revision, which becomes the
+group's revision at once (the next sync expects it + 1; the first sync of a run takes the highest
+revision offered).  Every receiver with something to fetch gets ``SyncPlan(sync_id, attempt 1)``;
+everybody else just waits.
+
+Reports.  A receiver answers ``SyncReport``: ok → done; failed sources → the next attempt moves
+their pieces onto the remaining sources (``SyncRejected(NO_SOURCE)`` when none is left); a hash
+mismatch → ``SyncRejected(HASH_MISMATCH)`` for that receiver only.  A report for an earlier sync
+or attempt crossed a decision on the wire and is ignored; one for a sync or attempt never sent
+is OUT_OF_PHASE.
+
+End.  A receiver that leaves is dropped; a source that leaves is reported by its receivers.
+Once no receiver is pending every remaining participant gets ``SyncComplete(sync_id,
+revision)``.  Sources serve until then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..errors import KickReason
+from . import election
+from . import messages as m
+from .codec import MAX_DETAIL, clip_text
+
+__all__ = ["SyncState", "SyncHost", "SyncRoundInfo", "PeerFault"]
+
+log = logging.getLogger(__name__)
+
+
+class PeerFault(Exception):
+    """A mistake of the peer whose message is being handled (here or in the master's handlers):
+    the master kicks that peer, and only it."""
+
+    def __init__(self, reason: KickReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class SyncHost(Protocol):
+    """What the sync machine needs from the master.  Peers are named by peer id."""
+
+    def is_live(self, peer_id: int) -> bool:
+        """The peer still has a connection (it was not removed)."""
+        ...
+
+    def endpoint(self, peer_id: int) -> m.PeerEndpoint:
+        """Where a live peer serves its shared state."""
+        ...
+
+    def members(self, group: int) -> list[int]:
+        """The accepted peers of ``group``."""
+        ...
+
+    def send(self, peer_id: int, msg: m.Message) -> None:
+        """Queue ``msg`` for a live peer."""
+        ...
+
+    def kick(self, peer_id: int, reason: KickReason, detail: str) -> None:
+        """Remove a live peer with ``Kick(reason, detail)``."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncRoundInfo:
+    """Read-only view of one group's shared-state sync."""
+
+    group: int
+    voters: frozenset[int]
+    sync_id: int | None
+    revision: int
+    participants: tuple[int, ...]
+    sources: tuple[int, ...]
+    receivers: frozenset[int]
+
+
+@dataclasses.dataclass(eq=False)
+class _Receiver:
+    plan: election.ReceiverPlan
+    attempt: int = 1
+    excluded: set[int] = dataclasses.field(default_factory=set)  # sources that failed it
+
+
+@dataclasses.dataclass(eq=False)
+class _Sync:
+    group: int
+    votes: dict[int, m.SyncVote] = dataclasses.field(default_factory=dict)
+    sync_id: int | None = None  # set once elected
+    revision: int = 0
+    participants: tuple[int, ...] = ()
+    sources: tuple[int, ...] = ()
+    receivers: dict[int, _Receiver] = dataclasses.field(default_factory=dict)  # still fetching
+    #: Votes for the group's *next* sync from peers this one already finished with (rejected).
+    next_votes: dict[int, m.SyncVote] = dataclasses.field(default_factory=dict)
+
+
+class SyncState:
+    """The syncs of every group.  See the module docstring for the rules."""
+
+    def __init__(self, host: SyncHost, *, min_stripe: int = election.DEFAULT_MIN_STRIPE) -> None:
+        self._host = host
+        self._min_stripe = min_stripe
+        self._syncs: dict[int, _Sync] = {}  # group -> sync in progress
+        self._revisions: dict[int, int] = {}  # group -> revision adopted at its last sync
+        self._next_sync = 1
+
+    # --- read-only views ------------------------------------------------------------------------
+
+    def syncs(self) -> list[SyncRoundInfo]:
+        return [SyncRoundInfo(s.group, frozenset(s.votes if s.sync_id is None else s.next_votes), s.sync_id,
+                              s.revision, s.participants, s.sources, frozenset(s.receivers))
+                for s in self._syncs.values()]
+
+    def revision_of(self, group: int) -> int | None:
+        """The revision ``group`` adopted at its last sync (``None`` before its first)."""
+        return self._revisions.get(group)
+
+    def in_sync(self, group: int, peer_id: int) -> bool:
+        """The peer voted for its group's sync, takes part in it, or its next vote is queued."""
+        sync = self._syncs.get(group)
+        if sync is None:
+            return False
+        if peer_id in sync.next_votes:
+            return True
+        return peer_id in (sync.votes if sync.sync_id is None else sync.participants)
+
+    # --- messages (from accepted peers, phase rules already checked) ----------------------------
+
+    def on_vote(self, group: int, peer_id: int, msg: m.SyncVote) -> None:
+        problem = election.validate_vote(msg)
+        if problem is not None:
+            raise PeerFault(KickReason.PROTOCOL_ERROR, f"malformed sync vote: {problem}")
+        sync = self._syncs.get(group)
+        if sync is None:
+            sync = self._syncs[group] = _Sync(group)
+        if sync.sync_id is not None:
+            # The group's previous sync still transfers and this peer is already out of it
+            # (rejected): its vote counts for the next sync, which starts when this one ends.
+            sync.next_votes[peer_id] = msg
+        else:
+            sync.votes[peer_id] = msg
+
+    def on_report(self, group: int, peer_id: int, msg: m.SyncReport) -> None:
+        sync = self._syncs.get(group)
+        receiver = sync.receivers.get(peer_id) if sync is not None else None
+        if sync is None or sync.sync_id != msg.sync_id or receiver is None:
+            if msg.sync_id < self._next_sync:
+                log.debug("ignoring late sync report of peer %x for sync %d", peer_id, msg.sync_id)
+                return
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"sync report for sync {msg.sync_id}, which it was not sent")
+        if msg.attempt != receiver.attempt:
+            if msg.attempt < receiver.attempt:
+                return
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"sync report for attempt {msg.attempt}, never planned")
+        if msg.ok:
+            del sync.receivers[peer_id]
+            return
+        if not msg.failed_sources:
+            detail = clip_text(msg.detail, MAX_DETAIL)  # the peer's own text
+            log.warning("peer %x received shared state that does not match the elected hashes: %s",
+                        peer_id, detail)
+            self._reject_receiver(sync, peer_id, m.SyncRejectCode.HASH_MISMATCH,
+                                  f"the received bytes do not match the elected hashes: {detail}")
+            return
+        self._replan(sync, peer_id, receiver, msg.failed_sources)
+
+    def _replan(self, sync: _Sync, pid: int, receiver: _Receiver, failed: Sequence[int]) -> None:
+        planned = set(receiver.plan.sources)
+        receiver.excluded |= {s for s in failed if s in planned}
+        available = [s for s in sync.sources if self._host.is_live(s) and s not in receiver.excluded]
+        plan = election.replan(sync.votes, receiver.plan, sorted(receiver.excluded), available,
+                               min_stripe=self._min_stripe)
+        if plan is None:
+            self._reject_receiver(sync, pid, m.SyncRejectCode.NO_SOURCE,
+                                  f"every source failed ({len(receiver.excluded)} tried)")
+            return
+        receiver.plan = plan
+        receiver.attempt += 1
+        log.info("sync %s: re-planning peer %x (attempt %d) after sources %s failed", sync.sync_id, pid,
+                 receiver.attempt, ", ".join(f"{s:x}" for s in failed))
+        self._host.send(pid, self._sync_plan(sync, receiver))
+
+    def _reject_receiver(self, sync: _Sync, pid: int, code: m.SyncRejectCode, detail: str) -> None:
+        del sync.receivers[pid]
+        sync.participants = tuple(p for p in sync.participants if p != pid)
+        self._host.send(pid, m.SyncRejected(code, detail))
+
+    def _sync_plan(self, sync: _Sync, receiver: _Receiver) -> m.SyncPlan:
+        plan = receiver.plan
+        fetches = []
+        for src in plan.sources:
+            pieces = tuple(m.StatePiece(p.key, p.offset, p.nbytes) for p in plan.pieces if p.source == src)
+            fetches.append(m.SourceFetch(self._host.endpoint(src), pieces))
+        expected = tuple(m.ExpectedHash(k, plan.expected[k]) for k in sorted(plan.expected))
+        assert sync.sync_id is not None
+        return m.SyncPlan(sync.sync_id, receiver.attempt, sync.revision, expected, tuple(fetches))
+
+    # --- consensus (re-evaluated by the master after every event) -------------------------------
+
+    def settle(self) -> bool:
+        """Re-check every group's sync once; whether anything happened."""
+        progressed = False
+        for group in sorted(self._syncs):
+            progressed |= self._check_sync(group)
+        return progressed
+
+    def _check_sync(self, group: int) -> bool:
+        sync = self._syncs[group]
+        if sync.sync_id is None:
+            for pid in [p for p in sync.votes if not self._host.is_live(p)]:
+                del sync.votes[pid]
+            if not sync.votes:
+                del self._syncs[group]
+                return True
+            if not all(pid in sync.votes for pid in self._host.members(group)):
+                return False
+            self._elect(sync)
+            return True
+        for pid in [p for p in sync.receivers if not self._host.is_live(p)]:
+            del sync.receivers[pid]
+        live = [p for p in sync.participants if self._host.is_live(p)]
+        if sync.receivers and live:
+            # A receiver whose plan names only dead sources and that has not noticed yet will
+            # report; nothing to do here (its fetch fails on the dead connection or times out).
+            return False
+        del self._syncs[group]
+        queued = {pid: v for pid, v in sync.next_votes.items() if self._host.is_live(pid)}
+        if queued:
+            self._syncs[group] = _Sync(group, votes=queued)
+        for pid in live:
+            self._host.send(pid, m.SyncComplete(sync.sync_id, sync.revision))
+        log.debug("sync %d of group %d complete at revision %d", sync.sync_id, group, sync.revision)
+        return True
+
+    def _elect(self, sync: _Sync) -> None:
+        outcome = election.elect(sync.votes, self._revisions.get(sync.group), min_stripe=self._min_stripe)
+        for pid, (code, detail) in sorted(outcome.rejects.items()):
+            self._host.send(pid, m.SyncRejected(code, clip_text(detail, MAX_DETAIL)))  # quotes keys
+        for pid, (reason, detail) in sorted(outcome.kicks.items()):
+            self._host.kick(pid, reason, detail)
+        sync.sync_id = self._next_sync
+        self._next_sync += 1
+        sync.participants = outcome.participants
+        sync.sources = outcome.sources
+        if outcome.revision is not None:
+            sync.revision = outcome.revision
+            self._revisions[sync.group] = outcome.revision
+        for pid in sorted(outcome.plans):
+            receiver = _Receiver(outcome.plans[pid])
+            sync.receivers[pid] = receiver
+            self._host.send(pid, self._sync_plan(sync, receiver))
+        log.debug("sync %d of group %d elected: revision %s, %d sources, %d receivers, %d kicked, %d rejected",
+                  sync.sync_id, sync.group, outcome.revision, len(outcome.sources), len(outcome.plans),
+                  len(outcome.kicks), len(outcome.rejects))
