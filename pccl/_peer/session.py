@@ -378,7 +378,7 @@ class PeerSession:
         master, wiring = self._master, self._wiring
         assert master is not None and wiring is not None, "connect() first"
         self._new_topology_waiter("accept")  # our first TopologyComplete is the acceptance
-        await self.send(m.Register(self.peer_group, wiring.listener.port, shared_state_port, 0))
+        await self.send(m.Register(self.peer_group, wiring.listener.port, shared_state_port))
         try:
             with trio.fail_after(self._config.connect_timeout):
                 while True:

@@ -48,7 +48,8 @@ MAGIC = b"\x89PCCL\r\n\x1a"
 #: Bumped on every incompatible change of the wire format or the message set's meaning,
 #: including the ring's frame layout (peers must cut chunks into the same sub-chunks).
 #: 2: two sub-chunks per chunk instead of four (``pccl.protocol.ring._PIPELINE_DEPTH``).
-PROTOCOL_VERSION = 2
+#: 3: ``Register`` and ``PeerEndpoint`` lost the benchmark port, which nothing listened on.
+PROTOCOL_VERSION = 3
 
 _PREAMBLE = struct.Struct(">8sI")
 PREAMBLE_SIZE = _PREAMBLE.size

@@ -288,13 +288,12 @@ class _Peer:
     group: int = 0
     p2p_port: int = 0
     shared_state_port: int = 0
-    benchmark_port: int = 0
     topology_vote: TopologyVote | None = None
     round_scope: int | None = None  # scope key of the round this peer takes part in
     pending_vote: bool = False
 
     def endpoint(self) -> m.PeerEndpoint:
-        return m.PeerEndpoint(self.peer_id, self.host, self.p2p_port, self.shared_state_port, self.benchmark_port)
+        return m.PeerEndpoint(self.peer_id, self.host, self.p2p_port, self.shared_state_port)
 
 
 @dataclasses.dataclass(eq=False)
@@ -542,8 +541,7 @@ class MasterState:
             peer_id = self._rng.getrandbits(63)
         self._issued_ids.add(peer_id)
         peer.peer_id, peer.group, peer.status = peer_id, msg.peer_group, _R
-        peer.p2p_port, peer.shared_state_port, peer.benchmark_port = (
-            msg.p2p_port, msg.shared_state_port, msg.benchmark_port)
+        peer.p2p_port, peer.shared_state_port = msg.p2p_port, msg.shared_state_port
         self._by_id[peer_id] = peer.conn_id
         self._send(peer, m.Welcome(peer_id))
         log.debug("registered peer %x (group %d) on connection %d", peer_id, msg.peer_group, peer.conn_id)

@@ -24,7 +24,7 @@ class Message(msgspec.Struct, frozen=True, array_like=True, tag_field="t"):
     """Base of all control messages.  Subclasses pass ``tag=<int>``."""
 
 
-# --- 1–49: master ↔ peer membership (pccl/protocol/master_state.py, pccl/communicator.py) --------
+# --- 1–49: master ↔ peer membership (pccl/protocol/master_state.py, pccl/_peer/) ----------------
 #
 # Flow (see master_state.py for the rules):  peer → Register;  master → Welcome(peer_id).
 # Accepted peers → VoteTopology; at consensus master → ConnectToPeers(round, ring, neighbours) to
@@ -47,7 +47,6 @@ class PeerEndpoint(msgspec.Struct, frozen=True, array_like=True):
     host: str
     p2p_port: U16
     shared_state_port: U16
-    benchmark_port: U16
 
 
 class Membership(msgspec.Struct, frozen=True, array_like=True):
@@ -68,7 +67,6 @@ class Register(Message, tag=1):
     peer_group: U32
     p2p_port: U16
     shared_state_port: U16
-    benchmark_port: U16
     previous_peer_id: U64 = 0
 
 
@@ -240,8 +238,8 @@ COLLECTIVE_MESSAGES: tuple[type[Message], ...] = (
     CollectiveRejected,
 )
 
-# --- 80–109: shared state (election in election.py, votes in master_state.py, transfer in
-# pccl/shared_state.py) ---------------------------------------------------------------------------
+# --- 80–109: shared state (election in election.py, votes in sync_state.py, transfer in
+# pccl/state_sync.py) -----------------------------------------------------------------------------
 #
 # Every accepted peer of a group sends SyncVote(revision, strategy, entries) — entries sorted by
 # key, each with its xxh3-128 digest.  At consensus the master elects the popular state

@@ -23,7 +23,7 @@ def _wire() -> bytes:
     data = codec.encode_data_prefix(codec.DataHeader(op_seq=1, stream=0, step=0, offset=0, nbytes=5000)) + bytes(5000)
     return (
         handshake.encode_preamble()
-        + codec.encode_message(Register(peer_group=0, p2p_port=1, shared_state_port=2, benchmark_port=3))
+        + codec.encode_message(Register(peer_group=0, p2p_port=1, shared_state_port=2))
         + data
         + codec.encode_message(VoteTopology())
     )
@@ -89,8 +89,7 @@ def test_all_reduce_parts_follow_the_op_of_each_data_frame(count: int, world: in
     # (with a restarted master, which numbers ops from 1 again) ends every op in flight.
     parts.on_message("p", 0, "recv", "CollectiveCommence", CollectiveCommence(tag=5, seq=12, ring=(1, 2)))
     assert parts.in_flight("p") == 1
-    parts.on_message("p", 0, "send", "Register", Register(peer_group=0, p2p_port=1, shared_state_port=2,
-                                                           benchmark_port=3))
+    parts.on_message("p", 0, "send", "Register", Register(peer_group=0, p2p_port=1, shared_state_port=2))
     assert parts.in_flight("p") == 0 and parts.on_data("p", 0, frame(12, 0)) is None
     parts.on_message("p", 0, "recv", "CollectiveCommence", CollectiveCommence(tag=5, seq=12, ring=(1, 2)))
     assert parts.on_data("p", 0, frame(12, 0)) is None  # its Init went to the old master
