@@ -1,6 +1,7 @@
 """The master's consensus machine: pure, synchronous, no I/O (h11 style).
 
-``MasterState.handle(event, now) -> list[Effect]`` is the whole interface.  The Trio shell
+``MasterState.handle(event, now) -> list[Effect]`` is the whole interface (the event and effect
+types are in :mod:`pccl.protocol.master_events`, re-exported here).  The Trio shell
 (:mod:`pccl.master`) turns connections into events and executes the effects; the simulator and
 the property tests drive the same object directly.  Time (``now``) and randomness (``rng``) are
 inputs.  Nothing a peer sends can make ``handle`` raise: bad input becomes a ``Kick`` of that
@@ -92,6 +93,19 @@ from ..errors import KickReason
 from . import election
 from . import messages as m
 from .codec import MAX_DETAIL, clip_text
+from .master_events import (
+    Close,
+    Effect,
+    Event,
+    Kick,
+    MessageReceived,
+    PeerConnected,
+    PeerDisconnected,
+    ProtocolViolation,
+    Send,
+    SetTimer,
+    Tick,
+)
 from .ring import build_ring, ring_neighbours
 from .sync_state import PeerFault, SyncRoundInfo, SyncState
 
@@ -188,82 +202,6 @@ class RandomSource(Protocol):
     """What the machine needs from the injected ``random.Random``."""
 
     def getrandbits(self, k: int, /) -> int: ...
-
-
-# --- events (shell → machine) ------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class PeerConnected:
-    """A connection finished the framed handshake; ``observed_host`` is its source address."""
-
-    conn_id: int
-    observed_host: str
-
-
-@dataclasses.dataclass(frozen=True)
-class MessageReceived:
-    conn_id: int
-    msg: m.Message
-
-
-@dataclasses.dataclass(frozen=True)
-class PeerDisconnected:
-    """The connection closed or broke (EOF, reset, send failure)."""
-
-    conn_id: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ProtocolViolation:
-    """The shell could not decode what the connection sent (garbage, oversized frame…)."""
-
-    conn_id: int
-    reason: KickReason
-    detail: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Tick:
-    """A timer set by ``SetTimer`` fired (the deadline check runs on every event anyway)."""
-
-
-Event = PeerConnected | MessageReceived | PeerDisconnected | ProtocolViolation | Tick
-
-
-# --- effects (machine → shell) -----------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Send:
-    conn_id: int
-    msg: m.Message
-
-
-@dataclasses.dataclass(frozen=True)
-class Kick:
-    """Send ``KickNotice(reason, detail)`` if possible, then close.  The peer is already gone."""
-
-    conn_id: int
-    reason: KickReason
-    detail: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Close:
-    """Close the connection without a notice (the peer left on purpose)."""
-
-    conn_id: int
-
-
-@dataclasses.dataclass(frozen=True)
-class SetTimer:
-    """Feed a ``Tick`` at time ``at`` (``None``: no deadline pending).  Replaces earlier timers."""
-
-    at: float | None
-
-
-Effect = Send | Kick | Close | SetTimer
 
 
 # --- state -------------------------------------------------------------------------------------
