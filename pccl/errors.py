@@ -61,7 +61,8 @@ class CollectiveAborted(PCCLError):
 
 
 class TopologyUpdateFailed(PCCLError):
-    """The topology update could not complete."""
+    """This peer cannot take part in topology updates any more (its ring listener failed for
+    good); it left the run."""
 
 
 class SharedStateSyncFailed(PCCLError):

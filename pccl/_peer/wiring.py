@@ -15,7 +15,7 @@ import logging
 import trio
 
 from .._groups import single_exception
-from ..errors import PCCLError, ProtocolError, StreamClosed, TransportError
+from ..errors import PCCLError, ProtocolError, StreamClosed, TopologyUpdateFailed, TransportError
 from ..net.base import Listener, Stream, format_address
 from ..net.framed import FramedConnection
 from ..net.serving import HandshakeSlot, serve_listener
@@ -118,14 +118,21 @@ class RingWiring:
             raise ProtocolError(f"{address} answered the p2p hello with {ack!r}")
 
     async def serve(self) -> None:
-        """Accept the ring connections other peers dial (run in the session's nursery)."""
+        """Accept the ring connections other peers dial (run in the session's nursery).
+
+        A listener that fails for good (``StreamClosed`` is the session closing it; running out
+        of descriptors is waited out inside ``accept``) means this peer can never be wired into
+        a ring again: it leaves the run at once with ``TopologyUpdateFailed`` rather than stall
+        every topology round until the master gives up on it (``P2P_UNREACHABLE``)."""
         def failed(exc: TransportError) -> None:
-            # StreamClosed: closed by aclose.  Anything else is permanent (running out of
-            # descriptors is waited out inside accept): say so, the master will see this peer as
-            # unreachable by its ring predecessor.
-            if not isinstance(exc, StreamClosed):
-                log.error("peer %x: p2p listener failed, accepting no more ring connections: %s",
-                          self._host.peer_id, exc)
+            if isinstance(exc, StreamClosed):
+                return
+            log.error("peer %x: p2p listener failed, accepting no more ring connections: %s",
+                      self._host.peer_id, exc)
+            error = TopologyUpdateFailed(f"this peer's p2p listener failed ({exc}); it cannot be wired into "
+                                         "a ring and left the run")
+            error.__cause__ = exc
+            self._host.leave_lockstep(error)
 
         await serve_listener(self.listener, self._accept, on_error=failed)
 

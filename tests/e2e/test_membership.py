@@ -17,7 +17,15 @@ import trio
 
 import pccl
 from pccl import Config
-from pccl.errors import AuthenticationFailed, Kicked, KickReason, MasterUnreachable, StreamClosed
+from pccl.errors import (
+    AuthenticationFailed,
+    Kicked,
+    KickReason,
+    MasterUnreachable,
+    StreamClosed,
+    TopologyUpdateFailed,
+    TransportError,
+)
 from pccl.net import serving
 from pccl.net.base import Listener, Network, Stream, parse_address
 from pccl.net.framed import open_framed
@@ -605,3 +613,70 @@ async def test_idle_connections_cannot_pile_up_in_a_peers_listener(master: pccl.
             late = await trio.open_tcp_stream(host, port)
             await _wait_until(lambda: accepted() == 9, "a later connection accepted")
             await late.aclose()
+
+
+class FailingRingListenerNetwork(Network):
+    """Real TCP whose first listener (a peer binds its ring port first) fails for good once
+    ``trip`` is set, as a listening socket that the OS invalidates would."""
+
+    def __init__(self) -> None:
+        self._tcp = TcpNetwork(CFG)
+        self.trip = trio.Event()
+        self._wrapped = False
+
+    async def connect(self, address: str, *, timeout: float | None = None) -> Stream:
+        return await self._tcp.connect(address, timeout=timeout)
+
+    async def listen(self, address: str, *, port_range: int = 1) -> Listener:
+        listener = await self._tcp.listen(address, port_range=port_range)
+        if self._wrapped:
+            return listener
+        self._wrapped = True
+        trip = self.trip
+
+        class Failing(Listener):
+            def __init__(self) -> None:
+                self.address = listener.address
+
+            async def accept(self) -> Stream:
+                got: list[Stream] = []
+                async with trio.open_nursery() as nursery:
+                    async def real() -> None:
+                        got.append(await listener.accept())
+                        nursery.cancel_scope.cancel()
+
+                    async def tripped() -> None:
+                        await trip.wait()
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(real)
+                    nursery.start_soon(tripped)
+                if got:
+                    return got[0]
+                raise TransportError("accept failed: the listening socket is gone (planted)")
+
+            async def aclose(self) -> None:
+                await listener.aclose()
+
+        return Failing()
+
+
+async def test_a_peer_whose_ring_listener_fails_leaves_at_once_with_topology_update_failed(
+        master: pccl.Master) -> None:
+    # Such a peer can never be wired into a ring again: it must not stall the group's topology
+    # rounds until the master gives up on it (P2P_UNREACHABLE after several attempts).
+    network = FailingRingListenerNetwork()
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a], network=network)
+            assert a.world_size == b.world_size == 2
+            network.trip.set()
+            with pytest.raises(TopologyUpdateFailed, match="p2p listener failed"):
+                await b.update_topology()
+            with pytest.raises(TopologyUpdateFailed):
+                await b.are_peers_pending()  # every later call says the same
+            await _wait_until(lambda: master.statistics().accepted_peers == 1, "b left the run")
+            await a.update_topology()  # without b, in one round
+            assert a.world_size == 1
+            assert master.statistics().kicks == 0  # b left; nobody had to be declared unreachable
+            nursery.cancel_scope.cancel()
