@@ -14,7 +14,7 @@ Rules:
 * in the peer runtime, no ``x._name`` where ``x`` is not ``self``/``cls``: no class touches
   another's private members, no module another module's private names;
 * ``sim/engine``, ``sim/faults``, ``sim/observe`` and ``sim/tools`` never import pccl (only the
-  workload packages may).
+  workload packages may), nor a workload.
 
 Each rule is also run on a planted violation, so a checker that silently finds nothing fails.
 """
@@ -206,8 +206,9 @@ def test_the_peer_runtime_touches_no_other_class_private_members() -> None:
     assert private_accesses(KNOWN, PEER_RUNTIME) == []
 
 
-def test_the_simulation_engine_never_imports_pccl() -> None:
-    assert forbidden_imports(KNOWN, SIM_WITHOUT_PCCL, ("pccl",)) == []
+def test_the_simulation_engine_never_imports_pccl_or_a_workload() -> None:
+    assert [n for n in KNOWN if _within(n, SIM_WITHOUT_PCCL)], "no generic sim modules found"
+    assert forbidden_imports(KNOWN, SIM_WITHOUT_PCCL, ("pccl", "sim.workloads")) == []
 
 
 # --- each rule fails on a planted violation ----------------------------------------------------------
@@ -236,7 +237,7 @@ def test_planted_violations_are_found(tmp_path: pathlib.Path) -> None:
         "pccl/sneaky.py": "import sim.engine.runner\n",
         "sim/__init__.py": "",
         "sim/engine/__init__.py": "",
-        "sim/engine/runner.py": "from pccl.protocol import state\n",
+        "sim/engine/runner.py": "from pccl.protocol import state\ndef f():\n    from ..workloads import pccl\n",
         "sim/workloads/__init__.py": "",
         "sim/workloads/pccl.py": "import pccl\n",  # allowed
     })
@@ -246,4 +247,5 @@ def test_planted_violations_are_found(tmp_path: pathlib.Path) -> None:
         "pccl.net._frames:1 imports trio", "pccl.protocol.state:2 imports time"]
     assert communicator_importers(known) == ["pccl.collectives.operation:3 imports pccl.communicator"]
     assert private_accesses(known, PEER_RUNTIME) == ["pccl.collectives.operation:5: comm._master"]
-    assert forbidden_imports(known, SIM_WITHOUT_PCCL, ("pccl",)) == ["sim.engine.runner:1 imports pccl.protocol.state"]
+    assert forbidden_imports(known, SIM_WITHOUT_PCCL, ("pccl", "sim.workloads")) == [
+        "sim.engine.runner:1 imports pccl.protocol.state", "sim.engine.runner:3 imports sim.workloads.pccl"]
