@@ -7,8 +7,8 @@ Sub-commands:
   variable (preferable: command lines are visible to every user of the machine).  The bound
   address is logged as ``master listening on HOST:PORT`` (useful with port 0).
 
-Other issues add sub-commands here (``demo``, ``bench``): add a parser in ``_build_parser`` and a
-handler in ``_COMMANDS``.
+``pccl demo`` and ``pccl bench`` are described in their modules.  A new sub-command is a parser in
+``_build_parser`` and a handler in ``_COMMANDS``.
 """
 
 from __future__ import annotations

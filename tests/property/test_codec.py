@@ -1,7 +1,7 @@
 """Property tests of the wire codec (pccl/protocol/codec.py) and handshake math (handshake.py).
 
 Round trip: every message type in ``messages.ALL_MESSAGES`` — read when the tests are collected,
-so messages later issues add are covered without touching this file — survives encode → decode,
+so messages added later are covered without touching this file — survives encode → decode,
 whole and fed in arbitrary pieces.  Strategies are built from the msgspec field types; a field
 type the builder does not understand fails the test rather than being skipped.
 

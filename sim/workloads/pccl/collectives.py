@@ -1,4 +1,4 @@
-"""The all-reduce step of the pccl workload, and its checker (issue 6).
+"""The all-reduce step of the pccl workload, and its checker.
 
 :class:`AllReducePhase` (phase name ``"all_reduce"``) makes every peer all-reduce arrays
 (a small one and a ring-sized one, by default) each step, through the public API, exactly as a training loop does: ``comm.all_reduce(x, op=…)``

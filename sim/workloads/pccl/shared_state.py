@@ -1,4 +1,4 @@
-"""The shared-state step of the pccl workload, and its checker (issue 7).
+"""The shared-state step of the pccl workload, and its checker.
 
 :class:`SyncPhase` (phase name ``"sync"``) makes every peer sync a small shared state each step
 and then update it with a deterministic rule, exactly as a training loop does::
