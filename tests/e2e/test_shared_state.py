@@ -343,6 +343,13 @@ async def test_content_inequality_goes_to_joiners_only() -> None:
         assert joiner["rng"][0] in (100, 200)  # delivered whole from one source
         assert joiner.hashes()["w"] == states[0].hashes()["w"]
         assert infos[2].rx_bytes == states[0].nbytes
+        # statistics() keeps the running totals of every sync.
+        stats = [comm.statistics() for comm in c.comms]
+        assert [s.syncs_completed for s in stats] == [2, 2, 1]
+        assert stats[2].sync_rx_bytes == infos[2].rx_bytes and stats[2].sync_tx_bytes == 0
+        assert stats[0].sync_tx_bytes + stats[1].sync_tx_bytes == infos[2].rx_bytes
+        assert stats[0].sync_rx_bytes == stats[1].sync_rx_bytes == 0
+        assert [s.sync_replans for s in stats] == [0, 0, 0]
 
 
 async def test_corrupted_bytes_fail_the_receiver_never_accepted_silently(monkeypatch: pytest.MonkeyPatch) -> None:
