@@ -19,13 +19,15 @@ sync goes on without it.  *Candidates* are the voters that are not RECEIVE_ONLY:
 part in the election and only they can be sources.  No candidate → every voter is rejected with
 ``NO_SOURCE``.
 
-Revisions.  ``last_revision`` is the revision the group adopted at its previous sync (``None``
-before the first sync of the run).  The expected revision is ``last_revision + 1``; at the first
-sync it is the highest revision any candidate offers (resuming from a checkpoint), whatever the
-arrival order.  A voter above the expected revision is kicked (``REVISION_VIOLATION``); a voter
-below it is *outdated* and receives like a joiner.  If no candidate offers the expected revision
-(everybody forgot to increment, or the peers holding it died), the highest revision offered by a
-candidate is adopted instead, so the group never deadlocks (and never goes backwards).
+Revisions (the lineage rule, SPEC §3).  ``last_revision`` is the revision the group adopted at
+its previous sync (``None`` before the first sync of the run, and after a master restart).
+*Continuing* voters — those that took part in the group's last completed sync — must offer
+exactly ``last_revision + 1``; one that offers anything else is kicked (``REVISION_VIOLATION``).
+Every other voter (a joiner, a peer back after being removed, every peer after a master restart)
+is never kicked for its revision.  The group adopts the **highest revision offered** by a
+candidate, whoever offers it: most progress wins, so the first sync of a run (resuming from a
+checkpoint), the first sync after a master restart and a returning peer with more progress follow
+one rule.  Voters below the adopted revision are *outdated* and receive like joiners.
 
 Popularity.  Among candidates at the adopted revision, votes are grouped by *content*: the
 sequence of (key, dtype, nbytes, flag, digest), with the digest left out for
@@ -62,7 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from ..errors import KickReason
 from ..types import DType, SyncStrategy
@@ -193,9 +195,11 @@ def _first_difference(a: m.SyncVote, b: m.SyncVote) -> str:
 
 
 def elect(votes: Mapping[int, m.SyncVote], last_revision: int | None, *,
-          min_stripe: int = DEFAULT_MIN_STRIPE) -> Election:
+          continuing: Collection[int] = frozenset(), min_stripe: int = DEFAULT_MIN_STRIPE) -> Election:
     """Decide one group's sync: kicks, rejections, the adopted revision and every receiver's
-    first plan.  ``votes`` maps peer id → its (validated) vote; must not be empty."""
+    first plan.  ``votes`` maps peer id → its (validated) vote; must not be empty.
+    ``continuing``: the peers that took part in the group's last completed sync (see the rules;
+    ignored while ``last_revision`` is ``None``)."""
     if not votes:
         raise ValueError("elect() needs at least one vote")
     if min_stripe < 1:
@@ -219,21 +223,20 @@ def elect(votes: Mapping[int, m.SyncVote], last_revision: int | None, *,
             rejects[p] = (m.SyncRejectCode.NO_SOURCE, "every peer of the group syncs RECEIVE_ONLY: nobody can send")
         return Election(None, kicks, rejects, (), (), {}, ())
 
-    expected = max(votes[p].revision for p in candidates) if last_revision is None else last_revision + 1
-    for p in live:
-        if votes[p].revision > expected:
-            kicks[p] = (KickReason.REVISION_VIOLATION,
-                        f"revision {votes[p].revision} but the group expects {expected} "
-                        "(the revision must increase by exactly one between syncs)")
+    if last_revision is not None:
+        expected = last_revision + 1
+        for p in live:
+            if p in continuing and votes[p].revision != expected:
+                kicks[p] = (KickReason.REVISION_VIOLATION,
+                            f"revision {votes[p].revision} but the group expects {expected} (a peer that "
+                            "took part in the group's last sync must increase the revision by exactly one)")
     live = [p for p in live if p not in kicks]
     candidates = [p for p in candidates if p not in kicks]
     if not candidates:
         for p in live:
             rejects[p] = (m.SyncRejectCode.NO_SOURCE, "every peer that could send was kicked for its revision")
         return Election(None, kicks, rejects, (), (), {}, ())
-    revision = expected
-    if not any(votes[p].revision == expected for p in candidates):
-        revision = max(votes[p].revision for p in candidates)  # nobody holds `expected`: see rules
+    revision = max(votes[p].revision for p in candidates)  # most progress wins
     pool = [p for p in candidates if votes[p].revision == revision]
 
     tally = Counter(_content(votes[p]) for p in pool)

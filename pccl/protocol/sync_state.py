@@ -17,9 +17,12 @@ PROTOCOL_ERROR kick.  A vote from a peer that the group's running sync already f
 Election.  At consensus (every accepted member voted; votes of peers that left are dropped) the
 election kicks (revision violation, mask mismatch, SEND_ONLY that would receive) and rejects
 (``SyncRejected``: strategy mix, no source) and fixes the adopted revision, which becomes the
-group's revision at once (the next sync expects it + 1; the first sync of a run takes the highest
-revision offered).  Every receiver with something to fetch gets ``SyncPlan(sync_id, attempt 1)``;
-everybody else just waits.
+group's revision at once.  The revision follows the lineage rule of :mod:`pccl.protocol.election`:
+the peers that took part in the group's last completed sync (remembered here, per group) must
+offer exactly its revision + 1; anyone else is never kicked for its revision, and the highest
+revision offered wins.  A restarted master remembers nothing, so its first sync of every group
+simply takes the highest revision.  Every receiver with something to fetch gets
+``SyncPlan(sync_id, attempt 1)``; everybody else just waits.
 
 Reports.  A receiver answers ``SyncReport``: ok → done; failed sources → the next attempt moves
 their pieces onto the remaining sources (``SyncRejected(NO_SOURCE)`` when none is left); a hash
@@ -124,6 +127,9 @@ class SyncState:
         self._min_stripe = min_stripe
         self._syncs: dict[int, _Sync] = {}  # group -> sync in progress
         self._revisions: dict[int, int] = {}  # group -> revision adopted at its last sync
+        #: group -> the peers that took part in its last completed sync (the lineage rule's
+        #: "continuing" peers; see pccl.protocol.election).
+        self._continuing: dict[int, frozenset[int]] = {}
         self._next_sync = 1
 
     # --- read-only views ------------------------------------------------------------------------
@@ -249,13 +255,16 @@ class SyncState:
         queued = {pid: v for pid, v in sync.next_votes.items() if self._host.is_live(pid)}
         if queued:
             self._syncs[group] = _Sync(group, votes=queued)
+        self._continuing[group] = frozenset(live)
         for pid in live:
             self._host.send(pid, m.SyncComplete(sync.sync_id, sync.revision))
         log.debug("sync %d of group %d complete at revision %d", sync.sync_id, group, sync.revision)
         return True
 
     def _elect(self, sync: _Sync) -> None:
-        outcome = election.elect(sync.votes, self._revisions.get(sync.group), min_stripe=self._min_stripe)
+        outcome = election.elect(sync.votes, self._revisions.get(sync.group),
+                                 continuing=self._continuing.get(sync.group, frozenset()),
+                                 min_stripe=self._min_stripe)
         for pid, (code, detail) in sorted(outcome.rejects.items()):
             self._host.send(pid, m.SyncRejected(code, clip_text(detail, MAX_DETAIL)))  # quotes keys
         for pid, (reason, detail) in sorted(outcome.kicks.items()):

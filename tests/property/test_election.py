@@ -51,18 +51,26 @@ def outcome_key(e: election.Election) -> tuple:
             sorted((p, plan.pieces, sorted(plan.expected.items())) for p, plan in e.plans.items()), e.popular)
 
 
-@given(votes_st, last_st, st.randoms(use_true_random=False))
-def test_deterministic_whatever_the_arrival_order(votes: dict, last: int | None, rnd: random.Random) -> None:
+def continuing_st(votes: dict) -> st.SearchStrategy[frozenset[int]]:
+    """Which voters took part in the group's last completed sync."""
+    return st.frozensets(st.sampled_from(sorted(votes)))
+
+
+@given(votes_st, last_st, st.randoms(use_true_random=False), st.data())
+def test_deterministic_whatever_the_arrival_order(votes: dict, last: int | None, rnd: random.Random,
+                                                  data: st.DataObject) -> None:
+    continuing = data.draw(continuing_st(votes), label="continuing")
     items = list(votes.items())
     rnd.shuffle(items)
-    a = election.elect(votes, last, min_stripe=MIN_STRIPE)
-    b = election.elect(dict(items), last, min_stripe=MIN_STRIPE)
+    a = election.elect(votes, last, continuing=continuing, min_stripe=MIN_STRIPE)
+    b = election.elect(dict(items), last, continuing=set(continuing), min_stripe=MIN_STRIPE)
     assert outcome_key(a) == outcome_key(b)
 
 
-@given(votes_st, last_st)
-def test_rules_hold(votes: dict, last: int | None) -> None:
-    out = election.elect(votes, last, min_stripe=MIN_STRIPE)
+@given(votes_st, last_st, st.data())
+def test_rules_hold(votes: dict, last: int | None, data: st.DataObject) -> None:
+    continuing = data.draw(continuing_st(votes), label="continuing")
+    out = election.elect(votes, last, continuing=continuing, min_stripe=MIN_STRIPE)
     everyone = set(votes)
     assert set(out.kicks) | set(out.rejects) | set(out.participants) == everyone
     assert not set(out.kicks) & set(out.rejects) and not set(out.kicks) & set(out.participants)
@@ -77,15 +85,15 @@ def test_rules_hold(votes: dict, last: int | None) -> None:
     if not candidates:
         assert out.revision is None and not out.participants
         return
-    expected = max(votes[p].revision for p in candidates) if last is None else last + 1
-    violators = {p for p in votes if p not in out.rejects and votes[p].revision > expected}
+    # Lineage: only a continuing peer is held to last + 1 (exactly); nobody else is kicked for
+    # its revision, and the highest revision a remaining candidate offers wins.
+    violators = {p for p in votes if p not in out.rejects and last is not None and p in continuing
+                 and votes[p].revision != last + 1}
     assert {p for p, (r, _) in out.kicks.items() if r is KickReason.REVISION_VIOLATION} == violators
     if all(p in violators for p in candidates):
         assert out.revision is None and not out.participants
         return
-    assert out.revision is not None and out.revision <= expected
-    if last is None:
-        assert out.revision == expected  # first sync: the highest revision offered
+    assert out.revision == max(votes[p].revision for p in candidates if p not in violators)
     # sources: never RECEIVE_ONLY, never kicked, all at the adopted revision with the popular content
     popular = {e.key: e for e in out.popular}
     for s in out.sources:

@@ -22,9 +22,12 @@ tensors after the sync, ``first``: the communicator's first successful sync, ``g
 
 * every peer that completed the same sync (the ``SyncComplete(sync_id)`` it received, per master
   epoch) holds bit-identical compared tensors — in particular a joiner after its first sync;
-* with the deterministic update rule, no peer receives a byte after its communicator's first
-  successful sync (unless one of its syncs failed since: its buffers may be half-written);
-* revisions advance by exactly one between a communicator's consecutive successful syncs;
+* the lineage rule (SPEC §3): a *continuing* peer — its previous successful sync was with the
+  same master and none of its syncs failed since — moves on by exactly one revision and
+  receives nothing, unless a non-continuing peer (a joiner, a peer back after removal, every
+  peer after a master restart) took part in the same sync and brought more progress or other
+  content; then it may jump ahead and receive, never go back.  (Settled at the end of the run,
+  since the peers of one sync report in any order.)
 * no peer is told ``RevisionViolation`` or kicked for a shared-state reason (this workload
   never deserves it).
 """
@@ -138,8 +141,13 @@ class SharedStateAgreement(Checker):
         self.epoch = 0
         self.sync_of_host: dict[str, tuple[int, int]] = {}  # host -> (epoch, sync_id) last completed
         self.digests: dict[tuple[int, int], tuple[str, str]] = {}  # (epoch, sync_id) -> (digest, host)
-        self.last_revision: dict[int, int] = {}  # peer id -> revision of its last successful sync
+        #: peer id -> (master epoch, revision) of its last successful sync
+        self.last_sync: dict[int, tuple[int, int]] = {}
         self.failed_since: set[int] = set()  # peer ids whose last sync failed
+        #: (epoch, sync_id) -> whether a non-continuing peer took part
+        self.newcomers: dict[tuple[int, int], bool] = {}
+        #: continuing peers that received or jumped, settled at the end: (key, message)
+        self.moved: list[tuple[tuple[int, int], str]] = []
         self.syncs = 0
         self.first_syncs_with_bytes = 0
         self.failed = False
@@ -186,13 +194,25 @@ class SharedStateAgreement(Checker):
                             f"{seen[1]} holds {seen[0]} — not bit-identical")
         recovering = pid in self.failed_since
         self.failed_since.discard(pid)
+        previous = self.last_sync.get(pid)
+        continuing = previous is not None and previous[0] == key[0] and not recovering
         if data["first"]:
             self.first_syncs_with_bytes += data["rx"] > 0
-        elif not recovering:
-            if data["rx"]:
-                self._fail(sim, f"{host} (peer {pid:x}) received {data['rx']} bytes in a sync after its first, "
-                                "although every peer updates its state deterministically")
-            last = self.last_revision.get(pid)
-            if last is not None and revision != last + 1:
-                self._fail(sim, f"{host} (peer {pid:x}) adopted revision {revision} after {last}: not +1")
-        self.last_revision[pid] = revision
+        if not continuing:
+            self.newcomers[key] = True
+        else:
+            self.newcomers.setdefault(key, False)
+            last = previous[1]  # type: ignore[index]
+            if revision < last + 1:
+                self._fail(sim, f"{host} (peer {pid:x}) adopted revision {revision} after {last}: backwards")
+            elif data["rx"] or revision != last + 1:
+                self.moved.append((key, f"{host} (peer {pid:x}) received {data['rx']} bytes in a sync after its "
+                                        f"first (revision {revision} after {last}), although every peer of that "
+                                        "sync continued the group's lineage and updates its state deterministically"))
+        self.last_sync[pid] = (key[0], revision)
+
+    def at_end(self, sim: Simulation) -> None:
+        for key, message in self.moved:
+            if not self.newcomers.get(key):
+                self._fail(sim, message)
+                return
