@@ -680,3 +680,17 @@ async def test_a_peer_whose_ring_listener_fails_leaves_at_once_with_topology_upd
             assert a.world_size == 1
             assert master.statistics().kicks == 0  # b left; nobody had to be declared unreachable
             nursery.cancel_scope.cancel()
+
+
+async def test_an_accept_vote_and_a_rewire_vote_in_one_group_do_not_wait_for_each_other(
+        master: pccl.Master) -> None:
+    # One peer in update_topology, another re-wiring its group after a stale ring (what the
+    # all-reduce does internally): the accept round re-wires the group and satisfies both.
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a])
+            async with trio.open_nursery() as voters:
+                voters.start_soon(a.update_topology)
+                voters.start_soon(b._session.rewire)  # noqa: SLF001 - the all-reduce's internal vote
+            assert a.world_size == b.world_size == 2 and a.ring == b.ring
+            nursery.cancel_scope.cancel()
