@@ -21,10 +21,11 @@ part in the election and only they can be sources.  No candidate → every voter
 
 Revisions (the lineage rule, SPEC §3).  ``last_revision`` is the revision the group adopted at
 its previous sync (``None`` before the first sync of the run, and after a master restart).
-*Continuing* voters — those that took part in the group's last completed sync — must offer
-exactly ``last_revision + 1``; one that offers anything else is kicked (``REVISION_VIOLATION``).
-Every other voter (a joiner, a peer back after being removed, every peer after a master restart)
-is never kicked for its revision.  The group adopts the **highest revision offered** by a
+*Continuing* voters — those that took part in the group's last completed sync — offer
+``last_revision + 1`` (they stepped once) or less (a step that was given up, after an aborted
+all-reduce, leaves the revision where it was); one that offers more jumped without syncing and
+is kicked (``REVISION_VIOLATION``).  Every other voter (a joiner, a peer back after being
+removed, every peer after a master restart) is never kicked for its revision.  The group adopts the **highest revision offered** by a
 candidate, whoever offers it: most progress wins, so the first sync of a run (resuming from a
 checkpoint), the first sync after a master restart and a returning peer with more progress follow
 one rule.  Voters below the adopted revision are *outdated* and receive like joiners.
@@ -226,7 +227,7 @@ def elect(votes: Mapping[int, m.SyncVote], last_revision: int | None, *,
     if last_revision is not None:
         expected = last_revision + 1
         for p in live:
-            if p in continuing and votes[p].revision != expected:
+            if p in continuing and votes[p].revision > expected:
                 kicks[p] = (KickReason.REVISION_VIOLATION,
                             f"revision {votes[p].revision} but the group expects {expected} (a peer that "
                             "took part in the group's last sync must increase the revision by exactly one)")
