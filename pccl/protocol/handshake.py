@@ -49,7 +49,8 @@ MAGIC = b"\x89PCCL\r\n\x1a"
 #: including the ring's frame layout (peers must cut chunks into the same sub-chunks).
 #: 2: two sub-chunks per chunk instead of four (``pccl.protocol.ring._PIPELINE_DEPTH``).
 #: 3: ``Register`` and ``PeerEndpoint`` lost the benchmark port, which nothing listened on.
-PROTOCOL_VERSION = 3
+#: 4: ``Welcome`` and ``P2PHello`` carry the master's instance id (peers survive master restarts).
+PROTOCOL_VERSION = 4
 
 _PREAMBLE = struct.Struct(">8sI")
 PREAMBLE_SIZE = _PREAMBLE.size

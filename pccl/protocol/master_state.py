@@ -313,6 +313,9 @@ class MasterState:
         if peer_timeout <= 0 or max_p2p_attempts < 1:
             raise ValueError("peer_timeout must be positive and max_p2p_attempts at least 1")
         self._rng = rng
+        #: This master's identity, sent in Welcome: peers tell ring connections of one master's
+        #: rounds from another's (round ids start at 1 again after a restart).
+        self.instance = rng.getrandbits(63) or 1
         self._peer_timeout = peer_timeout
         self._max_attempts = max_p2p_attempts
         self._peers: dict[int, _Peer] = {}  # by conn_id
@@ -476,14 +479,16 @@ class MasterState:
     def _on_register(self, peer: _Peer, msg: m.Register) -> None:
         if msg.p2p_port == 0:
             raise PeerFault(KickReason.PROTOCOL_ERROR, "registration without a p2p port")
-        peer_id = 0
+        # A peer registering again after this master restarted keeps its id, unless this master
+        # issued that id already (never reused, so that "gone" stays unambiguous).
+        peer_id = msg.previous_peer_id if msg.previous_peer_id < 2**63 else 0
         while peer_id == 0 or peer_id in self._issued_ids:
             peer_id = self._rng.getrandbits(63)
         self._issued_ids.add(peer_id)
         peer.peer_id, peer.group, peer.status = peer_id, msg.peer_group, _R
         peer.p2p_port, peer.shared_state_port = msg.p2p_port, msg.shared_state_port
         self._by_id[peer_id] = peer.conn_id
-        self._send(peer, m.Welcome(peer_id))
+        self._send(peer, m.Welcome(peer_id, self.instance))
         log.debug("registered peer %x (group %d) on connection %d", peer_id, msg.peer_group, peer.conn_id)
 
     def _on_vote_topology(self, peer: _Peer, msg: m.VoteTopology) -> None:

@@ -61,7 +61,8 @@ class Membership(msgspec.Struct, frozen=True, array_like=True):
 class Register(Message, tag=1):
     """Peer → master, first message: join ``peer_group``; ports of this peer's listeners.
 
-    ``previous_peer_id`` is reserved for re-registration after a master restart (0 = none).
+    ``previous_peer_id``: the id this peer had before it lost its master (0 = none); a
+    restarted master gives it back when it can.
     """
 
     peer_group: U32
@@ -102,9 +103,11 @@ class Leave(Message, tag=6):
 
 
 class Welcome(Message, tag=20):
-    """Master → peer: registered, with this id.  Acceptance comes with a TopologyComplete."""
+    """Master → peer: registered, with this id.  Acceptance comes with a TopologyComplete.
+    ``instance`` identifies this master process (a restarted master draws a new one)."""
 
     peer_id: U64
+    instance: U64 = 0
 
 
 class ConnectToPeers(Message, tag=21):
@@ -144,12 +147,14 @@ class KickNotice(Message, tag=24):
 
 class P2PHello(Message, tag=40):
     """Peer → peer, first message on a ring connection after the framed handshake: lane ``lane``
-    of ``lanes`` from ring predecessor ``peer_id`` in topology round ``round``."""
+    of ``lanes`` from ring predecessor ``peer_id`` in topology round ``round`` of the master
+    ``instance`` (round ids start again at 1 when the master restarts)."""
 
     peer_id: U64
     round: U64
     lane: U32 = 0
     lanes: U32 = 1
+    instance: U64 = 0
 
 
 class P2PHelloAck(Message, tag=41):

@@ -96,7 +96,7 @@ class Harness:
         return self.feed(MessageReceived(conn, msg))
 
     def register(self, conn: int, group: int = 0) -> None:
-        self.send(conn, m.Register(group, 4000 + conn, 5000 + conn, 6000 + conn))
+        self.send(conn, m.Register(group, 4000 + conn, 5000 + conn))
 
     def join(self, group: int = 0) -> int:
         c = self.connect()
