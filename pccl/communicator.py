@@ -11,6 +11,7 @@ is :mod:`pccl.state_sync`.  The services reach the session only through its
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -19,10 +20,12 @@ import numpy as np
 import trio
 
 from ._groups import single_exception
+from ._peer.host import MasterLost
 from ._peer.links import P2PLinks
 from ._peer.session import PeerSession
 from .collectives.operation import MANY_FIRST_TAG, AllReduceService
 from .config import Config
+from .errors import SharedStateSyncFailed
 from .net.base import Network
 from .protocol import messages as m
 from .shared_state import SharedState
@@ -30,6 +33,8 @@ from .state_sync import StateSyncService
 from .types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
 
 __all__ = ["Communicator", "CommunicatorStatistics", "open_communicator"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,19 +229,30 @@ class Communicator:
         (``are_peers_pending()`` every ``config.heartbeat_interval``, accepting it when one
         waits), then ``sync_shared_state(state, strategy)``.  The caller all-reduces, updates the
         state and increments ``state.revision`` in the loop body.  Errors as for the calls it
-        makes; cancellation as for them.  Close it (``aclose``) or break out of the loop.
+        makes; cancellation as for them.  Close it (``aclose``) or break out of the loop.  When
+        the master is lost mid-sync the step starts over once it is back (SPEC §3 "Master
+        restart"); a ``CollectiveAborted`` in the body should ``continue`` the loop likewise.
         """
         first = True
         while True:
             if not first:
                 await self.update_topology()
             first = False
+            if self.world_size < 2:
+                log.info("peer %x is alone in group %d: waiting for another peer to join", self.peer_id,
+                         self.peer_group)
             while self.world_size < 2:
                 if await self.are_peers_pending():
                     await self.update_topology()
                 else:
                     await trio.sleep(self._session.config.heartbeat_interval)
-            yield await self.sync_shared_state(state, strategy)
+            try:
+                info = await self.sync_shared_state(state, strategy)
+            except SharedStateSyncFailed as exc:
+                if isinstance(exc.__cause__, MasterLost):
+                    continue  # the master was lost mid-sync: the next step waits until it is back
+                raise
+            yield info
 
 
 @asynccontextmanager

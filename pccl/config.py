@@ -29,6 +29,12 @@ class Config:
     heartbeat_interval: float = 1.0
     #: Time allowed to establish a TCP connection (plus handshake).
     connect_timeout: float = 10.0
+    #: How long a peer that lost its master keeps trying to reconnect to the same address (a
+    #: restarted master) before its calls raise ``MasterUnreachable``; 0: give up at once.
+    #: Meanwhile it keeps its state and listeners, and calls wait.
+    master_reconnect_timeout: float = 60.0
+    #: Bounds of the jittered exponential backoff between reconnection attempts.
+    master_reconnect_backoff: tuple[float, float] = (0.1, 2.0)
     #: Largest control frame accepted, in bytes; a larger announced length is refused before
     #: any allocation.
     max_frame_size: int = 16 * 1024 * 1024
@@ -69,6 +75,11 @@ class Config:
     def __post_init__(self) -> None:
         if self.peer_timeout <= 0 or self.heartbeat_interval <= 0 or self.connect_timeout <= 0:
             raise InvalidArgument("timeouts and intervals must be positive")
+        if self.master_reconnect_timeout < 0:
+            raise InvalidArgument("master_reconnect_timeout must be 0 (no reconnection) or positive")
+        low, high = self.master_reconnect_backoff
+        if not 0 < low <= high:
+            raise InvalidArgument("master_reconnect_backoff must be (first, longest) delays with 0 < first <= longest")
         if self.heartbeat_interval >= self.peer_timeout:
             raise InvalidArgument("heartbeat_interval must be shorter than peer_timeout")
         if not 1 <= self.p2p_lanes <= 64:

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import numpy as np
 import trio
 
-from ._peer.host import PeerHost
+from ._peer.host import MasterLost, PeerHost
 from .errors import (
     InvalidArgument,
     InvalidUsage,
@@ -112,22 +112,29 @@ class StateSyncService:
         ``SharedStateSyncFailed``."""
         host = self._host
         await trio.lowlevel.checkpoint_if_cancelled()
-        host.raise_if_failed()
         if not isinstance(state, SharedState):
             raise InvalidArgument(f"sync_shared_state needs a pccl.SharedState, got {type(state).__name__}")
         try:
             strategy = SyncStrategy(strategy)
         except ValueError:
             raise InvalidArgument(f"unknown sync strategy {strategy!r}") from None
+        try:
+            await host.ready()
+        except MasterLost as exc:
+            raise SharedStateSyncFailed(f"shared-state sync failed: {exc}") from exc
         host.phase.begin_sync()
+        epoch = host.master_epoch
         try:
             entries = await vote_entries(state)
-            return await self._vote_and_transfer(state, strategy, entries)
+            return await self._vote_and_transfer(state, strategy, entries, epoch)
+        except MasterLost as exc:
+            raise SharedStateSyncFailed(f"shared-state sync failed: {exc}; the communicator reconnects, "
+                                        "call sync_shared_state again") from exc
         finally:
             host.phase.end_sync()
 
     async def _vote_and_transfer(self, state: SharedState, strategy: SyncStrategy,
-                                 entries: tuple[m.SharedStateEntry, ...]) -> SyncInfo:
+                                 entries: tuple[m.SharedStateEntry, ...], epoch: int) -> SyncInfo:
         host = self._host
         receive = host.open_sync_route()
         arrays = {key: state_bytes(t.array) for key, t in state.tensors().items()}
@@ -137,18 +144,18 @@ class StateSyncService:
         rx = 0
         voted = False
         try:
-            await host.send(m.SyncVote(state.revision, int(strategy), entries))
+            await host.send(m.SyncVote(state.revision, int(strategy), entries), epoch=epoch)
             voted = True
             while True:
                 try:
                     msg = await receive.receive()
                 except trio.EndOfChannel:
-                    host.raise_if_failed()
+                    host.raise_if_failed(epoch)
                     raise SharedStateSyncFailed("the shared-state sync ended without an answer") from None
                 if isinstance(msg, m.SyncPlan):
                     if msg.attempt > 1:
                         host.counters.sync_replans += 1
-                    rx += await self._run_plan(msg, arrays)
+                    rx += await self._run_plan(msg, arrays, epoch)
                 elif isinstance(msg, m.SyncComplete):
                     state.revision = msg.revision
                     host.counters.syncs_completed += 1
@@ -175,7 +182,7 @@ class StateSyncService:
 
     # --- receiving ------------------------------------------------------------------------------
 
-    async def _run_plan(self, plan: m.SyncPlan, arrays: dict[str, np.ndarray]) -> int:
+    async def _run_plan(self, plan: m.SyncPlan, arrays: dict[str, np.ndarray], epoch: int) -> int:
         """Fetch one attempt's pieces, report, and return the payload bytes received."""
         host = self._host
         for fetch in plan.fetches:
@@ -204,7 +211,7 @@ class StateSyncService:
             if mismatched:
                 log.warning("peer %x: sync %d: %s", host.peer_id, plan.sync_id, detail)
             report = m.SyncReport(plan.sync_id, plan.attempt, not mismatched, (), detail)
-        await host.send(report)
+        await host.send(report, epoch=epoch)
         return received[0]
 
     async def _fetch_from(self, sync_id: int, fetch: m.SourceFetch, arrays: dict[str, np.ndarray],

@@ -23,7 +23,13 @@ from ..protocol import messages as m
 from .links import P2PLinks
 from .phase import PhaseRule
 
-__all__ = ["PeerHost", "Counters", "CollectiveRoute"]
+__all__ = ["PeerHost", "Counters", "CollectiveRoute", "MasterLost"]
+
+
+class MasterLost(PCCLError):
+    """The master connection an operation belonged to is gone; the session reconnects (SPEC §3
+    "Master restart").  Services turn it into their own retryable error (the all-reduce into
+    ``CollectiveAborted``, the sync into ``SharedStateSyncFailed``); it never reaches a user."""
 
 
 @dataclasses.dataclass
@@ -105,10 +111,27 @@ class PeerHost(Protocol):
     def links(self) -> P2PLinks:
         """The current topology round's ring connections."""
 
+    @property
+    def master_epoch(self) -> int:
+        """Registrations with a master so far; a new one begins after each reconnection.  An
+        operation remembers its epoch: what it sends or awaits belongs to that master only."""
+
+    @property
+    def master_instance(self) -> int:
+        """The identity of the current master (from its ``Welcome``)."""
+
     # --- failure ---------------------------------------------------------------------------------
 
-    def raise_if_failed(self) -> None:
-        """Raise (a fresh copy of) the error the communicator failed with, if it did."""
+    def raise_if_failed(self, epoch: int | None = None) -> None:
+        """Raise (a fresh copy of) the error the communicator failed with, if it did; with
+        ``epoch``, raise :class:`MasterLost` if that epoch's master connection is gone."""
+
+    async def ready(self) -> None:
+        """Return once this peer may start a collective or a sync: at once normally; while the
+        session reconnects to a lost master, or waits to be accepted by the new one, wait
+        (bounded by ``Config.master_reconnect_timeout``).  Raises the communicator's failure,
+        and :class:`MasterLost` for a peer that rejoined a restarted master until its next
+        topology update (its group's loop may stand anywhere until then)."""
 
     def fail(self, error: PCCLError) -> None:
         """Fail the communicator: every pending and later call raises ``error``."""
@@ -119,12 +142,13 @@ class PeerHost(Protocol):
 
     # --- the master ------------------------------------------------------------------------------
 
-    async def send(self, msg: m.Message) -> None:
-        """Send to the master; a transport failure fails the communicator (``MasterUnreachable``)."""
+    async def send(self, msg: m.Message, *, epoch: int | None = None) -> None:
+        """Send to the master (of ``epoch``, when given: else :class:`MasterLost`); a transport
+        failure loses the master (reconnect, or ``MasterUnreachable``)."""
 
-    async def send_shielded(self, msg: m.Message) -> None:
-        """Send to the master even if the caller is being cancelled, bounded by
-        ``config.peer_timeout`` (a control message cut mid-frame would break the connection)."""
+    async def send_shielded(self, msg: m.Message, *, epoch: int | None = None) -> None:
+        """:meth:`send`, even if the caller is being cancelled, bounded by ``config.peer_timeout``
+        (a control message cut mid-frame would break the connection)."""
 
     def open_route(self, tag: int) -> CollectiveRoute:
         """Begin collective ``tag`` (the phase rule decides: ``InvalidUsage`` otherwise) and

@@ -1,13 +1,25 @@
 """The peer session: one peer's connection to the master and everything that hangs on it.
 
-A session holds one framed connection to the master.  A single reader task receives every
+A session holds one framed connection to the master at a time.  A reader task receives every
 master message and dispatches it: votes are answered through waiters (so ``are_peers_pending()``
 can run while collectives use the same connection), ``ConnectToPeers`` starts (or restarts) the
 ring set-up in the background (:mod:`pccl._peer.wiring`), collective messages are routed by tag
 to the all-reduce and sync messages to the running sync (:meth:`PeerSession.open_route`,
-:meth:`PeerSession.open_sync_route`), a ``KickNotice`` or a lost connection fails every pending
-and later call.  A heartbeat task (:func:`run_heartbeat`) keeps the master informed and declares
-the master unreachable when it has been silent for ``config.peer_timeout``.
+:meth:`PeerSession.open_sync_route`), and a ``KickNotice`` fails every pending and later call.
+A heartbeat task (:func:`run_heartbeat`) keeps the master informed and notices a silent one.
+
+Losing the master (SPEC §3 "Master restart").  When the connection breaks or the master falls
+silent, and ``Config.master_reconnect_timeout`` allows it, the session keeps its state and its
+listeners and reconnects to the same address with jittered exponential backoff, registering
+again with its old peer id (a restarted master gives it back).  Each successful registration
+starts a new *master epoch*.  What was in flight belonged to the old epoch and ends: the routes
+of collectives and of a sync close and their operations see :class:`~pccl._peer.host.MasterLost`
+(the all-reduce turns it into ``CollectiveAborted``, the sync into ``SharedStateSyncFailed``; both
+retryable), a pending-peers query is asked again, and an outstanding topology vote becomes the
+wait for this peer's acceptance by the new master — which is what an ``update_topology()`` of a
+peer that (re)joins means.  Calls made meanwhile wait in :meth:`PeerSession.ready`.  Once the
+policy's deadline passes, the session fails with ``MasterUnreachable`` like a session that may
+not reconnect at all.  A kick, a protocol error from the master or a refused token are final.
 
 The session implements :class:`~pccl._peer.host.PeerHost`, the interface its services use, and
 owns the phase rule (:mod:`pccl._peer.phase`) that every call consults before it starts.
@@ -24,6 +36,7 @@ import trio
 
 from ..config import Config
 from ..errors import (
+    AuthenticationFailed,
     InvalidArgument,
     InvalidUsage,
     Kicked,
@@ -36,7 +49,7 @@ from ..errors import (
 from ..net.base import Listener, Network, Stream, format_address, parse_address
 from ..net.framed import FramedConnection, accept_framed, open_framed
 from ..protocol import messages as m
-from .host import CollectiveRoute, Counters
+from .host import CollectiveRoute, Counters, MasterLost
 from .links import P2PLinks
 from .phase import PhaseRule
 from .wiring import RingWiring
@@ -103,6 +116,36 @@ def fresh_error(error: PCCLError) -> PCCLError:
     return copy
 
 
+class _Link:
+    """One connection to the master (one epoch): what :func:`run_heartbeat` watches."""
+
+    def __init__(self, session: PeerSession, connection: FramedConnection, epoch: int) -> None:
+        self._session = session
+        self.connection = connection
+        self.epoch = epoch
+        self.master_address = session.master_address
+        self.last_heard = trio.current_time()
+        self.scope = trio.CancelScope()
+
+    @property
+    def peer_id(self) -> int:
+        return self._session.peer_id
+
+    @property
+    def config(self) -> Config:
+        return self._session.config
+
+    @property
+    def failure(self) -> PCCLError | None:
+        return self._session.failure
+
+    def fail(self, error: PCCLError) -> None:
+        self._session.connection_lost(self, error)
+
+    async def send(self, msg: m.Message) -> None:
+        await self._session.send(msg, epoch=self.epoch)
+
+
 class PeerSession:
     """One peer's membership in a run, below the public :class:`~pccl.Communicator`.
 
@@ -123,15 +166,30 @@ class PeerSession:
         self._config = config
         self._network = network
         self._nonce_source = rng
+        #: Backoff jitter; the simulator's seeded RNG when given, so its runs stay deterministic.
+        self._rng = rng if rng is not None else random.Random()
         self._nursery = nursery
         host, _ = parse_address(master_address)
         #: The local address listeners bind to (the master's address family).
         self.bind_host = "::" if ":" in host else "0.0.0.0"
-        self._master: FramedConnection | None = None
+        self._link: _Link | None = None
         self._wiring: RingWiring | None = None
         self._failure: PCCLError | None = None
         self._closing = False
-        self._last_heard = trio.current_time()
+        #: Registrations so far (a new master connection each): operations remember theirs.
+        self._epoch = 0
+        self._master_instance = 0
+        self._accepted = False  # by the master of the current epoch
+        #: Whether this peer stands at the same place of the loop as its group: true once an
+        #: update_topology completed (or open_communicator's acceptance) with the current master.
+        #: A peer that rejoined a restarted master is not, until its next update_topology.
+        self._aligned = False
+        #: Accepted again after a reconnection while no update_topology waited for it: the next
+        #: update_topology returns at once (the acceptance was this peer's topology update).
+        self._rejoined = False
+        self._lost_at: float | None = None  # while reconnecting: when the master was lost
+        self._shared_state_port = 0
+        self._ready_changed = trio.Event()
         self.membership = m.Membership(0, 0, 0, 0)
         #: This group's ring (endpoints, in order) as of the last topology update.
         self.ring_endpoints: tuple[m.PeerEndpoint, ...] = ()
@@ -170,9 +228,13 @@ class PeerSession:
         return self._wiring.links
 
     @property
+    def master_epoch(self) -> int:
+        return self._epoch
+
+    @property
     def master(self) -> FramedConnection | None:
-        """The connection to the master (``None`` before :meth:`connect`)."""
-        return self._master
+        """The connection to the master (``None`` before :meth:`connect` and while reconnecting)."""
+        return self._link.connection if self._link is not None else None
 
     @property
     def p2p_listener(self) -> Listener | None:
@@ -184,15 +246,39 @@ class PeerSession:
         return self._failure
 
     @property
+    def reconnecting(self) -> bool:
+        """Whether the master was lost and the session is trying to get it back."""
+        return self._lost_at is not None
+
+    @property
     def last_heard(self) -> float:
-        """When the master was last heard from (``trio.current_time()``)."""
-        return self._last_heard
+        """When the current master was last heard from (``trio.current_time()``)."""
+        return self._link.last_heard if self._link is not None else trio.current_time()
 
     # --- PeerHost: failure ---------------------------------------------------------------------
 
-    def raise_if_failed(self) -> None:
+    def raise_if_failed(self, epoch: int | None = None) -> None:
         if self._failure is not None:
             raise fresh_error(self._failure)
+        if epoch is not None and (epoch != self._epoch or self._lost_at is not None):
+            raise MasterLost(f"the connection to the master at {self.master_address} was lost")
+
+    async def ready(self) -> None:
+        await self._until_accepted()
+        if not self._aligned:
+            # Accepted again by a restarted master, but not at a step boundary: its group may be
+            # anywhere in the loop.  Collectives and syncs fail (retryably) until this peer's
+            # next update_topology, where the loops meet again.
+            raise MasterLost(f"this peer rejoined the master at {self.master_address} after losing it; it "
+                             "goes on from its next update_topology")
+
+    async def _until_accepted(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            self.raise_if_failed()
+            if self._accepted:
+                return
+            await self._ready_changed.wait()
 
     def fail(self, error: PCCLError, *, cause: BaseException | None = None) -> None:
         if self._failure is not None:
@@ -204,9 +290,22 @@ class PeerSession:
         if cause is not None:
             error.__cause__ = cause
         self._failure = error
+        self._lost_at = None
         if not isinstance(error, InvalidUsage):
             log.warning("peer %x: %s", self._peer_id, error)
         self._clear_topology_waiter(error)
+        self._end_in_flight(error)
+        if self._link is not None:
+            self._link.scope.cancel()
+        self._notify_ready()
+
+    def leave_lockstep(self, error: PCCLError) -> None:
+        self.fail(error)
+        if self._link is not None:
+            self._link.connection.abort()
+
+    def _end_in_flight(self, error: PCCLError) -> None:
+        """The master's answers to what is outstanding will not come: end the waits."""
         waiter, self._pending_waiter = self._pending_waiter, None
         if waiter is not None:
             waiter.fail(error)
@@ -216,52 +315,62 @@ class PeerSession:
             self._sync_route.close()
             self._sync_route = None  # later sync messages are dropped, not sent into a closed channel
 
-    def leave_lockstep(self, error: PCCLError) -> None:
-        self.fail(error)
-        if self._master is not None:
-            self._master.abort()
+    def _notify_ready(self) -> None:
+        self._ready_changed.set()
+        self._ready_changed = trio.Event()
 
     # --- PeerHost: the master ------------------------------------------------------------------
 
-    async def send(self, msg: m.Message) -> None:
-        self.raise_if_failed()
-        assert self._master is not None
+    def _current_link(self, epoch: int | None) -> _Link:
+        self.raise_if_failed(epoch)
+        link = self._link
+        if link is None or self._lost_at is not None:
+            raise MasterLost(f"the connection to the master at {self.master_address} was lost")
+        return link
+
+    async def send(self, msg: m.Message, *, epoch: int | None = None) -> None:
+        link = self._current_link(epoch)
         try:
             # Cancellation before anything is written sends nothing; once the message went out
             # (send_nowait), flush() finishes it and never raises Cancelled for a whole frame.
             await trio.lowlevel.checkpoint_if_cancelled()
-            if self._master.send_nowait(msg):
-                await self._master.flush()
+            if link.connection.send_nowait(msg):
+                await link.connection.flush()
             else:
-                await self._master.send(msg)
+                await link.connection.send(msg)
         except TransportError as exc:
-            self.master_send_failed(exc)
+            self.master_send_failed(exc, link)
 
-    async def send_shielded(self, msg: m.Message) -> None:
-        master = self._master
-        sent = self._failure is None and master is not None and master.send_nowait(msg)
-        if sent and not master.needs_flush:  # type: ignore[union-attr]
+    async def send_shielded(self, msg: m.Message, *, epoch: int | None = None) -> None:
+        link = self._current_link(epoch)
+        sent = link.connection.send_nowait(msg)
+        if sent and not link.connection.needs_flush:
             return  # written at once: nothing to shield (the common case, and a latency-bound one)
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + self._config.peer_timeout
-            if not sent:
-                await self.send(msg)
-            else:
-                assert master is not None
-                try:
-                    await master.flush()
-                except TransportError as exc:
-                    self.master_send_failed(exc)
+            try:
+                if sent:
+                    await link.connection.flush()
+                else:
+                    await link.connection.send(msg)
+            except TransportError as exc:
+                self.master_send_failed(exc, link)
         if scope.cancelled_caught:
-            self.fail(MasterUnreachable(f"could not send {type(msg).__name__} to the master within "
-                                        f"{self._config.peer_timeout:g} s"))
-            self.raise_if_failed()
+            self.connection_lost(link, MasterUnreachable(
+                f"could not send {type(msg).__name__} to the master within {self._config.peer_timeout:g} s"))
+            self.raise_if_failed(link.epoch)
 
-    def master_send_failed(self, exc: TransportError) -> NoReturn:
+    def master_send_failed(self, exc: TransportError, link: _Link | None = None) -> NoReturn:
         """A send to the master failed: the master is lost (or this peer is closing)."""
-        self.fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"), cause=exc)
-        self.raise_if_failed()
-        raise AssertionError("unreachable: the session has failed")  # pragma: no cover
+        link = link if link is not None else self._link
+        error = MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}")
+        error.__cause__ = exc
+        if link is None:
+            self.fail(error)
+        else:
+            self.connection_lost(link, error)
+        self.raise_if_failed(link.epoch if link is not None else None)
+        raise AssertionError("unreachable: the session has failed or lost its master")  # pragma: no cover
 
     def open_route(self, tag: int) -> CollectiveRoute:
         self.raise_if_failed()
@@ -306,13 +415,29 @@ class PeerSession:
         return await self._network.listen(format_address(self.bind_host, base_port),
                                           port_range=self._config.port_search_range)
 
+    @property
+    def master_instance(self) -> int:
+        """The identity of the master this session is registered with (from its Welcome)."""
+        return self._master_instance
+
     # --- votes ---------------------------------------------------------------------------------
 
     async def topology_vote(self, *, accept_new_peers: bool) -> None:
         """Vote to accept pending peers (``True``: ``update_topology``) or to re-wire this
         group (``False``); return when the round completed.  A cancelled vote stands: the next
-        call of the same kind waits for it (:mod:`pccl._peer.phase`)."""
+        call of the same kind waits for it (:mod:`pccl._peer.phase`).  A vote outstanding when
+        the master is lost becomes the wait for this peer's acceptance by the master it
+        reconnects to (a re-joining peer's topology update)."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        if not self._accepted or self._rejoined:
+            # Reconnecting, or registered again and not yet accepted (or accepted meanwhile):
+            # being accepted by the master is this peer's topology update — it returns when the
+            # accepting peers' update_topology does, as a newcomer's open_communicator does,
+            # and the loops meet again.
+            await self._until_accepted()
+            self._rejoined = False
+            self._aligned = True
+            return
         self.raise_if_failed()
         kind = "accept" if accept_new_peers else "rewire"
         if self._phase.join_topology(kind):
@@ -320,33 +445,44 @@ class PeerSession:
             assert waiter is not None
         else:
             waiter = self._new_topology_waiter(kind)
+            log.debug("peer %x: topology vote (%s)", self._peer_id, kind)
             try:
-                await self.send(m.VoteTopology(accept_new_peers))
+                await self.send(m.VoteTopology(accept_new_peers), epoch=self._epoch)
+            except MasterLost:
+                pass  # the vote stands as the wait for acceptance by the next master
             except BaseException:
-                # Not sent (cancelled while waiting to send, or the connection failed): no vote stands.
+                # Not sent (cancelled while waiting to send, or the session failed): no vote stands.
                 if self._topology_waiter is waiter:
                     self._clear_topology_waiter(None)
                 raise
         await waiter.wait()
+        self._rejoined = False  # when the master was lost meanwhile, this was the acceptance
+        self._aligned = True
 
     async def rewire(self) -> None:
         await self.topology_vote(accept_new_peers=False)
 
     async def are_peers_pending(self) -> bool:
         """Whether a registered peer waits to be accepted, answered once every accepted peer
-        asked.  Legal in every phase; a cancelled query stands (the next call waits for it)."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        self.raise_if_failed()
-        waiter = self._pending_waiter
-        if waiter is None:
-            waiter = self._pending_waiter = _Waiter()
+        asked.  Legal in every phase; a cancelled query stands (the next call waits for it).
+        Asked again of the new master when the master is lost meanwhile."""
+        while True:
+            await self._until_accepted()
+            waiter = self._pending_waiter
+            if waiter is None:
+                waiter = self._pending_waiter = _Waiter()
+                try:
+                    await self.send(m.VotePeersPending(), epoch=self._epoch)
+                except MasterLost:
+                    continue
+                except BaseException:
+                    if self._pending_waiter is waiter:
+                        self._pending_waiter = None
+                    raise
             try:
-                await self.send(m.VotePeersPending())
-            except BaseException:
-                if self._pending_waiter is waiter:
-                    self._pending_waiter = None
-                raise
-        return await waiter.wait()
+                return await waiter.wait()
+            except MasterLost:
+                continue
 
     def _new_topology_waiter(self, kind: str) -> _Waiter[m.TopologyComplete]:
         self._phase.begin_topology(kind)
@@ -368,21 +504,31 @@ class PeerSession:
         listener = await self.listen(self._config.p2p_base_port)
         self._wiring = RingWiring(self, listener)
         try:
-            self._master = await self.dial(self.master_address)
+            connection = await self.dial(self.master_address)
         except TransportError as exc:
             raise MasterUnreachable(f"cannot reach the master at {self.master_address}: {exc}") from exc
-        self._last_heard = trio.current_time()
+        self._link = _Link(self, connection, self._epoch)
 
     async def register(self, *, shared_state_port: int) -> None:
         """Register with the master, wait for ``Welcome``, start the background tasks."""
-        master, wiring = self._master, self._wiring
-        assert master is not None and wiring is not None, "connect() first"
+        assert self._link is not None and self._wiring is not None, "connect() first"
+        self._shared_state_port = shared_state_port
         self._new_topology_waiter("accept")  # our first TopologyComplete is the acceptance
-        await self.send(m.Register(self.peer_group, wiring.listener.port, shared_state_port))
+        await self._register_on(self._link.connection)
+        log.info("registered with the master at %s as peer %x (group %d)", self.master_address, self._peer_id,
+                 self.peer_group)
+        self.spawn(self._wiring.serve)
+
+    async def _register_on(self, connection: FramedConnection) -> None:
+        """``Register`` on a fresh master connection, ``Welcome`` back: a new epoch begins, with
+        its reader and heartbeat.  Errors as for :meth:`register`."""
+        assert self._wiring is not None
         try:
+            await connection.send(m.Register(self.peer_group, self._wiring.listener.port, self._shared_state_port,
+                                             previous_peer_id=self._peer_id))
             with trio.fail_after(self._config.connect_timeout):
                 while True:
-                    msg = await master.receive()
+                    msg = await connection.receive()
                     if isinstance(msg, m.Welcome):
                         break
                     if isinstance(msg, m.KickNotice):
@@ -393,19 +539,20 @@ class PeerSession:
             raise MasterUnreachable(f"the master at {self.master_address} did not answer the registration") from None
         except TransportError as exc:
             raise MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}") from exc
+        self._epoch += 1
         self._peer_id = msg.peer_id
-        wiring.reset(self._peer_id)
-        log.info("registered with the master at %s as peer %x (group %d)", self.master_address, self._peer_id,
-                 self.peer_group)
-        self.spawn(self._read_master)
-        self.spawn(run_heartbeat, self)
-        self.spawn(wiring.serve)
+        self._master_instance = msg.instance
+        self._wiring.reset(self._peer_id)
+        link = self._link = _Link(self, connection, self._epoch)
+        self.spawn(self._run_link, link)
 
     async def wait_accepted(self) -> None:
         """Wait until a topology round accepted this peer (the waiter :meth:`register` set)."""
         waiter = self._topology_waiter
         assert waiter is not None
         await waiter.wait()
+        self._rejoined = False  # when the master was lost meanwhile, this was the acceptance
+        self._aligned = True
         log.info("accepted: world size %d, global world size %d", self.membership.world_size,
                  self.membership.global_world_size)
 
@@ -419,15 +566,16 @@ class PeerSession:
     async def leave(self) -> None:
         """Tell the master (best effort, bounded), fail every call as closed, close the master
         connection, the ring connections and the p2p listener.  Call under a shield."""
-        if self._master is not None and self._failure is None:
+        link = self._link
+        if link is not None and self._failure is None and self._lost_at is None:
             with trio.move_on_after(min(1.0, self._config.connect_timeout)):
                 try:
-                    await self._master.send(m.Leave())
+                    await link.connection.send(m.Leave())
                 except PCCLError:
                     pass
         self.fail(InvalidUsage("the communicator is closed"))
-        if self._master is not None:
-            await self._master.aclose()
+        if link is not None:
+            await link.connection.aclose()
         if self._wiring is not None:
             self._wiring.close()
             await self._wiring.listener.aclose()
@@ -436,22 +584,96 @@ class PeerSession:
         """Stop the background tasks (cancels the communicator's nursery)."""
         self._nursery.cancel_scope.cancel()
 
-    # --- the reader ----------------------------------------------------------------------------
+    # --- losing the master and getting it back ---------------------------------------------------
 
-    async def _read_master(self) -> None:
-        assert self._master is not None
+    def connection_lost(self, link: _Link, error: PCCLError) -> None:
+        """``link`` broke or its master fell silent (``error`` says how).  Reconnect if the
+        policy allows, else fail with ``error``.  Nothing happens for an older link."""
+        if link is not self._link or self._failure is not None or self._lost_at is not None:
+            return
+        if self._closing or self._config.master_reconnect_timeout <= 0:
+            self.fail(error)
+            return
+        self._lost_at = trio.current_time()
+        self._accepted = self._aligned = False
+        log.warning("peer %x: %s; reconnecting for up to %g s (Config.master_reconnect_timeout)", self._peer_id,
+                    error, self._config.master_reconnect_timeout)
+        link.scope.cancel()
+        link.connection.abort()
+        assert self._wiring is not None
+        self._wiring.reset(self._peer_id)  # the old master's rounds are over
+        self._end_in_flight(MasterLost(str(error)))
+        self._notify_ready()
+        self.spawn(self._reconnect, error)
+
+    async def _reconnect(self, why: PCCLError) -> None:
+        """Dial and register until it works or the policy's deadline passes."""
+        assert self._lost_at is not None
+        deadline = self._lost_at + self._config.master_reconnect_timeout
+        first, longest = self._config.master_reconnect_backoff
+        attempt = 0
+        last_error: BaseException = why
+        while self._failure is None:
+            now = trio.current_time()
+            if now >= deadline:
+                error = MasterUnreachable(f"lost the master at {self.master_address} ({why}) and could not "
+                                          f"reconnect within {self._config.master_reconnect_timeout:g} s: {last_error}")
+                self.fail(error, cause=last_error)
+                return
+            delay = min(longest, first * 2**attempt) * self._rng.uniform(0.5, 1.5)
+            attempt += 1
+            connection: FramedConnection | None = None
+            with trio.move_on_at(deadline):
+                try:
+                    connection = await self.dial(self.master_address)
+                    await self._register_on(connection)
+                except (Kicked, AuthenticationFailed, ProtocolError) as exc:
+                    if connection is not None:
+                        connection.abort()
+                    if isinstance(exc, ProtocolError) and not isinstance(exc, MasterUnreachable):
+                        exc = MasterUnreachable(f"the master at {self.master_address} answered the reconnection "
+                                                f"with a protocol error: {exc}")
+                    self.fail(exc)
+                    return
+                except (TransportError, MasterUnreachable) as exc:
+                    if connection is not None:
+                        connection.abort()
+                    last_error = exc
+                    log.debug("peer %x: reconnection attempt %d failed: %s", self._peer_id, attempt, exc)
+                else:
+                    self._lost_at = None
+                    self._rejoined = True
+                    if self._topology_waiter is None:  # our first TopologyComplete is the acceptance
+                        self._new_topology_waiter("accept")
+                    log.warning("peer %x: reconnected to the master at %s (epoch %d); waiting to be accepted",
+                                self._peer_id, self.master_address, self._epoch)
+                    self._notify_ready()
+                    return
+                await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
+
+    # --- one master connection: reader and heartbeat ------------------------------------------------
+
+    async def _run_link(self, link: _Link) -> None:
+        with link.scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_master, link)
+                nursery.start_soon(run_heartbeat, link)
+
+    async def _read_master(self, link: _Link) -> None:
         try:
             while True:
-                msg = await self._master.receive()
-                self._last_heard = trio.current_time()
-                self._dispatch(msg)
+                msg = await link.connection.receive()
+                link.last_heard = trio.current_time()
+                self._dispatch(link, msg)
         except ProtocolError as exc:
-            self.fail(ProtocolError(f"the master at {self.master_address} sent garbage: {exc}"), cause=exc)
+            if link is self._link:
+                self.fail(ProtocolError(f"the master at {self.master_address} sent garbage: {exc}"), cause=exc)
         except TransportError as exc:
-            self.fail(MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}"),
-                      cause=exc)
+            error = MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}")
+            error.__cause__ = exc
+            self.connection_lost(link, error)
 
-    def _dispatch(self, msg: m.Message) -> None:
+    def _dispatch(self, link: _Link, msg: m.Message) -> None:
         if isinstance(msg, m.Heartbeat):
             return
         if isinstance(msg, m.KickNotice):
@@ -459,7 +681,7 @@ class PeerSession:
         elif isinstance(msg, m.ConnectToPeers):
             assert self._wiring is not None
             try:
-                self._wiring.start_round(msg)
+                self._wiring.start_round(msg, link.epoch)
             except ProtocolError as exc:
                 self.fail(exc)
         elif isinstance(msg, m.TopologyComplete):
@@ -468,9 +690,15 @@ class PeerSession:
             self._counters.topology_updates += 1
             waiter = self._topology_waiter
             self._clear_topology_waiter(None)
+            if not self._accepted:
+                self._accepted = True
+                log.debug("peer %x: accepted by the master (epoch %d), world size %d", self._peer_id, self._epoch,
+                          msg.membership.world_size)
+                self._notify_ready()
             if waiter is not None:
                 waiter.set(msg)
         elif isinstance(msg, m.PeersPendingResult):
+            log.debug("peer %x: peers pending: %s", self._peer_id, msg.pending)
             waiter, self._pending_waiter = self._pending_waiter, None
             if waiter is not None:
                 waiter.set(msg.pending)
@@ -496,7 +724,7 @@ class PeerSession:
 
 
 class HeartbeatSubject(Protocol):
-    """What :func:`run_heartbeat` needs (the session; tests substitute a stand-in)."""
+    """What :func:`run_heartbeat` needs (one master connection; tests substitute a stand-in)."""
 
     master_address: str
 
@@ -518,9 +746,9 @@ class HeartbeatSubject(Protocol):
 
 
 async def run_heartbeat(subject: HeartbeatSubject) -> None:
-    """Send a heartbeat every ``config.heartbeat_interval``; fail the session with
-    ``MasterUnreachable`` once the master has been silent for ``config.peer_timeout``.  Returns
-    when the session has failed."""
+    """Send a heartbeat every ``config.heartbeat_interval``; report ``MasterUnreachable`` (via
+    ``subject.fail``) once the master has been silent for ``config.peer_timeout``.  Returns
+    when the subject has failed or a send fails."""
     cfg = subject.config
     while subject.failure is None:
         due = trio.current_time() + cfg.heartbeat_interval

@@ -39,12 +39,19 @@ class RingWiring:
         self._round_changed = trio.Event()
 
     def reset(self, peer_id: int) -> None:
-        """Registered as ``peer_id``: alone in a ring of one until the first round."""
+        """Registered as ``peer_id`` with a master (again): the rounds of an earlier master are
+        over; alone in a ring of one until the first round of this one."""
+        if self._round_scope is not None:
+            self._round_scope.cancel()
+        self.links.close()
         self.links = P2PLinks(0, (peer_id,), peer_id, self._host.config.p2p_lanes)
+        self._round_changed.set()
+        self._round_changed = trio.Event()
 
-    def start_round(self, msg: m.ConnectToPeers) -> None:
-        """The master's ``ConnectToPeers``: drop the old round's connections, dial the new
-        successor in the background.  ``ProtocolError`` for a stale or foreign round."""
+    def start_round(self, msg: m.ConnectToPeers, epoch: int) -> None:
+        """The master's ``ConnectToPeers`` (master epoch ``epoch``): drop the old round's
+        connections, dial the new successor in the background.  ``ProtocolError`` for a stale
+        or foreign round."""
         host = self._host
         if msg.round <= self.links.round or host.peer_id not in msg.ring:
             raise ProtocolError(f"the master sent a bad ConnectToPeers (round {msg.round})")
@@ -57,12 +64,13 @@ class RingWiring:
         self._round_changed = trio.Event()
         self._round_scope = trio.CancelScope()
         endpoints = {e.peer_id: e for e in msg.neighbours}
-        host.spawn(self._establish, self.links, self._round_scope, endpoints)
+        host.spawn(self._establish, self.links, self._round_scope, endpoints, epoch)
 
     def close(self) -> None:
         self.links.close()
 
-    async def _establish(self, links: P2PLinks, scope: trio.CancelScope, endpoints: dict[int, m.PeerEndpoint]) -> None:
+    async def _establish(self, links: P2PLinks, scope: trio.CancelScope, endpoints: dict[int, m.PeerEndpoint],
+                         epoch: int) -> None:
         host = self._host
         with scope:
             ok, unreachable = True, ()
@@ -98,9 +106,9 @@ class RingWiring:
                         return
                     links.add_outgoing(succ, tuple(dialled))  # type: ignore[arg-type]
             try:
-                await host.send(m.P2PReport(links.round, ok, unreachable))
+                await host.send(m.P2PReport(links.round, ok, unreachable), epoch=epoch)
             except PCCLError:
-                pass  # the communicator failed; every caller sees that
+                pass  # the communicator failed, or the master of this round is gone
 
     async def _dial_lane(self, endpoint: m.PeerEndpoint, links: P2PLinks, lane: int,
                          dialled: list[FramedConnection | None]) -> None:
@@ -110,7 +118,7 @@ class RingWiring:
         dialled[lane] = conn
         try:
             with trio.fail_after(host.config.connect_timeout):
-                await conn.send(m.P2PHello(host.peer_id, links.round, lane, links.lanes))
+                await conn.send(m.P2PHello(host.peer_id, links.round, lane, links.lanes, host.master_instance))
                 ack = await conn.receive()
         except trio.TooSlowError:
             raise ProtocolError(f"{address} did not acknowledge the p2p hello") from None
@@ -149,6 +157,9 @@ class RingWiring:
                     raise ProtocolError(f"expected P2PHello, got {type(hello).__name__}")
                 while self.links.round < hello.round:  # the dialler may be ahead of us
                     await self._round_changed.wait()
+            if hello.instance != host.master_instance:
+                raise ProtocolError(f"p2p hello from peer {hello.peer_id:x} for a round of another master "
+                                    f"(instance {hello.instance:x}, this peer's master is {host.master_instance:x})")
             links = self.links
             if hello.round != links.round or hello.peer_id != links.predecessor or hello.peer_id == host.peer_id:
                 raise ProtocolError(f"unexpected p2p hello from peer {hello.peer_id:x} for round {hello.round} "

@@ -62,7 +62,7 @@ import numpy as np
 import trio
 
 from .._groups import single_exception
-from .._peer.host import CollectiveRoute, PeerHost
+from .._peer.host import CollectiveRoute, MasterLost, PeerHost
 from .._peer.links import P2PLinks
 from ..errors import (
     CollectiveAborted,
@@ -170,6 +170,7 @@ class AllReduceService:
         self._watches: set[_Watch] = set()
         self._watch_added = trio.Event()
         self._watchdog_started = False
+        self._epoch = host.master_epoch
 
     # --- entry points (Communicator.all_reduce, all_reduce_many) ------------------------------
 
@@ -177,8 +178,12 @@ class AllReduceService:
         self, send: Any, recv: Any = None, *, op: Any = ReduceOp.SUM, tag: Any = 0, quantization: Any = None
     ) -> ReduceInfo:
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._host.raise_if_failed()
-        return await self._reduce(_Plan.make(send, recv, op, tag, quantization))
+        plan = _Plan.make(send, recv, op, tag, quantization)
+        try:
+            await self._host.ready()
+            return await self._reduce(plan)
+        except MasterLost as exc:
+            raise CollectiveAborted(f"all-reduce tag {plan.tag} aborted: {exc}") from exc
 
     async def all_reduce_many(
         self,
@@ -190,12 +195,15 @@ class AllReduceService:
         first_tag: int = MANY_FIRST_TAG,
     ) -> ReduceInfo:
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._host.raise_if_failed()
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise InvalidArgument(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
         if isinstance(arrays, np.ndarray):
             raise InvalidArgument("all_reduce_many takes a sequence of arrays; use all_reduce for one array")
         plans = [_Plan.make(a, None, op, first_tag + i, quantization) for i, a in enumerate(arrays)]
+        try:
+            await self._host.ready()
+        except MasterLost as exc:
+            raise CollectiveAborted(f"all_reduce_many aborted: {exc}") from exc
         if not plans:
             return ReduceInfo(self._host.world_size, 0, 0)
         results: dict[int, ReduceInfo] = {}
@@ -236,7 +244,7 @@ class AllReduceService:
         async def one(position: int, i: int) -> None:
             try:
                 results[i] = await self._reduce(plans[i], rewire_on_stale=False)
-            except (CollectiveAborted, _StaleRing) as exc:
+            except (CollectiveAborted, _StaleRing, MasterLost) as exc:
                 log.debug("all_reduce_many: tag %d failed (%r); it will be retried", plans[i].tag, exc)
                 failed.append(i)
             except PCCLError as exc:
@@ -289,33 +297,46 @@ class AllReduceService:
         self._holding_changed = trio.Event()
 
     async def _attempt(self, plan: _Plan) -> ReduceInfo:
+        await self._host.ready()  # a retry after the master was lost waits for the next one
+        epoch = self._follow_master()
         route = self._host.open_route(plan.tag)
         self._hold()
         keep_route = False
         try:
-            await self._host.send_shielded(plan.init)
+            await self._host.send_shielded(plan.init, epoch=epoch)
             try:
-                answer = await self._await_answer(route.inbox)
+                answer = await self._await_answer(route.inbox, epoch)
             except trio.Cancelled:
                 # The Init stands at the master; the others may commence without us.  Leave a
                 # task behind to report the abort then (and to release the tag).
-                keep_route = self._abandon(plan.tag, route.inbox)
+                keep_route = self._abandon(plan.tag, route.inbox, epoch)
                 raise
             if isinstance(answer, m.CollectiveRejected):
                 raise self._rejection(plan, answer)
-            return await self._run(plan, answer, route)
+            return await self._run(plan, answer, route, epoch)
         finally:
             if not keep_route:
                 self._release(plan.tag)
 
+    def _follow_master(self) -> int:
+        """The current master epoch.  A new master numbers its ops from 1 again: the seqs that
+        ended under the old one must not make this one's frames look late."""
+        epoch = self._host.master_epoch
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self.registry = SeqRegistry()
+            self._links_round = None
+            self._ring_links = None
+        return epoch
+
     async def _await_answer(
-        self, inbox: trio.MemoryReceiveChannel[m.Message]
+        self, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int
     ) -> m.CollectiveCommence | m.CollectiveRejected:
         while True:
             try:
                 msg = await inbox.receive()
             except trio.EndOfChannel:
-                self._host.raise_if_failed()
+                self._host.raise_if_failed(epoch)
                 raise ProtocolError("the collective's message route closed unexpectedly") from None
             if isinstance(msg, (m.CollectiveCommence, m.CollectiveRejected)):
                 return msg
@@ -337,12 +358,12 @@ class AllReduceService:
             return InvalidUsage(f"all-reduce tag {plan.tag} is already in flight{detail}")
         return InvalidUsage(f"the peers' all-reduce parameters for tag {plan.tag} disagree{detail}")
 
-    def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message]) -> bool:
+    def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int) -> bool:
         """Start the task that settles a vote whose caller was cancelled; True if it runs (not
         when the communicator is shutting down: nobody will commence anything then)."""
-        return self._host.spawn(self._settle_abandoned, tag, inbox)
+        return self._host.spawn(self._settle_abandoned, tag, inbox, epoch)
 
-    async def _settle_abandoned(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message]) -> None:
+    async def _settle_abandoned(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int) -> None:
         try:
             async for msg in inbox:
                 if isinstance(msg, m.CollectiveRejected):
@@ -352,7 +373,7 @@ class AllReduceService:
                              self._host.peer_id, tag, msg.seq)
                     self.registry.retire(msg.seq)
                     try:
-                        await self._host.send_shielded(m.CollectiveDone(tag, msg.seq, aborted=True))
+                        await self._host.send_shielded(m.CollectiveDone(tag, msg.seq, aborted=True), epoch=epoch)
                     except PCCLError:
                         pass  # the communicator failed; every caller sees that
                     return
@@ -361,7 +382,8 @@ class AllReduceService:
 
     # --- a commenced op -----------------------------------------------------------------------
 
-    async def _run(self, plan: _Plan, commence: m.CollectiveCommence, route: CollectiveRoute) -> ReduceInfo:
+    async def _run(self, plan: _Plan, commence: m.CollectiveCommence, route: CollectiveRoute,
+                   epoch: int) -> ReduceInfo:
         host = self._host
         seq, ring = commence.seq, tuple(commence.ring)
         backup: InputBackup | None = None
@@ -375,21 +397,21 @@ class AllReduceService:
         state = _Settlement()
         try:
             try:
-                await self._ring_and_settle(plan, seq, ring, backup, staged, route, state)
+                await self._ring_and_settle(plan, seq, ring, backup, staged, route, state, epoch)
             except BaseException:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
                 if backup is not None:
                     backup.restore()
                 if not state.done_sent and state.final is None and not state.master_lost:
                     try:
-                        await host.send_shielded(m.CollectiveDone(plan.tag, seq, aborted=True))
+                        await host.send_shielded(m.CollectiveDone(plan.tag, seq, aborted=True), epoch=epoch)
                     except PCCLError:
                         pass  # already failing; the caller sees the original exception
                 host.counters.collectives_aborted += 1
                 raise
             finally:
                 self.registry.retire(seq)  # frames of this seq still in flight are discarded
-            return self._outcome(plan, seq, ring, state, backup, staged)
+            return self._outcome(plan, seq, ring, state, backup, staged, epoch)
         finally:
             if backup is not None:
                 backup.release()
@@ -397,7 +419,8 @@ class AllReduceService:
                 SCRATCH.give(storage)
 
     async def _ring_and_settle(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
-                               staged: np.ndarray | None, route: CollectiveRoute, state: _Settlement) -> None:
+                               staged: np.ndarray | None, route: CollectiveRoute, state: _Settlement,
+                               epoch: int) -> None:
         """Run the ring, report Done, wait for the master's final word.
 
         The tag's messages are intercepted meanwhile (:meth:`_intercept`, run synchronously by
@@ -425,7 +448,7 @@ class AllReduceService:
                     f"no data moved on the ring connections for {self._host.config.peer_timeout:g} s")
             if state.final is None and not state.master_lost:
                 ok = state.traffic is not None and state.local_error is None
-                await self._host.send_shielded(m.CollectiveDone(plan.tag, seq, aborted=not ok))
+                await self._host.send_shielded(m.CollectiveDone(plan.tag, seq, aborted=not ok), epoch=epoch)
                 state.done_sent = True
                 if ok:
                     await state.settled.wait()
@@ -433,7 +456,7 @@ class AllReduceService:
             route.intercept = None
 
     def _outcome(self, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement,
-                 backup: InputBackup | None, staged: np.ndarray | None) -> ReduceInfo:
+                 backup: InputBackup | None, staged: np.ndarray | None, epoch: int) -> ReduceInfo:
         """The op's result for the caller once the master has spoken (or this peer gave up)."""
         host = self._host
         traffic, local_error = state.traffic, state.local_error
@@ -449,7 +472,7 @@ class AllReduceService:
             backup.restore()
         host.counters.collectives_aborted += 1
         if state.master_lost:
-            host.raise_if_failed()
+            host.raise_if_failed(epoch)
             raise MasterUnreachable("lost the master during the all-reduce")
         if isinstance(local_error, InvalidArgument):
             raise local_error  # this peer's data is unusable (NaN/Inf under quantization)

@@ -660,10 +660,10 @@ async def test_a_tag_reused_right_after_a_cancelled_call_still_reduces_correctly
         service = comms[1]._session
         real_tell = service.send_shielded
 
-        async def late_done(msg: m.Message) -> None:
+        async def late_done(msg: m.Message, **kw: Any) -> None:
             if isinstance(msg, m.CollectiveDone):
                 await trio.sleep(0.5)
-            await real_tell(msg)
+            await real_tell(msg, **kw)
 
         bufs = [a.copy() for a in x]
         await _all_reduce_all(comms, bufs, tag=1)
@@ -720,7 +720,7 @@ async def test_abort_after_local_completion_restores_the_input() -> None:
         finished = {comms[0].peer_id, comms[1].peer_id}
         real_tell = crasher.send_shielded
 
-        async def crash_instead_of_done(msg: m.Message) -> None:
+        async def crash_instead_of_done(msg: m.Message, **kw: Any) -> None:
             if isinstance(msg, m.CollectiveDone) and not msg.aborted:
                 # Every byte has moved; the others report success; this peer dies before it does.
                 while not any(op.done >= finished for op in master.state.ops()):
@@ -728,7 +728,7 @@ async def test_abort_after_local_completion_restores_the_input() -> None:
                 assert crasher.master is not None
                 crasher.master.abort()
                 await trio.sleep_forever()
-            await real_tell(msg)
+            await real_tell(msg, **kw)
 
         crasher.send_shielded = crash_instead_of_done  # type: ignore[method-assign]
         survivors = comms[:2]
