@@ -4,14 +4,17 @@ The flood comes from its own loopback address (127.0.0.2, as an attacker has its
 the run lives on 127.0.0.1.  Timeouts are long (30 s) so that nothing frees itself during a
 test: only the admission rule (pccl.net.admission) lets the legitimate traffic through, and
 without it these tests run into their bounds.  The full figures (1,000 connections per port,
-step times, process memory) are ``benchmarks/hostile_network.py`` and the slow test that runs it.
+step times, process memory) are ``benchmarks/hostile_network.py`` and the slow test that runs
+it (``pytest -m slow tests/e2e/test_hostile_network.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import logging
+import pathlib
 import struct
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -273,3 +276,28 @@ async def test_a_flood_of_slow_connections_is_logged_in_a_few_lines(flood_source
     assert len(individual) == REFUSALS_LOGGED_PER_WINDOW, about_flood
     assert len(about_flood) == REFUSALS_LOGGED_PER_WINDOW + 1, about_flood
     assert f"and {300 - REFUSALS_LOGGED_PER_WINDOW} more connections refused" in about_flood[-1]
+
+
+# --- the full figures (slow) --------------------------------------------------------------------
+
+
+def _benchmark_module():  # type: ignore[no-untyped-def]
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "hostile_network.py"
+    spec = importlib.util.spec_from_file_location("hostile_network_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+async def test_full_figures(flood_source_works: None) -> None:
+    # The issue's acceptance run with OS processes: 1,000 idle connections held open (reopened
+    # when closed) to each port; 200 half-sent 16 MiB frames per port.  Speeds are reported by
+    # the benchmark; here only what is not a speed: nobody kicked, the join and the download
+    # complete, the loop goes on, memory stays within 100 MiB.
+    bench = _benchmark_module()
+    idle = await bench.run_idle(connections=1000, seconds=4.0)
+    assert idle["kicks"] == 0 and idle["download_ok"] and idle["world_after"] >= 2, idle
+    memory = await bench.run_memory(connections=200)
+    assert memory["master_growth_mib"] <= 100 and memory["peer_growth_mib"] <= 100, memory
