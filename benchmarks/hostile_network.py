@@ -172,12 +172,12 @@ async def _children() -> AsyncIterator[Any]:
         try:
             yield spawn
         finally:
-            for child in started:
-                with contextlib.suppress(ProcessLookupError):
-                    child.process.kill()
             with trio.CancelScope(shield=True):
-                for child in started:
+                for child in reversed(started):  # the peers before the master they would miss
+                    with contextlib.suppress(ProcessLookupError):
+                        child.process.kill()
                     await child.process.wait()
+            nursery.cancel_scope.cancel()
 
 
 async def _hold_idle(address: str, count: int, opened: list[int], stop: trio.Event) -> None:

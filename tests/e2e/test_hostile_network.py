@@ -15,6 +15,7 @@ import dataclasses
 import importlib.util
 import logging
 import pathlib
+import re
 import struct
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -273,9 +274,11 @@ async def test_a_flood_of_slow_connections_is_logged_in_a_few_lines(flood_source
                     await _wait_until(lambda: master.statistics().refused_connections == 300, "all refused")
     about_flood = [r.getMessage() for r in caplog.records if FLOOD_SOURCE in r.getMessage()]
     individual = [line for line in about_flood if line.startswith("master refused 127.0.0.2:")]
-    assert len(individual) == REFUSALS_LOGGED_PER_WINDOW, about_flood
-    assert len(about_flood) == REFUSALS_LOGGED_PER_WINDOW + 1, about_flood
-    assert f"and {300 - REFUSALS_LOGGED_PER_WINDOW} more connections refused" in about_flood[-1]
+    counted = [int(re.search(r"and (\d+) more connections refused", line).group(1))  # type: ignore[union-attr]
+               for line in about_flood if line not in individual]
+    assert len(individual) + sum(counted) == 300, about_flood  # each refusal once, in a line or a count
+    windows = len(counted)  # one summary per 10 s window with more refusals than it logs (normally 1)
+    assert 1 <= windows <= 2 and len(individual) == REFUSALS_LOGGED_PER_WINDOW * windows, about_flood
 
 
 # --- the full figures (slow) --------------------------------------------------------------------
