@@ -235,8 +235,8 @@ async def test_a_connection_that_only_heartbeats_is_closed_at_the_registration_d
     config = dataclasses.replace(PATIENT, peer_timeout=1.0)
     with trio.fail_after(BOUND):
         async with pccl.open_master("127.0.0.1:0", config=config) as master:
+            start = trio.current_time()  # before the master can have seen the connection
             conn = await open_framed(TcpNetwork(config), master.address, config=config)
-            start = trio.current_time()
             notice = None
             with trio.move_on_after(BOUND / 2):
                 async with trio.open_nursery() as nursery:
