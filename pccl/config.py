@@ -29,6 +29,12 @@ class Config:
     heartbeat_interval: float = 1.0
     #: Time allowed to establish a TCP connection (plus handshake).
     connect_timeout: float = 10.0
+    #: Time an accepted connection has, once it holds a handshake slot, to deliver the first
+    #: bytes of its handshake (the TLS handshake, if any, and the preamble); a dialler sends them
+    #: at once, so only an idle or crawling connection misses it.  The rest of the handshake has
+    #: until ``connect_timeout`` (the shorter of the two applies).  Keeps a flood of idle
+    #: connections from holding the slots that legitimate diallers need (:mod:`pccl.net.serving`).
+    first_bytes_timeout: float = 2.0
     #: How long a peer that lost its master keeps trying to reconnect to the same address (a
     #: restarted master) before its calls raise ``MasterUnreachable``; 0: give up at once.
     #: Meanwhile it keeps its state and listeners, and calls wait.
@@ -73,7 +79,8 @@ class Config:
     kernel_threads: bool = True
 
     def __post_init__(self) -> None:
-        if self.peer_timeout <= 0 or self.heartbeat_interval <= 0 or self.connect_timeout <= 0:
+        if (self.peer_timeout <= 0 or self.heartbeat_interval <= 0 or self.connect_timeout <= 0
+                or self.first_bytes_timeout <= 0):
             raise InvalidArgument("timeouts and intervals must be positive")
         if self.master_reconnect_timeout < 0:
             raise InvalidArgument("master_reconnect_timeout must be 0 (no reconnection) or positive")

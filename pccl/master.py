@@ -12,12 +12,18 @@ which the machine turns into a kick of that peer only; a peer that stops reading
 fills up) is kicked too.  As a last line of defence, any other exception (a bug) escaping one
 connection's tasks is logged with its traceback and closes that connection only.
 
-Resource limits: at most ``max_pending_handshakes`` (default :data:`MAX_PENDING_HANDSHAKES`)
-connections may be in the handshake at once; while that many are, the master stops accepting
-and further connections wait in the kernel's listen backlog, so idle half-open connections
-(a slowloris) cannot use up the master's file descriptors.  Each handshake is bounded by
-``Config.connect_timeout``.  Running out of descriptors anyway makes the listener back off and
-retry (:meth:`pccl.net.tcp.TcpListener.accept`) rather than stop.  Kick details are clipped to
+Connections that proved nothing: the port faces the internet, so it is served by
+:func:`pccl.net.serving.serve_listener` (see :mod:`pccl.net.admission` for the rule).  A
+connection holds one of ``max_pending_handshakes`` (default :data:`MAX_PENDING_HANDSHAKES`)
+slots from its handshake until it sends ``Register`` — without a run token the handshake proves
+nothing — and one source address holds at most :data:`MASTER_LIMITS` ``.per_address`` of them;
+the others are accepted and parked (a descriptor each, nothing more) until a slot frees, so idle
+or slow connections from one address never delay a join from another.  The handshake's first
+bytes are due within ``Config.first_bytes_timeout``, all of it within ``Config.connect_timeout``,
+and the machine gives a connection ``Config.peer_timeout`` to register (heartbeats do not extend
+it).  Refused connections are logged once each, rate-limited (:class:`pccl.net.serving.RefusalLog`).
+Running out of descriptors anyway makes the listener back off and retry
+(:meth:`pccl.net.tcp.TcpListener.accept`) rather than stop.  Kick details are clipped to
 :data:`pccl.protocol.codec.MAX_DETAIL` characters.
 """
 
@@ -43,13 +49,15 @@ from .errors import (
     ProtocolError,
     TransportError,
 )
+from .net.admission import AdmissionLimits
 from .net.base import Listener, Network, Stream, parse_address
 from .net.framed import FramedConnection, accept_framed
+from .net.serving import HandshakeSlot, RefusalLog, admission_for, serve_listener
 from .protocol import master_state as ms
 from .protocol.codec import MAX_DETAIL, clip_text
 from .protocol import messages as m
 
-__all__ = ["Master", "MasterStatistics", "serve_master", "open_master", "MAX_PENDING_HANDSHAKES"]
+__all__ = ["Master", "MasterStatistics", "serve_master", "open_master", "MAX_PENDING_HANDSHAKES", "MASTER_LIMITS"]
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +65,15 @@ log = logging.getLogger(__name__)
 OUTBOX_LIMIT = 4096
 #: How long the master tries to deliver a KickNotice to a peer before closing regardless.
 KICK_NOTICE_TIMEOUT = 1.0
-#: Connections allowed in the handshake (not yet authenticated) at once; more wait in the kernel's
-#: listen backlog.  Each handshake takes a few round trips, so 128 admits a burst of thousands of
-#: joining peers within seconds while bounding what idle connections can hold.
-MAX_PENDING_HANDSHAKES = 128
+#: Connections allowed between accept and ``Register`` at once; more are parked until a slot
+#: frees.  Each handshake takes a few round trips, so 512 admit a burst of thousands of joining
+#: peers within seconds while bounding what idle connections can hold.
+MAX_PENDING_HANDSHAKES = 512
+#: The master's admission limits (``pending`` is ``max_pending_handshakes``): a source address
+#: gets an eighth of the slots — a whole cluster behind one NAT joins in a few rounds — and four
+#: thousand connections may wait (all within a quarter of the descriptor limit, see
+#: :func:`pccl.net.serving.descriptor_budget`).
+MASTER_LIMITS = AdmissionLimits(pending=MAX_PENDING_HANDSHAKES, per_address=64, waiting=4096)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +88,12 @@ class MasterStatistics:
     #: Connections closed because of an unexpected exception (a bug, logged with its traceback).
     #: Always 0 in a correct master: the simulator and tests should treat more as a failure.
     internal_errors: int = 0
+    #: Connections between accept and ``Register`` (holding a handshake slot) right now.
+    unproven_connections: int = 0
+    #: Connections accepted and parked until a handshake slot frees, right now.
+    waiting_connections: int = 0
+    #: Connections refused so far (handshake failed, never registered, or dropped unserved).
+    refused_connections: int = 0
 
 
 class _Closing:
@@ -94,6 +113,8 @@ class _Conn:
     framed: FramedConnection
     outbox: trio.MemorySendChannel[m.Message | _Closing | _Flush]
     scope: trio.CancelScope
+    #: The connection's slot among the unproven ones, released at ``Register``.
+    slot: HandshakeSlot
     closing: bool = False
     #: Items put in the outbox and not yet written by the writer task (a message may skip the
     #: queue only when this is 0, or the order on the wire would change).
@@ -131,7 +152,10 @@ class _MasterServer:
     def __init__(self, listener: Listener, *, token: str | bytes | None, config: Config,
                  rng: random.Random | None, max_pending_handshakes: int = MAX_PENDING_HANDSHAKES) -> None:
         self.listener = listener
-        self.handshake_slots = trio.Semaphore(max_pending_handshakes)
+        limits = dataclasses.replace(MASTER_LIMITS, pending=max_pending_handshakes,
+                                     per_address=min(MASTER_LIMITS.per_address, max_pending_handshakes))
+        self.admission = admission_for(limits, wait_timeout=config.connect_timeout)
+        self.refusals = RefusalLog("master", logger=log)
         self.token = token
         self.config = config
         self.nonce_source = rng  # None: cryptographic nonces (secrets); a seeded RNG in the simulator
@@ -181,8 +205,11 @@ class _MasterServer:
         elif isinstance(effect, ms.Kick):
             self.kicks += 1
             detail = clip_text(effect.detail, MAX_DETAIL)  # may quote peer input: keep it sendable
-            log.warning("kicking %s (connection %d): %s: %s", conn.framed.remote_address, conn.conn_id,
-                        effect.reason.name, detail)
+            if not conn.slot.released:  # never registered: one refusal among many, rate-limited
+                conn.slot.refuse(f"connection {conn.conn_id}: {effect.reason.name}: {detail}")
+            else:
+                log.warning("kicking %s (connection %d): %s: %s", conn.framed.remote_address, conn.conn_id,
+                            effect.reason.name, detail)
             self._close(conn, m.KickNotice(int(effect.reason), detail))
         elif isinstance(effect, ms.Close):
             self._close(conn, None)
@@ -226,6 +253,9 @@ class _MasterServer:
             kicks=self.kicks,
             handshake_failures=self.handshake_failures,
             internal_errors=self.internal_errors,
+            unproven_connections=self.admission.pending,
+            waiting_connections=self.admission.waiting,
+            refused_connections=self.refusals.total,
         )
 
     def stop(self) -> None:
@@ -240,24 +270,18 @@ class _MasterServer:
                     nursery.start_soon(self._timer)
                     task_status.started(Master(self))
                     log.info("master listening on %s", self.listener.address)
-                    while True:
-                        # A slot per handshake in progress; without one, leave connections queued
-                        # in the kernel (no descriptor is used for them here).
-                        await self.handshake_slots.acquire()
-                        try:
-                            stream = await self.listener.accept()
-                        except TransportError as exc:
-                            log.error("master listener failed: %s", exc)
-                            raise
-                        except BaseException:
-                            self.handshake_slots.release()
-                            raise
-                        nursery.start_soon(self._connection_task, stream)
+                    await serve_listener(self.listener, self._connection_task, on_error=self._listener_failed,
+                                         admission=self.admission, refusals=self.refusals)
             except BaseExceptionGroup as group:
                 raise single_exception(group) from None
             finally:
                 with trio.CancelScope(shield=True):
                     await self.listener.aclose()
+
+    @staticmethod
+    def _listener_failed(exc: TransportError) -> None:
+        log.error("master listener failed: %s", exc)
+        raise exc
 
     async def _timer(self) -> None:
         while True:
@@ -277,43 +301,39 @@ class _MasterServer:
             if self.timer_at == at:
                 await trio.sleep(max(self.config.heartbeat_interval / 10, 0.001))
 
-    async def _connection_task(self, stream: Stream) -> None:
+    async def _connection_task(self, stream: Stream, slot: HandshakeSlot) -> None:
         """Serve one connection; an unexpected exception (a bug) closes it, never the master.
 
         ``trio.Cancelled``, ``KeyboardInterrupt`` and other ``BaseException``s propagate (also out
         of an exception group, whose ``Exception`` leaves are logged and dropped).
         """
         try:
-            try:
-                framed = await self._handshake(stream)
-            finally:
-                self.handshake_slots.release()
+            framed = await self._handshake(stream, slot)
             if framed is not None:
-                await self._serve_connection(framed)
+                await self._serve_connection(framed, slot)
         except* Exception as group:
             self.internal_errors += 1
             log.error("connection from %s failed unexpectedly; closed it", stream.remote_address,
                       exc_info=group.exceptions[0] if len(group.exceptions) == 1 else group)
             stream.abort()
 
-    async def _handshake(self, stream: Stream) -> FramedConnection | None:
+    async def _handshake(self, stream: Stream, slot: HandshakeSlot) -> FramedConnection | None:
         """The authenticated connection, or None (logged; the stream is closed) if it failed."""
-        remote = stream.remote_address
         try:
             return await accept_framed(stream, token=self.token, config=self.config, nonce_source=self.nonce_source)
         except AuthenticationFailed as exc:
             self.handshake_failures += 1
-            log.warning("refused %s: %s", remote, exc)
+            slot.refuse(exc, level=logging.WARNING)
         except PCCLError as exc:
             self.handshake_failures += 1
-            log.info("handshake with %s failed: %s", remote, exc)
+            slot.refuse(f"handshake failed: {exc}")
         return None
 
-    async def _serve_connection(self, framed: FramedConnection) -> None:
+    async def _serve_connection(self, framed: FramedConnection, slot: HandshakeSlot) -> None:
         conn_id = self.next_conn_id
         self.next_conn_id += 1
         send, receive = trio.open_memory_channel[m.Message | _Closing | _Flush](OUTBOX_LIMIT)
-        conn = _Conn(conn_id, framed, send, trio.CancelScope())
+        conn = _Conn(conn_id, framed, send, trio.CancelScope(), slot)
         self.conns[conn_id] = conn
         try:
             with conn.scope:
@@ -336,9 +356,14 @@ class _MasterServer:
                 self.feed(ms.ProtocolViolation(conn.conn_id, reason, str(exc)))
                 break
             except TransportError as exc:
-                log.info("connection %d (%s) lost: %s", conn.conn_id, conn.framed.remote_address, exc)
+                if conn.slot.released:
+                    log.info("connection %d (%s) lost: %s", conn.conn_id, conn.framed.remote_address, exc)
+                else:
+                    conn.slot.refuse(f"connection {conn.conn_id} lost before it registered: {exc}")
                 conn.scope.cancel()
                 return
+            if isinstance(msg, m.Register):
+                conn.slot.release()  # the peer made itself known: no longer an anonymous connection
             self.feed(ms.MessageReceived(conn.conn_id, msg))
         # Kicked or leaving: the writer delivers the notice and closes; stop reading meanwhile.
         await trio.sleep_forever()

@@ -47,7 +47,7 @@ from .errors import (
 )
 from .net.base import Listener, Stream, format_address
 from .net.framed import FramedConnection
-from .net.serving import HandshakeSlot, serve_listener
+from .net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for, serve_listener
 from .protocol import messages as m
 from .protocol.codec import DataHeader
 from .shared_state import SharedState, hash_array_async, state_bytes, vote_entries
@@ -77,6 +77,8 @@ class StateSyncService:
         self._host = host
         self.listener: Listener | None = None
         self._serving: _Serving | None = None
+        #: Who gets a handshake slot on the shared-state port (its counters are read by tests).
+        self.admission = admission_for(PEER_LIMITS, wait_timeout=host.config.connect_timeout)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -94,7 +96,8 @@ class StateSyncService:
                 log.error("peer %x: shared-state listener failed, serving no more state requests: %s",
                           self._host.peer_id, exc)
 
-        await serve_listener(self.listener, self._serve_connection, on_error=failed)
+        await serve_listener(self.listener, self._serve_connection, on_error=failed, admission=self.admission,
+                             refusals=RefusalLog(f"peer {self._host.peer_id:x} shared-state port", logger=log))
 
     async def aclose(self) -> None:
         self._serving = None
@@ -254,16 +257,18 @@ class StateSyncService:
     # --- serving --------------------------------------------------------------------------------
 
     async def _serve_connection(self, stream: Stream, slot: HandshakeSlot) -> None:
+        # The connection keeps its slot (pccl.net.serving) until its request arrived: without a
+        # run token the handshake alone proves nothing.
         host = self._host
         remote = stream.remote_address
         conn: FramedConnection | None = None
         try:
             conn = await host.accept(stream)
-            slot.release()  # authenticated: no longer an anonymous connection
             with trio.fail_after(host.config.connect_timeout):
                 request = await conn.receive()
             if not isinstance(request, m.StateRequest):
                 raise ProtocolError(f"expected StateRequest, got {type(request).__name__}")
+            slot.release()
             serving = self._serving
             problem = _check_request(serving, request)
             if problem is not None:
@@ -281,7 +286,11 @@ class StateSyncService:
                     serving.tx_bytes += nbytes
                     host.counters.sync_tx_bytes += nbytes
         except (PCCLError, trio.TooSlowError) as exc:
-            log.info("peer %x: state request from %s failed: %s", host.peer_id, remote, exc)
+            reason = "silent too long" if isinstance(exc, trio.TooSlowError) else exc
+            if slot.released:
+                log.info("peer %x: state request from %s failed: %s", host.peer_id, remote, reason)
+            else:
+                slot.refuse(reason)
         finally:
             if conn is not None:
                 await conn.aclose()

@@ -18,7 +18,7 @@ from .._groups import single_exception
 from ..errors import PCCLError, ProtocolError, StreamClosed, TopologyUpdateFailed, TransportError
 from ..net.base import Listener, Stream, format_address
 from ..net.framed import FramedConnection
-from ..net.serving import HandshakeSlot, serve_listener
+from ..net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for, serve_listener
 from ..protocol import messages as m
 from .host import PeerHost
 from .links import P2PLinks
@@ -37,6 +37,8 @@ class RingWiring:
         self.links = P2PLinks(0, (0,), 0, host.config.p2p_lanes)
         self._round_scope: trio.CancelScope | None = None
         self._round_changed = trio.Event()
+        #: Who gets a handshake slot on the ring port (its counters are read by tests).
+        self.admission = admission_for(PEER_LIMITS, wait_timeout=host.config.connect_timeout)
 
     def reset(self, peer_id: int) -> None:
         """Registered as ``peer_id`` with a master (again): the rounds of an earlier master are
@@ -142,15 +144,16 @@ class RingWiring:
             error.__cause__ = exc
             self._host.leave_lockstep(error)
 
-        await serve_listener(self.listener, self._accept, on_error=failed)
+        await serve_listener(self.listener, self._accept, on_error=failed, admission=self.admission,
+                             refusals=RefusalLog(f"peer {self._host.peer_id:x} ring port", logger=log))
 
     async def _accept(self, stream: Stream, slot: HandshakeSlot) -> None:
+        # The connection keeps its slot (pccl.net.serving) until it delivered a hello that fits
+        # this peer's ring: without a run token the handshake alone proves nothing.
         host = self._host
-        remote = stream.remote_address
         conn: FramedConnection | None = None
         try:
             conn = await host.accept(stream)
-            slot.release()  # authenticated: no longer an anonymous connection
             with trio.fail_after(host.config.connect_timeout):
                 hello = await conn.receive()
                 if not isinstance(hello, m.P2PHello):
@@ -167,6 +170,7 @@ class RingWiring:
             if hello.lanes != links.lanes or not 0 <= hello.lane < links.lanes:
                 raise ProtocolError(f"peer {hello.peer_id:x} dials lane {hello.lane} of {hello.lanes}, this peer "
                                     f"uses {links.lanes} lanes (Config.p2p_lanes must match)")
+            slot.release()
             # Register before acknowledging: once the dialler has its ack it reports success, and
             # the round may complete at once; the connection must be in place by then.
             links.add_incoming(hello.peer_id, hello.lane, conn)
@@ -176,7 +180,8 @@ class RingWiring:
                 links.remove_incoming(hello.peer_id, hello.lane, conn)
                 raise
         except (PCCLError, trio.TooSlowError) as exc:
-            log.info("peer %x: refused p2p connection from %s: %s", host.peer_id, remote, exc)
+            slot.refuse(f"no P2PHello within {host.config.connect_timeout:g} s"
+                        if isinstance(exc, trio.TooSlowError) else exc)
             if conn is not None:
                 conn.abort()
         except BaseException:

@@ -17,6 +17,15 @@ frame's payload is not buffered here: after its header, the caller copies what t
 already holds with :meth:`FrameCore.take_payload` and receives the rest straight into the
 destination (:meth:`FrameCore.payload_received`).
 
+Memory follows the bytes that arrived, never the length a frame announces: the other side may
+be anyone (without a run token, the handshake proves nothing), and announcing a 16 MiB frame
+costs it 5 bytes.  The read-ahead buffer starts at 4 KiB and grows (×4, up to
+:data:`READ_AHEAD`) only when it is full of bytes that arrived; a control frame larger than
+that is received into a body that doubles as it fills.  Those bodies draw on one
+per-process :class:`IncompleteFrameBudget` (:data:`PROCESS_BUDGET`): a frame that would take
+the process past it fails its connection with a ``ProtocolError``, whatever the other
+connections are, so a crowd of half-sent frames holds at most the budget.
+
 :class:`FrameDecoder` is the same core behind a ``feed(bytes)`` / ``next_event()`` interface
 that buffers payloads too (for tests and fuzzing, h11's style).
 """
@@ -34,6 +43,8 @@ from ..protocol.messages import Message
 
 __all__ = [
     "READ_AHEAD",
+    "IncompleteFrameBudget",
+    "PROCESS_BUDGET",
     "COALESCE_LIMIT",
     "DISCARD_CHUNK",
     "FrameCore",
@@ -58,6 +69,9 @@ _FIRST_READ_AHEAD = 4 * 1024
 COALESCE_LIMIT = 64 * 1024
 #: Scratch size for discarding a payload nobody wants.
 DISCARD_CHUNK = 1024 * 1024
+#: Bytes that control frames still arriving may hold, over every connection of the process
+#: (legitimate control frames are far smaller; see :class:`IncompleteFrameBudget`).
+INCOMPLETE_FRAMES_BUDGET = 64 * 1024 * 1024
 
 _COUNTERS = ("frames_sent", "frames_received", "bytes_sent", "bytes_received", "data_bytes_sent",
              "data_bytes_received")
@@ -86,22 +100,59 @@ def data_frame_parts(header: DataHeader, payload: memoryview) -> tuple[bytes | m
     return (prefix, payload)
 
 
+class IncompleteFrameBudget:
+    """The bytes that bodies of control frames still arriving may hold, shared by every
+    connection that draws on it (:data:`PROCESS_BUDGET`: the whole process).
+
+    It always has room for two frames of the largest ``max_frame_size`` a connection using it
+    was created with (:meth:`admit_frame_size`), so a large configured limit still works.
+    Used from the Trio thread only: the worker-thread path receives data frames only and refuses
+    a control frame from its prefix (``next_frame(data_only=True)``), before any body exists."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        #: Bytes reserved by bodies being received.
+        self.in_use = 0
+
+    def admit_frame_size(self, max_frame_size: int) -> None:
+        self.limit = max(self.limit, 2 * max_frame_size)
+
+    def reserve(self, nbytes: int) -> bool:
+        """Take ``nbytes`` if the budget has them."""
+        if self.in_use + nbytes > self.limit:
+            return False
+        self.in_use += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        self.in_use -= nbytes
+
+
+#: The budget every connection of this process draws on by default.
+PROCESS_BUDGET = IncompleteFrameBudget(INCOMPLETE_FRAMES_BUDGET)
+
+
 class FrameCore:
     """One connection's frame state (see the module docstring).  Not thread-safe by itself: at
     most one receiver at a time (``InvalidUsage`` otherwise) and senders serialised by their
     I/O loop's lock; the two directions may run in different threads."""
 
-    def __init__(self, *, max_frame_size: int, remote_address: str) -> None:
+    def __init__(self, *, max_frame_size: int, remote_address: str,
+                 budget: IncompleteFrameBudget | None = None) -> None:
         self.remote_address = remote_address
         #: Largest control frame accepted (``Config.max_frame_size``); the handshake lowers it.
         self.max_frame_size = max_frame_size
+        self._budget = PROCESS_BUDGET if budget is None else budget
+        self._budget.admit_frame_size(max_frame_size)
         self._rbuf = bytearray(_FIRST_READ_AHEAD)
         self._grow = False  # the last receive filled the buffer: make it larger
         self._rpos = 0
         self._rend = 0
         self._need = PREFIX_SIZE  # bytes the frame being parsed needs at _rpos
-        # A control frame too large for the read-ahead buffer, being received directly.
+        # A control frame too large for the read-ahead buffer, being received directly into a
+        # body that grows as it fills (its size is reserved from the budget).
         self._big_body: bytearray | None = None
+        self._big_length = 0
         self._big_filled = 0
         self._data_header: DataHeader | None = None
         self._data_remaining = 0
@@ -120,6 +171,16 @@ class FrameCore:
     def close(self) -> None:
         """This side closed (or aborted) the connection: every later use fails."""
         self._closed = True
+        self._drop_big_body()
+
+    def __del__(self) -> None:
+        # A connection dropped without close() must not keep its share of the budget.
+        self._drop_big_body()
+
+    @property
+    def allocated(self) -> int:
+        """Bytes this core holds for receiving: the read-ahead buffer and a body in progress."""
+        return len(self._rbuf) + (len(self._big_body) if self._big_body is not None else 0)
 
     @property
     def broken(self) -> bool:
@@ -183,19 +244,21 @@ class FrameCore:
 
     # --- parsing ---------------------------------------------------------------------------------
 
-    def next_frame(self) -> Message | DataHeader | None:
+    def next_frame(self, *, data_only: bool = False) -> Message | DataHeader | None:
         """The next frame from what is buffered: a control message, or a data frame's header
         (whose payload must be consumed next), or ``None`` when more bytes are needed (receive
-        into :meth:`read_buffer`).  ``ProtocolError`` (logged; receiving is then broken) for a
-        malformed or oversized frame."""
+        into :meth:`read_buffer`).  ``ProtocolError`` (receiving is then broken) for a malformed
+        or oversized frame, and with ``data_only`` for a control frame, refused from its prefix
+        (the worker-thread path, which must not draw on the budget).  Logged at DEBUG only:
+        the caller gets the error and logs it with its context."""
         try:
-            return self._next_frame()
+            return self._next_frame(data_only)
         except ProtocolError as exc:
             self._receive_broken = str(exc)
-            logger.warning("protocol error from %s: %s", self.remote_address, exc)
+            logger.debug("protocol error from %s: %s", self.remote_address, exc)
             raise
 
-    def _next_frame(self) -> Message | DataHeader | None:
+    def _next_frame(self, data_only: bool) -> Message | DataHeader | None:
         if self._big_body is not None:
             return self._finish_big_body()
         have = self._rend - self._rpos
@@ -204,6 +267,9 @@ class FrameCore:
             return None
         kind, length = codec.parse_prefix(self._rbuf[self._rpos : self._rpos + PREFIX_SIZE],
                                           max_frame_size=self.max_frame_size)
+        if data_only and kind is not FrameKind.DATA:
+            raise ProtocolError(f"{self.remote_address} sent a {length}-byte control frame where a data frame "
+                                "was expected")
         if kind is FrameKind.DATA:
             if have < PREFIX_SIZE + DATA_HEADER_SIZE:
                 self._need = PREFIX_SIZE + DATA_HEADER_SIZE
@@ -232,21 +298,41 @@ class FrameCore:
             self.counters["frames_received"] += 1
             return message
         # Larger than the read-ahead buffer (length already checked against max_frame_size):
-        # move what is buffered into a body of exactly the announced size, then fill it directly.
+        # move what is buffered into a body sized by what arrived, then fill it directly.
+        taken = min(length, have - PREFIX_SIZE)
+        self._big_body = self._reserve_body(bytearray(), min(length, max(_FIRST_READ_AHEAD, 2 * taken)), length)
+        self._big_length = length
         self._rpos += PREFIX_SIZE
-        self._big_body = bytearray(length)
-        taken = min(length, self._rend - self._rpos)
         self._big_body[:taken] = self._rbuf[self._rpos : self._rpos + taken]
         self._rpos += taken
         self._big_filled = taken
         return self._finish_big_body()
 
+    def _reserve_body(self, body: bytearray, capacity: int, length: int) -> bytearray:
+        """``body`` grown to ``capacity`` bytes (its contents kept), the growth reserved from
+        the budget; ``ProtocolError`` if the budget has no room for it."""
+        if not self._budget.reserve(capacity - len(body)):
+            raise ProtocolError(
+                f"{self.remote_address} sends a {length}-byte control frame, and control frames still "
+                f"arriving already hold {self._budget.in_use} bytes, this process's limit "
+                f"({self._budget.limit} bytes): refused"
+            )
+        grown = bytearray(capacity)
+        grown[: len(body)] = body
+        return grown
+
+    def _drop_big_body(self) -> None:
+        body = getattr(self, "_big_body", None)  # __del__ may run on a half-built core
+        if body is not None:
+            self._budget.release(len(body))
+            self._big_body = None
+
     def _finish_big_body(self) -> Message | None:
         body = self._big_body
         assert body is not None
-        if self._big_filled < len(body):
+        if self._big_filled < self._big_length:
             return None
-        self._big_body = None
+        self._drop_big_body()
         self._need = PREFIX_SIZE
         self.counters["frames_received"] += 1
         return codec.decode_message(body)
@@ -268,11 +354,17 @@ class FrameCore:
         not fit behind the unread bytes, and grows it (up to :data:`READ_AHEAD`) when the frame
         needs more room or the last receive filled it."""
         if self._big_body is not None:
-            return memoryview(self._big_body)[self._big_filled :]
+            body = self._big_body
+            if self._big_filled == len(body):  # full, and the frame is not complete: double it
+                self._big_body = body = self._reserve_body(body, min(self._big_length, 2 * len(body)),
+                                                           self._big_length)
+            return memoryview(body)[self._big_filled :]
         size = len(self._rbuf)
-        if self._need > size or (self._grow and size < READ_AHEAD):
-            bigger = bytearray(max(self._need, min(READ_AHEAD, size * 4)))
-            pending = self._rend - self._rpos
+        pending = self._rend - self._rpos
+        # Grow only a buffer that arrived bytes filled: the frame being parsed may announce more
+        # (up to READ_AHEAD), but room for bytes that never come is not allocated up front.
+        if size < READ_AHEAD and (self._grow or pending == size):
+            bigger = bytearray(min(READ_AHEAD, size * 4))
             bigger[:pending] = self._rbuf[self._rpos : self._rend]
             self._rbuf, self._rpos, self._rend = bigger, 0, pending
         elif self._rpos + self._need > size or self._rend == size:
@@ -296,7 +388,7 @@ class FrameCore:
 
     def _eof_position(self) -> str:
         if self._big_body is not None:
-            return f"in the middle of a {len(self._big_body)}-byte control frame"
+            return f"in the middle of a {self._big_length}-byte control frame"
         have = self._rend - self._rpos
         return "at a frame boundary" if have == 0 else f"after {have} bytes of a frame"
 
@@ -307,7 +399,7 @@ class FrameCore:
         """``(have, needs)``: bytes buffered of the frame being parsed, and how many it needs in
         all as far as known (after :meth:`next_frame` answered ``None``)."""
         if self._big_body is not None:
-            return PREFIX_SIZE + self._big_filled, PREFIX_SIZE + len(self._big_body)
+            return PREFIX_SIZE + self._big_filled, PREFIX_SIZE + self._big_length
         have = self._rend - self._rpos
         return have, max(self._need, have)
 
@@ -335,7 +427,7 @@ class FrameCore:
             header.check(**expected)
         except ProtocolError as exc:
             self._receive_broken = str(exc)
-            logger.warning("bad data frame from %s: %s", self.remote_address, exc)
+            logger.debug("bad data frame from %s: %s", self.remote_address, exc)
             raise
 
     def unexpected_frame(self, frame: Message | DataHeader, wanted: str) -> ProtocolError:

@@ -5,7 +5,8 @@ messages and data frames whose payload goes straight from the sender's memory to
 destination buffer — over any :class:`~pccl.net.base.Stream` (real TCP or the simulator's).
 
 Open one with :func:`open_framed` (dial an address; this side is the ``CLIENT``) or
-:func:`accept_framed` (a stream a Listener accepted; ``SERVER``).  Both run, within
+:func:`accept_framed` (a stream a Listener accepted; ``SERVER``, which also holds the dialler to
+``Config.first_bytes_timeout`` for its first bytes).  Both run, within
 ``Config.connect_timeout``: optional TLS (``Config.tls_client_context``/``tls_server_context``),
 then the handshake of :mod:`pccl.protocol.handshake` (magic + version, then HMAC challenge-response
 in both directions when a run token is set).  Failures: :class:`~pccl.errors.ProtocolError` (not a
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import random
 import secrets
 from collections.abc import Callable
@@ -312,16 +314,23 @@ class FramedConnection:
 
     # --- handshake ------------------------------------------------------------------------------
 
-    async def handshake(self, token: bytes | None, draw_nonce: Callable[[int], bytes]) -> None:
+    async def handshake(self, token: bytes | None, draw_nonce: Callable[[int], bytes], *,
+                        opening_deadline: float = math.inf, late: PCCLError | None = None) -> None:
         """Run the handshake of :mod:`pccl.protocol.handshake` on this fresh connection (the
-        entry points :func:`open_framed` and :func:`accept_framed` do; bounded by their caller)."""
+        entry points :func:`open_framed` and :func:`accept_framed` do; bounded by their caller).
+
+        The preambles must be exchanged by ``opening_deadline``, else ``late`` (default: a
+        ``ConnectTimeout``) is raised."""
         peer = self.remote_address
         frames = self.frames
         limit, frames.max_frame_size = frames.max_frame_size, handshake.HANDSHAKE_MAX_FRAME_SIZE
         try:
-            await self._send_frame((handshake.encode_preamble(),), payload_bytes=0)
-            while (preamble := frames.take_raw(handshake.PREAMBLE_SIZE)) is None:
-                frames.received(await self._stream.receive_into(frames.read_buffer()))
+            with trio.move_on_at(opening_deadline) as opening:
+                await self._send_frame((handshake.encode_preamble(),), payload_bytes=0)
+                while (preamble := frames.take_raw(handshake.PREAMBLE_SIZE)) is None:
+                    frames.received(await self._stream.receive_into(frames.read_buffer()))
+            if opening.cancelled_caught:
+                raise late if late is not None else ConnectTimeout(f"{peer} sent no handshake in time")
             handshake.parse_preamble(preamble)
 
             nonce = bytes(draw_nonce(handshake.NONCE_SIZE))
@@ -418,29 +427,40 @@ async def _establish(
     config: Config,
     nonce_source: NonceSource | None,
     deadline: float,
+    opening_deadline: float | None = None,
     server_hostname: str | None = None,
 ) -> FramedConnection:
+    # Failures are logged at DEBUG only: the caller logs the one line a failed connection gets
+    # (a listener through its rate-limited refusal log, a dialler with its own context).
     key = handshake.normalize_token(token)
     draw_nonce = _nonce_drawer(nonce_source)
     remote = stream.remote_address
+    if opening_deadline is None or opening_deadline >= deadline:
+        opening_deadline = math.inf  # the whole handshake's deadline comes first anyway
+    late = ConnectTimeout(f"{remote} sent no handshake within {config.first_bytes_timeout:g} s of being accepted "
+                          "(Config.first_bytes_timeout)")
     try:
         with trio.fail_at(deadline):
             if config.tls_client_context is not None and config.tls_server_context is not None:
-                if role is HandshakeRole.CLIENT:
-                    stream = await tls.wrap_client(stream, config.tls_client_context, server_hostname=server_hostname)
-                else:
-                    stream = await tls.wrap_server(stream, config.tls_server_context)
+                with trio.move_on_at(opening_deadline) as opening:
+                    if role is HandshakeRole.CLIENT:
+                        stream = await tls.wrap_client(stream, config.tls_client_context,
+                                                       server_hostname=server_hostname)
+                    else:
+                        stream = await tls.wrap_server(stream, config.tls_server_context)
+                if opening.cancelled_caught:
+                    raise late
             connection = FramedConnection(stream, role=role, config=config)
-            await connection.handshake(key, draw_nonce)
+            await connection.handshake(key, draw_nonce, opening_deadline=opening_deadline, late=late)
     except trio.TooSlowError:
         await stream.aclose()
-        logger.info("handshake with %s timed out", remote)
+        logger.debug("handshake with %s timed out", remote)
         raise ConnectTimeout(
             f"handshake with {remote} did not complete within {config.connect_timeout:g} s (Config.connect_timeout)"
         ) from None
     except PCCLError as exc:
         await stream.aclose()
-        logger.info("handshake with %s failed: %s", remote, exc)
+        logger.debug("handshake with %s failed: %s", remote, exc)
         raise
     except BaseException:
         await stream.aclose()
@@ -490,16 +510,20 @@ async def accept_framed(
 ) -> FramedConnection:
     """Run the handshake as the ``SERVER`` on a stream a Listener accepted.
 
-    Bounded by ``config.connect_timeout``; errors as for :func:`open_framed`.  On any failure the
-    stream is closed.
+    The dialler sends its first bytes at once, so they (the TLS handshake and the preamble)
+    must arrive within ``config.first_bytes_timeout``, and the whole handshake within
+    ``config.connect_timeout`` (the shorter applies): an idle connection is closed early.
+    Errors as for :func:`open_framed` (``ConnectTimeout`` for either deadline).  On any failure
+    the stream is closed.
     """
     config = config or Config()
-    deadline = trio.current_time() + config.connect_timeout
+    now = trio.current_time()
     return await _establish(
         stream,
         role=HandshakeRole.SERVER,
         token=token,
         config=config,
         nonce_source=nonce_source,
-        deadline=deadline,
+        deadline=now + config.connect_timeout,
+        opening_deadline=now + config.first_bytes_timeout,
     )

@@ -177,7 +177,7 @@ class BlockingDataChannel:
         frames = self._frames
         frames.begin_receive()
         try:
-            while (frame := frames.next_frame()) is None:
+            while (frame := frames.next_frame(data_only=True)) is None:
                 self._io.wait_readable(cancel)
                 frames.received(self._io.receive_into(frames.read_buffer()))
         finally:

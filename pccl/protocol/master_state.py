@@ -63,7 +63,10 @@ Pending query.  ``VotePeersPending`` from every accepted peer → ``PeersPending
 registered)`` to all of them.  Independent of every other vote, legal while collectives run.
 
 Liveness.  Any message refreshes a connection's deadline ``last_heard + peer_timeout``; at that
-deadline (checked on every event, ``Tick`` included) the peer is kicked with ``TIMEOUT``.
+deadline (checked on every event, ``Tick`` included) the peer is kicked with ``TIMEOUT``.  A
+CONNECTED connection has ``peer_timeout`` from connecting to register: only ``Register``
+refreshes its deadline, so a connection that merely heartbeats (it proved nothing) cannot hold a
+descriptor of the master for ever.
 ``SetTimer(at)`` tells the shell the earliest deadline whenever it changes.
 
 Re-checks.  Every consensus above is a predicate over the current state, and *all* of them are
@@ -358,7 +361,8 @@ class MasterState:
         elif isinstance(event, MessageReceived):
             peer = self._peers.get(event.conn_id)
             if peer is not None:  # messages still queued from a removed peer are dropped
-                peer.last_heard = now
+                if peer.status is not _C or isinstance(event.msg, m.Register):
+                    peer.last_heard = now
                 try:
                     self._dispatch(peer, event.msg)
                 except PeerFault as fault:
@@ -546,7 +550,8 @@ class MasterState:
         peer = self._peers.pop(conn_id)
         if reason is not None:
             detail = clip_text(detail, MAX_DETAIL)  # may quote peer input (keys, frames): keep it small
-            log.info("kicking connection %d (peer %x): %s: %s", conn_id, peer.peer_id, reason.name, detail)
+            # DEBUG: the shell logs the kick (once, and rate-limited for unregistered connections).
+            log.debug("kicking connection %d (peer %x): %s: %s", conn_id, peer.peer_id, reason.name, detail)
             self._out.append(Kick(conn_id, reason, detail))
         if peer.status is _C:
             return
@@ -562,7 +567,9 @@ class MasterState:
     def _expire(self, now: float) -> None:
         for peer in list(self._peers.values()):
             if now >= peer.last_heard + self._peer_timeout and peer.conn_id in self._peers:
-                self._remove(peer.conn_id, KickReason.TIMEOUT, f"silent for {now - peer.last_heard:.3g} s")
+                detail = (f"did not register within {now - peer.last_heard:.3g} s of connecting"
+                          if peer.status is _C else f"silent for {now - peer.last_heard:.3g} s")
+                self._remove(peer.conn_id, KickReason.TIMEOUT, detail)
 
     # --- consensus (re-evaluated after every event) ---------------------------------------------
 

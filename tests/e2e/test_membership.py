@@ -26,7 +26,9 @@ from pccl.errors import (
     TopologyUpdateFailed,
     TransportError,
 )
-from pccl.net import serving
+from pccl import state_sync
+from pccl._peer import wiring
+from pccl.net.admission import AdmissionLimits
 from pccl.net.base import Listener, Network, Stream, parse_address
 from pccl.net.framed import open_framed
 from pccl.net.tcp import TcpNetwork
@@ -557,65 +559,39 @@ async def test_a_failure_met_while_closing_is_the_close_not_a_lost_master(
                 comm._session._closing = False  # noqa: SLF001 - let the context manager close it for real
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "peer" in r.getMessage()]
 
-class CountingNetwork(Network):
-    """Real TCP whose listeners count the connections they hand out (``accepted[address]``)."""
-
-    def __init__(self) -> None:
-        self._tcp = TcpNetwork(CFG)
-        self.accepted: dict[str, int] = {}
-
-    async def connect(self, address: str, *, timeout: float | None = None) -> Stream:
-        return await self._tcp.connect(address, timeout=timeout)
-
-    async def listen(self, address: str, *, port_range: int = 1) -> Listener:
-        listener = await self._tcp.listen(address, port_range=port_range)
-        accepted = self.accepted
-        accepted[listener.address] = 0
-
-        class Counting(Listener):
-            def __init__(self) -> None:
-                self.address = listener.address
-
-            async def accept(self) -> Stream:
-                stream = await listener.accept()
-                accepted[listener.address] += 1
-                return stream
-
-            async def aclose(self) -> None:
-                await listener.aclose()
-
-        return Counting()
-
-
 @pytest.mark.parametrize("which", ["ring", "shared state"])
 async def test_idle_connections_cannot_pile_up_in_a_peers_listener(master: pccl.Master, which: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # A peer's ports face the network: connections that never complete the handshake take a slot
-    # each (until Config.connect_timeout), and with every slot taken the peer stops accepting, so
-    # the rest wait in the kernel's backlog instead of costing it a descriptor each.
-    monkeypatch.setattr(serving, "MAX_PENDING_HANDSHAKES", 3)
-    network = CountingNetwork()
-    patient = dataclasses.replace(CFG, connect_timeout=60.0)  # no slot frees itself during the test
+    # A peer's ports face the network: connections that have proved nothing hold a handshake
+    # slot each (until Config.first_bytes_timeout); beyond the slots they are parked, unread,
+    # until one frees, and the newest waiter gets it.
+    small = AdmissionLimits(pending=3, per_address=3, waiting=100)
+    monkeypatch.setattr(wiring, "PEER_LIMITS", small)
+    monkeypatch.setattr(state_sync, "PEER_LIMITS", small)
+    patient = dataclasses.replace(CFG, connect_timeout=60.0, first_bytes_timeout=60.0)  # no slot frees itself
     with trio.fail_after(BOUND):
-        async with _open(master.address, network=network, config=patient) as comm:
-            listener = comm._session.p2p_listener if which == "ring" else comm._sync.listener  # noqa: SLF001
+        async with _open(master.address, config=patient) as comm:
+            if which == "ring":
+                listener, admission = comm._session.p2p_listener, comm._session._wiring.admission  # noqa: SLF001
+            else:
+                listener, admission = comm._sync.listener, comm._sync.admission  # noqa: SLF001
             assert listener is not None
-            accepted = lambda: network.accepted[listener.address]  # noqa: E731
             host, port = parse_address(listener.address)
-            idle = [await trio.open_tcp_stream(host, port) for _ in range(8)]
-            await _wait_until(lambda: accepted() >= 3, "the first idle connections accepted")
-            await trio.sleep(0.3)
-            assert accepted() == 3
-            for stream in idle[:2]:  # their handshakes fail at once: two slots come back
+            counts = lambda: (admission.pending, admission.waiting)  # noqa: E731
+            idle = []
+            for _ in range(8):
+                idle.append(await trio.open_tcp_stream(host, port))
+                await _wait_until(lambda: sum(counts()) == len(idle), "the connection accepted")
+            assert counts() == (3, 5)
+            for stream in idle[:2]:  # their handshakes fail at once: two slots go to waiters
                 await stream.aclose()
-            await _wait_until(lambda: accepted() >= 5, "two more accepted")
-            await trio.sleep(0.3)
-            assert accepted() == 5
+            await _wait_until(lambda: counts() == (3, 3), "two waiters got a slot")
             for stream in idle[2:]:
                 await stream.aclose()
-            await _wait_until(lambda: accepted() == 8, "the backlog drained")
+            # The parked ones are found closed as they get their slots.
+            await _wait_until(lambda: counts() == (0, 0), "everything refused")
             late = await trio.open_tcp_stream(host, port)
-            await _wait_until(lambda: accepted() == 9, "a later connection accepted")
+            await _wait_until(lambda: counts() == (1, 0), "a later connection gets a slot")
             await late.aclose()
 
 

@@ -664,6 +664,21 @@ def test_silent_peer_is_removed_and_unblocks_the_vote() -> None:
     assert h.last(a, m.TopologyComplete).membership.world_size == 1
 
 
+def test_a_connection_that_never_registers_is_removed_whatever_it_sends() -> None:
+    # Connected but unregistered proves nothing (without a token, not even that): heartbeats
+    # must not keep it, or enough of them exhaust the master's descriptors.
+    h = Harness()
+    idle, late = h.connect(), h.connect()
+    h.advance(TIMEOUT * 0.9)  # both heartbeat all along
+    h.register(late)
+    h.advance(TIMEOUT * 0.2)
+    assert h.kicks == {idle: KickReason.TIMEOUT}
+    kick = [e for e in h.effects_log if isinstance(e, Kick)][0]
+    assert "did not register within" in kick.detail
+    h.advance(TIMEOUT * 3)  # a registered peer lives on its heartbeats
+    assert late not in h.kicks and h.info(late).status is PeerStatus.REGISTERED
+
+
 def test_out_of_phase_and_foreign_messages_kick_only_the_sender() -> None:
     h = Harness()
     a, b = _accepted_cluster(h, [0, 0])

@@ -6,6 +6,7 @@ the essentials over real TCP, and the TLS tests use a throwaway CA made by ``tru
 
 from __future__ import annotations
 
+import contextlib
 import random
 import ssl
 import struct
@@ -250,12 +251,54 @@ async def test_wrong_magic_is_not_a_pccl_peer() -> None:
         await accept_framed(server_stream, config=CONFIG)
 
 
-async def test_handshake_times_out_against_a_silent_peer(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_accepted_connection_that_sends_nothing_is_dropped_at_the_first_bytes_deadline(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # An idle connection must not hold a handshake slot for the whole connect_timeout.
     _client_stream, server_stream = memory_stream_pair()
+    start = trio.current_time()
+    with pytest.raises(ConnectTimeout, match=r"sent no handshake within 1.5 s .*first_bytes_timeout"):
+        await accept_framed(server_stream, config=Config(connect_timeout=30.0, first_bytes_timeout=1.5))
+    assert trio.current_time() - start == pytest.approx(1.5)
+
+
+async def test_a_dribbling_connection_gets_the_first_bytes_deadline_for_its_preamble(
+        autojump_clock: trio.testing.MockClock) -> None:
+    client_stream, server_stream = memory_stream_pair()
+
+    async def dribble() -> None:  # a byte a second: the preamble is not complete in time
+        with contextlib.suppress(PeerDisconnected):  # until the server closes
+            for byte in handshake.encode_preamble():
+                await client_stream.send_all(bytes([byte]))
+                await trio.sleep(1.0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dribble)
+        start = trio.current_time()
+        with pytest.raises(ConnectTimeout, match="first_bytes_timeout"):
+            await accept_framed(server_stream, config=Config(connect_timeout=30.0, first_bytes_timeout=5.0))
+        assert trio.current_time() - start == pytest.approx(5.0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_handshake_times_out_against_a_peer_silent_after_its_preamble(
+        autojump_clock: trio.testing.MockClock) -> None:
+    client_stream, server_stream = memory_stream_pair()
+    await client_stream.send_all(handshake.encode_preamble())
     start = trio.current_time()
     with pytest.raises(ConnectTimeout, match=r"did not complete within 3 s"):
         await accept_framed(server_stream, config=Config(connect_timeout=3.0))
     assert trio.current_time() - start == pytest.approx(3.0)
+
+
+async def test_dialler_is_not_held_to_the_first_bytes_deadline(autojump_clock: trio.testing.MockClock) -> None:
+    # The accepting side may be slow to answer (its slots are busy): only connect_timeout applies.
+    network = MemoryNetwork()
+    listener = await network.listen("server:1")
+    start = trio.current_time()
+    with pytest.raises(ConnectTimeout, match=r"did not complete within 3 s"):
+        await open_framed(network, "server:1", config=Config(connect_timeout=3.0, first_bytes_timeout=0.5))
+    assert trio.current_time() - start == pytest.approx(3.0)
+    await listener.aclose()
 
 
 async def test_open_framed_over_a_network_and_refusal() -> None:
