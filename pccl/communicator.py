@@ -214,8 +214,9 @@ class Communicator:
         ``RevisionViolation`` (the revision did not advance by exactly one; this peer is
         kicked), ``Kicked`` (key set, dtype or size differs from the popular state; SEND_ONLY
         without the popular state), ``SharedStateSyncFailed`` (no source could deliver, hash
-        mismatch), ``MasterUnreachable``.  Cancellation after the vote went out leaves the run
-        (the communicator fails).
+        mismatch), ``MasterUnreachable``.  Cancelled before its vote went out, nothing stands;
+        after, the sync goes on in the background (the group waits for it) and the next call with
+        the same state resumes it, returning its ``SyncInfo`` (or raising its error).
         """
         return await self._sync.sync(state, strategy)
 

@@ -17,6 +17,9 @@ A sync (:meth:`StateSyncService.sync`):
 5. ``SyncComplete(revision)`` ends the sync on every participant: the revision is written back
    into ``state.revision``; sources stop serving.
 
+The sync runs in a task of the communicator, so that a caller cancelled after its vote went out
+does not strand its group: the sync completes without it, and the next call resumes it.
+
 ``SyncInfo.tx_bytes``/``rx_bytes`` count exactly the payload bytes this peer served / received
 during the sync (partial pieces from a source that died included: they did move); the
 communicator's counters (``statistics()``) keep the running totals.  The service reaches the
@@ -30,6 +33,7 @@ import logging
 from collections.abc import Iterator
 
 import numpy as np
+import outcome
 import trio
 
 from ._peer.host import MasterLost, PeerHost
@@ -63,6 +67,25 @@ CHUNK_SIZE = 4 * 1024 * 1024
 
 
 @dataclasses.dataclass(eq=False)
+class _RunningSync:
+    """One sync of this peer, run by a task of the communicator (see ``StateSyncService.sync``)."""
+
+    state: SharedState
+    strategy: SyncStrategy
+    epoch: int
+    voted: bool = False
+    #: Its caller was cancelled after the vote: the sync goes on without anyone waiting.
+    abandoned: bool = False
+    scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
+    finished: trio.Event = dataclasses.field(default_factory=trio.Event)
+    outcome: outcome.Outcome[SyncInfo] | None = None
+
+
+class _Stopped(Exception):
+    """Internal: a sync's caller was cancelled before its vote went out; the sync stopped."""
+
+
+@dataclasses.dataclass(eq=False)
 class _Serving:
     """What this peer serves while its sync runs."""
 
@@ -77,6 +100,7 @@ class StateSyncService:
         self._host = host
         self.listener: Listener | None = None
         self._serving: _Serving | None = None
+        self._running: _RunningSync | None = None
         #: Who gets a handshake slot on the shared-state port (its counters are read by tests).
         self.admission = admission_for(PEER_LIMITS, wait_timeout=host.config.connect_timeout)
 
@@ -110,9 +134,13 @@ class StateSyncService:
         """Run one sync (see the module docstring).  Errors: ``InvalidArgument``/``InvalidUsage``
         (bad state, strategy mix, collective or topology vote outstanding, concurrent sync),
         ``RevisionViolation`` (this peer's revision jumped; it is kicked), ``Kicked``,
-        ``SharedStateSyncFailed``, ``MasterUnreachable``.  Cancellation after the vote was sent
-        leaves the lockstep: the communicator drops its master connection and fails with
-        ``SharedStateSyncFailed``."""
+        ``SharedStateSyncFailed``, ``MasterUnreachable``.
+
+        The sync runs in a task of the communicator.  Cancelled before its vote went out, it
+        stops and nothing stands.  Cancelled after, it goes on in the background (this peer's
+        group waits for it: the vote cannot be taken back), and the next call with the same
+        state resumes it and returns (or raises) its outcome; meanwhile collectives and other
+        syncs are refused as while any sync runs."""
         host = self._host
         await trio.lowlevel.checkpoint_if_cancelled()
         if not isinstance(state, SharedState):
@@ -121,34 +149,78 @@ class StateSyncService:
             strategy = SyncStrategy(strategy)
         except ValueError:
             raise InvalidArgument(f"unknown sync strategy {strategy!r}") from None
+        running = self._running
+        if running is not None and running.scope.cancel_called and not running.voted:
+            await running.finished.wait()  # stopped before its vote by a cancelled call: gone soon
+            running = self._running
+        if running is not None:
+            if running.state is not state or running.strategy is not strategy:
+                raise InvalidUsage("a cancelled sync_shared_state still completes in the background; call it again "
+                                   "with the same state and strategy to resume it")
+            log.debug("peer %x: resuming a cancelled sync", host.peer_id)
+            return await self._outcome_of(running)
         try:
             await host.ready()
         except MasterLost as exc:
             raise SharedStateSyncFailed(f"shared-state sync failed: {exc}") from exc
         host.phase.begin_sync()
-        epoch = host.master_epoch
-        try:
-            entries = await vote_entries(state)
-            return await self._vote_and_transfer(state, strategy, entries, epoch)
-        except MasterLost as exc:
-            raise SharedStateSyncFailed(f"shared-state sync failed: {exc}; the communicator reconnects, "
-                                        "call sync_shared_state again") from exc
-        finally:
+        running = self._running = _RunningSync(state, strategy, host.master_epoch)
+        if not host.spawn(self._run, running):
+            self._running = None
             host.phase.end_sync()
+            host.raise_if_failed()
+            raise InvalidUsage("the communicator is closing")
+        return await self._outcome_of(running)
 
-    async def _vote_and_transfer(self, state: SharedState, strategy: SyncStrategy,
-                                 entries: tuple[m.SharedStateEntry, ...], epoch: int) -> SyncInfo:
-        host = self._host
-        receive = host.open_sync_route()
-        arrays = {key: state_bytes(t.array) for key, t in state.tensors().items()}
-        serving = _Serving(arrays)
-        if strategy is not SyncStrategy.RECEIVE_ONLY:
-            self._serving = serving  # before voting: receivers may dial as soon as the vote completes
-        rx = 0
-        voted = False
+    async def _outcome_of(self, running: _RunningSync) -> SyncInfo:
         try:
-            await host.send(m.SyncVote(state.revision, int(strategy), entries), epoch=epoch)
-            voted = True
+            await running.finished.wait()
+        except trio.Cancelled:
+            if not running.voted:
+                running.scope.cancel()  # nothing stands at the master yet: stop it
+            else:
+                running.abandoned = True
+            raise
+        result, running.outcome = running.outcome, None  # reported to one caller
+        if result is None:
+            self._host.raise_if_failed()  # the communicator closed under it
+            raise InvalidUsage("this shared-state sync was already reported to another call")
+        return result.unwrap()  # type: ignore[no-any-return]
+
+    async def _run(self, running: _RunningSync) -> None:
+        """The sync itself, in the communicator's nursery (see :meth:`sync`)."""
+        result: outcome.Outcome[SyncInfo] | None = None
+        try:
+            result = await outcome.acapture(self._sync_once, running)
+        finally:
+            self._running = None
+            self._host.phase.end_sync()
+            error = result.error if isinstance(result, outcome.Error) else None
+            if result is not None and not isinstance(error, (_Stopped, trio.Cancelled)):
+                running.outcome = result  # else: stopped before its vote, or the communicator closes
+            running.finished.set()
+        if isinstance(error, trio.Cancelled):
+            raise error
+        if error is not None and running.abandoned and not isinstance(error, _Stopped):
+            log.info("peer %x: a cancelled shared-state sync ended in the background: %s", self._host.peer_id, error)
+
+    async def _sync_once(self, running: _RunningSync) -> SyncInfo:
+        host = self._host
+        state, strategy, epoch = running.state, running.strategy, running.epoch
+        receive: trio.MemoryReceiveChannel[m.Message] | None = None
+        rx = 0
+        try:
+            with running.scope:  # cancellable by its caller until the vote is out
+                entries = await vote_entries(state)
+                receive = host.open_sync_route()
+                arrays = {key: state_bytes(t.array) for key, t in state.tensors().items()}
+                serving = _Serving(arrays)
+                if strategy is not SyncStrategy.RECEIVE_ONLY:
+                    self._serving = serving  # before voting: receivers may dial as soon as the vote completes
+                await host.send(m.SyncVote(state.revision, int(strategy), entries), epoch=epoch)
+                running.voted = True
+            if not running.voted:
+                raise _Stopped()
             while True:
                 try:
                     msg = await receive.receive()
@@ -170,17 +242,16 @@ class StateSyncService:
                     if msg.code == m.SyncRejectCode.STRATEGY_MIX:
                         raise InvalidUsage(f"shared-state sync refused: {msg.detail}")
                     raise SharedStateSyncFailed(f"shared-state sync failed: {msg.detail}")
+        except MasterLost as exc:
+            raise SharedStateSyncFailed(f"shared-state sync failed: {exc}; the communicator reconnects, "
+                                        "call sync_shared_state again") from exc
         except Kicked as exc:
             if exc.reason is KickReason.REVISION_VIOLATION:
                 raise RevisionViolation(exc.detail or "revision violation") from exc
             raise
-        except trio.Cancelled:
-            if voted:
-                host.leave_lockstep(SharedStateSyncFailed("sync_shared_state was cancelled mid-sync; this peer "
-                                                          "left the run"))
-            raise
         finally:
-            host.close_sync_route()
+            if receive is not None:
+                host.close_sync_route()
             self._serving = None
 
     # --- receiving ------------------------------------------------------------------------------

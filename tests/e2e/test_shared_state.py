@@ -558,3 +558,32 @@ async def test_lineage_most_progress_wins_and_only_continuing_peers_are_held_to_
         infos = await sync_all(c.comms, [*states, ahead, behind])
         assert [i.revision for i in infos] == [41] * 4
         assert_same(behind, ahead)
+
+
+async def test_a_sync_cancelled_after_its_vote_goes_on_and_the_next_call_resumes_it() -> None:
+    # Cancelling after the vote went out used to drop this peer from the run (the vote cannot be
+    # taken back).  Now the sync completes in the background; the next call returns its outcome.
+    async with cluster(3) as c:
+        base = make_state(40)
+        states = [copy_state(base), copy_state(base), make_state(41)]  # peer 2 must receive
+        late = c.comms[2]
+        with trio.move_on_after(BOUND) as timed_out:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(late.sync_shared_state, states[2])
+                while not any(late.peer_id in s.voters for s in c.master.state.syncs()):
+                    await trio.sleep(0.005)
+                nursery.cancel_scope.cancel()  # peer 2's call, after its vote
+        assert not timed_out.cancelled_caught
+        with pytest.raises(InvalidUsage, match="resume"):
+            await late.sync_shared_state(make_state(41))  # another state: not this sync
+        with pytest.raises(InvalidUsage, match="sync is running"):
+            await late.all_reduce(np.ones(4, np.float32))
+        infos = await sync_all(c.comms, states)  # peers 0 and 1 vote; peer 2 resumes
+        assert [i.revision for i in infos] == [0, 0, 0]
+        assert infos[2].rx_bytes == base.nbytes and infos[0].tx_bytes + infos[1].tx_bytes == base.nbytes
+        assert_same(states[2], base)
+        assert late.statistics().syncs_completed == 1
+        for s in states:  # the communicator goes on as usual
+            s.revision += 1
+        infos = await sync_all(c.comms, states)
+        assert [(i.revision, i.rx_bytes) for i in infos] == [(1, 0)] * 3
