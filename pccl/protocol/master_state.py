@@ -333,6 +333,7 @@ class MasterState:
         self._sync_state = SyncState(_SyncHost(self), min_stripe=min_stripe)
         self._timer_at: float | None = None
         self._out: list[Effect] = []
+        self._logged_sizes: dict[int, int] = {}  # group -> world size last logged
         #: What each message type does once ``_dispatch`` let it through (same keys as ``_PHASES``).
         self._handlers: dict[type[m.Message], Callable[[_Peer, Any], None]] = {
             m.Register: self._on_register,
@@ -493,7 +494,9 @@ class MasterState:
         peer.p2p_port, peer.shared_state_port = msg.p2p_port, msg.shared_state_port
         self._by_id[peer_id] = peer.conn_id
         self._send(peer, m.Welcome(peer_id, self.instance))
-        log.debug("registered peer %x (group %d) on connection %d", peer_id, msg.peer_group, peer.conn_id)
+        again = " again, keeping its id" if peer_id == msg.previous_peer_id else ""
+        log.info("peer %x joined group %d from %s%s; waiting to be accepted", peer_id, msg.peer_group, peer.host,
+                 again)
 
     def _on_vote_topology(self, peer: _Peer, msg: m.VoteTopology) -> None:
         peer.topology_vote = TopologyVote.ACCEPT if msg.accept_new_peers else TopologyVote.REWIRE
@@ -555,6 +558,8 @@ class MasterState:
             self._out.append(Kick(conn_id, reason, detail))
         if peer.status is _C:
             return
+        if reason is None:  # a kick is logged once, by the shell that delivers it
+            log.info("peer %x (group %d) %s", peer.peer_id, peer.group, detail)
         del self._by_id[peer.peer_id]
         if peer.round_scope is not None and peer.round_scope in self._rounds:
             self._rounds[peer.round_scope].dropped = True
@@ -689,6 +694,8 @@ class MasterState:
         del self._rounds[rnd.scope]
         for pid in live:
             p = self._peer(pid)
+            if p.status is _R:
+                log.info("peer %x accepted into group %d", pid, p.group)
             p.status, p.round_scope = _A, None
         groups = {self._peer(pid).group for pid in live}
         for g in groups:
@@ -704,6 +711,16 @@ class MasterState:
             p = self._peer(pid)
             self._send(p, self._topology_complete(rnd.round_id, p.group))
         log.debug("round %d complete: %d peers", rnd.round_id, len(live))
+        self._log_world_sizes()
+
+    def _log_world_sizes(self) -> None:
+        """Log each group's world size when a completed round changed it (what its peers see)."""
+        sizes = Counter(p.group for p in self._peers.values() if p.status is _A)
+        for group in sorted(set(sizes) | set(self._logged_sizes)):
+            if sizes.get(group, 0) != self._logged_sizes.get(group, 0):
+                log.info("group %d: world size %d (was %d)", group, sizes.get(group, 0),
+                         self._logged_sizes.get(group, 0))
+        self._logged_sizes = dict(sizes)
 
     def _topology_complete(self, round_id: int, group: int) -> m.TopologyComplete:
         ring = tuple(self._peer(pid).endpoint() for pid in self._rings[group])

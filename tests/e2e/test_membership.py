@@ -674,3 +674,44 @@ async def test_an_accept_vote_and_a_rewire_vote_in_one_group_do_not_wait_for_eac
                 voters.start_soon(b._session.rewire)  # noqa: SLF001 - the all-reduce's internal vote
             assert a.world_size == b.world_size == 2 and a.ring == b.ring
             nursery.cancel_scope.cancel()
+
+
+async def test_a_lone_peer_says_so_once_and_the_master_logs_membership_once_each(
+        master: pccl.Master, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="pccl.protocol.master_state")
+    caplog.set_level(logging.INFO, logger="pccl.communicator")
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a, trio.open_nursery() as nursery:
+            state_a = pccl.SharedState({"x": np.zeros(4, np.float32)})
+            loop = a.steps(state_a)
+            first: list[pccl.SyncInfo] = []
+
+            async def first_step() -> None:
+                first.append(await loop.__anext__())
+
+            nursery.start_soon(first_step)
+            await trio.sleep(4 * HEARTBEAT)  # a asks several times whether someone waits
+            b_scope = trio.CancelScope()
+
+            async def peer_b() -> None:
+                with b_scope:
+                    async with _open(master.address) as b:
+                        await b.sync_shared_state(pccl.SharedState({"x": np.zeros(4, np.float32)}))
+                        await trio.sleep_forever()
+
+            nursery.start_soon(peer_b)
+            await _wait_until(lambda: first, "a's first step")
+            b_scope.cancel()  # b leaves
+            await _wait_until(lambda: master.statistics().accepted_peers == 1, "b gone")
+            await a.update_topology()
+            await loop.aclose()
+            nursery.cancel_scope.cancel()
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert sum("is alone in group 0" in line for line in lines) == 1, lines
+    assert sum("joined group 0" in line for line in lines) == 2, lines
+    assert sum("accepted into group 0" in line for line in lines) == 2, lines
+    left = [line.split()[1] for line in lines if line.endswith(") left")]
+    assert sorted(left) == sorted({line.split()[1] for line in lines if "joined group" in line}), lines  # b, then a
+    sizes = [line for line in lines if line.startswith("group 0: world size")]
+    assert sizes == ["group 0: world size 1 (was 0)", "group 0: world size 2 (was 1)",
+                     "group 0: world size 1 (was 2)"], lines
