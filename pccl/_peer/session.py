@@ -433,8 +433,11 @@ class PeerSession:
             # Reconnecting, or registered again and not yet accepted (or accepted meanwhile):
             # being accepted by the master is this peer's topology update — it returns when the
             # accepting peers' update_topology does, as a newcomer's open_communicator does,
-            # and the loops meet again.
+            # and the loops meet again.  Not so for a re-wire inside an all-reduce: that call
+            # belonged to the old master and ends (the all-reduce aborts).
             await self._until_accepted()
+            if not accept_new_peers:
+                raise MasterLost(f"the master at {self.master_address} was lost during a re-wire")
             self._rejoined = False
             self._aligned = True
             return

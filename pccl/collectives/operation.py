@@ -107,6 +107,8 @@ class _Plan:
     quantization: Quantization | None
     in_place: bool
     init: m.CollectiveInit
+    #: The master epoch the call began in (set once the session is ready).
+    epoch: int = 0
 
     @classmethod
     def make(cls, send: Any, recv: Any, op: Any, tag: Any, quantization: Any) -> _Plan:
@@ -181,6 +183,7 @@ class AllReduceService:
         plan = _Plan.make(send, recv, op, tag, quantization)
         try:
             await self._host.ready()
+            plan = dataclasses.replace(plan, epoch=self._host.master_epoch)
             return await self._reduce(plan)
         except MasterLost as exc:
             raise CollectiveAborted(f"all-reduce tag {plan.tag} aborted: {exc}") from exc
@@ -202,20 +205,22 @@ class AllReduceService:
         plans = [_Plan.make(a, None, op, first_tag + i, quantization) for i, a in enumerate(arrays)]
         try:
             await self._host.ready()
+            epoch = self._host.master_epoch
+            plans = [dataclasses.replace(plan, epoch=epoch) for plan in plans]
+            if not plans:
+                return ReduceInfo(self._host.world_size, 0, 0)
+            results: dict[int, ReduceInfo] = {}
+            pending = list(range(len(plans)))
+            while True:
+                pending = await self._many_round(plans, pending, max_in_flight, results)
+                if not pending:
+                    break
+                # Every failure left the group's ring stale; re-wire once for the whole batch.
+                self._host.counters.retries += len(pending)
+                log.info("peer %x: retrying %d all-reduce(s) on the survivors", self._host.peer_id, len(pending))
+                await self._rewire_when_idle()
         except MasterLost as exc:
             raise CollectiveAborted(f"all_reduce_many aborted: {exc}") from exc
-        if not plans:
-            return ReduceInfo(self._host.world_size, 0, 0)
-        results: dict[int, ReduceInfo] = {}
-        pending = list(range(len(plans)))
-        while True:
-            pending = await self._many_round(plans, pending, max_in_flight, results)
-            if not pending:
-                break
-            # Every failure left the group's ring stale; re-wire once for the whole batch.
-            self._host.counters.retries += len(pending)
-            log.info("peer %x: retrying %d all-reduce(s) on the survivors", self._host.peer_id, len(pending))
-            await self._rewire_when_idle()
         infos = list(results.values())
         return ReduceInfo(
             world_size=min(i.world_size for i in infos),
@@ -244,7 +249,7 @@ class AllReduceService:
         async def one(position: int, i: int) -> None:
             try:
                 results[i] = await self._reduce(plans[i], rewire_on_stale=False)
-            except (CollectiveAborted, _StaleRing, MasterLost) as exc:
+            except (CollectiveAborted, _StaleRing) as exc:
                 log.debug("all_reduce_many: tag %d failed (%r); it will be retried", plans[i].tag, exc)
                 failed.append(i)
             except PCCLError as exc:
@@ -297,8 +302,10 @@ class AllReduceService:
         self._holding_changed = trio.Event()
 
     async def _attempt(self, plan: _Plan) -> ReduceInfo:
-        await self._host.ready()  # a retry after the master was lost waits for the next one
         epoch = self._follow_master()
+        if epoch != plan.epoch:
+            # A call never spans two masters: its peers' loops may stand anywhere after a restart.
+            raise MasterLost(f"the master changed during all-reduce tag {plan.tag}")
         route = self._host.open_route(plan.tag)
         self._hold()
         keep_route = False
