@@ -38,7 +38,11 @@ class FaultRates:
     stall: float = 0.0
     partition: float = 0.0
     clog: float = 0.0
+    #: The master dies (kill -9) and comes back after ``restart_down``: at a drawn time...
     master_restart: float = 0.0
+    #: ...or when a peer sends or receives a drawn control message, so that the master's death
+    #: lands inside every phase a peer can be in (registration, votes, rounds, collectives, syncs).
+    master_kill: float = 0.0
     triggered_kill: float = 0.0
     #: A new peer joins and a fault is armed on its own first protocol messages (``messages``),
     #: so faults land in the short join phases (registration, first round) too.
@@ -57,15 +61,16 @@ class FaultRates:
 #: with p = 0.6 or kill one with p = 0.4, keeping 2–10 peers.
 PROFILES: dict[str, FaultRates] = {
     "none": FaultRates(spawn=0.0, kill=0.0),
-    "stress": FaultRates(),
+    "stress": FaultRates(master_restart=0.02, master_kill=0.02),
     "chaos": FaultRates(
-        spawn=0.3, kill=0.15, power_off=0.05, restart=0.05, stall=0.1, partition=0.1, clog=0.1, triggered_kill=0.15
+        spawn=0.3, kill=0.15, power_off=0.05, restart=0.05, stall=0.1, partition=0.1, clog=0.1, triggered_kill=0.15,
+        master_restart=0.02, master_kill=0.03,
     ),
     "network": FaultRates(spawn=0.0, kill=0.0, stall=0.3, partition=0.4, clog=0.3),
     # Chaos aimed at protocol phases: most faults fire on control messages, of every kind.
     "phases": FaultRates(
         spawn=0.15, kill=0.05, power_off=0.03, restart=0.03, stall=0.04, partition=0.05, clog=0.05,
-        triggered_kill=0.4, triggered_join=0.2,
+        triggered_kill=0.4, triggered_join=0.2, master_restart=0.02, master_kill=0.06,
         triggered_kinds=("kill", "kill", "power_off", "stall", "partition", "restart"),
     ),
 }
@@ -104,12 +109,12 @@ def generate(
     weights = {
         name: getattr(rates, name)
         for name in (
-            "spawn", "kill", "power_off", "restart", "stall", "partition", "clog", "master_restart", "triggered_kill",
-            "triggered_join",
+            "spawn", "kill", "power_off", "restart", "stall", "partition", "clog", "master_restart", "master_kill",
+            "triggered_kill", "triggered_join",
         )
     }
     if master is None:
-        weights["master_restart"] = 0.0
+        weights["master_restart"] = weights["master_kill"] = 0.0
     t = rng.uniform(*rates.interval)
     while t < duration and any(weights.values()):
         names = [n for n, w in weights.items() if w > 0]
@@ -118,7 +123,7 @@ def generate(
             removes_peer = action in ("kill", "power_off", "triggered_kill")
             if (action in ("spawn", "triggered_join") and len(alive) >= rates.max_peers) or (
                 removes_peer and len(alive) <= rates.min_peers
-            ) or (action in ("restart", "stall") and not alive):
+            ) or (action in ("restart", "stall", "master_kill") and not alive):
                 names.remove(action)
                 continue
             break
@@ -143,6 +148,11 @@ def generate(
             events.append(
                 FaultEvent(t_event, "master_restart", host=master, duration=round(rng.uniform(*rates.restart_down), 6))
             )
+        elif action == "master_kill":
+            watched = rng.choice(sorted(alive))
+            down = round(rng.uniform(*rates.restart_down), 6)
+            events.append(FaultEvent(t_event, "master_restart", host=master, duration=down,
+                                     trigger=_trigger(rng, rates, watched, hosts, messages, message_directions)))
         elif action == "stall":
             victim = rng.choice(hosts)
             events.append(FaultEvent(t_event, "stall", host=victim, duration=round(rng.uniform(*rates.stall_duration), 6)))
@@ -168,22 +178,8 @@ def generate(
             kind = rng.choice(rates.triggered_kinds) if len(rates.triggered_kinds) > 1 else rates.triggered_kinds[0]
             if kind in ("kill", "power_off"):
                 alive.remove(victim)
-            if messages:
-                if message_directions:
-                    message = rng.choice(list(messages))
-                    direction = rng.choice(list(message_directions.get(message, TRIGGER_DIRECTIONS)))
-                else:
-                    direction, message = rng.choice(TRIGGER_DIRECTIONS), rng.choice(list(messages))
-                trigger = Trigger(
-                    "message", host=victim, direction=direction, message=message,
-                    nth=1 if action == "triggered_join" else rng.randint(1, 3),
-                )
-            else:
-                others = [h for h in hosts if h != victim]
-                trigger = Trigger(
-                    "bytes", src=victim, dst=rng.choice(others) if others else victim,
-                    bytes=rng.randint(*rates.bytes_trigger),
-                )
+            trigger = _trigger(rng, rates, victim, hosts, messages, message_directions,
+                               nth=1 if action == "triggered_join" else None)
             if kind in ("kill", "power_off"):
                 events.append(FaultEvent(t_event, kind, host=victim, trigger=trigger))
             elif kind == "stall":
@@ -207,3 +203,21 @@ def generate(
         profile=profile if isinstance(profile, str) else "custom",
         meta=provenance(),
     )
+
+
+def _trigger(rng: Any, rates: FaultRates, host: str, hosts: Sequence[str], messages: Sequence[str],
+             message_directions: Mapping[str, Sequence[str]] | None, *, nth: int | None = None) -> Trigger:
+    """A phase trigger on ``host``: the ``nth`` time (drawn from 1-3 when ``None``) it sees one
+    of the scenario's messages, in a direction it can see it in; a byte count on one of its
+    links when the scenario names no messages."""
+    if messages:
+        if message_directions:
+            message = rng.choice(list(messages))
+            direction = rng.choice(list(message_directions.get(message, TRIGGER_DIRECTIONS)))
+        else:
+            direction, message = rng.choice(TRIGGER_DIRECTIONS), rng.choice(list(messages))
+        return Trigger("message", host=host, direction=direction, message=message,
+                       nth=rng.randint(1, 3) if nth is None else nth)
+    others = [h for h in hosts if h != host]
+    return Trigger("bytes", src=host, dst=rng.choice(others) if others else host,
+                   bytes=rng.randint(*rates.bytes_trigger))

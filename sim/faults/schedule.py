@@ -15,8 +15,9 @@ Fault kinds (``FaultEvent.kind``):
 ``kill``           kill -9 the process on ``host``: its connections reset, its tasks cancelled
 ``power_off``      the machine vanishes silently (no FIN, no RST)
 ``restart``        ``kill`` now, ``spawn`` again after ``duration`` seconds
-``master_restart`` ``restart`` of the host named ``master`` (placeholder until the master can
-                   resume a run; the runner applies it as a restart)
+``master_restart`` ``restart`` of the host named ``master``: kill -9 now (or when its trigger,
+                   on a peer's message, fires), start again after ``duration``; the peers
+                   reconnect and the run goes on (SPEC §3 "Master restart")
 ``stall``          freeze ``host`` for ``duration`` seconds (traffic held, connections open)
 ``partition``      hold traffic between ``side`` and ``other`` (default: everyone else) for
                    ``duration`` seconds, both ways unless ``both_ways`` is false

@@ -3,7 +3,10 @@ mid-transfer is replaced, and the checker has teeth (a non-deterministic update 
 
 from __future__ import annotations
 
+import pathlib
+
 from sim.engine.runner import run
+from sim.tools.scenarios import scenario_from_json
 from sim.faults.schedule import FaultEvent, Schedule, Trigger
 from sim.workloads.pccl.scenario import PcclScenario, pccl_schedule
 from sim.workloads.pccl.shared_state import SharedStateAgreement
@@ -55,3 +58,17 @@ def test_chaos_seeds_keep_shared_state_invariants() -> None:
         assert trace.ok, (seed, [str(f) for f in trace.failures])
         syncs = trace.of_kind("sync")
         assert len(syncs) > 50 and any(e.data["first"] and e.data["rx"] for e in syncs)
+
+
+def test_the_shrunk_lineage_failure_replays_clean() -> None:
+    # pccl-sim seed 1 --phases compute,sync,all_reduce, shrunk to 7 events before the lineage
+    # rule: every holder of the group's lineage dies, the group restarts from a newcomer's
+    # revision, and the peer that comes back with the real state was kicked for its revision
+    # again and again ("RevisionViolation: revision 25 but the group expects 1").
+    schedule = Schedule.load(pathlib.Path(__file__).parent / "schedules" / "lineage_seed1_shrunk.json")
+    trace = run(scenario_from_json(schedule.scenario), schedule)
+    assert trace.ok, [str(f) for f in trace.failures]
+    syncs = trace.of_kind("sync")
+    assert any(not e.data["first"] and e.data["revision"] > e.data["offered"] for e in syncs) or any(
+        e.data["first"] and e.data["offered"] > 0 for e in syncs)  # a peer with progress rejoined
+    assert not [e for e in trace.of_kind("sync_failed") if e.data["error"] == "RevisionViolation"]

@@ -30,14 +30,15 @@ def _fresh_process(seed: int, hash_seed: str) -> str:
 
 
 def test_pccl_seed_same_hash_in_two_fresh_processes_and_here() -> None:
-    first = _fresh_process(13, "0")
-    second = _fresh_process(13, "4242")  # str hashing must not leak into the run
+    first = _fresh_process(17, "0")
+    second = _fresh_process(17, "4242")  # str hashing must not leak into the run
     assert first == second
     digest, events, ok = first.split()
     assert ok == "True" and int(events) > 500
-    scenario, schedule = pccl_schedule(13, profile="phases", peers=4, duration=8.0)
+    scenario, schedule = pccl_schedule(17, profile="phases", peers=4, duration=8.0)
     assert len(schedule.events) >= 3 and any(e.trigger is not None for e in schedule.events)
+    assert any(e.kind == "master_restart" for e in schedule.events)  # a master restart in the mix
     trace = run(scenario, schedule)
     assert trace.hash() == digest  # and in this long-lived pytest process too
-    other_scenario, other = pccl_schedule(14, profile="phases", peers=4, duration=8.0)
+    other_scenario, other = pccl_schedule(18, profile="phases", peers=4, duration=8.0)
     assert run(other_scenario, other).hash() != digest

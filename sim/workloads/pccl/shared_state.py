@@ -28,6 +28,8 @@ tensors after the sync, ``first``: the communicator's first successful sync, ``g
   peer after a master restart) took part in the same sync and brought more progress or other
   content; then it may jump ahead and receive, never go back.  (Settled at the end of the run,
   since the peers of one sync report in any order.)
+* no progress is lost: a sync never adopts a revision below the one a participant offered
+  (most progress wins), through kills, rejoins and master restarts alike;
 * no peer is told ``RevisionViolation`` or kicked for a shared-state reason (this workload
   never deserves it).
 """
@@ -111,6 +113,7 @@ class SyncPhase(Phase):
         state = self._states.get(host.incarnation)
         if state is None:
             state = self._states[host.incarnation] = new_state(host.rng, self.n)
+        offered = state.revision
         try:
             info = await comm.sync_shared_state(state)
         except pccl.SharedStateSyncFailed as exc:  # RevisionViolation included: the checker judges
@@ -119,8 +122,8 @@ class SyncPhase(Phase):
             return
         first = comm.peer_id not in self._synced
         self._synced.add(comm.peer_id)
-        step.record("sync", group=comm.peer_group, revision=info.revision, tx=info.tx_bytes, rx=info.rx_bytes,
-                    digest=state_digest(state), first=first)
+        step.record("sync", group=comm.peer_group, revision=info.revision, offered=offered, tx=info.tx_bytes,
+                    rx=info.rx_bytes, digest=state_digest(state), first=first)
         update_state(state, host.rng)
         if self.diverge == host.name:
             state["w"][0] += np.float32(host.rng.random())
@@ -192,6 +195,9 @@ class SharedStateAgreement(Checker):
         if seen[0] != data["digest"]:
             self._fail(sim, f"sync {key[1]} (master epoch {key[0]}): {host} holds state {data['digest']} but "
                             f"{seen[1]} holds {seen[0]} — not bit-identical")
+        if revision < data["offered"]:
+            self._fail(sim, f"{host} (peer {pid:x}) offered revision {data['offered']} and its group adopted "
+                            f"{revision}: progress was lost")
         recovering = pid in self.failed_since
         self.failed_since.discard(pid)
         previous = self.last_sync.get(pid)
