@@ -443,6 +443,7 @@ class PeerSession:
             return
         self.raise_if_failed()
         kind = "accept" if accept_new_peers else "rewire"
+        epoch = self._epoch
         if self._phase.join_topology(kind):
             waiter = self._topology_waiter
             assert waiter is not None
@@ -459,8 +460,11 @@ class PeerSession:
                     self._clear_topology_waiter(None)
                 raise
         await waiter.wait()
-        self._rejoined = False  # when the master was lost meanwhile, this was the acceptance
-        self._aligned = True
+        if self._epoch != epoch:  # the master was lost meanwhile: this was the acceptance by the next
+            if not accept_new_peers:
+                raise MasterLost(f"the master at {self.master_address} was lost during a re-wire")
+            self._rejoined = False
+            self._aligned = True
 
     async def rewire(self) -> None:
         await self.topology_vote(accept_new_peers=False)
@@ -554,7 +558,7 @@ class PeerSession:
         waiter = self._topology_waiter
         assert waiter is not None
         await waiter.wait()
-        self._rejoined = False  # when the master was lost meanwhile, this was the acceptance
+        self._rejoined = False  # a restart while joining: this is the acceptance all the same
         self._aligned = True
         log.info("accepted: world size %d, global world size %d", self.membership.world_size,
                  self.membership.global_world_size)
