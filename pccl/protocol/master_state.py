@@ -23,10 +23,11 @@ alone this way).  ``VoteTopology(accept_new_peers=False)`` is a *re-wire* of the
 only: when every accepted peer of the group has cast it (and no round touches the group), a
 **group round** starts over them — other groups keep running collectives meanwhile (PCCL makes
 re-wiring global, which can deadlock groups against each other).  A peer's vote stays standing
-until its round ends.  An accept vote satisfies a pending re-wire: once every accepted peer has
-voted, accept or re-wire, and at least one voted accept, the global round starts (it re-wires
-every group), so a peer in ``update_topology`` and one re-wiring after a stale ring never wait
-for each other.
+until its round ends.  An accept vote satisfies a pending re-wire of its own group: once every
+accepted peer has voted, accept or re-wire, and every group has at least one accept vote, the
+global round starts (it re-wires every group), so a peer in ``update_topology`` and one
+re-wiring after a stale ring never wait for each other.  A group whose members all re-wire is
+mid-step and keeps its own group round: newcomers join it only at a step boundary.
 
 Rounds.  Every participant gets ``ConnectToPeers(round, ring, neighbours)`` and answers
 ``P2PReport(round, ok, unreachable)``.  When every *live* participant has reported: all ok and
@@ -610,8 +611,9 @@ class MasterState:
         registered = [p for p in self._peers.values() if p.status is _R]
         if any(p.topology_vote is None for p in accepted):
             return False
-        if accepted and not any(p.topology_vote is TopologyVote.ACCEPT for p in accepted):
-            return False  # re-wire votes only: group rounds (_check_rewire_vote)
+        groups = {p.group for p in accepted}
+        if groups - {p.group for p in accepted if p.topology_vote is TopologyVote.ACCEPT}:
+            return False  # a group that only re-wires stays mid-step: its own round (_check_rewire_vote)
         if not accepted and not registered:
             return False
         live_groups = {p.group for p in accepted}
