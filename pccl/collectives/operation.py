@@ -64,6 +64,7 @@ import trio
 from .._groups import single_exception
 from .._peer.host import CollectiveRoute, PeerHost
 from .._peer.links import P2PLinks
+from ..arrays import as_array
 from ..errors import (
     CollectiveAborted,
     InvalidArgument,
@@ -120,9 +121,13 @@ class _Plan:
             raise InvalidArgument(f"quantization must be a pccl.Quantization or None, got {quantization!r}")
         if quantization is not None and quantization.kind is QuantKind.NONE:
             quantization = None
-        # The data path's own checks (dtype, sizes, contiguity, writability, overlap), made now
-        # so a bad buffer never reaches the vote.  Scratch it takes goes straight back.
-        bufs = OpBuffers.check(send, send if recv is None else recv, op, quantization)
+        # The caller's memory as numpy views (torch tensors included, no copy), then the data
+        # path's own checks (dtype, sizes, writability, overlap), made now so a bad buffer never
+        # reaches the vote.  Scratch it takes goes straight back.
+        in_place_call = recv is None or recv is send
+        send = as_array(send, name="send", writable=False)
+        recv = send if in_place_call else as_array(recv, name="recv", writable=False)
+        bufs = OpBuffers.check(send, recv, op, quantization)
         bufs.release()
         quant_dtype = bufs.quant_dtype
         init = m.CollectiveInit(

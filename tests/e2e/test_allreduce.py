@@ -37,6 +37,7 @@ from pccl.collectives.reference import ring_reference
 from pccl.net.base import Listener, Network, Stream
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol.ring import uses_exchange
+from inproc_group import in_process_group
 from allreduce_cases import digest, make_input, matrix_cases, np_dtype, reduce_op
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -461,35 +462,9 @@ class GatedNetwork(Network):
         self._released.set()
 
 
-@contextlib.asynccontextmanager
-async def _in_process_group(world: int, *, config: Config = CFG, gated: dict[int, Network] | None = None):
+def _in_process_group(world: int, *, config: Config = CFG, gated: dict[int, Any] | None = None) -> Any:
     """A master and ``world`` accepted communicators (peer ``i`` on ``gated[i]`` if given)."""
-    async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=config) as master:
-        comms: list[pccl.Communicator] = []
-        networks = {i: net(master.address) for i, net in (gated or {}).items()}
-        done = trio.Event()
-        async with trio.open_nursery() as nursery:
-
-            async def peer(i: int) -> None:
-                async with pccl.open_communicator(master.address, token=TOKEN, config=config,
-                                                  network=networks.get(i)) as comm:
-                    comms.append(comm)
-                    await done.wait()
-
-            with trio.fail_after(SOON):
-                for i in range(world):
-                    before = master.statistics().registered_peers
-                    nursery.start_soon(peer, i)
-                    if i > 0:
-                        while master.statistics().registered_peers == before:
-                            await trio.sleep(0.005)
-                        async with trio.open_nursery() as voters:
-                            for comm in list(comms):
-                                voters.start_soon(comm.update_topology)
-                    while len(comms) < i + 1:
-                        await trio.sleep(0.005)
-            yield master, comms, networks
-            done.set()
+    return in_process_group(world, token=TOKEN, config=config, soon=SOON, gated=gated)
 
 
 def _f32_inputs(world: int, n: int, seed: int) -> list[np.ndarray]:
