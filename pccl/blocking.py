@@ -42,6 +42,8 @@ from typing import Any, TypeVar
 import trio
 
 from . import communicator as _async
+from .collectives.buckets import DEFAULT_BUCKET_BYTES
+from .collectives.operation import MANY_FIRST_TAG
 from .config import Config
 from .errors import InvalidUsage, PCCLError
 from .shared_state import SharedState
@@ -299,19 +301,20 @@ class Communicator:
 
     def all_reduce_many(self, arrays: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,
                         quantization: Quantization | None = None, max_in_flight: int = 4,
-                        **kwargs: Any) -> ReduceInfo:
+                        first_tag: int = MANY_FIRST_TAG, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ReduceInfo:
         return self.all_reduce_many_async(arrays, op=op, quantization=quantization, max_in_flight=max_in_flight,
-                                          **kwargs).wait()
+                                          first_tag=first_tag, bucket_bytes=bucket_bytes).wait()
 
     def all_reduce_many_async(self, arrays: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,
                               quantization: Quantization | None = None, max_in_flight: int = 4,
-                              **kwargs: Any) -> ReduceHandle:
-        """Start :meth:`pccl.Communicator.all_reduce_many` (same keyword arguments) and return
-        at once with its handle."""
+                              first_tag: int = MANY_FIRST_TAG,
+                              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ReduceHandle:
+        """Start :meth:`pccl.Communicator.all_reduce_many` and return at once with its handle."""
         comm = self._live()
         arrays = list(arrays)
         return ReduceHandle(self._submit(lambda: comm.all_reduce_many(
-            arrays, op=op, quantization=quantization, max_in_flight=max_in_flight, **kwargs)), self)
+            arrays, op=op, quantization=quantization, max_in_flight=max_in_flight, first_tag=first_tag,
+            bucket_bytes=bucket_bytes)), self)
 
     def steps(self, state: SharedState, *,
               strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> Iterator[SyncInfo]:

@@ -64,7 +64,7 @@ import trio
 from .._groups import single_exception
 from .._peer.host import CollectiveRoute, PeerHost
 from .._peer.links import P2PLinks
-from ..arrays import as_array
+from ..arrays import as_array, is_torch_tensor
 from ..errors import (
     CollectiveAborted,
     InvalidArgument,
@@ -78,6 +78,7 @@ from ..errors import (
 from ..protocol import messages as m
 from ..types import Quantization, QuantKind, ReduceInfo, ReduceOp
 from .allreduce import ring_all_reduce
+from .buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
 from .buffers import SCRATCH, InputBackup, KernelRunner, OpBuffers
 from .links import RingLinks, SeqRegistry
 
@@ -141,6 +142,18 @@ class _Plan:
         return cls(send, None if bufs.in_place else recv, op, tag, quantization, bufs.in_place, init)
 
 
+@dataclasses.dataclass(eq=False)
+class _Many:
+    """One ``all_reduce_many`` call: its buckets, their plans once packed, their results."""
+
+    buckets: list[Bucket]
+    op: Any
+    quantization: Any
+    first_tag: int
+    plans: dict[int, _Plan] = dataclasses.field(default_factory=dict)
+    results: dict[int, ReduceInfo] = dataclasses.field(default_factory=dict)
+
+
 class _Settlement:
     """How one commenced op went here: this peer's ring, and the master's final word."""
 
@@ -193,26 +206,38 @@ class AllReduceService:
         quantization: Any = None,
         max_in_flight: int = 4,
         first_tag: int = MANY_FIRST_TAG,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     ) -> ReduceInfo:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._host.raise_if_failed()
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise InvalidArgument(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
-        if isinstance(arrays, np.ndarray):
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
+            raise InvalidArgument(f"bucket_bytes must be a non-negative integer, got {bucket_bytes!r}")
+        if isinstance(arrays, np.ndarray) or is_torch_tensor(arrays):
             raise InvalidArgument("all_reduce_many takes a sequence of arrays; use all_reduce for one array")
-        plans = [_Plan.make(a, None, op, first_tag + i, quantization) for i, a in enumerate(arrays)]
-        if not plans:
+        # Every array is checked (and viewed) before any op starts.
+        views = [as_array(a, name=f"arrays[{i}]", writable=False) for i, a in enumerate(arrays)]
+        for i, view in enumerate(views):
+            _Plan.make(view, None, op, first_tag + i, quantization)
+        buckets = plan_buckets(views, bucket_bytes)
+        if not buckets:
             return ReduceInfo(self._host.world_size, 0, 0)
-        results: dict[int, ReduceInfo] = {}
-        pending = list(range(len(plans)))
-        while True:
-            pending = await self._many_round(plans, pending, max_in_flight, results)
-            if not pending:
-                break
-            # Every failure left the group's ring stale; re-wire once for the whole batch.
-            self._host.counters.retries += len(pending)
-            log.info("peer %x: retrying %d all-reduce(s) on the survivors", self._host.peer_id, len(pending))
-            await self._rewire_when_idle()
+        many = _Many(buckets, op, quantization, first_tag)
+        pending = list(range(len(buckets)))
+        try:
+            while True:
+                pending = await self._many_round(many, pending, max_in_flight)
+                if not pending:
+                    break
+                # Every failure left the group's ring stale; re-wire once for the whole batch.
+                self._host.counters.retries += len(pending)
+                log.info("peer %x: retrying %d all-reduce(s) on the survivors", self._host.peer_id, len(pending))
+                await self._rewire_when_idle()
+        finally:
+            for bucket in buckets:
+                bucket.release()
+        results = many.results
         infos = list(results.values())
         return ReduceInfo(
             world_size=min(i.world_size for i in infos),
@@ -222,27 +247,35 @@ class AllReduceService:
 
     # --- all_reduce_many ----------------------------------------------------------------------
 
-    async def _many_round(
-        self, plans: list[_Plan], pending: list[int], max_in_flight: int, results: dict[int, ReduceInfo]
-    ) -> list[int]:
-        """Run every op of ``pending`` once; return the ones that aborted (or met a stale ring).
+    async def _many_round(self, many: _Many, pending: list[int], max_in_flight: int) -> list[int]:
+        """Run the op of every bucket of ``pending`` once; return the ones that aborted (or met a
+        stale ring).
 
         Op ``pending[j]`` starts once ``pending[j - max_in_flight]`` (and so every op before it)
         has finished here.  Which ops start must not depend on when this peer learns of a
         failure — other peers learn it at other moments, and an op that one peer starts and
         another does not would wait for that peer's vote forever — so every op is started;
         after an abort the later ones are refused quickly with ``STALE_RING``.  Every op has
-        finished when this returns; the first error other than an abort is raised then.
+        finished when this returns; the first error other than an abort is raised then.  A
+        packed bucket is packed when its op first starts, and its result copied into its
+        members (and its scratch given back) as soon as its op completed.
         """
         failed: list[int] = []
         errors: list[PCCLError] = []
         finished = [trio.Event() for _ in pending]
 
         async def one(position: int, i: int) -> None:
+            bucket = many.buckets[i]
             try:
-                results[i] = await self._reduce(plans[i], rewire_on_stale=False)
+                plan = many.plans.get(i)
+                if plan is None:
+                    send, recv = await self._runner.run(bucket.nbytes, bucket.buffers)
+                    plan = many.plans[i] = _Plan.make(send, recv, many.op, many.first_tag + i, many.quantization)
+                many.results[i] = await self._reduce(plan, rewire_on_stale=False)
+                await self._runner.run(bucket.nbytes, bucket.unpack, plan.recv)
+                bucket.release()
             except (CollectiveAborted, _StaleRing) as exc:
-                log.debug("all_reduce_many: tag %d failed (%r); it will be retried", plans[i].tag, exc)
+                log.debug("all_reduce_many: tag %d failed (%r); it will be retried", many.first_tag + i, exc)
                 failed.append(i)
             except PCCLError as exc:
                 errors.append(exc)
