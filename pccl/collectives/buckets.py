@@ -27,6 +27,7 @@ __all__ = ["DEFAULT_BUCKET_BYTES", "Bucket", "plan_buckets"]
 
 #: torch DDP's default ``bucket_cap_mb``.
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+DIRECT_BYTES = 1 << 62
 
 
 @dataclasses.dataclass(eq=False)
@@ -76,13 +77,14 @@ class Bucket:
         self._storage = []
 
 
-def plan_buckets(arrays: list[np.ndarray], bucket_bytes: int) -> list[Bucket]:
+def plan_buckets(arrays: list[np.ndarray], bucket_bytes: int, direct_bytes: int | None = None) -> list[Bucket]:
     """Group ``arrays`` (numpy views, checked) into buckets of at most ``bucket_bytes`` each;
     0 puts every array in a bucket of its own.  Buckets are ordered by their first member."""
+    direct = DIRECT_BYTES if direct_bytes is None else direct_bytes
     buckets: list[Bucket] = []
     open_by_dtype: dict[np.dtype, Bucket] = {}
     for i, a in enumerate(arrays):
-        if a.nbytes >= bucket_bytes or bucket_bytes == 0:
+        if a.nbytes >= bucket_bytes or a.nbytes >= direct or bucket_bytes == 0:
             buckets.append(Bucket([a], [i]))
             continue
         current = open_by_dtype.get(a.dtype)
