@@ -145,9 +145,9 @@ def run_peers(label: str, script: str, args: list[str], *, peers: int, outer_ste
                         tail = "\n".join(line for _, line in p.lines[-20:])
                         raise RuntimeError(f"{label}: {p.name} exited with {p.popen.returncode}:\n{tail}")
                 current = max(p.step for p in live)
-                for p in list(joining):
-                    if p.step:
-                        events.append((p.step, "join"))
+                for p in list(joining):  # accepted: its open_communicator returned
+                    if any(line.startswith("joined:") for _, line in p.lines):
+                        events.append((current, "join"))
                         joining.remove(p)
                 if kill_every and current >= next_kill and current < outer_steps - 2 and not joining:
                     victim = rng.choice([p for p in live if p.step])
@@ -248,8 +248,9 @@ def _namespaces(rate: str) -> Iterator[tuple[str, str]]:
 
 
 def _per_step(r: RunResult, skip: int) -> float:
-    """Median wall seconds between consecutive outer-step reports, past the first ``skip``."""
-    steps = sorted(r.reported_at)
+    """Median wall seconds between consecutive outer-step reports, past the first ``skip`` and
+    before the last (async DiLoCo's last step only drains the all-reduce in flight)."""
+    steps = sorted(r.reported_at)[:-1]
     gaps = [r.reported_at[b] - r.reported_at[a] for a, b in zip(steps, steps[1:]) if a > skip]
     return statistics.median(gaps)
 
@@ -263,6 +264,13 @@ def _model_bytes(width: int, layers: int) -> int:
     spec.loader.exec_module(example)
     model = example.CharTransformer(width, layers, 4, 64)
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _overhead(r: RunResult, skip: int) -> float:
+    """Median over outer steps of wall time / the same step's inner-step time."""
+    steps = sorted(r.reported_at)[:-1]
+    return statistics.median((r.reported_at[b] - r.reported_at[a]) / r.compute[b]
+                             for a, b in zip(steps, steps[1:]) if a > skip)
 
 
 def bandwidth(args: argparse.Namespace) -> int:
@@ -289,12 +297,18 @@ def bandwidth(args: argparse.Namespace) -> int:
         for script in ("diloco.py", "async_diloco.py"):
             r = run_peers(script, script, model, peers=2, outer_steps=args.outer_steps, prefixes=prefixes,
                           master_prefix=prefixes[0], host="10.213.0.1")
-            runs[script] = (_per_step(r, 2), statistics.median(r.compute.values()))
+            runs[script] = (_per_step(r, 2), statistics.median(r.compute.values()), _overhead(r, 2))
+            steps = sorted(r.reported_at)
+            print(f"  {script}: wall s per outer step {[round(r.reported_at[b] - r.reported_at[a], 2) for a, b in zip(steps, steps[1:])]}"
+                  f"; inner steps s {[round(r.compute[k], 2) for k in steps[1:]]}", flush=True)
         print(f"pseudo-gradients: {_model_bytes(args.width, args.layers) / 2**20:.1f} MiB float32")
-        print(f"{'run':>16} {'s / outer step':>15} {'inner steps s':>14} {'/ compute only':>15}")
-        print(f"{'compute only':>16} {compute_only:>15.2f} {'':>14} {1.0:>15.3f}")
-        for script, (wall, inner) in runs.items():
-            print(f"{script.removesuffix('.py'):>16} {wall:>15.2f} {inner:>14.2f} {wall / compute_only:>15.3f}")
+        print(f"{'run':>14} {'wall s/step':>12} {'inner s/step':>13} {'wall/inner':>11} {'wall/compute-only':>18}")
+        print(f"{'compute only':>14} {compute_only:>12.2f} {'':>13} {'':>11} {1.0:>18.3f}")
+        for script, (wall, inner, ratio) in runs.items():
+            print(f"{script.removesuffix('.py'):>14} {wall:>12.2f} {inner:>13.2f} {ratio:>11.3f} "
+                  f"{wall / compute_only:>18.3f}")
+        print("wall/inner: median over outer steps of (that step's wall time) / (the same step's inner-step "
+              "time), immune to the machine's load drifting during the run")
         return 0
     finally:
         ns.__exit__(None, None, None)
@@ -311,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", default="diloco-churn.png")
     b = sub.add_parser("bandwidth", help="sync vs async DiLoCo over a tbf-shaped link between namespaces (root)")
     b.add_argument("--rate", default="200mbit")
-    b.add_argument("--outer-steps", type=int, default=8)
-    b.add_argument("--inner-steps", type=int, default=20)
+    b.add_argument("--outer-steps", type=int, default=10)
+    b.add_argument("--inner-steps", type=int, default=10)
     b.add_argument("--width", type=int, default=256)
     b.add_argument("--layers", type=int, default=4)
     args = parser.parse_args(argv)

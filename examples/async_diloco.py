@@ -46,6 +46,7 @@ def train(args: argparse.Namespace) -> None:
     quant = _quantization(args)
     config = pccl.Config(peer_timeout=args.peer_timeout)
     with pccl.blocking.open_communicator(args.master, config=config) as comm:
+        print(f"joined: world {comm.world_size}", flush=True)
         pending: pccl.blocking.ReduceHandle | None = None
         in_flight: list[torch.Tensor] = buffers[0]
         synced, world = 0, comm.world_size

@@ -189,6 +189,7 @@ def train(args: argparse.Namespace) -> None:
         return
     config = pccl.Config(peer_timeout=args.peer_timeout)
     with pccl.blocking.open_communicator(args.master, config=config) as comm:
+        print(f"joined: world {comm.world_size}", flush=True)
         for info in comm.steps(diloco.state):  # accept newcomers, wait while alone, sync
             if int(diloco.step) >= args.outer_steps:
                 break
