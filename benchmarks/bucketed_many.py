@@ -78,7 +78,13 @@ def _peer_main(rank: int, world: int, port: int, gloo_file: str, width: int, ite
     import trio
 
     import pccl
+    from pccl.collectives.buffers import SCRATCH
 
+    # A training loop runs one of these configurations every step, and pccl's scratch arena keeps
+    # the buffers it needs warm (fresh pages cost page faults).  Here four configurations take
+    # turns, and together they need more than the arena's default 1 GiB: let it keep them all,
+    # so that no configuration pays for another's buffers.
+    SCRATCH.retain_bytes = 4 << 30
     dist.init_process_group("gloo", init_method=f"file://{gloo_file}", rank=rank, world_size=world)
     generator = torch.Generator().manual_seed(rank)
     params = [torch.randn(shape, generator=generator) for shape in gpt2_shapes(width)]

@@ -191,7 +191,7 @@ class Communicator:
 
         Small arrays of one dtype are packed into buckets of at most ``bucket_bytes`` (25 MiB by
         default, as torch DDP; 0: one op per array), each reduced by one op, so a model's
-        hundreds of small tensors cost a few master round trips, not hundreds; an array of
+        hundreds of small tensors cost a few ops' fixed costs, not hundreds; an array of
         ``bucket_bytes`` or more is reduced on its own, in place, without a copy.  Up to
         ``max_in_flight`` ops run at once (op ``k`` uses tag ``first_tag + k``).  Ops that
         abort are retried on the survivors — after every running op has settled — until all

@@ -383,7 +383,7 @@ def test_bucketed_all_reduce_many_retries_per_bucket_on_the_survivors(cluster_fa
     bucket's ring.  Every bucket's result is the reduction of its packed members over the
     peers it ran with: the survivors for the retried ones, everyone for those done before."""
     cluster = cluster_factory(3)
-    n = 500_000
+    n = 200_000
     arrays = [_spec(0, 60 + k, n, "float32", "SUM") for k in range(6)]
     for p in cluster.peers:
         fault = {"kind": "kill", "at": 0.3} if p is cluster.peers[-1] else None
