@@ -21,6 +21,7 @@ This is a measurement tool, not library code: it uses wall-clock time freely.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -157,10 +158,9 @@ def _run_peer(args: argparse.Namespace) -> None:
                             else:
                                 async with trio.open_nursery() as nursery:
                                     for i, (piece, result) in enumerate(slices):
-                                        nursery.start_soon(
-                                            lambda piece=piece, result=result, i=i: comm.all_reduce(
-                                                piece, result, op=pccl.ReduceOp.SUM, tag=i, quantization=quant)
-                                        )
+                                        nursery.start_soon(functools.partial(
+                                            comm.all_reduce, piece, result, op=pccl.ReduceOp.SUM, tag=i,
+                                            quantization=quant))
                             return t0, time.perf_counter()
 
                         warmups = 1 if nbytes >= 256 << 20 else 2

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -227,7 +227,7 @@ class Communicator:
         return await self._sync.sync(state, strategy)
 
     async def steps(self, state: SharedState, *,
-                    strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> AsyncIterator[SyncInfo]:
+                    strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> AsyncGenerator[SyncInfo, None]:
         """The recommended training loop, as an async iterator yielding each step's ``SyncInfo``.
 
         Each step: ``update_topology()`` (skipped on the first step — a newcomer's

@@ -107,7 +107,7 @@ async def _peer_main(args: argparse.Namespace) -> None:
             loss = float(np.mean(np.square(weights - target)))
             _emit(event="step", step=state.revision, world=reduced.world_size, loss=round(loss, 5),
                   sync_rx=info.rx_bytes, reduce_tx=reduced.tx_bytes)
-        _emit(event="done", step=state.revision, hash=xxhash.xxh3_128_hexdigest(memoryview(weights)))
+        _emit(event="done", step=state.revision, hash=xxhash.xxh3_128_hexdigest(weights.data))
 
 
 def _run_peer(args: argparse.Namespace) -> int:

@@ -35,12 +35,12 @@ def state_bytes(array: np.ndarray) -> np.ndarray:
 
 def hash_array(array: np.ndarray) -> bytes:
     """xxh3-128 digest (16 bytes) of a C-contiguous array's raw bytes, without copying."""
-    return xxhash.xxh3_128(memoryview(state_bytes(array))).digest()
+    return xxhash.xxh3_128(state_bytes(array).data).digest()
 
 
 async def hash_array_async(array: np.ndarray) -> bytes:
     """:func:`hash_array` with a checkpoint every 64 MiB (same digest: xxh3 streams)."""
-    view = memoryview(state_bytes(array))
+    view = state_bytes(array).data
     if view.nbytes <= _HASH_STEP:
         await trio.lowlevel.checkpoint()
         return xxhash.xxh3_128(view).digest()

@@ -471,9 +471,9 @@ class PeerSession:
             if waiter is not None:
                 waiter.set(msg)
         elif isinstance(msg, m.PeersPendingResult):
-            waiter, self._pending_waiter = self._pending_waiter, None
-            if waiter is not None:
-                waiter.set(msg.pending)
+            pending_waiter, self._pending_waiter = self._pending_waiter, None
+            if pending_waiter is not None:
+                pending_waiter.set(msg.pending)
         elif isinstance(msg, _COLLECTIVE_REPLIES):
             route = self._routes.get(msg.tag)
             if route is None:

@@ -65,7 +65,8 @@ class RingWiring:
     async def _establish(self, links: P2PLinks, scope: trio.CancelScope, endpoints: dict[int, m.PeerEndpoint]) -> None:
         host = self._host
         with scope:
-            ok, unreachable = True, ()
+            ok = True
+            unreachable: tuple[int, ...] = ()
             succ = links.successor
             if succ != host.peer_id:
                 dialled: list[FramedConnection | None] = [None] * links.lanes

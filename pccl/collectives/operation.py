@@ -358,8 +358,8 @@ class AllReduceService:
             if isinstance(msg, (m.CollectiveCommence, m.CollectiveRejected)):
                 return msg
             # The final message of an earlier op on this tag, released before it arrived.
-            log.debug("ignoring %s for tag %d seq %d: not for this op", type(msg).__name__, msg.tag,
-                      getattr(msg, "seq", -1))
+            log.debug("ignoring %s for tag %d seq %d: not for this op", type(msg).__name__,
+                      getattr(msg, "tag", -1), getattr(msg, "seq", -1))
 
     def _rejection(self, plan: _Plan, answer: m.CollectiveRejected) -> Exception:
         try:
