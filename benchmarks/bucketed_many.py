@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from pccl.bench import admit, format_size, free_port
+from interleaved_gloo import _run_master  # the same master process (this folder is on sys.path)
+from pccl.bench import admit, free_port
 
 CONFIGS = ("bucketed", "per-tensor", "flat", "gloo")
 _BARRIER_TAG = 1 << 30
@@ -49,19 +50,6 @@ def gpt2_shapes(width: int = 768, layers: int = 12, vocab: int = 50257, context:
         shapes += [(width,), (width,), (width, 3 * width), (3 * width,), (width, width), (width,),
                    (width,), (width,), (width, 4 * width), (4 * width,), (4 * width, width), (width,)]
     return shapes + [(width,), (width,)]
-
-
-def _run_master(port: int, ready: Any) -> None:
-    import trio
-
-    import pccl
-
-    async def serve() -> None:
-        async with pccl.open_master(f"127.0.0.1:{port}"):
-            ready.set()
-            await trio.sleep_forever()
-
-    trio.run(serve)
 
 
 def _run_peer(rank: int, world: int, port: int, gloo_file: str, width: int, iters: int, results: Any) -> None:
