@@ -7,8 +7,9 @@
 against the outer step (PNG, kills and joins marked):
 
 * three peers (a master and three processes) without faults;
-* three peers, one of them SIGKILLed every ``--kill-every`` outer steps (wherever in its step
-  that lands) and a fresh process started in its place, which joins and downloads the state;
+* three peers, one of them SIGKILLed ``--kill-every`` outer steps after the last newcomer joined
+  (wherever in its step that lands) and a fresh process started in its place, which joins and
+  downloads the state;
 * one process alone (``--solo``), the same number of inner steps per outer step.
 
 It prints the final evaluation loss of each and the churn run's relative to the fault-free one.
@@ -123,7 +124,8 @@ def run_peers(label: str, script: str, args: list[str], *, peers: int, outer_ste
               prefixes: list[list[str]] | None = None, master_prefix: list[str] | None = None,
               host: str = "127.0.0.1", kill_every: int = 0, seed: int = 0, timeout: float = 1800) -> RunResult:
     """A master and ``peers`` processes of ``script``; with ``kill_every``, SIGKILL a random
-    peer every that many outer steps and start a replacement (none in the last two steps)."""
+    peer that many outer steps after the start or after the last replacement joined, and start
+    a new replacement (no kill in the last two steps)."""
     from pccl.bench import free_port
 
     prefixes = prefixes or [[] for _ in range(peers)]
@@ -149,6 +151,7 @@ def run_peers(label: str, script: str, args: list[str], *, peers: int, outer_ste
                     if any(line.startswith("joined:") for _, line in p.lines):
                         events.append((current, "join"))
                         joining.remove(p)
+                        next_kill = current + kill_every
                 if kill_every and current >= next_kill and current < outer_steps - 2 and not joining:
                     victim = rng.choice([p for p in live if p.step])
                     victim.popen.send_signal(signal.SIGKILL)
@@ -159,7 +162,6 @@ def run_peers(label: str, script: str, args: list[str], *, peers: int, outer_ste
                     live.append(newcomer)
                     everyone.append(newcomer)
                     joining.append(newcomer)
-                    next_kill = current + kill_every
                 time.sleep(0.05)
             # the others finish the same step; a newcomer still joining is stopped
             grace = time.monotonic() + 60
