@@ -8,6 +8,7 @@ Start a master, then two or more copies of this script (each blocks until accept
 
 Kill one with Ctrl-C or SIGKILL at any moment and start it again: the others carry on, and the
 newcomer downloads the weights at its first sync and continues at the same step.
+``hello_world_blocking.py`` is the same loop without async (``pccl.blocking``).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import argparse
 
 import numpy as np
 import trio
+import xxhash
 
 import pccl
 
 
-async def train(master: str, steps: int) -> None:
+async def train(master: str, steps: int, size: int) -> None:
     async with pccl.open_communicator(master, peer_group=0) as comm:
-        w = np.zeros(1_000_000, np.float32)
+        w = np.zeros(size, np.float32)
         m = np.zeros_like(w)
         state = pccl.SharedState({"w": w, "m": m}, revision=0)  # references, no copies
         rng = np.random.default_rng()
@@ -38,16 +40,18 @@ async def train(master: str, steps: int) -> None:
             m += grads  # deterministic update: identical on every peer
             w -= 0.1 * m
             state.revision += 1
-            print(f"step {state.revision}: world {reduced.world_size}, "
-                  f"synced {info.rx_bytes} B, sent {reduced.tx_bytes} B, |w-1| = {float(np.abs(w - 1).mean()):.4f}")
+            print(f"step {state.revision}: world {reduced.world_size}, synced {info.rx_bytes} B, "
+                  f"sent {reduced.tx_bytes} B, |w-1| = {float(np.abs(w - 1).mean()):.4f}", flush=True)
+        print(f"done: step {state.revision} weights {xxhash.xxh3_128_hexdigest(memoryview(w))}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--master", default="127.0.0.1:48148")
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--size", type=int, default=1_000_000, help="float32 parameters")
     args = parser.parse_args()
-    trio.run(train, args.master, args.steps)
+    trio.run(train, args.master, args.steps, args.size)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from .types import DType, Quantization, QuantKind, ReduceInfo, ReduceOp, SyncInf
 from .communicator import Communicator, CommunicatorStatistics, open_communicator
 from .master import Master, MasterStatistics, open_master, serve_master
 from .shared_state import SharedState, Tensor
+from . import blocking  # pccl.blocking: the same API for synchronous loops
 
 __version__ = "0.1.0"
 
@@ -55,4 +56,5 @@ __all__ = [
     "TooFewPeers",
     "TopologyUpdateFailed",
     "__version__",
+    "blocking",
 ]

@@ -21,8 +21,10 @@ This is a measurement tool, not library code: it uses wall-clock time freely.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -156,10 +158,9 @@ def _run_peer(args: argparse.Namespace) -> None:
                             else:
                                 async with trio.open_nursery() as nursery:
                                     for i, (piece, result) in enumerate(slices):
-                                        nursery.start_soon(
-                                            lambda piece=piece, result=result, i=i: comm.all_reduce(
-                                                piece, result, op=pccl.ReduceOp.SUM, tag=i, quantization=quant)
-                                        )
+                                        nursery.start_soon(functools.partial(
+                                            comm.all_reduce, piece, result, op=pccl.ReduceOp.SUM, tag=i,
+                                            quantization=quant))
                             return t0, time.perf_counter()
 
                         warmups = 1 if nbytes >= 256 << 20 else 2
@@ -199,12 +200,17 @@ def run_group(
 ) -> list[dict[str, Any]]:
     """Run one master and ``world`` peers through every (quant, concurrency, size) and return one
     row per configuration: ``{quant, conc, N, bytes, times (per-iteration max over peers),
-    per_rank_times, max_rel_err}``.  Raises ``RuntimeError`` if a process fails."""
+    per_rank_times, max_rel_err}``.  Raises ``RuntimeError`` if a process fails (its logs stay
+    in ``logdir``; a temporary one is removed after a run that succeeded)."""
+    own_logdir = logdir is None
     logdir = logdir or tempfile.mkdtemp(prefix="pccl-bench-")
     os.makedirs(logdir, exist_ok=True)
+    # -P: the children import the installed pccl even when the current directory holds a pccl/
+    # (``python -m`` would put it first on sys.path).
+    python_m = [python, "-P", "-m", "pccl.bench"]
     port = free_port()
     master_log = open(os.path.join(logdir, f"master_N{world}.log"), "w")
-    master = subprocess.Popen([python, "-m", "pccl.bench", "master", "--port", str(port)],
+    master = subprocess.Popen([*python_m, "master", "--port", str(port)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=master_log, text=True)
     peers: list[tuple[subprocess.Popen[str], str, Any]] = []
     try:
@@ -216,7 +222,7 @@ def run_group(
             if os.path.exists(result_file):
                 os.remove(result_file)
             log = open(os.path.join(logdir, f"peer_N{world}_{index}.log"), "w")
-            cmd = [python, "-m", "pccl.bench", "peer", "--port", str(port), "--world", str(world),
+            cmd = [*python_m, "peer", "--port", str(port), "--world", str(world),
                    "--index", str(index), "--result-file", result_file, "--iters-scale", str(iters_scale),
                    "--sizes", *map(str, sizes), "--quant", *quant, "--concurrency", *map(str, concurrency)]
             if out_of_place:
@@ -246,6 +252,8 @@ def run_group(
             master.kill()
             master.wait()
         master_log.close()
+    if own_logdir:  # nothing failed: the logs are not worth keeping
+        shutil.rmtree(logdir, ignore_errors=True)
     rows = []
     for k, first in enumerate(outputs[0]):
         per_rank = [out[k]["times"] for out in outputs]
@@ -267,6 +275,13 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
                      f"{t * 1e3:>10.3f} {min(r['times']) * 1e3:>9.3f} {alg / 1e9:>11.3f} {bus / 1e9:>11.3f} "
                      f"{r['max_rel_err']:>9.1e}")
     return "\n".join(lines)
+
+
+def average_bus_bandwidth(rows: Sequence[dict[str, Any]]) -> str:
+    """nccl-tests' closing line: the mean of every row's bus bandwidth."""
+    values = [bus_bandwidth(r["bytes"], r["N"], statistics.median(r["times"]))[1] for r in rows]
+    mean = sum(values) / len(values) if values else 0.0
+    return f"# Avg bus bandwidth    : {mean / 1e9:.3f} GB/s"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -300,6 +315,7 @@ def run_driver(args: argparse.Namespace) -> int:
                           local_socket_buffer_size=args.local_socket_buffer_size)
         rows.extend(group)
         print(format_table(group), flush=True)
+    print(average_bus_bandwidth(rows), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -35,10 +35,14 @@ _LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="pccl", description="pccl: fault-tolerant collective communications")
+    parser.add_argument("--version", action="version", version=f"pccl {__version__}")
     parser.add_argument("--log-level", default=os.environ.get("PCCL_LOG_LEVEL", "INFO"), choices=_LOG_LEVELS,
                         help="logging level (default: $PCCL_LOG_LEVEL or INFO); logs go to stderr")
-    commands = parser.add_subparsers(dest="command", required=True)
+    # The metavar lists the public sub-commands only: demo-peer is the demo's internal one.
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{master,demo,bench}")
 
     master = commands.add_parser("master", help="run the master (orchestrator) of a run")
     master.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_MASTER_PORT}", metavar="HOST:PORT",

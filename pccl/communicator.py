@@ -13,16 +13,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
-import numpy as np
 import trio
 
 from ._groups import single_exception
 from ._peer.host import MasterLost
 from ._peer.links import P2PLinks
 from ._peer.session import PeerSession
+from .collectives.buckets import DEFAULT_BUCKET_BYTES
 from .collectives.operation import MANY_FIRST_TAG, AllReduceService
 from .config import Config
 from .errors import SharedStateSyncFailed
@@ -165,10 +166,11 @@ class Communicator:
 
     # --- all-reduce (pccl.collectives.operation) -----------------------------------------------
 
-    async def all_reduce(self, send: np.ndarray, recv: np.ndarray | None = None, *, op: ReduceOp = ReduceOp.SUM,
+    async def all_reduce(self, send: Any, recv: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                          tag: int = 0, quantization: Quantization | None = None) -> ReduceInfo:
         """Ring all-reduce of ``send`` into ``recv`` (``None``: in place) over the group's accepted
-        peers; returns ``ReduceInfo(world_size, tx_bytes, rx_bytes)`` — the peers it ran over and
+        peers.  Arrays are C-contiguous numpy arrays or CPU torch tensors, used without a copy
+        (the result lands in their memory); returns ``ReduceInfo(world_size, tx_bytes, rx_bytes)`` — the peers it ran over and
         the payload bytes this peer moved.
 
         Every peer of the group must call it with the same ``tag``, element count, dtype, ``op``
@@ -187,20 +189,30 @@ class Communicator:
         """
         return await self._all_reduce.all_reduce(send, recv, op=op, tag=tag, quantization=quantization)
 
-    async def all_reduce_many(self, arrays: Sequence[np.ndarray], *, op: ReduceOp = ReduceOp.SUM,
+    async def all_reduce_many(self, arrays: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,
                               quantization: Quantization | None = None, max_in_flight: int = 4,
-                              first_tag: int = MANY_FIRST_TAG) -> ReduceInfo:
-        """All-reduce each array of ``arrays`` in place, up to ``max_in_flight`` at once (array
-        ``i`` uses tag ``first_tag + i``).  Ops that abort are retried on the survivors — after
-        every running op has settled — until all succeeded.  Returns the smallest world size
-        any array was reduced over and the summed payload bytes of the successful ops.
+                              first_tag: int = MANY_FIRST_TAG, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ReduceInfo:
+        """All-reduce each array of ``arrays`` (numpy arrays or CPU torch tensors) in place.
 
-        Raises ``TooFewPeers`` once alone (arrays reduced before keep their results, the others
-        their inputs), and the errors of :meth:`all_reduce` other than ``CollectiveAborted``;
-        no op is left running when it raises.  Cancellation cancels every running op.
+        Small arrays of one dtype are packed into buckets of at most ``bucket_bytes`` (25 MiB by
+        default, as torch DDP; 0: one op per array), each reduced by one op, so a model's
+        hundreds of small tensors cost a few ops' fixed costs, not hundreds; an array of
+        ``bucket_bytes`` or more is reduced on its own, in place, without a copy.  Up to
+        ``max_in_flight`` ops run at once (op ``k`` uses tag ``first_tag + k``).  Ops that
+        abort are retried on the survivors — after every running op has settled — until all
+        succeeded; a bucket's arrays receive its result only when its op completed, so an
+        aborted bucket leaves them untouched.  Every peer must pass arrays of the same dtypes
+        and sizes in the same order.  Returns the smallest world size any op ran over and the
+        summed payload bytes of the successful ops.
+
+        Raises ``TooFewPeers`` once alone (buckets reduced before keep their results, the
+        others their inputs), and the errors of :meth:`all_reduce` other than
+        ``CollectiveAborted``; every array is checked before any op starts, and no op is left
+        running when it raises.  Cancellation cancels every running op.
         """
         return await self._all_reduce.all_reduce_many(arrays, op=op, quantization=quantization,
-                                                      max_in_flight=max_in_flight, first_tag=first_tag)
+                                                      max_in_flight=max_in_flight, first_tag=first_tag,
+                                                      bucket_bytes=bucket_bytes)
 
     # --- shared state (pccl.state_sync) ----------------------------------------------------------
 
@@ -221,7 +233,7 @@ class Communicator:
         return await self._sync.sync(state, strategy)
 
     async def steps(self, state: SharedState, *,
-                    strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> AsyncIterator[SyncInfo]:
+                    strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> AsyncGenerator[SyncInfo, None]:
         """The recommended training loop, as an async iterator yielding each step's ``SyncInfo``.
 
         Each step: ``update_topology()`` (skipped on the first step — a newcomer's

@@ -51,13 +51,17 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                       help="float32 parameters in the shared state (default %(default)s)")
     demo.add_argument("--chaos", action="store_true",
                       help="SIGKILL a random peer every --chaos-interval seconds and start a new one")
-    demo.add_argument("--chaos-interval", type=float, default=2.0)
+    demo.add_argument("--chaos-interval", type=float, default=2.0,
+                      help="seconds between kills with --chaos (default %(default)s)")
     demo.add_argument("--step-time", type=float, default=0.1,
                       help="seconds of simulated compute per step (default %(default)s)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0,
+                      help="seeds the peers' targets and the choice of chaos victims (default %(default)s)")
     demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
 
-    peer = commands.add_parser("demo-peer", help=argparse.SUPPRESS)
+    # No help: a sub-command without one gets no line in ``pccl --help`` (help=SUPPRESS would
+    # print "==SUPPRESS==" there); cli.py leaves it out of the choices shown.
+    peer = commands.add_parser("demo-peer")
     peer.add_argument("--master", required=True)
     peer.add_argument("--name", required=True)
     peer.add_argument("--steps", type=int, required=True)
@@ -103,7 +107,7 @@ async def _peer_main(args: argparse.Namespace) -> None:
             loss = float(np.mean(np.square(weights - target)))
             _emit(event="step", step=state.revision, world=reduced.world_size, loss=round(loss, 5),
                   sync_rx=info.rx_bytes, reduce_tx=reduced.tx_bytes)
-        _emit(event="done", step=state.revision, hash=xxhash.xxh3_128_hexdigest(memoryview(weights)))
+        _emit(event="done", step=state.revision, hash=xxhash.xxh3_128_hexdigest(weights.data))
 
 
 def _run_peer(args: argparse.Namespace) -> int:
@@ -147,15 +151,18 @@ async def _pump_output(cluster: _Cluster, name: str, proc: trio.Process) -> None
                 cluster.finals[name] = record
                 cluster.first_done.set()
                 print(f"[{name}] done at step {record['step']}, weights hash {record['hash']}")
+            elif record.get("event") == "joined":
+                print(f"[{name}] joined (world {record['world']})")
             else:
-                print(f"[{name}] {record}")
+                print(f"[{name}] " + ", ".join(f"{k} {v}" for k, v in record.items()))
 
 
 async def _spawn(cluster: _Cluster, nursery: trio.Nursery) -> None:
     name = f"peer{cluster.spawned}"
     cluster.spawned += 1
     args = cluster.args
-    cmd = [sys.executable, "-m", "pccl", "--log-level", "WARNING", "demo-peer", "--master", cluster.master,
+    # -P: the child imports the installed pccl even when the current directory holds a pccl/.
+    cmd = [sys.executable, "-P", "-m", "pccl", "--log-level", "WARNING", "demo-peer", "--master", cluster.master,
            "--name", name, "--steps", str(args.steps), "--size", str(args.size), "--seed", str(args.seed),
            "--step-time", str(args.step_time)]
     proc = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE)

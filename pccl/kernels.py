@@ -20,8 +20,8 @@ float16/bfloat16 narrowing, the quantization formulas) are specified in ``native
 ``native/quant.c``.  The ``*_oracle`` functions at the end implement the same definitions in
 plain numpy; the property tests check the kernels against them bit for bit.
 
-bfloat16 arrays are numpy arrays of ``ml_dtypes.bfloat16`` (recognised by name, so ml_dtypes
-stays optional); where a function takes an explicit ``dtype=DType.BFLOAT16`` (or FLOAT16) a raw
+bfloat16 arrays are numpy arrays of ``ml_dtypes.bfloat16`` (recognised by name, so checking an
+argument does not import ml_dtypes); where a function takes an explicit ``dtype=DType.BFLOAT16`` (or FLOAT16) a raw
 ``uint16`` array holding the bit patterns is accepted too.
 """
 

@@ -10,15 +10,14 @@ bytes straight into them.  Nothing is copied.  Each tensor is compared by its xx
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
-
 import numpy as np
 import trio
 import xxhash
 
+from .arrays import as_array
 from .errors import InvalidArgument
 from .protocol import messages as m
-from .types import DType, dtype_of
+from .types import dtype_of
 
 __all__ = ["Tensor", "SharedState", "hash_array", "hash_array_async", "state_bytes", "vote_entries"]
 
@@ -29,24 +28,6 @@ _HASH_STEP = 64 * 1024 * 1024
 # --- tensors -----------------------------------------------------------------------------------
 
 
-def _as_array(obj: object) -> np.ndarray:
-    """``obj`` as a numpy array sharing its memory: a numpy array itself, or a CPU torch
-    tensor's numpy view (bfloat16 through an int16 view re-typed as ``ml_dtypes.bfloat16``)."""
-    if isinstance(obj, np.ndarray):
-        return obj
-    if type(obj).__module__.split(".")[0] == "torch":
-        tensor: Any = obj
-        if tensor.device.type != "cpu":
-            raise InvalidArgument(f"only CPU torch tensors can be shared state, got one on {tensor.device}")
-        import torch  # present, since obj is a torch tensor
-
-        tensor = tensor.detach()
-        if tensor.dtype == torch.bfloat16:
-            return tensor.view(torch.int16).numpy().view(DType.BFLOAT16.numpy_dtype())
-        return tensor.numpy()
-    raise InvalidArgument(f"shared state entries must be numpy arrays or CPU torch tensors, got {type(obj).__name__}")
-
-
 def state_bytes(array: np.ndarray) -> np.ndarray:
     """The array's bytes as a flat uint8 view (no copy; the array is C-contiguous)."""
     return array.reshape(-1).view(np.uint8)
@@ -54,12 +35,12 @@ def state_bytes(array: np.ndarray) -> np.ndarray:
 
 def hash_array(array: np.ndarray) -> bytes:
     """xxh3-128 digest (16 bytes) of a C-contiguous array's raw bytes, without copying."""
-    return xxhash.xxh3_128(memoryview(state_bytes(array))).digest()
+    return xxhash.xxh3_128(state_bytes(array).data).digest()
 
 
 async def hash_array_async(array: np.ndarray) -> bytes:
     """:func:`hash_array` with a checkpoint every 64 MiB (same digest: xxh3 streams)."""
-    view = memoryview(state_bytes(array))
+    view = state_bytes(array).data
     if view.nbytes <= _HASH_STEP:
         await trio.lowlevel.checkpoint()
         return xxhash.xxh3_128(view).digest()
@@ -71,23 +52,20 @@ async def hash_array_async(array: np.ndarray) -> bytes:
 
 
 class Tensor:
-    """One shared-state entry: an array referenced without a copy.
+    """One shared-state entry: an array (numpy, or a CPU torch tensor) referenced without a copy.
 
     ``allow_content_inequality=True`` means peers may legitimately differ in this tensor (e.g.
     a per-peer RNG state): it is never compared among up-to-date peers, but an outdated peer (a
     joiner) receives it from one up-to-date peer.  ``InvalidArgument`` unless the array is
-    C-contiguous, writable and of a supported dtype (SPEC §2).
+    C-contiguous, writable and of a supported dtype, and (a torch tensor) on the CPU and not
+    requiring grad (:func:`pccl.arrays.as_array`).
     """
 
     __slots__ = ("array", "allow_content_inequality", "dtype")
 
-    def __init__(self, array: object, allow_content_inequality: bool = False) -> None:
-        arr = _as_array(array)
+    def __init__(self, array: object, allow_content_inequality: bool = False, *, name: str = "Tensor(array)") -> None:
+        arr = as_array(array, name=name)
         self.dtype = dtype_of(arr.dtype)
-        if not arr.flags.c_contiguous:
-            raise InvalidArgument("shared state arrays must be C-contiguous (use np.ascontiguousarray and keep it)")
-        if not arr.flags.writeable:
-            raise InvalidArgument("shared state arrays must be writable: received state is written into them")
         self.array = arr
         self.allow_content_inequality = bool(allow_content_inequality)
 
@@ -116,7 +94,7 @@ class SharedState:
         for key, value in mapping.items():
             if not isinstance(key, str) or not key:
                 raise InvalidArgument(f"shared state keys must be non-empty strings, got {key!r}")
-            tensors[key] = value if isinstance(value, Tensor) else Tensor(value)
+            tensors[key] = value if isinstance(value, Tensor) else Tensor(value, name=f"shared state entry {key!r}")
         self._tensors = dict(sorted(tensors.items()))
         self._revision = 0
         self.revision = revision

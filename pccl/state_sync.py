@@ -219,7 +219,7 @@ class StateSyncService:
                     self._serving = serving  # before voting: receivers may dial as soon as the vote completes
                 await host.send(m.SyncVote(state.revision, int(strategy), entries), epoch=epoch)
                 running.voted = True
-            if not running.voted:
+            if not running.voted or receive is None:
                 raise _Stopped()
             while True:
                 try:
@@ -298,7 +298,7 @@ class StateSyncService:
             conn = await host.dial(address)
             await conn.send(m.StateRequest(sync_id, host.peer_id, fetch.pieces))
             for index, piece in enumerate(fetch.pieces):
-                view = memoryview(arrays[piece.key])
+                view = arrays[piece.key].data
                 for step, (offset, nbytes) in enumerate(_chunks(piece)):
                     with trio.fail_after(host.config.peer_timeout):
                         frame = await conn.receive_frame()
@@ -348,7 +348,7 @@ class StateSyncService:
                 return
             assert serving is not None
             for index, piece in enumerate(request.pieces):
-                view = serving.arrays[piece.key]
+                view = serving.arrays[piece.key].data
                 for step, (offset, nbytes) in enumerate(_chunks(piece)):
                     if self._serving is not serving:
                         raise SharedStateSyncFailed("the sync ended while serving")

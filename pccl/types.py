@@ -54,12 +54,10 @@ class DType(enum.IntEnum):
         return self >= DType.FLOAT16
 
     def numpy_dtype(self) -> np.dtype:
-        """The numpy dtype; BFLOAT16 needs the optional ``ml_dtypes`` package."""
+        """The numpy dtype (BFLOAT16: ``ml_dtypes.bfloat16``)."""
         if self is DType.BFLOAT16:
-            try:
-                import ml_dtypes
-            except ImportError as exc:  # pragma: no cover - depends on the environment
-                raise InvalidArgument("bfloat16 arrays need the optional 'ml_dtypes' package") from exc
+            import ml_dtypes  # a dependency; imported on first use (it is slow to import)
+
             return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(_NUMPY_NAME[self])
 
@@ -81,7 +79,7 @@ def dtype_of(dtype: object) -> DType:
     """Map a numpy dtype (or anything ``np.dtype`` accepts) to :class:`DType`.
 
     Raises :class:`InvalidArgument` for unsupported dtypes.  ``ml_dtypes.bfloat16`` is recognised
-    by name so that ml_dtypes stays optional.
+    by name, so that checking a dtype does not import ml_dtypes.
     """
     try:
         npd = np.dtype(dtype)  # type: ignore[call-overload]

@@ -637,10 +637,11 @@ class PeerSession:
                 except (Kicked, AuthenticationFailed, ProtocolError) as exc:
                     if connection is not None:
                         connection.abort()
+                    failure: PCCLError = exc
                     if isinstance(exc, ProtocolError) and not isinstance(exc, MasterUnreachable):
-                        exc = MasterUnreachable(f"the master at {self.master_address} answered the reconnection "
-                                                f"with a protocol error: {exc}")
-                    self.fail(exc)
+                        failure = MasterUnreachable(f"the master at {self.master_address} answered the "
+                                                    f"reconnection with a protocol error: {exc}")
+                    self.fail(failure)
                     return
                 except (TransportError, MasterUnreachable) as exc:
                     if connection is not None:
@@ -706,9 +707,9 @@ class PeerSession:
                 waiter.set(msg)
         elif isinstance(msg, m.PeersPendingResult):
             log.debug("peer %x: peers pending: %s", self._peer_id, msg.pending)
-            waiter, self._pending_waiter = self._pending_waiter, None
-            if waiter is not None:
-                waiter.set(msg.pending)
+            pending_waiter, self._pending_waiter = self._pending_waiter, None
+            if pending_waiter is not None:
+                pending_waiter.set(msg.pending)
         elif isinstance(msg, _COLLECTIVE_REPLIES):
             route = self._routes.get(msg.tag)
             if route is None:

@@ -75,7 +75,8 @@ class RingWiring:
                          epoch: int) -> None:
         host = self._host
         with scope:
-            ok, unreachable = True, ()
+            ok = True
+            unreachable: tuple[int, ...] = ()
             succ = links.successor
             if succ != host.peer_id:
                 dialled: list[FramedConnection | None] = [None] * links.lanes

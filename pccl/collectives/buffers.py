@@ -16,6 +16,7 @@ import numpy as np
 import trio
 
 from .. import kernels
+from ..arrays import as_array
 from ..errors import InvalidArgument
 from ..types import DType, Quantization, QuantKind, ReduceOp, dtype_of
 
@@ -123,13 +124,12 @@ class OpBuffers:
         quantization: Quantization | None,
         arena: ScratchArena = SCRATCH,
     ) -> OpBuffers:
-        """Validate the arguments; :class:`InvalidArgument` says what is wrong."""
+        """Validate the arguments (numpy arrays or CPU torch tensors, viewed without a copy by
+        :func:`pccl.arrays.as_array`); :class:`InvalidArgument` says what is wrong."""
         op = ReduceOp(op)
-        for name, arr in (("send", send), ("recv", recv)):
-            if not isinstance(arr, np.ndarray):
-                raise InvalidArgument(f"{name} must be a numpy array, got {type(arr).__name__}")
-            if not arr.flags.c_contiguous:
-                raise InvalidArgument(f"{name} must be C-contiguous")
+        same = recv is send
+        send = as_array(send, name="send", writable=False)
+        recv = send if same else as_array(recv, name="recv", writable=False)
         if recv.dtype != send.dtype or recv.size != send.size:
             raise InvalidArgument(
                 f"recv ({recv.dtype}, {recv.size} elements) must match send ({send.dtype}, {send.size} elements)"

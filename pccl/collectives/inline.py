@@ -107,7 +107,7 @@ class InlineRing:
                         if op.bufs.quantized and frame.step < owner_step:
                             scratch = op.bufs.take(op.frame_nbytes(frame))  # owned until release
                         payload = op.prepare_payload(frame, scratch)
-                        self._send(lane, frame, memoryview(payload.view(np.uint8)))
+                        self._send(lane, frame, payload.view(np.uint8).data)
                         op.tx_bytes += op.frame_nbytes(frame)
                     for lane, frame in receives[step]:
                         await self._receive(lane, frame, stage)

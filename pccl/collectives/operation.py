@@ -64,6 +64,7 @@ import trio
 from .._groups import single_exception
 from .._peer.host import CollectiveRoute, MasterLost, PeerHost
 from .._peer.links import P2PLinks
+from ..arrays import as_array, is_torch_tensor
 from ..errors import (
     CollectiveAborted,
     InvalidArgument,
@@ -77,6 +78,7 @@ from ..errors import (
 from ..protocol import messages as m
 from ..types import Quantization, QuantKind, ReduceInfo, ReduceOp
 from .allreduce import ring_all_reduce
+from .buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
 from .buffers import SCRATCH, InputBackup, KernelRunner, OpBuffers
 from .links import RingLinks, SeqRegistry
 
@@ -122,9 +124,13 @@ class _Plan:
             raise InvalidArgument(f"quantization must be a pccl.Quantization or None, got {quantization!r}")
         if quantization is not None and quantization.kind is QuantKind.NONE:
             quantization = None
-        # The data path's own checks (dtype, sizes, contiguity, writability, overlap), made now
-        # so a bad buffer never reaches the vote.  Scratch it takes goes straight back.
-        bufs = OpBuffers.check(send, send if recv is None else recv, op, quantization)
+        # The caller's memory as numpy views (torch tensors included, no copy), then the data
+        # path's own checks (dtype, sizes, writability, overlap), made now so a bad buffer never
+        # reaches the vote.  Scratch it takes goes straight back.
+        in_place_call = recv is None or recv is send
+        send = as_array(send, name="send", writable=False)
+        recv = send if in_place_call else as_array(recv, name="recv", writable=False)
+        bufs = OpBuffers.check(send, recv, op, quantization)
         bufs.release()
         quant_dtype = bufs.quant_dtype
         init = m.CollectiveInit(
@@ -136,6 +142,20 @@ class _Plan:
             quant_dtype=int(quant_dtype) if quant_dtype is not None else 0,
         )
         return cls(send, None if bufs.in_place else recv, op, tag, quantization, bufs.in_place, init)
+
+
+@dataclasses.dataclass(eq=False)
+class _Many:
+    """One ``all_reduce_many`` call: its buckets, their plans once packed, their results."""
+
+    buckets: list[Bucket]
+    op: Any
+    quantization: Any
+    first_tag: int
+    #: The master epoch the call began in (a call never spans two masters).
+    epoch: int = 0
+    plans: dict[int, _Plan] = dataclasses.field(default_factory=dict)
+    results: dict[int, ReduceInfo] = dataclasses.field(default_factory=dict)
 
 
 class _Settlement:
@@ -196,23 +216,29 @@ class AllReduceService:
         quantization: Any = None,
         max_in_flight: int = 4,
         first_tag: int = MANY_FIRST_TAG,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     ) -> ReduceInfo:
         await trio.lowlevel.checkpoint_if_cancelled()
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise InvalidArgument(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
-        if isinstance(arrays, np.ndarray):
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
+            raise InvalidArgument(f"bucket_bytes must be a non-negative integer, got {bucket_bytes!r}")
+        if isinstance(arrays, np.ndarray) or is_torch_tensor(arrays):
             raise InvalidArgument("all_reduce_many takes a sequence of arrays; use all_reduce for one array")
-        plans = [_Plan.make(a, None, op, first_tag + i, quantization) for i, a in enumerate(arrays)]
+        # Every array is checked (and viewed) before any op starts.
+        views = [as_array(a, name=f"arrays[{i}]", writable=False) for i, a in enumerate(arrays)]
+        for i, view in enumerate(views):
+            _Plan.make(view, None, op, first_tag + i, quantization)
+        buckets = plan_buckets(views, bucket_bytes)
+        if not buckets:
+            return ReduceInfo(self._host.world_size, 0, 0)
+        many = _Many(buckets, op, quantization, first_tag)
+        pending = list(range(len(buckets)))
         try:
             await self._host.ready()
-            epoch = self._host.master_epoch
-            plans = [dataclasses.replace(plan, epoch=epoch) for plan in plans]
-            if not plans:
-                return ReduceInfo(self._host.world_size, 0, 0)
-            results: dict[int, ReduceInfo] = {}
-            pending = list(range(len(plans)))
+            many.epoch = self._host.master_epoch
             while True:
-                pending = await self._many_round(plans, pending, max_in_flight, results)
+                pending = await self._many_round(many, pending, max_in_flight)
                 if not pending:
                     break
                 # Every failure left the group's ring stale; re-wire once for the whole batch.
@@ -221,6 +247,10 @@ class AllReduceService:
                 await self._rewire_when_idle()
         except MasterLost as exc:
             raise CollectiveAborted(f"all_reduce_many aborted: {exc}") from exc
+        finally:
+            for bucket in buckets:
+                bucket.release()
+        results = many.results
         infos = list(results.values())
         return ReduceInfo(
             world_size=min(i.world_size for i in infos),
@@ -230,27 +260,36 @@ class AllReduceService:
 
     # --- all_reduce_many ----------------------------------------------------------------------
 
-    async def _many_round(
-        self, plans: list[_Plan], pending: list[int], max_in_flight: int, results: dict[int, ReduceInfo]
-    ) -> list[int]:
-        """Run every op of ``pending`` once; return the ones that aborted (or met a stale ring).
+    async def _many_round(self, many: _Many, pending: list[int], max_in_flight: int) -> list[int]:
+        """Run the op of every bucket of ``pending`` once; return the ones that aborted (or met a
+        stale ring).
 
         Op ``pending[j]`` starts once ``pending[j - max_in_flight]`` (and so every op before it)
         has finished here.  Which ops start must not depend on when this peer learns of a
         failure — other peers learn it at other moments, and an op that one peer starts and
         another does not would wait for that peer's vote forever — so every op is started;
         after an abort the later ones are refused quickly with ``STALE_RING``.  Every op has
-        finished when this returns; the first error other than an abort is raised then.
+        finished when this returns; the first error other than an abort is raised then.  A
+        packed bucket is packed when its op first starts, and its result copied into its
+        members (and its scratch given back) as soon as its op completed.
         """
         failed: list[int] = []
         errors: list[PCCLError] = []
         finished = [trio.Event() for _ in pending]
 
         async def one(position: int, i: int) -> None:
+            bucket = many.buckets[i]
             try:
-                results[i] = await self._reduce(plans[i], rewire_on_stale=False)
+                plan = many.plans.get(i)
+                if plan is None:
+                    send, recv = await self._runner.run(bucket.nbytes, bucket.buffers)
+                    plan = many.plans[i] = dataclasses.replace(
+                        _Plan.make(send, recv, many.op, many.first_tag + i, many.quantization), epoch=many.epoch)
+                many.results[i] = await self._reduce(plan, rewire_on_stale=False)
+                await self._runner.run(bucket.nbytes, bucket.unpack, plan.recv)
+                bucket.release()
             except (CollectiveAborted, _StaleRing) as exc:
-                log.debug("all_reduce_many: tag %d failed (%r); it will be retried", plans[i].tag, exc)
+                log.debug("all_reduce_many: tag %d failed (%r); it will be retried", many.first_tag + i, exc)
                 failed.append(i)
             except PCCLError as exc:
                 errors.append(exc)
@@ -348,8 +387,8 @@ class AllReduceService:
             if isinstance(msg, (m.CollectiveCommence, m.CollectiveRejected)):
                 return msg
             # The final message of an earlier op on this tag, released before it arrived.
-            log.debug("ignoring %s for tag %d seq %d: not for this op", type(msg).__name__, msg.tag,
-                      getattr(msg, "seq", -1))
+            log.debug("ignoring %s for tag %d seq %d: not for this op", type(msg).__name__,
+                      getattr(msg, "tag", -1), getattr(msg, "seq", -1))
 
     def _rejection(self, plan: _Plan, answer: m.CollectiveRejected) -> Exception:
         try:

@@ -186,17 +186,17 @@ class RingOp:
                 stage: np.ndarray | None = None
                 process = bufs.quantized
                 if self.exchange:
-                    destination = memoryview(_as_bytes(self._exchange_slot(frame.step, frame)))
+                    destination = _as_bytes(self._exchange_slot(frame.step, frame)).data
                     process = frame.step == self.schedule.num_steps - 1  # the last input: reduce
                 elif self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
                     stage = await staging.get()
-                    destination = memoryview(stage)[:nbytes]
+                    destination = stage.data[:nbytes]
                 elif bufs.quantized:
-                    destination = memoryview(self._gather_segment(frame))
+                    destination = self._gather_segment(frame).data
                 else:
                     if self.backup is not None and not self.backup.is_saved(frame.start):
                         await self.runner.run(nbytes, self.backup.save, frame.start, frame.stop)
-                    destination = memoryview(_as_bytes(bufs.dst[frame.start : frame.stop]))
+                    destination = _as_bytes(bufs.dst[frame.start : frame.stop]).data
                 # Not `self.rx_bytes += await ...`: that reads the total before the await, and
                 # the receivers of the other lanes add to it meanwhile.
                 received = await inbox.receive_into(
@@ -233,14 +233,14 @@ class RingOp:
         output slice itself (saved first, in place).  :meth:`received` processes it then."""
         bufs = self.bufs
         if self.exchange:
-            return memoryview(_as_bytes(self._exchange_slot(frame.step, frame)))
+            return _as_bytes(self._exchange_slot(frame.step, frame)).data
         if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
-            return memoryview(stage[: self.frame_nbytes(frame)])
+            return stage[: self.frame_nbytes(frame)].data
         if bufs.quantized:
-            return memoryview(self._gather_segment(frame))
+            return self._gather_segment(frame).data
         if self.backup is not None and not self.backup.is_saved(frame.start):
             self.backup.save(frame.start, frame.stop)
-        return memoryview(_as_bytes(bufs.dst[frame.start : frame.stop]))
+        return _as_bytes(bufs.dst[frame.start : frame.stop]).data
 
     def received(self, frame: Frame, stage: np.ndarray) -> None:
         """Process a frame received into :meth:`destination` (any thread)."""
@@ -317,7 +317,7 @@ class RingOp:
                 return
             np.copyto(acc, bufs.src[a:b])
         if bufs.quantized:
-            lo, scale = bf.unpack_meta(memoryview(payload)[: bf.QUANT_META.size])
+            lo, scale = bf.unpack_meta(payload.data[: bf.QUANT_META.size])
             q = payload[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
             if self.fused_backup:
                 assert self.backup is not None
@@ -349,7 +349,7 @@ class RingOp:
     def _dequantize_own(self, frame: Frame, segment: np.ndarray) -> None:
         bufs = self.bufs
         a, b = frame.start, frame.stop
-        lo, scale = bf.unpack_meta(memoryview(segment)[: bf.QUANT_META.size])
+        lo, scale = bf.unpack_meta(segment.data[: bf.QUANT_META.size])
         q = segment[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
         self._save(a, b)
         if bufs.half:
@@ -381,7 +381,7 @@ class RingOp:
                 payload = await self.runner.run(cost, self.prepare_payload, frame, pooled)
             else:
                 payload = self.prepare_payload(frame, pooled)
-            await connection.send_data(self.header(frame), _as_bytes(payload))
+            await connection.send_data(self.header(frame), _as_bytes(payload).data)
             self.tx_bytes += nbytes
             if pooled is not None:
                 assert send_pool is not None
@@ -442,7 +442,7 @@ class RingOp:
         source = bufs.src[a:b] if frame.step == 0 else bufs.acc[a:b]
         q = out[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
         lo, scale = bf.quantize(source, q)
-        bf.pack_meta(memoryview(out)[: bf.QUANT_META.size], lo, scale)
+        bf.pack_meta(out.data[: bf.QUANT_META.size], lo, scale)
 
     def _finalize_owned(self, frame: Frame) -> np.ndarray:
         """The owner's last word on its chunk: AVG division, rounding, quantization (worker thread).
@@ -459,7 +459,7 @@ class RingOp:
             segment = self._gather_segment(frame)
             q = segment[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
             lo, scale = bf.quantize(acc, q)
-            bf.pack_meta(memoryview(segment)[: bf.QUANT_META.size], lo, scale)
+            bf.pack_meta(segment.data[: bf.QUANT_META.size], lo, scale)
             self._dequantize_own(frame, segment)
             return segment
         if bufs.half:

@@ -32,6 +32,7 @@ when the op ends (:meth:`~pccl.collectives.links.RingLinks.abort_broken`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any
@@ -102,7 +103,7 @@ class LaneThreads:
             for started, (fn, *args) in enumerate(jobs):
                 try:
                     trio.lowlevel.start_thread_soon(
-                        lambda fn=fn, args=args: self._guarded(fn, *args), done, name="pccl-ring-lane"
+                        functools.partial(self._guarded, fn, *args), done, name="pccl-ring-lane"
                     )
                 except BaseException:  # no thread to be had: stop those already running
                     with self._lock:
@@ -206,7 +207,7 @@ class LaneThreads:
                     self._wait_ready((frame.step - 1, frame.index), idle_work)
                 self.cancel.check()
                 payload = op.prepare_payload(frame, scratch)
-                channel.send_data(op.header(frame), memoryview(payload.view(np.uint8)), self.cancel)
+                channel.send_data(op.header(frame), payload.view(np.uint8).data, self.cancel)
                 sent += op.frame_nbytes(frame)
         finally:
             with self._lock:

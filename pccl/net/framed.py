@@ -331,6 +331,7 @@ class FramedConnection:
                     frames.received(await self._stream.receive_into(frames.read_buffer()))
             if opening.cancelled_caught:
                 raise late if late is not None else ConnectTimeout(f"{peer} sent no handshake in time")
+            assert preamble is not None  # the loop only ends with one
             handshake.parse_preamble(preamble)
 
             nonce = bytes(draw_nonce(handshake.NONCE_SIZE))

@@ -74,6 +74,8 @@ logger = logging.getLogger(__name__)
 #: Default ``bulk_threshold``: no worker threads (the Trio path was as fast on the test box).
 DEFAULT_BULK_THRESHOLD: int | None = None
 
+#: ``socket.socket`` under a name no class member shadows (annotations in class bodies).
+_Socket = socket.socket
 _MSG_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)  # EPIPE instead of SIGPIPE, even if embedded
 _MSG_DONTWAIT = socket.MSG_DONTWAIT
 _MSG_WAITALL = getattr(socket, "MSG_WAITALL", 0)
@@ -301,7 +303,7 @@ class TcpStream(Stream):
         return self._blocking_io
 
     @contextlib.contextmanager
-    def _thread_in_socket(self) -> Iterator[socket.socket]:
+    def _thread_in_socket(self) -> Iterator[_Socket]:
         """Count a worker thread in a syscall on the socket (any thread)."""
         with self._workers_lock:
             if self._closed:
@@ -359,7 +361,7 @@ class TcpStream(Stream):
 
     # -- helpers --
 
-    async def _wait(self, wait: Callable[[socket.socket], object]) -> None:
+    async def _wait(self, wait: Callable[[_Socket], object]) -> None:
         try:
             await wait(self._sock)  # type: ignore[misc]
         except trio.ClosedResourceError as exc:
@@ -378,7 +380,7 @@ class TcpStream(Stream):
             self._receive_error = exc
         return self._failure(exc, "receive")
 
-    async def _in_worker(self, direction: str, work: Callable[[socket.socket, memoryview], _T], view: memoryview) -> _T:
+    async def _in_worker(self, direction: str, work: Callable[[_Socket, memoryview], _T], view: memoryview) -> _T:
         """Run ``work(sock, view)`` in a worker thread and wait for it, cancellably.
 
         Cancellation shuts ``direction`` down, which makes the blocked syscall return at once;

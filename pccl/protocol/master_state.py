@@ -479,6 +479,7 @@ class MasterState:
         pass  # last_heard was refreshed by handle()
 
     def _on_leave(self, peer: _Peer, msg: m.Leave) -> None:
+        log.info("peer %x (connection %d) left the run", peer.peer_id, peer.conn_id)
         self._remove(peer.conn_id, None, "left")
         self._out.append(Close(peer.conn_id))
 

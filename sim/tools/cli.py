@@ -2,7 +2,7 @@
 
     pccl-sim run --seed 7 [--peers 4 --duration 20 --quiet Q --profile chaos --master real]
     pccl-sim run --seed 7 --check-determinism      # twice; prints the first divergent event
-    pccl-sim campaign --seeds 0..99 [--workers 2 --save-failing DIR]
+    pccl-sim campaign --seeds 0..99 [--workers N --save-failing DIR]
     pccl-sim replay --seed 7 | FILE [--expect HASH] # prints the trace hash
     pccl-sim shrink --seed 7 [--out FILE] | FILE
     pccl-sim coverage --seeds 0..49                # where faults landed: victim x master phase x kind
@@ -182,9 +182,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def generation(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--scenario", default="pccl", choices=scenario_names())
-        p.add_argument("--profile", default="chaos", choices=sorted(PROFILES))
-        p.add_argument("--peers", type=int, default=4)
+        p.add_argument("--scenario", default="pccl", choices=scenario_names(),
+                       help="what runs in the simulator (default %(default)s)")
+        p.add_argument("--profile", default="chaos", choices=sorted(PROFILES),
+                       help="fault schedule profile: which faults, how often (default %(default)s)")
+        p.add_argument("--peers", type=int, default=4, help="peers at the start (default %(default)s)")
         p.add_argument("--duration", type=float, default=20.0, help="fault window (virtual s)")
         p.add_argument("--quiet", type=float, default=None, help="recovery window after it (default: scenario's)")
         p.add_argument("--master", default="real",
@@ -193,10 +195,18 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--groups", type=int, default=1, help="peer groups (peerN joins group N %% groups)")
         p.add_argument("-v", "--verbose", action="store_true")
 
+    helps = {
+        "run": "one simulated chaos run from a seed (or a schedule FILE)",
+        "replay": "run a seed or schedule again and print its trace hash",
+        "shrink": "reduce a failing schedule to a minimal one (saved as JSON)",
+        "plot": "PNG timeline of a run: membership, steps and faults (needs matplotlib)",
+        "campaign": "run many seeds in worker processes; failing seeds are listed with their replay command",
+        "coverage": "a campaign, then which protocol phases its faults landed in",
+    }
     for name in ("run", "replay", "shrink", "plot"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name], description=helps[name])
         p.add_argument("file", nargs="?", help="a schedule JSON file (instead of --seed)")
-        p.add_argument("--seed", type=int)
+        p.add_argument("--seed", type=int, help="seed of the fault schedule (and of the run's scheduler)")
         generation(p)
         if name == "run":
             p.add_argument("--save", help="write the schedule to this file")
@@ -209,9 +219,10 @@ def _parser() -> argparse.ArgumentParser:
         elif name == "plot":
             p.add_argument("--out", help="PNG file (default pccl-sim-SEED.png)")
     for name in ("campaign", "coverage"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name], description=helps[name])
         p.add_argument("--seeds", required=True, help="A..B (inclusive), or a comma list")
-        p.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+        p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                       help="worker processes (default %(default)s: one per core)")
         p.add_argument("--save-failing", help="directory for the failing seeds' schedules")
         generation(p)
     return parser

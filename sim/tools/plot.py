@@ -59,8 +59,10 @@ def plot_trace(trace: Trace, schedule: Schedule, out: str | pathlib.Path) -> pat
         2, 1, figsize=(13, 2.2 + 0.42 * len(hosts) + 3.2), sharex=True,
         gridspec_kw={"height_ratios": [max(len(hosts), 2) * 0.42 + 0.6, 3.0]},
     )
-    cmap = plt.get_cmap("viridis")
     max_ws = max([e.data.get("world_size", 1) for e in trace if "world_size" in e.data] + [2])
+    # world_size is an integer: one colour per value, bins centred on the integers.
+    cmap = plt.get_cmap("viridis", max_ws)
+    norm = plt.matplotlib.colors.BoundaryNorm([k + 0.5 for k in range(max_ws + 1)], max_ws)
 
     alive_since: dict[str, float] = {}
     accepted_since: dict[str, tuple[float, int]] = {}
@@ -73,7 +75,7 @@ def plot_trace(trace: Trace, schedule: Schedule, out: str | pathlib.Path) -> pat
     def close_accepted(host: str, t: float, *, left: bool = True) -> None:
         if host in accepted_since:
             t0, ws = accepted_since.pop(host)
-            top.plot([t0, t], [lane[host]] * 2, color=cmap(ws / max_ws), linewidth=7, solid_capstyle="butt")
+            top.plot([t0, t], [lane[host]] * 2, color=cmap(norm(ws)), linewidth=7, solid_capstyle="butt")
             if left:  # not accepted any more: its world_size line drops to 0
                 series.setdefault(host, []).append((t, 0))
 
@@ -123,8 +125,8 @@ def plot_trace(trace: Trace, schedule: Schedule, out: str | pathlib.Path) -> pat
         if series.get(host):
             series[host].append((end, series[host][-1][1]))
 
-    scale = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, max_ws))
-    fig.colorbar(scale, ax=[top, bottom], label="world_size", pad=0.01, fraction=0.03)
+    scale = plt.cm.ScalarMappable(cmap=cmap, norm=norm)
+    fig.colorbar(scale, ax=[top, bottom], label="world_size", pad=0.01, fraction=0.03, ticks=range(1, max_ws + 1))
     top.set_yticks(range(len(hosts)), hosts)
     top.set_ylim(-0.8, len(hosts) - 0.2)
     top.invert_yaxis()
@@ -153,6 +155,7 @@ def plot_trace(trace: Trace, schedule: Schedule, out: str | pathlib.Path) -> pat
         bottom.step([t for t, _ in probes], [n for _, n in probes], where="post", color="tab:red", linestyle=":",
                     linewidth=1.5, label="accepted (master)")
     bottom.set_ylabel("world_size per peer")
+    bottom.yaxis.set_major_locator(plt.matplotlib.ticker.MaxNLocator(integer=True))
     bottom.set_xlabel("virtual time (s)")
     bottom.set_xlim(0, end)
     bottom.legend(loc="upper right", fontsize=8)

@@ -17,8 +17,9 @@ one JSON command per stdin line and prints one JSON line per command:
   SIGKILL/SIGSTOP itself once a fraction ``f`` of its ring's receive bytes has arrived (so the
   fault lands inside the reduce-scatter for ``f < 0.5``, inside the all-gather above).
   Prints ``{"event": "ops", "results": [...], "ring": [...]}``.
-* ``{"cmd": "many", "arrays": [spec…], "max_in_flight": k, "fault": …}`` — ``all_reduce_many``
-  over in-place arrays; prints the ReduceInfo and every array's digest.
+* ``{"cmd": "many", "arrays": [spec…], "max_in_flight": k, "bucket_bytes": b, "fault": …}`` — ``all_reduce_many``
+  over in-place arrays (bucket_bytes 0 unless given: one op per array); prints the ReduceInfo and
+  every array's digest.
 * ``{"cmd": "exit"}``.
 """
 
@@ -145,7 +146,8 @@ async def run_many(comm: pccl.Communicator, cmd: dict[str, Any], index: int) -> 
     arrays = [make_input(s["seed"], index, s["n"], s["dtype"], s["op"]) for s in specs]
     try:
         info = await comm.all_reduce_many(arrays, op=reduce_op(specs[0]["op"]),
-                                          max_in_flight=cmd.get("max_in_flight", 4))
+                                          max_in_flight=cmd.get("max_in_flight", 4),
+                                          bucket_bytes=cmd.get("bucket_bytes", 0))
     except pccl.PCCLError as exc:
         emit({"event": "many", "error": type(exc).__name__, "message": str(exc)})
         return

@@ -37,6 +37,7 @@ from pccl.collectives.reference import ring_reference
 from pccl.net.base import Listener, Network, Stream
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol.ring import uses_exchange
+from inproc_group import in_process_group
 from allreduce_cases import digest, make_input, matrix_cases, np_dtype, reduce_op
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -361,7 +362,7 @@ def test_all_reduce_many_retries_on_the_survivors(cluster_factory: Any) -> None:
     arrays = [_spec(0, 40 + k, 1_500_000, "float32", "SUM") for k in range(6)]
     for p in cluster.peers:
         fault = {"kind": "kill", "at": 0.3} if p is cluster.peers[-1] else None
-        p.send({"cmd": "many", "arrays": arrays, "max_in_flight": 3, "fault": fault})
+        p.send({"cmd": "many", "arrays": arrays, "max_in_flight": 3, "bucket_bytes": 0, "fault": fault})
     reports = [p.next() for p in cluster.peers[:-1]]
     for r in reports:
         assert "error" not in r, r
@@ -375,6 +376,39 @@ def test_all_reduce_many_retries_on_the_survivors(cluster_factory: Any) -> None:
                                                           "SUM"), ReduceOp.SUM))
         assert reports[0]["digests"][k] in (over_survivors, over_all), f"array {k}"
     assert over_survivors in reports[0]["digests"]  # at least the ops in flight at the kill were retried
+
+
+def test_bucketed_all_reduce_many_retries_per_bucket_on_the_survivors(cluster_factory: Any) -> None:
+    """Six arrays packed two per bucket (bucket_bytes fits two); a peer SIGKILLs itself inside a
+    bucket's ring.  Every bucket's result is the reduction of its packed members over the
+    peers it ran with: the survivors for the retried ones, everyone for those done before."""
+    cluster = cluster_factory(3)
+    n = 200_000
+    arrays = [_spec(0, 60 + k, n, "float32", "SUM") for k in range(6)]
+    for p in cluster.peers:
+        fault = {"kind": "kill", "at": 0.3} if p is cluster.peers[-1] else None
+        p.send({"cmd": "many", "arrays": arrays, "max_in_flight": 2, "bucket_bytes": 2 * n * 4, "fault": fault})
+    reports = [p.next() for p in cluster.peers[:-1]]
+    for r in reports:
+        assert "error" not in r, r
+        assert r["world"] == 2 and r["retries"] >= 1
+    assert reports[1]["digests"] == reports[0]["digests"]
+
+    def bucket_results(ring: list[int], k: int) -> list[str]:
+        # bucket k packs arrays 2k and 2k+1 end to end
+        ins = [np.concatenate(pair) for pair in zip(
+            _inputs_in_ring(cluster, ring, arrays[2 * k]["seed"], n, "float32", "SUM"),
+            _inputs_in_ring(cluster, ring, arrays[2 * k + 1]["seed"], n, "float32", "SUM"))]
+        out = ring_reference(ins, ReduceOp.SUM)
+        return [digest(out[:n]), digest(out[n:])]
+
+    retried = 0
+    for k in range(3):
+        got = reports[0]["digests"][2 * k : 2 * k + 2]
+        over_survivors = bucket_results(reports[0]["ring"], k)
+        assert got in (over_survivors, bucket_results(cluster.ring, k)), f"bucket {k}"
+        retried += got == over_survivors
+    assert retried >= 1  # the bucket in flight at the kill was retried on the survivors
 
 
 # =================================================================================================
@@ -461,35 +495,9 @@ class GatedNetwork(Network):
         self._released.set()
 
 
-@contextlib.asynccontextmanager
-async def _in_process_group(world: int, *, config: Config = CFG, gated: dict[int, Network] | None = None):
+def _in_process_group(world: int, *, config: Config = CFG, gated: dict[int, Any] | None = None) -> Any:
     """A master and ``world`` accepted communicators (peer ``i`` on ``gated[i]`` if given)."""
-    async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=config) as master:
-        comms: list[pccl.Communicator] = []
-        networks = {i: net(master.address) for i, net in (gated or {}).items()}
-        done = trio.Event()
-        async with trio.open_nursery() as nursery:
-
-            async def peer(i: int) -> None:
-                async with pccl.open_communicator(master.address, token=TOKEN, config=config,
-                                                  network=networks.get(i)) as comm:
-                    comms.append(comm)
-                    await done.wait()
-
-            with trio.fail_after(SOON):
-                for i in range(world):
-                    before = master.statistics().registered_peers
-                    nursery.start_soon(peer, i)
-                    if i > 0:
-                        while master.statistics().registered_peers == before:
-                            await trio.sleep(0.005)
-                        async with trio.open_nursery() as voters:
-                            for comm in list(comms):
-                                voters.start_soon(comm.update_topology)
-                    while len(comms) < i + 1:
-                        await trio.sleep(0.005)
-            yield master, comms, networks
-            done.set()
+    return in_process_group(world, token=TOKEN, config=config, soon=SOON, gated=gated)
 
 
 def _f32_inputs(world: int, n: int, seed: int) -> list[np.ndarray]:

@@ -24,6 +24,7 @@ def test_demo_without_chaos_ends_bit_identical() -> None:
     result = _run_demo("--peers", "3", "--steps", "8", "--step-time", "0")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all surviving peers hold bit-identical weights" in result.stdout
+    assert re.search(r"\[peer\d\] joined \(world \d\)", result.stdout) and "{'event'" not in result.stdout
     hashes = set(re.findall(r"weights hash ([0-9a-f]{32})", result.stdout))
     assert len(hashes) == 1
     # No one diverged, so no sync moved bytes — except a peer's first one, when its process

@@ -1,0 +1,58 @@
+"""hello_world.py's loop on pccl.blocking: no async, no Trio in sight.
+
+Start a master, then two or more copies of this script (each blocks until accepted):
+
+    pccl master --listen 127.0.0.1:48148
+    python examples/hello_world_blocking.py --master 127.0.0.1:48148
+    python examples/hello_world_blocking.py --master 127.0.0.1:48148
+
+The communicator runs its Trio loop in a background thread, so the heartbeats go on however long
+a step computes.  Kill a copy with Ctrl-C (it leaves cleanly) or SIGKILL and start it again: the
+others carry on, and the newcomer downloads the weights at its first sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import xxhash
+
+import pccl
+import pccl.blocking
+
+
+def train(master: str, steps: int, size: int) -> None:
+    with pccl.blocking.open_communicator(master, peer_group=0) as comm:
+        w = np.zeros(size, np.float32)
+        m = np.zeros_like(w)
+        state = pccl.SharedState({"w": w, "m": m}, revision=0)  # references, no copies
+        rng = np.random.default_rng()
+        for info in comm.steps(state):  # update_topology / wait while alone / sync
+            if state.revision >= steps:
+                break
+            grads = (rng.standard_normal(w.shape, dtype=np.float32) * 0.01 + (w - 1.0)).astype(np.float32)
+            try:
+                reduced = comm.all_reduce(grads, op=pccl.ReduceOp.AVG)  # in place
+            except (pccl.CollectiveAborted, pccl.TooFewPeers):
+                continue  # a peer left mid-op: the next step runs on the survivors
+            m *= 0.9
+            m += grads  # deterministic update: identical on every peer
+            w -= 0.1 * m
+            state.revision += 1
+            print(f"step {state.revision}: world {reduced.world_size}, synced {info.rx_bytes} B, "
+                  f"sent {reduced.tx_bytes} B, |w-1| = {float(np.abs(w - 1).mean()):.4f}", flush=True)
+        print(f"done: step {state.revision} weights {xxhash.xxh3_128_hexdigest(memoryview(w))}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--master", default="127.0.0.1:48148")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--size", type=int, default=1_000_000, help="float32 parameters")
+    args = parser.parse_args()
+    train(args.master, args.steps, args.size)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,358 @@
+"""``pccl.blocking``: the communicator's API for ordinary synchronous training loops.
+
+::
+
+    with pccl.blocking.open_communicator("127.0.0.1:48148") as comm:
+        state = pccl.SharedState({n: p.detach() for n, p in model.named_parameters()})
+        for info in comm.steps(state):                     # a plain iterator
+            handle = comm.all_reduce_async(grads, op=pccl.ReduceOp.AVG)  # returns at once
+            other_work()                                   # overlaps the communication
+            handle.wait()                                  # ReduceInfo, or raises
+
+Each :class:`Communicator` owns a background thread running a Trio loop with the async
+:class:`pccl.Communicator` in it.  Calls are handed to that loop with ``trio.from_thread`` and
+their results come back through a :class:`concurrent.futures.Future`, so the caller's thread
+may compute for as long as it likes: the heartbeats to the master and every other background
+task of the communicator keep running on the Trio thread meanwhile (the C kernels and torch
+release the GIL; pure-Python work still lets the Trio thread run every few milliseconds).
+
+Every async method has a twin here with the same name and arguments, returning the same
+values and raising the same :class:`~pccl.errors.PCCLError` types in the caller's thread.
+``all_reduce_async`` / ``all_reduce_many_async`` start the operation and return a
+:class:`ReduceHandle` at once; the buffers belong to pccl until the handle is done (the result
+lands in them; on ``CollectiveAborted`` an in-place buffer holds its input again, as with the
+async call).
+
+Ctrl-C: a ``KeyboardInterrupt`` (or any exception) in the caller's thread while it waits for a
+call cancels that call (an in-place all-reduce gets its input back and the other peers abort
+it); leaving the ``with`` block, :meth:`Communicator.close`, or interpreter exit then leaves the
+run cleanly (the master sees a leave, not a timeout).  Closing cancels every call still running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import logging
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import trio
+
+from . import communicator as _async
+from .collectives.buckets import DEFAULT_BUCKET_BYTES
+from .collectives.operation import MANY_FIRST_TAG
+from .config import Config
+from .errors import InvalidUsage, PCCLError
+from .shared_state import SharedState
+from .types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
+
+__all__ = ["Communicator", "ReduceHandle", "open_communicator"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+#: How long close() waits for the Trio thread to leave the run (the leave itself is bounded by
+#: the communicator: at most a second to tell the master, then the connections close).
+_CLOSE_WAIT = 30.0
+
+
+class ReduceHandle:
+    """An all-reduce started by ``all_reduce_async`` / ``all_reduce_many_async``."""
+
+    def __init__(self, future: concurrent.futures.Future[ReduceInfo], owner: Communicator) -> None:
+        self._future = future
+        self._owner = owner
+
+    def done(self) -> bool:
+        """Whether the operation has finished (successfully or not)."""
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> ReduceInfo:
+        """Wait for the operation and return its ``ReduceInfo``, or raise its error
+        (``CollectiveAborted``, ``TooFewPeers``, ...).  ``TimeoutError`` if it is still running
+        after ``timeout`` seconds (it keeps running; wait again).  Interrupted (Ctrl-C), the
+        operation is cancelled."""
+        return self._owner._wait(self._future, timeout)
+
+
+class Communicator:
+    """A peer's membership in a run, for synchronous code.  Obtain one from
+    :func:`open_communicator`; use it as a context manager or call :meth:`close`."""
+
+    def __init__(self, master_address: str, *, peer_group: int, token: str | bytes | None,
+                 config: Config | None) -> None:
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._comm: _async.Communicator | None = None
+        self._nursery: trio.Nursery | None = None
+        self._main_scope = trio.CancelScope()
+        self._scopes: dict[concurrent.futures.Future[Any], trio.CancelScope] = {}
+        self._opened: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=trio.run, args=(self._main, master_address, peer_group, token, config),
+            name=f"pccl-trio-{master_address}", daemon=True)
+        self._thread.start()
+        try:
+            self._opened.result()
+        except BaseException:
+            self.close()
+            raise
+        _OPEN.add(self)
+
+    # --- the Trio thread ----------------------------------------------------------------------
+
+    async def _main(self, master_address: str, peer_group: int, token: str | bytes | None,
+                    config: Config | None) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        try:
+            with self._main_scope:
+                async with _async.open_communicator(master_address, peer_group=peer_group, token=token,
+                                                    config=config) as comm:
+                    # Calls run as tasks of this nursery until close() cancels it; leaving the
+                    # block then leaves the run.
+                    async with trio.open_nursery() as nursery:
+                        self._comm, self._nursery = comm, nursery
+                        self._opened.set_result(None)
+                        await trio.sleep_forever()
+            if not self._opened.done():
+                self._opened.set_exception(InvalidUsage("the communicator was closed while it was opening"))
+        except BaseException as exc:
+            if not self._opened.done():
+                self._opened.set_exception(exc)
+            elif not isinstance(exc, (PCCLError, trio.Cancelled)):
+                log.exception("the communicator's Trio thread failed")
+
+    async def _task(self, future: concurrent.futures.Future[Any], fn: Callable[[], Awaitable[Any]],
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        scope = trio.CancelScope()
+        self._scopes[future] = scope
+        # started() before the call: nursery.start() returns once the call ran up to its first
+        # schedule point, so calls begin in the order the caller made them.
+        task_status.started()
+        try:
+            with scope:
+                result = await fn()
+                future.set_result(result)
+                return
+            future.set_exception(InvalidUsage("the call was cancelled"))
+        except trio.Cancelled:
+            future.set_exception(InvalidUsage("the communicator is closed"))
+            raise
+        except BaseException as exc:  # delivered to the caller, not to the communicator's nursery
+            future.set_exception(exc)
+        finally:
+            del self._scopes[future]
+
+    async def _start(self, future: concurrent.futures.Future[Any], fn: Callable[[], Awaitable[Any]]) -> None:
+        if self._nursery is None:
+            future.set_exception(InvalidUsage("the communicator is closed"))
+            return
+        await self._nursery.start(self._task, future, fn)
+
+    # --- the caller's thread ------------------------------------------------------------------
+
+    def _submit(self, fn: Callable[[], Awaitable[_T]]) -> concurrent.futures.Future[_T]:
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        if self._closed or self._token is None:
+            raise InvalidUsage("the communicator is closed")
+        try:
+            trio.from_thread.run(self._start, future, fn, trio_token=self._token)
+        except trio.RunFinishedError:
+            raise InvalidUsage("the communicator is closed") from None
+        return future
+
+    def _wait(self, future: concurrent.futures.Future[_T], timeout: float | None) -> _T:
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            if future.done():
+                raise  # the call itself raised it
+            raise TimeoutError(f"the operation is still running after {timeout:g} s") from None
+        except BaseException as exc:
+            if not future.done() and not isinstance(exc, PCCLError):  # interrupted while waiting
+                self._cancel(future)
+            raise
+
+    def _cancel(self, future: concurrent.futures.Future[Any]) -> None:
+        token = self._token
+        if token is None:
+            return
+
+        def cancel() -> None:
+            scope = self._scopes.get(future)
+            if scope is not None:
+                scope.cancel()
+
+        try:
+            trio.from_thread.run_sync(cancel, trio_token=token)
+        except trio.RunFinishedError:
+            pass
+
+    def _call(self, fn: Callable[[], Awaitable[_T]]) -> _T:
+        return self._wait(self._submit(fn), None)
+
+    def _read(self, get: Callable[[_async.Communicator], _T]) -> _T:
+        """An attribute of the async communicator, read on its thread."""
+        comm = self._comm
+        if comm is None:
+            raise InvalidUsage("the communicator is closed")
+        if self._closed or self._token is None:
+            return get(comm)  # the Trio thread is gone or going: nothing changes it any more
+        try:
+            return trio.from_thread.run_sync(get, comm, trio_token=self._token)
+        except trio.RunFinishedError:
+            return get(comm)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancel every call still running, leave the run (the master is told) and stop the
+        Trio thread.  Idempotent; safe from any thread but the communicator's own."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        _OPEN.discard(self)
+        token = self._token
+        if token is not None:
+            try:
+                trio.from_thread.run_sync(self._main_scope.cancel, trio_token=token)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join(_CLOSE_WAIT)
+        if self._thread.is_alive():  # pragma: no cover - the leave is bounded
+            log.warning("the communicator's Trio thread did not stop within %g s", _CLOSE_WAIT)
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- attributes -----------------------------------------------------------------------------
+
+    @property
+    def peer_id(self) -> int:
+        return self._read(lambda c: c.peer_id)
+
+    @property
+    def peer_group(self) -> int:
+        return self._read(lambda c: c.peer_group)
+
+    @property
+    def master_address(self) -> str:
+        return self._read(lambda c: c.master_address)
+
+    @property
+    def world_size(self) -> int:
+        """Accepted peers in this peer's group."""
+        return self._read(lambda c: c.world_size)
+
+    @property
+    def global_world_size(self) -> int:
+        return self._read(lambda c: c.global_world_size)
+
+    @property
+    def num_peer_groups(self) -> int:
+        return self._read(lambda c: c.num_peer_groups)
+
+    @property
+    def largest_peer_group_size(self) -> int:
+        return self._read(lambda c: c.largest_peer_group_size)
+
+    @property
+    def ring(self) -> tuple[int, ...]:
+        return self._read(lambda c: c.ring)
+
+    def statistics(self) -> _async.CommunicatorStatistics:
+        return self._read(lambda c: c.statistics())
+
+    # --- calls (see pccl.Communicator for what each does and raises) -----------------------------
+
+    def update_topology(self) -> None:
+        comm = self._live()
+        self._call(comm.update_topology)
+
+    def are_peers_pending(self) -> bool:
+        comm = self._live()
+        return self._call(comm.are_peers_pending)
+
+    def sync_shared_state(self, state: SharedState,
+                          strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> SyncInfo:
+        comm = self._live()
+        return self._call(lambda: comm.sync_shared_state(state, strategy))
+
+    def all_reduce(self, send: Any, recv: Any = None, *, op: ReduceOp = ReduceOp.SUM, tag: int = 0,
+                   quantization: Quantization | None = None) -> ReduceInfo:
+        return self.all_reduce_async(send, recv, op=op, tag=tag, quantization=quantization).wait()
+
+    def all_reduce_async(self, send: Any, recv: Any = None, *, op: ReduceOp = ReduceOp.SUM, tag: int = 0,
+                         quantization: Quantization | None = None) -> ReduceHandle:
+        """Start :meth:`pccl.Communicator.all_reduce` and return at once; its errors (argument
+        checks included) come from the handle's ``wait``."""
+        comm = self._live()
+        return ReduceHandle(self._submit(lambda: comm.all_reduce(send, recv, op=op, tag=tag,
+                                                                 quantization=quantization)), self)
+
+    def all_reduce_many(self, arrays: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,
+                        quantization: Quantization | None = None, max_in_flight: int = 4,
+                        first_tag: int = MANY_FIRST_TAG, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ReduceInfo:
+        return self.all_reduce_many_async(arrays, op=op, quantization=quantization, max_in_flight=max_in_flight,
+                                          first_tag=first_tag, bucket_bytes=bucket_bytes).wait()
+
+    def all_reduce_many_async(self, arrays: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,
+                              quantization: Quantization | None = None, max_in_flight: int = 4,
+                              first_tag: int = MANY_FIRST_TAG,
+                              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ReduceHandle:
+        """Start :meth:`pccl.Communicator.all_reduce_many` and return at once with its handle."""
+        comm = self._live()
+        arrays = list(arrays)
+        return ReduceHandle(self._submit(lambda: comm.all_reduce_many(
+            arrays, op=op, quantization=quantization, max_in_flight=max_in_flight, first_tag=first_tag,
+            bucket_bytes=bucket_bytes)), self)
+
+    def steps(self, state: SharedState, *,
+              strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> Iterator[SyncInfo]:
+        """:meth:`pccl.Communicator.steps` as a plain iterator (each step's ``SyncInfo``)."""
+        comm = self._live()
+        agen = comm.steps(state, strategy=strategy)
+        try:
+            while True:
+                try:
+                    info = self._call(agen.__anext__)
+                except StopAsyncIteration:
+                    return
+                yield info
+        finally:
+            if not self._closed:
+                self._call(agen.aclose)
+
+    def _live(self) -> _async.Communicator:
+        if self._closed or self._comm is None:
+            raise InvalidUsage("the communicator is closed")
+        return self._comm
+
+
+def open_communicator(master_address: str, *, peer_group: int = 0, token: str | bytes | None = None,
+                      config: Config | None = None) -> Communicator:
+    """Connect to the master, register in ``peer_group`` and wait until accepted (as
+    :func:`pccl.open_communicator`), on a Trio loop in a new background thread.  Returns the
+    open :class:`Communicator`; use it in a ``with`` block (or call ``close()``).  Raises what
+    the async call raises."""
+    return Communicator(master_address, peer_group=peer_group, token=token, config=config)
+
+
+#: Communicators still open at interpreter exit leave the run then (their threads are daemons,
+#: so a forgotten close() neither hangs the exit nor drops the connections unannounced).
+_OPEN: weakref.WeakSet[Communicator] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_communicators() -> None:
+    for comm in list(_OPEN):
+        comm.close()

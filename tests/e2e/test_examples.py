@@ -1,0 +1,112 @@
+"""The examples, run as a user runs them: a master and three processes of the example on real TCP.
+
+Each run SIGKILLs one process once it and the others are training (wherever in its step the kill
+lands), and checks that the survivors finish every step with bit-identical weights (each example
+prints ``done: step N weights HASH`` at the end).  Step counts are small; the examples' defaults
+train for real.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import pccl
+from master_thread import master_in_thread
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+CONFIG = pccl.Config(peer_timeout=3.0, heartbeat_interval=0.3)
+BOUND = 150.0
+
+
+class _Proc:
+    def __init__(self, name: str, cmd: list[str]) -> None:
+        self.name = name
+        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.step = 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.lines.append(line.rstrip("\n"))
+            found = re.match(r"(?:outer )?step (\d+)", line)
+            if found:
+                self.step = max(self.step, int(found.group(1)))
+
+    def done(self) -> tuple[int, str] | None:
+        for line in self.lines:
+            found = re.match(r"done: step (\d+) weights ([0-9a-f]+)", line)
+            if found:
+                return int(found.group(1)), found.group(2)
+        return None
+
+    def output(self) -> str:
+        return f"--- {self.name} (exit {self.popen.poll()}) ---\n" + "\n".join(self.lines[-40:])
+
+
+def _run(script: str, steps: int, *args: str, peers: int = 3, kill_at: int = 2) -> list[_Proc]:
+    with master_in_thread(CONFIG) as master:
+        cmd = [sys.executable, str(EXAMPLES / script), "--master", master.address, *args]
+        procs = [_Proc(f"peer{i}", cmd) for i in range(peers)]
+        try:
+            deadline = time.monotonic() + BOUND
+            # every process is in and training (or the first has gone past kill_at with the others in)
+            while not (all(p.step >= 1 for p in procs) and max(p.step for p in procs) >= kill_at):
+                assert time.monotonic() < deadline, "\n".join(p.output() for p in procs)
+                assert all(p.popen.poll() is None for p in procs), "\n".join(p.output() for p in procs)
+                time.sleep(0.02)
+            victim = max(procs, key=lambda p: p.step)
+            assert victim.step < steps, "the run finished before the kill: raise the step count"
+            victim.popen.send_signal(signal.SIGKILL)
+            survivors = [p for p in procs if p is not victim]
+            for p in survivors:
+                p.popen.wait(timeout=max(1.0, deadline - time.monotonic()))
+                p.thread.join(10)
+            report = "\n".join(p.output() for p in procs)
+            assert victim.popen.wait(10) == -signal.SIGKILL
+            assert victim.done() is None, report
+            finals = [p.done() for p in survivors]
+            assert all(p.popen.returncode == 0 for p in survivors), report
+            assert all(f is not None and f[0] == steps for f in finals), report
+            assert len({f[1] for f in finals if f is not None}) == 1, report  # bit-identical weights
+            return procs
+        finally:
+            for p in procs:
+                if p.popen.poll() is None:
+                    p.popen.kill()
+                p.popen.wait(10)
+
+
+def test_hello_world() -> None:
+    _run("hello_world.py", 60, "--steps", "60", "--size", "200000")
+
+
+def test_hello_world_blocking() -> None:
+    _run("hello_world_blocking.py", 60, "--steps", "60", "--size", "200000")
+
+
+def test_ddp() -> None:
+    pytest.importorskip("torch")
+    procs = _run("ddp.py", 80, "--steps", "80", "--peer-timeout", "3")
+    losses = [float(x) for p in procs for x in re.findall(r"loss ([0-9.]+)", "\n".join(p.lines))]
+    assert losses and min(losses[-5:]) < losses[0]  # it learns
+
+
+def test_diloco() -> None:
+    pytest.importorskip("torch")
+    _run("diloco.py", 6, "--outer-steps", "6", "--inner-steps", "4", "--peer-timeout", "3", "--quant", "u8")
+
+
+def test_async_diloco() -> None:
+    pytest.importorskip("torch")
+    _run("async_diloco.py", 6, "--outer-steps", "6", "--inner-steps", "4", "--peer-timeout", "3")
