@@ -81,6 +81,8 @@ def train(args: argparse.Namespace) -> None:
                 reduced = comm.all_reduce_many(grads, op=pccl.ReduceOp.AVG)
             except pccl.TooFewPeers:
                 continue  # alone now: steps() waits for a newcomer, then syncs
+            except pccl.CollectiveAborted:
+                continue  # the master restarted, or the peers' loops diverged: the next step meets
             optimizer.step()  # the same averaged gradients and state on every peer
             step += 1
             state.revision += 1

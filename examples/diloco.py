@@ -204,6 +204,8 @@ def train(args: argparse.Namespace) -> None:
                 world = reduced.world_size
             except pccl.TooFewPeers:
                 world = 1  # the others are gone: this peer's own pseudo-gradient is the average
+            except pccl.CollectiveAborted:
+                continue  # the master restarted, or the loops diverged: the next step's sync realigns
             diloco.outer_step(pseudo)
             diloco.state.revision += 1
             report(diloco, world, loss, info.rx_bytes, started, compute)

@@ -14,6 +14,7 @@ from .errors import (
     RevisionViolation,
     SharedStateSyncFailed,
     TooFewPeers,
+    PhaseMismatch,
     TopologyUpdateFailed,
 )
 from .types import DType, Quantization, QuantKind, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
@@ -54,6 +55,7 @@ __all__ = [
     "SyncStrategy",
     "Tensor",
     "TooFewPeers",
+    "PhaseMismatch",
     "TopologyUpdateFailed",
     "__version__",
     "blocking",

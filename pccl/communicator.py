@@ -26,7 +26,7 @@ from ._peer.session import PeerSession
 from .collectives.buckets import DEFAULT_BUCKET_BYTES
 from .collectives.operation import MANY_FIRST_TAG, AllReduceService
 from .config import Config
-from .errors import SharedStateSyncFailed
+from .errors import PhaseMismatch, SharedStateSyncFailed
 from .net.base import Network
 from .protocol import messages as m
 from .shared_state import SharedState
@@ -142,9 +142,12 @@ class Communicator:
         """Vote to accept pending peers and re-wire the ring; return when every accepted peer of
         every group voted and the new ring is connected (p2p failures are retried internally).
 
-        ``InvalidUsage`` while a collective or a sync of this peer is in flight.  Cancellation
+        ``InvalidUsage`` while a collective or a sync of this peer is in flight (a cancelled
+        all-reduce whose vote is still being withdrawn is waited for instead).  Cancellation
         leaves the vote standing: the next call waits for the same vote instead of voting again.
-        Raises ``Kicked``, ``MasterUnreachable``.
+        Raises ``Kicked``, ``MasterUnreachable``, ``PhaseMismatch`` (every other peer of the
+        group waits in another call — an all-reduce or a sync — so this vote could never
+        complete; the master ended them all).
         """
         await self._session.topology_vote(accept_new_peers=True)
 
@@ -183,9 +186,12 @@ class Communicator:
         ``InvalidUsage`` (``tag`` already in flight here, a topology vote or sync outstanding, or
         the peers' parameters disagree), ``TooFewPeers`` (alone in the group; the buffers are
         untouched), ``CollectiveAborted`` (a participant failed: an in-place buffer holds its
-        input again; retry — a stale ring is re-wired automatically by the next call),
-        ``Kicked``, ``MasterUnreachable``.  Cancellation restores an in-place buffer and makes
-        the other participants abort.
+        input again; retry — a stale ring is re-wired automatically by the next call; caused by
+        ``PhaseMismatch`` when every other peer of the group waits in ``update_topology`` or a
+        sync instead: go on to the next step, where the loops meet), ``Kicked``,
+        ``MasterUnreachable``.  Cancellation restores an in-place buffer and makes the other
+        participants abort; cancelled before the master answered, the vote is withdrawn (the
+        next call on the tag, or a topology update or sync, waits for that one round trip).
         """
         return await self._all_reduce.all_reduce(send, recv, op=op, tag=tag, quantization=quantization)
 
@@ -245,22 +251,30 @@ class Communicator:
         makes; cancellation as for them.  Close it (``aclose``) or break out of the loop.  When
         the master is lost mid-sync the step starts over once it is back (SPEC §3 "Master
         restart"); a ``CollectiveAborted`` in the body should ``continue`` the loop likewise.
+        A ``PhaseMismatch`` (this peer's update or sync could never complete because the
+        group's other peers wait in another call, SPEC §3) starts the step over likewise: the
+        others' calls ended too, and the loops meet again at ``update_topology()``.
         """
         first = True
         while True:
-            if not first:
-                await self.update_topology()
-            first = False
-            if self.world_size < 2:
-                log.info("peer %x is alone in group %d: waiting for another peer to join", self.peer_id,
-                         self.peer_group)
-            while self.world_size < 2:
-                if await self.are_peers_pending():
-                    await self.update_topology()
-                else:
-                    await trio.sleep(self._session.config.heartbeat_interval)
             try:
+                if not first:
+                    await self.update_topology()
+                first = False
+                if self.world_size < 2:
+                    log.info("peer %x is alone in group %d: waiting for another peer to join", self.peer_id,
+                             self.peer_group)
+                while self.world_size < 2:
+                    if await self.are_peers_pending():
+                        await self.update_topology()
+                    else:
+                        await trio.sleep(self._session.config.heartbeat_interval)
                 info = await self.sync_shared_state(state, strategy)
+            except PhaseMismatch as exc:
+                # The group's other peers waited elsewhere (their all-reduce, say, ended too and
+                # their loop goes on to its next step): meet them at update_topology.
+                log.info("peer %x: %s; starting the step again", self.peer_id, exc)
+                continue
             except SharedStateSyncFailed as exc:
                 if isinstance(exc.__cause__, MasterLost):
                     continue  # the master was lost mid-sync: the next step waits until it is back

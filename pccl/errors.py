@@ -16,6 +16,7 @@ __all__ = [
     "InvalidArgument",
     "TooFewPeers",
     "CollectiveAborted",
+    "PhaseMismatch",
     "TopologyUpdateFailed",
     "SharedStateSyncFailed",
     "RevisionViolation",
@@ -58,6 +59,15 @@ class TooFewPeers(PCCLError):
 
 class CollectiveAborted(PCCLError):
     """A participant left mid-operation; an in-place buffer holds its input again. Retry."""
+
+
+class PhaseMismatch(PCCLError):
+    """This call could never complete: every other member of the group waits in a call that
+    needs this peer in another one (say ``all_reduce`` while this peer runs
+    ``update_topology``).  The master ended all of them; the message names who waits where.
+    ``update_topology`` and ``sync_shared_state`` raise it; an ``all_reduce`` raises
+    ``CollectiveAborted`` caused by it.  ``steps()`` recovers on its own: it starts the step
+    again (``update_topology``, then the sync), where the loops meet."""
 
 
 class TopologyUpdateFailed(PCCLError):

@@ -43,6 +43,7 @@ from .errors import (
     Kicked,
     KickReason,
     PCCLError,
+    PhaseMismatch,
     ProtocolError,
     RevisionViolation,
     SharedStateSyncFailed,
@@ -134,7 +135,8 @@ class StateSyncService:
         """Run one sync (see the module docstring).  Errors: ``InvalidArgument``/``InvalidUsage``
         (bad state, strategy mix, collective or topology vote outstanding, concurrent sync),
         ``RevisionViolation`` (this peer's revision jumped; it is kicked), ``Kicked``,
-        ``SharedStateSyncFailed``, ``MasterUnreachable``.
+        ``SharedStateSyncFailed``, ``MasterUnreachable``, ``PhaseMismatch`` (the group's other
+        members wait in other calls: the master withdrew this vote).
 
         The sync runs in a task of the communicator.  Cancelled before its vote went out, it
         stops and nothing stands.  Cancelled after, it goes on in the background (this peer's
@@ -163,6 +165,7 @@ class StateSyncService:
             await host.ready()
         except MasterLost as exc:
             raise SharedStateSyncFailed(f"shared-state sync failed: {exc}") from exc
+        await host.settled()  # a cancelled all-reduce's Init must not stand at the master
         host.phase.begin_sync()
         running = self._running = _RunningSync(state, strategy, host.master_epoch)
         if not host.spawn(self._run, running):
@@ -241,6 +244,10 @@ class StateSyncService:
                     assert isinstance(msg, m.SyncRejected)
                     if msg.code == m.SyncRejectCode.STRATEGY_MIX:
                         raise InvalidUsage(f"shared-state sync refused: {msg.detail}")
+                    if msg.code == m.SyncRejectCode.PHASE_MISMATCH:
+                        log.warning("peer %x: the master ended this peer's shared-state sync: %s", host.peer_id,
+                                    msg.detail)
+                        raise PhaseMismatch(msg.detail or "phase mismatch")
                     raise SharedStateSyncFailed(f"shared-state sync failed: {msg.detail}")
         except MasterLost as exc:
             raise SharedStateSyncFailed(f"shared-state sync failed: {exc}; the communicator reconnects, "

@@ -156,6 +156,14 @@ class PeerHost(Protocol):
 
     def close_route(self, tag: int) -> None: ...
 
+    def abandon_route(self, tag: int) -> None:
+        """Collective ``tag``'s caller is gone: a background task settles it with the master and
+        then closes the route (:meth:`settled` waits for that)."""
+
+    async def settled(self, tag: int | None = None) -> None:
+        """Return once no abandoned collective (on ``tag``, when given) is in flight any more;
+        a later call on that tag, a topology vote or a sync waits for this first."""
+
     def open_sync_route(self) -> trio.MemoryReceiveChannel[m.Message]:
         """Route the master's sync messages to the returned channel until
         :meth:`close_sync_route` (``EndOfChannel`` once the communicator fails)."""

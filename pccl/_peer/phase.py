@@ -7,7 +7,11 @@ idle                    nothing outstanding
 topology vote (kind)    ``update_topology()`` ("accept") or the all-reduce's re-wire ("rewire")
                         has voted and the round has not completed — also after the caller was
                         cancelled: the vote stands at the master until its round completes
-collectives {tags}      all-reduces in flight, by tag (several at once; each tag once)
+collectives {tags}      all-reduces in flight, by tag (several at once; each tag once) — also
+                        the *abandoned* ones: cancelled before the master answered their vote,
+                        they wait for its answer to a withdrawal (one round trip) in the
+                        background; the session waits for them before it lets a call that
+                        needs their tag, or no collective in flight, go ahead
 sync                    ``sync_shared_state()`` is running
 ======================  ==========================================================================
 
@@ -36,6 +40,7 @@ class PhaseRule:
     def __init__(self) -> None:
         self._topology: str | None = None
         self._tags: set[int] = set()
+        self._abandoned: set[int] = set()  # a subset of _tags
         self._syncing = False
 
     # --- what is going on --------------------------------------------------------------------
@@ -49,6 +54,11 @@ class PhaseRule:
     def collectives(self) -> frozenset[int]:
         """Tags of the collectives in flight."""
         return frozenset(self._tags)
+
+    @property
+    def abandoned(self) -> frozenset[int]:
+        """Tags of the collectives in flight whose caller is gone (see the module docstring)."""
+        return frozenset(self._abandoned)
 
     @property
     def syncing(self) -> bool:
@@ -99,8 +109,14 @@ class PhaseRule:
         self._refuse_during_topology_vote("start a collective")
         self._tags.add(tag)
 
+    def abandon_collective(self, tag: int) -> None:
+        """Collective ``tag``'s caller is gone; it stays in flight until :meth:`end_collective`."""
+        assert tag in self._tags, "shell bug: abandoning a collective that is not in flight"
+        self._abandoned.add(tag)
+
     def end_collective(self, tag: int) -> None:
         self._tags.discard(tag)
+        self._abandoned.discard(tag)
 
     # --- shared-state sync -------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from ..errors import (
     KickReason,
     MasterUnreachable,
     PCCLError,
+    PhaseMismatch,
     ProtocolError,
     TransportError,
 )
@@ -196,6 +197,7 @@ class PeerSession:
         self._topology_waiter: _Waiter[m.TopologyComplete] | None = None
         self._pending_waiter: _Waiter[bool] | None = None
         self._routes: dict[int, CollectiveRoute] = {}
+        self._abandoned_settled = trio.Event()  # set (and replaced) when an abandoned route closes
         self._sync_route: trio.MemorySendChannel[m.Message] | None = None
         self._phase = PhaseRule()
         self._counters = Counters()
@@ -382,7 +384,17 @@ class PeerSession:
         route = self._routes.pop(tag, None)
         if route is not None:
             route.close()
+            if tag in self._phase.abandoned:
+                self._abandoned_settled.set()
+                self._abandoned_settled = trio.Event()
             self._phase.end_collective(tag)
+
+    def abandon_route(self, tag: int) -> None:
+        self._phase.abandon_collective(tag)
+
+    async def settled(self, tag: int | None = None) -> None:
+        while (tag in self._phase.abandoned) if tag is not None else self._phase.abandoned:
+            await self._abandoned_settled.wait()
 
     def open_sync_route(self) -> trio.MemoryReceiveChannel[m.Message]:
         self.raise_if_failed()
@@ -441,6 +453,7 @@ class PeerSession:
             self._rejoined = False
             self._aligned = True
             return
+        await self.settled()  # a cancelled all-reduce's Init must not stand at the master
         self.raise_if_failed()
         kind = "accept" if accept_new_peers else "rewire"
         epoch = self._epoch
@@ -705,6 +718,12 @@ class PeerSession:
                 self._notify_ready()
             if waiter is not None:
                 waiter.set(msg)
+        elif isinstance(msg, m.TopologyRejected):
+            if self._topology_waiter is None:
+                log.debug("dropping TopologyRejected: no topology vote stands")
+                return
+            log.warning("peer %x: the master ended this peer's topology vote: %s", self._peer_id, msg.detail)
+            self._clear_topology_waiter(PhaseMismatch(msg.detail or "phase mismatch"))
         elif isinstance(msg, m.PeersPendingResult):
             log.debug("peer %x: peers pending: %s", self._peer_id, msg.pending)
             pending_waiter, self._pending_waiter = self._pending_waiter, None

@@ -12,6 +12,8 @@
    ``TooFewPeers`` (the buffer is untouched), ``STALE_RING`` (a member left or an op aborted
    since the ring was wired) re-wires the group — once no other all-reduce of this peer holds a
    tag, because the master refuses topology votes with collectives in flight — and votes again.
+   ``PHASE_MISMATCH`` (every other member waits in ``update_topology`` or a sync, SPEC §3) is
+   ``CollectiveAborted`` caused by ``PhaseMismatch``; ``all_reduce_many`` does not retry it.
 2. **Ring.**  :func:`~pccl.collectives.allreduce.ring_all_reduce` runs in its own cancel scope
    over the current round's lanes.  Meanwhile the tag's messages are intercepted synchronously
    by the task that reads the master connection (``CollectiveRoute.intercept``) — the master's
@@ -33,9 +35,13 @@ by ``seq`` and ignored; data frames of ended seqs are discarded by the links' ``
 Cancellation restores an in-place buffer and reports ``Done(aborted=True)`` (shielded, bounded by
 ``peer_timeout``), so the other participants abort instead of waiting.  Cancelled while the vote
 is still open, the call returns at once and a background task in the communicator's nursery
-waits for the master's answer and reports the abort then; the tag stays in flight until then.
+sends ``CollectiveWithdraw(tag)`` and waits for the master's answer: ``Rejected(WITHDRAWN)``
+frees the tag (one round trip); a ``Commence`` that crossed the withdrawal is reported as this
+peer's abort.  Until then the tag is *abandoned* (:mod:`pccl._peer.phase`): a new call on it, a
+topology vote or a sync waits for the answer instead of being refused.
 Once this peer has reported success the op's fate is the master's: a cancelled call restores the
-input even if the others go on to complete.
+input even if the others go on to complete, and its tag stays abandoned until the master's final
+word on the op (a new Init on the tag before that would be refused as ``TAG_IN_USE``).
 
 Every control message to the master is sent shielded: a send cut mid-frame would break the
 master connection (and with it the communicator).
@@ -47,8 +53,7 @@ aborted or met a stale ring are retried after one re-wire of the group.
 
 Limitations: the automatic re-wire waits until no all-reduce of this peer holds a tag, so peers
 must issue concurrent all-reduces alike (a peer that runs tags 1 and 2 at once while another
-runs them one after the other can wait on each other after a failure); a vote abandoned by
-cancellation keeps its tag (and the re-wire) waiting until the other peers vote on that tag.
+runs them one after the other can wait on each other after a failure).
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ from ..errors import (
     MasterUnreachable,
     PCCLError,
     PeerDisconnected,
+    PhaseMismatch,
     ProtocolError,
     TooFewPeers,
 )
@@ -176,6 +182,14 @@ class _StaleRing(Exception):
     """Internal: the master answered STALE_RING; re-wire and vote again."""
 
 
+def _phase_mismatch_abort(what: str, mismatch: PhaseMismatch) -> CollectiveAborted:
+    """The all-reduce's error for a phase mismatch: ``CollectiveAborted`` (the loop goes on to
+    its next step, where the peers meet) caused by the ``PhaseMismatch``."""
+    error = CollectiveAborted(f"{what} ended: {mismatch}")
+    error.__cause__ = mismatch
+    return error
+
+
 class AllReduceService:
     """The all-reduce machinery of one communicator (see the module docstring)."""
 
@@ -207,6 +221,8 @@ class AllReduceService:
             return await self._reduce(plan)
         except MasterLost as exc:
             raise CollectiveAborted(f"all-reduce tag {plan.tag} aborted: {exc}") from exc
+        except PhaseMismatch as exc:  # the re-wire after a stale ring was ended
+            raise _phase_mismatch_abort(f"all-reduce tag {plan.tag}", exc) from exc
 
     async def all_reduce_many(
         self,
@@ -247,6 +263,8 @@ class AllReduceService:
                 await self._rewire_when_idle()
         except MasterLost as exc:
             raise CollectiveAborted(f"all_reduce_many aborted: {exc}") from exc
+        except PhaseMismatch as exc:  # the re-wire before the retry was ended
+            raise _phase_mismatch_abort("all_reduce_many", exc) from exc
         finally:
             for bucket in buckets:
                 bucket.release()
@@ -289,8 +307,11 @@ class AllReduceService:
                 await self._runner.run(bucket.nbytes, bucket.unpack, plan.recv)
                 bucket.release()
             except (CollectiveAborted, _StaleRing) as exc:
-                log.debug("all_reduce_many: tag %d failed (%r); it will be retried", many.first_tag + i, exc)
-                failed.append(i)
+                if isinstance(exc, CollectiveAborted) and isinstance(exc.__cause__, PhaseMismatch):
+                    errors.append(exc)  # retrying would meet the same mismatch: the caller's loop decides
+                else:
+                    log.debug("all_reduce_many: tag %d failed (%r); it will be retried", many.first_tag + i, exc)
+                    failed.append(i)
             except PCCLError as exc:
                 errors.append(exc)
             finally:
@@ -345,6 +366,7 @@ class AllReduceService:
         if epoch != plan.epoch:
             # A call never spans two masters: its peers' loops may stand anywhere after a restart.
             raise MasterLost(f"the master changed during all-reduce tag {plan.tag}")
+        await self._host.settled(plan.tag)  # a cancelled call's vote on this tag is withdrawn first
         route = self._host.open_route(plan.tag)
         self._hold()
         keep_route = False
@@ -359,7 +381,16 @@ class AllReduceService:
                 raise
             if isinstance(answer, m.CollectiveRejected):
                 raise self._rejection(plan, answer)
-            return await self._run(plan, answer, route, epoch)
+            state = _Settlement()
+            try:
+                return await self._run(plan, answer, route, epoch, state)
+            except trio.Cancelled:
+                if state.done_sent and state.final is None and not state.master_lost:
+                    # This peer reported success and the master has not spoken: the op still
+                    # runs there.  Wait for its final word in the background, so that the next
+                    # call on the tag finds it free.
+                    keep_route = self._abandon(plan.tag, route.inbox, epoch, seq=answer.seq)
+                raise
         finally:
             if not keep_route:
                 self._release(plan.tag)
@@ -402,15 +433,39 @@ class AllReduceService:
             return TooFewPeers(f"all-reduce tag {plan.tag} needs at least two peers in the group{detail}")
         if code is m.RejectCode.TAG_IN_USE:
             return InvalidUsage(f"all-reduce tag {plan.tag} is already in flight{detail}")
+        if code is m.RejectCode.PHASE_MISMATCH:
+            log.warning("peer %x: the master ended all-reduce tag %d: %s", self._host.peer_id, plan.tag, answer.detail)
+            return _phase_mismatch_abort(f"all-reduce tag {plan.tag}", PhaseMismatch(answer.detail or "phase mismatch"))
+        if code is m.RejectCode.WITHDRAWN:
+            return ProtocolError(f"the master answered all-reduce tag {plan.tag} with a withdrawal it never got")
         return InvalidUsage(f"the peers' all-reduce parameters for tag {plan.tag} disagree{detail}")
 
-    def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int) -> bool:
-        """Start the task that settles a vote whose caller was cancelled; True if it runs (not
-        when the communicator is shutting down: nobody will commence anything then)."""
-        return self._host.spawn(self._settle_abandoned, tag, inbox, epoch)
+    def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int, *,
+                 seq: int | None = None) -> bool:
+        """Start the task that settles the tag of a call that was cancelled before the master's
+        answer to its vote (``seq=None``) or to its ``Done`` (``seq``); True if it runs (not when
+        the communicator is shutting down: nobody will commence anything then)."""
+        if not self._host.spawn(self._settle_abandoned, tag, inbox, epoch, seq):
+            return False
+        self._host.abandon_route(tag)
+        return True
 
-    async def _settle_abandoned(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int) -> None:
+    async def _settle_abandoned(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int,
+                                seq: int | None) -> None:
+        """Settle a cancelled call's tag with the master, then free it.  Before the answer to
+        the vote: withdraw it — ``Rejected(WITHDRAWN)`` (or another rejection that crossed the
+        withdrawal) ends it, a ``Commence`` that crossed it is reported as this peer's abort.
+        After this peer's ``Done`` of op ``seq``: wait for that op's ``Complete`` or ``Abort``."""
         try:
+            if seq is not None:
+                async for msg in inbox:
+                    if isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)) and msg.seq == seq:
+                        return
+                return
+            try:
+                await self._host.send_shielded(m.CollectiveWithdraw(tag), epoch=epoch)
+            except PCCLError:
+                return  # the master is gone (the route closes) or the communicator failed
             async for msg in inbox:
                 if isinstance(msg, m.CollectiveRejected):
                     return
@@ -429,7 +484,7 @@ class AllReduceService:
     # --- a commenced op -----------------------------------------------------------------------
 
     async def _run(self, plan: _Plan, commence: m.CollectiveCommence, route: CollectiveRoute,
-                   epoch: int) -> ReduceInfo:
+                   epoch: int, state: _Settlement) -> ReduceInfo:
         host = self._host
         seq, ring = commence.seq, tuple(commence.ring)
         backup: InputBackup | None = None
@@ -440,7 +495,6 @@ class AllReduceService:
             staged = storage[: plan.send.nbytes].view(plan.send.dtype).reshape(plan.send.shape)
         elif plan.in_place:
             backup = InputBackup(plan.send)
-        state = _Settlement()
         try:
             try:
                 await self._ring_and_settle(plan, seq, ring, backup, staged, route, state, epoch)

@@ -50,7 +50,8 @@ MAGIC = b"\x89PCCL\r\n\x1a"
 #: 2: two sub-chunks per chunk instead of four (``pccl.protocol.ring._PIPELINE_DEPTH``).
 #: 3: ``Register`` and ``PeerEndpoint`` lost the benchmark port, which nothing listened on.
 #: 4: ``Welcome`` and ``P2PHello`` carry the master's instance id (peers survive master restarts).
-PROTOCOL_VERSION = 4
+#: 5: phase mismatches end with ``TopologyRejected`` / ``PHASE_MISMATCH``; ``CollectiveWithdraw``.
+PROTOCOL_VERSION = 5
 
 _PREAMBLE = struct.Struct(">8sI")
 PREAMBLE_SIZE = _PREAMBLE.size

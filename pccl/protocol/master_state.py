@@ -60,6 +60,23 @@ takes part in a round or has a collective in flight, and may not vote topology o
 collective while its sync runs (OUT_OF_PHASE).  The sub-machine and its rules live in
 :mod:`pccl.protocol.sync_state`; it sees the master only through ``_SyncHost``.
 
+Withdrawal.  ``CollectiveWithdraw(tag)`` (the caller gave up before the answer) removes the
+peer's Init of an op that has not commenced and answers ``CollectiveRejected(WITHDRAWN)``; for
+a commenced op, or one already answered, it is ignored (that answer is on its way).
+
+Phase mismatch.  When every accepted member of a group waits for the others — a topology vote
+standing outside any round, a sync vote before the election, or only collective Inits that
+have not commenced — and they do not all wait in the same kind of call, none of these votes
+can ever complete: the master withdraws all of them (``TopologyRejected``,
+``CollectiveRejected(PHASE_MISMATCH)``, ``SyncRejected(PHASE_MISMATCH)``), naming who waits
+where; the peers raise ``PhaseMismatch``.  It must first last ``mismatch_grace`` (a quarter of
+``peer_timeout`` by default) unchanged: a withdrawal on its way (a cancelled all-reduce whose
+peer then votes topology) can still end it, and the master cannot know.  Checked with the other
+consensus predicates (after a collective message, on that op's group alone); the grace's end is
+one of the deadlines ``SetTimer`` announces.  Mixed topology votes
+(accept and re-wire) are one kind, and so are collectives on different tags: those can still
+meet (an accept vote satisfies a re-wire; a peer with tag 0 pending may still send tag 1).
+
 Pending query.  ``VotePeersPending`` from every accepted peer → ``PeersPendingResult(any peer
 registered)`` to all of them.  Independent of every other vote, legal while collectives run.
 
@@ -195,6 +212,7 @@ _PHASES: dict[type[m.Message], _Phase] = {
         (_SYNC, "collective tag {msg.tag} during a shared-state sync"),
     )),
     m.CollectiveDone: _Phase(frozenset({_A})),
+    m.CollectiveWithdraw: _Phase(frozenset({_A})),
     m.SyncVote: _Phase(frozenset({_A}), (
         (_TOPOLOGY, "shared-state sync during a topology update"),
         (_COLLECTIVE, "shared-state sync with collective tag {op.tag} in flight"),
@@ -309,13 +327,20 @@ class _SyncHost:
 class MasterState:
     """The consensus machine.  See the module docstring for the rules.
 
-    ``rng`` supplies peer ids; ``peer_timeout`` is ``Config.peer_timeout``.
+    ``rng`` supplies peer ids; ``peer_timeout`` is ``Config.peer_timeout``; ``mismatch_grace``
+    how long a phase mismatch must last before the master ends it (default ``peer_timeout / 4``).
     """
 
     def __init__(self, *, rng: RandomSource, peer_timeout: float, max_p2p_attempts: int = 3,
-                 min_stripe: int = election.DEFAULT_MIN_STRIPE) -> None:
+                 min_stripe: int = election.DEFAULT_MIN_STRIPE, mismatch_grace: float | None = None) -> None:
         if peer_timeout <= 0 or max_p2p_attempts < 1:
             raise ValueError("peer_timeout must be positive and max_p2p_attempts at least 1")
+        self._mismatch_grace = peer_timeout / 4 if mismatch_grace is None else mismatch_grace
+        if not 0 < self._mismatch_grace < peer_timeout:
+            raise ValueError("mismatch_grace must be positive and shorter than peer_timeout")
+        #: group -> (since when, who waits where) of a phase mismatch inside its grace period.
+        self._mismatch_since: dict[int, tuple[float, frozenset[tuple[int, str]]]] = {}
+        self._now = 0.0
         self._rng = rng
         #: This master's identity, sent in Welcome: peers tell ring connections of one master's
         #: rounds from another's (round ids start at 1 again after a restart).
@@ -345,6 +370,7 @@ class MasterState:
             m.VotePeersPending: self._on_vote_peers_pending,
             m.CollectiveInit: self._on_collective_init,
             m.CollectiveDone: self._on_collective_done,
+            m.CollectiveWithdraw: self._on_collective_withdraw,
             m.SyncVote: self._on_sync_vote,
             m.SyncReport: self._on_sync_report,
         }
@@ -355,6 +381,7 @@ class MasterState:
     def handle(self, event: Event, now: float) -> list[Effect]:
         """Apply one event at time ``now``; return the effects to execute, in order."""
         self._out = []
+        self._now = now
         only_op: tuple[int, int] | None = None  # see "Re-checks" in the module docstring
         if isinstance(event, PeerConnected):
             if event.conn_id in self._peers:
@@ -390,6 +417,8 @@ class MasterState:
         else:
             while only_op in self._ops and self._check_op(only_op):
                 pass
+            if self._check_phase_mismatch(only_op[0]):
+                self._settle()
         deadline = self.next_deadline
         if deadline != self._timer_at:
             self._timer_at = deadline
@@ -401,7 +430,10 @@ class MasterState:
     def next_deadline(self) -> float | None:
         if not self._peers:
             return None
-        return min(p.last_heard for p in self._peers.values()) + self._peer_timeout
+        deadline = min(p.last_heard for p in self._peers.values()) + self._peer_timeout
+        if self._mismatch_since:
+            deadline = min(deadline, min(since for since, _ in self._mismatch_since.values()) + self._mismatch_grace)
+        return deadline
 
     # --- read-only views ------------------------------------------------------------------------
 
@@ -542,6 +574,16 @@ class MasterState:
         else:
             op.done.add(peer.peer_id)
 
+    def _on_collective_withdraw(self, peer: _Peer, msg: m.CollectiveWithdraw) -> None:
+        op = self._ops.get((peer.group, msg.tag))
+        if op is None or op.seq is not None or peer.peer_id not in op.inits:
+            # Commenced (the Commence on its way is the answer: the peer reports an abort), or
+            # already answered (a rejection crossed the withdrawal): nothing to withdraw.
+            log.debug("ignoring withdrawal of tag %d by peer %x: no vote of it waits", msg.tag, peer.peer_id)
+            return
+        del op.inits[peer.peer_id]
+        self._send(peer, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
+
     def _on_sync_vote(self, peer: _Peer, msg: m.SyncVote) -> None:
         self._sync_state.on_vote(peer.group, peer.peer_id, msg)
 
@@ -584,7 +626,8 @@ class MasterState:
     def _own_op_only(peer: _Peer, msg: m.Message) -> tuple[int, int] | None:
         """The op whose re-check is all that ``msg`` (just handled without a fault) needs, or
         ``None`` for a full re-check (see "Re-checks" in the module docstring)."""
-        if isinstance(msg, m.CollectiveInit) or (isinstance(msg, m.CollectiveDone) and not msg.aborted):
+        if isinstance(msg, (m.CollectiveInit, m.CollectiveWithdraw)) or (
+                isinstance(msg, m.CollectiveDone) and not msg.aborted):
             return (peer.group, msg.tag)
         return None
 
@@ -601,6 +644,12 @@ class MasterState:
             for key in list(self._ops):
                 progressed |= self._check_op(key)
             progressed |= self._sync_state.settle()
+            if not progressed:
+                groups = {p.group for p in self._peers.values() if p.status is _A}
+                for group in [g for g in self._mismatch_since if g not in groups]:
+                    del self._mismatch_since[group]
+                for group in sorted(groups):
+                    progressed |= self._check_phase_mismatch(group)
 
     def _accepted(self, group: int | None = None) -> list[_Peer]:
         return [p for p in self._peers.values() if p.status is _A and (group is None or p.group == group)]
@@ -790,6 +839,84 @@ class MasterState:
         if op.group in self._stale_groups or ring is None or set(ring) != set(op.inits):
             return m.RejectCode.STALE_RING, f"group {op.group} lost a member; re-wire before retrying"
         return None, ""
+
+    def _waits_in(self, peer: _Peer, sync_waiting: frozenset[int]) -> tuple[_Activity, str] | None:
+        """The kind of call ``peer`` waits in for the others of its group, and its name as the
+        caller knows it; ``None`` when it is not known to wait for them (idle as far as the
+        master knows, in a round, or with a collective running: each can still go on)."""
+        if peer.round_scope is not None:
+            return None
+        if peer.topology_vote is TopologyVote.ACCEPT:
+            return _TOPOLOGY, "update_topology()"
+        if peer.topology_vote is TopologyVote.REWIRE:
+            return _TOPOLOGY, "a re-wire after a failed all_reduce"
+        if peer.peer_id in sync_waiting:
+            return _SYNC, "sync_shared_state()"
+        ops = self._ops_of(peer)
+        if ops and all(op.seq is None for op in ops):
+            return _COLLECTIVE, f"all_reduce (tag {', '.join(str(t) for t in sorted(op.tag for op in ops))})"
+        return None
+
+    def _mismatch(self, group: int) -> dict[int, str] | None:
+        """Who waits where in ``group`` if it is in a phase mismatch (see ``_check_phase_mismatch``)."""
+        members = self._accepted(group)
+        if len(members) < 2:
+            return None
+        sync_waiting = self._sync_state.waiting_voters(group)
+        if not sync_waiting and all(p.topology_vote is None for p in members):
+            return None  # collectives alone never mismatch (the cheap common case, per Init)
+        waits: dict[int, str] = {}
+        kinds: set[_Activity] = set()
+        for p in members:
+            waiting = self._waits_in(p, sync_waiting)
+            if waiting is None:
+                return None
+            kinds.add(waiting[0])
+            waits[p.peer_id] = waiting[1]
+        return waits if len(kinds) >= 2 else None
+
+    def _check_phase_mismatch(self, group: int) -> bool:
+        """End a phase mismatch in ``group``: every member waits for the others, and not all in
+        the same kind of call (topology vote, sync, collective), so no vote of theirs can ever
+        complete — a peer in a topology vote or a sync cannot also start a collective, nor the
+        other way round.  Once that has lasted ``mismatch_grace`` unchanged (the timer set for
+        it re-checks), every member's waiting vote is withdrawn with a message that names
+        who waits where: topology voters get ``TopologyRejected``, collective voters
+        ``CollectiveRejected(PHASE_MISMATCH)`` for each tag, sync voters
+        ``SyncRejected(PHASE_MISMATCH)``."""
+        waits = self._mismatch(group)
+        if waits is None:
+            self._mismatch_since.pop(group, None)
+            return False
+        # A message on its way can still end it (a cancelled all-reduce's withdrawal crossing
+        # the other peer's topology vote): only a mismatch that lasts the grace period counts.
+        seen = frozenset(waits.items())
+        since, before = self._mismatch_since.get(group, (self._now, seen))
+        if before != seen:
+            since = self._now
+        if self._now < since + self._mismatch_grace:
+            self._mismatch_since[group] = (since, seen)
+            return False
+        del self._mismatch_since[group]
+        members = self._accepted(group)
+        sync_waiting = self._sync_state.waiting_voters(group)
+        listing = "; ".join(f"peer {pid:x} in {call}" for pid, call in sorted(waits.items()))
+        detail = clip_text(f"phase mismatch in group {group}: {listing}; none of these calls can complete "
+                           "while the others wait elsewhere", MAX_DETAIL)
+        log.warning("group %d: %s: ending every one of these calls", group, detail)
+        for p in members:
+            if p.topology_vote is not None:
+                p.topology_vote = None
+                self._send(p, m.TopologyRejected(detail))
+            elif p.peer_id in sync_waiting:
+                self._sync_state.withdraw(group, p.peer_id, m.SyncRejectCode.PHASE_MISMATCH, detail)
+            else:
+                for op in self._ops_of(p):
+                    del op.inits[p.peer_id]
+                    if not op.inits:
+                        del self._ops[(op.group, op.tag)]
+                    self._send(p, m.CollectiveRejected(op.tag, m.RejectCode.PHASE_MISMATCH, detail))
+        return True
 
     def _abort(self, op: _Op, why: str) -> None:
         del self._ops[(op.group, op.tag)]

@@ -145,6 +145,14 @@ class KickNotice(Message, tag=24):
     detail: str = ""
 
 
+class TopologyRejected(Message, tag=25):
+    """Master → topology voter: its vote (accept or re-wire) is withdrawn because it can never
+    complete: every member of its group waits in a call that needs the others in another one
+    (a phase mismatch; ``detail`` names who waits where).  The call raises ``PhaseMismatch``."""
+
+    detail: str = ""
+
+
 class P2PHello(Message, tag=40):
     """Peer → peer, first message on a ring connection after the framed handshake: lane ``lane``
     of ``lanes`` from ring predecessor ``peer_id`` in topology round ``round`` of the master
@@ -172,7 +180,9 @@ class P2PHelloAck(Message, tag=41):
 # receives exactly one final message per (tag, seq): CollectiveComplete when every live
 # participant reported success, or CollectiveAbort as soon as one reports failure or dies first.
 # After a final message the tag is free again; a Done that arrives after an abort (same seq) is
-# ignored by the master.
+# ignored by the master.  A voter whose caller gave up before the answer sends
+# CollectiveWithdraw(tag): its Init is removed and it is answered CollectiveRejected(WITHDRAWN)
+# if the op had not commenced (else the Commence already on its way is the answer).
 
 
 class RejectCode(enum.IntEnum):
@@ -182,6 +192,8 @@ class RejectCode(enum.IntEnum):
     TAG_IN_USE = 2  # this peer reused an in-flight tag → InvalidUsage (this peer only)
     TOO_FEW_PEERS = 3  # fewer than two participants → TooFewPeers
     STALE_RING = 4  # a group member left since the ring was built: re-wire, then retry
+    PHASE_MISMATCH = 5  # the group's other members wait in other calls (see TopologyRejected)
+    WITHDRAWN = 6  # answer to this peer's CollectiveWithdraw: its vote is gone, the tag is free
 
 
 class CollectiveInit(Message, tag=50):
@@ -233,14 +245,20 @@ class CollectiveRejected(Message, tag=55):
     detail: str = ""
 
 
+class CollectiveWithdraw(Message, tag=56):
+    """Peer → master: withdraw my Init for ``tag`` (the call was cancelled before an answer)."""
+
+    tag: U64
+
+
 MEMBERSHIP_MESSAGES: tuple[type[Message], ...] = (
     Register, VoteTopology, P2PReport, VotePeersPending, Heartbeat, Leave,
-    Welcome, ConnectToPeers, TopologyComplete, PeersPendingResult, KickNotice,
+    Welcome, ConnectToPeers, TopologyComplete, PeersPendingResult, KickNotice, TopologyRejected,
     P2PHello, P2PHelloAck,
 )
 COLLECTIVE_MESSAGES: tuple[type[Message], ...] = (
     CollectiveInit, CollectiveCommence, CollectiveDone, CollectiveComplete, CollectiveAbort,
-    CollectiveRejected,
+    CollectiveRejected, CollectiveWithdraw,
 )
 
 # --- 80–109: shared state (election in election.py, votes in sync_state.py, transfer in
@@ -264,6 +282,7 @@ class SyncRejectCode(enum.IntEnum):
     STRATEGY_MIX = 1  # ENFORCE_POPULAR mixed with another strategy → InvalidUsage for this peer
     NO_SOURCE = 2  # nobody can send (all RECEIVE_ONLY, or every source failed) → SharedStateSyncFailed
     HASH_MISMATCH = 3  # fetched bytes did not match the elected hash → SharedStateSyncFailed
+    PHASE_MISMATCH = 4  # the group's other members wait in other calls → PhaseMismatch
 
 
 class SharedStateEntry(msgspec.Struct, frozen=True, array_like=True):

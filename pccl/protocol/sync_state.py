@@ -24,6 +24,10 @@ revision offered wins.  A restarted master remembers nothing, so its first sync 
 simply takes the highest revision.  Every receiver with something to fetch gets
 ``SyncPlan(sync_id, attempt 1)``; everybody else just waits.
 
+Withdrawal.  A vote that waits for the election can be withdrawn by the master
+(:meth:`SyncState.withdraw`, a phase mismatch: the group's other members wait in calls that
+need this peer elsewhere): the peer gets ``SyncRejected(PHASE_MISMATCH)``.
+
 Reports.  A receiver answers ``SyncReport``: ok → done; failed sources → the next attempt moves
 their pieces onto the remaining sources (``SyncRejected(NO_SOURCE)`` when none is left); a hash
 mismatch → ``SyncRejected(HASH_MISMATCH)`` for that receiver only.  A report for an earlier sync
@@ -151,6 +155,22 @@ class SyncState:
         if peer_id in sync.next_votes:
             return True
         return peer_id in (sync.votes if sync.sync_id is None else sync.participants)
+
+    def waiting_voters(self, group: int) -> frozenset[int]:
+        """The peers of ``group`` whose vote waits for the others' (no election yet)."""
+        sync = self._syncs.get(group)
+        if sync is None or sync.sync_id is not None:
+            return frozenset()
+        return frozenset(sync.votes)
+
+    def withdraw(self, group: int, peer_id: int, code: m.SyncRejectCode, detail: str) -> None:
+        """Drop a waiting vote of ``peer_id`` (see :meth:`waiting_voters`) and tell it why."""
+        sync = self._syncs[group]
+        assert sync.sync_id is None, "only a vote that waits for the election is withdrawn"
+        del sync.votes[peer_id]
+        if not sync.votes:
+            del self._syncs[group]
+        self._host.send(peer_id, m.SyncRejected(code, detail))
 
     # --- messages (from accepted peers, phase rules already checked) ----------------------------
 

@@ -660,8 +660,9 @@ async def test_concurrent_tags_in_different_orders_with_a_sequential_peer() -> N
 
 
 async def test_a_tag_reused_right_after_a_cancelled_call_still_reduces_correctly() -> None:
-    """Peer 0 gives up on tag 1 after its Done went out (peer 1 reports late), calls tag 1 again
-    at once (refused: still in flight at the master), then both go on with tag 1 normally."""
+    """Peer 0 gives up on tag 1 after its Done went out (peer 1 reports late) and calls tag 1
+    again at once: the new call waits for the master's final word on the old op (the tag is
+    still in flight there) instead of being refused, then both go on with tag 1 normally."""
     async with _in_process_group(2) as (master, comms, _):
         x = [np.full(1000, i + 1, np.float32) for i in range(2)]
         expect = np.full(1000, 3, np.float32)
@@ -677,20 +678,31 @@ async def test_a_tag_reused_right_after_a_cancelled_call_still_reduces_correctly
         await _all_reduce_all(comms, bufs, tag=1)
         assert all(np.array_equal(b, expect) for b in bufs)
         service.send_shielded = late_done  # type: ignore[method-assign]
+        again: dict[int, Any] = {}
         try:
             async def p0() -> None:
-                with trio.move_on_after(0.25):
+                with trio.move_on_after(0.25) as gave_up:
                     await comms[0].all_reduce(x[0].copy(), tag=1)
-                with pytest.raises(InvalidUsage):
-                    await comms[0].all_reduce(x[0].copy(), tag=1)
+                assert gave_up.cancelled_caught
+                buf = x[0].copy()
+                again[0] = await comms[0].all_reduce(buf, tag=1)
+                assert np.array_equal(buf, expect)
+
+            async def p1() -> None:
+                buf = x[1].copy()
+                await comms[1].all_reduce(buf, tag=1)  # completes: peer 0's success counts
+                assert np.array_equal(buf, expect)
+                buf = x[1].copy()
+                again[1] = await comms[1].all_reduce(buf, tag=1)
+                assert np.array_equal(buf, expect)
 
             with trio.fail_after(SOON):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(p0)
-                    nursery.start_soon(lambda: comms[1].all_reduce(x[1].copy(), tag=1))
+                    nursery.start_soon(p1)
         finally:
             service.send_shielded = real_tell  # type: ignore[method-assign]
-        await trio.sleep(0.2)
+        assert all(isinstance(i, pccl.ReduceInfo) for i in again.values()) and len(again) == 2, again
         for _ in range(2):
             bufs = [a.copy() for a in x]
             infos = await _all_reduce_all(comms, bufs, tag=1)
@@ -698,22 +710,72 @@ async def test_a_tag_reused_right_after_a_cancelled_call_still_reduces_correctly
             assert all(np.array_equal(b, expect) for b in bufs)
 
 
-async def test_cancelling_during_the_vote_makes_the_others_abort() -> None:
-    async with _in_process_group(3) as (master, comms, _):
-        inputs = _f32_inputs(3, 100_000, 3)
+async def _until(predicate: Callable[[], bool]) -> None:
+    while not predicate():
+        await trio.sleep(0.005)
+
+
+async def test_a_call_cancelled_during_the_vote_is_withdrawn_and_frees_its_tag() -> None:
+    """Issue 19 item 7: a lone all_reduce(tag=0) cancelled before the others vote withdraws its
+    vote; the next tag-0 call works on both peers (it used to be refused here and aborted there)."""
+    async with _in_process_group(2) as (master, comms, _):
+        inputs = _f32_inputs(2, 100_000, 3)
         bufs = [x.copy() for x in inputs]
         with trio.fail_after(SOON):
             with trio.move_on_after(0.3) as waited:
-                await comms[0].all_reduce(bufs[0], tag=9)  # nobody else calls yet: the vote stays open
+                await comms[0].all_reduce(bufs[0], tag=0)  # nobody else calls yet: the vote stays open
             assert waited.cancelled_caught
-            assert [op.voters for op in master.state.ops()] == [frozenset({comms[0].peer_id})]
-            with pytest.raises(InvalidUsage):  # the tag stays in flight until the vote is settled
-                await comms[0].all_reduce(bufs[0], tag=9)
-            others = await _all_reduce_all(comms[1:], bufs[1:], tag=9)
-        assert all(isinstance(o, CollectiveAborted) for o in others), others
-        for buf, x in zip(bufs, inputs):
-            assert np.array_equal(buf, x)
-        infos = await _all_reduce_all(comms, bufs, tag=9)
+            await _until(lambda: not master.state.ops())  # withdrawn at the master
+            infos = await _all_reduce_all(comms, bufs, tag=0)
+        assert all(isinstance(i, pccl.ReduceInfo) for i in infos), infos
+        expected = ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM)
+        assert np.array_equal(bufs[0], expected) and np.array_equal(bufs[1], expected)
+        assert comms[0].statistics().collectives_aborted == comms[1].statistics().collectives_aborted == 0
+
+
+async def test_a_call_cancelled_during_the_vote_does_not_block_the_next_step() -> None:
+    """Right after cancelling a lone all-reduce, update_topology and a reuse of the tag work at
+    once: each waits for the withdrawal (one round trip) instead of being refused."""
+    async with _in_process_group(2) as (master, comms, _):
+        inputs = _f32_inputs(2, 1000, 4)
+        with trio.fail_after(SOON):
+            with trio.move_on_after(0.2):
+                await comms[0].all_reduce(inputs[0].copy(), tag=5)
+            async with trio.open_nursery() as nursery:
+                for comm in comms:
+                    nursery.start_soon(comm.update_topology)
+            bufs = [x.copy() for x in inputs]
+            infos = await _all_reduce_all(comms, bufs, tag=5)
+        assert all(isinstance(i, pccl.ReduceInfo) for i in infos), infos
+        assert np.array_equal(bufs[0], bufs[1])
+
+
+async def test_a_withdrawal_that_crosses_the_commence_aborts_the_others_once() -> None:
+    """Peer 0 is cancelled during the vote, but peer 1's vote reaches the master before the
+    withdrawal: the op commenced, so peer 0 reports its abort and peer 1 sees CollectiveAborted
+    (input intact); both then reuse the tag normally."""
+    async with _in_process_group(2) as (master, comms, _):
+        inputs = _f32_inputs(2, 10_000, 5)
+        bufs = [x.copy() for x in inputs]
+        session = comms[0]._session
+        real_send = session.send_shielded
+
+        async def withdraw_late(msg: m.Message, **kw: Any) -> None:
+            if isinstance(msg, m.CollectiveWithdraw):
+                await _until(lambda: any(op.seq is not None for op in master.state.ops()))
+            await real_send(msg, **kw)
+
+        session.send_shielded = withdraw_late  # type: ignore[method-assign]
+        try:
+            with trio.fail_after(SOON):
+                with trio.move_on_after(0.2):
+                    await comms[0].all_reduce(bufs[0], tag=2)
+                with pytest.raises(CollectiveAborted):
+                    await comms[1].all_reduce(bufs[1], tag=2)
+        finally:
+            session.send_shielded = real_send  # type: ignore[method-assign]
+        assert np.array_equal(bufs[0], inputs[0]) and np.array_equal(bufs[1], inputs[1])
+        infos = await _all_reduce_all(comms, bufs, tag=2)
         assert all(isinstance(i, pccl.ReduceInfo) for i in infos), infos
         assert np.array_equal(bufs[0], ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM))
 

@@ -210,6 +210,21 @@ class Harness:
                 live = {pid for pid in op.participants if ms.conn_of(pid) is not None}
                 assert not live <= op.done, f"collective {op.tag} complete but not announced"
                 assert all(pid in live or pid in op.done for pid in op.participants), "dead participant not aborted"
+        # No group sits in a phase mismatch: every member waiting, not all in the same kind of call.
+        for g in groups:
+            kinds = set()
+            for p in (p for p in acc if p.group == g):
+                votes = [op for op in ms.ops() if op.group == g and p.peer_id in op.voters | set(op.participants)]
+                if p.in_round:
+                    kinds.add(None)
+                elif p.topology_vote is not None:
+                    kinds.add("topology")
+                elif votes and all(op.seq is None for op in votes):
+                    kinds.add("collective")
+                else:
+                    kinds.add(None)
+            if None not in kinds and len(kinds) >= 2:  # ended once its grace period is over (a timer)
+                assert g in ms._mismatch_since, f"group {g} stays in a phase mismatch"  # noqa: SLF001
         # Nothing is waiting without a timer.
         if peers:
             assert ms.next_deadline is not None and ms.next_deadline > self.now
@@ -268,6 +283,21 @@ class MasterMachine(RuleBasedStateMachine):
     def collective_init(self, i: int, tag: int, count: int) -> None:
         c = self.pick(self.h.accepted(), i)
         self.h.send(c, m.CollectiveInit(tag, count, 10, 0))
+
+    @precondition(lambda self: self.h.accepted())
+    @rule(i=st.integers(0, 10), tag=st.integers(0, 1))
+    def collective_withdraw(self, i: int, tag: int) -> None:
+        c = self.pick(self.h.accepted(), i)
+        pid = self.h.ms.peer_id_of(c)
+        waiting = any(op.tag == tag and op.seq is None and pid in op.voters for op in self.h.ms.ops())
+        sent = len(self.h.inbox.get(c, []))
+        self.h.send(c, m.CollectiveWithdraw(tag))
+        if waiting:
+            assert self.h.last(c, m.CollectiveRejected) == m.CollectiveRejected(tag, m.RejectCode.WITHDRAWN,
+                                                                                "withdrawn by this peer")
+            assert not any(op.tag == tag and pid in op.voters for op in self.h.ms.ops())
+        else:
+            assert len(self.h.inbox.get(c, [])) == sent and c not in self.h.gone
 
     @precondition(lambda self: self.h.accepted())
     @rule(i=st.integers(0, 10), aborted=st.booleans(), stale=st.booleans())
@@ -753,3 +783,143 @@ def test_same_seed_same_effects() -> None:
         h = Harness(seed=seed)
         ids.add(h.ms.peer_id_of(h.join()))
     assert len(ids) == 2, "peer ids must come from the seeded RNG"
+
+
+# --- phase mismatch and withdrawal (issue 19) --------------------------------------------------------
+
+
+def _sync_vote(h: Harness, conn: int) -> None:
+    entry = m.SharedStateEntry("w", 10, 4, bytes(16), False)
+    h.send(conn, m.SyncVote(0, 0, (entry,)))
+
+
+def _grace(h: Harness) -> None:
+    """Let the master's grace period for a phase mismatch pass (peers heartbeat meanwhile)."""
+    h.advance(TIMEOUT / 4 + 0.01)
+
+
+def _ended(h: Harness, conn: int) -> m.Message | None:
+    """The message that ended ``conn``'s waiting vote for a phase mismatch, if any."""
+    for kind in (m.TopologyRejected, m.CollectiveRejected, m.SyncRejected):
+        msg = h.last(conn, kind)
+        if msg is not None and (kind is m.TopologyRejected or msg.code == 5 and kind is m.CollectiveRejected
+                                or msg.code == 4 and kind is m.SyncRejected):
+            return msg
+    return None
+
+
+def test_collective_against_topology_vote_ends_both_and_names_the_calls() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    h.send(a, m.CollectiveInit(7, 4, 10, 0))
+    assert _ended(h, a) is None  # b may still join the collective
+    h.send(b, m.VoteTopology(True))
+    assert _ended(h, a) is None and _ended(h, b) is None  # a withdrawal may still be on its way
+    _grace(h)
+    ra, rb = h.last(a, m.CollectiveRejected), h.last(b, m.TopologyRejected)
+    assert ra.tag == 7 and ra.code == m.RejectCode.PHASE_MISMATCH
+    for text in (ra.detail, rb.detail):
+        assert "all_reduce (tag 7)" in text and "update_topology()" in text and f"{_pid(h, a):x}" in text
+    assert not h.ms.ops() and all(p.topology_vote is None for p in h.ms.peers()) and not h.kicks
+    # Both go on to the next step and meet there.
+    for c in (a, b):
+        h.send(c, m.VoteTopology(True))
+    assert h.last(a, m.TopologyComplete).round == h.last(b, m.TopologyComplete).round
+    h.check_invariants()
+
+
+def test_sync_against_collective_and_against_topology_vote() -> None:
+    for other in ("collective", "topology"):
+        h = Harness()
+        a, b = _accepted_cluster(h, [0, 0])
+        _sync_vote(h, a)
+        if other == "collective":
+            h.send(b, m.CollectiveInit(0, 4, 10, 0))
+        else:
+            h.send(b, m.VoteTopology(False))  # a re-wire after a failed all-reduce
+        _grace(h)
+        ended = h.last(a, m.SyncRejected)
+        assert ended is not None and ended.code == m.SyncRejectCode.PHASE_MISMATCH, other
+        assert "sync_shared_state()" in ended.detail
+        assert _ended(h, b) is not None and not h.ms.syncs() and not h.ms.ops() and not h.kicks
+        # The group syncs normally afterwards.
+        _sync_vote(h, a)
+        _sync_vote(h, b)
+        assert h.last(a, m.SyncComplete) is not None and h.last(b, m.SyncComplete) is not None
+
+
+def test_no_mismatch_while_any_member_may_still_come() -> None:
+    """Only when *every* member waits: an idle member (computing) may still join either call."""
+    h = Harness()
+    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    h.send(a, m.CollectiveInit(1, 4, 10, 0))
+    h.send(b, m.VoteTopology(True))
+    _grace(h)
+    assert _ended(h, a) is None and _ended(h, b) is None
+    h.send(c, m.CollectiveInit(1, 4, 10, 0))  # now nobody can move
+    _grace(h)
+    assert _ended(h, a) is not None and _ended(h, b) is not None and _ended(h, c) is not None
+
+
+def test_same_kind_waits_are_no_mismatch() -> None:
+    """An accept vote and a re-wire vote meet (the accept satisfies the re-wire); collectives on
+    different tags may still meet (each peer may send the other tag next); another group's
+    calls are not this group's business."""
+    h = Harness()
+    a, b, c, d = _accepted_cluster(h, [0, 0, 1, 1])
+    h.send(c, m.CollectiveInit(1, 4, 10, 0))
+    h.send(d, m.CollectiveInit(2, 4, 10, 0))
+    h.send(a, m.VoteTopology(True))
+    h.send(b, m.VoteTopology(False))
+    _grace(h)
+    assert all(_ended(h, x) is None for x in (a, b, c, d))
+    assert {op.tag for op in h.ms.ops()} == {1, 2}
+
+
+def test_a_withdrawn_init_frees_the_tag_and_a_late_withdrawal_is_ignored() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    h.send(a, m.CollectiveInit(0, 4, 10, 0))
+    h.send(a, m.CollectiveWithdraw(0))
+    assert h.last(a, m.CollectiveRejected) == m.CollectiveRejected(0, m.RejectCode.WITHDRAWN, "withdrawn by this peer")
+    assert not h.ms.ops()
+    h.send(b, m.CollectiveInit(0, 4, 10, 0))  # b's vote waits for a's next one, not for the old
+    assert h.last(b, m.CollectiveCommence) is None
+    h.send(a, m.CollectiveInit(0, 4, 10, 0))
+    seq = h.last(a, m.CollectiveCommence).seq
+    assert h.last(b, m.CollectiveCommence).seq == seq
+    sent = len(h.inbox[a])
+    h.send(a, m.CollectiveWithdraw(0))  # crossed the Commence: ignored, the op runs on
+    assert len(h.inbox[a]) == sent and [op.seq for op in h.ms.ops()] == [seq] and not h.kicks
+    h.send(a, m.CollectiveWithdraw(5))  # a tag it never voted: ignored as well
+    assert len(h.inbox[a]) == sent and not h.kicks
+
+
+def test_a_withdrawal_within_the_grace_period_ends_the_mismatch_without_errors() -> None:
+    """A cancelled all-reduce's withdrawal crossing the other peer's topology vote: no error for
+    anyone; the cancelled peer's own topology vote then completes the round."""
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    before = h.last(b, m.TopologyComplete).round
+    h.send(a, m.CollectiveInit(0, 4, 10, 0))
+    h.send(b, m.VoteTopology(True))
+    h.advance(TIMEOUT / 8)
+    h.send(a, m.CollectiveWithdraw(0))
+    h.send(a, m.VoteTopology(True))
+    _grace(h)
+    assert _ended(h, a) is None and _ended(h, b) is None and h.last(b, m.TopologyComplete).round > before
+    assert h.last(a, m.TopologyComplete) == h.last(b, m.TopologyComplete)
+
+
+def test_the_grace_period_restarts_when_the_waits_change() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    h.send(a, m.CollectiveInit(0, 4, 10, 0))
+    h.send(b, m.VoteTopology(True))
+    h.advance(TIMEOUT / 8)
+    h.send(a, m.CollectiveInit(1, 4, 10, 0))  # a second tag: who waits where changed
+    h.advance(TIMEOUT / 8 + 0.01)
+    assert _ended(h, a) is None and _ended(h, b) is None
+    h.advance(TIMEOUT / 8)
+    assert h.last(b, m.TopologyRejected) is not None
+    assert {msg.tag for msg in h.inbox[a] if isinstance(msg, m.CollectiveRejected)} == {0, 1}

@@ -64,3 +64,22 @@ def test_a_sync_runs_alone() -> None:
         rule.join_topology("accept")
     rule.end_sync()
     rule.begin_collective(1)
+
+
+def test_an_abandoned_collective_stays_in_flight_until_it_ends() -> None:
+    """A cancelled call's tag is abandoned, not ended: its Init may still stand at the master, so
+    the rule keeps refusing what that would get the peer kicked for (the session waits for the
+    withdrawal before it asks)."""
+    rule = PhaseRule()
+    rule.begin_collective(4)
+    rule.begin_collective(5)
+    rule.abandon_collective(4)
+    assert rule.abandoned == {4} and rule.collectives == {4, 5}
+    with pytest.raises(InvalidUsage, match="collective tag 4 is already in flight"):
+        rule.begin_collective(4)
+    rule.end_collective(5)
+    with pytest.raises(InvalidUsage, match=r"collective tags \[4\] are in flight"):
+        rule.join_topology("accept")
+    rule.end_collective(4)
+    assert rule.abandoned == frozenset() and rule.collectives == frozenset()
+    rule.begin_collective(4)
