@@ -23,6 +23,8 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from trio import current_time as _trio_time
+
 __all__ = [
     "FAILURE_KINDS",
     "Failure",
@@ -128,10 +130,8 @@ class Divergence:
 
 
 def _virtual_now() -> float:
-    import trio
-
     try:
-        return trio.current_time()
+        return _trio_time()
     except RuntimeError:  # outside trio.run (e.g. verdicts recorded after the run)
         return 0.0
 
