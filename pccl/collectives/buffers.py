@@ -6,6 +6,7 @@ kernel runs on which slice, and where (a worker thread for large slices, inline 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import struct
 import threading
@@ -63,30 +64,44 @@ class ScratchArena:
 
     def __init__(self, retain_bytes: int = 1 << 30) -> None:
         self.retain_bytes = retain_bytes
-        self._free: list[np.ndarray] = []
+        # Free buffers by size, oldest first, and the sizes present in order: a take finds the
+        # smallest fitting buffer by bisection (a long-lived process, or a simulation of many
+        # peers sharing this arena, keeps many of them).
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._sizes: list[int] = []
+        self._retained = 0
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> np.ndarray:
         nbytes = max(nbytes, 1)
         with self._lock:
-            best = None
-            for i, buf in enumerate(self._free):
-                if nbytes <= buf.size <= 2 * nbytes and (best is None or buf.size < self._free[best].size):
-                    best = i
-            if best is not None:
-                return self._free.pop(best)
+            i = bisect.bisect_left(self._sizes, nbytes)
+            if i < len(self._sizes) and self._sizes[i] <= 2 * nbytes:
+                size = self._sizes[i]
+                same = self._free[size]
+                buffer = same.pop(0)
+                if not same:
+                    del self._free[size]
+                    del self._sizes[i]
+                self._retained -= size
+                return buffer
         return np.empty(nbytes, np.uint8)
 
     def give(self, buffer: np.ndarray) -> None:
+        size = buffer.size
         with self._lock:
-            retained = sum(b.size for b in self._free)
-            if retained + buffer.size <= self.retain_bytes:
-                self._free.append(buffer)
+            if self._retained + size <= self.retain_bytes:
+                same = self._free.get(size)
+                if same is None:
+                    same = self._free[size] = []
+                    bisect.insort(self._sizes, size)
+                same.append(buffer)
+                self._retained += size
 
     @property
     def retained_bytes(self) -> int:
         with self._lock:
-            return sum(b.size for b in self._free)
+            return self._retained
 
 
 #: The arena every all-reduce uses unless given another.

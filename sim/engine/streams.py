@@ -168,8 +168,9 @@ class SimStream:
                 room = world.send_buffer - out.queued
                 if room > 0:
                     n = min(room, total - offset)
-                    # Copy, as a kernel does: the caller may reuse its buffer once we return.
-                    chunk = bytes(view[offset : offset + n])
+                    # Copy, as a kernel does: the caller may reuse its buffer once we return
+                    # (an immutable ``bytes`` sent whole needs no copy).
+                    chunk = data if n == total and type(data) is bytes else bytes(view[offset : offset + n])
                     offset += n
                     out.enqueue(chunk)
                     if world.tap is not None:
@@ -227,13 +228,16 @@ class SimStream:
         filled = 0
         while rbuf and filled < want:
             head = rbuf[0]
-            k = min(len(head), want - filled)
-            view[filled : filled + k] = head[:k]
-            if k == len(head):
+            size = len(head)
+            k = want - filled
+            if size <= k:
+                view[filled : filled + size] = head
                 rbuf.popleft()
+                filled += size
             else:
+                view[filled:want] = head[:k]
                 rbuf[0] = head[k:]
-            filled += k
+                filled = want
         self._rbuf_bytes -= filled
         pipe = self._in
         pipe.read += filled
@@ -489,7 +493,10 @@ class SimNetwork:
 
     def _dead_caller(self, operation: str) -> Incarnation | None:
         """The dead incarnation behind this call, if any (recording a zombie if it is late)."""
-        for inc in (self._inc, CURRENT_INCARNATION.get()):
+        current = CURRENT_INCARNATION.get()
+        if self._inc.alive and (current is None or current.alive):
+            return None  # the common case, checked without building the loop below
+        for inc in (self._inc, current):
             if inc is not None and not inc.alive:
                 assert inc.died_at is not None
                 if trio.current_time() > inc.died_at:

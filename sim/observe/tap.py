@@ -141,6 +141,7 @@ class _FrameParser:
         view = memoryview(data)
         pos, end = 0, len(view)
         fmt = self.fmt
+        prefix_size = fmt.prefix_size
         while pos < end:
             if self.skip:
                 k = min(self.skip, end - pos)
@@ -159,45 +160,58 @@ class _FrameParser:
                     self.skip = self.payload_left
                 continue
             if self.body is not None:
-                k = min(self.body_left, end - pos)
-                self.body += view[pos : pos + k]
+                whole: bytes | None = None
+                if not self.body and self.body_left <= end - pos:
+                    # The whole body is here (the common case): one copy, no accumulation.
+                    k = self.body_left
+                    whole = bytes(view[pos : pos + k])
+                else:
+                    k = min(self.body_left, end - pos)
+                    self.body += view[pos : pos + k]
                 self.body_left -= k
                 pos += k
                 if self.body_left == 0:
-                    body = bytes(self.body)
-                    name = fmt.message_name(body)
-                    if name is not None:
-                        found.append(name)
-                        if bodies is not None:
-                            bodies.append(body)
+                    self._control(whole if whole is not None else bytes(self.body), found, bodies)
                     self.body = None
                 continue
-            need = fmt.prefix_size - len(self.head)
-            k = min(need, end - pos)
-            self.head += view[pos : pos + k]
-            pos += k
-            if len(self.head) == fmt.prefix_size:
+            if not self.head and end - pos >= prefix_size:
+                prefix = bytes(view[pos : pos + prefix_size])  # the whole prefix is here
+                pos += prefix_size
+            else:
+                k = min(prefix_size - len(self.head), end - pos)
+                self.head += view[pos : pos + k]
+                pos += k
+                if len(self.head) < prefix_size:
+                    continue
                 prefix = bytes(self.head)
-                length, control = fmt.parse_prefix(prefix)
                 self.head.clear()
-                if control and length <= fmt.max_decoded_body:
-                    if length == 0:
-                        name = fmt.message_name(b"")
-                        if name is not None:
-                            found.append(name)
-                            if bodies is not None:
-                                bodies.append(b"")
-                    else:
-                        self.body = bytearray()
-                        self.body_left = length
+            length, control = fmt.parse_prefix(prefix)
+            if control and length <= fmt.max_decoded_body:
+                if length == 0:
+                    self._control(b"", found, bodies)
                 else:
-                    header = fmt.data_header(prefix) if data_headers is not None and not control else 0
-                    if header:
-                        self.data_head = bytearray(prefix)
-                        self.data_left = header
-                        self.payload_left = length - header
-                    else:
-                        self.skip = length
+                    self.body = bytearray()
+                    self.body_left = length
+                continue
+            header = fmt.data_header(prefix) if data_headers is not None and not control else 0
+            if not header:
+                self.skip = length
+            elif end - pos >= header:  # the whole data header is here
+                assert data_headers is not None
+                data_headers.append(prefix + bytes(view[pos : pos + header]))
+                pos += header
+                self.skip = length - header
+            else:
+                self.data_head = bytearray(prefix)
+                self.data_left = header
+                self.payload_left = length - header
+
+    def _control(self, body: bytes, found: list[str], bodies: list[bytes] | None) -> None:
+        name = self.fmt.message_name(body)
+        if name is not None:
+            found.append(name)
+            if bodies is not None:
+                bodies.append(body)
 
 
 @dataclasses.dataclass
@@ -244,6 +258,7 @@ class Tap:
         #: Last control message each host sent or read: its protocol phase.
         self.phase: dict[str, str] = {}
         self.messages_seen = 0
+        self._decode: Callable[[bytes], Any] | None = getattr(fmt, "decode", None)
 
     def watch(
         self,
@@ -320,7 +335,7 @@ class Tap:
         inc = stream._inc
         host = inc.name
         peer = stream.remote_address.rsplit(":", 1)[0]
-        decode = getattr(self.fmt, "decode", None)
+        decode = self._decode
         for i, name in enumerate(found):
             self.messages_seen += 1
             self.phase[host] = name

@@ -103,13 +103,6 @@ class AllReduceParts:
         return len(self._ops.get(host, ()))
 
 
-def _message_name(body: bytes) -> str | None:
-    try:
-        return type(codec.decode_message(body)).__name__
-    except ProtocolError:
-        return None
-
-
 class PcclFrames(LengthKindFrames):
     """pccl's wire format (preamble + codec frames); message names are the Message class names."""
 
@@ -118,16 +111,27 @@ class PcclFrames(LengthKindFrames):
 
     def __init__(self) -> None:
         assert codec.PREFIX_SIZE == LengthKindFrames.prefix_size
-        super().__init__(_message_name, control_kind=int(codec.FrameKind.CONTROL),
+        super().__init__(self._message_name, control_kind=int(codec.FrameKind.CONTROL),
                          preamble_size=handshake.PREAMBLE_SIZE, data_kind=int(codec.FrameKind.DATA),
                          data_header_size=codec.DATA_HEADER_SIZE)
+        # The tap names a body, then hands the same body to its watchers: decoded once.
+        self._last_body: bytes | None = None
+        self._last_message: object | None = None
+
+    def _message_name(self, body: bytes) -> str | None:
+        message = self.decode(body)
+        return None if message is None else type(message).__name__
 
     def decode(self, body: bytes) -> object | None:
         """The decoded control message (for :meth:`~sim.observe.tap.Tap.watch`), or ``None``."""
+        if body is self._last_body:
+            return self._last_message
         try:
-            return codec.decode_message(body)
+            message = codec.decode_message(body)
         except ProtocolError:
-            return None
+            message = None
+        self._last_body, self._last_message = body, message
+        return message
 
     def decode_data(self, raw: bytes) -> object | None:
         """The :class:`~pccl.protocol.codec.DataHeader` of a data frame's prefix and header bytes
