@@ -341,6 +341,9 @@ class MasterState:
         #: group -> (since when, who waits where) of a phase mismatch inside its grace period.
         self._mismatch_since: dict[int, tuple[float, frozenset[tuple[int, str]]]] = {}
         self._now = 0.0
+        #: Bumped by every event that may have changed more than a liveness deadline (read-only
+        #: views of an unchanged generation are unchanged: checkers cache on it).
+        self.generation = 0
         self._rng = rng
         #: This master's identity, sent in Welcome: peers tell ring connections of one master's
         #: rounds from another's (round ids start at 1 again after a restart).
@@ -412,6 +415,10 @@ class MasterState:
         if self._timer_at is not None and now >= self._timer_at:
             self._expire(now)
             only_op = None
+            self.generation += 1
+        elif not isinstance(event, Tick) and not (
+                isinstance(event, MessageReceived) and isinstance(event.msg, m.Heartbeat)):
+            self.generation += 1
         if only_op is None:
             self._settle()
         else:
@@ -419,6 +426,8 @@ class MasterState:
                 pass
             if self._check_phase_mismatch(only_op[0]):
                 self._settle()
+        if self._out:
+            self.generation += 1  # (a heartbeat never acts; this guards the rule above)
         deadline = self.next_deadline
         if deadline != self._timer_at:
             self._timer_at = deadline

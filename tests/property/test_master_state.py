@@ -50,8 +50,16 @@ class Harness:
 
     # --- driving ---------------------------------------------------------------------------------
 
+    def views(self) -> tuple:
+        ms = self.ms
+        return (ms.ops(), ms.syncs(), ms.rounds_in_progress(), sorted(ms.peers(), key=lambda p: p.conn_id),
+                ms.rings(), ms.stale_groups())
+
     def feed(self, event: object) -> list[object]:
+        generation, views = self.ms.generation, self.views()
         out = self.ms.handle(event, self.now)  # type: ignore[arg-type]
+        if self.ms.generation == generation:  # checkers cache on the generation
+            assert self.views() == views and all(isinstance(e, SetTimer) for e in out), event
         # handle() may re-check only the op a collective message touched: a full re-check right
         # after it must find nothing left to do (nothing to send, nothing to change).
         before = (self.ms.ops(), self.ms.syncs(), self.ms.rounds_in_progress(), self.ms.peers())

@@ -181,12 +181,20 @@ class NoStuckVote(Checker):
         self.grace = grace
         self.since: float | None = None
         self.failed = False
+        self._seen: tuple[ms.MasterState, int] | None = None  # the machine and generation last checked
+        self._stuck: list[str] = []
 
     def on_event(self, sim: Simulation, event: TraceEvent) -> None:
         if self.failed:
             return
         state = self.master_state(sim)
-        stuck = stuck_votes(state) if state is not None else []
+        if state is None:
+            stuck: list[str] = []
+        else:
+            if self._seen is None or self._seen[0] is not state or self._seen[1] != state.generation:
+                seen = (state, state.generation)  # heartbeats change nothing the predicates read
+                self._seen, self._stuck = seen, stuck_votes(state)
+            stuck = self._stuck
         if not stuck:
             self.since = None
             return
