@@ -18,6 +18,7 @@ import dataclasses
 import multiprocessing
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
@@ -89,6 +90,8 @@ class SeedResult:
     coverage: list[list[str]]
     #: Seconds from the end of the faults to the first full-membership step (None: never).
     converged_after: float | None = None
+    #: Faults of the schedule by kind (kill, partition, master_restart, ...).
+    fault_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def peer_seconds(trace: Trace) -> float:
@@ -124,6 +127,7 @@ def run_seed(spec: CampaignSpec, seed: int, options: RunOptions | None = None) -
         loop_iterations=stats["loop_iterations"],
         coverage=[list(c) for c in stats.get("coverage", [])],
         converged_after=stats.get("converged_after"),
+        fault_kinds=dict(Counter(e.kind for e in schedule.events)),
     )
 
 
@@ -237,6 +241,8 @@ def summary_table(results: Sequence[SeedResult]) -> str:
         ("passing", f"{n - len(failing)}"),
         ("failing", f"{len(failing)}" + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(kinds.items()))})" if kinds else "")),
         ("faults injected", f"{sum(r.faults for r in results)}"),
+        ("faults by kind", ", ".join(f"{k} {v}" for k, v in sorted(
+            sum((Counter(r.fault_kinds) for r in results), Counter()).items())) or "none"),
         ("virtual seconds", f"{virtual:.0f}"),
         ("run wall seconds (sum)", f"{wall:.1f}"),
         ("virtual / wall", f"{virtual / max(wall, 1e-9):.0f}x"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from sim.tools.campaign import CampaignSpec, parse_seeds, run_campaign, summary_table
@@ -26,6 +28,19 @@ def test_bounded_campaign_of_the_real_code_passes() -> None:
     victim_phases = {cell[0] for r in results for cell in r.coverage}
     assert len(victim_phases & set(MEMBERSHIP_MESSAGES)) >= 5, victim_phases
     assert "seeds / minute / core" in summary_table(results)
+
+
+def test_bounded_campaign_with_every_phase_master_restarts_and_two_groups() -> None:
+    """The issue-17 mix in small: compute, sync and all-reduce steps, two peer groups, master
+    kills and restarts among the faults (the long campaign is a command in the note)."""
+    spec = CampaignSpec(profile="phases", peers=5, duration=10.0,
+                        params=(("phases", ("compute", "sync", "all_reduce")), ("groups", 2)))
+    results = run_campaign(spec, range(200, 208), workers=2)
+    _assert_all_pass(results)
+    kinds = sum((Counter(r.fault_kinds) for r in results), Counter())
+    assert kinds["master_restart"] >= 2 and kinds["kill"] + kinds["power_off"] >= 4, kinds
+    assert sum(kinds.values()) == sum(r.faults for r in results)
+    assert "faults by kind" in summary_table(results) and "master_restart" in summary_table(results)
 
 
 def test_parse_seeds() -> None:
