@@ -89,6 +89,7 @@ def generate(
     peer_prefix: str = "peer",
     initial_peers: Sequence[str] | None = None,
     message_directions: Mapping[str, Sequence[str]] | None = None,
+    master_message_directions: Mapping[str, Sequence[str]] | None = None,
 ) -> Schedule:
     """Draw a schedule from ``seed`` (deterministic: same arguments, same schedule).
 
@@ -98,6 +99,11 @@ def generate(
     vocabulary); without them ``triggered_kill`` falls back to byte triggers.
     ``message_directions`` (message -> the directions a peer can see it in: ``send``/``recv``)
     keeps triggers plausible ("peer1 *sends* VoteTopology", never "receives").
+    ``master_message_directions`` (the same from the master's side) lets half of the
+    ``master_kill`` faults watch the master itself ("after the master *reads* its 2nd
+    ``CollectiveDone``"): the master's short phases between reading a message and answering it
+    are reached only that way.  That choice is drawn from its own stream, so adding it shifted
+    no other draw of a schedule.
     """
     rates = PROFILES[profile] if isinstance(profile, str) else profile
     rng = derive_rng(seed, "schedule")
@@ -151,8 +157,13 @@ def generate(
         elif action == "master_kill":
             watched = rng.choice(sorted(alive))
             down = round(rng.uniform(*rates.restart_down), 6)
-            events.append(FaultEvent(t_event, "master_restart", host=master, duration=down,
-                                     trigger=_trigger(rng, rates, watched, hosts, messages, message_directions)))
+            trigger = _trigger(rng, rates, watched, hosts, messages, message_directions)
+            if master_message_directions and master is not None:
+                aim = derive_rng(seed, f"master-watch-{len(events)}")
+                if aim.random() < 0.5:
+                    trigger = _trigger(aim, rates, master, hosts, tuple(master_message_directions),
+                                       master_message_directions)
+            events.append(FaultEvent(t_event, "master_restart", host=master, duration=down, trigger=trigger))
         elif action == "stall":
             victim = rng.choice(hosts)
             events.append(FaultEvent(t_event, "stall", host=victim, duration=round(rng.uniform(*rates.stall_duration), 6)))

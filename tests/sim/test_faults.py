@@ -85,6 +85,39 @@ def test_chaos_profile_mixes_kinds_and_triggers() -> None:
     assert PROFILES["stress"].spawn == 0.6 and PROFILES["stress"].kill == 0.4
 
 
+def test_half_the_master_kills_watch_the_master_itself() -> None:
+    # Master-side triggers name what the master sees, in its direction: it reads what peers send.
+    from sim.workloads.pccl.scenario import pccl_schedule
+
+    watched: list[str] = []
+    for seed in range(40):
+        _, schedule = pccl_schedule(seed, profile="phases", peers=4, phases=["compute", "sync", "all_reduce"])
+        for event in schedule.events:
+            if event.kind == "master_restart" and event.trigger is not None:
+                watched.append(event.trigger.host or "")
+                if event.trigger.host == "master":
+                    assert (event.trigger.message, event.trigger.direction) in {
+                        ("Register", "recv"), ("Welcome", "send"), ("VoteTopology", "recv"), ("ConnectToPeers", "send"),
+                        ("P2PReport", "recv"), ("TopologyComplete", "send"), ("CollectiveInit", "recv"),
+                        ("CollectiveCommence", "send"), ("CollectiveDone", "recv"), ("CollectiveComplete", "send"),
+                        ("CollectiveAbort", "send"), ("CollectiveRejected", "send"), ("SyncVote", "recv"),
+                        ("SyncPlan", "send"), ("SyncReport", "recv"), ("SyncComplete", "send")}, event.trigger
+    assert 0.25 < watched.count("master") / len(watched) < 0.75, watched
+    # The draw of the other faults did not move: without master-side aims the same seed gives
+    # the same events, and only the triggers of some master kills differ.
+    from sim.faults.generate import generate
+    from sim.workloads.pccl.scenario import PEER_MESSAGE_DIRECTIONS, master_message_directions
+
+    common = dict(profile="phases", peers=4, messages=tuple(PEER_MESSAGE_DIRECTIONS),
+                  message_directions=PEER_MESSAGE_DIRECTIONS)
+    for seed in range(10):
+        aimed = generate(seed, master_message_directions=master_message_directions(PEER_MESSAGE_DIRECTIONS),
+                         **common)  # type: ignore[arg-type]
+        plain = generate(seed, **common)  # type: ignore[arg-type]
+        assert [(e.t, e.kind, e.host) for e in aimed.events] == [(e.t, e.kind, e.host) for e in plain.events]
+        assert all(a.trigger == p.trigger for a, p in zip(aimed.events, plain.events) if a.kind != "master_restart")
+
+
 def test_invalid_events_are_rejected() -> None:
     with pytest.raises(ValueError):
         FaultEvent(1.0, "explode", host="x")

@@ -106,6 +106,29 @@ def test_phase_triggered_kill_lands_in_its_phase_and_is_covered() -> None:
     assert {e.data["world_size"] for e in trace.of_kind("step") if e.t > trace.of_kind("triggered")[1].t + 1} == {3}
 
 
+@pytest.mark.parametrize("message", ["CollectiveDone", "CollectiveAbort", "Register"])
+def test_master_killed_in_its_own_short_phases_and_the_run_recovers(message: str) -> None:
+    # The master's phase between reading a message and answering it lasts no virtual time: only
+    # a trigger on the master itself lands there.  A stall of peer1 inside its all-reduce makes
+    # the master abort the op (its CollectiveAbort); a join makes it read a Register.
+    scenario = PcclScenario(peers=3, phases=["compute", "all_reduce"])
+    trigger = Trigger("message", host="master", direction="send" if message == "CollectiveAbort" else "recv",
+                      message=message, nth=1)
+    events = [FaultEvent(1.5, "master_restart", host="master", duration=1.0, trigger=trigger)]
+    if message == "CollectiveAbort":
+        events.append(FaultEvent(1.5, "stall", host="peer1", duration=3.0,
+                                 trigger=Trigger("message", host="peer1", direction="recv", message="CollectiveCommence")))
+    if message == "Register":
+        events.append(FaultEvent(1.5, "spawn", host="peer3", role="peer"))
+    trace = run(scenario, _schedule(scenario, events, duration=8.0))
+    assert trace.ok, [str(f) for f in trace.failures]
+    cells = [tuple(c) for c in trace.stats["coverage"] if c[2] == "master_restart"]
+    assert [c[1] for c in cells] == [message]
+    assert [e for e in trace.of_kind("triggered") if e.data["trigger"].startswith("master")]
+    last = {e.source: e.data["world_size"] for e in trace.of_kind("step")}
+    assert all(last[p] == len(last) for p in last) and len(last) == (4 if message == "Register" else 3), last
+
+
 class _WedgeAfterFaults(Phase):
     """A step body that never returns once the faults are over: liveness must catch it."""
 

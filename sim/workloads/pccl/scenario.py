@@ -80,6 +80,24 @@ PEER_MESSAGE_DIRECTIONS: dict[str, tuple[str, ...]] = {
     "TopologyComplete": ("recv",),
 }
 MEMBERSHIP_MESSAGES = tuple(PEER_MESSAGE_DIRECTIONS)
+#: Control messages that travel between peers only: the master never is in their phase.
+PEER_TO_PEER_MESSAGES = frozenset({"P2PHello", "P2PHelloAck", "StateRequest"})
+#: Control messages only the master sends that a peer's phase list does not name (a peer's
+#: phase after one is that of the call it answers), as the master sees them.
+MASTER_ONLY_DIRECTIONS: dict[str, tuple[str, ...]] = {"CollectiveRejected": ("send",)}
+
+
+def master_message_directions(peer_directions: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    """The control messages of ``peer_directions`` the master sees, in the master's directions
+    (what a peer sends the master reads, and the reverse), plus :data:`MASTER_ONLY_DIRECTIONS`."""
+    flip = {"send": "recv", "recv": "send"}
+    out: dict[str, tuple[str, ...]] = {}
+    for name, directions in peer_directions.items():
+        if name in PEER_TO_PEER_MESSAGES or name.startswith("data:"):
+            continue
+        out[name] = tuple(flip.get(d, d) for d in directions)
+    out.update(MASTER_ONLY_DIRECTIONS)
+    return out
 
 
 def attributes(comm: pccl.Communicator) -> dict[str, int]:
@@ -200,8 +218,12 @@ class PcclScenario(Scenario):
         return MEMBERSHIP_MESSAGES + tuple(p for phase in self.phases for p in phase.coverage_phases)
 
     def master_coverage_phases(self) -> tuple[str, ...]:
-        # The master sends and reads no data frames: only control phases are listed for it.
-        return tuple(p for p in self.coverage_phases() if p not in AllReduceParts.PARTS)
+        # The master sends and reads no data frames and never sees the peer-to-peer control
+        # messages: only its control phases are listed, with the rejections only it sends.
+        own = tuple(p for p in self.coverage_phases() if p not in AllReduceParts.PARTS and p not in PEER_TO_PEER_MESSAGES)
+        if any(p in own for p in ("CollectiveInit", "SyncVote")):
+            own += tuple(MASTER_ONLY_DIRECTIONS)
+        return own
 
     def configure(self, sim: Simulation) -> None:
         self._masters.clear()
@@ -339,6 +361,7 @@ def pccl_schedule(
         scenario=scenario.to_json(),
         messages=tuple(directions),
         message_directions=directions,
+        master_message_directions=master_message_directions(directions),
     )
     if isinstance(profile, str):
         schedule.profile = profile
