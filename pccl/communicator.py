@@ -245,8 +245,9 @@ class Communicator:
         Each step: ``update_topology()`` (skipped on the first step — a newcomer's
         ``open_communicator`` returned exactly when the others' update returned, so it already
         stands at this line), then while this peer is alone in its group, wait for a newcomer
-        (``are_peers_pending()`` every ``config.heartbeat_interval``, accepting it when one
-        waits), then ``sync_shared_state(state, strategy)``.  The caller all-reduces, updates the
+        (``update_topology()`` again every ``config.heartbeat_interval``: it accepts a peer that
+        waits, and in a run of several groups it is the vote the other groups' updates wait
+        for), then ``sync_shared_state(state, strategy)``.  The caller all-reduces, updates the
         state and increments ``state.revision`` in the loop body.  Errors as for the calls it
         makes; cancellation as for them.  Close it (``aclose``) or break out of the loop.  When
         the master is lost mid-sync the step starts over once it is back (SPEC §3 "Master
@@ -265,10 +266,11 @@ class Communicator:
                     log.info("peer %x is alone in group %d: waiting for another peer to join", self.peer_id,
                              self.peer_group)
                 while self.world_size < 2:
-                    if await self.are_peers_pending():
-                        await self.update_topology()
-                    else:
-                        await trio.sleep(self._session.config.heartbeat_interval)
+                    # Not are_peers_pending(): its vote waits for every accepted peer of every
+                    # group, and the other groups' loops wait in update_topology(), whose accept
+                    # vote is global too.  Alone in one group, this returns at once.
+                    await trio.sleep(self._session.config.heartbeat_interval)
+                    await self.update_topology()
                 info = await self.sync_shared_state(state, strategy)
             except PhaseMismatch as exc:
                 # The group's other peers waited elsewhere (their all-reduce, say, ended too and

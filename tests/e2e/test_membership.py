@@ -715,3 +715,35 @@ async def test_a_lone_peer_says_so_once_and_the_master_logs_membership_once_each
     sizes = [line for line in lines if line.startswith("group 0: world size")]
     assert sizes == ["group 0: world size 1 (was 0)", "group 0: world size 2 (was 1)",
                      "group 0: world size 1 (was 2)"], lines
+
+
+async def test_a_lone_peer_in_steps_does_not_hold_up_the_other_groups(master: pccl.Master) -> None:
+    # Accept votes are global: a lone peer that only asked are_peers_pending() (whose vote waits
+    # for every accepted peer, and the other group's peers never ask it in steps()) would leave
+    # the other group's update_topology waiting for ever.  Group 1's lone peer votes with them.
+    with trio.fail_after(3 * BOUND):
+        async with _open(master.address, 0) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a], group=0)
+            lone, _ = await _admit(nursery, master, [a, b], group=1)
+            assert (a.world_size, lone.world_size, a.num_peer_groups) == (2, 1, 2)
+            progress: dict[str, int] = {"a": 0, "b": 0}
+
+            async def loop(name: str, comm: pccl.Communicator) -> None:
+                state = pccl.SharedState({"x": np.zeros(4, np.float32)})
+                async for _ in comm.steps(state):
+                    x = np.ones(4, np.float32)
+                    await comm.all_reduce(x)
+                    state.revision += 1
+                    progress[name] += 1
+
+            async def lone_loop() -> None:
+                state = pccl.SharedState({"y": np.zeros(2, np.float32)})
+                async for _ in lone.steps(state):
+                    raise AssertionError("a peer alone in its group must not step")
+
+            nursery.start_soon(loop, "a", a)
+            nursery.start_soon(loop, "b", b)
+            nursery.start_soon(lone_loop)
+            await _wait_until(lambda: min(progress.values()) >= 5, "five steps of group 0")
+            assert lone.world_size == 1 and a.world_size == b.world_size == 2
+            nursery.cancel_scope.cancel()
