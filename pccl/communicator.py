@@ -152,8 +152,10 @@ class Communicator:
         await self._session.topology_vote(accept_new_peers=True)
 
     async def are_peers_pending(self) -> bool:
-        """Whether a registered peer waits to be accepted; answered once every accepted peer
-        asked.  Legal while collectives run.  Cancellation leaves the vote standing (the next
+        """Whether ``update_topology()`` has something to do: a registered peer waits to be
+        accepted.  Answered once every accepted peer (of every group) asked — or, ``True``, as
+        soon as every one that did not ask waits in ``update_topology()`` (that vote waits for
+        this peer's).  Legal while collectives run.  Cancellation leaves the vote standing (the next
         call waits for its answer).  Raises ``Kicked``, ``MasterUnreachable``."""
         return await self._session.are_peers_pending()
 

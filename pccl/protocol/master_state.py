@@ -79,6 +79,10 @@ meet (an accept vote satisfies a re-wire; a peer with tag 0 pending may still se
 
 Pending query.  ``VotePeersPending`` from every accepted peer → ``PeersPendingResult(any peer
 registered)`` to all of them.  Independent of every other vote, legal while collectives run.
+The answer tells a voter whether ``update_topology`` has something to do, so it also comes as
+soon as every accepted peer that has not asked waits in an accept vote: ``True`` (the voters'
+update completes that vote).  Both votes are global; without this a lone peer of one group
+asking, while the other groups wait in ``update_topology`` for it, would wait for ever.
 
 Liveness.  Any message refreshes a connection's deadline ``last_heard + peer_timeout``; at that
 deadline (checked on every event, ``Tick`` included) the peer is kicked with ``TIMEOUT``.  A
@@ -789,10 +793,16 @@ class MasterState:
 
     def _check_pending_vote(self) -> bool:
         accepted = self._accepted()
-        if not accepted or not all(p.pending_vote for p in accepted):
+        voters = [p for p in accepted if p.pending_vote]
+        if not voters:
             return False
-        pending = any(p.status is _R for p in self._peers.values())
-        for p in accepted:
+        # The others (if any) wait in an accept vote: they will not ask, and the voters'
+        # update_topology is what their vote waits for (module docstring).
+        in_accept_vote = len(voters) < len(accepted)
+        if in_accept_vote and not all(p.pending_vote or p.topology_vote is TopologyVote.ACCEPT for p in accepted):
+            return False
+        pending = in_accept_vote or any(p.status is _R for p in self._peers.values())
+        for p in voters:
             p.pending_vote = False
             self._send(p, m.PeersPendingResult(pending))
         return True

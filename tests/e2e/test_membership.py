@@ -717,10 +717,12 @@ async def test_a_lone_peer_says_so_once_and_the_master_logs_membership_once_each
                      "group 0: world size 1 (was 2)"], lines
 
 
-async def test_a_lone_peer_in_steps_does_not_hold_up_the_other_groups(master: pccl.Master) -> None:
-    # Accept votes are global: a lone peer that only asked are_peers_pending() (whose vote waits
-    # for every accepted peer, and the other group's peers never ask it in steps()) would leave
-    # the other group's update_topology waiting for ever.  Group 1's lone peer votes with them.
+@pytest.mark.parametrize("lone_loop", ["steps", "asks_pending"])
+async def test_a_lone_peer_does_not_hold_up_the_other_groups(master: pccl.Master, lone_loop: str) -> None:
+    # Accept votes are global, and so is the are_peers_pending() vote: a lone peer that only asks
+    # it while the other group's peers wait in update_topology for its accept vote would wait for
+    # ever (and so would they).  steps() votes with them; a hand-written loop that asks
+    # are_peers_pending() first hears True (the others wait in update_topology) and votes too.
     with trio.fail_after(3 * BOUND):
         async with _open(master.address, 0) as a, trio.open_nursery() as nursery:
             b, _ = await _admit(nursery, master, [a], group=0)
@@ -736,14 +738,21 @@ async def test_a_lone_peer_in_steps_does_not_hold_up_the_other_groups(master: pc
                     state.revision += 1
                     progress[name] += 1
 
-            async def lone_loop() -> None:
+            async def lone_steps() -> None:
                 state = pccl.SharedState({"y": np.zeros(2, np.float32)})
                 async for _ in lone.steps(state):
                     raise AssertionError("a peer alone in its group must not step")
 
+            async def lone_asks_pending() -> None:  # PCCL's own loop while alone
+                while True:
+                    if await lone.are_peers_pending():
+                        await lone.update_topology()
+                    else:
+                        await trio.sleep(HEARTBEAT)
+
             nursery.start_soon(loop, "a", a)
             nursery.start_soon(loop, "b", b)
-            nursery.start_soon(lone_loop)
+            nursery.start_soon(lone_steps if lone_loop == "steps" else lone_asks_pending)
             await _wait_until(lambda: min(progress.values()) >= 5, "five steps of group 0")
             assert lone.world_size == 1 and a.world_size == b.world_size == 2
             nursery.cancel_scope.cancel()

@@ -566,6 +566,29 @@ def test_last_missing_pending_voter_dies() -> None:
     assert h.last(b, m.PeersPendingResult) == m.PeersPendingResult(True)
 
 
+def test_a_pending_vote_answers_true_when_the_others_wait_in_an_accept_vote() -> None:
+    # Group 1's lone peer asks while group 0 waits in update_topology: both votes are global, so
+    # neither could complete; the answer "call update_topology" ends it, and the round follows.
+    h = Harness()
+    a, b, c = _accepted_cluster(h, [0, 0, 1])
+    h.send(a, m.VoteTopology(True))
+    h.send(c, m.VotePeersPending())
+    assert h.last(c, m.PeersPendingResult) is None  # b has neither asked nor voted yet
+    h.send(b, m.VoteTopology(True))
+    assert h.last(c, m.PeersPendingResult) == m.PeersPendingResult(True)
+    h.send(c, m.VoteTopology(True))
+    for x in (a, b, c):
+        assert h.last(x, m.TopologyComplete) is not None
+    assert not h.kicks
+    # A re-wire vote is group-scoped and completes by itself: no early answer for it.
+    h2 = Harness()
+    a2, b2, c2 = _accepted_cluster(h2, [0, 0, 1])
+    h2.send(a2, m.VoteTopology(False))
+    h2.send(b2, m.VoteTopology(False))
+    h2.send(c2, m.VotePeersPending())
+    assert h2.last(c2, m.PeersPendingResult) is None
+
+
 def test_pending_vote_is_legal_while_a_collective_runs() -> None:
     h = Harness()
     a, b = _accepted_cluster(h, [0, 0])
