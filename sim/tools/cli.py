@@ -46,6 +46,8 @@ def _spec(args: argparse.Namespace) -> CampaignSpec:
         params.append(("phases", tuple(args.phases.split(","))))
     if args.groups != 1:
         params.append(("groups", args.groups))
+    if args.alone != "update":
+        params.append(("alone", args.alone))
     return CampaignSpec(
         scenario=args.scenario, profile=args.profile, peers=args.peers, duration=args.duration, quiet=args.quiet,
         params=tuple(params),
@@ -193,6 +195,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="master variant (sim.workloads.pccl.mutants), e.g. no-recheck-on-disconnect")
         p.add_argument("--phases", default="", help="step body, comma-separated (default: compute)")
         p.add_argument("--groups", type=int, default=1, help="peer groups (peerN joins group N %% groups)")
+        p.add_argument("--alone", default="update", choices=("update", "pending"),
+                       help="a lone peer's loop: update_topology (as steps() does) or are_peers_pending first")
         p.add_argument("-v", "--verbose", action="store_true")
 
     helps = {

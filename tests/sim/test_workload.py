@@ -75,6 +75,17 @@ def test_master_restart_peers_reconnect_and_keep_going() -> None:
     assert {e.source: e.data["peer_id"] for e in after} == before
 
 
+def test_a_lone_peer_asking_are_peers_pending_does_not_stop_the_other_group() -> None:
+    # peer1 is alone in group 1 and runs PCCL's loop (are_peers_pending first); group 0 steps,
+    # and when peer3 joins group 1 the lone peer's "True" leads it into the accept vote.
+    scenario = PcclScenario(peers=3, groups=2, alone="pending")
+    trace = run(scenario, _schedule(scenario, [FaultEvent(3.0, "spawn", host="peer3", role="peer")]))
+    assert trace.ok, [str(f) for f in trace.failures]
+    steps = trace.of_kind("step")
+    assert len([e for e in steps if e.source in ("peer0", "peer2") and e.t < 3.0]) > 10
+    assert [e for e in steps if e.source == "peer1" and e.data["world_size"] == 2]
+
+
 def test_long_stall_gets_the_peer_kicked_and_it_rejoins() -> None:
     scenario = PcclScenario(peers=3)
     trace = run(scenario, _schedule(scenario, [FaultEvent(1.0, "stall", host="peer1", duration=4.0)]))

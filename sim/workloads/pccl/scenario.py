@@ -122,7 +122,10 @@ class PcclScenario(Scenario):
     happen; default derived from the timeouts), ``probe_interval``, ``hold`` (after that step, keep watching this long, then
     end the run; default ``2 × peer_timeout + 2 × heartbeat_interval``; ``None``: run the whole
     quiet window), ``latency``/``jitter`` (one-way seconds on every link; WAN-like values make
-    deliveries race).
+    deliveries race).  ``alone``: what a peer alone in its group does each ``alone_wait``:
+    ``"update"`` (``update_topology()``, as ``Communicator.steps`` does) or ``"pending"`` (PCCL's
+    loop: ``update_topology()`` only when ``are_peers_pending()`` says so), which puts the
+    global pending vote among the other groups' steps.
     """
 
     name = "pccl"
@@ -147,6 +150,7 @@ class PcclScenario(Scenario):
         hold: float | None = -1.0,
         latency: float = 0.005,
         jitter: float = 0.0,
+        alone: str = "update",
     ) -> None:
         params: dict[str, Any] = dict(
             peers=peers, groups=groups, peer_timeout=peer_timeout, heartbeat_interval=heartbeat_interval,
@@ -160,7 +164,12 @@ class PcclScenario(Scenario):
             params["hold"] = hold
         if (latency, jitter) != (0.005, 0.0):
             params.update(latency=latency, jitter=jitter)
+        if alone not in ("update", "pending"):
+            raise ValueError(f"alone must be 'update' or 'pending', got {alone!r}")
+        if alone != "update":
+            params["alone"] = alone
         super().__init__(**params)
+        self.alone = alone
         self.link = LinkSpec(latency=latency, jitter=jitter)
         if groups < 1 or peers < 0:
             raise ValueError("need groups >= 1 and peers >= 0")
@@ -317,6 +326,9 @@ class PcclScenario(Scenario):
             if comm.world_size < 2:
                 host.record("alone", peer_id=comm.peer_id)
                 await trio.sleep(self.alone_wait)
+                if self.alone == "pending":
+                    while not await comm.are_peers_pending():
+                        await trio.sleep(self.alone_wait)
                 continue
             step += 1
             began = trio.current_time()
