@@ -290,6 +290,11 @@ class PeerInfo:
     topology_vote: TopologyVote | None
     in_round: bool
     pending_vote: bool
+    #: The host the master observed, the p2p port the peer advertised, and when the master last
+    #: heard from it (the machine's clock).
+    host: str = ""
+    p2p_port: int = 0
+    last_heard: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -449,7 +454,7 @@ class MasterState:
     def peers(self) -> list[PeerInfo]:
         return [
             PeerInfo(p.conn_id, p.peer_id, p.group, p.status, p.topology_vote, p.round_scope is not None,
-                     p.pending_vote)
+                     p.pending_vote, p.host, p.p2p_port, p.last_heard)
             for p in self._peers.values()
         ]
 
