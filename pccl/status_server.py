@@ -212,7 +212,9 @@ async def serve_status(address: str, app: StatusApp, *,
     try:
         await serve(app, config, task_status=_Started(), mode="asgi")  # type: ignore[arg-type]
     except* OSError as group:
-        exc = group.exceptions[0]
+        exc: BaseException = group
+        while isinstance(exc, BaseExceptionGroup):  # hypercorn's nurseries nest the bind error
+            exc = exc.exceptions[0]
         if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
             raise AddressInUse(f"status address {address} is in use") from exc
         raise TransportError(f"cannot serve the status page on {address}: {exc}") from exc
