@@ -203,6 +203,10 @@ class _MasterServer:
         self.removals: collections.Counter[str] = collections.Counter()
         self.reported_tx_bytes = 0
         self.reported_rx_bytes = 0
+        #: group -> (sync id, bytes planned so far) of its running sync, and (last sync, last sync
+        #: that moved bytes) of each group
+        self._sync_planned: dict[int, tuple[int, int]] = {}
+        self.last_syncs: dict[int, tuple[st.SyncRecord | None, st.SyncRecord | None]] = {}
         # The last op/sync whose final message went out: one op ends with one message per
         # participant, all in one batch of effects, so this dedupes them.
         self._last_final: tuple[type, int] | None = None
@@ -271,6 +275,13 @@ class _MasterServer:
                                             "restart, keeping its id")
             else:
                 self._event("join", conn, f"registered from {conn.framed.remote_address}")
+        elif kind is m.SyncPlan:
+            plan: m.SyncPlan = msg  # type: ignore[assignment]
+            sync_id, planned = self._sync_planned.get(conn.group, (plan.sync_id, 0))
+            if sync_id != plan.sync_id:
+                planned = 0
+            planned += sum(piece.nbytes for fetch in plan.fetches for piece in fetch.pieces)
+            self._sync_planned[conn.group] = (plan.sync_id, planned)
         elif kind is m.TopologyComplete and not conn.accepted:
             conn.accepted = True
             self._event("accept", conn, f"accepted; world size {msg.membership.world_size}")  # type: ignore[attr-defined]
@@ -283,6 +294,11 @@ class _MasterServer:
                 self.ops_completed += 1
             elif kind is m.SyncComplete:
                 self.syncs_completed += 1
+                done: m.SyncComplete = msg  # type: ignore[assignment]
+                sync_id, planned = self._sync_planned.pop(conn.group, (done.sync_id, 0))
+                record = st.SyncRecord(done.revision, planned if sync_id == done.sync_id else 0, trio.current_time())
+                previous_transfer = self.last_syncs.get(conn.group, (None, None))[1]
+                self.last_syncs[conn.group] = (record, record if record.nbytes else previous_transfer)
             else:
                 self.ops_aborted += 1
                 self._event("abort", conn, f"collective tag {msg.tag} seq {msg.seq} aborted")  # type: ignore[attr-defined]
@@ -311,7 +327,7 @@ class _MasterServer:
         reports = {cid: c.report for cid, c in self.conns.items() if c.report is not None}
         return st.snapshot(self.state, now=trio.current_time(), started_at=self.started_at,
                            address=self.listener.address, reports=reports, events=list(self.status_events),
-                           counters=counters, token_required=self.token is not None,
+                           counters=counters, syncs=self.last_syncs, token_required=self.token is not None,
                            tls=self.config.tls_server_context is not None)
 
     def _enqueue(self, conn: _Conn, msg: m.Message | _Flush) -> None:

@@ -115,9 +115,12 @@ _PEER_HEADER = ("<tr><th>peer</th><th>address</th><th>state</th><th>doing</th><t
 def _group_html(group: dict[str, Any]) -> str:
     stale = ' <span class="stale">(ring stale: re-wired at the next topology update)</span>' \
         if group["ring_stale"] else ""
-    sync = group["last_sync"]
-    sync_text = (f'revision {sync["revision"]}, {format_bytes(sync["rx_bytes"])} moved '
-                 f'({sync["peers"]} peers reported)' if sync else "none yet")
+    sync, transfer = group["last_sync"], group["last_transfer"]
+    sync_text = (f'revision {sync["revision"]}, {format_bytes(sync["bytes"])} moved, '
+                 f'{format_age(sync["age_s"])} ago' if sync else "none yet")
+    if transfer and transfer is not sync and transfer != sync:
+        sync_text += (f'; last transfer: revision {transfer["revision"]}, {format_bytes(transfer["bytes"])}, '
+                      f'{format_age(transfer["age_s"])} ago')
     if group["sync_running"]:
         sync_text += "; a sync is running"
     ops = group["collectives"]
@@ -194,7 +197,7 @@ def render_table(status: dict[str, Any], *, events: int = 10) -> str:
         sync = g["last_sync"]
         lines += ["", f"group {g['group']}: world size {g['world_size']}"
                       f"{' (ring stale)' if g['ring_stale'] else ''}, revision {_or_dash(g['revision'])}, "
-                      f"last sync {format_bytes(sync['rx_bytes']) + ' moved' if sync else 'none'}, "
+                      f"last sync {format_bytes(sync['bytes']) + ' moved' if sync else 'none'}, "
                       f"{len(g['collectives'])} collective(s) in flight"]
         rows = [[p["short_id"], p["address"], p["state"], p["activity"], str(_or_dash(p["revision"])),
                  format_age(p["heartbeat_age_s"]), str(_or_dash(p["ring_position"]))]

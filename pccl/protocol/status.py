@@ -14,8 +14,9 @@ durations are seconds; ages count back from the moment of the snapshot.
 * ``groups``: one per peer group with an accepted or pending member, in group order:
   ``group``, ``world_size``, ``ring`` (peer ids in ring order; empty before the first round),
   ``ring_stale`` (a member left or an op aborted since it was built), ``revision`` (adopted at
-  the group's last sync, or null), ``last_sync`` (``revision``, ``tx_bytes``, ``rx_bytes`` summed
-  over the members that reported that sync, ``peers``: how many) or null, ``sync_running``,
+  the group's last sync, or null), ``last_sync`` (``revision``, ``bytes``: the bytes the master
+  planned for its receivers to fetch, ``age_s``) or null, ``last_transfer`` (the same for the
+  last sync that moved any bytes: in a steady run most syncs move none) or null, ``sync_running``,
   ``edges`` (ring edges ``from`` → ``to`` with ``bandwidth_bps``, null until measured),
   ``collectives`` (``tag``, ``seq`` or null, ``state`` "voting"/"running", ``voters``,
   ``participants``, ``done``), ``peers`` (accepted, ring order) and ``pending`` (registered).
@@ -75,6 +76,17 @@ class StatusEvent:
 
 
 @dataclasses.dataclass(frozen=True)
+class SyncRecord:
+    """A group's completed sync as the master saw it: the revision adopted, the bytes its plans
+    had the receivers fetch (a re-plan after a failed source counts the moved pieces again),
+    and when it completed (the master's clock)."""
+
+    revision: int
+    nbytes: int
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
 class RunCounters:
     ops_completed: int = 0
     ops_aborted: int = 0
@@ -116,20 +128,22 @@ def snapshot(
     reports: Mapping[int, PeerReport],
     events: Iterable[StatusEvent],
     counters: RunCounters,
+    syncs: Mapping[int, tuple[SyncRecord | None, SyncRecord | None]] | None = None,
     token_required: bool = False,
     tls: bool = False,
 ) -> dict[str, Any]:
     """The status of the run held by ``state`` at time ``now`` (see the module docstring).
 
-    ``reports`` maps connection ids to the peer's last report; ``events`` are newest first.
+    ``reports`` maps connection ids to the peer's last report; ``events`` are newest first;
+    ``syncs`` maps groups to their (last sync, last sync that moved bytes).
     """
     peers = state.peers()
     ops = state.ops()
-    syncs = {s.group: s for s in state.syncs()}
+    running_syncs = {s.group: s for s in state.syncs()}
     rings = state.rings()
     stale = state.stale_groups()
     in_ops = {pid for op in ops for pid in (op.voters | set(op.participants))}
-    syncing = {pid for s in syncs.values() for pid in (s.voters | set(s.participants))}
+    syncing = {pid for s in running_syncs.values() for pid in (s.voters | set(s.participants))}
 
     def peer_record(p: ms.PeerInfo) -> dict[str, Any]:
         report = reports.get(p.conn_id)
@@ -163,13 +177,10 @@ def snapshot(
         accepted.sort(key=lambda p: (position.get(p.peer_id, len(ring)), p.peer_id))
         pending = sorted((p for p in members if p.status is ms.PeerStatus.REGISTERED), key=lambda p: p.peer_id)
         records = [peer_record(p) for p in accepted]
-        revision = state.revision_of(group)
-        synced = [r["last_sync"] for r in records if r["last_sync"] is not None
-                  and revision is not None and r["last_sync"]["revision"] == revision]
-        last_sync = None
-        if revision is not None:
-            last_sync = {"revision": revision, "tx_bytes": sum(s["tx_bytes"] for s in synced),
-                         "rx_bytes": sum(s["rx_bytes"] for s in synced), "peers": len(synced)}
+        last_sync, last_transfer = (
+            None if record is None else {"revision": record.revision, "bytes": record.nbytes,
+                                         "age_s": round(max(0.0, now - record.at), 3)}
+            for record in (syncs or {}).get(group, (None, None)))
         edges = [{"from": peer_hex(a), "to": peer_hex(ring[(i + 1) % len(ring)]), "bandwidth_bps": None}
                  for i, a in enumerate(ring)] if len(ring) > 1 else []
         collectives = [
@@ -182,9 +193,10 @@ def snapshot(
             "world_size": len(accepted),
             "ring": [peer_hex(pid) for pid in ring],
             "ring_stale": group in stale,
-            "revision": revision,
+            "revision": state.revision_of(group),
             "last_sync": last_sync,
-            "sync_running": group in syncs,
+            "last_transfer": last_transfer,
+            "sync_running": group in running_syncs,
             "edges": edges,
             "collectives": collectives,
             "peers": records,
@@ -202,7 +214,7 @@ def snapshot(
         "votes_in_progress": {
             "topology": sum(p.topology_vote is not None for p in peers),
             "collective": len(ops),
-            "sync": len(syncs),
+            "sync": len(running_syncs),
             "pending_query": sum(p.pending_vote for p in peers),
             "rounds": len(state.rounds_in_progress()),
         },

@@ -95,9 +95,19 @@ async def test_status_json_shows_each_peers_revision_and_sync_bytes_from_its_hea
         assert {p["peer_id"] for p in peers} == ids
         assert sorted(p["ring_position"] for p in peers) == [0, 1, 2]
         assert sum(p["last_sync"]["rx_bytes"] for p in peers) == 2 * 40_000
-        assert status["groups"][0]["last_sync"] == {"revision": 7, "tx_bytes": 80_000, "rx_bytes": 80_000, "peers": 3}
+        assert sum(p["last_sync"]["tx_bytes"] for p in peers) == 2 * 40_000
+        group = status["groups"][0]
+        assert (group["last_sync"]["revision"], group["last_sync"]["bytes"]) == (7, 2 * 40_000)
+        assert group["last_transfer"] == group["last_sync"]
+        # a second sync moves nothing: the last sync says so, the last transfer is still the first
+        async with trio.open_nursery() as nursery:
+            for comm, state in zip(comms, states):
+                nursery.start_soon(comm.sync_shared_state, state)
+        group = json.loads(await get(master, "/status.json"))["groups"][0]
+        assert (group["last_sync"]["revision"], group["last_sync"]["bytes"]) == (7, 0)
+        assert (group["last_transfer"]["revision"], group["last_transfer"]["bytes"]) == (7, 2 * 40_000)
         assert [e["kind"] for e in status["events"]].count("accept") == 3
-        assert status["counters"]["syncs_completed"] == 1
+        assert status["counters"]["syncs_completed"] == 1  # (read before the second sync)
 
 
 async def test_with_a_token_every_path_refuses_requests_without_it() -> None:

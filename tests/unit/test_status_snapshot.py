@@ -41,8 +41,9 @@ def test_snapshot_describes_peers_ring_votes_and_events() -> None:
     events = [st.StatusEvent(3.0, "kick", 0xABCDEF0123456789, 0, "TIMEOUT: silent for 10 s"),
               st.StatusEvent(2.0, "join", ids[3], 0, "registered")]
     counters = st.RunCounters(ops_completed=7, removals={"TIMEOUT": 1})
+    syncs = {0: (st.SyncRecord(9, 0, 3.5), st.SyncRecord(8, 4096, 2.0))}
     snap = st.snapshot(ms, now=4.0, started_at=0.5, address="0.0.0.0:48148", reports=reports, events=events,
-                       counters=counters, token_required=True)
+                       counters=counters, syncs=syncs, token_required=True)
     assert json.loads(json.dumps(snap)) == snap  # JSON-ready as it is
     assert snap["schema"] == st.SCHEMA == 1
     assert snap["master"]["uptime_s"] == 3.5 and snap["master"]["token_required"]
@@ -62,6 +63,9 @@ def test_snapshot_describes_peers_ring_votes_and_events() -> None:
     assert pending["state"] == "registered" and pending["ring_position"] is None
     assert group["collectives"] == [{"tag": 5, "seq": None, "state": "voting", "voters": 1, "participants": 0,
                                      "done": 0}]
+    assert group["last_sync"] == {"revision": 9, "bytes": 0, "age_s": 0.5}
+    assert group["last_transfer"] == {"revision": 8, "bytes": 4096, "age_s": 2.0}
+    assert not group["sync_running"]
     assert len(group["edges"]) == 2 and group["edges"][0]["bandwidth_bps"] is None
     assert snap["votes_in_progress"]["collective"] == 1
     assert [e["kind"] for e in snap["events"]] == ["kick", "join"] and snap["events"][0]["age_s"] == 1.0
