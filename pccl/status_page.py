@@ -104,12 +104,14 @@ def _peer_rows(peers: list[dict[str, Any]]) -> str:
             f'<td class="num">{_e(format_age(p["heartbeat_age_s"]))}</td>'
             f'<td class="num">{_e(_or_dash(p["ring_position"]))}</td>'
             f'<td class="num">{_e(format_bytes(sync["rx_bytes"]) if sync else "-")}</td>'
-            f'<td class="num">{_e(format_bytes(sync["tx_bytes"]) if sync else "-")}</td></tr>')
+            f'<td class="num">{_e(format_bytes(sync["tx_bytes"]) if sync else "-")}</td>'
+            f'<td class="num">{_e(format_bytes(p["tx_bytes"]))} / {_e(format_bytes(p["rx_bytes"]))}</td></tr>')
     return "".join(rows)
 
 
 _PEER_HEADER = ("<tr><th>peer</th><th>address</th><th>state</th><th>doing</th><th>revision</th>"
-                "<th>last heartbeat</th><th>ring position</th><th>last sync rx</th><th>last sync tx</th></tr>")
+                "<th>last heartbeat</th><th>ring position</th><th>last sync rx</th><th>last sync tx</th>"
+                "<th>payload tx / rx</th></tr>")
 
 
 def _group_html(group: dict[str, Any]) -> str:
