@@ -138,6 +138,7 @@ def snapshot(
     ``syncs`` maps groups to their (last sync, last sync that moved bytes).
     """
     peers = state.peers()
+    last_heard = state.last_heard()
     ops = state.ops()
     running_syncs = {s.group: s for s in state.syncs()}
     rings = state.rings()
@@ -160,7 +161,7 @@ def snapshot(
             "activity": _activity(p, p.peer_id in in_ops, p.peer_id in syncing),
             "ring_position": ring.index(p.peer_id) if p.status is ms.PeerStatus.ACCEPTED and p.peer_id in ring
             else None,
-            "heartbeat_age_s": round(max(0.0, now - p.last_heard), 3),
+            "heartbeat_age_s": round(max(0.0, now - last_heard.get(p.conn_id, now)), 3),
             "revision": last_sync["revision"] if last_sync is not None else None,
             "last_sync": last_sync,
             "tx_bytes": report.tx_bytes if report is not None else 0,
