@@ -36,20 +36,24 @@ from pccl.bench import free_port, parse_size
 def _poller(url: str, interval: float) -> None:
     """Child process: poll ``url`` every ``interval`` s while the last line on stdin was "1"."""
     on = threading.Event()
+    polls = [0]
 
     def read_switch() -> None:
         for line in sys.stdin:
-            (on.set if line.strip() == "1" else on.clear)()
+            if line.strip() == "1":
+                on.set()
+            else:
+                on.clear()
+                print(f"poller: {polls[0]} pages fetched so far", file=sys.stderr, flush=True)
         os._exit(0)
 
     threading.Thread(target=read_switch, daemon=True).start()
-    polls = 0
     while True:
         on.wait()
         started = time.perf_counter()
         with urllib.request.urlopen(url, timeout=10) as response:
             response.read()
-        polls += 1
+        polls[0] += 1
         time.sleep(max(0.0, interval - (time.perf_counter() - started)))
 
 
@@ -113,7 +117,9 @@ async def _measure(args: argparse.Namespace, master: str, poller: subprocess.Pop
     for name, values in results.items():
         print(f"{name:22s} median of round medians {statistics.median(values) * 1e6:8.1f} us "
               f"(rounds {min(values) * 1e6:.1f}..{max(values) * 1e6:.1f} us)")
-    print(f"ratio B/A = {mb / ma:.3f}")
+    paired = sorted(bi / ai for ai, bi in zip(a, b))  # each B round against the A round just before it
+    print(f"ratio B/A = {mb / ma:.3f} (medians of round medians); paired rounds: median {statistics.median(paired):.3f}, "
+          f"range {paired[0]:.3f}..{paired[-1]:.3f}")
 
 
 def main() -> int:
