@@ -21,6 +21,7 @@ import base64
 import errno
 import binascii
 import hmac
+import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
@@ -117,6 +118,10 @@ class StatusApp:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Metrics(status))  # type: ignore[arg-type]
 
+    @property
+    def token_required(self) -> bool:
+        return self._token is not None
+
     def authorized(self, header: bytes | None) -> bool:
         """Whether an ``Authorization`` header value proves the token (always, without one)."""
         if self._token is None:
@@ -177,6 +182,13 @@ class StatusApp:
         return 200, b"text/html; charset=utf-8", render_html(snapshot, refresh=self._refresh).encode(), []
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def split_status_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` or ``PORT`` (loopback) → (host, port); ``InvalidArgument`` otherwise."""
     if address.isdigit():
@@ -197,6 +209,9 @@ async def serve_status(address: str, app: StatusApp, *,
     from hypercorn.trio import serve
 
     host, port = split_status_address(address)
+    if not app.token_required and not _is_loopback(host):
+        log.warning("the status page on %s needs no token (the run has none): anyone who can reach it sees the run",
+                    address)
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.errorlog = logging.getLogger(__name__ + ".http")  # no handlers of its own: cli.py's

@@ -170,3 +170,47 @@ async def test_pccl_status_prints_the_table_and_says_when_the_token_is_missing()
         assert "Traceback" not in refused.stderr
     gone = await trio.to_thread.run_sync(lambda: _pccl("status", address))
     assert gone.returncode == 1 and "nothing listens on" in gone.stderr and "Traceback" not in gone.stderr
+
+
+async def test_the_page_answers_while_a_vote_waits_and_shows_who_waits() -> None:
+    async with in_process_group(2, token=TOKEN, config=CONFIG, status="127.0.0.1:0") as (master, comms, _):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(comms[0].update_topology)  # waits for the other peer's vote
+            with trio.fail_after(10):
+                while True:
+                    status = json.loads(await get(master, "/status.json"))
+                    if status["votes_in_progress"]["topology"] == 1:
+                        break
+                    await trio.sleep(0.02)
+            doing = {p["peer_id"]: p["activity"] for p in status["groups"][0]["peers"]}
+            assert doing == {f"{comms[0].peer_id:016x}": "topology vote", f"{comms[1].peer_id:016x}": "idle"}
+            assert b"topology vote" in await get(master, "/")
+            await comms[1].update_topology()
+
+
+async def test_peers_registering_again_after_a_master_restart_show_as_rejoins() -> None:
+    config = Config(peer_timeout=10.0, heartbeat_interval=0.1, master_reconnect_timeout=30.0,
+                    master_reconnect_backoff=(0.05, 0.2))
+    comms: list[pccl.Communicator] = []
+    done = trio.Event()
+    async with trio.open_nursery() as nursery:
+        async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=config) as first:
+            address = first.address
+
+            async def peer() -> None:
+                async with pccl.open_communicator(address, token=TOKEN, config=config) as comm:
+                    comms.append(comm)
+                    await done.wait()
+
+            nursery.start_soon(peer)
+            with trio.fail_after(20):
+                while not comms:
+                    await trio.sleep(0.01)
+        # the first master is gone (listener closed); the peer keeps trying to reconnect
+        async with pccl.open_master(address, token=TOKEN, config=config, status="127.0.0.1:0") as second:
+            with trio.fail_after(20):
+                while not (events := json.loads(await get(second, "/status.json"))["events"]):
+                    await trio.sleep(0.05)
+            assert events[-1]["kind"] == "rejoin" and events[-1]["peer_id"] == f"{comms[0].peer_id:016x}"
+            assert "after a master restart" in events[-1]["detail"]
+            done.set()
