@@ -108,6 +108,7 @@ async def test_status_json_shows_each_peers_revision_and_sync_bytes_from_its_hea
         assert (group["last_transfer"]["revision"], group["last_transfer"]["bytes"]) == (7, 2 * 40_000)
         assert [e["kind"] for e in status["events"]].count("accept") == 3
         assert status["counters"]["syncs_completed"] == 1  # (read before the second sync)
+        assert all(comm.statistics().last_sync_revision == 7 for comm in comms)
 
 
 async def test_with_a_token_every_path_refuses_requests_without_it() -> None:
