@@ -44,7 +44,7 @@ def train(args: argparse.Namespace) -> None:
     buffers = [diloco.pseudo, [torch.zeros_like(d) for d in diloco.pseudo]]
     start = [torch.zeros_like(d) for d in diloco.pseudo]  # where this step's inner steps began
     quant = _quantization(args)
-    config = pccl.Config(peer_timeout=args.peer_timeout)
+    config = pccl.Config(peer_timeout=args.peer_timeout).with_tls_from_env()  # TLS if $PCCL_TLS_* are set
     with pccl.blocking.open_communicator(args.master, config=config) as comm:
         print(f"joined: world {comm.world_size}", flush=True)
         pending: pccl.blocking.ReduceHandle | None = None

@@ -67,7 +67,7 @@ def train(args: argparse.Namespace) -> None:
     state = pccl.SharedState({**{f"model.{n}": p.detach() for n, p in model.named_parameters()},
                               **optimizer_state(model, optimizer), "step": step})
     generator = torch.Generator().manual_seed(torch.seed())  # this peer's own batches
-    config = pccl.Config(peer_timeout=args.peer_timeout)
+    config = pccl.Config(peer_timeout=args.peer_timeout).with_tls_from_env()  # TLS if $PCCL_TLS_* are set
     with pccl.blocking.open_communicator(args.master, config=config) as comm:
         for info in comm.steps(state):
             if int(step) >= args.steps:

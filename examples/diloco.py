@@ -187,7 +187,7 @@ def train(args: argparse.Namespace) -> None:
             report(diloco, 1, loss, 0, started, compute)
         print(f"done: step {int(diloco.step)} weights {diloco.digest()}", flush=True)
         return
-    config = pccl.Config(peer_timeout=args.peer_timeout)
+    config = pccl.Config(peer_timeout=args.peer_timeout).with_tls_from_env()  # TLS if $PCCL_TLS_* are set
     with pccl.blocking.open_communicator(args.master, config=config) as comm:
         print(f"joined: world {comm.world_size}", flush=True)
         for info in comm.steps(diloco.state):  # accept newcomers, wait while alone, sync

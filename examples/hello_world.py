@@ -23,7 +23,8 @@ import pccl
 
 
 async def train(master: str, steps: int, size: int) -> None:
-    async with pccl.open_communicator(master, peer_group=0) as comm:
+    # TLS when $PCCL_TLS_CERT/KEY/CA are set (the master's --tls-* flags).
+    async with pccl.open_communicator(master, peer_group=0, config=pccl.Config().with_tls_from_env()) as comm:
         w = np.zeros(size, np.float32)
         m = np.zeros_like(w)
         state = pccl.SharedState({"w": w, "m": m}, revision=0)  # references, no copies

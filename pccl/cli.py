@@ -5,7 +5,11 @@ Sub-commands:
 * ``pccl master --listen HOST:PORT [--token TOKEN | --token-file FILE]`` runs a master until
   interrupted (Ctrl-C / SIGTERM).  The token may also come from the ``PCCL_TOKEN`` environment
   variable (preferable: command lines are visible to every user of the machine).  The bound
-  address is logged as ``master listening on HOST:PORT`` (useful with port 0).
+  address is logged as ``master listening on HOST:PORT`` (useful with port 0).  ``--status
+  HOST:PORT`` (or ``PORT``: loopback) serves the status page, ``/status.json`` and ``/metrics``;
+  ``--tls-cert F --tls-key F [--tls-ca F]`` (or ``$PCCL_TLS_CERT``/``KEY``/``CA``) switch TLS on.
+* ``pccl status HOST:PORT`` prints a master's status endpoint as a table (``--json``: the JSON);
+  the token as for ``master`` when the run has one.
 
 ``pccl demo`` and ``pccl bench`` are described in their modules.  A new sub-command is a parser in
 ``_build_parser`` and a handler in ``_COMMANDS``.
@@ -14,6 +18,7 @@ Sub-commands:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -23,7 +28,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from ._groups import single_exception
-from .config import DEFAULT_MASTER_PORT, Config
+from .config import DEFAULT_MASTER_PORT, TLS_ENV, Config
 from .errors import PCCLError
 
 __all__ = ["main"]
@@ -42,7 +47,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default=os.environ.get("PCCL_LOG_LEVEL", "INFO"), choices=_LOG_LEVELS,
                         help="logging level (default: $PCCL_LOG_LEVEL or INFO); logs go to stderr")
     # The metavar lists the public sub-commands only: demo-peer is the demo's internal one.
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{master,demo,bench}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{master,status,demo,bench}")
 
     master = commands.add_parser("master", help="run the master (orchestrator) of a run")
     master.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_MASTER_PORT}", metavar="HOST:PORT",
@@ -54,6 +59,23 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="seconds of silence after which a peer is removed (default %(default)s)")
     master.add_argument("--heartbeat-interval", type=float, default=Config.heartbeat_interval,
                         help="seconds between heartbeats on idle connections (default %(default)s)")
+    master.add_argument("--status", metavar="HOST:PORT",
+                        help="serve the status page (/), /status.json and Prometheus /metrics here; a bare PORT "
+                             "binds loopback (default: off); they require the run token when there is one")
+    master.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain): switches TLS on "
+                        "(default: $PCCL_TLS_CERT); peers need TLS too (Config.with_tls / $PCCL_TLS_*)")
+    master.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (default: $PCCL_TLS_KEY)")
+    master.add_argument("--tls-ca", metavar="FILE", help="PEM CA bundle to verify the peers' certificates with "
+                        "(default: $PCCL_TLS_CA, else the system's CAs)")
+
+    status = commands.add_parser("status", help="print a master's status page as a table (needs master --status)")
+    status.add_argument("address", metavar="HOST:PORT", help="the master's --status address")
+    status_token = status.add_mutually_exclusive_group()
+    status_token.add_argument("--token", help="the run token, when the run has one (default: $PCCL_TOKEN)")
+    status_token.add_argument("--token-file", help="read the run token from this file")
+    status.add_argument("--json", action="store_true", help="print /status.json as it is")
+    status.add_argument("--events", type=int, default=10, help="recent events shown (default %(default)s)")
+    status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
     from . import demo
 
     demo.add_parsers(commands)
@@ -78,26 +100,50 @@ def _configure_logging(level: str) -> None:
     root.setLevel(level)
 
 
-def _run_master(args: argparse.Namespace) -> int:
-    from .master import serve_master
+class _TokenFileError(Exception):
+    pass
 
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The run token from --token, --token-file or $PCCL_TOKEN (``_TokenFileError``, logged)."""
     if args.token_file:
         try:
             with open(args.token_file, encoding="utf-8") as f:
-                token: str | None = f.read().rstrip("\n")
+                return f.read().rstrip("\n")
         except (OSError, UnicodeDecodeError) as exc:
             log.error("cannot read the run token from --token-file %s: %s", args.token_file,
                       exc.strerror if isinstance(exc, OSError) and exc.strerror else exc)
-            return 2
-    else:
-        token = args.token if args.token is not None else os.environ.get("PCCL_TOKEN") or None
+            raise _TokenFileError from exc
+    return args.token if args.token is not None else os.environ.get("PCCL_TOKEN") or None
+
+
+def _master_config(args: argparse.Namespace) -> Config:
+    """The master's Config: timeouts from the flags; TLS from --tls-* (each falling back to its
+    $PCCL_TLS_* variable)."""
     config = Config(peer_timeout=args.peer_timeout, heartbeat_interval=args.heartbeat_interval)
+    env = {name: os.environ.get(name, "") for name in TLS_ENV}
+    for flag, name in zip(("tls_cert", "tls_key", "tls_ca"), TLS_ENV):
+        if getattr(args, flag):
+            env[name] = getattr(args, flag)
+    return config.with_tls_from_env(env)
+
+
+def _run_master(args: argparse.Namespace) -> int:
+    from .master import serve_master
+
+    try:
+        token = _token(args)
+    except _TokenFileError:
+        return 2
+    config = _master_config(args)
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(lambda task_status: serve_master(
-                    args.listen, token=token, config=config, task_status=task_status))
+                    args.listen, token=token, config=config, status=args.status, task_status=task_status))
+                if config.tls_server_context is not None:
+                    log.info("TLS on: peers need a certificate of their own and the CA (Config.with_tls, $PCCL_TLS_*)")
                 if token is None:
                     log.warning("no run token: any host can join this run (use --token or $PCCL_TOKEN)")
                 async for signum in signals:
@@ -112,13 +158,30 @@ def _run_master(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_status(args: argparse.Namespace) -> int:
+    from .status_client import fetch_status
+    from .status_page import render_table
+
+    try:
+        token = _token(args)
+    except _TokenFileError:
+        return 2
+    status = fetch_status(args.address, token=token, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(status, indent=1))
+    else:
+        print(render_table(status, events=args.events), end="")
+    return 0
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from .bench import run_driver
 
     return run_driver(args)
 
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"master": _run_master, "bench": _run_bench}
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"master": _run_master, "status": _run_status,
+                                                             "bench": _run_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -66,6 +66,11 @@ class CommunicatorStatistics:
     #: Shared-state payload bytes served to / received from other peers over all syncs.
     sync_tx_bytes: int
     sync_rx_bytes: int
+    #: The last completed sync: revision adopted (None before the first) and the bytes this peer
+    #: served and received in it (what its heartbeats report to the master's status page).
+    last_sync_revision: int | None = None
+    last_sync_tx_bytes: int = 0
+    last_sync_rx_bytes: int = 0
 
 
 class Communicator:

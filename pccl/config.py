@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import ssl
+from collections.abc import Mapping
 
 from .errors import InvalidArgument
 
-__all__ = ["Config", "DEFAULT_MASTER_PORT", "MIN_SOCKET_BUFFER_SIZE"]
+__all__ = ["Config", "DEFAULT_MASTER_PORT", "MIN_SOCKET_BUFFER_SIZE", "TLS_ENV", "tls_contexts"]
 
 DEFAULT_MASTER_PORT = 48148
 #: The smallest nonzero socket buffer size accepted: loopback's segments are 64 KiB, and a
@@ -70,7 +72,7 @@ class Config:
     #: (``benchmarks/allreduce.py --local-socket-buffer-size``).
     local_socket_buffer_size: int = 256 * 1024
     #: Optional TLS: a client-side context for outgoing and a server-side one for incoming
-    #: connections.  Both or neither.
+    #: connections.  Both or neither; :meth:`with_tls` builds them from PEM files.
     tls_client_context: ssl.SSLContext | None = None
     tls_server_context: ssl.SSLContext | None = None
     #: Whether all-reduce kernels over large slices may run in worker threads (the GIL is
@@ -107,3 +109,76 @@ class Config:
                 raise InvalidArgument(f"{name} must be a port number, got {port}")
         if (self.tls_client_context is None) != (self.tls_server_context is None):
             raise InvalidArgument("set both tls_client_context and tls_server_context, or neither")
+
+    def with_tls(self, *, cert: str, key: str, ca: str | None = None) -> Config:
+        """This config with TLS on every connection, from PEM files (:func:`tls_contexts`).
+
+        Every party of a run needs all three in practice: the master and each peer accept
+        connections (with ``cert``/``key``) and dial them (trusting ``ca``).
+        """
+        client, server = tls_contexts(cert=cert, key=key, ca=ca)
+        return dataclasses.replace(self, tls_client_context=client, tls_server_context=server)
+
+    def with_tls_from_env(self, environ: Mapping[str, str] | None = None) -> Config:
+        """:meth:`with_tls` from ``$PCCL_TLS_CERT``, ``$PCCL_TLS_KEY`` and ``$PCCL_TLS_CA`` (this
+        config unchanged when none is set; ``InvalidArgument`` when only some of CERT/KEY are)."""
+        env = os.environ if environ is None else environ
+        cert, key, ca = (env.get(name) or None for name in TLS_ENV)
+        if cert is None and key is None:
+            if ca is not None:
+                raise InvalidArgument("$PCCL_TLS_CA is set without $PCCL_TLS_CERT and $PCCL_TLS_KEY: TLS needs all "
+                                      "of a run's parties to hold a certificate and its key")
+            return self
+        if cert is None or key is None:
+            raise InvalidArgument("set both $PCCL_TLS_CERT and $PCCL_TLS_KEY (and $PCCL_TLS_CA) to switch TLS on")
+        return self.with_tls(cert=cert, key=key, ca=ca)
+
+
+#: The environment variables :meth:`Config.with_tls_from_env` reads: certificate, key, CA.
+TLS_ENV = ("PCCL_TLS_CERT", "PCCL_TLS_KEY", "PCCL_TLS_CA")
+
+
+def _readable(path: str, what: str) -> None:
+    if not os.path.exists(path):
+        raise InvalidArgument(f"TLS {what} file {path!r} does not exist")
+    if not os.path.isfile(path):
+        raise InvalidArgument(f"TLS {what} file {path!r} is not a file")
+    if not os.access(path, os.R_OK):
+        raise InvalidArgument(f"TLS {what} file {path!r} is not readable by this user")
+
+
+def tls_contexts(*, cert: str, key: str, ca: str | None = None) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(client, server) TLS contexts for :class:`Config` from PEM files.
+
+    ``cert`` (this party's certificate chain) and ``key`` (its private key) serve incoming
+    connections; outgoing ones verify the other side's certificate and host name against ``ca``
+    (the run's CA bundle; None: the system's trusted CAs).  Clients are not asked for
+    certificates: the run token authenticates peers.  ``InvalidArgument`` naming the file when
+    one is missing, unreadable, not PEM, or the key does not match the certificate.
+    """
+    _readable(cert, "certificate")
+    _readable(key, "key")
+    if ca is not None:
+        _readable(ca, "CA")
+    for path, marker, what in ((cert, b"-----BEGIN CERTIFICATE-----", "a PEM certificate"),
+                               (key, b"PRIVATE KEY-----", "a PEM private key")):
+        with open(path, "rb") as f:
+            if marker not in f.read():
+                raise InvalidArgument(f"TLS file {path!r} does not hold {what}")
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        server.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc) or "key values mismatch" in str(exc):
+            raise InvalidArgument(f"TLS key {key!r} does not match the certificate {cert!r}") from exc
+        raise InvalidArgument(f"cannot load the TLS certificate {cert!r} with the key {key!r} (both must be "
+                              f"PEM; is the key encrypted?): {exc.reason or exc}") from exc
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the TLS certificate {cert!r} or key {key!r}: {exc}") from exc
+    try:
+        client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    except ssl.SSLError as exc:
+        raise InvalidArgument(f"TLS CA file {ca!r} holds no PEM certificate: {exc.reason or exc}") from exc
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the TLS CA file {ca!r}: {exc}") from exc
+    return client, server

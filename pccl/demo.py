@@ -58,6 +58,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--seed", type=int, default=0,
                       help="seeds the peers' targets and the choice of chaos victims (default %(default)s)")
     demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    demo.add_argument("--status", metavar="HOST:PORT",
+                      help="serve the master's status page here (a bare PORT: loopback; default: off)")
 
     # No help: a sub-command without one gets no line in ``pccl --help`` (help=SUPPRESS would
     # print "==SUPPRESS==" there); cli.py leaves it out of the choices shown.
@@ -87,7 +89,8 @@ async def _peer_main(args: argparse.Namespace) -> None:
     weights = np.zeros(args.size, np.float32)
     grad = np.empty_like(weights)
     state = SharedState({"weights": weights}, revision=0)
-    async with open_communicator(args.master, token=token, config=DEMO_CONFIG) as comm:
+    # TLS when $PCCL_TLS_CERT/KEY/CA are set (the driver's master reads the same variables).
+    async with open_communicator(args.master, token=token, config=DEMO_CONFIG.with_tls_from_env()) as comm:
         _emit(event="joined", world=comm.world_size)
         async for info in comm.steps(state):
             if state.revision >= args.steps:
@@ -197,8 +200,11 @@ async def _demo_main(args: argparse.Namespace) -> int:
         print("[demo] " + "; ".join(problems), file=sys.stderr)
         return 2
     token = os.environ.get("PCCL_TOKEN") or None
-    async with open_master("127.0.0.1:0", token=token, config=DEMO_CONFIG) as master:
+    async with open_master("127.0.0.1:0", token=token, config=DEMO_CONFIG.with_tls_from_env(),
+                           status=args.status) as master:
         cluster = _Cluster(master.address, args)
+        if master.status_address is not None:
+            print(f"[demo] status page on http://{master.status_address}/")
         print(f"[demo] master on {master.address}; {args.peers} peers, {args.steps} steps, "
               f"{args.size} float32 parameters{', chaos on' if args.chaos else ''}")
         with trio.move_on_after(args.timeout) as deadline:

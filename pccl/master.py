@@ -36,6 +36,8 @@ import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from typing import Any
+
 import trio
 
 from .config import DEFAULT_MASTER_PORT, Config
@@ -54,6 +56,7 @@ from .net.base import Listener, Network, Stream, parse_address
 from .net.framed import FramedConnection, accept_framed
 from .net.serving import HandshakeSlot, RefusalLog, admission_for, serve_listener
 from .protocol import master_state as ms
+from .protocol import status as st
 from .protocol.codec import MAX_DETAIL, clip_text
 from .protocol import messages as m
 
@@ -69,6 +72,8 @@ KICK_NOTICE_TIMEOUT = 1.0
 #: frees.  Each handshake takes a few round trips, so 512 admit a burst of thousands of joining
 #: peers within seconds while bounding what idle connections can hold.
 MAX_PENDING_HANDSHAKES = 512
+#: Lines kept in the status page's recent-events list.
+STATUS_EVENTS = 200
 #: The master's admission limits (``pending`` is ``max_pending_handshakes``): a source address
 #: gets an eighth of the slots — a whole cluster behind one NAT joins in a few rounds — and four
 #: thousand connections may wait (all within a quarter of the descriptor limit, see
@@ -119,6 +124,13 @@ class _Conn:
     #: Items put in the outbox and not yet written by the writer task (a message may skip the
     #: queue only when this is 0, or the order on the wire would change).
     queued: int = 0
+    # What the status page knows of the peer on this connection (see _MasterServer.note_*).
+    peer_id: int | None = None
+    group: int = 0
+    previous_peer_id: int = 0
+    accepted: bool = False
+    removed: bool = False  # kicked or left: its end is already in the events
+    report: st.PeerReport | None = None
 
 
 class Master:
@@ -142,6 +154,15 @@ class Master:
     def statistics(self) -> MasterStatistics:
         return self._server.statistics()
 
+    def status(self) -> dict[str, Any]:
+        """The run's status as ``/status.json`` serves it (schema in :mod:`pccl.protocol.status`)."""
+        return self._server.status()
+
+    @property
+    def status_address(self) -> str | None:
+        """The ``host:port`` the status endpoint is bound to (None when it is off)."""
+        return self._server.status_address
+
     async def aclose(self) -> None:
         """Stop serving: close the listener and every connection.  Idempotent."""
         self._server.stop()
@@ -150,8 +171,10 @@ class Master:
 
 class _MasterServer:
     def __init__(self, listener: Listener, *, token: str | bytes | None, config: Config,
-                 rng: random.Random | None, max_pending_handshakes: int = MAX_PENDING_HANDSHAKES) -> None:
+                 rng: random.Random | None, max_pending_handshakes: int = MAX_PENDING_HANDSHAKES,
+                 status: str | None = None) -> None:
         self.listener = listener
+        self.status_request = status
         limits = dataclasses.replace(MASTER_LIMITS, pending=max_pending_handshakes,
                                      per_address=min(MASTER_LIMITS.per_address, max_pending_handshakes))
         self.admission = admission_for(limits, wait_timeout=config.connect_timeout)
@@ -170,6 +193,23 @@ class _MasterServer:
         self.handshake_failures = 0
         self.internal_errors = 0
         self.scope = trio.CancelScope()
+        self.started_at = trio.current_time()
+        self.status_address: str | None = None
+        self.status_events: collections.deque[st.StatusEvent] = collections.deque(maxlen=STATUS_EVENTS)
+        self.ops_completed = 0
+        self.ops_aborted = 0
+        self.syncs_completed = 0
+        self.joins = 0
+        self.removals: collections.Counter[str] = collections.Counter()
+        self.reported_tx_bytes = 0
+        self.reported_rx_bytes = 0
+        #: group -> (sync id, bytes planned so far) of its running sync, and (last sync, last sync
+        #: that moved bytes) of each group
+        self._sync_planned: dict[int, tuple[int, int]] = {}
+        self.last_syncs: dict[int, tuple[st.SyncRecord | None, st.SyncRecord | None]] = {}
+        # The last op/sync whose final message went out: one op ends with one message per
+        # participant, all in one batch of effects, so this dedupes them.
+        self._last_final: tuple[type, int] | None = None
 
     # --- the machine ------------------------------------------------------------------------------
 
@@ -201,9 +241,11 @@ class _MasterServer:
         if conn is None or conn.closing:
             return
         if isinstance(effect, ms.Send):
+            self._note_sent(conn, effect.msg)
             self._enqueue(conn, effect.msg)
         elif isinstance(effect, ms.Kick):
             self.kicks += 1
+            self._note_removed(conn, "kick", effect.reason.name, effect.detail)
             detail = clip_text(effect.detail, MAX_DETAIL)  # may quote peer input: keep it sendable
             if not conn.slot.released:  # never registered: one refusal among many, rate-limited
                 conn.slot.refuse(f"connection {conn.conn_id}: {effect.reason.name}: {detail}")
@@ -212,7 +254,81 @@ class _MasterServer:
                             effect.reason.name, detail)
             self._close(conn, m.KickNotice(int(effect.reason), detail))
         elif isinstance(effect, ms.Close):
+            self._note_removed(conn, "left", "LEFT", "left the run")
             self._close(conn, None)
+
+    # --- what the status page shows (cheap bookkeeping beside the machine) --------------------
+
+    def _event(self, kind: str, conn: _Conn | None, detail: str, *, peer_id: int | None = None,
+               group: int | None = None) -> None:
+        if conn is not None:
+            peer_id, group = conn.peer_id, conn.group
+        self.status_events.appendleft(st.StatusEvent(trio.current_time(), kind, peer_id, group, detail))
+
+    def _note_sent(self, conn: _Conn, msg: m.Message) -> None:
+        kind = type(msg)
+        if kind is m.Welcome:
+            conn.peer_id = msg.peer_id  # type: ignore[attr-defined]
+            self.joins += 1
+            if conn.previous_peer_id and conn.previous_peer_id == conn.peer_id:
+                self._event("rejoin", conn, f"registered again from {conn.framed.remote_address} after a master "
+                                            "restart, keeping its id")
+            else:
+                self._event("join", conn, f"registered from {conn.framed.remote_address}")
+        elif kind is m.SyncPlan:
+            plan: m.SyncPlan = msg  # type: ignore[assignment]
+            sync_id, planned = self._sync_planned.get(conn.group, (plan.sync_id, 0))
+            if sync_id != plan.sync_id:
+                planned = 0
+            planned += sum(piece.nbytes for fetch in plan.fetches for piece in fetch.pieces)
+            self._sync_planned[conn.group] = (plan.sync_id, planned)
+        elif kind is m.TopologyComplete and not conn.accepted:
+            conn.accepted = True
+            self._event("accept", conn, f"accepted; world size {msg.membership.world_size}")  # type: ignore[attr-defined]
+        elif kind is m.CollectiveComplete or kind is m.CollectiveAbort or kind is m.SyncComplete:
+            key = (kind, msg.seq if kind is not m.SyncComplete else msg.sync_id)  # type: ignore[attr-defined]
+            if key == self._last_final:
+                return
+            self._last_final = key
+            if kind is m.CollectiveComplete:
+                self.ops_completed += 1
+            elif kind is m.SyncComplete:
+                self.syncs_completed += 1
+                done: m.SyncComplete = msg  # type: ignore[assignment]
+                sync_id, planned = self._sync_planned.pop(conn.group, (done.sync_id, 0))
+                record = st.SyncRecord(done.revision, planned if sync_id == done.sync_id else 0, trio.current_time())
+                previous_transfer = self.last_syncs.get(conn.group, (None, None))[1]
+                self.last_syncs[conn.group] = (record, record if record.nbytes else previous_transfer)
+            else:
+                self.ops_aborted += 1
+                self._event("abort", conn, f"collective tag {msg.tag} seq {msg.seq} aborted")  # type: ignore[attr-defined]
+
+    def _note_removed(self, conn: _Conn, kind: str, reason: str, detail: str) -> None:
+        if conn.peer_id is None or conn.removed:
+            return  # never registered: not a peer of the run (refusals are logged, rate-limited)
+        conn.removed = True
+        self.removals[reason] += 1
+        self._event(kind, conn, f"{reason}: {clip_text(detail, MAX_DETAIL)}" if kind == "kick" else detail)
+
+    def _note_heartbeat(self, conn: _Conn, msg: m.Heartbeat) -> None:
+        before = conn.report
+        if before is not None:
+            self.reported_tx_bytes += max(0, msg.tx_bytes - before.tx_bytes)
+            self.reported_rx_bytes += max(0, msg.rx_bytes - before.rx_bytes)
+        else:
+            self.reported_tx_bytes += msg.tx_bytes
+            self.reported_rx_bytes += msg.rx_bytes
+        conn.report = st.PeerReport(msg.synced, msg.revision, msg.sync_tx_bytes, msg.sync_rx_bytes,
+                                    msg.tx_bytes, msg.rx_bytes)
+
+    def status(self) -> dict[str, Any]:
+        counters = st.RunCounters(self.ops_completed, self.ops_aborted, self.syncs_completed, self.joins,
+                                  dict(self.removals), self.reported_tx_bytes, self.reported_rx_bytes)
+        reports = {cid: c.report for cid, c in self.conns.items() if c.report is not None}
+        return st.snapshot(self.state, now=trio.current_time(), started_at=self.started_at,
+                           address=self.listener.address, reports=reports, events=list(self.status_events),
+                           counters=counters, syncs=self.last_syncs, token_required=self.token is not None,
+                           tls=self.config.tls_server_context is not None)
 
     def _enqueue(self, conn: _Conn, msg: m.Message | _Flush) -> None:
         if not conn.queued and not isinstance(msg, _Flush):
@@ -268,6 +384,11 @@ class _MasterServer:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._timer)
+                    if self.status_request is not None:
+                        from .status_server import StatusApp, serve_status
+
+                        app = StatusApp(self.status, token=self.token)
+                        self.status_address = await nursery.start(serve_status, self.status_request, app)
                     task_status.started(Master(self))
                     log.info("master listening on %s", self.listener.address)
                     await serve_listener(self.listener, self._connection_task, on_error=self._listener_failed,
@@ -344,6 +465,7 @@ class _MasterServer:
         finally:
             # Forget the connection first so that no effect of its own removal is sent to it.
             del self.conns[conn_id]
+            self._note_removed(conn, "lost", "CONNECTION_LOST", "connection lost (closed or reset without a Leave)")
             self.feed(ms.PeerDisconnected(conn_id))  # ignored if the machine already removed it
             conn.framed.abort()
 
@@ -364,6 +486,9 @@ class _MasterServer:
                 return
             if isinstance(msg, m.Register):
                 conn.slot.release()  # the peer made itself known: no longer an anonymous connection
+                conn.group, conn.previous_peer_id = msg.peer_group, msg.previous_peer_id
+            elif isinstance(msg, m.Heartbeat):
+                self._note_heartbeat(conn, msg)
             self.feed(ms.MessageReceived(conn.conn_id, msg))
         # Kicked or leaving: the writer delivers the notice and closes; stop reading meanwhile.
         await trio.sleep_forever()
@@ -409,6 +534,7 @@ async def serve_master(
     network: Network | None = None,
     rng: random.Random | None = None,
     max_pending_handshakes: int = MAX_PENDING_HANDSHAKES,
+    status: str | None = None,
     task_status: trio.TaskStatus[Master] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve as the master on ``address`` until cancelled (use with ``nursery.start``, which
@@ -417,8 +543,11 @@ async def serve_master(
     ``token``: the run token every peer must prove (None: no authentication).  ``network``
     defaults to real TCP; ``rng`` (default: unseeded) draws peer ids and, when given, handshake
     nonces.  ``max_pending_handshakes`` caps connections in the handshake at once (see the module
-    docstring; ``InvalidArgument`` below 1).  Raises ``AddressInUse``/``TransportError`` if it
-    cannot listen.  Cancellation closes the listener and every connection.
+    docstring; ``InvalidArgument`` below 1).  ``status``: ``HOST:PORT`` (or ``PORT``, on loopback)
+    to serve the status page, ``/status.json`` and ``/metrics`` on (:mod:`pccl.status_server`;
+    they require ``token`` when there is one); None (the default) serves none.  Raises
+    ``AddressInUse``/``TransportError`` if it cannot listen.  Cancellation closes the listener and
+    every connection.
     """
     config = config or Config()
     if max_pending_handshakes < 1:
@@ -429,7 +558,7 @@ async def serve_master(
         network = TcpNetwork(config)
     listener = await network.listen(address)
     server = _MasterServer(listener, token=token, config=config, rng=rng,
-                           max_pending_handshakes=max_pending_handshakes)
+                           max_pending_handshakes=max_pending_handshakes, status=status)
     await server.run(task_status)
 
 
@@ -442,6 +571,7 @@ async def open_master(
     network: Network | None = None,
     rng: random.Random | None = None,
     max_pending_handshakes: int = MAX_PENDING_HANDSHAKES,
+    status: str | None = None,
 ) -> AsyncIterator[Master]:
     """Run a master for the duration of the ``async with`` block; yields the :class:`Master`.
 
@@ -452,7 +582,7 @@ async def open_master(
             master = await nursery.start(
                 lambda task_status: serve_master(address, token=token, config=config, network=network, rng=rng,
                                                  max_pending_handshakes=max_pending_handshakes,
-                                                 task_status=task_status))
+                                                 status=status, task_status=task_status))
             try:
                 yield master
             finally:

@@ -237,6 +237,8 @@ class StateSyncService:
                 elif isinstance(msg, m.SyncComplete):
                     state.revision = msg.revision
                     host.counters.syncs_completed += 1
+                    host.counters.last_sync_revision = msg.revision
+                    host.counters.last_sync_tx_bytes, host.counters.last_sync_rx_bytes = serving.tx_bytes, rx
                     log.debug("peer %x: sync %d complete at revision %d (tx %d, rx %d)", host.peer_id, msg.sync_id,
                               msg.revision, serving.tx_bytes, rx)
                     return SyncInfo(msg.revision, serving.tx_bytes, rx)

@@ -52,6 +52,11 @@ class Counters:
     #: source that died included: they did move).
     sync_tx_bytes: int = 0
     sync_rx_bytes: int = 0
+    #: The last completed sync: the revision adopted and the bytes this peer served and
+    #: received in it (None before the first); heartbeats report them to the master.
+    last_sync_revision: int | None = None
+    last_sync_tx_bytes: int = 0
+    last_sync_rx_bytes: int = 0
 
 
 class CollectiveRoute:

@@ -146,6 +146,9 @@ class _Link:
     async def send(self, msg: m.Message) -> None:
         await self._session.send(msg, epoch=self.epoch)
 
+    def heartbeat(self) -> m.Heartbeat:
+        return self._session.heartbeat()
+
 
 class PeerSession:
     """One peer's membership in a run, below the public :class:`~pccl.Communicator`.
@@ -201,6 +204,14 @@ class PeerSession:
         self._sync_route: trio.MemorySendChannel[m.Message] | None = None
         self._phase = PhaseRule()
         self._counters = Counters()
+
+    def heartbeat(self) -> m.Heartbeat:
+        """A heartbeat that reports what the master's status page shows (no extra message)."""
+        c = self._counters
+        tx, rx = c.tx_bytes + c.sync_tx_bytes, c.rx_bytes + c.sync_rx_bytes
+        if c.last_sync_revision is None:
+            return m.Heartbeat(tx_bytes=tx, rx_bytes=rx)
+        return m.Heartbeat(True, c.last_sync_revision, c.last_sync_tx_bytes, c.last_sync_rx_bytes, tx, rx)
 
     # --- PeerHost: who and what ----------------------------------------------------------------
 
@@ -771,6 +782,8 @@ class HeartbeatSubject(Protocol):
 
     async def send(self, msg: m.Message) -> None: ...
 
+    def heartbeat(self) -> m.Heartbeat: ...
+
 
 async def run_heartbeat(subject: HeartbeatSubject) -> None:
     """Send a heartbeat every ``config.heartbeat_interval``; report ``MasterUnreachable`` (via
@@ -802,6 +815,6 @@ async def run_heartbeat(subject: HeartbeatSubject) -> None:
                 subject.fail(MasterUnreachable(f"the master at {subject.master_address} has been silent for {silent:.3g} s"))
                 return
         try:
-            await subject.send(m.Heartbeat())
+            await subject.send(subject.heartbeat())
         except PCCLError:
             return

@@ -294,6 +294,9 @@ class PeerInfo:
     topology_vote: TopologyVote | None
     in_round: bool
     pending_vote: bool
+    #: The host the master observed and the p2p port the peer advertised.
+    host: str = ""
+    p2p_port: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,9 +456,14 @@ class MasterState:
     def peers(self) -> list[PeerInfo]:
         return [
             PeerInfo(p.conn_id, p.peer_id, p.group, p.status, p.topology_vote, p.round_scope is not None,
-                     p.pending_vote)
+                     p.pending_vote, p.host, p.p2p_port)
             for p in self._peers.values()
         ]
+
+    def last_heard(self) -> dict[int, float]:
+        """conn_id → when the master last heard from that connection.  Heartbeats move it, so
+        unlike the other views it is not covered by ``generation``."""
+        return {p.conn_id: p.last_heard for p in self._peers.values()}
 
     def peer_id_of(self, conn_id: int) -> int | None:
         p = self._peers.get(conn_id)

@@ -95,7 +95,22 @@ class VotePeersPending(Message, tag=4):
 
 class Heartbeat(Message, tag=5):
     """Either direction: I am alive.  Any message counts as a sign of life; this one is for idle
-    periods."""
+    periods.
+
+    Peer → master, it also reports what the master's status page shows (the master sends the
+    defaults).  ``synced``: the peer completed a shared-state sync, and ``revision``,
+    ``sync_tx_bytes`` and ``sync_rx_bytes`` describe its last one; ``tx_bytes``/``rx_bytes`` are
+    its running totals of all-reduce and shared-state payload bytes.  Trailing fields with
+    defaults keep the wire compatible both ways (msgspec fills missing trailing fields with
+    their defaults and skips extra ones), so the protocol version stays 5.
+    """
+
+    synced: bool = False
+    revision: U64 = 0
+    sync_tx_bytes: U64 = 0
+    sync_rx_bytes: U64 = 0
+    tx_bytes: U64 = 0
+    rx_bytes: U64 = 0
 
 
 class Leave(Message, tag=6):

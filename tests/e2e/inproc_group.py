@@ -15,11 +15,12 @@ from pccl.net.base import Network
 @contextlib.asynccontextmanager
 async def in_process_group(
     world: int, *, token: str | None, config: Config, soon: float = 20.0,
-    gated: dict[int, Callable[[str], Network]] | None = None,
+    gated: dict[int, Callable[[str], Network]] | None = None, status: str | None = None,
 ) -> AsyncIterator[tuple[pccl.Master, list[pccl.Communicator], dict[int, Network]]]:
     """A master and ``world`` accepted communicators (peer ``i`` on ``gated[i](master address)``
-    if given); everything closes when the block ends.  Joining must finish within ``soon`` s."""
-    async with pccl.open_master("127.0.0.1:0", token=token, config=config) as master:
+    if given); everything closes when the block ends.  Joining must finish within ``soon`` s.
+    ``status``: the master's status endpoint address, if any."""
+    async with pccl.open_master("127.0.0.1:0", token=token, config=config, status=status) as master:
         comms: list[pccl.Communicator] = []
         networks = {i: net(master.address) for i, net in (gated or {}).items()}
         done = trio.Event()

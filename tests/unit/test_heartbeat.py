@@ -38,6 +38,9 @@ class _State:
         if self.failure is None:
             self.failure = error
 
+    def heartbeat(self) -> m.Heartbeat:
+        return m.Heartbeat()
+
     async def send(self, msg: m.Message) -> None:
         self.sent.append(msg)
         await trio.lowlevel.checkpoint()
