@@ -1,22 +1,29 @@
-"""Buckets of ``all_reduce_many``: small same-dtype arrays packed into one all-reduce.
+"""Buckets of ``all_reduce_many``: small same-dtype arrays reduced by one all-reduce.
 
 A model's gradient list is hundreds of tensors, most of them small (biases, norms); one
 all-reduce each would pay the op's fixed cost — master round trips, the ring's set-up, its
 threads' hand-offs — per tensor.  As torch DDP does, the arrays are grouped into buckets of at
 most ``bucket_bytes``: arrays of one dtype, in list order, share a bucket until it is full; an
-array of ``bucket_bytes`` or more is reduced in place on its own, without a copy.  Packing
-costs a copy each way, which runs in a worker thread for large buckets and overlaps the other
-buckets' transfers; on GPT-2 small's parameter list (``benchmarks/bucketed_many.py``) packing
-every array below 25 MiB beat reducing the ones over 1 MiB on their own (1.2x against 2x the
-time of one flat all-reduce of the same bytes).
+array of ``bucket_bytes`` or more is reduced in place on its own.
+
+Buckets of more than :data:`SEGMENTED_MIN_BYTES` are not packed at all: the op runs in place
+over the members themselves, seen as one :class:`~pccl.collectives.segments.Segments` buffer
+whose arrays' boundaries no frame straddles.  No copy in, no copy out, and the in-place backup
+rides along with the reduce-scatter kernel as for one flat array: on a CPU-bound ring those two
+copies were most of the gap to one flat all-reduce.  Smaller buckets are packed — copies of at
+most that size cost little, and the small-op paths (the exchange, the staged in-place result)
+work on one flat buffer.
 
 A packed bucket is reduced out of place between two scratch buffers: its members are copied
 into the send buffer, reduced into the result buffer, and copied back into the members only
 when the op completed.  An aborted op leaves the members untouched (there is nothing to
-restore), and its retry reduces the same packed input again, so the restore semantics of
-``all_reduce`` hold per bucket.  Which arrays share a bucket depends only on the list's dtypes
-and sizes, so every peer that passes the same list forms the same buckets (and the master's
-per-tag check of count and dtype catches most lists that differ).
+restore), and its retry reduces the same packed input again.  A segmented bucket is restored
+from its backup when its op aborts, and its retry reduces the same members again.  So the
+restore semantics of ``all_reduce`` hold per bucket.  Which arrays share a bucket depends only
+on the list's dtypes and sizes, so every peer that passes the same list forms the same buckets;
+the master's per-tag check compares count and dtype, and for a segmented bucket a digest of its
+members' sizes, so peers whose lists were cut differently get a clear ``PARAMETER_MISMATCH``
+rather than frames that do not line up.
 """
 
 from __future__ import annotations
@@ -26,16 +33,22 @@ import dataclasses
 import numpy as np
 
 from .buffers import SCRATCH, ScratchArena
+from .segments import Segments
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "Bucket", "plan_buckets"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "SEGMENTED_MIN_BYTES", "Bucket", "plan_buckets"]
 
 #: torch DDP's default ``bucket_cap_mb``.
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+#: Buckets of several arrays above this size run in place over their members (segmented);
+#: smaller ones are packed.  At most this size an in-place op is staged or exchanged, both over
+#: one flat buffer (``operation.STAGED_IN_PLACE_BYTES``, ``ring.EXCHANGE_MAX_BYTES``).
+SEGMENTED_MIN_BYTES = 256 * 1024
 
 
 @dataclasses.dataclass(eq=False)
 class Bucket:
-    """Arrays reduced by one op: one array in place, or several packed (see the module doc)."""
+    """Arrays reduced by one op: one array in place, several in place as segments, or several
+    packed (see the module doc)."""
 
     members: list[np.ndarray]
     #: Positions of the members in the caller's list.
@@ -43,16 +56,23 @@ class Bucket:
     _storage: list[np.ndarray] = dataclasses.field(default_factory=list)
 
     @property
+    def segmented(self) -> bool:
+        return len(self.members) > 1 and self.nbytes > SEGMENTED_MIN_BYTES
+
+    @property
     def packed(self) -> bool:
-        return len(self.members) > 1
+        return len(self.members) > 1 and not self.segmented
 
     @property
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.members)
 
-    def buffers(self, arena: ScratchArena = SCRATCH) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(send, recv)`` for the op: the array itself and ``None`` (in place), or the packed
-        input and a result buffer from ``arena`` (held until :meth:`release`)."""
+    def buffers(self, arena: ScratchArena = SCRATCH) -> tuple[np.ndarray | Segments, np.ndarray | None]:
+        """``(send, recv)`` for the op: the array itself or its members as :class:`Segments`
+        and ``None`` (in place), or the packed input and a result buffer from ``arena`` (held
+        until :meth:`release`)."""
+        if self.segmented:
+            return Segments(self.members), None
         if not self.packed:
             return self.members[0], None
         dtype, count = self.members[0].dtype, sum(int(a.size) for a in self.members)

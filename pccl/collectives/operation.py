@@ -87,6 +87,7 @@ from .allreduce import ring_all_reduce
 from .buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
 from .buffers import SCRATCH, InputBackup, KernelRunner, OpBuffers
 from .links import RingLinks, SeqRegistry
+from .segments import Segments
 
 __all__ = ["AllReduceService", "MANY_FIRST_TAG"]
 
@@ -108,7 +109,7 @@ _WATCHDOG_CHECKS = 4
 class _Plan:
     """One all-reduce's arguments, checked, and the Init that announces them."""
 
-    send: np.ndarray
+    send: np.ndarray | Segments
     recv: np.ndarray | None
     op: ReduceOp
     tag: int
@@ -134,8 +135,9 @@ class _Plan:
         # path's own checks (dtype, sizes, writability, overlap), made now so a bad buffer never
         # reaches the vote.  Scratch it takes goes straight back.
         in_place_call = recv is None or recv is send
-        send = as_array(send, name="send", writable=False)
-        recv = send if in_place_call else as_array(recv, name="recv", writable=False)
+        if not isinstance(send, Segments):  # a bucket's members, already checked one by one
+            send = as_array(send, name="send", writable=False)
+            recv = send if in_place_call else as_array(recv, name="recv", writable=False)
         bufs = OpBuffers.check(send, recv, op, quantization)
         bufs.release()
         quant_dtype = bufs.quant_dtype
@@ -146,6 +148,7 @@ class _Plan:
             op=int(op),
             quant_kind=int(QuantKind.MIN_MAX if quant_dtype is not None else QuantKind.NONE),
             quant_dtype=int(quant_dtype) if quant_dtype is not None else 0,
+            layout=send.layout if isinstance(send, Segments) else 0,
         )
         return cls(send, None if bufs.in_place else recv, op, tag, quantization, bufs.in_place, init)
 
@@ -300,11 +303,15 @@ class AllReduceService:
             try:
                 plan = many.plans.get(i)
                 if plan is None:
-                    send, recv = await self._runner.run(bucket.nbytes, bucket.buffers)
+                    if bucket.packed:
+                        send, recv = await self._runner.run(bucket.nbytes, bucket.buffers)
+                    else:
+                        send, recv = bucket.buffers()
                     plan = many.plans[i] = dataclasses.replace(
                         _Plan.make(send, recv, many.op, many.first_tag + i, many.quantization), epoch=many.epoch)
                 many.results[i] = await self._reduce(plan, rewire_on_stale=False)
-                await self._runner.run(bucket.nbytes, bucket.unpack, plan.recv)
+                if bucket.packed:
+                    await self._runner.run(bucket.nbytes, bucket.unpack, plan.recv)
                 bucket.release()
             except (CollectiveAborted, _StaleRing) as exc:
                 if isinstance(exc, CollectiveAborted) and isinstance(exc.__cause__, PhaseMismatch):
@@ -490,7 +497,7 @@ class AllReduceService:
         backup: InputBackup | None = None
         staged: np.ndarray | None = None  # a small in-place op's output until it completes
         storage: np.ndarray | None = None
-        if plan.in_place and plan.send.nbytes <= STAGED_IN_PLACE_BYTES:
+        if plan.in_place and plan.send.nbytes <= STAGED_IN_PLACE_BYTES and not isinstance(plan.send, Segments):
             storage = SCRATCH.take(plan.send.nbytes)
             staged = storage[: plan.send.nbytes].view(plan.send.dtype).reshape(plan.send.shape)
         elif plan.in_place:
