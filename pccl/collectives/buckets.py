@@ -6,13 +6,15 @@ threads' hand-offs — per tensor.  As torch DDP does, the arrays are grouped in
 most ``bucket_bytes``: arrays of one dtype, in list order, share a bucket until it is full; an
 array of ``bucket_bytes`` or more is reduced in place on its own.
 
-Buckets of more than :data:`SEGMENTED_MIN_BYTES` are not packed at all: the op runs in place
-over the members themselves, seen as one :class:`~pccl.collectives.segments.Segments` buffer
-whose arrays' boundaries no frame straddles.  No copy in, no copy out, and the in-place backup
-rides along with the reduce-scatter kernel as for one flat array: on a CPU-bound ring those two
-copies were most of the gap to one flat all-reduce.  Smaller buckets are packed — copies of at
-most that size cost little, and the small-op paths (the exchange, the staged in-place result)
-work on one flat buffer.
+Arrays of at least :data:`SEGMENTED_MIN_BYTES` are not packed at all: they share buckets of
+their own, and such a bucket's op runs in place over its members, seen as one
+:class:`~pccl.collectives.segments.Segments` buffer whose arrays' boundaries no frame straddles.
+No copy in, no copy out, and the in-place backup rides along with the reduce-scatter kernel as
+for one flat array: on a CPU-bound ring those two copies were most of the gap to one flat
+all-reduce.  Smaller arrays are packed into buckets of their own: each boundary in a segmented
+buffer costs extra frames (a frame per member and step at least), which for a bias of a few
+KiB cost more than copying it, and a bucket of small arrays may be small enough for the
+small-op paths (the exchange, the staged in-place result), which work on one flat buffer.
 
 A packed bucket is reduced out of place between two scratch buffers: its members are copied
 into the send buffer, reduced into the result buffer, and copied back into the members only
@@ -35,14 +37,26 @@ import numpy as np
 from .buffers import SCRATCH, ScratchArena
 from .segments import Segments
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "SEGMENTED_MIN_BYTES", "Bucket", "plan_buckets"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "PACKED_BUCKET_BYTES", "SEGMENTED_MIN_BYTES", "Bucket", "plan_buckets"]
 
-#: torch DDP's default ``bucket_cap_mb``.
-DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
-#: Buckets of several arrays above this size run in place over their members (segmented);
-#: smaller ones are packed.  At most this size an in-place op is staged or exchanged, both over
-#: one flat buffer (``operation.STAGED_IN_PLACE_BYTES``, ``ring.EXCHANGE_MAX_BYTES``).
-SEGMENTED_MIN_BYTES = 256 * 1024
+#: Large, unlike torch DDP's 25 MiB (whose buckets overlap the backward pass, which this call
+#: does not see): a segmented bucket costs no copy, so what bounds it is the op's in-place backup
+#: (scratch of the bucket's size per op in flight) and how much one retry redoes.  Every op is
+#: a barrier across the peers (it commences when the slowest one votes) plus master round
+#: trips, which on a loaded host cost more than the ops overlap: on GPT-2 small's list
+#: (``benchmarks/bucketed_many.py --peers 2``, 475 MiB, 20 iterations side by side) buckets of
+#: 25 MiB took 1.34x the time of one flat all-reduce, 256 MiB 1.17x, 512 MiB (the large arrays
+#: in one op, the small ones in another) 1.06x.
+DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
+#: Buckets of small (packed) arrays hold at most this much, whatever ``bucket_bytes``: their
+#: copies in and out then run in worker threads while other buckets' transfers go on, and
+#: their scratch (two buffers of the bucket's size) stays small.  torch DDP's ``bucket_cap_mb``.
+PACKED_BUCKET_BYTES = 25 * 1024 * 1024
+#: Arrays of at least this size share segmented buckets (reduced in place over the members);
+#: smaller ones share packed buckets.  At least 256 KiB, so that a segmented bucket (two members
+#: or more) is never small enough to be staged or exchanged: both work on one flat buffer
+#: (``operation.STAGED_IN_PLACE_BYTES``, ``ring.EXCHANGE_MAX_BYTES``).
+SEGMENTED_MIN_BYTES = 1024 * 1024
 
 
 @dataclasses.dataclass(eq=False)
@@ -53,15 +67,17 @@ class Bucket:
     members: list[np.ndarray]
     #: Positions of the members in the caller's list.
     indices: list[int]
+    #: A bucket of arrays of at least :data:`SEGMENTED_MIN_BYTES` (else of smaller ones).
+    large: bool = False
     _storage: list[np.ndarray] = dataclasses.field(default_factory=list)
 
     @property
     def segmented(self) -> bool:
-        return len(self.members) > 1 and self.nbytes > SEGMENTED_MIN_BYTES
+        return self.large and len(self.members) > 1
 
     @property
     def packed(self) -> bool:
-        return len(self.members) > 1 and not self.segmented
+        return not self.large and len(self.members) > 1
 
     @property
     def nbytes(self) -> int:
@@ -102,18 +118,23 @@ class Bucket:
 
 def plan_buckets(arrays: list[np.ndarray], bucket_bytes: int) -> list[Bucket]:
     """Group ``arrays`` (numpy views, checked) into buckets of at most ``bucket_bytes`` each;
-    0 puts every array in a bucket of its own.  Buckets are ordered by their first member."""
+    0 puts every array in a bucket of its own.  Arrays of one dtype and one kind (at least
+    :data:`SEGMENTED_MIN_BYTES`, or smaller) share a bucket in list order until it is full
+    (small ones: at most :data:`PACKED_BUCKET_BYTES`).
+    Buckets are ordered by their first member."""
     buckets: list[Bucket] = []
-    open_by_dtype: dict[np.dtype, Bucket] = {}
+    open_buckets: dict[tuple[np.dtype, bool], Bucket] = {}
     for i, a in enumerate(arrays):
         if a.nbytes >= bucket_bytes:
             buckets.append(Bucket([a], [i]))
             continue
-        current = open_by_dtype.get(a.dtype)
-        if current is None or current.nbytes + a.nbytes > bucket_bytes:
-            current = Bucket([], [])
+        large = a.nbytes >= SEGMENTED_MIN_BYTES
+        cap = bucket_bytes if large else min(bucket_bytes, PACKED_BUCKET_BYTES)
+        current = open_buckets.get((a.dtype, large))
+        if current is None or current.nbytes + a.nbytes > cap:
+            current = Bucket([], [], large)
             buckets.append(current)
-            open_by_dtype[a.dtype] = current
+            open_buckets[(a.dtype, large)] = current
         current.members.append(a)
         current.indices.append(i)
     return buckets

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pccl.collectives import ring_all_reduce
-from pccl.collectives.buckets import SEGMENTED_MIN_BYTES, plan_buckets
+from pccl.collectives.buckets import PACKED_BUCKET_BYTES, SEGMENTED_MIN_BYTES, plan_buckets
 from pccl.collectives.buffers import InputBackup, OpBuffers, ScratchArena
 from pccl.collectives.reference import ring_reference
 from pccl.collectives.segments import Segments
@@ -270,7 +270,7 @@ class _CountingArena(ScratchArena):
 
 def test_large_buckets_are_segmented_over_the_members_without_scratch() -> None:
     arena = _CountingArena()
-    big = [np.ones(SEGMENTED_MIN_BYTES // 8, np.float32), np.ones(SEGMENTED_MIN_BYTES // 8 + 1, np.float32)]
+    big = [np.ones(SEGMENTED_MIN_BYTES // 4, np.float32), np.ones(SEGMENTED_MIN_BYTES // 4 + 1, np.float32)]
     small = [np.ones(10, np.float32), np.ones(20, np.float32)]
     (seg_bucket,) = plan_buckets(big, 1 << 30)
     (packed_bucket,) = plan_buckets(small, 1 << 30)
@@ -283,3 +283,25 @@ def test_large_buckets_are_segmented_over_the_members_without_scratch() -> None:
     seg_bucket.release(arena)
     packed_bucket.buffers(arena)
     assert len(arena.taken) == 2  # the rule has teeth: packing takes two bucket-sized buffers
+
+
+def test_small_arrays_are_packed_apart_from_the_large_ones_which_share_segmented_buckets() -> None:
+    n = SEGMENTED_MIN_BYTES // 4
+    big = [np.ones(n, np.float32) for _ in range(3)]
+    bias = [np.ones(7, np.float32) for _ in range(3)]
+    arrays = [big[0], bias[0], big[1], bias[1], bias[2], big[2], np.ones(n, np.int64)]
+    buckets = plan_buckets(arrays, 1 << 30)
+    assert [b.indices for b in buckets] == [[0, 2, 5], [1, 3, 4], [6]]
+    assert [(b.segmented, b.packed) for b in buckets] == [(True, False), (False, True), (False, False)]
+    # a cap of two large arrays per bucket: the third starts a segmented bucket of its own
+    buckets = plan_buckets(arrays, 2 * n * 4 + 100)
+    assert [b.indices for b in buckets] == [[0, 2], [1, 3, 4], [5], [6]]
+    assert not buckets[2].segmented and not buckets[2].packed  # alone: plain in place
+
+
+def test_packed_buckets_stay_small_whatever_the_bucket_size() -> None:
+    small = [np.ones(SEGMENTED_MIN_BYTES // 4 - 1, np.float32) for _ in range(60)]  # ~60 MiB in all
+    buckets = plan_buckets(small, 1 << 30)
+    assert all(b.packed for b in buckets) and len(buckets) == 3
+    assert all(b.nbytes <= PACKED_BUCKET_BYTES for b in buckets)
+    assert sum(len(b.members) for b in buckets) == 60
