@@ -10,8 +10,8 @@ each iteration (the same on every rank), one call of each configuration on the s
 
 * ``bucketed``: ``comm.all_reduce_many(params)`` with the default ``bucket_bytes`` (or
   ``--bucket-bytes``): buckets above ``SEGMENTED_MIN_BYTES`` run in place over their members;
-* ``packed``: the same buckets, every one packed into scratch and unpacked afterwards (as
-  before segmented buckets existed: ``SEGMENTED_MIN_BYTES`` raised for the call);
+* ``packed``: how pccl bucketed before segmented buckets: every bucket packed into scratch and
+  unpacked afterwards (``SEGMENTED_MIN_BYTES`` raised for the call), 25 MiB buckets;
 * ``per-tensor``: ``comm.all_reduce_many(params, bucket_bytes=0)`` (one op per tensor);
 * ``flat``: ``comm.all_reduce(flat)`` — one all-reduce of the same bytes, in place;
 * ``gloo``: ``dist.all_reduce(t)`` for every tensor of the list in a loop (in a worker thread,
@@ -110,7 +110,7 @@ def _peer_main(rank: int, world: int, port: int, gloo_file: str, width: int, ite
                         elif cfg == "packed":
                             buckets.SEGMENTED_MIN_BYTES = 1 << 62
                             try:
-                                await comm.all_reduce_many(params, **many_kw)
+                                await comm.all_reduce_many(params, bucket_bytes=buckets.PACKED_BUCKET_BYTES)
                             finally:
                                 buckets.SEGMENTED_MIN_BYTES = segmented_min
                         elif cfg == "per-tensor":
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--bucket-bytes", type=int, default=None,
-                        help="bucket_bytes of the bucketed and packed configurations (default: pccl's)")
+                        help="bucket_bytes of the bucketed configuration (default: pccl's)")
     args = parser.parse_args(argv)
     shapes = gpt2_shapes(args.width)
     nbytes = 4 * sum(int(np.prod(s)) for s in shapes)
