@@ -824,6 +824,8 @@ class MasterState:
         del self._ops[key]
         code, detail = self._reject_reason(op)
         if code is not None:
+            if code is m.RejectCode.PARAMETER_MISMATCH:
+                log.warning("refusing collective: %s", detail)
             for p in voters:
                 self._send(p, m.CollectiveRejected(op.tag, code, detail))
             return True

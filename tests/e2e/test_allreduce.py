@@ -671,6 +671,41 @@ async def test_a_segmented_bucket_cancelled_mid_ring_holds_its_inputs_and_is_red
                 assert np.array_equal(lists[i][k], expected[k]), (i, k)
 
 
+async def test_segmented_buckets_cut_differently_are_refused_by_the_master(caplog: pytest.LogCaptureFixture) -> None:
+    """Same dtype, same total count, different arrays: the master compares the buckets' layout
+    digest per tag and refuses the op on both peers (InvalidUsage, arrays untouched), instead
+    of frames that do not line up or a reduction of misaligned arrays."""
+    async with _in_process_group(2) as (master, comms, _):
+        n = SEGMENTED_MIN_BYTES // 4
+        lists = [[np.full(3 * n, 1.0, np.float32), np.full(2 * n, 2.0, np.float32)],
+                 [np.full(2 * n, 3.0, np.float32), np.full(3 * n, 4.0, np.float32)]]
+        originals = [[a.copy() for a in arrays] for arrays in lists]
+        outcome: list[Any] = [None, None]
+
+        async def call(i: int) -> None:
+            try:
+                outcome[i] = await comms[i].all_reduce_many(lists[i])
+            except pccl.PCCLError as exc:
+                outcome[i] = exc
+
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                for i in range(2):
+                    nursery.start_soon(call, i)
+        assert all(isinstance(o, InvalidUsage) and "layout" in str(o) for o in outcome), outcome
+        for arrays, before in zip(lists, originals):
+            assert all(np.array_equal(a, b) for a, b in zip(arrays, before))
+        assert any("disagree" in r.getMessage() and "layout" in r.getMessage() for r in caplog.records)
+        # the same cut on both: it goes through
+        lists[1] = [np.full(3 * n, 3.0, np.float32), np.full(2 * n, 4.0, np.float32)]
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                for i in range(2):
+                    nursery.start_soon(call, i)
+        assert all(isinstance(o, pccl.ReduceInfo) for o in outcome), outcome
+        assert np.all(lists[0][0] == 4.0) and np.all(lists[1][1] == 6.0)
+
+
 async def test_two_peer_exchange_aborted_after_one_peer_finished_restores_both_inputs() -> None:
     """A small op of two peers is one exchange: peer 1 gets peer 0's frame and finishes, while
     peer 0 is frozen before receiving and then cancelled.  Both inputs must be intact."""
