@@ -228,6 +228,9 @@ class OpBuffers:
 class InputBackup:
     """The original content of an in-place buffer, saved lazily just before it is overwritten.
 
+    The buffer may be :class:`Segments`: every slice saved or overwritten lies in one of its
+    arrays (the schedule's frames never straddle two), and the copy is one flat scratch array.
+
     Costs at most one copy of the input, made piecewise right before a slice is first written —
     and nothing for slices an aborted op never touched.  Where that first write is a reduction
     (the ring's reduce-scatter), :meth:`overwrite` lets a fused kernel store the copy in the same

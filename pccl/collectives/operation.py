@@ -6,7 +6,7 @@
 
 1. **Vote.**  The buffers are checked first (``InvalidArgument`` before anything is sent).  The
    master's messages for ``tag`` are routed here (a tag already in flight on this peer is
-   ``InvalidUsage``), ``CollectiveInit(tag, count, dtype, op, quantization)`` goes to the master
+   ``InvalidUsage``), ``CollectiveInit(tag, count, dtype, op, quantization, layout)`` goes to the master
    and its answer decides: ``Commence(seq, ring)`` runs the op; ``Rejected`` with
    ``PARAMETER_MISMATCH`` or ``TAG_IN_USE`` is ``InvalidUsage``, ``TOO_FEW_PEERS`` is
    ``TooFewPeers`` (the buffer is untouched), ``STALE_RING`` (a member left or an op aborted
@@ -292,7 +292,8 @@ class AllReduceService:
         after an abort the later ones are refused quickly with ``STALE_RING``.  Every op has
         finished when this returns; the first error other than an abort is raised then.  A
         packed bucket is packed when its op first starts, and its result copied into its
-        members (and its scratch given back) as soon as its op completed.
+        members (and its scratch given back) as soon as its op completed; a segmented one is
+        reduced in place over its members, restored from the op's backup if it aborts.
         """
         failed: list[int] = []
         errors: list[PCCLError] = []
@@ -569,6 +570,7 @@ class AllReduceService:
         traffic, local_error = state.traffic, state.local_error
         if isinstance(state.final, m.CollectiveComplete) and traffic is not None and local_error is None:
             if staged is not None:
+                assert isinstance(plan.send, np.ndarray)  # segmented buffers are never staged
                 np.copyto(plan.send, staged)  # commit the staged result
             tx, rx = traffic
             host.counters.collectives_completed += 1

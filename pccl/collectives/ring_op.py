@@ -86,6 +86,7 @@ class RingOp:
         #: position ``rank - s - 1``), forwarded from there at step ``s + 1``.
         self.exchange_inputs: np.ndarray | None = None
         if self.exchange and count:
+            assert isinstance(bufs.src, np.ndarray)  # never segmented (above)
             if bufs.in_place:
                 self.exchange_send = bufs.take(bufs.src.nbytes).view(bufs.src.dtype)
                 np.copyto(self.exchange_send, bufs.src)
