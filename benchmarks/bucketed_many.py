@@ -8,7 +8,10 @@ norm).  Each peer process holds it once, plus one flat buffer of the same bytes,
 process group besides its pccl communicator; every iteration times, in an order shuffled afresh
 each iteration (the same on every rank), one call of each configuration on the same data:
 
-* ``bucketed``: ``comm.all_reduce_many(params)`` with the default ``bucket_bytes``;
+* ``bucketed``: ``comm.all_reduce_many(params)`` with the default ``bucket_bytes`` (or
+  ``--bucket-bytes``): buckets above ``SEGMENTED_MIN_BYTES`` run in place over their members;
+* ``packed``: how pccl bucketed before segmented buckets: every bucket packed into scratch and
+  unpacked afterwards (``SEGMENTED_MIN_BYTES`` raised for the call), 25 MiB buckets;
 * ``per-tensor``: ``comm.all_reduce_many(params, bucket_bytes=0)`` (one op per tensor);
 * ``flat``: ``comm.all_reduce(flat)`` — one all-reduce of the same bytes, in place;
 * ``gloo``: ``dist.all_reduce(t)`` for every tensor of the list in a loop (in a worker thread,
@@ -39,7 +42,7 @@ import numpy as np
 from interleaved_gloo import _run_master  # the same master process (this folder is on sys.path)
 from pccl.bench import admit, free_port
 
-CONFIGS = ("bucketed", "per-tensor", "flat", "gloo")
+CONFIGS = ("bucketed", "packed", "per-tensor", "flat", "gloo")
 _BARRIER_TAG = 1 << 30
 
 
@@ -52,20 +55,23 @@ def gpt2_shapes(width: int = 768, layers: int = 12, vocab: int = 50257, context:
     return shapes + [(width,), (width,)]
 
 
-def _run_peer(rank: int, world: int, port: int, gloo_file: str, width: int, iters: int, results: Any) -> None:
+def _run_peer(rank: int, world: int, port: int, gloo_file: str, width: int, iters: int, bucket_bytes: int | None,
+              results: Any) -> None:
     try:
-        results.put((rank, _peer_main(rank, world, port, gloo_file, width, iters), None))
+        results.put((rank, _peer_main(rank, world, port, gloo_file, width, iters, bucket_bytes), None))
     except BaseException:
         results.put((rank, None, traceback.format_exc()))
         raise
 
 
-def _peer_main(rank: int, world: int, port: int, gloo_file: str, width: int, iters: int) -> dict[str, list[float]]:
+def _peer_main(rank: int, world: int, port: int, gloo_file: str, width: int, iters: int,
+               bucket_bytes: int | None) -> dict[str, list[float]]:
     import torch
     import torch.distributed as dist
     import trio
 
     import pccl
+    from pccl.collectives import buckets
     from pccl.collectives.buffers import SCRATCH
 
     # A training loop runs one of these configurations every step, and pccl's scratch arena keeps
@@ -77,6 +83,8 @@ def _peer_main(rank: int, world: int, port: int, gloo_file: str, width: int, ite
     generator = torch.Generator().manual_seed(rank)
     params = [torch.randn(shape, generator=generator) for shape in gpt2_shapes(width)]
     flat = torch.cat([p.reshape(-1) for p in params])
+    many_kw = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+    segmented_min = buckets.SEGMENTED_MIN_BYTES
 
     def gloo_loop() -> float:
         t0 = time.perf_counter()
@@ -98,10 +106,15 @@ def _peer_main(rank: int, world: int, port: int, gloo_file: str, width: int, ite
                         elapsed = await trio.to_thread.run_sync(gloo_loop)
                     else:
                         if cfg == "bucketed":
-                            await comm.all_reduce_many(params)
+                            await comm.all_reduce_many(params, **many_kw)
+                        elif cfg == "packed":
+                            buckets.SEGMENTED_MIN_BYTES = 1 << 62
+                            try:
+                                await comm.all_reduce_many(params, bucket_bytes=buckets.PACKED_BUCKET_BYTES)
+                            finally:
+                                buckets.SEGMENTED_MIN_BYTES = segmented_min
                         elif cfg == "per-tensor":
                             await comm.all_reduce_many(params, bucket_bytes=0)
-
                         else:
                             await comm.all_reduce(flat)
                         elapsed = time.perf_counter() - t0
@@ -122,7 +135,8 @@ def _peer_main(rank: int, world: int, port: int, gloo_file: str, width: int, ite
         dist.destroy_process_group()
 
 
-def measure(world: int, width: int, iters: int, timeout: float) -> dict[str, list[float]]:
+def measure(world: int, width: int, iters: int, timeout: float,
+            bucket_bytes: int | None = None) -> dict[str, list[float]]:
     ctx = mp.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
     port = free_port()
@@ -134,7 +148,7 @@ def measure(world: int, width: int, iters: int, timeout: float) -> dict[str, lis
             if not ready.wait(30):
                 raise RuntimeError("the master did not start within 30 s")
             gloo_file = os.path.join(tmp, "gloo-rendezvous")
-            peers = [ctx.Process(target=_run_peer, args=(r, world, port, gloo_file, width, iters, results))
+            peers = [ctx.Process(target=_run_peer, args=(r, world, port, gloo_file, width, iters, bucket_bytes, results))
                      for r in range(world)]
             for p in peers:
                 p.start()
@@ -167,12 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=768, help="model width (768: GPT-2 small)")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--bucket-bytes", type=int, default=None,
+                        help="bucket_bytes of the bucketed configuration (default: pccl's)")
     args = parser.parse_args(argv)
     shapes = gpt2_shapes(args.width)
     nbytes = 4 * sum(int(np.prod(s)) for s in shapes)
     print(f"# {len(shapes)} float32 tensors, {nbytes / 2**20:.1f} MiB, {args.peers} peers, "
-          f"{args.iters} iterations, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", flush=True)
-    times = measure(args.peers, args.width, args.iters, args.timeout)
+          f"{args.iters} iterations, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, "
+          f"bucket_bytes {args.bucket_bytes or 'default'}", flush=True)
+    times = measure(args.peers, args.width, args.iters, args.timeout, args.bucket_bytes)
     med = {cfg: statistics.median(ts) for cfg, ts in times.items()}
     print(f"{'config':>11} {'median ms':>10} {'min ms':>9} {'/ flat':>7} {'/ gloo':>7}")
     for cfg in CONFIGS:

@@ -207,14 +207,15 @@ class Communicator:
                               first_tag: int = MANY_FIRST_TAG, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ReduceInfo:
         """All-reduce each array of ``arrays`` (numpy arrays or CPU torch tensors) in place.
 
-        Small arrays of one dtype are packed into buckets of at most ``bucket_bytes`` (25 MiB by
-        default, as torch DDP; 0: one op per array), each reduced by one op, so a model's
-        hundreds of small tensors cost a few ops' fixed costs, not hundreds; an array of
-        ``bucket_bytes`` or more is reduced on its own, in place, without a copy.  Up to
-        ``max_in_flight`` ops run at once (op ``k`` uses tag ``first_tag + k``).  Ops that
-        abort are retried on the survivors — after every running op has settled — until all
-        succeeded; a bucket's arrays receive its result only when its op completed, so an
-        aborted bucket leaves them untouched.  Every peer must pass arrays of the same dtypes
+        Arrays of one dtype share buckets of at most ``bucket_bytes`` (512 MiB by default; 0:
+        one op per array), each reduced by one op, so a model's hundreds of tensors cost a few
+        ops' fixed costs, not hundreds.  Arrays of 1 MiB or more share buckets reduced in place
+        over the arrays themselves, without a copy; smaller ones are packed into buckets of their
+        own of at most 25 MiB (copied in, and out once the op completed); an array of ``bucket_bytes`` or more is
+        reduced on its own, in place.  Up to ``max_in_flight`` ops run at once (op ``k`` uses
+        tag ``first_tag + k``).  Ops that abort are retried on the survivors — after every
+        running op has settled — until all succeeded; an aborted bucket's arrays hold their
+        inputs again (restored, or never written).  Every peer must pass arrays of the same dtypes
         and sizes in the same order.  Returns the smallest world size any op ran over and the
         summed payload bytes of the successful ops.
 

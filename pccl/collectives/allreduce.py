@@ -30,6 +30,11 @@ Design
   sent from a copy (the result overwrites the slice being sent).  Every execution path runs it
   (it is just another schedule).  Measured at 16 KiB on the 2-core loopback box: N = 3
   1.91 → 1.55 ms per op, N = 4 2.91 → 2.53 ms; at N = 3 the ring catches up at 128 KiB.
+* **Segmented buffers.**  ``all_reduce_many`` reduces a bucket of arrays in place over the
+  arrays themselves (:class:`~pccl.collectives.segments.Segments`): the schedule also cuts
+  sub-chunks where one array ends, so every frame's slice is a view of one array and every
+  path above runs unchanged.  Such ops always take the ring (never the exchange, which sends
+  an in-place input from a flat copy).
 * **Scratch memory** (the in-place backup, the f32 working array, staging) comes from a
   process-wide :class:`~pccl.collectives.buffers.ScratchArena` that keeps freed buffers: fresh
   pages cost more to fault in than the whole copy.
@@ -88,13 +93,14 @@ from .buffers import InputBackup, KernelRunner, OpBuffers
 from .inline import InlineRing, suits_inline
 from .links import RingLinks
 from .ring_op import RingOp
+from .segments import Segments
 from .threaded import LaneThreads
 
 __all__ = ["ring_all_reduce", "InputBackup", "KernelRunner"]
 
 
 async def ring_all_reduce(
-    send: np.ndarray,
+    send: np.ndarray | Segments,
     recv: np.ndarray | None = None,
     *,
     op: ReduceOp,
@@ -109,6 +115,10 @@ async def ring_all_reduce(
     exchange_max_bytes: int = EXCHANGE_MAX_BYTES,
 ) -> tuple[int, int]:
     """All-reduce ``send`` into ``recv`` (``None`` or ``send`` itself: in place) over the ring.
+
+    ``send`` may be a :class:`~pccl.collectives.segments.Segments` (several arrays as one
+    buffer, in place only): frames are then also cut at its arrays' boundaries, and every peer
+    must pass the same segmentation (the master compares its ``layout`` digest).
 
     ``rank``/``world``: this peer's position in the ring and the ring size (≥ 2); ``links`` the
     lanes to the successor ``ring[(rank+1) % world]`` and from the predecessor; ``seq`` the
@@ -133,8 +143,8 @@ async def ring_all_reduce(
 
 
 async def _run_op(
-    send: np.ndarray,
-    recv: np.ndarray,
+    send: np.ndarray | Segments,
+    recv: np.ndarray | Segments,
     *,
     op: ReduceOp,
     links: RingLinks,

@@ -20,6 +20,7 @@ from .. import kernels
 from ..arrays import as_array
 from ..errors import InvalidArgument
 from ..types import DType, Quantization, QuantKind, ReduceOp, dtype_of
+from .segments import Segments
 
 __all__ = [
     "ScratchArena",
@@ -115,12 +116,13 @@ class OpBuffers:
     ``src`` is the caller's input and ``dst`` the output (the same array in place).  ``acc`` is
     where reduce-scatter accumulates: ``dst`` itself, except for f16/bf16, which accumulate in an
     f32 working array (so the partial sums travel as f32 and only the final result is rounded,
-    once, by the chunk's owner).
+    once, by the chunk's owner).  In place over several arrays (:class:`Segments`) ``src`` and
+    ``dst`` are the segmented buffer: the data path only ever takes a frame's slice of them.
     """
 
-    src: np.ndarray
-    dst: np.ndarray
-    acc: np.ndarray
+    src: np.ndarray | Segments
+    dst: np.ndarray | Segments
+    acc: np.ndarray | Segments
     dtype: DType
     acc_dtype: DType
     op: ReduceOp
@@ -143,6 +145,10 @@ class OpBuffers:
         :func:`pccl.arrays.as_array`); :class:`InvalidArgument` says what is wrong."""
         op = ReduceOp(op)
         same = recv is send
+        if isinstance(send, Segments):
+            if not (same or recv is None):
+                raise InvalidArgument("a segmented buffer is reduced in place only")
+            return cls._make(send, send, True, op, quantization, arena)
         send = as_array(send, name="send", writable=False)
         recv = send if same else as_array(recv, name="recv", writable=False)
         if recv.dtype != send.dtype or recv.size != send.size:
@@ -151,7 +157,6 @@ class OpBuffers:
             )
         if not recv.flags.writeable:
             raise InvalidArgument("recv (or the in-place buffer) is read-only")
-        dtype = dtype_of(send.dtype)
         src = send.reshape(-1)
         dst = recv.reshape(-1)
         in_place = np.shares_memory(src, dst)
@@ -159,6 +164,19 @@ class OpBuffers:
             src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
         ):
             raise InvalidArgument("send and recv overlap partially; pass the same array (in place) or disjoint ones")
+        return cls._make(src, dst, in_place, op, quantization, arena)
+
+    @classmethod
+    def _make(
+        cls,
+        src: np.ndarray | Segments,
+        dst: np.ndarray | Segments,
+        in_place: bool,
+        op: ReduceOp,
+        quantization: Quantization | None,
+        arena: ScratchArena,
+    ) -> OpBuffers:
+        dtype = dtype_of(src.dtype)
         quant_dtype = None
         if quantization is not None and QuantKind(quantization.kind) is not QuantKind.NONE:
             if not dtype.is_float:
@@ -210,6 +228,9 @@ class OpBuffers:
 class InputBackup:
     """The original content of an in-place buffer, saved lazily just before it is overwritten.
 
+    The buffer may be :class:`Segments`: every slice saved or overwritten lies in one of its
+    arrays (the schedule's frames never straddle two), and the copy is one flat scratch array.
+
     Costs at most one copy of the input, made piecewise right before a slice is first written —
     and nothing for slices an aborted op never touched.  Where that first write is a reduction
     (the ring's reduce-scatter), :meth:`overwrite` lets a fused kernel store the copy in the same
@@ -222,7 +243,7 @@ class InputBackup:
     kernel), and :meth:`restore` runs only after every writer has stopped.
     """
 
-    def __init__(self, buffer: np.ndarray, *, arena: ScratchArena = SCRATCH) -> None:
+    def __init__(self, buffer: np.ndarray | Segments, *, arena: ScratchArena = SCRATCH) -> None:
         self._buffer = buffer.reshape(-1)
         self._arena = arena
         # Taken now, on the Trio thread; pages already mapped if the arena reuses a buffer.

@@ -6,7 +6,7 @@
 
 1. **Vote.**  The buffers are checked first (``InvalidArgument`` before anything is sent).  The
    master's messages for ``tag`` are routed here (a tag already in flight on this peer is
-   ``InvalidUsage``), ``CollectiveInit(tag, count, dtype, op, quantization)`` goes to the master
+   ``InvalidUsage``), ``CollectiveInit(tag, count, dtype, op, quantization, layout)`` goes to the master
    and its answer decides: ``Commence(seq, ring)`` runs the op; ``Rejected`` with
    ``PARAMETER_MISMATCH`` or ``TAG_IN_USE`` is ``InvalidUsage``, ``TOO_FEW_PEERS`` is
    ``TooFewPeers`` (the buffer is untouched), ``STALE_RING`` (a member left or an op aborted
@@ -87,6 +87,7 @@ from .allreduce import ring_all_reduce
 from .buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
 from .buffers import SCRATCH, InputBackup, KernelRunner, OpBuffers
 from .links import RingLinks, SeqRegistry
+from .segments import Segments
 
 __all__ = ["AllReduceService", "MANY_FIRST_TAG"]
 
@@ -108,7 +109,7 @@ _WATCHDOG_CHECKS = 4
 class _Plan:
     """One all-reduce's arguments, checked, and the Init that announces them."""
 
-    send: np.ndarray
+    send: np.ndarray | Segments
     recv: np.ndarray | None
     op: ReduceOp
     tag: int
@@ -134,8 +135,9 @@ class _Plan:
         # path's own checks (dtype, sizes, writability, overlap), made now so a bad buffer never
         # reaches the vote.  Scratch it takes goes straight back.
         in_place_call = recv is None or recv is send
-        send = as_array(send, name="send", writable=False)
-        recv = send if in_place_call else as_array(recv, name="recv", writable=False)
+        if not isinstance(send, Segments):  # a bucket's members, already checked one by one
+            send = as_array(send, name="send", writable=False)
+            recv = send if in_place_call else as_array(recv, name="recv", writable=False)
         bufs = OpBuffers.check(send, recv, op, quantization)
         bufs.release()
         quant_dtype = bufs.quant_dtype
@@ -146,6 +148,7 @@ class _Plan:
             op=int(op),
             quant_kind=int(QuantKind.MIN_MAX if quant_dtype is not None else QuantKind.NONE),
             quant_dtype=int(quant_dtype) if quant_dtype is not None else 0,
+            layout=send.layout if isinstance(send, Segments) else 0,
         )
         return cls(send, None if bufs.in_place else recv, op, tag, quantization, bufs.in_place, init)
 
@@ -289,7 +292,8 @@ class AllReduceService:
         after an abort the later ones are refused quickly with ``STALE_RING``.  Every op has
         finished when this returns; the first error other than an abort is raised then.  A
         packed bucket is packed when its op first starts, and its result copied into its
-        members (and its scratch given back) as soon as its op completed.
+        members (and its scratch given back) as soon as its op completed; a segmented one is
+        reduced in place over its members, restored from the op's backup if it aborts.
         """
         failed: list[int] = []
         errors: list[PCCLError] = []
@@ -300,11 +304,15 @@ class AllReduceService:
             try:
                 plan = many.plans.get(i)
                 if plan is None:
-                    send, recv = await self._runner.run(bucket.nbytes, bucket.buffers)
+                    if bucket.packed:
+                        send, recv = await self._runner.run(bucket.nbytes, bucket.buffers)
+                    else:
+                        send, recv = bucket.buffers()
                     plan = many.plans[i] = dataclasses.replace(
                         _Plan.make(send, recv, many.op, many.first_tag + i, many.quantization), epoch=many.epoch)
                 many.results[i] = await self._reduce(plan, rewire_on_stale=False)
-                await self._runner.run(bucket.nbytes, bucket.unpack, plan.recv)
+                if bucket.packed:
+                    await self._runner.run(bucket.nbytes, bucket.unpack, plan.recv)
                 bucket.release()
             except (CollectiveAborted, _StaleRing) as exc:
                 if isinstance(exc, CollectiveAborted) and isinstance(exc.__cause__, PhaseMismatch):
@@ -490,7 +498,7 @@ class AllReduceService:
         backup: InputBackup | None = None
         staged: np.ndarray | None = None  # a small in-place op's output until it completes
         storage: np.ndarray | None = None
-        if plan.in_place and plan.send.nbytes <= STAGED_IN_PLACE_BYTES:
+        if plan.in_place and plan.send.nbytes <= STAGED_IN_PLACE_BYTES and not isinstance(plan.send, Segments):
             storage = SCRATCH.take(plan.send.nbytes)
             staged = storage[: plan.send.nbytes].view(plan.send.dtype).reshape(plan.send.shape)
         elif plan.in_place:
@@ -562,6 +570,7 @@ class AllReduceService:
         traffic, local_error = state.traffic, state.local_error
         if isinstance(state.final, m.CollectiveComplete) and traffic is not None and local_error is None:
             if staged is not None:
+                assert isinstance(plan.send, np.ndarray)  # segmented buffers are never staged
                 np.copyto(plan.send, staged)  # commit the staged result
             tx, rx = traffic
             host.counters.collectives_completed += 1

@@ -27,6 +27,7 @@ from ..types import ReduceOp
 from . import buffers as bf
 from .buffers import InputBackup, KernelRunner, OpBuffers, StagingPool
 from .links import RingLinks
+from .segments import Segments
 
 __all__ = ["RingOp"]
 
@@ -68,13 +69,16 @@ class RingOp:
         self.lanes = links.lanes
         count = bufs.src.size
         sub = subchunk_elements(count, world, bufs.itemsize, max_bytes=max_subchunk_bytes)
+        #: A segmented buffer's frames are also cut where one of its arrays ends.
+        breaks = bufs.src.breaks if isinstance(bufs.src, Segments) else ()
         #: A small unquantized op: the inputs travel around the ring and every peer reduces
-        #: them all.  Decided from agreed parameters only (world, count, dtype, quantization),
-        #: so every peer agrees.
-        self.exchange = uses_exchange(world, bufs.src.nbytes, quantized=bufs.quantized, max_bytes=exchange_max_bytes)
-        self.schedule = (
-            ExchangeSchedule(count, world, rank, sub) if self.exchange else RingSchedule(count, world, rank, sub)
-        )
+        #: them all.  Decided from agreed parameters only (world, count, dtype, quantization,
+        #: segmentation), so every peer agrees.  Never over segments: the exchange sends an
+        #: in-place input from a flat copy, which a segmented buffer exists to avoid.
+        self.exchange = not isinstance(bufs.src, Segments) and uses_exchange(
+            world, bufs.src.nbytes, quantized=bufs.quantized, max_bytes=exchange_max_bytes)
+        schedule = ExchangeSchedule if self.exchange else RingSchedule
+        self.schedule = schedule(count, world, rank, sub, breaks)
         #: In place, an exchange overwrites each slice with its result while the send of that same
         #: slice may still be under way (a worker thread, the Trio sender): it sends from a copy.
         self.exchange_send: np.ndarray | None = None
@@ -82,6 +86,7 @@ class RingOp:
         #: position ``rank - s - 1``), forwarded from there at step ``s + 1``.
         self.exchange_inputs: np.ndarray | None = None
         if self.exchange and count:
+            assert isinstance(bufs.src, np.ndarray)  # never segmented (above)
             if bufs.in_place:
                 self.exchange_send = bufs.take(bufs.src.nbytes).view(bufs.src.dtype)
                 np.copyto(self.exchange_send, bufs.src)

@@ -842,6 +842,8 @@ class MasterState:
         del self._ops[key]
         code, detail = self._reject_reason(op)
         if code is not None:
+            if code is m.RejectCode.PARAMETER_MISMATCH:
+                log.warning("refusing collective: %s", detail)
             for p in voters:
                 self._send(p, m.CollectiveRejected(op.tag, code, detail))
             return True
@@ -854,11 +856,11 @@ class MasterState:
         return True
 
     def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
-        params = {pid: (i.count, i.dtype, i.op, i.quant_kind, i.quant_dtype) for pid, i in op.inits.items()}
+        params = {pid: (i.count, i.dtype, i.op, i.quant_kind, i.quant_dtype, i.layout) for pid, i in op.inits.items()}
         if len(set(params.values())) > 1:
             listing = "; ".join(
-                f"peer {pid:x}: count={c} dtype={d} op={o} quant={qk}/{qd}"
-                for pid, (c, d, o, qk, qd) in sorted(params.items()))
+                f"peer {pid:x}: count={c} dtype={d} op={o} quant={qk}/{qd} layout={lay:x}"
+                for pid, (c, d, o, qk, qd, lay) in sorted(params.items()))
             return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on tag {op.tag}: {listing}"
         if len(op.inits) < 2:
             return m.RejectCode.TOO_FEW_PEERS, f"only {len(op.inits)} peer(s) in group {op.group}"

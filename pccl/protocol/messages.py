@@ -220,6 +220,9 @@ class CollectiveInit(Message, tag=50):
     op: U32  # pccl.types.ReduceOp
     quant_kind: U32 = 0  # pccl.types.QuantKind
     quant_dtype: U32 = 0  # pccl.types.DType of the wire type (0 when quant_kind is NONE)
+    #: Digest of how the buffer is cut into arrays whose boundaries no frame straddles (an
+    #: ``all_reduce_many`` bucket reduced in place over its members); 0 for one flat array.
+    layout: U64 = 0
 
 
 class CollectiveCommence(Message, tag=51):

@@ -20,6 +20,10 @@ Rules (PCCL's ``reduce.cpp`` with sub-chunk pipelining added):
   (the last one shorter).  A frame carries one sub-chunk of one step.  Sending frame
   ``(step, k)`` depends only on having processed the received frame ``(step - 1, k)`` (the same
   chunk, see :meth:`RingSchedule.send_chunk`), so the steps pipeline sub-chunk by sub-chunk.
+* **Breaks.**  An op over a segmented buffer (several arrays reduced as one, without packing
+  them: :mod:`pccl.collectives.buckets`) passes the element offsets where one array ends and the
+  next begins; sub-chunks are also cut there, so no frame straddles two arrays.  The breaks are
+  part of what every peer must agree on, like the element count.
 * **Lanes.**  When one op is striped over several connections per neighbour, sub-chunk ``k``
   of every step travels on lane ``k mod lanes``; each lane carries its frames in schedule order.
 
@@ -31,6 +35,7 @@ ring.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 from collections.abc import Iterable, Iterator, Sequence
@@ -48,6 +53,7 @@ __all__ = [
     "EXCHANGE_MAX_BYTES",
     "chunk_bounds",
     "split_range",
+    "split_at_breaks",
     "subchunk_elements",
     "DEFAULT_SUBCHUNK_BYTES",
     "MIN_SUBCHUNK_BYTES",
@@ -136,6 +142,17 @@ def split_range(start: int, stop: int, max_elements: int) -> tuple[tuple[int, in
     return tuple((a, min(a + max_elements, stop)) for a in range(start, stop, max_elements))
 
 
+def split_at_breaks(
+    start: int, stop: int, max_elements: int, breaks: Sequence[int]
+) -> tuple[tuple[int, int], ...]:
+    """:func:`split_range`, with ``[start, stop)`` first cut at every offset of ``breaks``
+    (ascending) inside it: each piece is then split from its own start."""
+    if not breaks:
+        return split_range(start, stop, max_elements)
+    cuts = [start, *breaks[bisect.bisect_right(breaks, start) : bisect.bisect_left(breaks, stop)], stop]
+    return tuple(piece for a, b in zip(cuts, cuts[1:]) for piece in split_range(a, b, max_elements))
+
+
 def subchunk_elements(
     count: int,
     world: int,
@@ -174,21 +191,31 @@ class Frame:
 
 
 class RingSchedule:
-    """The complete plan of one all-reduce for the peer at ring position ``rank``."""
+    """The complete plan of one all-reduce for the peer at ring position ``rank``.
 
-    __slots__ = ("count", "world", "rank", "subchunk_elements", "chunks", "_subchunks")
+    ``breaks``: ascending element offsets in ``(0, count)`` where sub-chunks are also cut (the
+    boundaries of a segmented buffer's arrays); empty for one flat array.
+    """
 
-    def __init__(self, count: int, world: int, rank: int, subchunk_elements: int) -> None:
+    __slots__ = ("count", "world", "rank", "subchunk_elements", "breaks", "chunks", "_subchunks")
+
+    def __init__(
+        self, count: int, world: int, rank: int, subchunk_elements: int, breaks: Sequence[int] = ()
+    ) -> None:
         if world < 2:
             raise ValueError(f"a ring needs at least 2 peers, got {world}")
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside a ring of {world}")
+        breaks = tuple(breaks)
+        if any(not 0 < b < count for b in breaks) or any(a >= b for a, b in zip(breaks, breaks[1:])):
+            raise ValueError("breaks must be strictly ascending offsets inside the buffer")
         self.count = count
         self.world = world
         self.rank = rank
         self.subchunk_elements = subchunk_elements
+        self.breaks = breaks
         self.chunks = chunk_bounds(count, world)
-        self._subchunks = tuple(split_range(a, b, subchunk_elements) for a, b in self.chunks)
+        self._subchunks = tuple(split_at_breaks(a, b, subchunk_elements, breaks) for a, b in self.chunks)
 
     # --- steps -------------------------------------------------------------------------------
 
@@ -226,8 +253,8 @@ class RingSchedule:
 
     @property
     def max_subchunks(self) -> int:
-        """Sub-chunks of the largest chunk (chunk 0): an upper bound on frames per step."""
-        return len(self._subchunks[0])
+        """The most sub-chunks of any chunk: an upper bound on frames per step."""
+        return max(len(s) for s in self._subchunks)
 
     # --- frames ------------------------------------------------------------------------------
 
@@ -313,9 +340,11 @@ class ExchangeSchedule(RingSchedule):
 
     __slots__ = ()
 
-    def __init__(self, count: int, world: int, rank: int, subchunk_elements: int) -> None:
-        super().__init__(count, world, rank, subchunk_elements)
-        pieces = split_range(0, count, subchunk_elements)
+    def __init__(
+        self, count: int, world: int, rank: int, subchunk_elements: int, breaks: Sequence[int] = ()
+    ) -> None:
+        super().__init__(count, world, rank, subchunk_elements, breaks)
+        pieces = split_at_breaks(0, count, subchunk_elements, self.breaks)
         self.chunks = ((0, count),) * world
         self._subchunks = (pieces,) * world
 

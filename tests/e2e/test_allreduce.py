@@ -36,7 +36,8 @@ from pccl.protocol import messages as m
 from pccl.collectives.reference import ring_reference
 from pccl.net.base import Listener, Network, Stream
 from pccl.net.tcp import TcpNetwork
-from pccl.protocol.ring import uses_exchange
+from pccl.collectives.buckets import DEFAULT_BUCKET_BYTES, SEGMENTED_MIN_BYTES, plan_buckets
+from pccl.protocol.ring import EXCHANGE_MAX_BYTES, uses_exchange
 from inproc_group import in_process_group
 from allreduce_cases import digest, make_input, matrix_cases, np_dtype, reduce_op
 
@@ -378,12 +379,17 @@ def test_all_reduce_many_retries_on_the_survivors(cluster_factory: Any) -> None:
     assert over_survivors in reports[0]["digests"]  # at least the ops in flight at the kill were retried
 
 
-def test_bucketed_all_reduce_many_retries_per_bucket_on_the_survivors(cluster_factory: Any) -> None:
-    """Six arrays packed two per bucket (bucket_bytes fits two); a peer SIGKILLs itself inside a
-    bucket's ring.  Every bucket's result is the reduction of its packed members over the
-    peers it ran with: the survivors for the retried ones, everyone for those done before."""
+@pytest.mark.parametrize("kind", ["packed", "segmented"])
+def test_bucketed_all_reduce_many_retries_per_bucket_on_the_survivors(cluster_factory: Any, kind: str) -> None:
+    """Six arrays two per bucket (bucket_bytes fits two); a peer SIGKILLs itself inside a
+    bucket's ring.  Every bucket's result is the reduction of its members over the peers it ran
+    with: the survivors for the retried ones, everyone for those done before.  Arrays below
+    ``SEGMENTED_MIN_BYTES`` are packed (an abort leaves them untouched); larger ones are reduced
+    in place over the members (segmented: an abort restores them, else the retry would reduce
+    partial sums)."""
     cluster = cluster_factory(3)
-    n = 200_000
+    n = {"packed": 200_000, "segmented": 300_000}[kind]
+    assert (n * 4 >= SEGMENTED_MIN_BYTES) == (kind == "segmented")
     arrays = [_spec(0, 60 + k, n, "float32", "SUM") for k in range(6)]
     for p in cluster.peers:
         fault = {"kind": "kill", "at": 0.3} if p is cluster.peers[-1] else None
@@ -395,11 +401,11 @@ def test_bucketed_all_reduce_many_retries_per_bucket_on_the_survivors(cluster_fa
     assert reports[1]["digests"] == reports[0]["digests"]
 
     def bucket_results(ring: list[int], k: int) -> list[str]:
-        # bucket k packs arrays 2k and 2k+1 end to end
+        # bucket k reduces arrays 2k and 2k+1 as one buffer, end to end
         ins = [np.concatenate(pair) for pair in zip(
             _inputs_in_ring(cluster, ring, arrays[2 * k]["seed"], n, "float32", "SUM"),
             _inputs_in_ring(cluster, ring, arrays[2 * k + 1]["seed"], n, "float32", "SUM"))]
-        out = ring_reference(ins, ReduceOp.SUM)
+        out = ring_reference(ins, ReduceOp.SUM, exchange_max_bytes=0 if kind == "segmented" else EXCHANGE_MAX_BYTES)
         return [digest(out[:n]), digest(out[n:])]
 
     retried = 0
@@ -603,6 +609,101 @@ async def test_cancelling_mid_ring_restores_the_input_and_aborts_the_others() ->
         expected = ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM)
         assert all(np.array_equal(b, expected) for b in bufs)
         assert all(c.statistics().retries >= 1 for c in comms)
+
+
+async def test_a_segmented_bucket_cancelled_mid_ring_holds_its_inputs_and_is_reduced_again() -> None:
+    """all_reduce_many of arrays reduced in place over their members (one segmented bucket):
+    peer 0 is frozen inside the reduce-scatter, after its first frames overwrote members, and
+    its call is cancelled.  Its arrays hold their inputs when the call has ended.  Peer 1's op
+    was aborted: its call retries, and meets peer 0's next call or (its re-wire against that
+    call's vote) ends with a phase mismatch — then its arrays hold their inputs too.  Once both
+    calls went through, both hold the reduction of the original inputs."""
+    async with _in_process_group(2, gated={0: GatedNetwork}) as (master, comms, networks):
+        gate = networks[0]
+        n = SEGMENTED_MIN_BYTES // 4
+        sizes = [3 * n, n + 5, 2 * n + 1]
+        inputs = [_f32_inputs(2, size, seed) for seed, size in enumerate(sizes)]  # [array][peer]
+        lists = [[inputs[k][i].copy() for k in range(len(sizes))] for i in range(2)]
+        (bucket,) = plan_buckets(lists[0], DEFAULT_BUCKET_BYTES)
+        assert bucket.segmented
+        gate.hold_after_more(2 << 20)  # about half of peer 0's reduce-scatter input
+        victim = trio.CancelScope()
+        results: list[Any] = [None, None]
+
+        async def call(i: int) -> None:
+            try:
+                results[i] = await comms[i].all_reduce_many(lists[i])
+            except CollectiveAborted as exc:
+                results[i] = exc
+
+        async def cancelled_call() -> None:
+            with victim:
+                await call(0)
+
+        def holds_inputs(i: int) -> bool:
+            return all(np.array_equal(lists[i][k], inputs[k][i]) for k in range(len(sizes)))
+
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call, 1)
+                async with trio.open_nursery() as first:
+                    first.start_soon(cancelled_call)
+                    await gate.held.wait()
+                    victim.cancel()
+                assert victim.cancelled_caught and results[0] is None
+                assert holds_inputs(0), "peer 0's arrays were not restored"
+                gate.release()
+                nursery.start_soon(call, 0)
+            for _ in range(3):
+                if all(isinstance(r, pccl.ReduceInfo) for r in results):
+                    break
+                assert all(isinstance(r, CollectiveAborted) for r in results), results
+                assert holds_inputs(0) and holds_inputs(1), "an aborted call left partial results"
+                async with trio.open_nursery() as nursery:
+                    for i in range(2):
+                        nursery.start_soon(call, i)
+        assert all(isinstance(r, pccl.ReduceInfo) and r.world_size == 2 for r in results), results
+        flat = [np.concatenate(per_peer) for per_peer in zip(*inputs)]
+        expected = np.split(ring_reference(_in_ring_order(comms, flat), ReduceOp.SUM, exchange_max_bytes=0),
+                            np.cumsum(sizes)[:-1])
+        for i in range(2):
+            for k in range(len(sizes)):
+                assert np.array_equal(lists[i][k], expected[k]), (i, k)
+
+
+async def test_segmented_buckets_cut_differently_are_refused_by_the_master(caplog: pytest.LogCaptureFixture) -> None:
+    """Same dtype, same total count, different arrays: the master compares the buckets' layout
+    digest per tag and refuses the op on both peers (InvalidUsage, arrays untouched), instead
+    of frames that do not line up or a reduction of misaligned arrays."""
+    async with _in_process_group(2) as (master, comms, _):
+        n = SEGMENTED_MIN_BYTES // 4
+        lists = [[np.full(3 * n, 1.0, np.float32), np.full(2 * n, 2.0, np.float32)],
+                 [np.full(2 * n, 3.0, np.float32), np.full(3 * n, 4.0, np.float32)]]
+        originals = [[a.copy() for a in arrays] for arrays in lists]
+        outcome: list[Any] = [None, None]
+
+        async def call(i: int) -> None:
+            try:
+                outcome[i] = await comms[i].all_reduce_many(lists[i])
+            except pccl.PCCLError as exc:
+                outcome[i] = exc
+
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                for i in range(2):
+                    nursery.start_soon(call, i)
+        assert all(isinstance(o, InvalidUsage) and "layout" in str(o) for o in outcome), outcome
+        for arrays, before in zip(lists, originals):
+            assert all(np.array_equal(a, b) for a, b in zip(arrays, before))
+        assert any("disagree" in r.getMessage() and "layout" in r.getMessage() for r in caplog.records)
+        # the same cut on both: it goes through
+        lists[1] = [np.full(3 * n, 3.0, np.float32), np.full(2 * n, 4.0, np.float32)]
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                for i in range(2):
+                    nursery.start_soon(call, i)
+        assert all(isinstance(o, pccl.ReduceInfo) for o in outcome), outcome
+        assert np.all(lists[0][0] == 4.0) and np.all(lists[1][1] == 6.0)
 
 
 async def test_two_peer_exchange_aborted_after_one_peer_finished_restores_both_inputs() -> None:

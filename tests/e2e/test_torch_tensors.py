@@ -121,6 +121,52 @@ async def test_zero_copy_no_allocation_of_the_tensor_size_once_warm(dtype: objec
             assert bool((t == 2.0).all())
 
 
+@pytest.mark.parametrize("segmented", [True, False], ids=["segmented", "packed"])
+async def test_all_reduce_many_of_large_tensors_copies_nothing_once_warm(segmented: bool,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors of at least SEGMENTED_MIN_BYTES share a bucket reduced in place over the tensors
+    themselves: once the arena is warm the call allocates nothing of the bucket's size
+    (tracemalloc), and the only scratch of the bucket's size it takes is each peer's input
+    backup.  Packed (the threshold raised), the same bucket takes two such buffers per peer
+    (packed input and result) and copies every tensor in and out: the counts tell them apart."""
+    from pccl.collectives import buckets
+    from pccl.collectives.buffers import SCRATCH
+
+    if not segmented:
+        monkeypatch.setattr(buckets, "SEGMENTED_MIN_BYTES", 1 << 62)
+    n = buckets.SEGMENTED_MIN_BYTES // 4 if segmented else 1 << 18
+    shapes = [(n,), (2, n // 2 + 3), (n + 1,)]
+    async with in_process_group(2, token=None, config=CFG, soon=SOON) as (_, comms, _):
+        lists = [[torch.full(shape, float(i + 1)) for shape in shapes] for i in range(2)]
+        nbytes = sum(t.numel() * 4 for t in lists[0])
+        (bucket,) = buckets.plan_buckets([t.numpy() for t in lists[0]], buckets.DEFAULT_BUCKET_BYTES)
+        assert bucket.segmented == segmented and bucket.packed != segmented
+        await _each(comms, lambda i, c: c.all_reduce_many(lists[i]))  # warms the arena
+        for ts in lists:
+            for t in ts:
+                t.fill_(1.0)
+        taken: list[int] = []
+        real_take = SCRATCH.take
+
+        def counting_take(size: int) -> np.ndarray:
+            taken.append(size)
+            return real_take(size)
+
+        monkeypatch.setattr(SCRATCH, "take", counting_take)
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            await _each(comms, lambda i, c: c.all_reduce_many(lists[i]))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak - before < nbytes // 4, f"the call allocated {peak - before} bytes for a {nbytes}-byte bucket"
+        assert len([size for size in taken if size >= nbytes]) == (2 if segmented else 4), taken
+        for ts in lists:
+            assert all(bool((t == 2.0).all()) for t in ts)
+
+
 async def test_a_numpy_copy_would_be_seen() -> None:
     """The allocation check above has teeth: an all-reduce of a copy allocates the tensor's size."""
     n = 1 << 20
