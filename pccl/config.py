@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
+from typing import Literal
 
 from .errors import InvalidArgument
+from .protocol.topology import MAX_LANES, lanes_for_link
 
 __all__ = ["Config", "DEFAULT_MASTER_PORT", "MIN_SOCKET_BUFFER_SIZE"]
 
@@ -52,7 +54,15 @@ class Config:
     port_search_range: int = 512
     #: Connections ("lanes") each peer opens to its ring successor per topology round; an
     #: all-reduce stripes its sub-chunks over them.  Must be the same on every peer of a run.
-    p2p_lanes: int = 1
+    #: ``"auto"``: sized per ring edge from its measured bandwidth and RTT so that one
+    #: connection's window (``p2p_lane_window``) does not cap the edge
+    #: (:func:`pccl.protocol.topology.lanes_for_link`); one lane on an edge not measured yet.
+    p2p_lanes: int | Literal["auto"] = 1
+    #: The bytes one connection keeps in flight (its TCP window), which caps it at
+    #: ``window / RTT``; used only by ``p2p_lanes="auto"``.  Linux autotunes receive windows up
+    #: to ``net.ipv4.tcp_rmem``'s maximum (6 MiB by default, of which about 4 MiB is window);
+    #: with ``socket_buffer_size`` set, about that.
+    p2p_lane_window: int = 4 << 20
     #: Socket buffer sizes requested for every connection (bytes, 0 or at least 64 KiB: below
     #: loopback's segment size transfers crawl); 0 (the default) keeps the OS default and its
     #: autotuning (``local_socket_buffer_size`` for same-host connections).
@@ -89,8 +99,16 @@ class Config:
             raise InvalidArgument("master_reconnect_backoff must be (first, longest) delays with 0 < first <= longest")
         if self.heartbeat_interval >= self.peer_timeout:
             raise InvalidArgument("heartbeat_interval must be shorter than peer_timeout")
-        if not 1 <= self.p2p_lanes <= 64:
-            raise InvalidArgument(f"p2p_lanes must be between 1 and 64, got {self.p2p_lanes}")
+        lanes = self.p2p_lanes
+        if isinstance(lanes, str):
+            if lanes != "auto":
+                raise InvalidArgument(f'p2p_lanes must be an int between 1 and {MAX_LANES} or "auto", got {lanes!r}')
+        elif not isinstance(lanes, int) or isinstance(lanes, bool) or not 1 <= lanes <= MAX_LANES:
+            raise InvalidArgument(f'p2p_lanes must be an int between 1 and {MAX_LANES} or "auto", got {lanes!r}')
+        window = self.p2p_lane_window
+        if not isinstance(window, int) or isinstance(window, bool) or window < MIN_SOCKET_BUFFER_SIZE:
+            raise InvalidArgument(f"p2p_lane_window must be an int of at least {MIN_SOCKET_BUFFER_SIZE} bytes, "
+                                  f"got {window!r}")
         for name in ("socket_buffer_size", "local_socket_buffer_size"):
             size = getattr(self, name)
             if not isinstance(size, int) or isinstance(size, bool):
@@ -107,3 +125,12 @@ class Config:
                 raise InvalidArgument(f"{name} must be a port number, got {port}")
         if (self.tls_client_context is None) != (self.tls_server_context is None):
             raise InvalidArgument("set both tls_client_context and tls_server_context, or neither")
+
+    def lanes_for(self, bandwidth: float | None = None, rtt: float | None = None) -> int:
+        """The lanes of a ring edge: ``p2p_lanes`` when fixed; with ``"auto"``, sized from the
+        edge's measured ``bandwidth`` (bytes/s) and ``rtt`` (s), one lane when unmeasured."""
+        if isinstance(self.p2p_lanes, int):
+            return self.p2p_lanes
+        if bandwidth is None or rtt is None:
+            return 1
+        return lanes_for_link(bandwidth, rtt, self.p2p_lane_window)

@@ -34,7 +34,7 @@ class RingWiring:
     def __init__(self, host: PeerHost, listener: Listener) -> None:
         self._host = host
         self.listener = listener
-        self.links = P2PLinks(0, (0,), 0, host.config.p2p_lanes)
+        self.links = P2PLinks(0, (0,), 0, host.config.lanes_for())
         self._round_scope: trio.CancelScope | None = None
         self._round_changed = trio.Event()
         #: Who gets a handshake slot on the ring port (its counters are read by tests).
@@ -46,7 +46,7 @@ class RingWiring:
         if self._round_scope is not None:
             self._round_scope.cancel()
         self.links.close()
-        self.links = P2PLinks(0, (peer_id,), peer_id, self._host.config.p2p_lanes)
+        self.links = P2PLinks(0, (peer_id,), peer_id, self._host.config.lanes_for())
         self._round_changed.set()
         self._round_changed = trio.Event()
 
@@ -60,7 +60,7 @@ class RingWiring:
         if self._round_scope is not None:
             self._round_scope.cancel()
         self.links.close()
-        self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, host.config.p2p_lanes)
+        self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, host.config.lanes_for())
         host.counters.p2p_rounds += 1
         self._round_changed.set()
         self._round_changed = trio.Event()

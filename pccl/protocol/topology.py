@@ -46,6 +46,8 @@ __all__ = [
     "ring_time",
     "ring_bottleneck",
     "fill_cost",
+    "MAX_LANES",
+    "lanes_for_link",
 ]
 
 
@@ -74,6 +76,39 @@ DEFAULT_TOLERANCE = 0.1
 DEFAULT_BUDGET = 200_000
 #: Frame size of the fill term: the data path's largest frame (``ring.DEFAULT_SUBCHUNK_BYTES``).
 _FRAME_BYTES = 4 << 20
+
+
+#: The most connections one ring edge may use (``Config.p2p_lanes``' range; every lane costs a
+#: socket, a handshake slot and a frame queue on both ends).
+MAX_LANES = 64
+#: Lanes sized from the bandwidth-delay product alone reach it only if every connection's
+#: window is full all the time; TCP's does not stay full (slow start, loss recovery), so
+#: ``"auto"`` asks for a quarter more connections than the exact quotient.
+_LANE_HEADROOM = 1.25
+
+
+def lanes_for_link(bandwidth: float, rtt: float, window: int, *, probe_streams: int | None = None) -> int:
+    """How many connections an edge of ``bandwidth`` (bytes/s) and ``rtt`` (s) needs so that
+    one connection's ``window`` (bytes in flight, so at most ``window / rtt`` bytes/s each)
+    does not cap it: the bandwidth-delay product over the window, with headroom, in
+    ``[1, MAX_LANES]``.
+
+    ``probe_streams``: the parallel streams the measurement used.  A figure at (90% of) what
+    that many windows allow says only that the link is at least that fast, so it gets
+    ``MAX_LANES``.
+    """
+    if not (bandwidth > 0 and math.isfinite(bandwidth)):
+        raise ValueError(f"bandwidth must be positive and finite, got {bandwidth!r}")
+    if not (rtt >= 0 and math.isfinite(rtt)):
+        raise ValueError(f"rtt must be non-negative and finite, got {rtt!r}")
+    if window <= 0:
+        raise ValueError(f"window must be positive, got {window!r}")
+    if rtt == 0:
+        return 1
+    if probe_streams is not None and bandwidth >= 0.9 * probe_streams * window / rtt:
+        return MAX_LANES
+    wanted = math.ceil(_LANE_HEADROOM * bandwidth * rtt / window)
+    return max(1, min(MAX_LANES, wanted))
 
 
 @dataclasses.dataclass(frozen=True)
