@@ -151,6 +151,20 @@ class Communicator:
         """
         await self._session.topology_vote(accept_new_peers=True)
 
+    async def optimize_topology(self) -> None:
+        """Vote to optimise this group's ring; return once every accepted peer of the group
+        voted, each measured the links to the peers it had no measurement for (bandwidth and
+        RTT, ``Config.probe_streams`` parallel streams for ``Config.probe_seconds``, bounded in
+        time; a failed probe counts as a very slow link), and the master installed the ring with
+        the best bottleneck (:mod:`pccl.protocol.topology`) — the next all-reduce uses it, and
+        :attr:`ring` shows it.  Measurements are kept while both ends stay, so a later call
+        measures only the newcomers' links.
+
+        Errors and cancellation as for :meth:`update_topology` (``PhaseMismatch`` when another
+        peer of the group waits in another call, ``update_topology`` included).
+        """
+        await self._session.optimize_vote()
+
     async def are_peers_pending(self) -> bool:
         """Whether a registered peer waits to be accepted; answered once every accepted peer
         asked.  Legal while collectives run.  Cancellation leaves the vote standing (the next

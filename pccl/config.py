@@ -63,6 +63,10 @@ class Config:
     #: to ``net.ipv4.tcp_rmem``'s maximum (6 MiB by default, of which about 4 MiB is window);
     #: with ``socket_buffer_size`` set, about that.
     p2p_lane_window: int = 4 << 20
+    #: ``optimize_topology``: how long each bandwidth probe streams data, and over how many
+    #: parallel connections (so that one connection's window does not cap the figure).
+    probe_seconds: float = 1.0
+    probe_streams: int = 8
     #: Socket buffer sizes requested for every connection (bytes, 0 or at least 64 KiB: below
     #: loopback's segment size transfers crawl); 0 (the default) keeps the OS default and its
     #: autotuning (``local_socket_buffer_size`` for same-host connections).
@@ -117,6 +121,11 @@ class Config:
                 raise InvalidArgument(
                     f"{name} must be 0 (the OS default) or at least {MIN_SOCKET_BUFFER_SIZE} bytes, got {size}"
                 )
+        if not (isinstance(self.probe_seconds, (int, float)) and 0 < self.probe_seconds <= 60):
+            raise InvalidArgument(f"probe_seconds must be in (0, 60], got {self.probe_seconds!r}")
+        if not isinstance(self.probe_streams, int) or isinstance(self.probe_streams, bool) or \
+                not 1 <= self.probe_streams <= MAX_LANES:
+            raise InvalidArgument(f"probe_streams must be an int between 1 and {MAX_LANES}, got {self.probe_streams!r}")
         if self.max_frame_size < 1024:
             raise InvalidArgument("max_frame_size must be at least 1024 bytes")
         for name in ("p2p_base_port", "shared_state_base_port", "benchmark_base_port"):

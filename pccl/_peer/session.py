@@ -50,6 +50,7 @@ from ..errors import (
 from ..net.base import Listener, Network, Stream, format_address, parse_address
 from ..net.framed import FramedConnection, accept_framed, open_framed
 from ..protocol import messages as m
+from ..topology import ProbeService
 from .host import CollectiveRoute, Counters, MasterLost
 from .links import P2PLinks
 from .phase import PhaseRule
@@ -175,6 +176,7 @@ class PeerSession:
         self.bind_host = "::" if ":" in host else "0.0.0.0"
         self._link: _Link | None = None
         self._wiring: RingWiring | None = None
+        self._probes = ProbeService(self)
         self._failure: PCCLError | None = None
         self._closing = False
         #: Registrations so far (a new master connection each): operations remember theirs.
@@ -433,6 +435,44 @@ class PeerSession:
         return self._master_instance
 
     # --- votes ---------------------------------------------------------------------------------
+
+    async def optimize_vote(self) -> None:
+        """Vote to optimise this group's ring: probe the links the master names, report, and
+        return once the solved ring is installed (its round completed).  A cancelled vote stands
+        (the next call waits for it).  A master lost meanwhile ends the call with
+        ``MasterUnreachable``-like ``MasterLost`` handling as for a re-wire: the optimisation
+        belonged to the old master."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        await self._until_accepted()
+        await self.settled()
+        self.raise_if_failed()
+        epoch = self._epoch
+        if self._phase.join_topology("optimize"):
+            waiter = self._topology_waiter
+            assert waiter is not None
+        else:
+            waiter = self._new_topology_waiter("optimize")
+            log.debug("peer %x: optimise vote", self._peer_id)
+            try:
+                await self.send(m.VoteOptimize(), epoch=epoch)
+            except BaseException:
+                if self._topology_waiter is waiter:
+                    self._clear_topology_waiter(None)
+                raise
+        await waiter.wait()
+        if self._epoch != epoch:
+            raise MasterLost(f"the master at {self.master_address} was lost during optimize_topology; "
+                             "this peer was accepted by the restarted master with its default ring")
+
+    async def _probe_and_report(self, request: m.ProbeRequest, epoch: int) -> None:
+        report = await self._probes.run(request)
+        try:
+            await self.send(report, epoch=epoch)
+        except PCCLError:
+            pass  # the communicator failed, or this probe's master is gone
+
+    async def serve_probe(self, conn: FramedConnection, hello: m.ProbeHello) -> None:
+        await self._probes.serve(conn, hello)
 
     async def topology_vote(self, *, accept_new_peers: bool) -> None:
         """Vote to accept pending peers (``True``: ``update_topology``) or to re-wire this
@@ -724,6 +764,12 @@ class PeerSession:
                 return
             log.warning("peer %x: the master ended this peer's topology vote: %s", self._peer_id, msg.detail)
             self._clear_topology_waiter(PhaseMismatch(msg.detail or "phase mismatch"))
+        elif isinstance(msg, m.ProbeRequest):
+            if self._phase.topology_vote != "optimize":
+                self.fail(ProtocolError(f"the master sent a probe request while this peer is in "
+                                        f"{self._phase.describe()}"))
+                return
+            self.spawn(self._probe_and_report, msg, link.epoch)
         elif isinstance(msg, m.PeersPendingResult):
             log.debug("peer %x: peers pending: %s", self._peer_id, msg.pending)
             pending_waiter, self._pending_waiter = self._pending_waiter, None

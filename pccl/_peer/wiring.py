@@ -157,13 +157,18 @@ class RingWiring:
             conn = await host.accept(stream)
             with trio.fail_after(host.config.connect_timeout):
                 hello = await conn.receive()
-                if not isinstance(hello, m.P2PHello):
+                if not isinstance(hello, (m.P2PHello, m.ProbeHello)):
                     raise ProtocolError(f"expected P2PHello, got {type(hello).__name__}")
-                while self.links.round < hello.round:  # the dialler may be ahead of us
+                while isinstance(hello, m.P2PHello) and self.links.round < hello.round:  # the dialler may be ahead
                     await self._round_changed.wait()
             if hello.instance != host.master_instance:
                 raise ProtocolError(f"p2p hello from peer {hello.peer_id:x} for a round of another master "
                                     f"(instance {hello.instance:x}, this peer's master is {host.master_instance:x})")
+            if isinstance(hello, m.ProbeHello):  # a bandwidth probe (pccl.topology), not a ring lane
+                slot.release()
+                probe_conn, conn = conn, None
+                await host.serve_probe(probe_conn, hello)
+                return
             links = self.links
             if hello.round != links.round or hello.peer_id != links.predecessor or hello.peer_id == host.peer_id:
                 raise ProtocolError(f"unexpected p2p hello from peer {hello.peer_id:x} for round {hello.round} "
