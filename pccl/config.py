@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
+from collections.abc import Iterable
 from typing import Literal
 
 from .errors import InvalidArgument
@@ -137,9 +138,17 @@ class Config:
 
     def lanes_for(self, bandwidth: float | None = None, rtt: float | None = None) -> int:
         """The lanes of a ring edge: ``p2p_lanes`` when fixed; with ``"auto"``, sized from the
-        edge's measured ``bandwidth`` (bytes/s) and ``rtt`` (s), one lane when unmeasured."""
+        edge's measured ``bandwidth`` (bytes/s) and ``rtt`` (s), one lane when unmeasured.  A
+        figure at the probe's own window cap (``probe_streams`` windows per RTT) gets the most."""
         if isinstance(self.p2p_lanes, int):
             return self.p2p_lanes
-        if bandwidth is None or rtt is None:
+        if not bandwidth or rtt is None:
             return 1
-        return lanes_for_link(bandwidth, rtt, self.p2p_lane_window)
+        return lanes_for_link(bandwidth, rtt, self.p2p_lane_window, probe_streams=self.probe_streams)
+
+    def ring_lanes(self, figures: Iterable[tuple[float, float]]) -> int:
+        """The lanes of every edge of a ring whose edges measured ``(bandwidth, rtt)`` each
+        (bandwidth 0: unmeasured): the most any edge needs.  The data path stripes each op over
+        the same lanes in both directions, and every peer derives the same count from the
+        master's figures."""
+        return max((self.lanes_for(bw, rtt) for bw, rtt in figures), default=self.lanes_for())

@@ -60,7 +60,8 @@ class RingWiring:
         if self._round_scope is not None:
             self._round_scope.cancel()
         self.links.close()
-        self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, host.config.lanes_for())
+        lanes = host.config.ring_lanes((f.bandwidth, f.rtt) for f in msg.ring_links)
+        self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, lanes)
         host.counters.p2p_rounds += 1
         self._round_changed.set()
         self._round_changed = trio.Event()

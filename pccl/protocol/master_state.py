@@ -797,6 +797,15 @@ class MasterState:
         kept = [pid for pid in order if pid in members]
         return tuple(kept) + build_ring(members.difference(kept))
 
+    def _ring_links(self, ring: tuple[int, ...]) -> tuple[m.LinkFigure, ...]:
+        """The measured figures of ``ring``'s edges, in ring order (empty: none measured)."""
+        if len(ring) < 2:
+            return ()
+        edges = [self._links.measured(a, ring[(i + 1) % len(ring)]) for i, a in enumerate(ring)]
+        if all(e is None for e in edges):
+            return ()
+        return tuple(m.LinkFigure(e.bandwidth, e.rtt) if e is not None else m.LinkFigure(0.0, 0.0) for e in edges)
+
     def _start_round(self, scope: int, participants: list[int], previous: _Round) -> None:
         rnd = _Round(scope, self._take_round_id(), tuple(sorted(participants)),
                      failed_attempts=previous.failed_attempts, blame=previous.blame)
@@ -806,11 +815,12 @@ class MasterState:
             by_group.setdefault(self._peer(pid).group, []).append(pid)
         for group, ids in by_group.items():
             ring = self._ring_order(group, ids)
+            figures = self._ring_links(ring)
             for pid in ring:
                 p = self._peer(pid)
                 p.topology_vote, p.round_scope = None, scope
                 ends = tuple(self._peer(n).endpoint() for n in ring_neighbours(ring, pid))
-                self._send(p, m.ConnectToPeers(rnd.round_id, ring, ends))
+                self._send(p, m.ConnectToPeers(rnd.round_id, ring, ends, figures))
         log.debug("round %d (scope %d) started with %d peers", rnd.round_id, scope, len(rnd.participants))
 
     def _check_round(self, scope: int) -> bool:

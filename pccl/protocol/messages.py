@@ -49,6 +49,13 @@ class PeerEndpoint(msgspec.Struct, frozen=True, array_like=True):
     shared_state_port: U16
 
 
+class LinkFigure(msgspec.Struct, frozen=True, array_like=True):
+    """A measured directed link: bytes/s and round-trip seconds (``bandwidth`` 0: not measured)."""
+
+    bandwidth: Annotated[float, msgspec.Meta(ge=0)]
+    rtt: Annotated[float, msgspec.Meta(ge=0)]
+
+
 class Membership(msgspec.Struct, frozen=True, array_like=True):
     """The attributes of SPEC §2, counting accepted peers only (never pending ones)."""
 
@@ -116,11 +123,15 @@ class ConnectToPeers(Message, tag=21):
     ``ring`` is this peer's group ring (peer ids, in order) for the round; ``neighbours`` the
     endpoints of its predecessor and successor (one entry for a ring of two, none when alone).
     A newer round supersedes an older one: drop the older attempt's connections.
+    ``ring_links[i]`` is the master's measurement of the edge ``ring[i] -> ring[i + 1]`` (empty
+    when nothing is measured): with ``Config.p2p_lanes="auto"`` every peer sizes the round's
+    lanes from them alike.
     """
 
     round: U64
     ring: tuple[U64, ...]
     neighbours: tuple[PeerEndpoint, ...]
+    ring_links: tuple[LinkFigure, ...] = ()
 
 
 class TopologyComplete(Message, tag=22):

@@ -59,11 +59,26 @@ def test_fixed_lanes_ignore_measurements() -> None:
 
 
 def test_auto_lanes_follow_the_bandwidth_delay_product() -> None:
-    auto = Config(p2p_lanes="auto", p2p_lane_window=4 << 20)
+    auto = Config(p2p_lanes="auto", p2p_lane_window=4 << 20, probe_streams=64)
     assert auto.lanes_for() == 1                       # not measured yet
+    assert auto.lanes_for(0.0, 0.1) == 1               # a failed probe: not measured
     assert auto.lanes_for(1.25e9, 0.0002) == 1         # LAN: one window covers it
     # 10 Gbit/s at 100 ms: 125 MB in flight, 4 MiB windows: 30 exactly, 38 with headroom.
     assert auto.lanes_for(1.25e9, 0.1) == 38
     assert auto.lanes_for(1.25e10, 0.1) == 64          # clamped
-    wider = Config(p2p_lanes="auto", p2p_lane_window=16 << 20)
+    wider = Config(p2p_lanes="auto", p2p_lane_window=16 << 20, probe_streams=64)
     assert wider.lanes_for(1.25e9, 0.1) == 10
+
+
+def test_auto_lanes_take_a_probe_at_its_own_cap_as_a_lower_bound() -> None:
+    # 8 probe streams of 4 MiB windows at 100 ms show at most ~335 MB/s, whatever the link.
+    auto = Config(p2p_lanes="auto", p2p_lane_window=4 << 20, probe_streams=8)
+    assert auto.lanes_for(8 * (4 << 20) / 0.1, 0.1) == 64
+    assert auto.lanes_for(100e6, 0.1) == 3
+
+
+def test_ring_lanes_are_what_the_neediest_edge_needs() -> None:
+    auto = Config(p2p_lanes="auto", probe_streams=64)
+    assert auto.ring_lanes([]) == 1
+    assert auto.ring_lanes([(1.25e9, 0.0002), (1.25e8, 0.08), (0.0, 0.0)]) == 3
+    assert Config(p2p_lanes=5).ring_lanes([(1.25e9, 0.1)]) == 5
