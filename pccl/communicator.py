@@ -161,7 +161,9 @@ class Communicator:
         measures only the newcomers' links.
 
         Errors and cancellation as for :meth:`update_topology` (``PhaseMismatch`` when another
-        peer of the group waits in another call, ``update_topology`` included).
+        peer of the group waits in another call, ``update_topology`` included).  After the
+        master restarted it returns without measuring until this peer's next
+        ``update_topology`` (where the group's loops realign), as collectives abort until then.
         """
         await self._session.optimize_vote()
 

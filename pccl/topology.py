@@ -119,7 +119,8 @@ class ProbeService:
     async def _stream(conn: FramedConnection, probe_id: int, stream: int, until: float, received: list[int]) -> None:
         step = 0
         while trio.current_time() < until:
-            await conn.send_data(DataHeader(probe_id, stream, step, 0, _FRAME_BYTES), _ZEROS)
+            # op_seq 0: no collective has it, so a probe frame is never taken for one of their frames
+            await conn.send_data(DataHeader(0, stream, step, 0, _FRAME_BYTES), _ZEROS)
             step += 1
         await conn.send(m.ProbeEnd())
         end = await conn.receive()

@@ -439,11 +439,18 @@ class PeerSession:
     async def optimize_vote(self) -> None:
         """Vote to optimise this group's ring: probe the links the master names, report, and
         return once the solved ring is installed (its round completed).  A cancelled vote stands
-        (the next call waits for it).  A master lost meanwhile ends the call with
-        ``MasterUnreachable``-like ``MasterLost`` handling as for a re-wire: the optimisation
-        belonged to the old master."""
+        (the next call waits for it).  A master lost meanwhile: the call returns once the
+        restarted master accepted this peer, with that master's ring, and until this peer's next
+        ``update_topology`` (where the group's loops realign) it returns without measuring."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        await self._until_accepted()
+        if not self._accepted or self._rejoined:
+            # Rejoined a restarted master: the group's loops realign at the next update_topology
+            # (until then collectives abort at once, see ready()); an optimisation now would
+            # wait for peers that are elsewhere in their step.  Nothing to measure yet.
+            await self._until_accepted()
+            log.info("peer %x: optimize_topology skipped: rejoined a restarted master, realigning at the "
+                     "next update_topology", self._peer_id)
+            return
         await self.settled()
         self.raise_if_failed()
         epoch = self._epoch
@@ -461,8 +468,9 @@ class PeerSession:
                 raise
         await waiter.wait()
         if self._epoch != epoch:
-            raise MasterLost(f"the master at {self.master_address} was lost during optimize_topology; "
-                             "this peer was accepted by the restarted master with its default ring")
+            # The master was lost meanwhile, and this was the acceptance by the next one: this
+            # peer stays "rejoined" (see above) until its next update_topology.
+            log.info("peer %x: optimize_topology ended by the loss of the master", self._peer_id)
 
     async def _probe_and_report(self, request: m.ProbeRequest, epoch: int) -> None:
         report = await self._probes.run(request)

@@ -81,7 +81,8 @@ PEER_MESSAGE_DIRECTIONS: dict[str, tuple[str, ...]] = {
 }
 MEMBERSHIP_MESSAGES = tuple(PEER_MESSAGE_DIRECTIONS)
 #: Control messages that travel between peers only: the master never is in their phase.
-PEER_TO_PEER_MESSAGES = frozenset({"P2PHello", "P2PHelloAck", "StateRequest"})
+PEER_TO_PEER_MESSAGES = frozenset({"P2PHello", "P2PHelloAck", "StateRequest", "ProbeHello", "ProbeAck", "ProbeEnd",
+                                   "ProbeEndAck"})
 #: Control messages only the master sends that a peer's phase list does not name (a peer's
 #: phase after one is that of the call it answers), as the master sees them.
 MASTER_ONLY_DIRECTIONS: dict[str, tuple[str, ...]] = {"CollectiveRejected": ("send",)}
@@ -218,6 +219,9 @@ class PcclScenario(Scenario):
         self.config = pccl.Config(
             peer_timeout=peer_timeout, heartbeat_interval=heartbeat_interval, connect_timeout=connect_timeout,
             kernel_threads=False,  # a simulated run starts no real threads
+            # Short, narrow probes (the "optimize" phase): a chaos run needs the protocol's
+            # timing, not a faithful figure, and every probed byte is copied in the simulator.
+            probe_seconds=0.05, probe_streams=2,
         )
         self.step_time = step_time
         self.alone_wait = alone_wait
