@@ -278,6 +278,10 @@ class Communicator:
         comm = self._live()
         self._call(comm.update_topology)
 
+    def optimize_topology(self) -> None:
+        comm = self._live()
+        self._call(comm.optimize_topology)
+
     def are_peers_pending(self) -> bool:
         comm = self._live()
         return self._call(comm.are_peers_pending)

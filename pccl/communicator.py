@@ -156,6 +156,22 @@ class Communicator:
         """
         await self._session.topology_vote(accept_new_peers=True)
 
+    async def optimize_topology(self) -> None:
+        """Vote to optimise this group's ring; return once every accepted peer of the group
+        voted, each measured the links to the peers it had no measurement for (bandwidth and
+        RTT, ``Config.probe_streams`` parallel streams for ``Config.probe_seconds``, bounded in
+        time; a failed probe counts as a very slow link), and the master installed the ring with
+        the best bottleneck (:mod:`pccl.protocol.topology`) — the next all-reduce uses it, and
+        :attr:`ring` shows it.  Measurements are kept while both ends stay, so a later call
+        measures only the newcomers' links.
+
+        Errors and cancellation as for :meth:`update_topology` (``PhaseMismatch`` when another
+        peer of the group waits in another call, ``update_topology`` included).  After the
+        master restarted it returns without measuring until this peer's next
+        ``update_topology`` (where the group's loops realign), as collectives abort until then.
+        """
+        await self._session.optimize_vote()
+
     async def are_peers_pending(self) -> bool:
         """Whether ``update_topology()`` has something to do: a registered peer waits to be
         accepted.  Answered once every accepted peer (of every group) asked — or, ``True``, as

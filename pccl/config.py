@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Literal
 
 from .errors import InvalidArgument
+from .protocol.topology import MAX_LANES, lanes_for_link
 
 __all__ = ["Config", "DEFAULT_MASTER_PORT", "MIN_SOCKET_BUFFER_SIZE", "TLS_ENV", "tls_contexts"]
 
@@ -54,7 +56,19 @@ class Config:
     port_search_range: int = 512
     #: Connections ("lanes") each peer opens to its ring successor per topology round; an
     #: all-reduce stripes its sub-chunks over them.  Must be the same on every peer of a run.
-    p2p_lanes: int = 1
+    #: ``"auto"``: sized per ring edge from its measured bandwidth and RTT so that one
+    #: connection's window (``p2p_lane_window``) does not cap the edge
+    #: (:func:`pccl.protocol.topology.lanes_for_link`); one lane on an edge not measured yet.
+    p2p_lanes: int | Literal["auto"] = 1
+    #: The bytes one connection keeps in flight (its TCP window), which caps it at
+    #: ``window / RTT``; used only by ``p2p_lanes="auto"``.  Linux autotunes receive windows up
+    #: to ``net.ipv4.tcp_rmem``'s maximum (6 MiB by default, of which about 4 MiB is window);
+    #: with ``socket_buffer_size`` set, about that.
+    p2p_lane_window: int = 4 << 20
+    #: ``optimize_topology``: how long each bandwidth probe streams data, and over how many
+    #: parallel connections (so that one connection's window does not cap the figure).
+    probe_seconds: float = 1.0
+    probe_streams: int = 8
     #: Socket buffer sizes requested for every connection (bytes, 0 or at least 64 KiB: below
     #: loopback's segment size transfers crawl); 0 (the default) keeps the OS default and its
     #: autotuning (``local_socket_buffer_size`` for same-host connections).
@@ -91,8 +105,16 @@ class Config:
             raise InvalidArgument("master_reconnect_backoff must be (first, longest) delays with 0 < first <= longest")
         if self.heartbeat_interval >= self.peer_timeout:
             raise InvalidArgument("heartbeat_interval must be shorter than peer_timeout")
-        if not 1 <= self.p2p_lanes <= 64:
-            raise InvalidArgument(f"p2p_lanes must be between 1 and 64, got {self.p2p_lanes}")
+        lanes = self.p2p_lanes
+        if isinstance(lanes, str):
+            if lanes != "auto":
+                raise InvalidArgument(f'p2p_lanes must be an int between 1 and {MAX_LANES} or "auto", got {lanes!r}')
+        elif not isinstance(lanes, int) or isinstance(lanes, bool) or not 1 <= lanes <= MAX_LANES:
+            raise InvalidArgument(f'p2p_lanes must be an int between 1 and {MAX_LANES} or "auto", got {lanes!r}')
+        window = self.p2p_lane_window
+        if not isinstance(window, int) or isinstance(window, bool) or window < MIN_SOCKET_BUFFER_SIZE:
+            raise InvalidArgument(f"p2p_lane_window must be an int of at least {MIN_SOCKET_BUFFER_SIZE} bytes, "
+                                  f"got {window!r}")
         for name in ("socket_buffer_size", "local_socket_buffer_size"):
             size = getattr(self, name)
             if not isinstance(size, int) or isinstance(size, bool):
@@ -101,6 +123,11 @@ class Config:
                 raise InvalidArgument(
                     f"{name} must be 0 (the OS default) or at least {MIN_SOCKET_BUFFER_SIZE} bytes, got {size}"
                 )
+        if not (isinstance(self.probe_seconds, (int, float)) and 0 < self.probe_seconds <= 60):
+            raise InvalidArgument(f"probe_seconds must be in (0, 60], got {self.probe_seconds!r}")
+        if not isinstance(self.probe_streams, int) or isinstance(self.probe_streams, bool) or \
+                not 1 <= self.probe_streams <= MAX_LANES:
+            raise InvalidArgument(f"probe_streams must be an int between 1 and {MAX_LANES}, got {self.probe_streams!r}")
         if self.max_frame_size < 1024:
             raise InvalidArgument("max_frame_size must be at least 1024 bytes")
         for name in ("p2p_base_port", "shared_state_base_port", "benchmark_base_port"):
@@ -109,6 +136,23 @@ class Config:
                 raise InvalidArgument(f"{name} must be a port number, got {port}")
         if (self.tls_client_context is None) != (self.tls_server_context is None):
             raise InvalidArgument("set both tls_client_context and tls_server_context, or neither")
+
+    def lanes_for(self, bandwidth: float | None = None, rtt: float | None = None) -> int:
+        """The lanes of a ring edge: ``p2p_lanes`` when fixed; with ``"auto"``, sized from the
+        edge's measured ``bandwidth`` (bytes/s) and ``rtt`` (s), one lane when unmeasured.  A
+        figure at the probe's own window cap (``probe_streams`` windows per RTT) gets the most."""
+        if isinstance(self.p2p_lanes, int):
+            return self.p2p_lanes
+        if not bandwidth or rtt is None:
+            return 1
+        return lanes_for_link(bandwidth, rtt, self.p2p_lane_window, probe_streams=self.probe_streams)
+
+    def ring_lanes(self, figures: Iterable[tuple[float, float]]) -> int:
+        """The lanes of every edge of a ring whose edges measured ``(bandwidth, rtt)`` each
+        (bandwidth 0: unmeasured): the most any edge needs.  The data path stripes each op over
+        the same lanes in both directions, and every peer derives the same count from the
+        master's figures."""
+        return max((self.lanes_for(bw, rtt) for bw, rtt in figures), default=self.lanes_for())
 
     def with_tls(self, *, cert: str, key: str, ca: str | None = None) -> Config:
         """This config with TLS on every connection, from PEM files (:func:`tls_contexts`).

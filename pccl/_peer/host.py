@@ -190,6 +190,10 @@ class PeerHost(Protocol):
     async def accept(self, stream: Stream) -> FramedConnection:
         """Run the authenticated handshake on a stream one of this peer's listeners accepted."""
 
+    async def serve_probe(self, conn: FramedConnection, hello: m.ProbeHello) -> None:
+        """Answer another peer's bandwidth probe stream on ``conn`` (the ring listener got
+        ``hello`` first); closes ``conn``."""
+
     async def listen(self, base_port: int) -> Listener:
         """Bind a listener on the address the session binds to, from ``base_port`` upwards
         (``config.port_search_range`` ports)."""

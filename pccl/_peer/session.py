@@ -50,6 +50,7 @@ from ..errors import (
 from ..net.base import Listener, Network, Stream, format_address, parse_address
 from ..net.framed import FramedConnection, accept_framed, open_framed
 from ..protocol import messages as m
+from ..topology import ProbeService
 from .host import CollectiveRoute, Counters, MasterLost
 from .links import P2PLinks
 from .phase import PhaseRule
@@ -178,6 +179,7 @@ class PeerSession:
         self.bind_host = "::" if ":" in host else "0.0.0.0"
         self._link: _Link | None = None
         self._wiring: RingWiring | None = None
+        self._probes = ProbeService(self)
         self._failure: PCCLError | None = None
         self._closing = False
         #: Registrations so far (a new master connection each): operations remember theirs.
@@ -444,6 +446,52 @@ class PeerSession:
         return self._master_instance
 
     # --- votes ---------------------------------------------------------------------------------
+
+    async def optimize_vote(self) -> None:
+        """Vote to optimise this group's ring: probe the links the master names, report, and
+        return once the solved ring is installed (its round completed).  A cancelled vote stands
+        (the next call waits for it).  A master lost meanwhile: the call returns once the
+        restarted master accepted this peer, with that master's ring, and until this peer's next
+        ``update_topology`` (where the group's loops realign) it returns without measuring."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not self._accepted or self._rejoined:
+            # Rejoined a restarted master: the group's loops realign at the next update_topology
+            # (until then collectives abort at once, see ready()); an optimisation now would
+            # wait for peers that are elsewhere in their step.  Nothing to measure yet.
+            await self._until_accepted()
+            log.info("peer %x: optimize_topology skipped: rejoined a restarted master, realigning at the "
+                     "next update_topology", self._peer_id)
+            return
+        await self.settled()
+        self.raise_if_failed()
+        epoch = self._epoch
+        if self._phase.join_topology("optimize"):
+            waiter = self._topology_waiter
+            assert waiter is not None
+        else:
+            waiter = self._new_topology_waiter("optimize")
+            log.debug("peer %x: optimise vote", self._peer_id)
+            try:
+                await self.send(m.VoteOptimize(), epoch=epoch)
+            except BaseException:
+                if self._topology_waiter is waiter:
+                    self._clear_topology_waiter(None)
+                raise
+        await waiter.wait()
+        if self._epoch != epoch:
+            # The master was lost meanwhile, and this was the acceptance by the next one: this
+            # peer stays "rejoined" (see above) until its next update_topology.
+            log.info("peer %x: optimize_topology ended by the loss of the master", self._peer_id)
+
+    async def _probe_and_report(self, request: m.ProbeRequest, epoch: int) -> None:
+        report = await self._probes.run(request)
+        try:
+            await self.send(report, epoch=epoch)
+        except PCCLError:
+            pass  # the communicator failed, or this probe's master is gone
+
+    async def serve_probe(self, conn: FramedConnection, hello: m.ProbeHello) -> None:
+        await self._probes.serve(conn, hello)
 
     async def topology_vote(self, *, accept_new_peers: bool) -> None:
         """Vote to accept pending peers (``True``: ``update_topology``) or to re-wire this
@@ -735,6 +783,12 @@ class PeerSession:
                 return
             log.warning("peer %x: the master ended this peer's topology vote: %s", self._peer_id, msg.detail)
             self._clear_topology_waiter(PhaseMismatch(msg.detail or "phase mismatch"))
+        elif isinstance(msg, m.ProbeRequest):
+            if self._phase.topology_vote != "optimize":
+                self.fail(ProtocolError(f"the master sent a probe request while this peer is in "
+                                        f"{self._phase.describe()}"))
+                return
+            self.spawn(self._probe_and_report, msg, link.epoch)
         elif isinstance(msg, m.PeersPendingResult):
             log.debug("peer %x: peers pending: %s", self._peer_id, msg.pending)
             pending_waiter, self._pending_waiter = self._pending_waiter, None

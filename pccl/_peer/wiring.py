@@ -34,7 +34,7 @@ class RingWiring:
     def __init__(self, host: PeerHost, listener: Listener) -> None:
         self._host = host
         self.listener = listener
-        self.links = P2PLinks(0, (0,), 0, host.config.p2p_lanes)
+        self.links = P2PLinks(0, (0,), 0, host.config.lanes_for())
         self._round_scope: trio.CancelScope | None = None
         self._round_changed = trio.Event()
         #: Who gets a handshake slot on the ring port (its counters are read by tests).
@@ -46,7 +46,7 @@ class RingWiring:
         if self._round_scope is not None:
             self._round_scope.cancel()
         self.links.close()
-        self.links = P2PLinks(0, (peer_id,), peer_id, self._host.config.p2p_lanes)
+        self.links = P2PLinks(0, (peer_id,), peer_id, self._host.config.lanes_for())
         self._round_changed.set()
         self._round_changed = trio.Event()
 
@@ -60,7 +60,8 @@ class RingWiring:
         if self._round_scope is not None:
             self._round_scope.cancel()
         self.links.close()
-        self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, host.config.p2p_lanes)
+        lanes = host.config.ring_lanes((f.bandwidth, f.rtt) for f in msg.ring_links)
+        self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, lanes)
         host.counters.p2p_rounds += 1
         self._round_changed.set()
         self._round_changed = trio.Event()
@@ -157,13 +158,18 @@ class RingWiring:
             conn = await host.accept(stream)
             with trio.fail_after(host.config.connect_timeout):
                 hello = await conn.receive()
-                if not isinstance(hello, m.P2PHello):
+                if not isinstance(hello, (m.P2PHello, m.ProbeHello)):
                     raise ProtocolError(f"expected P2PHello, got {type(hello).__name__}")
-                while self.links.round < hello.round:  # the dialler may be ahead of us
+                while isinstance(hello, m.P2PHello) and self.links.round < hello.round:  # the dialler may be ahead
                     await self._round_changed.wait()
             if hello.instance != host.master_instance:
                 raise ProtocolError(f"p2p hello from peer {hello.peer_id:x} for a round of another master "
                                     f"(instance {hello.instance:x}, this peer's master is {host.master_instance:x})")
+            if isinstance(hello, m.ProbeHello):  # a bandwidth probe (pccl.topology), not a ring lane
+                slot.release()
+                probe_conn, conn = conn, None
+                await host.serve_probe(probe_conn, hello)
+                return
             links = self.links
             if hello.round != links.round or hello.peer_id != links.predecessor or hello.peer_id == host.peer_id:
                 raise ProtocolError(f"unexpected p2p hello from peer {hello.peer_id:x} for round {hello.round} "

@@ -51,7 +51,8 @@ MAGIC = b"\x89PCCL\r\n\x1a"
 #: 3: ``Register`` and ``PeerEndpoint`` lost the benchmark port, which nothing listened on.
 #: 4: ``Welcome`` and ``P2PHello`` carry the master's instance id (peers survive master restarts).
 #: 5: phase mismatches end with ``TopologyRejected`` / ``PHASE_MISMATCH``; ``CollectiveWithdraw``.
-PROTOCOL_VERSION = 5
+#: 6: ``optimize_topology``: ``VoteOptimize``, probes (``ProbeRequest`` ... ``ProbeEndAck``).
+PROTOCOL_VERSION = 6
 
 _PREAMBLE = struct.Struct(">8sI")
 PREAMBLE_SIZE = _PREAMBLE.size

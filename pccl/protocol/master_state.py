@@ -37,7 +37,8 @@ survivors — automatic retry, no re-vote.  After ``max_p2p_attempts`` failed at
 reported unreachable most often are kicked (``P2P_UNREACHABLE``) and the retry goes on without
 them.  A peer that registers during a round waits for the next one.
 
-Rings.  A group's ring is its accepted members ordered by peer id (:mod:`pccl.protocol.ring`).
+Rings.  A group's ring is its accepted members ordered by peer id (:mod:`pccl.protocol.ring`),
+or in the order its last optimisation installed (see Optimise).
 A group's ring is *stale* once an accepted member is removed or one of its collectives aborts;
 collectives of a stale group are rejected with ``STALE_RING`` until a round re-wires it.
 
@@ -76,6 +77,16 @@ consensus predicates (after a collective message, on that op's group alone); the
 one of the deadlines ``SetTimer`` announces.  Mixed topology votes
 (accept and re-wire) are one kind, and so are collectives on different tags: those can still
 meet (an accept vote satisfies a re-wire; a peer with tag 0 pending may still send tag 1).
+
+Optimise.  ``VoteOptimize`` is a group vote whose vote stands as a topology vote does (the same
+phase rules).  When every accepted member of the group has cast it and no round touches the
+group, each member gets a ``ProbeRequest`` with the members it has no measurement to
+(:class:`~pccl.protocol.link_store.LinkStore`: kept while both ends stay) and answers one
+``ProbeReport``.  With every live member's report in, the master solves the ring
+(:mod:`pccl.protocol.topology`), keeps that order for the group, and installs it with a group
+round (``ConnectToPeers`` ... ``TopologyComplete``), which ends the votes.  An optimise vote is
+its own kind for phase mismatches (it never meets an accept or re-wire vote).  Rings of later
+rounds keep the optimised order for the members that stay; newcomers follow in id order.
 
 Pending query.  ``VotePeersPending`` from every accepted peer → ``PeersPendingResult(any peer
 registered)`` to all of them.  Independent of every other vote, legal while collectives run.
@@ -133,6 +144,7 @@ from .master_events import (
     SetTimer,
     Tick,
 )
+from .link_store import LinkStore
 from .ring import build_ring, ring_neighbours
 from .sync_state import PeerFault, SyncRoundInfo, SyncState
 
@@ -177,6 +189,7 @@ class _Activity(enum.Enum):
     COLLECTIVE = "it voted for a collective or runs one"
     SYNC = "it voted for a shared-state sync or takes part in one (or its vote for the next waits)"
     PENDING_QUERY = "its are_peers_pending vote waits for the answer"
+    OPTIMIZE = "its optimize_topology vote stands"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +221,12 @@ _PHASES: dict[type[m.Message], _Phase] = {
         (_COLLECTIVE, "topology vote with collective tag {op.tag} in flight"),
         (_SYNC, "topology vote during a shared-state sync"),
     )),
+    m.VoteOptimize: _Phase(frozenset({_A}), (
+        (_TOPOLOGY, "optimise vote while already voting or in a topology round"),
+        (_COLLECTIVE, "optimise vote with collective tag {op.tag} in flight"),
+        (_SYNC, "optimise vote during a shared-state sync"),
+    )),
+    m.ProbeReport: _Phase(frozenset({_A})),
     m.VotePeersPending: _Phase(frozenset({_A}), (
         (_PENDING_QUERY, "second are_peers_pending vote before the answer"),
     )),
@@ -238,6 +257,7 @@ class RandomSource(Protocol):
 class TopologyVote(enum.Enum):
     ACCEPT = "accept"  # update_topology(): global
     REWIRE = "rewire"  # re-wire own group only
+    OPTIMIZE = "optimize"  # optimize_topology(): probe, solve, re-wire own group
 
 
 #: Round scope key of the global (accepting) round; group rounds use the group number (≥ 0).
@@ -271,6 +291,15 @@ class _Round:
     dropped: bool = False  # a participant left during this attempt
     failed_attempts: int = 0  # consecutive attempts with an unreachable report
     blame: Counter[int] = dataclasses.field(default_factory=Counter)
+
+
+@dataclasses.dataclass(eq=False)
+class _Probe:
+    """An optimise vote of one group past consensus: who was asked to probe whom."""
+
+    probe_id: int
+    targets: dict[int, tuple[int, ...]]  # member -> the peers it was asked to probe
+    reports: set[int] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass(eq=False)
@@ -366,6 +395,10 @@ class MasterState:
         self._ops: dict[tuple[int, int], _Op] = {}  # (group, tag)
         self._next_round = 1
         self._next_seq = 1
+        self._links = LinkStore()
+        self._probes: dict[int, _Probe] = {}  # by group
+        self._orders: dict[int, tuple[int, ...]] = {}  # group -> ring order its optimisation chose
+        self._next_probe = 1
         self._sync_state = SyncState(_SyncHost(self), min_stripe=min_stripe)
         self._timer_at: float | None = None
         self._out: list[Effect] = []
@@ -377,6 +410,8 @@ class MasterState:
             m.Leave: self._on_leave,
             m.P2PReport: self._on_p2p_report,
             m.VoteTopology: self._on_vote_topology,
+            m.VoteOptimize: self._on_vote_optimize,
+            m.ProbeReport: self._on_probe_report,
             m.VotePeersPending: self._on_vote_peers_pending,
             m.CollectiveInit: self._on_collective_init,
             m.CollectiveDone: self._on_collective_done,
@@ -475,6 +510,14 @@ class MasterState:
     def rings(self) -> dict[int, tuple[int, ...]]:
         return dict(self._rings)
 
+    def measured_links(self) -> dict[tuple[int, int], float]:
+        """Bandwidth (bytes/s) of every measured directed link, by ``(sender, receiver)``."""
+        return {k: e.bandwidth for k, e in self._links.snapshot().items()}
+
+    def probing_groups(self) -> frozenset[int]:
+        """Groups whose optimise vote waits for probe reports."""
+        return frozenset(self._probes)
+
     def stale_groups(self) -> frozenset[int]:
         return frozenset(self._stale_groups)
 
@@ -568,6 +611,26 @@ class MasterState:
             raise PeerFault(KickReason.OUT_OF_PHASE, f"second p2p report for round {msg.round}")
         rnd.reports[peer.peer_id] = msg
 
+    def _on_vote_optimize(self, peer: _Peer, msg: m.VoteOptimize) -> None:
+        peer.topology_vote = TopologyVote.OPTIMIZE
+
+    def _on_probe_report(self, peer: _Peer, msg: m.ProbeReport) -> None:
+        probe = self._probes.get(peer.group)
+        if probe is None or msg.probe != probe.probe_id or peer.peer_id not in probe.targets:
+            if msg.probe < self._next_probe:
+                log.debug("ignoring stale probe report %d of peer %x", msg.probe, peer.peer_id)
+                return
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"probe report {msg.probe}, which it was not asked for")
+        if peer.peer_id in probe.reports:
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"second report for probe {msg.probe}")
+        asked = probe.targets[peer.peer_id]
+        if sorted(r.peer_id for r in msg.results) != sorted(asked):
+            raise PeerFault(KickReason.PROTOCOL_ERROR, f"probe report {msg.probe} does not answer the targets asked")
+        probe.reports.add(peer.peer_id)
+        for result in msg.results:
+            if result.peer_id in self._by_id:
+                self._links.record(peer.peer_id, result.peer_id, result.bandwidth, result.rtt)
+
     def _on_vote_peers_pending(self, peer: _Peer, msg: m.VotePeersPending) -> None:
         peer.pending_vote = True
 
@@ -626,6 +689,7 @@ class MasterState:
         if reason is None:  # a kick is logged once, by the shell that delivers it
             log.info("peer %x (group %d) %s", peer.peer_id, peer.group, detail)
         del self._by_id[peer.peer_id]
+        self._links.forget(peer.peer_id)
         if peer.round_scope is not None and peer.round_scope in self._rounds:
             self._rounds[peer.round_scope].dropped = True
         if peer.status is _A:
@@ -659,8 +723,9 @@ class MasterState:
             for scope in list(self._rounds):
                 progressed |= self._check_round(scope)
             progressed |= self._check_accept_vote()
-            for group in sorted({p.group for p in self._peers.values() if p.status is _A}):
+            for group in sorted({p.group for p in self._peers.values() if p.status is _A} | set(self._probes)):
                 progressed |= self._check_rewire_vote(group)
+                progressed |= self._check_optimize_vote(group)
             progressed |= self._check_pending_vote()
             for key in list(self._ops):
                 progressed |= self._check_op(key)
@@ -680,7 +745,7 @@ class MasterState:
             return False
         accepted = self._accepted()
         registered = [p for p in self._peers.values() if p.status is _R]
-        if any(p.topology_vote is None for p in accepted):
+        if any(p.topology_vote is None or p.topology_vote is TopologyVote.OPTIMIZE for p in accepted):
             return False
         groups = {p.group for p in accepted}
         if groups - {p.group for p in accepted if p.topology_vote is TopologyVote.ACCEPT}:
@@ -707,6 +772,52 @@ class MasterState:
         self._start_round(group, [p.peer_id for p in members], _Round(group, 0, ()))
         return True
 
+    def _check_optimize_vote(self, group: int) -> bool:
+        probe = self._probes.get(group)
+        members = self._accepted(group)
+        if probe is None:
+            if GLOBAL_SCOPE in self._rounds or group in self._rounds:
+                return False
+            if not members or any(p.topology_vote is not TopologyVote.OPTIMIZE for p in members):
+                return False
+            plan = self._links.probe_plan(p.peer_id for p in members)
+            probe = self._probes[group] = _Probe(self._next_probe, plan)
+            self._next_probe += 1
+            for p in members:
+                targets = tuple(self._peer(t).endpoint() for t in plan[p.peer_id])
+                self._send(p, m.ProbeRequest(probe.probe_id, targets))
+            log.debug("group %d: probe %d: %d links to measure", group, probe.probe_id,
+                      sum(len(t) for t in plan.values()))
+            return True
+        if not all(pid in probe.reports for pid in probe.targets if pid in self._by_id):
+            return False
+        del self._probes[group]
+        if not members:
+            return True
+        ids = [p.peer_id for p in members]
+        solution = self._links.solve(ids, self._rings.get(group))
+        self._orders[group] = solution.order
+        log.info("group %d: ring optimised (%s): bottleneck %.3g MB/s over %d peers", group,
+                 "exact" if solution.exact else "heuristic", solution.bottleneck / 1e6, len(ids))
+        self._start_round(group, ids, _Round(group, 0, ()))
+        return True
+
+    def _ring_order(self, group: int, ids: list[int]) -> tuple[int, ...]:
+        """``ids`` in the order the group's last optimisation chose, newcomers after in id order."""
+        order = self._orders.get(group, ())
+        members = set(ids)
+        kept = [pid for pid in order if pid in members]
+        return tuple(kept) + build_ring(members.difference(kept))
+
+    def _ring_links(self, ring: tuple[int, ...]) -> tuple[m.LinkFigure, ...]:
+        """The measured figures of ``ring``'s edges, in ring order (empty: none measured)."""
+        if len(ring) < 2:
+            return ()
+        edges = [self._links.measured(a, ring[(i + 1) % len(ring)]) for i, a in enumerate(ring)]
+        if all(e is None for e in edges):
+            return ()
+        return tuple(m.LinkFigure(e.bandwidth, e.rtt) if e is not None else m.LinkFigure(0.0, 0.0) for e in edges)
+
     def _start_round(self, scope: int, participants: list[int], previous: _Round) -> None:
         rnd = _Round(scope, self._take_round_id(), tuple(sorted(participants)),
                      failed_attempts=previous.failed_attempts, blame=previous.blame)
@@ -714,13 +825,14 @@ class MasterState:
         by_group: dict[int, list[int]] = {}
         for pid in rnd.participants:
             by_group.setdefault(self._peer(pid).group, []).append(pid)
-        for ids in by_group.values():
-            ring = build_ring(ids)
+        for group, ids in by_group.items():
+            ring = self._ring_order(group, ids)
+            figures = self._ring_links(ring)
             for pid in ring:
                 p = self._peer(pid)
                 p.topology_vote, p.round_scope = None, scope
                 ends = tuple(self._peer(n).endpoint() for n in ring_neighbours(ring, pid))
-                self._send(p, m.ConnectToPeers(rnd.round_id, ring, ends))
+                self._send(p, m.ConnectToPeers(rnd.round_id, ring, ends, figures))
         log.debug("round %d (scope %d) started with %d peers", rnd.round_id, scope, len(rnd.participants))
 
     def _check_round(self, scope: int) -> bool:
@@ -772,7 +884,7 @@ class MasterState:
             p.status, p.round_scope = _A, None
         groups = {self._peer(pid).group for pid in live}
         for g in groups:
-            self._rings[g] = build_ring(p.peer_id for p in self._accepted(g))
+            self._rings[g] = self._ring_order(g, [p.peer_id for p in self._accepted(g)])
             self._stale_groups.discard(g)
         if rnd.scope == GLOBAL_SCOPE:  # forget groups that have no members any more
             alive = {p.group for p in self._accepted()}
@@ -879,6 +991,8 @@ class MasterState:
             return _TOPOLOGY, "update_topology()"
         if peer.topology_vote is TopologyVote.REWIRE:
             return _TOPOLOGY, "a re-wire after a failed all_reduce"
+        if peer.topology_vote is TopologyVote.OPTIMIZE:
+            return _Activity.OPTIMIZE, "optimize_topology()"
         if peer.peer_id in sync_waiting:
             return _SYNC, "sync_shared_state()"
         ops = self._ops_of(peer)

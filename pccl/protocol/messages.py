@@ -49,6 +49,13 @@ class PeerEndpoint(msgspec.Struct, frozen=True, array_like=True):
     shared_state_port: U16
 
 
+class LinkFigure(msgspec.Struct, frozen=True, array_like=True):
+    """A measured directed link: bytes/s and round-trip seconds (``bandwidth`` 0: not measured)."""
+
+    bandwidth: Annotated[float, msgspec.Meta(ge=0)]
+    rtt: Annotated[float, msgspec.Meta(ge=0)]
+
+
 class Membership(msgspec.Struct, frozen=True, array_like=True):
     """The attributes of SPEC §2, counting accepted peers only (never pending ones)."""
 
@@ -131,11 +138,15 @@ class ConnectToPeers(Message, tag=21):
     ``ring`` is this peer's group ring (peer ids, in order) for the round; ``neighbours`` the
     endpoints of its predecessor and successor (one entry for a ring of two, none when alone).
     A newer round supersedes an older one: drop the older attempt's connections.
+    ``ring_links[i]`` is the master's measurement of the edge ``ring[i] -> ring[i + 1]`` (empty
+    when nothing is measured): with ``Config.p2p_lanes="auto"`` every peer sizes the round's
+    lanes from them alike.
     """
 
     round: U64
     ring: tuple[U64, ...]
     neighbours: tuple[PeerEndpoint, ...]
+    ring_links: tuple[LinkFigure, ...] = ()
 
 
 class TopologyComplete(Message, tag=22):
@@ -435,10 +446,79 @@ class AuthResult(Message, tag=202):
     reason: str = ""
 
 
+# --- 110–129: topology optimisation (master side in master_state.py, probes in pccl/topology.py) --
+#
+# Every accepted peer of a group sends VoteOptimize.  At consensus the master sends each member a
+# ProbeRequest naming the members it has no measurement from it to (possibly none); each probes
+# them over their p2p ports (ProbeHello/ProbeAck, data frames, ProbeEnd/ProbeEndAck on an
+# authenticated connection per stream) and answers ProbeReport.  With every live member's report
+# in, the master solves the ring (pccl.protocol.topology) and installs it with an ordinary group
+# round: ConnectToPeers ... TopologyComplete, which ends the voters' optimize_topology().
+
+
+class VoteOptimize(Message, tag=110):
+    """Peer → master: measure the missing links of my group and install the best ring."""
+
+
+class ProbeRequest(Message, tag=111):
+    """Master → voter: probe these peers (in this order; an empty tuple: nothing to measure)."""
+
+    probe: U64
+    targets: tuple[PeerEndpoint, ...]
+
+
+class ProbeResult(msgspec.Struct, frozen=True, array_like=True):
+    """One measured directed link, from the prober to ``peer_id``: bytes/s and seconds;
+    ``bandwidth`` 0 means the probe failed or timed out (a very slow link)."""
+
+    peer_id: U64
+    bandwidth: Annotated[float, msgspec.Meta(ge=0)]
+    rtt: Annotated[float, msgspec.Meta(ge=0)]
+
+
+class ProbeReport(Message, tag=112):
+    """Voter → master: the results of ProbeRequest ``probe`` (one per target)."""
+
+    probe: U64
+    results: tuple[ProbeResult, ...]
+
+
+class ProbeHello(Message, tag=113):
+    """Peer → peer, first message of a probe connection on the p2p port: stream ``stream`` of
+    ``peer_id``'s probe ``probe`` under master ``instance``."""
+
+    peer_id: U64
+    probe: U64
+    stream: U32
+    instance: U64 = 0
+
+
+class ProbeAck(Message, tag=114):
+    """Peer → peer: the probed peer takes the probe stream (the prober times this for the RTT)."""
+
+    peer_id: U64
+
+
+class ProbeEnd(Message, tag=115):
+    """Peer → peer: the prober stops sending on this stream."""
+
+
+class ProbeEndAck(Message, tag=116):
+    """Peer → peer: the probed peer received ``nbytes`` payload bytes on this stream."""
+
+    nbytes: U64
+
+
+TOPOLOGY_MESSAGES: tuple[type[Message], ...] = (
+    VoteOptimize, ProbeRequest, ProbeReport, ProbeHello, ProbeAck, ProbeEnd, ProbeEndAck,
+)
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
     *MEMBERSHIP_MESSAGES,
     *COLLECTIVE_MESSAGES,
     *SHARED_STATE_MESSAGES,
+    *TOPOLOGY_MESSAGES,
     Hello,
     AuthProof,
     AuthResult,

@@ -17,6 +17,12 @@ connection, so the interesting behaviour is timing, flow control and how connect
   acknowledged (one reverse latency after arrival) and read by the receiving application.  An
   eager reader therefore caps a connection at ``window / RTT`` (parallel connections matter, as on
   a WAN); a reader that does not read stops the sender after ``window`` bytes.
+* **Sites** (datacenters, optional): :meth:`World.add_site` and :meth:`World.place` put hosts
+  in sites.  Links between two hosts of one site get the site's ``inside`` spec; links between
+  sites get the site pair's spec (:meth:`World.set_site_link`: latency, window), and every
+  segment a site sends to any other site also passes its one **uplink** of ``uplink`` bytes/s,
+  shared round-robin by all of the site's outbound links (:class:`Uplink`).  An explicit
+  :meth:`World.set_link` for a host pair still wins.
 * **Send buffers**: ``send_all`` copies into a per-connection buffer of ``send_buffer`` bytes and
   blocks while it is full — a sender that loops blocks, so virtual time advances.
 * **Handshake**: SYN and SYN-ACK travel the links (one RTT), so connects obey partitions; nothing
@@ -62,7 +68,7 @@ import trio
 from .determinism import derive_rng
 from .trace import Trace
 
-__all__ = ["LinkSpec", "World", "Incarnation", "CURRENT_INCARNATION", "StreamEnd", "ListenerEnd"]
+__all__ = ["LinkSpec", "SiteSpec", "Uplink", "World", "Incarnation", "CURRENT_INCARNATION", "StreamEnd", "ListenerEnd"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +128,67 @@ class LinkSpec:
             raise ValueError("bandwidth must be positive")
         if self.window < 1:
             raise ValueError("window must be at least one byte")
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteSpec:
+    """A datacenter: the links between its own hosts, and the bandwidth (bytes/s) of the one
+    uplink all its traffic to other sites shares."""
+
+    inside: LinkSpec = LinkSpec(latency=0.0001)
+    uplink: float = math.inf
+
+    def __post_init__(self) -> None:
+        if self.uplink <= 0:
+            raise ValueError("uplink bandwidth must be positive")
+
+
+class Uplink:
+    """A site's shared uplink: one transmitter that the site's outbound links take turns on
+    (round-robin, one segment per turn), so that ``k`` busy links each get ``1 / k`` of it."""
+
+    def __init__(self, world: "World", site: str, bandwidth: float) -> None:
+        self.world = world
+        self.site = site
+        self.bandwidth = bandwidth
+        self.busy_until = -math.inf
+        self.waiting: deque[Link] = deque()
+        self.next_wake = math.inf
+        self.carried = 0
+
+    def may_send(self, link: "Link", now: float) -> bool:
+        """Whether ``link`` may transmit a segment now; if not, it queues for a turn and the
+        uplink calls its ``service`` when the turn comes."""
+        waiting = self.waiting
+        if self.busy_until <= now and (not waiting or waiting[0] is link):
+            if waiting:
+                waiting.popleft()
+            return True
+        if link not in waiting:
+            waiting.append(link)
+        self._wake_at(max(self.busy_until, now))
+        return False
+
+    def sent(self, nbytes: int, now: float, tx: float) -> None:
+        self.busy_until = now + tx
+        self.carried += nbytes
+
+    def _wake_at(self, at: float) -> None:
+        if at < self.next_wake:
+            self.next_wake = at
+            self.world.at(at, self._wake, at)
+
+    def _wake(self, at: float) -> None:
+        if at == self.next_wake:
+            self.next_wake = math.inf
+        now = trio.current_time()
+        while self.waiting and self.busy_until <= now:
+            link = self.waiting[0]
+            link.service()
+            if self.waiting and self.waiting[0] is link:
+                self.waiting.popleft()  # its turn came and it had nothing it could send
+        if self.waiting:
+            self._wake_at(max(self.busy_until, now))
 
 
 class Incarnation:
@@ -232,11 +299,12 @@ class Pipe:
 class Link:
     """A directed host pair: transmits the segments of its connections and control packets."""
 
-    def __init__(self, world: "World", src: str, dst: str, spec: LinkSpec) -> None:
+    def __init__(self, world: "World", src: str, dst: str, spec: LinkSpec, uplink: Uplink | None = None) -> None:
         self.world = world
         self.src = src
         self.dst = dst
         self.spec = spec
+        self.uplink = uplink  # the source site's shared uplink, between sites
         self.rng = derive_rng(world.seed, "link", f"{src}->{dst}")
         self.active: deque[Pipe] = deque()
         self.control: deque[tuple[Callable[..., None], tuple[Any, ...], Pipe | None]] = deque()
@@ -278,10 +346,15 @@ class Link:
             world.at(at, fn, *args)
         active = self.active
         bandwidth = self.spec.bandwidth
+        uplink = self.uplink
+        if uplink is not None:
+            bandwidth = min(bandwidth, uplink.bandwidth)
         while active or self.last_served is not None:
             if self.busy_until > now:
                 self.schedule_service(self.busy_until)
                 return
+            if uplink is not None and not uplink.may_send(self, now):
+                return  # the uplink calls service() again at this link's turn
             # The pipe served last goes behind the ones that became ready meanwhile (fair
             # round-robin even when they arrived while the link was busy).
             last = self.last_served
@@ -331,6 +404,8 @@ class Link:
             pipe.transmitted += n
             tx = n / bandwidth
             self.busy_until = now + tx
+            if uplink is not None:
+                uplink.sent(n, now, tx)
             at = max(now + tx + self.delay(), pipe.last_arrival)
             pipe.last_arrival = at
             world.at(at, world._arrive_data, pipe, views, n)
@@ -388,6 +463,11 @@ class World:
         self.hosts: dict[str, _Host] = {}
         self.links: dict[tuple[str, str], Link] = {}
         self._link_specs: dict[tuple[str, str], LinkSpec] = {}
+        self.sites: dict[str, SiteSpec] = {}
+        self.uplinks: dict[str, Uplink] = {}
+        self.site_of: dict[str, str] = {}
+        self._site_links: dict[tuple[str, str], LinkSpec] = {}
+        self._locate: Callable[[str], str | None] | None = None
         self._partitions: dict[int, _Partition] = {}
         self._next_partition = 1
         self._incarnations = 0
@@ -409,10 +489,64 @@ class World:
             if pair in self.links:
                 self.links[pair].spec = spec
 
+    def add_site(self, name: str, spec: SiteSpec) -> None:
+        """Declare (or redefine) site ``name``."""
+        self.sites[name] = spec
+        uplink = self.uplinks.get(name)
+        if uplink is None:
+            self.uplinks[name] = Uplink(self, name, spec.uplink)
+        else:
+            uplink.bandwidth = spec.uplink
+        self._respec()
+
+    def place(self, host: str, site: str) -> None:
+        """Put ``host`` in ``site`` (declared with :meth:`add_site`)."""
+        if site not in self.sites:
+            raise ValueError(f"unknown site {site!r}")
+        self.site_of[host] = site
+        self._respec()
+
+    def place_by(self, locate: Callable[[str], str | None]) -> None:
+        """Hosts not :meth:`place`-d explicitly are in site ``locate(name)`` (``None``: none),
+        hosts that join later included."""
+        self._locate = locate
+        self._respec()
+
+    def site(self, host: str) -> str | None:
+        site = self.site_of.get(host)
+        if site is None and self._locate is not None:
+            site = self._locate(host)
+            if site is not None and site not in self.sites:
+                raise ValueError(f"host {host!r} placed in unknown site {site!r}")
+        return site
+
+    def set_site_link(self, a: str, b: str, spec: LinkSpec, *, both_ways: bool = True) -> None:
+        """Links from hosts of site ``a`` to hosts of site ``b`` (and back unless ``both_ways``
+        is false) get ``spec``; their bytes also pass ``a``'s uplink."""
+        for pair in ([(a, b), (b, a)] if both_ways else [(a, b)]):
+            self._site_links[pair] = spec
+        self._respec()
+
+    def _spec_and_uplink(self, src: str, dst: str) -> tuple[LinkSpec, Uplink | None]:
+        spec = self._link_specs.get((src, dst))
+        s, d = self.site(src), self.site(dst)
+        if s is None or d is None:
+            return spec or self.default_link, None
+        if s == d:
+            return spec or self.sites[s].inside, None
+        return spec or self._site_links.get((s, d), self.default_link), self.uplinks[s]
+
+    def _respec(self) -> None:
+        for (src, dst), link in self.links.items():
+            link.spec, link.uplink = self._spec_and_uplink(src, dst)
+
     def link(self, src: str, dst: str) -> Link:
         link = self.links.get((src, dst))
         if link is None:
-            link = Link(self, src, dst, self._link_specs.get((src, dst), self.default_link))
+            if self.site_of or self._locate is not None:
+                link = Link(self, src, dst, *self._spec_and_uplink(src, dst))
+            else:
+                link = Link(self, src, dst, self._link_specs.get((src, dst), self.default_link))
             self.links[(src, dst)] = link
         return link
 

@@ -762,6 +762,8 @@ def _values(t: mi.Type) -> st.SearchStrategy:
         return st.one_of(st.integers(max(lo, 0), min(hi, 12)), st.integers(lo, hi))
     if isinstance(t, mi.BoolType):
         return st.booleans()
+    if isinstance(t, mi.FloatType):
+        return st.floats(min_value=t.ge, allow_nan=t.ge is None, allow_infinity=True)
     if isinstance(t, mi.StrType):
         return st.text(max_size=8)
     if isinstance(t, mi.BytesType):

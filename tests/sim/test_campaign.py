@@ -61,3 +61,22 @@ def test_large_campaign_ten_peers(profile: str) -> None:
 def test_large_campaign_peer_groups() -> None:
     spec = CampaignSpec(profile="chaos", peers=6, duration=20.0, params=(("groups", 2),))
     _assert_all_pass(run_campaign(spec, range(40), workers=2))
+
+
+def test_bounded_campaign_with_optimize_topology_steps() -> None:
+    """optimize_topology as a step phase: faults aimed at its vote, probes and install round
+    (the 200-seed campaign is a command in the note)."""
+    spec = CampaignSpec(profile="phases", peers=4, duration=10.0,
+                        params=(("phases", ("compute", "optimize", "all_reduce")),))
+    results = run_campaign(spec, range(300, 308), workers=2)
+    _assert_all_pass(results)
+    landed = {cell[0] for r in results for cell in r.coverage}
+    assert landed & {"VoteOptimize", "ProbeRequest", "ProbeHello", "ProbeAck", "ProbeEnd", "ProbeEndAck",
+                     "ProbeReport"}, landed
+
+
+@pytest.mark.slow
+def test_large_campaign_optimize_topology() -> None:
+    spec = CampaignSpec(profile="phases", peers=4, duration=10.0,
+                        params=(("phases", ("compute", "optimize", "all_reduce")),))
+    _assert_all_pass(run_campaign(spec, range(1, 201), workers=2))

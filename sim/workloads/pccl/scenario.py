@@ -45,7 +45,7 @@ import trio
 import pccl
 from pccl.protocol import master_state as ms
 
-from ...engine.network import LinkSpec
+from ...engine.network import LinkSpec, SiteSpec, World
 from ...engine.runner import Checker, HostContext, Scenario, Simulation
 from ...faults.generate import PROFILES, FaultRates, generate
 from ...faults.schedule import Schedule
@@ -81,7 +81,8 @@ PEER_MESSAGE_DIRECTIONS: dict[str, tuple[str, ...]] = {
 }
 MEMBERSHIP_MESSAGES = tuple(PEER_MESSAGE_DIRECTIONS)
 #: Control messages that travel between peers only: the master never is in their phase.
-PEER_TO_PEER_MESSAGES = frozenset({"P2PHello", "P2PHelloAck", "StateRequest"})
+PEER_TO_PEER_MESSAGES = frozenset({"P2PHello", "P2PHelloAck", "StateRequest", "ProbeHello", "ProbeAck", "ProbeEnd",
+                                   "ProbeEndAck"})
 #: Control messages only the master sends that a peer's phase list does not name (a peer's
 #: phase after one is that of the call it answers), as the master sees them.
 MASTER_ONLY_DIRECTIONS: dict[str, tuple[str, ...]] = {"CollectiveRejected": ("send",)}
@@ -110,6 +111,47 @@ def attributes(comm: pccl.Communicator) -> dict[str, int]:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class SiteLayout:
+    """The ``sites`` parameter of :class:`PcclScenario`, checked."""
+
+    count: int
+    uplink: float
+    latency: tuple[float, ...]          # one-way, per site pair (a < b) in lexicographic order
+    inside_latency: float = 0.0001
+    inside_bandwidth: float = 10e9 / 8
+    window: int = 4 << 20
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> SiteLayout:
+        unknown = set(params) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown sites parameters {sorted(unknown)}")
+        count = int(params["count"])
+        if count < 1:
+            raise ValueError("sites need count >= 1")
+        pairs = count * (count - 1) // 2
+        latency = params.get("latency", 0.025)
+        latencies = tuple(float(x) for x in latency) if isinstance(latency, (list, tuple)) else (float(latency),) * pairs
+        if len(latencies) != pairs:
+            raise ValueError(f"{count} sites need {pairs} site-pair latencies, got {len(latencies)}")
+        rest = {k: params[k] for k in ("inside_latency", "inside_bandwidth", "window") if k in params}
+        return cls(count=count, uplink=float(params["uplink"]), latency=latencies, **rest)
+
+    def site_of(self, host: str) -> str:
+        digits = "".join(c for c in host if c.isdigit())
+        return f"site{int(digits or 0) % self.count}" if host.startswith("peer") else "site0"
+
+    def install(self, world: World) -> None:
+        inside = LinkSpec(latency=self.inside_latency, bandwidth=self.inside_bandwidth, window=self.window)
+        for k in range(self.count):
+            world.add_site(f"site{k}", SiteSpec(inside=inside, uplink=self.uplink))
+        pairs = [(a, b) for a in range(self.count) for b in range(a + 1, self.count)]
+        for (a, b), latency in zip(pairs, self.latency):
+            world.set_site_link(f"site{a}", f"site{b}", LinkSpec(latency=latency, window=self.window))
+        world.place_by(self.site_of)
+
+
 class PcclScenario(Scenario):
     """Master + peers running pccl (see the module docstring).
 
@@ -122,7 +164,12 @@ class PcclScenario(Scenario):
     happen; default derived from the timeouts), ``probe_interval``, ``hold`` (after that step, keep watching this long, then
     end the run; default ``2 × peer_timeout + 2 × heartbeat_interval``; ``None``: run the whole
     quiet window), ``latency``/``jitter`` (one-way seconds on every link; WAN-like values make
-    deliveries race).  ``alone``: what a peer alone in its group does each ``alone_wait``:
+    deliveries race), ``sites`` (optional datacenters, a dict: ``count``; ``uplink`` bytes/s
+    each site's traffic to the others shares; ``latency``, one-way seconds between two sites,
+    one value or one per site pair in the order (0, 1), (0, 2), ..., (1, 2), ...;
+    ``inside_latency`` and ``inside_bandwidth`` within a site; ``window``, bytes in flight per
+    connection everywhere.  ``peerN`` is in site ``N % count``, the master in site 0).
+    ``alone``: what a peer alone in its group does each ``alone_wait``:
     ``"update"`` (``update_topology()``, as ``Communicator.steps`` does) or ``"pending"`` (PCCL's
     loop: ``update_topology()`` only when ``are_peers_pending()`` says so), which puts the
     global pending vote among the other groups' steps.
@@ -151,6 +198,7 @@ class PcclScenario(Scenario):
         latency: float = 0.005,
         jitter: float = 0.0,
         alone: str = "update",
+        sites: Mapping[str, Any] | None = None,
     ) -> None:
         params: dict[str, Any] = dict(
             peers=peers, groups=groups, peer_timeout=peer_timeout, heartbeat_interval=heartbeat_interval,
@@ -168,9 +216,12 @@ class PcclScenario(Scenario):
             raise ValueError(f"alone must be 'update' or 'pending', got {alone!r}")
         if alone != "update":
             params["alone"] = alone
+        if sites is not None:
+            params["sites"] = dict(sites)
         super().__init__(**params)
         self.alone = alone
         self.link = LinkSpec(latency=latency, jitter=jitter)
+        self.sites = SiteLayout.from_params(sites) if sites is not None else None
         if groups < 1 or peers < 0:
             raise ValueError("need groups >= 1 and peers >= 0")
         self.peers = peers
@@ -178,6 +229,9 @@ class PcclScenario(Scenario):
         self.config = pccl.Config(
             peer_timeout=peer_timeout, heartbeat_interval=heartbeat_interval, connect_timeout=connect_timeout,
             kernel_threads=False,  # a simulated run starts no real threads
+            # Short, narrow probes (the "optimize" phase): a chaos run needs the protocol's
+            # timing, not a faithful figure, and every probed byte is copied in the simulator.
+            probe_seconds=0.05, probe_streams=2,
         )
         self.step_time = step_time
         self.alone_wait = alone_wait
@@ -237,6 +291,8 @@ class PcclScenario(Scenario):
     def configure(self, sim: Simulation) -> None:
         self._masters.clear()
         sim.world.default_link = self.link
+        if self.sites is not None:
+            self.sites.install(sim.world)
         sim.start_task(self._monitor, sim, name="sim:monitor")
 
     def on_quiet(self, sim: Simulation) -> None:
