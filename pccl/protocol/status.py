@@ -17,7 +17,8 @@ durations are seconds; ages count back from the moment of the snapshot.
   the group's last sync, or null), ``last_sync`` (``revision``, ``bytes``: the bytes the master
   planned for its receivers to fetch, ``age_s``) or null, ``last_transfer`` (the same for the
   last sync that moved any bytes: in a steady run most syncs move none) or null, ``sync_running``,
-  ``edges`` (ring edges ``from`` → ``to`` with ``bandwidth_bps``, null until measured),
+  ``edges`` (ring edges ``from`` → ``to`` with ``bandwidth_bps``: the link's figure from
+  ``optimize_topology``'s probes, null until measured or when its probe failed),
   ``collectives`` (``tag``, ``seq`` or null, ``state`` "voting"/"running", ``voters``,
   ``participants``, ``done``), ``peers`` (accepted, ring order) and ``pending`` (registered).
 * each peer: ``peer_id``, ``short_id`` (first 6 hex digits), ``address`` (observed host and
@@ -119,6 +120,11 @@ def _activity(peer: ms.PeerInfo, in_op: bool, syncing: bool) -> str:
     return "idle"
 
 
+def _bits(bandwidth: float | None) -> float | None:
+    """A measured link's bits/s; None when never measured or when its probe failed (0)."""
+    return bandwidth * 8 if bandwidth else None
+
+
 def snapshot(
     state: ms.MasterState,
     *,
@@ -142,6 +148,7 @@ def snapshot(
     ops = state.ops()
     running_syncs = {s.group: s for s in state.syncs()}
     rings = state.rings()
+    links = state.measured_links()  # bytes/s by (sender, receiver), from optimize_topology's probes
     stale = state.stale_groups()
     in_ops = {pid for op in ops for pid in (op.voters | set(op.participants))}
     syncing = {pid for s in running_syncs.values() for pid in (s.voters | set(s.participants))}
@@ -182,8 +189,8 @@ def snapshot(
             None if record is None else {"revision": record.revision, "bytes": record.nbytes,
                                          "age_s": round(max(0.0, now - record.at), 3)}
             for record in (syncs or {}).get(group, (None, None)))
-        edges = [{"from": peer_hex(a), "to": peer_hex(ring[(i + 1) % len(ring)]), "bandwidth_bps": None}
-                 for i, a in enumerate(ring)] if len(ring) > 1 else []
+        edges = [{"from": peer_hex(a), "to": peer_hex(b), "bandwidth_bps": _bits(links.get((a, b)))}
+                 for a, b in zip(ring, ring[1:] + ring[:1])] if len(ring) > 1 else []
         collectives = [
             {"tag": op.tag, "seq": op.seq, "state": "voting" if op.seq is None else "running",
              "voters": len(op.voters), "participants": len(op.participants), "done": len(op.done)}

@@ -122,6 +122,11 @@ async def test_optimize_topology_installs_a_ring_that_avoids_the_slow_link() -> 
                 links = master.state.measured_links()
                 assert len(links) == 6
                 assert links[(a.peer_id, succ)] < min(v for k, v in links.items() if k != (a.peer_id, succ)) / 3
+                # The status page labels the installed ring's edges with those figures.
+                (group,) = master.status()["groups"]
+                labelled = {(e["from"], e["to"]): e["bandwidth_bps"] for e in group["edges"]}
+                assert labelled == {(f"{x:016x}", f"{y:016x}"): links[(x, y)] * 8
+                                    for x, y in zip(new_ring, new_ring[1:] + new_ring[:1])}
                 # The next all-reduce runs on the new ring and is right.
                 inputs = [np.full(1000, i + 1, np.float32) for i in range(3)]
                 results: dict[int, np.ndarray] = {}
