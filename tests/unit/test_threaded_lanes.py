@@ -102,11 +102,10 @@ def test_cancel_mid_transfer_aborts_the_lane_and_restores_the_input() -> None:
             await a.aclose()
             await b.aclose()
 
-    before = threading.active_count()
     trio.run(main)
-    # Every lane thread has returned (idle thread-cache workers may linger; none of ours run).
+    # Every lane thread has returned (idle thread-cache workers of earlier tests may linger or
+    # retire meanwhile, so the total thread count proves nothing either way).
     assert not [t for t in threading.enumerate() if t.name == "pccl-ring-lane"]
-    assert threading.active_count() >= before
 
 
 async def test_blocking_channel_frames_and_interrupted_wait() -> None:
