@@ -1,4 +1,4 @@
-"""The status page in a real headless browser (Debian's ``chromium``, which ``.ci/run`` installs)
+"""The status page in a real headless browser (Debian's ``chromium``, which ``.ci/system-deps`` installs)
 during a live run of three peer processes on real TCP: every peer is listed with its revision;
 after one is SIGKILLed, the next load of the page shows it removed."""
 
@@ -28,7 +28,7 @@ def chromium() -> str:
         if path:
             return path
     pytest.fail("headless chromium is needed for this test and is not installed: `apt-get install chromium` "
-                "(.ci/run installs it)")
+                "(`bash .ci/system-deps` installs it)")
 
 
 async def dump_dom(url: str) -> str:
