@@ -69,6 +69,8 @@ class CampaignSpec:
                 parts.append(f"--phases {','.join(value)}")
             elif key == "groups":
                 parts.append(f"--groups {value}")
+            elif key == "alone":
+                parts.append(f"--alone {value}")
         return " ".join(parts)
 
 

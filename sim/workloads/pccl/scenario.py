@@ -383,8 +383,10 @@ class PcclScenario(Scenario):
                 host.record("alone", peer_id=comm.peer_id)
                 await trio.sleep(self.alone_wait)
                 if self.alone == "pending":
-                    while not await comm.are_peers_pending():
+                    # Still waiting alone (liveness reads "alone"), until someone waits to join.
+                    while comm.world_size < 2 and not await comm.are_peers_pending():
                         await trio.sleep(self.alone_wait)
+                        host.record("alone", peer_id=comm.peer_id)
                 continue
             step += 1
             began = trio.current_time()
