@@ -176,7 +176,8 @@ class Communicator:
         """Whether ``update_topology()`` has something to do: a registered peer waits to be
         accepted.  Answered once every accepted peer (of every group) asked — or, ``True``, as
         soon as every one that did not ask waits in ``update_topology()`` (that vote waits for
-        this peer's).  Legal while collectives run.  Cancellation leaves the vote standing (the next
+        this peer's); ``True`` too after a master restart, until this peer's next
+        ``update_topology()``, where its group meets again.  Legal while collectives run.  Cancellation leaves the vote standing (the next
         call waits for its answer).  Raises ``Kicked``, ``MasterUnreachable``."""
         return await self._session.are_peers_pending()
 

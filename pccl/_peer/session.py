@@ -544,24 +544,36 @@ class PeerSession:
     async def are_peers_pending(self) -> bool:
         """Whether a registered peer waits to be accepted, answered once every accepted peer
         asked.  Legal in every phase; a cancelled query stands (the next call waits for it).
-        Asked again of the new master when the master is lost meanwhile."""
-        while True:
-            await self._until_accepted()
+
+        When the master was lost (before or during the query): once the restarted master
+        accepted this peer, ``True`` until its next ``update_topology`` — the group is being
+        rebuilt, and ``update_topology`` is where this peer meets the others again.  Asking the
+        new master instead would wait for peers that the restart put back in their step (a
+        sync, an all-reduce) while they wait for this one.  While reconnecting it waits, bounded
+        by ``Config.master_reconnect_timeout`` (then ``MasterUnreachable``)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self.raise_if_failed()
+        if self._lost_at is None and not self._rejoined:
             waiter = self._pending_waiter
             if waiter is None:
                 waiter = self._pending_waiter = _Waiter()
                 try:
                     await self.send(m.VotePeersPending(), epoch=self._epoch)
-                except MasterLost:
-                    continue
+                except MasterLost:  # not sent: no vote stands at any master
+                    if self._pending_waiter is waiter:
+                        self._pending_waiter = None
+                    waiter = None
                 except BaseException:
                     if self._pending_waiter is waiter:
                         self._pending_waiter = None
                     raise
-            try:
-                return await waiter.wait()
-            except MasterLost:
-                continue
+            if waiter is not None:
+                try:
+                    return await waiter.wait()
+                except MasterLost:
+                    pass
+        await self._until_accepted()
+        return True
 
     def _new_topology_waiter(self, kind: str) -> _Waiter[m.TopologyComplete]:
         self._phase.begin_topology(kind)

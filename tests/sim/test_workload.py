@@ -86,6 +86,19 @@ def test_a_lone_peer_asking_are_peers_pending_does_not_stop_the_other_group() ->
     assert [e for e in steps if e.source == "peer1" and e.data["world_size"] == 2]
 
 
+def test_a_lone_peer_asking_are_peers_pending_across_a_master_restart_meets_its_group_again() -> None:
+    # Chaos seed 12165 (two groups, PCCL's lone loop): peer3 waits alone in are_peers_pending()
+    # when the master dies; at the restarted master a newcomer of its group is accepted first and
+    # accepts peer3 by its update_topology, then moves on into its step.  Asking the new master
+    # again would wait for that newcomer, which waits in its sync for peer3: are_peers_pending()
+    # answers True instead, and peer3 meets it at update_topology.
+    scenario, schedule = pccl_schedule(12165, profile="chaos", peers=6, duration=15.0, groups=2, alone="pending",
+                                       phases=["compute", "sync", "all_reduce"])
+    trace = run(scenario, schedule)
+    assert trace.ok, [str(f) for f in trace.failures]
+    assert any(e.kind == "fault" and e.data["event"]["kind"] == "master_restart" for e in trace)
+
+
 def test_long_stall_gets_the_peer_kicked_and_it_rejoins() -> None:
     scenario = PcclScenario(peers=3)
     trace = run(scenario, _schedule(scenario, [FaultEvent(1.0, "stall", host="peer1", duration=4.0)]))
