@@ -26,21 +26,18 @@ is what it is for.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import queue
 import random
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from typing import Any
 
 import numpy as np
 
-from interleaved_gloo import _run_master  # the same master process (this folder is on sys.path)
-from pccl.bench import admit, free_port
+from interleaved_gloo import run_cluster  # the same master and peer processes (this folder is on sys.path)
+from pccl.bench import admit
 
 CONFIGS = ("bucketed", "packed", "per-tensor", "flat", "gloo")
 _BARRIER_TAG = 1 << 30
@@ -137,41 +134,7 @@ def _peer_main(rank: int, world: int, port: int, gloo_file: str, width: int, ite
 
 def measure(world: int, width: int, iters: int, timeout: float,
             bucket_bytes: int | None = None) -> dict[str, list[float]]:
-    ctx = mp.get_context("spawn")
-    ready, results = ctx.Event(), ctx.Queue()
-    port = free_port()
-    master = ctx.Process(target=_run_master, args=(port, ready), daemon=True)
-    peers: list[Any] = []
-    with tempfile.TemporaryDirectory(prefix="pccl-bucketed-") as tmp:
-        try:
-            master.start()
-            if not ready.wait(30):
-                raise RuntimeError("the master did not start within 30 s")
-            gloo_file = os.path.join(tmp, "gloo-rendezvous")
-            peers = [ctx.Process(target=_run_peer, args=(r, world, port, gloo_file, width, iters, bucket_bytes, results))
-                     for r in range(world)]
-            for p in peers:
-                p.start()
-            per_rank: dict[int, dict[str, list[float]]] = {}
-            deadline = time.monotonic() + timeout
-            while len(per_rank) < world:
-                try:
-                    rank, out, error = results.get(timeout=1)
-                except queue.Empty:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"no result within {timeout:g} s") from None
-                    continue
-                if error is not None:
-                    raise RuntimeError(f"peer {rank} failed:\n{error}")
-                per_rank[rank] = out
-            for p in peers:
-                p.join()
-        finally:
-            for p in (*peers, master):
-                if p.is_alive():
-                    p.terminate()
-                if p.pid is not None:
-                    p.join(5)
+    per_rank = run_cluster(world, _run_peer, (width, iters, bucket_bytes), timeout, "pccl-bucketed-")
     return {cfg: [max(per_rank[r][cfg][i] for r in range(world)) for i in range(iters)] for cfg in CONFIGS}
 
 

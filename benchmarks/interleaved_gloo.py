@@ -148,13 +148,17 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
         dist.destroy_process_group()
 
 
-def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float) -> list[dict[str, Any]]:
+def run_cluster(world: int, peer_target: Any, peer_args: Any, timeout: float, prefix: str) -> dict[int, Any]:
+    """Start a master process and ``world`` peer processes (spawn), each running
+    ``peer_target(rank, world, master_port, gloo_file, *peer_args, results)``, which puts
+    ``(rank, out, error)`` on ``results``; return every rank's ``out``.  The first peer to fail
+    (or die without reporting) raises, naming it; every process is stopped on the way out."""
     ctx = mp.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
     master_port = free_port()
     master = ctx.Process(target=_run_master, args=(master_port, ready), daemon=True)
     peers: list[Any] = []
-    with tempfile.TemporaryDirectory(prefix="pccl-interleaved-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         try:
             master.start()
             started = time.monotonic()
@@ -164,8 +168,7 @@ def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeou
                 if time.monotonic() - started > 30:
                     raise RuntimeError("the master did not start within 30 s")
             gloo_file = os.path.join(tmp, "gloo-rendezvous")
-            peers = [ctx.Process(target=_run_peer,
-                                 args=(r, world, master_port, gloo_file, sizes, iters, configs, results))
+            peers = [ctx.Process(target=peer_target, args=(r, world, master_port, gloo_file, *peer_args, results))
                      for r in range(world)]
             for p in peers:
                 p.start()
@@ -195,6 +198,11 @@ def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeou
             for p in (*peers, master):
                 if p.pid is not None:  # started (join() refuses a process that never was)
                     p.join(5)
+    return per_rank
+
+
+def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float) -> list[dict[str, Any]]:
+    per_rank = run_cluster(world, _run_peer, (sizes, iters, configs), timeout, "pccl-interleaved-")
     rows = []
     for nbytes in sizes:
         for cfg in configs:

@@ -110,7 +110,7 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, object]:
                 for b in hosts:
                     if a != b:
                         bw, rtt = true_link(sites, a, b)
-                        master.state._links.record(comms[a].peer_id, comms[b].peer_id, bw, rtt)  # noqa: SLF001
+                        master.state.record_link(comms[a].peer_id, comms[b].peer_id, bw, rtt)
 
         async with pccl.open_master("master:48148", config=config, network=world.boot("master"),
                                     rng=random.Random(args.seed)) as master:

@@ -514,6 +514,11 @@ class MasterState:
         """Bandwidth (bytes/s) of every measured directed link, by ``(sender, receiver)``."""
         return {k: e.bandwidth for k, e in self._links.snapshot().items()}
 
+    def record_link(self, sender: int, receiver: int, bandwidth: float, rtt: float) -> None:
+        """Take a link's figure as if a probe had measured it (links measured elsewhere, a
+        benchmark's known truth); kept, like a probe's, while both ends stay."""
+        self._links.record(sender, receiver, bandwidth, rtt)
+
     def probing_groups(self) -> frozenset[int]:
         """Groups whose optimise vote waits for probe reports."""
         return frozenset(self._probes)
