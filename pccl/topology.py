@@ -25,6 +25,7 @@ import trio
 
 from ._groups import single_exception
 from ._peer.host import PeerHost
+from .config import Config
 from .errors import PCCLError, ProtocolError
 from .net.base import format_address
 from .net.framed import FramedConnection
@@ -40,9 +41,9 @@ _FRAME_BYTES = 1 << 20
 _ZEROS = bytes(_FRAME_BYTES)
 
 
-def probe_bound(host: PeerHost) -> float:
+def probe_bound(config: Config) -> float:
     """How long one probe may take, on either end."""
-    return host.config.connect_timeout + 2 * host.config.probe_seconds
+    return config.connect_timeout + 2 * config.probe_seconds
 
 
 class ProbeService:
@@ -61,7 +62,7 @@ class ProbeService:
     async def _probe(self, probe_id: int, target: m.PeerEndpoint) -> m.ProbeResult:
         host = self._host
         failed = m.ProbeResult(target.peer_id, 0.0, 0.0)
-        with trio.move_on_after(probe_bound(host)) as scope:
+        with trio.move_on_after(probe_bound(host.config)) as scope:
             try:
                 result = await self._measure(probe_id, target)
             except PCCLError as exc:
@@ -69,7 +70,7 @@ class ProbeService:
                 return failed
         if scope.cancelled_caught:
             log.info("peer %x: probe of peer %x did not finish within %.3g s", host.peer_id, target.peer_id,
-                     probe_bound(host))
+                     probe_bound(host.config))
             return failed
         log.debug("peer %x: probe of peer %x: %.4g MB/s, RTT %.3g ms", host.peer_id, target.peer_id,
                   result.bandwidth / 1e6, result.rtt * 1e3)
@@ -133,7 +134,7 @@ class ProbeService:
         hands it over after reading ``hello``).  Bounded by :func:`probe_bound`; closes ``conn``."""
         host = self._host
         try:
-            with trio.fail_after(probe_bound(host)):
+            with trio.fail_after(probe_bound(host.config)):
                 await conn.send(m.ProbeAck(host.peer_id))
                 nbytes = 0
                 while True:
@@ -149,6 +150,6 @@ class ProbeService:
                         raise ProtocolError(f"unexpected {type(frame).__name__} in a probe stream")
         except (PCCLError, trio.TooSlowError) as exc:
             log.info("peer %x: probe stream from peer %x ended: %s", host.peer_id, hello.peer_id,
-                     exc if isinstance(exc, PCCLError) else f"not finished within {probe_bound(host):.3g} s")
+                     exc if isinstance(exc, PCCLError) else f"not finished within {probe_bound(host.config):.3g} s")
         finally:
             conn.abort()

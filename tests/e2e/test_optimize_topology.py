@@ -179,5 +179,5 @@ async def test_a_probe_of_a_stalled_peer_ends_within_its_bound() -> None:
                 elapsed = trio.current_time() - start
                 assert report == m.ProbeReport(7, (m.ProbeResult(12345, 0.0, 0.0),))
                 assert held                                          # it did connect
-                assert elapsed <= probe_bound(a._session) + 1.0     # noqa: SLF001
+                assert elapsed <= probe_bound(CFG) + 1.0
                 nursery.cancel_scope.cancel()
