@@ -182,6 +182,28 @@ class SimStream:
         finally:
             self._sending = False
 
+    def send_nowait(self, data: bytes | bytearray | memoryview) -> int:
+        """Put what fits in the send buffer now, without waiting (the non-blocking ``send`` of
+        a real socket, as :meth:`pccl.net.tcp.TcpStream.send_nowait`): the byte count, ``0``
+        when nothing fits or the stream cannot send at the moment (another send runs, it is
+        closed, reset, or its host is stalled or dead) — then use :meth:`send_all`, which also
+        reports the error.  Not a schedule point."""
+        view = _send_view(data, self._errors)
+        if self._closed or self._eof_sent or self._sending or self._reset:
+            return 0
+        out = self._out
+        if out.dead or self._inc.host.stalled or self._net._dead_caller("send_nowait") is not None:
+            return 0
+        world = self._world
+        n = min(world.send_buffer - out.queued, len(view))
+        if n <= 0:
+            return 0
+        chunk = data if n == len(view) and type(data) is bytes else bytes(view[:n])
+        out.enqueue(chunk)
+        if world.tap is not None:
+            world.tap.on_sent(self, chunk)
+        return n
+
     async def send_eof(self) -> None:
         await self._net._enter("send_eof")
         if self._closed:

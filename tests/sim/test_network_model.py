@@ -124,3 +124,43 @@ def test_latency_applies_per_direction_and_connect_takes_one_rtt() -> None:
 
 async def _accept_into(listener, out: list) -> None:
     out.append(await listener.accept())
+
+
+async def _pair(world: World):
+    a, b = world.boot("a"), world.boot("b")
+    listener = await b.listen("b:9000")
+    accepted = []
+    async with trio.open_nursery() as nursery:
+
+        async def accept() -> None:
+            accepted.append(await listener.accept())
+
+        nursery.start_soon(accept)
+        client = await a.connect("b:9000")
+    return client, accepted[0]
+
+
+def test_send_nowait_takes_what_fits_in_the_send_buffer_and_nothing_when_it_cannot_send() -> None:
+    """The non-blocking send the master's control path uses on real TCP: what fits, at once;
+    0 while the buffer is full, the host stalled, or the stream closed; the bytes arrive in order
+    behind everything sent before."""
+
+    async def body(world: World) -> None:
+        client, server = await _pair(world)
+        world.stall("a")
+        assert client.send_nowait(b"frozen") == 0  # a stopped process sends nothing
+        world.unstall("a")
+        assert client.send_nowait(b"first") == 5
+        world.partition(["a"], ["b"])  # hold the link so the buffer fills up
+        assert client.send_nowait(bytes(200_000)) == 200_000
+        taken = client.send_nowait(bytes(100_000))
+        assert 0 < taken == 256 * 1024 - 200_000  # partly, as a kernel takes part of a write ("first" left)
+        assert client.send_nowait(b"more") == 0
+        world.heal()
+        got = bytearray(5 + 200_000 + taken)
+        await server.receive_exactly_into(got)
+        assert got[:5] == b"first" and not any(got[5:])
+        await client.aclose()
+        assert client.send_nowait(b"late") == 0
+
+    simulate(body)
