@@ -440,9 +440,6 @@ class Simulation:
         self.trace.record("faults", "triggered", trigger=event.trigger.describe() if event.trigger else "")
         self.apply(event)
 
-    def _message_seen(self, host: str, direction: str, name: str, peer: str) -> None:
-        pass  # phases live in the tap; coverage reads them when a fault lands
-
     def _begin_quiet(self) -> None:
         self.in_quiet = True
         if self.tap is not None:
@@ -463,7 +460,7 @@ class Simulation:
                 self.options.sniff or self.scenario.sniff or any(e.trigger is not None for e in schedule.events)
             )
             if needs_tap:
-                self.tap = Tap(self.scenario.frame_format(), self._fire, self._message_seen)
+                self.tap = Tap(self.scenario.frame_format(), self._fire)  # phases live in the tap
                 self.world.tap = self.tap
             self.scenario.configure(self)
             for checker in self.checkers:

@@ -118,11 +118,13 @@ class LengthKindFrames:
 
 
 class _FrameParser:
-    """Incremental, copy-light frame splitter for one direction of one stream."""
+    """Incremental, copy-light frame splitter for one direction of one stream (and who is at
+    its ends, for the tap's reports)."""
 
-    __slots__ = ("fmt", "skip", "head", "body_left", "body", "decode", "data_head", "data_left", "payload_left")
+    __slots__ = ("fmt", "skip", "head", "body_left", "body", "decode", "data_head", "data_left", "payload_left",
+                 "_split", "inc", "host", "peer")
 
-    def __init__(self, fmt: FrameFormat) -> None:
+    def __init__(self, fmt: FrameFormat, inc: Any = None, peer: str = "") -> None:
         self.fmt = fmt
         self.skip = fmt.preamble_size  # bytes to ignore (preamble, skipped bodies)
         self.head = bytearray()
@@ -132,16 +134,32 @@ class _FrameParser:
         self.data_head: bytearray | None = None  # a data frame's header being collected
         self.data_left = 0  # its header bytes still to come
         self.payload_left = 0  # and the payload after it (skipped)
+        #: (control kind, data kind, data header size, max decoded body) when ``fmt`` cuts frames
+        #: as :class:`LengthKindFrames` does: prefixes are then read in place (no method calls,
+        #: no prefix copy), which is most of the tap's cost per frame.
+        self._split: tuple[int, int | None, int, int] | None = None
+        cls = type(fmt)
+        if (isinstance(fmt, LengthKindFrames) and cls.parse_prefix is LengthKindFrames.parse_prefix
+                and cls.data_header is LengthKindFrames.data_header and fmt.prefix_size == 5):
+            self._split = (fmt.control_kind, fmt.data_kind, fmt.data_header_size, fmt.max_decoded_body)
+        self.inc = inc
+        self.host: str = inc.name if inc is not None else ""
+        self.peer = peer
 
     def feed(self, data: memoryview | bytes, found: list[str], bodies: list[bytes] | None = None,
              data_headers: list[bytes] | None = None) -> None:
         """Parse ``data``; append the names of completed control messages to ``found`` (and,
         if given, their bodies to ``bodies``, index for index) and, if ``data_headers`` is
         given, the header bytes of every data frame (``FrameFormat.data_header``)."""
+        end = len(data)
+        if self.skip >= end:  # inside a skipped payload (or nothing to read)
+            self.skip -= end
+            return
         view = memoryview(data)
-        pos, end = 0, len(view)
+        pos = 0
         fmt = self.fmt
         prefix_size = fmt.prefix_size
+        split = self._split
         while pos < end:
             if self.skip:
                 k = min(self.skip, end - pos)
@@ -173,6 +191,33 @@ class _FrameParser:
                 if self.body_left == 0:
                     self._control(whole if whole is not None else bytes(self.body), found, bodies)
                     self.body = None
+                continue
+            if split is not None and not self.head and end - pos >= 5:
+                # A whole prefix is here: the common case, read in place.
+                length, kind = _PREFIX.unpack_from(view, pos)
+                start = pos
+                pos += 5
+                control_kind, data_kind, header_size, max_body = split
+                if kind == control_kind:
+                    if length > max_body:
+                        self.skip = length
+                    elif length <= end - pos:  # and its whole body
+                        self._control(bytes(view[pos : pos + length]), found, bodies)
+                        pos += length
+                    else:
+                        self.body = bytearray()
+                        self.body_left = length
+                    continue
+                if data_headers is None or kind != data_kind or length < header_size or not header_size:
+                    self.skip = length
+                elif end - pos >= header_size:  # the whole data header is here
+                    data_headers.append(bytes(view[start : pos + header_size]))
+                    pos += header_size
+                    self.skip = length - header_size
+                else:
+                    self.data_head = bytearray(view[start:pos])
+                    self.data_left = header_size
+                    self.payload_left = length - header_size
                 continue
             if not self.head and end - pos >= prefix_size:
                 prefix = bytes(view[pos : pos + prefix_size])  # the whole prefix is here
@@ -212,6 +257,9 @@ class _FrameParser:
             found.append(name)
             if bodies is not None:
                 bodies.append(body)
+
+
+_PREFIX = struct.Struct(">IB")
 
 
 @dataclasses.dataclass
@@ -259,6 +307,10 @@ class Tap:
         self.phase: dict[str, str] = {}
         self.messages_seen = 0
         self._decode: Callable[[bytes], Any] | None = getattr(fmt, "decode", None)
+        self._decode_data: Callable[[bytes], Any] | None = getattr(fmt, "decode_data", None)
+        #: message name -> the watchers it goes to ((callback, wants decoded), in registration
+        #: order), built on first sight of the name; reset by :meth:`watch`.
+        self._watchers_of: dict[str, list[tuple[Callable[[str, str, str, str, Any], None], bool]]] = {}
 
     def watch(
         self,
@@ -273,6 +325,7 @@ class Tap:
         ``decode(body)`` method, else ``None``.  Checkers use it to read what the wire carries
         (e.g. a round id inside a message)."""
         self._watchers.append((callback, None if names is None else frozenset(names), decode))
+        self._watchers_of = {}  # a new dict: a delivery in progress keeps the lists it had
 
     def watch_data(self, callback: Callable[[str, str, Any, str, str | None], None]) -> None:
         """Call ``callback(host, direction, header, peer, part)`` for every data frame a host
@@ -280,7 +333,7 @@ class Tap:
         ``decode_data(raw)`` of the frame's prefix and header bytes, or those raw bytes if it has
         none; ``part``: its name from the format's :class:`DataParts`, or ``None``).  The payload
         is still skipped, never copied."""
-        self._data_watchers.append(callback)
+        self._data_watchers = [*self._data_watchers, callback]  # a delivery in progress keeps its list
 
     # -- arming --
 
@@ -319,50 +372,67 @@ class Tap:
                     self._advance(armed)
 
     def _parse(self, stream: "SimStream", direction: str, data: Any) -> None:
-        if self.fmt is None:
+        fmt = self.fmt
+        if fmt is None:
             return
         key = (stream._id, direction)
         parser = self._parsers.get(key)
         if parser is None:
-            parser = self._parsers[key] = _FrameParser(self.fmt)
+            parser = self._parsers[key] = _FrameParser(fmt, stream._inc, stream.remote_address.rsplit(":", 1)[0])
+        if parser.skip >= len(data):  # inside a payload the tap skips: nothing to report
+            parser.skip -= len(data)
+            return
         found: list[str] = []
         parts = self.parts
         bodies: list[bytes] | None = [] if self._watchers or parts is not None else None
         data_headers: list[bytes] | None = [] if self._data_watchers or parts is not None else None
         parser.feed(data, found, bodies, data_headers)
-        if not found and not data_headers:
-            return
-        inc = stream._inc
-        host = inc.name
-        peer = stream.remote_address.rsplit(":", 1)[0]
+        if found:
+            self._report_messages(parser, direction, found, bodies)
+        if data_headers:
+            self._report_data(parser, direction, data_headers)
+
+    def _report_messages(self, parser: _FrameParser, direction: str, found: list[str],
+                         bodies: list[bytes] | None) -> None:
+        host, peer = parser.host, parser.peer
+        parts = self.parts
         decode = self._decode
+        on_message = self._on_message
         for i, name in enumerate(found):
             self.messages_seen += 1
             self.phase[host] = name
-            if self._on_message is not None:
-                self._on_message(host, direction, name, peer)
+            if on_message is not None:
+                on_message(host, direction, name, peer)
             if bodies is not None:
                 message = None
                 if parts is not None and name in parts.MESSAGES and decode is not None:
                     message = decode(bodies[i])
-                    parts.on_message(host, inc.number, direction, name, message)
-                for callback, names, wants in list(self._watchers):
-                    if names is None or name in names:
-                        if wants and message is None and decode is not None:
-                            message = decode(bodies[i])
-                        callback(host, direction, name, peer, message if wants else None)
-            self._match(host, direction, name)
-        if data_headers:
-            decode_data = getattr(self.fmt, "decode_data", None)
-            for raw in data_headers:
-                header = decode_data(raw) if decode_data is not None else raw
-                part = parts.on_data(host, inc.number, header) if parts is not None else None
-                if part is not None:
-                    self.phase[host] = part
-                for data_callback in list(self._data_watchers):
-                    data_callback(host, direction, header, peer, part)
-                if part is not None:
-                    self._match(host, direction, part)
+                    parts.on_message(host, parser.inc.number, direction, name, message)
+                watchers = self._watchers_of.get(name)
+                if watchers is None:
+                    watchers = self._watchers_of[name] = [
+                        (callback, wants) for callback, names, wants in self._watchers if names is None or name in names
+                    ]
+                for callback, wants in watchers:
+                    if wants and message is None and decode is not None:
+                        message = decode(bodies[i])
+                    callback(host, direction, name, peer, message if wants else None)
+            if self._armed:
+                self._match(host, direction, name)
+
+    def _report_data(self, parser: _FrameParser, direction: str, data_headers: list[bytes]) -> None:
+        host, peer = parser.host, parser.peer
+        parts = self.parts
+        decode_data = self._decode_data
+        for raw in data_headers:
+            header = decode_data(raw) if decode_data is not None else raw
+            part = parts.on_data(host, parser.inc.number, header) if parts is not None else None
+            if part is not None:
+                self.phase[host] = part
+            for data_callback in self._data_watchers:
+                data_callback(host, direction, header, peer, part)
+            if part is not None and self._armed:
+                self._match(host, direction, part)
 
     def _match(self, host: str, direction: str, name: str) -> None:
         """Advance the armed triggers waiting for ``host`` to send/read ``name``."""
