@@ -17,9 +17,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-__all__ = ["TrioHooksChanged", "check_trio_hooks", "derive_rng", "deterministic_trio", "trio_seed"]
+__all__ = [
+    "TrioHooksChanged", "check_trio_hooks", "derive_rng", "deterministic_trio", "trio_seed", "poll_only_when_idle",
+]
 
 
 class TrioHooksChanged(RuntimeError):
@@ -74,6 +77,57 @@ def deterministic_trio(seed: int | str) -> Iterator[None]:
     finally:
         run._ALLOW_DETERMINISTIC_SCHEDULING = saved_flag
         run._r.setstate(saved_state)
+
+
+class _IdlePoller:
+    """Stands in for the run's I/O manager (forwarding everything else to it): each loop
+    iteration calls ``on_iteration()``, and asks the OS for I/O events only when no task is
+    runnable, or after :data:`_POLL_EVERY` iterations without a poll.  A simulated run does no
+    real I/O, yet trio polls epoll once per iteration; the only fd that can fire is the wake-up
+    socket of ``run_sync_soon`` (``trio.to_thread`` and ``trio.from_thread`` results, signals),
+    whose callbacks therefore still run before the clock may jump (it jumps only when idle), and
+    within a few iterations while tasks spin waiting for them."""
+
+    __slots__ = ("_real", "_runq", "_on_iteration", "_process_events", "_skipped")
+
+    def __init__(self, real: Any, runq: Any, on_iteration: Callable[[], None]) -> None:
+        self._real = real
+        self._runq = runq
+        self._on_iteration = on_iteration
+        self._process_events = real.process_events
+        self._skipped = 0
+
+    def get_events(self, timeout: float) -> Any:
+        self._on_iteration()
+        if self._runq and self._skipped < _POLL_EVERY:  # trio's timeout is 0: the poll is only a look
+            self._skipped += 1
+            return ()
+        self._skipped = 0
+        return self._real.get_events(timeout)
+
+    def process_events(self, events: Any) -> None:
+        if events:
+            self._process_events(events)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+#: Busy loop iterations between two polls (bounds the latency of ``run_sync_soon`` callbacks).
+_POLL_EVERY = 32
+
+
+def poll_only_when_idle(on_iteration: Callable[[], None]) -> None:
+    """Inside ``trio.run``: call ``on_iteration()`` once per scheduler loop iteration (where
+    trio would call an instrument's ``before_io_wait``) and poll for I/O only when no task is
+    runnable (:class:`_IdlePoller`).  For runs on a ``MockClock`` with ``autojump_threshold=0``,
+    whose I/O wait timeout is always 0."""
+    run = _run_module()
+    runner = getattr(run.GLOBAL_RUN_CONTEXT, "runner", None)
+    io_manager = getattr(runner, "io_manager", None)
+    if runner is None or not hasattr(io_manager, "get_events") or not hasattr(runner, "runq"):
+        raise TrioHooksChanged("trio's runner has no io_manager.get_events / runq: pin trio to a tested version")
+    runner.io_manager = _IdlePoller(io_manager, runner.runq, on_iteration)
 
 
 def derive_rng(seed: int | str, *purpose: object) -> random.Random:

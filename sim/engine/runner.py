@@ -49,7 +49,7 @@ import trio.testing
 
 from ..faults.schedule import FaultEvent, Schedule
 from ..observe.tap import FrameFormat, Tap
-from .determinism import derive_rng, deterministic_trio
+from .determinism import derive_rng, deterministic_trio, poll_only_when_idle
 from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World
 from .streams import SimNetwork
 from .trace import Trace, TraceEvent
@@ -202,6 +202,9 @@ class RunOptions:
 
 
 class _LoopInstrument(trio.abc.Instrument):
+    """The livelock watchdog (:meth:`iteration`, called once per scheduler loop iteration) and,
+    for benchmarks, a task step counter (an instrument hook, installed only when asked for)."""
+
     def __init__(self, sim: "Simulation", clock: trio.testing.MockClock, limit: int, steps: bool) -> None:
         self.sim = sim
         self.clock = clock
@@ -216,7 +219,8 @@ class _LoopInstrument(trio.abc.Instrument):
     def _step(self, task: Any) -> None:
         self.task_steps += 1
 
-    def before_io_wait(self, timeout: float) -> None:
+    def iteration(self) -> None:
+        """Once per scheduler loop iteration (see :func:`~sim.engine.determinism.poll_only_when_idle`)."""
         self.iterations += 1
         now = self.clock.current_time()
         if now == self._instant:
@@ -508,8 +512,13 @@ def run(scenario: Scenario, schedule: Schedule, *, options: RunOptions | None = 
     instrument = _LoopInstrument(sim, clock, options.livelock_iterations, options.count_task_steps)
     gc.collect()
     wall = time.perf_counter()  # outside the simulated run: statistics only, never hashed
+
+    async def main() -> None:
+        poll_only_when_idle(instrument.iteration)
+        await sim.main()
+
     with deterministic_trio(schedule.seed):
-        trio.run(sim.main, clock=clock, instruments=[instrument])
+        trio.run(main, clock=clock, instruments=[instrument] if options.count_task_steps else [])
     elapsed = time.perf_counter() - wall
     trace = sim.trace
     trace.stats.update(

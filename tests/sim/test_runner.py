@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import trio
 
 from sim.engine.runner import HostContext, RunOptions, Scenario, run
@@ -152,3 +154,33 @@ def test_restart_makes_a_new_incarnation_with_fresh_rng() -> None:
     assert [e.data["life"] for e in starts] == [1, 2]
     assert starts[0].data["incarnation"] < starts[1].data["incarnation"]
     assert starts[1].t == 1.5 and trace.ok
+
+
+class _Threads(_Crashy):
+    """Worker threads inside a simulated run: ``trio.to_thread`` and ``run_sync_soon`` from a
+    thread, each awaited while another task keeps the loop busy at one virtual instant (the
+    loop then polls for their wake-ups only now and then, see ``poll_only_when_idle``)."""
+
+    async def peer(self, host: HostContext) -> None:
+        done = trio.Event()
+
+        async def spin() -> None:
+            while not done.is_set():
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(spin)
+            result = await trio.to_thread.run_sync(lambda: 6 * 7)
+            called = trio.Event()
+            token = trio.lowlevel.current_trio_token()
+            threading.Thread(target=token.run_sync_soon, args=(called.set,)).start()
+            await called.wait()
+            done.set()
+        host.record("threads", result=result)
+
+
+def test_worker_threads_and_run_sync_soon_complete_in_a_simulated_run() -> None:
+    trace = run(_Threads(peers=1), _schedule([], duration=1.0, quiet=1.0), options=RunOptions(livelock_iterations=100_000))
+    assert trace.ok, trace.failures
+    (event,) = trace.of_kind("threads")
+    assert event.data["result"] == 42 and event.t == 0.0  # no virtual time passed while the threads ran
