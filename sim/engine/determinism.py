@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import trio.testing
+
 __all__ = [
     "TrioHooksChanged", "check_trio_hooks", "derive_rng", "deterministic_trio", "trio_seed", "poll_only_when_idle",
+    "sim_clock",
 ]
 
 
@@ -45,6 +49,12 @@ def check_trio_hooks() -> None:
         raise TrioHooksChanged(
             f"trio._core._run._r is {type(rng).__name__}, not random.Random: the simulator cannot "
             "seed trio's scheduler; pin trio to a tested version (see pyproject.toml)"
+        )
+    clock = trio.testing.MockClock()
+    if not all(hasattr(clock, name) for name in ("_rate", "_virtual_base", "_autojump")):
+        raise TrioHooksChanged(
+            "trio.testing.MockClock has no _rate / _virtual_base / _autojump: sim_clock needs adapting; "
+            "pin trio to a tested version"
         )
     flag = getattr(run, "_ALLOW_DETERMINISTIC_SCHEDULING", None)
     if not isinstance(flag, bool):
@@ -111,6 +121,29 @@ class _IdlePoller:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
+
+
+def sim_clock() -> trio.testing.MockClock:
+    """A ``MockClock(autojump_threshold=0)`` that reads the time and jumps more cheaply (the
+    class is final, so the instance gets its own two methods): with ``rate`` 0 (a simulated
+    run's) virtual time is ``_virtual_base`` exactly, so no real clock is read (trio reads the
+    time a few times per loop iteration, the simulation at every network operation); an
+    autojump goes to the runner's next deadline without building
+    ``trio.lowlevel.current_statistics()`` first.  The same times and jumps as ``MockClock``."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    slow_time = clock.current_time
+
+    def current_time() -> float:
+        return slow_time() if clock._rate else clock._virtual_base
+
+    def autojump() -> None:
+        jump = _run_module().GLOBAL_RUN_CONTEXT.runner.deadlines.next_deadline() - current_time()
+        if 0 < jump < math.inf:
+            clock.jump(jump)
+
+    clock.current_time = current_time  # type: ignore[method-assign]
+    clock._autojump = autojump  # type: ignore[method-assign]
+    return clock
 
 
 #: Busy loop iterations between two polls (bounds the latency of ``run_sync_soon`` callbacks).

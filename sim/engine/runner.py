@@ -6,8 +6,9 @@
     assert trace.ok, trace.failures
     print(trace.hash())
 
-Inside, a single ``trio.run`` on ``MockClock(autojump_threshold=0)`` with trio's scheduler seeded
-from the schedule's seed (:mod:`sim.engine.determinism`) runs:
+Inside, a single ``trio.run`` on a ``MockClock(autojump_threshold=0)``
+(:func:`~sim.engine.determinism.sim_clock`) with trio's scheduler seeded from the schedule's seed
+(:mod:`sim.engine.determinism`) runs:
 
 * the :class:`~sim.engine.network.World` delivery loop;
 * every simulated host as a task ``scenario.<role>(host)`` inside its own cancel scope, one per
@@ -49,7 +50,7 @@ import trio.testing
 
 from ..faults.schedule import FaultEvent, Schedule
 from ..observe.tap import FrameFormat, Tap
-from .determinism import derive_rng, deterministic_trio, poll_only_when_idle
+from .determinism import derive_rng, deterministic_trio, poll_only_when_idle, sim_clock
 from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World
 from .streams import SimNetwork
 from .trace import Trace, TraceEvent
@@ -508,7 +509,7 @@ def run(scenario: Scenario, schedule: Schedule, *, options: RunOptions | None = 
     """
     options = options or RunOptions()
     sim = Simulation(scenario, schedule, options)
-    clock = trio.testing.MockClock(autojump_threshold=0)
+    clock = sim_clock()
     instrument = _LoopInstrument(sim, clock, options.livelock_iterations, options.count_task_steps)
     gc.collect()
     wall = time.perf_counter()  # outside the simulated run: statistics only, never hashed
@@ -560,4 +561,4 @@ def simulate(
         return result
 
     with deterministic_trio(seed):
-        return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+        return trio.run(main, clock=sim_clock())

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 from trio._core import _run
 
-from sim.engine.determinism import TrioHooksChanged, check_trio_hooks, deterministic_trio
+from sim.engine.determinism import TrioHooksChanged, check_trio_hooks, deterministic_trio, sim_clock
 
 
 def test_private_hooks_have_expected_names_and_types() -> None:
@@ -35,15 +35,15 @@ def test_guard_fails_loudly_when_a_hook_moves(monkeypatch: pytest.MonkeyPatch) -
         check_trio_hooks()
 
 
-def _racy_program() -> list[tuple[str, int]]:
+def _racy_program(clock: trio.abc.Clock | None = None) -> list[tuple[str, int, float]]:
     """Ten tasks whose wake-ups tie at the same virtual instants (sleeps and equal deadlines)."""
-    order: list[tuple[str, int]] = []
+    order: list[tuple[str, int, float]] = []
 
     async def worker(name: str) -> None:
         for step in range(40):
             with trio.move_on_after(0.002):  # equal deadlines across tasks: id()-ordered heap ties
                 await trio.sleep(0.001 * (step % 3) + 0.01)
-            order.append((name, step))
+            order.append((name, step, trio.current_time()))
             await trio.sleep(0)
 
     async def main() -> None:
@@ -51,19 +51,23 @@ def _racy_program() -> list[tuple[str, int]]:
             for i in range(10):
                 nursery.start_soon(worker, f"w{i}")
 
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    trio.run(main, clock=clock or trio.testing.MockClock(autojump_threshold=0))
     return order
 
 
-def _deterministic(seed: int) -> list[tuple[str, int]]:
+def _deterministic(seed: int, clock: trio.abc.Clock | None = None) -> list[tuple[str, int, float]]:
     with deterministic_trio(seed):
-        return _racy_program()
+        return _racy_program(clock)
 
 
 def test_hooks_make_racy_program_repeatable_and_seed_sensitive() -> None:
     first, second = _deterministic(3), _deterministic(3)
     assert first == second, "same seed, different interleavings: trio's deterministic mode is broken"
     assert _deterministic(4) != first, "different seeds gave one interleaving: the shuffle is dead"
+
+
+def test_sim_clock_keeps_mock_clock_times_and_jumps() -> None:
+    assert _deterministic(3, sim_clock()) == _deterministic(3)
 
 
 def test_hooks_are_restored_after_a_run() -> None:
