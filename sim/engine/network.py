@@ -312,6 +312,7 @@ class Link:
         self.next_service = math.inf
         self.last_served: Pipe | None = None
         self.carried = 0  # payload bytes delivered over this link
+        self.reverse: Link | None = None  # dst -> src, which carries the acknowledgements
 
     def delay(self) -> float:
         jitter = self.spec.jitter
@@ -474,6 +475,7 @@ class World:
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
         self._wait_scope: trio.CancelScope | None = None
+        self._wait_deadline = math.inf  # the deadline of _wait_scope (read back per event is dearer)
         self._next_stream_id = 0
         self.events_processed = 0
         #: Called with (incarnation, operation) when a dead incarnation's code runs on.
@@ -557,8 +559,8 @@ class World:
         self._seq += 1
         heapq.heappush(self._heap, (when, self._seq, fn, args))
         scope = self._wait_scope
-        if scope is not None and when < scope.deadline:
-            scope.deadline = when
+        if scope is not None and when < self._wait_deadline:
+            scope.deadline = self._wait_deadline = when
 
     async def run(self) -> None:
         """Deliver events forever; the runner starts this in its nursery and cancels it at the end."""
@@ -569,8 +571,9 @@ class World:
                 _, _, fn, args = heapq.heappop(heap)
                 self.events_processed += 1
                 fn(*args)
-            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as scope:
-                self._wait_scope = scope
+            deadline = heap[0][0] if heap else math.inf
+            with trio.CancelScope(deadline=deadline) as scope:
+                self._wait_scope, self._wait_deadline = scope, deadline
                 await trio.sleep_forever()
             self._wait_scope = None
 
@@ -744,7 +747,11 @@ class World:
         dst._rbuf.extend(views)
         dst._rbuf_bytes += n
         pipe.arrived += n
-        pipe.acks.append((trio.current_time() + self.link(pipe.link.dst, pipe.link.src).delay(), pipe.arrived))
+        link = pipe.link
+        back = link.reverse
+        if back is None:
+            back = link.reverse = self.link(link.dst, link.src)
+        pipe.acks.append((trio.current_time() + back.delay(), pipe.arrived))
         if dst._recv_lot:
             dst._recv_lot.unpark_all()
 

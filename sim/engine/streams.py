@@ -70,6 +70,8 @@ def format_address(host: str, port: int) -> str:
 
 def _send_view(data: Any, errors: TransportErrors) -> memoryview:
     """``data`` as a flat byte view (no copy): like a kernel, take any contiguous buffer."""
+    if type(data) is bytes or type(data) is bytearray:  # flat bytes already (most sends)
+        return memoryview(data)
     try:
         view = memoryview(data)
     except TypeError as exc:
@@ -82,6 +84,9 @@ def _send_view(data: Any, errors: TransportErrors) -> memoryview:
 def _receive_view(buffer: Any, errors: TransportErrors) -> memoryview:
     """``buffer`` as a flat writable byte view (no copy).  Empty is refused: a zero-length
     receive could not tell "nothing yet" from EOF."""
+    if type(buffer) is memoryview and buffer.format == "B" and buffer.ndim == 1 and not buffer.readonly \
+            and buffer.c_contiguous and buffer.nbytes:
+        return buffer  # flat and writable already (most receives)
     try:
         view = memoryview(buffer)
     except TypeError as exc:
@@ -157,10 +162,12 @@ class SimStream:
             world = self._world
             total = len(view)
             offset = 0
+            check = False  # _enter just checked closed and dead
             while True:
-                if self._closed:
-                    raise self._errors.stream_closed(f"stream to {self.remote_address} was closed during a send")
-                self._net._raise_if_dead("send_all")
+                if check:
+                    if self._closed:
+                        raise self._errors.stream_closed(f"stream to {self.remote_address} was closed during a send")
+                    self._net._raise_if_dead("send_all")
                 if self._reset or out.dead:
                     raise self._errors.peer_disconnected(f"connection to {self.remote_address} was reset")
                 if offset >= total:
@@ -174,9 +181,11 @@ class SimStream:
                     offset += n
                     out.enqueue(chunk)
                     if world.tap is not None:
-                        world.tap.on_sent(self, chunk)
+                        world.tap.on_sent(self, chunk)  # (a phase trigger may kill us here)
+                    check = True
                     continue
                 await out.send_lot.park()
+                check = True
                 if self._inc.host.stalled:
                     await self._net._gate("send_all")
         finally:
@@ -228,10 +237,12 @@ class SimStream:
             raise self._errors.invalid_usage("another task is already receiving on this stream")
         self._receiving = True
         try:
+            check = False  # _enter just checked closed and dead
             while True:
-                if self._closed:
-                    raise self._errors.stream_closed(f"stream from {self.remote_address} was closed during a receive")
-                self._net._raise_if_dead("receive_into")
+                if check:
+                    if self._closed:
+                        raise self._errors.stream_closed(f"stream from {self.remote_address} was closed during a receive")
+                    self._net._raise_if_dead("receive_into")
                 if self._rbuf_bytes:
                     return self._consume(view)
                 if self._eof:
@@ -239,6 +250,7 @@ class SimStream:
                 if self._reset:
                     raise self._errors.peer_disconnected(f"connection from {self.remote_address} was reset")
                 await self._recv_lot.park()
+                check = True
                 if self._inc.host.stalled:
                     await self._net._gate("receive_into")
         finally:
