@@ -68,7 +68,10 @@ import trio
 from .determinism import derive_rng
 from .trace import Trace
 
-__all__ = ["LinkSpec", "SiteSpec", "Uplink", "World", "Incarnation", "CURRENT_INCARNATION", "StreamEnd", "ListenerEnd"]
+__all__ = [
+    "LinkSpec", "SiteSpec", "Uplink", "World", "Incarnation", "CURRENT_INCARNATION", "StreamEnd", "ListenerEnd",
+    "OneWaiter",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +86,36 @@ _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 _WILDCARD = frozenset({"0.0.0.0", "::", ""})
 
 
+class OneWaiter:
+    """A ``trio.lowlevel.ParkingLot`` for at most one task at a time (one direction of a stream
+    has one sender or receiver: the streams refuse a second one): ``park``, ``unpark_all`` and
+    truthiness behave the same, without the lot's per-wake-up bookkeeping."""
+
+    __slots__ = ("_task",)
+
+    def __init__(self) -> None:
+        self._task: trio.lowlevel.Task | None = None
+
+    def __bool__(self) -> bool:
+        return self._task is not None
+
+    async def park(self) -> None:
+        assert self._task is None, "a second task parked where one waits at a time"
+        self._task = trio.lowlevel.current_task()
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            self._task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def unpark_all(self) -> None:
+        task = self._task
+        if task is not None:
+            self._task = None
+            trio.lowlevel.reschedule(task)
+
+
 class StreamEnd(Protocol):
     """What the model needs of one end of a connection (:class:`sim.engine.streams.SimStream`):
     the receive side that arrivals fill, and the teardown a reset, a kill or a power-off starts.
@@ -92,7 +125,7 @@ class StreamEnd(Protocol):
     _in: Pipe
     _rbuf: deque[memoryview]
     _rbuf_bytes: int
-    _recv_lot: trio.lowlevel.ParkingLot
+    _recv_lot: OneWaiter
     _eof: bool
     _reset: bool
     _closed: bool
@@ -273,7 +306,7 @@ class Pipe:
         self.last_arrival = -math.inf
         self.active = False
         self.window_blocked = False
-        self.send_lot = trio.lowlevel.ParkingLot()
+        self.send_lot = OneWaiter()
         self.dead = False  # reset or black-holed: nothing more is transmitted
 
     def outstanding(self, now: float) -> int:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import trio
 
 from .errors import ENGINE_ERRORS, TransportErrors
-from .network import _LOOPBACK, _WILDCARD, CURRENT_INCARNATION, Incarnation, Pipe
+from .network import _LOOPBACK, _WILDCARD, CURRENT_INCARNATION, Incarnation, OneWaiter, Pipe
 
 if TYPE_CHECKING:
     from .network import World
@@ -130,7 +130,7 @@ class SimStream:
         self._rst_sent = False
         self._sending = False
         self._receiving = False
-        self._recv_lot = trio.lowlevel.ParkingLot()
+        self._recv_lot = OneWaiter()
         if self._inc.alive:
             self._inc.streams[self._id] = self
         else:
