@@ -103,6 +103,10 @@ class AllReduceParts:
         return len(self._ops.get(host, ()))
 
 
+#: Decoded bodies :class:`PcclFrames` remembers (then it starts afresh).
+_DECODED_MAX = 4096
+
+
 class PcclFrames(LengthKindFrames):
     """pccl's wire format (preamble + codec frames); message names are the Message class names."""
 
@@ -114,9 +118,10 @@ class PcclFrames(LengthKindFrames):
         super().__init__(self._message_name, control_kind=int(codec.FrameKind.CONTROL),
                          preamble_size=handshake.PREAMBLE_SIZE, data_kind=int(codec.FrameKind.DATA),
                          data_header_size=codec.DATA_HEADER_SIZE)
-        # The tap names a body, then hands the same body to its watchers: decoded once.
-        self._last_body: bytes | None = None
-        self._last_message: object | None = None
+        # Decoded messages by body: the tap names a body and then hands it to its watchers, and
+        # most bodies recur (each frame is read as well as sent; heartbeats, votes and a round's
+        # TopologyComplete repeat byte for byte).  Messages are frozen structs: safe to share.
+        self._decoded: dict[bytes, object | None] = {}
 
     def _message_name(self, body: bytes) -> str | None:
         message = self.decode(body)
@@ -124,13 +129,20 @@ class PcclFrames(LengthKindFrames):
 
     def decode(self, body: bytes) -> object | None:
         """The decoded control message (for :meth:`~sim.observe.tap.Tap.watch`), or ``None``."""
-        if body is self._last_body:
-            return self._last_message
+        decoded = self._decoded
+        if type(body) is not bytes:
+            body = bytes(body)  # (a dict key)
+        try:
+            return decoded[body]
+        except KeyError:
+            pass
         try:
             message = codec.decode_message(body)
         except ProtocolError:
             message = None
-        self._last_body, self._last_message = body, message
+        if len(decoded) >= _DECODED_MAX:
+            decoded.clear()
+        decoded[body] = message
         return message
 
     def decode_data(self, raw: bytes) -> object | None:
