@@ -80,7 +80,7 @@ def digest(array: np.ndarray) -> str:
     """A 128-bit fingerprint (32 hex digits, xxh3) of the array's bytes: the checker compares
     results for bit-identity, it needs no cryptographic hash (and sha256 of a 256 KiB result
     cost more than the rest of the check)."""
-    return xxhash.xxh3_128_hexdigest(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
+    return xxhash.xxh3_128_hexdigest(np.ascontiguousarray(array).view(np.uint8).reshape(-1).data)
 
 
 def _np_dtype(name: str) -> np.dtype:
