@@ -87,6 +87,8 @@ def _receive_view(buffer: Any, errors: TransportErrors) -> memoryview:
     if type(buffer) is memoryview and buffer.format == "B" and buffer.ndim == 1 and not buffer.readonly \
             and buffer.c_contiguous and buffer.nbytes:
         return buffer  # flat and writable already (most receives)
+    if type(buffer) is bytearray and buffer:
+        return memoryview(buffer)
     try:
         view = memoryview(buffer)
     except TypeError as exc:
