@@ -269,26 +269,21 @@ class RingSchedule:
 
     def send_frames(self, lane: int = 0, lanes: int = 1) -> tuple[Frame, ...]:
         """Frames this peer sends on ``lane`` (of ``lanes``), in the order it sends them."""
-        frames = self._frame_lists.get((False, lane, lanes))
-        if frames is None:
-            self._check_lane(lane, lanes)
-            frames = self._frame_lists[(False, lane, lanes)] = tuple(
-                f
-                for step in range(self.num_steps)
-                for f in self._frames(step, self.send_chunk(step))
-                if f.index % lanes == lane
-            )
-        return frames
+        return self._lane_frames(False, lane, lanes)
 
     def recv_frames(self, lane: int = 0, lanes: int = 1) -> tuple[Frame, ...]:
         """Frames this peer receives on ``lane`` (of ``lanes``), in the order they arrive."""
-        frames = self._frame_lists.get((True, lane, lanes))
+        return self._lane_frames(True, lane, lanes)
+
+    def _lane_frames(self, receiving: bool, lane: int, lanes: int) -> tuple[Frame, ...]:
+        frames = self._frame_lists.get((receiving, lane, lanes))
         if frames is None:
             self._check_lane(lane, lanes)
-            frames = self._frame_lists[(True, lane, lanes)] = tuple(
+            chunk_at = self.recv_chunk if receiving else self.send_chunk
+            frames = self._frame_lists[(receiving, lane, lanes)] = tuple(
                 f
                 for step in range(self.num_steps)
-                for f in self._frames(step, self.recv_chunk(step))
+                for f in self._frames(step, chunk_at(step))
                 if f.index % lanes == lane
             )
         return frames
