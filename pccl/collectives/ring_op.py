@@ -16,10 +16,10 @@ from .._groups import single_exception
 from ..protocol.codec import DataHeader
 from ..protocol.ring import (
     EXCHANGE_MAX_BYTES,
-    ExchangeSchedule,
     Frame,
     Phase,
     RingSchedule,
+    shared_schedule,
     subchunk_elements,
     uses_exchange,
 )
@@ -77,8 +77,7 @@ class RingOp:
         #: in-place input from a flat copy, which a segmented buffer exists to avoid.
         self.exchange = not isinstance(bufs.src, Segments) and uses_exchange(
             world, bufs.src.nbytes, quantized=bufs.quantized, max_bytes=exchange_max_bytes)
-        schedule = ExchangeSchedule if self.exchange else RingSchedule
-        self.schedule = schedule(count, world, rank, sub, breaks)
+        self.schedule: RingSchedule = shared_schedule(self.exchange, count, world, rank, sub, tuple(breaks))
         #: In place, an exchange overwrites each slice with its result while the send of that same
         #: slice may still be under way (a worker thread, the Trio sender): it sends from a copy.
         self.exchange_send: np.ndarray | None = None
@@ -156,9 +155,7 @@ class RingOp:
 
     def moves_nothing(self) -> bool:
         """Whether no frame moves at all (an empty buffer)."""
-        lanes = range(self.lanes)
-        return not any(self.schedule.send_frames(lane, self.lanes) for lane in lanes) and not any(
-            self.schedule.recv_frames(lane, self.lanes) for lane in lanes)
+        return self.schedule.moves_nothing
 
     async def run_tasks(self) -> None:
         """The Trio path: per lane a receiver, a processor and a sender task (the links offer

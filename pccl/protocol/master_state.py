@@ -108,8 +108,10 @@ lets every vote it was blocking complete (PCCL forgets some of these re-checks, 
 One exception keeps the per-op cost flat: a ``CollectiveInit`` or a successful
 ``CollectiveDone`` handled without a fault (and no timeout on the same event) changes only its
 own op, and nothing else waits for ops (topology votes and syncs *refuse* a peer with an op in
-flight instead of waiting for it), so only that op is re-checked.  The property tests check
-after every event that a full re-check would find nothing more to do.
+flight instead of waiting for it), so only that op is re-checked.  A ``Heartbeat`` handled
+without a fault changes nothing any consensus reads (only ``last_heard``, which the timer
+covers: an event at or past the deadline always re-checks everything), so it re-checks nothing.
+The property tests check after every event that a full re-check would find nothing more to do.
 
 Out of phase.  One table, ``_PHASES`` (below the imports), holds the phase rules: for each
 message type, which peer statuses may send it and which of the sender's activities make it
@@ -428,6 +430,7 @@ class MasterState:
         self._out = []
         self._now = now
         only_op: tuple[int, int] | None = None  # see "Re-checks" in the module docstring
+        recheck = True
         if isinstance(event, PeerConnected):
             if event.conn_id in self._peers:
                 raise ValueError(f"shell bug: connection {event.conn_id} connected twice")
@@ -443,6 +446,7 @@ class MasterState:
                     self._remove(peer.conn_id, fault.reason, fault.detail)
                 else:
                     only_op = self._own_op_only(peer, event.msg)
+                    recheck = type(event.msg) is not m.Heartbeat
         elif isinstance(event, PeerDisconnected):
             if event.conn_id in self._peers:
                 self._remove(event.conn_id, None, "disconnected")
@@ -457,17 +461,18 @@ class MasterState:
         if self._timer_at is not None and now >= self._timer_at:
             self._expire(now)
             only_op = None
+            recheck = True
             self.generation += 1
         elif not isinstance(event, Tick) and not (
                 isinstance(event, MessageReceived) and isinstance(event.msg, m.Heartbeat)):
             self.generation += 1
-        if only_op is None:
-            self._settle()
-        else:
+        if only_op is not None:
             while only_op in self._ops and self._check_op(only_op):
                 pass
             if self._check_phase_mismatch(only_op[0]):
                 self._settle()
+        elif recheck:
+            self._settle()
         if self._out:
             self.generation += 1  # (a heartbeat never acts; this guards the rule above)
         deadline = self.next_deadline
@@ -749,9 +754,9 @@ class MasterState:
         if self._rounds:
             return False
         accepted = self._accepted()
-        registered = [p for p in self._peers.values() if p.status is _R]
         if any(p.topology_vote is None or p.topology_vote is TopologyVote.OPTIMIZE for p in accepted):
             return False
+        registered = [p for p in self._peers.values() if p.status is _R]
         groups = {p.group for p in accepted}
         if groups - {p.group for p in accepted if p.topology_vote is TopologyVote.ACCEPT}:
             return False  # a group that only re-wires stays mid-step: its own round (_check_rewire_vote)
@@ -761,9 +766,12 @@ class MasterState:
         if not registered and not (self._stale_groups & live_groups):
             # Nothing changed since the rings were built: answer without a p2p round.
             round_id = self._take_round_id()
+            completes: dict[int, m.TopologyComplete] = {}  # one per group: they are the same
             for p in accepted:
                 p.topology_vote = None
-                self._send(p, self._topology_complete(round_id, p.group))
+                if p.group not in completes:
+                    completes[p.group] = self._topology_complete(round_id, p.group)
+                self._send(p, completes[p.group])
             return True
         self._start_round(GLOBAL_SCOPE, [p.peer_id for p in accepted + registered], _Round(GLOBAL_SCOPE, 0, ()))
         return True
@@ -779,10 +787,10 @@ class MasterState:
 
     def _check_optimize_vote(self, group: int) -> bool:
         probe = self._probes.get(group)
-        members = self._accepted(group)
         if probe is None:
             if GLOBAL_SCOPE in self._rounds or group in self._rounds:
                 return False
+            members = self._accepted(group)
             if not members or any(p.topology_vote is not TopologyVote.OPTIMIZE for p in members):
                 return False
             plan = self._links.probe_plan(p.peer_id for p in members)
@@ -797,6 +805,7 @@ class MasterState:
         if not all(pid in probe.reports for pid in probe.targets if pid in self._by_id):
             return False
         del self._probes[group]
+        members = self._accepted(group)
         if not members:
             return True
         ids = [p.peer_id for p in members]
@@ -897,9 +906,12 @@ class MasterState:
                 if g not in alive:
                     del self._rings[g]
             self._stale_groups &= alive
+        completes: dict[int, m.TopologyComplete] = {}  # one per group: they are the same
         for pid in live:
             p = self._peer(pid)
-            self._send(p, self._topology_complete(rnd.round_id, p.group))
+            if p.group not in completes:
+                completes[p.group] = self._topology_complete(rnd.round_id, p.group)
+            self._send(p, completes[p.group])
         log.debug("round %d complete: %d peers", rnd.round_id, len(live))
         self._log_world_sizes()
 

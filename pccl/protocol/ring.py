@@ -38,6 +38,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "Frame",
     "RingSchedule",
     "ExchangeSchedule",
+    "shared_schedule",
     "uses_exchange",
     "EXCHANGE_MAX_BYTES",
     "chunk_bounds",
@@ -197,7 +199,7 @@ class RingSchedule:
     boundaries of a segmented buffer's arrays); empty for one flat array.
     """
 
-    __slots__ = ("count", "world", "rank", "subchunk_elements", "breaks", "chunks", "_subchunks")
+    __slots__ = ("count", "world", "rank", "subchunk_elements", "breaks", "chunks", "_subchunks", "_frame_lists")
 
     def __init__(
         self, count: int, world: int, rank: int, subchunk_elements: int, breaks: Sequence[int] = ()
@@ -216,6 +218,9 @@ class RingSchedule:
         self.breaks = breaks
         self.chunks = chunk_bounds(count, world)
         self._subchunks = tuple(split_at_breaks(a, b, subchunk_elements, breaks) for a, b in self.chunks)
+        # (receiving, lane, lanes) -> that lane's frames, built on first use: a schedule is
+        # immutable, and a training loop runs the same op (one shared schedule) every step.
+        self._frame_lists: dict[tuple[bool, int, int], tuple[Frame, ...]] = {}
 
     # --- steps -------------------------------------------------------------------------------
 
@@ -262,25 +267,31 @@ class RingSchedule:
         for k, (a, b) in enumerate(self._subchunks[chunk]):
             yield Frame(step, chunk, k, a, b)
 
-    def send_frames(self, lane: int = 0, lanes: int = 1) -> list[Frame]:
+    def send_frames(self, lane: int = 0, lanes: int = 1) -> tuple[Frame, ...]:
         """Frames this peer sends on ``lane`` (of ``lanes``), in the order it sends them."""
-        self._check_lane(lane, lanes)
-        return [
-            f
-            for step in range(self.num_steps)
-            for f in self._frames(step, self.send_chunk(step))
-            if f.index % lanes == lane
-        ]
+        return self._lane_frames(False, lane, lanes)
 
-    def recv_frames(self, lane: int = 0, lanes: int = 1) -> list[Frame]:
+    def recv_frames(self, lane: int = 0, lanes: int = 1) -> tuple[Frame, ...]:
         """Frames this peer receives on ``lane`` (of ``lanes``), in the order they arrive."""
-        self._check_lane(lane, lanes)
-        return [
-            f
-            for step in range(self.num_steps)
-            for f in self._frames(step, self.recv_chunk(step))
-            if f.index % lanes == lane
-        ]
+        return self._lane_frames(True, lane, lanes)
+
+    def _lane_frames(self, receiving: bool, lane: int, lanes: int) -> tuple[Frame, ...]:
+        frames = self._frame_lists.get((receiving, lane, lanes))
+        if frames is None:
+            self._check_lane(lane, lanes)
+            chunk_at = self.recv_chunk if receiving else self.send_chunk
+            frames = self._frame_lists[(receiving, lane, lanes)] = tuple(
+                f
+                for step in range(self.num_steps)
+                for f in self._frames(step, chunk_at(step))
+                if f.index % lanes == lane
+            )
+        return frames
+
+    @property
+    def moves_nothing(self) -> bool:
+        """Whether no frame moves at all (an empty buffer: every chunk is)."""
+        return not any(self._subchunks)
 
     def sent_elements(self) -> int:
         """Elements this peer sends over the whole op (each step's chunk once)."""
@@ -303,6 +314,16 @@ class RingSchedule:
     def _check_lane(lane: int, lanes: int) -> None:
         if lanes < 1 or not 0 <= lane < lanes:
             raise ValueError(f"lane {lane} outside 0..{lanes - 1}")
+
+
+@functools.lru_cache(maxsize=64)
+def shared_schedule(exchange: bool, count: int, world: int, rank: int, subchunk_elements: int,
+                    breaks: tuple[int, ...] = ()) -> RingSchedule:
+    """The (immutable) schedule of an op with these parameters, shared by every op that has
+    them: a training loop reduces the same buffers every step, and building a schedule and its
+    frame lists per op costs more than a small op's own work on the Trio path."""
+    kind = ExchangeSchedule if exchange else RingSchedule
+    return kind(count, world, rank, subchunk_elements, breaks)
 
 
 def uses_exchange(world: int, nbytes: int, *, quantized: bool, max_bytes: int = EXCHANGE_MAX_BYTES) -> bool:

@@ -16,6 +16,7 @@ from pccl.protocol.ring import (
     Phase,
     RingSchedule,
     chunk_bounds,
+    shared_schedule,
     split_range,
     subchunk_elements,
     uses_exchange,
@@ -190,3 +191,19 @@ def test_ring_order_helpers() -> None:
     assert ring_successor((10,), 10) == ring_predecessor((10,), 10) == 10
     with pytest.raises(ValueError):
         ring_successor(ring, 99)
+
+
+@given(st.integers(0, 40), st.integers(2, 6), st.integers(1, 9), st.integers(1, 3), st.booleans())
+def test_moves_nothing_and_cached_frame_lists(count: int, world: int, sub: int, lanes: int, exchange: bool) -> None:
+    kind = ExchangeSchedule if exchange else RingSchedule
+    schedules = [kind(count, world, r, sub) for r in range(world)]
+    for s in schedules:
+        frames = [f for lane in range(lanes) for f in (*s.send_frames(lane, lanes), *s.recv_frames(lane, lanes))]
+        assert s.moves_nothing == (not frames) == (count == 0)
+        # Asked again, the same (cached) frames; a bad lane is still refused.
+        assert all(s.send_frames(lane, lanes) is s.send_frames(lane, lanes) for lane in range(lanes))
+        with pytest.raises(ValueError):
+            s.recv_frames(lanes, lanes)
+    shared = shared_schedule(exchange, count, world, 0, sub)
+    assert type(shared) is kind and shared is shared_schedule(exchange, count, world, 0, sub)
+    assert shared.send_frames(0, lanes) == schedules[0].send_frames(0, lanes)
