@@ -19,13 +19,13 @@ import hashlib
 import math
 import random
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import trio.testing
 
 __all__ = [
     "TrioHooksChanged", "check_trio_hooks", "derive_rng", "deterministic_trio", "trio_seed", "poll_only_when_idle",
-    "sim_clock",
+    "sim_clock", "IdleEvents",
 ]
 
 
@@ -123,13 +123,32 @@ class _IdlePoller:
         return getattr(self._real, name)
 
 
-def sim_clock() -> trio.testing.MockClock:
+class IdleEvents(Protocol):
+    """Timed events that :func:`sim_clock` delivers itself (the simulated network's)."""
+
+    def next_time(self) -> float:
+        """When the earliest pending event is due (``inf``: none)."""
+        ...
+
+    def deliver(self, now: float) -> None:
+        """Run every event due at or before ``now``."""
+        ...
+
+
+def sim_clock(events: IdleEvents | None = None) -> trio.testing.MockClock:
     """A ``MockClock(autojump_threshold=0)`` that reads the time and jumps more cheaply (the
     class is final, so the instance gets its own two methods): with ``rate`` 0 (a simulated
     run's) virtual time is ``_virtual_base`` exactly, so no real clock is read (trio reads the
     time a few times per loop iteration, the simulation at every network operation); an
     autojump goes to the runner's next deadline without building
-    ``trio.lowlevel.current_statistics()`` first.  The same times and jumps as ``MockClock``."""
+    ``trio.lowlevel.current_statistics()`` first.
+
+    With ``events``, the clock also delivers them, where trio would otherwise wake a task for
+    each: when the run goes idle (no task runnable, nothing to poll), events already due run
+    at once; else time jumps to whichever comes first, the next event or the next deadline
+    (exactly to it), and the events due then run before the tasks of that instant do.  The
+    callbacks run in the scheduler (no task): they may reschedule and cancel tasks, start
+    tasks in a nursery and read the time, never await."""
     clock = trio.testing.MockClock(autojump_threshold=0)
     slow_time = clock.current_time
     run = _run_module()  # (once: an import statement per jump showed in profiles)
@@ -137,10 +156,25 @@ def sim_clock() -> trio.testing.MockClock:
     def current_time() -> float:
         return slow_time() if clock._rate else clock._virtual_base
 
+    def jump_to(target: float, now: float) -> None:
+        if clock._rate:
+            clock.jump(target - now)
+        else:
+            clock._virtual_base = target  # exactly the deadline (a sum may miss it by an ulp)
+
     def autojump() -> None:
-        jump = run.GLOBAL_RUN_CONTEXT.runner.deadlines.next_deadline() - current_time()
-        if 0 < jump < math.inf:
-            clock.jump(jump)
+        now = current_time()
+        due = math.inf
+        if events is not None:
+            due = events.next_time()
+            if due <= now:
+                events.deliver(now)
+                return
+        target = min(run.GLOBAL_RUN_CONTEXT.runner.deadlines.next_deadline(), due)
+        if now < target < math.inf:
+            jump_to(target, now)
+            if events is not None and due <= target:
+                events.deliver(target)
 
     clock.current_time = current_time  # type: ignore[method-assign]
     clock._autojump = autojump  # type: ignore[method-assign]

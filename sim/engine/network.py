@@ -48,8 +48,9 @@ Faults (synchronous methods, called by the runner's fault injector or by phase t
 
 Every network operation checks the caller's incarnation: an operation of a dead incarnation at a
 later virtual instant than its death is recorded as a **zombie** failure (something outlived the
-kill).  Event-driven: one delivery task sleeps until the next due event (a heap ordered by
-``(time, sequence)``), nothing polls.
+kill).  Event-driven: a heap ordered by ``(time, sequence)``, delivered by the runner's clock
+when the run goes idle (:func:`sim.engine.determinism.sim_clock`) or by the :meth:`World.run`
+task; nothing polls.
 """
 
 from __future__ import annotations
@@ -595,15 +596,27 @@ class World:
         if scope is not None and when < self._wait_deadline:
             scope.deadline = self._wait_deadline = when
 
+    def next_time(self) -> float:
+        """When the earliest pending event is due (``inf``: none)."""
+        heap = self._heap
+        return heap[0][0] if heap else math.inf
+
+    def deliver(self, now: float) -> None:
+        """Run every event due at or before ``now``, in (time, FIFO) order (events they add for
+        ``now`` included)."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, _, fn, args = heapq.heappop(heap)
+            self.events_processed += 1
+            fn(*args)
+
     async def run(self) -> None:
-        """Deliver events forever; the runner starts this in its nursery and cancels it at the end."""
+        """Deliver events forever, as a task (for :func:`sim.engine.runner.simulate`; the
+        runner's clock delivers them itself, :func:`sim.engine.determinism.sim_clock`); cancel
+        it to stop."""
         heap = self._heap
         while True:
-            now = trio.current_time()
-            while heap and heap[0][0] <= now:
-                _, _, fn, args = heapq.heappop(heap)
-                self.events_processed += 1
-                fn(*args)
+            self.deliver(trio.current_time())
             deadline = heap[0][0] if heap else math.inf
             with trio.CancelScope(deadline=deadline) as scope:
                 self._wait_scope, self._wait_deadline = scope, deadline

@@ -10,7 +10,8 @@ Inside, a single ``trio.run`` on a ``MockClock(autojump_threshold=0)``
 (:func:`~sim.engine.determinism.sim_clock`) with trio's scheduler seeded from the schedule's seed
 (:mod:`sim.engine.determinism`) runs:
 
-* the :class:`~sim.engine.network.World` delivery loop;
+* the :class:`~sim.engine.network.World`'s events, delivered by the clock itself whenever the
+  run goes idle (before time moves on), not by a task;
 * every simulated host as a task ``scenario.<role>(host)`` inside its own cancel scope, one per
   incarnation; ``host`` is a :class:`HostContext` with the host's own network (an instance of
   the scenario's ``network_class``), RNG and a ``record`` method for trace events;
@@ -464,7 +465,7 @@ class Simulation:
         schedule = self.schedule
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self.world.run, name="sim:network")
+            # (no delivery task: the clock delivers the network's events, see run())
             needs_tap = (
                 self.options.sniff or self.scenario.sniff or any(e.trigger is not None for e in schedule.events)
             )
@@ -513,7 +514,7 @@ def run(scenario: Scenario, schedule: Schedule, *, options: RunOptions | None = 
     """
     options = options or RunOptions()
     sim = Simulation(scenario, schedule, options)
-    clock = sim_clock()
+    clock = sim_clock(sim.world)  # delivers the network's events when the run goes idle
     instrument = _LoopInstrument(sim, clock, options.livelock_iterations, options.count_task_steps)
     gc.collect()
     # The cyclic collector cost ~3% of a run: with the default threshold (700) a young pass ran

@@ -6,6 +6,7 @@ pyproject.toml) until sim/engine/determinism.py is adapted.
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -76,3 +77,40 @@ def test_hooks_are_restored_after_a_run() -> None:
     _deterministic(5)
     assert _run._ALLOW_DETERMINISTIC_SCHEDULING == flag
     assert _run._r.getstate() == state
+
+
+def test_sim_clock_delivers_events_when_the_run_idles_at_their_exact_times() -> None:
+    """The runner's clock delivers the network's events itself: due ones as soon as the run is
+    idle (time does not move meanwhile), else it jumps exactly to the earlier of the next event
+    and the next deadline, and events due then run before that instant's tasks."""
+    log: list[tuple[str, float]] = []
+
+    class Events:
+        def __init__(self) -> None:
+            self.pending = [(0.5, "a"), (0.5, "b"), (1.25, "c")]
+
+        def add(self, when: float, name: str) -> None:
+            self.pending.append((when, name))
+            self.pending.sort()
+
+        def next_time(self) -> float:
+            return self.pending[0][0] if self.pending else math.inf
+
+        def deliver(self, now: float) -> None:
+            while self.pending and self.pending[0][0] <= now:
+                _, name = self.pending.pop(0)
+                log.append((name, trio.current_time()))
+                if name == "b":
+                    self.add(now, "b-now")  # added while delivering, for now: delivered too
+
+    events = Events()
+
+    async def main() -> None:
+        await trio.sleep(1.0)
+        log.append(("task", trio.current_time()))
+        events.add(trio.current_time(), "x")  # due now: delivered once the task waits
+        await trio.sleep(0.25)  # ties with "c"
+        log.append(("task", trio.current_time()))
+
+    trio.run(main, clock=sim_clock(events))
+    assert log == [("a", 0.5), ("b", 0.5), ("b-now", 0.5), ("task", 1.0), ("x", 1.0), ("c", 1.25), ("task", 1.25)]
