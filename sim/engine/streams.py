@@ -151,7 +151,9 @@ class SimStream:
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         view = _send_view(data, self._errors)
-        await self._net._enter("send_all")
+        # A schedule point as a socket's send is: cancellation is checked first, and the call
+        # yields once, parking if it had to wait for room or else right before it returns.
+        await self._net._enter("send_all", yield_now=False)
         if self._closed:
             raise self._errors.stream_closed(f"send on a closed stream to {self.remote_address}")
         if self._eof_sent:
@@ -165,6 +167,7 @@ class SimStream:
             total = len(view)
             offset = 0
             check = False  # _enter just checked closed and dead
+            waited = False
             while True:
                 if check:
                     if self._closed:
@@ -173,6 +176,8 @@ class SimStream:
                 if self._reset or out.dead:
                     raise self._errors.peer_disconnected(f"connection to {self.remote_address} was reset")
                 if offset >= total:
+                    if not waited:
+                        await trio.lowlevel.cancel_shielded_checkpoint()  # all of it is sent
                     return
                 room = world.send_buffer - out.queued
                 if room > 0:
@@ -187,7 +192,7 @@ class SimStream:
                     check = True
                     continue
                 await out.send_lot.park()
-                check = True
+                check = waited = True
                 if self._inc.host.stalled:
                     await self._net._gate("send_all")
         finally:
@@ -232,7 +237,10 @@ class SimStream:
 
     async def receive_into(self, buffer: memoryview | bytearray) -> int:
         view = _receive_view(buffer, self._errors)
-        await self._net._enter("receive_into")
+        # A schedule point as a socket's receive is: cancellation is checked first (nothing is
+        # consumed yet), and the call yields once, parking until data comes or, when data was
+        # there already, after taking it (a shielded yield: taken bytes are never lost).
+        await self._net._enter("receive_into", yield_now=False)
         if self._closed:
             raise self._errors.stream_closed(f"receive on a closed stream from {self.remote_address}")
         if self._receiving:
@@ -240,19 +248,25 @@ class SimStream:
         self._receiving = True
         try:
             check = False  # _enter just checked closed and dead
+            waited = False
             while True:
                 if check:
                     if self._closed:
                         raise self._errors.stream_closed(f"stream from {self.remote_address} was closed during a receive")
                     self._net._raise_if_dead("receive_into")
                 if self._rbuf_bytes:
-                    return self._consume(view)
+                    n = self._consume(view)
+                    if not waited:
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                    return n
                 if self._eof:
+                    if not waited:
+                        await trio.lowlevel.cancel_shielded_checkpoint()
                     return 0
                 if self._reset:
                     raise self._errors.peer_disconnected(f"connection from {self.remote_address} was reset")
                 await self._recv_lot.park()
-                check = True
+                check = waited = True
                 if self._inc.host.stalled:
                     await self._net._gate("receive_into")
         finally:
@@ -545,8 +559,13 @@ class SimNetwork:
         if dead is not None:
             raise self.errors.peer_disconnected(f"{operation}: host {dead.name} (incarnation {dead.number}) is dead")
 
-    async def _enter(self, operation: str) -> None:
-        await trio.lowlevel.checkpoint()
+    async def _enter(self, operation: str, *, yield_now: bool = True) -> None:
+        """The checks every operation starts with; a schedule point unless ``yield_now`` is
+        false, when only a pending cancellation is raised (the caller yields later itself)."""
+        if yield_now:
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
         self._raise_if_dead(operation)
         if self._inc.host.stalled:
             await self._gate(operation)

@@ -164,3 +164,56 @@ def test_send_nowait_takes_what_fits_in_the_send_buffer_and_nothing_when_it_cann
         assert client.send_nowait(b"late") == 0
 
     simulate(body)
+
+
+def test_stream_operations_are_one_schedule_point_each_as_on_a_socket() -> None:
+    """A receive that has to wait runs again once, when the data came (no extra yield on the way
+    in, as trio's and pccl's sockets); one that finds data, and a send, yield exactly once."""
+
+    class Steps(trio.abc.Instrument):
+        def __init__(self) -> None:
+            self.task: object = None
+            self.count = 0
+
+        def before_task_step(self, task: object) -> None:
+            if task is self.task:
+                self.count += 1
+
+    steps = Steps()
+
+    async def body(world: World) -> None:
+        client, server = await _pair(world)
+        trio.lowlevel.add_instrument(steps)
+        buf = bytearray(4)
+
+        async def counted(coro_fn) -> int:
+            done: list[int] = []
+
+            async def task() -> None:
+                steps.task = trio.lowlevel.current_task()
+                steps.count = 0
+                await coro_fn()
+                done.append(steps.count)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(task)
+            return done[0]
+
+        async def receive_waiting() -> None:
+            assert await server.receive_into(buf) == 4
+
+        async def send_later() -> None:
+            await trio.sleep(1)
+            await client.send_all(b"abcd")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_later)
+            # (steps counted after the task's first): it parks, and runs once more when data came
+            assert await counted(receive_waiting) == 1
+        await client.send_all(b"efgh")
+        await trio.sleep(1)
+        assert await counted(receive_waiting) == 1  # data there: one yield before it returns
+        assert await counted(lambda: client.send_all(b"ijkl")) == 1
+        trio.lowlevel.remove_instrument(steps)
+
+    simulate(body)
