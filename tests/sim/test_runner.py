@@ -180,7 +180,11 @@ class _Threads(_Crashy):
 
 
 def test_worker_threads_and_run_sync_soon_complete_in_a_simulated_run() -> None:
-    trace = run(_Threads(peers=1), _schedule([], duration=1.0, quiet=1.0), options=RunOptions(livelock_iterations=100_000))
+    # The watchdog is what fails if the loop never polls while the spinner runs; its bound is
+    # in loop iterations (microseconds each), and a real thread may take a while to be scheduled
+    # on a loaded machine: 100,000 iterations (~0.3 s) once ran out in a full test run.
+    trace = run(_Threads(peers=1), _schedule([], duration=1.0, quiet=1.0),
+                options=RunOptions(livelock_iterations=5_000_000))
     assert trace.ok, trace.failures
     (event,) = trace.of_kind("threads")
     assert event.data["result"] == 42 and event.t == 0.0  # no virtual time passed while the threads ran
