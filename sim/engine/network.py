@@ -509,7 +509,6 @@ class World:
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
         self._wait_scope: trio.CancelScope | None = None
-        self._wait_deadline = math.inf  # the deadline of _wait_scope (read back per event is dearer)
         self._next_stream_id = 0
         self.events_processed = 0
         #: Called with (incarnation, operation) when a dead incarnation's code runs on.
@@ -593,8 +592,8 @@ class World:
         self._seq += 1
         heapq.heappush(self._heap, (when, self._seq, fn, args))
         scope = self._wait_scope
-        if scope is not None and when < self._wait_deadline:
-            scope.deadline = self._wait_deadline = when
+        if scope is not None and when < scope.deadline:  # only while World.run waits (simulate())
+            scope.deadline = when
 
     def next_time(self) -> float:
         """When the earliest pending event is due (``inf``: none)."""
@@ -617,9 +616,8 @@ class World:
         heap = self._heap
         while True:
             self.deliver(trio.current_time())
-            deadline = heap[0][0] if heap else math.inf
-            with trio.CancelScope(deadline=deadline) as scope:
-                self._wait_scope, self._wait_deadline = scope, deadline
+            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as scope:
+                self._wait_scope = scope
                 await trio.sleep_forever()
             self._wait_scope = None
 
