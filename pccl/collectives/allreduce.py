@@ -6,20 +6,20 @@ calls it after the master's ``Commence(tag, seq, ring)``, inside the op's cancel
 
 Design
 ------
-* **Pipelining.**  Every chunk is cut into sub-chunks (one data frame each).  Per lane three
-  tasks run: a *receiver* that takes the lane's next frame straight into its destination, a
-  *processor* that runs the kernel for it (reduce / dequantize) and marks it ready, and a
-  *sender* that sends frame ``(step, k)`` as soon as ``(step - 1, k)`` is ready.  On TCP the
-  bulk send and receive run in worker threads (:mod:`pccl.net.tcp`) and the C kernels release
-  the GIL, so receiving, reducing and sending overlap sub-chunk by sub-chunk and across steps.
-  Kernels run inline on the Trio thread up to a size and in a worker thread above it
+* **Pipelining.**  Every chunk is cut into sub-chunks (one data frame each).  Frame ``(step, k)``
+  is sent as soon as frame ``(step - 1, k)`` was received and processed (reduced or
+  dequantized), so receiving, reducing and sending overlap sub-chunk by sub-chunk and across
+  steps.  Kernels run inline on the Trio thread up to a size and in a worker thread above it
   (:class:`KernelRunner`; the simulator passes ``threads=False``).
-* **Threads on real TCP.**  When the lanes offer the blocking fast path (real TCP does, the
-  simulator does not: :attr:`RingLinks.threaded`), the same per-lane loops run instead in one
-  sender and one receiver *thread* per lane (:mod:`pccl.collectives.threaded`), with the same
-  frames, kernels and buffers — about twice the throughput on a 2-core loopback box.  Small ops
-  (≤ 256 KiB) on those lanes run instead as one sequential loop in the calling task
-  (:mod:`pccl.collectives.inline`): for them the threads' hand-offs cost more than the transfer.
+* **Three paths, one op.**  When the lanes offer the blocking fast path (real TCP does:
+  :attr:`RingLinks.threaded`), large ops run one sender and one receiver *thread* per lane
+  (:mod:`pccl.collectives.threaded`) and the C kernels release the GIL — about twice the
+  throughput of Trio tasks on a 2-core loopback box; small ops (≤ 256 KiB) on those lanes run as
+  one sequential loop in the calling task (:mod:`pccl.collectives.inline`), for which the threads'
+  hand-offs cost more than the transfer.  On lanes without it (the simulator's streams, TLS) the
+  calling task walks the ring in arrival order and sends without ever waiting, handing frames the
+  connection cannot take at once to a sender task per lane (:mod:`pccl.collectives.trio_ring`).
+  All three send the same frames from the same buffers and compute the same results.
 * **Small ops: the exchange.**  An unquantized op whose peers would each send at most 256 KiB
   this way (``(N - 1) × input``: 256 KiB of input at N = 2, 128 KiB at N = 3) runs on
   :class:`~pccl.protocol.ring.ExchangeSchedule`: every input travels around the ring in its own
@@ -95,6 +95,7 @@ from .links import RingLinks
 from .ring_op import RingOp
 from .segments import Segments
 from .threaded import LaneThreads
+from .trio_ring import TrioRing
 
 __all__ = ["ring_all_reduce", "InputBackup", "KernelRunner"]
 
@@ -198,7 +199,7 @@ async def _execute(op: RingOp) -> None:
         if op.moves_nothing():
             await trio.lowlevel.checkpoint()
         elif not op.links.threaded:
-            await op.run_tasks()
+            await TrioRing(op).run()
         elif suits_inline(op):
             await InlineRing(op).run()
         else:

@@ -27,7 +27,6 @@ __all__ = [
     "SCRATCH",
     "OpBuffers",
     "InputBackup",
-    "StagingPool",
     "KernelRunner",
     "QUANT_META",
     "pack_meta",
@@ -333,21 +332,6 @@ class InputBackup:
         self._saved.clear()
 
 
-class StagingPool:
-    """A fixed set of byte buffers (from the op's arena); :meth:`get` waits while all are in use."""
-
-    def __init__(self, count: int, nbytes: int, bufs: OpBuffers) -> None:
-        self._send, self._receive = trio.open_memory_channel[np.ndarray](count)
-        for _ in range(count):
-            self._send.send_nowait(bufs.take(max(nbytes, 1)))
-
-    async def get(self) -> np.ndarray:
-        return await self._receive.receive()
-
-    def put(self, buffer: np.ndarray) -> None:
-        self._send.send_nowait(buffer)
-
-
 #: Kernel work (in bytes touched) from which a worker thread is used.  A thread hand-off costs
 #: tens of microseconds idle and much more on a loaded machine, while a kernel over a default
 #: 4 MiB frame takes a fraction of a millisecond and releases the GIL anyway (cffi), so the
@@ -367,8 +351,13 @@ class KernelRunner:
         self.threads = threads
         self.thread_threshold = thread_threshold
 
+    def inline(self, nbytes: int) -> bool:
+        """Whether :meth:`run` runs kernel work of ``nbytes`` on the Trio thread (a caller that
+        needs no schedule point after it may then call the kernel itself)."""
+        return not self.threads or nbytes < self.thread_threshold
+
     async def run(self, nbytes: int, fn: Callable[..., _T], *args: Any) -> _T:
-        if self.threads and nbytes >= self.thread_threshold:
+        if not self.inline(nbytes):
             return await trio.to_thread.run_sync(fn, *args)
         result = fn(*args)
         await trio.lowlevel.checkpoint()

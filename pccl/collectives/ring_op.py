@@ -1,18 +1,16 @@
-"""The state and arithmetic of one running ring all-reduce on this peer, and its Trio path.
+"""The state and arithmetic of one running ring all-reduce on this peer.
 
 :class:`RingOp` holds one operation's schedule, buffers, frame layout and kernels: what every
 execution path shares, so the bytes on the wire and the results are identical whichever runs
-(:mod:`pccl.collectives.allreduce` picks the path and describes the design).  Its own
-:meth:`RingOp.run_tasks` is the Trio path (three tasks per lane); :mod:`pccl.collectives.inline`
-and :mod:`pccl.collectives.threaded` drive the same methods from one task or from threads.
+(:mod:`pccl.collectives.allreduce` picks the path and describes the design).  The paths drive
+its methods: :mod:`pccl.collectives.trio_ring` from one Trio task, :mod:`pccl.collectives.inline`
+from one task over the thread-side lanes, :mod:`pccl.collectives.threaded` from threads.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import trio
 
-from .._groups import single_exception
 from ..protocol.codec import DataHeader
 from ..protocol.ring import (
     EXCHANGE_MAX_BYTES,
@@ -25,18 +23,11 @@ from ..protocol.ring import (
 )
 from ..types import ReduceOp
 from . import buffers as bf
-from .buffers import InputBackup, KernelRunner, OpBuffers, StagingPool
+from .buffers import InputBackup, KernelRunner, OpBuffers
 from .links import RingLinks
 from .segments import Segments
 
 __all__ = ["RingOp"]
-
-#: Staging buffers per lane for reduce-scatter payloads: one being received, one being reduced,
-#: one spare to absorb scheduling jitter (measured: depth 2 stalls the receiver noticeably).
-_STAGING_DEPTH = 3
-#: Quantized send buffers per lane (one being filled while the previous one is on the wire).
-_SEND_DEPTH = 2
-
 
 
 def _as_bytes(array: np.ndarray) -> np.ndarray:
@@ -94,10 +85,6 @@ class RingOp:
             )
         self.tx_bytes = 0
         self.rx_bytes = 0
-        # ready[(step, k)]: the frame received at (step, k) is processed; the sender of
-        # (step + 1, k) waits for it.
-        # (made by run() for the Trio path only; the other paths keep their own bookkeeping)
-        self.ready: dict[tuple[int, int], trio.Event] = {}
         self.gather_store, self.gather_offsets = self._make_gather_store()
         #: In place without a working array, a reduce-scatter reduction is the first overwrite of
         #: its slice of the caller's buffer, and saves the slice in the same pass
@@ -156,78 +143,6 @@ class RingOp:
     def moves_nothing(self) -> bool:
         """Whether no frame moves at all (an empty buffer)."""
         return self.schedule.moves_nothing
-
-    async def run_tasks(self) -> None:
-        """The Trio path: per lane a receiver, a processor and a sender task (the links offer
-        no thread-side fast path, as the simulator's do not)."""
-        max_rs = self.max_reduce_scatter_nbytes
-        for step in range(self.schedule.num_steps):
-            for k in range(len(self.schedule.subchunks(self.schedule.recv_chunk(step)))):
-                self.ready[(step, k)] = trio.Event()
-        try:
-            async with trio.open_nursery() as nursery:
-                for lane in range(self.lanes):
-                    to_processor, from_receiver = trio.open_memory_channel[tuple[Frame, np.ndarray | None]](
-                        _STAGING_DEPTH
-                    )
-                    staging = StagingPool(_STAGING_DEPTH, max_rs, self.bufs)
-                    nursery.start_soon(self._receiver, lane, staging, to_processor)
-                    nursery.start_soon(self._processor, staging, from_receiver)
-                    nursery.start_soon(self._sender, lane)
-        except BaseExceptionGroup as group:
-            raise single_exception(group) from None
-
-    async def _receiver(
-        self, lane: int, staging: StagingPool, to_processor: trio.MemorySendChannel[tuple[Frame, np.ndarray | None]]
-    ) -> None:
-        inbox = self.links.inboxes[lane]
-        bufs = self.bufs
-        async with to_processor:
-            for frame in self.schedule.recv_frames(lane, self.lanes):
-                nbytes = self.frame_nbytes(frame)
-                stage: np.ndarray | None = None
-                process = bufs.quantized
-                if self.exchange:
-                    destination = _as_bytes(self._exchange_slot(frame.step, frame)).data
-                    process = frame.step == self.schedule.num_steps - 1  # the last input: reduce
-                elif self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
-                    stage = await staging.get()
-                    destination = stage.data[:nbytes]
-                elif bufs.quantized:
-                    destination = self._gather_segment(frame).data
-                else:
-                    if self.backup is not None and not self.backup.is_saved(frame.start):
-                        await self.runner.run(nbytes, self.backup.save, frame.start, frame.stop)
-                    destination = _as_bytes(bufs.dst[frame.start : frame.stop]).data
-                # Not `self.rx_bytes += await ...`: that reads the total before the await, and
-                # the receivers of the other lanes add to it meanwhile.
-                received = await inbox.receive_into(
-                    seq=self.seq,
-                    stream=frame.index,
-                    step=frame.step,
-                    offset=frame.start * bufs.itemsize,
-                    destination=destination,
-                )
-                self.rx_bytes += received
-                if stage is None and not process:
-                    self.ready[(frame.step, frame.index)].set()  # received in place: nothing to do
-                else:
-                    await to_processor.send((frame, stage))
-
-    async def _processor(
-        self, staging: StagingPool, from_receiver: trio.MemoryReceiveChannel[tuple[Frame, np.ndarray | None]]
-    ) -> None:
-        async with from_receiver:
-            async for frame, stage in from_receiver:
-                nbytes = self.frame_nbytes(frame)
-                if stage is not None:
-                    await self.runner.run(nbytes * 2, self._reduce_frame, frame, stage[:nbytes])
-                    staging.put(stage)
-                elif self.exchange:
-                    await self.runner.run(nbytes * self.world, self._reduce_exchanged, frame)
-                else:
-                    await self.runner.run(nbytes * 4, self._apply_gathered, frame)
-                self.ready[(frame.step, frame.index)].set()
 
     def destination(self, frame: Frame, stage: np.ndarray) -> memoryview:
         """Where frame ``frame``'s payload is received, for the lane threads and the inline path
@@ -360,36 +275,7 @@ class RingOp:
         else:
             bf.dequantize(q, bufs.dst[a:b], lo, scale)
 
-    async def _sender(self, lane: int) -> None:
-        connection = self.links.to_next[lane]
-        bufs = self.bufs
-        owner_step = self.world - 1
-        largest_frame = min(self.schedule.subchunk_elements, self.schedule.chunk_size(0))
-        send_pool = (
-            StagingPool(_SEND_DEPTH, bufs.reduce_scatter_nbytes(largest_frame), bufs)
-            if bufs.quantized
-            else None
-        )
-        for frame in self.schedule.send_frames(lane, self.lanes):
-            if frame.step > 0:
-                await self.ready[(frame.step - 1, frame.index)].wait()
-            nbytes = self.frame_nbytes(frame)
-            pooled: np.ndarray | None = None
-            if bufs.quantized and frame.step < owner_step:
-                assert send_pool is not None
-                pooled = await send_pool.get()
-            cost = self._payload_cost(frame)
-            if cost:
-                payload = await self.runner.run(cost, self.prepare_payload, frame, pooled)
-            else:
-                payload = self.prepare_payload(frame, pooled)
-            await connection.send_data(self.header(frame), _as_bytes(payload).data)
-            self.tx_bytes += nbytes
-            if pooled is not None:
-                assert send_pool is not None
-                send_pool.put(pooled)
-
-    def _payload_cost(self, frame: Frame) -> int:
+    def payload_cost(self, frame: Frame) -> int:
         """Bytes of kernel work :meth:`prepare_payload` does for ``frame`` (0: none)."""
         nbytes = self.frame_nbytes(frame)
         owner_step = self.world - 1

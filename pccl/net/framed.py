@@ -107,9 +107,11 @@ class FramedConnection:
         #: :func:`pccl.net.framed_threads.thread_channel`), so every user shares its send lock.
         self.thread_channel: object | None = None
         self._send_lock = trio.Lock()
-        #: The tail of a frame that :meth:`send_nowait` could only partly write: it goes out
-        #: first, under the send lock, in the next send (or :meth:`flush`).
-        self._unsent: memoryview | None = None
+        #: The tail of a frame that :meth:`send_nowait` or :meth:`send_data_nowait` could only
+        #: partly write (its remaining pieces): it goes out first, under the send lock, in the
+        #: next send (or :meth:`flush`).  ``_unsent_owner`` is whom the sender named for it.
+        self._unsent: list[memoryview] | None = None
+        self._unsent_owner: object = None
 
     # --- sending ---------------------------------------------------------------------------------
 
@@ -145,8 +147,57 @@ class FramedConnection:
         if not sent:
             return False
         if sent < len(frame):
-            self._unsent = memoryview(frame)[sent:]
+            self._unsent, self._unsent_owner = [memoryview(frame)[sent:]], None
         self.frames.count_sent(len(frame))
+        return True
+
+    def send_data_nowait(self, header: DataHeader, payload: bytes | bytearray | memoryview, *,
+                         owner: object = None) -> bool:
+        """:meth:`send_data` now, without waiting, if that can be done (Trio thread).
+
+        ``True``: the frame went to the transport, all of it or a first part; the rest then
+        waits as for :meth:`send_nowait` (:attr:`needs_flush`; :meth:`flush` must run soon, and
+        until the rest is sent it is read from ``payload``, which must not change meanwhile).
+        ``owner`` names the sender of such a rest (:meth:`tear_unsent`).  ``False``: nothing
+        was sent; use :meth:`send_data`.  ``InvalidArgument`` as for :meth:`send_data`.
+        """
+        view = byte_view(payload, writable=False)
+        if header.nbytes != view.nbytes:
+            raise InvalidArgument(f"data header says {header.nbytes} payload bytes, the payload has {view.nbytes}")
+        try_send = getattr(self._stream, "send_nowait", None)
+        if (try_send is None or self._send_lock.locked() or self._unsent is not None
+                or self.frames.broken or self.frames.closed):
+            return False
+        parts = data_frame_parts(header, view)
+        first = parts[0]
+        sent = try_send(first)
+        if not sent:
+            return False
+        rest: list[memoryview] = []
+        if sent < len(first):
+            rest.append(memoryview(first)[sent:])
+            rest.extend(memoryview(p) for p in parts[1:])
+        else:
+            for i, part in enumerate(parts[1:], 1):
+                sent = try_send(part)
+                if sent < len(part):
+                    rest.append(memoryview(part)[sent:])
+                    rest.extend(memoryview(p) for p in parts[i + 1:])
+                    break
+        if rest:
+            self._unsent, self._unsent_owner = rest, owner
+        self.frames.count_sent(sum(len(p) for p in parts), view.nbytes)
+        return True
+
+    def tear_unsent(self, owner: object) -> bool:
+        """If the rest of a frame :meth:`send_data_nowait` began for ``owner`` is still unsent,
+        abort the connection (Trio thread; the frame can no longer be completed from memory the
+        owner is giving up) and return ``True``."""
+        if self._unsent is None or self._unsent_owner is not owner:
+            return False
+        self._unsent = None
+        self.frames.mark_send_broken("the rest of a data frame begun without waiting was abandoned")
+        self.abort()
         return True
 
     @property
@@ -197,8 +248,9 @@ class FramedConnection:
                 await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 if self._unsent is not None:  # a frame send_nowait began comes first
-                    await self._stream.send_all(self._unsent)
-                    self._unsent = None
+                    for piece in self._unsent:
+                        await self._stream.send_all(piece)
+                    self._unsent = self._unsent_owner = None
                 for part in parts:
                     await self._stream.send_all(part)
             except BaseException as exc:

@@ -40,6 +40,7 @@ import dataclasses
 import enum
 import functools
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 __all__ = [
     "build_ring",
@@ -218,9 +219,10 @@ class RingSchedule:
         self.breaks = breaks
         self.chunks = chunk_bounds(count, world)
         self._subchunks = tuple(split_at_breaks(a, b, subchunk_elements, breaks) for a, b in self.chunks)
-        # (receiving, lane, lanes) -> that lane's frames, built on first use: a schedule is
-        # immutable, and a training loop runs the same op (one shared schedule) every step.
-        self._frame_lists: dict[tuple[bool, int, int], tuple[Frame, ...]] = {}
+        # (receiving, lane, lanes) -> that lane's frames, and (receiving, -1, 0) -> the frames
+        # per step, built on first use: a schedule is immutable, and a training loop runs the
+        # same op (one shared schedule) every step.
+        self._frame_lists: dict[tuple[bool, int, int], tuple[Any, ...]] = {}
 
     # --- steps -------------------------------------------------------------------------------
 
@@ -274,6 +276,19 @@ class RingSchedule:
     def recv_frames(self, lane: int = 0, lanes: int = 1) -> tuple[Frame, ...]:
         """Frames this peer receives on ``lane`` (of ``lanes``), in the order they arrive."""
         return self._lane_frames(True, lane, lanes)
+
+    def step_frames(self, receiving: bool) -> tuple[tuple[Frame, ...], ...]:
+        """Per step, the frames this peer receives (``receiving``) or sends at that step, in
+        sub-chunk order: frame ``k`` received at step ``s`` is what frame ``k`` sent at step
+        ``s + 1`` is made from (the same chunk)."""
+        key = (receiving, -1, 0)
+        frames = self._frame_lists.get(key)
+        if frames is None:
+            chunk_at = self.recv_chunk if receiving else self.send_chunk
+            frames = self._frame_lists[key] = tuple(
+                tuple(self._frames(step, chunk_at(step))) for step in range(self.num_steps)
+            )
+        return frames
 
     def _lane_frames(self, receiving: bool, lane: int, lanes: int) -> tuple[Frame, ...]:
         frames = self._frame_lists.get((receiving, lane, lanes))
