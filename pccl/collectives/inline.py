@@ -2,8 +2,7 @@
 
 Why: a 16 KiB all-reduce moves two 8 KiB frames each way at N = 2, yet the lane threads of
 :mod:`pccl.collectives.threaded` (two thread hand-offs, condition variables and a wake-up of the
-Trio loop per op) or the three tasks per lane of the Trio path cost several hundred microseconds
-of CPU per op — on a 2-core box shared by the master and the peers that CPU *is* the latency.
+Trio loop per op) cost several hundred microseconds of CPU per op — on a 2-core box shared by the master and the peers that CPU *is* the latency.
 Here one task does, step by step of the ring schedule: prepare and send this step's frames,
 then receive and process this step's frames.  No task is spawned and no thread is started in
 the common case.
