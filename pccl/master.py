@@ -2,7 +2,10 @@
 
 One task per connection runs the framed handshake (magic, version, run token), then reads
 messages and feeds them to the machine; a writer task per connection sends what the machine
-says, plus a heartbeat when idle.  One timer task feeds ``Tick`` at the machine's deadline.
+says when the socket does not take it at once.  One timer task feeds ``Tick`` at the machine's
+deadline, and one heartbeat task sends every connection a ``Heartbeat`` each
+``Config.heartbeat_interval`` (skipping those with messages still queued: they will hear those),
+so an idle connection costs no task wake-up of its own.
 Everything the machine decides happens synchronously inside :meth:`_MasterServer.feed`, so no
 locks are needed: Trio runs one task at a time.
 
@@ -384,6 +387,7 @@ class _MasterServer:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._timer)
+                    nursery.start_soon(self._heartbeats)
                     if self.status_request is not None:
                         from .status_server import StatusApp, serve_status
 
@@ -421,6 +425,19 @@ class _MasterServer:
             # granularity left it unchanged, wait for a change instead of spinning.
             if self.timer_at == at:
                 await trio.sleep(max(self.config.heartbeat_interval / 10, 0.001))
+
+    async def _heartbeats(self) -> None:
+        """What tells the peers the master is alive (they give up on it after
+        ``Config.peer_timeout`` of silence): a ``Heartbeat`` to every connection each interval."""
+        interval = self.config.heartbeat_interval
+        due = trio.current_time()
+        while True:
+            due += interval
+            await trio.sleep_until(due)
+            due = max(due, trio.current_time() - interval)  # after a blocked loop: no burst to catch up
+            for conn in list(self.conns.values()):
+                if not conn.closing and not conn.queued:
+                    self._enqueue(conn, m.Heartbeat())
 
     async def _connection_task(self, stream: Stream, slot: HandshakeSlot) -> None:
         """Serve one connection; an unexpected exception (a bug) closes it, never the master.
@@ -494,15 +511,9 @@ class _MasterServer:
         await trio.sleep_forever()
 
     async def _writer(self, conn: _Conn, outbox: trio.MemoryReceiveChannel[m.Message | _Closing | _Flush]) -> None:
-        interval = self.config.heartbeat_interval
         try:
             while True:
-                item: m.Message | _Closing | _Flush | None = None
-                with trio.move_on_after(interval):
-                    item = await outbox.receive()
-                if item is None:
-                    await conn.framed.send(m.Heartbeat())
-                    continue
+                item = await outbox.receive()
                 if isinstance(item, _Closing):
                     if item.notice is not None:
                         with trio.move_on_after(KICK_NOTICE_TIMEOUT):

@@ -20,6 +20,7 @@ import warnings
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 import pccl
 from pccl import Config
@@ -129,6 +130,50 @@ async def test_a_lone_silent_peer_is_kicked_by_the_timer_alone() -> None:
             await conn.aclose()
             assert notice.reason == KickReason.TIMEOUT
             assert trio.current_time() - started >= CFG.peer_timeout * 0.9
+
+
+class _WriterSteps(trio.abc.Instrument):
+    """Counts steps of the master's per-connection writer tasks."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if getattr(task.coro, "cr_code", None) is not None and task.coro.cr_code.co_qualname == "_MasterServer._writer":
+            self.steps += 1
+
+
+async def test_idle_connections_get_heartbeats_without_a_task_wake_up_each() -> None:
+    """Every connection hears a Heartbeat each interval, sent by one task for all of them: idle
+    connections wake no task of their own (at 1,000 peers, 1,000 wake-ups per interval)."""
+    cfg = Config(peer_timeout=30.0, heartbeat_interval=0.05, connect_timeout=5.0, p2p_base_port=0)
+    counter = _WriterSteps()
+    with trio.fail_after(BOUND):
+        async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=cfg) as master:
+            conns = [await open_framed(TcpNetwork(cfg), master.address, token=TOKEN, config=cfg) for _ in range(8)]
+            try:
+                heard = [0] * len(conns)
+
+                async def listen(i: int) -> None:
+                    while True:
+                        assert isinstance(await conns[i].receive(), m.Heartbeat)
+                        heard[i] += 1
+
+                await trio.testing.wait_all_tasks_blocked()  # every writer has started and waits
+                trio.lowlevel.add_instrument(counter)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        for i in range(len(conns)):
+                            nursery.start_soon(listen, i)
+                        await trio.sleep(12 * cfg.heartbeat_interval)
+                        nursery.cancel_scope.cancel()
+                finally:
+                    trio.lowlevel.remove_instrument(counter)
+            finally:
+                for conn in conns:
+                    await conn.aclose()
+    assert min(heard) >= 6, heard
+    assert counter.steps == 0
 
 
 def test_the_machine_clips_kick_details() -> None:
