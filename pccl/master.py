@@ -3,9 +3,10 @@
 One task per connection runs the framed handshake (magic, version, run token), then reads
 messages and feeds them to the machine; a writer task per connection sends what the machine
 says when the socket does not take it at once.  One timer task feeds ``Tick`` at the machine's
-deadline, and one heartbeat task sends every connection a ``Heartbeat`` each
-``Config.heartbeat_interval`` (skipping those with messages still queued: they will hear those),
-so an idle connection costs no task wake-up of its own.
+deadline, and one heartbeat task sends a ``Heartbeat`` to each connection that has been sent
+nothing for most of ``Config.heartbeat_interval`` (a peer only needs to hear from the master
+within every interval; a peer busy with votes hears those), so no connection costs a task
+wake-up of its own for its heartbeats.
 Everything the machine decides happens synchronously inside :meth:`_MasterServer.feed`, so no
 locks are needed: Trio runs one task at a time.
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -127,6 +129,8 @@ class _Conn:
     #: Items put in the outbox and not yet written by the writer task (a message may skip the
     #: queue only when this is 0, or the order on the wire would change).
     queued: int = 0
+    #: When a message last went to the transport (the heartbeats go to quiet connections).
+    last_sent: float = -math.inf
     # What the status page knows of the peer on this connection (see _MasterServer.note_*).
     peer_id: int | None = None
     group: int = 0
@@ -343,6 +347,7 @@ class _MasterServer:
             except PCCLError:
                 sent = False  # the writer meets the same error and closes the connection
             if sent:
+                conn.last_sent = trio.current_time()
                 if conn.framed.needs_flush:
                     self._enqueue(conn, _Flush())
                 return
@@ -428,15 +433,21 @@ class _MasterServer:
 
     async def _heartbeats(self) -> None:
         """What tells the peers the master is alive (they give up on it after
-        ``Config.peer_timeout`` of silence): a ``Heartbeat`` to every connection each interval."""
-        interval = self.config.heartbeat_interval
+        ``Config.peer_timeout`` of silence; any message will do).  Every quarter interval, a
+        ``Heartbeat`` to each connection sent nothing for three quarters of one: every peer hears
+        from the master within each ``Config.heartbeat_interval`` (as long as the loop runs), and
+        one busy with votes gets none.  A connection with messages still queued is skipped: its
+        writer is at work, and a peer that does not read is kicked when the queue fills."""
+        tick = self.config.heartbeat_interval / 4
         due = trio.current_time()
         while True:
-            due += interval
+            due += tick
             await trio.sleep_until(due)
-            due = max(due, trio.current_time() - interval)  # after a blocked loop: no burst to catch up
+            now = trio.current_time()
+            due = max(due, now - tick)  # after a blocked loop: no burst of ticks to catch up
+            quiet_since = now - 3 * tick
             for conn in list(self.conns.values()):
-                if not conn.closing and not conn.queued:
+                if conn.last_sent <= quiet_since and not conn.closing and not conn.queued:
                     self._enqueue(conn, m.Heartbeat())
 
     async def _connection_task(self, stream: Stream, slot: HandshakeSlot) -> None:
@@ -471,7 +482,7 @@ class _MasterServer:
         conn_id = self.next_conn_id
         self.next_conn_id += 1
         send, receive = trio.open_memory_channel[m.Message | _Closing | _Flush](OUTBOX_LIMIT)
-        conn = _Conn(conn_id, framed, send, trio.CancelScope(), slot)
+        conn = _Conn(conn_id, framed, send, trio.CancelScope(), slot, last_sent=trio.current_time())
         self.conns[conn_id] = conn
         try:
             with conn.scope:
@@ -524,6 +535,7 @@ class _MasterServer:
                     await conn.framed.flush()
                 else:
                     await conn.framed.send(item)
+                    conn.last_sent = trio.current_time()
                 conn.queued -= 1  # only now: until it is written, later messages queue behind it
         except TransportError as exc:
             log.info("sending to connection %d (%s) failed: %s", conn.conn_id, conn.framed.remote_address, exc)
