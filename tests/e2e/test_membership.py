@@ -750,9 +750,14 @@ async def test_a_lone_peer_does_not_hold_up_the_other_groups(master: pccl.Master
                     else:
                         await trio.sleep(HEARTBEAT)
 
-            nursery.start_soon(loop, "a", a)
-            nursery.start_soon(loop, "b", b)
-            nursery.start_soon(lone_steps if lone_loop == "steps" else lone_asks_pending)
-            await _wait_until(lambda: min(progress.values()) >= 5, "five steps of group 0")
-            assert lone.world_size == 1 and a.world_size == b.world_size == 2
+            # The loops stop before the communicators close: b's and lone's owner tasks are in
+            # ``nursery``, and an op ending in a shielded CollectiveDone after its owner closed
+            # the communicator raises InvalidUsage (closed), not Cancelled.
+            async with trio.open_nursery() as loops:
+                loops.start_soon(loop, "a", a)
+                loops.start_soon(loop, "b", b)
+                loops.start_soon(lone_steps if lone_loop == "steps" else lone_asks_pending)
+                await _wait_until(lambda: min(progress.values()) >= 5, "five steps of group 0")
+                assert lone.world_size == 1 and a.world_size == b.world_size == 2
+                loops.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
