@@ -124,6 +124,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import heapq
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -389,6 +390,25 @@ class MasterState:
         self._peer_timeout = peer_timeout
         self._max_attempts = max_p2p_attempts
         self._peers: dict[int, _Peer] = {}  # by conn_id
+        #: Bumped whenever a peer comes, goes, registers or is accepted: the accepted peers
+        #: (all, and by group) are remembered until it changes, since every vote reads them and
+        #: rebuilding them per message made each vote cost O(peers) several times over.
+        self._members_version = 0
+        self._members_seen = -1
+        self._accepted_all: list[_Peer] = []
+        self._accepted_by_group: dict[int, list[_Peer]] = {}
+        #: ``(last_heard, conn_id)`` of every time a peer was heard, a min-heap whose entries
+        #: are dropped once that peer has been heard since or is gone: its first valid entry is
+        #: the peer heard least recently (next_deadline), found without a scan of every peer.
+        self._heard: list[tuple[float, int]] = []
+        # Hints that spare the consensus checks an O(peers) scan per vote (each is re-verified
+        # before it is trusted, so a stale one only costs the scan): a peer that did not vote
+        # in the accept vote when last checked; per group, a member that did not wait for the
+        # others (no phase mismatch); whether any peer asked VotePeersPending since the last
+        # check found none asking.
+        self._accept_blocker: _Peer | None = None
+        self._not_waiting: dict[int, _Peer] = {}
+        self._pending_asked = False
         self._by_id: dict[int, int] = {}  # peer_id -> conn_id
         self._issued_ids: set[int] = set()  # never reuse an id, so "gone" is unambiguous
         self._rounds: dict[int, _Round] = {}  # by scope
@@ -435,11 +455,14 @@ class MasterState:
             if event.conn_id in self._peers:
                 raise ValueError(f"shell bug: connection {event.conn_id} connected twice")
             self._peers[event.conn_id] = _Peer(event.conn_id, event.observed_host, now)
+            heapq.heappush(self._heard, (now, event.conn_id))
+            self._members_version += 1
         elif isinstance(event, MessageReceived):
             peer = self._peers.get(event.conn_id)
             if peer is not None:  # messages still queued from a removed peer are dropped
-                if peer.status is not _C or isinstance(event.msg, m.Register):
+                if (peer.status is not _C or isinstance(event.msg, m.Register)) and peer.last_heard != now:
                     peer.last_heard = now
+                    heapq.heappush(self._heard, (now, peer.conn_id))
                 try:
                     self._dispatch(peer, event.msg)
                 except PeerFault as fault:
@@ -486,7 +509,14 @@ class MasterState:
     def next_deadline(self) -> float | None:
         if not self._peers:
             return None
-        deadline = min(p.last_heard for p in self._peers.values()) + self._peer_timeout
+        heard = self._heard
+        while True:  # drop the entries of peers heard since, or gone (every peer has one valid)
+            at, conn_id = heard[0]
+            peer = self._peers.get(conn_id)
+            if peer is not None and peer.last_heard == at:
+                break
+            heapq.heappop(heard)
+        deadline = at + self._peer_timeout
         if self._mismatch_since:
             deadline = min(deadline, min(since for since, _ in self._mismatch_since.values()) + self._mismatch_grace)
         return deadline
@@ -599,6 +629,7 @@ class MasterState:
             peer_id = self._rng.getrandbits(63)
         self._issued_ids.add(peer_id)
         peer.peer_id, peer.group, peer.status = peer_id, msg.peer_group, _R
+        self._members_version += 1
         peer.p2p_port, peer.shared_state_port = msg.p2p_port, msg.shared_state_port
         self._by_id[peer_id] = peer.conn_id
         self._send(peer, m.Welcome(peer_id, self.instance))
@@ -643,6 +674,7 @@ class MasterState:
 
     def _on_vote_peers_pending(self, peer: _Peer, msg: m.VotePeersPending) -> None:
         peer.pending_vote = True
+        self._pending_asked = True
 
     def _on_collective_init(self, peer: _Peer, msg: m.CollectiveInit) -> None:
         op = self._ops.get((peer.group, msg.tag))
@@ -689,6 +721,7 @@ class MasterState:
     def _remove(self, conn_id: int, reason: KickReason | None, detail: str) -> None:
         """Forget a connection; every vote it blocked is re-checked by ``_settle``."""
         peer = self._peers.pop(conn_id)
+        self._members_version += 1
         if reason is not None:
             detail = clip_text(detail, MAX_DETAIL)  # may quote peer input (keys, frames): keep it small
             # DEBUG: the shell logs the kick (once, and rate-limited for unregistered connections).
@@ -733,7 +766,7 @@ class MasterState:
             for scope in list(self._rounds):
                 progressed |= self._check_round(scope)
             progressed |= self._check_accept_vote()
-            for group in sorted({p.group for p in self._peers.values() if p.status is _A} | set(self._probes)):
+            for group in sorted(self._accepted_groups() | self._probes.keys()):
                 progressed |= self._check_rewire_vote(group)
                 progressed |= self._check_optimize_vote(group)
             progressed |= self._check_pending_vote()
@@ -741,21 +774,47 @@ class MasterState:
                 progressed |= self._check_op(key)
             progressed |= self._sync_state.settle()
             if not progressed:
-                groups = {p.group for p in self._peers.values() if p.status is _A}
+                groups = self._accepted_groups()
                 for group in [g for g in self._mismatch_since if g not in groups]:
                     del self._mismatch_since[group]
+                for group in [g for g in self._not_waiting if g not in groups]:
+                    del self._not_waiting[group]
                 for group in sorted(groups):
                     progressed |= self._check_phase_mismatch(group)
 
     def _accepted(self, group: int | None = None) -> list[_Peer]:
-        return [p for p in self._peers.values() if p.status is _A and (group is None or p.group == group)]
+        """The accepted peers (of ``group``), in arrival order.  Shared: do not modify."""
+        if self._members_seen != self._members_version:
+            self._index_members()
+        if group is None:
+            return self._accepted_all
+        return self._accepted_by_group.get(group, [])
+
+    def _accepted_groups(self) -> set[int]:
+        if self._members_seen != self._members_version:
+            self._index_members()
+        return set(self._accepted_by_group)
+
+    def _index_members(self) -> None:
+        self._accepted_all = [p for p in self._peers.values() if p.status is _A]
+        by_group: dict[int, list[_Peer]] = {}
+        for p in self._accepted_all:
+            by_group.setdefault(p.group, []).append(p)
+        self._accepted_by_group = by_group
+        self._members_seen = self._members_version
 
     def _check_accept_vote(self) -> bool:
         if self._rounds:
             return False
-        accepted = self._accepted()
-        if any(p.topology_vote is None or p.topology_vote is TopologyVote.OPTIMIZE for p in accepted):
+        blocker = self._accept_blocker
+        if (blocker is not None and blocker.status is _A and self._peers.get(blocker.conn_id) is blocker
+                and (blocker.topology_vote is None or blocker.topology_vote is TopologyVote.OPTIMIZE)):
             return False
+        accepted = self._accepted()
+        for p in accepted:
+            if p.topology_vote is None or p.topology_vote is TopologyVote.OPTIMIZE:
+                self._accept_blocker = p
+                return False
         registered = [p for p in self._peers.values() if p.status is _R]
         groups = {p.group for p in accepted}
         if groups - {p.group for p in accepted if p.topology_vote is TopologyVote.ACCEPT}:
@@ -896,6 +955,7 @@ class MasterState:
             if p.status is _R:
                 log.info("peer %x accepted into group %d", pid, p.group)
             p.status, p.round_scope = _A, None
+        self._members_version += 1
         groups = {self._peer(pid).group for pid in live}
         for g in groups:
             self._rings[g] = self._ring_order(g, [p.peer_id for p in self._accepted(g)])
@@ -929,9 +989,12 @@ class MasterState:
         return m.TopologyComplete(round_id, ring, self.membership_of(group))
 
     def _check_pending_vote(self) -> bool:
+        if not self._pending_asked:
+            return False
         accepted = self._accepted()
         voters = [p for p in accepted if p.pending_vote]
         if not voters:
+            self._pending_asked = False
             return False
         # The others (if any) wait in an accept vote: they will not ask, and the voters'
         # update_topology is what their vote waits for (module docstring).
@@ -1025,11 +1088,16 @@ class MasterState:
         sync_waiting = self._sync_state.waiting_voters(group)
         if not sync_waiting and all(p.topology_vote is None for p in members):
             return None  # collectives alone never mismatch (the cheap common case, per Init)
+        hint = self._not_waiting.get(group)
+        if (hint is not None and hint.status is _A and hint.group == group and self._peers.get(hint.conn_id) is hint
+                and self._waits_in(hint, sync_waiting) is None):
+            return None
         waits: dict[int, str] = {}
         kinds: set[_Activity] = set()
         for p in members:
             waiting = self._waits_in(p, sync_waiting)
             if waiting is None:
+                self._not_waiting[group] = p
                 return None
             kinds.add(waiting[0])
             waits[p.peer_id] = waiting[1]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 import hypothesis.strategies as st
 import msgspec.inspect as mi
 from hypothesis import HealthCheck, given, settings
@@ -956,3 +958,51 @@ def test_the_grace_period_restarts_when_the_waits_change() -> None:
     h.advance(TIMEOUT / 8)
     assert h.last(b, m.TopologyRejected) is not None
     assert {msg.tag for msg in h.inbox[a] if isinstance(msg, m.CollectiveRejected)} == {0, 1}
+
+
+class _CountingDict(dict):  # type: ignore[type-arg]
+    """A dict that counts how often all its values are gone through."""
+
+    scans = 0
+
+    def values(self):  # type: ignore[no-untyped-def]
+        _CountingDict.scans += 1
+        return super().values()
+
+
+def test_a_vote_costs_the_master_the_same_at_any_number_of_peers() -> None:
+    """The consensus checks after a vote that completes nothing look at a bounded number of
+    peers, not all of them: a round of N topology votes (peers heard round-robin, the order that
+    defeats a cached "least recently heard") goes through the list of all peers a bounded
+    number of times, not several times per vote (that cost 0.45 ms per vote at 1,000 peers)."""
+    n = 300
+    ms = MasterState(rng=random.Random(3), peer_timeout=1e9)
+    now = 0.0
+
+    def feed(event: object) -> list[object]:
+        nonlocal now
+        now += 0.001
+        return ms.handle(event, now)  # type: ignore[arg-type]
+
+    def answer(effects: list[object]) -> None:
+        todo = [e for e in effects if isinstance(e, Send) and isinstance(e.msg, m.ConnectToPeers)]
+        while todo:
+            e = todo.pop()
+            more = feed(MessageReceived(e.conn_id, m.P2PReport(e.msg.round, True)))
+            todo += [x for x in more if isinstance(x, Send) and isinstance(x.msg, m.ConnectToPeers)]
+
+    for c in range(1, n + 1):
+        feed(PeerConnected(c, "10.0.0.1"))
+        answer(feed(MessageReceived(c, m.Register(0, 4000, 5000))))
+    for c in range(1, n + 1):
+        answer(feed(MessageReceived(c, m.VoteTopology(True))))
+    assert sum(p.status is PeerStatus.ACCEPTED for p in ms.peers()) == n
+    for _ in range(2):  # two whole rounds: every vote in each, in the same order
+        ms._peers = _CountingDict(ms._peers)
+        _CountingDict.scans = 0
+        completes = 0
+        for c in range(1, n + 1):
+            out = feed(MessageReceived(c, m.VoteTopology(True)))
+            completes += sum(isinstance(e, Send) and isinstance(e.msg, m.TopologyComplete) for e in out)
+        assert completes == n  # the round completed, for everyone, at the last vote
+        assert _CountingDict.scans <= 10, _CountingDict.scans
