@@ -195,14 +195,15 @@ class FramedConnection:
         owner is giving up) and return ``True``."""
         if self._unsent is None or self._unsent_owner is not owner:
             return False
-        self._unsent = None
+        self._unsent = self._unsent_owner = None
         self.frames.mark_send_broken("the rest of a data frame begun without waiting was abandoned")
         self.abort()
         return True
 
     @property
     def needs_flush(self) -> bool:
-        """Whether part of a frame from :meth:`send_nowait` still waits to be sent."""
+        """Whether part of a frame from :meth:`send_nowait` or :meth:`send_data_nowait` still
+        waits to be sent."""
         return self._unsent is not None
 
     async def flush(self) -> None:

@@ -548,7 +548,12 @@ async def test_cancelling_one_peer_mid_op_restores_every_input(world: int, dtype
     originals = [x.copy() for x in inputs]
     # cancel peer 1 in reduce-scatter (0.3) or in all-gather (0.8, where f16 outputs are written)
     item = np.dtype(dtype).itemsize
-    total_tx = expected_sizes(n, world, item, 4 if item == 2 else item)[1][0]
+    sizes = expected_sizes(n, world, item, 4 if item == 2 else item)
+    total_tx = sizes[1][0]
+    # Peer 1 must still be in the op when cancelled: peer 0's last frame to it never arrives
+    # (its send stalls like a full window).  Otherwise, late in a small op, peer 1 could finish
+    # within the turns it runs before the trigger sees its progress.
+    raw[0][0].stall_after = sizes[0][0]
 
     async def cancel_peer_1_when_busy(scopes: list[trio.CancelScope]) -> None:
         while raw[1][0].sent < progress * total_tx:
