@@ -436,8 +436,8 @@ class _MasterServer:
         ``Config.peer_timeout`` of silence; any message will do).  Every quarter interval, a
         ``Heartbeat`` to each connection sent nothing for three quarters of one: every peer hears
         from the master within each ``Config.heartbeat_interval`` (as long as the loop runs), and
-        one busy with votes gets none.  A connection with messages still queued is skipped: its
-        writer is at work, and a peer that does not read is kicked when the queue fills."""
+        one busy with votes gets none.  A connection with messages still queued is skipped: they
+        reach the peer before a heartbeat queued behind them could."""
         tick = self.config.heartbeat_interval / 4
         due = trio.current_time()
         while True:
