@@ -111,13 +111,14 @@ class TrioRing:
             cost = 0
             if op.backup is not None and not op.backup.is_saved(frame.start):
                 await op.runner.run(nbytes, op.backup.save, frame.start, frame.stop)
-        op.rx_bytes += await op.links.inboxes[frame.index % op.lanes].receive_into(
+        received = await op.links.inboxes[frame.index % op.lanes].receive_into(
             seq=op.seq,
             stream=frame.index,
             step=frame.step,
             offset=frame.start * bufs.itemsize,
             destination=op.destination(frame, stage),
         )
+        op.rx_bytes += received
         if cost:
             if op.runner.inline(cost):
                 op.received(frame, stage)
