@@ -48,7 +48,13 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    for n in (int(x) for x in args.peers.split(",")):
+    try:
+        sizes = [int(x) for x in args.peers.split(",")]
+    except ValueError:
+        parser.error(f"--peers wants a comma list of integers, got {args.peers!r}")
+    if min(sizes) < 1 or args.groups < 1 or args.rounds < 1:
+        parser.error("--peers, --groups and --rounds must be at least 1")
+    for n in sizes:
         ms, conns = accepted_cluster(n, args.groups)
         started = time.perf_counter()
         for _ in range(args.rounds):

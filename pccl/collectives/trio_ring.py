@@ -47,17 +47,17 @@ __all__ = ["TrioRing"]
 
 
 class _LaneOut:
-    """The frames of one lane that could not go out at once, in order, and whether its sender
-    task runs.  An entry with no header sends the rest of a frame the connection took in part."""
+    """The frames of one lane that could not go out at once, in order.  The lane's sender task
+    runs exactly while there are any (it removes a frame once sent, and ends on an empty queue).
+    An entry with no header sends the rest of a frame the connection took in part."""
 
-    __slots__ = ("connection", "queue", "running")
+    __slots__ = ("connection", "queue")
 
     def __init__(self, connection: FramedConnection) -> None:
         self.connection = connection
         self.queue: collections.deque[tuple[DataHeader | None, memoryview | None, np.ndarray | None, int]] = (
             collections.deque()
         )
-        self.running = False
 
 
 class TrioRing:
@@ -141,7 +141,8 @@ class TrioRing:
         header = op.header(frame)
         out = self._outs[frame.index % op.lanes]
         connection = out.connection
-        if not out.running and not out.queue and connection.send_data_nowait(header, view, owner=self):
+        idle = not out.queue  # no sender task: this frame may go out now
+        if idle and connection.send_data_nowait(header, view, owner=self):
             op.tx_bytes += header.nbytes
             if not connection.needs_flush:
                 if scratch is not None:
@@ -150,8 +151,7 @@ class TrioRing:
             out.queue.append((None, None, scratch, 0))  # the rest goes out now, from the task
         else:
             out.queue.append((header, view, scratch, header.nbytes))
-        if not out.running:
-            out.running = True
+        if idle:
             assert self._nursery is not None
             self._nursery.start_soon(self._sender, out)
 
@@ -159,17 +159,14 @@ class TrioRing:
         """A lane's sender task: send its queued frames in order, end when none is left."""
         connection = out.connection
         queue = out.queue
-        try:
-            while queue:
-                header, view, scratch, nbytes = queue[0]
-                if header is None:
-                    await connection.flush()
-                else:
-                    assert view is not None
-                    await connection.send_data(header, view)
-                    self.op.tx_bytes += nbytes
-                queue.popleft()
-                if scratch is not None:
-                    self._free_scratch.append(scratch)
-        finally:
-            out.running = False
+        while queue:
+            header, view, scratch, nbytes = queue[0]
+            if header is None:
+                await connection.flush()
+            else:
+                assert view is not None
+                await connection.send_data(header, view)
+                self.op.tx_bytes += nbytes
+            queue.popleft()  # only now: until it is sent, later frames queue behind it
+            if scratch is not None:
+                self._free_scratch.append(scratch)
