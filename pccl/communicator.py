@@ -52,6 +52,10 @@ class CommunicatorStatistics:
     ring: tuple[int, ...]
     topology_updates: int
     p2p_rounds: int
+    #: Ring lanes this peer dialled afresh, and lanes it kept from the previous round (same
+    #: successor, connection at rest) by sending the new round's hello on them.
+    p2p_dials: int
+    p2p_lanes_kept: int
     p2p_connections: int
     collectives_completed: int
     collectives_aborted: int

@@ -38,6 +38,10 @@ class Counters:
 
     topology_updates: int = 0
     p2p_rounds: int = 0
+    #: Ring lanes dialled afresh, and lanes kept from the previous round (same neighbour,
+    #: connection at rest: only a ``P2PHello`` on it, no new connection).
+    p2p_dials: int = 0
+    p2p_lanes_kept: int = 0
     collectives_completed: int = 0
     collectives_aborted: int = 0
     #: All-reduce attempts repeated after an abort or a stale ring.

@@ -56,6 +56,39 @@ class P2PLinks:
         """The lanes to the successor (empty when alone or not connected)."""
         return self.outgoing.get(self.successor, ())
 
+    def take_outgoing(self, peer_id: int, lanes: int) -> list[FramedConnection | None]:
+        """The lanes to ``peer_id`` that may carry on into a round with ``lanes`` lanes (its
+        successor too): lane ``j`` at index ``j`` if it is at rest, else ``None``.  The
+        connections taken leave these links (:meth:`close` no longer aborts them); the caller
+        owns them.  Empty when this round had no lanes to ``peer_id`` or another lane count."""
+        current = self.outgoing.get(peer_id, ())
+        if self.lanes != lanes or len(current) != lanes or self.closed:
+            return []
+        del self.outgoing[peer_id]
+        kept: list[FramedConnection | None] = []
+        for conn in current:
+            if conn.at_rest:
+                kept.append(conn)
+            else:
+                conn.abort()
+                kept.append(None)
+        return kept
+
+    def take_incoming(self, peer_id: int, lanes: int) -> dict[int, FramedConnection]:
+        """The lanes from ``peer_id`` at rest, by lane, for a round with ``lanes`` lanes and the
+        same predecessor (see :meth:`take_outgoing`); lanes it never connected stay missing."""
+        current = self.incoming.get(peer_id, {})
+        if self.lanes != lanes or not current or self.closed:
+            return {}
+        del self.incoming[peer_id]
+        kept: dict[int, FramedConnection] = {}
+        for lane, conn in current.items():
+            if conn.at_rest:
+                kept[lane] = conn
+            else:
+                conn.abort()
+        return kept
+
     def add_outgoing(self, peer_id: int, lanes: tuple[FramedConnection, ...]) -> None:
         """The lanes this peer dialled to ``peer_id`` are connected."""
         self.outgoing[peer_id] = lanes

@@ -1,11 +1,23 @@
 """Setting up the ring connections of each topology round (the p2p side of a topology vote).
 
 Every peer listens on a p2p port (bump-allocated from ``config.p2p_base_port``) and, in each
-topology round, dials its ring successor ``config.p2p_lanes`` times (framed handshake with the run
-token, then ``P2PHello``/``P2PHelloAck`` per lane) and reports the outcome to the master
-(``P2PReport``).  The round's connections live in :class:`~pccl._peer.links.P2PLinks`; a new
-round closes the old round's connections.  The master retries failed rounds and in the end
+topology round, connects ``config.p2p_lanes`` lanes to its ring successor and reports the outcome
+to the master (``P2PReport``).  A lane is a framed connection (handshake with the run token) whose
+first message is ``P2PHello(round, lane)``, answered by ``P2PHelloAck``.  The round's connections
+live in :class:`~pccl._peer.links.P2PLinks`.  The master retries failed rounds and in the end
 removes the peers that stay unreachable.
+
+Lanes that carry on.  A round usually changes a few edges of the ring (a peer joins or leaves);
+the others connect the same two peers again.  A lane whose two ends stay neighbours, with the same
+lane count, and whose connection is at rest on this side (no frame under way, nothing unread:
+:attr:`~pccl.net.framed.FramedConnection.at_rest`) is *kept*: the dialler sends the new round's
+``P2PHello`` on it instead of dialling, and the acceptor, which kept its end for the same reason,
+reads that hello from it (the only time anyone reads a ring connection between collectives).
+Either side may have dropped its end (an op left a frame torn, or unread data), and then the
+other learns it at once from the closed connection: the acceptor's read of a kept lane ends, and
+the dialler, whose hello got no ack but a closed connection, dials that lane afresh.  A kept lane
+whose successor does not answer within ``connect_timeout`` fails the round as a dial would.
+Nothing is kept across masters (:meth:`RingWiring.reset`).
 """
 
 from __future__ import annotations
@@ -37,6 +49,10 @@ class RingWiring:
         self.links = P2PLinks(0, (0,), 0, host.config.lanes_for())
         self._round_scope: trio.CancelScope | None = None
         self._round_changed = trio.Event()
+        #: Kept lanes on their way into a round (taken from the old round, not yet in the new
+        #: one's links): closing aborts them.  Incoming ones map to the predecessor whose hello
+        #: they wait for, outgoing ones (their round's ``_establish`` owns them) to ``None``.
+        self._kept: dict[FramedConnection, int | None] = {}
         #: Who gets a handshake slot on the ring port (its counters are read by tests).
         self.admission = admission_for(PEER_LIMITS, wait_timeout=host.config.connect_timeout)
 
@@ -45,7 +61,7 @@ class RingWiring:
         over; alone in a ring of one until the first round of this one."""
         if self._round_scope is not None:
             self._round_scope.cancel()
-        self.links.close()
+        self.close()
         self.links = P2PLinks(0, (peer_id,), peer_id, self._host.config.lanes_for())
         self._round_changed.set()
         self._round_changed = trio.Event()
@@ -59,28 +75,51 @@ class RingWiring:
             raise ProtocolError(f"the master sent a bad ConnectToPeers (round {msg.round})")
         if self._round_scope is not None:
             self._round_scope.cancel()
-        self.links.close()
+        old = self.links
         lanes = host.config.ring_lanes((f.bandwidth, f.rtt) for f in msg.ring_links)
-        self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, lanes)
+        links = self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, lanes)
+        # Lanes whose ends stay neighbours carry on (module docstring); the rest close.
+        outgoing: list[FramedConnection | None] = []
+        incoming: dict[int, FramedConnection] = {}
+        if links.successor != host.peer_id:
+            outgoing = old.take_outgoing(links.successor, lanes)
+            incoming = old.take_incoming(links.predecessor, lanes)
+        old.close()
+        for conn, neighbour in list(self._kept.items()):
+            if neighbour is not None and neighbour != links.predecessor:  # waits for an old neighbour's hello
+                del self._kept[conn]
+                conn.abort()
+        for lane_conn in outgoing:
+            if lane_conn is not None:
+                self._kept[lane_conn] = None
         host.counters.p2p_rounds += 1
         self._round_changed.set()
         self._round_changed = trio.Event()
         self._round_scope = trio.CancelScope()
         endpoints = {e.peer_id: e for e in msg.neighbours}
-        host.spawn(self._establish, self.links, self._round_scope, endpoints, epoch)
+        for lane, conn in incoming.items():
+            self._kept[conn] = links.predecessor
+            host.spawn(self._await_hello, conn, lane)
+        host.spawn(self._establish, links, self._round_scope, endpoints, epoch, outgoing)
 
     def close(self) -> None:
         self.links.close()
+        kept, self._kept = self._kept, {}
+        for conn in kept:
+            conn.abort()
 
     async def _establish(self, links: P2PLinks, scope: trio.CancelScope, endpoints: dict[int, m.PeerEndpoint],
-                         epoch: int) -> None:
+                         epoch: int, kept: list[FramedConnection | None]) -> None:
         host = self._host
+        dialled: list[FramedConnection | None] = [None] * links.lanes
+        for lane, conn in enumerate(kept):
+            self._kept.pop(conn, None)  # type: ignore[arg-type]
+            dialled[lane] = conn  # the error paths below abort it
         with scope:
             ok = True
             unreachable: tuple[int, ...] = ()
             succ = links.successor
             if succ != host.peer_id:
-                dialled: list[FramedConnection | None] = [None] * links.lanes
                 try:
                     endpoint = endpoints.get(succ)
                     if endpoint is None:
@@ -88,7 +127,7 @@ class RingWiring:
                     try:
                         async with trio.open_nursery() as nursery:
                             for lane in range(links.lanes):
-                                nursery.start_soon(self._dial_lane, endpoint, links, lane, dialled)
+                                nursery.start_soon(self._connect_lane, endpoint, links, lane, dialled)
                     except BaseExceptionGroup as group:
                         raise single_exception(group) from None
                 except PCCLError as error:
@@ -114,11 +153,53 @@ class RingWiring:
             except PCCLError:
                 pass  # the communicator failed, or the master of this round is gone
 
+    async def _connect_lane(self, endpoint: m.PeerEndpoint, links: P2PLinks, lane: int,
+                            dialled: list[FramedConnection | None]) -> None:
+        """Lane ``lane`` to the successor: the kept connection in ``dialled[lane]`` if the
+        successor takes it into this round, else a new one."""
+        kept = dialled[lane]
+        if kept is not None:
+            if await self._hello_on_kept(kept, endpoint, links, lane):
+                self._host.counters.p2p_lanes_kept += 1
+                return
+            dialled[lane] = None
+        await self._dial_lane(endpoint, links, lane, dialled)
+
+    async def _hello_on_kept(self, conn: FramedConnection, endpoint: m.PeerEndpoint, links: P2PLinks,
+                             lane: int) -> bool:
+        """Send this round's hello on a lane kept from the last round.  ``True``: the successor
+        acknowledged it.  ``False`` (connection aborted): the successor had dropped its end, or
+        the connection failed; dial afresh.  ``ProtocolError`` when no answer comes within
+        ``connect_timeout`` (the successor is stalled or gone: dialling would wait as long)."""
+        host = self._host
+        try:
+            with trio.fail_after(host.config.connect_timeout):
+                await conn.send(m.P2PHello(host.peer_id, links.round, lane, links.lanes, host.master_instance))
+                ack = await conn.receive()
+        except trio.TooSlowError:
+            conn.abort()
+            raise ProtocolError(f"ring successor {endpoint.peer_id:x} did not acknowledge the p2p hello on kept "
+                                f"lane {lane}") from None
+        except PCCLError as exc:
+            log.debug("peer %x: kept lane %d to %x is gone (%s); dialling it afresh", host.peer_id, lane,
+                      endpoint.peer_id, exc)
+            conn.abort()
+            return False
+        except BaseException:
+            conn.abort()
+            raise
+        if not isinstance(ack, m.P2PHelloAck) or ack.peer_id != endpoint.peer_id or ack.round != links.round:
+            conn.abort()
+            raise ProtocolError(f"ring successor {endpoint.peer_id:x} answered the p2p hello on kept lane {lane} "
+                                f"with {ack!r}")
+        return True
+
     async def _dial_lane(self, endpoint: m.PeerEndpoint, links: P2PLinks, lane: int,
                          dialled: list[FramedConnection | None]) -> None:
         host = self._host
         address = format_address(endpoint.host, endpoint.p2p_port)
         conn = await host.dial(address)
+        host.counters.p2p_dials += 1
         dialled[lane] = conn
         try:
             with trio.fail_after(host.config.connect_timeout):
@@ -162,30 +243,15 @@ class RingWiring:
                     raise ProtocolError(f"expected P2PHello, got {type(hello).__name__}")
                 while isinstance(hello, m.P2PHello) and self.links.round < hello.round:  # the dialler may be ahead
                     await self._round_changed.wait()
-            if hello.instance != host.master_instance:
-                raise ProtocolError(f"p2p hello from peer {hello.peer_id:x} for a round of another master "
-                                    f"(instance {hello.instance:x}, this peer's master is {host.master_instance:x})")
             if isinstance(hello, m.ProbeHello):  # a bandwidth probe (pccl.topology), not a ring lane
+                self._check_instance(hello)
                 slot.release()
                 probe_conn, conn = conn, None
                 await host.serve_probe(probe_conn, hello)
                 return
-            links = self.links
-            if hello.round != links.round or hello.peer_id != links.predecessor or hello.peer_id == host.peer_id:
-                raise ProtocolError(f"unexpected p2p hello from peer {hello.peer_id:x} for round {hello.round} "
-                                    f"(current round {links.round})")
-            if hello.lanes != links.lanes or not 0 <= hello.lane < links.lanes:
-                raise ProtocolError(f"peer {hello.peer_id:x} dials lane {hello.lane} of {hello.lanes}, this peer "
-                                    f"uses {links.lanes} lanes (Config.p2p_lanes must match)")
+            links = self._check_hello(hello)
             slot.release()
-            # Register before acknowledging: once the dialler has its ack it reports success, and
-            # the round may complete at once; the connection must be in place by then.
-            links.add_incoming(hello.peer_id, hello.lane, conn)
-            try:
-                await conn.send(m.P2PHelloAck(host.peer_id, hello.round))
-            except BaseException:
-                links.remove_incoming(hello.peer_id, hello.lane, conn)
-                raise
+            await self._add_lane(links, conn, hello)
         except (PCCLError, trio.TooSlowError) as exc:
             slot.refuse(f"no P2PHello within {host.config.connect_timeout:g} s"
                         if isinstance(exc, trio.TooSlowError) else exc)
@@ -194,4 +260,59 @@ class RingWiring:
         except BaseException:
             if conn is not None:  # cancelled while pending: close now, not when the GC gets to it
                 conn.abort()
+            raise
+
+    async def _await_hello(self, conn: FramedConnection, lane: int) -> None:
+        """Read the predecessor's hello for the new round from lane ``lane`` kept from the last
+        round (module docstring), and take the lane into the round it names.  Anything else —
+        a closed connection (the dialler dials afresh), a data frame an aborted op left, no hello
+        within ``connect_timeout`` — drops the lane."""
+        host = self._host
+        try:
+            with trio.fail_after(host.config.connect_timeout):
+                hello = await conn.receive()
+                if not isinstance(hello, m.P2PHello) or hello.lane != lane:
+                    raise ProtocolError(f"expected the P2PHello of kept lane {lane}, got {hello!r}")
+                while self.links.round < hello.round:  # the dialler may be ahead
+                    await self._round_changed.wait()
+            if self._kept.pop(conn, False) is False:
+                raise ProtocolError("the lane was dropped meanwhile")  # a later round closed it
+            await self._add_lane(self._check_hello(hello), conn, hello)
+        except (PCCLError, trio.TooSlowError) as exc:
+            log.debug("peer %x: kept lane %d from the predecessor dropped: %s", host.peer_id, lane,
+                      "no hello in time" if isinstance(exc, trio.TooSlowError) else exc)
+            self._kept.pop(conn, None)
+            conn.abort()
+        except BaseException:
+            self._kept.pop(conn, None)
+            conn.abort()
+            raise
+
+    def _check_instance(self, hello: m.P2PHello | m.ProbeHello) -> None:
+        host = self._host
+        if hello.instance != host.master_instance:
+            raise ProtocolError(f"p2p hello from peer {hello.peer_id:x} for a round of another master "
+                                f"(instance {hello.instance:x}, this peer's master is {host.master_instance:x})")
+
+    def _check_hello(self, hello: m.P2PHello) -> P2PLinks:
+        """The current round's links if ``hello`` is a lane this peer expects in it, else
+        ``ProtocolError``."""
+        self._check_instance(hello)
+        links = self.links
+        if hello.round != links.round or hello.peer_id != links.predecessor or hello.peer_id == self._host.peer_id:
+            raise ProtocolError(f"unexpected p2p hello from peer {hello.peer_id:x} for round {hello.round} "
+                                f"(current round {links.round})")
+        if hello.lanes != links.lanes or not 0 <= hello.lane < links.lanes:
+            raise ProtocolError(f"peer {hello.peer_id:x} dials lane {hello.lane} of {hello.lanes}, this peer "
+                                f"uses {links.lanes} lanes (Config.p2p_lanes must match)")
+        return links
+
+    async def _add_lane(self, links: P2PLinks, conn: FramedConnection, hello: m.P2PHello) -> None:
+        # Register before acknowledging: once the dialler has its ack it reports success, and
+        # the round may complete at once; the connection must be in place by then.
+        links.add_incoming(hello.peer_id, hello.lane, conn)
+        try:
+            await conn.send(m.P2PHelloAck(self._host.peer_id, hello.round))
+        except BaseException:
+            links.remove_incoming(hello.peer_id, hello.lane, conn)
             raise

@@ -187,6 +187,12 @@ class FrameCore:
         """Whether a torn frame or a protocol error made this connection unusable (abort it)."""
         return self._send_broken is not None or self._receive_broken is not None
 
+    @property
+    def at_rest(self) -> bool:
+        """Whether the receiving side is between frames with nothing received unread: nobody
+        receives, no payload of a data frame is pending, no bytes wait in the buffer."""
+        return not self._receiving and not self._data_remaining and self.buffered == 0
+
     def mark_receive_broken(self, reason: str) -> None:
         """Receiving cannot go on (a torn payload, a frame that is not what was expected)."""
         self._receive_broken = reason

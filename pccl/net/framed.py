@@ -361,6 +361,20 @@ class FramedConnection:
         return self.frames.broken
 
     @property
+    def at_rest(self) -> bool:
+        """Whether the next frame either way starts on a frame boundary and nothing is under
+        way: open and not broken, no frame (or rest of one) being sent, nobody receiving, no
+        payload pending, no bytes received and unread.  A connection at rest can carry a new
+        conversation (a ring lane kept for the next topology round, :mod:`pccl._peer.wiring`)."""
+        frames = self.frames
+        if frames.closed or frames.broken or self._unsent is not None or self._send_lock.locked():
+            return False
+        channel = self.thread_channel
+        if channel is not None and getattr(channel, "sending", False):
+            return False
+        return frames.at_rest
+
+    @property
     def data_remaining(self) -> int:
         """Payload bytes of the current data frame not yet received."""
         return self.frames.data_remaining

@@ -80,6 +80,12 @@ class BlockingDataChannel:
 
     # -- sending --
 
+    @property
+    def sending(self) -> bool:
+        """Whether a thread holds the send lock (a frame, or a job that finishes one, is under
+        way)."""
+        return self._send_lock.locked()
+
     def send_data(self, header: DataHeader, payload: memoryview, cancel: ThreadCancel) -> None:
         """Send one data frame (blocking).  ``Interrupted`` (before anything was written) if
         ``cancel`` is cancelled; transport errors leave the connection unusable for sending."""

@@ -1,0 +1,152 @@
+"""Ring lanes that carry on into the next topology round (``pccl._peer.wiring``), on real TCP.
+
+A round re-dials only the edges of the ring it changes: a lane whose two ends stay neighbours
+gets the new round's ``P2PHello`` on the old connection.  If either end dropped it (an op left
+unread data on it, or it was closed), the dialler learns it from the closed connection and dials
+that lane afresh; the all-reduces after the round are exact either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import trio
+
+import pccl
+from pccl import Config
+from pccl.protocol.codec import DataHeader
+
+TOKEN = "kept-lanes-token"
+CFG = Config(peer_timeout=2.0, heartbeat_interval=0.25, connect_timeout=2.0, p2p_base_port=0, p2p_lanes=2)
+BOUND = 20.0
+
+
+@pytest.fixture
+async def master():
+    async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG) as running:
+        yield running
+
+
+async def _wait_until(predicate, what: str) -> None:
+    with trio.fail_after(BOUND):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+async def _peers(nursery: trio.Nursery, master: pccl.Master, n: int) -> list[pccl.Communicator]:
+    """``n`` peers of group 0, admitted one by one (each admission is a topology round)."""
+    comms: list[pccl.Communicator] = []
+    for _ in range(n):
+        before = master.statistics().registered_peers
+        opened = trio.Event()
+
+        async def peer() -> None:
+            async with pccl.open_communicator(master.address, token=TOKEN, config=CFG) as comm:
+                comms.append(comm)
+                opened.set()
+                await trio.sleep_forever()
+
+        nursery.start_soon(peer)
+        if comms:  # the first peer is accepted alone; later ones need the others' votes
+            await _wait_until(lambda: master.statistics().registered_peers > before, "registered")
+            async with trio.open_nursery() as voters:
+                for comm in comms:
+                    voters.start_soon(comm.update_topology)
+        await opened.wait()
+    return comms
+
+
+def _successor(ring: tuple[int, ...], peer: int) -> int:
+    return ring[(ring.index(peer) + 1) % len(ring)]
+
+
+async def _all_reduce_everywhere(comms: list[pccl.Communicator], n: int) -> None:
+    """Every peer reduces its own ramp; each must end with the exact sum (integers far below
+    2**24: exact in float32 in any order of addition)."""
+    inputs = [(np.arange(n) % 1000).astype(np.float32) * (i + 1) for i in range(len(comms))]
+    expected = sum(inputs)
+    async with trio.open_nursery() as nursery:
+        for comm, x in zip(comms, inputs):
+            nursery.start_soon(comm.all_reduce, x)
+    for x in inputs:
+        np.testing.assert_array_equal(x, expected)
+
+
+async def test_a_newcomer_redials_only_the_ring_edges_it_changes(master: pccl.Master) -> None:
+    lanes = CFG.lanes_for()
+    with trio.fail_after(BOUND):
+        async with trio.open_nursery() as nursery:
+            comms = await _peers(nursery, master, 3)
+            ring_before = comms[0].ring
+            before = {c.peer_id: (c.statistics(), c.p2p.to_successor()) for c in comms}
+            newcomer_scope = trio.CancelScope()
+            newcomer: list[pccl.Communicator] = []
+
+            async def join() -> None:
+                with newcomer_scope:
+                    async with pccl.open_communicator(master.address, token=TOKEN, config=CFG) as comm:
+                        newcomer.append(comm)
+                        await trio.sleep_forever()
+
+            registered = master.statistics().registered_peers
+            nursery.start_soon(join)
+            await _wait_until(lambda: master.statistics().registered_peers > registered, "registered")
+            async with trio.open_nursery() as voters:
+                for comm in comms:
+                    voters.start_soon(comm.update_topology)
+            await _wait_until(lambda: newcomer, "newcomer accepted")
+            ring = comms[0].ring
+            assert len(ring) == 4 and all(c.ring == ring for c in comms + newcomer)
+            changed = 0
+            for comm in comms:
+                stats, lanes_before = before[comm.peer_id]
+                now = comm.statistics()
+                same = _successor(ring, comm.peer_id) == _successor(ring_before, comm.peer_id)
+                changed += not same
+                # An unchanged edge keeps its connections (no dial); a changed one dials its lanes.
+                assert now.p2p_lanes_kept - stats.p2p_lanes_kept == (lanes if same else 0), comm.peer_id
+                assert now.p2p_dials - stats.p2p_dials == (0 if same else lanes), comm.peer_id
+                assert (comm.p2p.to_successor() == lanes_before) is same
+            assert changed == 1  # exactly one old peer precedes the newcomer
+            assert newcomer[0].statistics().p2p_dials == lanes
+            await _all_reduce_everywhere(comms + newcomer, 50_000)
+            await _all_reduce_everywhere(comms + newcomer, 3_000_000)  # the worker-thread lanes too
+            newcomer_scope.cancel()
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("how", ["unread_data", "closed"])
+async def test_a_lane_the_successor_dropped_is_dialled_afresh(master: pccl.Master, how: str) -> None:
+    """The acceptor's end of a kept lane is unusable: a data frame of an op it never read waits
+    on it (an aborted op leaves that), or it was closed.  The dialler's hello finds the lane
+    closed, dials afresh, and the round and the all-reduces after it succeed."""
+    lanes = CFG.lanes_for()
+    with trio.fail_after(BOUND):
+        async with trio.open_nursery() as nursery:
+            comms = await _peers(nursery, master, 3)
+            await _all_reduce_everywhere(comms, 10_000)
+            a = comms[0]
+            succ = next(c for c in comms if c.peer_id == _successor(a.ring, a.peer_id))
+            if how == "unread_data":
+                stray = np.ones(16, dtype=np.float32)
+                await a.p2p.to_successor()[1].send_data(DataHeader(10_000, 0, 0, 0, stray.nbytes), stray)
+            else:
+                succ.p2p.incoming[a.peer_id][1].abort()
+            stats = {c.peer_id: c.statistics() for c in comms}
+            async with trio.open_nursery() as voters:  # a group re-wire: the ring stays the same
+                for comm in comms:
+                    voters.start_soon(comm._session.rewire)
+            for comm in comms:
+                dials = comm.statistics().p2p_dials - stats[comm.peer_id].p2p_dials
+                kept = comm.statistics().p2p_lanes_kept - stats[comm.peer_id].p2p_lanes_kept
+                assert (dials, kept) == ((1, lanes - 1) if comm is a else (0, lanes)), comm.peer_id
+            await _all_reduce_everywhere(comms, 10_000)
+            await _all_reduce_everywhere(comms, 3_000_000)
+            nursery.cancel_scope.cancel()
+
+
+def test_kept_lane_statistics_are_part_of_the_snapshot() -> None:
+    fields = {f.name for f in dataclasses.fields(pccl.CommunicatorStatistics)}
+    assert {"p2p_dials", "p2p_lanes_kept"} <= fields
