@@ -127,6 +127,8 @@ class _Link:
         self.epoch = epoch
         self.master_address = session.master_address
         self.last_heard = trio.current_time()
+        #: When the last message to the master went out on this connection (heartbeats too).
+        self.last_sent = self.last_heard
         self.scope = trio.CancelScope()
 
     @property
@@ -350,17 +352,21 @@ class PeerSession:
             # (send_nowait), flush() finishes it and never raises Cancelled for a whole frame.
             await trio.lowlevel.checkpoint_if_cancelled()
             if link.connection.send_nowait(msg):
+                link.last_sent = trio.current_time()
                 await link.connection.flush()
             else:
                 await link.connection.send(msg)
+                link.last_sent = trio.current_time()
         except TransportError as exc:
             self.master_send_failed(exc, link)
 
     async def send_shielded(self, msg: m.Message, *, epoch: int | None = None) -> None:
         link = self._current_link(epoch)
         sent = link.connection.send_nowait(msg)
-        if sent and not link.connection.needs_flush:
-            return  # written at once: nothing to shield (the common case, and a latency-bound one)
+        if sent:
+            link.last_sent = trio.current_time()
+            if not link.connection.needs_flush:
+                return  # written at once: nothing to shield (the common case, and a latency-bound one)
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + self._config.peer_timeout
             try:
@@ -368,6 +374,7 @@ class PeerSession:
                     await link.connection.flush()
                 else:
                     await link.connection.send(msg)
+                    link.last_sent = trio.current_time()
             except TransportError as exc:
                 self.master_send_failed(exc, link)
         if scope.cancelled_caught:
@@ -842,6 +849,9 @@ class HeartbeatSubject(Protocol):
     def last_heard(self) -> float: ...
 
     @property
+    def last_sent(self) -> float: ...
+
+    @property
     def failure(self) -> PCCLError | None: ...
 
     def fail(self, error: PCCLError) -> None: ...
@@ -852,20 +862,28 @@ class HeartbeatSubject(Protocol):
 
 
 async def run_heartbeat(subject: HeartbeatSubject) -> None:
-    """Send a heartbeat every ``config.heartbeat_interval``; report ``MasterUnreachable`` (via
-    ``subject.fail``) once the master has been silent for ``config.peer_timeout``.  Returns
-    when the subject has failed or a send fails."""
+    """Keep the master hearing from this peer at least every ``config.heartbeat_interval``, and
+    report ``MasterUnreachable`` (via ``subject.fail``) once the master has been silent for
+    ``config.peer_timeout``.  Returns when the subject has failed or a send fails.
+
+    A heartbeat goes out when the interval passed since the last message to the master, or, at
+    the interval's cadence, when its report (what the status page shows) changed since the last
+    heartbeat.  A peer busy voting every step sends none on top of its votes: any message
+    refreshes the master's deadline for it, and half of all master traffic was heartbeats."""
     cfg = subject.config
+    interval = cfg.heartbeat_interval
+    reported: m.Heartbeat | None = None
+    due = trio.current_time() + interval
     while subject.failure is None:
-        due = trio.current_time() + cfg.heartbeat_interval
         await trio.sleep_until(due)
-        late = trio.current_time() - due
+        now = trio.current_time()
+        late = now - due
         if late >= cfg.peer_timeout / 2:
             log.warning("peer %x: no heartbeat could go to the master for %.3g s: the event loop was blocked "
                         "(the master removes peers silent for Config.peer_timeout = %g s); run long "
-                        "computations off the Trio thread", subject.peer_id, late + cfg.heartbeat_interval,
+                        "computations off the Trio thread", subject.peer_id, late + interval,
                         cfg.peer_timeout)
-        if trio.current_time() - subject.last_heard > cfg.peer_timeout:
+        if now - subject.last_heard > cfg.peer_timeout:
             # Before calling the master silent, let the reader take in what may be waiting
             # unread: after user code blocked the event loop, the master's heartbeats (or its
             # kick) are there.  Counted in scheduler turns, not time, since the loop may block
@@ -880,7 +898,14 @@ async def run_heartbeat(subject: HeartbeatSubject) -> None:
                 silent = trio.current_time() - subject.last_heard
                 subject.fail(MasterUnreachable(f"the master at {subject.master_address} has been silent for {silent:.3g} s"))
                 return
+        heartbeat = subject.heartbeat()
+        now = trio.current_time()
+        if heartbeat == reported and subject.last_sent + interval > now:
+            due = subject.last_sent + interval  # the master heard from this peer meanwhile
+            continue
         try:
-            await subject.send(subject.heartbeat())
+            await subject.send(heartbeat)
         except PCCLError:
             return
+        reported = heartbeat
+        due = now + interval

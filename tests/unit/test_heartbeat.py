@@ -31,18 +31,24 @@ class _State:
     def __init__(self) -> None:
         self.config = CFG
         self.last_heard = trio.current_time()
+        self.last_sent = self.last_heard
         self.failure: PCCLError | None = None
         self.sent: list[m.Message] = []
+        self.times: list[float] = []  # when each message went out
+        #: What the heartbeats report (the status page's figures).
+        self.report = m.Heartbeat()
 
     def fail(self, error: PCCLError) -> None:
         if self.failure is None:
             self.failure = error
 
     def heartbeat(self) -> m.Heartbeat:
-        return m.Heartbeat()
+        return self.report
 
     async def send(self, msg: m.Message) -> None:
         self.sent.append(msg)
+        self.last_sent = trio.current_time()
+        self.times.append(self.last_sent)
         await trio.lowlevel.checkpoint()
 
 
@@ -143,3 +149,69 @@ async def test_a_short_block_gets_a_heartbeat_out_at_once_and_no_warning(
     assert state.failure is None
     assert not [r for r in caplog.records if "blocked" in r.getMessage()]
 
+
+
+async def _busy_loop(state: _State, every: float, steps: int) -> None:
+    """A training loop that sends the master a vote every ``every`` seconds."""
+    for _ in range(steps):
+        await trio.sleep(every)
+        await state.send(m.VoteTopology())
+
+
+async def test_a_busy_peer_sends_no_heartbeat_while_its_report_is_unchanged(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # Votes every 0.9 intervals reach the master often enough: heartbeats on top would be
+    # extra messages for the master to read (about 40% of its messages in a simulated run).
+    state = _State()
+
+    async def body() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_reader, state)  # the master stays alive
+            await _busy_loop(state, 0.9 * CFG.heartbeat_interval, 40)
+            nursery.cancel_scope.cancel()
+
+    await _run_heartbeat(state, body)
+    assert state.failure is None
+    assert [type(msg) for msg in state.sent].count(m.Heartbeat) <= 1  # at most the first, before any vote
+    gaps = [b - a for a, b in zip(state.times, state.times[1:])]
+    assert max(gaps) <= CFG.heartbeat_interval
+
+
+async def test_an_idle_peer_is_heard_within_every_interval(autojump_clock: trio.testing.MockClock) -> None:
+    state = _State()
+
+    async def body() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_reader, state)
+            await _busy_loop(state, 0.3 * CFG.heartbeat_interval, 5)  # busy, then idle
+            await trio.sleep(10 * CFG.heartbeat_interval)
+            nursery.cancel_scope.cancel()
+
+    await _run_heartbeat(state, body)
+    heartbeats = [t for msg, t in zip(state.sent, state.times) if isinstance(msg, m.Heartbeat)]
+    assert len(heartbeats) >= 9
+    times = [0.0, *state.times]
+    assert max(b - a for a, b in zip(times, times[1:])) <= CFG.heartbeat_interval
+
+
+async def test_a_changed_report_goes_out_within_an_interval_even_from_a_busy_peer(
+        autojump_clock: trio.testing.MockClock) -> None:
+    state = _State()
+    changed_at: list[float] = []
+
+    async def body() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_reader, state)
+            nursery.start_soon(_busy_loop, state, 0.2 * CFG.heartbeat_interval, 1000)
+            for revision in (1, 2, 3):
+                await trio.sleep(3 * CFG.heartbeat_interval)
+                state.report = m.Heartbeat(True, revision)
+                changed_at.append(trio.current_time())
+            await trio.sleep(3 * CFG.heartbeat_interval)
+            nursery.cancel_scope.cancel()
+
+    await _run_heartbeat(state, body)
+    reports = [(t, msg) for msg, t in zip(state.sent, state.times) if isinstance(msg, m.Heartbeat)]
+    for revision, at in zip((1, 2, 3), changed_at):
+        sent = [t for t, msg in reports if msg.revision == revision]
+        assert len(sent) == 1 and sent[0] - at <= CFG.heartbeat_interval
