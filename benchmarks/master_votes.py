@@ -6,7 +6,9 @@ Drives the master's state machine (:class:`pccl.protocol.master_state.MasterStat
 with ``N`` accepted peers, then times ``--rounds`` rounds of ``update_topology()``: every peer
 sends ``VoteTopology``, the last one completes the round (nothing changed, so no p2p round).
 Prints microseconds per vote and milliseconds per round: what one training step's
-``update_topology()`` costs the master.
+``update_topology()`` costs the master; then the same with every message the machine sends
+encoded into its frame, as the master's shell does before writing it (the ``TopologyComplete``
+each peer gets carries every member's endpoint).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import random
 import time
 
+from pccl.protocol import codec
 from pccl.protocol import messages as m
 from pccl.protocol.master_state import MasterState, MessageReceived, PeerConnected, PeerStatus, Send
 
@@ -55,14 +58,20 @@ def main() -> None:
     if min(sizes) < 1 or args.groups < 1 or args.rounds < 1:
         parser.error("--peers, --groups and --rounds must be at least 1")
     for n in sizes:
-        ms, conns = accepted_cluster(n, args.groups)
-        started = time.perf_counter()
-        for _ in range(args.rounds):
-            for c in conns:
-                ms.handle(MessageReceived(c, m.VoteTopology(True)), 0.0)
-        elapsed = time.perf_counter() - started
-        print(f"{n:6d} peers, {args.groups} group(s): {1e6 * elapsed / (args.rounds * n):8.1f} us per vote, "
-              f"{1e3 * elapsed / args.rounds:8.1f} ms per round")
+        for encode in (False, True):
+            ms, conns = accepted_cluster(n, args.groups)
+            for rnd in range(args.rounds + 1):  # round 0 warms up (msgspec builds its encoders on first use)
+                if rnd == 1:
+                    started = time.perf_counter()
+                for c in conns:
+                    effects = ms.handle(MessageReceived(c, m.VoteTopology(True)), 0.0)
+                    if encode:
+                        for effect in effects:
+                            if isinstance(effect, Send):
+                                codec.encode_message(effect.msg)
+            elapsed = time.perf_counter() - started
+            print(f"{n:6d} peers, {args.groups} group(s){', frames encoded' if encode else '':16s}: "
+                  f"{1e6 * elapsed / (args.rounds * n):8.1f} us per vote, {1e3 * elapsed / args.rounds:8.1f} ms per round")
 
 
 if __name__ == "__main__":
