@@ -908,4 +908,6 @@ async def run_heartbeat(subject: HeartbeatSubject) -> None:
         except PCCLError:
             return
         reported = heartbeat
-        due = now + interval
+        # From when the send returned: a send held up (a stalled network, say) is not a late
+        # wake-up, and whatever arrived meanwhile (a kick notice) gets an interval to be read.
+        due = trio.current_time() + interval

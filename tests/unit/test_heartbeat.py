@@ -215,3 +215,30 @@ async def test_a_changed_report_goes_out_within_an_interval_even_from_a_busy_pee
     for revision, at in zip((1, 2, 3), changed_at):
         sent = [t for t, msg in reports if msg.revision == revision]
         assert len(sent) == 1 and sent[0] - at <= CFG.heartbeat_interval
+
+
+async def test_a_heartbeat_held_up_in_its_send_gives_what_arrives_meanwhile_an_interval(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # A stalled network holds the heartbeat's send for longer than peer_timeout; the master's
+    # answer (say the notice of a kick during the stall) is read soon after the send returns.
+    # The silence verdict must wait an interval from there, not fire at once.
+    state = _State()
+    released = trio.Event()
+
+    async def held_send(msg: m.Message) -> None:
+        state.sent.append(msg)
+        if len(state.sent) == 1:
+            await trio.sleep(2 * CFG.peer_timeout)
+            released.set()
+        state.last_sent = trio.current_time()
+
+    state.send = held_send  # type: ignore[method-assign]
+
+    async def body() -> None:
+        await released.wait()
+        await trio.sleep(0.3 * CFG.heartbeat_interval)
+        state.last_heard = trio.current_time()
+        await trio.sleep(2 * CFG.heartbeat_interval)
+
+    await _run_heartbeat(state, body)
+    assert state.failure is None
