@@ -869,7 +869,8 @@ async def run_heartbeat(subject: HeartbeatSubject) -> None:
     A heartbeat goes out when the interval passed since the last message to the master, or, at
     the interval's cadence, when its report (what the status page shows) changed since the last
     heartbeat.  A peer busy voting every step sends none on top of its votes: any message
-    refreshes the master's deadline for it, and half of all master traffic was heartbeats."""
+    refreshes the master's deadline for it (heartbeats were about 40% of what the master read in
+    the simulator's default run)."""
     cfg = subject.config
     interval = cfg.heartbeat_interval
     reported: m.Heartbeat | None = None
