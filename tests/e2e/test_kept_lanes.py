@@ -3,12 +3,14 @@
 A round re-dials only the edges of the ring it changes: a lane whose two ends stay neighbours
 gets the new round's ``P2PHello`` on the old connection.  If either end dropped it (an op left
 unread data on it, or it was closed), the dialler learns it from the closed connection and dials
-that lane afresh; the all-reduces after the round are exact either way.
+that lane afresh; the all-reduces after the round are exact either way.  Each test runs on plain
+TCP and with TLS on every connection.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 import numpy as np
 import pytest
@@ -23,9 +25,25 @@ CFG = Config(peer_timeout=2.0, heartbeat_interval=0.25, connect_timeout=2.0, p2p
 BOUND = 20.0
 
 
+@pytest.fixture(params=["tcp", "tls"])
+def cfg(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Config:
+    """Plain TCP (lanes with worker-thread I/O), or TLS on every connection (lanes without it:
+    the kept lane's hello is then read through the TLS stream)."""
+    if request.param == "tcp":
+        return CFG
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    paths = {name: str(tmp_path / f"{name}.pem") for name in ("ca", "cert", "key")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    cert.cert_chain_pems[0].write_to_path(paths["cert"])
+    cert.private_key_pem.write_to_path(paths["key"])
+    return CFG.with_tls(cert=paths["cert"], key=paths["key"], ca=paths["ca"])
+
+
 @pytest.fixture
-async def master():
-    async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG) as running:
+async def master(cfg: Config):
+    async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=cfg) as running:
         yield running
 
 
@@ -35,7 +53,7 @@ async def _wait_until(predicate, what: str) -> None:
             await trio.sleep(0.01)
 
 
-async def _peers(nursery: trio.Nursery, master: pccl.Master, n: int) -> list[pccl.Communicator]:
+async def _peers(nursery: trio.Nursery, master: pccl.Master, n: int, cfg: Config) -> list[pccl.Communicator]:
     """``n`` peers of group 0, admitted one by one (each admission is a topology round)."""
     comms: list[pccl.Communicator] = []
     for _ in range(n):
@@ -43,7 +61,7 @@ async def _peers(nursery: trio.Nursery, master: pccl.Master, n: int) -> list[pcc
         opened = trio.Event()
 
         async def peer() -> None:
-            async with pccl.open_communicator(master.address, token=TOKEN, config=CFG) as comm:
+            async with pccl.open_communicator(master.address, token=TOKEN, config=cfg) as comm:
                 comms.append(comm)
                 opened.set()
                 await trio.sleep_forever()
@@ -74,11 +92,11 @@ async def _all_reduce_everywhere(comms: list[pccl.Communicator], n: int) -> None
         np.testing.assert_array_equal(x, expected)
 
 
-async def test_a_newcomer_redials_only_the_ring_edges_it_changes(master: pccl.Master) -> None:
+async def test_a_newcomer_redials_only_the_ring_edges_it_changes(master: pccl.Master, cfg: Config) -> None:
     lanes = CFG.lanes_for()
     with trio.fail_after(BOUND):
         async with trio.open_nursery() as nursery:
-            comms = await _peers(nursery, master, 3)
+            comms = await _peers(nursery, master, 3, cfg)
             ring_before = comms[0].ring
             before = {c.peer_id: (c.statistics(), c.p2p.to_successor()) for c in comms}
             newcomer_scope = trio.CancelScope()
@@ -86,7 +104,7 @@ async def test_a_newcomer_redials_only_the_ring_edges_it_changes(master: pccl.Ma
 
             async def join() -> None:
                 with newcomer_scope:
-                    async with pccl.open_communicator(master.address, token=TOKEN, config=CFG) as comm:
+                    async with pccl.open_communicator(master.address, token=TOKEN, config=cfg) as comm:
                         newcomer.append(comm)
                         await trio.sleep_forever()
 
@@ -112,20 +130,20 @@ async def test_a_newcomer_redials_only_the_ring_edges_it_changes(master: pccl.Ma
             assert changed == 1  # exactly one old peer precedes the newcomer
             assert newcomer[0].statistics().p2p_dials == lanes
             await _all_reduce_everywhere(comms + newcomer, 50_000)
-            await _all_reduce_everywhere(comms + newcomer, 3_000_000)  # the worker-thread lanes too
+            await _all_reduce_everywhere(comms + newcomer, 3_000_000)  # the worker-thread lanes too (TCP)
             newcomer_scope.cancel()
             nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize("how", ["unread_data", "closed"])
-async def test_a_lane_the_successor_dropped_is_dialled_afresh(master: pccl.Master, how: str) -> None:
+async def test_a_lane_the_successor_dropped_is_dialled_afresh(master: pccl.Master, cfg: Config, how: str) -> None:
     """The acceptor's end of a kept lane is unusable: a data frame of an op it never read waits
     on it (an aborted op leaves that), or it was closed.  The dialler's hello finds the lane
     closed, dials afresh, and the round and the all-reduces after it succeed."""
     lanes = CFG.lanes_for()
     with trio.fail_after(BOUND):
         async with trio.open_nursery() as nursery:
-            comms = await _peers(nursery, master, 3)
+            comms = await _peers(nursery, master, 3, cfg)
             await _all_reduce_everywhere(comms, 10_000)
             a = comms[0]
             succ = next(c for c in comms if c.peer_id == _successor(a.ring, a.peer_id))
