@@ -92,16 +92,19 @@ def _run(script: str, steps: int, *args: str, peers: int = 3, kill_at: int = 2) 
 def _run_with_master_restart(script: str, steps: int, *args: str, peers: int = 3, kill_at: int = 2) -> None:
     address = f"127.0.0.1:{free_port()}"
 
-    def start_master() -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "pccl", "master", "--listen", address, "--peer-timeout",
-                                 str(CONFIG.peer_timeout), "--heartbeat-interval", str(CONFIG.heartbeat_interval)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    def start_master() -> _Proc:
+        master = _Proc("master", [sys.executable, "-m", "pccl", "master", "--listen", address, "--peer-timeout",
+                                  str(CONFIG.peer_timeout), "--heartbeat-interval", str(CONFIG.heartbeat_interval)])
+        deadline = time.monotonic() + 30
+        while not any("master listening on" in line for line in master.lines):  # a first connect is not retried
+            assert master.popen.poll() is None and time.monotonic() < deadline, master.output()
+            time.sleep(0.02)
+        return master
 
     master = start_master()
     cmd = [sys.executable, str(EXAMPLES / script), "--master", address, *args]
     procs: list[_Proc] = []
     try:
-        time.sleep(0.5)  # the peers retry their first connect anyway
         procs = [_Proc(f"peer{i}", cmd) for i in range(peers)]
         deadline = time.monotonic() + BOUND
         while not all(p.step >= kill_at for p in procs):
@@ -109,8 +112,8 @@ def _run_with_master_restart(script: str, steps: int, *args: str, peers: int = 3
             assert all(p.popen.poll() is None for p in procs), "\n".join(p.output() for p in procs)
             time.sleep(0.02)
         assert max(p.step for p in procs) < steps, "the run finished before the kill: raise the step count"
-        master.send_signal(signal.SIGKILL)
-        master.wait(10)
+        master.popen.send_signal(signal.SIGKILL)
+        master.popen.wait(10)
         time.sleep(1.0)  # the peers notice and retry meanwhile
         master = start_master()
         for p in procs:
@@ -127,8 +130,8 @@ def _run_with_master_restart(script: str, steps: int, *args: str, peers: int = 3
             if p.popen.poll() is None:
                 p.popen.kill()
             p.popen.wait(10)
-        master.kill()
-        master.wait(10)
+        master.popen.kill()
+        master.popen.wait(10)
 
 
 def test_hello_world() -> None:
