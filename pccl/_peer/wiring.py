@@ -279,8 +279,11 @@ class RingWiring:
                 raise ProtocolError("the lane was dropped meanwhile")  # a later round closed it
             await self._add_lane(self._check_hello(hello), conn, hello)
         except (PCCLError, trio.TooSlowError) as exc:
-            log.debug("peer %x: kept lane %d from the predecessor dropped: %s", host.peer_id, lane,
-                      "no hello in time" if isinstance(exc, trio.TooSlowError) else exc)
+            # A closed connection is the dialler dialling afresh: expected.  Anything else (a
+            # frame other than the hello, no hello in time) is worth a line.
+            level = logging.DEBUG if isinstance(exc, TransportError) else logging.INFO
+            log.log(level, "peer %x: kept lane %d from %s dropped: %s", host.peer_id, lane, conn.remote_address,
+                    "no hello in time" if isinstance(exc, trio.TooSlowError) else exc)
             self._kept.pop(conn, None)
             conn.abort()
         except BaseException:

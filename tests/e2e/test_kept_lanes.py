@@ -9,7 +9,7 @@ TCP and with TLS on every connection.
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 import pathlib
 
 import numpy as np
@@ -136,7 +136,8 @@ async def test_a_newcomer_redials_only_the_ring_edges_it_changes(master: pccl.Ma
 
 
 @pytest.mark.parametrize("how", ["unread_data", "closed"])
-async def test_a_lane_the_successor_dropped_is_dialled_afresh(master: pccl.Master, cfg: Config, how: str) -> None:
+async def test_a_lane_the_successor_dropped_is_dialled_afresh(master: pccl.Master, cfg: Config, how: str,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     """The acceptor's end of a kept lane is unusable: a data frame of an op it never read waits
     on it (an aborted op leaves that), or it was closed.  The dialler's hello finds the lane
     closed, dials afresh, and the round and the all-reduces after it succeed."""
@@ -153,9 +154,12 @@ async def test_a_lane_the_successor_dropped_is_dialled_afresh(master: pccl.Maste
             else:
                 succ.p2p.incoming[a.peer_id][1].abort()
             stats = {c.peer_id: c.statistics() for c in comms}
-            async with trio.open_nursery() as voters:  # a group re-wire: the ring stays the same
-                for comm in comms:
-                    voters.start_soon(comm._session.rewire)
+            with caplog.at_level(logging.INFO, logger="pccl._peer.wiring"):
+                async with trio.open_nursery() as voters:  # a group re-wire: the ring stays the same
+                    for comm in comms:
+                        voters.start_soon(comm._session.rewire)
+            if how == "unread_data":  # the stray frame is named where the lane is dropped
+                assert any("kept lane 1" in r.getMessage() and "data frame" in r.getMessage() for r in caplog.records)
             for comm in comms:
                 dials = comm.statistics().p2p_dials - stats[comm.peer_id].p2p_dials
                 kept = comm.statistics().p2p_lanes_kept - stats[comm.peer_id].p2p_lanes_kept
@@ -163,8 +167,3 @@ async def test_a_lane_the_successor_dropped_is_dialled_afresh(master: pccl.Maste
             await _all_reduce_everywhere(comms, 10_000)
             await _all_reduce_everywhere(comms, 3_000_000)
             nursery.cancel_scope.cancel()
-
-
-def test_kept_lane_statistics_are_part_of_the_snapshot() -> None:
-    fields = {f.name for f in dataclasses.fields(pccl.CommunicatorStatistics)}
-    assert {"p2p_dials", "p2p_lanes_kept"} <= fields
