@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -56,6 +57,35 @@ class _Proc:
         return f"--- {self.name} (exit {self.popen.poll()}) ---\n" + "\n".join(self.lines[-40:])
 
 
+def _wait_until(procs: list[_Proc], ready: Callable[[], bool], deadline: float) -> None:
+    """Poll the processes' output until ``ready()``; fail if one exits or time runs out."""
+    while not ready():
+        assert time.monotonic() < deadline, "\n".join(p.output() for p in procs)
+        assert all(p.popen.poll() is None for p in procs), "\n".join(p.output() for p in procs)
+        time.sleep(0.02)
+
+
+def _finish(finishers: list[_Proc], procs: list[_Proc], steps: int, deadline: float) -> str:
+    """Wait for ``finishers`` to exit; each must have finished every step, all with the same
+    weights.  Returns the report of every process (for further assertions)."""
+    for p in finishers:
+        p.popen.wait(timeout=max(1.0, deadline - time.monotonic()))
+        p.thread.join(10)
+    report = "\n".join(p.output() for p in procs)
+    finals = [p.done() for p in finishers]
+    assert all(p.popen.returncode == 0 for p in finishers), report
+    assert all(f is not None and f[0] == steps for f in finals), report
+    assert len({f[1] for f in finals if f is not None}) == 1, report  # bit-identical weights
+    return report
+
+
+def _kill_all(procs: list[_Proc]) -> None:
+    for p in procs:
+        if p.popen.poll() is None:
+            p.popen.kill()
+        p.popen.wait(10)
+
+
 def _run(script: str, steps: int, *args: str, peers: int = 3, kill_at: int = 2) -> list[_Proc]:
     with master_in_thread(CONFIG) as master:
         cmd = [sys.executable, str(EXAMPLES / script), "--master", master.address, *args]
@@ -63,75 +93,48 @@ def _run(script: str, steps: int, *args: str, peers: int = 3, kill_at: int = 2) 
         try:
             deadline = time.monotonic() + BOUND
             # every process is in and training (or the first has gone past kill_at with the others in)
-            while not (all(p.step >= 1 for p in procs) and max(p.step for p in procs) >= kill_at):
-                assert time.monotonic() < deadline, "\n".join(p.output() for p in procs)
-                assert all(p.popen.poll() is None for p in procs), "\n".join(p.output() for p in procs)
-                time.sleep(0.02)
+            _wait_until(procs, lambda: all(p.step >= 1 for p in procs) and max(p.step for p in procs) >= kill_at,
+                        deadline)
             victim = max(procs, key=lambda p: p.step)
             assert victim.step < steps, "the run finished before the kill: raise the step count"
             victim.popen.send_signal(signal.SIGKILL)
-            survivors = [p for p in procs if p is not victim]
-            for p in survivors:
-                p.popen.wait(timeout=max(1.0, deadline - time.monotonic()))
-                p.thread.join(10)
-            report = "\n".join(p.output() for p in procs)
+            report = _finish([p for p in procs if p is not victim], procs, steps, deadline)
             assert victim.popen.wait(10) == -signal.SIGKILL
             assert victim.done() is None, report
-            finals = [p.done() for p in survivors]
-            assert all(p.popen.returncode == 0 for p in survivors), report
-            assert all(f is not None and f[0] == steps for f in finals), report
-            assert len({f[1] for f in finals if f is not None}) == 1, report  # bit-identical weights
             return procs
         finally:
-            for p in procs:
-                if p.popen.poll() is None:
-                    p.popen.kill()
-                p.popen.wait(10)
+            _kill_all(procs)
 
 
 def _run_with_master_restart(script: str, steps: int, *args: str, peers: int = 3, kill_at: int = 2) -> None:
     address = f"127.0.0.1:{free_port()}"
+    masters: list[_Proc] = []
 
     def start_master() -> _Proc:
         master = _Proc("master", [sys.executable, "-m", "pccl", "master", "--listen", address, "--peer-timeout",
                                   str(CONFIG.peer_timeout), "--heartbeat-interval", str(CONFIG.heartbeat_interval)])
-        deadline = time.monotonic() + 30
-        while not any("master listening on" in line for line in master.lines):  # a first connect is not retried
-            assert master.popen.poll() is None and time.monotonic() < deadline, master.output()
-            time.sleep(0.02)
+        masters.append(master)
+        # A peer's first connect is not retried: start the peers once the master listens.
+        _wait_until([master], lambda: any("master listening on" in line for line in master.lines),
+                    time.monotonic() + 30)
         return master
 
-    master = start_master()
-    cmd = [sys.executable, str(EXAMPLES / script), "--master", address, *args]
     procs: list[_Proc] = []
     try:
+        master = start_master()
+        cmd = [sys.executable, str(EXAMPLES / script), "--master", address, *args]
         procs = [_Proc(f"peer{i}", cmd) for i in range(peers)]
         deadline = time.monotonic() + BOUND
-        while not all(p.step >= kill_at for p in procs):
-            assert time.monotonic() < deadline, "\n".join(p.output() for p in procs)
-            assert all(p.popen.poll() is None for p in procs), "\n".join(p.output() for p in procs)
-            time.sleep(0.02)
+        _wait_until(procs, lambda: all(p.step >= kill_at for p in procs), deadline)
         assert max(p.step for p in procs) < steps, "the run finished before the kill: raise the step count"
         master.popen.send_signal(signal.SIGKILL)
         master.popen.wait(10)
         time.sleep(1.0)  # the peers notice and retry meanwhile
-        master = start_master()
-        for p in procs:
-            p.popen.wait(timeout=max(1.0, deadline - time.monotonic()))
-            p.thread.join(10)
-        report = "\n".join(p.output() for p in procs)
-        finals = [p.done() for p in procs]
-        assert all(p.popen.returncode == 0 for p in procs), report
+        start_master()
+        report = _finish(procs, procs, steps, deadline)
         assert all(any("lost the connection to the master" in line for line in p.lines) for p in procs), report
-        assert all(f is not None and f[0] == steps for f in finals), report
-        assert len({f[1] for f in finals if f is not None}) == 1, report  # bit-identical weights
     finally:
-        for p in procs:
-            if p.popen.poll() is None:
-                p.popen.kill()
-            p.popen.wait(10)
-        master.popen.kill()
-        master.popen.wait(10)
+        _kill_all(procs + masters)
 
 
 def test_hello_world() -> None:
