@@ -49,6 +49,7 @@ from ._frames import DISCARD_CHUNK, FrameCore, byte_view, data_frame_parts
 from .base import Network, Stream, parse_address
 
 if TYPE_CHECKING:
+    from .framed_threads import BlockingDataChannel
     from .thread_io import BlockingIO
 
 __all__ = [
@@ -105,7 +106,7 @@ class FramedConnection:
         self.frames = FrameCore(max_frame_size=config.max_frame_size, remote_address=stream.remote_address)
         #: The connection's thread-side data channel once made (see
         #: :func:`pccl.net.framed_threads.thread_channel`), so every user shares its send lock.
-        self.thread_channel: object | None = None
+        self.thread_channel: BlockingDataChannel | None = None
         self._send_lock = trio.Lock()
         #: The tail of a frame that :meth:`send_nowait` or :meth:`send_data_nowait` could only
         #: partly write (its remaining pieces): it goes out first, under the send lock, in the
@@ -369,8 +370,7 @@ class FramedConnection:
         frames = self.frames
         if frames.closed or frames.broken or self._unsent is not None or self._send_lock.locked():
             return False
-        channel = self.thread_channel
-        if channel is not None and getattr(channel, "sending", False):
+        if self.thread_channel is not None and self.thread_channel.sending:
             return False
         return frames.at_rest
 

@@ -32,7 +32,7 @@ class ThreadedConnection(Protocol):
     """What a connection offers the thread path (:class:`pccl.net.framed.FramedConnection` does)."""
 
     frames: FrameCore
-    thread_channel: object | None
+    thread_channel: BlockingDataChannel | None
     remote_address: str
 
     def blocking_io(self) -> BlockingIO | None: ...
@@ -49,7 +49,6 @@ def thread_channel(connection: ThreadedConnection) -> BlockingDataChannel | None
         if io is None:
             return None
         channel = connection.thread_channel = BlockingDataChannel(connection, io)
-    assert isinstance(channel, BlockingDataChannel)
     return channel
 
 
