@@ -14,7 +14,13 @@ import trio
 import trio.testing
 from trio._core import _run
 
-from sim.engine.determinism import TrioHooksChanged, check_trio_hooks, deterministic_trio, sim_clock
+from sim.engine.determinism import (
+    TrioHooksChanged,
+    check_trio_hooks,
+    deterministic_trio,
+    poll_only_when_idle,
+    sim_clock,
+)
 
 
 def test_private_hooks_have_expected_names_and_types() -> None:
@@ -114,3 +120,44 @@ def test_sim_clock_delivers_events_when_the_run_idles_at_their_exact_times() -> 
 
     trio.run(main, clock=sim_clock(events))
     assert log == [("a", 0.5), ("b", 0.5), ("b-now", 0.5), ("task", 1.0), ("x", 1.0), ("c", 1.25), ("task", 1.25)]
+
+
+def test_idle_poll_asks_the_os_only_when_a_poll_could_deliver_something() -> None:
+    """``poll_only_when_idle`` skips the epoll call while nothing but the wake-up socket is
+    registered and ``run_sync_soon`` has queued nothing; a queued callback, or a real fd someone
+    waits on, makes it poll again (and the callback runs, the fd's waiter wakes)."""
+    polls: list[int] = []
+    idle: list[int] = []
+
+    async def main() -> None:
+        poll_only_when_idle(lambda: None)
+        poller = _run.GLOBAL_RUN_CONTEXT.runner.io_manager
+        real = poller._real
+
+        class Counting:
+            def get_events(self, timeout: float) -> object:
+                polls.append(1)
+                return real.get_events(timeout)
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+        poller._real = Counting()
+        for _ in range(5):
+            await trio.sleep(1)  # idle: the clock jumps, nothing to poll for
+        idle_polls = len(polls)
+        token = trio.lowlevel.current_trio_token()
+        called = trio.Event()
+        token.run_sync_soon(called.set)  # as a thread would: queued, then the wake-up byte
+        await called.wait()
+        assert len(polls) > idle_polls
+        a, b = trio.socket.socketpair()
+        with a, b:
+            await b.send(b"x")
+            before = len(polls)
+            await trio.lowlevel.wait_readable(a)  # a real fd: polled for although idle
+            assert len(polls) > before
+        idle.append(idle_polls)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert idle == [0]
