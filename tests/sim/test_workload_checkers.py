@@ -99,3 +99,59 @@ def test_coverage_table_lists_every_membership_phase_even_unhit_ones() -> None:
     assert "2 distinct (victim phase, master phase, fault kind) cells, 3 faults" in table
     assert fault_victims(FaultEvent(1.0, "partition", side=("peer1", "peer2")).to_json()) == ["peer1", "peer2"]
     assert fault_victims(FaultEvent(1.0, "master_restart").to_json()) == ["master"]
+
+
+class _Views:
+    """The read-only views ``stuck_votes`` reads, as given."""
+
+    def __init__(self, peers: list[ms.PeerInfo], rounds: dict[int, tuple[int, ...]] | None = None,
+                 ops: list[ms.OpInfo] | None = None) -> None:
+        self._peers, self._rounds, self._ops = peers, rounds or {}, ops or []
+
+    def peers(self) -> list[ms.PeerInfo]:
+        return self._peers
+
+    def rounds_in_progress(self) -> dict[int, tuple[int, ...]]:
+        return self._rounds
+
+    def ops(self) -> list[ms.OpInfo]:
+        return self._ops
+
+
+def _peer(pid: int, group: int = 0, status: ms.PeerStatus = ms.PeerStatus.ACCEPTED,
+          vote: ms.TopologyVote | None = None, pending: bool = False) -> ms.PeerInfo:
+    return ms.PeerInfo(pid, pid, group, status, vote, False, pending)
+
+
+_A, _R = ms.TopologyVote.ACCEPT, ms.TopologyVote.REWIRE
+
+
+def test_stuck_votes_names_every_kind_of_stuck_vote_and_only_those() -> None:
+    reg = _peer(9, status=ms.PeerStatus.REGISTERED)
+    conn = _peer(8, status=ms.PeerStatus.CONNECTED)
+    cases: list[tuple[_Views, list[str]]] = [
+        (_Views([_peer(1, vote=_A), _peer(2)]), []),
+        (_Views([_peer(1, vote=_A), _peer(2, vote=_A), reg, conn]),
+         ["accept vote: all 2 accepted peers voted (1 registered waiting), no round started"]),
+        (_Views([_peer(1, vote=_A), _peer(2, vote=_A)], rounds={0: (1, 2)}), []),
+        (_Views([_peer(1, vote=_R), _peer(2, vote=_R), _peer(3, group=1, vote=_R), _peer(4, group=1)]),
+         ["re-wire vote of group 0: all 2 members voted, no round started"]),
+        (_Views([_peer(1, vote=_R), _peer(2, vote=_R)], rounds={ms.GLOBAL_SCOPE: (1, 2)}), []),
+        (_Views([_peer(1, vote=_R), _peer(2, group=1, vote=_R)], rounds={1: (2,)}),
+         ["re-wire vote of group 0: all 1 members voted, no round started"]),
+        (_Views([_peer(1), conn], rounds={0: (5, 8)}),
+         ["topology round (scope 0) whose participants are all gone"]),
+        (_Views([_peer(1, pending=True), _peer(2, pending=True)]),
+         ["peers-pending vote: all 2 accepted peers asked, no answer"]),
+        (_Views([_peer(1, pending=True), _peer(2)]), []),
+        (_Views([_peer(1), _peer(2), _peer(3, group=1)], ops=[ms.OpInfo(0, 7, frozenset({1, 2}), None, (), frozenset())]),
+         ["collective tag 7 of group 0: every member voted, not decided"]),
+        (_Views([_peer(1), _peer(2)], ops=[ms.OpInfo(0, 7, frozenset({1}), None, (), frozenset())]), []),
+        (_Views([_peer(1), _peer(2)], ops=[ms.OpInfo(0, 7, frozenset({1, 2}), 4, (1, 2, 3), frozenset({1}))]),
+         ["collective tag 7 seq 4: finished or lost a participant, not concluded"]),
+        (_Views([_peer(1), _peer(2)], ops=[ms.OpInfo(0, 7, frozenset({1, 2}), 4, (1, 2), frozenset({1, 2}))]),
+         ["collective tag 7 seq 4: finished or lost a participant, not concluded"]),
+        (_Views([_peer(1), _peer(2)], ops=[ms.OpInfo(0, 7, frozenset({1, 2}), 4, (1, 2, 3), frozenset({1, 3}))]), []),
+    ]
+    for views, expected in cases:
+        assert stuck_votes(views) == expected, views.__dict__  # type: ignore[arg-type]

@@ -135,31 +135,45 @@ class MembershipAgreement(Checker):
 
 def stuck_votes(state: ms.MasterState) -> list[str]:
     """Consensus predicates that hold in ``state`` although the machine did not act on them
-    (empty for a machine that re-checks after every event).  Read-only views only."""
-    peers = state.peers()
-    accepted = [p for p in peers if p.status is ms.PeerStatus.ACCEPTED]
-    registered = [p for p in peers if p.status is ms.PeerStatus.REGISTERED]
-    live = {p.peer_id for p in peers if p.status is not ms.PeerStatus.CONNECTED}
+    (empty for a machine that re-checks after every event).  Read-only views only.
+
+    One pass over the peers (it runs after most changes of the master's state, and was a tenth
+    of a fault-free simulated run when it filtered the peer list once per predicate)."""
+    accept, rewire = ms.TopologyVote.ACCEPT, ms.TopologyVote.REWIRE
+    accepted_status, connected = ms.PeerStatus.ACCEPTED, ms.PeerStatus.CONNECTED
+    live: set[int] = set()
+    accepted = registered = 0
+    all_accept = all_pending = True
+    rewiring: dict[int, bool] = {}  # group -> every accepted member votes re-wire
+    members_of: dict[int, set[int]] = {}  # group -> accepted peer ids
+    for p in state.peers():
+        if p.status is connected:
+            continue
+        live.add(p.peer_id)
+        if p.status is not accepted_status:
+            registered += 1
+            continue
+        accepted += 1
+        vote = p.topology_vote
+        all_accept = all_accept and vote is accept
+        all_pending = all_pending and p.pending_vote
+        rewiring[p.group] = rewiring.get(p.group, True) and vote is rewire
+        members_of.setdefault(p.group, set()).add(p.peer_id)
     rounds = state.rounds_in_progress()
     out: list[str] = []
     for scope, participants in sorted(rounds.items()):
-        if not live & set(participants):
+        if live.isdisjoint(participants):
             out.append(f"topology round (scope {scope}) whose participants are all gone")
-    if not rounds and (accepted or registered) and all(p.topology_vote is ms.TopologyVote.ACCEPT for p in accepted):
-        out.append(
-            f"accept vote: all {len(accepted)} accepted peers voted ({len(registered)} registered waiting), no round started"
-        )
-    for group in sorted({p.group for p in accepted}):
-        members = [p for p in accepted if p.group == group]
-        if ms.GLOBAL_SCOPE not in rounds and group not in rounds and all(
-            p.topology_vote is ms.TopologyVote.REWIRE for p in members
-        ):
-            out.append(f"re-wire vote of group {group}: all {len(members)} members voted, no round started")
-    if accepted and all(p.pending_vote for p in accepted):
-        out.append(f"peers-pending vote: all {len(accepted)} accepted peers asked, no answer")
+    if not rounds and (accepted or registered) and all_accept:
+        out.append(f"accept vote: all {accepted} accepted peers voted ({registered} registered waiting), no round started")
+    if ms.GLOBAL_SCOPE not in rounds:
+        for group in sorted(group for group, all_rewire in rewiring.items() if all_rewire and group not in rounds):
+            out.append(f"re-wire vote of group {group}: all {len(members_of[group])} members voted, no round started")
+    if accepted and all_pending:
+        out.append(f"peers-pending vote: all {accepted} accepted peers asked, no answer")
     for op in state.ops():
         if op.seq is None:
-            voters = {p.peer_id for p in accepted if p.group == op.group}
+            voters = members_of.get(op.group)
             if voters and voters <= op.voters:
                 out.append(f"collective tag {op.tag} of group {op.group}: every member voted, not decided")
         else:
