@@ -595,6 +595,26 @@ class World:
         if scope is not None and when < scope.deadline:  # only while World.run waits (simulate())
             scope.deadline = when
 
+    async def sleep_until(self, when: float) -> None:
+        """``trio.sleep_until(when)`` for simulated work (a workload's compute), woken by this
+        queue: the event reschedules the task, where trio's sleep expires a cancel scope's
+        deadline and raises ``Cancelled`` through the task to end it, several times the cost.
+        Cancellation works as for ``trio.sleep_until`` (the event then finds nobody to wake)."""
+        task: list[trio.lowlevel.Task | None] = [trio.lowlevel.current_task()]
+
+        def wake() -> None:
+            sleeper = task[0]
+            if sleeper is not None:
+                task[0] = None
+                trio.lowlevel.reschedule(sleeper)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            task[0] = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        self.at(when, wake)
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
     def next_time(self) -> float:
         """When the earliest pending event is due (``inf``: none)."""
         heap = self._heap

@@ -180,6 +180,11 @@ class HostContext:
     def now(self) -> float:
         return trio.current_time()
 
+    async def sleep(self, seconds: float) -> None:
+        """``trio.sleep(seconds)`` for the host's simulated work, cheaper
+        (:meth:`~sim.engine.network.World.sleep_until`)."""
+        await self.sim.world.sleep_until(trio.current_time() + seconds)
+
 
 @dataclasses.dataclass
 class _HostRecord:

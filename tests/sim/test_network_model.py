@@ -217,3 +217,27 @@ def test_stream_operations_are_one_schedule_point_each_as_on_a_socket() -> None:
         trio.lowlevel.remove_instrument(steps)
 
     simulate(body)
+
+
+def test_world_sleep_until_wakes_at_the_instant_in_order_and_can_be_cancelled() -> None:
+    async def body(world: World) -> list[tuple[str, float]]:
+        woke: list[tuple[str, float]] = []
+
+        async def sleeper(name: str, when: float) -> None:
+            await world.sleep_until(when)
+            woke.append((name, trio.current_time()))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sleeper, "late", 2.5)
+            await trio.lowlevel.checkpoint()
+            nursery.start_soon(sleeper, "first", 1.25)
+            await trio.lowlevel.checkpoint()
+            nursery.start_soon(sleeper, "second", 1.25)  # same instant: after "first"
+            with trio.move_on_after(0.5) as scope:
+                await world.sleep_until(2.0)  # cancelled: its event later wakes nobody
+            woke.append(("cancelled", trio.current_time()))
+            assert scope.cancelled_caught
+        woke.append(("end", trio.current_time()))
+        return woke
+
+    assert simulate(body) == [("cancelled", 0.5), ("first", 1.25), ("second", 1.25), ("late", 2.5), ("end", 2.5)]

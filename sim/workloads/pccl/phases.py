@@ -29,8 +29,6 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
-import trio
-
 import pccl
 
 from ...engine.runner import Checker, HostContext
@@ -99,7 +97,7 @@ class ComputePhase(Phase):
 
     async def run(self, step: StepContext) -> None:
         scale = float(self.params.get("scale", 1.0))
-        await trio.sleep(step.scenario.step_time * scale * (0.5 + step.host.rng.random()))
+        await step.host.sleep(step.scenario.step_time * scale * (0.5 + step.host.rng.random()))
 
 
 #: name -> Phase subclass.
