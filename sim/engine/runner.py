@@ -430,7 +430,7 @@ class Simulation:
 
     def _later(self, delay: float, action: Callable[[], object]) -> None:
         async def after() -> None:
-            await trio.sleep(delay)
+            await self.world.sleep_until(trio.current_time() + delay)
             action()  # after heal_all an unstall or heal is a no-op; a restart still happens
 
         assert self._nursery is not None
@@ -443,7 +443,7 @@ class Simulation:
         for _, event in self.schedule.sorted_events():
             if event.t >= self.schedule.duration:
                 break
-            await trio.sleep_until(event.t)
+            await self.world.sleep_until(event.t)
             if event.trigger is not None:
                 assert self.tap is not None
                 self.trace.record("faults", "armed", event=event.to_json())

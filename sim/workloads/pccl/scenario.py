@@ -315,7 +315,7 @@ class PcclScenario(Scenario):
         """Probe the master's view periodically, so state invariants are checked even while
         nothing else happens (a stuck vote is silence)."""
         while True:
-            await trio.sleep(self.probe_interval)
+            await sim.world.sleep_until(trio.current_time() + self.probe_interval)
             state = self.master_state(sim)
             if state is None:
                 sim.trace.record("monitor", "probe", master=False)
