@@ -220,7 +220,7 @@ class StateSyncService:
                 serving = _Serving(arrays)
                 if strategy is not SyncStrategy.RECEIVE_ONLY:
                     self._serving = serving  # before voting: receivers may dial as soon as the vote completes
-                await host.send(m.SyncVote(state.revision, int(strategy), entries), epoch=epoch)
+                await host.send(m.SyncVote(state.revision, int(strategy), entries), epoch=epoch, schedule_point=False)
                 running.voted = True
             if not running.voted or receive is None:
                 raise _Stopped()

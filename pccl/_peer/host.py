@@ -151,9 +151,11 @@ class PeerHost(Protocol):
 
     # --- the master ------------------------------------------------------------------------------
 
-    async def send(self, msg: m.Message, *, epoch: int | None = None) -> None:
+    async def send(self, msg: m.Message, *, epoch: int | None = None, schedule_point: bool = True) -> None:
         """Send to the master (of ``epoch``, when given: else :class:`MasterLost`); a transport
-        failure loses the master (reconnect, or ``MasterUnreachable``)."""
+        failure loses the master (reconnect, or ``MasterUnreachable``).  A cancellation point
+        always; ``schedule_point=False`` (for a caller that awaits the answer right after, which
+        is one) skips the schedule point when the message went out at once."""
 
     async def send_shielded(self, msg: m.Message, *, epoch: int | None = None) -> None:
         """:meth:`send`, even if the caller is being cancelled, bounded by ``config.peer_timeout``

@@ -345,15 +345,18 @@ class PeerSession:
             raise MasterLost(f"the connection to the master at {self.master_address} was lost")
         return link
 
-    async def send(self, msg: m.Message, *, epoch: int | None = None) -> None:
+    async def send(self, msg: m.Message, *, epoch: int | None = None, schedule_point: bool = True) -> None:
         link = self._current_link(epoch)
         try:
             # Cancellation before anything is written sends nothing; once the message went out
             # (send_nowait), flush() finishes it and never raises Cancelled for a whole frame.
+            # Without a schedule point, a vote waits for its answer in its second scheduler
+            # turn, not its third (a third of a simulated peer's steps were this yield).
             await trio.lowlevel.checkpoint_if_cancelled()
             if link.connection.send_nowait(msg):
                 link.last_sent = trio.current_time()
-                await link.connection.flush()
+                if schedule_point or link.connection.needs_flush:
+                    await link.connection.flush()
             else:
                 await link.connection.send(msg)
                 link.last_sent = trio.current_time()
@@ -479,7 +482,7 @@ class PeerSession:
             waiter = self._new_topology_waiter("optimize")
             log.debug("peer %x: optimise vote", self._peer_id)
             try:
-                await self.send(m.VoteOptimize(), epoch=epoch)
+                await self.send(m.VoteOptimize(), epoch=epoch, schedule_point=False)
             except BaseException:
                 if self._topology_waiter is waiter:
                     self._clear_topology_waiter(None)
@@ -530,7 +533,7 @@ class PeerSession:
             waiter = self._new_topology_waiter(kind)
             log.debug("peer %x: topology vote (%s)", self._peer_id, kind)
             try:
-                await self.send(m.VoteTopology(accept_new_peers), epoch=self._epoch)
+                await self.send(m.VoteTopology(accept_new_peers), epoch=self._epoch, schedule_point=False)
             except MasterLost:
                 pass  # the vote stands as the wait for acceptance by the next master
             except BaseException:
@@ -565,7 +568,7 @@ class PeerSession:
             if waiter is None:
                 waiter = self._pending_waiter = _Waiter()
                 try:
-                    await self.send(m.VotePeersPending(), epoch=self._epoch)
+                    await self.send(m.VotePeersPending(), epoch=self._epoch, schedule_point=False)
                 except MasterLost:  # not sent: no vote stands at any master
                     if self._pending_waiter is waiter:
                         self._pending_waiter = None

@@ -149,7 +149,7 @@ class RingWiring:
                         return
                     links.add_outgoing(succ, tuple(dialled))  # type: ignore[arg-type]
             try:
-                await host.send(m.P2PReport(links.round, ok, unreachable), epoch=epoch)
+                await host.send(m.P2PReport(links.round, ok, unreachable), epoch=epoch, schedule_point=False)
             except PCCLError:
                 pass  # the communicator failed, or the master of this round is gone
 
