@@ -51,8 +51,10 @@ def _check_plain(value: Any, where: str) -> None:
     if type(value) in _SCALARS or value is None or isinstance(value, (bool, int, float, str)):
         return
     if isinstance(value, (list, tuple)):
+        scalars = _SCALARS
         for i, item in enumerate(value):
-            _check_plain(item, f"{where}[{i}]")
+            if type(item) not in scalars:  # (a list of ids, the common case, builds no names)
+                _check_plain(item, f"{where}[{i}]")
         return
     if isinstance(value, Mapping):
         for key, item in value.items():
