@@ -30,6 +30,8 @@ def test_objects_with_addresses_are_rejected() -> None:
         Trace().record("h", "k", t=0.0, thing=object())
     with pytest.raises(TypeError, match="key"):
         Trace().record("h", "k", t=0.0, mapping={1: "x"})
+    with pytest.raises(TypeError, match=r"k\.ring\[2\] has type object"):
+        Trace().record("h", "k", t=0.0, ring=[1, 2, object()])
 
 
 def test_first_divergence_names_the_event() -> None:
