@@ -351,7 +351,8 @@ class PeerSession:
             # Cancellation before anything is written sends nothing; once the message went out
             # (send_nowait), flush() finishes it and never raises Cancelled for a whole frame.
             # Without a schedule point, a vote waits for its answer in its second scheduler
-            # turn, not its third (a third of a simulated peer's steps were this yield).
+            # turn, not its third (in the simulator's fault-free default run, a third of the
+            # training loop's turns were this yield).
             await trio.lowlevel.checkpoint_if_cancelled()
             if link.connection.send_nowait(msg):
                 link.last_sent = trio.current_time()
