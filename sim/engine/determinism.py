@@ -124,7 +124,8 @@ class _IdlePoller:
         self._skipped = 0
         registered = self._registered
         if (
-            not self._entries.queue
+            timeout <= 0  # (a blocking wait, wait_all_tasks_blocked's cushion say, still waits)
+            and not self._entries.queue
             and not self._entries.idempotent_queue
             and (not registered or (len(registered) == 1 and self._wakeup_fd in registered))
         ):
