@@ -596,10 +596,17 @@ class World:
             scope.deadline = when
 
     async def sleep_until(self, when: float) -> None:
-        """``trio.sleep_until(when)`` for simulated work (a workload's compute), woken by this
-        queue: the event reschedules the task, where trio's sleep expires a cancel scope's
+        """Sleep until virtual time ``when``, for simulated work (a workload's compute), woken by
+        this queue: the event reschedules the task, where trio's sleep expires a cancel scope's
         deadline and raises ``Cancelled`` through the task to end it, several times the cost.
-        Cancellation works as for ``trio.sleep_until`` (the event then finds nobody to wake)."""
+        Cancellation works as for ``trio.sleep_until`` (the event then finds nobody to wake).
+
+        Unlike ``trio.sleep_until``, the wake-up is this queue's event: at its instant it comes
+        before trio's deadlines when :func:`sim_clock` delivers the events (a simulated run),
+        after them under :func:`~sim.engine.runner.simulate`, and a ``when`` already past waits
+        until the current instant goes idle.  Deterministic either way.  ``ValueError`` for NaN."""
+        if math.isnan(when):
+            raise ValueError("sleep_until: when is NaN")
         task: list[trio.lowlevel.Task | None] = [trio.lowlevel.current_task()]
 
         def wake() -> None:

@@ -181,8 +181,11 @@ class HostContext:
         return trio.current_time()
 
     async def sleep(self, seconds: float) -> None:
-        """``trio.sleep(seconds)`` for the host's simulated work, cheaper
-        (:meth:`~sim.engine.network.World.sleep_until`)."""
+        """``trio.sleep(seconds)`` for the host's simulated work, cheaper; ordered as
+        :meth:`~sim.engine.network.World.sleep_until` says.  ``ValueError`` for a negative or
+        NaN duration, as trio's."""
+        if not seconds >= 0:
+            raise ValueError(f"sleep: seconds must be >= 0, got {seconds!r}")
         await self.sim.world.sleep_until(trio.current_time() + seconds)
 
 

@@ -156,6 +156,29 @@ def test_restart_makes_a_new_incarnation_with_fresh_rng() -> None:
     assert starts[1].t == 1.5 and trace.ok
 
 
+class _Sleeper(_Crashy):
+    """``HostContext.sleep`` in a simulated run (the world's event queue, which the clock
+    delivers), and a kill in the middle of one."""
+
+    async def peer(self, host: HostContext) -> None:
+        try:
+            await host.sleep(-1.0)
+        except ValueError:
+            host.record("refused")
+        await host.sleep(1.5)
+        host.record("woke", at=trio.current_time())
+        await host.sleep(10.0)  # peer0 is killed meanwhile
+        host.record("slept", at=trio.current_time())
+
+
+def test_host_sleep_wakes_at_its_instant_and_a_kill_ends_it() -> None:
+    trace = run(_Sleeper(peers=2), _schedule([FaultEvent(2.0, "kill", host="peer0")]))
+    assert trace.ok, trace.failures
+    assert len(trace.of_kind("refused")) == 2
+    assert sorted((e.source, e.data["at"]) for e in trace.of_kind("woke")) == [("peer0", 1.5), ("peer1", 1.5)]
+    assert [(e.source, e.data["at"]) for e in trace.of_kind("slept")] == [("peer1", 11.5)]
+
+
 class _Threads(_Crashy):
     """Worker threads inside a simulated run: ``trio.to_thread`` and ``run_sync_soon`` from a
     thread, each awaited while another task keeps the loop busy at one virtual instant (the
