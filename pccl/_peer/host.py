@@ -154,8 +154,8 @@ class PeerHost(Protocol):
     async def send(self, msg: m.Message, *, epoch: int | None = None, schedule_point: bool = True) -> None:
         """Send to the master (of ``epoch``, when given: else :class:`MasterLost`); a transport
         failure loses the master (reconnect, or ``MasterUnreachable``).  A cancellation point
-        always; ``schedule_point=False`` (for a caller that awaits the answer right after, which
-        is one) skips the schedule point when the message went out at once."""
+        always; ``schedule_point=False`` skips the schedule point when the message went out at
+        once, for a caller that awaits a checkpoint right after (its answer) or whose task ends."""
 
     async def send_shielded(self, msg: m.Message, *, epoch: int | None = None) -> None:
         """:meth:`send`, even if the caller is being cancelled, bounded by ``config.peer_timeout``

@@ -134,6 +134,7 @@ def test_stuck_votes_names_every_kind_of_stuck_vote_and_only_those() -> None:
         (_Views([_peer(1, vote=_A), _peer(2, vote=_A), reg, conn]),
          ["accept vote: all 2 accepted peers voted (1 registered waiting), no round started"]),
         (_Views([_peer(1, vote=_A), _peer(2, vote=_A)], rounds={0: (1, 2)}), []),
+        (_Views([reg]), ["accept vote: all 0 accepted peers voted (1 registered waiting), no round started"]),
         (_Views([_peer(1, vote=_R), _peer(2, vote=_R), _peer(3, group=1, vote=_R), _peer(4, group=1)]),
          ["re-wire vote of group 0: all 2 members voted, no round started"]),
         (_Views([_peer(1, vote=_R), _peer(2, vote=_R)], rounds={ms.GLOBAL_SCOPE: (1, 2)}), []),
