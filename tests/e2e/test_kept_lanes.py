@@ -19,6 +19,7 @@ import trio
 import pccl
 from pccl import Config
 from pccl.protocol.codec import DataHeader
+from inproc_group import admit, in_process_group
 
 TOKEN = "kept-lanes-token"
 CFG = Config(peer_timeout=2.0, heartbeat_interval=0.25, connect_timeout=2.0, p2p_base_port=0, p2p_lanes=2)
@@ -41,41 +42,6 @@ def cfg(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Config:
     return CFG.with_tls(cert=paths["cert"], key=paths["key"], ca=paths["ca"])
 
 
-@pytest.fixture
-async def master(cfg: Config):
-    async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=cfg) as running:
-        yield running
-
-
-async def _wait_until(predicate, what: str) -> None:
-    with trio.fail_after(BOUND):
-        while not predicate():
-            await trio.sleep(0.01)
-
-
-async def _peers(nursery: trio.Nursery, master: pccl.Master, n: int, cfg: Config) -> list[pccl.Communicator]:
-    """``n`` peers of group 0, admitted one by one (each admission is a topology round)."""
-    comms: list[pccl.Communicator] = []
-    for _ in range(n):
-        before = master.statistics().registered_peers
-        opened = trio.Event()
-
-        async def peer() -> None:
-            async with pccl.open_communicator(master.address, token=TOKEN, config=cfg) as comm:
-                comms.append(comm)
-                opened.set()
-                await trio.sleep_forever()
-
-        nursery.start_soon(peer)
-        if comms:  # the first peer is accepted alone; later ones need the others' votes
-            await _wait_until(lambda: master.statistics().registered_peers > before, "registered")
-            async with trio.open_nursery() as voters:
-                for comm in comms:
-                    voters.start_soon(comm.update_topology)
-        await opened.wait()
-    return comms
-
-
 def _successor(ring: tuple[int, ...], peer: int) -> int:
     return ring[(ring.index(peer) + 1) % len(ring)]
 
@@ -92,31 +58,16 @@ async def _all_reduce_everywhere(comms: list[pccl.Communicator], n: int) -> None
         np.testing.assert_array_equal(x, expected)
 
 
-async def test_a_newcomer_redials_only_the_ring_edges_it_changes(master: pccl.Master, cfg: Config) -> None:
+async def test_a_newcomer_redials_only_the_ring_edges_it_changes(cfg: Config) -> None:
     lanes = CFG.lanes_for()
     with trio.fail_after(BOUND):
-        async with trio.open_nursery() as nursery:
-            comms = await _peers(nursery, master, 3, cfg)
+        async with in_process_group(3, token=TOKEN, config=cfg) as (master, comms, _), trio.open_nursery() as nursery:
             ring_before = comms[0].ring
             before = {c.peer_id: (c.statistics(), c.p2p.to_successor()) for c in comms}
-            newcomer_scope = trio.CancelScope()
-            newcomer: list[pccl.Communicator] = []
-
-            async def join() -> None:
-                with newcomer_scope:
-                    async with pccl.open_communicator(master.address, token=TOKEN, config=cfg) as comm:
-                        newcomer.append(comm)
-                        await trio.sleep_forever()
-
-            registered = master.statistics().registered_peers
-            nursery.start_soon(join)
-            await _wait_until(lambda: master.statistics().registered_peers > registered, "registered")
-            async with trio.open_nursery() as voters:
-                for comm in comms:
-                    voters.start_soon(comm.update_topology)
-            await _wait_until(lambda: newcomer, "newcomer accepted")
+            newcomer, newcomer_scope = await admit(
+                nursery, master, comms, lambda: pccl.open_communicator(master.address, token=TOKEN, config=cfg))
             ring = comms[0].ring
-            assert len(ring) == 4 and all(c.ring == ring for c in comms + newcomer)
+            assert len(ring) == 4 and all(c.ring == ring for c in [*comms, newcomer])
             changed = 0
             for comm in comms:
                 stats, lanes_before = before[comm.peer_id]
@@ -128,23 +79,21 @@ async def test_a_newcomer_redials_only_the_ring_edges_it_changes(master: pccl.Ma
                 assert now.p2p_dials - stats.p2p_dials == (0 if same else lanes), comm.peer_id
                 assert (comm.p2p.to_successor() == lanes_before) is same
             assert changed == 1  # exactly one old peer precedes the newcomer
-            assert newcomer[0].statistics().p2p_dials == lanes
-            await _all_reduce_everywhere(comms + newcomer, 50_000)
-            await _all_reduce_everywhere(comms + newcomer, 3_000_000)  # the worker-thread lanes too (TCP)
+            assert newcomer.statistics().p2p_dials == lanes
+            await _all_reduce_everywhere([*comms, newcomer], 50_000)
+            await _all_reduce_everywhere([*comms, newcomer], 3_000_000)  # the worker-thread lanes too (TCP)
             newcomer_scope.cancel()
-            nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize("how", ["unread_data", "closed"])
-async def test_a_lane_the_successor_dropped_is_dialled_afresh(master: pccl.Master, cfg: Config, how: str,
+async def test_a_lane_the_successor_dropped_is_dialled_afresh(cfg: Config, how: str,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     """The acceptor's end of a kept lane is unusable: a data frame of an op it never read waits
     on it (an aborted op leaves that), or it was closed.  The dialler's hello finds the lane
     closed, dials afresh, and the round and the all-reduces after it succeed."""
     lanes = CFG.lanes_for()
     with trio.fail_after(BOUND):
-        async with trio.open_nursery() as nursery:
-            comms = await _peers(nursery, master, 3, cfg)
+        async with in_process_group(3, token=TOKEN, config=cfg) as (_, comms, _):
             await _all_reduce_everywhere(comms, 10_000)
             a = comms[0]
             succ = next(c for c in comms if c.peer_id == _successor(a.ring, a.peer_id))
@@ -166,4 +115,3 @@ async def test_a_lane_the_successor_dropped_is_dialled_afresh(master: pccl.Maste
                 assert (dials, kept) == ((1, lanes - 1) if comm is a else (0, lanes)), comm.peer_id
             await _all_reduce_everywhere(comms, 10_000)
             await _all_reduce_everywhere(comms, 3_000_000)
-            nursery.cancel_scope.cancel()

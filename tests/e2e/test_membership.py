@@ -34,6 +34,7 @@ from pccl.net.framed import open_framed
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol import codec
 from pccl.protocol import messages as m
+from inproc_group import admit
 
 TOKEN = "e2e-run-token"
 PEER_TIMEOUT = 2.0
@@ -116,23 +117,8 @@ async def _admit(nursery: trio.Nursery, master: pccl.Master, existing: list[pccl
                  group: int = 0, network: Network | None = None,
                  config: Config = CFG) -> tuple[pccl.Communicator, trio.CancelScope]:
     """Start a peer task and have every existing peer vote it in; return it and its scope."""
-    holder: list[pccl.Communicator] = []
-    scope = trio.CancelScope()
-    before = master.statistics().registered_peers
-
-    async def peer() -> None:
-        with scope:
-            async with _open(master.address, group, network=network, config=config) as comm:
-                holder.append(comm)
-                await trio.sleep_forever()
-
-    nursery.start_soon(peer)
-    await _wait_until(lambda: master.statistics().registered_peers > before, "newcomer registered")
-    async with trio.open_nursery() as voters:
-        for comm in existing:
-            voters.start_soon(comm.update_topology)
-    await _wait_until(lambda: holder, "newcomer accepted")
-    return holder[0], scope
+    return await admit(nursery, master, existing,
+                       lambda: _open(master.address, group, network=network, config=config), soon=BOUND)
 
 
 async def _run_peer(master_address: str, *, accepted: dict, done: trio.Event) -> None:

@@ -17,6 +17,7 @@ from pccl.net.framed import open_framed
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol import messages as m
 from pccl.topology import ProbeService, probe_bound
+from inproc_group import admit
 
 TOKEN = "optimise-token"
 CFG = Config(peer_timeout=3.0, heartbeat_interval=0.25, connect_timeout=2.0, p2p_base_port=0,
@@ -70,23 +71,9 @@ async def _group(master: pccl.Master, networks: list[Network | None], nursery: t
     """Open a communicator per network, accepting each newcomer with update_topology."""
     comms: list[pccl.Communicator] = []
     for network in networks:
-        holder: list[pccl.Communicator] = []
-
-        async def peer(network=network, holder=holder) -> None:
-            async with pccl.open_communicator(master.address, token=TOKEN, config=config, network=network) as c:
-                holder.append(c)
-                await trio.sleep_forever()
-
-        before = master.statistics().registered_peers
-        nursery.start_soon(peer)
-        while comms and master.statistics().registered_peers <= before:  # the first is accepted alone
-            await trio.sleep(0.01)
-        async with trio.open_nursery() as voters:
-            for c in comms:
-                voters.start_soon(c.update_topology)
-        while not holder:
-            await trio.sleep(0.01)
-        comms.append(holder[0])
+        comm, _ = await admit(nursery, master, comms, lambda network=network: pccl.open_communicator(  # type: ignore[misc]
+            master.address, token=TOKEN, config=config, network=network))
+        comms.append(comm)
     return comms
 
 
