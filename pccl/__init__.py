@@ -17,7 +17,7 @@ from .errors import (
     PhaseMismatch,
     TopologyUpdateFailed,
 )
-from .types import DType, Quantization, QuantKind, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
+from .types import DType, Lineage, Quantization, QuantKind, ReduceInfo, ReduceOp, SyncInfo, SyncReason, SyncStrategy
 from .communicator import Communicator, CommunicatorStatistics, open_communicator
 from .master import Master, MasterStatistics, open_master, serve_master
 from .shared_state import SharedState, Tensor
@@ -41,6 +41,7 @@ __all__ = [
     "InvalidUsage",
     "Kicked",
     "KickReason",
+    "Lineage",
     "MasterUnreachable",
     "PCCLError",
     "ProtocolError",
@@ -52,6 +53,7 @@ __all__ = [
     "SharedState",
     "SharedStateSyncFailed",
     "SyncInfo",
+    "SyncReason",
     "SyncStrategy",
     "Tensor",
     "TooFewPeers",

@@ -17,9 +17,10 @@ import xxhash
 from .arrays import as_array
 from .errors import InvalidArgument
 from .protocol import messages as m
-from .types import dtype_of
+from .types import Lineage, dtype_of
 
-__all__ = ["Tensor", "SharedState", "hash_array", "hash_array_async", "state_bytes", "vote_entries"]
+__all__ = ["Tensor", "SharedState", "hash_array", "hash_array_async", "state_bytes", "vote_entries",
+           "lineage_from_wire", "lineage_to_wire"]
 
 #: Bytes hashed between two checkpoints.
 _HASH_STEP = 64 * 1024 * 1024
@@ -79,15 +80,25 @@ class Tensor:
 
 
 class SharedState:
-    """Named tensors plus a revision (``SharedState({"w": w, "m": m}, revision=0)``).
+    """Named tensors plus a revision and a lineage (``SharedState({"w": w, "m": m}, revision=0)``).
 
     Values are arrays (wrapped as ``Tensor(array)``) or :class:`Tensor` instances.  Keys are
     non-empty strings; their order does not matter (entries are compared by name).  The
     revision must increase by exactly one between syncs; ``sync_shared_state`` writes the
     group's revision back into it.  ``state[key]`` returns the array.
+
+    ``lineage`` (a :class:`~pccl.Lineage`, ``None`` for a fresh state) names the run history
+    this state belongs to.  Every successful sync sets it to the group's; a checkpoint stores it
+    and :func:`pccl.checkpoint.load` restores it.  It decides who wins a sync: while any peer of
+    the group holds the group's lineage, the group keeps the holders' state, and a peer without
+    it (a newcomer, a fresh state, a state of another run) receives the group's state whatever
+    revision it offers — so a newcomer never overwrites a running group.  Only when nobody holds
+    a lineage (the run's first sync, or every holder is gone) does the highest revision win;
+    after a master restart, among the holders, too.  Keep using the same ``SharedState`` object
+    from step to step: a new object starts without a lineage.
     """
 
-    def __init__(self, mapping: Mapping[str, object], revision: int = 0) -> None:
+    def __init__(self, mapping: Mapping[str, object], revision: int = 0, *, lineage: Lineage | None = None) -> None:
         if not isinstance(mapping, Mapping):
             raise InvalidArgument(f"SharedState needs a mapping of names to arrays, got {type(mapping).__name__}")
         tensors: dict[str, Tensor] = {}
@@ -98,6 +109,8 @@ class SharedState:
         self._tensors = dict(sorted(tensors.items()))
         self._revision = 0
         self.revision = revision
+        self._lineage: Lineage | None = None
+        self.lineage = lineage
 
     @property
     def revision(self) -> int:
@@ -108,6 +121,16 @@ class SharedState:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**64:
             raise InvalidArgument(f"revision must be an integer in [0, 2**64), got {value!r}")
         self._revision = int(value)
+
+    @property
+    def lineage(self) -> Lineage | None:
+        return self._lineage
+
+    @lineage.setter
+    def lineage(self, value: Lineage | None) -> None:
+        if value is not None and not isinstance(value, Lineage):
+            raise InvalidArgument(f"lineage must be a pccl.Lineage or None, got {type(value).__name__}")
+        self._lineage = value
 
     def tensors(self) -> Mapping[str, Tensor]:
         """The entries by name (sorted)."""
@@ -134,7 +157,16 @@ class SharedState:
         return {key: hash_array(t.array) for key, t in self._tensors.items()}
 
     def __repr__(self) -> str:
-        return f"SharedState({list(self._tensors.values())!r}, revision={self._revision})"
+        lineage = "" if self._lineage is None else f", {self._lineage}"
+        return f"SharedState({list(self._tensors.values())!r}, revision={self._revision}{lineage})"
+
+
+def lineage_to_wire(lineage: Lineage | None) -> m.Lineage | None:
+    return None if lineage is None else m.Lineage(lineage.id, lineage.revision, lineage.digest)
+
+
+def lineage_from_wire(lineage: m.Lineage) -> Lineage:
+    return Lineage(bytes(lineage.id), lineage.revision, bytes(lineage.digest))
 
 
 async def vote_entries(state: SharedState) -> tuple[m.SharedStateEntry, ...]:

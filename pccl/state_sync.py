@@ -4,7 +4,7 @@ A sync (:meth:`StateSyncService.sync`):
 
 1. hash every tensor (xxh3-128 over its raw bytes, with a checkpoint every 64 MiB);
 2. start serving this state on the peer's shared-state port (unless RECEIVE_ONLY) and vote
-   ``SyncVote(revision, strategy, entries)``;
+   ``SyncVote(revision, strategy, entries, lineage)``;
 3. the master elects the popular state (:mod:`pccl.protocol.election`) and sends each peer that
    must fetch something a ``SyncPlan``: byte ranges of its dirty tensors, striped over the
    up-to-date peers;
@@ -14,8 +14,9 @@ A sync (:meth:`StateSyncService.sync`):
    and the master moves its pieces to other sources (next attempt); once every piece arrived the
    receiver re-hashes the tensors it got and reports — a mismatch fails its sync
    (``SharedStateSyncFailed``), it is never accepted silently;
-5. ``SyncComplete(revision)`` ends the sync on every participant: the revision is written back
-   into ``state.revision``; sources stop serving.
+5. ``SyncComplete(revision, lineage, reason)`` ends the sync on every participant: the revision
+   and the group's lineage are written back into ``state.revision`` and ``state.lineage``, the
+   reason goes into ``SyncInfo.reason``; sources stop serving.
 
 The sync runs in a task of the communicator, so that a caller cancelled after its vote went out
 does not strand its group: the sync completes without it, and the next call resumes it.
@@ -55,8 +56,8 @@ from .net.framed import FramedConnection
 from .net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for, serve_listener
 from .protocol import messages as m
 from .protocol.codec import DataHeader
-from .shared_state import SharedState, hash_array_async, state_bytes, vote_entries
-from .types import SyncInfo, SyncStrategy
+from .shared_state import SharedState, hash_array_async, lineage_from_wire, lineage_to_wire, state_bytes, vote_entries
+from .types import SyncInfo, SyncReason, SyncStrategy
 
 __all__ = ["StateSyncService", "CHUNK_SIZE"]
 
@@ -212,6 +213,7 @@ class StateSyncService:
         state, strategy, epoch = running.state, running.strategy, running.epoch
         receive: trio.MemoryReceiveChannel[m.Message] | None = None
         rx = 0
+        received = False
         try:
             with running.scope:  # cancellable by its caller until the vote is out
                 entries = await vote_entries(state)
@@ -220,7 +222,8 @@ class StateSyncService:
                 serving = _Serving(arrays)
                 if strategy is not SyncStrategy.RECEIVE_ONLY:
                     self._serving = serving  # before voting: receivers may dial as soon as the vote completes
-                await host.send(m.SyncVote(state.revision, int(strategy), entries), epoch=epoch, schedule_point=False)
+                vote = m.SyncVote(state.revision, int(strategy), entries, lineage_to_wire(state.lineage))
+                await host.send(vote, epoch=epoch, schedule_point=False)
                 running.voted = True
             if not running.voted or receive is None:
                 raise _Stopped()
@@ -234,14 +237,17 @@ class StateSyncService:
                     if msg.attempt > 1:
                         host.counters.sync_replans += 1
                     rx += await self._run_plan(msg, arrays, epoch)
+                    received = True
                 elif isinstance(msg, m.SyncComplete):
+                    reason = _reason(msg.reason)
                     state.revision = msg.revision
+                    state.lineage = lineage_from_wire(msg.lineage)
                     host.counters.syncs_completed += 1
                     host.counters.last_sync_revision = msg.revision
                     host.counters.last_sync_tx_bytes, host.counters.last_sync_rx_bytes = serving.tx_bytes, rx
-                    log.debug("peer %x: sync %d complete at revision %d (tx %d, rx %d)", host.peer_id, msg.sync_id,
-                              msg.revision, serving.tx_bytes, rx)
-                    return SyncInfo(msg.revision, serving.tx_bytes, rx)
+                    log.debug("peer %x: sync %d complete at revision %d (%s; tx %d, rx %d)", host.peer_id,
+                              msg.sync_id, msg.revision, reason.name, serving.tx_bytes, rx)
+                    return SyncInfo(msg.revision, serving.tx_bytes, rx, received, reason)
                 else:
                     assert isinstance(msg, m.SyncRejected)
                     if msg.code == m.SyncRejectCode.STRATEGY_MIX:
@@ -376,6 +382,13 @@ class StateSyncService:
                 await conn.aclose()
             else:
                 await stream.aclose()
+
+
+def _reason(code: int) -> SyncReason:
+    try:
+        return SyncReason(code)
+    except ValueError:
+        raise ProtocolError(f"the master sent an unknown sync reason {code}") from None
 
 
 def _chunks(piece: m.StatePiece) -> Iterator[tuple[int, int]]:

@@ -17,6 +17,8 @@ __all__ = [
     "SyncStrategy",
     "ReduceInfo",
     "SyncInfo",
+    "SyncReason",
+    "Lineage",
     "dtype_of",
 ]
 
@@ -129,10 +131,60 @@ class ReduceInfo:
     rx_bytes: int
 
 
+class SyncReason(enum.IntEnum):
+    """How this peer's state stood to the one its group adopted at a sync (``SyncInfo.reason``)."""
+
+    #: It held the adopted state: it received nothing (or only what it may hold differently).
+    UP_TO_DATE = 0
+    #: It held the group's lineage at the adopted revision but other bytes: an update that is not
+    #: deterministic on every peer.  It received the tensors that differed.
+    DIVERGED = 1
+    #: It held the group's lineage at an older revision (it missed syncs): it caught up.
+    BEHIND = 2
+    #: It held none of the group's lineage (a newcomer, a fresh state, a peer of another run): it
+    #: received the group's state, whatever revision it offered.
+    NEWCOMER = 3
+    #: Nobody held a lineage (the run's first sync, or every holder was lost): the most progress
+    #: (then the most popular content) won, and this peer's state lost.
+    OUTVOTED = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Lineage:
+    """The history a shared state belongs to (``SharedState.lineage``).
+
+    ``id``: 16 bytes drawn by the master at the first sync of a run, kept by every peer that
+    syncs, across master restarts and in checkpoints; ``revision`` and ``digest``: the revision
+    and the 16-byte content digest of the last sync this state completed (or that the
+    checkpoint it came from recorded).  A state with the group's lineage id is a *lineage
+    holder*: a holder's state is never replaced by that of a peer without it.
+    """
+
+    id: bytes
+    revision: int
+    digest: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, bytes) or len(self.id) != 16:
+            raise InvalidArgument(f"a lineage id is 16 bytes, got {self.id!r}")
+        if not isinstance(self.digest, bytes) or len(self.digest) != 16:
+            raise InvalidArgument(f"a lineage digest is 16 bytes, got {self.digest!r}")
+        if isinstance(self.revision, bool) or not isinstance(self.revision, int) or not 0 <= self.revision < 2**64:
+            raise InvalidArgument(f"a lineage revision is an integer in [0, 2**64), got {self.revision!r}")
+
+    def __str__(self) -> str:
+        return f"lineage {self.id.hex()[:12]} at revision {self.revision}"
+
+
 @dataclasses.dataclass(frozen=True)
 class SyncInfo:
-    """Result of a shared-state sync: the adopted revision and payload bytes moved."""
+    """Result of a shared-state sync: the adopted revision and payload bytes moved, whether
+    this peer received any tensor, and why (:class:`SyncReason`)."""
 
     revision: int
     tx_bytes: int
     rx_bytes: int
+    #: Whether this peer fetched tensors from others in this sync (``rx_bytes`` may still be 0
+    #: for empty tensors).
+    received: bool = False
+    reason: SyncReason = SyncReason.UP_TO_DATE

@@ -19,28 +19,55 @@ sync goes on without it.  *Candidates* are the voters that are not RECEIVE_ONLY:
 part in the election and only they can be sources.  No candidate → every voter is rejected with
 ``NO_SOURCE``.
 
-Revisions (the lineage rule, SPEC §3).  ``last_revision`` is the revision the group adopted at
-its previous sync (``None`` before the first sync of the run, and after a master restart).
-*Continuing* voters — those that took part in the group's last completed sync — offer
-``last_revision + 1`` (they stepped once) or less (a step that was given up, after an aborted
-all-reduce, leaves the revision where it was); one that offers more jumped without syncing and
-is kicked (``REVISION_VIOLATION``).  Every other voter (a joiner, a peer back after being
-removed, every peer after a master restart) is never kicked for its revision.  The group adopts the **highest revision offered** by a
-candidate, whoever offers it: most progress wins, so the first sync of a run (resuming from a
-checkpoint), the first sync after a master restart and a returning peer with more progress follow
-one rule.  Voters below the adopted revision are *outdated* and receive like joiners.
+Lineage.  A group's state belongs to a *lineage*: an id the master mints at the first sync
+of a run, plus the revision and content digest (:func:`content_digest`) of the group's last
+completed sync.  Every participant of a sync receives the group's lineage with
+``SyncComplete`` and votes it at its next sync; a checkpoint stores it.  The master remembers
+the last sync of each group (:class:`History`: lineage, schema, the peers that took part) until
+it restarts; after a restart the lineages that the votes carry are all it knows.
 
-Popularity.  Among candidates at the adopted revision, votes are grouped by *content*: the
-sequence of (key, dtype, nbytes, flag, digest), with the digest left out for
-``allow_content_inequality`` entries.  The content with the most votes wins; a tie goes to the
-content that sorts first (a function of the bytes, not of who voted or when).
+Who wins.  The *pool* is the set of candidates whose state the group may adopt:
 
-Mask.  Every voter whose *structure* — (key, dtype, nbytes, flag) per entry — differs from the
-winner's is kicked (``SHARED_STATE_MISMATCH``).  Keys are compared as sets (entries are sorted
-by key), not positionally by insertion order.
+1. with a history, the *continuing* candidates (those that took part in the group's last
+   completed sync): they hold the lineage as the master knows it;
+2. otherwise (a master restart, or every continuing peer is gone) the candidates that vote a
+   lineage — those voting the history's lineage id if any does; among several ids, the id
+   with the most holders, then the holder furthest in its lineage (revision), then the most
+   progress offered, then the smallest id — and of those, the ones furthest in the lineage
+   (highest lineage revision);
+3. otherwise (the run's first sync; every holder lost) every candidate.
 
-Sources and receivers.  Sources are the candidates at the adopted revision whose content equals
-the winner.  A SEND_ONLY voter that is not a source is kicked (``STRATEGY_VIOLATION``: it would
+A candidate outside the pool (a joiner, a peer of another run, a holder that fell behind) is
+never a source: it receives the pool's state *whatever revision it offers*, so no newcomer can
+overwrite a running group.  Within the pool the **highest revision offered** wins (most
+progress: the first sync of a run, a master restart and resuming from checkpoints follow one
+rule).  A continuing candidate must offer ``last + 1`` (it stepped once) or less (a step that
+was given up leaves the revision where it was); one that offers more jumped without syncing and
+is kicked (``REVISION_VIOLATION``).  Nobody else is kicked for its revision.  The group's
+lineage after the sync is the pool's (case 3: a newly minted id, :attr:`Election.lineage_id` is
+``None``) at the adopted revision.
+
+Schema.  The *structure* — (key, dtype, nbytes, flag) per entry — is elected by the number of
+pool members offering it, never by revision; a tie goes to the history's schema, then to the
+structure of the smallest peer id.  Every voter whose structure differs is kicked
+(``SHARED_STATE_MISMATCH``, naming the key and both sizes): a newcomer of another shape never
+costs the group a running peer, not even a lone one.  Keys are compared as sets (entries are
+sorted by key), not positionally by insertion order.
+
+Popularity.  Among pool members at the adopted revision with the elected structure, votes are
+grouped by *content*: the sequence of (key, dtype, nbytes, flag, digest), with the digest left
+out for ``allow_content_inequality`` entries.  The content with the most votes wins; a tie goes
+to the content that sorts first (a function of the bytes, not of who voted or when).
+
+Reasons.  Every participant learns how its state stood (``SyncReason``): UP_TO_DATE (a source,
+or nothing of its state differs), DIVERGED (in the pool at the adopted revision, other bytes),
+BEHIND (it holds the group's lineage but is outside the pool, or offered less than the
+adopted revision), NEWCOMER (it holds none of this
+group's lineage), OUTVOTED (case 3: nobody held a lineage and its state lost).  *Outdated*
+receivers — BEHIND, NEWCOMER, or OUTVOTED at a lower revision — are joiners in effect.
+
+Sources and receivers.  Sources are the pool members at the adopted revision whose content
+equals the winner.  A SEND_ONLY voter that is not a source is kicked (``STRATEGY_VIOLATION``: it would
 have to receive).  Every other remaining voter is a receiver: it fetches its *dirty* tensors —
 those whose digest differs from the winner's — and, if it is outdated (a joiner),
 additionally every ``allow_content_inequality`` tensor whose digest differs from the source
@@ -64,8 +91,9 @@ source's digest as the new expectation.  No source left → ``None`` (the receiv
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..errors import KickReason
 from ..types import DType, SyncStrategy
@@ -77,6 +105,11 @@ __all__ = [
     "Piece",
     "ReceiverPlan",
     "Election",
+    "History",
+    "Structure",
+    "LINEAGE_ID_SIZE",
+    "content_digest",
+    "structure_of",
     "validate_vote",
     "elect",
     "replan",
@@ -87,6 +120,45 @@ __all__ = [
 HASH_SIZE = 16
 #: Stripes smaller than this are not worth an extra connection.
 DEFAULT_MIN_STRIPE = 256 * 1024
+#: Lineage ids are 16 random bytes; lineage digests are 16 bytes too (:func:`content_digest`).
+LINEAGE_ID_SIZE = 16
+
+#: A state's structure: (key, dtype, nbytes, allow_content_inequality) per entry, by key.
+Structure = tuple[tuple[str, int, int, bool], ...]
+
+
+def structure_of(entries: Sequence[m.SharedStateEntry]) -> Structure:
+    """The schema of a vote's entries (what the election compares shapes by)."""
+    return tuple((e.key, e.dtype, e.nbytes, e.allow_content_inequality) for e in entries)
+
+
+def content_digest(entries: Sequence[m.SharedStateEntry]) -> bytes:
+    """16-byte digest of the entries peers must agree on: every entry's key, dtype, size, flag
+    and (unless ``allow_content_inequality``) xxh3-128 digest, in key order.  A lineage names its
+    state by it; the peer computes the same from its own vote entries."""
+    h = hashlib.blake2b(digest_size=16, person=b"pccl-lineage")
+    for e in sorted(entries, key=lambda e: e.key):
+        key = e.key.encode()
+        h.update(len(key).to_bytes(4, "little") + key)
+        h.update(e.dtype.to_bytes(4, "little") + e.nbytes.to_bytes(8, "little"))
+        h.update(b"\x00" if e.allow_content_inequality else b"\x01" + e.hash)
+    return h.digest()
+
+
+@dataclasses.dataclass(frozen=True)
+class History:
+    """What the master remembers of a group's last completed sync (none after a restart)."""
+
+    #: The group's lineage after that sync (its revision is the sync's revision).
+    lineage: m.Lineage
+    #: The structure elected at that sync.
+    schema: Structure
+    #: The peers that took part in it (the rules' *continuing* peers).
+    continuing: frozenset[int]
+
+    @property
+    def revision(self) -> int:
+        return self.lineage.revision
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -138,6 +210,15 @@ class Election:
     #: The winning entries (what every participant holds afterwards, digests of equal-content
     #: tensors included).
     popular: tuple[m.SharedStateEntry, ...]
+    #: The lineage id the group continues, or ``None``: nobody in the pool held one (mint one).
+    lineage_id: bytes | None = None
+    #: How each participant's state stood to the elected one.
+    reasons: Mapping[int, m.SyncReason] = dataclasses.field(default_factory=dict)
+    #: The pool member whose vote won (smallest id of those holding the winning content).
+    winner: int | None = None
+    #: Which rule formed the pool: "continuing", "lineage" (holders' votes) or "open" (nobody
+    #: held a lineage: most progress among all candidates).
+    basis: str = ""
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -162,14 +243,18 @@ def validate_vote(vote: m.SyncVote) -> str | None:
             return f"entry {e.key!r}: {e.nbytes} bytes is not a whole number of {dtype.name.lower()} elements"
         if len(e.hash) != HASH_SIZE:
             return f"entry {e.key!r} has a {len(e.hash)}-byte digest; xxh3-128 digests are {HASH_SIZE} bytes"
+    lineage = vote.lineage
+    if lineage is not None and (len(lineage.id) != LINEAGE_ID_SIZE or len(lineage.digest) != LINEAGE_ID_SIZE):
+        return (f"lineage id and digest must be {LINEAGE_ID_SIZE} bytes each, got {len(lineage.id)} and "
+                f"{len(lineage.digest)}")
     return None
 
 
 # --- the election ----------------------------------------------------------------------------
 
 
-def _structure(vote: m.SyncVote) -> tuple[tuple[str, int, int, bool], ...]:
-    return tuple((e.key, e.dtype, e.nbytes, e.allow_content_inequality) for e in vote.entries)
+def _structure(vote: m.SyncVote) -> Structure:
+    return structure_of(vote.entries)
 
 
 def _content(vote: m.SyncVote) -> tuple[tuple[str, int, int, bool, bytes], ...]:
@@ -195,12 +280,51 @@ def _first_difference(a: m.SyncVote, b: m.SyncVote) -> str:
     return "entries differ"
 
 
-def elect(votes: Mapping[int, m.SyncVote], last_revision: int | None, *,
-          continuing: Collection[int] = frozenset(), min_stripe: int = DEFAULT_MIN_STRIPE) -> Election:
+def _pool(votes: Mapping[int, m.SyncVote], candidates: Sequence[int],
+          history: History | None) -> tuple[list[int], bytes | None, str]:
+    """The candidates whose state the group may adopt, the lineage id they continue (None: mint
+    one) and which rule chose them (the module's "Who wins")."""
+    if history is not None:
+        continuing = [p for p in candidates if p in history.continuing]
+        if continuing:
+            return continuing, history.lineage.id, "continuing"
+    holders = [p for p in candidates if votes[p].lineage is not None]
+    if history is not None:
+        own = [p for p in holders if votes[p].lineage.id == history.lineage.id]  # type: ignore[union-attr]
+        holders = own or holders
+    if not holders:
+        return list(candidates), None, "open"
+    by_id: dict[bytes, list[int]] = {}
+    for p in holders:
+        by_id.setdefault(votes[p].lineage.id, []).append(p)  # type: ignore[union-attr]
+
+    def rank(lineage_id: bytes) -> tuple[int, int, int, bytes]:
+        ps = by_id[lineage_id]
+        return (-len(ps), -max(votes[p].lineage.revision for p in ps),  # type: ignore[union-attr]
+                -max(votes[p].revision for p in ps), lineage_id)
+
+    chosen = min(by_id, key=rank)
+    members = by_id[chosen]
+    furthest = max(votes[p].lineage.revision for p in members)  # type: ignore[union-attr]
+    return [p for p in members if votes[p].lineage.revision == furthest], chosen, "lineage"  # type: ignore[union-attr]
+
+
+def _schema(votes: Mapping[int, m.SyncVote], pool: Sequence[int], history: History | None) -> Structure:
+    """The structure most pool members offer (ties: the history's, then the smallest peer id's)."""
+    tally = Counter(_structure(votes[p]) for p in pool)
+    best = max(tally.values())
+    tied = [s for s in tally if tally[s] == best]
+    if history is not None and history.schema in tied:
+        return history.schema
+    return next(_structure(votes[p]) for p in sorted(pool) if _structure(votes[p]) in tied)
+
+
+def elect(votes: Mapping[int, m.SyncVote], history: History | None, *,
+          min_stripe: int = DEFAULT_MIN_STRIPE) -> Election:
     """Decide one group's sync: kicks, rejections, the adopted revision and every receiver's
     first plan.  ``votes`` maps peer id → its (validated) vote; must not be empty.
-    ``continuing``: the peers that took part in the group's last completed sync (see the rules;
-    ignored while ``last_revision`` is ``None``)."""
+    ``history``: the group's last completed sync as the master remembers it (``None`` before
+    the first sync of the run and after a master restart)."""
     if not votes:
         raise ValueError("elect() needs at least one vote")
     if min_stripe < 1:
@@ -224,10 +348,10 @@ def elect(votes: Mapping[int, m.SyncVote], last_revision: int | None, *,
             rejects[p] = (m.SyncRejectCode.NO_SOURCE, "every peer of the group syncs RECEIVE_ONLY: nobody can send")
         return Election(None, kicks, rejects, (), (), {}, ())
 
-    if last_revision is not None:
-        expected = last_revision + 1
+    if history is not None:
+        expected = history.revision + 1
         for p in live:
-            if p in continuing and votes[p].revision > expected:
+            if p in history.continuing and votes[p].revision > expected:
                 kicks[p] = (KickReason.REVISION_VIOLATION,
                             f"revision {votes[p].revision} but the group expects {expected} (a peer that "
                             "took part in the group's last sync must increase the revision by exactly one)")
@@ -237,19 +361,24 @@ def elect(votes: Mapping[int, m.SyncVote], last_revision: int | None, *,
         for p in live:
             rejects[p] = (m.SyncRejectCode.NO_SOURCE, "every peer that could send was kicked for its revision")
         return Election(None, kicks, rejects, (), (), {}, ())
-    revision = max(votes[p].revision for p in candidates)  # most progress wins
-    pool = [p for p in candidates if votes[p].revision == revision]
 
-    tally = Counter(_content(votes[p]) for p in pool)
-    winner_content = min(tally, key=lambda c: (-tally[c], c))
-    winner = next(votes[p] for p in pool if _content(votes[p]) == winner_content)
-    mask = _structure(winner)
+    pool, lineage_id, basis = _pool(votes, candidates, history)
+    schema = _schema(votes, pool, history)
+    reference = next(votes[p] for p in sorted(pool) if _structure(votes[p]) == schema)
     for p in live:
-        if _structure(votes[p]) != mask:
-            kicks[p] = (KickReason.SHARED_STATE_MISMATCH, _first_difference(votes[p], winner))
+        if _structure(votes[p]) != schema:
+            kicks[p] = (KickReason.SHARED_STATE_MISMATCH, _first_difference(votes[p], reference))
     live = [p for p in live if p not in kicks]
+    pool = [p for p in pool if p not in kicks]  # never empty: some member offers the schema
 
-    sources = tuple(p for p in pool if p in live and _content(votes[p]) == winner_content)
+    revision = max(votes[p].revision for p in pool)  # most progress wins, within the pool
+    at_revision = [p for p in pool if votes[p].revision == revision]
+    tally = Counter(_content(votes[p]) for p in at_revision)
+    winner_content = min(tally, key=lambda c: (-tally[c], c))
+    winner_id = next(p for p in at_revision if _content(votes[p]) == winner_content)
+    winner = votes[winner_id]
+
+    sources = tuple(p for p in at_revision if _content(votes[p]) == winner_content)
     for p in live:
         if strategy(p) is SyncStrategy.SEND_ONLY and p not in sources:
             kicks[p] = (KickReason.STRATEGY_VIOLATION,
@@ -257,11 +386,24 @@ def elect(votes: Mapping[int, m.SyncVote], last_revision: int | None, *,
     live = [p for p in live if p not in kicks]
     receivers = [p for p in live if p not in sources]
 
+    in_pool = set(pool)
     popular_hash = {e.key: e.hash for e in winner.entries}
+    reasons: dict[int, m.SyncReason] = {p: m.SyncReason.UP_TO_DATE for p in sources}
     plans: dict[int, ReceiverPlan] = {}
     for rank, r in enumerate(receivers):
         vote = votes[r]
-        outdated = vote.revision < revision
+        dirty = any(not e.allow_content_inequality and e.hash != popular_hash[e.key] for e in vote.entries)
+        if lineage_id is None:
+            reason = m.SyncReason.OUTVOTED if dirty or vote.revision != revision else m.SyncReason.UP_TO_DATE
+        elif r in in_pool or (vote.lineage is not None and vote.lineage.id == lineage_id):
+            if r not in in_pool or vote.revision < revision:  # a holder that missed syncs, or a given-up step
+                reason = m.SyncReason.BEHIND
+            else:
+                reason = m.SyncReason.DIVERGED if dirty or vote.revision != revision else m.SyncReason.UP_TO_DATE
+        else:
+            reason = m.SyncReason.NEWCOMER
+        reasons[r] = reason
+        outdated = reason in (m.SyncReason.BEHIND, m.SyncReason.NEWCOMER) or vote.revision < revision
         ranges: list[tuple[str, int, int]] = []
         whole: list[str] = []
         for e in vote.entries:
@@ -282,7 +424,8 @@ def elect(votes: Mapping[int, m.SyncVote], last_revision: int | None, *,
         if pieces:
             plans[r] = ReceiverPlan(r, rank, tuple(sorted(pieces)), expected_hash)
     popular = tuple(winner.entries)
-    return Election(revision, kicks, rejects, sources, tuple(live), plans, popular)
+    return Election(revision, kicks, rejects, sources, tuple(live), plans, popular, lineage_id, reasons,
+                    winner_id, basis)
 
 
 def _entry(vote: m.SyncVote, key: str) -> m.SharedStateEntry:

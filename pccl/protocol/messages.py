@@ -303,6 +303,9 @@ COLLECTIVE_MESSAGES: tuple[type[Message], ...] = (
 # attempt) moving only that source's pieces onto the others.  When every receiver is done the
 # master sends SyncComplete(revision) to every participant; a peer the sync cannot serve gets
 # SyncRejected(code) instead.  Kicks (revision violation, mask mismatch, strategy) use KickNotice.
+# A vote carries the voter's Lineage (the history its state belongs to, None before its first
+# sync); SyncComplete hands every participant the group's lineage after the sync and tells it why
+# it received (SyncReason).
 
 
 class SyncRejectCode(enum.IntEnum):
@@ -312,6 +315,26 @@ class SyncRejectCode(enum.IntEnum):
     NO_SOURCE = 2  # nobody can send (all RECEIVE_ONLY, or every source failed) → SharedStateSyncFailed
     HASH_MISMATCH = 3  # fetched bytes did not match the elected hash → SharedStateSyncFailed
     PHASE_MISMATCH = 4  # the group's other members wait in other calls → PhaseMismatch
+
+
+class SyncReason(enum.IntEnum):
+    """How a participant's state stood to the elected one (SyncComplete.reason)."""
+
+    UP_TO_DATE = 0  # it held the elected state (nothing to fetch, or only its own unequal tensors)
+    DIVERGED = 1  # it held the group's lineage at the elected revision, with other bytes
+    BEHIND = 2  # it held the group's lineage at an older revision
+    NEWCOMER = 3  # it held no lineage of this group: it takes the group's state, whatever it offered
+    OUTVOTED = 4  # nobody held a lineage: its state lost the election (less progress, or less popular)
+
+
+class Lineage(msgspec.Struct, frozen=True, array_like=True):
+    """The history a shared state belongs to: the id minted at its run's first sync, and the
+    revision and content digest (:func:`pccl.protocol.election.content_digest`) of the last sync
+    its holder completed."""
+
+    id: bytes
+    revision: U64
+    digest: bytes
 
 
 class SharedStateEntry(msgspec.Struct, frozen=True, array_like=True):
@@ -325,11 +348,13 @@ class SharedStateEntry(msgspec.Struct, frozen=True, array_like=True):
 
 
 class SyncVote(Message, tag=80):
-    """Peer → master: sync my shared state (entries sorted by key, keys unique)."""
+    """Peer → master: sync my shared state (entries sorted by key, keys unique), which belongs
+    to ``lineage`` (None: it never completed a sync, nor was it loaded from a checkpoint)."""
 
     revision: U64
     strategy: U32  # pccl.types.SyncStrategy
     entries: tuple[SharedStateEntry, ...]
+    lineage: Lineage | None = None
 
 
 class StatePiece(msgspec.Struct, frozen=True, array_like=True):
@@ -376,10 +401,14 @@ class SyncReport(Message, tag=82):
 
 
 class SyncComplete(Message, tag=83):
-    """Master → participant: the sync is complete everywhere; adopt ``revision``."""
+    """Master → participant: the sync is complete everywhere; adopt ``revision`` and
+    ``lineage`` (the group's, after this sync; its revision equals ``revision``).  ``reason``
+    (a SyncReason) says how this participant's state stood to the elected one."""
 
     sync_id: U64
     revision: U64
+    lineage: Lineage
+    reason: U32 = 0
 
 
 class SyncRejected(Message, tag=84):

@@ -14,7 +14,8 @@ durations are seconds; ages count back from the moment of the snapshot.
 * ``groups``: one per peer group with an accepted or pending member, in group order:
   ``group``, ``world_size``, ``ring`` (peer ids in ring order; empty before the first round),
   ``ring_stale`` (a member left or an op aborted since it was built), ``revision`` (adopted at
-  the group's last sync, or null), ``last_sync`` (``revision``, ``bytes``: the bytes the master
+  the group's last sync, or null), ``lineage`` (hex id of the group's lineage, or null),
+  ``last_sync`` (``revision``, ``bytes``: the bytes the master
   planned for its receivers to fetch, ``age_s``) or null, ``last_transfer`` (the same for the
   last sync that moved any bytes: in a steady run most syncs move none) or null, ``sync_running``,
   ``edges`` (ring edges ``from`` → ``to`` with ``bandwidth_bps``: the link's figure from
@@ -47,6 +48,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import master_state as ms
+from . import messages as m
 
 __all__ = ["SCHEMA", "PeerReport", "StatusEvent", "RunCounters", "snapshot", "short_id", "peer_hex"]
 
@@ -118,6 +120,10 @@ def _activity(peer: ms.PeerInfo, in_op: bool, syncing: bool) -> str:
     if peer.pending_vote:
         return "pending query"
     return "idle"
+
+
+def _lineage_hex(lineage: m.Lineage | None) -> str | None:
+    return None if lineage is None else lineage.id.hex()
 
 
 def _bits(bandwidth: float | None) -> float | None:
@@ -202,6 +208,7 @@ def snapshot(
             "ring": [peer_hex(pid) for pid in ring],
             "ring_stale": group in stale,
             "revision": state.revision_of(group),
+            "lineage": _lineage_hex(state.lineage_of(group)),
             "last_sync": last_sync,
             "last_transfer": last_transfer,
             "sync_running": group in running_syncs,

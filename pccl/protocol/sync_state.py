@@ -15,14 +15,22 @@ PROTOCOL_ERROR kick.  A vote from a peer that the group's running sync already f
 (rejected) counts for the group's next sync, which starts when this one ends.
 
 Election.  At consensus (every accepted member voted; votes of peers that left are dropped) the
-election kicks (revision violation, mask mismatch, SEND_ONLY that would receive) and rejects
-(``SyncRejected``: strategy mix, no source) and fixes the adopted revision, which becomes the
-group's revision at once.  The revision follows the lineage rule of :mod:`pccl.protocol.election`:
-the peers that took part in the group's last completed sync (remembered here, per group) must
-offer exactly its revision + 1; anyone else is never kicked for its revision, and the highest
-revision offered wins.  A restarted master remembers nothing, so its first sync of every group
-simply takes the highest revision.  Every receiver with something to fetch gets
-``SyncPlan(sync_id, attempt 1)``; everybody else just waits.
+election kicks (revision violation, schema mismatch, SEND_ONLY that would receive) and rejects
+(``SyncRejected``: strategy mix, no source) and fixes the adopted revision.  Who wins follows
+the lineage rule of :mod:`pccl.protocol.election`: the machine remembers each group's last
+completed sync (:class:`~pccl.protocol.election.History`: the group's lineage, its schema and
+the peers that took part); those peers' state wins over anyone else's, a peer without the
+group's lineage receives it whatever revision it offers, and they must offer exactly its
+revision + 1.  A restarted master remembers nothing: the lineages the votes carry decide.  The
+first sync of a run (nobody holds a lineage) mints the group's lineage id from the injected RNG.
+Every receiver with something to fetch gets ``SyncPlan(sync_id, attempt 1)``; everybody else
+just waits.
+
+Telling.  The machine logs at INFO when a group adopts a revision other than its last + 1 (who
+offered it, and what the group had), when a peer without the group's lineage offered a higher
+revision than the group's (it receives), and — once per peer — when a peer that took part in the
+last sync offers that sync's revision again (a loop that forgot ``state.revision += 1``, or a
+step given up).
 
 Withdrawal.  A vote that waits for the election can be withdrawn by the master
 (:meth:`SyncState.withdraw`, a phase mismatch: the group's other members wait in calls that
@@ -36,7 +44,8 @@ is OUT_OF_PHASE.
 
 End.  A receiver that leaves is dropped; a source that leaves is reported by its receivers.
 Once no receiver is pending every remaining participant gets ``SyncComplete(sync_id,
-revision)``.  Sources serve until then.
+revision, lineage, reason)``, and the sync becomes the group's history.  Sources serve until
+then.
 """
 
 from __future__ import annotations
@@ -110,12 +119,22 @@ class _Receiver:
     excluded: set[int] = dataclasses.field(default_factory=set)  # sources that failed it
 
 
+class RandomSource(Protocol):
+    """What the machine needs from the injected ``random.Random`` (lineage ids)."""
+
+    def getrandbits(self, k: int, /) -> int: ...
+
+
 @dataclasses.dataclass(eq=False)
 class _Sync:
     group: int
     votes: dict[int, m.SyncVote] = dataclasses.field(default_factory=dict)
     sync_id: int | None = None  # set once elected
     revision: int = 0
+    #: The group's lineage, schema and every participant's reason once elected.
+    lineage: m.Lineage | None = None
+    schema: election.Structure = ()
+    reasons: dict[int, m.SyncReason] = dataclasses.field(default_factory=dict)
     participants: tuple[int, ...] = ()
     sources: tuple[int, ...] = ()
     receivers: dict[int, _Receiver] = dataclasses.field(default_factory=dict)  # still fetching
@@ -126,14 +145,15 @@ class _Sync:
 class SyncState:
     """The syncs of every group.  See the module docstring for the rules."""
 
-    def __init__(self, host: SyncHost, *, min_stripe: int = election.DEFAULT_MIN_STRIPE) -> None:
+    def __init__(self, host: SyncHost, *, rng: RandomSource, min_stripe: int = election.DEFAULT_MIN_STRIPE) -> None:
         self._host = host
+        self._rng = rng
         self._min_stripe = min_stripe
         self._syncs: dict[int, _Sync] = {}  # group -> sync in progress
-        self._revisions: dict[int, int] = {}  # group -> revision adopted at its last sync
-        #: group -> the peers that took part in its last completed sync (the lineage rule's
-        #: "continuing" peers; see pccl.protocol.election).
-        self._continuing: dict[int, frozenset[int]] = {}
+        #: group -> its last completed sync (the lineage rule's memory; see pccl.protocol.election).
+        self._history: dict[int, election.History] = {}
+        #: Peers already told that they offered the group's last revision again (logged once each).
+        self._told_unchanged: set[int] = set()
         self._next_sync = 1
 
     # --- read-only views ------------------------------------------------------------------------
@@ -144,8 +164,14 @@ class SyncState:
                 for s in self._syncs.values()]
 
     def revision_of(self, group: int) -> int | None:
-        """The revision ``group`` adopted at its last sync (``None`` before its first)."""
-        return self._revisions.get(group)
+        """The revision ``group`` adopted at its last completed sync (``None`` before its first)."""
+        history = self._history.get(group)
+        return None if history is None else history.revision
+
+    def lineage_of(self, group: int) -> m.Lineage | None:
+        """The lineage of ``group`` after its last completed sync (``None`` before its first)."""
+        history = self._history.get(group)
+        return None if history is None else history.lineage
 
     def in_sync(self, group: int, peer_id: int) -> bool:
         """The peer voted for its group's sync, takes part in it, or its next vote is queued."""
@@ -275,16 +301,19 @@ class SyncState:
         queued = {pid: v for pid, v in sync.next_votes.items() if self._host.is_live(pid)}
         if queued:
             self._syncs[group] = _Sync(group, votes=queued)
-        self._continuing[group] = frozenset(live)
+        if sync.lineage is None:  # every voter was rejected: nothing was elected
+            return True
+        if live:
+            self._history[group] = election.History(sync.lineage, sync.schema, frozenset(live))
         for pid in live:
-            self._host.send(pid, m.SyncComplete(sync.sync_id, sync.revision))
+            reason = sync.reasons.get(pid, m.SyncReason.UP_TO_DATE)
+            self._host.send(pid, m.SyncComplete(sync.sync_id, sync.revision, sync.lineage, int(reason)))
         log.debug("sync %d of group %d complete at revision %d", sync.sync_id, group, sync.revision)
         return True
 
     def _elect(self, sync: _Sync) -> None:
-        outcome = election.elect(sync.votes, self._revisions.get(sync.group),
-                                 continuing=self._continuing.get(sync.group, frozenset()),
-                                 min_stripe=self._min_stripe)
+        history = self._history.get(sync.group)
+        outcome = election.elect(sync.votes, history, min_stripe=self._min_stripe)
         for pid, (code, detail) in sorted(outcome.rejects.items()):
             self._host.send(pid, m.SyncRejected(code, clip_text(detail, MAX_DETAIL)))  # quotes keys
         for pid, (reason, detail) in sorted(outcome.kicks.items()):
@@ -295,7 +324,14 @@ class SyncState:
         sync.sources = outcome.sources
         if outcome.revision is not None:
             sync.revision = outcome.revision
-            self._revisions[sync.group] = outcome.revision
+            lineage_id = outcome.lineage_id
+            if lineage_id is None:
+                lineage_id = self._rng.getrandbits(8 * election.LINEAGE_ID_SIZE).to_bytes(election.LINEAGE_ID_SIZE,
+                                                                                         "little")
+            sync.lineage = m.Lineage(lineage_id, outcome.revision, election.content_digest(outcome.popular))
+            sync.schema = election.structure_of(outcome.popular)
+            sync.reasons = dict(outcome.reasons)
+            self._tell(sync, history, outcome)
         for pid in sorted(outcome.plans):
             receiver = _Receiver(outcome.plans[pid])
             sync.receivers[pid] = receiver
@@ -303,3 +339,33 @@ class SyncState:
         log.debug("sync %d of group %d elected: revision %s, %d sources, %d receivers, %d kicked, %d rejected",
                   sync.sync_id, sync.group, outcome.revision, len(outcome.sources), len(outcome.plans),
                   len(outcome.kicks), len(outcome.rejects))
+
+    def _tell(self, sync: _Sync, history: election.History | None, outcome: election.Election) -> None:
+        """The INFO lines of the module's "Telling" rule."""
+        assert outcome.revision is not None and outcome.winner is not None and sync.lineage is not None
+        group, revision, lineage = sync.group, outcome.revision, sync.lineage
+        if history is not None:
+            for pid in outcome.participants:
+                if (pid in history.continuing and sync.votes[pid].revision == history.revision
+                        and pid not in self._told_unchanged):
+                    self._told_unchanged.add(pid)
+                    log.info("peer %x offered revision %d, the revision of group %d's last sync, again: did its "
+                             "loop forget `state.revision += 1`? (said once per peer)", pid, history.revision, group)
+        if history is None or revision != history.revision + 1:
+            vote = sync.votes[outcome.winner]
+            offered = (f"offered by peer {outcome.winner:x}, which held "
+                       + ("no lineage" if vote.lineage is None else f"lineage {_short(vote.lineage)}"))
+            if history is None:
+                had = "no earlier sync of this group is known (the run's first sync, or the master restarted)"
+            else:
+                had = f"the group was at revision {history.revision} of lineage {_short(history.lineage)}"
+            became = ("a new lineage " if outcome.lineage_id is None else "lineage ") + lineage.id.hex()[:12]
+            log.info("group %d adopts revision %d (%s) %s; %s", group, revision, became, offered, had)
+        for pid in outcome.participants:
+            if (outcome.reasons.get(pid) is m.SyncReason.NEWCOMER and sync.votes[pid].revision > revision):
+                log.info("peer %x offered revision %d but holds none of group %d's lineage: it receives the group's "
+                         "state at revision %d", pid, sync.votes[pid].revision, group, revision)
+
+
+def _short(lineage: m.Lineage) -> str:
+    return f"{lineage.id.hex()[:12]} at revision {lineage.revision}"

@@ -535,28 +535,32 @@ def _received(comm: pccl.Communicator) -> int:
     return comm.statistics().sync_rx_bytes
 
 
-async def test_lineage_most_progress_wins_and_only_continuing_peers_are_held_to_plus_one() -> None:
-    # SPEC §3: a peer that did not take part in the group's last sync (a joiner, a peer back
-    # after being removed) is never kicked for its revision; the highest revision offered wins.
+async def test_lineage_holders_win_and_a_newcomer_receives_whatever_revision_it_offers() -> None:
+    # A peer without the group's lineage (a fresh state offering revision 40) is never kicked for
+    # its revision and never overwrites the group: it receives the group's state at its revision.
     async with cluster(2) as c:
         group = make_state(30)
         states = [copy_state(group, revision=4), copy_state(group, revision=4)]
-        await sync_all(c.comms, states)
+        first = await sync_all(c.comms, states)
+        assert [i.reason for i in first] == [pccl.SyncReason.UP_TO_DATE] * 2
+        assert states[0].lineage is not None and states[0].lineage == states[1].lineage
         for s in states:
             s.revision += 1  # 5: what the group expects of its continuing peers
         await c.join()
-        ahead = make_state(31, revision=40)  # a returning peer with more progress
+        ahead = make_state(31, revision=40)
         infos = await sync_all(c.comms, [*states, ahead])
-        assert [i.revision for i in infos] == [40, 40, 40]
-        assert_same(states[0], ahead) and assert_same(states[1], ahead)  # type: ignore[func-returns-value]
-        assert infos[2].tx_bytes == 2 * ahead.nbytes and infos[0].rx_bytes == ahead.nbytes
-        # Now all three continue from 40; a newcomer far behind just receives, kicked for nothing.
+        assert [i.revision for i in infos] == [5, 5, 5]
+        assert_same(ahead, states[0])
+        assert ahead.revision == 5 and ahead.lineage == states[0].lineage
+        assert infos[2].received and infos[2].reason is pccl.SyncReason.NEWCOMER
+        assert infos[2].rx_bytes == ahead.nbytes and not infos[0].received
+        # Now all three continue from 5; a newcomer far behind just receives, kicked for nothing.
         for s in (*states, ahead):
             s.revision += 1
         await c.join()
         behind = make_state(32, revision=3)
         infos = await sync_all(c.comms, [*states, ahead, behind])
-        assert [i.revision for i in infos] == [41] * 4
+        assert [i.revision for i in infos] == [6] * 4
         assert_same(behind, ahead)
 
 

@@ -776,6 +776,8 @@ def _values(t: mi.Type) -> st.SearchStrategy:
         return st.sampled_from(list(t.cls))
     if isinstance(t, mi.StructType):
         return _instances(t.cls)
+    if isinstance(t, mi.UnionType):
+        return st.one_of([st.none() if isinstance(u, mi.NoneType) else _values(u) for u in t.types])
     raise NotImplementedError(f"no strategy for {t}")
 
 
