@@ -28,8 +28,9 @@ tensors after the sync, ``first``: the communicator's first successful sync, ``g
   peer after a master restart) took part in the same sync and brought more progress or other
   content; then it may jump ahead and receive, never go back.  (Settled at the end of the run,
   since the peers of one sync report in any order.)
-* no progress is lost: a sync never adopts a revision below the one a participant offered
-  (most progress wins), through kills, rejoins and master restarts alike;
+* no progress is lost: a sync never adopts a revision below the one a continuing peer that
+  holds the group's lineage offered (a peer without it — a joiner, or a holder of a lineage the
+  group gave up after every holder was lost — receives the group's state whatever it offers);
 * no peer is told ``RevisionViolation`` or kicked for a shared-state reason (this workload
   never deserves it).
 """
@@ -114,6 +115,7 @@ class SyncPhase(Phase):
         if state is None:
             state = self._states[host.incarnation] = new_state(host.rng, self.n)
         offered = state.revision
+        held = None if state.lineage is None else state.lineage.id.hex()
         try:
             info = await comm.sync_shared_state(state)
         except pccl.SharedStateSyncFailed as exc:  # RevisionViolation included: the checker judges
@@ -123,7 +125,8 @@ class SyncPhase(Phase):
         first = comm.peer_id not in self._synced
         self._synced.add(comm.peer_id)
         step.record("sync", group=comm.peer_group, revision=info.revision, offered=offered, tx=info.tx_bytes,
-                    rx=info.rx_bytes, digest=state_digest(state), first=first)
+                    rx=info.rx_bytes, digest=state_digest(state), first=first, held=held,
+                    lineage=None if state.lineage is None else state.lineage.id.hex())
         update_state(state, host.rng)
         if self.diverge == host.name:
             state["w"][0] += np.float32(host.rng.random())
@@ -195,13 +198,13 @@ class SharedStateAgreement(Checker):
         if seen[0] != data["digest"]:
             self._fail(sim, f"sync {key[1]} (master epoch {key[0]}): {host} holds state {data['digest']} but "
                             f"{seen[1]} holds {seen[0]} — not bit-identical")
-        if revision < data["offered"]:
-            self._fail(sim, f"{host} (peer {pid:x}) offered revision {data['offered']} and its group adopted "
-                            f"{revision}: progress was lost")
         recovering = pid in self.failed_since
         self.failed_since.discard(pid)
         previous = self.last_sync.get(pid)
         continuing = previous is not None and previous[0] == key[0] and not recovering
+        if continuing and data["held"] == data["lineage"] and revision < data["offered"]:
+            self._fail(sim, f"{host} (peer {pid:x}) held the group's lineage, offered revision {data['offered']} and "
+                            f"its group adopted {revision}: progress was lost")
         if data["first"]:
             self.first_syncs_with_bytes += data["rx"] > 0
         if not continuing:
