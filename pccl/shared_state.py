@@ -15,7 +15,7 @@ import trio
 import xxhash
 
 from .arrays import as_array
-from .errors import InvalidArgument
+from .errors import InvalidArgument, ProtocolError
 from .protocol import messages as m
 from .types import Lineage, dtype_of
 
@@ -166,7 +166,11 @@ def lineage_to_wire(lineage: Lineage | None) -> m.Lineage | None:
 
 
 def lineage_from_wire(lineage: m.Lineage) -> Lineage:
-    return Lineage(bytes(lineage.id), lineage.revision, bytes(lineage.digest))
+    """The public record of a lineage the master sent; ``ProtocolError`` if it is malformed."""
+    try:
+        return Lineage(bytes(lineage.id), lineage.revision, bytes(lineage.digest))
+    except InvalidArgument as exc:
+        raise ProtocolError(f"the master sent a malformed lineage: {exc}") from None
 
 
 async def vote_entries(state: SharedState) -> tuple[m.SharedStateEntry, ...]:

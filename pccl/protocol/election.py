@@ -288,25 +288,24 @@ def _pool(votes: Mapping[int, m.SyncVote], candidates: Sequence[int],
         continuing = [p for p in candidates if p in history.continuing]
         if continuing:
             return continuing, history.lineage.id, "continuing"
-    holders = [p for p in candidates if votes[p].lineage is not None]
+    held = {p: lin for p in candidates if (lin := votes[p].lineage) is not None}
     if history is not None:
-        own = [p for p in holders if votes[p].lineage.id == history.lineage.id]  # type: ignore[union-attr]
-        holders = own or holders
-    if not holders:
+        own = {p: lin for p, lin in held.items() if lin.id == history.lineage.id}
+        held = own or held
+    if not held:
         return list(candidates), None, "open"
     by_id: dict[bytes, list[int]] = {}
-    for p in holders:
-        by_id.setdefault(votes[p].lineage.id, []).append(p)  # type: ignore[union-attr]
+    for p, lin in held.items():
+        by_id.setdefault(lin.id, []).append(p)
 
     def rank(lineage_id: bytes) -> tuple[int, int, int, bytes]:
         ps = by_id[lineage_id]
-        return (-len(ps), -max(votes[p].lineage.revision for p in ps),  # type: ignore[union-attr]
-                -max(votes[p].revision for p in ps), lineage_id)
+        return (-len(ps), -max(held[p].revision for p in ps), -max(votes[p].revision for p in ps), lineage_id)
 
     chosen = min(by_id, key=rank)
     members = by_id[chosen]
-    furthest = max(votes[p].lineage.revision for p in members)  # type: ignore[union-attr]
-    return [p for p in members if votes[p].lineage.revision == furthest], chosen, "lineage"  # type: ignore[union-attr]
+    furthest = max(held[p].revision for p in members)
+    return [p for p in members if held[p].revision == furthest], chosen, "lineage"
 
 
 def _schema(votes: Mapping[int, m.SyncVote], pool: Sequence[int], history: History | None) -> Structure:

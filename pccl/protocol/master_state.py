@@ -423,7 +423,7 @@ class MasterState:
         self._probes: dict[int, _Probe] = {}  # by group
         self._orders: dict[int, tuple[int, ...]] = {}  # group -> ring order its optimisation chose
         self._next_probe = 1
-        self._sync_state = SyncState(_SyncHost(self), rng=rng, min_stripe=min_stripe)
+        self._sync_state = SyncState(_SyncHost(self), new_lineage_id=self._new_lineage_id, min_stripe=min_stripe)
         self._timer_at: float | None = None
         self._out: list[Effect] = []
         self._logged_sizes: dict[int, int] = {}  # group -> world size last logged
@@ -581,6 +581,9 @@ class MasterState:
     def lineage_of(self, group: int) -> m.Lineage | None:
         """The lineage of ``group`` after its last completed sync (``None`` before its first)."""
         return self._sync_state.lineage_of(group)
+
+    def _new_lineage_id(self) -> bytes:
+        return self._rng.getrandbits(8 * election.LINEAGE_ID_SIZE).to_bytes(election.LINEAGE_ID_SIZE, "little")
 
     def membership_of(self, group: int) -> m.Membership:
         sizes = Counter(p.group for p in self._peers.values() if p.status is _A)

@@ -22,7 +22,8 @@ completed sync (:class:`~pccl.protocol.election.History`: the group's lineage, i
 the peers that took part); those peers' state wins over anyone else's, a peer without the
 group's lineage receives it whatever revision it offers, and they must offer exactly its
 revision + 1.  A restarted master remembers nothing: the lineages the votes carry decide.  The
-first sync of a run (nobody holds a lineage) mints the group's lineage id from the injected RNG.
+first sync of a run (nobody holds a lineage) mints the group's lineage id (``new_lineage_id``,
+from the master's injected RNG).
 Every receiver with something to fetch gets ``SyncPlan(sync_id, attempt 1)``; everybody else
 just waits.
 
@@ -52,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..errors import KickReason
@@ -119,12 +120,6 @@ class _Receiver:
     excluded: set[int] = dataclasses.field(default_factory=set)  # sources that failed it
 
 
-class RandomSource(Protocol):
-    """What the machine needs from the injected ``random.Random`` (lineage ids)."""
-
-    def getrandbits(self, k: int, /) -> int: ...
-
-
 @dataclasses.dataclass(eq=False)
 class _Sync:
     group: int
@@ -145,9 +140,11 @@ class _Sync:
 class SyncState:
     """The syncs of every group.  See the module docstring for the rules."""
 
-    def __init__(self, host: SyncHost, *, rng: RandomSource, min_stripe: int = election.DEFAULT_MIN_STRIPE) -> None:
+    def __init__(self, host: SyncHost, *, new_lineage_id: Callable[[], bytes],
+                 min_stripe: int = election.DEFAULT_MIN_STRIPE) -> None:
         self._host = host
-        self._rng = rng
+        #: Draws a fresh lineage id (``LINEAGE_ID_SIZE`` bytes) from the master's injected RNG.
+        self._new_lineage_id = new_lineage_id
         self._min_stripe = min_stripe
         self._syncs: dict[int, _Sync] = {}  # group -> sync in progress
         #: group -> its last completed sync (the lineage rule's memory; see pccl.protocol.election).
@@ -326,8 +323,7 @@ class SyncState:
             sync.revision = outcome.revision
             lineage_id = outcome.lineage_id
             if lineage_id is None:
-                lineage_id = self._rng.getrandbits(8 * election.LINEAGE_ID_SIZE).to_bytes(election.LINEAGE_ID_SIZE,
-                                                                                         "little")
+                lineage_id = self._new_lineage_id()
             sync.lineage = m.Lineage(lineage_id, outcome.revision, election.content_digest(outcome.popular))
             sync.schema = election.structure_of(outcome.popular)
             sync.reasons = dict(outcome.reasons)
