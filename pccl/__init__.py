@@ -12,6 +12,7 @@ from .errors import (
     PCCLError,
     ProtocolError,
     RevisionViolation,
+    CheckpointError,
     SharedStateSyncFailed,
     TooFewPeers,
     PhaseMismatch,
@@ -22,6 +23,7 @@ from .communicator import Communicator, CommunicatorStatistics, open_communicato
 from .master import Master, MasterStatistics, open_master, serve_master
 from .shared_state import SharedState, Tensor
 from . import blocking  # pccl.blocking: the same API for synchronous loops
+from . import checkpoint  # pccl.checkpoint.save / load: a shared state on disk
 
 __version__ = "0.1.0"
 
@@ -50,6 +52,7 @@ __all__ = [
     "ReduceInfo",
     "ReduceOp",
     "RevisionViolation",
+    "CheckpointError",
     "SharedState",
     "SharedStateSyncFailed",
     "SyncInfo",

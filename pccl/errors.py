@@ -20,6 +20,7 @@ __all__ = [
     "TopologyUpdateFailed",
     "SharedStateSyncFailed",
     "RevisionViolation",
+    "CheckpointError",
     "KickReason",
     "Kicked",
     "MasterUnreachable",
@@ -81,6 +82,11 @@ class SharedStateSyncFailed(PCCLError):
 
 class RevisionViolation(SharedStateSyncFailed):
     """The shared-state revision did not advance by exactly one since the last sync."""
+
+
+class CheckpointError(PCCLError):
+    """A checkpoint could not be written or read: the file is missing, truncated, altered or of
+    another shape than the state to load into (the message names the file and the tensor)."""
 
 
 class KickReason(enum.IntEnum):
