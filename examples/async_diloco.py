@@ -49,6 +49,7 @@ def train(args: argparse.Namespace) -> None:
     start = [torch.zeros_like(d) for d in previous]  # where this step's inner steps began
     quant = _quantization(args)
     config = pccl.Config(peer_timeout=args.peer_timeout).with_tls_from_env()  # TLS if $PCCL_TLS_* are set
+    diloco.resume()  # Δ(t-1) is not in a checkpoint: a resumed peer starts with none pending
     with pccl.blocking.open_communicator(args.master, config=config) as comm:
         print(f"joined: world {comm.world_size}", flush=True)
         received = 0
@@ -83,6 +84,7 @@ def train(args: argparse.Namespace) -> None:
                 diloco.outer_step(previous)
                 diloco.state.revision += 1
                 report(diloco, world, loss, received, started, compute)
+                diloco.save_checkpoint()
                 received = 0
             previous, fresh = fresh, previous
             if last:

@@ -9,7 +9,8 @@ all-reduces them (``all_reduce_many``: the parameter list goes in a few buckets,
 survivors if a peer dies mid-op).  The AdamW update is then the same on every peer, so the
 shared state — the model's parameters, AdamW's moments and the step count — stays bit-identical
 and later syncs move nothing.  Kill a peer at any moment and start a new one: it downloads the
-state at its first sync and continues at the same step.
+state at its first sync and continues at the same step.  ``--checkpoint PATH`` saves the shared
+state every ``--checkpoint-every`` steps, ``--resume PATH`` loads it before the first sync.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ def train(args: argparse.Namespace) -> None:
     step = torch.zeros((), dtype=torch.int64)
     state = pccl.SharedState({**{f"model.{n}": p.detach() for n, p in model.named_parameters()},
                               **optimizer_state(model, optimizer), "step": step})
+    if args.resume:  # into the model's parameters and the optimizer's state, in place
+        pccl.checkpoint.load(args.resume, into=state)
+        print(f"resumed: step {int(step)} from {args.resume}", flush=True)
     generator = torch.Generator().manual_seed(torch.seed())  # this peer's own batches
     config = pccl.Config(peer_timeout=args.peer_timeout).with_tls_from_env()  # TLS if $PCCL_TLS_* are set
     with pccl.blocking.open_communicator(args.master, config=config) as comm:
@@ -88,6 +92,8 @@ def train(args: argparse.Namespace) -> None:
             state.revision += 1
             print(f"step {int(step)}: world {reduced.world_size}, loss {loss.item():.4f}, "
                   f"synced {info.rx_bytes} B", flush=True)
+            if args.checkpoint and int(step) % args.checkpoint_every == 0:
+                pccl.checkpoint.save(state, args.checkpoint)
         print(f"done: step {int(step)} weights {digest(model)}", flush=True)
 
 
@@ -99,6 +105,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (several share a host)")
     parser.add_argument("--peer-timeout", type=float, default=10.0)
+    parser.add_argument("--checkpoint", metavar="PATH", help="save the shared state here (safetensors)")
+    parser.add_argument("--checkpoint-every", type=int, default=25, metavar="N", help="steps between checkpoints")
+    parser.add_argument("--resume", metavar="PATH", help="load this checkpoint before the first sync")
     train(parser.parse_args())
 
 

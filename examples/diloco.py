@@ -12,7 +12,9 @@ weights, identically on every peer.  The shared state is the outer model, both o
 the step: the outer model and the outer momentum are the same everywhere (a sync moves nothing),
 the inner AdamW moments differ per peer (``allow_content_inequality``: never compared, but a
 newcomer receives one peer's).  Kill a peer and start a new one at any time: the others go on,
-and the newcomer downloads the state at its next sync.
+and the newcomer downloads the state at its next sync.  ``--checkpoint PATH`` saves the shared
+state every ``--checkpoint-every`` outer steps; after losing the master and every peer, start
+them again with ``--resume PATH`` and the run continues from the furthest checkpoint.
 
 The text is Python's own standard library source (a few modules that ship with every Python),
 read as bytes: nothing is downloaded.  The last tenth of it is held out for the evaluation loss
@@ -107,6 +109,17 @@ class DiLoCo:
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(self.model(x).reshape(-1, 256), y.reshape(-1))
 
+    def resume(self) -> None:
+        """``--resume``: load the checkpoint into the shared tensors (weights, optimizer state, step)."""
+        if self.args.resume:
+            pccl.checkpoint.load(self.args.resume, into=self.state)
+            print(f"resumed: outer step {int(self.step)} from {self.args.resume}", flush=True)
+
+    def save_checkpoint(self) -> None:
+        """``--checkpoint``: every ``--checkpoint-every`` outer steps, save the shared state."""
+        if self.args.checkpoint and int(self.step) % self.args.checkpoint_every == 0:
+            pccl.checkpoint.save(self.state, self.args.checkpoint)
+
     def begin_outer_step(self) -> None:
         """Start the inner steps from the shared weights."""
         with torch.no_grad():
@@ -177,6 +190,7 @@ def report(diloco: DiLoCo, world: int, inner_loss: float, synced: int, started: 
 def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     diloco = DiLoCo(args)
+    diloco.resume()
     if args.solo:  # the baseline: one process, no communicator
         while int(diloco.step) < args.outer_steps:
             started = time.monotonic()
@@ -185,6 +199,7 @@ def train(args: argparse.Namespace) -> None:
             compute = time.monotonic() - started
             diloco.outer_step(diloco.pseudo_gradients())
             report(diloco, 1, loss, 0, started, compute)
+            diloco.save_checkpoint()
         print(f"done: step {int(diloco.step)} weights {diloco.digest()}", flush=True)
         return
     config = pccl.Config(peer_timeout=args.peer_timeout).with_tls_from_env()  # TLS if $PCCL_TLS_* are set
@@ -209,6 +224,7 @@ def train(args: argparse.Namespace) -> None:
             diloco.outer_step(pseudo)
             diloco.state.revision += 1
             report(diloco, world, loss, info.rx_bytes, started, compute)
+            diloco.save_checkpoint()
         print(f"done: step {int(diloco.step)} weights {diloco.digest()}", flush=True)
 
 
@@ -232,6 +248,9 @@ def parser(description: str | None = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (several share a host)")
     p.add_argument("--peer-timeout", type=float, default=10.0)
     p.add_argument("--solo", action="store_true", help="train alone, without a master (the baseline)")
+    p.add_argument("--checkpoint", metavar="PATH", help="save the shared state here (safetensors)")
+    p.add_argument("--checkpoint-every", type=int, default=5, metavar="N", help="outer steps between checkpoints")
+    p.add_argument("--resume", metavar="PATH", help="load this checkpoint before the first sync")
     return p
 
 

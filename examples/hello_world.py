@@ -8,6 +8,11 @@ Start a master, then two or more copies of this script (each blocks until accept
 
 Kill one with Ctrl-C or SIGKILL at any moment and start it again: the others carry on, and the
 newcomer downloads the weights at its first sync and continues at the same step.
+
+``--checkpoint PATH`` saves the shared state every ``--checkpoint-every`` steps; ``--resume PATH``
+loads it before the first sync.  Kill the master and every peer, start them again with
+``--resume`` (and ``--min-peers N``, so that every checkpoint is in the first sync): the run
+continues from the furthest checkpoint, on every peer.
 ``hello_world_blocking.py`` is the same loop without async (``pccl.blocking``).
 """
 
@@ -22,12 +27,19 @@ import xxhash
 import pccl
 
 
-async def train(master: str, steps: int, size: int) -> None:
+async def train(args: argparse.Namespace) -> None:
+    steps = args.steps
     # TLS when $PCCL_TLS_CERT/KEY/CA are set (the master's --tls-* flags).
-    async with pccl.open_communicator(master, peer_group=0, config=pccl.Config().with_tls_from_env()) as comm:
-        w = np.zeros(size, np.float32)
+    async with pccl.open_communicator(args.master, peer_group=0, config=pccl.Config().with_tls_from_env()) as comm:
+        w = np.zeros(args.size, np.float32)
         m = np.zeros_like(w)
         state = pccl.SharedState({"w": w, "m": m}, revision=0)  # references, no copies
+        if args.resume:  # into w and m, with the revision and lineage the run had
+            await trio.to_thread.run_sync(lambda: pccl.checkpoint.load(args.resume, into=state))
+            print(f"resumed: step {state.revision} from {args.resume}", flush=True)
+        while comm.world_size < args.min_peers:  # e.g. every peer of a resumed run takes part in the first step
+            await trio.sleep(0.1)
+            await comm.update_topology()  # accepts the peers that are waiting
         rng = np.random.default_rng()
         async for info in comm.steps(state):  # update_topology / wait while alone / sync
             if state.revision >= steps:
@@ -43,6 +55,8 @@ async def train(master: str, steps: int, size: int) -> None:
             state.revision += 1
             print(f"step {state.revision}: world {reduced.world_size}, synced {info.rx_bytes} B, "
                   f"sent {reduced.tx_bytes} B, |w-1| = {float(np.abs(w - 1).mean()):.4f}", flush=True)
+            if args.checkpoint and state.revision % args.checkpoint_every == 0:
+                await trio.to_thread.run_sync(pccl.checkpoint.save, state, args.checkpoint)
         print(f"done: step {state.revision} weights {xxhash.xxh3_128_hexdigest(memoryview(w))}", flush=True)
 
 
@@ -51,8 +65,11 @@ def main() -> None:
     parser.add_argument("--master", default="127.0.0.1:48148")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--size", type=int, default=1_000_000, help="float32 parameters")
-    args = parser.parse_args()
-    trio.run(train, args.master, args.steps, args.size)
+    parser.add_argument("--checkpoint", metavar="PATH", help="save the shared state here (safetensors)")
+    parser.add_argument("--checkpoint-every", type=int, default=10, metavar="N", help="steps between checkpoints")
+    parser.add_argument("--resume", metavar="PATH", help="load this checkpoint before the first sync")
+    parser.add_argument("--min-peers", type=int, default=1, metavar="N", help="wait for N peers before the first step")
+    trio.run(train, parser.parse_args())
 
 
 if __name__ == "__main__":
