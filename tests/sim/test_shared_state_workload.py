@@ -48,6 +48,41 @@ def test_checker_catches_a_diverging_peer() -> None:
     assert failure.kind == "safety" and "after its first" in failure.message
 
 
+def test_checker_catches_a_master_that_lets_a_newcomer_claiming_progress_win() -> None:
+    # Every joiner claims up to 1000 revisions of progress; peer3 joins a running group.  The
+    # planted master believes the claim (last round's defect): the checker must say so.  The
+    # real master, same schedule: peer3 receives the group's state and the run passes.
+    phases = ["compute", {"name": "sync", "n": 100, "high_joiners": 1.0}]
+    events = [FaultEvent(2.0, "spawn", host="peer3", role="peer")]
+    broken = PcclScenario(peers=3, phases=phases, master="newcomer-revision-wins")
+    trace = run(broken, _schedule(broken, events))
+    failure = next(f for f in trace.failures if f.source == SharedStateAgreement.name)
+    assert failure.kind == "safety" and "a participant without the lineage changed the holders' state" in \
+        failure.message, failure
+    real = PcclScenario(peers=3, phases=phases)
+    trace = run(real, _schedule(real, events))
+    assert trace.ok, [str(f) for f in trace.failures]
+    joined = [e for e in trace.of_kind("sync") if e.source == "peer3"]
+    assert joined[0].data["rx"] > 0 and joined[0].data["revision"] < joined[0].data["offered"]
+    holders = {e.data["digest"] for e in trace.of_kind("sync")
+               if e.source != "peer3" and e.data["revision"] == joined[0].data["revision"]}
+    assert holders == {joined[0].data["digest"]}
+
+
+def test_checker_catches_a_master_that_ignores_the_lineage_peers_hold() -> None:
+    # Blind to the lineage the peers report, a restarted master treats the running group's next
+    # sync as the run's first and mints a new lineage: the holders' history is gone.
+    scenario = PcclScenario(peers=3, phases=["compute", {"name": "sync", "n": 100}], master="lineage-blind")
+    events = [FaultEvent(2.0, "master_restart", duration=1.0)]
+    real = PcclScenario(peers=3, phases=["compute", {"name": "sync", "n": 100}])
+    trace = run(real, _schedule(real, events))
+    assert trace.ok, [str(f) for f in trace.failures]
+    trace = run(scenario, _schedule(scenario, events))
+    failure = next(f for f in trace.failures if f.source == SharedStateAgreement.name)
+    assert failure.kind == "safety" and "minted a new lineage although a peer that held a lineage" in \
+        failure.message, failure
+
+
 def test_chaos_seeds_keep_shared_state_invariants() -> None:
     # A bounded campaign in the default run (chaos profile: kills, stalls, partitions, joins,
     # message-triggered faults that now include the sync's own messages).

@@ -13,7 +13,10 @@ is pccl's own machine.  Register more with :func:`register_master_variant`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+
+import msgspec
 
 from pccl.protocol import master_state as ms
 from pccl.protocol import messages as m
@@ -22,6 +25,8 @@ __all__ = [
     "MASTER_VARIANTS",
     "NoRecheckOnDisconnect",
     "CrashesOnP2PReport",
+    "NewcomerRevisionWins",
+    "LineageBlind",
     "register_master_variant",
     "make_master_state",
 ]
@@ -57,10 +62,40 @@ class CrashesOnP2PReport(ms.MasterState):
         return super().handle(event, now)
 
 
+class NewcomerRevisionWins(ms.MasterState):
+    """The data-loss defect the lineage rule fixed, planted back: the master believes a joiner's
+    claimed progress.  A vote without a lineage that offers more than the group's next revision
+    is taken as the group's own lineage at that progress, and the group's memory of its last sync
+    is dropped — so, as under the old "highest revision of a non-continuing peer wins" rule, the
+    joiner's state replaces the running group's."""
+
+    def handle(self, event: ms.Event, now: float) -> list[ms.Effect]:
+        if isinstance(event, ms.MessageReceived) and isinstance(event.msg, m.SyncVote) and event.msg.lineage is None:
+            peer = self._peers.get(event.conn_id)
+            lineage = None if peer is None else self.lineage_of(peer.group)
+            if peer is not None and lineage is not None and event.msg.revision > lineage.revision + 1:
+                claimed = m.Lineage(lineage.id, event.msg.revision - 1, lineage.digest)
+                event = dataclasses.replace(event, msg=msgspec.structs.replace(event.msg, lineage=claimed))
+                self._sync_state._history.pop(peer.group, None)
+        return super().handle(event, now)
+
+
+class LineageBlind(ms.MasterState):
+    """A master that ignores the lineage peers report (as one that predates it would): every
+    sync looks like the run's first, mints a new lineage and lets most progress win."""
+
+    def handle(self, event: ms.Event, now: float) -> list[ms.Effect]:
+        if isinstance(event, ms.MessageReceived) and isinstance(event.msg, m.SyncVote) and event.msg.lineage:
+            event = dataclasses.replace(event, msg=msgspec.structs.replace(event.msg, lineage=None))
+        return super().handle(event, now)
+
+
 MASTER_VARIANTS: dict[str, MasterFactory] = {
     "real": ms.MasterState,
     "no-recheck-on-disconnect": NoRecheckOnDisconnect,
     "crashes-on-p2p-report": CrashesOnP2PReport,
+    "newcomer-revision-wins": NewcomerRevisionWins,
+    "lineage-blind": LineageBlind,
 }
 
 

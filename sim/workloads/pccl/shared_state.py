@@ -9,12 +9,17 @@ and then update it with a deterministic rule, exactly as a training loop does::
 
 The state lives per *host incarnation*: a peer that is kicked or loses the master keeps its
 weights and revision when it joins again (as a real user would), while a freshly spawned host
-starts as a joiner — random content from its own RNG, revision 0.  Besides the compared tensors
+starts as a joiner — random content from its own RNG, and a revision that is 0 or, for half of
+them (``high_joiners``), a revision up to ``joiner_revisions`` beyond any peer's (a joiner that
+claims more progress than the group; it must receive the group's state, never replace it).  Besides the compared tensors
 it holds an ``allow_content_inequality`` tensor re-randomised after every sync (a per-peer RNG
 state): it must reach joiners but never cause a transfer among up-to-date peers.
 
-Trace events (plain data): ``sync`` (``revision``, ``tx``/``rx``, ``digest`` of the compared
-tensors after the sync, ``first``: the communicator's first successful sync, ``group``) and
+Trace events (plain data): ``sync_vote`` before each sync (``offered`` revision, ``offered_digest``
+of the compared tensors, ``held``: the lineage id the state held, hex, or none), ``sync``
+(``revision``, ``tx``/``rx``, ``digest`` of the compared tensors after the sync, ``first``: the
+communicator's first successful sync, ``group``, ``held`` and ``lineage``: the lineage id before
+and after) and
 ``sync_failed`` (``error``: the exception class, when a sync could not complete —
 ``SharedStateSyncFailed`` because every source died, for instance).
 
@@ -31,6 +36,11 @@ tensors after the sync, ``first``: the communicator's first successful sync, ``g
 * no progress is lost: a sync never adopts a revision below the one a continuing peer that
   holds the group's lineage offered (a peer without it — a joiner, or a holder of a lineage the
   group gave up after every holder was lost — receives the group's state whatever it offers);
+* no participant without the lineage ever changes a lineage holder's state: when a sync ends in a
+  lineage somebody already held, the adopted revision and state are exactly what a holder of
+  that lineage offered (its vote, before the sync) — never a joiner's, whatever revision the
+  joiner claimed — and a sync in which a lineage holder took part never mints a new lineage
+  (settled at the end);
 * no peer is told ``RevisionViolation`` or kicked for a shared-state reason (this workload
   never deserves it).
 """
@@ -55,15 +65,21 @@ _BF16 = pccl.DType.BFLOAT16.numpy_dtype()
 _SHARED_STATE_KICKS = ("REVISION_VIOLATION", "SHARED_STATE_MISMATCH", "STRATEGY_VIOLATION")
 
 
-def new_state(rng: Any, n: int) -> pccl.SharedState:
-    """A joiner's state: random content (from the host's seeded RNG), revision 0."""
+def new_state(rng: Any, n: int, joiner_revisions: int = 0, high_joiners: float = 0.5, *,
+              ahead_of: int = 0) -> pccl.SharedState:
+    """A joiner's state: random content (from the host's seeded RNG); revision 0, or for a
+    fraction ``high_joiners`` of the joiners (when ``joiner_revisions`` > 0) ``ahead_of`` plus a
+    random number in [1, joiner_revisions] — more progress than any peer has."""
     gen = np.random.default_rng(rng.getrandbits(64))
-    return pccl.SharedState({
+    state = pccl.SharedState({
         "w": gen.standard_normal(n).astype(np.float32),
         "m": gen.standard_normal(n // 4 + 1).astype(_BF16),
         "count": np.array([gen.integers(0, 1000)], np.int64),
         "rng": pccl.Tensor(gen.integers(0, 2**63, 4, dtype=np.uint64), allow_content_inequality=True),
     })
+    if joiner_revisions > 0 and gen.random() < high_joiners:
+        state.revision = ahead_of + int(gen.integers(1, joiner_revisions + 1))
+    return state
 
 
 def update_state(state: pccl.SharedState, rng: Any) -> None:
@@ -90,8 +106,10 @@ def state_digest(state: pccl.SharedState) -> str:
 
 class SyncPhase(Phase):
     """Sync then update the shared state each step.  Parameters: ``n`` (elements of ``w``,
-    default 1000), ``diverge`` (host name whose update rule is *not* deterministic — for the
-    checker's teeth test only; default none)."""
+    default 1000), ``joiner_revisions`` (how far a fresh joiner's random revision may lie
+    beyond the furthest peer's, default 1000; 0: every joiner offers revision 0), ``high_joiners`` (the fraction of joiners
+    that do, default 0.5), ``diverge`` (host name whose update rule is
+    *not* deterministic — for the checker's teeth test only; default none)."""
 
     name = "sync"
     messages = {
@@ -105,6 +123,8 @@ class SyncPhase(Phase):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self.n = int(params.get("n", 1000))
+        self.joiner_revisions = int(params.get("joiner_revisions", 1000))
+        self.high_joiners = float(params.get("high_joiners", 0.5))
         self.diverge = params.get("diverge")
         self._states: dict[int, pccl.SharedState] = {}  # host incarnation -> its state
         self._synced: set[int] = set()  # peer ids (communicators) with a successful sync
@@ -113,9 +133,12 @@ class SyncPhase(Phase):
         host, comm = step.host, step.comm
         state = self._states.get(host.incarnation)
         if state is None:
-            state = self._states[host.incarnation] = new_state(host.rng, self.n)
+            ahead_of = max((s.revision for s in self._states.values()), default=0)
+            state = self._states[host.incarnation] = new_state(host.rng, self.n, self.joiner_revisions,
+                                                               self.high_joiners, ahead_of=ahead_of)
         offered = state.revision
         held = None if state.lineage is None else state.lineage.id.hex()
+        step.record("sync_vote", offered=offered, offered_digest=state_digest(state), held=held)
         try:
             info = await comm.sync_shared_state(state)
         except pccl.SharedStateSyncFailed as exc:  # RevisionViolation included: the checker judges
@@ -154,6 +177,10 @@ class SharedStateAgreement(Checker):
         self.newcomers: dict[tuple[int, int], bool] = {}
         #: continuing peers that received or jumped, settled at the end: (key, message)
         self.moved: list[tuple[tuple[int, int], str]] = []
+        #: lineage id -> every (revision, digest) a holder of it offered
+        self.offers: dict[str, set[tuple[int, str]]] = {}
+        #: (epoch, sync_id) -> [its lineage was new at its first report, a reporter held a lineage]
+        self.minted: dict[tuple[int, int], list[bool]] = {}
         self.syncs = 0
         self.first_syncs_with_bytes = 0
         self.failed = False
@@ -184,6 +211,9 @@ class SharedStateAgreement(Checker):
             self.failed_since.add(data["peer_id"])
             if data["error"] == "RevisionViolation":
                 self._fail(sim, f"{host} (peer {data['peer_id']:x}) got RevisionViolation: {data['detail']}")
+        elif kind == "sync_vote":
+            if data["held"] is not None:
+                self.offers.setdefault(data["held"], set()).add((data["offered"], data["offered_digest"]))
         elif kind == "sync":
             self._check_sync(sim, host, data)
 
@@ -205,6 +235,13 @@ class SharedStateAgreement(Checker):
         if continuing and data["held"] == data["lineage"] and revision < data["offered"]:
             self._fail(sim, f"{host} (peer {pid:x}) held the group's lineage, offered revision {data['offered']} and "
                             f"its group adopted {revision}: progress was lost")
+        lineage = data["lineage"]
+        minted = self.minted.setdefault(key, [lineage not in self.offers, False])
+        minted[1] = minted[1] or data["held"] is not None
+        if lineage in self.offers and (revision, data["digest"]) not in self.offers[lineage]:
+            self._fail(sim, f"{host} (peer {pid:x}) adopted revision {revision}, state {data['digest']} in lineage "
+                            f"{lineage[:12]}, which no holder of that lineage offered: a participant without the "
+                            "lineage changed the holders' state")
         if data["first"]:
             self.first_syncs_with_bytes += data["rx"] > 0
         if not continuing:
@@ -221,6 +258,11 @@ class SharedStateAgreement(Checker):
         self.last_sync[pid] = (key[0], revision)
 
     def at_end(self, sim: Simulation) -> None:
+        for key, (new, held) in self.minted.items():
+            if new and held:
+                self._fail(sim, f"sync {key[1]} (master epoch {key[0]}) minted a new lineage although a peer that "
+                                "held a lineage took part: the holders' history was dropped")
+                return
         for key, message in self.moved:
             if not self.newcomers.get(key):
                 self._fail(sim, message)
