@@ -12,15 +12,14 @@ from __future__ import annotations
 import pathlib
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 
 import pytest
 
 import pccl
+from child_process import Child
 from master_thread import master_in_thread
 from pccl.bench import free_port
 
@@ -29,22 +28,15 @@ CONFIG = pccl.Config(peer_timeout=3.0, heartbeat_interval=0.3)
 BOUND = 150.0
 
 
-class _Proc:
+class _Proc(Child):
     def __init__(self, name: str, cmd: list[str]) -> None:
-        self.name = name
-        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
         self.step = 0
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
+        super().__init__(name, cmd)
 
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.lines.append(line.rstrip("\n"))
-            found = re.match(r"(?:outer )?step (\d+)", line)
-            if found:
-                self.step = max(self.step, int(found.group(1)))
+    def on_line(self, line: str) -> None:
+        found = re.match(r"(?:outer )?step (\d+)", line)
+        if found:
+            self.step = max(self.step, int(found.group(1)))
 
     def done(self) -> tuple[int, str] | None:
         for line in self.lines:
@@ -52,9 +44,6 @@ class _Proc:
             if found:
                 return int(found.group(1)), found.group(2)
         return None
-
-    def output(self) -> str:
-        return f"--- {self.name} (exit {self.popen.poll()}) ---\n" + "\n".join(self.lines[-40:])
 
 
 def _wait_until(procs: list[_Proc], ready: Callable[[], bool], deadline: float) -> None:

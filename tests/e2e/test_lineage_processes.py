@@ -12,13 +12,12 @@ import pathlib
 import re
 import shutil
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 
 import pccl
+from child_process import Child
 from pccl.bench import free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -26,21 +25,7 @@ EXAMPLES = HERE.parents[1] / "examples"
 BOUND = 90.0
 
 
-class _Proc:
-    """A child process whose output lines are collected by a thread."""
-
-    def __init__(self, name: str, cmd: list[str]) -> None:
-        self.name = name
-        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.lines.append(line.rstrip("\n"))
-
+class _Proc(Child):
     def records(self, kind: str) -> list[dict[str, str]]:
         """``kind key=value ...`` lines as dicts, in order."""
         return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in list(self.lines) if line.startswith(kind + " ")]
@@ -49,8 +34,8 @@ class _Proc:
         steps = self.records("STEP")
         return int(steps[-1]["revision"]) if steps else -1
 
-    def output(self) -> str:
-        return f"--- {self.name} (exit {self.popen.poll()}) ---\n" + "\n".join(self.lines[-60:])
+    def output(self, last: int = 60) -> str:
+        return super().output(last)
 
 
 class _Run:
