@@ -64,4 +64,5 @@ __all__ = [
     "TopologyUpdateFailed",
     "__version__",
     "blocking",
+    "checkpoint",
 ]
