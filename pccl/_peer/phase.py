@@ -4,8 +4,9 @@ A peer is, towards the master, in at most one of these phases at a time:
 
 ======================  ==========================================================================
 idle                    nothing outstanding
-topology vote (kind)    ``update_topology()`` ("accept") or the all-reduce's re-wire ("rewire")
-                        has voted and the round has not completed — also after the caller was
+topology vote (kind)    ``update_topology()`` ("accept"), the all-reduce's re-wire ("rewire") or
+                        ``optimize_topology()`` ("optimize") has voted and the round has not
+                        completed — also after the caller was
                         cancelled: the vote stands at the master until its round completes
 collectives {tags}      all-reduces in flight, by tag (several at once; each tag once) — also
                         the *abandoned* ones: cancelled before the master answered their vote,
@@ -15,23 +16,50 @@ collectives {tags}      all-reduces in flight, by tag (several at once; each tag
 sync                    ``sync_shared_state()`` is running
 ======================  ==========================================================================
 
-Rules (each refusal is ``InvalidUsage``, the caller's mistake, raised before anything is sent —
-the master would otherwise kick the peer as OUT_OF_PHASE):
+Rules: the phase table of :mod:`pccl.protocol.phases` — the rows the master enforces — read
+from this side.  Each refusal is ``InvalidUsage``, the caller's mistake, raised before anything
+is sent (the master would otherwise kick the peer as OUT_OF_PHASE):
 
 * a topology vote needs no collective in flight and no sync; a vote of the same kind that is
   still outstanding is joined, one of the other kind refuses;
 * a collective needs no sync and no outstanding topology vote, and its tag must not be in flight;
 * a sync needs no outstanding topology vote, no other sync and no collective in flight.
 
-``are_peers_pending()`` is legal in every phase.  This module is pure state: the session and
-the services tell it when a phase begins and ends, and it answers "may I start X now".
+``are_peers_pending()`` is legal in every phase (no activity of this rule refuses it); the
+session joins its own unanswered query (the ``PENDING_QUERY`` row).  This module is pure state:
+the session and the services tell it when a phase begins and ends, and it answers "may I start
+X now" (:meth:`PhaseRule.check`).
 """
 
 from __future__ import annotations
 
 from ..errors import InvalidUsage
+from ..protocol.phases import RULES, Activity, Call
 
 __all__ = ["PhaseRule"]
+
+#: The refusal for every (call, activity) pair of the phase table that this rule tracks
+#: (formatted with ``tags``, the collectives in flight, and ``kind``, the outstanding topology
+#: vote's).  A topology vote refused by one of its own kind is joined instead.
+_REFUSAL: dict[tuple[Call, Activity], str] = {
+    (Call.TOPOLOGY_VOTE, Activity.TOPOLOGY): "a topology vote of another kind ({kind}) is still outstanding",
+    (Call.TOPOLOGY_VOTE, Activity.COLLECTIVE): "cannot update the topology while collective tags {tags} are in flight",
+    (Call.TOPOLOGY_VOTE, Activity.SYNC): "cannot update the topology while a shared-state sync is running",
+    (Call.OPTIMIZE_VOTE, Activity.TOPOLOGY): "a topology vote of another kind ({kind}) is still outstanding",
+    (Call.OPTIMIZE_VOTE, Activity.COLLECTIVE): "cannot optimise the topology while collective tags {tags} are in "
+                                               "flight",
+    (Call.OPTIMIZE_VOTE, Activity.SYNC): "cannot optimise the topology while a shared-state sync is running",
+    (Call.COLLECTIVE, Activity.TOPOLOGY): "cannot start a collective while a topology vote ({kind}) is outstanding; "
+                                          "call update_topology() again to finish it",
+    (Call.COLLECTIVE, Activity.SYNC): "cannot start a collective while a shared-state sync is running",
+    (Call.SYNC, Activity.TOPOLOGY): "cannot synchronise the shared state while a topology vote ({kind}) is "
+                                    "outstanding; call update_topology() again to finish it",
+    (Call.SYNC, Activity.COLLECTIVE): "cannot sync shared state while collective tags {tags} are in flight",
+    (Call.SYNC, Activity.SYNC): "a shared-state sync is already running on this communicator",
+}
+
+#: The activities this rule tracks (PENDING_QUERY is the session's one waiter).
+TRACKED = (Activity.TOPOLOGY, Activity.COLLECTIVE, Activity.SYNC)
 
 
 class PhaseRule:
@@ -74,20 +102,36 @@ class PhaseRule:
             return f"collectives {sorted(self._tags)}"
         return "idle"
 
+    def active(self, activity: Activity) -> bool:
+        """Whether this peer is in the middle of ``activity`` (``PENDING_QUERY``: never, here)."""
+        if activity is Activity.TOPOLOGY:
+            return self._topology is not None
+        if activity is Activity.COLLECTIVE:
+            return bool(self._tags)
+        if activity is Activity.SYNC:
+            return self._syncing
+        return False
+
+    def check(self, call: Call, *, kind: str | None = None) -> bool:
+        """May ``call`` go ahead now, by the phase table?  ``False``: yes, vote; ``True``: an
+        outstanding one it joins is there (a topology vote of the same ``kind``): wait for that
+        one, do not vote again.  ``InvalidUsage`` if an activity refuses it."""
+        rule = RULES[call]
+        for activity in rule.refused_while:
+            if not self.active(activity):
+                continue
+            if activity is rule.joins and activity is Activity.TOPOLOGY and self._topology == kind:
+                return True
+            raise InvalidUsage(_REFUSAL[call, activity].format(tags=sorted(self._tags), kind=self._topology))
+        return False
+
     # --- topology votes ----------------------------------------------------------------------
 
     def join_topology(self, kind: str) -> bool:
-        """May a topology vote of ``kind`` go ahead?  ``True``: one of that kind is outstanding,
-        wait for it (do not vote again); ``False``: vote, then :meth:`begin_topology`."""
-        if self._tags:
-            raise InvalidUsage(f"cannot update the topology while collective tags {sorted(self._tags)} are in flight")
-        if self._syncing:
-            raise InvalidUsage("cannot update the topology while a shared-state sync is running")
-        if self._topology is None:
-            return False
-        if self._topology != kind:
-            raise InvalidUsage(f"a topology vote of another kind ({self._topology}) is still outstanding")
-        return True
+        """May a topology vote of ``kind`` ("accept", "rewire" or "optimize") go ahead?
+        ``True``: one of that kind is outstanding, wait for it (do not vote again); ``False``:
+        vote, then :meth:`begin_topology`."""
+        return self.check(Call.OPTIMIZE_VOTE if kind == "optimize" else Call.TOPOLOGY_VOTE, kind=kind)
 
     def begin_topology(self, kind: str) -> None:
         """A topology vote of ``kind`` is outstanding from now on (also the acceptance a newly
@@ -104,9 +148,7 @@ class PhaseRule:
         """Collective ``tag`` is in flight from now on (until :meth:`end_collective`)."""
         if tag in self._tags:
             raise InvalidUsage(f"collective tag {tag} is already in flight")
-        if self._syncing:
-            raise InvalidUsage("cannot start a collective while a shared-state sync is running")
-        self._refuse_during_topology_vote("start a collective")
+        self.check(Call.COLLECTIVE)
         self._tags.add(tag)
 
     def abandon_collective(self, tag: int) -> None:
@@ -122,19 +164,8 @@ class PhaseRule:
 
     def begin_sync(self) -> None:
         """A sync runs from now on (until :meth:`end_sync`)."""
-        self._refuse_during_topology_vote("synchronise the shared state")
-        if self._syncing:
-            raise InvalidUsage("a shared-state sync is already running on this communicator")
-        if self._tags:
-            raise InvalidUsage(f"cannot sync shared state while collective tags {sorted(self._tags)} are in flight")
+        self.check(Call.SYNC)
         self._syncing = True
 
     def end_sync(self) -> None:
         self._syncing = False
-
-    def _refuse_during_topology_vote(self, what: str) -> None:
-        # A cancelled update_topology() leaves its vote standing at the master, which would kick
-        # this peer (OUT_OF_PHASE) for a collective or sync vote until that round completes.
-        if self._topology is not None:
-            raise InvalidUsage(f"cannot {what} while a topology vote ({self._topology}) is outstanding; "
-                               "call update_topology() again to finish it")

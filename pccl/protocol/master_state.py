@@ -114,10 +114,11 @@ covers: an event at or past the deadline always re-checks everything), so it re-
 The property tests check after every event that a full re-check would find nothing more to do.
 
 Out of phase.  One table, ``_PHASES`` (below the imports), holds the phase rules: for each
-message type, which peer statuses may send it and which of the sender's activities make it
-``Kick(OUT_OF_PHASE)`` — a topology vote standing or a topology round, a collective in flight, a
-shared-state sync, an unanswered pending query — with the kick's detail.  It is checked once,
-before any handler runs.  A message type peers never send → ``Kick(PROTOCOL_ERROR)``.
+message type, which peer statuses may send it and, for a vote, which of the sender's activities
+make it ``Kick(OUT_OF_PHASE)`` — a topology vote standing or a topology round, a collective in
+flight, a shared-state sync, an unanswered pending query — with the kick's detail.  Which
+activities refuse which vote is the phase table of :mod:`pccl.protocol.phases`, the one the
+peer consults before it sends.  It is checked once, before any handler runs.  A message type peers never send → ``Kick(PROTOCOL_ERROR)``.
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ from typing import Any, NamedTuple, Protocol
 from ..errors import KickReason
 from . import election
 from . import messages as m
+from . import phases as ph
 from .codec import MAX_DETAIL, clip_text
 from .master_events import (
     Close,
@@ -185,66 +187,52 @@ class PeerStatus(enum.Enum):
     ACCEPTED = "accepted"
 
 
-class _Activity(enum.Enum):
-    """What a peer can be in the middle of (``MasterState._busy_with`` tells)."""
-
-    TOPOLOGY = "its topology vote stands or it takes part in a topology round"
-    COLLECTIVE = "it voted for a collective or runs one"
-    SYNC = "it voted for a shared-state sync or takes part in one (or its vote for the next waits)"
-    PENDING_QUERY = "its are_peers_pending vote waits for the answer"
-    OPTIMIZE = "its optimize_topology vote stands"
-
-
 @dataclasses.dataclass(frozen=True)
 class _Phase:
     """One row of ``_PHASES``: when peers may send one message type."""
 
     senders: frozenset[PeerStatus]
-    refused_while: tuple[tuple[_Activity, str], ...] = ()
+    refused_while: tuple[tuple[ph.Activity, str], ...] = ()
 
 
 _C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
-_TOPOLOGY, _COLLECTIVE, _SYNC = _Activity.TOPOLOGY, _Activity.COLLECTIVE, _Activity.SYNC
-_PENDING_QUERY = _Activity.PENDING_QUERY
+
+#: OUT_OF_PHASE details for every (call, refusing activity) pair of the phase table
+#: (:data:`pccl.protocol.phases.RULES`), formatted with ``msg`` and ``op`` (the sender's
+#: collective in flight).
+_REFUSAL_DETAIL: dict[tuple[ph.Call, ph.Activity], str] = {
+    (ph.Call.TOPOLOGY_VOTE, ph.Activity.TOPOLOGY): "topology vote while already voting or in a topology round",
+    (ph.Call.TOPOLOGY_VOTE, ph.Activity.COLLECTIVE): "topology vote with collective tag {op.tag} in flight",
+    (ph.Call.TOPOLOGY_VOTE, ph.Activity.SYNC): "topology vote during a shared-state sync",
+    (ph.Call.OPTIMIZE_VOTE, ph.Activity.TOPOLOGY): "optimise vote while already voting or in a topology round",
+    (ph.Call.OPTIMIZE_VOTE, ph.Activity.COLLECTIVE): "optimise vote with collective tag {op.tag} in flight",
+    (ph.Call.OPTIMIZE_VOTE, ph.Activity.SYNC): "optimise vote during a shared-state sync",
+    (ph.Call.PENDING_QUERY, ph.Activity.PENDING_QUERY): "second are_peers_pending vote before the answer",
+    (ph.Call.COLLECTIVE, ph.Activity.TOPOLOGY): "collective tag {msg.tag} during a topology update",
+    (ph.Call.COLLECTIVE, ph.Activity.SYNC): "collective tag {msg.tag} during a shared-state sync",
+    (ph.Call.SYNC, ph.Activity.TOPOLOGY): "shared-state sync during a topology update",
+    (ph.Call.SYNC, ph.Activity.COLLECTIVE): "shared-state sync with collective tag {op.tag} in flight",
+    (ph.Call.SYNC, ph.Activity.SYNC): "second shared-state sync vote before the first completed",
+}
 
 #: The phase rules, checked by ``MasterState._dispatch`` before the message's handler runs.  A
 #: type missing here is one peers never send: PROTOCOL_ERROR.  A sender outside ``senders``:
-#: OUT_OF_PHASE "<type> while <status>".  A sender busy with an activity of ``refused_while``
-#: (checked in that order): OUT_OF_PHASE with the first such activity's detail, formatted with
-#: ``msg`` and ``op`` (the sender's collective in flight).  A collective in flight does not stop
-#: another collective (a reused tag is ``TAG_IN_USE``, not a kick).  Checks that depend on what
-#: the message names (a round, a seq, a sync or an attempt) stay in the handlers.
+#: OUT_OF_PHASE "<type> while <status>".  A vote (a message that starts a call of
+#: :mod:`pccl.protocol.phases`) from a sender busy with an activity that refuses the call
+#: (checked in the table's order): OUT_OF_PHASE with that pair's detail.  Checks that depend on
+#: what the message names (a round, a seq, a sync or an attempt, a reused tag) stay in the
+#: handlers.
 _PHASES: dict[type[m.Message], _Phase] = {
     m.Register: _Phase(frozenset({_C})),
     m.Heartbeat: _Phase(frozenset({_C, _R, _A})),
     m.Leave: _Phase(frozenset({_C, _R, _A})),
     m.P2PReport: _Phase(frozenset({_R, _A})),
-    m.VoteTopology: _Phase(frozenset({_A}), (
-        (_TOPOLOGY, "topology vote while already voting or in a topology round"),
-        (_COLLECTIVE, "topology vote with collective tag {op.tag} in flight"),
-        (_SYNC, "topology vote during a shared-state sync"),
-    )),
-    m.VoteOptimize: _Phase(frozenset({_A}), (
-        (_TOPOLOGY, "optimise vote while already voting or in a topology round"),
-        (_COLLECTIVE, "optimise vote with collective tag {op.tag} in flight"),
-        (_SYNC, "optimise vote during a shared-state sync"),
-    )),
     m.ProbeReport: _Phase(frozenset({_A})),
-    m.VotePeersPending: _Phase(frozenset({_A}), (
-        (_PENDING_QUERY, "second are_peers_pending vote before the answer"),
-    )),
-    m.CollectiveInit: _Phase(frozenset({_A}), (
-        (_TOPOLOGY, "collective tag {msg.tag} during a topology update"),
-        (_SYNC, "collective tag {msg.tag} during a shared-state sync"),
-    )),
     m.CollectiveDone: _Phase(frozenset({_A})),
     m.CollectiveWithdraw: _Phase(frozenset({_A})),
-    m.SyncVote: _Phase(frozenset({_A}), (
-        (_TOPOLOGY, "shared-state sync during a topology update"),
-        (_COLLECTIVE, "shared-state sync with collective tag {op.tag} in flight"),
-        (_SYNC, "second shared-state sync vote before the first completed"),
-    )),
     m.SyncReport: _Phase(frozenset({_A})),
+    **{kind: _Phase(frozenset({_A}), tuple((a, _REFUSAL_DETAIL[call, a]) for a in ph.RULES[call].refused_while))
+       for kind, call in ph.CALL_OF_MESSAGE.items()},
 }
 
 
@@ -609,14 +597,14 @@ class MasterState:
                 raise PeerFault(KickReason.OUT_OF_PHASE, detail.format(msg=msg, op=busy))
         self._handlers[type(msg)](peer, msg)
 
-    def _busy_with(self, peer: _Peer, activity: _Activity) -> object:
+    def _busy_with(self, peer: _Peer, activity: ph.Activity) -> object:
         """Whether ``peer`` is in the middle of ``activity`` (for COLLECTIVE: its first op, or None)."""
-        if activity is _Activity.TOPOLOGY:
+        if activity is ph.Activity.TOPOLOGY:
             return peer.topology_vote is not None or peer.round_scope is not None
-        if activity is _Activity.COLLECTIVE:
+        if activity is ph.Activity.COLLECTIVE:
             ops = self._ops_of(peer)
             return ops[0] if ops else None
-        if activity is _Activity.SYNC:
+        if activity is ph.Activity.SYNC:
             return self._sync_state.in_sync(peer.group, peer.peer_id)
         return peer.pending_vote
 
@@ -1070,23 +1058,23 @@ class MasterState:
             return m.RejectCode.STALE_RING, f"group {op.group} lost a member; re-wire before retrying"
         return None, ""
 
-    def _waits_in(self, peer: _Peer, sync_waiting: frozenset[int]) -> tuple[_Activity, str] | None:
-        """The kind of call ``peer`` waits in for the others of its group, and its name as the
+    def _waits_in(self, peer: _Peer, sync_waiting: frozenset[int]) -> tuple[ph.Call, str] | None:
+        """The call ``peer`` waits in for the others of its group, and its name as the
         caller knows it; ``None`` when it is not known to wait for them (idle as far as the
         master knows, in a round, or with a collective running: each can still go on)."""
         if peer.round_scope is not None:
             return None
         if peer.topology_vote is TopologyVote.ACCEPT:
-            return _TOPOLOGY, "update_topology()"
+            return ph.Call.TOPOLOGY_VOTE, "update_topology()"
         if peer.topology_vote is TopologyVote.REWIRE:
-            return _TOPOLOGY, "a re-wire after a failed all_reduce"
+            return ph.Call.TOPOLOGY_VOTE, "a re-wire after a failed all_reduce"
         if peer.topology_vote is TopologyVote.OPTIMIZE:
-            return _Activity.OPTIMIZE, "optimize_topology()"
+            return ph.Call.OPTIMIZE_VOTE, "optimize_topology()"
         if peer.peer_id in sync_waiting:
-            return _SYNC, "sync_shared_state()"
+            return ph.Call.SYNC, "sync_shared_state()"
         ops = self._ops_of(peer)
         if ops and all(op.seq is None for op in ops):
-            return _COLLECTIVE, f"all_reduce (tag {', '.join(str(t) for t in sorted(op.tag for op in ops))})"
+            return ph.Call.COLLECTIVE, f"all_reduce (tag {', '.join(str(t) for t in sorted(op.tag for op in ops))})"
         return None
 
     def _mismatch(self, group: int) -> dict[int, str] | None:
@@ -1102,7 +1090,7 @@ class MasterState:
                 and self._waits_in(hint, sync_waiting) is None):
             return None
         waits: dict[int, str] = {}
-        kinds: set[_Activity] = set()
+        kinds: set[ph.Call] = set()
         for p in members:
             waiting = self._waits_in(p, sync_waiting)
             if waiting is None:
