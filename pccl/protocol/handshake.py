@@ -62,6 +62,8 @@ NONCE_SIZE = 32
 HANDSHAKE_MAX_FRAME_SIZE = 1024
 
 _PROOF_DOMAIN = b"pccl-auth-v1\x00"
+#: Prefix of the hash that turns a run token into the HMAC key.
+_KEY_DOMAIN = b"pccl-run-token-v1\x00"
 
 
 def encode_preamble(version: int = PROTOCOL_VERSION) -> bytes:
@@ -119,11 +121,15 @@ def auth_proof(token: bytes, *, prover: HandshakeRole, prover_nonce: bytes, veri
     """The MAC the ``prover`` side sends to show it holds ``token``.
 
     Both nonces have the fixed size :data:`NONCE_SIZE`, so the concatenation is unambiguous.
+    The HMAC key is a SHA-256 digest of the token, not the token itself: HMAC pads a short key
+    with zero bytes, so tokens that differ only in trailing zero bytes (``b"a"``, ``b"a\\0"``)
+    would otherwise prove each other.
     """
     if len(prover_nonce) != NONCE_SIZE or len(verifier_nonce) != NONCE_SIZE:
         raise InvalidArgument(f"nonces must be {NONCE_SIZE} bytes")
     message = _PROOF_DOMAIN + bytes([int(prover)]) + verifier_nonce + prover_nonce
-    return hmac.new(token, message, hashlib.sha256).digest()
+    key = hashlib.sha256(_KEY_DOMAIN + token).digest()
+    return hmac.new(key, message, hashlib.sha256).digest()
 
 
 def verify_proof(
