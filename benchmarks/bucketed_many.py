@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from interleaved_gloo import run_cluster  # the same master and peer processes (this folder is on sys.path)
-from pccl.bench import admit
+from pccl.tools.bench import admit
 
 CONFIGS = ("bucketed", "packed", "per-tensor", "flat", "gloo")
 _BARRIER_TAG = 1 << 30

@@ -126,7 +126,7 @@ def run_peers(label: str, script: str, args: list[str], *, peers: int, outer_ste
     """A master and ``peers`` processes of ``script``; with ``kill_every``, SIGKILL a random
     peer that many outer steps after the start or after the last replacement joined, and start
     a new replacement (no kill in the last two steps)."""
-    from pccl.bench import free_port
+    from pccl.tools.bench import free_port
 
     prefixes = prefixes or [[] for _ in range(peers)]
     rng = random.Random(seed)

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from pccl.bench import admit, bus_bandwidth, format_size, free_port, parse_size
+from pccl.tools.bench import admit, bus_bandwidth, format_size, free_port, parse_size
 
 CONFIGS = ("gloo", "in-place", "out-of-place")
 _BARRIER_TAG = 1 << 30

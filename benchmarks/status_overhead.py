@@ -30,7 +30,7 @@ import numpy as np
 import trio
 
 import pccl
-from pccl.bench import free_port, parse_size
+from pccl.tools.bench import free_port, parse_size
 
 
 def _poller(url: str, interval: float) -> None:

@@ -43,7 +43,7 @@ import trio
 
 from . import communicator as _async
 from .collectives.buckets import DEFAULT_BUCKET_BYTES
-from .collectives.operation import MANY_FIRST_TAG
+from ._peer.collective_service import MANY_FIRST_TAG
 from .config import Config
 from .errors import InvalidUsage, PCCLError
 from .shared_state import SharedState
@@ -63,9 +63,10 @@ _CLOSE_WAIT = 30.0
 class ReduceHandle:
     """An all-reduce started by ``all_reduce_async`` / ``all_reduce_many_async``."""
 
-    def __init__(self, future: concurrent.futures.Future[ReduceInfo], owner: Communicator) -> None:
+    def __init__(self, future: concurrent.futures.Future[ReduceInfo],
+                 wait: Callable[[concurrent.futures.Future[ReduceInfo], float | None], ReduceInfo]) -> None:
         self._future = future
-        self._owner = owner
+        self._wait_for = wait  # the communicator's: waits, and cancels the operation if interrupted
 
     def done(self) -> bool:
         """Whether the operation has finished (successfully or not)."""
@@ -76,7 +77,7 @@ class ReduceHandle:
         (``CollectiveAborted``, ``TooFewPeers``, ...).  ``TimeoutError`` if it is still running
         after ``timeout`` seconds (it keeps running; wait again).  Interrupted (Ctrl-C), the
         operation is cancelled."""
-        return self._owner._wait(self._future, timeout)
+        return self._wait_for(self._future, timeout)
 
 
 class Communicator:
@@ -301,7 +302,7 @@ class Communicator:
         checks included) come from the handle's ``wait``."""
         comm = self._live()
         return ReduceHandle(self._submit(lambda: comm.all_reduce(send, recv, op=op, tag=tag,
-                                                                 quantization=quantization)), self)
+                                                                 quantization=quantization)), self._wait)
 
     def all_reduce_many(self, arrays: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,
                         quantization: Quantization | None = None, max_in_flight: int = 4,
@@ -318,7 +319,7 @@ class Communicator:
         arrays = list(arrays)
         return ReduceHandle(self._submit(lambda: comm.all_reduce_many(
             arrays, op=op, quantization=quantization, max_in_flight=max_in_flight, first_tag=first_tag,
-            bucket_bytes=bucket_bytes)), self)
+            bucket_bytes=bucket_bytes)), self._wait)
 
     def steps(self, state: SharedState, *,
               strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> Iterator[SyncInfo]:

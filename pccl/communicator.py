@@ -2,8 +2,8 @@
 
 A communicator is a peer's membership in a run.  It delegates: the connection to the master, the
 votes, the ring set-up, the failure state and the counters are the peer session
-(:mod:`pccl._peer`); the all-reduce is :mod:`pccl.collectives.operation`; the shared-state sync
-is :mod:`pccl.state_sync`.  The services reach the session only through its
+(:mod:`pccl._peer`); the all-reduce is :mod:`pccl._peer.collective_service`; the shared-state sync
+is :mod:`pccl._peer.sync`.  The services reach the session only through its
 :class:`~pccl._peer.host.PeerHost` interface, and the session's phase rule
 (:mod:`pccl._peer.phase`) decides which calls may run together.
 """
@@ -21,16 +21,16 @@ import trio
 
 from ._groups import single_exception
 from ._peer.host import MasterLost
-from ._peer.links import P2PLinks
+from ._peer.ring_connections import P2PLinks
 from ._peer.session import PeerSession
 from .collectives.buckets import DEFAULT_BUCKET_BYTES
-from .collectives.operation import MANY_FIRST_TAG, AllReduceService
+from ._peer.collective_service import MANY_FIRST_TAG, AllReduceService
 from .config import Config
 from .errors import PhaseMismatch, SharedStateSyncFailed
 from .net.base import Network
 from .protocol import messages as m
 from .shared_state import SharedState
-from .state_sync import StateSyncService
+from ._peer.sync import StateSyncService
 from .types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
 
 __all__ = ["Communicator", "CommunicatorStatistics", "open_communicator"]
@@ -195,7 +195,7 @@ class Communicator:
             await self._sync.aclose()
         self._session.stop()
 
-    # --- all-reduce (pccl.collectives.operation) -----------------------------------------------
+    # --- all-reduce (pccl._peer.collective_service) -----------------------------------------------
 
     async def all_reduce(self, send: Any, recv: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                          tag: int = 0, quantization: Quantization | None = None) -> ReduceInfo:
@@ -249,7 +249,7 @@ class Communicator:
                                                       max_in_flight=max_in_flight, first_tag=first_tag,
                                                       bucket_bytes=bucket_bytes)
 
-    # --- shared state (pccl.state_sync) ----------------------------------------------------------
+    # --- shared state (pccl._peer.sync) ----------------------------------------------------------
 
     async def sync_shared_state(self, state: SharedState,
                                 strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> SyncInfo:

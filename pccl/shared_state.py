@@ -4,7 +4,7 @@
 zero-copy numpy view) *by reference*: pccl reads them to hash and to serve, and writes received
 bytes straight into them.  Nothing is copied.  Each tensor is compared by its xxh3-128 digest
 (:func:`hash_array`).  The synchronisation itself (``Communicator.sync_shared_state``) is
-:mod:`pccl.state_sync`.
+:mod:`pccl._peer.sync`.
 """
 
 from __future__ import annotations

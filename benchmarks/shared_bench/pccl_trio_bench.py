@@ -14,7 +14,7 @@ picks the output file up as an extra implementation.  Run it with the repository
 ``"minmax_u8 (pccl-trio)"``: the parenthesis keeps them out of report.py's model table, whose
 PCCL column is keyed on impl names containing "pccl".  Options PCCL-specific to the reference
 (``--pool``, ``--master-nodelay``) are accepted and ignored (pccl-trio always sets TCP_NODELAY).
-The measuring itself is :func:`pccl.bench.run_group` (``pccl bench``).
+The measuring itself is :func:`pccl.tools.bench.run_group` (``pccl bench``).
 """
 import argparse
 import os
@@ -28,7 +28,7 @@ sys.path.insert(0, REPO)
 from anchor_common import MiB, allreduce_table, env_info, save_json, summarize  # noqa: E402
 
 import pccl  # noqa: E402
-from pccl.bench import run_group  # noqa: E402
+from pccl.tools.bench import run_group  # noqa: E402
 
 _QUANT = {"none": "none", "minmax_u8": "u8"}
 

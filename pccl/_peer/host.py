@@ -1,7 +1,7 @@
 """The one interface between the peer session and the services that run on it.
 
-The all-reduce (:mod:`pccl.collectives.operation`) and the shared-state sync
-(:mod:`pccl.state_sync`) reach the session only through :class:`PeerHost`; they never import
+The all-reduce (:mod:`pccl._peer.collective_service`) and the shared-state sync
+(:mod:`pccl._peer.sync`) reach the session only through :class:`PeerHost`; they never import
 :mod:`pccl.communicator` or the session, and never touch another class's private members (a
 test checks both).  :class:`~pccl._peer.session.PeerSession` implements it; tests may substitute
 their own.
@@ -20,7 +20,7 @@ from ..errors import PCCLError
 from ..net.base import Listener, Stream
 from ..net.framed import FramedConnection
 from ..protocol import messages as m
-from .links import P2PLinks
+from .ring_connections import P2PLinks
 from .phase import PhaseRule
 
 __all__ = ["PeerHost", "Counters", "CollectiveRoute", "MasterLost"]

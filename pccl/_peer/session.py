@@ -50,9 +50,9 @@ from ..errors import (
 from ..net.base import Listener, Network, Stream, format_address, parse_address
 from ..net.framed import FramedConnection, accept_framed, open_framed
 from ..protocol import messages as m
-from ..topology import ProbeService
+from .probes import ProbeService
 from .host import CollectiveRoute, Counters, MasterLost
-from .links import P2PLinks
+from .ring_connections import P2PLinks
 from .phase import PhaseRule
 from .wiring import RingWiring
 

@@ -4,7 +4,7 @@ Every peer listens on a p2p port (bump-allocated from ``config.p2p_base_port``) 
 topology round, connects ``config.p2p_lanes`` lanes to its ring successor and reports the outcome
 to the master (``P2PReport``).  A lane is a framed connection (handshake with the run token) whose
 first message is ``P2PHello(round, lane)``, answered by ``P2PHelloAck``.  The round's connections
-live in :class:`~pccl._peer.links.P2PLinks`.  The master retries failed rounds and in the end
+live in :class:`~pccl._peer.ring_connections.P2PLinks`.  The master retries failed rounds and in the end
 removes the peers that stay unreachable.
 
 Lanes that carry on.  A round usually changes a few edges of the ring (a peer joins or leaves);
@@ -33,7 +33,7 @@ from ..net.framed import FramedConnection
 from ..net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for, serve_listener
 from ..protocol import messages as m
 from .host import PeerHost
-from .links import P2PLinks
+from .ring_connections import P2PLinks
 
 __all__ = ["RingWiring"]
 
@@ -243,7 +243,7 @@ class RingWiring:
                     raise ProtocolError(f"expected P2PHello, got {type(hello).__name__}")
                 while isinstance(hello, m.P2PHello) and self.links.round < hello.round:  # the dialler may be ahead
                     await self._round_changed.wait()
-            if isinstance(hello, m.ProbeHello):  # a bandwidth probe (pccl.topology), not a ring lane
+            if isinstance(hello, m.ProbeHello):  # a bandwidth probe (pccl._peer.probes), not a ring lane
                 self._check_instance(hello)
                 slot.release()
                 probe_conn, conn = conn, None

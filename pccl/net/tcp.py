@@ -209,7 +209,7 @@ class TcpStream(Stream):
                 await self._wait(trio.lowlevel.wait_writable)
                 waited = True
             except OSError as exc:
-                raise self._failure(exc, "send") from exc
+                raise self.failure(exc, "send") from exc
         if not waited:
             await trio.lowlevel.cancel_shielded_checkpoint()
 
@@ -217,7 +217,7 @@ class TcpStream(Stream):
         try:
             await self._in_worker(_SEND, _send_in_worker, view)
         except OSError as exc:
-            raise self._failure(exc, "send") from exc
+            raise self.failure(exc, "send") from exc
 
     async def send_eof(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -232,7 +232,7 @@ class TcpStream(Stream):
             self._sock.shutdown(socket.SHUT_WR)
         except OSError as exc:
             if exc.errno != errno.ENOTCONN:  # ENOTCONN: the peer is already gone; EOF is moot
-                raise self._failure(exc, "send_eof") from exc
+                raise self.failure(exc, "send_eof") from exc
 
     # -- receiving --
 
@@ -266,7 +266,7 @@ class TcpStream(Stream):
                     waited = True
                     continue
                 except OSError as exc:
-                    raise self._receive_failure(exc) from exc
+                    raise self.receive_failure(exc) from exc
                 if not waited:
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 return n
@@ -286,7 +286,7 @@ class TcpStream(Stream):
             try:
                 filled, eof = await self._in_worker(_RECEIVE, _receive_in_worker, view)
             except OSError as exc:
-                raise self._receive_failure(exc) from exc
+                raise self.receive_failure(exc) from exc
             if eof:
                 raise PeerDisconnected(
                     f"connection to {self.remote_address} closed after {filled} of {len(view)} expected bytes"
@@ -302,9 +302,20 @@ class TcpStream(Stream):
             self._blocking_io = _TcpBlockingIO(self)
         return self._blocking_io
 
+    @property
+    def closed(self) -> bool:
+        """Whether this side closed the stream."""
+        return self._closed
+
+    @property
+    def receive_error(self) -> OSError | None:
+        """The error that broke the receive direction, if one did."""
+        return self._receive_error
+
     @contextlib.contextmanager
-    def _thread_in_socket(self) -> Iterator[_Socket]:
-        """Count a worker thread in a syscall on the socket (any thread)."""
+    def thread_in_socket(self) -> Iterator[_Socket]:
+        """Count a worker thread in a syscall on the socket (any thread; for the blocking I/O
+        of :meth:`blocking_io`)."""
         with self._workers_lock:
             if self._closed:
                 raise StreamClosed(f"stream to {self.remote_address} is closed")
@@ -369,16 +380,17 @@ class TcpStream(Stream):
         except trio.BusyResourceError as exc:  # pragma: no cover - guarded by _sending/_receiving
             raise InvalidUsage("two tasks wait on the same stream direction") from exc
 
-    def _failure(self, exc: OSError, operation: str) -> TransportError:
+    def failure(self, exc: OSError, operation: str) -> TransportError:
         if self._closed:
             return StreamClosed(f"stream to {self.remote_address} was closed by this side")
         logger.debug("%s to %s failed: %s", operation, self.remote_address, exc)
         return PeerDisconnected(f"connection to {self.remote_address} broke during {operation}: {exc}")
 
-    def _receive_failure(self, exc: OSError) -> TransportError:
+    def receive_failure(self, exc: OSError) -> TransportError:
+        """As :meth:`failure` for a receive, remembering the error for the next receive."""
         if not self._closed:
             self._receive_error = exc
-        return self._failure(exc, "receive")
+        return self.failure(exc, "receive")
 
     async def _in_worker(self, direction: str, work: Callable[[_Socket, memoryview], _T], view: memoryview) -> _T:
         """Run ``work(sock, view)`` in a worker thread and wait for it, cancellably.
@@ -437,42 +449,42 @@ class _TcpBlockingIO(BlockingIO):
 
     def send_all(self, data: memoryview) -> None:
         stream = self._stream
-        with stream._thread_in_socket() as sock:
+        with stream.thread_in_socket() as sock:
             try:
                 sock.sendall(data, _MSG_NOSIGNAL)
             except OSError as exc:
-                raise stream._failure(exc, "send") from exc
+                raise stream.failure(exc, "send") from exc
 
     def send_nowait(self, data: memoryview) -> int:
         stream = self._stream
-        with stream._thread_in_socket() as sock:
+        with stream.thread_in_socket() as sock:
             try:
                 return sock.send(data, _MSG_DONTWAIT | _MSG_NOSIGNAL)
             except BlockingIOError:
                 return 0
             except OSError as exc:
-                raise stream._failure(exc, "send") from exc
+                raise stream.failure(exc, "send") from exc
 
     def receive_into(self, buffer: memoryview, *, fill: bool = False) -> int:
         stream = self._stream
-        if stream._receive_error is not None:
+        if stream.receive_error is not None:
             raise PeerDisconnected(
-                f"connection from {stream.remote_address} was reset: {stream._receive_error}"
-            ) from stream._receive_error
-        with stream._thread_in_socket() as sock:
+                f"connection from {stream.remote_address} was reset: {stream.receive_error}"
+            ) from stream.receive_error
+        with stream.thread_in_socket() as sock:
             try:
                 # MSG_WAITALL: the kernel fills the whole payload in one call, so the GIL is
                 # released and re-taken once per frame rather than once per segment batch.
                 n = sock.recv_into(buffer, 0, _MSG_WAITALL if fill else 0)
             except OSError as exc:
-                raise stream._receive_failure(exc) from exc
-        if n == 0 and stream._closed:
+                raise stream.receive_failure(exc) from exc
+        if n == 0 and stream.closed:
             raise StreamClosed(f"stream from {stream.remote_address} was closed by this side")
         return n
 
     def wait_readable(self, cancel: ThreadCancel) -> None:
         stream = self._stream
-        with stream._thread_in_socket() as sock:
+        with stream.thread_in_socket() as sock:
             poller = select.poll()
             poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
             poller.register(cancel.fileno(), select.POLLIN)
@@ -543,7 +555,7 @@ class TcpListener(Listener):
                 logger.warning("accept on %s failed: %s", self.address, exc)
                 raise TransportError(f"accept on {self.address} failed: {exc}") from exc
             try:
-                stream = self._network._stream(conn, remote_address=_sockaddr_text(sockaddr))
+                stream = self._network.wrap_socket(conn, remote_address=_sockaddr_text(sockaddr))
             except OSError as exc:  # the connection died before we could configure it
                 conn.close()
                 logger.debug("dropping connection from %s: %s", sockaddr, exc)
@@ -609,7 +621,8 @@ class TcpNetwork(Network):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
 
-    def _stream(self, sock: socket.socket, *, remote_address: str | None = None) -> TcpStream:
+    def wrap_socket(self, sock: socket.socket, *, remote_address: str | None = None) -> TcpStream:
+        """A connected socket (dialled or accepted by this network) as a configured stream."""
         # Small control messages must not wait for Nagle's algorithm (PCCL's 44 ms latency).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         local_size = self._config.local_socket_buffer_size
@@ -660,7 +673,7 @@ class TcpNetwork(Network):
                 self._configure(sock)
                 sock.setblocking(False)
                 await self._connect_socket(sock, sockaddr)
-                return self._stream(sock)
+                return self.wrap_socket(sock)
             except OSError as exc:
                 sock.close()
                 last_error = exc

@@ -1,7 +1,7 @@
 """The master machine's interface types: the events the shell feeds it and the effects it returns.
 
 :class:`~pccl.protocol.master_state.MasterState` (whose module re-exports these) is driven as
-``handle(event, now) -> list[Effect]``; the Trio shell (:mod:`pccl.master`), the simulator and
+``handle(event, now) -> list[Effect]``; the Trio shell (:mod:`pccl.master.server`), the simulator and
 the property tests build these events and execute these effects.
 """
 

@@ -2,7 +2,7 @@
 
 ``MasterState.handle(event, now) -> list[Effect]`` is the whole interface (the event and effect
 types are in :mod:`pccl.protocol.master_events`, re-exported here).  The Trio shell
-(:mod:`pccl.master`) turns connections into events and executes the effects; the simulator and
+(:mod:`pccl.master.server`) turns connections into events and executes the effects; the simulator and
 the property tests drive the same object directly.  Time (``now``) and randomness (``rng``) are
 inputs.  Nothing a peer sends can make ``handle`` raise: bad input becomes a ``Kick`` of that
 peer only.  (Shell bugs — an unknown event type, a duplicate ``PeerConnected`` — do raise.)
@@ -331,26 +331,16 @@ class OpInfo(NamedTuple):
     done: frozenset[int]
 
 
+@dataclasses.dataclass(frozen=True)
 class _SyncHost:
-    """The master as the sync machine sees it (:class:`sync_state.SyncHost`): peers by peer id."""
+    """:class:`~pccl.protocol.sync_state.SyncHost` as the callables the master hands the sync
+    machine: it gets what it needs of the master's bookkeeping, never the master itself."""
 
-    def __init__(self, master: MasterState) -> None:
-        self._master = master
-
-    def is_live(self, peer_id: int) -> bool:
-        return peer_id in self._master._by_id
-
-    def endpoint(self, peer_id: int) -> m.PeerEndpoint:
-        return self._master._peer(peer_id).endpoint()
-
-    def members(self, group: int) -> list[int]:
-        return [p.peer_id for p in self._master._accepted(group)]
-
-    def send(self, peer_id: int, msg: m.Message) -> None:
-        self._master._send(self._master._peer(peer_id), msg)
-
-    def kick(self, peer_id: int, reason: KickReason, detail: str) -> None:
-        self._master._remove(self._master._by_id[peer_id], reason, detail)
+    is_live: Callable[[int], bool]
+    endpoint: Callable[[int], m.PeerEndpoint]
+    members: Callable[[int], list[int]]
+    send: Callable[[int, m.Message], None]
+    kick: Callable[[int, KickReason, str], None]
 
 
 class MasterState:
@@ -411,7 +401,14 @@ class MasterState:
         self._probes: dict[int, _Probe] = {}  # by group
         self._orders: dict[int, tuple[int, ...]] = {}  # group -> ring order its optimisation chose
         self._next_probe = 1
-        self._sync_state = SyncState(_SyncHost(self), new_lineage_id=self._new_lineage_id, min_stripe=min_stripe)
+        host = _SyncHost(
+            is_live=lambda pid: pid in self._by_id,
+            endpoint=lambda pid: self._peer(pid).endpoint(),
+            members=lambda group: [p.peer_id for p in self._accepted(group)],
+            send=lambda pid, msg: self._send(self._peer(pid), msg),
+            kick=lambda pid, reason, detail: self._remove(self._by_id[pid], reason, detail),
+        )
+        self._sync_state = SyncState(host, new_lineage_id=self._new_lineage_id, min_stripe=min_stripe)
         self._timer_at: float | None = None
         self._out: list[Effect] = []
         self._logged_sizes: dict[int, int] = {}  # group -> world size last logged

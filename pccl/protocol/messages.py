@@ -291,7 +291,7 @@ COLLECTIVE_MESSAGES: tuple[type[Message], ...] = (
 )
 
 # --- 80–109: shared state (election in election.py, votes in sync_state.py, transfer in
-# pccl/state_sync.py) -----------------------------------------------------------------------------
+# pccl/_peer/sync.py) -----------------------------------------------------------------------------
 #
 # Every accepted peer of a group sends SyncVote(revision, strategy, entries) — entries sorted by
 # key, each with its xxh3-128 digest.  At consensus the master elects the popular state
@@ -475,7 +475,7 @@ class AuthResult(Message, tag=202):
     reason: str = ""
 
 
-# --- 110–129: topology optimisation (master side in master_state.py, probes in pccl/topology.py) --
+# --- 110–129: topology optimisation (master side in master_state.py, probes in pccl/_peer/probes.py) --
 #
 # Every accepted peer of a group sends VoteOptimize.  At consensus the master sends each member a
 # ProbeRequest naming the members it has no measurement from it to (possibly none); each probes

@@ -472,7 +472,7 @@ class World:
     out (:class:`sim.engine.streams.SimNetwork` or a workload's subclass).  ``trace`` receives
     network-level events (listen, connect, reset, faults).  ``tap``, if set, observes bytes as
     hosts send, read and links carry them (phase triggers and coverage use it; see
-    :mod:`sim.observe.tap`).  All fault methods are synchronous and take effect at the current
+    :mod:`sim.engine.tap`).  All fault methods are synchronous and take effect at the current
     virtual instant.
     """
 

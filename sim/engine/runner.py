@@ -16,7 +16,7 @@ Inside, a single ``trio.run`` on a ``MockClock(autojump_threshold=0)``
   incarnation; ``host`` is a :class:`HostContext` with the host's own network (an instance of
   the scenario's ``network_class``), RNG and a ``record`` method for trace events;
 * the fault injector, which applies the schedule's time-triggered events at their times and arms
-  the phase-triggered ones (:mod:`sim.observe.tap`);
+  the phase-triggered ones (:mod:`sim.engine.tap`);
 * the watchdog: the run always has a deadline (the schedule's horizon), so a global deadlock ends
   in a reported liveness failure, never a hang; a loop-iteration counter turns a livelock (tasks
   spinning without virtual time passing) into one too.
@@ -49,8 +49,8 @@ from typing import Any, ClassVar, Self, TypeVar
 import trio
 import trio.testing
 
-from ..faults.schedule import FaultEvent, Schedule
-from ..observe.tap import FrameFormat, Tap
+from .schedule import FaultEvent, Schedule
+from .tap import FrameFormat, Tap
 from .determinism import derive_rng, deterministic_trio, poll_only_when_idle, sim_clock
 from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World
 from .streams import SimNetwork

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engine.determinism import derive_rng
-from .schedule import TRIGGER_DIRECTIONS, FaultEvent, Schedule, Trigger, provenance
+from ..engine.schedule import TRIGGER_DIRECTIONS, FaultEvent, Schedule, Trigger, provenance
 
 __all__ = ["FaultRates", "PROFILES", "generate"]
 

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from ..engine.runner import RunOptions, Scenario, run
 from ..engine.trace import Trace
-from .schedule import FaultEvent, Schedule
+from ..engine.schedule import FaultEvent, Schedule
 
 __all__ = ["ddmin", "shrink", "ShrinkResult", "same_failure", "NotFailing"]
 

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from ..engine.runner import RunOptions, Scenario, run
 from ..engine.trace import Trace
-from ..faults.schedule import Schedule
+from ..engine.schedule import Schedule
 from .scenarios import scenario_class
 
 __all__ = ["CampaignSpec", "SeedResult", "run_seed", "run_campaign", "peer_seconds", "ProgressBar", "parse_seeds"]

@@ -29,7 +29,7 @@ from typing import Any
 from ..engine.runner import Scenario, run
 from ..engine.trace import Trace
 from ..faults.generate import PROFILES
-from ..faults.schedule import Schedule
+from ..engine.schedule import Schedule
 from ..faults.shrink import NotFailing, same_failure, shrink
 from ..observe.coverage import coverage_table
 from .campaign import CampaignSpec, ProgressBar, parse_seeds, run_campaign, summary_table

@@ -18,7 +18,7 @@ import pathlib
 from typing import Any
 
 from ..engine.trace import Trace
-from ..faults.schedule import Schedule
+from ..engine.schedule import Schedule
 
 __all__ = ["plot_trace", "MatplotlibMissing"]
 

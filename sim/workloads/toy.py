@@ -10,7 +10,7 @@ for testing the simulator itself:
   random payload (its RNG), waits for the echo with a timeout, and reconnects on any failure.
 
 Frames are ``length:u32 | kind:u8 | body`` (kind 1 control, 2 data), so the simulator's frame
-sniffer reads them with :class:`sim.observe.tap.LengthKindFrames` and message triggers
+sniffer reads them with :class:`sim.engine.tap.LengthKindFrames` and message triggers
 ("kill peer1 after it sends PING for the 3rd time") work.
 
 Checkers: :class:`EchoIntegrity` (safety: every echo is the reversed payload),
@@ -35,8 +35,8 @@ from ..engine.errors import SimNetworkError
 from ..engine.runner import Checker, HostContext, Scenario, Simulation
 from ..engine.trace import TraceEvent
 from ..faults.generate import generate
-from ..faults.schedule import Schedule
-from ..observe.tap import LengthKindFrames
+from ..engine.schedule import Schedule
+from ..engine.tap import LengthKindFrames
 
 __all__ = ["EchoScenario", "EchoIntegrity", "EchoProgress", "toy_schedule", "MESSAGES"]
 

@@ -35,7 +35,7 @@ import numpy as np
 import trio
 
 import pccl
-import pccl.collectives.operation as operation
+import pccl._peer.collective_service as operation
 from allreduce_cases import digest, make_input, matrix_cases, quantization, reduce_op
 
 #: Cases whose whole output the matrix saves (the others only report a digest).

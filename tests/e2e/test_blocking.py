@@ -140,7 +140,7 @@ def test_errors_are_the_same_pccl_types_in_the_callers_thread(pair) -> None:  # 
 
 
 def test_unreachable_master_raises_in_the_caller() -> None:
-    from pccl.bench import free_port
+    from pccl.tools.bench import free_port
 
     config = pccl.Config(connect_timeout=0.5)
     with pytest.raises(MasterUnreachable):

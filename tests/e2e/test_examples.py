@@ -21,7 +21,7 @@ import pytest
 import pccl
 from child_process import Child
 from master_thread import master_in_thread
-from pccl.bench import free_port
+from pccl.tools.bench import free_port
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 CONFIG = pccl.Config(peer_timeout=3.0, heartbeat_interval=0.3)

@@ -27,7 +27,7 @@ import trio
 import pccl
 from pccl import Config, SharedState
 from pccl.errors import PCCLError
-from pccl.master import MASTER_LIMITS
+from pccl.master.server import MASTER_LIMITS
 from pccl.net.base import parse_address
 from pccl.net.framed import open_framed
 from pccl.net.serving import PEER_LIMITS, REFUSALS_LOGGED_PER_WINDOW

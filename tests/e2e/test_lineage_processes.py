@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pccl
 from child_process import Child
-from pccl.bench import free_port
+from pccl.tools.bench import free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
 EXAMPLES = HERE.parents[1] / "examples"

@@ -16,7 +16,7 @@ import sys
 
 import trio
 
-from pccl.bench import free_port
+from pccl.tools.bench import free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
 TOKEN = "restart-token"

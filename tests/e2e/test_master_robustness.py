@@ -25,7 +25,7 @@ import trio.testing
 import pccl
 from pccl import Config
 from pccl.errors import KickReason, PCCLError
-from pccl.master import MAX_PENDING_HANDSHAKES
+from pccl.master.server import MAX_PENDING_HANDSHAKES
 from pccl.net.base import Listener, Network, Stream
 from pccl.net.framed import FramedConnection, open_framed
 from pccl.net.tcp import TcpNetwork

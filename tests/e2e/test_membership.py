@@ -26,7 +26,7 @@ from pccl.errors import (
     TopologyUpdateFailed,
     TransportError,
 )
-from pccl import state_sync
+from pccl._peer import sync as state_sync
 from pccl._peer import wiring
 from pccl.net.admission import AdmissionLimits
 from pccl.net.base import Listener, Network, Stream, parse_address

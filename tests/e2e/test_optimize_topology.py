@@ -16,7 +16,7 @@ from pccl.net.base import Listener, Network, Stream, parse_address
 from pccl.net.framed import open_framed
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol import messages as m
-from pccl.topology import ProbeService, probe_bound
+from pccl._peer.probes import ProbeService, probe_bound
 from inproc_group import admit
 
 TOKEN = "optimise-token"

@@ -353,7 +353,7 @@ async def test_content_inequality_goes_to_joiners_only() -> None:
 
 
 async def test_corrupted_bytes_fail_the_receiver_never_accepted_silently(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pccl.state_sync as ss
+    import pccl._peer.sync as ss
 
     check = ss._check_request
 

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 import pccl
-from pccl.demo import DEMO_CONFIG
+from pccl.tools.demo import DEMO_CONFIG
 
 PEERS = 3
 

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import pccl.collectives.operation as operation
+import pccl._peer.collective_service as operation
 from pccl.collectives.buffers import InputBackup
 from sim.engine.runner import run
 from sim.engine.trace import Trace
-from sim.faults.schedule import FaultEvent, Trigger
+from sim.engine.schedule import FaultEvent, Trigger
 from sim.tools.campaign import CampaignSpec
 
 

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from sim.faults.generate import PROFILES, generate
-from sim.faults.schedule import FaultEvent, Schedule, Trigger
+from sim.engine.schedule import FaultEvent, Schedule, Trigger
 
 
 def test_schedule_round_trips_through_json(tmp_path: pathlib.Path) -> None:

@@ -15,7 +15,7 @@ from pccl.protocol.messages import (
     VoteTopology,
 )
 from pccl.types import DType, QuantKind
-from sim.observe.tap import _FrameParser
+from sim.engine.tap import _FrameParser
 from sim.workloads.pccl.frames import AllReduceParts, PcclFrames
 
 

@@ -7,7 +7,7 @@ import threading
 import trio
 
 from sim.engine.runner import HostContext, RunOptions, Scenario, run
-from sim.faults.schedule import FaultEvent, Schedule, Trigger
+from sim.engine.schedule import FaultEvent, Schedule, Trigger
 from sim.workloads.toy import EchoScenario, toy_schedule
 
 

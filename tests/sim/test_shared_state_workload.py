@@ -7,7 +7,7 @@ import pathlib
 
 from sim.engine.runner import run
 from sim.tools.scenarios import scenario_from_json
-from sim.faults.schedule import FaultEvent, Schedule, Trigger
+from sim.engine.schedule import FaultEvent, Schedule, Trigger
 from sim.workloads.pccl.scenario import PcclScenario, pccl_schedule
 from sim.workloads.pccl.shared_state import SharedStateAgreement
 

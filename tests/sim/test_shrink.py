@@ -8,7 +8,7 @@ import pytest
 
 from sim.engine.runner import run
 from sim.faults.generate import generate
-from sim.faults.schedule import FaultEvent, Schedule
+from sim.engine.schedule import FaultEvent, Schedule
 from sim.faults.shrink import NotFailing, ddmin, same_failure, shrink
 from sim.tools.scenarios import scenario_from_json
 from sim.workloads.toy import EchoScenario

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pathlib
 
 from sim.engine.runner import run
-from sim.faults.schedule import Schedule
+from sim.engine.schedule import Schedule
 from sim.faults.shrink import same_failure, shrink
 from sim.tools.campaign import CampaignSpec, run_campaign
 from sim.tools.scenarios import scenario_from_json
@@ -48,7 +48,7 @@ def test_campaign_finds_the_broken_master_and_shrinks_it(tmp_path: pathlib.Path)
 
 
 def test_a_contained_master_bug_is_reported_as_a_crash() -> None:
-    # pccl.master survives an exception in its machine by closing that one connection; the
+    # pccl.master.server survives an exception in its machine by closing that one connection; the
     # simulator must still classify the run as a crash rather than pass it.
     spec = CampaignSpec(profile="none", peers=2, duration=5.0, params=(("master", "crashes-on-p2p-report"),))
     scenario, schedule = spec.build(0)

@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from sim.engine.runner import run
-from sim.faults.schedule import FaultEvent, Schedule, Trigger
+from sim.engine.schedule import FaultEvent, Schedule, Trigger
 from sim.tools.scenarios import scenario_from_json
 from sim.workloads.pccl.phases import PHASES, Phase, StepContext, register_phase
 from sim.workloads.pccl.scenario import PcclScenario, pccl_schedule

@@ -8,7 +8,7 @@ from pccl.protocol import master_state as ms
 from pccl.protocol import messages as m
 from sim.engine.runner import run
 from sim.engine.trace import Trace, TraceEvent
-from sim.faults.schedule import FaultEvent, Schedule
+from sim.engine.schedule import FaultEvent, Schedule
 from sim.observe.coverage import coverage_table, fault_victims
 from sim.workloads.pccl.checkers import NoProtocolKicks, stuck_votes
 from sim.workloads.pccl.mutants import MASTER_VARIANTS, NoRecheckOnDisconnect, register_master_variant

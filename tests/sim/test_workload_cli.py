@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sim.faults.schedule import Schedule
+from sim.engine.schedule import Schedule
 from sim.tools.cli import main
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pccl import bench
+from pccl.tools import bench
 
 
 @pytest.mark.parametrize("size", ["1K", "65535"])

@@ -4,14 +4,21 @@ Rules:
 
 * no import cycle between modules of ``pccl`` and ``sim`` — imports inside functions and under
   ``TYPE_CHECKING`` count (a package importing its own submodules is not a cycle: Python
-  imports the package first either way);
+  imports the package first either way) — nor between their packages (``pccl._peer``,
+  ``pccl.collectives``, ``sim.engine`` …; a module directly in ``pccl`` or ``sim`` is a unit of
+  its own);
+* ``pccl/collectives`` (the data path) imports neither ``pccl._peer`` nor ``pccl.master``;
+  ``pccl/master`` imports neither ``pccl._peer`` nor ``pccl.collectives``;
+* ``pccl/tools`` imports only the public face: ``pccl``, ``pccl.blocking``, ``pccl.checkpoint``,
+  ``pccl.master`` (the package's re-exports), ``pccl.errors``, ``pccl.config``, ``pccl.types``
+  (whose names ``pccl`` re-exports) and its own modules;
 * pccl never imports sim;
 * ``pccl/protocol``, and the other sans-IO modules (the phase rule, the frame core), import no
   trio, socket, time, random, asyncio, threading, select or ssl;
 * no module of pccl imports ``pccl.communicator`` but the package itself and the applications
   on top of it (cli, demo, bench, the blocking facade): the services reach the peer session
   through ``pccl._peer.host.PeerHost``;
-* in the peer runtime, no ``x._name`` where ``x`` is not ``self``/``cls``: no class touches
+* nowhere in ``pccl``, no ``x._name`` where ``x`` is not ``self``/``cls``: no class touches
   another's private members, no module another module's private names;
 * ``sim/engine``, ``sim/faults``, ``sim/observe`` and ``sim/tools`` never import pccl (only the
   workload packages may), nor a workload.
@@ -29,9 +36,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 FORBIDDEN_IN_SANS_IO = {"trio", "socket", "time", "random", "asyncio", "threading", "select", "ssl"}
 SANS_IO = ("pccl.protocol", "pccl._peer.phase", "pccl.net._frames")
 #: Who may import pccl.communicator: the package (its public re-exports) and the applications.
-COMMUNICATOR_USERS = ("pccl", "pccl.cli", "pccl.demo", "pccl.bench", "pccl.blocking")
-PEER_RUNTIME = ("pccl.communicator", "pccl._peer", "pccl.collectives", "pccl.state_sync", "pccl.shared_state",
-                "pccl.net.framed", "pccl.net.framed_threads", "pccl.net._frames", "pccl.net.serving")
+COMMUNICATOR_USERS = ("pccl", "pccl.tools.cli", "pccl.tools.demo", "pccl.tools.bench", "pccl.blocking")
+#: Where no object touches another's private members.
+NO_FOREIGN_PRIVATES = ("pccl",)
+#: The public face the operator tools may import (besides their own modules).
+PUBLIC_FACE = ("pccl", "pccl.blocking", "pccl.checkpoint", "pccl.master", "pccl.errors", "pccl.config", "pccl.types")
 SIM_WITHOUT_PCCL = ("sim.engine", "sim.faults", "sim.observe", "sim.tools")
 
 
@@ -102,12 +111,41 @@ def _within(name: str, prefixes: Iterable[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+def unit_of(name: str, known: dict[str, pathlib.Path]) -> str:
+    """The package a module belongs to for the package rule (itself if it is directly in
+    ``pccl`` or ``sim``, or a package)."""
+    package = name if _is_package(name, known) else name.rpartition(".")[0]
+    return name if "." not in package else package
+
+
+def package_graph(known: dict[str, pathlib.Path]) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {unit_of(name, known): set() for name in known}
+    for name in known:
+        here = unit_of(name, known)
+        for target, _ in imports_of(name, known):
+            if target not in known:
+                continue
+            there = unit_of(target, known)
+            # A package and its own subpackages: re-exports and their parents, not a cycle.
+            if there != here and not there.startswith(here + ".") and not here.startswith(there + "."):
+                edges[here].add(there)
+    return edges
+
+
 # --- the rules (each returns its violations as text) ----------------------------------------------
 
 
 def import_cycles(known: dict[str, pathlib.Path]) -> list[str]:
     """Strongly connected components of more than one module (Tarjan)."""
-    edges = graph(known)
+    return _components(graph(known))
+
+
+def package_cycles(known: dict[str, pathlib.Path]) -> list[str]:
+    """The same over packages (:func:`unit_of`)."""
+    return _components(package_graph(known))
+
+
+def _components(edges: dict[str, set[str]]) -> list[str]:
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -153,6 +191,17 @@ def forbidden_imports(known: dict[str, pathlib.Path], where: Iterable[str], forb
     return found
 
 
+def tools_beyond_the_public_face(known: dict[str, pathlib.Path]) -> list[str]:
+    found = []
+    for name in sorted(known):
+        if not _within(name, ("pccl.tools",)):
+            continue
+        for target, line in imports_of(name, known):
+            if _within(target, ("pccl",)) and target not in PUBLIC_FACE and not _within(target, ("pccl.tools",)):
+                found.append(f"{name}:{line} imports {target}")
+    return found
+
+
 def communicator_importers(known: dict[str, pathlib.Path]) -> list[str]:
     return [violation for violation in forbidden_imports(known, ("pccl",), ("pccl.communicator",))
             if violation.partition(":")[0] not in COMMUNICATOR_USERS]
@@ -182,11 +231,26 @@ KNOWN = modules(ROOT, ("pccl", "sim"))
 
 def test_the_scan_sees_the_tree() -> None:
     assert {"pccl.communicator", "pccl._peer.host", "pccl.protocol.master_state"} <= set(KNOWN)
-    assert "pccl._peer.host" in graph(KNOWN)["pccl.collectives.operation"]
+    assert "pccl._peer.host" in graph(KNOWN)["pccl._peer.collective_service"]
 
 
 def test_no_import_cycles() -> None:
     assert import_cycles(KNOWN) == []
+
+
+def test_no_package_cycles() -> None:
+    assert {"pccl._peer", "pccl.collectives", "pccl.master", "sim.engine"} <= set(package_graph(KNOWN))
+    assert package_cycles(KNOWN) == []
+
+
+def test_the_data_path_and_the_master_stay_apart_from_the_peer() -> None:
+    assert forbidden_imports(KNOWN, ("pccl.collectives",), ("pccl._peer", "pccl.master")) == []
+    assert forbidden_imports(KNOWN, ("pccl.master",), ("pccl._peer", "pccl.collectives")) == []
+
+
+def test_the_tools_use_the_public_face_only() -> None:
+    assert [n for n in KNOWN if _within(n, ("pccl.tools",))], "no tools found"
+    assert tools_beyond_the_public_face(KNOWN) == []
 
 
 def test_pccl_never_imports_sim() -> None:
@@ -202,8 +266,8 @@ def test_services_do_not_import_the_communicator() -> None:
     assert communicator_importers(KNOWN) == []
 
 
-def test_the_peer_runtime_touches_no_other_class_private_members() -> None:
-    assert private_accesses(KNOWN, PEER_RUNTIME) == []
+def test_no_object_in_pccl_touches_another_objects_private_members() -> None:
+    assert private_accesses(KNOWN, NO_FOREIGN_PRIVATES) == []
 
 
 def test_the_simulation_engine_never_imports_pccl_or_a_workload() -> None:
@@ -225,10 +289,10 @@ def _plant(tmp_path: pathlib.Path, files: dict[str, str]) -> dict[str, pathlib.P
 def test_planted_violations_are_found(tmp_path: pathlib.Path) -> None:
     known = _plant(tmp_path, {
         "pccl/__init__.py": "from .communicator import Communicator\n",
-        "pccl/communicator.py": "from .collectives import operation\n",
-        "pccl/collectives/__init__.py": "from .operation import AllReduceService\n",
+        "pccl/communicator.py": "from ._peer import collective_service\n",
+        "pccl/_peer/__init__.py": "",
         # a service importing the communicator, only under TYPE_CHECKING: still a cycle
-        "pccl/collectives/operation.py": (
+        "pccl/_peer/collective_service.py": (
             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..communicator import Communicator\n"
             "def f(comm):\n    return comm._master\n"),
         "pccl/protocol/__init__.py": "",
@@ -240,12 +304,33 @@ def test_planted_violations_are_found(tmp_path: pathlib.Path) -> None:
         "sim/engine/runner.py": "from pccl.protocol import state\ndef f():\n    from ..workloads import pccl\n",
         "sim/workloads/__init__.py": "",
         "sim/workloads/pccl.py": "import pccl\n",  # allowed
+        # the data path reaching into the peer, the master into the data path, a tool past the face
+        "pccl/collectives/__init__.py": "",
+        "pccl/collectives/ring.py": "from .._peer import host\n",
+        "pccl/_peer/host.py": "",
+        "pccl/master/__init__.py": "",
+        "pccl/master/server.py": "from ..collectives import ring\n",
+        "pccl/tools/__init__.py": "",
+        "pccl/tools/demo.py": "import pccl\nfrom pccl import blocking\nfrom ..master import server\nfrom . import cli\n",
+        "pccl/tools/cli.py": "",
+        # two packages importing each other through different modules (no module cycle)
+        "sim/faults/__init__.py": "",
+        "sim/faults/plan.py": "from ..engine import clock\n",
+        "sim/engine/clock.py": "",
+        "sim/engine/wire.py": "from ..faults import plan\n",
     })
-    assert import_cycles(known) == ["pccl.collectives.operation <-> pccl.communicator"]
+    assert import_cycles(known) == ["pccl._peer.collective_service <-> pccl.communicator"]
     assert forbidden_imports(known, ("pccl",), ("sim",)) == ["pccl.sneaky:1 imports sim.engine.runner"]
     assert forbidden_imports(known, SANS_IO, FORBIDDEN_IN_SANS_IO) == [
         "pccl.net._frames:1 imports trio", "pccl.protocol.state:2 imports time"]
-    assert communicator_importers(known) == ["pccl.collectives.operation:3 imports pccl.communicator"]
-    assert private_accesses(known, PEER_RUNTIME) == ["pccl.collectives.operation:5: comm._master"]
+    assert communicator_importers(known) == ["pccl._peer.collective_service:3 imports pccl.communicator"]
+    assert private_accesses(known, NO_FOREIGN_PRIVATES) == ["pccl._peer.collective_service:5: comm._master"]
+    assert import_cycles(known) == ["pccl._peer.collective_service <-> pccl.communicator"]  # modules: no new one
+    assert package_cycles(known) == ["pccl._peer <-> pccl.communicator", "sim.engine <-> sim.faults"]
+    assert forbidden_imports(known, ("pccl.collectives",), ("pccl._peer", "pccl.master")) == [
+        "pccl.collectives.ring:1 imports pccl._peer.host"]
+    assert forbidden_imports(known, ("pccl.master",), ("pccl._peer", "pccl.collectives")) == [
+        "pccl.master.server:1 imports pccl.collectives.ring"]
+    assert tools_beyond_the_public_face(known) == ["pccl.tools.demo:3 imports pccl.master.server"]
     assert forbidden_imports(known, SIM_WITHOUT_PCCL, ("pccl", "sim.workloads")) == [
         "sim.engine.runner:1 imports pccl.protocol.state", "sim.engine.runner:3 imports sim.workloads.pccl"]

@@ -10,7 +10,7 @@ import random
 from pccl.protocol import messages as m
 from pccl.protocol import status as st
 from pccl.protocol.master_state import MasterState, MessageReceived, PeerConnected
-from pccl.status_page import render_html, render_table
+from pccl.master.status_page import render_html, render_table
 
 
 def _machine_with_two_accepted_and_one_pending() -> tuple[MasterState, dict[int, int]]:

@@ -232,7 +232,7 @@ class NoProtocolKicks(Checker):
 
 class NoMasterInternalErrors(Checker):
     """A bug in the master's own code reached through one connection is contained by
-    :mod:`pccl.master` (that connection is closed, ``internal_errors`` counted) so a real
+    :mod:`pccl.master.server` (that connection is closed, ``internal_errors`` counted) so a real
     deployment keeps serving — which would hide it here.  Count it as a crash."""
 
     name = "no-master-internal-errors"

@@ -107,7 +107,7 @@ PHASES: dict[str, type[Phase]] = {"compute": ComputePhase}
 PHASE_MODULES: dict[str, str] = {
     "all_reduce": "sim.workloads.pccl.collectives",
     "sync": "sim.workloads.pccl.shared_state",
-    "optimize": "sim.workloads.pccl.topology",
+    "optimize": "sim.workloads.pccl.optimize",
 }
 
 

@@ -48,9 +48,9 @@ from pccl.protocol import master_state as ms
 from ...engine.network import LinkSpec, SiteSpec, World
 from ...engine.runner import Checker, HostContext, Scenario, Simulation
 from ...faults.generate import PROFILES, FaultRates, generate
-from ...faults.schedule import Schedule
+from ...engine.schedule import Schedule
 from ...observe.coverage import CoverageProbe
-from ...observe.tap import FrameFormat
+from ...engine.tap import FrameFormat
 from .checkers import membership_checkers
 from .frames import IDLE_MESSAGES, AllReduceParts, PcclFrames
 from .mutants import MASTER_VARIANTS, make_master_state

@@ -25,14 +25,15 @@ import subprocess
 import sys
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import trio
 import xxhash
 
-from .config import Config
-from .errors import CollectiveAborted, TooFewPeers
-from .types import ReduceOp
+from ..config import Config
+from ..errors import CollectiveAborted, TooFewPeers
+from ..types import ReduceOp
 
 __all__ = ["add_parsers", "COMMANDS"]
 
@@ -43,7 +44,8 @@ DEMO_CONFIG = Config(peer_timeout=3.0, heartbeat_interval=0.5, connect_timeout=5
 LEARNING_RATE = 0.05
 
 
-def add_parsers(commands: argparse._SubParsersAction) -> None:
+def add_parsers(commands: Any) -> None:
+    """Add ``demo`` (and the internal ``demo-peer``) to the ``pccl`` command's sub-parsers."""
     demo = commands.add_parser("demo", help="run a local demo cluster (master + N peer processes)")
     demo.add_argument("--peers", type=int, default=3, help="number of peer processes (default %(default)s)")
     demo.add_argument("--steps", type=int, default=30, help="training steps (default %(default)s)")
@@ -80,8 +82,7 @@ def _emit(**record: object) -> None:
 
 
 async def _peer_main(args: argparse.Namespace) -> None:
-    from .communicator import open_communicator
-    from .shared_state import SharedState
+    from .. import SharedState, open_communicator
 
     token = os.environ.get("PCCL_TOKEN") or None
     rng = np.random.default_rng([args.seed, zlib.crc32(args.name.encode())])
@@ -188,7 +189,7 @@ async def _chaos(cluster: _Cluster, nursery: trio.Nursery, rng: random.Random) -
 
 
 async def _demo_main(args: argparse.Namespace) -> int:
-    from .master import open_master
+    from ..master import open_master
 
     problems = [msg for bad, msg in ((args.peers < 2, "--peers must be at least 2"),
                                      (args.steps < 1, "--steps must be at least 1"),

@@ -12,8 +12,8 @@ the inputs are refilled before each iteration, untimed, and the peers meet at a 
 ``--concurrency k`` splits the buffer into ``k`` slices all-reduced at once under distinct
 tags; ``--quant u8``/``u16`` uses MIN_MAX quantization.
 
-Roles: the driver (:func:`main`) starts ``python -m pccl.bench master`` and
-``python -m pccl.bench peer`` processes; peers write their timings to a JSON file.
+Roles: the driver (:func:`main`) starts ``python -m pccl.tools.bench master`` and
+``python -m pccl.tools.bench peer`` processes; peers write their timings to a JSON file.
 :func:`run_group` is the reusable part (``benchmarks/shared_bench/pccl_trio_bench.py`` uses it).
 This is a measurement tool, not library code: it uses wall-clock time freely.
 """
@@ -207,7 +207,7 @@ def run_group(
     os.makedirs(logdir, exist_ok=True)
     # -P: the children import the installed pccl even when the current directory holds a pccl/
     # (``python -m`` would put it first on sys.path).
-    python_m = [python, "-P", "-m", "pccl.bench"]
+    python_m = [python, "-P", "-m", "pccl.tools.bench"]
     port = free_port()
     master_log = open(os.path.join(logdir, f"master_N{world}.log"), "w")
     master = subprocess.Popen([*python_m, "master", "--port", str(port)],
@@ -325,7 +325,7 @@ def run_driver(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("master", "peer"):
-        parser = argparse.ArgumentParser(prog="pccl.bench")
+        parser = argparse.ArgumentParser(prog="pccl.tools.bench")
         parser.add_argument("role", choices=["master", "peer"])
         parser.add_argument("--port", type=int, required=True)
         parser.add_argument("--world", type=int)
@@ -347,8 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     if args.local_socket_buffer_size is not None:
-        from .config import Config
-        from .errors import InvalidArgument
+        from ..config import Config
+        from ..errors import InvalidArgument
 
         try:  # refuse it here, not in every peer process
             Config(local_socket_buffer_size=args.local_socket_buffer_size)

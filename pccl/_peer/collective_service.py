@@ -67,8 +67,8 @@ import numpy as np
 import trio
 
 from .._groups import single_exception
-from .._peer.host import CollectiveRoute, MasterLost, PeerHost
-from .._peer.links import P2PLinks
+from .host import CollectiveRoute, MasterLost, PeerHost
+from .ring_connections import P2PLinks
 from ..arrays import as_array, is_torch_tensor
 from ..errors import (
     CollectiveAborted,
@@ -83,11 +83,11 @@ from ..errors import (
 )
 from ..protocol import messages as m
 from ..types import Quantization, QuantKind, ReduceInfo, ReduceOp
-from .allreduce import ring_all_reduce
-from .buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
-from .buffers import SCRATCH, InputBackup, KernelRunner, OpBuffers
-from .links import RingLinks, SeqRegistry
-from .segments import Segments
+from ..collectives.allreduce import ring_all_reduce
+from ..collectives.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
+from ..collectives.buffers import SCRATCH, InputBackup, KernelRunner, OpBuffers
+from ..collectives.links import RingLinks, SeqRegistry
+from ..collectives.segments import Segments
 
 __all__ = ["AllReduceService", "MANY_FIRST_TAG"]
 

@@ -14,9 +14,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .errors import AuthenticationFailed, ConnectionRefused, ConnectTimeout, ProtocolError, TransportError
-from .protocol.status import SCHEMA
-from .status_server import split_status_address
+from ..errors import AuthenticationFailed, ConnectionRefused, ConnectTimeout, ProtocolError, TransportError
+from ..master import STATUS_SCHEMA as SCHEMA, split_status_address
 
 __all__ = ["fetch_status"]
 

@@ -21,26 +21,23 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 
-import trio
 
-from ._groups import single_exception
-from .config import DEFAULT_MASTER_PORT, TLS_ENV, Config
-from .errors import PCCLError
+from ..config import DEFAULT_MASTER_PORT, TLS_ENV, Config
+from ..errors import PCCLError
 
 __all__ = ["main"]
 
-log = logging.getLogger("pccl.cli")
+log = logging.getLogger("pccl.tools.cli")
 
 _LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 _LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(prog="pccl", description="pccl: fault-tolerant collective communications")
     parser.add_argument("--version", action="version", version=f"pccl {__version__}")
@@ -129,38 +126,19 @@ def _master_config(args: argparse.Namespace) -> Config:
 
 
 def _run_master(args: argparse.Namespace) -> int:
-    from .master import serve_master
+    from ..master import run_master
 
     try:
         token = _token(args)
     except _TokenFileError:
         return 2
-    config = _master_config(args)
-
-    async def run() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(lambda task_status: serve_master(
-                    args.listen, token=token, config=config, status=args.status, task_status=task_status))
-                if config.tls_server_context is not None:
-                    log.info("TLS on: peers need a certificate of their own and the CA (Config.with_tls, $PCCL_TLS_*)")
-                if token is None:
-                    log.warning("no run token: any host can join this run (use --token or $PCCL_TOKEN)")
-                async for signum in signals:
-                    log.info("received %s, shutting down", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    break
-
-    try:
-        trio.run(run)
-    except BaseExceptionGroup as group:
-        raise single_exception(group) from None
+    run_master(args.listen, token=token, config=_master_config(args), status=args.status)
     return 0
 
 
 def _run_status(args: argparse.Namespace) -> int:
     from .status_client import fetch_status
-    from .status_page import render_table
+    from ..master import render_table
 
     try:
         token = _token(args)

@@ -29,9 +29,9 @@ from typing import Any
 
 import trio
 
-from .errors import AddressInUse, InvalidArgument, TransportError
-from .net.base import parse_address
-from .protocol.handshake import normalize_token
+from ..errors import AddressInUse, InvalidArgument, TransportError
+from ..net.base import parse_address
+from ..protocol.handshake import normalize_token
 from .status_page import render_html
 
 __all__ = ["StatusApp", "serve_status", "DEFAULT_STATUS_HOST", "REFRESH_SECONDS"]

@@ -37,8 +37,8 @@ import numpy as np
 import outcome
 import trio
 
-from ._peer.host import MasterLost, PeerHost
-from .errors import (
+from .host import MasterLost, PeerHost
+from ..errors import (
     InvalidArgument,
     InvalidUsage,
     Kicked,
@@ -51,13 +51,13 @@ from .errors import (
     StreamClosed,
     TransportError,
 )
-from .net.base import Listener, Stream, format_address
-from .net.framed import FramedConnection
-from .net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for, serve_listener
-from .protocol import messages as m
-from .protocol.codec import DataHeader
-from .shared_state import SharedState, hash_array_async, lineage_from_wire, lineage_to_wire, state_bytes, vote_entries
-from .types import SyncInfo, SyncReason, SyncStrategy
+from ..net.base import Listener, Stream, format_address
+from ..net.framed import FramedConnection
+from ..net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for, serve_listener
+from ..protocol import messages as m
+from ..protocol.codec import DataHeader
+from ..shared_state import SharedState, hash_array_async, lineage_from_wire, lineage_to_wire, state_bytes, vote_entries
+from ..types import SyncInfo, SyncReason, SyncStrategy
 
 __all__ = ["StateSyncService", "CHUNK_SIZE"]
 

@@ -23,14 +23,14 @@ import math
 
 import trio
 
-from ._groups import single_exception
-from ._peer.host import PeerHost
-from .config import Config
-from .errors import PCCLError, ProtocolError
-from .net.base import format_address
-from .net.framed import FramedConnection
-from .protocol import messages as m
-from .protocol.codec import DataHeader
+from .._groups import single_exception
+from .host import PeerHost
+from ..config import Config
+from ..errors import PCCLError, ProtocolError
+from ..net.base import format_address
+from ..net.framed import FramedConnection
+from ..protocol import messages as m
+from ..protocol.codec import DataHeader
 
 __all__ = ["ProbeService", "probe_bound"]
 

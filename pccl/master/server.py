@@ -38,6 +38,7 @@ import dataclasses
 import logging
 import math
 import random
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -45,9 +46,9 @@ from typing import Any
 
 import trio
 
-from .config import DEFAULT_MASTER_PORT, Config
-from ._groups import single_exception
-from .errors import (
+from ..config import DEFAULT_MASTER_PORT, Config
+from .._groups import single_exception
+from ..errors import (
     AuthenticationFailed,
     FrameTooLarge,
     InvalidArgument,
@@ -56,16 +57,17 @@ from .errors import (
     ProtocolError,
     TransportError,
 )
-from .net.admission import AdmissionLimits
-from .net.base import Listener, Network, Stream, parse_address
-from .net.framed import FramedConnection, accept_framed
-from .net.serving import HandshakeSlot, RefusalLog, admission_for, serve_listener
-from .protocol import master_state as ms
-from .protocol import status as st
-from .protocol.codec import MAX_DETAIL, clip_text
-from .protocol import messages as m
+from ..net.admission import AdmissionLimits
+from ..net.base import Listener, Network, Stream, parse_address
+from ..net.framed import FramedConnection, accept_framed
+from ..net.serving import HandshakeSlot, RefusalLog, admission_for, serve_listener
+from ..protocol import master_state as ms
+from ..protocol import status as st
+from ..protocol.codec import MAX_DETAIL, clip_text
+from ..protocol import messages as m
 
-__all__ = ["Master", "MasterStatistics", "serve_master", "open_master", "MAX_PENDING_HANDSHAKES", "MASTER_LIMITS"]
+__all__ = ["Master", "MasterStatistics", "serve_master", "open_master", "run_master", "MAX_PENDING_HANDSHAKES",
+           "MASTER_LIMITS"]
 
 log = logging.getLogger(__name__)
 
@@ -394,7 +396,7 @@ class _MasterServer:
                     nursery.start_soon(self._timer)
                     nursery.start_soon(self._heartbeats)
                     if self.status_request is not None:
-                        from .status_server import StatusApp, serve_status
+                        from .status_endpoint import StatusApp, serve_status
 
                         app = StatusApp(self.status, token=self.token)
                         self.status_address = await nursery.start(serve_status, self.status_request, app)
@@ -567,7 +569,7 @@ async def serve_master(
     defaults to real TCP; ``rng`` (default: unseeded) draws peer ids and, when given, handshake
     nonces.  ``max_pending_handshakes`` caps connections in the handshake at once (see the module
     docstring; ``InvalidArgument`` below 1).  ``status``: ``HOST:PORT`` (or ``PORT``, on loopback)
-    to serve the status page, ``/status.json`` and ``/metrics`` on (:mod:`pccl.status_server`;
+    to serve the status page, ``/status.json`` and ``/metrics`` on (:mod:`pccl.master.status_endpoint`;
     they require ``token`` when there is one); None (the default) serves none.  Raises
     ``AddressInUse``/``TransportError`` if it cannot listen.  Cancellation closes the listener and
     every connection.
@@ -576,7 +578,7 @@ async def serve_master(
     if max_pending_handshakes < 1:
         raise InvalidArgument(f"max_pending_handshakes must be at least 1, got {max_pending_handshakes}")
     if network is None:
-        from .net.tcp import TcpNetwork
+        from ..net.tcp import TcpNetwork
 
         network = TcpNetwork(config)
     listener = await network.listen(address)
@@ -613,3 +615,29 @@ async def open_master(
     except BaseExceptionGroup as group:
         raise single_exception(group) from None
 
+
+def run_master(address: str = f"0.0.0.0:{DEFAULT_MASTER_PORT}", *, token: str | bytes | None = None,
+               config: Config | None = None, status: str | None = None) -> None:
+    """Serve a master on ``address`` until SIGINT or SIGTERM, blocking (``pccl master`` runs
+    this; arguments as for :func:`serve_master`).  Call it from the main thread, outside Trio.
+    Errors as for :func:`serve_master`, never an ExceptionGroup."""
+    config = config or Config()
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(lambda task_status: serve_master(
+                    address, token=token, config=config, status=status, task_status=task_status))
+                if config.tls_server_context is not None:
+                    log.info("TLS on: peers need a certificate of their own and the CA (Config.with_tls, $PCCL_TLS_*)")
+                if token is None:
+                    log.warning("no run token: any host can join this run (use --token or $PCCL_TOKEN)")
+                async for signum in signals:
+                    log.info("received %s, shutting down", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(run)
+    except BaseExceptionGroup as group:
+        raise single_exception(group) from None
