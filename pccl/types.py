@@ -24,6 +24,9 @@ __all__ = [
 
 
 class ReduceOp(enum.IntEnum):
+    """How an all-reduce combines the peers' arrays, element by element (AVG: the sum divided
+    by the number of peers that took part)."""
+
     SUM = 0
     AVG = 1
     PROD = 2
@@ -98,6 +101,9 @@ def dtype_of(dtype: object) -> DType:
 
 
 class QuantKind(enum.IntEnum):
+    """How a :class:`Quantization` encodes values on the wire (MIN_MAX: an affine map of each
+    chunk's range onto the quantized dtype)."""
+
     NONE = 0
     MIN_MAX = 1
 
@@ -117,6 +123,10 @@ class Quantization:
 
 
 class SyncStrategy(enum.IntEnum):
+    """A peer's part in a shared-state sync: ENFORCE_POPULAR (receive the elected state if
+    different, serve it otherwise), SEND_ONLY (serve, never receive), RECEIVE_ONLY (receive,
+    never serve); one sync cannot mix ENFORCE_POPULAR with the others."""
+
     ENFORCE_POPULAR = 0
     SEND_ONLY = 1
     RECEIVE_ONLY = 2
