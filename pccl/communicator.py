@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,16 +22,16 @@ import trio
 
 from ._groups import single_exception
 from ._peer.host import MasterLost
+from ._peer.collective_service import MANY_FIRST_TAG, AllReduceService
 from ._peer.ring_connections import P2PLinks
 from ._peer.session import PeerSession
+from ._peer.sync import StateSyncService
 from .collectives.buckets import DEFAULT_BUCKET_BYTES
-from ._peer.collective_service import MANY_FIRST_TAG, AllReduceService
 from .config import Config
 from .errors import PhaseMismatch, SharedStateSyncFailed
 from .net.base import Network
 from .protocol import messages as m
 from .shared_state import SharedState
-from ._peer.sync import StateSyncService
 from .types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
 
 __all__ = ["Communicator", "CommunicatorStatistics", "open_communicator"]
@@ -77,6 +78,26 @@ class CommunicatorStatistics:
     last_sync_rx_bytes: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Internals:
+    """A communicator's parts, for pccl's own tests (:mod:`pccl.testing`): no compatibility
+    promise, not part of the public face."""
+
+    session: PeerSession
+    all_reduce: AllReduceService
+    sync: StateSyncService
+
+
+#: Communicator -> its parts (read by :func:`internals_of`; the communicator keeps no public
+#: handle on them).
+_INTERNALS: weakref.WeakKeyDictionary[Communicator, Internals] = weakref.WeakKeyDictionary()
+
+
+def internals_of(comm: Communicator) -> Internals:
+    """The parts of ``comm`` (see :class:`Internals`)."""
+    return _INTERNALS[comm]
+
+
 class Communicator:
     """A peer's membership in a run.  Obtain one from :func:`open_communicator`.
 
@@ -89,6 +110,7 @@ class Communicator:
         self._session = session
         self._all_reduce = all_reduce
         self._sync = sync
+        _INTERNALS[self] = Internals(session, all_reduce, sync)
 
     # --- attributes (accepted peers only; identical on every peer after each change) -----------
 

@@ -548,7 +548,7 @@ class AllReduceService:
                     route.intercept(None)
             with ring_scope:
                 try:
-                    state.traffic = await self._ring(plan, seq, ring, backup, staged, state, ring_scope)
+                    state.traffic = await self.run_ring(plan, seq, ring, backup, staged, state, ring_scope)
                 except PCCLError as exc:
                     state.local_error = exc
             if state.stalled and state.local_error is None:
@@ -608,8 +608,10 @@ class AllReduceService:
             ring_scope.cancel()
         state.settled.set()
 
-    async def _ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
-                    staged: np.ndarray | None, state: _Settlement, ring_scope: trio.CancelScope) -> tuple[int, int]:
+    async def run_ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
+                       staged: np.ndarray | None, state: _Settlement, ring_scope: trio.CancelScope) -> tuple[int, int]:
+        """One attempt's ring data path, once the master commenced ``seq`` on ``ring``; returns
+        the (sent, received) payload bytes."""
         peer_id = self._host.peer_id
         p2p = self._host.links
         if peer_id not in ring or ring != p2p.ring:

@@ -47,6 +47,7 @@ from ..errors import (
     ProtocolError,
     TransportError,
 )
+from ..net.admission import Admission
 from ..net.base import Listener, Network, Stream, format_address, parse_address
 from ..net.framed import FramedConnection, accept_framed, open_framed
 from ..protocol import messages as m
@@ -252,6 +253,20 @@ class PeerSession:
     def master(self) -> FramedConnection | None:
         """The connection to the master (``None`` before :meth:`connect` and while reconnecting)."""
         return self._link.connection if self._link is not None else None
+
+    @property
+    def closing(self) -> bool:
+        """Whether this session's close has begun (``aclose`` sets it: its ``Leave`` is out)."""
+        return self._closing
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        self._closing = value
+
+    @property
+    def p2p_admission(self) -> Admission | None:
+        """The admission rule of the p2p port (``None`` before the first ring set-up)."""
+        return None if self._wiring is None else self._wiring.admission
 
     @property
     def p2p_listener(self) -> Listener | None:

@@ -356,7 +356,7 @@ class StateSyncService:
                 raise ProtocolError(f"expected StateRequest, got {type(request).__name__}")
             slot.release()
             serving = self._serving
-            problem = _check_request(serving, request)
+            problem = check_request(serving, request)
             if problem is not None:
                 log.info("peer %x: refusing state request of peer %x: %s", host.peer_id, request.requester, problem)
                 await conn.send(m.StateRefused(problem))
@@ -398,7 +398,7 @@ def _chunks(piece: m.StatePiece) -> Iterator[tuple[int, int]]:
         yield start, min(CHUNK_SIZE, end - start)
 
 
-def _check_request(serving: _Serving | None, request: m.StateRequest) -> str | None:
+def check_request(serving: _Serving | None, request: m.StateRequest) -> str | None:
     if serving is None:
         return "this peer is not serving shared state (no sync running, or RECEIVE_ONLY)"
     for piece in request.pieces:

@@ -202,6 +202,16 @@ class FramedConnection:
         return True
 
     @property
+    def stream(self) -> Stream:
+        """The stream under the framing (tests write raw bytes on it)."""
+        return self._stream
+
+    @property
+    def send_lock(self) -> trio.Lock:
+        """Held while a frame is being written (tests hold it to park a sender)."""
+        return self._send_lock
+
+    @property
     def needs_flush(self) -> bool:
         """Whether part of a frame from :meth:`send_nowait` or :meth:`send_data_nowait` still
         waits to be sent."""

@@ -74,6 +74,11 @@ class BlockingDataChannel:
         self._send_lock = threading.Lock()
 
     @property
+    def send_lock(self) -> threading.Lock:
+        """Held while a frame is being written (tests hold it as if a sender were mid-frame)."""
+        return self._send_lock
+
+    @property
     def remote_address(self) -> str:
         return self.connection.remote_address
 

@@ -153,7 +153,7 @@ class TcpStream(Stream):
         # "close now or leave it to the last worker" race-free.
         self._workers_active = 0
         self._workers_lock = threading.Lock()
-        self._blocking_io: _TcpBlockingIO | None = None
+        self._blocking_io: TcpBlockingIO | None = None
 
     @property
     def socket(self) -> socket.socket:
@@ -299,7 +299,7 @@ class TcpStream(Stream):
         :mod:`pccl.net.thread_io`).  ``aclose``/``abort`` on the Trio thread wake a blocked thread
         (its call raises ``StreamClosed``/``PeerDisconnected``)."""
         if self._blocking_io is None:
-            self._blocking_io = _TcpBlockingIO(self)
+            self._blocking_io = TcpBlockingIO(self)
         return self._blocking_io
 
     @property
@@ -441,11 +441,15 @@ class TcpStream(Stream):
         return result
 
 
-class _TcpBlockingIO(BlockingIO):
+class TcpBlockingIO(BlockingIO):
     """:class:`~pccl.net.thread_io.BlockingIO` on a :class:`TcpStream`'s (blocking-mode) socket."""
 
     def __init__(self, stream: TcpStream) -> None:
         self._stream = stream
+
+    @property
+    def stream(self) -> TcpStream:
+        return self._stream
 
     def send_all(self, data: memoryview) -> None:
         stream = self._stream

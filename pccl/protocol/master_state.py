@@ -552,6 +552,33 @@ class MasterState:
         """scope → participants of each running round."""
         return {s: r.participants for s, r in self._rounds.items()}
 
+    def round_reports(self) -> dict[int, frozenset[int]]:
+        """scope → the participants of each running round that have reported."""
+        return {s: frozenset(r.reports) for s, r in self._rounds.items()}
+
+    def probes(self) -> dict[int, tuple[dict[int, tuple[int, ...]], frozenset[int]]]:
+        """group → (member → the peers it was asked to probe, the members that reported), for
+        each optimise vote past consensus."""
+        return {g: (dict(pr.targets), frozenset(pr.reports)) for g, pr in self._probes.items()}
+
+    def mismatches_in_grace(self) -> frozenset[int]:
+        """Groups in a phase mismatch whose grace period runs (ended when it is over)."""
+        return frozenset(self._mismatch_since)
+
+    @property
+    def mismatch_grace(self) -> float:
+        """How long a phase mismatch lasts before the master ends it."""
+        return self._mismatch_grace
+
+    def recheck(self) -> list[Effect]:
+        """Re-check every vote, round, op, sync and phase mismatch now, as an event at a
+        deadline does, and return the effects that produced.  ``handle`` re-checks only what
+        an event can have changed; the property tests call this after every event to show that
+        nothing was left undone (the answer must be no effects and no change)."""
+        self._settle()
+        out, self._out = self._out, []
+        return out
+
     def ops(self) -> list[OpInfo]:
         return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done))
                 for o in self._ops.values()]

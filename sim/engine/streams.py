@@ -143,6 +143,16 @@ class SimStream:
         self._out = Pipe(link, self, peer)
         peer._in = self._out
 
+    @property
+    def is_reset(self) -> bool:
+        """Whether the connection was reset (a kill, a power-off's timeout, an abort)."""
+        return self._reset
+
+    @property
+    def outbound(self) -> Pipe:
+        """The pipe this end's sends go into (its ``transmitted`` and ``queued`` bytes)."""
+        return self._out
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else "reset" if self._reset else "open"
         return f"<SimStream {self.local_address} -> {self.remote_address} {state}>"

@@ -16,10 +16,10 @@ class MasterThread:
     def __init__(self, address: str, master: pccl.Master, token: trio.lowlevel.TrioToken) -> None:
         self.address = address
         self._master = master
-        self._token = token
+        self.token = token
 
     def statistics(self) -> pccl.MasterStatistics:
-        return trio.from_thread.run_sync(self._master.statistics, trio_token=self._token)
+        return trio.from_thread.run_sync(self._master.statistics, trio_token=self.token)
 
 
 @contextlib.contextmanager
@@ -39,5 +39,5 @@ def master_in_thread(config: pccl.Config, token: str | None = None) -> Iterator[
     try:
         yield handle
     finally:
-        trio.from_thread.run_sync(stop.cancel, trio_token=handle._token)
+        trio.from_thread.run_sync(stop.cancel, trio_token=handle.token)
         thread.join(30)

@@ -31,6 +31,7 @@ import pytest
 import trio
 
 import pccl
+import pccl.testing
 from pccl import CollectiveAborted, Config, InvalidArgument, InvalidUsage, Quantization, ReduceOp, TooFewPeers
 from pccl.protocol import messages as m
 from pccl.collectives.reference import ring_reference
@@ -767,7 +768,7 @@ async def test_a_tag_reused_right_after_a_cancelled_call_still_reduces_correctly
     async with _in_process_group(2) as (master, comms, _):
         x = [np.full(1000, i + 1, np.float32) for i in range(2)]
         expect = np.full(1000, 3, np.float32)
-        service = comms[1]._session
+        service = pccl.testing.session(comms[1])
         real_tell = service.send_shielded
 
         async def late_done(msg: m.Message, **kw: Any) -> None:
@@ -858,7 +859,7 @@ async def test_a_withdrawal_that_crosses_the_commence_aborts_the_others_once() -
     async with _in_process_group(2) as (master, comms, _):
         inputs = _f32_inputs(2, 10_000, 5)
         bufs = [x.copy() for x in inputs]
-        session = comms[0]._session
+        session = pccl.testing.session(comms[0])
         real_send = session.send_shielded
 
         async def withdraw_late(msg: m.Message, **kw: Any) -> None:
@@ -887,7 +888,7 @@ async def test_abort_after_local_completion_restores_the_input() -> None:
     async with _in_process_group(3) as (master, comms, _):
         inputs = _f32_inputs(3, 500_000, 4)
         bufs = [x.copy() for x in inputs]
-        crasher = comms[2]._session
+        crasher = pccl.testing.session(comms[2])
         finished = {comms[0].peer_id, comms[1].peer_id}
         real_tell = crasher.send_shielded
 

@@ -25,6 +25,7 @@ import pytest
 import trio
 
 import pccl
+import pccl.testing
 from pccl import Config, SharedState
 from pccl.errors import PCCLError
 from pccl.master.server import MASTER_LIMITS
@@ -163,9 +164,9 @@ async def test_idle_connections_at_a_ring_port_do_not_get_the_peer_kicked(flood_
         async with run() as r:
             a = await r.join(_state(0))
             b = await r.join(_state(0))
-            ring_port = b._session.p2p_listener.address  # noqa: SLF001
+            ring_port = pccl.testing.session(b).p2p_listener.address
             async with idle_flood(ring_port, 100):  # more than the 32 slots a peer used to have
-                await _wait_until(lambda: b._session._wiring.admission.waiting == 100 - PEER_LIMITS.per_address,  # noqa: SLF001
+                await _wait_until(lambda: pccl.testing.session(b).p2p_admission.waiting == 100 - PEER_LIMITS.per_address,
                                   "the flood accepted")
                 c = await r.join(_state(0))  # a new round: b's ring predecessor dials b's port
                 assert a.world_size == b.world_size == c.world_size == 3
@@ -184,7 +185,7 @@ async def test_idle_connections_at_the_shared_state_ports_do_not_break_a_downloa
             await r.join(_state(1))
             await r.join(_state(1))
             await r.sync()
-            sources = [c._sync.listener.address for c in r.comms]  # noqa: SLF001
+            sources = [pccl.testing.sync_service(c).listener.address for c in r.comms]
             async with idle_flood(sources[0], 100), idle_flood(sources[1], 100):
                 newcomer_state = _state(2)
                 await r.join(newcomer_state)
@@ -214,7 +215,7 @@ async def test_half_sent_big_frames_cost_what_arrived(flood_source_works: None) 
     with trio.fail_after(BOUND * 2):
         async with run() as r:
             peer = await r.join(_state(0))
-            ports = [r.master.address, peer._session.p2p_listener.address, peer._sync.listener.address]  # noqa: SLF001
+            ports = [r.master.address, pccl.testing.session(peer).p2p_listener.address, pccl.testing.sync_service(peer).listener.address]
             tracemalloc.start()
             try:
                 before = tracemalloc.get_traced_memory()[0]

@@ -17,6 +17,7 @@ import pytest
 import trio
 
 import pccl
+import pccl.testing
 from pccl import Config
 from pccl.protocol.codec import DataHeader
 from inproc_group import admit, in_process_group
@@ -106,7 +107,7 @@ async def test_a_lane_the_successor_dropped_is_dialled_afresh(cfg: Config, how: 
             with caplog.at_level(logging.INFO, logger="pccl._peer.wiring"):
                 async with trio.open_nursery() as voters:  # a group re-wire: the ring stays the same
                     for comm in comms:
-                        voters.start_soon(comm._session.rewire)
+                        voters.start_soon(pccl.testing.session(comm).rewire)
             if how == "unread_data":  # the stray frame is named where the lane is dropped
                 assert any("kept lane 1" in r.getMessage() and "data frame" in r.getMessage() for r in caplog.records)
             for comm in comms:

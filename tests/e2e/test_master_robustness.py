@@ -23,6 +23,7 @@ import trio
 import trio.testing
 
 import pccl
+import pccl.testing
 from pccl import Config
 from pccl.errors import KickReason, PCCLError
 from pccl.master.server import MAX_PENDING_HANDSHAKES
@@ -91,7 +92,7 @@ async def test_deeply_nested_frame_on_a_p2p_port_does_not_end_the_peer() -> None
     with trio.fail_after(BOUND):
         async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG) as master:
             async with pccl.open_communicator(master.address, token=TOKEN, config=CFG) as comm:
-                raw = await TcpNetwork(CFG).connect(f"127.0.0.1:{comm._session.p2p_listener.port}")  # noqa: SLF001
+                raw = await TcpNetwork(CFG).connect(f"127.0.0.1:{pccl.testing.session(comm).p2p_listener.port}")
                 await raw.send_all(handshake.encode_preamble() + _control_frame(b"\x92\x05" + NESTED))
                 await _closed_by_the_other_side(raw)
                 await raw.aclose()
@@ -111,7 +112,7 @@ async def test_crafted_frames_after_registration_get_a_short_kick(body: bytes, r
     with trio.fail_after(BOUND):
         async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG) as master:
             conn = await _registered(master.address)
-            await conn._stream.send_all(_control_frame(body))  # noqa: SLF001 - bypass the encoder
+            await conn.stream.send_all(_control_frame(body))  # bypass the encoder
             notice = await _kick_notice(conn)
             await conn.aclose()
             assert notice.reason == reason
@@ -387,7 +388,7 @@ async def test_pending_p2p_connection_is_closed_when_the_peer_closes() -> None:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ResourceWarning)
                 async with pccl.open_communicator(master.address, token=TOKEN, config=CFG) as comm:
-                    port = comm._session.p2p_listener.port  # noqa: SLF001
+                    port = pccl.testing.session(comm).p2p_listener.port
                     silent = await open_framed(TcpNetwork(CFG), f"127.0.0.1:{port}", token=TOKEN, config=CFG)
                     await trio.sleep(0.1)  # the peer now waits for a hello
                 with pytest.raises(PCCLError):

@@ -16,6 +16,7 @@ import pytest
 import trio
 
 import pccl
+import pccl.testing
 from pccl import Config
 from pccl.errors import (
     AuthenticationFailed,
@@ -52,7 +53,7 @@ class KillableNetwork(Network):
     def __init__(self, master_address: str | None = None) -> None:
         self._tcp = TcpNetwork(CFG)
         self._master = master_address
-        self._streams: list[Stream] = []
+        self.streams: list[Stream] = []
         self._listeners: list[Listener] = []
         self.hold_p2p_dials = False
         self.dialing = trio.Event()
@@ -62,7 +63,7 @@ class KillableNetwork(Network):
             self.dialing.set()
             await trio.sleep_forever()
         stream = await self._tcp.connect(address, timeout=timeout)
-        self._streams.append(stream)
+        self.streams.append(stream)
         return stream
 
     async def listen(self, address: str, *, port_range: int = 1) -> Listener:
@@ -75,7 +76,7 @@ class KillableNetwork(Network):
 
             async def accept(self) -> Stream:
                 stream = await listener.accept()
-                network._streams.append(stream)
+                network.streams.append(stream)
                 return stream
 
             async def aclose(self) -> None:
@@ -86,7 +87,7 @@ class KillableNetwork(Network):
         return tracked
 
     async def kill(self) -> None:
-        for stream in self._streams:
+        for stream in self.streams:
             stream.abort()
         with trio.CancelScope(shield=True):
             for listener in self._listeners:
@@ -202,8 +203,8 @@ async def test_group_rewire_needs_only_the_group(master: pccl.Master) -> None:
             c, _ = await _admit(nursery, master, [a, b], group=1)
             rounds_before = a.statistics().p2p_rounds, c.statistics().p2p_rounds
             async with trio.open_nursery() as voters:  # c never votes
-                voters.start_soon(a._session.rewire)
-                voters.start_soon(b._session.rewire)
+                voters.start_soon(pccl.testing.session(a).rewire)
+                voters.start_soon(pccl.testing.session(b).rewire)
             assert a.statistics().p2p_rounds == rounds_before[0] + 1  # really reconnected
             assert c.statistics().p2p_rounds == rounds_before[1]
             assert _attrs(a) == _attrs(b) == (2, 3, 2, 2)
@@ -390,7 +391,7 @@ async def test_garbage_and_oversized_frames_get_that_connection_kicked(master: p
                 conn = await open_framed(network, master.address, token=TOKEN, config=CFG)
                 await conn.send(m.Register(0, 9, 0, 0))
                 assert isinstance(await conn.receive(), m.Welcome)
-                await conn._stream.send_all(payload)  # noqa: SLF001 - bypass the encoder on purpose
+                await conn.stream.send_all(payload)  # bypass the encoder on purpose
                 notice = await conn.receive()
                 while isinstance(notice, m.Heartbeat):
                     notice = await conn.receive()
@@ -426,7 +427,7 @@ async def test_kicked_peer_raises_kicked_with_the_reason(master: pccl.Master) ->
 
                 voters.start_soon(vote)
                 await _wait_until(lambda: any(p.topology_vote for p in master.state.peers()), "a voted")
-                await a._session.send(m.VoteTopology(True))  # a second vote: out of phase
+                await pccl.testing.session(a).send(m.VoteTopology(True))  # a second vote: out of phase
             with pytest.raises(Kicked):
                 await a.are_peers_pending()  # every later call, too
             assert master.statistics().accepted_peers == 1
@@ -474,9 +475,9 @@ async def test_pending_query_while_a_collective_is_in_flight(master: pccl.Master
     with trio.fail_after(BOUND):
         async with _open(master.address) as a, trio.open_nursery() as nursery:
             b, _ = await _admit(nursery, master, [a])
-            inboxes = {c: c._session.open_route(5).inbox for c in (a, b)}
+            inboxes = {c: pccl.testing.session(c).open_route(5).inbox for c in (a, b)}
             for c in (a, b):
-                await c._session.send(m.CollectiveInit(5, 100, int(pccl.DType.FLOAT32), int(pccl.ReduceOp.SUM)))
+                await pccl.testing.session(c).send(m.CollectiveInit(5, 100, int(pccl.DType.FLOAT32), int(pccl.ReduceOp.SUM)))
             commence = {c: await inboxes[c].receive() for c in (a, b)}
             assert all(isinstance(x, m.CollectiveCommence) for x in commence.values())
             assert commence[a].ring == commence[b].ring == a.ring
@@ -489,7 +490,7 @@ async def test_pending_query_while_a_collective_is_in_flight(master: pccl.Master
             with pytest.raises(pccl.InvalidUsage):
                 await a.update_topology()  # not while a collective is in flight
             with pytest.raises(pccl.InvalidUsage):
-                a._session.open_route(5)  # the tag is taken
+                pccl.testing.session(a).open_route(5)  # the tag is taken
 
             answers: list[bool] = []
 
@@ -501,10 +502,10 @@ async def test_pending_query_while_a_collective_is_in_flight(master: pccl.Master
                 voters.start_soon(pending, b)
             assert answers == [False, False]
             for c in (a, b):
-                await c._session.send(m.CollectiveDone(5, commence[c].seq))
+                await pccl.testing.session(c).send(m.CollectiveDone(5, commence[c].seq))
             for c in (a, b):
                 assert isinstance(await inboxes[c].receive(), m.CollectiveComplete)
-                c._session.close_route(5)
+                pccl.testing.session(c).close_route(5)
             nursery.cancel_scope.cancel()
 
 
@@ -515,17 +516,17 @@ async def test_closing_logs_no_lost_master_when_the_master_hangs_up_first(
     # clean close in three of a benchmark's peers), it must not be reported as a lost master.
     with trio.fail_after(BOUND):
         async with _open(master.address) as comm:
-            framed = comm._session.master  # noqa: SLF001 - hold aclose() right after its Leave
+            framed = pccl.testing.session(comm).master  # hold aclose() right after its Leave
             assert framed is not None
             real_send = framed.send
 
             async def send_then_wait_for_the_hang_up(msg: m.Message) -> None:
                 await real_send(msg)
                 if isinstance(msg, m.Leave):
-                    await _wait_until(lambda: comm._session.failure is not None, "the reader saw the master hang up")  # noqa: SLF001
+                    await _wait_until(lambda: pccl.testing.session(comm).failure is not None, "the reader saw the master hang up")
 
             framed.send = send_then_wait_for_the_hang_up  # type: ignore[method-assign]
-        assert isinstance(comm._session.failure, pccl.InvalidUsage)  # noqa: SLF001
+        assert isinstance(pccl.testing.session(comm).failure, pccl.InvalidUsage)
     lost = [r.getMessage() for r in caplog.records if "lost the connection to the master" in r.getMessage()]
     assert lost == []
 
@@ -537,12 +538,12 @@ async def test_a_failure_met_while_closing_is_the_close_not_a_lost_master(
     # whatever breaks is the closed communicator (no MasterUnreachable, no warning).
     with trio.fail_after(BOUND):
         async with _open(master.address) as comm:
-            comm._session._closing = True  # noqa: SLF001 - aclose() has begun (its Leave is out)
+            pccl.testing.session(comm).closing = True  # aclose() has begun (its Leave is out)
             try:
                 with pytest.raises(pccl.InvalidUsage, match="closed"):
-                    comm._session.master_send_failed(StreamClosed("the master hung up"))  # noqa: SLF001
+                    pccl.testing.session(comm).master_send_failed(StreamClosed("the master hung up"))
             finally:
-                comm._session._closing = False  # noqa: SLF001 - let the context manager close it for real
+                pccl.testing.session(comm).closing = False  # let the context manager close it for real
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "peer" in r.getMessage()]
 
 @pytest.mark.parametrize("which", ["ring", "shared state"])
@@ -558,9 +559,9 @@ async def test_idle_connections_cannot_pile_up_in_a_peers_listener(master: pccl.
     with trio.fail_after(BOUND):
         async with _open(master.address, config=patient) as comm:
             if which == "ring":
-                listener, admission = comm._session.p2p_listener, comm._session._wiring.admission  # noqa: SLF001
+                listener, admission = pccl.testing.session(comm).p2p_listener, pccl.testing.session(comm).p2p_admission
             else:
-                listener, admission = comm._sync.listener, comm._sync.admission  # noqa: SLF001
+                listener, admission = pccl.testing.sync_service(comm).listener, pccl.testing.sync_service(comm).admission
             assert listener is not None
             host, port = parse_address(listener.address)
             counts = lambda: (admission.pending, admission.waiting)  # noqa: E731
@@ -657,7 +658,7 @@ async def test_an_accept_vote_and_a_rewire_vote_in_one_group_do_not_wait_for_eac
             b, _ = await _admit(nursery, master, [a])
             async with trio.open_nursery() as voters:
                 voters.start_soon(a.update_topology)
-                voters.start_soon(b._session.rewire)  # noqa: SLF001 - the all-reduce's internal vote
+                voters.start_soon(pccl.testing.session(b).rewire)  # the all-reduce's internal vote
             assert a.world_size == b.world_size == 2 and a.ring == b.ring
             nursery.cancel_scope.cancel()
 

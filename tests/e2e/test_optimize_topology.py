@@ -10,6 +10,7 @@ import pytest
 import trio
 
 import pccl
+import pccl.testing
 from pccl import Config
 from pccl.errors import AuthenticationFailed, PCCLError
 from pccl.net.base import Listener, Network, Stream, parse_address
@@ -159,7 +160,7 @@ async def test_a_probe_of_a_stalled_peer_ends_within_its_bound() -> None:
                         held.append(await stalled.accept())
 
                 nursery.start_soon(hold)
-                service = ProbeService(a._session)   # noqa: SLF001 - the service under test
+                service = ProbeService(pccl.testing.session(a))  # the service under test
                 target = m.PeerEndpoint(12345, "127.0.0.1", stalled.port, 0)
                 start = trio.current_time()
                 report = await service.run(m.ProbeRequest(7, (target,)))

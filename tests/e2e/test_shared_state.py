@@ -20,6 +20,7 @@ import pytest
 import trio
 
 import pccl
+import pccl.testing
 from pccl import Config, SharedState, SyncStrategy, Tensor
 from pccl.errors import InvalidArgument, InvalidUsage, Kicked, KickReason, RevisionViolation, SharedStateSyncFailed
 
@@ -48,7 +49,7 @@ class Cluster:
             await self._stop.wait()
 
     async def join(self, group: int = 0) -> pccl.Communicator:
-        live = [c for c in self.comms if c._session.failure is None]
+        live = [c for c in self.comms if pccl.testing.session(c).failure is None]
         if not live:
             comm = await self.nursery.start(self._peer, group)
         else:
@@ -355,7 +356,7 @@ async def test_content_inequality_goes_to_joiners_only() -> None:
 async def test_corrupted_bytes_fail_the_receiver_never_accepted_silently(monkeypatch: pytest.MonkeyPatch) -> None:
     import pccl._peer.sync as ss
 
-    check = ss._check_request
+    check = ss.check_request
 
     def corrupting_check(serving, request):  # type: ignore[no-untyped-def]
         if serving is not None:  # the sources' buffers change after they voted (a user bug)
@@ -366,11 +367,11 @@ async def test_corrupted_bytes_fail_the_receiver_never_accepted_silently(monkeyp
     async with cluster(3) as c:
         base = make_state(21)
         states = [copy_state(base), copy_state(base), make_state(22)]
-        monkeypatch.setattr(ss, "_check_request", corrupting_check)
+        monkeypatch.setattr(ss, "check_request", corrupting_check)
         infos = await sync_all(c.comms, states)
         assert isinstance(infos[2], SharedStateSyncFailed) and "hash mismatch" in str(infos[2])
         assert [i.revision for i in infos[:2]] == [0, 0]
-        monkeypatch.setattr(ss, "_check_request", check)
+        monkeypatch.setattr(ss, "check_request", check)
         # the failed peer is still a member; its next sync repairs it (it is outdated now)
         for s in states[:2]:
             s.revision += 1
@@ -394,10 +395,10 @@ async def test_peer_groups_sync_independently() -> None:
 async def test_sync_while_collective_in_flight_is_invalid_usage() -> None:
     async with cluster(1) as c:
         comm = c.comms[0]
-        comm._session.open_route(7)
+        pccl.testing.session(comm).open_route(7)
         with pytest.raises(InvalidUsage):
             await comm.sync_shared_state(make_state(1))
-        comm._session.close_route(7)
+        pccl.testing.session(comm).close_route(7)
         info = await comm.sync_shared_state(make_state(1, revision=5))
         assert info == pccl.SyncInfo(5, 0, 0)
 
@@ -501,7 +502,7 @@ async def test_distributor_sigkilled_mid_transfer_sync_completes() -> None:
 
                 async def kill_when_flowing() -> None:
                     # The remote serves half the bytes; kill it once the joiner received some.
-                    while not comms[1]._session.phase.syncing or _received(comms[1]) < 1:
+                    while not pccl.testing.session(comms[1]).phase.syncing or _received(comms[1]) < 1:
                         await trio.sleep(0.001)
                     os.kill(proc.pid, signal.SIGKILL)
                     killed.set()

@@ -162,7 +162,7 @@ def test_optimise_and_update_topology_in_one_group_is_a_phase_mismatch():
     conns = _accepted_cluster(h, [0, 0])
     h.send(conns[0], m.VoteOptimize())
     h.send(conns[1], m.VoteTopology(True))
-    h.advance(h.ms._mismatch_grace * 2)  # noqa: SLF001
+    h.advance(h.ms.mismatch_grace * 2)
     assert h.last(conns[0], m.TopologyRejected) is not None
     assert h.last(conns[1], m.TopologyRejected) is not None
     assert all(h.info(c).topology_vote is None for c in conns)
@@ -212,9 +212,9 @@ class OptimiseMachine(MasterMachine):
         for g in {p.group for p in acc}:
             mem = [p for p in acc if p.group == g]
             if g in ms.probing_groups():
-                probe = ms._probes[g]  # noqa: SLF001
-                live = [pid for pid in probe.targets if ms.conn_of(pid) is not None]
-                assert not all(pid in probe.reports for pid in live), f"optimise of group {g} stuck after reports"
+                targets, reports = ms.probes()[g]
+                live = [pid for pid in targets if ms.conn_of(pid) is not None]
+                assert not all(pid in reports for pid in live), f"optimise of group {g} stuck after reports"
             elif GLOBAL_SCOPE not in rounds and g not in rounds:
                 assert not all(p.topology_vote is TopologyVote.OPTIMIZE for p in mem), f"optimise vote of {g} stuck"
         for g in ms.probing_groups():

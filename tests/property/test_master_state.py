@@ -65,8 +65,8 @@ class Harness:
         # handle() may re-check only the op a collective message touched: a full re-check right
         # after it must find nothing left to do (nothing to send, nothing to change).
         before = (self.ms.ops(), self.ms.syncs(), self.ms.rounds_in_progress(), self.ms.peers())
-        self.ms._settle()
-        assert not self.ms._out, f"after {event}: a full re-check found more to do: {self.ms._out}"
+        more = self.ms.recheck()
+        assert not more, f"after {event}: a full re-check found more to do: {more}"
         after = (self.ms.ops(), self.ms.syncs(), self.ms.rounds_in_progress(), self.ms.peers())
         assert before == after, f"after {event}: a full re-check changed the state"
         self.effects_log.extend(out)
@@ -145,15 +145,14 @@ class Harness:
         """Every live connection in a round reports success until no round is left."""
         for _ in range(50):
             todo = [c for c in self.live() if self.pending_round(c) is not None
-                    and self.ms.peer_id_of(c) not in self._reported()]
+                    and self.ms.peer_id_of(c) not in self.reported()]
             if not todo:
                 return
             self.report(todo[0])
         raise AssertionError("rounds do not settle")
 
-    def _reported(self) -> set[int]:
-        return {pid for scope, _ in self.ms.rounds_in_progress().items()
-                for pid in self.ms._rounds[scope].reports}  # noqa: SLF001 - test introspection
+    def reported(self) -> set[int]:
+        return {pid for reports in self.ms.round_reports().values() for pid in reports}
 
     def info(self, conn: int):
         for p in self.ms.peers():
@@ -210,7 +209,7 @@ class Harness:
         assert not (acc and all(p.pending_vote for p in acc)), "pending vote stuck"
         for scope, parts in rounds.items():
             live = [pid for pid in parts if ms.conn_of(pid) is not None]
-            reports = ms._rounds[scope].reports  # noqa: SLF001
+            reports = ms.round_reports()[scope]
             assert live and not all(pid in reports for pid in live), "round stuck"
         for op in ms.ops():
             mem = {p.peer_id for p in acc if p.group == op.group}
@@ -234,7 +233,7 @@ class Harness:
                 else:
                     kinds.add(None)
             if None not in kinds and len(kinds) >= 2:  # ended once its grace period is over (a timer)
-                assert g in ms._mismatch_since, f"group {g} stays in a phase mismatch"  # noqa: SLF001
+                assert g in ms.mismatches_in_grace(), f"group {g} stays in a phase mismatch"
         # Nothing is waiting without a timer.
         if peers:
             assert ms.next_deadline is not None and ms.next_deadline > self.now
@@ -273,7 +272,7 @@ class MasterMachine(RuleBasedStateMachine):
     def report(self, i: int, ok: bool, data: st.DataObject) -> None:
         conns = [c for c in self.h.live() if self.h.pending_round(c) is not None]
         c = self.pick(conns, i)
-        if self.h.ms.peer_id_of(c) in self.h._reported():
+        if self.h.ms.peer_id_of(c) in self.h.reported():
             self.h.send(c, m.P2PReport(self.h.pending_round(c), True))
             assert self.h.kicks.get(c) is KickReason.OUT_OF_PHASE
         else:
@@ -398,7 +397,7 @@ class MasterMachine(RuleBasedStateMachine):
             return
         for _ in range(attempts):
             for c in self.h.live():
-                if self.h.pending_round(c) is not None and self.h.ms.peer_id_of(c) not in self.h._reported():
+                if self.h.pending_round(c) is not None and self.h.ms.peer_id_of(c) not in self.h.reported():
                     self.h.report(c, ok=False)
 
     @rule()

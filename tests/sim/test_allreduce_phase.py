@@ -73,7 +73,7 @@ def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: p
     else:
         # Small ones reduce into scratch memory and touch the caller's array only on success.
         phase = {"name": "all_reduce", "n": 33}  # only small ops: large ones are not staged
-        real_ring = operation.AllReduceService._ring
+        real_ring = operation.AllReduceService.run_ring
 
         async def touching(self: Any, plan: Any, *args: Any) -> Any:
             try:
@@ -81,7 +81,7 @@ def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: p
             finally:  # as if the output were the caller's array: success overwrites it anyway
                 plan.send.view(np.uint8)[:1] ^= 0xFF
 
-        monkeypatch.setattr(operation.AllReduceService, "_ring", touching)
+        monkeypatch.setattr(operation.AllReduceService, "run_ring", touching)
     for seed in range(8):
         trace = _run(seed, phase)
         if _kinds(trace)["all_reduce_aborted"]:

@@ -133,7 +133,7 @@ def test_stall_holds_traffic_and_freezes_the_host_then_releases() -> None:
             nursery.start_soon(a_end.send_all, b"hey")  # a is frozen: blocks at the gate
             await trio.sleep(2.0)
             assert arrivals == {}, "a stalled host received or sent something"
-            assert not a_end._reset and not b_end._reset, "a stall must not break connections"
+            assert not a_end.is_reset and not b_end.is_reset, "a stall must not break connections"
             world.unstall("a")
         return arrivals
 

@@ -85,7 +85,7 @@ def test_sender_blocks_when_peer_does_not_read() -> None:
             client = await a.connect("b:9000")
         with trio.move_on_after(30) as scope:
             await client.send_all(bytes(8 * MiB))
-        pipe = client._out
+        pipe = client.outbound
         return scope.cancelled_caught, pipe.transmitted + pipe.queued
 
     blocked, accepted = simulate(body, default_link=LinkSpec(window=window), send_buffer=send_buffer)

@@ -77,7 +77,7 @@ class MemoryListener(Listener):
     def __init__(self, network: MemoryNetwork, address: str) -> None:
         self._network = network
         self.address = address
-        self._send, self._receive = trio.open_memory_channel[MemoryStream](16)
+        self.send_side, self._receive = trio.open_memory_channel[MemoryStream](16)
 
     async def accept(self) -> Stream:
         try:
@@ -103,7 +103,7 @@ class MemoryNetwork(Network):
         if listener is None:
             raise ConnectionRefused(f"nothing listens on {address}")
         client, server = memory_stream_pair()
-        await listener._send.send(server)
+        await listener.send_side.send(server)
         return client
 
     async def listen(self, address: str, *, port_range: int = 1) -> Listener:

@@ -542,7 +542,7 @@ async def test_send_cancelled_on_getting_the_lock_leaves_the_connection_intact()
             outcome.append("cancelled")
 
     async with trio.open_nursery() as nursery:
-        async with client._send_lock:  # noqa: SLF001 - hold the lock so that the victim parks on it
+        async with client.send_lock:  # hold the lock so that the victim parks on it
             nursery.start_soon(victim)
             await trio.testing.wait_all_tasks_blocked()
         scope.cancel()  # the lock now belongs to the victim, which has not run yet
@@ -602,7 +602,7 @@ async def test_tls_stream_refuses_empty_and_read_only_receive_buffers(certificat
     config = tls_config(*certificate_authority)
     client_stream, server_stream = memory_stream_pair()
     client, server = await framed_pair(streams=(client_stream, server_stream), config=config)
-    tls_stream = server._stream  # noqa: SLF001 - the TlsStream under the framed connection
+    tls_stream = server.stream  # the TlsStream under the framed connection
     for bad in (bytearray(0), memoryview(bytearray(0)), b"read-only", memoryview(bytes(8))):
         with pytest.raises(InvalidArgument):
             await tls_stream.receive_into(bad)  # type: ignore[arg-type]

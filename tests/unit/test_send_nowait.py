@@ -66,7 +66,7 @@ async def test_a_partly_written_frame_is_finished_first(monkeypatch: pytest.Monk
 async def test_a_busy_or_broken_connection_refuses() -> None:
     a, b = await _pair()
     try:
-        async with a._send_lock:  # another task is sending
+        async with a.send_lock:  # another task is sending
             assert not a.send_nowait(m.VotePeersPending())
         a.abort()
         assert not a.send_nowait(m.VotePeersPending())

@@ -205,8 +205,8 @@ async def test_small_ops_finish_sends_in_a_worker_when_the_socket_takes_too_litt
     from pccl.collectives import inline
     from pccl.net import tcp
 
-    real = tcp._TcpBlockingIO.send_nowait
-    monkeypatch.setattr(tcp._TcpBlockingIO, "send_nowait",
+    real = tcp.TcpBlockingIO.send_nowait
+    monkeypatch.setattr(tcp.TcpBlockingIO, "send_nowait",
                         lambda self, data: real(self, data[:taken]) if taken else 0)
     started = []
     real_start = trio.lowlevel.start_thread_soon
@@ -231,15 +231,15 @@ def test_cancelling_a_small_op_stops_its_send_worker_and_restores_the_input(monk
     from pccl.net import tcp
 
     stuck = threading.Event()
-    monkeypatch.setattr(tcp._TcpBlockingIO, "send_nowait", lambda self, data: 0)
+    monkeypatch.setattr(tcp.TcpBlockingIO, "send_nowait", lambda self, data: 0)
 
     def wedged_send_all(self: Any, data: memoryview) -> None:
         stuck.set()
-        while not self._stream._closed:  # until the op's cancellation aborts the connection
+        while not self.stream.closed:  # until the op's cancellation aborts the connection
             time.sleep(0.005)
         raise StreamClosed("aborted")
 
-    monkeypatch.setattr(tcp._TcpBlockingIO, "send_all", wedged_send_all)
+    monkeypatch.setattr(tcp.TcpBlockingIO, "send_all", wedged_send_all)
 
     async def main() -> None:
         a, b = await tcp_pair()
@@ -271,14 +271,14 @@ def test_cancelling_a_small_op_whose_send_waits_for_another_ops_lock_returns_pro
         try:
             channel = a.send_channels[0]
             x = np.arange(4096, dtype=np.float32)
-            channel._send_lock.acquire()  # as if a large op's sender were mid-frame
+            channel.send_lock.acquire()  # as if a large op's sender were mid-frame
             try:
                 with trio.fail_after(5):
                     with trio.move_on_after(0.3) as scope:
                         await ring_all_reduce(x, op=ReduceOp.SUM, links=a, rank=0, world=2, seq=1)
                 assert scope.cancelled_caught
             finally:
-                channel._send_lock.release()
+                channel.send_lock.release()
             assert np.array_equal(x, np.arange(4096, dtype=np.float32))
             assert not a.to_next[0].broken  # nothing was written: the lane is intact
         finally:
@@ -294,8 +294,8 @@ async def test_a_small_op_that_cannot_get_a_send_thread_gives_the_lane_lock_back
     from pccl.collectives import inline
     from pccl.net import tcp
 
-    real = tcp._TcpBlockingIO.send_nowait
-    monkeypatch.setattr(tcp._TcpBlockingIO, "send_nowait", lambda self, data: real(self, data[:7]))
+    real = tcp.TcpBlockingIO.send_nowait
+    monkeypatch.setattr(tcp.TcpBlockingIO, "send_nowait", lambda self, data: real(self, data[:7]))
 
     def no_thread(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("can't start new thread")
@@ -309,8 +309,8 @@ async def test_a_small_op_that_cannot_get_a_send_thread_gives_the_lane_lock_back
         assert np.array_equal(x, np.arange(4096, dtype=np.float32))
         assert a.to_next[0].broken
         channel = a.send_channels[0]
-        assert channel._send_lock.acquire(blocking=False)
-        channel._send_lock.release()
+        assert channel.send_lock.acquire(blocking=False)
+        channel.send_lock.release()
     finally:
         await a.aclose()
         await b.aclose()
