@@ -42,16 +42,11 @@ or in the order its last optimisation installed (see Optimise).
 A group's ring is *stale* once an accepted member is removed or one of its collectives aborts;
 collectives of a stale group are rejected with ``STALE_RING`` until a round re-wires it.
 
-Collectives (per group, per tag).  Every accepted peer of the group sends ``CollectiveInit``;
-at consensus: stale ring → ``STALE_RING``; parameters differ → ``PARAMETER_MISMATCH``; fewer than
-two voters → ``TOO_FEW_PEERS`` (each a ``CollectiveRejected`` to every voter); otherwise
-``CollectiveCommence(tag, seq, ring)`` with a new global ``seq``.  A peer that reuses a tag it
-already voted (or that is running) gets ``TAG_IN_USE`` alone.  Each participant then sends
-``CollectiveDone(tag, seq, aborted)``.  Exactly one final message per (op, live participant):
-``CollectiveAbort`` as soon as one reports ``aborted`` or a participant that has not reported
-leaves; ``CollectiveComplete`` once every live participant reported success (a peer that dies
-after reporting success still counts: its bytes have moved).  Late ``Done`` for a finished
-``seq`` is ignored.
+Collectives (per group, per tag).  Every accepted peer of the group votes ``CollectiveInit``;
+at consensus the op is rejected (parameter mismatch, too few peers, stale ring) or commenced
+on the group's ring, and completes or aborts once its participants report.  The sub-machine
+and its rules live in :mod:`pccl.protocol.collective_ops`; it sees the master only through
+``_OpsHost``.  An abort makes the group's ring stale (see Rings).
 
 Shared-state sync (per group).  Every accepted peer of the group sends ``SyncVote``; at
 consensus the election (:mod:`pccl.protocol.election`) fixes the group's revision and plans who
@@ -60,10 +55,6 @@ participant gets ``SyncComplete``.  A peer may not sync while it has a topology 
 takes part in a round or has a collective in flight, and may not vote topology or start a
 collective while its sync runs (OUT_OF_PHASE).  The sub-machine and its rules live in
 :mod:`pccl.protocol.sync_state`; it sees the master only through ``_SyncHost``.
-
-Withdrawal.  ``CollectiveWithdraw(tag)`` (the caller gave up before the answer) removes the
-peer's Init of an op that has not commenced and answers ``CollectiveRejected(WITHDRAWN)``; for
-a commenced op, or one already answered, it is ignored (that answer is on its way).
 
 Phase mismatch.  When every accepted member of a group waits for the others — a topology vote
 standing outside any round, a sync vote before the election, or only collective Inits that
@@ -149,6 +140,7 @@ from .master_events import (
     SetTimer,
     Tick,
 )
+from .collective_ops import CollectiveOps, OpInfo
 from .link_store import LinkStore
 from .ring import build_ring, ring_neighbours
 from .sync_state import PeerFault, SyncRoundInfo, SyncState
@@ -293,16 +285,6 @@ class _Probe:
     reports: set[int] = dataclasses.field(default_factory=set)
 
 
-@dataclasses.dataclass(eq=False)
-class _Op:
-    group: int
-    tag: int
-    inits: dict[int, m.CollectiveInit] = dataclasses.field(default_factory=dict)  # voting phase
-    seq: int | None = None  # set once commenced
-    participants: tuple[int, ...] = ()
-    done: set[int] = dataclasses.field(default_factory=set)
-
-
 class PeerInfo(NamedTuple):
     """Read-only view of one connection, for tests, logs and the simulator's checkers.  A named
     tuple: the simulator's checkers take a view of every peer after every change of the
@@ -320,15 +302,17 @@ class PeerInfo(NamedTuple):
     p2p_port: int = 0
 
 
-class OpInfo(NamedTuple):
-    """Read-only view of one collective op (a named tuple, as :class:`PeerInfo`)."""
+@dataclasses.dataclass(frozen=True)
+class _OpsHost:
+    """:class:`~pccl.protocol.collective_ops.OpsHost` as the callables the master hands the
+    collective-ops machine."""
 
-    group: int
-    tag: int
-    voters: frozenset[int]
-    seq: int | None
-    participants: tuple[int, ...]
-    done: frozenset[int]
+    members: Callable[[int], list[int]]
+    ring: Callable[[int], tuple[int, ...] | None]
+    is_stale: Callable[[int], bool]
+    mark_stale: Callable[[int], None]
+    is_live: Callable[[int], bool]
+    send: Callable[[int, m.Message], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,6 +361,7 @@ class MasterState:
         self._members_seen = -1
         self._accepted_all: list[_Peer] = []
         self._accepted_by_group: dict[int, list[_Peer]] = {}
+        self._accepted_ids_by_group: dict[int, list[int]] = {}
         #: ``(last_heard, conn_id)`` of every time a peer was heard, a min-heap whose entries
         #: are dropped once that peer has been heard since or is gone: its first valid entry is
         #: the peer heard least recently (next_deadline), found without a scan of every peer.
@@ -394,9 +379,7 @@ class MasterState:
         self._rounds: dict[int, _Round] = {}  # by scope
         self._rings: dict[int, tuple[int, ...]] = {}  # group -> established ring
         self._stale_groups: set[int] = set()
-        self._ops: dict[tuple[int, int], _Op] = {}  # (group, tag)
         self._next_round = 1
-        self._next_seq = 1
         self._links = LinkStore()
         self._probes: dict[int, _Probe] = {}  # by group
         self._orders: dict[int, tuple[int, ...]] = {}  # group -> ring order its optimisation chose
@@ -409,6 +392,14 @@ class MasterState:
             kick=lambda pid, reason, detail: self._remove(self._by_id[pid], reason, detail),
         )
         self._sync_state = SyncState(host, new_lineage_id=self._new_lineage_id, min_stripe=min_stripe)
+        self._collectives = CollectiveOps(_OpsHost(
+            members=self._member_ids,
+            ring=lambda group: self._rings.get(group),
+            is_stale=lambda group: group in self._stale_groups,
+            mark_stale=lambda group: self._stale_groups.add(group),
+            is_live=lambda pid: pid in self._by_id,
+            send=lambda pid, msg: self._send(self._peer(pid), msg),
+        ))
         self._timer_at: float | None = None
         self._out: list[Effect] = []
         self._logged_sizes: dict[int, int] = {}  # group -> world size last logged
@@ -477,7 +468,7 @@ class MasterState:
                 isinstance(event, MessageReceived) and isinstance(event.msg, m.Heartbeat)):
             self.generation += 1
         if only_op is not None:
-            while only_op in self._ops and self._check_op(only_op):
+            while self._collectives.check(only_op):
                 pass
             if self._check_phase_mismatch(only_op[0]):
                 self._settle()
@@ -580,8 +571,7 @@ class MasterState:
         return out
 
     def ops(self) -> list[OpInfo]:
-        return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done))
-                for o in self._ops.values()]
+        return self._collectives.views()
 
     def syncs(self) -> list[SyncRoundInfo]:
         return self._sync_state.syncs()
@@ -698,38 +688,13 @@ class MasterState:
         self._pending_asked = True
 
     def _on_collective_init(self, peer: _Peer, msg: m.CollectiveInit) -> None:
-        op = self._ops.get((peer.group, msg.tag))
-        if op is not None and (op.seq is not None or peer.peer_id in op.inits):
-            self._send(peer, m.CollectiveRejected(msg.tag, m.RejectCode.TAG_IN_USE,
-                                                  f"tag {msg.tag} is already in flight for this peer"))
-            return
-        if op is None:
-            op = self._ops[(peer.group, msg.tag)] = _Op(peer.group, msg.tag)
-        op.inits[peer.peer_id] = msg
+        self._collectives.on_init(peer.group, peer.peer_id, msg)
 
     def _on_collective_done(self, peer: _Peer, msg: m.CollectiveDone) -> None:
-        if msg.seq >= self._next_seq:
-            raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective done for seq {msg.seq}, never commenced")
-        op = self._ops.get((peer.group, msg.tag))
-        if op is None or op.seq != msg.seq or peer.peer_id not in op.participants:
-            log.debug("ignoring late done of peer %x for tag %d seq %d", peer.peer_id, msg.tag, msg.seq)
-            return
-        if peer.peer_id in op.done:
-            raise PeerFault(KickReason.OUT_OF_PHASE, f"second done for collective tag {msg.tag}")
-        if msg.aborted:
-            self._abort(op, f"peer {peer.peer_id:x} reported failure")
-        else:
-            op.done.add(peer.peer_id)
+        self._collectives.on_done(peer.group, peer.peer_id, msg)
 
     def _on_collective_withdraw(self, peer: _Peer, msg: m.CollectiveWithdraw) -> None:
-        op = self._ops.get((peer.group, msg.tag))
-        if op is None or op.seq is not None or peer.peer_id not in op.inits:
-            # Commenced (the Commence on its way is the answer: the peer reports an abort), or
-            # already answered (a rejection crossed the withdrawal): nothing to withdraw.
-            log.debug("ignoring withdrawal of tag %d by peer %x: no vote of it waits", msg.tag, peer.peer_id)
-            return
-        del op.inits[peer.peer_id]
-        self._send(peer, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
+        self._collectives.on_withdraw(peer.group, peer.peer_id, msg)
 
     def _on_sync_vote(self, peer: _Peer, msg: m.SyncVote) -> None:
         self._sync_state.on_vote(peer.group, peer.peer_id, msg)
@@ -758,9 +723,7 @@ class MasterState:
             self._rounds[peer.round_scope].dropped = True
         if peer.status is _A:
             self._stale_groups.add(peer.group)
-        for op in self._ops.values():
-            if op.group == peer.group:
-                op.inits.pop(peer.peer_id, None)
+        self._collectives.forget(peer.group, peer.peer_id)
 
     def _expire(self, now: float) -> None:
         for peer in list(self._peers.values()):
@@ -791,8 +754,7 @@ class MasterState:
                 progressed |= self._check_rewire_vote(group)
                 progressed |= self._check_optimize_vote(group)
             progressed |= self._check_pending_vote()
-            for key in list(self._ops):
-                progressed |= self._check_op(key)
+            progressed |= self._collectives.settle()
             progressed |= self._sync_state.settle()
             if not progressed:
                 groups = self._accepted_groups()
@@ -822,6 +784,7 @@ class MasterState:
         for p in self._accepted_all:
             by_group.setdefault(p.group, []).append(p)
         self._accepted_by_group = by_group
+        self._accepted_ids_by_group = {g: [p.peer_id for p in ps] for g, ps in by_group.items()}
         self._members_seen = self._members_version
 
     def _check_accept_vote(self) -> bool:
@@ -1028,60 +991,6 @@ class MasterState:
             self._send(p, m.PeersPendingResult(pending))
         return True
 
-    def _check_op(self, key: tuple[int, int]) -> bool:
-        op = self._ops[key]
-        if op.seq is None:
-            return self._check_op_vote(op)
-        live = [pid for pid in op.participants if pid in self._by_id]
-        gone_early = [pid for pid in op.participants if pid not in self._by_id and pid not in op.done]
-        if gone_early:
-            self._abort(op, f"participant {gone_early[0]:x} left before finishing")
-            return True
-        if all(pid in op.done for pid in live):
-            del self._ops[key]
-            for pid in live:
-                self._send(self._peer(pid), m.CollectiveComplete(op.tag, op.seq))
-            return True
-        return False
-
-    def _check_op_vote(self, op: _Op) -> bool:
-        key = (op.group, op.tag)
-        if not op.inits:
-            del self._ops[key]
-            return True
-        voters = self._accepted(op.group)
-        if not all(p.peer_id in op.inits for p in voters):
-            return False
-        del self._ops[key]
-        code, detail = self._reject_reason(op)
-        if code is not None:
-            if code is m.RejectCode.PARAMETER_MISMATCH:
-                log.warning("refusing collective: %s", detail)
-            for p in voters:
-                self._send(p, m.CollectiveRejected(op.tag, code, detail))
-            return True
-        op.seq = self._next_seq
-        self._next_seq += 1
-        op.participants = self._rings[op.group]
-        self._ops[key] = op
-        for pid in op.participants:
-            self._send(self._peer(pid), m.CollectiveCommence(op.tag, op.seq, op.participants))
-        return True
-
-    def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
-        params = {pid: (i.count, i.dtype, i.op, i.quant_kind, i.quant_dtype, i.layout) for pid, i in op.inits.items()}
-        if len(set(params.values())) > 1:
-            listing = "; ".join(
-                f"peer {pid:x}: count={c} dtype={d} op={o} quant={qk}/{qd} layout={lay:x}"
-                for pid, (c, d, o, qk, qd, lay) in sorted(params.items()))
-            return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on tag {op.tag}: {listing}"
-        if len(op.inits) < 2:
-            return m.RejectCode.TOO_FEW_PEERS, f"only {len(op.inits)} peer(s) in group {op.group}"
-        ring = self._rings.get(op.group)
-        if op.group in self._stale_groups or ring is None or set(ring) != set(op.inits):
-            return m.RejectCode.STALE_RING, f"group {op.group} lost a member; re-wire before retrying"
-        return None, ""
-
     def _waits_in(self, peer: _Peer, sync_waiting: frozenset[int]) -> tuple[ph.Call, str] | None:
         """The call ``peer`` waits in for the others of its group, and its name as the
         caller knows it; ``None`` when it is not known to wait for them (idle as far as the
@@ -1160,26 +1069,19 @@ class MasterState:
             elif p.peer_id in sync_waiting:
                 self._sync_state.withdraw(group, p.peer_id, m.SyncRejectCode.PHASE_MISMATCH, detail)
             else:
-                for op in self._ops_of(p):
-                    del op.inits[p.peer_id]
-                    if not op.inits:
-                        del self._ops[(op.group, op.tag)]
-                    self._send(p, m.CollectiveRejected(op.tag, m.RejectCode.PHASE_MISMATCH, detail))
+                self._collectives.withdraw_all(group, p.peer_id, m.RejectCode.PHASE_MISMATCH, detail)
         return True
-
-    def _abort(self, op: _Op, why: str) -> None:
-        del self._ops[(op.group, op.tag)]
-        self._stale_groups.add(op.group)  # the ring failed once: the next topology vote re-wires it
-        log.debug("aborting collective tag %d seq %s: %s", op.tag, op.seq, why)
-        for pid in op.participants:
-            if pid in self._by_id:
-                self._send(self._peer(pid), m.CollectiveAbort(op.tag, op.seq or 0))
 
     # --- small helpers --------------------------------------------------------------------------
 
-    def _ops_of(self, peer: _Peer) -> list[_Op]:
-        return [op for op in self._ops.values()
-                if op.group == peer.group and (peer.peer_id in op.inits or peer.peer_id in op.participants)]
+    def _ops_of(self, peer: _Peer) -> list[Any]:
+        return self._collectives.of_peer(peer.group, peer.peer_id)
+
+    def _member_ids(self, group: int) -> list[int]:
+        """The accepted peers of ``group`` by id, in arrival order.  Shared: do not modify."""
+        if self._members_seen != self._members_version:
+            self._index_members()
+        return self._accepted_ids_by_group.get(group, [])
 
     def _peer(self, peer_id: int) -> _Peer:
         return self._peers[self._by_id[peer_id]]

@@ -1,0 +1,243 @@
+"""The master's collective-ops sub-machine: votes, commence, completion, abort (sans-IO).
+
+Rules
+=====
+
+Collectives (per group, per tag).  Every accepted peer of the group sends ``CollectiveInit``;
+at consensus: parameters differ → ``PARAMETER_MISMATCH``; fewer than two voters →
+``TOO_FEW_PEERS``; stale ring → ``STALE_RING`` (each a ``CollectiveRejected`` to every voter);
+otherwise ``CollectiveCommence(tag, seq, ring)`` with a new global ``seq``.  A peer that reuses
+a tag it already voted (or that is running) gets ``TAG_IN_USE`` alone.  Each participant then
+sends ``CollectiveDone(tag, seq, aborted)``.  Exactly one final message per (op, live
+participant): ``CollectiveAbort`` as soon as one reports ``aborted`` or a participant that has
+not reported leaves; ``CollectiveComplete`` once every live participant reported success (a
+peer that dies after reporting success still counts: its bytes have moved).  Late ``Done`` for
+a finished ``seq`` is ignored; ``Done`` for a ``seq`` never commenced is a PROTOCOL_ERROR, a
+second ``Done`` OUT_OF_PHASE.  An abort makes the group's ring stale (the next topology vote
+re-wires it).
+
+Withdrawal.  ``CollectiveWithdraw(tag)`` (the caller gave up before the answer) removes the
+peer's Init of an op that has not commenced and answers ``CollectiveRejected(WITHDRAWN)``; for
+a commenced op, or one already answered, it is ignored (that answer is on its way).  A phase
+mismatch withdraws a peer's Inits the same way, answering ``PHASE_MISMATCH``.
+
+The machine sees the master only through :class:`OpsHost` (peers named by peer id); the
+master's dispatch has checked the phase rules before a handler here runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import NamedTuple, Protocol
+
+from ..errors import KickReason
+from . import messages as m
+from .sync_state import PeerFault
+
+__all__ = ["CollectiveOps", "OpsHost", "OpInfo"]
+
+log = logging.getLogger("pccl.protocol.master_state")
+
+
+class OpsHost(Protocol):
+    """What the collective-ops machine needs from the master."""
+
+    def members(self, group: int) -> list[int]:
+        """The accepted peers of ``group`` (their ids, in arrival order)."""
+        ...
+
+    def ring(self, group: int) -> tuple[int, ...] | None:
+        """``group``'s installed ring (``None`` before its first round)."""
+        ...
+
+    def is_stale(self, group: int) -> bool:
+        """Whether ``group``'s ring lost a member or an op since it was installed."""
+        ...
+
+    def mark_stale(self, group: int) -> None:
+        """An op of ``group`` aborted: its ring must be re-wired before the next op."""
+        ...
+
+    def is_live(self, peer_id: int) -> bool:
+        """The peer still has a connection (it was not removed)."""
+        ...
+
+    def send(self, peer_id: int, msg: m.Message) -> None:
+        """Queue ``msg`` for a live peer."""
+        ...
+
+
+class OpInfo(NamedTuple):
+    """Read-only view of one collective op (a named tuple: the simulator's checkers build one
+    per op after every change of the master's state)."""
+
+    group: int
+    tag: int
+    voters: frozenset[int]
+    seq: int | None
+    participants: tuple[int, ...]
+    done: frozenset[int]
+
+
+@dataclasses.dataclass(eq=False)
+class _Op:
+    group: int
+    tag: int
+    inits: dict[int, m.CollectiveInit] = dataclasses.field(default_factory=dict)  # voting phase
+    seq: int | None = None  # set once commenced
+    participants: tuple[int, ...] = ()
+    done: set[int] = dataclasses.field(default_factory=set)
+
+
+class CollectiveOps:
+    """Every group's collective ops (see the module docstring)."""
+
+    def __init__(self, host: OpsHost) -> None:
+        self._host = host
+        self._ops: dict[tuple[int, int], _Op] = {}  # (group, tag)
+        self._next_seq = 1
+
+    # --- messages -----------------------------------------------------------------------------
+
+    def on_init(self, group: int, peer_id: int, msg: m.CollectiveInit) -> None:
+        op = self._ops.get((group, msg.tag))
+        if op is not None and (op.seq is not None or peer_id in op.inits):
+            self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.TAG_IN_USE,
+                                                          f"tag {msg.tag} is already in flight for this peer"))
+            return
+        if op is None:
+            op = self._ops[(group, msg.tag)] = _Op(group, msg.tag)
+        op.inits[peer_id] = msg
+
+    def on_done(self, group: int, peer_id: int, msg: m.CollectiveDone) -> None:
+        if msg.seq >= self._next_seq:
+            raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective done for seq {msg.seq}, never commenced")
+        op = self._ops.get((group, msg.tag))
+        if op is None or op.seq != msg.seq or peer_id not in op.participants:
+            log.debug("ignoring late done of peer %x for tag %d seq %d", peer_id, msg.tag, msg.seq)
+            return
+        if peer_id in op.done:
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"second done for collective tag {msg.tag}")
+        if msg.aborted:
+            self._abort(op, f"peer {peer_id:x} reported failure")
+        else:
+            op.done.add(peer_id)
+
+    def on_withdraw(self, group: int, peer_id: int, msg: m.CollectiveWithdraw) -> None:
+        op = self._ops.get((group, msg.tag))
+        if op is None or op.seq is not None or peer_id not in op.inits:
+            # Commenced (the Commence on its way is the answer: the peer reports an abort), or
+            # already answered (a rejection crossed the withdrawal): nothing to withdraw.
+            log.debug("ignoring withdrawal of tag %d by peer %x: no vote of it waits", msg.tag, peer_id)
+            return
+        del op.inits[peer_id]
+        self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
+
+    def forget(self, group: int, peer_id: int) -> None:
+        """A peer of ``group`` was removed: its votes go (its running ops abort at the next check)."""
+        for op in self._ops.values():
+            if op.group == group:
+                op.inits.pop(peer_id, None)
+
+    def withdraw_all(self, group: int, peer_id: int, code: m.RejectCode, detail: str) -> None:
+        """End every vote of the peer that has not commenced, answering ``code`` (a phase mismatch)."""
+        for op in self.of_peer(group, peer_id):
+            del op.inits[peer_id]
+            if not op.inits:
+                del self._ops[(op.group, op.tag)]
+            self._host.send(peer_id, m.CollectiveRejected(op.tag, code, detail))
+
+    # --- consensus ----------------------------------------------------------------------------
+
+    def settle(self) -> bool:
+        """Check every op once; whether anything changed."""
+        progressed = False
+        for key in list(self._ops):
+            progressed |= self.check(key)
+        return progressed
+
+    def check(self, key: tuple[int, int]) -> bool:
+        """Check the op of ``key`` (group, tag), if there is one; whether anything changed."""
+        op = self._ops.get(key)
+        if op is None:
+            return False
+        if op.seq is None:
+            return self._check_vote(op)
+        live = [pid for pid in op.participants if self._host.is_live(pid)]
+        gone_early = [pid for pid in op.participants if not self._host.is_live(pid) and pid not in op.done]
+        if gone_early:
+            self._abort(op, f"participant {gone_early[0]:x} left before finishing")
+            return True
+        if all(pid in op.done for pid in live):
+            del self._ops[key]
+            for pid in live:
+                self._host.send(pid, m.CollectiveComplete(op.tag, op.seq))
+            return True
+        return False
+
+    def _check_vote(self, op: _Op) -> bool:
+        key = (op.group, op.tag)
+        if not op.inits:
+            del self._ops[key]
+            return True
+        voters = self._host.members(op.group)
+        if not all(pid in op.inits for pid in voters):
+            return False
+        del self._ops[key]
+        code, detail = self._reject_reason(op)
+        if code is not None:
+            if code is m.RejectCode.PARAMETER_MISMATCH:
+                log.warning("refusing collective: %s", detail)
+            for pid in voters:
+                self._host.send(pid, m.CollectiveRejected(op.tag, code, detail))
+            return True
+        ring = self._host.ring(op.group)
+        assert ring is not None  # _reject_reason refused a group without one
+        op.seq = self._next_seq
+        self._next_seq += 1
+        op.participants = ring
+        self._ops[key] = op
+        for pid in op.participants:
+            self._host.send(pid, m.CollectiveCommence(op.tag, op.seq, op.participants))
+        return True
+
+    def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
+        params = {pid: (i.count, i.dtype, i.op, i.quant_kind, i.quant_dtype, i.layout) for pid, i in op.inits.items()}
+        if len(set(params.values())) > 1:
+            listing = "; ".join(
+                f"peer {pid:x}: count={c} dtype={d} op={o} quant={qk}/{qd} layout={lay:x}"
+                for pid, (c, d, o, qk, qd, lay) in sorted(params.items()))
+            return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on tag {op.tag}: {listing}"
+        if len(op.inits) < 2:
+            return m.RejectCode.TOO_FEW_PEERS, f"only {len(op.inits)} peer(s) in group {op.group}"
+        ring = self._host.ring(op.group)
+        if self._host.is_stale(op.group) or ring is None or set(ring) != set(op.inits):
+            return m.RejectCode.STALE_RING, f"group {op.group} lost a member; re-wire before retrying"
+        return None, ""
+
+    def _abort(self, op: _Op, why: str) -> None:
+        del self._ops[(op.group, op.tag)]
+        self._host.mark_stale(op.group)  # the ring failed once: the next topology vote re-wires it
+        log.debug("aborting collective tag %d seq %s: %s", op.tag, op.seq, why)
+        for pid in op.participants:
+            if self._host.is_live(pid):
+                self._host.send(pid, m.CollectiveAbort(op.tag, op.seq or 0))
+
+    # --- views --------------------------------------------------------------------------------
+
+    def has(self, key: tuple[int, int]) -> bool:
+        return key in self._ops
+
+    def of_peer(self, group: int, peer_id: int) -> list[_Op]:
+        """The ops of ``group`` the peer voted for or takes part in."""
+        return [op for op in self._ops.values()
+                if op.group == group and (peer_id in op.inits or peer_id in op.participants)]
+
+    def views(self) -> list[OpInfo]:
+        return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done))
+                for o in self._ops.values()]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(list(self._ops))
