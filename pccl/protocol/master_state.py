@@ -70,14 +70,10 @@ one of the deadlines ``SetTimer`` announces.  Mixed topology votes
 meet (an accept vote satisfies a re-wire; a peer with tag 0 pending may still send tag 1).
 
 Optimise.  ``VoteOptimize`` is a group vote whose vote stands as a topology vote does (the same
-phase rules).  When every accepted member of the group has cast it and no round touches the
-group, each member gets a ``ProbeRequest`` with the members it has no measurement to
-(:class:`~pccl.protocol.link_store.LinkStore`: kept while both ends stay) and answers one
-``ProbeReport``.  With every live member's report in, the master solves the ring
-(:mod:`pccl.protocol.topology`), keeps that order for the group, and installs it with a group
-round (``ConnectToPeers`` ... ``TopologyComplete``), which ends the votes.  An optimise vote is
-its own kind for phase mismatches (it never meets an accept or re-wire vote).  Rings of later
-rounds keep the optimised order for the members that stay; newcomers follow in id order.
+phase rules); when every member votes, the group's links are probed, the ring solved and
+installed with a group round.  The sub-machine and its rules live in
+:mod:`pccl.protocol.optimize_state` (behind ``_OptimizeHost``).  An optimise vote is its own
+kind for phase mismatches (it never meets an accept or re-wire vote).
 
 Pending query.  ``VotePeersPending`` from every accepted peer → ``PeersPendingResult(any peer
 registered)`` to all of them.  Independent of every other vote, legal while collectives run.
@@ -141,8 +137,8 @@ from .master_events import (
     Tick,
 )
 from .collective_ops import CollectiveOps, OpInfo
-from .link_store import LinkStore
-from .ring import build_ring, ring_neighbours
+from .optimize_state import Optimizer
+from .ring import ring_neighbours
 from .sync_state import PeerFault, SyncRoundInfo, SyncState
 
 __all__ = [
@@ -276,15 +272,6 @@ class _Round:
     blame: Counter[int] = dataclasses.field(default_factory=Counter)
 
 
-@dataclasses.dataclass(eq=False)
-class _Probe:
-    """An optimise vote of one group past consensus: who was asked to probe whom."""
-
-    probe_id: int
-    targets: dict[int, tuple[int, ...]]  # member -> the peers it was asked to probe
-    reports: set[int] = dataclasses.field(default_factory=set)
-
-
 class PeerInfo(NamedTuple):
     """Read-only view of one connection, for tests, logs and the simulator's checkers.  A named
     tuple: the simulator's checkers take a view of every peer after every change of the
@@ -300,6 +287,20 @@ class PeerInfo(NamedTuple):
     #: The host the master observed and the p2p port the peer advertised.
     host: str = ""
     p2p_port: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _OptimizeHost:
+    """:class:`~pccl.protocol.optimize_state.OptimizeHost` as the callables the master hands
+    the optimise machine."""
+
+    voting_members: Callable[[int], list[int] | None]
+    members: Callable[[int], list[int]]
+    ring: Callable[[int], tuple[int, ...] | None]
+    is_live: Callable[[int], bool]
+    endpoint: Callable[[int], m.PeerEndpoint]
+    send: Callable[[int, m.Message], None]
+    install: Callable[[int, list[int]], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,10 +381,6 @@ class MasterState:
         self._rings: dict[int, tuple[int, ...]] = {}  # group -> established ring
         self._stale_groups: set[int] = set()
         self._next_round = 1
-        self._links = LinkStore()
-        self._probes: dict[int, _Probe] = {}  # by group
-        self._orders: dict[int, tuple[int, ...]] = {}  # group -> ring order its optimisation chose
-        self._next_probe = 1
         host = _SyncHost(
             is_live=lambda pid: pid in self._by_id,
             endpoint=lambda pid: self._peer(pid).endpoint(),
@@ -392,6 +389,15 @@ class MasterState:
             kick=lambda pid, reason, detail: self._remove(self._by_id[pid], reason, detail),
         )
         self._sync_state = SyncState(host, new_lineage_id=self._new_lineage_id, min_stripe=min_stripe)
+        self._optimizer = Optimizer(_OptimizeHost(
+            voting_members=self._optimize_voters,
+            members=self._member_ids,
+            ring=lambda group: self._rings.get(group),
+            is_live=lambda pid: pid in self._by_id,
+            endpoint=lambda pid: self._peer(pid).endpoint(),
+            send=lambda pid, msg: self._send(self._peer(pid), msg),
+            install=lambda group, ids: self._start_round(group, ids, _Round(group, 0, ())),
+        ))
         self._collectives = CollectiveOps(_OpsHost(
             members=self._member_ids,
             ring=lambda group: self._rings.get(group),
@@ -525,16 +531,16 @@ class MasterState:
 
     def measured_links(self) -> dict[tuple[int, int], float]:
         """Bandwidth (bytes/s) of every measured directed link, by ``(sender, receiver)``."""
-        return {k: e.bandwidth for k, e in self._links.snapshot().items()}
+        return {k: e.bandwidth for k, e in self._optimizer.links.snapshot().items()}
 
     def record_link(self, sender: int, receiver: int, bandwidth: float, rtt: float) -> None:
         """Take a link's figure as if a probe had measured it (links measured elsewhere, a
         benchmark's known truth); kept, like a probe's, while both ends stay."""
-        self._links.record(sender, receiver, bandwidth, rtt)
+        self._optimizer.links.record(sender, receiver, bandwidth, rtt)
 
     def probing_groups(self) -> frozenset[int]:
         """Groups whose optimise vote waits for probe reports."""
-        return frozenset(self._probes)
+        return self._optimizer.probing_groups()
 
     def stale_groups(self) -> frozenset[int]:
         return frozenset(self._stale_groups)
@@ -550,7 +556,7 @@ class MasterState:
     def probes(self) -> dict[int, tuple[dict[int, tuple[int, ...]], frozenset[int]]]:
         """group → (member → the peers it was asked to probe, the members that reported), for
         each optimise vote past consensus."""
-        return {g: (dict(pr.targets), frozenset(pr.reports)) for g, pr in self._probes.items()}
+        return self._optimizer.probes()
 
     def mismatches_in_grace(self) -> frozenset[int]:
         """Groups in a phase mismatch whose grace period runs (ended when it is over)."""
@@ -667,21 +673,7 @@ class MasterState:
         peer.topology_vote = TopologyVote.OPTIMIZE
 
     def _on_probe_report(self, peer: _Peer, msg: m.ProbeReport) -> None:
-        probe = self._probes.get(peer.group)
-        if probe is None or msg.probe != probe.probe_id or peer.peer_id not in probe.targets:
-            if msg.probe < self._next_probe:
-                log.debug("ignoring stale probe report %d of peer %x", msg.probe, peer.peer_id)
-                return
-            raise PeerFault(KickReason.OUT_OF_PHASE, f"probe report {msg.probe}, which it was not asked for")
-        if peer.peer_id in probe.reports:
-            raise PeerFault(KickReason.OUT_OF_PHASE, f"second report for probe {msg.probe}")
-        asked = probe.targets[peer.peer_id]
-        if sorted(r.peer_id for r in msg.results) != sorted(asked):
-            raise PeerFault(KickReason.PROTOCOL_ERROR, f"probe report {msg.probe} does not answer the targets asked")
-        probe.reports.add(peer.peer_id)
-        for result in msg.results:
-            if result.peer_id in self._by_id:
-                self._links.record(peer.peer_id, result.peer_id, result.bandwidth, result.rtt)
+        self._optimizer.on_report(peer.group, peer.peer_id, msg)
 
     def _on_vote_peers_pending(self, peer: _Peer, msg: m.VotePeersPending) -> None:
         peer.pending_vote = True
@@ -718,7 +710,7 @@ class MasterState:
         if reason is None:  # a kick is logged once, by the shell that delivers it
             log.info("peer %x (group %d) %s", peer.peer_id, peer.group, detail)
         del self._by_id[peer.peer_id]
-        self._links.forget(peer.peer_id)
+        self._optimizer.links.forget(peer.peer_id)
         if peer.round_scope is not None and peer.round_scope in self._rounds:
             self._rounds[peer.round_scope].dropped = True
         if peer.status is _A:
@@ -750,9 +742,9 @@ class MasterState:
             for scope in list(self._rounds):
                 progressed |= self._check_round(scope)
             progressed |= self._check_accept_vote()
-            for group in sorted(self._accepted_groups() | self._probes.keys()):
+            for group in sorted(self._accepted_groups() | self._optimizer.probing_groups()):
                 progressed |= self._check_rewire_vote(group)
-                progressed |= self._check_optimize_vote(group)
+                progressed |= self._optimizer.check(group)
             progressed |= self._check_pending_vote()
             progressed |= self._collectives.settle()
             progressed |= self._sync_state.settle()
@@ -828,52 +820,15 @@ class MasterState:
         self._start_round(group, [p.peer_id for p in members], _Round(group, 0, ()))
         return True
 
-    def _check_optimize_vote(self, group: int) -> bool:
-        probe = self._probes.get(group)
-        if probe is None:
-            if GLOBAL_SCOPE in self._rounds or group in self._rounds:
-                return False
-            members = self._accepted(group)
-            if not members or any(p.topology_vote is not TopologyVote.OPTIMIZE for p in members):
-                return False
-            plan = self._links.probe_plan(p.peer_id for p in members)
-            probe = self._probes[group] = _Probe(self._next_probe, plan)
-            self._next_probe += 1
-            for p in members:
-                targets = tuple(self._peer(t).endpoint() for t in plan[p.peer_id])
-                self._send(p, m.ProbeRequest(probe.probe_id, targets))
-            log.debug("group %d: probe %d: %d links to measure", group, probe.probe_id,
-                      sum(len(t) for t in plan.values()))
-            return True
-        if not all(pid in probe.reports for pid in probe.targets if pid in self._by_id):
-            return False
-        del self._probes[group]
+    def _optimize_voters(self, group: int) -> list[int] | None:
+        """``group``'s members if every one has an optimise vote standing and no round touches
+        the group (the optimise machine's consensus), else ``None``."""
+        if GLOBAL_SCOPE in self._rounds or group in self._rounds:
+            return None
         members = self._accepted(group)
-        if not members:
-            return True
-        ids = [p.peer_id for p in members]
-        solution = self._links.solve(ids, self._rings.get(group))
-        self._orders[group] = solution.order
-        log.info("group %d: ring optimised (%s): bottleneck %.3g MB/s over %d peers", group,
-                 "exact" if solution.exact else "heuristic", solution.bottleneck / 1e6, len(ids))
-        self._start_round(group, ids, _Round(group, 0, ()))
-        return True
-
-    def _ring_order(self, group: int, ids: list[int]) -> tuple[int, ...]:
-        """``ids`` in the order the group's last optimisation chose, newcomers after in id order."""
-        order = self._orders.get(group, ())
-        members = set(ids)
-        kept = [pid for pid in order if pid in members]
-        return tuple(kept) + build_ring(members.difference(kept))
-
-    def _ring_links(self, ring: tuple[int, ...]) -> tuple[m.LinkFigure, ...]:
-        """The measured figures of ``ring``'s edges, in ring order (empty: none measured)."""
-        if len(ring) < 2:
-            return ()
-        edges = [self._links.measured(a, ring[(i + 1) % len(ring)]) for i, a in enumerate(ring)]
-        if all(e is None for e in edges):
-            return ()
-        return tuple(m.LinkFigure(e.bandwidth, e.rtt) if e is not None else m.LinkFigure(0.0, 0.0) for e in edges)
+        if not members or any(p.topology_vote is not TopologyVote.OPTIMIZE for p in members):
+            return None
+        return [p.peer_id for p in members]
 
     def _start_round(self, scope: int, participants: list[int], previous: _Round) -> None:
         rnd = _Round(scope, self._take_round_id(), tuple(sorted(participants)),
@@ -883,8 +838,8 @@ class MasterState:
         for pid in rnd.participants:
             by_group.setdefault(self._peer(pid).group, []).append(pid)
         for group, ids in by_group.items():
-            ring = self._ring_order(group, ids)
-            figures = self._ring_links(ring)
+            ring = self._optimizer.ring_order(group, ids)
+            figures = self._optimizer.ring_links(ring)
             for pid in ring:
                 p = self._peer(pid)
                 p.topology_vote, p.round_scope = None, scope
@@ -942,7 +897,7 @@ class MasterState:
         self._members_version += 1
         groups = {self._peer(pid).group for pid in live}
         for g in groups:
-            self._rings[g] = self._ring_order(g, [p.peer_id for p in self._accepted(g)])
+            self._rings[g] = self._optimizer.ring_order(g, [p.peer_id for p in self._accepted(g)])
             self._stale_groups.discard(g)
         if rnd.scope == GLOBAL_SCOPE:  # forget groups that have no members any more
             alive = {p.group for p in self._accepted()}
