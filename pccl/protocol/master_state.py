@@ -56,18 +56,11 @@ takes part in a round or has a collective in flight, and may not vote topology o
 collective while its sync runs (OUT_OF_PHASE).  The sub-machine and its rules live in
 :mod:`pccl.protocol.sync_state`; it sees the master only through ``_SyncHost``.
 
-Phase mismatch.  When every accepted member of a group waits for the others — a topology vote
-standing outside any round, a sync vote before the election, or only collective Inits that
-have not commenced — and they do not all wait in the same kind of call, none of these votes
-can ever complete: the master withdraws all of them (``TopologyRejected``,
-``CollectiveRejected(PHASE_MISMATCH)``, ``SyncRejected(PHASE_MISMATCH)``), naming who waits
-where; the peers raise ``PhaseMismatch``.  It must first last ``mismatch_grace`` (a quarter of
-``peer_timeout`` by default) unchanged: a withdrawal on its way (a cancelled all-reduce whose
-peer then votes topology) can still end it, and the master cannot know.  Checked with the other
-consensus predicates (after a collective message, on that op's group alone); the grace's end is
-one of the deadlines ``SetTimer`` announces.  Mixed topology votes
-(accept and re-wire) are one kind, and so are collectives on different tags: those can still
-meet (an accept vote satisfies a re-wire; a peer with tag 0 pending may still send tag 1).
+Phase mismatch.  When every accepted member of a group waits for the others and not all in
+the same kind of call, none of their votes can ever complete: once that has lasted
+``mismatch_grace`` (a quarter of ``peer_timeout`` by default), the master withdraws every one
+of them, naming who waits where.  The sub-machine and its rules live in
+:mod:`pccl.protocol.mismatch_state` (behind ``_MismatchHost``).
 
 Optimise.  ``VoteOptimize`` is a group vote whose vote stands as a topology vote does (the same
 phase rules); when every member votes, the group's links are probed, the ring solved and
@@ -137,6 +130,7 @@ from .master_events import (
     Tick,
 )
 from .collective_ops import CollectiveOps, OpInfo
+from .mismatch_state import PhaseMismatches
 from .optimize_state import Optimizer
 from .ring import ring_neighbours
 from .sync_state import PeerFault, SyncRoundInfo, SyncState
@@ -304,6 +298,17 @@ class _OptimizeHost:
 
 
 @dataclasses.dataclass(frozen=True)
+class _MismatchHost:
+    """:class:`~pccl.protocol.mismatch_state.MismatchHost` as the callables the master hands
+    the phase-mismatch machine."""
+
+    members: Callable[[int], list[int]]
+    may_wait: Callable[[int], bool]
+    waiting_calls: Callable[[int], Callable[[int], tuple[ph.Call, str] | None]]
+    end_waiting: Callable[[int, str], None]
+
+
+@dataclasses.dataclass(frozen=True)
 class _OpsHost:
     """:class:`~pccl.protocol.collective_ops.OpsHost` as the callables the master hands the
     collective-ops machine."""
@@ -339,11 +344,9 @@ class MasterState:
                  min_stripe: int = election.DEFAULT_MIN_STRIPE, mismatch_grace: float | None = None) -> None:
         if peer_timeout <= 0 or max_p2p_attempts < 1:
             raise ValueError("peer_timeout must be positive and max_p2p_attempts at least 1")
-        self._mismatch_grace = peer_timeout / 4 if mismatch_grace is None else mismatch_grace
-        if not 0 < self._mismatch_grace < peer_timeout:
+        grace = peer_timeout / 4 if mismatch_grace is None else mismatch_grace
+        if not 0 < grace < peer_timeout:
             raise ValueError("mismatch_grace must be positive and shorter than peer_timeout")
-        #: group -> (since when, who waits where) of a phase mismatch inside its grace period.
-        self._mismatch_since: dict[int, tuple[float, frozenset[tuple[int, str]]]] = {}
         self._now = 0.0
         #: Bumped by every event that may have changed more than a liveness deadline (read-only
         #: views of an unchanged generation are unchanged: checkers cache on it).
@@ -373,7 +376,6 @@ class MasterState:
         # others (no phase mismatch); whether any peer asked VotePeersPending since the last
         # check found none asking.
         self._accept_blocker: _Peer | None = None
-        self._not_waiting: dict[int, _Peer] = {}
         self._pending_asked = False
         self._by_id: dict[int, int] = {}  # peer_id -> conn_id
         self._issued_ids: set[int] = set()  # never reuse an id, so "gone" is unambiguous
@@ -398,6 +400,12 @@ class MasterState:
             send=lambda pid, msg: self._send(self._peer(pid), msg),
             install=lambda group, ids: self._start_round(group, ids, _Round(group, 0, ())),
         ))
+        self._mismatches = PhaseMismatches(_MismatchHost(
+            members=self._member_ids,
+            may_wait=self._may_wait,
+            waiting_calls=self._waiting_calls,
+            end_waiting=self._end_waiting,
+        ), grace=grace)
         self._collectives = CollectiveOps(_OpsHost(
             members=self._member_ids,
             ring=lambda group: self._rings.get(group),
@@ -476,7 +484,7 @@ class MasterState:
         if only_op is not None:
             while self._collectives.check(only_op):
                 pass
-            if self._check_phase_mismatch(only_op[0]):
+            if self._mismatches.check(only_op[0], self._now):
                 self._settle()
         elif recheck:
             self._settle()
@@ -501,8 +509,9 @@ class MasterState:
                 break
             heapq.heappop(heard)
         deadline = at + self._peer_timeout
-        if self._mismatch_since:
-            deadline = min(deadline, min(since for since, _ in self._mismatch_since.values()) + self._mismatch_grace)
+        grace_ends = self._mismatches.deadline()
+        if grace_ends is not None:
+            deadline = min(deadline, grace_ends)
         return deadline
 
     # --- read-only views ------------------------------------------------------------------------
@@ -560,12 +569,12 @@ class MasterState:
 
     def mismatches_in_grace(self) -> frozenset[int]:
         """Groups in a phase mismatch whose grace period runs (ended when it is over)."""
-        return frozenset(self._mismatch_since)
+        return self._mismatches.in_grace()
 
     @property
     def mismatch_grace(self) -> float:
         """How long a phase mismatch lasts before the master ends it."""
-        return self._mismatch_grace
+        return self._mismatches.grace
 
     def recheck(self) -> list[Effect]:
         """Re-check every vote, round, op, sync and phase mismatch now, as an event at a
@@ -750,12 +759,9 @@ class MasterState:
             progressed |= self._sync_state.settle()
             if not progressed:
                 groups = self._accepted_groups()
-                for group in [g for g in self._mismatch_since if g not in groups]:
-                    del self._mismatch_since[group]
-                for group in [g for g in self._not_waiting if g not in groups]:
-                    del self._not_waiting[group]
+                self._mismatches.keep_only(groups)
                 for group in sorted(groups):
-                    progressed |= self._check_phase_mismatch(group)
+                    progressed |= self._mismatches.check(group, self._now)
 
     def _accepted(self, group: int | None = None) -> list[_Peer]:
         """The accepted peers (of ``group``), in arrival order.  Shared: do not modify."""
@@ -965,59 +971,20 @@ class MasterState:
             return ph.Call.COLLECTIVE, f"all_reduce (tag {', '.join(str(t) for t in sorted(op.tag for op in ops))})"
         return None
 
-    def _mismatch(self, group: int) -> dict[int, str] | None:
-        """Who waits where in ``group`` if it is in a phase mismatch (see ``_check_phase_mismatch``)."""
-        members = self._accepted(group)
-        if len(members) < 2:
-            return None
-        sync_waiting = self._sync_state.waiting_voters(group)
-        if not sync_waiting and all(p.topology_vote is None for p in members):
-            return None  # collectives alone never mismatch (the cheap common case, per Init)
-        hint = self._not_waiting.get(group)
-        if (hint is not None and hint.status is _A and hint.group == group and self._peers.get(hint.conn_id) is hint
-                and self._waits_in(hint, sync_waiting) is None):
-            return None
-        waits: dict[int, str] = {}
-        kinds: set[ph.Call] = set()
-        for p in members:
-            waiting = self._waits_in(p, sync_waiting)
-            if waiting is None:
-                self._not_waiting[group] = p
-                return None
-            kinds.add(waiting[0])
-            waits[p.peer_id] = waiting[1]
-        return waits if len(kinds) >= 2 else None
+    def _may_wait(self, group: int) -> bool:
+        return bool(self._sync_state.waiting_voters(group)) or any(
+            p.topology_vote is not None for p in self._accepted(group))
 
-    def _check_phase_mismatch(self, group: int) -> bool:
-        """End a phase mismatch in ``group``: every member waits for the others, and not all in
-        the same kind of call (topology vote, sync, collective), so no vote of theirs can ever
-        complete — a peer in a topology vote or a sync cannot also start a collective, nor the
-        other way round.  Once that has lasted ``mismatch_grace`` unchanged (the timer set for
-        it re-checks), every member's waiting vote is withdrawn with a message that names
-        who waits where: topology voters get ``TopologyRejected``, collective voters
-        ``CollectiveRejected(PHASE_MISMATCH)`` for each tag, sync voters
-        ``SyncRejected(PHASE_MISMATCH)``."""
-        waits = self._mismatch(group)
-        if waits is None:
-            self._mismatch_since.pop(group, None)
-            return False
-        # A message on its way can still end it (a cancelled all-reduce's withdrawal crossing
-        # the other peer's topology vote): only a mismatch that lasts the grace period counts.
-        seen = frozenset(waits.items())
-        since, before = self._mismatch_since.get(group, (self._now, seen))
-        if before != seen:
-            since = self._now
-        if self._now < since + self._mismatch_grace:
-            self._mismatch_since[group] = (since, seen)
-            return False
-        del self._mismatch_since[group]
-        members = self._accepted(group)
+    def _waiting_calls(self, group: int) -> Callable[[int], tuple[ph.Call, str] | None]:
         sync_waiting = self._sync_state.waiting_voters(group)
-        listing = "; ".join(f"peer {pid:x} in {call}" for pid, call in sorted(waits.items()))
-        detail = clip_text(f"phase mismatch in group {group}: {listing}; none of these calls can complete "
-                           "while the others wait elsewhere", MAX_DETAIL)
-        log.warning("group %d: %s: ending every one of these calls", group, detail)
-        for p in members:
+        return lambda pid: self._waits_in(self._peer(pid), sync_waiting)
+
+    def _end_waiting(self, group: int, detail: str) -> None:
+        """Withdraw every waiting vote of ``group`` (a phase mismatch, ``detail`` says where):
+        topology voters get ``TopologyRejected``, sync voters ``SyncRejected(PHASE_MISMATCH)``,
+        collective voters ``CollectiveRejected(PHASE_MISMATCH)`` for each tag."""
+        sync_waiting = self._sync_state.waiting_voters(group)
+        for p in self._accepted(group):
             if p.topology_vote is not None:
                 p.topology_vote = None
                 self._send(p, m.TopologyRejected(detail))
@@ -1025,7 +992,6 @@ class MasterState:
                 self._sync_state.withdraw(group, p.peer_id, m.SyncRejectCode.PHASE_MISMATCH, detail)
             else:
                 self._collectives.withdraw_all(group, p.peer_id, m.RejectCode.PHASE_MISMATCH, detail)
-        return True
 
     # --- small helpers --------------------------------------------------------------------------
 
