@@ -2,7 +2,7 @@
 
     python benchmarks/master_votes.py [--peers 10,100,1000] [--groups 1] [--rounds 5]
 
-Drives the master's state machine (:class:`pccl.protocol.master_state.MasterState`, no I/O)
+Drives the master's state machine (:class:`pccl.protocol.master.machine.MasterState`, no I/O)
 with ``N`` accepted peers, then times ``--rounds`` rounds of ``update_topology()``: every peer
 sends ``VoteTopology``, the last one completes the round (nothing changed, so no p2p round).
 Prints microseconds per vote and milliseconds per round: what one training step's
@@ -19,7 +19,7 @@ import time
 
 from pccl.protocol import codec
 from pccl.protocol import messages as m
-from pccl.protocol.master_state import MasterState, MessageReceived, PeerConnected, PeerStatus, Send
+from pccl.protocol.master.machine import MasterState, MessageReceived, PeerConnected, PeerStatus, Send
 
 
 def accepted_cluster(n: int, groups: int) -> tuple[MasterState, list[int]]:

@@ -5,7 +5,7 @@ A sync (:meth:`StateSyncService.sync`):
 1. hash every tensor (xxh3-128 over its raw bytes, with a checkpoint every 64 MiB);
 2. start serving this state on the peer's shared-state port (unless RECEIVE_ONLY) and vote
    ``SyncVote(revision, strategy, entries, lineage)``;
-3. the master elects the popular state (:mod:`pccl.protocol.election`) and sends each peer that
+3. the master elects the popular state (:mod:`pccl.protocol.master.election`) and sends each peer that
    must fetch something a ``SyncPlan``: byte ranges of its dirty tensors, striped over the
    up-to-date peers;
 4. the receiver dials every source of the plan at once (framed handshake with the run token),

@@ -1,4 +1,4 @@
-"""The master: a thin Trio shell around :class:`pccl.protocol.master_state.MasterState`.
+"""The master: a thin Trio shell around :class:`pccl.protocol.master.machine.MasterState`.
 
 One task per connection runs the framed handshake (magic, version, run token), then reads
 messages and feeds them to the machine; a writer task per connection sends what the machine
@@ -61,7 +61,7 @@ from ..net.admission import AdmissionLimits
 from ..net.base import Listener, Network, Stream, parse_address
 from ..net.framed import FramedConnection, accept_framed
 from ..net.serving import HandshakeSlot, RefusalLog, admission_for, serve_listener
-from ..protocol import master_state as ms
+from ..protocol.master import machine as ms
 from ..protocol import status as st
 from ..protocol.codec import MAX_DETAIL, clip_text
 from ..protocol import messages as m

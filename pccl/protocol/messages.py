@@ -24,7 +24,7 @@ class Message(msgspec.Struct, frozen=True, array_like=True, tag_field="t"):
     """Base of all control messages.  Subclasses pass ``tag=<int>``."""
 
 
-# --- 1–49: master ↔ peer membership (pccl/protocol/master_state.py, pccl/_peer/) ----------------
+# --- 1–49: master ↔ peer membership (pccl/protocol/master/machine.py, pccl/_peer/) ----------------
 #
 # Flow (see master_state.py for the rules):  peer → Register;  master → Welcome(peer_id).
 # Accepted peers → VoteTopology; at consensus master → ConnectToPeers(round, ring, neighbours) to
@@ -329,7 +329,7 @@ class SyncReason(enum.IntEnum):
 
 class Lineage(msgspec.Struct, frozen=True, array_like=True):
     """The history a shared state belongs to: the id minted at its run's first sync, and the
-    revision and content digest (:func:`pccl.protocol.election.content_digest`) of the last sync
+    revision and content digest (:func:`pccl.protocol.master.election.content_digest`) of the last sync
     its holder completed."""
 
     id: bytes

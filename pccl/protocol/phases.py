@@ -28,7 +28,7 @@ call (message)         refused while                    joins
 (``SyncVote``)
 =====================  ===============================  ============================================
 
-The master enforces the table (:mod:`pccl.protocol.master_state`): a vote sent while the sender
+The master enforces the table (:mod:`pccl.protocol.master.machine`): a vote sent while the sender
 is in a refusing activity is OUT_OF_PHASE, and the sender is kicked.  The peer consults the same
 rows before it sends (:mod:`pccl._peer.phase`): a call refused by the table is ``InvalidUsage``,
 raised before anything is sent; a call whose *joined* activity is outstanding (a cancelled

@@ -47,7 +47,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import master_state as ms
+from .master import machine as ms
 from . import messages as m
 
 __all__ = ["SCHEMA", "PeerReport", "StatusEvent", "RunCounters", "snapshot", "short_id", "peer_hex"]

@@ -180,7 +180,7 @@ def test_steps_is_a_plain_iterator_and_a_joiner_gets_the_state() -> None:
 
 
 def test_ctrl_c_exits_promptly_and_the_master_sees_a_clean_leave(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="pccl.protocol.master_state")
+    caplog.set_level(logging.INFO, logger="pccl.protocol.master.machine")
     config = pccl.Config(peer_timeout=2.0, heartbeat_interval=0.2, p2p_base_port=0)
     with master_in_thread(config) as master:
         cmd = [sys.executable, str(HERE / "blocking_peer.py"), master.address, "2.0", "0.2"]

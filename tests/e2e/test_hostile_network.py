@@ -35,7 +35,7 @@ from pccl.net.serving import PEER_LIMITS, REFUSALS_LOGGED_PER_WINDOW
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol import codec, handshake
 from pccl.protocol import messages as m
-from pccl.protocol.master_state import PeerStatus
+from pccl.protocol.master.machine import PeerStatus
 
 FLOOD_SOURCE = "127.0.0.2"
 PATIENT = Config(peer_timeout=2.0, heartbeat_interval=0.25, connect_timeout=30.0, first_bytes_timeout=30.0,

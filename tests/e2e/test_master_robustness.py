@@ -31,7 +31,7 @@ from pccl.net.base import Listener, Network, Stream
 from pccl.net.framed import FramedConnection, open_framed
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol import codec, handshake
-from pccl.protocol import master_state as ms
+from pccl.protocol.master import machine as ms
 from pccl.protocol import messages as m
 
 TOKEN = "robustness-token"

@@ -665,7 +665,7 @@ async def test_an_accept_vote_and_a_rewire_vote_in_one_group_do_not_wait_for_eac
 
 async def test_a_lone_peer_says_so_once_and_the_master_logs_membership_once_each(
         master: pccl.Master, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="pccl.protocol.master_state")
+    caplog.set_level(logging.INFO, logger="pccl.protocol.master.machine")
     caplog.set_level(logging.INFO, logger="pccl.communicator")
     with trio.fail_after(BOUND):
         async with _open(master.address) as a, trio.open_nursery() as nursery:

@@ -72,7 +72,7 @@ async def _start_into(nursery: trio.Nursery, fn, group: int, out: list) -> None:
 
 
 async def wait_registered(master: pccl.Master) -> None:
-    from pccl.protocol.master_state import PeerStatus
+    from pccl.protocol.master.machine import PeerStatus
 
     while not any(p.status is PeerStatus.REGISTERED for p in master.state.peers()):
         await trio.sleep(0.01)

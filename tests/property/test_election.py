@@ -1,4 +1,4 @@
-"""The shared-state election (pccl/protocol/election.py) under Hypothesis, plus the sync votes
+"""The shared-state election (pccl/protocol/master/election.py) under Hypothesis, plus the sync votes
 of the master's machine: deterministic whatever the arrival order, plans cover exactly the
 dirty tensors, striping uses every up-to-date source, RECEIVE_ONLY never sends, revision rules,
 re-planning after a source fails, and the machine completes a sync through disconnects."""
@@ -12,9 +12,9 @@ import hypothesis.strategies as st
 from hypothesis import given, settings
 
 from pccl.errors import KickReason
-from pccl.protocol import election
+from pccl.protocol.master import election
 from pccl.protocol import messages as m
-from pccl.protocol.master_state import PeerDisconnected
+from pccl.protocol.master.machine import PeerDisconnected
 from pccl.types import DType, SyncStrategy
 
 from test_master_state import Harness

@@ -10,7 +10,7 @@ from hypothesis.stateful import invariant, precondition, rule
 
 from pccl.errors import KickReason
 from pccl.protocol import messages as m
-from pccl.protocol.master_state import GLOBAL_SCOPE, PeerStatus, TopologyVote
+from pccl.protocol.master.machine import GLOBAL_SCOPE, PeerStatus, TopologyVote
 from pccl.protocol.topology import fill_cost, Edge
 
 from test_master_state import Harness, MasterMachine, _accepted_cluster, _pid

@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from pccl.errors import KickReason
 from pccl.protocol import codec
 from pccl.protocol import messages as m
-from pccl.protocol.master_state import (
+from pccl.protocol.master.machine import (
     Close,
     GLOBAL_SCOPE,
     Kick,

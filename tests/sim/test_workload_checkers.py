@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from pccl.protocol import master_state as ms
+from pccl.protocol.master import machine as ms
 from pccl.protocol import messages as m
 from sim.engine.runner import run
 from sim.engine.trace import Trace, TraceEvent

@@ -232,7 +232,7 @@ KNOWN = modules(ROOT, ("pccl", "sim"))
 
 
 def test_the_scan_sees_the_tree() -> None:
-    assert {"pccl.communicator", "pccl._peer.host", "pccl.protocol.master_state"} <= set(KNOWN)
+    assert {"pccl.communicator", "pccl._peer.host", "pccl.protocol.master.machine"} <= set(KNOWN)
     assert "pccl._peer.host" in graph(KNOWN)["pccl._peer.collective_service"]
 
 

@@ -9,7 +9,7 @@ import random
 
 from pccl.protocol import messages as m
 from pccl.protocol import status as st
-from pccl.protocol.master_state import MasterState, MessageReceived, PeerConnected
+from pccl.protocol.master.machine import MasterState, MessageReceived, PeerConnected
 from pccl.master.status_page import render_html, render_table
 
 

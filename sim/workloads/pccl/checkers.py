@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from pccl.protocol import master_state as ms
+from pccl.protocol.master import machine as ms
 
 from ...engine.runner import Checker, Simulation
 from ...engine.trace import TraceEvent

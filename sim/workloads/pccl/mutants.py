@@ -1,7 +1,7 @@
 """Deliberately broken masters: the simulator's own teeth test (mutation testing).
 
 A campaign that passes proves little unless the same campaign *fails* when the code under test
-is wrong.  Each variant here is a :class:`~pccl.protocol.master_state.MasterState` subclass with
+is wrong.  Each variant here is a :class:`~pccl.protocol.master.machine.MasterState` subclass with
 one classic distributed-systems bug planted in it.  The pccl scenario installs one by name
 (``PcclScenario(master="no-recheck-on-disconnect")``) — injected through the scenario, never
 through a branch in pccl — and ``tests/sim/test_teeth.py`` shows a campaign finds it and the
@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from pccl.protocol import master_state as ms
+from pccl.protocol.master import machine as ms
 from pccl.protocol import messages as m
 
 __all__ = [

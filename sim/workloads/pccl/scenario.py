@@ -43,7 +43,7 @@ from typing import Any
 import trio
 
 import pccl
-from pccl.protocol import master_state as ms
+from pccl.protocol.master import machine as ms
 
 from ...engine.network import LinkSpec, SiteSpec, World
 from ...engine.runner import Checker, HostContext, Scenario, Simulation

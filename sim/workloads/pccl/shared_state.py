@@ -27,7 +27,7 @@ and after) and
 
 * every peer that completed the same sync (the ``SyncComplete(sync_id)`` it received, per master
   epoch) holds bit-identical compared tensors — in particular a joiner after its first sync;
-* the lineage rule (:mod:`pccl.protocol.election`): a *continuing* peer — its previous successful sync was with the
+* the lineage rule (:mod:`pccl.protocol.master.election`): a *continuing* peer — its previous successful sync was with the
   same master and none of its syncs failed since — moves on by exactly one revision and
   receives nothing, unless a non-continuing peer (a joiner, a peer back after removal, every
   peer after a master restart) took part in the same sync and brought more progress or other

@@ -28,12 +28,12 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from . import phases as ph
-from .codec import MAX_DETAIL, clip_text
+from .. import phases as ph
+from ..codec import MAX_DETAIL, clip_text
 
 __all__ = ["PhaseMismatches", "MismatchHost"]
 
-log = logging.getLogger("pccl.protocol.master_state")
+log = logging.getLogger("pccl.protocol.master.machine")
 
 
 class MismatchHost(Protocol):

@@ -32,13 +32,13 @@ import logging
 from collections.abc import Iterator
 from typing import NamedTuple, Protocol
 
-from ..errors import KickReason
-from . import messages as m
-from .sync_state import PeerFault
+from ...errors import KickReason
+from .. import messages as m
+from .sync import PeerFault
 
 __all__ = ["CollectiveOps", "OpsHost", "OpInfo"]
 
-log = logging.getLogger("pccl.protocol.master_state")
+log = logging.getLogger("pccl.protocol.master.machine")
 
 
 class OpsHost(Protocol):

@@ -1,6 +1,6 @@
 """Shared-state election and transfer planning: pure functions, no I/O.
 
-The master's sync machine (:mod:`pccl.protocol.sync_state`) calls :func:`elect` once every
+The master's sync machine (:mod:`pccl.protocol.master.sync`) calls :func:`elect` once every
 accepted peer of a group has voted ``SyncVote`` and :func:`replan` when a receiver reports a
 failed source.  Both are deterministic functions of their arguments: arrival order, dict order
 and peer-id order of the input mapping never matter (every iteration below is over sorted peer
@@ -95,9 +95,9 @@ import hashlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from ..errors import KickReason
-from ..types import DType, SyncStrategy
-from . import messages as m
+from ...errors import KickReason
+from ...types import DType, SyncStrategy
+from .. import messages as m
 
 __all__ = [
     "HASH_SIZE",

@@ -1,11 +1,11 @@
 """Shared-state sync, the master's side: one sync per group, pure and synchronous (no I/O).
 
-:class:`SyncState` is a sub-machine of :class:`pccl.protocol.master_state.MasterState`: the
+:class:`SyncState` is a sub-machine of :class:`pccl.protocol.master.machine.MasterState`: the
 master checks the phase rules (a peer may not vote a sync while it has a topology vote standing,
 takes part in a round or has a collective in flight; nor vote twice), then hands it the sync
 messages of accepted peers and re-checks it with every other consensus after every event.  It
 sees the peers only through :class:`SyncHost`; it never imports the master.  Who fetches what
-from whom is decided by :mod:`pccl.protocol.election`.
+from whom is decided by :mod:`pccl.protocol.master.election`.
 
 Rules
 =====
@@ -17,8 +17,8 @@ PROTOCOL_ERROR kick.  A vote from a peer that the group's running sync already f
 Election.  At consensus (every accepted member voted; votes of peers that left are dropped) the
 election kicks (revision violation, schema mismatch, SEND_ONLY that would receive) and rejects
 (``SyncRejected``: strategy mix, no source) and fixes the adopted revision.  Who wins follows
-the lineage rule of :mod:`pccl.protocol.election`: the machine remembers each group's last
-completed sync (:class:`~pccl.protocol.election.History`: the group's lineage, its schema and
+the lineage rule of :mod:`pccl.protocol.master.election`: the machine remembers each group's last
+completed sync (:class:`~pccl.protocol.master.election.History`: the group's lineage, its schema and
 the peers that took part); those peers' state wins over anyone else's, a peer without the
 group's lineage receives it whatever revision it offers, and they must offer exactly its
 revision + 1.  A restarted master remembers nothing: the lineages the votes carry decide.  The
@@ -56,10 +56,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ..errors import KickReason
+from ...errors import KickReason
 from . import election
-from . import messages as m
-from .codec import MAX_DETAIL, clip_text
+from .. import messages as m
+from ..codec import MAX_DETAIL, clip_text
 
 __all__ = ["SyncState", "SyncHost", "SyncRoundInfo", "PeerFault"]
 
@@ -147,7 +147,7 @@ class SyncState:
         self._new_lineage_id = new_lineage_id
         self._min_stripe = min_stripe
         self._syncs: dict[int, _Sync] = {}  # group -> sync in progress
-        #: group -> its last completed sync (the lineage rule's memory; see pccl.protocol.election).
+        #: group -> its last completed sync (the lineage rule's memory; see pccl.protocol.master.election).
         self._history: dict[int, election.History] = {}
         #: Peers already told that they offered the group's last revision again (logged once each).
         self._told_unchanged: set[int] = set()

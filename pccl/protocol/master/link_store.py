@@ -1,6 +1,6 @@
 """The master's measured links: what to probe, what the probes found, the ring they give.
 
-Pure bookkeeping for :mod:`pccl.protocol.master_state`'s optimise vote.  A measurement of the
+Pure bookkeeping for :mod:`pccl.protocol.master.machine`'s optimise vote.  A measurement of the
 directed link ``a -> b`` is kept while both ends stay in the run (a newcomer costs only its own
 links); a probe that failed counts as :data:`~pccl.protocol.topology.UNREACHABLE` for the solve
 at hand but is probed again next time (a failure may be transient).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from .topology import UNREACHABLE, Edge, RingSolution, solve_ring
+from ..topology import UNREACHABLE, Edge, RingSolution, solve_ring
 
 __all__ = ["LinkStore", "MASTER_SOLVER_BUDGET"]
 

@@ -1,7 +1,7 @@
 """The master's consensus machine: pure, synchronous, no I/O (h11 style).
 
 ``MasterState.handle(event, now) -> list[Effect]`` is the whole interface (the event and effect
-types are in :mod:`pccl.protocol.master_events`, re-exported here).  The Trio shell
+types are in :mod:`pccl.protocol.master.events`, re-exported here).  The Trio shell
 (:mod:`pccl.master.server`) turns connections into events and executes the effects; the simulator and
 the property tests drive the same object directly.  Time (``now``) and randomness (``rng``) are
 inputs.  Nothing a peer sends can make ``handle`` raise: bad input becomes a ``Kick`` of that
@@ -45,27 +45,27 @@ collectives of a stale group are rejected with ``STALE_RING`` until a round re-w
 Collectives (per group, per tag).  Every accepted peer of the group votes ``CollectiveInit``;
 at consensus the op is rejected (parameter mismatch, too few peers, stale ring) or commenced
 on the group's ring, and completes or aborts once its participants report.  The sub-machine
-and its rules live in :mod:`pccl.protocol.collective_ops`; it sees the master only through
+and its rules live in :mod:`pccl.protocol.master.collectives`; it sees the master only through
 ``_OpsHost``.  An abort makes the group's ring stale (see Rings).
 
 Shared-state sync (per group).  Every accepted peer of the group sends ``SyncVote``; at
-consensus the election (:mod:`pccl.protocol.election`) fixes the group's revision and plans who
+consensus the election (:mod:`pccl.protocol.master.election`) fixes the group's revision and plans who
 fetches what from whom; receivers report until each is done or rejected, then every remaining
 participant gets ``SyncComplete``.  A peer may not sync while it has a topology vote standing,
 takes part in a round or has a collective in flight, and may not vote topology or start a
 collective while its sync runs (OUT_OF_PHASE).  The sub-machine and its rules live in
-:mod:`pccl.protocol.sync_state`; it sees the master only through ``_SyncHost``.
+:mod:`pccl.protocol.master.sync`; it sees the master only through ``_SyncHost``.
 
 Phase mismatch.  When every accepted member of a group waits for the others and not all in
 the same kind of call, none of their votes can ever complete: once that has lasted
 ``mismatch_grace`` (a quarter of ``peer_timeout`` by default), the master withdraws every one
 of them, naming who waits where.  The sub-machine and its rules live in
-:mod:`pccl.protocol.mismatch_state` (behind ``_MismatchHost``).
+:mod:`pccl.protocol.master.mismatch` (behind ``_MismatchHost``).
 
 Optimise.  ``VoteOptimize`` is a group vote whose vote stands as a topology vote does (the same
 phase rules); when every member votes, the group's links are probed, the ring solved and
 installed with a group round.  The sub-machine and its rules live in
-:mod:`pccl.protocol.optimize_state` (behind ``_OptimizeHost``).  An optimise vote is its own
+:mod:`pccl.protocol.master.optimize` (behind ``_OptimizeHost``).  An optimise vote is its own
 kind for phase mismatches (it never meets an accept or re-wire vote).
 
 Pending query.  ``VotePeersPending`` from every accepted peer → ``PeersPendingResult(any peer
@@ -111,12 +111,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from ..errors import KickReason
+from ...errors import KickReason
 from . import election
-from . import messages as m
-from . import phases as ph
-from .codec import MAX_DETAIL, clip_text
-from .master_events import (
+from .. import messages as m
+from .. import phases as ph
+from ..codec import MAX_DETAIL, clip_text
+from .events import (
     Close,
     Effect,
     Event,
@@ -129,11 +129,11 @@ from .master_events import (
     SetTimer,
     Tick,
 )
-from .collective_ops import CollectiveOps, OpInfo
-from .mismatch_state import PhaseMismatches
-from .optimize_state import Optimizer
-from .ring import ring_neighbours
-from .sync_state import PeerFault, SyncRoundInfo, SyncState
+from .collectives import CollectiveOps, OpInfo
+from .mismatch import PhaseMismatches
+from .optimize import Optimizer
+from ..ring import ring_neighbours
+from .sync import PeerFault, SyncRoundInfo, SyncState
 
 __all__ = [
     "MasterState",
@@ -285,7 +285,7 @@ class PeerInfo(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class _OptimizeHost:
-    """:class:`~pccl.protocol.optimize_state.OptimizeHost` as the callables the master hands
+    """:class:`~pccl.protocol.master.optimize.OptimizeHost` as the callables the master hands
     the optimise machine."""
 
     voting_members: Callable[[int], list[int] | None]
@@ -299,7 +299,7 @@ class _OptimizeHost:
 
 @dataclasses.dataclass(frozen=True)
 class _MismatchHost:
-    """:class:`~pccl.protocol.mismatch_state.MismatchHost` as the callables the master hands
+    """:class:`~pccl.protocol.master.mismatch.MismatchHost` as the callables the master hands
     the phase-mismatch machine."""
 
     members: Callable[[int], list[int]]
@@ -310,7 +310,7 @@ class _MismatchHost:
 
 @dataclasses.dataclass(frozen=True)
 class _OpsHost:
-    """:class:`~pccl.protocol.collective_ops.OpsHost` as the callables the master hands the
+    """:class:`~pccl.protocol.master.collectives.OpsHost` as the callables the master hands the
     collective-ops machine."""
 
     members: Callable[[int], list[int]]
@@ -323,7 +323,7 @@ class _OpsHost:
 
 @dataclasses.dataclass(frozen=True)
 class _SyncHost:
-    """:class:`~pccl.protocol.sync_state.SyncHost` as the callables the master hands the sync
+    """:class:`~pccl.protocol.master.sync.SyncHost` as the callables the master hands the sync
     machine: it gets what it needs of the master's bookkeeping, never the master itself."""
 
     is_live: Callable[[int], bool]

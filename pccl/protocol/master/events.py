@@ -1,6 +1,6 @@
 """The master machine's interface types: the events the shell feeds it and the effects it returns.
 
-:class:`~pccl.protocol.master_state.MasterState` (whose module re-exports these) is driven as
+:class:`~pccl.protocol.master.machine.MasterState` (whose module re-exports these) is driven as
 ``handle(event, now) -> list[Effect]``; the Trio shell (:mod:`pccl.master.server`), the simulator and
 the property tests build these events and execute these effects.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import KickReason
-from . import messages as m
+from ...errors import KickReason
+from .. import messages as m
 
 __all__ = ["PeerConnected", "MessageReceived", "PeerDisconnected", "ProtocolViolation", "Tick", "Event", "Send",
            "Kick", "Close", "SetTimer", "Effect"]

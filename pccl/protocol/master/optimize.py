@@ -6,7 +6,7 @@ Rules
 Optimise.  ``VoteOptimize`` is a group vote whose vote stands as a topology vote does (the same
 phase rules; the master's membership keeps the vote).  When every accepted member of the group
 has cast it and no round touches the group, each member gets a ``ProbeRequest`` with the members
-it has no measurement to (:class:`~pccl.protocol.link_store.LinkStore`: kept while both ends
+it has no measurement to (:class:`~pccl.protocol.master.link_store.LinkStore`: kept while both ends
 stay) and answers one ``ProbeReport`` naming exactly those targets (PROTOCOL_ERROR otherwise; a
 second report, or one for a probe it was not asked for, is OUT_OF_PHASE; a report of an older
 probe is ignored).  With every live member's report in, the master solves the ring
@@ -24,15 +24,15 @@ import logging
 from collections.abc import Iterable
 from typing import Protocol
 
-from ..errors import KickReason
-from . import messages as m
+from ...errors import KickReason
+from .. import messages as m
 from .link_store import LinkStore
-from .ring import build_ring
-from .sync_state import PeerFault
+from ..ring import build_ring
+from .sync import PeerFault
 
 __all__ = ["Optimizer", "OptimizeHost"]
 
-log = logging.getLogger("pccl.protocol.master_state")
+log = logging.getLogger("pccl.protocol.master.machine")
 
 
 class OptimizeHost(Protocol):
