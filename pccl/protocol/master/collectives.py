@@ -29,44 +29,34 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from ...errors import KickReason
 from .. import messages as m
-from .sync import PeerFault
+from .events import PeerFault
 
 __all__ = ["CollectiveOps", "OpsHost", "OpInfo"]
 
 log = logging.getLogger("pccl.protocol.master.machine")
 
 
-class OpsHost(Protocol):
-    """What the collective-ops machine needs from the master."""
+@dataclasses.dataclass(frozen=True)
+class OpsHost:
+    """What the collective-ops machine needs from the master, as callables (peers named by id)."""
 
-    def members(self, group: int) -> list[int]:
-        """The accepted peers of ``group`` (their ids, in arrival order)."""
-        ...
-
-    def ring(self, group: int) -> tuple[int, ...] | None:
-        """``group``'s installed ring (``None`` before its first round)."""
-        ...
-
-    def is_stale(self, group: int) -> bool:
-        """Whether ``group``'s ring lost a member or an op since it was installed."""
-        ...
-
-    def mark_stale(self, group: int) -> None:
-        """An op of ``group`` aborted: its ring must be re-wired before the next op."""
-        ...
-
-    def is_live(self, peer_id: int) -> bool:
-        """The peer still has a connection (it was not removed)."""
-        ...
-
-    def send(self, peer_id: int, msg: m.Message) -> None:
-        """Queue ``msg`` for a live peer."""
-        ...
+    #: the accepted peers of a group, in arrival order
+    members: Callable[[int], list[int]]
+    #: a group's installed ring (``None`` before its first round)
+    ring: Callable[[int], tuple[int, ...] | None]
+    #: whether a group's ring lost a member or an op since it was installed
+    is_stale: Callable[[int], bool]
+    #: an op of the group aborted: its ring must be re-wired before the next op
+    mark_stale: Callable[[int], None]
+    #: the peer still has a connection (it was not removed)
+    is_live: Callable[[int], bool]
+    #: queue a message for a live peer
+    send: Callable[[int, m.Message], None]
 
 
 class OpInfo(NamedTuple):

@@ -12,11 +12,21 @@ import dataclasses
 from ...errors import KickReason
 from .. import messages as m
 
-__all__ = ["PeerConnected", "MessageReceived", "PeerDisconnected", "ProtocolViolation", "Tick", "Event", "Send",
+__all__ = ["PeerFault", "PeerConnected", "MessageReceived", "PeerDisconnected", "ProtocolViolation", "Tick", "Event", "Send",
            "Kick", "Close", "SetTimer", "Effect"]
 
 
 # --- events (shell → machine) ------------------------------------------------------------------
+
+
+class PeerFault(Exception):
+    """A mistake of the peer whose message is being handled (here or in the master's handlers):
+    the master kicks that peer, and only it."""
+
+    def __init__(self, reason: KickReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
 
 
 @dataclasses.dataclass(frozen=True)

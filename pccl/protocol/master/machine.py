@@ -46,7 +46,7 @@ Collectives (per group, per tag).  Every accepted peer of the group votes ``Coll
 at consensus the op is rejected (parameter mismatch, too few peers, stale ring) or commenced
 on the group's ring, and completes or aborts once its participants report.  The sub-machine
 and its rules live in :mod:`pccl.protocol.master.collectives`; it sees the master only through
-``_OpsHost``.  An abort makes the group's ring stale (see Rings).
+``OpsHost``.  An abort makes the group's ring stale (see Rings).
 
 Shared-state sync (per group).  Every accepted peer of the group sends ``SyncVote``; at
 consensus the election (:mod:`pccl.protocol.master.election`) fixes the group's revision and plans who
@@ -54,18 +54,18 @@ fetches what from whom; receivers report until each is done or rejected, then ev
 participant gets ``SyncComplete``.  A peer may not sync while it has a topology vote standing,
 takes part in a round or has a collective in flight, and may not vote topology or start a
 collective while its sync runs (OUT_OF_PHASE).  The sub-machine and its rules live in
-:mod:`pccl.protocol.master.sync`; it sees the master only through ``_SyncHost``.
+:mod:`pccl.protocol.master.sync`; it sees the master only through ``SyncHost``.
 
 Phase mismatch.  When every accepted member of a group waits for the others and not all in
 the same kind of call, none of their votes can ever complete: once that has lasted
 ``mismatch_grace`` (a quarter of ``peer_timeout`` by default), the master withdraws every one
 of them, naming who waits where.  The sub-machine and its rules live in
-:mod:`pccl.protocol.master.mismatch` (behind ``_MismatchHost``).
+:mod:`pccl.protocol.master.mismatch` (behind ``MismatchHost``).
 
 Optimise.  ``VoteOptimize`` is a group vote whose vote stands as a topology vote does (the same
 phase rules); when every member votes, the group's links are probed, the ring solved and
 installed with a group round.  The sub-machine and its rules live in
-:mod:`pccl.protocol.master.optimize` (behind ``_OptimizeHost``).  An optimise vote is its own
+:mod:`pccl.protocol.master.optimize` (behind ``OptimizeHost``).  An optimise vote is its own
 kind for phase mismatches (it never meets an accept or re-wire vote).
 
 Pending query.  ``VotePeersPending`` from every accepted peer → ``PeersPendingResult(any peer
@@ -93,7 +93,7 @@ without a fault changes nothing any consensus reads (only ``last_heard``, which 
 covers: an event at or past the deadline always re-checks everything), so it re-checks nothing.
 The property tests check after every event that a full re-check would find nothing more to do.
 
-Out of phase.  One table, ``_PHASES`` (below the imports), holds the phase rules: for each
+Out of phase.  One table, ``PHASES`` (below the imports), holds the phase rules: for each
 message type, which peer statuses may send it and, for a vote, which of the sender's activities
 make it ``Kick(OUT_OF_PHASE)`` — a topology vote standing or a topology round, a collective in
 flight, a shared-state sync, an unanswered pending query — with the kick's detail.  Which
@@ -103,13 +103,11 @@ peer consults before it sends.  It is checked once, before any handler runs.  A 
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import heapq
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from ...errors import KickReason
 from . import election
@@ -124,16 +122,20 @@ from .events import (
     MessageReceived,
     PeerConnected,
     PeerDisconnected,
+    PeerFault,
     ProtocolViolation,
     Send,
     SetTimer,
     Tick,
 )
-from .collectives import CollectiveOps, OpInfo
-from .mismatch import PhaseMismatches
-from .optimize import Optimizer
 from ..ring import ring_neighbours
-from .sync import PeerFault, SyncRoundInfo, SyncState
+from .collectives import CollectiveOps, OpInfo, OpsHost
+from .mismatch import MismatchHost, PhaseMismatches
+from .optimize import OptimizeHost, Optimizer
+from .peers import GLOBAL_SCOPE, PHASES, PeerInfo, PeerRecord, PeerStatus, RoundRecord, TopologyVote
+from .sync import SyncHost, SyncRoundInfo, SyncState
+
+_C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
 
 __all__ = [
     "MasterState",
@@ -160,177 +162,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-# --- the phase rules ---------------------------------------------------------------------------
-
-
-class PeerStatus(enum.Enum):
-    CONNECTED = "connected"  # handshake done, not registered yet
-    REGISTERED = "registered"  # has a peer id, waits to be accepted
-    ACCEPTED = "accepted"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Phase:
-    """One row of ``_PHASES``: when peers may send one message type."""
-
-    senders: frozenset[PeerStatus]
-    refused_while: tuple[tuple[ph.Activity, str], ...] = ()
-
-
-_C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
-
-#: OUT_OF_PHASE details for every (call, refusing activity) pair of the phase table
-#: (:data:`pccl.protocol.phases.RULES`), formatted with ``msg`` and ``op`` (the sender's
-#: collective in flight).
-_REFUSAL_DETAIL: dict[tuple[ph.Call, ph.Activity], str] = {
-    (ph.Call.TOPOLOGY_VOTE, ph.Activity.TOPOLOGY): "topology vote while already voting or in a topology round",
-    (ph.Call.TOPOLOGY_VOTE, ph.Activity.COLLECTIVE): "topology vote with collective tag {op.tag} in flight",
-    (ph.Call.TOPOLOGY_VOTE, ph.Activity.SYNC): "topology vote during a shared-state sync",
-    (ph.Call.OPTIMIZE_VOTE, ph.Activity.TOPOLOGY): "optimise vote while already voting or in a topology round",
-    (ph.Call.OPTIMIZE_VOTE, ph.Activity.COLLECTIVE): "optimise vote with collective tag {op.tag} in flight",
-    (ph.Call.OPTIMIZE_VOTE, ph.Activity.SYNC): "optimise vote during a shared-state sync",
-    (ph.Call.PENDING_QUERY, ph.Activity.PENDING_QUERY): "second are_peers_pending vote before the answer",
-    (ph.Call.COLLECTIVE, ph.Activity.TOPOLOGY): "collective tag {msg.tag} during a topology update",
-    (ph.Call.COLLECTIVE, ph.Activity.SYNC): "collective tag {msg.tag} during a shared-state sync",
-    (ph.Call.SYNC, ph.Activity.TOPOLOGY): "shared-state sync during a topology update",
-    (ph.Call.SYNC, ph.Activity.COLLECTIVE): "shared-state sync with collective tag {op.tag} in flight",
-    (ph.Call.SYNC, ph.Activity.SYNC): "second shared-state sync vote before the first completed",
-}
-
-#: The phase rules, checked by ``MasterState._dispatch`` before the message's handler runs.  A
-#: type missing here is one peers never send: PROTOCOL_ERROR.  A sender outside ``senders``:
-#: OUT_OF_PHASE "<type> while <status>".  A vote (a message that starts a call of
-#: :mod:`pccl.protocol.phases`) from a sender busy with an activity that refuses the call
-#: (checked in the table's order): OUT_OF_PHASE with that pair's detail.  Checks that depend on
-#: what the message names (a round, a seq, a sync or an attempt, a reused tag) stay in the
-#: handlers.
-_PHASES: dict[type[m.Message], _Phase] = {
-    m.Register: _Phase(frozenset({_C})),
-    m.Heartbeat: _Phase(frozenset({_C, _R, _A})),
-    m.Leave: _Phase(frozenset({_C, _R, _A})),
-    m.P2PReport: _Phase(frozenset({_R, _A})),
-    m.ProbeReport: _Phase(frozenset({_A})),
-    m.CollectiveDone: _Phase(frozenset({_A})),
-    m.CollectiveWithdraw: _Phase(frozenset({_A})),
-    m.SyncReport: _Phase(frozenset({_A})),
-    **{kind: _Phase(frozenset({_A}), tuple((a, _REFUSAL_DETAIL[call, a]) for a in ph.RULES[call].refused_while))
-       for kind, call in ph.CALL_OF_MESSAGE.items()},
-}
-
-
 class RandomSource(Protocol):
     """What the machine needs from the injected ``random.Random``."""
 
     def getrandbits(self, k: int, /) -> int: ...
-
-
-# --- state -------------------------------------------------------------------------------------
-
-
-class TopologyVote(enum.Enum):
-    ACCEPT = "accept"  # update_topology(): global
-    REWIRE = "rewire"  # re-wire own group only
-    OPTIMIZE = "optimize"  # optimize_topology(): probe, solve, re-wire own group
-
-
-#: Round scope key of the global (accepting) round; group rounds use the group number (≥ 0).
-GLOBAL_SCOPE = -1
-
-
-@dataclasses.dataclass(eq=False)
-class _Peer:
-    conn_id: int
-    host: str
-    last_heard: float
-    status: PeerStatus = PeerStatus.CONNECTED
-    peer_id: int = 0
-    group: int = 0
-    p2p_port: int = 0
-    shared_state_port: int = 0
-    topology_vote: TopologyVote | None = None
-    round_scope: int | None = None  # scope key of the round this peer takes part in
-    pending_vote: bool = False
-
-    def endpoint(self) -> m.PeerEndpoint:
-        return m.PeerEndpoint(self.peer_id, self.host, self.p2p_port, self.shared_state_port)
-
-
-@dataclasses.dataclass(eq=False)
-class _Round:
-    scope: int
-    round_id: int
-    participants: tuple[int, ...]  # peer ids
-    reports: dict[int, m.P2PReport] = dataclasses.field(default_factory=dict)
-    dropped: bool = False  # a participant left during this attempt
-    failed_attempts: int = 0  # consecutive attempts with an unreachable report
-    blame: Counter[int] = dataclasses.field(default_factory=Counter)
-
-
-class PeerInfo(NamedTuple):
-    """Read-only view of one connection, for tests, logs and the simulator's checkers.  A named
-    tuple: the simulator's checkers take a view of every peer after every change of the
-    master's state, and a frozen dataclass cost four times as much to build."""
-
-    conn_id: int
-    peer_id: int
-    group: int
-    status: PeerStatus
-    topology_vote: TopologyVote | None
-    in_round: bool
-    pending_vote: bool
-    #: The host the master observed and the p2p port the peer advertised.
-    host: str = ""
-    p2p_port: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class _OptimizeHost:
-    """:class:`~pccl.protocol.master.optimize.OptimizeHost` as the callables the master hands
-    the optimise machine."""
-
-    voting_members: Callable[[int], list[int] | None]
-    members: Callable[[int], list[int]]
-    ring: Callable[[int], tuple[int, ...] | None]
-    is_live: Callable[[int], bool]
-    endpoint: Callable[[int], m.PeerEndpoint]
-    send: Callable[[int, m.Message], None]
-    install: Callable[[int, list[int]], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class _MismatchHost:
-    """:class:`~pccl.protocol.master.mismatch.MismatchHost` as the callables the master hands
-    the phase-mismatch machine."""
-
-    members: Callable[[int], list[int]]
-    may_wait: Callable[[int], bool]
-    waiting_calls: Callable[[int], Callable[[int], tuple[ph.Call, str] | None]]
-    end_waiting: Callable[[int, str], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class _OpsHost:
-    """:class:`~pccl.protocol.master.collectives.OpsHost` as the callables the master hands the
-    collective-ops machine."""
-
-    members: Callable[[int], list[int]]
-    ring: Callable[[int], tuple[int, ...] | None]
-    is_stale: Callable[[int], bool]
-    mark_stale: Callable[[int], None]
-    is_live: Callable[[int], bool]
-    send: Callable[[int, m.Message], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class _SyncHost:
-    """:class:`~pccl.protocol.master.sync.SyncHost` as the callables the master hands the sync
-    machine: it gets what it needs of the master's bookkeeping, never the master itself."""
-
-    is_live: Callable[[int], bool]
-    endpoint: Callable[[int], m.PeerEndpoint]
-    members: Callable[[int], list[int]]
-    send: Callable[[int, m.Message], None]
-    kick: Callable[[int, KickReason, str], None]
 
 
 class MasterState:
@@ -357,14 +192,14 @@ class MasterState:
         self.instance = rng.getrandbits(63) or 1
         self._peer_timeout = peer_timeout
         self._max_attempts = max_p2p_attempts
-        self._peers: dict[int, _Peer] = {}  # by conn_id
+        self._peers: dict[int, PeerRecord] = {}  # by conn_id
         #: Bumped whenever a peer comes, goes, registers or is accepted: the accepted peers
         #: (all, and by group) are remembered until it changes, since every vote reads them and
         #: rebuilding them per message made each vote cost O(peers) several times over.
         self._members_version = 0
         self._members_seen = -1
-        self._accepted_all: list[_Peer] = []
-        self._accepted_by_group: dict[int, list[_Peer]] = {}
+        self._accepted_all: list[PeerRecord] = []
+        self._accepted_by_group: dict[int, list[PeerRecord]] = {}
         self._accepted_ids_by_group: dict[int, list[int]] = {}
         #: ``(last_heard, conn_id)`` of every time a peer was heard, a min-heap whose entries
         #: are dropped once that peer has been heard since or is gone: its first valid entry is
@@ -375,15 +210,15 @@ class MasterState:
         # in the accept vote when last checked; per group, a member that did not wait for the
         # others (no phase mismatch); whether any peer asked VotePeersPending since the last
         # check found none asking.
-        self._accept_blocker: _Peer | None = None
+        self._accept_blocker: PeerRecord | None = None
         self._pending_asked = False
         self._by_id: dict[int, int] = {}  # peer_id -> conn_id
         self._issued_ids: set[int] = set()  # never reuse an id, so "gone" is unambiguous
-        self._rounds: dict[int, _Round] = {}  # by scope
+        self._rounds: dict[int, RoundRecord] = {}  # by scope
         self._rings: dict[int, tuple[int, ...]] = {}  # group -> established ring
         self._stale_groups: set[int] = set()
         self._next_round = 1
-        host = _SyncHost(
+        host = SyncHost(
             is_live=lambda pid: pid in self._by_id,
             endpoint=lambda pid: self._peer(pid).endpoint(),
             members=lambda group: [p.peer_id for p in self._accepted(group)],
@@ -391,22 +226,22 @@ class MasterState:
             kick=lambda pid, reason, detail: self._remove(self._by_id[pid], reason, detail),
         )
         self._sync_state = SyncState(host, new_lineage_id=self._new_lineage_id, min_stripe=min_stripe)
-        self._optimizer = Optimizer(_OptimizeHost(
+        self._optimizer = Optimizer(OptimizeHost(
             voting_members=self._optimize_voters,
             members=self._member_ids,
             ring=lambda group: self._rings.get(group),
             is_live=lambda pid: pid in self._by_id,
             endpoint=lambda pid: self._peer(pid).endpoint(),
             send=lambda pid, msg: self._send(self._peer(pid), msg),
-            install=lambda group, ids: self._start_round(group, ids, _Round(group, 0, ())),
+            install=lambda group, ids: self._start_round(group, ids, RoundRecord(group, 0, ())),
         ))
-        self._mismatches = PhaseMismatches(_MismatchHost(
+        self._mismatches = PhaseMismatches(MismatchHost(
             members=self._member_ids,
             may_wait=self._may_wait,
             waiting_calls=self._waiting_calls,
             end_waiting=self._end_waiting,
         ), grace=grace)
-        self._collectives = CollectiveOps(_OpsHost(
+        self._collectives = CollectiveOps(OpsHost(
             members=self._member_ids,
             ring=lambda group: self._rings.get(group),
             is_stale=lambda group: group in self._stale_groups,
@@ -417,8 +252,8 @@ class MasterState:
         self._timer_at: float | None = None
         self._out: list[Effect] = []
         self._logged_sizes: dict[int, int] = {}  # group -> world size last logged
-        #: What each message type does once ``_dispatch`` let it through (same keys as ``_PHASES``).
-        self._handlers: dict[type[m.Message], Callable[[_Peer, Any], None]] = {
+        #: What each message type does once ``_dispatch`` let it through (same keys as ``PHASES``).
+        self._handlers: dict[type[m.Message], Callable[[PeerRecord, Any], None]] = {
             m.Register: self._on_register,
             m.Heartbeat: self._on_heartbeat,
             m.Leave: self._on_leave,
@@ -433,7 +268,7 @@ class MasterState:
             m.SyncVote: self._on_sync_vote,
             m.SyncReport: self._on_sync_report,
         }
-        assert self._handlers.keys() == _PHASES.keys()
+        assert self._handlers.keys() == PHASES.keys()
 
     # --- the interface ------------------------------------------------------------------------
 
@@ -446,7 +281,7 @@ class MasterState:
         if isinstance(event, PeerConnected):
             if event.conn_id in self._peers:
                 raise ValueError(f"shell bug: connection {event.conn_id} connected twice")
-            self._peers[event.conn_id] = _Peer(event.conn_id, event.observed_host, now)
+            self._peers[event.conn_id] = PeerRecord(event.conn_id, event.observed_host, now)
             heapq.heappush(self._heard, (now, event.conn_id))
             self._members_version += 1
         elif isinstance(event, MessageReceived):
@@ -613,8 +448,8 @@ class MasterState:
 
     # --- dispatch -------------------------------------------------------------------------------
 
-    def _dispatch(self, peer: _Peer, msg: m.Message) -> None:
-        phase = _PHASES.get(type(msg))
+    def _dispatch(self, peer: PeerRecord, msg: m.Message) -> None:
+        phase = PHASES.get(type(msg))
         if phase is None:
             raise PeerFault(KickReason.PROTOCOL_ERROR,
                             f"{type(msg).__name__} is not a message peers send to the master")
@@ -626,7 +461,7 @@ class MasterState:
                 raise PeerFault(KickReason.OUT_OF_PHASE, detail.format(msg=msg, op=busy))
         self._handlers[type(msg)](peer, msg)
 
-    def _busy_with(self, peer: _Peer, activity: ph.Activity) -> object:
+    def _busy_with(self, peer: PeerRecord, activity: ph.Activity) -> object:
         """Whether ``peer`` is in the middle of ``activity`` (for COLLECTIVE: its first op, or None)."""
         if activity is ph.Activity.TOPOLOGY:
             return peer.topology_vote is not None or peer.round_scope is not None
@@ -637,15 +472,15 @@ class MasterState:
             return self._sync_state.in_sync(peer.group, peer.peer_id)
         return peer.pending_vote
 
-    def _on_heartbeat(self, peer: _Peer, msg: m.Heartbeat) -> None:
+    def _on_heartbeat(self, peer: PeerRecord, msg: m.Heartbeat) -> None:
         pass  # last_heard was refreshed by handle()
 
-    def _on_leave(self, peer: _Peer, msg: m.Leave) -> None:
+    def _on_leave(self, peer: PeerRecord, msg: m.Leave) -> None:
         log.info("peer %x (connection %d) left the run", peer.peer_id, peer.conn_id)
         self._remove(peer.conn_id, None, "left")
         self._out.append(Close(peer.conn_id))
 
-    def _on_register(self, peer: _Peer, msg: m.Register) -> None:
+    def _on_register(self, peer: PeerRecord, msg: m.Register) -> None:
         if msg.p2p_port == 0:
             raise PeerFault(KickReason.PROTOCOL_ERROR, "registration without a p2p port")
         # A peer registering again after this master restarted keeps its id, unless this master
@@ -663,10 +498,10 @@ class MasterState:
         log.info("peer %x joined group %d from %s%s; waiting to be accepted", peer_id, msg.peer_group, peer.host,
                  again)
 
-    def _on_vote_topology(self, peer: _Peer, msg: m.VoteTopology) -> None:
+    def _on_vote_topology(self, peer: PeerRecord, msg: m.VoteTopology) -> None:
         peer.topology_vote = TopologyVote.ACCEPT if msg.accept_new_peers else TopologyVote.REWIRE
 
-    def _on_p2p_report(self, peer: _Peer, msg: m.P2PReport) -> None:
+    def _on_p2p_report(self, peer: PeerRecord, msg: m.P2PReport) -> None:
         rnd = self._rounds.get(peer.round_scope) if peer.round_scope is not None else None
         current = rnd.round_id if rnd is not None else self._next_round
         if msg.round < current:
@@ -678,29 +513,29 @@ class MasterState:
             raise PeerFault(KickReason.OUT_OF_PHASE, f"second p2p report for round {msg.round}")
         rnd.reports[peer.peer_id] = msg
 
-    def _on_vote_optimize(self, peer: _Peer, msg: m.VoteOptimize) -> None:
+    def _on_vote_optimize(self, peer: PeerRecord, msg: m.VoteOptimize) -> None:
         peer.topology_vote = TopologyVote.OPTIMIZE
 
-    def _on_probe_report(self, peer: _Peer, msg: m.ProbeReport) -> None:
+    def _on_probe_report(self, peer: PeerRecord, msg: m.ProbeReport) -> None:
         self._optimizer.on_report(peer.group, peer.peer_id, msg)
 
-    def _on_vote_peers_pending(self, peer: _Peer, msg: m.VotePeersPending) -> None:
+    def _on_vote_peers_pending(self, peer: PeerRecord, msg: m.VotePeersPending) -> None:
         peer.pending_vote = True
         self._pending_asked = True
 
-    def _on_collective_init(self, peer: _Peer, msg: m.CollectiveInit) -> None:
+    def _on_collective_init(self, peer: PeerRecord, msg: m.CollectiveInit) -> None:
         self._collectives.on_init(peer.group, peer.peer_id, msg)
 
-    def _on_collective_done(self, peer: _Peer, msg: m.CollectiveDone) -> None:
+    def _on_collective_done(self, peer: PeerRecord, msg: m.CollectiveDone) -> None:
         self._collectives.on_done(peer.group, peer.peer_id, msg)
 
-    def _on_collective_withdraw(self, peer: _Peer, msg: m.CollectiveWithdraw) -> None:
+    def _on_collective_withdraw(self, peer: PeerRecord, msg: m.CollectiveWithdraw) -> None:
         self._collectives.on_withdraw(peer.group, peer.peer_id, msg)
 
-    def _on_sync_vote(self, peer: _Peer, msg: m.SyncVote) -> None:
+    def _on_sync_vote(self, peer: PeerRecord, msg: m.SyncVote) -> None:
         self._sync_state.on_vote(peer.group, peer.peer_id, msg)
 
-    def _on_sync_report(self, peer: _Peer, msg: m.SyncReport) -> None:
+    def _on_sync_report(self, peer: PeerRecord, msg: m.SyncReport) -> None:
         self._sync_state.on_report(peer.group, peer.peer_id, msg)
 
     # --- removal and timeouts -------------------------------------------------------------------
@@ -736,7 +571,7 @@ class MasterState:
     # --- consensus (re-evaluated after every event) ---------------------------------------------
 
     @staticmethod
-    def _own_op_only(peer: _Peer, msg: m.Message) -> tuple[int, int] | None:
+    def _own_op_only(peer: PeerRecord, msg: m.Message) -> tuple[int, int] | None:
         """The op whose re-check is all that ``msg`` (just handled without a fault) needs, or
         ``None`` for a full re-check (see "Re-checks" in the module docstring)."""
         if isinstance(msg, (m.CollectiveInit, m.CollectiveWithdraw)) or (
@@ -763,7 +598,7 @@ class MasterState:
                 for group in sorted(groups):
                     progressed |= self._mismatches.check(group, self._now)
 
-    def _accepted(self, group: int | None = None) -> list[_Peer]:
+    def _accepted(self, group: int | None = None) -> list[PeerRecord]:
         """The accepted peers (of ``group``), in arrival order.  Shared: do not modify."""
         if self._members_seen != self._members_version:
             self._index_members()
@@ -778,7 +613,7 @@ class MasterState:
 
     def _index_members(self) -> None:
         self._accepted_all = [p for p in self._peers.values() if p.status is _A]
-        by_group: dict[int, list[_Peer]] = {}
+        by_group: dict[int, list[PeerRecord]] = {}
         for p in self._accepted_all:
             by_group.setdefault(p.group, []).append(p)
         self._accepted_by_group = by_group
@@ -814,7 +649,7 @@ class MasterState:
                     completes[p.group] = self._topology_complete(round_id, p.group)
                 self._send(p, completes[p.group])
             return True
-        self._start_round(GLOBAL_SCOPE, [p.peer_id for p in accepted + registered], _Round(GLOBAL_SCOPE, 0, ()))
+        self._start_round(GLOBAL_SCOPE, [p.peer_id for p in accepted + registered], RoundRecord(GLOBAL_SCOPE, 0, ()))
         return True
 
     def _check_rewire_vote(self, group: int) -> bool:
@@ -823,7 +658,7 @@ class MasterState:
         members = self._accepted(group)
         if not members or any(p.topology_vote is not TopologyVote.REWIRE for p in members):
             return False
-        self._start_round(group, [p.peer_id for p in members], _Round(group, 0, ()))
+        self._start_round(group, [p.peer_id for p in members], RoundRecord(group, 0, ()))
         return True
 
     def _optimize_voters(self, group: int) -> list[int] | None:
@@ -836,8 +671,8 @@ class MasterState:
             return None
         return [p.peer_id for p in members]
 
-    def _start_round(self, scope: int, participants: list[int], previous: _Round) -> None:
-        rnd = _Round(scope, self._take_round_id(), tuple(sorted(participants)),
+    def _start_round(self, scope: int, participants: list[int], previous: RoundRecord) -> None:
+        rnd = RoundRecord(scope, self._take_round_id(), tuple(sorted(participants)),
                      failed_attempts=previous.failed_attempts, blame=previous.blame)
         self._rounds[scope] = rnd
         by_group: dict[int, list[int]] = {}
@@ -879,7 +714,7 @@ class MasterState:
             self._start_round(scope, live, rnd)
         return True
 
-    def _kick_unreachable(self, rnd: _Round, live: list[int]) -> None:
+    def _kick_unreachable(self, rnd: RoundRecord, live: list[int]) -> None:
         if rnd.blame:
             worst = max(rnd.blame.values())
             culprits = [pid for pid, n in rnd.blame.items() if n == worst]
@@ -893,7 +728,7 @@ class MasterState:
         rnd.failed_attempts = 0
         rnd.blame = Counter()
 
-    def _complete_round(self, rnd: _Round, live: list[int]) -> None:
+    def _complete_round(self, rnd: RoundRecord, live: list[int]) -> None:
         del self._rounds[rnd.scope]
         for pid in live:
             p = self._peer(pid)
@@ -952,7 +787,7 @@ class MasterState:
             self._send(p, m.PeersPendingResult(pending))
         return True
 
-    def _waits_in(self, peer: _Peer, sync_waiting: frozenset[int]) -> tuple[ph.Call, str] | None:
+    def _waits_in(self, peer: PeerRecord, sync_waiting: frozenset[int]) -> tuple[ph.Call, str] | None:
         """The call ``peer`` waits in for the others of its group, and its name as the
         caller knows it; ``None`` when it is not known to wait for them (idle as far as the
         master knows, in a round, or with a collective running: each can still go on)."""
@@ -995,7 +830,7 @@ class MasterState:
 
     # --- small helpers --------------------------------------------------------------------------
 
-    def _ops_of(self, peer: _Peer) -> list[Any]:
+    def _ops_of(self, peer: PeerRecord) -> list[Any]:
         return self._collectives.of_peer(peer.group, peer.peer_id)
 
     def _member_ids(self, group: int) -> list[int]:
@@ -1004,10 +839,10 @@ class MasterState:
             self._index_members()
         return self._accepted_ids_by_group.get(group, [])
 
-    def _peer(self, peer_id: int) -> _Peer:
+    def _peer(self, peer_id: int) -> PeerRecord:
         return self._peers[self._by_id[peer_id]]
 
-    def _send(self, peer: _Peer, msg: m.Message) -> None:
+    def _send(self, peer: PeerRecord, msg: m.Message) -> None:
         self._out.append(Send(peer.conn_id, msg))
 
     def _take_round_id(self) -> int:

@@ -24,9 +24,9 @@ waiting is asked first.  The machine sees the master only through :class:`Mismat
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable
-from typing import Protocol
 
 from .. import phases as ph
 from ..codec import MAX_DETAIL, clip_text
@@ -36,26 +36,18 @@ __all__ = ["PhaseMismatches", "MismatchHost"]
 log = logging.getLogger("pccl.protocol.master.machine")
 
 
-class MismatchHost(Protocol):
-    """What the phase-mismatch machine needs from the master."""
+@dataclasses.dataclass(frozen=True)
+class MismatchHost:
+    """What the phase-mismatch machine needs from the master, as callables."""
 
-    def members(self, group: int) -> list[int]:
-        """The accepted peers of ``group``."""
-        ...
-
-    def may_wait(self, group: int) -> bool:
-        """Whether some member of ``group`` has a topology or sync vote waiting (with neither,
-        collectives alone: no mismatch is possible)."""
-        ...
-
-    def waiting_calls(self, group: int) -> Callable[[int], tuple[ph.Call, str] | None]:
-        """For ``group`` as it is now: member id -> the call it waits in for the others, and
-        its name as the caller knows it; ``None`` when it does not wait."""
-        ...
-
-    def end_waiting(self, group: int, detail: str) -> None:
-        """Withdraw every member's waiting vote with ``detail``."""
-        ...
+    #: the accepted peers of a group
+    members: Callable[[int], list[int]]
+    #: whether some member of the group has a topology or sync vote waiting (with neither, collectives alone: no mismatch is possible)
+    may_wait: Callable[[int], bool]
+    #: for a group as it is now: member id -> the call it waits in for the others and its name as the caller knows it, ``None`` when it does not wait
+    waiting_calls: Callable[[int], Callable[[int], tuple[ph.Call, str] | None]]
+    #: withdraw every member's waiting vote with this detail
+    end_waiting: Callable[[int, str], None]
 
 
 class PhaseMismatches:

@@ -21,48 +21,37 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Callable, Iterable
 
 from ...errors import KickReason
 from .. import messages as m
 from .link_store import LinkStore
 from ..ring import build_ring
-from .sync import PeerFault
+from .events import PeerFault
 
 __all__ = ["Optimizer", "OptimizeHost"]
 
 log = logging.getLogger("pccl.protocol.master.machine")
 
 
-class OptimizeHost(Protocol):
-    """What the optimise machine needs from the master."""
+@dataclasses.dataclass(frozen=True)
+class OptimizeHost:
+    """What the optimise machine needs from the master, as callables (peers named by id)."""
 
-    def voting_members(self, group: int) -> list[int] | None:
-        """The accepted peers of ``group`` if every one of them has an optimise vote standing
-        and no round touches the group, else ``None``."""
-        ...
-
-    def members(self, group: int) -> list[int]:
-        """The accepted peers of ``group``, in arrival order."""
-        ...
-
-    def ring(self, group: int) -> tuple[int, ...] | None:
-        """``group``'s installed ring (``None`` before its first round)."""
-        ...
-
-    def is_live(self, peer_id: int) -> bool:
-        ...
-
-    def endpoint(self, peer_id: int) -> m.PeerEndpoint:
-        ...
-
-    def send(self, peer_id: int, msg: m.Message) -> None:
-        ...
-
-    def install(self, group: int, members: list[int]) -> None:
-        """Start the group round that installs the optimised ring (it ends the votes)."""
-        ...
+    #: a group's members if every one has an optimise vote standing and no round touches the group, else ``None``
+    voting_members: Callable[[int], list[int] | None]
+    #: the accepted peers of a group, in arrival order
+    members: Callable[[int], list[int]]
+    #: a group's installed ring (``None`` before its first round)
+    ring: Callable[[int], tuple[int, ...] | None]
+    #: the peer still has a connection
+    is_live: Callable[[int], bool]
+    #: where a live peer listens
+    endpoint: Callable[[int], m.PeerEndpoint]
+    #: queue a message for a live peer
+    send: Callable[[int, m.Message], None]
+    #: start the group round that installs the optimised ring (it ends the votes)
+    install: Callable[[int, list[int]], None]
 
 
 @dataclasses.dataclass

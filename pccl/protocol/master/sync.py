@@ -54,50 +54,32 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from ...errors import KickReason
 from . import election
 from .. import messages as m
 from ..codec import MAX_DETAIL, clip_text
+from .events import PeerFault
 
 __all__ = ["SyncState", "SyncHost", "SyncRoundInfo", "PeerFault"]
 
 log = logging.getLogger(__name__)
 
 
-class PeerFault(Exception):
-    """A mistake of the peer whose message is being handled (here or in the master's handlers):
-    the master kicks that peer, and only it."""
+@dataclasses.dataclass(frozen=True)
+class SyncHost:
+    """What the sync machine needs from the master, as callables (peers named by id)."""
 
-    def __init__(self, reason: KickReason, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
-class SyncHost(Protocol):
-    """What the sync machine needs from the master.  Peers are named by peer id."""
-
-    def is_live(self, peer_id: int) -> bool:
-        """The peer still has a connection (it was not removed)."""
-        ...
-
-    def endpoint(self, peer_id: int) -> m.PeerEndpoint:
-        """Where a live peer serves its shared state."""
-        ...
-
-    def members(self, group: int) -> list[int]:
-        """The accepted peers of ``group``."""
-        ...
-
-    def send(self, peer_id: int, msg: m.Message) -> None:
-        """Queue ``msg`` for a live peer."""
-        ...
-
-    def kick(self, peer_id: int, reason: KickReason, detail: str) -> None:
-        """Remove a live peer with ``Kick(reason, detail)``."""
-        ...
+    #: the peer still has a connection (it was not removed)
+    is_live: Callable[[int], bool]
+    #: where a live peer serves its shared state
+    endpoint: Callable[[int], m.PeerEndpoint]
+    #: the accepted peers of a group
+    members: Callable[[int], list[int]]
+    #: queue a message for a live peer
+    send: Callable[[int, m.Message], None]
+    #: remove a live peer with ``Kick(reason, detail)``
+    kick: Callable[[int, KickReason, str], None]
 
 
 @dataclasses.dataclass(frozen=True)
