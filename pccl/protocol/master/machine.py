@@ -2,40 +2,28 @@
 
 ``MasterState.handle(event, now) -> list[Effect]`` is the whole interface (the event and effect
 types are in :mod:`pccl.protocol.master.events`, re-exported here).  The Trio shell
-(:mod:`pccl.master.server`) turns connections into events and executes the effects; the simulator and
-the property tests drive the same object directly.  Time (``now``) and randomness (``rng``) are
+(:mod:`pccl.master.server`) turns connections into events and executes the effects; the
+simulator and the property tests drive the same object directly.  Time (``now``) and randomness (``rng``) are
 inputs.  Nothing a peer sends can make ``handle`` raise: bad input becomes a ``Kick`` of that
 peer only.  (Shell bugs — an unknown event type, a duplicate ``PeerConnected`` — do raise.)
 
 Rules
 =====
 
-Peers.  A connection is CONNECTED until it sends ``Register``; then it is REGISTERED (it has a
-peer id from the injected RNG and waits); it becomes ACCEPTED when a topology round it took part
-in succeeds.  Registered and accepted peers are disjoint by construction (one status field).
+Peers.  CONNECTED, then REGISTERED (a peer id from the injected RNG), then ACCEPTED by a
+topology round (:mod:`pccl.protocol.master.peers`).
 
-Topology votes.  ``VoteTopology(accept_new_peers=True)`` is a *global* vote: when every accepted
-peer of every group has cast it (and no round runs), a **global round** starts over all accepted
-peers plus all registered ones.  If nobody is registered and no group's ring is stale, the vote
-completes at once without touching p2p connections.  If no peer is accepted at all, registered
-peers need nobody's vote: a global round starts for them at once (the first peer is accepted
-alone this way).  ``VoteTopology(accept_new_peers=False)`` is a *re-wire* of the voter's group
-only: when every accepted peer of the group has cast it (and no round touches the group), a
-**group round** starts over them — other groups keep running collectives meanwhile (PCCL makes
-re-wiring global, which can deadlock groups against each other).  A peer's vote stays standing
-until its round ends.  An accept vote satisfies a pending re-wire of its own group: once every
-accepted peer has voted, accept or re-wire, and every group has at least one accept vote, the
-global round starts (it re-wires every group), so a peer in ``update_topology`` and one
-re-wiring after a stale ring never wait for each other.  A group whose members all re-wire is
-mid-step and keeps its own group round: newcomers join it only at a step boundary.
+Topology votes.  ``VoteTopology(accept_new_peers=True)`` is a global vote that accepts the
+registered peers (a global round), ``accept_new_peers=False`` a re-wire of the voter's group (a
+group round); a vote stands until its round ends.  ``VotePeersPending`` asks whether anybody
+waits to be accepted.  Their consensus and its rules live in :mod:`pccl.protocol.master.votes`.
 
-Rounds.  Every participant gets ``ConnectToPeers(round, ring, neighbours)`` and answers
-``P2PReport(round, ok, unreachable)``.  When every *live* participant has reported: all ok and
-nobody dropped out → ``TopologyComplete`` to all, registered participants become accepted, the
-group rings are installed; otherwise the master starts a fresh round (new id) with the
-survivors — automatic retry, no re-vote.  After ``max_p2p_attempts`` failed attempts the peers
-reported unreachable most often are kicked (``P2P_UNREACHABLE``) and the retry goes on without
-them.  A peer that registers during a round waits for the next one.
+Rounds.  A topology vote's consensus starts a round: every participant connects to its ring
+neighbours and reports; all ok → the participants are accepted, the rings installed,
+``TopologyComplete`` sent; otherwise the round is retried with the survivors, and after
+``max_p2p_attempts`` failed attempts the most-blamed peers are kicked (``P2P_UNREACHABLE``).
+The sub-machine and its rules live in :mod:`pccl.protocol.master.rounds`.  A peer that
+registers during a round waits for the next one.
 
 Rings.  A group's ring is its accepted members ordered by peer id (:mod:`pccl.protocol.ring`),
 or in the order its last optimisation installed (see Optimise).
@@ -49,8 +37,8 @@ and its rules live in :mod:`pccl.protocol.master.collectives`; it sees the maste
 ``OpsHost``.  An abort makes the group's ring stale (see Rings).
 
 Shared-state sync (per group).  Every accepted peer of the group sends ``SyncVote``; at
-consensus the election (:mod:`pccl.protocol.master.election`) fixes the group's revision and plans who
-fetches what from whom; receivers report until each is done or rejected, then every remaining
+consensus the election (:mod:`pccl.protocol.master.election`) fixes the group's revision and
+plans who fetches what from whom; receivers report until each is done or rejected, then every remaining
 participant gets ``SyncComplete``.  A peer may not sync while it has a topology vote standing,
 takes part in a round or has a collective in flight, and may not vote topology or start a
 collective while its sync runs (OUT_OF_PHASE).  The sub-machine and its rules live in
@@ -67,13 +55,6 @@ phase rules); when every member votes, the group's links are probed, the ring so
 installed with a group round.  The sub-machine and its rules live in
 :mod:`pccl.protocol.master.optimize` (behind ``OptimizeHost``).  An optimise vote is its own
 kind for phase mismatches (it never meets an accept or re-wire vote).
-
-Pending query.  ``VotePeersPending`` from every accepted peer → ``PeersPendingResult(any peer
-registered)`` to all of them.  Independent of every other vote, legal while collectives run.
-The answer tells a voter whether ``update_topology`` has something to do, so it also comes as
-soon as every accepted peer that has not asked waits in an accept vote: ``True`` (the voters'
-update completes that vote).  Both votes are global; without this a lone peer of one group
-asking, while the other groups wait in ``update_topology`` for it, would wait for ever.
 
 Liveness.  Any message refreshes a connection's deadline ``last_heard + peer_timeout``; at that
 deadline (checked on every event, ``Tick`` included) the peer is kicked with ``TIMEOUT``.  A
@@ -93,12 +74,12 @@ without a fault changes nothing any consensus reads (only ``last_heard``, which 
 covers: an event at or past the deadline always re-checks everything), so it re-checks nothing.
 The property tests check after every event that a full re-check would find nothing more to do.
 
-Out of phase.  One table, ``PHASES`` (below the imports), holds the phase rules: for each
-message type, which peer statuses may send it and, for a vote, which of the sender's activities
-make it ``Kick(OUT_OF_PHASE)`` — a topology vote standing or a topology round, a collective in
-flight, a shared-state sync, an unanswered pending query — with the kick's detail.  Which
-activities refuse which vote is the phase table of :mod:`pccl.protocol.phases`, the one the
-peer consults before it sends.  It is checked once, before any handler runs.  A message type peers never send → ``Kick(PROTOCOL_ERROR)``.
+Out of phase.  One table, ``PHASES`` (:mod:`pccl.protocol.master.peers`), holds the phase
+rules: for each message type, which peer statuses may send it and, for a vote, which of the
+sender's activities make it ``Kick(OUT_OF_PHASE)``, with the kick's detail.  Which activities
+refuse which vote is the phase table of :mod:`pccl.protocol.phases`, the one the peer consults
+before it sends.  It is checked once, before any handler runs.  A message type peers never send
+→ ``Kick(PROTOCOL_ERROR)``.
 """
 
 from __future__ import annotations
@@ -128,36 +109,19 @@ from .events import (
     SetTimer,
     Tick,
 )
-from ..ring import ring_neighbours
 from .collectives import CollectiveOps, OpInfo, OpsHost
 from .mismatch import MismatchHost, PhaseMismatches
 from .optimize import OptimizeHost, Optimizer
+from .rounds import Rounds, RoundsHost
+from .votes import TopologyVotes, VotesHost
 from .peers import GLOBAL_SCOPE, PHASES, PeerInfo, PeerRecord, PeerStatus, RoundRecord, TopologyVote
 from .sync import SyncHost, SyncRoundInfo, SyncState
 
 _C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
 
-__all__ = [
-    "MasterState",
-    "RandomSource",
-    "PeerStatus",
-    "TopologyVote",
-    "PeerConnected",
-    "MessageReceived",
-    "PeerDisconnected",
-    "ProtocolViolation",
-    "Tick",
-    "Event",
-    "Send",
-    "Kick",
-    "Close",
-    "SetTimer",
-    "Effect",
-    "PeerInfo",
-    "OpInfo",
-    "SyncRoundInfo",
-    "GLOBAL_SCOPE",
-]
+__all__ = ["MasterState", "RandomSource", "PeerStatus", "TopologyVote", "GLOBAL_SCOPE", "PeerInfo", "OpInfo",
+           "SyncRoundInfo", "PeerConnected", "MessageReceived", "PeerDisconnected", "ProtocolViolation", "Tick",
+           "Event", "Send", "Kick", "Close", "SetTimer", "Effect"]
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +155,6 @@ class MasterState:
         #: rounds from another's (round ids start at 1 again after a restart).
         self.instance = rng.getrandbits(63) or 1
         self._peer_timeout = peer_timeout
-        self._max_attempts = max_p2p_attempts
         self._peers: dict[int, PeerRecord] = {}  # by conn_id
         #: Bumped whenever a peer comes, goes, registers or is accepted: the accepted peers
         #: (all, and by group) are remembered until it changes, since every vote reads them and
@@ -210,14 +173,10 @@ class MasterState:
         # in the accept vote when last checked; per group, a member that did not wait for the
         # others (no phase mismatch); whether any peer asked VotePeersPending since the last
         # check found none asking.
-        self._accept_blocker: PeerRecord | None = None
-        self._pending_asked = False
         self._by_id: dict[int, int] = {}  # peer_id -> conn_id
         self._issued_ids: set[int] = set()  # never reuse an id, so "gone" is unambiguous
-        self._rounds: dict[int, RoundRecord] = {}  # by scope
         self._rings: dict[int, tuple[int, ...]] = {}  # group -> established ring
         self._stale_groups: set[int] = set()
-        self._next_round = 1
         host = SyncHost(
             is_live=lambda pid: pid in self._by_id,
             endpoint=lambda pid: self._peer(pid).endpoint(),
@@ -226,14 +185,33 @@ class MasterState:
             kick=lambda pid, reason, detail: self._remove(self._by_id[pid], reason, detail),
         )
         self._sync_state = SyncState(host, new_lineage_id=self._new_lineage_id, min_stripe=min_stripe)
+        self._rounds = Rounds(RoundsHost(
+            group_of=lambda pid: self._peer(pid).group,
+            is_live=lambda pid: pid in self._by_id,
+            endpoint=lambda pid: self._peer(pid).endpoint(),
+            send=lambda pid, msg: self._send(self._peer(pid), msg),
+            kick=lambda pid, reason, detail: self._remove(self._by_id[pid], reason, detail),
+            ring_order=lambda group, ids: self._optimizer.ring_order(group, ids),
+            ring_links=lambda ring: self._optimizer.ring_links(ring),
+            enter=self._enter_round,
+            complete=self._complete_round,
+        ), max_attempts=max_p2p_attempts)
+        self._votes = TopologyVotes(VotesHost(
+            accepted=self._accepted,
+            registered=lambda: [p for p in self._peers.values() if p.status is _R],
+            is_current=lambda p: self._peers.get(p.conn_id) is p,
+            stale_groups=lambda: self._stale_groups,
+            topology_complete=self._topology_complete,
+            send=self._send,
+        ), self._rounds)
         self._optimizer = Optimizer(OptimizeHost(
-            voting_members=self._optimize_voters,
+            voting_members=lambda group: self._votes.optimize_voters(group),
             members=self._member_ids,
             ring=lambda group: self._rings.get(group),
             is_live=lambda pid: pid in self._by_id,
             endpoint=lambda pid: self._peer(pid).endpoint(),
             send=lambda pid, msg: self._send(self._peer(pid), msg),
-            install=lambda group, ids: self._start_round(group, ids, RoundRecord(group, 0, ())),
+            install=lambda group, ids: self._rounds.start(group, ids),
         ))
         self._mismatches = PhaseMismatches(MismatchHost(
             members=self._member_ids,
@@ -391,11 +369,11 @@ class MasterState:
 
     def rounds_in_progress(self) -> dict[int, tuple[int, ...]]:
         """scope → participants of each running round."""
-        return {s: r.participants for s, r in self._rounds.items()}
+        return self._rounds.in_progress()
 
     def round_reports(self) -> dict[int, frozenset[int]]:
         """scope → the participants of each running round that have reported."""
-        return {s: frozenset(r.reports) for s, r in self._rounds.items()}
+        return self._rounds.reports()
 
     def probes(self) -> dict[int, tuple[dict[int, tuple[int, ...]], frozenset[int]]]:
         """group → (member → the peers it was asked to probe, the members that reported), for
@@ -502,16 +480,7 @@ class MasterState:
         peer.topology_vote = TopologyVote.ACCEPT if msg.accept_new_peers else TopologyVote.REWIRE
 
     def _on_p2p_report(self, peer: PeerRecord, msg: m.P2PReport) -> None:
-        rnd = self._rounds.get(peer.round_scope) if peer.round_scope is not None else None
-        current = rnd.round_id if rnd is not None else self._next_round
-        if msg.round < current:
-            log.debug("ignoring stale p2p report of peer %x for round %d", peer.peer_id, msg.round)
-            return
-        if rnd is None or msg.round != rnd.round_id:
-            raise PeerFault(KickReason.OUT_OF_PHASE, f"p2p report for round {msg.round}, which it was not sent")
-        if peer.peer_id in rnd.reports:
-            raise PeerFault(KickReason.OUT_OF_PHASE, f"second p2p report for round {msg.round}")
-        rnd.reports[peer.peer_id] = msg
+        self._rounds.on_report(peer.peer_id, peer.round_scope, msg)
 
     def _on_vote_optimize(self, peer: PeerRecord, msg: m.VoteOptimize) -> None:
         peer.topology_vote = TopologyVote.OPTIMIZE
@@ -520,8 +489,7 @@ class MasterState:
         self._optimizer.on_report(peer.group, peer.peer_id, msg)
 
     def _on_vote_peers_pending(self, peer: PeerRecord, msg: m.VotePeersPending) -> None:
-        peer.pending_vote = True
-        self._pending_asked = True
+        self._votes.asked_pending(peer)
 
     def _on_collective_init(self, peer: PeerRecord, msg: m.CollectiveInit) -> None:
         self._collectives.on_init(peer.group, peer.peer_id, msg)
@@ -555,8 +523,8 @@ class MasterState:
             log.info("peer %x (group %d) %s", peer.peer_id, peer.group, detail)
         del self._by_id[peer.peer_id]
         self._optimizer.links.forget(peer.peer_id)
-        if peer.round_scope is not None and peer.round_scope in self._rounds:
-            self._rounds[peer.round_scope].dropped = True
+        if peer.round_scope is not None:
+            self._rounds.dropped(peer.round_scope)
         if peer.status is _A:
             self._stale_groups.add(peer.group)
         self._collectives.forget(peer.group, peer.peer_id)
@@ -583,13 +551,12 @@ class MasterState:
         progressed = True
         while progressed:
             progressed = False
-            for scope in list(self._rounds):
-                progressed |= self._check_round(scope)
-            progressed |= self._check_accept_vote()
+            progressed |= self._rounds.settle()
+            progressed |= self._votes.check_accept()
             for group in sorted(self._accepted_groups() | self._optimizer.probing_groups()):
-                progressed |= self._check_rewire_vote(group)
+                progressed |= self._votes.check_rewire(group)
                 progressed |= self._optimizer.check(group)
-            progressed |= self._check_pending_vote()
+            progressed |= self._votes.check_pending()
             progressed |= self._collectives.settle()
             progressed |= self._sync_state.settle()
             if not progressed:
@@ -620,116 +587,17 @@ class MasterState:
         self._accepted_ids_by_group = {g: [p.peer_id for p in ps] for g, ps in by_group.items()}
         self._members_seen = self._members_version
 
-    def _check_accept_vote(self) -> bool:
-        if self._rounds:
-            return False
-        blocker = self._accept_blocker
-        if (blocker is not None and blocker.status is _A and self._peers.get(blocker.conn_id) is blocker
-                and (blocker.topology_vote is None or blocker.topology_vote is TopologyVote.OPTIMIZE)):
-            return False
-        accepted = self._accepted()
-        for p in accepted:
-            if p.topology_vote is None or p.topology_vote is TopologyVote.OPTIMIZE:
-                self._accept_blocker = p
-                return False
-        registered = [p for p in self._peers.values() if p.status is _R]
-        groups = {p.group for p in accepted}
-        if groups - {p.group for p in accepted if p.topology_vote is TopologyVote.ACCEPT}:
-            return False  # a group that only re-wires stays mid-step: its own round (_check_rewire_vote)
-        if not accepted and not registered:
-            return False
-        live_groups = {p.group for p in accepted}
-        if not registered and not (self._stale_groups & live_groups):
-            # Nothing changed since the rings were built: answer without a p2p round.
-            round_id = self._take_round_id()
-            completes: dict[int, m.TopologyComplete] = {}  # one per group: they are the same
-            for p in accepted:
-                p.topology_vote = None
-                if p.group not in completes:
-                    completes[p.group] = self._topology_complete(round_id, p.group)
-                self._send(p, completes[p.group])
-            return True
-        self._start_round(GLOBAL_SCOPE, [p.peer_id for p in accepted + registered], RoundRecord(GLOBAL_SCOPE, 0, ()))
-        return True
-
-    def _check_rewire_vote(self, group: int) -> bool:
-        if GLOBAL_SCOPE in self._rounds or group in self._rounds:
-            return False
-        members = self._accepted(group)
-        if not members or any(p.topology_vote is not TopologyVote.REWIRE for p in members):
-            return False
-        self._start_round(group, [p.peer_id for p in members], RoundRecord(group, 0, ()))
-        return True
-
-    def _optimize_voters(self, group: int) -> list[int] | None:
-        """``group``'s members if every one has an optimise vote standing and no round touches
-        the group (the optimise machine's consensus), else ``None``."""
-        if GLOBAL_SCOPE in self._rounds or group in self._rounds:
-            return None
-        members = self._accepted(group)
-        if not members or any(p.topology_vote is not TopologyVote.OPTIMIZE for p in members):
-            return None
-        return [p.peer_id for p in members]
-
-    def _start_round(self, scope: int, participants: list[int], previous: RoundRecord) -> None:
-        rnd = RoundRecord(scope, self._take_round_id(), tuple(sorted(participants)),
-                     failed_attempts=previous.failed_attempts, blame=previous.blame)
-        self._rounds[scope] = rnd
-        by_group: dict[int, list[int]] = {}
-        for pid in rnd.participants:
-            by_group.setdefault(self._peer(pid).group, []).append(pid)
-        for group, ids in by_group.items():
-            ring = self._optimizer.ring_order(group, ids)
-            figures = self._optimizer.ring_links(ring)
-            for pid in ring:
-                p = self._peer(pid)
-                p.topology_vote, p.round_scope = None, scope
-                ends = tuple(self._peer(n).endpoint() for n in ring_neighbours(ring, pid))
-                self._send(p, m.ConnectToPeers(rnd.round_id, ring, ends, figures))
-        log.debug("round %d (scope %d) started with %d peers", rnd.round_id, scope, len(rnd.participants))
-
-    def _check_round(self, scope: int) -> bool:
-        rnd = self._rounds[scope]
-        live = [pid for pid in rnd.participants if pid in self._by_id]
-        if not live:
-            del self._rounds[scope]
-            return True
-        if not all(pid in rnd.reports for pid in live):
-            return False
-        failed = [rnd.reports[pid] for pid in live if not rnd.reports[pid].ok]
-        if not failed and not rnd.dropped:
-            self._complete_round(rnd, live)
-            return True
-        if failed:
-            rnd.failed_attempts += 1
-            for report in failed:
-                rnd.blame.update(u for u in set(report.unreachable) if u in self._by_id and u in live)
-            if rnd.failed_attempts >= self._max_attempts:
-                self._kick_unreachable(rnd, live)
-                live = [pid for pid in live if pid in self._by_id]
-        del self._rounds[scope]
-        for pid in live:
-            self._peer(pid).round_scope = None
-        if live:
-            self._start_round(scope, live, rnd)
-        return True
-
-    def _kick_unreachable(self, rnd: RoundRecord, live: list[int]) -> None:
-        if rnd.blame:
-            worst = max(rnd.blame.values())
-            culprits = [pid for pid, n in rnd.blame.items() if n == worst]
-            detail = f"unreachable from its ring neighbours in {rnd.failed_attempts} attempts"
-        else:  # failures that name nobody: the reporters themselves cannot connect
-            culprits = [pid for pid in live if not rnd.reports[pid].ok]
-            detail = f"could not connect to its ring neighbours in {rnd.failed_attempts} attempts"
-        for pid in sorted(culprits):
-            if pid in self._by_id:
-                self._remove(self._by_id[pid], KickReason.P2P_UNREACHABLE, detail)
-        rnd.failed_attempts = 0
-        rnd.blame = Counter()
+    def _enter_round(self, peer_id: int, scope: int | None) -> None:
+        """The peer takes part in the round of ``scope`` from now on (its topology vote ends
+        there), or in none."""
+        p = self._peer(peer_id)
+        if scope is not None:
+            p.topology_vote = None
+        p.round_scope = scope
 
     def _complete_round(self, rnd: RoundRecord, live: list[int]) -> None:
-        del self._rounds[rnd.scope]
+        """Every live participant of ``rnd`` reported success: they are accepted, the rings of
+        their groups are installed, and each gets ``TopologyComplete``."""
         for pid in live:
             p = self._peer(pid)
             if p.status is _R:
@@ -767,25 +635,6 @@ class MasterState:
     def _topology_complete(self, round_id: int, group: int) -> m.TopologyComplete:
         ring = tuple(self._peer(pid).endpoint() for pid in self._rings[group])
         return m.TopologyComplete(round_id, ring, self.membership_of(group))
-
-    def _check_pending_vote(self) -> bool:
-        if not self._pending_asked:
-            return False
-        accepted = self._accepted()
-        voters = [p for p in accepted if p.pending_vote]
-        if not voters:
-            self._pending_asked = False
-            return False
-        # The others (if any) wait in an accept vote: they will not ask, and the voters'
-        # update_topology is what their vote waits for (module docstring).
-        in_accept_vote = len(voters) < len(accepted)
-        if in_accept_vote and not all(p.pending_vote or p.topology_vote is TopologyVote.ACCEPT for p in accepted):
-            return False
-        pending = in_accept_vote or any(p.status is _R for p in self._peers.values())
-        for p in voters:
-            p.pending_vote = False
-            self._send(p, m.PeersPendingResult(pending))
-        return True
 
     def _waits_in(self, peer: PeerRecord, sync_waiting: frozenset[int]) -> tuple[ph.Call, str] | None:
         """The call ``peer`` waits in for the others of its group, and its name as the
@@ -844,8 +693,3 @@ class MasterState:
 
     def _send(self, peer: PeerRecord, msg: m.Message) -> None:
         self._out.append(Send(peer.conn_id, msg))
-
-    def _take_round_id(self) -> int:
-        rid = self._next_round
-        self._next_round += 1
-        return rid
