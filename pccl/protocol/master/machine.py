@@ -205,7 +205,7 @@ class MasterState:
             send=self._send,
         ), self._rounds)
         self._optimizer = Optimizer(OptimizeHost(
-            voting_members=lambda group: self._votes.optimize_voters(group),
+            voting_members=self._votes.optimize_voters,
             members=self._member_ids,
             ring=lambda group: self._rings.get(group),
             is_live=lambda pid: pid in self._by_id,

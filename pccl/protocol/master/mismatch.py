@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from .. import phases as ph
 from ..codec import MAX_DETAIL, clip_text
@@ -102,12 +102,12 @@ class PhaseMismatches:
             waits[pid] = waiting[1]
         return waits if len(kinds) >= 2 else None
 
-    def keep_only(self, groups: Iterable[int]) -> None:
+    def keep_only(self, groups: set[int]) -> None:
         """Forget the groups that have no accepted member any more."""
-        alive = set(groups)
         for table in (self._since, self._not_waiting):
-            for group in [g for g in table if g not in alive]:
-                del table[group]
+            if table and not groups.issuperset(table):
+                for group in [g for g in table if g not in groups]:
+                    del table[group]
 
     def deadline(self) -> float | None:
         """When the earliest grace period ends (``None``: no mismatch waits)."""
