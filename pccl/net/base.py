@@ -154,6 +154,14 @@ class Stream(abc.ABC):
         ``aclose``.  Idempotent; never raises.
         """
 
+    def send_nowait(self, data: bytes | bytearray | memoryview) -> int:
+        """Send what the transport takes at once, without waiting (Trio thread, never a
+        checkpoint): the number of bytes taken — ``0`` when nothing fits now, another send runs,
+        the stream is closed or broken, or this transport has no such path (the default; TLS)
+        — then use :meth:`send_all`, which also reports the error.  A prefix taken is on its
+        way: the caller sends the rest before anything else."""
+        return 0
+
     def blocking_io(self) -> BlockingIO | None:
         """Blocking access for worker threads (the bulk fast path of :mod:`pccl.net.thread_io`),
         or ``None`` if this transport has none (the default: callers use the async methods)."""

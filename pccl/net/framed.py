@@ -134,15 +134,14 @@ class FramedConnection:
         part, the rest is kept and goes out first in the next send; :attr:`needs_flush` then
         says so, and the caller must see to it that :meth:`flush` (or another send) runs.
         ``False``: nothing was sent (the connection is busy or broken, or the transport offers
-        no such path, as the simulator's and TLS streams do not); use :meth:`send`, which also
+        no such path, as TLS streams do not: :meth:`~pccl.net.base.Stream.send_nowait`); use :meth:`send`, which also
         reports errors.  A control message is latency-bound: this saves the lock, the
         cancellation machinery and the trip through the run loop that :meth:`send` costs.
         ``InvalidArgument`` as for :meth:`send`.
         """
-        try_send = getattr(self._stream, "send_nowait", None)
-        if (try_send is None or self._send_lock.locked() or self._unsent is not None
-                or self.frames.broken or self.frames.closed):
+        if self._send_lock.locked() or self._unsent is not None or self.frames.broken or self.frames.closed:
             return False
+        try_send = self._stream.send_nowait
         frame = codec.encode_message(message, max_frame_size=self.frames.max_frame_size)
         sent = try_send(frame)
         if not sent:
@@ -165,10 +164,9 @@ class FramedConnection:
         view = byte_view(payload, writable=False)
         if header.nbytes != view.nbytes:
             raise InvalidArgument(f"data header says {header.nbytes} payload bytes, the payload has {view.nbytes}")
-        try_send = getattr(self._stream, "send_nowait", None)
-        if (try_send is None or self._send_lock.locked() or self._unsent is not None
-                or self.frames.broken or self.frames.closed):
+        if self._send_lock.locked() or self._unsent is not None or self.frames.broken or self.frames.closed:
             return False
+        try_send = self._stream.send_nowait
         parts = data_frame_parts(header, view)
         first = parts[0]
         sent = try_send(first)
