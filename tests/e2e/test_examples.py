@@ -12,6 +12,7 @@ from __future__ import annotations
 import pathlib
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -58,7 +59,10 @@ def _finish(finishers: list[_Proc], procs: list[_Proc], steps: int, deadline: fl
     """Wait for ``finishers`` to exit; each must have finished every step, all with the same
     weights.  Returns the report of every process (for further assertions)."""
     for p in finishers:
-        p.popen.wait(timeout=max(1.0, deadline - time.monotonic()))
+        try:
+            p.popen.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{p.name} did not finish in time\n" + "\n".join(q.output() for q in procs)) from None
         p.thread.join(10)
     report = "\n".join(p.output() for p in procs)
     finals = [p.done() for p in finishers]
@@ -120,7 +124,7 @@ def _run_with_master_restart(script: str, steps: int, *args: str, peers: int = 3
         master.popen.wait(10)
         time.sleep(1.0)  # the peers notice and retry meanwhile
         start_master()
-        report = _finish(procs, procs, steps, deadline)
+        report = _finish(procs, procs + masters, steps, deadline)
         assert all(any("lost the connection to the master" in line for line in p.lines) for p in procs), report
     finally:
         _kill_all(procs + masters)
