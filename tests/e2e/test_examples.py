@@ -27,6 +27,10 @@ from pccl.tools.bench import free_port
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 CONFIG = pccl.Config(peer_timeout=3.0, heartbeat_interval=0.3)
 BOUND = 150.0
+#: Outer steps of the master-restart runs: the steps after the restart must outlast the longest
+#: reconnection backoff (Config.master_reconnect_backoff: up to 2 s, jittered to 3 s), or a peer
+#: whose retry comes late finds the others finished and waits alone for ever.
+RESTART_STEPS = 60
 
 
 class _Proc(Child):
@@ -158,11 +162,13 @@ def test_async_diloco() -> None:
 
 def test_diloco_survives_a_master_restart() -> None:
     pytest.importorskip("torch")
-    _run_with_master_restart("diloco.py", 8, "--outer-steps", "8", "--inner-steps", "4", "--peer-timeout", "3")
+    _run_with_master_restart("diloco.py", RESTART_STEPS, "--outer-steps", str(RESTART_STEPS), "--inner-steps", "4",
+                             "--peer-timeout", "3")
 
 
 def test_async_diloco_survives_a_master_restart() -> None:
     # Before the loop was built on comm.steps(): after the restart every peer went on alone
     # (world 1, three different weights) and one was kicked (STRATEGY_VIOLATION).
     pytest.importorskip("torch")
-    _run_with_master_restart("async_diloco.py", 8, "--outer-steps", "8", "--inner-steps", "4", "--peer-timeout", "3")
+    _run_with_master_restart("async_diloco.py", RESTART_STEPS, "--outer-steps", str(RESTART_STEPS), "--inner-steps", "4",
+                             "--peer-timeout", "3")
