@@ -38,7 +38,7 @@ import numpy as np
 import xxhash
 
 from .errors import CheckpointError, InvalidArgument
-from .shared_state import SharedState, Tensor, state_bytes
+from .shared_state import SharedState, Tensor, hash_array, state_bytes
 from .types import DType, Lineage
 
 __all__ = ["save", "load", "FORMAT_VERSION"]
@@ -82,7 +82,7 @@ def save(state: SharedState, path: str | os.PathLike[str]) -> None:
     """
     if not isinstance(state, SharedState):
         raise InvalidArgument(f"checkpoint.save needs a pccl.SharedState, got {type(state).__name__}")
-    path = os.fspath(path)
+    path = _path(path)
     tensors = state.tensors()
     header: dict[str, object] = {"__metadata__": _metadata(state, tensors)}
     offset = 0
@@ -121,6 +121,16 @@ def save(state: SharedState, path: str | os.PathLike[str]) -> None:
              offset, "" if state.lineage is None else f", {state.lineage}")
 
 
+def _path(path: object) -> str:
+    try:
+        text = os.fspath(path)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidArgument(f"a checkpoint path is a str or os.PathLike, got {type(path).__name__}") from None
+    if not isinstance(text, str) or not text:
+        raise InvalidArgument(f"a checkpoint path is a non-empty str, got {text!r}")
+    return text
+
+
 def _metadata(state: SharedState, tensors: Mapping[str, Tensor]) -> dict[str, str]:
     lineage = state.lineage
     record = None if lineage is None else {"id": lineage.id.hex(), "revision": lineage.revision,
@@ -130,7 +140,7 @@ def _metadata(state: SharedState, tensors: Mapping[str, Tensor]) -> dict[str, st
         _VERSION_KEY: str(FORMAT_VERSION),
         _REVISION_KEY: str(state.revision),
         _LINEAGE_KEY: json.dumps(record),
-        _HASHES_KEY: json.dumps({key: xxhash.xxh3_128(state_bytes(t.array).data).hexdigest()
+        _HASHES_KEY: json.dumps({key: hash_array(t.array).hex()
                                  for key, t in tensors.items()}),
         _UNEQUAL_KEY: json.dumps([key for key, t in tensors.items() if t.allow_content_inequality]),
     }
@@ -176,7 +186,7 @@ def load(path: str | os.PathLike[str], *, into: SharedState | None = None, verif
     """
     if into is not None and not isinstance(into, SharedState):
         raise InvalidArgument(f"checkpoint.load(into=...) needs a pccl.SharedState, got {type(into).__name__}")
-    path = os.fspath(path)
+    path = _path(path)
     try:
         f = open(path, "rb")
     except OSError as exc:
@@ -192,7 +202,7 @@ def load(path: str | os.PathLike[str], *, into: SharedState | None = None, verif
                 arrays = {e.key: np.empty(e.shape, e.dtype.numpy_dtype()) for e in entries}
                 for e in entries:
                     _read_into(f, path, data_start, e, state_bytes(arrays[e.key]))
-                    if e.digest is not None and xxhash.xxh3_128(state_bytes(arrays[e.key]).data).digest() != e.digest:
+                    if e.digest is not None and hash_array(arrays[e.key]) != e.digest:
                         raise _altered(path, e)
             else:
                 # The caller's arrays: check the whole file first, so a refused file changes nothing.

@@ -195,6 +195,11 @@ def test_a_missing_file_or_directory_is_a_checkpoint_error(tmp_path) -> None:
         checkpoint.save(_state(), tmp_path / "no" / "such" / "dir" / "c")
     with pytest.raises(pccl.InvalidArgument):
         checkpoint.save({"w": np.ones(2)}, tmp_path / "c")  # type: ignore[arg-type]
+    for bad in (None, 3, b"bytes", ""):
+        with pytest.raises(pccl.InvalidArgument, match="checkpoint path"):
+            checkpoint.save(_state(), bad)  # type: ignore[arg-type]
+        with pytest.raises(pccl.InvalidArgument, match="checkpoint path"):
+            checkpoint.load(bad)  # type: ignore[arg-type]
 
 
 def test_save_replaces_atomically_and_leaves_no_temporary_file(tmp_path, monkeypatch) -> None:

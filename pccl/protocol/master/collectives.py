@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple
 
 from ...errors import KickReason
@@ -217,9 +217,6 @@ class CollectiveOps:
 
     # --- views --------------------------------------------------------------------------------
 
-    def has(self, key: tuple[int, int]) -> bool:
-        return key in self._ops
-
     def of_peer(self, group: int, peer_id: int) -> list[_Op]:
         """The ops of ``group`` the peer voted for or takes part in."""
         return [op for op in self._ops.values()
@@ -228,6 +225,3 @@ class CollectiveOps:
     def views(self) -> list[OpInfo]:
         return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done))
                 for o in self._ops.values()]
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        return iter(list(self._ops))

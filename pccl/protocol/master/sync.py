@@ -152,6 +152,11 @@ class SyncState:
         history = self._history.get(group)
         return None if history is None else history.lineage
 
+    def forget(self, group: int) -> None:
+        """Forget ``group``'s last completed sync, as a restarted master knows nothing of it (the
+        simulator's planted masters use it)."""
+        self._history.pop(group, None)
+
     def in_sync(self, group: int, peer_id: int) -> bool:
         """The peer voted for its group's sync, takes part in it, or its next vote is queued."""
         sync = self._syncs.get(group)

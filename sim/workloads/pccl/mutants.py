@@ -76,7 +76,7 @@ class NewcomerRevisionWins(ms.MasterState):
             if peer is not None and lineage is not None and event.msg.revision > lineage.revision + 1:
                 claimed = m.Lineage(lineage.id, event.msg.revision - 1, lineage.digest)
                 event = dataclasses.replace(event, msg=msgspec.structs.replace(event.msg, lineage=claimed))
-                self._sync_state._history.pop(peer.group, None)
+                self._sync_state.forget(peer.group)
         return super().handle(event, now)
 
 
