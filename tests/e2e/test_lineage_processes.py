@@ -131,17 +131,27 @@ def test_a_newcomer_offering_revision_1000_receives_the_groups_state() -> None:
                          rf"state at revision {revision}", said), said
 
 
+def _two_training_peers(run: _Run) -> tuple[_Proc, _Proc]:
+    """A master and two peers that have trained five steps together."""
+    run.master()
+    a = run.peer("a", "--seed", "1", "--delay", "0.05")
+    b = run.peer("b", "--seed", "2", "--delay", "0.05")
+    run.wait(lambda: min(a.last_revision(), b.last_revision()) >= 5, [a, b])
+    return a, b
+
+
+def _assert_kicked_for_its_shape(run: _Run, c: _Proc) -> None:
+    assert c.popen.returncode == 3 and c.records("KICKED")[0]["reason"] == "SHARED_STATE_MISMATCH", run.report()
+    assert re.search(r"key '\S+' has \d+ bytes, the popular state \d+", "\n".join(c.lines)), run.report()
+
+
 def test_a_wrong_shaped_newcomer_is_the_one_kicked_with_two_running_peers() -> None:
     with _Run() as run:
-        run.master()
-        a = run.peer("a", "--seed", "1", "--delay", "0.05")
-        b = run.peer("b", "--seed", "2", "--delay", "0.05")
-        run.wait(lambda: min(a.last_revision(), b.last_revision()) >= 5, [a, b])
+        a, b = _two_training_peers(run)
         c = run.peer("c", "--hidden", "64", "--revision", "1000", "--delay", "0.05")
         run.wait(lambda: c.popen.poll() is not None, [a, b])
         kicked_at = max(a.last_revision(), b.last_revision())
-        assert c.popen.returncode == 3 and c.records("KICKED")[0]["reason"] == "SHARED_STATE_MISMATCH", run.report()
-        assert re.search(r"key '\S+' has \d+ bytes, the popular state \d+", "\n".join(c.lines)), run.report()
+        _assert_kicked_for_its_shape(run, c)
         run.wait(lambda: min(a.last_revision(), b.last_revision()) >= kicked_at + 5, [a, b])
         report = run.report()
         for peer in (a, b):
@@ -151,17 +161,14 @@ def test_a_wrong_shaped_newcomer_is_the_one_kicked_with_two_running_peers() -> N
 
 def test_a_wrong_shaped_newcomer_is_the_one_kicked_when_one_peer_waits_alone() -> None:
     with _Run() as run:
-        run.master()
-        a = run.peer("a", "--seed", "1", "--delay", "0.05")
-        b = run.peer("b", "--seed", "2", "--delay", "0.05")
-        run.wait(lambda: min(a.last_revision(), b.last_revision()) >= 5, [a, b])
+        a, b = _two_training_peers(run)
         b.popen.send_signal(signal.SIGKILL)  # wherever in its step it is
         b.popen.wait(10)
         run.wait(lambda: any("alone in group" in line for line in a.lines), [a])
         alone_at = int(a.records("SYNC")[-1]["revision"])
         c = run.peer("c", "--hidden", "64", "--seed", "3", "--delay", "0.05")
         run.wait(lambda: c.popen.poll() is not None, [a])
-        assert c.popen.returncode == 3 and c.records("KICKED")[0]["reason"] == "SHARED_STATE_MISMATCH", run.report()
+        _assert_kicked_for_its_shape(run, c)
         d = run.peer("d", "--seed", "4", "--delay", "0.05")  # the right shape: the group goes on with a's state
         run.wait(lambda: len(d.records("SYNC")) >= 1 and d.last_revision() >= alone_at + 5, [a, d])
         report = run.report()
