@@ -536,14 +536,25 @@ async def test_a_failure_met_while_closing_is_the_close_not_a_lost_master(
         master: pccl.Master, caplog: pytest.LogCaptureFixture) -> None:
     # The same end met by the heartbeat's send instead of the reader: once aclose() has begun,
     # whatever breaks is the closed communicator (no MasterUnreachable, no warning).
+    met: list[BaseException] = []
     with trio.fail_after(BOUND):
         async with _open(master.address) as comm:
-            pccl.testing.session(comm).closing = True  # aclose() has begun (its Leave is out)
-            try:
-                with pytest.raises(pccl.InvalidUsage, match="closed"):
-                    pccl.testing.session(comm).master_send_failed(StreamClosed("the master hung up"))
-            finally:
-                pccl.testing.session(comm).closing = False  # let the context manager close it for real
+            session = pccl.testing.session(comm)
+            framed = session.master  # aclose() has sent its Leave: a heartbeat's send fails now
+            assert framed is not None
+            real_send = framed.send
+
+            async def send_then_fail_a_heartbeat(msg: m.Message) -> None:
+                await real_send(msg)
+                if isinstance(msg, m.Leave):
+                    try:
+                        session.master_send_failed(StreamClosed("the master hung up"))
+                    except pccl.PCCLError as exc:
+                        met.append(exc)
+
+            framed.send = send_then_fail_a_heartbeat  # type: ignore[method-assign]
+    assert len(met) == 1 and isinstance(met[0], pccl.InvalidUsage) and "closed" in str(met[0])
+    assert isinstance(pccl.testing.session(comm).failure, pccl.InvalidUsage)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "peer" in r.getMessage()]
 
 @pytest.mark.parametrize("which", ["ring", "shared state"])

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from pccl import Config
-from pccl._peer.session import run_heartbeat
+from pccl._peer.heartbeat import run_heartbeat
 from pccl.errors import MasterUnreachable, PCCLError
 from pccl.protocol import messages as m
 
@@ -23,7 +23,7 @@ CFG = Config(peer_timeout=2.0, heartbeat_interval=0.25)
 
 
 class _State:
-    """What :func:`pccl._peer.session.run_heartbeat` reads and calls (its ``HeartbeatSubject``)."""
+    """What :func:`pccl._peer.heartbeat.run_heartbeat` reads and calls (its ``HeartbeatSubject``)."""
 
     peer_id = 0x5EED
     master_address = "master.invalid:1"

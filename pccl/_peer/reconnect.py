@@ -1,0 +1,102 @@
+"""Getting a lost master back: dial and register again, with jittered exponential backoff, until
+it works or ``Config.master_reconnect_timeout`` runs out.
+
+The policy (what the rest of the session does meanwhile is :mod:`pccl.protocol.lifecycle`'s
+``RECONNECTING`` state):
+
+* attempt ``k`` (from 0) is followed, if it fails, by a pause of
+  ``min(longest, first * 2**k) * uniform(0.5, 1.5)`` (``Config.master_reconnect_backoff`` is
+  ``(first, longest)``; the jitter keeps a restarted master from meeting every peer at once);
+* a broken connection, a refused dial or a registration that timed out is tried again;
+* a kick, a refused token or a protocol error from the master is final (the restarted master
+  does not want this peer, or is not a pccl master);
+* the deadline is ``lost_at + master_reconnect_timeout``: past it the session fails with
+  ``MasterUnreachable`` naming the last error.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Protocol
+
+import trio
+
+from ..config import Config
+from ..errors import AuthenticationFailed, Kicked, MasterUnreachable, PCCLError, ProtocolError, TransportError
+from ..net.framed import FramedConnection
+
+__all__ = ["ReconnectSubject", "backoff_delay", "reconnect"]
+
+log = logging.getLogger(__name__)
+
+
+class ReconnectSubject(Protocol):
+    """What :func:`reconnect` needs from the session."""
+
+    master_address: str
+
+    @property
+    def peer_id(self) -> int: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def failure(self) -> PCCLError | None: ...
+
+    def fail(self, error: PCCLError, *, cause: BaseException | None = None) -> None: ...
+
+    async def dial(self, address: str) -> FramedConnection: ...
+
+    async def register_on(self, connection: FramedConnection) -> None:
+        """``Register`` → ``Welcome`` on a fresh connection (a new epoch begins)."""
+
+    def rejoined(self) -> None:
+        """The registration worked: the master is back."""
+
+
+def backoff_delay(config: Config, attempt: int, rng: random.Random) -> float:
+    """The pause after failed attempt ``attempt`` (from 0)."""
+    first, longest = config.master_reconnect_backoff
+    return min(longest, first * 2**attempt) * rng.uniform(0.5, 1.5)
+
+
+async def reconnect(subject: ReconnectSubject, why: PCCLError, lost_at: float, rng: random.Random) -> None:
+    """Dial and register until it works (``subject.rejoined()``), the session fails meanwhile,
+    or the deadline passes (``subject.fail(MasterUnreachable)``)."""
+    config = subject.config
+    deadline = lost_at + config.master_reconnect_timeout
+    attempt = 0
+    last_error: BaseException = why
+    while subject.failure is None:
+        if trio.current_time() >= deadline:
+            error = MasterUnreachable(f"lost the master at {subject.master_address} ({why}) and could not "
+                                      f"reconnect within {config.master_reconnect_timeout:g} s: {last_error}")
+            subject.fail(error, cause=last_error)
+            return
+        delay = backoff_delay(config, attempt, rng)
+        attempt += 1
+        connection: FramedConnection | None = None
+        with trio.move_on_at(deadline):
+            try:
+                connection = await subject.dial(subject.master_address)
+                await subject.register_on(connection)
+            except (Kicked, AuthenticationFailed, ProtocolError) as exc:
+                if connection is not None:
+                    connection.abort()
+                failure: PCCLError = exc
+                if isinstance(exc, ProtocolError) and not isinstance(exc, MasterUnreachable):
+                    failure = MasterUnreachable(f"the master at {subject.master_address} answered the "
+                                                f"reconnection with a protocol error: {exc}")
+                subject.fail(failure)
+                return
+            except (TransportError, MasterUnreachable) as exc:
+                if connection is not None:
+                    connection.abort()
+                last_error = exc
+                log.debug("peer %x: reconnection attempt %d failed: %s", subject.peer_id, attempt, exc)
+            else:
+                subject.rejoined()
+                return
+            await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
