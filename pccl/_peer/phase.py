@@ -4,8 +4,8 @@ A peer is, towards the master, in at most one of these phases at a time:
 
 ======================  ==========================================================================
 idle                    nothing outstanding
-topology vote (kind)    ``update_topology()`` ("accept"), the all-reduce's re-wire ("rewire") or
-                        ``optimize_topology()`` ("optimize") has voted and the round has not
+topology vote (kind)    ``update_topology()`` (``ACCEPT``), the all-reduce's re-wire (``REWIRE``) or
+                        ``optimize_topology()`` (``OPTIMIZE``) has voted and the round has not
                         completed — also after the caller was
                         cancelled: the vote stands at the master until its round completes
 collectives {tags}      all-reduces in flight, by tag (several at once; each tag once) — also
@@ -34,7 +34,7 @@ X now" (:meth:`PhaseRule.check`).
 from __future__ import annotations
 
 from ..errors import InvalidUsage
-from ..protocol.phases import RULES, Activity, Call
+from ..protocol.phases import RULES, Activity, Call, TopologyVote
 
 __all__ = ["PhaseRule"]
 
@@ -66,7 +66,7 @@ class PhaseRule:
     """The phase a peer is in (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._topology: str | None = None
+        self._topology: TopologyVote | None = None
         self._tags: set[int] = set()
         self._abandoned: set[int] = set()  # a subset of _tags
         self._syncing = False
@@ -74,8 +74,8 @@ class PhaseRule:
     # --- what is going on --------------------------------------------------------------------
 
     @property
-    def topology_vote(self) -> str | None:
-        """The kind ("accept" or "rewire") of the outstanding topology vote, or ``None``."""
+    def topology_vote(self) -> TopologyVote | None:
+        """The kind of the outstanding topology vote, or ``None``."""
         return self._topology
 
     @property
@@ -95,7 +95,7 @@ class PhaseRule:
     def describe(self) -> str:
         """The current phase in words (for logs and errors)."""
         if self._topology is not None:
-            return f"topology vote ({self._topology})"
+            return f"topology vote ({self._topology.value})"
         if self._syncing:
             return "shared-state sync"
         if self._tags:
@@ -112,7 +112,7 @@ class PhaseRule:
             return self._syncing
         return False
 
-    def check(self, call: Call, *, kind: str | None = None) -> bool:
+    def check(self, call: Call, *, kind: TopologyVote | None = None) -> bool:
         """May ``call`` go ahead now, by the phase table?  ``False``: yes, vote; ``True``: an
         outstanding one it joins is there (a topology vote of the same ``kind``): wait for that
         one, do not vote again.  ``InvalidUsage`` if an activity refuses it."""
@@ -122,20 +122,21 @@ class PhaseRule:
                 continue
             if activity is rule.joins and activity is Activity.TOPOLOGY and self._topology == kind:
                 return True
-            raise InvalidUsage(_REFUSAL[call, activity].format(tags=sorted(self._tags), kind=self._topology))
+            kind_text = self._topology.value if self._topology is not None else None
+            raise InvalidUsage(_REFUSAL[call, activity].format(tags=sorted(self._tags), kind=kind_text))
         return False
 
     # --- topology votes ----------------------------------------------------------------------
 
-    def join_topology(self, kind: str) -> bool:
-        """May a topology vote of ``kind`` ("accept", "rewire" or "optimize") go ahead?
+    def join_topology(self, kind: TopologyVote) -> bool:
+        """May a topology vote of ``kind`` go ahead?
         ``True``: one of that kind is outstanding, wait for it (do not vote again); ``False``:
         vote, then :meth:`begin_topology`."""
-        return self.check(Call.OPTIMIZE_VOTE if kind == "optimize" else Call.TOPOLOGY_VOTE, kind=kind)
+        return self.check(Call.OPTIMIZE_VOTE if kind is TopologyVote.OPTIMIZE else Call.TOPOLOGY_VOTE, kind=kind)
 
-    def begin_topology(self, kind: str) -> None:
+    def begin_topology(self, kind: TopologyVote) -> None:
         """A topology vote of ``kind`` is outstanding from now on (also the acceptance a newly
-        registered peer waits for, which is an "accept" round)."""
+        registered peer waits for, which is an ``ACCEPT`` round)."""
         assert self._topology is None, "shell bug: two topology votes at once"
         self._topology = kind
 

@@ -41,6 +41,7 @@ from ..net.base import Listener, Network, Stream, format_address, parse_address
 from ..net.framed import FramedConnection, accept_framed, open_framed
 from ..protocol import messages as m
 from ..protocol.lifecycle import Event, Lifecycle
+from ..protocol.phases import TopologyVote
 from .host import CollectiveRoute, Counters, MasterLost
 from .master_link import Dispatch, MasterLink, handshake, kicked_error
 from .phase import PhaseRule
@@ -352,7 +353,7 @@ class PeerSession:
         """Register with the master, wait for ``Welcome``, start the background tasks."""
         assert self._link is not None and self._wiring is not None, "connect() first"
         self._shared_state_port = shared_state_port
-        self._votes.begin_topology("accept")  # our first TopologyComplete is the acceptance
+        self._votes.begin_topology(TopologyVote.ACCEPT)  # our first TopologyComplete is the acceptance
         await self.register_on(self._link.connection)
         log.info("registered with the master at %s as peer %x (group %d)", self.master_address, self._peer_id,
                  self.peer_group)
@@ -441,7 +442,7 @@ class PeerSession:
     def rejoined(self) -> None:
         """:func:`~pccl._peer.reconnect.reconnect` registered again: wait to be accepted."""
         if not self._votes.topology_outstanding:  # our first TopologyComplete is the acceptance
-            self._votes.begin_topology("accept")
+            self._votes.begin_topology(TopologyVote.ACCEPT)
         log.warning("peer %x: reconnected to the master at %s (epoch %d); waiting to be accepted",
                     self._peer_id, self.master_address, self._lifecycle.epoch)
         self._notify_ready()
@@ -474,7 +475,7 @@ class PeerSession:
 
     def _on_probe_request(self, link: MasterLink, msg: m.Message) -> None:
         assert isinstance(msg, m.ProbeRequest)
-        if self._phase.topology_vote != "optimize":
+        if self._phase.topology_vote is not TopologyVote.OPTIMIZE:
             self.fail(ProtocolError(f"the master sent a probe request while this peer is in "
                                     f"{self._phase.describe()}"))
             return

@@ -24,6 +24,7 @@ import trio
 from ..errors import Kicked, PCCLError, PhaseMismatch
 from ..protocol import messages as m
 from ..protocol.lifecycle import Event, Lifecycle
+from ..protocol.phases import TopologyVote
 from .host import MasterLost
 from .phase import PhaseRule
 
@@ -119,11 +120,11 @@ class Votes:
         await host.settled()
         host.raise_if_failed()
         epoch = host.lifecycle.epoch
-        if host.phase.join_topology("optimize"):
+        if host.phase.join_topology(TopologyVote.OPTIMIZE):
             waiter = self._topology
             assert waiter is not None
         else:
-            waiter = self.begin_topology("optimize")
+            waiter = self.begin_topology(TopologyVote.OPTIMIZE)
             log.debug("peer %x: optimise vote", host.peer_id)
             try:
                 await host.send(m.VoteOptimize(), epoch=epoch, schedule_point=False)
@@ -155,14 +156,14 @@ class Votes:
             return
         await host.settled()  # a cancelled all-reduce's Init must not stand at the master
         host.raise_if_failed()
-        kind = "accept" if accept_new_peers else "rewire"
+        kind = TopologyVote.ACCEPT if accept_new_peers else TopologyVote.REWIRE
         epoch = lifecycle.epoch
         if host.phase.join_topology(kind):
             waiter = self._topology
             assert waiter is not None
         else:
             waiter = self.begin_topology(kind)
-            log.debug("peer %x: topology vote (%s)", host.peer_id, kind)
+            log.debug("peer %x: topology vote (%s)", host.peer_id, kind.value)
             try:
                 await host.send(m.VoteTopology(accept_new_peers), epoch=epoch, schedule_point=False)
             except MasterLost:
@@ -212,7 +213,7 @@ class Votes:
 
     # --- the topology waiter -------------------------------------------------------------------
 
-    def begin_topology(self, kind: str) -> Waiter[m.TopologyComplete]:
+    def begin_topology(self, kind: TopologyVote) -> Waiter[m.TopologyComplete]:
         self._host.phase.begin_topology(kind)
         waiter = self._topology = Waiter()
         return waiter

@@ -46,7 +46,7 @@ from collections.abc import Mapping
 
 from . import messages as m
 
-__all__ = ["Activity", "Call", "Rule", "RULES", "CALL_OF_MESSAGE"]
+__all__ = ["Activity", "Call", "Rule", "RULES", "CALL_OF_MESSAGE", "TopologyVote"]
 
 
 class Activity(enum.Enum):
@@ -54,6 +54,14 @@ class Activity(enum.Enum):
     COLLECTIVE = "collective"
     SYNC = "sync"
     PENDING_QUERY = "pending-query"
+
+
+class TopologyVote(enum.Enum):
+    """The kind of a topology vote (both roles: the master's rounds, the peer's phase rule)."""
+
+    ACCEPT = "accept"  # update_topology(): global
+    REWIRE = "rewire"  # re-wire own group only
+    OPTIMIZE = "optimize"  # optimize_topology(): probe, solve, re-wire own group
 
 
 class Call(enum.Enum):

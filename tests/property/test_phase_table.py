@@ -57,7 +57,7 @@ def test_the_master_refuses_exactly_what_the_table_refuses(activity: ph.Activity
     assert b not in h.kicks
 
 
-def _enter(rule: PhaseRule, activity: ph.Activity, kind: str) -> None:
+def _enter(rule: PhaseRule, activity: ph.Activity, kind: ph.TopologyVote) -> None:
     if activity is ph.Activity.TOPOLOGY:
         rule.begin_topology(kind)
     elif activity is ph.Activity.COLLECTIVE:
@@ -70,15 +70,15 @@ def _enter(rule: PhaseRule, activity: ph.Activity, kind: str) -> None:
 @pytest.mark.parametrize("call", list(ph.Call), ids=[c.name for c in ph.Call])
 def test_the_peer_refuses_or_joins_exactly_what_the_table_says(activity: ph.Activity, call: ph.Call) -> None:
     row = ph.RULES[call]
-    kind = "optimize" if call is ph.Call.OPTIMIZE_VOTE else "accept"
-    for outstanding in ("accept", "optimize"):  # the kind of the outstanding topology vote
-        if activity is not ph.Activity.TOPOLOGY and outstanding != "accept":
+    kind = ph.TopologyVote.OPTIMIZE if call is ph.Call.OPTIMIZE_VOTE else ph.TopologyVote.ACCEPT
+    for outstanding in (ph.TopologyVote.ACCEPT, ph.TopologyVote.OPTIMIZE):  # the kind of the outstanding topology vote
+        if activity is not ph.Activity.TOPOLOGY and outstanding is not ph.TopologyVote.ACCEPT:
             continue
         rule = PhaseRule()
         _enter(rule, activity, outstanding)
         if activity not in row.refused_while:
             assert rule.check(call, kind=kind) is False  # goes ahead: votes
-        elif activity is row.joins and outstanding == kind:
+        elif activity is row.joins and outstanding is kind:
             assert rule.check(call, kind=kind) is True  # waits for the outstanding vote instead
         else:
             with pytest.raises(InvalidUsage):

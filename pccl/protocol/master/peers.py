@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from .. import messages as m
 from .. import phases as ph
+from ..phases import TopologyVote
 
 __all__ = ["PeerStatus", "TopologyVote", "GLOBAL_SCOPE", "PeerRecord", "RoundRecord", "PeerInfo", "PhaseRow",
            "PHASES", "REFUSAL_DETAIL"]
@@ -79,12 +80,6 @@ PHASES: dict[type[m.Message], PhaseRow] = {
 
 
 # --- state -------------------------------------------------------------------------------------
-
-
-class TopologyVote(enum.Enum):
-    ACCEPT = "accept"  # update_topology(): global
-    REWIRE = "rewire"  # re-wire own group only
-    OPTIMIZE = "optimize"  # optimize_topology(): probe, solve, re-wire own group
 
 
 #: Round scope key of the global (accepting) round; group rounds use the group number (≥ 0).
