@@ -126,3 +126,27 @@ def test_a_peer_killed_inside_each_part_of_an_all_reduce(part: str, direction: s
     after = trace.of_kind("triggered")[0].t
     worlds = {e.data["world_size"] for e in trace.of_kind("all_reduce") if e.t > after + 1}
     assert worlds == {peers - 1}
+
+
+def test_in_flight_launches_tags_in_order_with_a_bounded_number_running() -> None:
+    # PCCL's stress pattern: ten tags per step, at most eight at once, a later tag starting when
+    # an earlier one finished (so later calls start while an earlier call may be re-wiring).
+    phase = {"name": "all_reduce", "concurrent": 10, "in_flight": 8, "quantization": "uint8", "n": 2000}
+    trace = _run(1, phase)
+    assert trace.ok, [f.message for f in trace.failures]
+    running: dict[str, set[int]] = collections.defaultdict(set)
+    started: dict[tuple[int, int], list[int]] = collections.defaultdict(list)  # (peer id, step) -> tags
+    widest = 0
+    for event in trace.events:
+        host, data = event.source, event.data
+        if event.kind == "start":
+            running.pop(host, None)
+        elif event.kind == "all_reduce_call":
+            running[host].add(data["tag"])
+            started[(data["peer_id"], data["step"])].append(data["tag"])
+            widest = max(widest, len(running[host]))
+        elif event.kind in ("all_reduce", "all_reduce_aborted", "all_reduce_alone"):
+            running[host].discard(data["tag"])
+    assert widest == 8  # the bound is reached and never passed
+    assert started and all(tags == sorted(tags) for tags in started.values())
+    assert any(len(tags) == 10 for tags in started.values())

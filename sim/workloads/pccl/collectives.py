@@ -93,7 +93,9 @@ class AllReducePhase(Phase):
     """In-place all-reduces each step.  Parameters: ``n`` (elements: one size or a list of
     sizes, default ``[33, EXCHANGE_MAX_BYTES // itemsize + 1]``), ``dtype`` (default ``"float32"``), ``op`` (a ReduceOp name,
     default ``"AVG"``), ``quantization`` (``None``, ``"uint8"`` or ``"uint16"``), ``tag``
-    (default 0), ``concurrent`` (how many run at once per size; default 1).
+    (default 0), ``concurrent`` (how many run per size; default 1), ``in_flight`` (at most this
+    many of them at once, launched in tag order as PCCL's stress test does: a later tag starts
+    when an earlier one finished; default ``concurrent``, all at once).
 
     Each step all-reduces once per size, one size after the other; size ``i`` uses tags
     ``tag + i * concurrent`` … ``tag + (i + 1) * concurrent - 1``.  The default sizes cover both
@@ -130,6 +132,9 @@ class AllReducePhase(Phase):
         self.concurrent = int(params.get("concurrent", 1))
         if self.concurrent < 1:
             raise ValueError("concurrent must be at least 1")
+        self.in_flight = int(params.get("in_flight", self.concurrent))
+        if self.in_flight < 1:
+            raise ValueError("in_flight must be at least 1")
         # Calls per (peer id, tag) (peer ids are never reused within a run).
         self._calls: dict[tuple[int, int], int] = {}
 
@@ -148,8 +153,20 @@ class AllReducePhase(Phase):
                 await self._one(step, first)
                 continue
             async with trio.open_nursery() as nursery:
+                if self.in_flight >= self.concurrent:
+                    for tag in range(first, first + self.concurrent):
+                        nursery.start_soon(self._one, step, tag)
+                    continue
+                slots = trio.Semaphore(self.in_flight)
                 for tag in range(first, first + self.concurrent):
-                    nursery.start_soon(self._one, step, tag)
+                    await slots.acquire()  # in tag order: the next tag waits for a free slot
+                    nursery.start_soon(self._one_in_slot, step, tag, slots)
+
+    async def _one_in_slot(self, step: StepContext, tag: int, slots: trio.Semaphore) -> None:
+        try:
+            await self._one(step, tag)
+        finally:
+            slots.release()
 
     async def _one(self, step: StepContext, tag: int) -> None:
         comm = step.comm
