@@ -263,9 +263,10 @@ class Communicator:
         summed payload bytes of the successful ops.
 
         Raises ``TooFewPeers`` once alone (buckets reduced before keep their results, the
-        others their inputs), and the errors of :meth:`all_reduce` other than
-        ``CollectiveAborted``; every array is checked before any op starts, and no op is left
-        running when it raises.  Cancellation cancels every running op.
+        others their inputs); ``CollectiveAborted`` only when the master was lost (it restarted)
+        or the group's loops diverged (caused by ``PhaseMismatch``), not for a peer's death;
+        and the other errors of :meth:`all_reduce`.  Every array is checked before any op
+        starts, and no op is left running when it raises.  Cancellation cancels every running op.
         """
         return await self._all_reduce.all_reduce_many(arrays, op=op, quantization=quantization,
                                                       max_in_flight=max_in_flight, first_tag=first_tag,
@@ -301,10 +302,10 @@ class Communicator:
         for), then ``sync_shared_state(state, strategy)``.  The caller all-reduces, updates the
         state and increments ``state.revision`` in the loop body.  Errors as for the calls it
         makes; cancellation as for them.  Close it (``aclose``) or break out of the loop.  When
-        the master is lost mid-sync the step starts over once it is back (SPEC §3 "Master
-        restart"); a ``CollectiveAborted`` in the body should ``continue`` the loop likewise.
+        the master is lost mid-sync the step starts over once it is back; a
+        ``CollectiveAborted`` in the body should ``continue`` the loop likewise.
         A ``PhaseMismatch`` (this peer's update or sync could never complete because the
-        group's other peers wait in another call, SPEC §3) starts the step over likewise: the
+        group's other peers wait in another call) starts the step over likewise: the
         others' calls ended too, and the loops meet again at ``update_topology()``.
         """
         first = True
