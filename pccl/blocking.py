@@ -390,7 +390,8 @@ def open_communicator(master_address: str, *, peer_group: int = 0, token: str | 
                       config: Config | None = None) -> Communicator:
     """Connect to the master, register in ``peer_group`` and wait until accepted (as
     :func:`pccl.open_communicator`), on a Trio loop in a new background thread.  Returns the
-    open :class:`Communicator`; use it in a ``with`` block (or call ``close()``).  Raises what
+    open :class:`Communicator`; use it in a ``with`` block (or call ``close()``).  ``token``
+    None reads ``$PCCL_TOKEN`` (when set and not empty), as the async call does.  Raises what
     the async call raises."""
     return Communicator(master_address, peer_group=peer_group, token=token, config=config)
 

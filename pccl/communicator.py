@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -37,6 +38,10 @@ from .types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
 __all__ = ["Communicator", "CommunicatorStatistics", "open_communicator"]
 
 log = logging.getLogger(__name__)
+
+#: The environment variable :func:`open_communicator` (over real TCP) and ``pccl master`` read
+#: the run token from when none is given.
+TOKEN_ENV = "PCCL_TOKEN"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,8 +354,13 @@ async def open_communicator(
     """Connect to the master, register in ``peer_group`` and wait until accepted.
 
     The first peer is accepted at once; later ones when the accepted peers next call
-    ``update_topology()`` — this returns at the same moment theirs does.  ``network`` defaults
-    to real TCP; ``rng`` (when given) draws the handshake nonces (the simulator seeds it).
+    ``update_topology()`` — this returns at the same moment theirs does.  ``token``: the run
+    token the master requires (``str`` or ``bytes``); when it is None and ``network`` is too,
+    the ``$PCCL_TOKEN`` environment variable is used if it is set and not empty, as ``pccl
+    master`` does — so one exported variable serves the master and its peers.  ``network``
+    defaults to real TCP; a caller that passes its own network (the simulator, a test's memory
+    network) passes its token explicitly too, and the environment is not read.  ``rng`` (when
+    given) draws the handshake nonces (the simulator seeds it).
     Raises ``MasterUnreachable`` (cannot connect, or lost while waiting), ``AuthenticationFailed``
     (wrong or missing run token), ``Kicked``, ``ProtocolError``.  Cancellation while waiting
     leaves the run.  Leaving the block closes the communicator (``aclose``).
@@ -360,6 +370,8 @@ async def open_communicator(
         from .net.tcp import TcpNetwork
 
         network = TcpNetwork(config)
+        if token is None:
+            token = os.environ.get(TOKEN_ENV) or None
     try:
         async with trio.open_nursery() as nursery:
             session = PeerSession(master_address, peer_group=peer_group, token=token, config=config,
