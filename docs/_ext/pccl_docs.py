@@ -99,6 +99,26 @@ def _options(parser: argparse.ArgumentParser, program: str) -> list[str]:
     return out
 
 
+def subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
+    """``(name, help, parser)`` of each public sub-command (one with a help line)."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            found += [(name, helps[name], sub) for name, sub in action.choices.items() if name in helps]
+    return found
+
+
+def command_flags(parser: argparse.ArgumentParser, program: str) -> set[str]:
+    """Every flag of ``program`` and its public sub-commands, named as Sphinx's inventory names
+    ``.. option::`` entries: ``"pccl-master.--listen"``."""
+    flags = {f"{program.replace(' ', '-')}.{o}" for action in parser._actions
+             if action.option_strings and action.help != argparse.SUPPRESS for o in action.option_strings}
+    for name, _, sub in subcommands(parser):
+        flags |= command_flags(sub, f"{program} {name}")
+    return flags
+
+
 class ArgparseDirective(_RstDirective):
     required_arguments = 1
     option_spec = {"prog": lambda x: x}
@@ -107,16 +127,10 @@ class ArgparseDirective(_RstDirective):
         parser = _load(self.arguments[0])
         prog = self.options.get("prog", parser.prog)
         out = _options(parser, prog)
-        for action in parser._actions:
-            if not isinstance(action, argparse._SubParsersAction):
-                continue
-            helps = {choice.dest: choice.help for choice in action._choices_actions}
-            for name, sub in action.choices.items():
-                if name not in helps:
-                    continue  # no help: an internal sub-command (pccl demo-peer)
-                title = f"``{prog} {name}``"
-                out += [title, "^" * len(title), "", (helps[name] or "").capitalize() + ".", ""]
-                out += _options(sub, f"{prog} {name}")
+        for name, help_text, sub in subcommands(parser):  # (an internal one, pccl demo-peer, has no help)
+            title = f"``{prog} {name}``"
+            out += [title, "^" * len(title), "", help_text.capitalize() + ".", ""]
+            out += _options(sub, f"{prog} {name}")
         return out
 
 

@@ -79,27 +79,15 @@ def test_every_public_name_has_a_reference_entry(built: pathlib.Path) -> None:
     assert missing == []
 
 
-def _parser_options(parser, program: str) -> set[str]:
-    import argparse
-
-    found = set()
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps = {a.dest for a in action._choices_actions}
-            for name, sub in action.choices.items():
-                if name in helps:
-                    found |= _parser_options(sub, f"{program} {name}")
-        elif action.option_strings and action.help != argparse.SUPPRESS:
-            found |= {f"{program.replace(' ', '-')}.{o}" for o in action.option_strings}
-    return found
-
-
 def test_every_command_line_flag_has_a_reference_entry(built: pathlib.Path) -> None:
     from pccl.tools.cli import _build_parser
     from sim.tools.cli import _parser
 
+    sys.path.insert(0, str(DOCS / "_ext"))
+    from pccl_docs import command_flags
+
     documented = _inventory(built).get("std:cmdoption", set())  # "pccl-master.--listen"
-    expected = _parser_options(_build_parser(), "pccl") | _parser_options(_parser(), "pccl-sim")
+    expected = command_flags(_build_parser(), "pccl") | command_flags(_parser(), "pccl-sim")
     assert "pccl-master.--listen" in expected and "pccl-sim-run.--seed" in expected
     assert sorted(expected - documented) == []
 
