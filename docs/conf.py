@@ -42,7 +42,7 @@ pygments_style = "sphinx"
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_class_signature = "separated"
+autodoc_class_signature = "mixed"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 # Names the reference mentions that no inventory holds are plain text, not warnings
 # (nitpicky stays off); the tests check that the pages themselves cover the public face.
