@@ -307,8 +307,8 @@ class Communicator:
         (:meth:`pccl.Communicator.sync_shared_state`).
 
         Raises ``InvalidArgument``/``InvalidUsage`` (a bad state or strategy; a collective, a
-        topology vote or another sync outstanding), ``RevisionViolation`` (the revision did not
-        advance by exactly one; this peer is kicked), ``Kicked``, ``SharedStateSyncFailed``,
+        topology vote or another sync outstanding), ``RevisionViolation`` (it offers more than
+        the group's last revision + 1; this peer is kicked), ``Kicked``, ``SharedStateSyncFailed``,
         ``PhaseMismatch``, ``MasterUnreachable``.  Interrupted after its vote went out, the sync
         goes on in the background and the next call with the same state resumes it."""
         comm = self._live()

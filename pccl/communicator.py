@@ -286,8 +286,8 @@ class Communicator:
 
         Raises ``InvalidArgument``/``InvalidUsage`` (bad state or strategy, a collective, a
         topology vote or another sync outstanding, ENFORCE_POPULAR mixed with another strategy),
-        ``RevisionViolation`` (the revision did not advance by exactly one; this peer is
-        kicked), ``Kicked`` (key set, dtype or size differs from the popular state; SEND_ONLY
+        ``RevisionViolation`` (this peer took part in the group's last sync and offers more
+        than that revision + 1: it jumped without syncing; it is kicked), ``Kicked`` (key set, dtype or size differs from the popular state; SEND_ONLY
         without the popular state), ``SharedStateSyncFailed`` (no source could deliver, hash
         mismatch), ``MasterUnreachable``.  Cancelled before its vote went out, nothing stands;
         after, the sync goes on in the background (the group waits for it) and the next call with
