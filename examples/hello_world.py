@@ -1,4 +1,4 @@
-"""The recommended training loop (SPEC §2), runnable as is.
+"""The recommended training loop, runnable as is.
 
 Start a master, then two or more copies of this script (each blocks until accepted):
 

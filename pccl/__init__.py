@@ -25,6 +25,7 @@ from .shared_state import SharedState, Tensor
 from . import blocking  # pccl.blocking: the same API for synchronous loops
 from . import checkpoint  # pccl.checkpoint.save / load: a shared state on disk
 
+#: The package version: the one string the distribution's metadata and ``pccl --version`` use.
 __version__ = "0.1.0"
 
 __all__ = [

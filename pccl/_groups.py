@@ -1,4 +1,4 @@
-"""Keeping ExceptionGroups away from pccl's users (SPEC §2: never an ExceptionGroup).
+"""Keeping ExceptionGroups away from pccl's users (the public API never raises one).
 
 Every nursery in pccl that can end with several exceptions turns them into one with
 :func:`single_exception`, so the choice follows one rule everywhere.

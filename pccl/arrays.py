@@ -39,6 +39,10 @@ def as_array(obj: object, *, name: str = "array", writable: bool = True) -> np.n
         array = obj
     elif is_torch_tensor(obj):
         array = _tensor_view(obj, name)
+    elif obj is None:
+        raise InvalidArgument(f"{name} must be a numpy array or a CPU torch tensor, got NoneType (a parameter's "
+                              ".grad is None until a backward pass has computed it, and for parameters that do "
+                              "not require grad or took no part in the loss)")
     else:
         raise InvalidArgument(f"{name} must be a numpy array or a CPU torch tensor, got {type(obj).__name__}")
     if not array.flags.c_contiguous:

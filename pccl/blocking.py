@@ -276,24 +276,57 @@ class Communicator:
     # --- calls (see pccl.Communicator for what each does and raises) -----------------------------
 
     def update_topology(self) -> None:
+        """Vote to accept the pending peers and re-wire the ring; return when every accepted
+        peer voted and the new ring is connected (:meth:`pccl.Communicator.update_topology`).
+
+        Raises ``InvalidUsage`` (a collective or a sync of this peer is in flight),
+        ``PhaseMismatch`` (every other peer of the group waits in another call; go on to the
+        next step), ``Kicked``, ``MasterUnreachable``.  Interrupted (Ctrl-C), the vote stands
+        and the next call waits for it."""
         comm = self._live()
         self._call(comm.update_topology)
 
     def optimize_topology(self) -> None:
+        """Measure the missing peer-to-peer links of this group and install the ring with the
+        best bottleneck; every peer of the group calls it, like :meth:`update_topology`
+        (:meth:`pccl.Communicator.optimize_topology`).  Errors as for :meth:`update_topology`."""
         comm = self._live()
         self._call(comm.optimize_topology)
 
     def are_peers_pending(self) -> bool:
+        """Whether a registered peer waits to be accepted, i.e. whether :meth:`update_topology`
+        has something to do (:meth:`pccl.Communicator.are_peers_pending`).  Every accepted peer
+        asks; legal while collectives run.  Raises ``Kicked``, ``MasterUnreachable``."""
         comm = self._live()
         return self._call(comm.are_peers_pending)
 
     def sync_shared_state(self, state: SharedState,
                           strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> SyncInfo:
+        """Make ``state`` bit-identical to the group's popular state and adopt its revision
+        (written back into ``state.revision``); returns the :class:`~pccl.SyncInfo`
+        (:meth:`pccl.Communicator.sync_shared_state`).
+
+        Raises ``InvalidArgument``/``InvalidUsage`` (a bad state or strategy; a collective, a
+        topology vote or another sync outstanding), ``RevisionViolation`` (it offers more than
+        the group's last revision + 1; this peer is kicked), ``Kicked``, ``SharedStateSyncFailed``,
+        ``PhaseMismatch``, ``MasterUnreachable``.  Interrupted after its vote went out, the sync
+        goes on in the background and the next call with the same state resumes it."""
         comm = self._live()
         return self._call(lambda: comm.sync_shared_state(state, strategy))
 
     def all_reduce(self, send: Any, recv: Any = None, *, op: ReduceOp = ReduceOp.SUM, tag: int = 0,
                    quantization: Quantization | None = None) -> ReduceInfo:
+        """Ring all-reduce of ``send`` into ``recv`` (``None``: in place) over the group's
+        accepted peers; blocks until done and returns the :class:`~pccl.ReduceInfo`
+        (:meth:`pccl.Communicator.all_reduce`: arguments, errors and guarantees are the same).
+
+        Arrays are C-contiguous numpy arrays or CPU torch tensors, used without a copy.  Raises
+        ``InvalidArgument`` (a bad buffer), ``InvalidUsage`` (``tag`` already in flight, a
+        topology vote or sync outstanding, the peers' parameters disagree), ``TooFewPeers``
+        (alone; the buffers are untouched), ``CollectiveAborted`` (a participant failed; an
+        in-place buffer holds its input again: retry or go on to the next step), ``Kicked``,
+        ``MasterUnreachable``.  Interrupted (Ctrl-C), the operation is cancelled and an in-place
+        buffer gets its input back.  :meth:`all_reduce_async` returns at once instead."""
         return self.all_reduce_async(send, recv, op=op, tag=tag, quantization=quantization).wait()
 
     def all_reduce_async(self, send: Any, recv: Any = None, *, op: ReduceOp = ReduceOp.SUM, tag: int = 0,
@@ -307,6 +340,16 @@ class Communicator:
     def all_reduce_many(self, arrays: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,
                         quantization: Quantization | None = None, max_in_flight: int = 4,
                         first_tag: int = MANY_FIRST_TAG, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ReduceInfo:
+        """All-reduce each array of ``arrays`` in place, a few buckets at a time, retrying
+        the ones that abort on the survivors until all succeeded; blocks until done
+        (:meth:`pccl.Communicator.all_reduce_many`: arguments, bucketing and errors are the
+        same).  Every peer passes arrays of the same dtypes and sizes in the same order.
+
+        Returns the smallest world size any op ran over and the summed payload bytes.  Raises
+        ``TooFewPeers`` once alone, ``CollectiveAborted`` only when the master was lost (it
+        restarted) or the group's loops diverged (caused by ``PhaseMismatch``) — go on to the
+        next step, where ``steps()`` realigns them — and the other errors of :meth:`all_reduce`.
+        :meth:`all_reduce_many_async` returns at once instead."""
         return self.all_reduce_many_async(arrays, op=op, quantization=quantization, max_in_flight=max_in_flight,
                                           first_tag=first_tag, bucket_bytes=bucket_bytes).wait()
 
@@ -347,7 +390,8 @@ def open_communicator(master_address: str, *, peer_group: int = 0, token: str | 
                       config: Config | None = None) -> Communicator:
     """Connect to the master, register in ``peer_group`` and wait until accepted (as
     :func:`pccl.open_communicator`), on a Trio loop in a new background thread.  Returns the
-    open :class:`Communicator`; use it in a ``with`` block (or call ``close()``).  Raises what
+    open :class:`Communicator`; use it in a ``with`` block (or call ``close()``).  ``token``
+    None reads ``$PCCL_TOKEN`` (when set and not empty), as the async call does.  Raises what
     the async call raises."""
     return Communicator(master_address, peer_group=peer_group, token=token, config=config)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -37,6 +38,10 @@ from .types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
 __all__ = ["Communicator", "CommunicatorStatistics", "open_communicator"]
 
 log = logging.getLogger(__name__)
+
+#: The environment variable :func:`open_communicator` (over real TCP) and ``pccl master`` read
+#: the run token from when none is given.
+TOKEN_ENV = "PCCL_TOKEN"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,9 +268,10 @@ class Communicator:
         summed payload bytes of the successful ops.
 
         Raises ``TooFewPeers`` once alone (buckets reduced before keep their results, the
-        others their inputs), and the errors of :meth:`all_reduce` other than
-        ``CollectiveAborted``; every array is checked before any op starts, and no op is left
-        running when it raises.  Cancellation cancels every running op.
+        others their inputs); ``CollectiveAborted`` only when the master was lost (it restarted)
+        or the group's loops diverged (caused by ``PhaseMismatch``), not for a peer's death;
+        and the other errors of :meth:`all_reduce`.  Every array is checked before any op
+        starts, and no op is left running when it raises.  Cancellation cancels every running op.
         """
         return await self._all_reduce.all_reduce_many(arrays, op=op, quantization=quantization,
                                                       max_in_flight=max_in_flight, first_tag=first_tag,
@@ -280,8 +286,8 @@ class Communicator:
 
         Raises ``InvalidArgument``/``InvalidUsage`` (bad state or strategy, a collective, a
         topology vote or another sync outstanding, ENFORCE_POPULAR mixed with another strategy),
-        ``RevisionViolation`` (the revision did not advance by exactly one; this peer is
-        kicked), ``Kicked`` (key set, dtype or size differs from the popular state; SEND_ONLY
+        ``RevisionViolation`` (this peer took part in the group's last sync and offers more
+        than that revision + 1: it jumped without syncing; it is kicked), ``Kicked`` (key set, dtype or size differs from the popular state; SEND_ONLY
         without the popular state), ``SharedStateSyncFailed`` (no source could deliver, hash
         mismatch), ``MasterUnreachable``.  Cancelled before its vote went out, nothing stands;
         after, the sync goes on in the background (the group waits for it) and the next call with
@@ -301,10 +307,10 @@ class Communicator:
         for), then ``sync_shared_state(state, strategy)``.  The caller all-reduces, updates the
         state and increments ``state.revision`` in the loop body.  Errors as for the calls it
         makes; cancellation as for them.  Close it (``aclose``) or break out of the loop.  When
-        the master is lost mid-sync the step starts over once it is back (SPEC §3 "Master
-        restart"); a ``CollectiveAborted`` in the body should ``continue`` the loop likewise.
+        the master is lost mid-sync the step starts over once it is back; a
+        ``CollectiveAborted`` in the body should ``continue`` the loop likewise.
         A ``PhaseMismatch`` (this peer's update or sync could never complete because the
-        group's other peers wait in another call, SPEC §3) starts the step over likewise: the
+        group's other peers wait in another call) starts the step over likewise: the
         others' calls ended too, and the loops meet again at ``update_topology()``.
         """
         first = True
@@ -348,8 +354,13 @@ async def open_communicator(
     """Connect to the master, register in ``peer_group`` and wait until accepted.
 
     The first peer is accepted at once; later ones when the accepted peers next call
-    ``update_topology()`` — this returns at the same moment theirs does.  ``network`` defaults
-    to real TCP; ``rng`` (when given) draws the handshake nonces (the simulator seeds it).
+    ``update_topology()`` — this returns at the same moment theirs does.  ``token``: the run
+    token the master requires (``str`` or ``bytes``); when it is None and ``network`` is too,
+    the ``$PCCL_TOKEN`` environment variable is used if it is set and not empty, as ``pccl
+    master`` does — so one exported variable serves the master and its peers.  ``network``
+    defaults to real TCP; a caller that passes its own network (the simulator, a test's memory
+    network) passes its token explicitly too, and the environment is not read.  ``rng`` (when
+    given) draws the handshake nonces (the simulator seeds it).
     Raises ``MasterUnreachable`` (cannot connect, or lost while waiting), ``AuthenticationFailed``
     (wrong or missing run token), ``Kicked``, ``ProtocolError``.  Cancellation while waiting
     leaves the run.  Leaving the block closes the communicator (``aclose``).
@@ -359,6 +370,8 @@ async def open_communicator(
         from .net.tcp import TcpNetwork
 
         network = TcpNetwork(config)
+        if token is None:
+            token = os.environ.get(TOKEN_ENV) or None
     try:
         async with trio.open_nursery() as nursery:
             session = PeerSession(master_address, peer_group=peer_group, token=token, config=config,

@@ -81,7 +81,8 @@ class SharedStateSyncFailed(PCCLError):
 
 
 class RevisionViolation(SharedStateSyncFailed):
-    """The shared-state revision did not advance by exactly one since the last sync."""
+    """This peer took part in its group's last sync and now offers a revision beyond that
+    sync's revision + 1: it jumped without syncing.  The master kicks it."""
 
 
 class CheckpointError(PCCLError):

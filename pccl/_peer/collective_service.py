@@ -12,7 +12,7 @@
    ``TooFewPeers`` (the buffer is untouched), ``STALE_RING`` (a member left or an op aborted
    since the ring was wired) re-wires the group — once no other all-reduce of this peer holds a
    tag, because the master refuses topology votes with collectives in flight — and votes again.
-   ``PHASE_MISMATCH`` (every other member waits in ``update_topology`` or a sync, SPEC §3) is
+   ``PHASE_MISMATCH`` (every other member waits in ``update_topology`` or a sync) is
    ``CollectiveAborted`` caused by ``PhaseMismatch``; ``all_reduce_many`` does not retry it.
 2. **Ring.**  :func:`~pccl.collectives.allreduce.ring_all_reduce` runs in its own cancel scope
    over the current round's lanes.  Meanwhile the tag's messages are intercepted synchronously

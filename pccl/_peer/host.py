@@ -27,8 +27,8 @@ __all__ = ["PeerHost", "Counters", "CollectiveRoute", "MasterLost"]
 
 
 class MasterLost(PCCLError):
-    """The master connection an operation belonged to is gone; the session reconnects (SPEC §3
-    "Master restart").  Services turn it into their own retryable error (the all-reduce into
+    """The master connection an operation belonged to is gone; the session reconnects to a
+    restarted master.  Services turn it into their own retryable error (the all-reduce into
     ``CollectiveAborted``, the sync into ``SharedStateSyncFailed``); it never reaches a user."""
 
 

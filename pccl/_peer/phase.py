@@ -148,7 +148,8 @@ class PhaseRule:
     def begin_collective(self, tag: int) -> None:
         """Collective ``tag`` is in flight from now on (until :meth:`end_collective`)."""
         if tag in self._tags:
-            raise InvalidUsage(f"collective tag {tag} is already in flight")
+            raise InvalidUsage(f"collective tag {tag} is already in flight; concurrent collectives need distinct "
+                               f"tags: pass tag= a number no other call in flight uses")
         self.check(Call.COLLECTIVE)
         self._tags.add(tag)
 

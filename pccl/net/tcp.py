@@ -12,7 +12,7 @@ two paths behind the same :class:`TcpStream` methods:
   in a Trio worker thread (GIL released in the syscalls), so a process can copy in both
   directions on two cores while its Trio thread does other work.  A thread hand-off costs
   ~35 us per call, which made it slower than the Trio path on the 2-core box for chunks below
-  ~4 MiB and no faster above; it is there for many-core hosts (ARCHITECTURE.md §6).
+  ~4 MiB and no faster above; it is there for many-core hosts.
 
 A third way is for bulk data paths that want whole loops in threads: :meth:`TcpStream.blocking_io`
 (:mod:`pccl.net.thread_io`) hands out blocking ``sendall``/``recv_into``/``poll`` for worker threads

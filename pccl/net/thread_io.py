@@ -1,6 +1,6 @@
 """Thread-side blocking I/O: the optional bulk fast path a :class:`~pccl.net.base.Stream` may offer.
 
-Trio's event loop costs real throughput on bulk bytes (ARCHITECTURE.md §6: a ring of blocking
+Trio's event loop costs real throughput on bulk bytes (measured: a ring of blocking
 sockets moved about twice what the same traffic through Trio streams did on the 2-core test box).
 A transport that can do better offers :meth:`Stream.blocking_io`, which returns a
 :class:`BlockingIO`: plain blocking ``send_all``/``receive_into`` to be called from *worker

@@ -26,7 +26,7 @@ class Message(msgspec.Struct, frozen=True, array_like=True, tag_field="t"):
 
 # --- 1–49: master ↔ peer membership (pccl/protocol/master/machine.py, pccl/_peer/) ----------------
 #
-# Flow (see master_state.py for the rules):  peer → Register;  master → Welcome(peer_id).
+# Flow (see pccl/protocol/master/ for the rules):  peer → Register;  master → Welcome(peer_id).
 # Accepted peers → VoteTopology; at consensus master → ConnectToPeers(round, ring, neighbours) to
 # every participant (accepted + newcomers); each dials its ring successor over the p2p port
 # (P2PHello / P2PHelloAck after the framed handshake) → P2PReport(round, ok, unreachable).  All
@@ -57,7 +57,7 @@ class LinkFigure(msgspec.Struct, frozen=True, array_like=True):
 
 
 class Membership(msgspec.Struct, frozen=True, array_like=True):
-    """The attributes of SPEC §2, counting accepted peers only (never pending ones)."""
+    """A communicator's membership attributes, counting accepted peers only (never pending ones)."""
 
     world_size: U32
     global_world_size: U32
@@ -109,7 +109,7 @@ class Heartbeat(Message, tag=5):
     ``sync_tx_bytes`` and ``sync_rx_bytes`` describe its last one; ``tx_bytes``/``rx_bytes`` are
     its running totals of all-reduce and shared-state payload bytes.  Trailing fields with
     defaults keep the wire compatible both ways (msgspec fills missing trailing fields with
-    their defaults and skips extra ones), so the protocol version stays 5.
+    their defaults and skips extra ones), so adding them did not change the protocol version.
     """
 
     synced: bool = False
@@ -198,7 +198,8 @@ class P2PHelloAck(Message, tag=41):
     round: U64
 
 
-# --- 50–79: collective votes (master side in master_state.py; data path in pccl/collectives) ---
+# --- 50–79: collective votes (master side in pccl/protocol/master/collectives.py; data path in
+# pccl/collectives) ---
 #
 # Every accepted peer of a group sends CollectiveInit(tag, params).  At consensus the master
 # checks the parameters agree and answers Commence(tag, seq, ring) — or CollectiveRejected(tag,
@@ -290,7 +291,7 @@ COLLECTIVE_MESSAGES: tuple[type[Message], ...] = (
     CollectiveRejected, CollectiveWithdraw,
 )
 
-# --- 80–109: shared state (election in election.py, votes in sync_state.py, transfer in
+# --- 80–109: shared state (election in master/election.py, votes in master/sync.py, transfer in
 # pccl/_peer/sync.py) -----------------------------------------------------------------------------
 #
 # Every accepted peer of a group sends SyncVote(revision, strategy, entries) — entries sorted by
@@ -475,7 +476,7 @@ class AuthResult(Message, tag=202):
     reason: str = ""
 
 
-# --- 110–129: topology optimisation (master side in master_state.py, probes in pccl/_peer/probes.py) --
+# --- 110–129: topology optimisation (master side in master/optimize.py, probes in pccl/_peer/probes.py)
 #
 # Every accepted peer of a group sends VoteOptimize.  At consensus the master sends each member a
 # ProbeRequest naming the members it has no measurement from it to (possibly none); each probes

@@ -1,6 +1,6 @@
 """``pccl demo``: a local demo cluster — a master and N peer processes training in lockstep.
 
-Each peer runs the recommended loop of SPEC §2 through the public API: ``open_communicator``,
+Each peer runs the recommended training loop through the public API: ``open_communicator``,
 ``Communicator.steps(state)`` (accept newcomers, wait while alone, sync the shared state), an
 all-reduce of its gradient (``all_reduce_many``, which retries on the survivors when a peer dies
 mid-op), and a deterministic update of the shared weights.  The model is deliberately tiny: each
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import zlib
 from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from ..config import Config
 from ..errors import CollectiveAborted, TooFewPeers
 from ..types import ReduceOp
 
-__all__ = ["add_parsers", "COMMANDS"]
+__all__ = ["add_parsers", "COMMANDS", "Cluster", "run_chaos"]
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,9 @@ def _run_peer(args: argparse.Namespace) -> int:
 
 
 @dataclass
-class _Cluster:
+class Cluster:
+    """The demo driver's view of its peers: processes by name, their final reports, the kills."""
+
     master: str
     args: argparse.Namespace
     procs: dict[str, trio.Process] = field(default_factory=dict)
@@ -135,7 +138,7 @@ class _Cluster:
     last_step: int = 0
 
 
-async def _pump_output(cluster: _Cluster, name: str, proc: trio.Process) -> None:
+async def _pump_output(cluster: Cluster, name: str, proc: trio.Process) -> None:
     buffer = b""
     assert proc.stdout is not None
     async for chunk in proc.stdout:
@@ -161,7 +164,7 @@ async def _pump_output(cluster: _Cluster, name: str, proc: trio.Process) -> None
                 print(f"[{name}] " + ", ".join(f"{k} {v}" for k, v in record.items()))
 
 
-async def _spawn(cluster: _Cluster, nursery: trio.Nursery) -> None:
+async def _spawn(cluster: Cluster, nursery: trio.Nursery) -> None:
     name = f"peer{cluster.spawned}"
     cluster.spawned += 1
     args = cluster.args
@@ -175,17 +178,30 @@ async def _spawn(cluster: _Cluster, nursery: trio.Nursery) -> None:
     nursery.start_soon(_pump_output, cluster, name, proc)
 
 
-async def _chaos(cluster: _Cluster, nursery: trio.Nursery, rng: random.Random) -> None:
-    while cluster.last_step < cluster.args.steps * 2 // 3 and not cluster.first_done.is_set():
+def _chaos_over(cluster: Cluster) -> bool:
+    """Whether the chaos must stop: a peer finished, or the run is past two thirds of its steps
+    (a newcomer started later could find every other peer finished and wait alone)."""
+    return cluster.first_done.is_set() or cluster.last_step >= cluster.args.steps * 2 // 3
+
+
+async def run_chaos(cluster: Cluster, nursery: trio.Nursery, rng: random.Random,
+                    spawn: Callable[[Cluster, trio.Nursery], Awaitable[None]] | None = None) -> None:
+    """Every ``--chaos-interval`` seconds SIGKILL a random peer that is still training and start
+    a newcomer (``spawn``, default: a new peer process), until :func:`_chaos_over`."""
+    spawn = spawn or _spawn
+    while not _chaos_over(cluster):
         await trio.sleep(cluster.args.chaos_interval)
-        live = sorted(n for n, p in cluster.procs.items() if p.returncode is None)
+        if _chaos_over(cluster):  # checked again: the run went on during the sleep
+            break
+        # Only peers still training: one that reported "done" may not have exited yet.
+        live = sorted(n for n, p in cluster.procs.items() if p.returncode is None and n not in cluster.finals)
         if len(live) < 2:
             continue
         victim = rng.choice(live)
         cluster.procs[victim].send_signal(signal.SIGKILL)
         cluster.killed.append(victim)
         print(f"[demo] SIGKILL {victim} at step ~{cluster.last_step}")
-        await _spawn(cluster, nursery)
+        await spawn(cluster, nursery)
 
 
 async def _demo_main(args: argparse.Namespace) -> int:
@@ -203,7 +219,7 @@ async def _demo_main(args: argparse.Namespace) -> int:
     token = os.environ.get("PCCL_TOKEN") or None
     async with open_master("127.0.0.1:0", token=token, config=DEMO_CONFIG.with_tls_from_env(),
                            status=args.status) as master:
-        cluster = _Cluster(master.address, args)
+        cluster = Cluster(master.address, args)
         if master.status_address is not None:
             print(f"[demo] status page on http://{master.status_address}/")
         print(f"[demo] master on {master.address}; {args.peers} peers, {args.steps} steps, "
@@ -216,7 +232,7 @@ async def _demo_main(args: argparse.Namespace) -> int:
                 if args.chaos:
                     async def chaos() -> None:
                         with chaos_scope:
-                            await _chaos(cluster, nursery, random.Random(args.seed))
+                            await run_chaos(cluster, nursery, random.Random(args.seed))
                     nursery.start_soon(chaos)
                 # A peer that joined just as the others finished waits alone for a partner
                 # forever (that is the protocol: it waits while alone) — give stragglers a grace

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import sys
 from typing import Any
 
@@ -179,8 +180,19 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """``text`` (reST from a docstring) as a terminal shows it: roles and inline literals lose
+    their markup (``:mod:`x``` and ````x```` become ``x``)."""
+    return _ROLE.sub(r"\1", text).replace("``", "")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pccl-sim", description=__doc__.split("\n\n")[0])
+    summary, _, details = (__doc__ or "").partition("\n\n")
+    parser = argparse.ArgumentParser(prog="pccl-sim", description=plain_text(summary),
+                                     epilog=plain_text(details), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def generation(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""The master restarts; the run goes on (SPEC §3 "Master restart"), with real processes.
+"""The master restarts; the run goes on, with real processes.
 
 A master process and three peer processes run the loop of ``examples/hello_world.py``.  The
 master is SIGKILLed once while the peers are inside an all-reduce and once while they are inside

@@ -126,8 +126,8 @@ async def test_no_error_while_one_peer_may_still_come_then_every_peer_gets_one()
 
 async def test_a_steps_loop_goes_on_after_a_peer_skipped_its_all_reduce(caplog: pytest.LogCaptureFixture) -> None:
     """Peer 1's loop skips its all-reduce in step 2 (a bug, or a condition only it saw), so it
-    reaches update_topology while peer 0 waits in all_reduce.  Both loops, written as SPEC §2
-    recommends (an aborted all-reduce goes on to the next step), carry on in lockstep."""
+    reaches update_topology while peer 0 waits in all_reduce.  Both loops, written as the docs
+    recommend (an aborted all-reduce goes on to the next step), carry on in lockstep."""
     steps = 6
     async with _group(2) as (master, comms, _):
         weights = [np.zeros(512, np.float32) for _ in comms]

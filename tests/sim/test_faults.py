@@ -51,7 +51,7 @@ def test_stress_profile_matches_pccl(seed: int) -> None:
     times = [e.t for e in schedule.events]
     gaps = [b - a for a, b in zip([0.0] + times, times)]
     assert all(0.5 <= g <= 2.0 + 1e-6 for g in gaps), gaps
-    # PCCL's stress test, plus (SPEC §3) the master dying and coming back now and then.
+    # PCCL's stress test, plus the master dying and coming back now and then.
     assert {e.kind for e in schedule.events} <= {"spawn", "kill", "master_restart"}
     alive = 4
     for event in schedule.events:

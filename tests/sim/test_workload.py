@@ -63,7 +63,7 @@ def test_lone_peer_waits_with_update_topology_until_someone_joins() -> None:
 
 
 def test_master_restart_peers_reconnect_and_keep_going() -> None:
-    # SPEC §3 "Master restart": the peers keep their communicators, reconnect, register again
+    # A master restart: the peers keep their communicators, reconnect, register again
     # (a restarted master gives their ids back) and train on at full membership.
     scenario = PcclScenario(peers=3)
     trace = run(scenario, _schedule(scenario, [FaultEvent(2.0, "master_restart", host="master", duration=1.0)]))

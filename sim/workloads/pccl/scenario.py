@@ -4,7 +4,7 @@
 
 * on ``master``: ``pccl.open_master(..., network=host.network, rng=host.rng, config=...)`` and
   nothing else (the master is a service);
-* on every ``peer*``: exactly the recommended training loop of SPEC §2 through the public API::
+* on every ``peer*``: exactly the recommended training loop through the public API::
 
       async with pccl.open_communicator(MASTER, network=host.network, rng=host.rng, config=cfg) as comm:
           first = True
@@ -102,7 +102,7 @@ def master_message_directions(peer_directions: Mapping[str, Sequence[str]]) -> d
 
 
 def attributes(comm: pccl.Communicator) -> dict[str, int]:
-    """The membership attributes SPEC §3 requires to agree among peers (plain data)."""
+    """The membership attributes that must agree among peers after each change (plain data)."""
     return {
         "world_size": comm.world_size,
         "global_world_size": comm.global_world_size,
@@ -371,7 +371,7 @@ class PcclScenario(Scenario):
             delay = min(delay * 2, self.backoff[1])
 
     async def _training_loop(self, host: HostContext, comm: pccl.Communicator) -> None:
-        """The recommended loop (SPEC §2), step body = the phases."""
+        """The recommended loop, step body = the phases."""
         step = 0
         first = True
         while True:
