@@ -82,6 +82,7 @@ from ..errors import (
     TooFewPeers,
 )
 from ..protocol import messages as m
+from ..protocol.phases import TopologyVote
 from ..types import Quantization, QuantKind, ReduceInfo, ReduceOp
 from ..collectives.allreduce import ring_all_reduce
 from ..collectives.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
@@ -353,8 +354,15 @@ class AllReduceService:
         """Re-wire the group once no all-reduce of this peer holds a tag (the master refuses a
         topology vote while this peer has a collective in flight).  Concurrent callers share
         the one vote."""
-        while self._holding:
-            await self._holding_changed.wait()
+        while True:
+            while self._holding:
+                await self._holding_changed.wait()
+            # A cancelled call's vote is withdrawn first (the vote waits for that anyway), and
+            # a call that started meanwhile holds its tag: wait for it too, or the vote would
+            # be refused with a collective in flight.
+            await self._host.settled()
+            if not self._holding:
+                break
         log.info("peer %x: ring is stale, re-wiring the group before retrying", self._host.peer_id)
         await self._host.rewire()
 
@@ -370,6 +378,11 @@ class AllReduceService:
         self._holding_changed = trio.Event()
 
     async def _attempt(self, plan: _Plan) -> ReduceInfo:
+        while self._host.phase.topology_vote is TopologyVote.REWIRE:
+            # Another call of this peer met a stale ring and re-wires the group (an internal
+            # vote, which refuses collectives while it stands): this legal call joins that vote
+            # and starts on the new ring, never refused (``InvalidUsage``).
+            await self._host.rewire()
         epoch = self._follow_master()
         if epoch != plan.epoch:
             # A call never spans two masters: its peers' loops may stand anywhere after a restart.

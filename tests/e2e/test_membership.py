@@ -35,6 +35,7 @@ from pccl.net.framed import open_framed
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol import codec
 from pccl.protocol import messages as m
+from pccl.protocol.phases import TopologyVote
 from inproc_group import admit
 
 TOKEN = "e2e-run-token"
@@ -671,6 +672,38 @@ async def test_an_accept_vote_and_a_rewire_vote_in_one_group_do_not_wait_for_eac
                 voters.start_soon(a.update_topology)
                 voters.start_soon(pccl.testing.session(b).rewire)  # the all-reduce's internal vote
             assert a.world_size == b.world_size == 2 and a.ring == b.ring
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_collective_called_while_an_internal_rewire_stands_waits_for_it_not_refused(
+        master: pccl.Master) -> None:
+    # PCCL's stress pattern, at its race: one call met a stale ring and re-wires the group (the
+    # all-reduce's internal vote), and a call on another tag arrives meanwhile.  That call is
+    # legal: it waits for the re-wire and runs on the new ring (it was refused with
+    # "cannot start a collective while a topology vote (rewire) is outstanding").
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a])
+            nursery.start_soon(pccl.testing.session(a).rewire)
+            await _wait_until(lambda: pccl.testing.session(a).phase.topology_vote is TopologyVote.REWIRE,
+                              "a's re-wire vote stands")
+            results: dict[str, np.ndarray] = {}
+
+            async def reduce(comm: pccl.Communicator, name: str, value: float) -> None:
+                x = np.full(1000, value, np.float32)
+                await comm.all_reduce(x, tag=7)
+                results[name] = x
+
+            async with trio.open_nursery() as calls:
+                calls.start_soon(reduce, a, "a", 1.0)
+                await trio.sleep(0.2)
+                assert not results and pccl.testing.session(a).phase.topology_vote is TopologyVote.REWIRE
+                calls.start_soon(pccl.testing.session(b).rewire)  # b's own internal vote: the round completes
+                while pccl.testing.session(b).phase.topology_vote is not TopologyVote.REWIRE:
+                    await trio.lowlevel.checkpoint()  # b's vote is out; the master's answer is a round trip away
+                calls.start_soon(reduce, b, "b", 2.0)  # b too calls while its re-wire stands
+            assert results["a"].tolist() == results["b"].tolist() == [3.0] * 1000
+            assert master.statistics().kicks == 0
             nursery.cancel_scope.cancel()
 
 
