@@ -52,7 +52,9 @@ import trio.testing
 from .schedule import FaultEvent, Schedule
 from .tap import FrameFormat, Tap
 from .determinism import derive_rng, deterministic_trio, poll_only_when_idle, sim_clock
-from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World
+from .hosts import CURRENT_INCARNATION, Incarnation
+from .network import World
+from .topology import LinkSpec
 from .streams import SimNetwork
 from .trace import Trace, TraceEvent
 
@@ -182,7 +184,7 @@ class HostContext:
 
     async def sleep(self, seconds: float) -> None:
         """``trio.sleep(seconds)`` for the host's simulated work, cheaper; ordered as
-        :meth:`~sim.engine.network.World.sleep_until` says.  ``ValueError`` for a negative or
+        :meth:`~sim.engine.clock.EventQueue.sleep_until` says.  ``ValueError`` for a negative or
         NaN duration, as trio's."""
         if not seconds >= 0:
             raise ValueError(f"sleep: seconds must be >= 0, got {seconds!r}")
@@ -376,7 +378,7 @@ class Simulation:
                 )
             if inc.alive:  # returned or crashed: the process exits, its kernel closes its sockets
                 self.hosts.pop(ctx.name, None)
-                self.world._end(ctx.name, "exit")
+                self.world.hosts.end(ctx.name, "exit")
 
     def _classify(self, record: _HostRecord, exc: BaseException) -> None:
         leaves = [e for e in _leaves(exc) if not isinstance(e, trio.Cancelled)]
@@ -522,7 +524,7 @@ def run(scenario: Scenario, schedule: Schedule, *, options: RunOptions | None = 
     """
     options = options or RunOptions()
     sim = Simulation(scenario, schedule, options)
-    clock = sim_clock(sim.world)  # delivers the network's events when the run goes idle
+    clock = sim_clock(sim.world.queue)  # delivers the network's events when the run goes idle
     instrument = _LoopInstrument(sim, clock, options.livelock_iterations, options.count_task_steps)
     gc.collect()
     # The cyclic collector cost ~3% of a run: with the default threshold (700) a young pass ran
@@ -579,7 +581,7 @@ def simulate(
         world = World(seed=seed, network_class=network_class, trace=trace, default_link=default_link,
                       send_buffer=send_buffer)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(world.run)
+            nursery.start_soon(world.queue.run)
             with trio.fail_at(deadline):
                 result = await fn(world)
             nursery.cancel_scope.cancel()

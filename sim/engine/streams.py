@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import trio
 
 from .errors import ENGINE_ERRORS, TransportErrors
-from .network import _LOOPBACK, _WILDCARD, CURRENT_INCARNATION, Incarnation, OneWaiter, Pipe
+from .delivery import OneWaiter, Pipe
+from .hosts import CURRENT_INCARNATION, LOOPBACK, WILDCARD, Incarnation
 
 if TYPE_CHECKING:
     from .network import World
@@ -116,8 +117,9 @@ class SimStream:
         self._net = net
         self._errors = net.errors
         self._world = net._world
+        self._delivery = net._world.delivery
         self._inc = net._inc
-        self._id = self._world._stream_id()
+        self._id = self._delivery.next_stream_id()
         self.local_address = local
         self.remote_address = remote
         self._out: Pipe = None  # type: ignore[assignment]  # set by _wire
@@ -173,7 +175,7 @@ class SimStream:
         self._sending = True
         try:
             out = self._out
-            world = self._world
+            world = self._delivery
             total = len(view)
             offset = 0
             check = False  # _enter just checked closed and dead
@@ -220,7 +222,7 @@ class SimStream:
         out = self._out
         if out.dead or self._inc.host.stalled or self._net._dead_caller("send_nowait") is not None:
             return 0
-        world = self._world
+        world = self._delivery
         n = min(world.send_buffer - out.queued, len(view))
         if n <= 0:
             return 0
@@ -303,7 +305,7 @@ class SimStream:
         pipe.read += filled
         if pipe.window_blocked:
             pipe.link.unblock(pipe)
-        tap = self._world.tap
+        tap = self._delivery.tap
         if tap is not None:
             tap.on_read(self, view[:filled])
         return filled
@@ -373,7 +375,7 @@ class SimStream:
         self._rst_sent = True
         out = self._out
         out.drop()
-        out.link.send_control(self._world._arrive_rst, (self._peer,), out)
+        out.link.send_control(self._delivery.arrive_rst, (self._peer,), out)
 
     def _on_reset(self) -> None:
         """An RST arrived: the connection is gone (a received EOF still reads as EOF)."""
@@ -500,7 +502,7 @@ def _syn_arrive(attempt: _ConnectAttempt) -> None:
     host = world.hosts.get(attempt.target)
     if host is None or not host.machine_up:
         return  # nobody answers: the client times out
-    back = world.link(attempt.target, src_inc.name)
+    back = world.delivery.link(attempt.target, src_inc.name)
     listener = host.listeners.get(attempt.port)
     if listener is None or listener._closed or not listener._net._inc.alive:
         back.send_control(attempt.refused, ())
@@ -511,7 +513,7 @@ def _syn_arrive(attempt: _ConnectAttempt) -> None:
         remote=format_address(attempt.target, attempt.port),
     )
     server = listener._net.stream_class(listener._net, local=listener.address, remote=client.local_address)
-    client._wire(server, world.link(src_inc.name, attempt.target))
+    client._wire(server, world.delivery.link(src_inc.name, attempt.target))
     server._wire(client, back)
     listener._backlog.append(server)
     if listener._lot:
@@ -560,7 +562,7 @@ class SimNetwork:
             if inc is not None and not inc.alive:
                 assert inc.died_at is not None
                 if trio.current_time() > inc.died_at:
-                    self._world.zombie(inc, operation)
+                    inc.zombie(operation)
                 return inc
         return None
 
@@ -588,7 +590,7 @@ class SimNetwork:
         self._raise_if_dead(operation)
 
     def _resolve(self, name: str) -> str | None:
-        if name == self._inc.name or name in _LOOPBACK:
+        if name == self._inc.name or name in LOOPBACK:
             return self._inc.name
         return name if name in self._world.hosts else None
 
@@ -613,7 +615,7 @@ class SimNetwork:
             raise errors.connection_refused(f"cannot resolve {name!r} for {address}")
         attempt = _ConnectAttempt(self, target, port)
         self._inc.attempts.append(attempt)
-        world.link(self._inc.name, target).send_control(_syn_arrive, (attempt,))
+        world.delivery.link(self._inc.name, target).send_control(_syn_arrive, (attempt,))
         try:
             with trio.move_on_after(limit):
                 while attempt.result is None:
@@ -644,7 +646,7 @@ class SimNetwork:
         if port_range < 1:
             raise errors.invalid_argument(f"port_range must be at least 1, got {port_range}")
         await self._enter("listen")
-        if name != self._inc.name and name not in _LOOPBACK and name not in _WILDCARD:
+        if name != self._inc.name and name not in LOOPBACK and name not in WILDCARD:
             raise errors.transport(f"cannot listen on {address}: not an address of host {self._inc.name}")
         host = self._inc.host
         if port == 0:
