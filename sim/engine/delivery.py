@@ -43,7 +43,7 @@ from .determinism import derive_rng
 from .hosts import Hosts, Incarnation
 from .topology import LinkSpec, Topology
 
-__all__ = ["OneWaiter", "StreamEnd", "Pipe", "Link", "Uplink", "Delivery"]
+__all__ = ["OneWaiter", "Endpoint", "Pipe", "Link", "Uplink", "Delivery"]
 
 
 class OneWaiter:
@@ -76,21 +76,21 @@ class OneWaiter:
             trio.lowlevel.reschedule(task)
 
 
-class StreamEnd(Protocol):
-    """What arrivals need of one end of a connection (:class:`sim.engine.streams.SimStream`):
-    the receive side that they fill, and the reset an RST starts."""
+class Endpoint(Protocol):
+    """What arrivals need of one end of a connection (:class:`sim.engine.sockets.Socket`): the
+    receive side that they fill, and the reset an RST starts."""
 
-    _inc: Incarnation
-    _rbuf: deque[memoryview]
-    _rbuf_bytes: int
-    _recv_lot: OneWaiter
-    _eof: bool
-    _reset: bool
-    _closed: bool
+    inc: Incarnation
+    rbuf: deque[memoryview]
+    rbuf_bytes: int
+    recv_lot: OneWaiter
+    eof: bool
+    reset: bool
+    closed: bool
 
-    def _send_rst(self) -> None: ...
+    def send_rst(self) -> None: ...
 
-    def _on_reset(self) -> None: ...
+    def on_reset(self) -> None: ...
 
 
 class Uplink:
@@ -149,7 +149,7 @@ class Pipe:
         "send_lot", "dead",
     )
 
-    def __init__(self, link: Link, src: StreamEnd, dst: StreamEnd) -> None:
+    def __init__(self, link: Link, src: Endpoint, dst: Endpoint) -> None:
         self.link = link
         self.src = src
         self.dst = dst
@@ -342,7 +342,7 @@ class Delivery:
         self.tap: Any = None
         self.links: dict[tuple[str, str], Link] = {}
         self._uplinks: dict[str, Uplink] = {}
-        self._next_stream_id = 0
+        self._next_socket_id = 0
         topology.subscribe(self._respec)
 
     def link(self, src: str, dst: str) -> Link:
@@ -380,47 +380,47 @@ class Delivery:
             if src == host:
                 link.control.clear()
 
-    def next_stream_id(self) -> int:
-        """A number for a new connection end, unique in the world."""
-        self._next_stream_id += 1
-        return self._next_stream_id
+    def next_socket_id(self) -> int:
+        """A number for a new socket, unique in the world."""
+        self._next_socket_id += 1
+        return self._next_socket_id
 
     # -- arrivals (event callbacks) ----------------------------------------------------------
 
     def arrive_data(self, pipe: Pipe, views: list[memoryview], n: int) -> None:
         dst = pipe.dst
-        dst_host = dst._inc.host
+        dst_host = dst.inc.host
         pipe.link.carried += n
         if self.tap is not None:
             self.tap.on_carried(pipe.link.src, pipe.link.dst, n)
         if not dst_host.machine_up or pipe.dead:
             return  # black hole: never acknowledged
-        if dst._closed or dst._reset or not dst._inc.alive:
-            dst._send_rst()  # the kernel answers data for a socket that is gone
+        if dst.closed or dst.reset or not dst.inc.alive:
+            dst.send_rst()  # the kernel answers data for a socket that is gone
             return
-        dst._rbuf.extend(views)
-        dst._rbuf_bytes += n
+        dst.rbuf.extend(views)
+        dst.rbuf_bytes += n
         pipe.arrived += n
         link = pipe.link
         back = link.reverse
         if back is None:
             back = link.reverse = self.link(link.dst, link.src)
         pipe.acks.append((trio.current_time() + back.delay(), pipe.arrived))
-        if dst._recv_lot:
-            dst._recv_lot.unpark_all()
+        if dst.recv_lot:
+            dst.recv_lot.unpark_all()
 
     def arrive_fin(self, pipe: Pipe) -> None:
         dst = pipe.dst
-        if not dst._inc.host.machine_up or pipe.dead:
+        if not dst.inc.host.machine_up or pipe.dead:
             return
-        dst._eof = True
-        if dst._recv_lot:
-            dst._recv_lot.unpark_all()
+        dst.eof = True
+        if dst.recv_lot:
+            dst.recv_lot.unpark_all()
 
-    def arrive_rst(self, target: StreamEnd) -> None:
-        if not target._inc.host.machine_up:
+    def arrive_rst(self, target: Endpoint) -> None:
+        if not target.inc.host.machine_up:
             return
-        target._on_reset()
+        target.on_reset()
 
     def statistics(self) -> dict[str, int]:
         return {

@@ -51,21 +51,21 @@ Ending = Literal["exit", "kill", "power_off"]
 
 class SocketEnd(Protocol):
     """What an ending needs of one of the incarnation's connection ends
-    (:class:`sim.engine.streams.SimStream`)."""
+    (:class:`sim.engine.sockets.Socket`)."""
 
-    _in: Any
+    def peer_sending(self) -> bool: ...
 
-    def _send_rst(self) -> None: ...
+    def send_rst(self) -> None: ...
 
-    def _close(self, *, abortive: bool) -> None: ...
+    def close(self, *, abortive: bool) -> None: ...
 
-    def _die(self, *, reset: bool) -> None: ...
+    def die(self, *, reset: bool) -> None: ...
 
 
 class PortEnd(Protocol):
-    """What an ending needs of a bound port (:class:`sim.engine.streams.SimListener`)."""
+    """What an ending needs of a bound port (:class:`sim.engine.sockets.ListenSocket`)."""
 
-    def _shutdown(self, *, reset_backlog: bool) -> None: ...
+    def shutdown(self, *, reset_backlog: bool) -> None: ...
 
 
 class PendingConnect(Protocol):
@@ -84,7 +84,7 @@ class Host:
         #: Stall depth (stalls nest); while positive the host's traffic and operations are held.
         self.stalled = 0
         self.stall_lot = trio.lowlevel.ParkingLot()
-        self.listeners: dict[int, Any] = {}  # port -> bound port (the streams module looks it up)
+        self.listeners: dict[int, Any] = {}  # port -> sim.engine.sockets.ListenSocket (the handshake looks it up)
         self.next_ephemeral = 49152
         self.incarnations = 0
         self.orphans: list[SocketEnd] = []  # connections of a powered-off incarnation
@@ -105,7 +105,7 @@ class Incarnation:
         self.alive = True
         self.died_at: float | None = None
         self.death: Ending | None = None
-        self.streams: dict[int, SocketEnd] = {}  # insertion-ordered: deterministic teardown
+        self.sockets: dict[int, SocketEnd] = {}  # insertion-ordered: deterministic teardown
         self.listeners: dict[int, PortEnd] = {}
         self.attempts: list[PendingConnect] = []
         self._hosts = hosts
@@ -113,6 +113,10 @@ class Incarnation:
     @property
     def name(self) -> str:
         return self.host.name
+
+    def record(self, kind: str, **data: Any) -> None:
+        """Append a trace event from this host (network events: connect, listen, reset …)."""
+        self._hosts.trace.record(self.host.name, kind, **data)
 
     def zombie(self, operation: str) -> None:
         """This (dead) incarnation's code ran ``operation`` after its death instant: report it."""
@@ -184,10 +188,9 @@ class Hosts:
     def _answer_orphans(self, host: Host) -> None:
         """A machine comes back after a power-off: peers still retransmitting into its old
         connections now reach a kernel that knows nothing of them, and it answers RST."""
-        for stream in host.orphans:
-            peer_pipe = stream._in
-            if peer_pipe is not None and (peer_pipe.queued or peer_pipe.transmitted > peer_pipe.arrived):
-                stream._send_rst()
+        for socket in host.orphans:
+            if socket.peer_sending():
+                socket.send_rst()
         host.orphans.clear()
 
     def end(self, name: str, how: Ending) -> Incarnation | None:
@@ -205,14 +208,14 @@ class Hosts:
         host.process = None
         self.trace.record("net", how, host=name, incarnation=inc.number)
         if how == "power_off":
-            host.orphans.extend(inc.streams.values())
+            host.orphans.extend(inc.sockets.values())
         for listener in list(inc.listeners.values()):
-            listener._shutdown(reset_backlog=how == "exit")
-        for stream in list(inc.streams.values()):
+            listener.shutdown(reset_backlog=how == "exit")
+        for socket in list(inc.sockets.values()):
             if how == "exit":  # the process ended: its kernel closes the sockets (FIN, or RST)
-                stream._close(abortive=False)
+                socket.close(abortive=False)
             else:
-                stream._die(reset=how == "kill")
+                socket.die(reset=how == "kill")
         for attempt in inc.attempts:
             attempt.abandon()
         inc.attempts.clear()
