@@ -242,7 +242,7 @@ class _LoopInstrument(trio.abc.Instrument):
         if now == self._instant:
             self._same += 1
             if self._same == self.limit:
-                self.sim._livelock(now, self._same)
+                self.sim.livelock(now, self._same)
         else:
             self._instant = now
             self._same = 0
@@ -315,7 +315,9 @@ class Simulation:
             inc.name,
         )
 
-    def _livelock(self, now: float, iterations: int) -> None:
+    def livelock(self, now: float, iterations: int) -> None:
+        """The watchdog's verdict: ``iterations`` scheduler loop iterations at virtual time ``now``
+        without it moving on.  Fails the run and ends it."""
         self.fail("liveness", f"livelock: {iterations} scheduler iterations without virtual time passing at t={now}")
         self._finished.set()
         if self._nursery is not None:
