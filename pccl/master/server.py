@@ -39,6 +39,7 @@ import logging
 import math
 import random
 import signal
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -150,6 +151,7 @@ class Master:
 
     def __init__(self, server: _MasterServer) -> None:
         self._server = server
+        _SERVERS[self] = server
 
     @property
     def address(self) -> str:
@@ -176,6 +178,17 @@ class Master:
         """Stop serving: close the listener and every connection.  Idempotent."""
         self._server.stop()
         await trio.lowlevel.checkpoint()
+
+
+#: Master -> the server under it (read by :func:`server_of`; the master keeps no public handle
+#: on it).
+_SERVERS: weakref.WeakKeyDictionary[Master, _MasterServer] = weakref.WeakKeyDictionary()
+
+
+def server_of(master: Master) -> _MasterServer:
+    """The server under ``master``, for pccl's own test hooks (:mod:`pccl.testing`): no
+    compatibility promise, not part of the public face."""
+    return _SERVERS[master]
 
 
 class _MasterServer:

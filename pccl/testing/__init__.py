@@ -4,6 +4,7 @@ private attributes.  Not part of the public face (``import pccl`` does not impor
 without any compatibility promise.
 
 - :func:`session`, :func:`sync_service`, :func:`all_reduce_service`: a communicator's parts.
+- :func:`install_master_state`: a master runs another consensus machine (a planted fault).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from .._peer.collective_service import AllReduceService
 from .._peer.session import PeerSession
 from .._peer.sync import StateSyncService
 from ..communicator import Communicator, internals_of
+from ..master.server import Master, server_of
+from ..protocol.master.machine import MasterState
 
-__all__ = ["session", "sync_service", "all_reduce_service"]
+__all__ = ["session", "sync_service", "all_reduce_service", "install_master_state"]
 
 
 def session(comm: Communicator) -> PeerSession:
@@ -29,3 +32,17 @@ def sync_service(comm: Communicator) -> StateSyncService:
 def all_reduce_service(comm: Communicator) -> AllReduceService:
     """``comm``'s all-reduce service."""
     return internals_of(comm).all_reduce
+
+
+def install_master_state(master: Master, state: MasterState) -> None:
+    """Make ``master`` run ``state`` as its consensus machine from now on: a planted fault, such
+    as the simulator's broken masters (:mod:`sim.workloads.pccl.mutants`).  Call it right after
+    the master started, before any peer can have connected (a connect takes a round trip).
+
+    Raises ``RuntimeError``, and changes nothing, once a peer is connected or known to the
+    machine: the machine it started with has seen that peer, and the new one would not know it.
+    """
+    server = server_of(master)
+    if server.conns or server.state.peers():
+        raise RuntimeError("cannot install a master state: peers are connected already")
+    server.state = state

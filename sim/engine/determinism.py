@@ -10,6 +10,14 @@ if they move, and ``tests/sim/test_trio_hooks.py`` proves that they still make r
 Every other random choice of a run (link jitter, each host's RNG, schedule generation) draws from
 a ``random.Random`` that :func:`derive_rng` derives from the seed and a purpose, so removing one
 consumer leaves the others' numbers alone.
+
+Rules:
+
+* trio's private names are reached only here, by the names in the table below (with ``getattr``
+  and ``setattr``, never as ``x._name``: the rest of the engine touches no foreign private
+  member, and the layering test holds this module to that too), and :func:`check_trio_hooks`
+  checks each of them before a run relies on it;
+* whatever is changed in trio for a run is restored afterwards.
 """
 
 from __future__ import annotations
@@ -29,6 +37,13 @@ __all__ = [
 ]
 
 
+#: trio's private names the simulator relies on (see the rules above).
+_SCHEDULER_RNG = "_r"  # trio._core._run: the RNG that shuffles each batch of runnable tasks
+_DETERMINISTIC_FLAG = "_ALLOW_DETERMINISTIC_SCHEDULING"  # trio._core._run: sort batches first
+_AUTOJUMP = "_autojump"  # MockClock: what the run loop calls when the run is idle
+_IO_WAITERS = "_registered"  # the epoll I/O manager: fd -> its waiters
+
+
 class TrioHooksChanged(RuntimeError):
     """trio's private scheduler hooks are not where the simulator expects them."""
 
@@ -42,21 +57,20 @@ def _run_module():  # type: ignore[no-untyped-def]
 
 
 def check_trio_hooks() -> None:
-    """Raise :class:`TrioHooksChanged` unless ``_r`` is a ``random.Random`` and the flag exists."""
+    """Raise :class:`TrioHooksChanged` unless ``_r`` is a ``random.Random``, the flag exists and
+    ``MockClock`` still has the autojump hook :func:`sim_clock` replaces."""
     run = _run_module()
-    rng = getattr(run, "_r", None)
+    rng = getattr(run, _SCHEDULER_RNG, None)
     if not isinstance(rng, random.Random):
         raise TrioHooksChanged(
             f"trio._core._run._r is {type(rng).__name__}, not random.Random: the simulator cannot "
             "seed trio's scheduler; pin trio to a tested version (see pyproject.toml)"
         )
-    clock = trio.testing.MockClock()
-    if not all(hasattr(clock, name) for name in ("_rate", "_virtual_base", "_autojump")):
+    if not callable(getattr(trio.testing.MockClock(), _AUTOJUMP, None)):
         raise TrioHooksChanged(
-            "trio.testing.MockClock has no _rate / _virtual_base / _autojump: sim_clock needs adapting; "
-            "pin trio to a tested version"
+            "trio.testing.MockClock has no _autojump: sim_clock needs adapting; pin trio to a tested version"
         )
-    flag = getattr(run, "_ALLOW_DETERMINISTIC_SCHEDULING", None)
+    flag = getattr(run, _DETERMINISTIC_FLAG, None)
     if not isinstance(flag, bool):
         raise TrioHooksChanged(
             "trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING is missing or not a bool: trio's "
@@ -78,15 +92,16 @@ def deterministic_trio(seed: int | str) -> Iterator[None]:
     """
     check_trio_hooks()
     run = _run_module()
-    saved_flag = run._ALLOW_DETERMINISTIC_SCHEDULING
-    saved_state = run._r.getstate()
-    run._ALLOW_DETERMINISTIC_SCHEDULING = True
-    run._r.seed(trio_seed(seed))
+    rng: random.Random = getattr(run, _SCHEDULER_RNG)
+    saved_flag = getattr(run, _DETERMINISTIC_FLAG)
+    saved_state = rng.getstate()
+    setattr(run, _DETERMINISTIC_FLAG, True)
+    rng.seed(trio_seed(seed))
     try:
         yield
     finally:
-        run._ALLOW_DETERMINISTIC_SCHEDULING = saved_flag
-        run._r.setstate(saved_state)
+        setattr(run, _DETERMINISTIC_FLAG, saved_flag)
+        rng.setstate(saved_state)
 
 
 class _IdlePoller:
@@ -113,7 +128,7 @@ class _IdlePoller:
         self._process_events = real.process_events
         self._skipped = 0
         self._entries = entries  # trio's EntryQueue: .queue (deque), .idempotent_queue (dict)
-        self._registered = real._registered  # fd -> waiters (EpollIOManager)
+        self._registered = getattr(real, _IO_WAITERS)  # fd -> waiters (EpollIOManager)
         self._wakeup_fd = entries.wakeup.wakeup_sock.fileno()
         #: How many times the OS was asked (tests read it).
         self.polls = 0
@@ -156,48 +171,48 @@ class IdleEvents(Protocol):
 
 
 def sim_clock(events: IdleEvents | None = None) -> trio.testing.MockClock:
-    """A ``MockClock(autojump_threshold=0)`` that reads the time and jumps more cheaply (the
-    class is final, so the instance gets its own two methods): with ``rate`` 0 (a simulated
-    run's) virtual time is ``_virtual_base`` exactly, so no real clock is read (trio reads the
-    time a few times per loop iteration, the simulation at every network operation); an
-    autojump goes to the runner's next deadline without building
-    ``trio.lowlevel.current_statistics()`` first.
+    """A ``MockClock(autojump_threshold=0)`` that keeps virtual time itself and jumps more cheaply
+    (the class is final, so the instance gets its own methods): time is a number it sets, so no
+    real clock is read (trio reads the time a few times per loop iteration, the simulation at
+    every network operation), and an autojump goes to the runner's next deadline without
+    building ``trio.lowlevel.current_statistics()`` first.  Its ``rate`` stays 0: virtual time
+    moves only by jumps (``jump`` too works as ``MockClock.jump``).
 
     With ``events``, the clock also delivers them, where trio would otherwise wake a task for
     each: when the run goes idle (no task runnable, nothing to poll), events already due run
     at once; else time jumps to whichever comes first, the next event or the next deadline
-    (exactly to it), and the events due then run before the tasks of that instant do.  The
-    callbacks run in the scheduler (no task): they may reschedule and cancel tasks, start
-    tasks in a nursery and read the time, never await."""
+    (exactly to it: a sum may miss it by an ulp), and the events due then run before the tasks
+    of that instant do.  The callbacks run in the scheduler (no task): they may reschedule and
+    cancel tasks, start tasks in a nursery and read the time, never await."""
     clock = trio.testing.MockClock(autojump_threshold=0)
-    slow_time = clock.current_time
     run = _run_module()  # (once: an import statement per jump showed in profiles)
+    now = [clock.current_time()]
 
     def current_time() -> float:
-        return slow_time() if clock._rate else clock._virtual_base
+        return now[0]
 
-    def jump_to(target: float, now: float) -> None:
-        if clock._rate:
-            clock.jump(target - now)
-        else:
-            clock._virtual_base = target  # exactly the deadline (a sum may miss it by an ulp)
+    def jump(seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("time can't go backwards")
+        now[0] += seconds
 
     def autojump() -> None:
-        now = current_time()
+        at = now[0]
         due = math.inf
         if events is not None:
             due = events.next_time()
-            if due <= now:
-                events.deliver(now)
+            if due <= at:
+                events.deliver(at)
                 return
         target = min(run.GLOBAL_RUN_CONTEXT.runner.deadlines.next_deadline(), due)
-        if now < target < math.inf:
-            jump_to(target, now)
+        if at < target < math.inf:
+            now[0] = target
             if events is not None and due <= target:
                 events.deliver(target)
 
     clock.current_time = current_time  # type: ignore[method-assign]
-    clock._autojump = autojump  # type: ignore[method-assign]
+    clock.jump = jump  # type: ignore[method-assign]
+    setattr(clock, _AUTOJUMP, autojump)
     return clock
 
 
@@ -217,7 +232,7 @@ def poll_only_when_idle(on_iteration: Callable[[], None]) -> None:
     if (
         runner is None
         or not hasattr(io_manager, "get_events")
-        or not isinstance(getattr(io_manager, "_registered", None), dict)
+        or not isinstance(getattr(io_manager, _IO_WAITERS, None), dict)
         or not hasattr(runner, "runq")
         or not hasattr(entries, "queue")
         or not hasattr(entries, "idempotent_queue")

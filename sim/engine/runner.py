@@ -52,7 +52,9 @@ import trio.testing
 from .schedule import FaultEvent, Schedule
 from .tap import FrameFormat, Tap
 from .determinism import derive_rng, deterministic_trio, poll_only_when_idle, sim_clock
-from .network import CURRENT_INCARNATION, Incarnation, LinkSpec, World
+from .hosts import CURRENT_INCARNATION, Incarnation
+from .network import World
+from .topology import LinkSpec
 from .streams import SimNetwork
 from .trace import Trace, TraceEvent
 
@@ -182,7 +184,7 @@ class HostContext:
 
     async def sleep(self, seconds: float) -> None:
         """``trio.sleep(seconds)`` for the host's simulated work, cheaper; ordered as
-        :meth:`~sim.engine.network.World.sleep_until` says.  ``ValueError`` for a negative or
+        :meth:`~sim.engine.clock.EventQueue.sleep_until` says.  ``ValueError`` for a negative or
         NaN duration, as trio's."""
         if not seconds >= 0:
             raise ValueError(f"sleep: seconds must be >= 0, got {seconds!r}")
@@ -240,7 +242,7 @@ class _LoopInstrument(trio.abc.Instrument):
         if now == self._instant:
             self._same += 1
             if self._same == self.limit:
-                self.sim._livelock(now, self._same)
+                self.sim.livelock(now, self._same)
         else:
             self._instant = now
             self._same = 0
@@ -313,7 +315,9 @@ class Simulation:
             inc.name,
         )
 
-    def _livelock(self, now: float, iterations: int) -> None:
+    def livelock(self, now: float, iterations: int) -> None:
+        """The watchdog's verdict: ``iterations`` scheduler loop iterations at virtual time ``now``
+        without it moving on.  Fails the run and ends it."""
         self.fail("liveness", f"livelock: {iterations} scheduler iterations without virtual time passing at t={now}")
         self._finished.set()
         if self._nursery is not None:
@@ -376,7 +380,7 @@ class Simulation:
                 )
             if inc.alive:  # returned or crashed: the process exits, its kernel closes its sockets
                 self.hosts.pop(ctx.name, None)
-                self.world._end(ctx.name, "exit")
+                self.world.hosts.end(ctx.name, "exit")
 
     def _classify(self, record: _HostRecord, exc: BaseException) -> None:
         leaves = [e for e in _leaves(exc) if not isinstance(e, trio.Cancelled)]
@@ -522,7 +526,7 @@ def run(scenario: Scenario, schedule: Schedule, *, options: RunOptions | None = 
     """
     options = options or RunOptions()
     sim = Simulation(scenario, schedule, options)
-    clock = sim_clock(sim.world)  # delivers the network's events when the run goes idle
+    clock = sim_clock(sim.world.queue)  # delivers the network's events when the run goes idle
     instrument = _LoopInstrument(sim, clock, options.livelock_iterations, options.count_task_steps)
     gc.collect()
     # The cyclic collector cost ~3% of a run: with the default threshold (700) a young pass ran
@@ -579,7 +583,7 @@ def simulate(
         world = World(seed=seed, network_class=network_class, trace=trace, default_link=default_link,
                       send_buffer=send_buffer)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(world.run)
+            nursery.start_soon(world.queue.run)
             with trio.fail_at(deadline):
                 result = await fn(world)
             nursery.cancel_scope.cancel()

@@ -1,8 +1,8 @@
 """The simulated host's view of the network: ``SimNetwork``, ``SimStream``, ``SimListener``.
 
 They behave exactly as real TCP does for a program (``tests/net_conformance.py`` holds pccl's TCP
-network and the simulated one to one contract); the model behind them is in
-:mod:`sim.engine.network`.  Every method is a trio checkpoint.  Addresses are ``"host:port"``
+network and the simulated one to one contract); the model behind them is the world's
+(:mod:`sim.engine.network`).  Every method is a trio checkpoint.  Addresses are ``"host:port"``
 strings (IPv6 hosts bracketed).  Errors come from the network's :class:`TransportErrors`
 vocabulary (:mod:`sim.engine.errors`): ``peer_disconnected`` (reset, peer gone),
 ``stream_closed`` (this side closed), ``connection_refused``, ``connect_timeout``,
@@ -19,18 +19,25 @@ A network object belongs to one host incarnation.  After that incarnation died, 
 fail (``peer_disconnected``; ``aclose`` is a silent no-op); if that happens at a later virtual
 instant than the death, the world records a zombie failure: in reality nothing runs after kill -9.
 While the host is stalled, every operation blocks until the stall ends.
+
+The streams and listeners are handles: what the kernel keeps of a connection or a bound port is
+its :class:`~sim.engine.sockets.Socket` or :class:`~sim.engine.sockets.ListenSocket`, which the
+rest of the model fills, resets and tears down.  A handle holds its socket and checks, blocks and
+raises as a program sees it; the handshake makes the sockets, ``connect`` and ``accept`` the
+handles.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
 
+from .delivery import Pipe
 from .errors import ENGINE_ERRORS, TransportErrors
-from .network import _LOOPBACK, _WILDCARD, CURRENT_INCARNATION, Incarnation, OneWaiter, Pipe
+from .hosts import CURRENT_INCARNATION, LOOPBACK, WILDCARD, Incarnation
+from .sockets import ListenSocket, Socket
 
 if TYPE_CHECKING:
     from .network import World
@@ -102,59 +109,81 @@ def _receive_view(buffer: Any, errors: TransportErrors) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
+def _dead_caller(inc: Incarnation, operation: str) -> Incarnation | None:
+    """The dead incarnation behind a call on ``inc``'s network, if any: ``inc`` itself, or the
+    incarnation whose task makes the call (recording a zombie if it is late)."""
+    current = CURRENT_INCARNATION.get()
+    if inc.alive and (current is None or current.alive):
+        return None  # the common case, checked without building the loop below
+    for dead in (inc, current):
+        if dead is not None and not dead.alive:
+            assert dead.died_at is not None
+            if trio.current_time() > dead.died_at:
+                dead.zombie(operation)
+            return dead
+    return None
+
+
+def _raise_if_dead(inc: Incarnation, errors: TransportErrors, operation: str) -> None:
+    dead = _dead_caller(inc, operation)
+    if dead is not None:
+        raise errors.peer_disconnected(f"{operation}: host {dead.name} (incarnation {dead.number}) is dead")
+
+
+async def _enter(inc: Incarnation, errors: TransportErrors, operation: str, *, yield_now: bool = True) -> None:
+    """The checks every operation starts with; a schedule point unless ``yield_now`` is false,
+    when only a pending cancellation is raised (the caller yields later itself)."""
+    if yield_now:
+        await trio.lowlevel.checkpoint()
+    else:
+        await trio.lowlevel.checkpoint_if_cancelled()
+    _raise_if_dead(inc, errors, operation)
+    if inc.host.stalled:
+        await _gate(inc, errors, operation)
+
+
+async def _gate(inc: Incarnation, errors: TransportErrors, operation: str) -> None:
+    """Block while ``inc``'s host is stalled (a frozen process makes no progress)."""
+    host = inc.host
+    while host.stalled and inc.alive:
+        await host.stall_lot.park()
+    _raise_if_dead(inc, errors, operation)
+
+
 class SimStream:
-    """One end of a simulated TCP connection (see :mod:`sim.engine.network` for the model).
+    """One end of a simulated TCP connection: the application's handle on a kernel
+    :class:`~sim.engine.sockets.Socket` (the model: :mod:`sim.engine.delivery`).
 
     Its semantics are those of :class:`pccl.net.base.Stream` (the contract
     ``tests/net_conformance.py`` checks): one task may send while another receives; a cancelled
     ``receive_into`` loses no bytes; after ``aclose``/``abort`` every operation raises
     ``stream_closed``; after the peer's clean close ``receive_into`` returns 0, after its abort it
-    raises ``peer_disconnected``.
+    raises ``peer_disconnected``.  ``net`` made it (``connect``, or ``accept`` on its listener).
     """
 
-    def __init__(self, net: SimNetwork, *, local: str, remote: str) -> None:
-        self._net = net
+    def __init__(self, net: SimNetwork, socket: Socket) -> None:
         self._errors = net.errors
-        self._world = net._world
-        self._inc = net._inc
-        self._id = self._world._stream_id()
-        self.local_address = local
-        self.remote_address = remote
-        self._out: Pipe = None  # type: ignore[assignment]  # set by _wire
-        self._in: Pipe = None  # type: ignore[assignment]
-        self._peer: SimStream = None  # type: ignore[assignment]
-        self._rbuf: deque[memoryview] = deque()
-        self._rbuf_bytes = 0
-        self._eof = False
-        self._reset = False
-        self._closed = False
-        self._eof_sent = False
-        self._rst_sent = False
+        self._socket = socket
+        self._inc = socket.inc
+        self._delivery = socket.delivery
+        self.local_address = socket.local
+        self.remote_address = socket.remote
         self._sending = False
         self._receiving = False
-        self._recv_lot = OneWaiter()
-        if self._inc.alive:
-            self._inc.streams[self._id] = self
-        else:
-            self._closed = True
-
-    def _wire(self, peer: "SimStream", link: Any) -> None:
-        self._peer = peer
-        self._out = Pipe(link, self, peer)
-        peer._in = self._out
 
     @property
     def is_reset(self) -> bool:
         """Whether the connection was reset (a kill, a power-off's timeout, an abort)."""
-        return self._reset
+        return self._socket.reset
 
     @property
     def outbound(self) -> Pipe:
         """The pipe this end's sends go into (its ``transmitted`` and ``queued`` bytes)."""
-        return self._out
+        return self._socket.outbound
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "reset" if self._reset else "open"
+        socket = self._socket
+        state = "closed" if socket.closed else "reset" if socket.reset else "open"
         return f"<SimStream {self.local_address} -> {self.remote_address} {state}>"
 
     # -- sending --
@@ -163,33 +192,34 @@ class SimStream:
         view = _send_view(data, self._errors)
         # A schedule point as a socket's send is: cancellation is checked first, and the call
         # yields once, parking if it had to wait for room or else right before it returns.
-        await self._net._enter("send_all", yield_now=False)
-        if self._closed:
+        await _enter(self._inc, self._errors, "send_all", yield_now=False)
+        socket = self._socket
+        if socket.closed:
             raise self._errors.stream_closed(f"send on a closed stream to {self.remote_address}")
-        if self._eof_sent:
+        if socket.eof_sent:
             raise self._errors.stream_closed(f"send after send_eof on the stream to {self.remote_address}")
         if self._sending:
             raise self._errors.invalid_usage("another task is already sending on this stream")
         self._sending = True
         try:
-            out = self._out
-            world = self._world
+            out = socket.outbound
+            delivery = self._delivery
             total = len(view)
             offset = 0
             check = False  # _enter just checked closed and dead
             waited = False
             while True:
                 if check:
-                    if self._closed:
+                    if socket.closed:
                         raise self._errors.stream_closed(f"stream to {self.remote_address} was closed during a send")
-                    self._net._raise_if_dead("send_all")
-                if self._reset or out.dead:
+                    _raise_if_dead(self._inc, self._errors, "send_all")
+                if socket.reset or out.dead:
                     raise self._errors.peer_disconnected(f"connection to {self.remote_address} was reset")
                 if offset >= total:
                     if not waited:
                         await trio.lowlevel.cancel_shielded_checkpoint()  # all of it is sent
                     return
-                room = world.send_buffer - out.queued
+                room = delivery.send_buffer - out.queued
                 if room > 0:
                     n = min(room, total - offset)
                     # Copy, as a kernel does: the caller may reuse its buffer once we return
@@ -197,14 +227,14 @@ class SimStream:
                     chunk = data if n == total and type(data) is bytes else bytes(view[offset : offset + n])
                     offset += n
                     out.enqueue(chunk)
-                    if world.tap is not None:
-                        world.tap.on_sent(self, chunk)  # (a phase trigger may kill us here)
+                    if delivery.tap is not None:
+                        delivery.tap.on_sent(socket, chunk)  # (a phase trigger may kill us here)
                     check = True
                     continue
                 await out.send_lot.park()
                 check = waited = True
                 if self._inc.host.stalled:
-                    await self._net._gate("send_all")
+                    await _gate(self._inc, self._errors, "send_all")
         finally:
             self._sending = False
 
@@ -215,33 +245,32 @@ class SimStream:
         closed, reset, or its host is stalled or dead) — then use :meth:`send_all`, which also
         reports the error.  Not a schedule point."""
         view = _send_view(data, self._errors)
-        if self._closed or self._eof_sent or self._sending or self._reset:
+        socket = self._socket
+        if socket.closed or socket.eof_sent or self._sending or socket.reset:
             return 0
-        out = self._out
-        if out.dead or self._inc.host.stalled or self._net._dead_caller("send_nowait") is not None:
+        out = socket.outbound
+        if out.dead or self._inc.host.stalled or _dead_caller(self._inc, "send_nowait") is not None:
             return 0
-        world = self._world
-        n = min(world.send_buffer - out.queued, len(view))
+        delivery = self._delivery
+        n = min(delivery.send_buffer - out.queued, len(view))
         if n <= 0:
             return 0
         chunk = data if n == len(view) and type(data) is bytes else bytes(view[:n])
         out.enqueue(chunk)
-        if world.tap is not None:
-            world.tap.on_sent(self, chunk)
+        if delivery.tap is not None:
+            delivery.tap.on_sent(socket, chunk)
         return n
 
     async def send_eof(self) -> None:
-        await self._net._enter("send_eof")
-        if self._closed:
+        await _enter(self._inc, self._errors, "send_eof")
+        socket = self._socket
+        if socket.closed:
             raise self._errors.stream_closed(f"send_eof on a closed stream to {self.remote_address}")
-        if self._eof_sent:
+        if socket.eof_sent:
             return
         if self._sending:
             raise self._errors.invalid_usage("send_eof while another task is sending on this stream")
-        self._eof_sent = True
-        if not self._reset:
-            self._out.fin_pending = True
-            self._out.link.activate(self._out)
+        socket.send_fin()
 
     # -- receiving --
 
@@ -250,8 +279,9 @@ class SimStream:
         # A schedule point as a socket's receive is: cancellation is checked first (nothing is
         # consumed yet), and the call yields once, parking until data comes or, when data was
         # there already, after taking it (a shielded yield: taken bytes are never lost).
-        await self._net._enter("receive_into", yield_now=False)
-        if self._closed:
+        await _enter(self._inc, self._errors, "receive_into", yield_now=False)
+        socket = self._socket
+        if socket.closed:
             raise self._errors.stream_closed(f"receive on a closed stream from {self.remote_address}")
         if self._receiving:
             raise self._errors.invalid_usage("another task is already receiving on this stream")
@@ -261,52 +291,26 @@ class SimStream:
             waited = False
             while True:
                 if check:
-                    if self._closed:
+                    if socket.closed:
                         raise self._errors.stream_closed(f"stream from {self.remote_address} was closed during a receive")
-                    self._net._raise_if_dead("receive_into")
-                if self._rbuf_bytes:
-                    n = self._consume(view)
+                    _raise_if_dead(self._inc, self._errors, "receive_into")
+                if socket.rbuf_bytes:
+                    n = socket.consume(view)
                     if not waited:
                         await trio.lowlevel.cancel_shielded_checkpoint()
                     return n
-                if self._eof:
+                if socket.eof:
                     if not waited:
                         await trio.lowlevel.cancel_shielded_checkpoint()
                     return 0
-                if self._reset:
+                if socket.reset:
                     raise self._errors.peer_disconnected(f"connection from {self.remote_address} was reset")
-                await self._recv_lot.park()
+                await socket.recv_lot.park()
                 check = waited = True
                 if self._inc.host.stalled:
-                    await self._net._gate("receive_into")
+                    await _gate(self._inc, self._errors, "receive_into")
         finally:
             self._receiving = False
-
-    def _consume(self, view: memoryview) -> int:
-        rbuf = self._rbuf
-        want = len(view)
-        filled = 0
-        while rbuf and filled < want:
-            head = rbuf[0]
-            size = len(head)
-            k = want - filled
-            if size <= k:
-                view[filled : filled + size] = head
-                rbuf.popleft()
-                filled += size
-            else:
-                view[filled:want] = head[:k]
-                rbuf[0] = head[k:]
-                filled = want
-        self._rbuf_bytes -= filled
-        pipe = self._in
-        pipe.read += filled
-        if pipe.window_blocked:
-            pipe.link.unblock(pipe)
-        tap = self._world.tap
-        if tap is not None:
-            tap.on_read(self, view[:filled])
-        return filled
 
     async def receive_exactly_into(self, buffer: memoryview | bytearray) -> None:
         """Fill ``buffer`` completely; ``peer_disconnected`` if EOF comes first.  Cancelled: the
@@ -339,85 +343,33 @@ class SimStream:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._net._dead_caller("aclose") is None:  # checked first: a late corpse is a zombie
-            self._close(abortive=False)
+        if _dead_caller(self._inc, "aclose") is None:  # checked first: a late corpse is a zombie
+            self._socket.close(abortive=False)
         await trio.lowlevel.checkpoint()
 
     def abort(self) -> None:
-        if self._net._dead_caller("abort") is None:
-            self._close(abortive=True)
-
-    def _close(self, *, abortive: bool) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if not self._reset:
-            if abortive or self._rbuf_bytes:
-                self._send_rst()  # Linux resets when unread data is thrown away
-            elif not self._eof_sent:
-                self._eof_sent = True
-                self._out.fin_pending = True
-                self._out.link.activate(self._out)
-        self._discard()
-        self._inc.streams.pop(self._id, None)
-
-    def _discard(self) -> None:
-        self._rbuf.clear()
-        self._rbuf_bytes = 0
-        self._recv_lot.unpark_all()
-        self._out.send_lot.unpark_all()
-
-    def _send_rst(self) -> None:
-        if self._rst_sent or self._reset:
-            return
-        self._rst_sent = True
-        out = self._out
-        out.drop()
-        out.link.send_control(self._world._arrive_rst, (self._peer,), out)
-
-    def _on_reset(self) -> None:
-        """An RST arrived: the connection is gone (a received EOF still reads as EOF)."""
-        if self._reset or self._closed:
-            return
-        self._reset = True
-        self._out.drop()
-        if not self._eof:
-            self._rbuf.clear()
-            self._rbuf_bytes = 0
-        self._recv_lot.unpark_all()
-        self._world.trace.record(self._inc.name, "reset", local=self.local_address, remote=self.remote_address)
-
-    def _die(self, *, reset: bool) -> None:
-        """The owning incarnation ended: RST the peer (kill) or vanish silently (power-off)."""
-        if self._closed:
-            return
-        self._closed = True
-        if reset:
-            self._send_rst()
-        else:
-            self._out.drop()
-        self._discard()
+        if _dead_caller(self._inc, "abort") is None:
+            self._socket.close(abortive=True)
 
 
 class SimListener:
-    """A bound port on a simulated host; connections queue in its backlog until accepted."""
+    """A bound port on a simulated host: the application's handle on a kernel
+    :class:`~sim.engine.sockets.ListenSocket`; connections queue in its backlog until accepted."""
 
-    def __init__(self, net: SimNetwork, port: int) -> None:
+    def __init__(self, net: SimNetwork, port: ListenSocket) -> None:
         self._net = net
         self._errors = net.errors
-        self.address = format_address(net._inc.name, port)
+        self._inc = port.inc
         self._port = port
-        self._backlog: deque[SimStream] = deque()
-        self._lot = trio.lowlevel.ParkingLot()
-        self._closed = False
+        self.address = port.address
         self._accepting = False
 
     def __repr__(self) -> str:
-        return f"<SimListener {self.address}{' closed' if self._closed else ''}>"
+        return f"<SimListener {self.address}{' closed' if self._port.closed else ''}>"
 
     @property
     def port(self) -> int:
-        return self._port
+        return self._port.port
 
     async def __aenter__(self) -> SimListener:
         return self
@@ -428,52 +380,44 @@ class SimListener:
     async def accept(self) -> SimStream:
         """Next incoming connection.  ``stream_closed`` after (or during) ``aclose``.
         Cancelled: no connection is taken off the backlog."""
-        await self._net._enter("accept")
+        await _enter(self._inc, self._errors, "accept")
         if self._accepting:
             raise self._errors.invalid_usage("another task is already accepting on this listener")
         self._accepting = True
         try:
+            port = self._port
             while True:
-                if self._closed:
+                if port.closed:
                     raise self._errors.stream_closed(f"listener {self.address} is closed")
-                self._net._raise_if_dead("accept")
-                if self._backlog:
-                    stream = self._backlog.popleft()
-                    self._net._world.trace.record(self._net._inc.name, "accept", local=self.address, remote=stream.remote_address)
+                _raise_if_dead(self._inc, self._errors, "accept")
+                if port.backlog:
+                    stream = self._net.stream_class(self._net, port.backlog.popleft())
+                    self._inc.record("accept", local=self.address, remote=stream.remote_address)
                     return stream
-                await self._lot.park()
-                if self._net._inc.host.stalled:
-                    await self._net._gate("accept")
+                await port.lot.park()
+                if self._inc.host.stalled:
+                    await _gate(self._inc, self._errors, "accept")
         finally:
             self._accepting = False
 
     async def aclose(self) -> None:
-        if self._net._dead_caller("listener aclose") is None:
-            self._shutdown(reset_backlog=True)
+        if _dead_caller(self._inc, "listener aclose") is None:
+            self._port.shutdown(reset_backlog=True)
         await trio.lowlevel.checkpoint()
-
-    def _shutdown(self, *, reset_backlog: bool) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        inc = self._net._inc
-        if inc.host.listeners.get(self._port) is self:
-            del inc.host.listeners[self._port]
-        inc.listeners.pop(self._port, None)
-        if reset_backlog:
-            while self._backlog:
-                self._backlog.popleft()._close(abortive=True)
-        self._lot.unpark_all()
 
 
 class _ConnectAttempt:
-    """A SYN in flight; ``result`` becomes the client stream or an exception."""
+    """A SYN in flight from incarnation ``inc``; ``result`` becomes the client socket or an
+    exception."""
 
-    def __init__(self, net: SimNetwork, target: str, port: int) -> None:
-        self.net = net
+    def __init__(self, inc: Incarnation, world: World, errors: TransportErrors, target: str, port: int) -> None:
+        self.inc = inc
+        self.hosts = world.hosts
+        self.delivery = world.delivery
+        self.errors = errors
         self.target = target
         self.port = port
-        self.result: SimStream | Exception | None = None
+        self.result: Socket | Exception | None = None
         self.abandoned = False
         self.lot = trio.lowlevel.ParkingLot()
 
@@ -483,41 +427,41 @@ class _ConnectAttempt:
 
     def refused(self) -> None:
         if not self.abandoned:
-            self.result = self.net.errors.connection_refused(f"connection to {self.target}:{self.port} refused")
+            self.result = self.errors.connection_refused(f"connection to {self.target}:{self.port} refused")
             self.lot.unpark_all()
 
-    def established(self, client: "SimStream") -> None:
-        if self.abandoned or not client._inc.alive:
-            client._close(abortive=True)  # the server side learns via RST
+    def established(self, client: Socket) -> None:
+        if self.abandoned or not client.inc.alive:
+            client.close(abortive=True)  # the server side learns via RST
             return
         self.result = client
         self.lot.unpark_all()
 
 
 def _syn_arrive(attempt: _ConnectAttempt) -> None:
-    world = attempt.net._world
-    src_inc = attempt.net._inc
-    host = world.hosts.get(attempt.target)
+    src_inc = attempt.inc
+    host = attempt.hosts.get(attempt.target)
     if host is None or not host.machine_up:
         return  # nobody answers: the client times out
-    back = world.link(attempt.target, src_inc.name)
-    listener = host.listeners.get(attempt.port)
-    if listener is None or listener._closed or not listener._net._inc.alive:
+    delivery = attempt.delivery
+    back = delivery.link(attempt.target, src_inc.name)
+    listener: ListenSocket | None = host.listeners.get(attempt.port)
+    if listener is None or listener.closed or not listener.inc.alive:
         back.send_control(attempt.refused, ())
         return
     client_port = src_inc.host.ephemeral_port()
-    client = attempt.net.stream_class(
-        attempt.net, local=format_address(src_inc.name, client_port),
+    client = Socket(
+        delivery, src_inc, local=format_address(src_inc.name, client_port),
         remote=format_address(attempt.target, attempt.port),
     )
-    server = listener._net.stream_class(listener._net, local=listener.address, remote=client.local_address)
-    client._wire(server, world.link(src_inc.name, attempt.target))
-    server._wire(client, back)
-    listener._backlog.append(server)
-    if listener._lot:
-        listener._lot.unpark_all()
+    server = Socket(delivery, listener.inc, local=listener.address, remote=client.local)
+    client.wire(server, delivery.link(src_inc.name, attempt.target))
+    server.wire(client, back)
+    listener.backlog.append(server)
+    if listener.lot:
+        listener.lot.unpark_all()
     # The SYN-ACK rides the server→client pipe, so server data sent at once arrives after it.
-    back.send_control(attempt.established, (client,), server._out)
+    back.send_control(attempt.established, (client,), server.outbound)
 
 
 class SimNetwork:
@@ -533,7 +477,7 @@ class SimNetwork:
     stream_class: ClassVar[type[SimStream]] = SimStream
     listener_class: ClassVar[type[SimListener]] = SimListener
 
-    def __init__(self, world: "World", incarnation: Incarnation, *, connect_timeout: float = 10.0) -> None:
+    def __init__(self, world: World, incarnation: Incarnation, *, connect_timeout: float = 10.0) -> None:
         self._world = world
         self._inc = incarnation
         self._connect_timeout = connect_timeout
@@ -549,52 +493,14 @@ class SimNetwork:
     def __repr__(self) -> str:
         return f"<SimNetwork {self._inc.name}#{self._inc.number}>"
 
-    # -- guards --
-
-    def _dead_caller(self, operation: str) -> Incarnation | None:
-        """The dead incarnation behind this call, if any (recording a zombie if it is late)."""
-        current = CURRENT_INCARNATION.get()
-        if self._inc.alive and (current is None or current.alive):
-            return None  # the common case, checked without building the loop below
-        for inc in (self._inc, current):
-            if inc is not None and not inc.alive:
-                assert inc.died_at is not None
-                if trio.current_time() > inc.died_at:
-                    self._world.zombie(inc, operation)
-                return inc
-        return None
-
-    def _raise_if_dead(self, operation: str) -> None:
-        dead = self._dead_caller(operation)
-        if dead is not None:
-            raise self.errors.peer_disconnected(f"{operation}: host {dead.name} (incarnation {dead.number}) is dead")
-
-    async def _enter(self, operation: str, *, yield_now: bool = True) -> None:
-        """The checks every operation starts with; a schedule point unless ``yield_now`` is
-        false, when only a pending cancellation is raised (the caller yields later itself)."""
-        if yield_now:
-            await trio.lowlevel.checkpoint()
-        else:
-            await trio.lowlevel.checkpoint_if_cancelled()
-        self._raise_if_dead(operation)
-        if self._inc.host.stalled:
-            await self._gate(operation)
-
-    async def _gate(self, operation: str) -> None:
-        """Block while this host is stalled (a frozen process makes no progress)."""
-        host = self._inc.host
-        while host.stalled and self._inc.alive:
-            await host.stall_lot.park()
-        self._raise_if_dead(operation)
-
     def _resolve(self, name: str) -> str | None:
-        if name == self._inc.name or name in _LOOPBACK:
+        if name == self._inc.name or name in LOOPBACK:
             return self._inc.name
         return name if name in self._world.hosts else None
 
     # -- Network --
 
-    async def connect(self, address: str, *, timeout: float | None = None) -> "SimStream":
+    async def connect(self, address: str, *, timeout: float | None = None) -> SimStream:
         """Open a stream (one RTT).  ``connection_refused`` if nothing listens there or the name
         is unknown, ``connect_timeout`` if no answer comes within ``timeout`` (partition, machine
         off).  Cancelled: the half-open connection is reset."""
@@ -605,15 +511,15 @@ class SimNetwork:
         limit = self._connect_timeout if timeout is None else timeout
         if limit < 0:
             raise errors.invalid_argument(f"connect timeout must not be negative, got {limit}")
-        await self._enter("connect")
-        world = self._world
+        inc = self._inc
+        await _enter(inc, errors, "connect")
         target = self._resolve(name)
         if target is None:
-            world.trace.record(self._inc.name, "connect_failed", address=address, reason="unknown host")
+            inc.record("connect_failed", address=address, reason="unknown host")
             raise errors.connection_refused(f"cannot resolve {name!r} for {address}")
-        attempt = _ConnectAttempt(self, target, port)
-        self._inc.attempts.append(attempt)
-        world.link(self._inc.name, target).send_control(_syn_arrive, (attempt,))
+        attempt = _ConnectAttempt(inc, self._world, errors, target, port)
+        inc.attempts.append(attempt)
+        self._world.delivery.link(inc.name, target).send_control(_syn_arrive, (attempt,))
         try:
             with trio.move_on_after(limit):
                 while attempt.result is None:
@@ -621,32 +527,34 @@ class SimNetwork:
         finally:
             if attempt.result is None:
                 attempt.abandon()
-            if attempt in self._inc.attempts:
-                self._inc.attempts.remove(attempt)
-        self._raise_if_dead("connect")
-        if self._inc.host.stalled:
-            await self._gate("connect")
+            if attempt in inc.attempts:
+                inc.attempts.remove(attempt)
+        _raise_if_dead(inc, errors, "connect")
+        if inc.host.stalled:
+            await _gate(inc, errors, "connect")
         result = attempt.result
-        if isinstance(result, SimStream):
-            world.trace.record(self._inc.name, "connect", local=result.local_address, remote=result.remote_address)
-            return result
+        if isinstance(result, Socket):
+            stream = self.stream_class(self, result)
+            inc.record("connect", local=stream.local_address, remote=stream.remote_address)
+            return stream
         if result is None:
-            world.trace.record(self._inc.name, "connect_failed", address=address, reason="timeout")
+            inc.record("connect_failed", address=address, reason="timeout")
             raise errors.connect_timeout(f"no connection to {address} within {limit} s")
-        world.trace.record(self._inc.name, "connect_failed", address=address, reason="refused")
+        inc.record("connect_failed", address=address, reason="refused")
         raise result
 
-    async def listen(self, address: str, *, port_range: int = 1) -> "SimListener":
+    async def listen(self, address: str, *, port_range: int = 1) -> SimListener:
         """Bind ``address`` (the host's own name, a loopback or wildcard address).  The listener's
         ``address`` is always ``"<host name>:<port>"``, which other hosts can connect to."""
         errors = self.errors
         name, port = parse_address(address, errors)
         if port_range < 1:
             raise errors.invalid_argument(f"port_range must be at least 1, got {port_range}")
-        await self._enter("listen")
-        if name != self._inc.name and name not in _LOOPBACK and name not in _WILDCARD:
-            raise errors.transport(f"cannot listen on {address}: not an address of host {self._inc.name}")
-        host = self._inc.host
+        inc = self._inc
+        await _enter(inc, errors, "listen")
+        if name != inc.name and name not in LOOPBACK and name not in WILDCARD:
+            raise errors.transport(f"cannot listen on {address}: not an address of host {inc.name}")
+        host = inc.host
         if port == 0:
             chosen = host.ephemeral_port()
             while chosen in host.listeners:
@@ -654,10 +562,11 @@ class SimNetwork:
         else:
             candidates = [p for p in range(port, min(port + port_range, 65536)) if p not in host.listeners]
             if not candidates:
-                raise errors.address_in_use(f"no free port for {self._inc.name} in {port}..{port + port_range - 1}")
+                raise errors.address_in_use(f"no free port for {inc.name} in {port}..{port + port_range - 1}")
             chosen = candidates[0]
-        listener = self.listener_class(self, chosen)
-        host.listeners[chosen] = listener
-        self._inc.listeners[chosen] = listener
-        self._world.trace.record(self._inc.name, "listen", port=chosen)
+        bound = ListenSocket(inc, chosen, format_address(inc.name, chosen))
+        listener = self.listener_class(self, bound)
+        host.listeners[chosen] = bound
+        inc.listeners[chosen] = bound
+        inc.record("listen", port=chosen)
         return listener

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .schedule import FaultEvent, Trigger
 
 if TYPE_CHECKING:
-    from .streams import SimStream
+    from .sockets import Socket
 
 __all__ = ["FrameFormat", "DataParts", "LengthKindFrames", "Tap"]
 
@@ -355,11 +355,11 @@ class Tap:
 
     # -- network callbacks --
 
-    def on_sent(self, stream: "SimStream", chunk: bytes) -> None:
-        self._parse(stream, "send", chunk)
+    def on_sent(self, socket: Socket, chunk: bytes) -> None:
+        self._parse(socket, "send", chunk)
 
-    def on_read(self, stream: "SimStream", view: memoryview) -> None:
-        self._parse(stream, "recv", view)
+    def on_read(self, socket: Socket, view: memoryview) -> None:
+        self._parse(socket, "recv", view)
 
     def on_carried(self, src: str, dst: str, n: int) -> None:
         if not self._armed:
@@ -371,14 +371,14 @@ class Tap:
                 if armed.count >= stage.bytes:
                     self._advance(armed)
 
-    def _parse(self, stream: "SimStream", direction: str, data: Any) -> None:
+    def _parse(self, socket: Socket, direction: str, data: Any) -> None:
         fmt = self.fmt
         if fmt is None:
             return
-        key = (stream._id, direction)
+        key = (socket.id, direction)
         parser = self._parsers.get(key)
         if parser is None:
-            parser = self._parsers[key] = _FrameParser(fmt, stream._inc, stream.remote_address.rsplit(":", 1)[0])
+            parser = self._parsers[key] = _FrameParser(fmt, socket.inc, socket.remote.rsplit(":", 1)[0])
         if parser.skip >= len(data):  # inside a payload the tap skips: nothing to report
             parser.skip -= len(data)
             return

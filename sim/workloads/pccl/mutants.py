@@ -3,8 +3,8 @@
 A campaign that passes proves little unless the same campaign *fails* when the code under test
 is wrong.  Each variant here is a :class:`~pccl.protocol.master.machine.MasterState` subclass with
 one classic distributed-systems bug planted in it.  The pccl scenario installs one by name
-(``PcclScenario(master="no-recheck-on-disconnect")``) — injected through the scenario, never
-through a branch in pccl — and ``tests/sim/test_teeth.py`` shows a campaign finds it and the
+(``PcclScenario(master="no-recheck-on-disconnect")``) — injected through the scenario with
+:func:`pccl.testing.install_master_state`, never through a branch in pccl — and ``tests/sim/test_teeth.py`` shows a campaign finds it and the
 shrinker reduces the failing schedule to a handful of events.
 
 ``MASTER_VARIANTS`` maps a name to a factory ``(rng, peer_timeout) -> MasterState``; ``"real"``

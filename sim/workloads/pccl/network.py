@@ -18,7 +18,8 @@ from pccl.config import Config
 from pccl.net.base import Listener, Network, Stream
 
 from ...engine.errors import TransportErrors
-from ...engine.network import Incarnation, World
+from ...engine.hosts import Incarnation
+from ...engine.network import World
 from ...engine.streams import SimListener, SimNetwork, SimStream
 
 __all__ = ["PcclSimNetwork", "PcclSimStream", "PcclSimListener", "PCCL_ERRORS"]

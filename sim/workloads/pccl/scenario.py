@@ -44,6 +44,7 @@ import trio
 
 import pccl
 from pccl.protocol.master import machine as ms
+from pccl.testing import install_master_state
 
 from ...engine.network import LinkSpec, SiteSpec, World
 from ...engine.runner import Checker, HostContext, Scenario, Simulation
@@ -339,12 +340,9 @@ class PcclScenario(Scenario):
         ) as master:
             if self.master_variant != "real":
                 # Swap in the broken machine before anyone can connect (a connect takes an RTT).
-                server = master._server
-                if server.state.peers():
-                    raise RuntimeError("cannot install a master variant: peers connected already")
-                server.state = make_master_state(
+                install_master_state(master, make_master_state(
                     self.master_variant, rng=host.rng, peer_timeout=self.config.peer_timeout
-                )
+                ))
             self._masters[host.incarnation] = master
             host.record("master_up", address=master.address)
             await trio.sleep_forever()
