@@ -4,9 +4,11 @@ Rules
 =====
 
 Collectives (per group, per tag).  Every accepted peer of the group sends ``CollectiveInit``;
-at consensus: parameters differ → ``PARAMETER_MISMATCH``; fewer than two voters →
-``TOO_FEW_PEERS``; stale ring → ``STALE_RING`` (each a ``CollectiveRejected`` to every voter);
-otherwise ``CollectiveCommence(tag, seq, ring)`` with a new global ``seq``.  A peer that reuses
+at consensus: the voters disagree on the op's kind or on what its row says must agree →
+``PARAMETER_MISMATCH``; fewer voters than the row's minimum → ``TOO_FEW_PEERS``; stale ring →
+``STALE_RING`` (each a ``CollectiveRejected`` to every voter); otherwise
+``CollectiveCommence(tag, seq, ring)`` with a new global ``seq`` and the participants in the
+row's order.  A peer that reuses
 a tag it already voted (or that is running) gets ``TAG_IN_USE`` alone.  Each participant then
 sends ``CollectiveDone(tag, seq, aborted)``.  Exactly one final message per (op, live
 participant): ``CollectiveAbort`` as soon as one reports ``aborted`` or a participant that has
@@ -21,6 +23,23 @@ peer's Init of an op that has not commenced and answers ``CollectiveRejected(WIT
 a commenced op, or one already answered, it is ignored (that answer is on its way).  A phase
 mismatch withdraws a peer's Inits the same way, answering ``PHASE_MISMATCH``.
 
+Kinds.  What an op computes is its kind (:class:`CollectiveKind`); everything the handlers do
+differently per kind is one row of :data:`KINDS` (:class:`KindRow`): the call its voters wait
+in, the ``CollectiveInit`` fields every voter must send alike and how each is shown when they
+do not, how that agreement is checked, the fewest voters it runs with, the order its
+participants run it in (sent in ``CollectiveCommence``) and the data path's schedules
+(:mod:`pccl.protocol.ring`) each participant derives from the agreed fields.  The rules above
+hold for every kind: a new kind (SPEC §2b: broadcast, all-gather, reduce-scatter) is a row and
+a schedule, not new handlers.  The wire carries no kind yet: every ``CollectiveInit`` is an
+all-reduce (:func:`kind_of`; a trailing ``kind`` field defaulting to it will keep the wire
+compatible).
+
+The table as it reads (one row):
+
+* ``ALL_REDUCE``: call ``all_reduce``; agreed, every voter's alike: ``count dtype op quant_kind
+  quant_dtype layout``; at least 2 voters; runs on the group's ring, in its order; schedule
+  ``RingSchedule``, or ``ExchangeSchedule`` for a small unquantized op (``uses_exchange``).
+
 The machine sees the master only through :class:`OpsHost` (peers named by peer id); the
 master's dispatch has checked the phase rules before a handler here runs.
 """
@@ -28,17 +47,106 @@ master's dispatch has checked the phase rules before a handler here runs.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
-from collections.abc import Callable
-from typing import NamedTuple
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from ...errors import KickReason
 from .. import messages as m
+from ..ring import ExchangeSchedule, RingSchedule
 from .events import PeerFault
 
-__all__ = ["CollectiveOps", "OpsHost", "OpInfo"]
+__all__ = ["CollectiveOps", "OpsHost", "OpInfo", "CollectiveKind", "KindRow", "KINDS", "kind_of", "agreed_alike"]
 
 log = logging.getLogger("pccl.protocol.master.machine")
+
+
+# --- the kinds ---------------------------------------------------------------------------------
+
+
+class CollectiveKind(enum.Enum):
+    """What a collective op computes (one row of :data:`KINDS` each)."""
+
+    ALL_REDUCE = "all_reduce"
+
+
+def kind_of(init: m.CollectiveInit) -> CollectiveKind:
+    """The kind a vote asks for.  ``CollectiveInit`` has no kind field yet: every Init is an
+    all-reduce.  (This is the one place that reads the kind off the wire.)"""
+    return CollectiveKind.ALL_REDUCE
+
+
+@dataclasses.dataclass(frozen=True)
+class KindRow:
+    """How the master runs one kind of collective (see "Kinds" in the module docstring)."""
+
+    kind: CollectiveKind
+    #: the peer's call that votes it (named where the master says who waits where)
+    call: str
+    #: the ``CollectiveInit`` fields every voter must send for the op to commence
+    agreed: tuple[str, ...]
+    #: one voter's agreed fields in a PARAMETER_MISMATCH detail (a format naming each of them)
+    shown: str
+    #: whether the voters agree: ``None``, or the PARAMETER_MISMATCH detail (given the row, the
+    #: tag and every voter's Init)
+    check: Callable[[KindRow, int, Mapping[int, m.CollectiveInit]], str | None]
+    #: who runs the op, in which order (``CollectiveCommence.ring``), from the group's ring
+    #: (whose members are exactly the voters) and the votes
+    order: Callable[[tuple[int, ...], Mapping[int, m.CollectiveInit]], tuple[int, ...]]
+    #: the data path's plans (:mod:`pccl.protocol.ring`): every participant picks one from the
+    #: agreed fields and the order alone, so all pick the same
+    schedules: tuple[type[RingSchedule], ...]
+    #: fewest voters it commences with (TOO_FEW_PEERS below)
+    min_voters: int = 2
+    #: the agreed fields of an Init as one tuple (built from ``agreed``)
+    key: Callable[[m.CollectiveInit], Any] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        getter = operator.attrgetter(*self.agreed)
+        key = getter if len(self.agreed) > 1 else (lambda init: (getter(init),))
+        object.__setattr__(self, "key", key)
+
+    def describe(self, init: m.CollectiveInit) -> str:
+        """``init``'s agreed fields as a PARAMETER_MISMATCH detail shows them."""
+        return self.shown.format(**dict(zip(self.agreed, self.key(init))))
+
+
+def agreed_alike(row: KindRow, tag: int, inits: Mapping[int, m.CollectiveInit]) -> str | None:
+    """The voters agree when every one sent the same value of each of ``row.agreed``; otherwise
+    the detail lists every voter's."""
+    key = row.key
+    first = None
+    for init in inits.values():
+        value = key(init)
+        if first is None:
+            first = value
+        elif value != first:
+            listing = "; ".join(f"peer {pid:x}: {row.describe(i)}" for pid, i in sorted(inits.items()))
+            return f"peers disagree on tag {tag}: {listing}"
+    return None
+
+
+def _group_ring(ring_order: tuple[int, ...], inits: Mapping[int, m.CollectiveInit]) -> tuple[int, ...]:
+    return ring_order
+
+
+#: Every kind's row (the module docstring shows the table as it reads).
+KINDS: Mapping[CollectiveKind, KindRow] = {
+    CollectiveKind.ALL_REDUCE: KindRow(
+        CollectiveKind.ALL_REDUCE,
+        call="all_reduce",
+        agreed=("count", "dtype", "op", "quant_kind", "quant_dtype", "layout"),
+        shown="count={count} dtype={dtype} op={op} quant={quant_kind}/{quant_dtype} layout={layout:x}",
+        check=agreed_alike,
+        order=_group_ring,
+        schedules=(RingSchedule, ExchangeSchedule),
+    ),
+}
+
+
+# --- the machine -------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +177,14 @@ class OpInfo(NamedTuple):
     seq: int | None
     participants: tuple[int, ...]
     done: frozenset[int]
+    kind: CollectiveKind = CollectiveKind.ALL_REDUCE
 
 
 @dataclasses.dataclass(eq=False)
 class _Op:
     group: int
     tag: int
+    row: KindRow  # the kind its first voter asked for
     inits: dict[int, m.CollectiveInit] = dataclasses.field(default_factory=dict)  # voting phase
     seq: int | None = None  # set once commenced
     participants: tuple[int, ...] = ()
@@ -98,7 +208,7 @@ class CollectiveOps:
                                                           f"tag {msg.tag} is already in flight for this peer"))
             return
         if op is None:
-            op = self._ops[(group, msg.tag)] = _Op(group, msg.tag)
+            op = self._ops[(group, msg.tag)] = _Op(group, msg.tag, KINDS[kind_of(msg)])
         op.inits[peer_id] = msg
 
     def on_done(self, group: int, peer_id: int, msg: m.CollectiveDone) -> None:
@@ -187,20 +297,21 @@ class CollectiveOps:
         assert ring is not None  # _reject_reason refused a group without one
         op.seq = self._next_seq
         self._next_seq += 1
-        op.participants = ring
+        op.participants = op.row.order(ring, op.inits)
         self._ops[key] = op
         for pid in op.participants:
             self._host.send(pid, m.CollectiveCommence(op.tag, op.seq, op.participants))
         return True
 
     def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
-        params = {pid: (i.count, i.dtype, i.op, i.quant_kind, i.quant_dtype, i.layout) for pid, i in op.inits.items()}
-        if len(set(params.values())) > 1:
-            listing = "; ".join(
-                f"peer {pid:x}: count={c} dtype={d} op={o} quant={qk}/{qd} layout={lay:x}"
-                for pid, (c, d, o, qk, qd, lay) in sorted(params.items()))
-            return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on tag {op.tag}: {listing}"
-        if len(op.inits) < 2:
+        row = op.row
+        if any(kind_of(i) is not row.kind for i in op.inits.values()):
+            listing = "; ".join(f"peer {pid:x}: {kind_of(i).value}" for pid, i in sorted(op.inits.items()))
+            return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on the kind of tag {op.tag}: {listing}"
+        disagreement = row.check(row, op.tag, op.inits)
+        if disagreement is not None:
+            return m.RejectCode.PARAMETER_MISMATCH, disagreement
+        if len(op.inits) < row.min_voters:
             return m.RejectCode.TOO_FEW_PEERS, f"only {len(op.inits)} peer(s) in group {op.group}"
         ring = self._host.ring(op.group)
         if self._host.is_stale(op.group) or ring is None or set(ring) != set(op.inits):
@@ -222,6 +333,16 @@ class CollectiveOps:
         return [op for op in self._ops.values()
                 if op.group == group and (peer_id in op.inits or peer_id in op.participants)]
 
+    def waiting_call(self, group: int, peer_id: int) -> str | None:
+        """The calls the peer waits in for the others of ``group``, as the caller knows them
+        (``all_reduce (tag 1, 2)``), when every op it is in still votes; ``None`` when it is in
+        none, or in one that runs (it can still go on)."""
+        ops = self.of_peer(group, peer_id)
+        if not ops or any(op.seq is not None for op in ops):
+            return None
+        return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
+                         for row in KINDS.values() if any(op.row is row for op in ops))
+
     def views(self) -> list[OpInfo]:
-        return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done))
+        return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done), o.row.kind)
                 for o in self._ops.values()]

@@ -32,9 +32,10 @@ collectives of a stale group are rejected with ``STALE_RING`` until a round re-w
 
 Collectives (per group, per tag).  Every accepted peer of the group votes ``CollectiveInit``;
 at consensus the op is rejected (parameter mismatch, too few peers, stale ring) or commenced
-on the group's ring, and completes or aborts once its participants report.  The sub-machine
-and its rules live in :mod:`pccl.protocol.master.collectives`; it sees the master only through
-``OpsHost``.  An abort makes the group's ring stale (see Rings).
+on the group's ring, and completes or aborts once its participants report.  The sub-machine,
+its rules and its table of collective kinds (what must agree, in which order the op runs) live
+in :mod:`pccl.protocol.master.collectives`; it sees the master only through ``OpsHost``.  An
+abort makes the group's ring stale (see Rings).
 
 Shared-state sync (per group).  Every accepted peer of the group sends ``SyncVote``; at
 consensus the election (:mod:`pccl.protocol.master.election`) fixes the group's revision and
@@ -650,10 +651,8 @@ class MasterState:
             return ph.Call.OPTIMIZE_VOTE, "optimize_topology()"
         if peer.peer_id in sync_waiting:
             return ph.Call.SYNC, "sync_shared_state()"
-        ops = self._ops_of(peer)
-        if ops and all(op.seq is None for op in ops):
-            return ph.Call.COLLECTIVE, f"all_reduce (tag {', '.join(str(t) for t in sorted(op.tag for op in ops))})"
-        return None
+        call = self._collectives.waiting_call(peer.group, peer.peer_id)
+        return None if call is None else (ph.Call.COLLECTIVE, call)
 
     def _may_wait(self, group: int) -> bool:
         return bool(self._sync_state.waiting_voters(group)) or any(
