@@ -8,7 +8,9 @@ nothing for most of ``Config.heartbeat_interval`` (a peer only needs to hear fro
 within every interval; a peer busy with votes hears those), so no connection costs a task
 wake-up of its own for its heartbeats.
 Everything the machine decides happens synchronously inside :meth:`_MasterServer.feed`, so no
-locks are needed: Trio runs one task at a time.
+locks are needed: Trio runs one task at a time.  The shell executes the machine's effects and
+re-derives nothing: what the status page counts and lists (joins, acceptances, ops' and syncs'
+ends, the bytes a sync planned) arrives as the machine's facts.
 
 Bad input never takes the master down: a connection whose handshake fails is closed and logged;
 a connection that sends an undecodable or oversized frame becomes a ``ProtocolViolation`` event,
@@ -19,10 +21,11 @@ connection's tasks is logged with its traceback and closes that connection only.
 Connections that proved nothing: the port faces the internet, so it is served by
 :func:`pccl.net.serving.serve_listener` (see :mod:`pccl.net.admission` for the rule).  A
 connection holds one of ``max_pending_handshakes`` (default :data:`MAX_PENDING_HANDSHAKES`)
-slots from its handshake until it sends ``Register`` — without a run token the handshake proves
-nothing — and one source address holds at most :data:`MASTER_LIMITS` ``.per_address`` of them;
-the others are accepted and parked (a descriptor each, nothing more) until a slot frees, so idle
-or slow connections from one address never delay a join from another.  The handshake's first
+slots from its handshake until the machine registers it (a ``Register`` it takes: the fact
+``PeerJoined``) — without a run token the handshake proves nothing — and one source address
+holds at most :data:`MASTER_LIMITS` ``.per_address`` of them; the others are accepted and
+parked (a descriptor each, nothing more) until a slot frees, so idle or slow connections from
+one address never delay a join from another.  The handshake's first
 bytes are due within ``Config.first_bytes_timeout``, all of it within ``Config.connect_timeout``,
 and the machine gives a connection ``Config.peer_timeout`` to register (heartbeats do not extend
 it).  Refused connections are logged once each, rate-limited (:class:`pccl.net.serving.RefusalLog`).
@@ -126,7 +129,7 @@ class _Conn:
     framed: FramedConnection
     outbox: trio.MemorySendChannel[m.Message | _Closing | _Flush]
     scope: trio.CancelScope
-    #: The connection's slot among the unproven ones, released at ``Register``.
+    #: The connection's slot among the unproven ones, released when the machine registers it.
     slot: HandshakeSlot
     closing: bool = False
     #: Items put in the outbox and not yet written by the writer task (a message may skip the
@@ -134,11 +137,9 @@ class _Conn:
     queued: int = 0
     #: When a message last went to the transport (the heartbeats go to quiet connections).
     last_sent: float = -math.inf
-    # What the status page knows of the peer on this connection (see _MasterServer.note_*).
+    # What the status page's events name the peer on this connection by (see _record).
     peer_id: int | None = None
     group: int = 0
-    previous_peer_id: int = 0
-    accepted: bool = False
     removed: bool = False  # kicked or left: its end is already in the events
     report: st.PeerReport | None = None
 
@@ -225,13 +226,8 @@ class _MasterServer:
         self.removals: collections.Counter[str] = collections.Counter()
         self.reported_tx_bytes = 0
         self.reported_rx_bytes = 0
-        #: group -> (sync id, bytes planned so far) of its running sync, and (last sync, last sync
-        #: that moved bytes) of each group
-        self._sync_planned: dict[int, tuple[int, int]] = {}
+        #: group -> (last sync, last sync that moved bytes)
         self.last_syncs: dict[int, tuple[st.SyncRecord | None, st.SyncRecord | None]] = {}
-        # The last op/sync whose final message went out: one op ends with one message per
-        # participant, all in one batch of effects, so this dedupes them.
-        self._last_final: tuple[type, int] | None = None
 
     # --- the machine ------------------------------------------------------------------------------
 
@@ -250,7 +246,11 @@ class _MasterServer:
             self.feeding = False
 
     def _execute(self, effect: ms.Effect) -> None:
-        if isinstance(effect, ms.SetTimer):
+        if isinstance(effect, ms.Send):
+            conn = self.conns.get(effect.conn_id)
+            if conn is not None and not conn.closing:
+                self._enqueue(conn, effect.msg)
+        elif isinstance(effect, ms.SetTimer):
             # Most messages move the earliest deadline *later* (the sender was just heard): the
             # timer task then wakes at the old deadline and goes back to sleep, which spares a
             # wake-up and a cancel scope per message.  An earlier deadline wakes it now.
@@ -258,14 +258,14 @@ class _MasterServer:
             self.timer_at = effect.at
             if earlier:
                 self.timer_changed.set()
-            return
-        conn = self.conns.get(effect.conn_id)
-        if conn is None or conn.closing:
-            return
-        if isinstance(effect, ms.Send):
-            self._note_sent(conn, effect.msg)
-            self._enqueue(conn, effect.msg)
-        elif isinstance(effect, ms.Kick):
+        elif isinstance(effect, (ms.Kick, ms.Close)):
+            conn = self.conns.get(effect.conn_id)
+            if conn is None or conn.closing:
+                return
+            if isinstance(effect, ms.Close):
+                self._note_removed(conn, "left", "LEFT", "left the run")
+                self._close(conn, None)
+                return
             self.kicks += 1
             self._note_removed(conn, "kick", effect.reason.name, effect.detail)
             detail = clip_text(effect.detail, MAX_DETAIL)  # may quote peer input: keep it sendable
@@ -275,9 +275,8 @@ class _MasterServer:
                 log.warning("kicking %s (connection %d): %s: %s", conn.framed.remote_address, conn.conn_id,
                             effect.reason.name, detail)
             self._close(conn, m.KickNotice(int(effect.reason), detail))
-        elif isinstance(effect, ms.Close):
-            self._note_removed(conn, "left", "LEFT", "left the run")
-            self._close(conn, None)
+        else:
+            self._record(effect)
 
     # --- what the status page shows (cheap bookkeeping beside the machine) --------------------
 
@@ -287,43 +286,36 @@ class _MasterServer:
             peer_id, group = conn.peer_id, conn.group
         self.status_events.appendleft(st.StatusEvent(trio.current_time(), kind, peer_id, group, detail))
 
-    def _note_sent(self, conn: _Conn, msg: m.Message) -> None:
-        kind = type(msg)
-        if kind is m.Welcome:
-            conn.peer_id = msg.peer_id  # type: ignore[attr-defined]
+    def _record(self, fact: ms.Fact) -> None:
+        """Record what the machine reports (the status page's counters, events and syncs)."""
+        if isinstance(fact, ms.OpEnded):
+            if fact.aborted:
+                self.ops_aborted += 1
+                self._event("abort", None, f"collective tag {fact.tag} seq {fact.seq} aborted", peer_id=fact.peer_id,
+                            group=fact.group)
+            else:
+                self.ops_completed += 1
+            return
+        if isinstance(fact, ms.SyncEnded):
+            self.syncs_completed += 1
+            record = st.SyncRecord(fact.revision, fact.planned_bytes, trio.current_time())
+            previous_transfer = self.last_syncs.get(fact.group, (None, None))[1]
+            self.last_syncs[fact.group] = (record, record if record.nbytes else previous_transfer)
+            return
+        conn = self.conns.get(fact.conn_id)
+        if conn is None or conn.closing:
+            return
+        if isinstance(fact, ms.PeerJoined):
+            conn.slot.release()  # the peer made itself known: no longer an anonymous connection
+            conn.peer_id, conn.group = fact.peer_id, fact.group
             self.joins += 1
-            if conn.previous_peer_id and conn.previous_peer_id == conn.peer_id:
+            if fact.rejoined:
                 self._event("rejoin", conn, f"registered again from {conn.framed.remote_address} after a master "
                                             "restart, keeping its id")
             else:
                 self._event("join", conn, f"registered from {conn.framed.remote_address}")
-        elif kind is m.SyncPlan:
-            plan: m.SyncPlan = msg  # type: ignore[assignment]
-            sync_id, planned = self._sync_planned.get(conn.group, (plan.sync_id, 0))
-            if sync_id != plan.sync_id:
-                planned = 0
-            planned += sum(piece.nbytes for fetch in plan.fetches for piece in fetch.pieces)
-            self._sync_planned[conn.group] = (plan.sync_id, planned)
-        elif kind is m.TopologyComplete and not conn.accepted:
-            conn.accepted = True
-            self._event("accept", conn, f"accepted; world size {msg.membership.world_size}")  # type: ignore[attr-defined]
-        elif kind is m.CollectiveComplete or kind is m.CollectiveAbort or kind is m.SyncComplete:
-            key = (kind, msg.seq if kind is not m.SyncComplete else msg.sync_id)  # type: ignore[attr-defined]
-            if key == self._last_final:
-                return
-            self._last_final = key
-            if kind is m.CollectiveComplete:
-                self.ops_completed += 1
-            elif kind is m.SyncComplete:
-                self.syncs_completed += 1
-                done: m.SyncComplete = msg  # type: ignore[assignment]
-                sync_id, planned = self._sync_planned.pop(conn.group, (done.sync_id, 0))
-                record = st.SyncRecord(done.revision, planned if sync_id == done.sync_id else 0, trio.current_time())
-                previous_transfer = self.last_syncs.get(conn.group, (None, None))[1]
-                self.last_syncs[conn.group] = (record, record if record.nbytes else previous_transfer)
-            else:
-                self.ops_aborted += 1
-                self._event("abort", conn, f"collective tag {msg.tag} seq {msg.seq} aborted")  # type: ignore[attr-defined]
+        else:
+            self._event("accept", conn, f"accepted; world size {fact.world_size}")
 
     def _note_removed(self, conn: _Conn, kind: str, reason: str, detail: str) -> None:
         if conn.peer_id is None or conn.removed:
@@ -527,10 +519,7 @@ class _MasterServer:
                     conn.slot.refuse(f"connection {conn.conn_id} lost before it registered: {exc}")
                 conn.scope.cancel()
                 return
-            if isinstance(msg, m.Register):
-                conn.slot.release()  # the peer made itself known: no longer an anonymous connection
-                conn.group, conn.previous_peer_id = msg.peer_group, msg.previous_peer_id
-            elif isinstance(msg, m.Heartbeat):
+            if isinstance(msg, m.Heartbeat):
                 self._note_heartbeat(conn, msg)
             self.feed(ms.MessageReceived(conn.conn_id, msg))
         # Kicked or leaving: the writer delivers the notice and closes; stop reading meanwhile.

@@ -46,6 +46,7 @@ class _Group:
             mark_stale=lambda group: None,
             is_live=lambda pid: True,
             send=lambda pid, msg: self.sent.append((pid, msg)),
+            report=lambda fact: None,
         ))
 
     def vote(self, pid: int, init: m.CollectiveInit) -> None:

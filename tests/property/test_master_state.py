@@ -23,12 +23,16 @@ from pccl.protocol.master.machine import (
     Kick,
     MasterState,
     MessageReceived,
+    OpEnded,
+    PeerAccepted,
     PeerConnected,
     PeerDisconnected,
+    PeerJoined,
     PeerStatus,
     ProtocolViolation,
     Send,
     SetTimer,
+    SyncEnded,
     Tick,
     TopologyVote,
 )
@@ -49,6 +53,8 @@ class Harness:
         self.inbox: dict[int, list[m.Message]] = {}
         self.finals: set[tuple[int, int]] = set()  # (conn, seq) that got Complete/Abort
         self.effects_log: list[object] = []
+        self.ended: dict[int, bool] = {}  # seq -> aborted, of every op the machine reported ended
+        self.synced: set[int] = set()  # sync ids the machine reported ended
 
     # --- driving ---------------------------------------------------------------------------------
 
@@ -71,8 +77,19 @@ class Harness:
         assert before == after, f"after {event}: a full re-check changed the state"
         self.effects_log.extend(out)
         topo: dict[int, set[tuple[int, int, int]]] = {}
-        for eff in out:
+        for before, eff in zip([None, *out], out):
             if isinstance(eff, SetTimer):
+                continue
+            # The facts: each once, right before the message it goes with (the shell records them).
+            if isinstance(eff, OpEnded):
+                assert eff.seq not in self.ended, f"op {eff.seq} ended twice"
+                self.ended[eff.seq] = eff.aborted
+                continue
+            if isinstance(eff, SyncEnded):
+                assert eff.sync_id not in self.synced, f"sync {eff.sync_id} ended twice"
+                self.synced.add(eff.sync_id)
+                continue
+            if isinstance(eff, (PeerJoined, PeerAccepted)):
                 continue
             assert eff.conn_id not in self.gone, f"{eff} addresses a removed peer"
             if isinstance(eff, (Kick, Close)):
@@ -83,10 +100,18 @@ class Harness:
             assert isinstance(eff, Send)
             self.inbox.setdefault(eff.conn_id, []).append(eff.msg)
             msg = eff.msg
+            if isinstance(msg, m.Welcome):
+                assert isinstance(before, PeerJoined) and (before.conn_id, before.peer_id) == (eff.conn_id, msg.peer_id)
+            if isinstance(msg, m.SyncComplete):
+                assert msg.sync_id in self.synced, f"sync {msg.sync_id} completed unreported"
             if isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)):
+                assert self.ended.get(msg.seq) is isinstance(msg, m.CollectiveAbort), f"op {msg.seq} ended unreported"
                 key = (eff.conn_id, msg.seq)
                 assert key not in self.finals, f"two final messages for seq {msg.seq} to {eff.conn_id}"
                 self.finals.add(key)
+            if isinstance(before, PeerAccepted):
+                assert isinstance(msg, m.TopologyComplete) and before.conn_id == eff.conn_id
+                assert before.world_size == msg.membership.world_size
             if isinstance(msg, m.TopologyComplete):
                 ms = msg.membership
                 assert ms.world_size == len(msg.ring)

@@ -16,7 +16,8 @@ not reported leaves; ``CollectiveComplete`` once every live participant reported
 peer that dies after reporting success still counts: its bytes have moved).  Late ``Done`` for
 a finished ``seq`` is ignored; ``Done`` for a ``seq`` never commenced is a PROTOCOL_ERROR, a
 second ``Done`` OUT_OF_PHASE.  An abort makes the group's ring stale (the next topology vote
-re-wires it).
+re-wires it).  An op that ends with a live participant to tell is reported once (the fact
+``OpEnded``, right before its final messages).
 
 Withdrawal.  ``CollectiveWithdraw(tag)`` (the caller gave up before the answer) removes the
 peer's Init of an op that has not commenced and answers ``CollectiveRejected(WITHDRAWN)``; for
@@ -56,7 +57,7 @@ from typing import Any, NamedTuple
 from ...errors import KickReason
 from .. import messages as m
 from ..ring import ExchangeSchedule, RingSchedule
-from .events import PeerFault
+from .events import OpEnded, PeerFault
 
 __all__ = ["CollectiveOps", "OpsHost", "OpInfo", "CollectiveKind", "KindRow", "KINDS", "kind_of", "agreed_alike"]
 
@@ -165,6 +166,8 @@ class OpsHost:
     is_live: Callable[[int], bool]
     #: queue a message for a live peer
     send: Callable[[int, m.Message], None]
+    #: tell the shell that an op ended (a fact, before the op's final messages)
+    report: Callable[[OpEnded], None]
 
 
 class OpInfo(NamedTuple):
@@ -272,6 +275,8 @@ class CollectiveOps:
             return True
         if all(pid in op.done for pid in live):
             del self._ops[key]
+            if live:
+                self._host.report(OpEnded(op.group, op.tag, op.seq, False, live[0]))
             for pid in live:
                 self._host.send(pid, m.CollectiveComplete(op.tag, op.seq))
             return True
@@ -322,9 +327,11 @@ class CollectiveOps:
         del self._ops[(op.group, op.tag)]
         self._host.mark_stale(op.group)  # the ring failed once: the next topology vote re-wires it
         log.debug("aborting collective tag %d seq %s: %s", op.tag, op.seq, why)
-        for pid in op.participants:
-            if self._host.is_live(pid):
-                self._host.send(pid, m.CollectiveAbort(op.tag, op.seq or 0))
+        live = [pid for pid in op.participants if self._host.is_live(pid)]
+        if live:
+            self._host.report(OpEnded(op.group, op.tag, op.seq or 0, True, live[0]))
+        for pid in live:
+            self._host.send(pid, m.CollectiveAbort(op.tag, op.seq or 0))
 
     # --- views --------------------------------------------------------------------------------
 

@@ -3,6 +3,13 @@
 :class:`~pccl.protocol.master.machine.MasterState` (whose module re-exports these) is driven as
 ``handle(event, now) -> list[Effect]``; the Trio shell (:mod:`pccl.master.server`), the simulator and
 the property tests build these events and execute these effects.
+
+Facts are the effects that move nothing on the wire: what the machine decided that the shell
+records (the status page's counters and recent events), so that the shell never re-derives it
+from the messages it sends.  Each comes right before the ``Send`` it goes with (a join before
+the ``Welcome``, an acceptance before the ``TopologyComplete``, an op's or a sync's end before
+its final messages), and only when there is one: an op or sync that ends with nobody left to
+tell is not reported.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from ...errors import KickReason
 from .. import messages as m
 
 __all__ = ["PeerFault", "PeerConnected", "MessageReceived", "PeerDisconnected", "ProtocolViolation", "Tick", "Event", "Send",
-           "Kick", "Close", "SetTimer", "Effect"]
+           "Kick", "Close", "SetTimer", "PeerJoined", "PeerAccepted", "OpEnded", "SyncEnded", "Fact", "Effect"]
 
 
 # --- events (shell → machine) ------------------------------------------------------------------
@@ -99,4 +106,51 @@ class SetTimer:
     at: float | None
 
 
-Effect = Send | Kick | Close | SetTimer
+# --- facts (machine → shell, to record; see the module docstring) ------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerJoined:
+    """Connection ``conn_id`` registered: it is peer ``peer_id`` of ``group`` (``rejoined``: it
+    registered again after a master restart and keeps the id it had)."""
+
+    conn_id: int
+    peer_id: int
+    group: int
+    rejoined: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerAccepted:
+    """The peer on ``conn_id`` was accepted by a topology round; its group now has ``world_size``
+    members."""
+
+    conn_id: int
+    world_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class OpEnded:
+    """Collective op ``seq`` (``tag`` of ``group``) completed, or ``aborted``; ``peer_id`` is the
+    first participant told (the one its status event names)."""
+
+    group: int
+    tag: int
+    seq: int
+    aborted: bool
+    peer_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncEnded:
+    """Shared-state sync ``sync_id`` of ``group`` completed at ``revision``; ``planned_bytes``
+    is what its plans had the receivers fetch (a re-plan counts its pieces again)."""
+
+    group: int
+    sync_id: int
+    revision: int
+    planned_bytes: int
+
+
+Fact = PeerJoined | PeerAccepted | OpEnded | SyncEnded
+Effect = Send | Kick | Close | SetTimer | Fact

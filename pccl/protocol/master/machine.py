@@ -1,10 +1,11 @@
 """The master's consensus machine: pure, synchronous, no I/O (h11 style).
 
 ``MasterState.handle(event, now) -> list[Effect]`` is the whole interface (the event and effect
-types are in :mod:`pccl.protocol.master.events`, re-exported here).  The Trio shell
-(:mod:`pccl.master.server`) turns connections into events and executes the effects; the
-simulator and the property tests drive the same object directly.  Time (``now``) and randomness (``rng``) are
-inputs.  Nothing a peer sends can make ``handle`` raise: bad input becomes a ``Kick`` of that
+types are in :mod:`pccl.protocol.master.events`, re-exported here; among the effects are the
+facts — joins, acceptances, ops' and syncs' ends — that the shell records for the status
+page).  The Trio shell (:mod:`pccl.master.server`) turns connections into events and executes
+the effects; the simulator and the property tests drive the same object directly.  Time
+(``now``) and randomness (``rng``) are inputs.  Nothing a peer sends can make ``handle`` raise: bad input becomes a ``Kick`` of that
 peer only.  (Shell bugs — an unknown event type, a duplicate ``PeerConnected`` — do raise.)
 
 Rules
@@ -96,20 +97,8 @@ from . import election
 from .. import messages as m
 from .. import phases as ph
 from ..codec import MAX_DETAIL, clip_text
-from .events import (
-    Close,
-    Effect,
-    Event,
-    Kick,
-    MessageReceived,
-    PeerConnected,
-    PeerDisconnected,
-    PeerFault,
-    ProtocolViolation,
-    Send,
-    SetTimer,
-    Tick,
-)
+from .events import (Close, Effect, Event, Fact, Kick, MessageReceived, OpEnded, PeerAccepted, PeerConnected,
+                     PeerDisconnected, PeerFault, PeerJoined, ProtocolViolation, Send, SetTimer, SyncEnded, Tick)
 from .collectives import CollectiveOps, OpInfo, OpsHost
 from .mismatch import MismatchHost, PhaseMismatches
 from .optimize import OptimizeHost, Optimizer
@@ -122,7 +111,8 @@ _C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
 
 __all__ = ["MasterState", "RandomSource", "PeerStatus", "TopologyVote", "GLOBAL_SCOPE", "PeerInfo", "OpInfo",
            "SyncRoundInfo", "PeerConnected", "MessageReceived", "PeerDisconnected", "ProtocolViolation", "Tick",
-           "Event", "Send", "Kick", "Close", "SetTimer", "Effect"]
+           "Event", "Send", "Kick", "Close", "SetTimer", "PeerJoined", "PeerAccepted", "OpEnded", "SyncEnded", "Fact",
+           "Effect"]
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +174,7 @@ class MasterState:
             members=lambda group: [p.peer_id for p in self._accepted(group)],
             send=lambda pid, msg: self._send(self._peer(pid), msg),
             kick=lambda pid, reason, detail: self._remove(self._by_id[pid], reason, detail),
+            report=self._report,
         )
         self._sync_state = SyncState(host, new_lineage_id=self._new_lineage_id, min_stripe=min_stripe)
         self._rounds = Rounds(RoundsHost(
@@ -227,6 +218,7 @@ class MasterState:
             mark_stale=lambda group: self._stale_groups.add(group),
             is_live=lambda pid: pid in self._by_id,
             send=lambda pid, msg: self._send(self._peer(pid), msg),
+            report=self._report,
         ))
         self._timer_at: float | None = None
         self._out: list[Effect] = []
@@ -234,18 +226,18 @@ class MasterState:
         #: What each message type does once ``_dispatch`` let it through (same keys as ``PHASES``).
         self._handlers: dict[type[m.Message], Callable[[PeerRecord, Any], None]] = {
             m.Register: self._on_register,
-            m.Heartbeat: self._on_heartbeat,
+            m.Heartbeat: lambda p, msg: None,  # last_heard was refreshed by handle()
             m.Leave: self._on_leave,
-            m.P2PReport: self._on_p2p_report,
+            m.P2PReport: lambda p, msg: self._rounds.on_report(p.peer_id, p.round_scope, msg),
             m.VoteTopology: self._on_vote_topology,
             m.VoteOptimize: self._on_vote_optimize,
-            m.ProbeReport: self._on_probe_report,
-            m.VotePeersPending: self._on_vote_peers_pending,
-            m.CollectiveInit: self._on_collective_init,
-            m.CollectiveDone: self._on_collective_done,
-            m.CollectiveWithdraw: self._on_collective_withdraw,
-            m.SyncVote: self._on_sync_vote,
-            m.SyncReport: self._on_sync_report,
+            m.ProbeReport: lambda p, msg: self._optimizer.on_report(p.group, p.peer_id, msg),
+            m.VotePeersPending: lambda p, msg: self._votes.asked_pending(p),
+            m.CollectiveInit: lambda p, msg: self._collectives.on_init(p.group, p.peer_id, msg),
+            m.CollectiveDone: lambda p, msg: self._collectives.on_done(p.group, p.peer_id, msg),
+            m.CollectiveWithdraw: lambda p, msg: self._collectives.on_withdraw(p.group, p.peer_id, msg),
+            m.SyncVote: lambda p, msg: self._sync_state.on_vote(p.group, p.peer_id, msg),
+            m.SyncReport: lambda p, msg: self._sync_state.on_report(p.group, p.peer_id, msg),
         }
         assert self._handlers.keys() == PHASES.keys()
 
@@ -451,9 +443,6 @@ class MasterState:
             return self._sync_state.in_sync(peer.group, peer.peer_id)
         return peer.pending_vote
 
-    def _on_heartbeat(self, peer: PeerRecord, msg: m.Heartbeat) -> None:
-        pass  # last_heard was refreshed by handle()
-
     def _on_leave(self, peer: PeerRecord, msg: m.Leave) -> None:
         log.info("peer %x (connection %d) left the run", peer.peer_id, peer.conn_id)
         self._remove(peer.conn_id, None, "left")
@@ -472,6 +461,7 @@ class MasterState:
         self._members_version += 1
         peer.p2p_port, peer.shared_state_port = msg.p2p_port, msg.shared_state_port
         self._by_id[peer_id] = peer.conn_id
+        self._out.append(PeerJoined(peer.conn_id, peer_id, msg.peer_group, peer_id == msg.previous_peer_id))
         self._send(peer, m.Welcome(peer_id, self.instance))
         again = " again, keeping its id" if peer_id == msg.previous_peer_id else ""
         log.info("peer %x joined group %d from %s%s; waiting to be accepted", peer_id, msg.peer_group, peer.host,
@@ -480,32 +470,8 @@ class MasterState:
     def _on_vote_topology(self, peer: PeerRecord, msg: m.VoteTopology) -> None:
         peer.topology_vote = TopologyVote.ACCEPT if msg.accept_new_peers else TopologyVote.REWIRE
 
-    def _on_p2p_report(self, peer: PeerRecord, msg: m.P2PReport) -> None:
-        self._rounds.on_report(peer.peer_id, peer.round_scope, msg)
-
     def _on_vote_optimize(self, peer: PeerRecord, msg: m.VoteOptimize) -> None:
         peer.topology_vote = TopologyVote.OPTIMIZE
-
-    def _on_probe_report(self, peer: PeerRecord, msg: m.ProbeReport) -> None:
-        self._optimizer.on_report(peer.group, peer.peer_id, msg)
-
-    def _on_vote_peers_pending(self, peer: PeerRecord, msg: m.VotePeersPending) -> None:
-        self._votes.asked_pending(peer)
-
-    def _on_collective_init(self, peer: PeerRecord, msg: m.CollectiveInit) -> None:
-        self._collectives.on_init(peer.group, peer.peer_id, msg)
-
-    def _on_collective_done(self, peer: PeerRecord, msg: m.CollectiveDone) -> None:
-        self._collectives.on_done(peer.group, peer.peer_id, msg)
-
-    def _on_collective_withdraw(self, peer: PeerRecord, msg: m.CollectiveWithdraw) -> None:
-        self._collectives.on_withdraw(peer.group, peer.peer_id, msg)
-
-    def _on_sync_vote(self, peer: PeerRecord, msg: m.SyncVote) -> None:
-        self._sync_state.on_vote(peer.group, peer.peer_id, msg)
-
-    def _on_sync_report(self, peer: PeerRecord, msg: m.SyncReport) -> None:
-        self._sync_state.on_report(peer.group, peer.peer_id, msg)
 
     # --- removal and timeouts -------------------------------------------------------------------
 
@@ -599,10 +565,12 @@ class MasterState:
     def _complete_round(self, rnd: RoundRecord, live: list[int]) -> None:
         """Every live participant of ``rnd`` reported success: they are accepted, the rings of
         their groups are installed, and each gets ``TopologyComplete``."""
+        newcomers: set[int] = set()
         for pid in live:
             p = self._peer(pid)
             if p.status is _R:
                 log.info("peer %x accepted into group %d", pid, p.group)
+                newcomers.add(pid)
             p.status, p.round_scope = _A, None
         self._members_version += 1
         groups = {self._peer(pid).group for pid in live}
@@ -620,6 +588,8 @@ class MasterState:
             p = self._peer(pid)
             if p.group not in completes:
                 completes[p.group] = self._topology_complete(rnd.round_id, p.group)
+            if pid in newcomers:
+                self._out.append(PeerAccepted(p.conn_id, completes[p.group].membership.world_size))
             self._send(p, completes[p.group])
         log.debug("round %d complete: %d peers", rnd.round_id, len(live))
         self._log_world_sizes()
@@ -692,3 +662,6 @@ class MasterState:
 
     def _send(self, peer: PeerRecord, msg: m.Message) -> None:
         self._out.append(Send(peer.conn_id, msg))
+
+    def _report(self, fact: Fact) -> None:
+        self._out.append(fact)

@@ -46,7 +46,8 @@ is OUT_OF_PHASE.
 End.  A receiver that leaves is dropped; a source that leaves is reported by its receivers.
 Once no receiver is pending every remaining participant gets ``SyncComplete(sync_id,
 revision, lineage, reason)``, and the sync becomes the group's history.  Sources serve until
-then.
+then.  A sync that completes so is reported once (the fact ``SyncEnded``, right before those
+messages, with the bytes every plan of it had receivers fetch).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from ...errors import KickReason
 from . import election
 from .. import messages as m
 from ..codec import MAX_DETAIL, clip_text
-from .events import PeerFault
+from .events import PeerFault, SyncEnded
 
 __all__ = ["SyncState", "SyncHost", "SyncRoundInfo", "PeerFault"]
 
@@ -80,6 +81,8 @@ class SyncHost:
     send: Callable[[int, m.Message], None]
     #: remove a live peer with ``Kick(reason, detail)``
     kick: Callable[[int, KickReason, str], None]
+    #: tell the shell that a sync ended (a fact, before its ``SyncComplete`` messages)
+    report: Callable[[SyncEnded], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +118,8 @@ class _Sync:
     participants: tuple[int, ...] = ()
     sources: tuple[int, ...] = ()
     receivers: dict[int, _Receiver] = dataclasses.field(default_factory=dict)  # still fetching
+    #: Bytes of every plan sent for this sync so far (re-plans count their pieces again).
+    planned_bytes: int = 0
     #: Votes for the group's *next* sync from peers this one already finished with (rejected).
     next_votes: dict[int, m.SyncVote] = dataclasses.field(default_factory=dict)
 
@@ -251,6 +256,7 @@ class SyncState:
             fetches.append(m.SourceFetch(self._host.endpoint(src), pieces))
         expected = tuple(m.ExpectedHash(k, plan.expected[k]) for k in sorted(plan.expected))
         assert sync.sync_id is not None
+        sync.planned_bytes += sum(piece.nbytes for fetch in fetches for piece in fetch.pieces)
         return m.SyncPlan(sync.sync_id, receiver.attempt, sync.revision, expected, tuple(fetches))
 
     # --- consensus (re-evaluated by the master after every event) -------------------------------
@@ -288,7 +294,9 @@ class SyncState:
         if sync.lineage is None:  # every voter was rejected: nothing was elected
             return True
         if live:
+            assert sync.sync_id is not None  # elected: it has a lineage
             self._history[group] = election.History(sync.lineage, sync.schema, frozenset(live))
+            self._host.report(SyncEnded(group, sync.sync_id, sync.revision, sync.planned_bytes))
         for pid in live:
             reason = sync.reasons.get(pid, m.SyncReason.UP_TO_DATE)
             self._host.send(pid, m.SyncComplete(sync.sync_id, sync.revision, sync.lineage, int(reason)))
