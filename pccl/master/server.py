@@ -10,7 +10,8 @@ wake-up of its own for its heartbeats.
 Everything the machine decides happens synchronously inside :meth:`_MasterServer.feed`, so no
 locks are needed: Trio runs one task at a time.  The shell executes the machine's effects and
 re-derives nothing: what the status page counts and lists (joins, acceptances, ops' and syncs'
-ends, the bytes a sync planned) arrives as the machine's facts.
+ends, the bytes a sync planned) arrives as the machine's facts, and the peers' heartbeat
+reports are the machine's to keep (``MasterState.reports``).
 
 Bad input never takes the master down: a connection whose handshake fails is closed and logged;
 a connection that sends an undecodable or oversized frame becomes a ``ProtocolViolation`` event,
@@ -141,7 +142,6 @@ class _Conn:
     peer_id: int | None = None
     group: int = 0
     removed: bool = False  # kicked or left: its end is already in the events
-    report: st.PeerReport | None = None
 
 
 class Master:
@@ -224,8 +224,6 @@ class _MasterServer:
         self.syncs_completed = 0
         self.joins = 0
         self.removals: collections.Counter[str] = collections.Counter()
-        self.reported_tx_bytes = 0
-        self.reported_rx_bytes = 0
         #: group -> (last sync, last sync that moved bytes)
         self.last_syncs: dict[int, tuple[st.SyncRecord | None, st.SyncRecord | None]] = {}
 
@@ -324,21 +322,10 @@ class _MasterServer:
         self.removals[reason] += 1
         self._event(kind, conn, f"{reason}: {clip_text(detail, MAX_DETAIL)}" if kind == "kick" else detail)
 
-    def _note_heartbeat(self, conn: _Conn, msg: m.Heartbeat) -> None:
-        before = conn.report
-        if before is not None:
-            self.reported_tx_bytes += max(0, msg.tx_bytes - before.tx_bytes)
-            self.reported_rx_bytes += max(0, msg.rx_bytes - before.rx_bytes)
-        else:
-            self.reported_tx_bytes += msg.tx_bytes
-            self.reported_rx_bytes += msg.rx_bytes
-        conn.report = st.PeerReport(msg.synced, msg.revision, msg.sync_tx_bytes, msg.sync_rx_bytes,
-                                    msg.tx_bytes, msg.rx_bytes)
-
     def status(self) -> dict[str, Any]:
         counters = st.RunCounters(self.ops_completed, self.ops_aborted, self.syncs_completed, self.joins,
-                                  dict(self.removals), self.reported_tx_bytes, self.reported_rx_bytes)
-        reports = {cid: c.report for cid, c in self.conns.items() if c.report is not None}
+                                  dict(self.removals), *self.state.reported_bytes())
+        reports = {cid: st.PeerReport.of(heartbeat) for cid, heartbeat in self.state.reports().items()}
         return st.snapshot(self.state, now=trio.current_time(), started_at=self.started_at,
                            address=self.listener.address, reports=reports, events=list(self.status_events),
                            counters=counters, syncs=self.last_syncs, token_required=self.token is not None,
@@ -519,8 +506,6 @@ class _MasterServer:
                     conn.slot.refuse(f"connection {conn.conn_id} lost before it registered: {exc}")
                 conn.scope.cancel()
                 return
-            if isinstance(msg, m.Heartbeat):
-                self._note_heartbeat(conn, msg)
             self.feed(ms.MessageReceived(conn.conn_id, msg))
         # Kicked or leaving: the writer delivers the notice and closes; stop reading meanwhile.
         await trio.sleep_forever()

@@ -66,6 +66,11 @@ class PeerReport:
     tx_bytes: int
     rx_bytes: int
 
+    @classmethod
+    def of(cls, heartbeat: m.Heartbeat) -> PeerReport:
+        return cls(heartbeat.synced, heartbeat.revision, heartbeat.sync_tx_bytes, heartbeat.sync_rx_bytes,
+                   heartbeat.tx_bytes, heartbeat.rx_bytes)
+
 
 @dataclasses.dataclass(frozen=True)
 class StatusEvent:

@@ -739,6 +739,20 @@ def test_attributes_count_accepted_peers_only_and_agree() -> None:
     assert h.last(c, m.TopologyComplete).membership == m.Membership(1, 3, 2, 2)
 
 
+def test_the_machine_keeps_each_connections_last_heartbeat_report_and_the_runs_totals() -> None:
+    h = Harness()
+    a, b = _accepted_cluster(h, [0, 0])
+    h.send(a, m.Heartbeat(tx_bytes=100, rx_bytes=10))
+    h.send(a, m.Heartbeat(True, 7, 1, 2, tx_bytes=250, rx_bytes=10))
+    h.send(b, m.Heartbeat(tx_bytes=40, rx_bytes=5))
+    assert h.ms.reports() == {a: m.Heartbeat(True, 7, 1, 2, tx_bytes=250, rx_bytes=10),
+                              b: m.Heartbeat(tx_bytes=40, rx_bytes=5)}
+    assert h.ms.reported_bytes() == (290, 15)
+    h.feed(PeerDisconnected(b))  # its report goes with it; what it reported stays counted
+    h.send(a, m.Heartbeat(tx_bytes=30, rx_bytes=30))  # a reset counter adds nothing, then grows from there
+    assert set(h.ms.reports()) == {a} and h.ms.reported_bytes() == (290, 35)
+
+
 def test_silent_peer_is_removed_and_unblocks_the_vote() -> None:
     h = Harness()
     a, b = _accepted_cluster(h, [0, 0])

@@ -104,7 +104,7 @@ from .mismatch import MismatchHost, PhaseMismatches
 from .optimize import OptimizeHost, Optimizer
 from .rounds import Rounds, RoundsHost
 from .votes import TopologyVotes, VotesHost
-from .peers import GLOBAL_SCOPE, PHASES, PeerInfo, PeerRecord, PeerStatus, RoundRecord, TopologyVote
+from .peers import GLOBAL_SCOPE, PHASES, PeerInfo, PeerRecord, PeerStatus, ReportedBytes, RoundRecord, TopologyVote
 from .sync import SyncHost, SyncRoundInfo, SyncState
 
 _C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
@@ -220,13 +220,14 @@ class MasterState:
             send=lambda pid, msg: self._send(self._peer(pid), msg),
             report=self._report,
         ))
+        self._reported = ReportedBytes()
         self._timer_at: float | None = None
         self._out: list[Effect] = []
         self._logged_sizes: dict[int, int] = {}  # group -> world size last logged
         #: What each message type does once ``_dispatch`` let it through (same keys as ``PHASES``).
         self._handlers: dict[type[m.Message], Callable[[PeerRecord, Any], None]] = {
             m.Register: self._on_register,
-            m.Heartbeat: lambda p, msg: None,  # last_heard was refreshed by handle()
+            m.Heartbeat: self._reported.take,  # (last_heard was refreshed by handle())
             m.Leave: self._on_leave,
             m.P2PReport: lambda p, msg: self._rounds.on_report(p.peer_id, p.round_scope, msg),
             m.VoteTopology: self._on_vote_topology,
@@ -333,6 +334,16 @@ class MasterState:
         """conn_id → when the master last heard from that connection.  Heartbeats move it, so
         unlike the other views it is not covered by ``generation``."""
         return {p.conn_id: p.last_heard for p in self._peers.values()}
+
+    def reports(self) -> dict[int, m.Heartbeat]:
+        """conn_id → the last heartbeat of each connection that sent one (what the status page
+        shows of the peer), and below, the run's reported payload totals.  Not covered by
+        ``generation``, like ``last_heard``."""
+        return {p.conn_id: p.report for p in self._peers.values() if p.report is not None}
+
+    def reported_bytes(self) -> tuple[int, int]:
+        """(tx, rx): the payload bytes every connection's heartbeats reported, summed."""
+        return self._reported.tx, self._reported.rx
 
     def peer_id_of(self, conn_id: int) -> int | None:
         p = self._peers.get(conn_id)

@@ -4,6 +4,10 @@ of a peer, and the phase table the master's dispatch checks (sans-IO).
 Peers.  A connection is CONNECTED until it sends ``Register``; then it is REGISTERED (it has a
 peer id and waits); it becomes ACCEPTED when a topology round it took part in succeeds.  One
 status field: registered and accepted peers are disjoint by construction.
+
+Reports.  A peer's heartbeats also report what the status page shows of it (its last sync, its
+payload totals): the machine keeps each connection's last one and the run's totals
+(:class:`ReportedBytes`) and reads none of it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from .. import phases as ph
 from ..phases import TopologyVote
 
 __all__ = ["PeerStatus", "TopologyVote", "GLOBAL_SCOPE", "PeerRecord", "RoundRecord", "PeerInfo", "PhaseRow",
-           "PHASES", "REFUSAL_DETAIL"]
+           "PHASES", "REFUSAL_DETAIL", "ReportedBytes"]
 
 
 # --- the phase rules ---------------------------------------------------------------------------
@@ -99,9 +103,26 @@ class PeerRecord:
     topology_vote: TopologyVote | None = None
     round_scope: int | None = None  # scope key of the round this peer takes part in
     pending_vote: bool = False
+    report: m.Heartbeat | None = None  # the last heartbeat (see "Reports")
 
     def endpoint(self) -> m.PeerEndpoint:
         return m.PeerEndpoint(self.peer_id, self.host, self.p2p_port, self.shared_state_port)
+
+
+@dataclasses.dataclass
+class ReportedBytes:
+    """The payload bytes the peers' heartbeats reported, summed over every connection since the
+    master started: each report adds what its connection's totals grew by since its last."""
+
+    tx: int = 0
+    rx: int = 0
+
+    def take(self, peer: PeerRecord, report: m.Heartbeat) -> None:
+        """``report`` is ``peer``'s latest heartbeat."""
+        before = peer.report
+        self.tx += max(0, report.tx_bytes - (before.tx_bytes if before is not None else 0))
+        self.rx += max(0, report.rx_bytes - (before.rx_bytes if before is not None else 0))
+        peer.report = report
 
 
 @dataclasses.dataclass(eq=False)
