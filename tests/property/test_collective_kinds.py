@@ -9,6 +9,7 @@ row's minimum get TOO_FEW_PEERS, and the call a waiting voter is named in is the
 from __future__ import annotations
 
 import dataclasses
+import enum
 import string
 
 import msgspec
@@ -134,3 +135,37 @@ def test_a_waiting_voter_waits_in_the_rows_call(row: co.KindRow) -> None:
     for pid in (2, 3):
         group.vote(pid, _init(row, tag=2))
     assert group.ops.waiting_call(0, 1) is None  # tag 2 runs: it can still go on
+
+
+class _Other(enum.Enum):
+    """A stand-in second kind (the wire has one kind today), to show the kind rule itself."""
+
+    GATHER = "gather"
+
+
+def test_voters_must_agree_on_the_kind_and_the_rest_commence_once_the_odd_one_withdraws(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    all_reduce = co.KINDS[co.CollectiveKind.ALL_REDUCE]
+    other = dataclasses.replace(all_reduce, kind=_Other.GATHER, call="all_gather",  # type: ignore[arg-type]
+                                order=lambda ring, inits: ring[::-1])
+    monkeypatch.setattr(co, "KINDS", {co.CollectiveKind.ALL_REDUCE: all_reduce, _Other.GATHER: other})
+    monkeypatch.setattr(co, "kind_of", lambda init: _Other.GATHER if init.layout == 1 else co.CollectiveKind.ALL_REDUCE)
+    group = _Group(3)
+    group.vote(1, _init(all_reduce, layout=1))
+    group.vote(2, _init(all_reduce))
+    group.vote(3, _init(all_reduce))
+    assert [msg.code for _, msg in group.sent] == [m.RejectCode.PARAMETER_MISMATCH] * 3  # type: ignore[attr-defined]
+    assert all("peer 1: gather; peer 2: all_reduce; peer 3: all_reduce" in msg.detail  # type: ignore[attr-defined]
+               for _, msg in group.sent)
+    group.sent.clear()
+    # The first voter's kind names the op; it withdraws and votes again, agreeing with the others
+    # now: the op commences as the row of their kind says (all-reduce's order, not the other's).
+    group.vote(2, _init(all_reduce, tag=8, layout=1))
+    group.vote(1, _init(all_reduce, tag=8))
+    group.ops.on_withdraw(0, 2, m.CollectiveWithdraw(8))
+    group.vote(3, _init(all_reduce, tag=8))
+    group.vote(2, _init(all_reduce, tag=8))
+    assert [(pid, type(msg)) for pid, msg in group.sent] == [
+        (2, m.CollectiveRejected), (1, m.CollectiveCommence), (2, m.CollectiveCommence), (3, m.CollectiveCommence)]
+    assert group.sent[1][1].ring == (1, 2, 3)  # type: ignore[attr-defined]
+    assert [op.kind for op in group.ops.views()] == [co.CollectiveKind.ALL_REDUCE]

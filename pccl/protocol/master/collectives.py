@@ -31,7 +31,9 @@ do not, how that agreement is checked, the fewest voters it runs with, the order
 participants run it in (sent in ``CollectiveCommence``) and the data path's schedules
 (:mod:`pccl.protocol.ring`) each participant derives from the agreed fields.  The rules above
 hold for every kind: a new kind (SPEC §2b: broadcast, all-gather, reduce-scatter) is a row and
-a schedule, not new handlers.  The wire carries no kind yet: every ``CollectiveInit`` is an
+a schedule, not new handlers.  Every voter of a tag must ask for the same kind (checked at
+consensus over the voters then present; PARAMETER_MISMATCH listing each one's otherwise), and
+the op runs as that kind's row says.  The wire carries no kind yet: every ``CollectiveInit`` is an
 all-reduce (:func:`kind_of`; a trailing ``kind`` field defaulting to it will keep the wire
 compatible).
 
@@ -188,6 +190,8 @@ class _Op:
     group: int
     tag: int
     row: KindRow  # the kind its first voter asked for
+    #: a voter asked for another kind (checked again at consensus: that voter may have gone)
+    other_kind: bool = False
     inits: dict[int, m.CollectiveInit] = dataclasses.field(default_factory=dict)  # voting phase
     seq: int | None = None  # set once commenced
     participants: tuple[int, ...] = ()
@@ -212,6 +216,8 @@ class CollectiveOps:
             return
         if op is None:
             op = self._ops[(group, msg.tag)] = _Op(group, msg.tag, KINDS[kind_of(msg)])
+        elif kind_of(msg) is not op.row.kind:
+            op.other_kind = True
         op.inits[peer_id] = msg
 
     def on_done(self, group: int, peer_id: int, msg: m.CollectiveDone) -> None:
@@ -309,10 +315,13 @@ class CollectiveOps:
         return True
 
     def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
+        if op.other_kind:  # (the voter that asked for it may have gone since)
+            kinds = {kind_of(i) for i in op.inits.values()}
+            if len(kinds) > 1:
+                listing = "; ".join(f"peer {pid:x}: {kind_of(i).value}" for pid, i in sorted(op.inits.items()))
+                return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on the kind of tag {op.tag}: {listing}"
+            op.row = KINDS[kinds.pop()]
         row = op.row
-        if any(kind_of(i) is not row.kind for i in op.inits.values()):
-            listing = "; ".join(f"peer {pid:x}: {kind_of(i).value}" for pid, i in sorted(op.inits.items()))
-            return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on the kind of tag {op.tag}: {listing}"
         disagreement = row.check(row, op.tag, op.inits)
         if disagreement is not None:
             return m.RejectCode.PARAMETER_MISMATCH, disagreement
