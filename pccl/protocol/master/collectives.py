@@ -30,7 +30,7 @@ in, the ``CollectiveInit`` fields every voter must send alike and how each is sh
 do not, how that agreement is checked, the fewest voters it runs with, the order its
 participants run it in (sent in ``CollectiveCommence``) and the data path's schedules
 (:mod:`pccl.protocol.ring`) each participant derives from the agreed fields.  The rules above
-hold for every kind: a new kind (SPEC §2b: broadcast, all-gather, reduce-scatter) is a row and
+hold for every kind: a new kind (broadcast, all-gather, reduce-scatter come next) is a row and
 a schedule, not new handlers.  Every voter of a tag must ask for the same kind (checked at
 consensus over the voters then present; PARAMETER_MISMATCH listing each one's otherwise), and
 the op runs as that kind's row says.  The wire carries no kind yet: every ``CollectiveInit`` is an
