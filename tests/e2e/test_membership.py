@@ -707,6 +707,39 @@ async def test_a_collective_called_while_an_internal_rewire_stands_waits_for_it_
             nursery.cancel_scope.cancel()
 
 
+async def test_a_call_waiting_for_a_peer_that_re_wires_first_is_ended_so_both_meet_on_the_new_ring(
+        master: pccl.Master) -> None:
+    # After a failure, concurrent calls of two peers cross: b votes tag 7 before it learns the
+    # ring is stale, a meets the stale ring first and re-wires, and its own call on tag 7 waits
+    # for that re-wire.  b's held tag kept it from ever voting the re-wire (a silent wait across
+    # tags until the phase-mismatch grace ended it); the master now ends b's vote as STALE_RING,
+    # b re-wires too, and both run tag 7 on the new ring.
+    with trio.fail_after(BOUND):
+        async with _open(master.address) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a])
+            c, c_scope = await _admit(nursery, master, [a, b])
+            c_scope.cancel()  # c leaves: the group's ring is stale
+            await _wait_until(lambda: master.statistics().accepted_peers == 2, "c left")
+            results: dict[str, np.ndarray] = {}
+
+            async def reduce(comm: pccl.Communicator, name: str, value: float) -> None:
+                x = np.full(1000, value, np.float32)
+                await comm.all_reduce(x, tag=7)
+                results[name] = x
+
+            async with trio.open_nursery() as calls:
+                calls.start_soon(reduce, b, "b", 2.0)  # b's vote waits for a's
+                await _wait_until(lambda: pccl.testing.session(b).phase.collectives == {7}, "b votes tag 7")
+                await trio.sleep(0.1)
+                calls.start_soon(pccl.testing.session(a).rewire)  # a met the stale ring on another tag
+                while pccl.testing.session(a).phase.topology_vote is not TopologyVote.REWIRE:
+                    await trio.lowlevel.checkpoint()  # a's vote is out; the round is a round trip away
+                calls.start_soon(reduce, a, "a", 1.0)  # joins a's re-wire
+            assert results["a"].tolist() == results["b"].tolist() == [3.0] * 1000
+            assert a.world_size == b.world_size == 2
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_lone_peer_says_so_once_and_the_master_logs_membership_once_each(
         master: pccl.Master, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="pccl.protocol.master.machine")

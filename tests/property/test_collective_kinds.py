@@ -48,6 +48,7 @@ class _Group:
             is_live=lambda pid: True,
             send=lambda pid, msg: self.sent.append((pid, msg)),
             report=lambda fact: None,
+            in_topology_vote=lambda pid: False,
         ))
 
     def vote(self, pid: int, init: m.CollectiveInit) -> None:

@@ -6,7 +6,10 @@ Rules
 Collectives (per group, per tag).  Every accepted peer of the group sends ``CollectiveInit``;
 at consensus: the voters disagree on the op's kind or on what its row says must agree →
 ``PARAMETER_MISMATCH``; fewer voters than the row's minimum → ``TOO_FEW_PEERS``; stale ring →
-``STALE_RING`` (each a ``CollectiveRejected`` to every voter); otherwise
+``STALE_RING`` (each a ``CollectiveRejected`` to every voter) — also before consensus, to the
+voters so far, once a member that has not voted has a topology vote standing in a stale group
+(it votes again only on the re-wired ring, and the voters' held tags would keep them from that
+round: the cross-tag wait of concurrent calls after a failure); otherwise
 ``CollectiveCommence(tag, seq, ring)`` with a new global ``seq`` and the participants in the
 row's order.  A peer that reuses
 a tag it already voted (or that is running) gets ``TAG_IN_USE`` alone.  Each participant then
@@ -170,6 +173,8 @@ class OpsHost:
     send: Callable[[int, m.Message], None]
     #: tell the shell that an op ended (a fact, before the op's final messages)
     report: Callable[[OpEnded], None]
+    #: the peer has a topology vote standing (it votes no collective before that round)
+    in_topology_vote: Callable[[int], bool]
 
 
 class OpInfo(NamedTuple):
@@ -295,7 +300,20 @@ class CollectiveOps:
             return True
         voters = self._host.members(op.group)
         if not all(pid in op.inits for pid in voters):
-            return False
+            if not self._host.is_stale(op.group):
+                return False
+            absent = [pid for pid in voters if pid not in op.inits and self._host.in_topology_vote(pid)]
+            if not absent:
+                return False
+            # A member re-wires its stale group before it votes again: this op cannot reach
+            # consensus on the old ring, and its voters hold their tags, which keeps them from
+            # joining that re-wire.  End it now; they re-wire and vote again on the new ring.
+            del self._ops[key]
+            detail = (f"group {op.group} lost a member and peer {absent[0]:x} re-wires it; re-wire before "
+                      "retrying")
+            for pid in op.inits:
+                self._host.send(pid, m.CollectiveRejected(op.tag, m.RejectCode.STALE_RING, detail))
+            return True
         del self._ops[key]
         code, detail = self._reject_reason(op)
         if code is not None:

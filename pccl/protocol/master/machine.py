@@ -219,6 +219,7 @@ class MasterState:
             is_live=lambda pid: pid in self._by_id,
             send=lambda pid, msg: self._send(self._peer(pid), msg),
             report=self._report,
+            in_topology_vote=lambda pid: self._peer(pid).topology_vote is not None,
         ))
         self._reported = ReportedBytes()
         self._timer_at: float | None = None
