@@ -1,7 +1,9 @@
-"""Buffers of one all-reduce: argument checks, the in-place backup, staging pools, kernel calls.
+"""Buffers of one all-reduce: argument checks, the in-place backup, scratch memory, where kernels run.
 
-The arithmetic itself is in the C kernels (:mod:`pccl.kernels`); this module decides which
-kernel runs on which slice, and where (a worker thread for large slices, inline otherwise).
+The arithmetic is in the C kernels, called straight through :mod:`pccl.kernels` (the one place
+that knows their signatures) by :mod:`pccl.collectives.ring_op`, which decides which kernel runs
+on which slice; :class:`KernelRunner` decides where (a worker thread for large slices, inline
+otherwise).  The quantization header every quantized payload starts with is packed here.
 """
 
 from __future__ import annotations
@@ -42,12 +44,15 @@ QUANT_META = struct.Struct("<dd")
 _HALF = (DType.FLOAT16, DType.BFLOAT16)
 
 
-def pack_meta(into: memoryview, lo: float, scale: float) -> None:
-    QUANT_META.pack_into(into, 0, lo, scale)
+def pack_meta(into: memoryview, params: kernels.QuantParams) -> None:
+    """Write a quantized payload's :data:`QUANT_META` header."""
+    QUANT_META.pack_into(into, 0, params.lo, params.scale)
 
 
-def unpack_meta(raw: memoryview) -> tuple[float, float]:
-    return QUANT_META.unpack_from(raw, 0)  # type: ignore[return-value]
+def unpack_meta(raw: memoryview) -> kernels.QuantParams:
+    """Read a quantized payload's :data:`QUANT_META` header."""
+    lo, scale = QUANT_META.unpack_from(raw, 0)
+    return kernels.QuantParams(lo, scale)
 
 
 class ScratchArena:
@@ -362,53 +367,3 @@ class KernelRunner:
         result = fn(*args)
         await trio.lowlevel.checkpoint()
         return result
-
-
-# --- kernel calls (the one place that knows pccl.kernels' signatures) ----------------------------
-
-
-def reduce_into(op: ReduceOp, acc: np.ndarray, wire: np.ndarray) -> None:
-    """``acc op= wire`` (same dtype)."""
-    kernels.reduce_into(acc, wire, op)
-
-
-def reduce_to(op: ReduceOp, acc: np.ndarray, own: np.ndarray, wire: np.ndarray) -> None:
-    """``acc = own op wire`` in one pass (same dtype; copy, then reduce, in one)."""
-    kernels.reduce_to(acc, own, wire, op)
-
-
-def reduce_into_saving(op: ReduceOp, acc: np.ndarray, wire: np.ndarray, saved: np.ndarray) -> None:
-    """``saved[:] = acc; acc op= wire`` in one pass (same dtype)."""
-    kernels.reduce_into_saving(acc, wire, saved, op)
-
-
-def widen(dst_f32: np.ndarray, src_half: np.ndarray) -> None:
-    kernels.widen(dst_f32, src_half)
-
-
-def narrow(dst_half: np.ndarray, src_f32: np.ndarray) -> None:
-    kernels.narrow(dst_half, src_f32)
-
-
-def avg_finalize(acc: np.ndarray, count: int) -> None:
-    kernels.avg_finalize(acc, count)
-
-
-def quantize(x: np.ndarray, q: np.ndarray) -> tuple[float, float]:
-    """Min-max quantize ``x`` into ``q`` (u8/u16); returns ``(lo, scale)``."""
-    params = kernels.quantize(x, q)
-    return params.lo, params.scale
-
-
-def dequantize(q: np.ndarray, out: np.ndarray, lo: float, scale: float) -> None:
-    kernels.dequantize(q, kernels.QuantParams(lo, scale), out)
-
-
-def dequantize_reduce(op: ReduceOp, q: np.ndarray, acc: np.ndarray, lo: float, scale: float) -> None:
-    kernels.dequantize_reduce(acc, q, kernels.QuantParams(lo, scale), op)
-
-
-def dequantize_reduce_saving(op: ReduceOp, q: np.ndarray, acc: np.ndarray, lo: float, scale: float,
-                             saved: np.ndarray) -> None:
-    """``saved[:] = acc; acc op= (lo + q * scale)`` in one pass."""
-    kernels.dequantize_reduce_saving(acc, q, kernels.QuantParams(lo, scale), saved, op)

@@ -17,7 +17,6 @@ from test_allreduce_ring import make_inputs, memory_ring, ring_reference
 
 from pccl import kernels as K
 from pccl.collectives import InputBackup, ring_all_reduce
-from pccl.collectives import buffers as bf
 from pccl.collectives.buffers import ScratchArena
 from pccl.types import Quantization, QuantKind, ReduceOp
 
@@ -97,23 +96,23 @@ async def test_in_place_ring_saves_reduce_scatter_slices_in_the_reduction(
     world, n = 3, 9_000
     fused_elements = [0]
     copied_elements = [0]
-    real_rs, real_dq, real_save = bf.reduce_into_saving, bf.dequantize_reduce_saving, InputBackup.save
+    real_rs, real_dq, real_save = K.reduce_into_saving, K.dequantize_reduce_saving, InputBackup.save
 
-    def counting_rs(op: ReduceOp, acc: np.ndarray, wire: np.ndarray, saved: np.ndarray) -> None:
-        fused_elements[0] += acc.size
-        real_rs(op, acc, wire, saved)
+    def counting_rs(dst: np.ndarray, src: np.ndarray, backup: np.ndarray, op: ReduceOp) -> None:
+        fused_elements[0] += dst.size
+        real_rs(dst, src, backup, op)
 
-    def counting_dq(op: ReduceOp, q: np.ndarray, acc: np.ndarray, lo: float, scale: float, saved: np.ndarray) -> None:
+    def counting_dq(acc: np.ndarray, q: np.ndarray, params: K.QuantParams, backup: np.ndarray, op: ReduceOp) -> None:
         fused_elements[0] += acc.size
-        real_dq(op, q, acc, lo, scale, saved)
+        real_dq(acc, q, params, backup, op)
 
     def counting_save(self: InputBackup, start: int, stop: int) -> None:
         if not self.is_saved(start):
             copied_elements[0] += stop - start
         real_save(self, start, stop)
 
-    monkeypatch.setattr(bf, "reduce_into_saving", counting_rs)
-    monkeypatch.setattr(bf, "dequantize_reduce_saving", counting_dq)
+    monkeypatch.setattr(K, "reduce_into_saving", counting_rs)
+    monkeypatch.setattr(K, "dequantize_reduce_saving", counting_dq)
     monkeypatch.setattr(InputBackup, "save", counting_save)
     links, _ = memory_ring(world)
     inputs = make_inputs(world, n, np.float32, ReduceOp.SUM, seed=3)
