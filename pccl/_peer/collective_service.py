@@ -82,10 +82,10 @@ from ..errors import (
     TooFewPeers,
 )
 from ..protocol import messages as m
-from ..types import Quantization, QuantKind, ReduceInfo, ReduceOp
-from ..collectives.allreduce import ring_all_reduce
+from ..types import QuantKind, ReduceInfo, ReduceOp
+from ..collectives.allreduce import reduce_checked
 from ..collectives.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
-from ..collectives.buffers import SCRATCH, InputBackup, KernelRunner, OpBuffers
+from ..collectives.buffers import SCRATCH, InputBackup, KernelRunner, ReduceArgs, check_op
 from ..collectives.links import RingLinks, SeqRegistry
 from ..collectives.segments import Segments
 
@@ -109,48 +109,32 @@ _WATCHDOG_CHECKS = 4
 class _Plan:
     """One all-reduce's arguments, checked, and the Init that announces them."""
 
-    send: np.ndarray | Segments
-    recv: np.ndarray | None
-    op: ReduceOp
+    args: ReduceArgs
     tag: int
-    quantization: Quantization | None
-    in_place: bool
     init: m.CollectiveInit
     #: The master epoch the call began in (set once the session is ready).
     epoch: int = 0
 
     @classmethod
     def make(cls, send: Any, recv: Any, op: Any, tag: Any, quantization: Any) -> _Plan:
-        try:
-            op = ReduceOp(op)
-        except ValueError:
-            raise InvalidArgument(f"op must be a ReduceOp, got {op!r}") from None
+        op = check_op(op)  # the op first, then the tag, then the buffers: the errors in argument order
         if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < _TAG_LIMIT:
             raise InvalidArgument(f"tag must be an integer in [0, 2**64), got {tag!r}")
-        if quantization is not None and not isinstance(quantization, Quantization):
-            raise InvalidArgument(f"quantization must be a pccl.Quantization or None, got {quantization!r}")
-        if quantization is not None and quantization.kind is QuantKind.NONE:
-            quantization = None
-        # The caller's memory as numpy views (torch tensors included, no copy), then the data
-        # path's own checks (dtype, sizes, writability, overlap), made now so a bad buffer never
-        # reaches the vote.  Scratch it takes goes straight back.
-        in_place_call = recv is None or recv is send
-        if not isinstance(send, Segments):  # a bucket's members, already checked one by one
-            send = as_array(send, name="send", writable=False)
-            recv = send if in_place_call else as_array(recv, name="recv", writable=False)
-        bufs = OpBuffers.check(send, recv, op, quantization)
-        bufs.release()
-        quant_dtype = bufs.quant_dtype
+        # The data path's one check of the arguments (the caller's memory as numpy views, torch
+        # tensors included, no copy; dtype, sizes, writability, overlap, quantization), made now
+        # so a bad buffer never reaches the vote; the ring runs on its result.
+        args = ReduceArgs.check(send, recv, op, quantization)
+        quant_dtype = args.quant_dtype
         init = m.CollectiveInit(
             tag=tag,
-            count=int(bufs.src.size),
-            dtype=int(bufs.dtype),
+            count=int(args.src.size),
+            dtype=int(args.dtype),
             op=int(op),
             quant_kind=int(QuantKind.MIN_MAX if quant_dtype is not None else QuantKind.NONE),
             quant_dtype=int(quant_dtype) if quant_dtype is not None else 0,
-            layout=send.layout if isinstance(send, Segments) else 0,
+            layout=args.src.layout if isinstance(args.src, Segments) else 0,
         )
-        return cls(send, None if bufs.in_place else recv, op, tag, quantization, bufs.in_place, init)
+        return cls(args, tag, init)
 
 
 @dataclasses.dataclass(eq=False)
@@ -312,7 +296,8 @@ class AllReduceService:
                         _Plan.make(send, recv, many.op, many.first_tag + i, many.quantization), epoch=many.epoch)
                 many.results[i] = await self._reduce(plan, rewire_on_stale=False)
                 if bucket.packed:
-                    await self._runner.run(bucket.nbytes, bucket.unpack, plan.recv)
+                    assert isinstance(plan.args.dst, np.ndarray)  # the packed result
+                    await self._runner.run(bucket.nbytes, bucket.unpack, plan.args.dst)
                 bucket.release()
             except (CollectiveAborted, _StaleRing) as exc:
                 if isinstance(exc, CollectiveAborted) and isinstance(exc.__cause__, PhaseMismatch):
@@ -498,11 +483,12 @@ class AllReduceService:
         backup: InputBackup | None = None
         staged: np.ndarray | None = None  # a small in-place op's output until it completes
         storage: np.ndarray | None = None
-        if plan.in_place and plan.send.nbytes <= STAGED_IN_PLACE_BYTES and not isinstance(plan.send, Segments):
-            storage = SCRATCH.take(plan.send.nbytes)
-            staged = storage[: plan.send.nbytes].view(plan.send.dtype).reshape(plan.send.shape)
-        elif plan.in_place:
-            backup = InputBackup(plan.send)
+        args = plan.args
+        if args.in_place and args.src.nbytes <= STAGED_IN_PLACE_BYTES and not isinstance(args.src, Segments):
+            storage = SCRATCH.take(args.src.nbytes)
+            staged = storage[: args.src.nbytes].view(args.src.dtype)
+        elif args.in_place:
+            backup = InputBackup(args.dst)
         try:
             try:
                 await self._ring_and_settle(plan, seq, ring, backup, staged, route, state, epoch)
@@ -570,8 +556,8 @@ class AllReduceService:
         traffic, local_error = state.traffic, state.local_error
         if isinstance(state.final, m.CollectiveComplete) and traffic is not None and local_error is None:
             if staged is not None:
-                assert isinstance(plan.send, np.ndarray)  # segmented buffers are never staged
-                np.copyto(plan.send, staged)  # commit the staged result
+                assert isinstance(plan.args.dst, np.ndarray)  # segmented buffers are never staged
+                np.copyto(plan.args.dst, staged)  # commit the staged result
             tx, rx = traffic
             host.counters.collectives_completed += 1
             host.counters.tx_bytes += tx
@@ -620,10 +606,9 @@ class AllReduceService:
         watch = self._watch(p2p, state, ring_scope)
         try:
             links = await self._links(p2p)
-            return await ring_all_reduce(
-                plan.send, plan.recv if staged is None else staged, op=plan.op, links=links,
-                rank=ring.index(peer_id), world=len(ring),
-                seq=seq, quantization=plan.quantization, backup=backup, runner=self._runner,
+            return await reduce_checked(
+                plan.args if staged is None else plan.args.into(staged), links=links,
+                rank=ring.index(peer_id), world=len(ring), seq=seq, backup=backup, runner=self._runner,
             )
         finally:
             self._watches.discard(watch)

@@ -27,6 +27,8 @@ from .segments import Segments
 __all__ = [
     "ScratchArena",
     "SCRATCH",
+    "check_op",
+    "ReduceArgs",
     "OpBuffers",
     "InputBackup",
     "KernelRunner",
@@ -113,11 +115,89 @@ class ScratchArena:
 SCRATCH = ScratchArena()
 
 
+def check_op(op: Any) -> ReduceOp:
+    """``op`` as a :class:`ReduceOp`; :class:`InvalidArgument` if it names none."""
+    if type(op) is ReduceOp:
+        return op
+    try:
+        return ReduceOp(op)
+    except ValueError:
+        raise InvalidArgument(f"op must be a ReduceOp, got {op!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceArgs:
+    """One all-reduce's arguments, checked: its buffers, flattened, and what to do with them.
+
+    ``src`` is the caller's input and ``dst`` the output (the same array in place); in place
+    over several arrays both are one :class:`Segments`.  :meth:`check` is the only check of an
+    all-reduce's arguments: the communicator makes it before its vote (a bad buffer never
+    reaches the master) and hands the result on, and the data path runs on it as it is.
+    """
+
+    src: np.ndarray | Segments
+    dst: np.ndarray | Segments
+    op: ReduceOp
+    dtype: DType
+    in_place: bool
+    #: What min-max quantization sends (uint8 or uint16); ``None`` when unquantized.
+    quant_dtype: DType | None
+
+    @classmethod
+    def check(cls, send: Any, recv: Any, op: Any, quantization: Any) -> ReduceArgs:
+        """Check ``send`` and ``recv`` (``None`` or ``send`` itself: in place) — numpy arrays
+        or CPU torch tensors, viewed without a copy by :func:`pccl.arrays.as_array`, or one
+        :class:`Segments` (in place only) — ``op`` and ``quantization`` (a
+        :class:`~pccl.types.Quantization` or ``None``).  :class:`InvalidArgument` says what is
+        wrong.  NaN or Inf in a quantized input is found by the quantization kernel, during the
+        op (``InvalidArgument`` from the ring)."""
+        op = check_op(op)
+        if quantization is not None and not isinstance(quantization, Quantization):
+            raise InvalidArgument(f"quantization must be a pccl.Quantization or None, got {quantization!r}")
+        same = recv is None or recv is send
+        if isinstance(send, Segments):
+            if not same:
+                raise InvalidArgument("a segmented buffer is reduced in place only")
+            return cls._make(send, send, op, True, quantization)
+        send = as_array(send, name="send", writable=False)
+        recv = send if same else as_array(recv, name="recv", writable=False)
+        if recv.dtype != send.dtype or recv.size != send.size:
+            raise InvalidArgument(
+                f"recv ({recv.dtype}, {recv.size} elements) must match send ({send.dtype}, {send.size} elements)"
+            )
+        if not recv.flags.writeable:
+            raise InvalidArgument("recv (or the in-place buffer) is read-only")
+        src = send.reshape(-1)
+        dst = recv.reshape(-1)
+        in_place = np.shares_memory(src, dst)
+        if in_place and not (
+            src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
+        ):
+            raise InvalidArgument("send and recv overlap partially; pass the same array (in place) or disjoint ones")
+        return cls._make(src, dst, op, in_place, quantization)
+
+    @classmethod
+    def _make(cls, src: np.ndarray | Segments, dst: np.ndarray | Segments, op: ReduceOp, in_place: bool,
+              quantization: Quantization | None) -> ReduceArgs:
+        dtype = dtype_of(src.dtype)
+        quant_dtype = None
+        if quantization is not None and QuantKind(quantization.kind) is not QuantKind.NONE:
+            if not dtype.is_float:
+                raise InvalidArgument(f"MIN_MAX quantization needs a floating-point buffer, got {dtype.name.lower()}")
+            quant_dtype = dtype_of(quantization.dtype)
+        return cls(src, dst, op, dtype, in_place, quant_dtype)
+
+    def into(self, output: np.ndarray) -> ReduceArgs:
+        """The same op reducing into ``output`` instead: a flat array of ``src``'s dtype and size
+        that shares no memory with it (an in-place op's result staged in scratch memory)."""
+        return dataclasses.replace(self, dst=output, in_place=False)
+
+
 @dataclasses.dataclass
 class OpBuffers:
-    """The arrays of one all-reduce, flattened, with the dtypes on the wire in each phase.
+    """The arrays of one running all-reduce, with the dtypes on the wire in each phase.
 
-    ``src`` is the caller's input and ``dst`` the output (the same array in place).  ``acc`` is
+    ``src``, ``dst``, ``op``, ``in_place``… are those of its :class:`ReduceArgs`.  ``acc`` is
     where reduce-scatter accumulates: ``dst`` itself, except for f16/bf16, which accumulate in an
     f32 working array (so the partial sums travel as f32 and only the final result is rounded,
     once, by the chunk's owner).  In place over several arrays (:class:`Segments`) ``src`` and
@@ -137,61 +217,16 @@ class OpBuffers:
     arena: ScratchArena = SCRATCH
 
     @classmethod
-    def check(
-        cls,
-        send: Any,
-        recv: Any,
-        op: ReduceOp,
-        quantization: Quantization | None,
-        arena: ScratchArena = SCRATCH,
-    ) -> OpBuffers:
-        """Validate the arguments (numpy arrays or CPU torch tensors, viewed without a copy by
-        :func:`pccl.arrays.as_array`); :class:`InvalidArgument` says what is wrong."""
-        op = ReduceOp(op)
-        same = recv is send
-        if isinstance(send, Segments):
-            if not (same or recv is None):
-                raise InvalidArgument("a segmented buffer is reduced in place only")
-            return cls._make(send, send, True, op, quantization, arena)
-        send = as_array(send, name="send", writable=False)
-        recv = send if same else as_array(recv, name="recv", writable=False)
-        if recv.dtype != send.dtype or recv.size != send.size:
-            raise InvalidArgument(
-                f"recv ({recv.dtype}, {recv.size} elements) must match send ({send.dtype}, {send.size} elements)"
-            )
-        if not recv.flags.writeable:
-            raise InvalidArgument("recv (or the in-place buffer) is read-only")
-        src = send.reshape(-1)
-        dst = recv.reshape(-1)
-        in_place = np.shares_memory(src, dst)
-        if in_place and not (
-            src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
-        ):
-            raise InvalidArgument("send and recv overlap partially; pass the same array (in place) or disjoint ones")
-        return cls._make(src, dst, in_place, op, quantization, arena)
-
-    @classmethod
-    def _make(
-        cls,
-        src: np.ndarray | Segments,
-        dst: np.ndarray | Segments,
-        in_place: bool,
-        op: ReduceOp,
-        quantization: Quantization | None,
-        arena: ScratchArena,
-    ) -> OpBuffers:
-        dtype = dtype_of(src.dtype)
-        quant_dtype = None
-        if quantization is not None and QuantKind(quantization.kind) is not QuantKind.NONE:
-            if not dtype.is_float:
-                raise InvalidArgument(f"MIN_MAX quantization needs a floating-point buffer, got {dtype.name.lower()}")
-            quant_dtype = dtype_of(quantization.dtype)
-        half = dtype in _HALF
-        acc_dtype = DType.FLOAT32 if half else dtype
+    def for_args(cls, args: ReduceArgs, arena: ScratchArena = SCRATCH) -> OpBuffers:
+        """The buffers of an op on ``args`` (checked already); f16/bf16 take their f32 working
+        array from ``arena`` now."""
+        half = args.dtype in _HALF
+        acc_dtype = DType.FLOAT32 if half else args.dtype
         # f16/bf16 accumulate in an f32 working array, filled one sub-chunk at a time.
-        scratch = [arena.take(src.size * 4)] if half else []
-        acc = scratch[0][: src.size * 4].view(np.float32) if half else dst
-        return cls(src, dst, acc, dtype, acc_dtype, op, in_place, quant_dtype, scratch, arena)
+        scratch = [arena.take(args.src.size * 4)] if half else []
+        acc = scratch[0][: args.src.size * 4].view(np.float32) if half else args.dst
+        return cls(args.src, args.dst, acc, args.dtype, acc_dtype, args.op, args.in_place, args.quant_dtype,
+                   scratch, arena)
 
     def take(self, nbytes: int) -> np.ndarray:
         """A scratch uint8 array of exactly ``nbytes`` held until :meth:`release`."""
