@@ -85,7 +85,8 @@ from ..protocol import messages as m
 from ..types import QuantKind, ReduceInfo, ReduceOp
 from ..collectives.allreduce import reduce_checked
 from ..collectives.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
-from ..collectives.buffers import SCRATCH, InputBackup, KernelRunner, ReduceArgs, check_op
+from ..collectives.backup import InputGuard
+from ..collectives.buffers import KernelRunner, ReduceArgs, check_op
 from ..collectives.links import RingLinks, SeqRegistry
 from ..collectives.segments import Segments
 
@@ -480,22 +481,14 @@ class AllReduceService:
                    epoch: int, state: _Settlement) -> ReduceInfo:
         host = self._host
         seq, ring = commence.seq, tuple(commence.ring)
-        backup: InputBackup | None = None
-        staged: np.ndarray | None = None  # a small in-place op's output until it completes
-        storage: np.ndarray | None = None
-        args = plan.args
-        if args.in_place and args.src.nbytes <= STAGED_IN_PLACE_BYTES and not isinstance(args.src, Segments):
-            storage = SCRATCH.take(args.src.nbytes)
-            staged = storage[: args.src.nbytes].view(args.src.dtype)
-        elif args.in_place:
-            backup = InputBackup(args.dst)
+        # Kept until the master's final word: an abort may come after this peer's ring ended.
+        guard = InputGuard(plan.args, stage_up_to=STAGED_IN_PLACE_BYTES)
         try:
             try:
-                await self._ring_and_settle(plan, seq, ring, backup, staged, route, state, epoch)
+                await self._ring_and_settle(plan, seq, ring, guard, route, state, epoch)
             except BaseException:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
-                if backup is not None:
-                    backup.restore()
+                guard.restore()
                 if not state.done_sent and state.final is None and not state.master_lost:
                     try:
                         await host.send_shielded(m.CollectiveDone(plan.tag, seq, aborted=True), epoch=epoch)
@@ -505,15 +498,12 @@ class AllReduceService:
                 raise
             finally:
                 self.registry.retire(seq)  # frames of this seq still in flight are discarded
-            return self._outcome(plan, seq, ring, state, backup, staged, epoch)
+            return self._outcome(plan, seq, ring, state, guard, epoch)
         finally:
-            if backup is not None:
-                backup.release()
-            if storage is not None:
-                SCRATCH.give(storage)
+            guard.drop()
 
-    async def _ring_and_settle(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
-                               staged: np.ndarray | None, route: CollectiveRoute, state: _Settlement,
+    async def _ring_and_settle(self, plan: _Plan, seq: int, ring: tuple[int, ...], guard: InputGuard,
+                               route: CollectiveRoute, state: _Settlement,
                                epoch: int) -> None:
         """Run the ring, report Done, wait for the master's final word.
 
@@ -534,7 +524,7 @@ class AllReduceService:
                     route.intercept(None)
             with ring_scope:
                 try:
-                    state.traffic = await self.run_ring(plan, seq, ring, backup, staged, state, ring_scope)
+                    state.traffic = await self.run_ring(plan, seq, ring, guard, state, ring_scope)
                 except PCCLError as exc:
                     state.local_error = exc
             if state.stalled and state.local_error is None:
@@ -550,21 +540,18 @@ class AllReduceService:
             route.intercept = None
 
     def _outcome(self, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement,
-                 backup: InputBackup | None, staged: np.ndarray | None, epoch: int) -> ReduceInfo:
+                 guard: InputGuard, epoch: int) -> ReduceInfo:
         """The op's result for the caller once the master has spoken (or this peer gave up)."""
         host = self._host
         traffic, local_error = state.traffic, state.local_error
         if isinstance(state.final, m.CollectiveComplete) and traffic is not None and local_error is None:
-            if staged is not None:
-                assert isinstance(plan.args.dst, np.ndarray)  # segmented buffers are never staged
-                np.copyto(plan.args.dst, staged)  # commit the staged result
+            guard.commit()
             tx, rx = traffic
             host.counters.collectives_completed += 1
             host.counters.tx_bytes += tx
             host.counters.rx_bytes += rx
             return ReduceInfo(world_size=len(ring), tx_bytes=tx, rx_bytes=rx)
-        if backup is not None:
-            backup.restore()
+        guard.restore()
         host.counters.collectives_aborted += 1
         if state.master_lost:
             host.raise_if_failed(epoch)
@@ -594,8 +581,8 @@ class AllReduceService:
             ring_scope.cancel()
         state.settled.set()
 
-    async def run_ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
-                       staged: np.ndarray | None, state: _Settlement, ring_scope: trio.CancelScope) -> tuple[int, int]:
+    async def run_ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], guard: InputGuard, state: _Settlement,
+                       ring_scope: trio.CancelScope) -> tuple[int, int]:
         """One attempt's ring data path, once the master commenced ``seq`` on ``ring``; returns
         the (sent, received) payload bytes."""
         peer_id = self._host.peer_id
@@ -607,8 +594,8 @@ class AllReduceService:
         try:
             links = await self._links(p2p)
             return await reduce_checked(
-                plan.args if staged is None else plan.args.into(staged), links=links,
-                rank=ring.index(peer_id), world=len(ring), seq=seq, backup=backup, runner=self._runner,
+                guard.args, links=links, rank=ring.index(peer_id), world=len(ring), seq=seq, backup=guard.backup,
+                runner=self._runner,
             )
         finally:
             self._watches.discard(watch)

@@ -73,14 +73,16 @@ stops every task of the operation (kernels in worker threads are waited for, nev
 and :func:`reduce_checked` (so :func:`ring_all_reduce`) raises exactly one exception:
 ``Cancelled`` when the caller's scope was cancelled and nothing else went wrong, else the first
 real error (``PeerDisconnected``, ``StreamClosed``, ``ProtocolError``, ``InvalidArgument`` for
-NaN/Inf under quantization…); never an ExceptionGroup.  For an in-place operation every slice is saved in an :class:`InputBackup`
-right before its first overwrite — by the reduce-scatter kernel itself where that overwrite is a
-reduction (``reduce_into_saving``: the copy rides along with the reduction's own pass over the
-slice), by a copy otherwise (the chunk sent at step 0; f16/bf16 outputs).  Pass your own
-``backup`` to be able to restore the input after this function has returned (an abort decided
-by the master after this peer finished its ring), otherwise the input is restored here before
-the exception propagates.  A lane torn mid-frame is
-aborted by its connection, so later operations on it fail fast until the ring is re-wired.
+NaN/Inf under quantization…); never an ExceptionGroup.  For an in-place operation every slice is
+saved in an :class:`~pccl.collectives.backup.InputBackup` right before its first overwrite — by
+the reduce-scatter kernel itself where that overwrite is a reduction (``reduce_into_saving``: the
+copy rides along with the reduction's own pass over the slice), by a copy otherwise (the chunk
+sent at step 0; f16/bf16 outputs).  Pass your own ``backup`` (an
+:class:`~pccl.collectives.backup.InputGuard`'s, as the communicator does) to be able to restore
+the input after this function has returned (an abort decided by the master after this peer
+finished its ring); otherwise the call keeps the input in a guard of its own and restores it
+before the exception propagates.  A lane torn mid-frame is aborted by its connection, so later
+operations on it fail fast until the ring is re-wired.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ import trio
 from ..errors import InvalidArgument
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, EXCHANGE_MAX_BYTES
 from ..types import Quantization, ReduceOp
-from .buffers import InputBackup, KernelRunner, OpBuffers, ReduceArgs
+from .backup import InputBackup, InputGuard
+from .buffers import KernelRunner, OpBuffers, ReduceArgs
 from .inline import InlineRing, suits_inline
 from .links import RingLinks
 from .ring_op import RingOp
@@ -191,9 +194,10 @@ async def _run_op(
     if world < 2 or not 0 <= rank < world:
         raise InvalidArgument(f"rank {rank} / world {world}: a ring needs 2+ peers and 0 <= rank < world")
     bufs = OpBuffers.for_args(args)
-    own_backup = backup is None and bufs.in_place
-    if own_backup:
-        backup = InputBackup(bufs.dst)
+    # Given no backup, this call keeps the input itself, until its ring ends.
+    guard = InputGuard(args) if backup is None else None
+    if guard is not None:
+        backup = guard.backup
     try:
         ring_op = RingOp(
             bufs,
@@ -208,17 +212,15 @@ async def _run_op(
         )
         await _execute(ring_op)
     except BaseException:
-        if own_backup:
-            assert backup is not None
-            backup.restore()
+        if guard is not None:
+            guard.restore()
         raise
     finally:
         # Every task of the op has stopped (kernels and socket workers are waited for), so
         # nothing touches the scratch memory any more.
         bufs.release()
-        if own_backup:
-            assert backup is not None
-            backup.release()
+        if guard is not None:
+            guard.drop()
     return ring_op.tx_bytes, ring_op.rx_bytes
 
 

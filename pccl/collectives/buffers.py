@@ -1,4 +1,4 @@
-"""Buffers of one all-reduce: argument checks, the in-place backup, scratch memory, where kernels run.
+"""Buffers of one all-reduce: the argument check, the op's arrays, scratch memory, where kernels run.
 
 The arithmetic is in the C kernels, called straight through :mod:`pccl.kernels` (the one place
 that knows their signatures) by :mod:`pccl.collectives.ring_op`, which decides which kernel runs
@@ -30,7 +30,6 @@ __all__ = [
     "check_op",
     "ReduceArgs",
     "OpBuffers",
-    "InputBackup",
     "KernelRunner",
     "QUANT_META",
     "pack_meta",
@@ -262,114 +261,6 @@ class OpBuffers:
         if self.quant_dtype is not None:
             return QUANT_META.size + count * self.quant_dtype.itemsize
         return count * self.dtype.itemsize
-
-
-class InputBackup:
-    """The original content of an in-place buffer, saved lazily just before it is overwritten.
-
-    The buffer may be :class:`Segments`: every slice saved or overwritten lies in one of its
-    arrays (the schedule's frames never straddle two), and the copy is one flat scratch array.
-
-    Costs at most one copy of the input, made piecewise right before a slice is first written —
-    and nothing for slices an aborted op never touched.  Where that first write is a reduction
-    (the ring's reduce-scatter), :meth:`overwrite` lets a fused kernel store the copy in the same
-    pass that reads the slice for the reduction, so the copy costs no pass of its own; elsewhere
-    :meth:`save` copies the slice (with streaming stores: the copy is read back only on abort).  :meth:`restore` puts the
-    input back; the communicator keeps the backup until the master has confirmed the op, so an
-    abort that arrives after this peer finished its ring still restores the input.
-    Thread safety: :meth:`save` / :meth:`overwrite` may be called for one slice from several
-    threads (the first copies, the others wait for that copy and return or run the plain
-    kernel), and :meth:`restore` runs only after every writer has stopped.
-    """
-
-    def __init__(self, buffer: np.ndarray | Segments, *, arena: ScratchArena = SCRATCH) -> None:
-        self._buffer = buffer.reshape(-1)
-        self._arena = arena
-        # Taken now, on the Trio thread; pages already mapped if the arena reuses a buffer.
-        self._storage: np.ndarray | None = arena.take(self._buffer.nbytes)
-        self._copy: np.ndarray | None = (
-            self._storage[: self._buffer.nbytes].view(np.uint8) if self._buffer.nbytes else None
-        )
-        self._bytes = self._buffer.view(np.uint8) if self._buffer.nbytes else None
-        self._itemsize = self._buffer.itemsize
-        self._saved: dict[int, int] = {}
-        # Slices whose copy a fused kernel is making right now (start -> stop); a save() of one
-        # waits on _copied until it is in _saved.
-        self._copying: dict[int, int] = {}
-        self._lock = threading.Lock()
-        self._copied = threading.Condition(self._lock)
-
-    def save(self, start: int, stop: int) -> None:
-        """Remember ``buffer[start:stop]`` unless a save starting at ``start`` already happened."""
-        if start in self._saved or stop <= start or self._copy is None or self._bytes is None:
-            return
-        # Locked: on the threaded path a lane's sender saves slices ahead of its receiver, and
-        # the receiver must not start overwriting a slice while the sender is still copying it.
-        with self._lock:
-            while start in self._copying:
-                self._copied.wait()
-            if start in self._saved:
-                return
-            a, b = start * self._itemsize, stop * self._itemsize
-            kernels.save_copy(self._copy[a:b], self._bytes[a:b])
-            self._saved[start] = stop
-
-    def overwrite(self, start: int, stop: int, fused: Callable[[np.ndarray], None],
-                  plain: Callable[[], None]) -> None:
-        """Run the write of ``buffer[start:stop]`` through a kernel that saves the slice itself.
-
-        If the slice is not saved yet, ``fused(saved)`` runs: it must copy the slice's current
-        elements into ``saved`` (a view of the backup with the buffer's dtype) in the same pass
-        as it overwrites them (``kernels.reduce_into_saving``).  Otherwise ``plain()`` runs.
-        The lock is not held while the kernel runs, so lanes reducing different slices do not
-        wait for each other; a concurrent :meth:`save` of this slice waits for the copy.  If
-        ``fused`` raises (its argument checks), the slice counts as not saved.
-        """
-        if self._copy is None or stop <= start:
-            plain()
-            return
-        with self._lock:
-            while start in self._copying:
-                self._copied.wait()
-            claimed = start not in self._saved
-            if claimed:
-                self._copying[start] = stop
-        if not claimed:
-            plain()
-            return
-        a, b = start * self._itemsize, stop * self._itemsize
-        saved = False
-        try:
-            fused(self._copy[a:b].view(self._buffer.dtype))
-            saved = True
-        finally:
-            with self._lock:
-                del self._copying[start]
-                if saved:
-                    self._saved[start] = stop
-                self._copied.notify_all()
-
-    def is_saved(self, start: int) -> bool:
-        return start in self._saved
-
-    @property
-    def saved_elements(self) -> int:
-        return sum(b - a for a, b in self._saved.items())
-
-    def restore(self) -> None:
-        """Copy every saved slice back.  Idempotent (until :meth:`release`)."""
-        if self._copy is None or self._bytes is None:
-            return
-        for start, stop in self._saved.items():
-            a, b = start * self._itemsize, stop * self._itemsize
-            np.copyto(self._bytes[a:b], self._copy[a:b])
-
-    def release(self) -> None:
-        """Give the copy back to the arena (the op is settled); :meth:`restore` becomes a no-op."""
-        if self._storage is not None:
-            self._arena.give(self._storage)
-        self._storage = self._copy = None
-        self._saved.clear()
 
 
 #: Kernel work (in bytes touched) from which a worker thread is used.  A thread hand-off costs

@@ -23,7 +23,8 @@ from ..protocol.ring import (
 )
 from .. import kernels
 from ..types import ReduceOp
-from .buffers import QUANT_META, InputBackup, KernelRunner, OpBuffers, pack_meta, unpack_meta
+from .backup import InputBackup
+from .buffers import QUANT_META, KernelRunner, OpBuffers, pack_meta, unpack_meta
 from .links import RingLinks
 from .segments import Segments
 

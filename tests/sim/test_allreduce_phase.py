@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pccl._peer.collective_service as operation
-from pccl.collectives.buffers import InputBackup
+from pccl.collectives.backup import InputBackup
 from sim.engine.runner import run
 from sim.engine.trace import Trace
 from sim.engine.schedule import FaultEvent, Trigger

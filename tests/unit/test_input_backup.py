@@ -3,7 +3,8 @@
 The fused path (:meth:`InputBackup.overwrite` with ``kernels.reduce_into_saving``) must keep the
 invariants of the plain one: every slice saved exactly once before its first write, a restore
 that gives back the input bit for bit, and a concurrent :meth:`InputBackup.save` of a slice that
-waits for the fused copy instead of copying the half-reduced bytes.
+waits for the fused copy instead of copying the half-reduced bytes.  InputGuard, which owns the
+backup (or stages a small op's result instead), restores, commits and drops it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import trio
 from test_allreduce_ring import make_inputs, memory_ring, ring_reference
 
 from pccl import kernels as K
-from pccl.collectives import InputBackup, ring_all_reduce
+from pccl.collectives import InputBackup, InputGuard, ReduceArgs, ring_all_reduce
 from pccl.collectives.buffers import ScratchArena
 from pccl.types import Quantization, QuantKind, ReduceOp
 
@@ -136,3 +137,34 @@ async def test_in_place_ring_saves_reduce_scatter_slices_in_the_reduction(
         assert backups[r].saved_elements == n
         backups[r].restore()
         np.testing.assert_array_equal(bufs[r], inputs[r])
+
+
+def test_guard_stages_a_small_in_place_op_and_backs_up_the_others() -> None:
+    # Staged: the ring writes scratch memory, the caller's array only on commit.
+    arena = ScratchArena()
+    buf = np.arange(6, dtype=np.float32)
+    guard = InputGuard(ReduceArgs.check(buf, None, ReduceOp.SUM, None), stage_up_to=buf.nbytes, arena=arena)
+    assert guard.backup is None and not guard.args.in_place and not np.shares_memory(guard.args.dst, buf)
+    guard.args.dst[...] = 7
+    guard.restore()  # nothing to undo
+    assert np.array_equal(buf, np.arange(6))
+    guard.commit()
+    assert np.all(buf == 7)
+    guard.drop()
+    assert arena.retained_bytes >= buf.nbytes
+    # Larger than stage_up_to (or segmented): the ring writes the caller's buffer, saving it first.
+    buf = np.arange(6, dtype=np.float32)
+    guard = InputGuard(ReduceArgs.check(buf, None, ReduceOp.SUM, None), stage_up_to=buf.nbytes - 1, arena=arena)
+    assert guard.backup is not None and np.shares_memory(guard.args.dst, buf)
+    guard.backup.save(0, 6)
+    buf[...] = 7
+    guard.commit()  # the result is there already
+    assert np.all(buf == 7)
+    guard.restore()
+    assert np.array_equal(buf, np.arange(6))
+    guard.drop()
+    # Out of place: nothing is kept.
+    recv = np.zeros(6, np.float32)
+    guard = InputGuard(ReduceArgs.check(buf, recv, ReduceOp.SUM, None), stage_up_to=1 << 20)
+    assert guard.backup is None and np.shares_memory(guard.args.dst, recv)
+    guard.drop()

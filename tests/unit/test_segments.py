@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from pccl.collectives import ring_all_reduce
 from pccl.collectives.buckets import PACKED_BUCKET_BYTES, SEGMENTED_MIN_BYTES, plan_buckets
-from pccl.collectives.buffers import InputBackup, OpBuffers, ReduceArgs, ScratchArena
+from pccl.collectives.backup import InputBackup
+from pccl.collectives.buffers import OpBuffers, ReduceArgs, ScratchArena
 from pccl.collectives.reference import ring_reference
 from pccl.collectives.segments import Segments
 from pccl.errors import InvalidArgument, PCCLError, PeerDisconnected
