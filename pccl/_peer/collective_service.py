@@ -496,8 +496,6 @@ class AllReduceService:
                         pass  # already failing; the caller sees the original exception
                 host.counters.collectives_aborted += 1
                 raise
-            finally:
-                self.registry.retire(seq)  # frames of this seq still in flight are discarded
             return self._outcome(plan, seq, ring, state, guard, epoch)
         finally:
             guard.drop()
@@ -584,15 +582,21 @@ class AllReduceService:
     async def run_ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], guard: InputGuard, state: _Settlement,
                        ring_scope: trio.CancelScope) -> tuple[int, int]:
         """One attempt's ring data path, once the master commenced ``seq`` on ``ring``; returns
-        the (sent, received) payload bytes."""
+        the (sent, received) payload bytes.  The data path retires ``seq`` when its ring ends (its
+        frames still in flight are discarded); if the op cannot reach it, ``seq`` is retired here."""
         peer_id = self._host.peer_id
         p2p = self._host.links
         if peer_id not in ring or ring != p2p.ring:
+            self.registry.retire(seq)
             raise ProtocolError(f"the master commenced seq {seq} on ring {[f'{p:x}' for p in ring]}, but this "
                                 f"peer is wired for {[f'{p:x}' for p in p2p.ring]}")
         watch = self._watch(p2p, state, ring_scope)
         try:
-            links = await self._links(p2p)
+            try:
+                links = await self._links(p2p)
+            except BaseException:
+                self.registry.retire(seq)
+                raise
             return await reduce_checked(
                 guard.args, links=links, rank=ring.index(peer_id), world=len(ring), seq=seq, backup=guard.backup,
                 runner=self._runner,
