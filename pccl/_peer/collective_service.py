@@ -14,18 +14,21 @@
    tag, because the master refuses topology votes with collectives in flight — and votes again.
    ``PHASE_MISMATCH`` (every other member waits in ``update_topology`` or a sync, SPEC §3) is
    ``CollectiveAborted`` caused by ``PhaseMismatch``; ``all_reduce_many`` does not retry it.
-2. **Ring.**  :func:`~pccl.collectives.allreduce.ring_all_reduce` runs in its own cancel scope
-   over the current round's lanes.  Meanwhile the tag's messages are intercepted synchronously
-   by the task that reads the master connection (``CollectiveRoute.intercept``) — the master's
-   ``Abort(seq)`` cancels the ring scope there and then — and the service's one watchdog task
-   cancels it when no byte has moved on this peer's ring connections for ``config.peer_timeout``
-   (a neighbour that the master still hears but this peer does not: a partition between two
-   peers, a wedged process).  A stalled or dead peer is otherwise removed by the master's
-   heartbeat timeout, which aborts the op.  No task is spawned per op: for a small all-reduce a
-   nursery with a listener and a watchdog cost more than a tenth of the whole call.
+2. **Ring.**  :func:`~pccl.collectives.allreduce.reduce_checked` runs in its own cancel scope over
+   the current round's lanes, on the arguments checked before the vote.  Meanwhile the tag's
+   messages are intercepted synchronously by the task that reads the master connection
+   (``CollectiveRoute.intercept``) — the master's ``Abort(seq)`` cancels the ring scope there and
+   then — and the service's one watchdog task cancels it when no byte has moved on this peer's ring
+   connections for ``config.peer_timeout`` (a neighbour that the master still hears but this peer
+   does not: a partition between two peers, a wedged process).  A stalled or dead peer is otherwise
+   removed by the master's heartbeat timeout, which aborts the op.  No task is spawned per op: for
+   a small all-reduce a nursery with a listener and a watchdog cost more than a tenth of the whole
+   call.
 3. **Settle.**  ``Done(seq, aborted)`` goes to the master, which answers every participant with
-   exactly one ``Complete(seq)`` or ``Abort(seq)``.  The in-place input backup is kept until
-   then, so an ``Abort`` that arrives after this peer finished its ring still restores the input.
+   exactly one ``Complete(seq)`` or ``Abort(seq)``.  The op's
+   :class:`~pccl.collectives.backup.InputGuard` (a small in-place op's staged result, a larger
+   one's input backup) is kept until then, so an ``Abort`` that arrives after this peer finished
+   its ring still restores the input.
 
 Outcome: ``ReduceInfo(world_size=len(ring), tx_bytes, rx_bytes)`` on ``Complete``; otherwise
 exactly one ``CollectiveAborted`` (its ``__cause__`` is the local error, if any) with an in-place
