@@ -14,18 +14,21 @@
    tag, because the master refuses topology votes with collectives in flight — and votes again.
    ``PHASE_MISMATCH`` (every other member waits in ``update_topology`` or a sync) is
    ``CollectiveAborted`` caused by ``PhaseMismatch``; ``all_reduce_many`` does not retry it.
-2. **Ring.**  :func:`~pccl.collectives.allreduce.ring_all_reduce` runs in its own cancel scope
-   over the current round's lanes.  Meanwhile the tag's messages are intercepted synchronously
-   by the task that reads the master connection (``CollectiveRoute.intercept``) — the master's
-   ``Abort(seq)`` cancels the ring scope there and then — and the service's one watchdog task
-   cancels it when no byte has moved on this peer's ring connections for ``config.peer_timeout``
-   (a neighbour that the master still hears but this peer does not: a partition between two
-   peers, a wedged process).  A stalled or dead peer is otherwise removed by the master's
-   heartbeat timeout, which aborts the op.  No task is spawned per op: for a small all-reduce a
-   nursery with a listener and a watchdog cost more than a tenth of the whole call.
+2. **Ring.**  :func:`~pccl.collectives.allreduce.reduce_checked` runs in its own cancel scope over
+   the current round's lanes, on the arguments checked before the vote.  Meanwhile the tag's
+   messages are intercepted synchronously by the task that reads the master connection
+   (``CollectiveRoute.intercept``) — the master's ``Abort(seq)`` cancels the ring scope there and
+   then — and the service's one watchdog task cancels it when no byte has moved on this peer's ring
+   connections for ``config.peer_timeout`` (a neighbour that the master still hears but this peer
+   does not: a partition between two peers, a wedged process).  A stalled or dead peer is otherwise
+   removed by the master's heartbeat timeout, which aborts the op.  No task is spawned per op: for
+   a small all-reduce a nursery with a listener and a watchdog cost more than a tenth of the whole
+   call.
 3. **Settle.**  ``Done(seq, aborted)`` goes to the master, which answers every participant with
-   exactly one ``Complete(seq)`` or ``Abort(seq)``.  The in-place input backup is kept until
-   then, so an ``Abort`` that arrives after this peer finished its ring still restores the input.
+   exactly one ``Complete(seq)`` or ``Abort(seq)``.  The op's
+   :class:`~pccl.collectives.backup.InputGuard` (a small in-place op's staged result, a larger
+   one's input backup) is kept until then, so an ``Abort`` that arrives after this peer finished
+   its ring still restores the input.
 
 Outcome: ``ReduceInfo(world_size=len(ring), tx_bytes, rx_bytes)`` on ``Complete``; otherwise
 exactly one ``CollectiveAborted`` (its ``__cause__`` is the local error, if any) with an in-place
@@ -83,10 +86,11 @@ from ..errors import (
 )
 from ..protocol import messages as m
 from ..protocol.phases import TopologyVote
-from ..types import Quantization, QuantKind, ReduceInfo, ReduceOp
-from ..collectives.allreduce import ring_all_reduce
+from ..types import QuantKind, ReduceInfo, ReduceOp
+from ..collectives.allreduce import reduce_checked
 from ..collectives.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
-from ..collectives.buffers import SCRATCH, InputBackup, KernelRunner, OpBuffers
+from ..collectives.backup import InputGuard
+from ..collectives.buffers import KernelRunner, ReduceArgs, check_op
 from ..collectives.links import RingLinks, SeqRegistry
 from ..collectives.segments import Segments
 
@@ -110,48 +114,32 @@ _WATCHDOG_CHECKS = 4
 class _Plan:
     """One all-reduce's arguments, checked, and the Init that announces them."""
 
-    send: np.ndarray | Segments
-    recv: np.ndarray | None
-    op: ReduceOp
+    args: ReduceArgs
     tag: int
-    quantization: Quantization | None
-    in_place: bool
     init: m.CollectiveInit
     #: The master epoch the call began in (set once the session is ready).
     epoch: int = 0
 
     @classmethod
     def make(cls, send: Any, recv: Any, op: Any, tag: Any, quantization: Any) -> _Plan:
-        try:
-            op = ReduceOp(op)
-        except ValueError:
-            raise InvalidArgument(f"op must be a ReduceOp, got {op!r}") from None
+        op = check_op(op)  # the op first, then the tag, then the buffers: the errors in argument order
         if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < _TAG_LIMIT:
             raise InvalidArgument(f"tag must be an integer in [0, 2**64), got {tag!r}")
-        if quantization is not None and not isinstance(quantization, Quantization):
-            raise InvalidArgument(f"quantization must be a pccl.Quantization or None, got {quantization!r}")
-        if quantization is not None and quantization.kind is QuantKind.NONE:
-            quantization = None
-        # The caller's memory as numpy views (torch tensors included, no copy), then the data
-        # path's own checks (dtype, sizes, writability, overlap), made now so a bad buffer never
-        # reaches the vote.  Scratch it takes goes straight back.
-        in_place_call = recv is None or recv is send
-        if not isinstance(send, Segments):  # a bucket's members, already checked one by one
-            send = as_array(send, name="send", writable=False)
-            recv = send if in_place_call else as_array(recv, name="recv", writable=False)
-        bufs = OpBuffers.check(send, recv, op, quantization)
-        bufs.release()
-        quant_dtype = bufs.quant_dtype
+        # The data path's one check of the arguments (the caller's memory as numpy views, torch
+        # tensors included, no copy; dtype, sizes, writability, overlap, quantization), made now
+        # so a bad buffer never reaches the vote; the ring runs on its result.
+        args = ReduceArgs.check(send, recv, op, quantization)
+        quant_dtype = args.quant_dtype
         init = m.CollectiveInit(
             tag=tag,
-            count=int(bufs.src.size),
-            dtype=int(bufs.dtype),
+            count=int(args.src.size),
+            dtype=int(args.dtype),
             op=int(op),
             quant_kind=int(QuantKind.MIN_MAX if quant_dtype is not None else QuantKind.NONE),
             quant_dtype=int(quant_dtype) if quant_dtype is not None else 0,
-            layout=send.layout if isinstance(send, Segments) else 0,
+            layout=args.src.layout if isinstance(args.src, Segments) else 0,
         )
-        return cls(send, None if bufs.in_place else recv, op, tag, quantization, bufs.in_place, init)
+        return cls(args, tag, init)
 
 
 @dataclasses.dataclass(eq=False)
@@ -313,7 +301,8 @@ class AllReduceService:
                         _Plan.make(send, recv, many.op, many.first_tag + i, many.quantization), epoch=many.epoch)
                 many.results[i] = await self._reduce(plan, rewire_on_stale=False)
                 if bucket.packed:
-                    await self._runner.run(bucket.nbytes, bucket.unpack, plan.recv)
+                    assert isinstance(plan.args.dst, np.ndarray)  # the packed result
+                    await self._runner.run(bucket.nbytes, bucket.unpack, plan.args.dst)
                 bucket.release()
             except (CollectiveAborted, _StaleRing) as exc:
                 if isinstance(exc, CollectiveAborted) and isinstance(exc.__cause__, PhaseMismatch):
@@ -508,21 +497,14 @@ class AllReduceService:
                    epoch: int, state: _Settlement) -> ReduceInfo:
         host = self._host
         seq, ring = commence.seq, tuple(commence.ring)
-        backup: InputBackup | None = None
-        staged: np.ndarray | None = None  # a small in-place op's output until it completes
-        storage: np.ndarray | None = None
-        if plan.in_place and plan.send.nbytes <= STAGED_IN_PLACE_BYTES and not isinstance(plan.send, Segments):
-            storage = SCRATCH.take(plan.send.nbytes)
-            staged = storage[: plan.send.nbytes].view(plan.send.dtype).reshape(plan.send.shape)
-        elif plan.in_place:
-            backup = InputBackup(plan.send)
+        # Kept until the master's final word: an abort may come after this peer's ring ended.
+        guard = InputGuard(plan.args, stage_up_to=STAGED_IN_PLACE_BYTES)
         try:
             try:
-                await self._ring_and_settle(plan, seq, ring, backup, staged, route, state, epoch)
+                await self._ring_and_settle(plan, seq, ring, guard, route, state, epoch)
             except BaseException:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
-                if backup is not None:
-                    backup.restore()
+                guard.restore()
                 if not state.done_sent and state.final is None and not state.master_lost:
                     try:
                         await host.send_shielded(m.CollectiveDone(plan.tag, seq, aborted=True), epoch=epoch)
@@ -530,17 +512,12 @@ class AllReduceService:
                         pass  # already failing; the caller sees the original exception
                 host.counters.collectives_aborted += 1
                 raise
-            finally:
-                self.registry.retire(seq)  # frames of this seq still in flight are discarded
-            return self._outcome(plan, seq, ring, state, backup, staged, epoch)
+            return self._outcome(plan, seq, ring, state, guard, epoch)
         finally:
-            if backup is not None:
-                backup.release()
-            if storage is not None:
-                SCRATCH.give(storage)
+            guard.drop()
 
-    async def _ring_and_settle(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
-                               staged: np.ndarray | None, route: CollectiveRoute, state: _Settlement,
+    async def _ring_and_settle(self, plan: _Plan, seq: int, ring: tuple[int, ...], guard: InputGuard,
+                               route: CollectiveRoute, state: _Settlement,
                                epoch: int) -> None:
         """Run the ring, report Done, wait for the master's final word.
 
@@ -561,7 +538,7 @@ class AllReduceService:
                     route.intercept(None)
             with ring_scope:
                 try:
-                    state.traffic = await self.run_ring(plan, seq, ring, backup, staged, state, ring_scope)
+                    state.traffic = await self.run_ring(plan, seq, ring, guard, state, ring_scope)
                 except PCCLError as exc:
                     state.local_error = exc
             if state.stalled and state.local_error is None:
@@ -577,21 +554,18 @@ class AllReduceService:
             route.intercept = None
 
     def _outcome(self, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement,
-                 backup: InputBackup | None, staged: np.ndarray | None, epoch: int) -> ReduceInfo:
+                 guard: InputGuard, epoch: int) -> ReduceInfo:
         """The op's result for the caller once the master has spoken (or this peer gave up)."""
         host = self._host
         traffic, local_error = state.traffic, state.local_error
         if isinstance(state.final, m.CollectiveComplete) and traffic is not None and local_error is None:
-            if staged is not None:
-                assert isinstance(plan.send, np.ndarray)  # segmented buffers are never staged
-                np.copyto(plan.send, staged)  # commit the staged result
+            guard.commit()
             tx, rx = traffic
             host.counters.collectives_completed += 1
             host.counters.tx_bytes += tx
             host.counters.rx_bytes += rx
             return ReduceInfo(world_size=len(ring), tx_bytes=tx, rx_bytes=rx)
-        if backup is not None:
-            backup.restore()
+        guard.restore()
         host.counters.collectives_aborted += 1
         if state.master_lost:
             host.raise_if_failed(epoch)
@@ -621,22 +595,27 @@ class AllReduceService:
             ring_scope.cancel()
         state.settled.set()
 
-    async def run_ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], backup: InputBackup | None,
-                       staged: np.ndarray | None, state: _Settlement, ring_scope: trio.CancelScope) -> tuple[int, int]:
+    async def run_ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], guard: InputGuard, state: _Settlement,
+                       ring_scope: trio.CancelScope) -> tuple[int, int]:
         """One attempt's ring data path, once the master commenced ``seq`` on ``ring``; returns
-        the (sent, received) payload bytes."""
+        the (sent, received) payload bytes.  The data path retires ``seq`` when its ring ends (its
+        frames still in flight are discarded); if the op cannot reach it, ``seq`` is retired here."""
         peer_id = self._host.peer_id
         p2p = self._host.links
         if peer_id not in ring or ring != p2p.ring:
+            self.registry.retire(seq)
             raise ProtocolError(f"the master commenced seq {seq} on ring {[f'{p:x}' for p in ring]}, but this "
                                 f"peer is wired for {[f'{p:x}' for p in p2p.ring]}")
         watch = self._watch(p2p, state, ring_scope)
         try:
-            links = await self._links(p2p)
-            return await ring_all_reduce(
-                plan.send, plan.recv if staged is None else staged, op=plan.op, links=links,
-                rank=ring.index(peer_id), world=len(ring),
-                seq=seq, quantization=plan.quantization, backup=backup, runner=self._runner,
+            try:
+                links = await self._links(p2p)
+            except BaseException:
+                self.registry.retire(seq)
+                raise
+            return await reduce_checked(
+                guard.args, links=links, rank=ring.index(peer_id), world=len(ring), seq=seq, backup=guard.backup,
+                runner=self._runner,
             )
         finally:
             self._watches.discard(watch)

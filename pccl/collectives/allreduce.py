@@ -2,7 +2,9 @@
 
 :func:`ring_all_reduce` runs one operation — reduce-scatter, then all-gather, on the schedule of
 :mod:`pccl.protocol.ring` — and returns the payload bytes it sent and received.  The communicator
-calls it after the master's ``Commence(tag, seq, ring)``, inside the op's cancel scope.
+checks the arguments before its vote (:class:`~pccl.collectives.buffers.ReduceArgs`) and calls
+:func:`reduce_checked` on them after the master's ``Commence(tag, seq, ring)``, inside the op's
+cancel scope.
 
 Design
 ------
@@ -68,17 +70,19 @@ Aborts
 ------
 The operation is cancellable at any instant.  Cancellation, a broken lane or a protocol error
 stops every task of the operation (kernels in worker threads are waited for, never abandoned)
-and :func:`ring_all_reduce` raises exactly one exception: ``Cancelled`` when the caller's scope
-was cancelled and nothing else went wrong, else the first real error (``PeerDisconnected``,
-``StreamClosed``, ``ProtocolError``, ``InvalidArgument`` for NaN/Inf under quantization…); never
-an ExceptionGroup.  For an in-place operation every slice is saved in an :class:`InputBackup`
-right before its first overwrite — by the reduce-scatter kernel itself where that overwrite is a
-reduction (``reduce_into_saving``: the copy rides along with the reduction's own pass over the
-slice), by a copy otherwise (the chunk sent at step 0; f16/bf16 outputs).  Pass your own
-``backup`` to be able to restore the input after this function has returned (an abort decided
-by the master after this peer finished its ring), otherwise the input is restored here before
-the exception propagates.  A lane torn mid-frame is
-aborted by its connection, so later operations on it fail fast until the ring is re-wired.
+and :func:`reduce_checked` (so :func:`ring_all_reduce`) raises exactly one exception:
+``Cancelled`` when the caller's scope was cancelled and nothing else went wrong, else the first
+real error (``PeerDisconnected``, ``StreamClosed``, ``ProtocolError``, ``InvalidArgument`` for
+NaN/Inf under quantization…); never an ExceptionGroup.  For an in-place operation every slice is
+saved in an :class:`~pccl.collectives.backup.InputBackup` right before its first overwrite — by
+the reduce-scatter kernel itself where that overwrite is a reduction (``reduce_into_saving``: the
+copy rides along with the reduction's own pass over the slice), by a copy otherwise (the chunk
+sent at step 0; f16/bf16 outputs).  Pass your own ``backup`` (an
+:class:`~pccl.collectives.backup.InputGuard`'s, as the communicator does) to be able to restore
+the input after this function has returned (an abort decided by the master after this peer
+finished its ring); otherwise the call keeps the input in a guard of its own and restores it
+before the exception propagates.  A lane torn mid-frame is aborted by its connection, so later
+operations on it fail fast until the ring is re-wired.
 """
 
 from __future__ import annotations
@@ -89,7 +93,8 @@ import trio
 from ..errors import InvalidArgument
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, EXCHANGE_MAX_BYTES
 from ..types import Quantization, ReduceOp
-from .buffers import InputBackup, KernelRunner, OpBuffers
+from .backup import InputBackup, InputGuard
+from .buffers import KernelRunner, OpBuffers, ReduceArgs
 from .inline import InlineRing, suits_inline
 from .links import RingLinks
 from .ring_op import RingOp
@@ -97,7 +102,7 @@ from .segments import Segments
 from .threaded import LaneThreads
 from .trio_ring import TrioRing
 
-__all__ = ["ring_all_reduce", "InputBackup", "KernelRunner"]
+__all__ = ["ring_all_reduce", "reduce_checked"]
 
 
 async def ring_all_reduce(
@@ -121,6 +126,37 @@ async def ring_all_reduce(
     buffer, in place only): frames are then also cut at its arrays' boundaries, and every peer
     must pass the same segmentation (the master compares its ``layout`` digest).
 
+    The arguments are checked (:meth:`ReduceArgs.check <pccl.collectives.buffers.ReduceArgs.check>`),
+    then the op runs as :func:`reduce_checked` runs it.  ``InvalidArgument`` for bad arguments
+    before anything is sent; the seq is retired on exit, whatever the outcome.
+    """
+    try:
+        args = ReduceArgs.check(send, recv, op, quantization)
+    except BaseException:
+        links.retire(seq)  # as reduce_checked does on every way out
+        raise
+    return await reduce_checked(
+        args, links=links, rank=rank, world=world, seq=seq, backup=backup, runner=runner,
+        max_subchunk_bytes=max_subchunk_bytes, exchange_max_bytes=exchange_max_bytes,
+    )
+
+
+async def reduce_checked(
+    args: ReduceArgs,
+    *,
+    links: RingLinks,
+    rank: int,
+    world: int,
+    seq: int,
+    backup: InputBackup | None = None,
+    runner: KernelRunner | None = None,
+    max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
+    exchange_max_bytes: int = EXCHANGE_MAX_BYTES,
+) -> tuple[int, int]:
+    """Run the all-reduce of ``args`` (checked by :meth:`ReduceArgs.check
+    <pccl.collectives.buffers.ReduceArgs.check>`) over the ring: what the communicator calls,
+    having checked the arguments before its vote.
+
     ``rank``/``world``: this peer's position in the ring and the ring size (≥ 2); ``links`` the
     lanes to the successor ``ring[(rank+1) % world]`` and from the predecessor; ``seq`` the
     master's sequence number of this op (unique per group, the same on every peer).  Every peer
@@ -130,29 +166,26 @@ async def ring_all_reduce(
     the first four; the others are configuration).
 
     Returns ``(tx_bytes, rx_bytes)``: payload bytes sent and received (quantization metadata
-    included, frame headers not).  Errors: see the module docstring; ``InvalidArgument`` for
-    bad arguments before anything is sent.  The seq is retired on exit, whatever the outcome.
+    included, frame headers not).  Errors: see the module docstring; ``InvalidArgument`` for a
+    bad ``rank``/``world`` before anything is sent.  The seq is retired on exit, whatever the
+    outcome.
     """
     try:
         return await _run_op(
-            send, send if recv is None else recv, op=op, links=links, rank=rank, world=world, seq=seq,
-            quantization=quantization, backup=backup, runner=runner, max_subchunk_bytes=max_subchunk_bytes,
-            exchange_max_bytes=exchange_max_bytes,
+            args, links=links, rank=rank, world=world, seq=seq, backup=backup, runner=runner,
+            max_subchunk_bytes=max_subchunk_bytes, exchange_max_bytes=exchange_max_bytes,
         )
     finally:
         links.retire(seq)
 
 
 async def _run_op(
-    send: np.ndarray | Segments,
-    recv: np.ndarray | Segments,
+    args: ReduceArgs,
     *,
-    op: ReduceOp,
     links: RingLinks,
     rank: int,
     world: int,
     seq: int,
-    quantization: Quantization | None,
     backup: InputBackup | None,
     runner: KernelRunner | None,
     max_subchunk_bytes: int,
@@ -160,10 +193,11 @@ async def _run_op(
 ) -> tuple[int, int]:
     if world < 2 or not 0 <= rank < world:
         raise InvalidArgument(f"rank {rank} / world {world}: a ring needs 2+ peers and 0 <= rank < world")
-    bufs = OpBuffers.check(send, recv, op, quantization)
-    own_backup = backup is None and bufs.in_place
-    if own_backup:
-        backup = InputBackup(bufs.dst)
+    bufs = OpBuffers.for_args(args)
+    # Given no backup, this call keeps the input itself, until its ring ends.
+    guard = InputGuard(args) if backup is None else None
+    if guard is not None:
+        backup = guard.backup
     try:
         ring_op = RingOp(
             bufs,
@@ -178,17 +212,15 @@ async def _run_op(
         )
         await _execute(ring_op)
     except BaseException:
-        if own_backup:
-            assert backup is not None
-            backup.restore()
+        if guard is not None:
+            guard.restore()
         raise
     finally:
         # Every task of the op has stopped (kernels and socket workers are waited for), so
         # nothing touches the scratch memory any more.
         bufs.release()
-        if own_backup:
-            assert backup is not None
-            backup.release()
+        if guard is not None:
+            guard.drop()
     return ring_op.tx_bytes, ring_op.rx_bytes
 
 

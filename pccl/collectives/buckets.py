@@ -55,7 +55,7 @@ PACKED_BUCKET_BYTES = 25 * 1024 * 1024
 #: Arrays of at least this size share segmented buckets (reduced in place over the members);
 #: smaller ones share packed buckets.  At least 256 KiB, so that a segmented bucket (two members
 #: or more) is never small enough to be staged or exchanged: both work on one flat buffer
-#: (``operation.STAGED_IN_PLACE_BYTES``, ``ring.EXCHANGE_MAX_BYTES``).
+#: (:class:`~pccl.collectives.backup.InputGuard`'s ``stage_up_to``, ``ring.EXCHANGE_MAX_BYTES``).
 SEGMENTED_MIN_BYTES = 1024 * 1024
 
 

@@ -1,7 +1,9 @@
-"""Buffers of one all-reduce: argument checks, the in-place backup, staging pools, kernel calls.
+"""Buffers of one all-reduce: the argument check, the op's arrays, scratch memory, where kernels run.
 
-The arithmetic itself is in the C kernels (:mod:`pccl.kernels`); this module decides which
-kernel runs on which slice, and where (a worker thread for large slices, inline otherwise).
+The arithmetic is in the C kernels, called straight through :mod:`pccl.kernels` (the one place
+that knows their signatures) by :mod:`pccl.collectives.ring_op`, which decides which kernel runs
+on which slice; :class:`KernelRunner` decides where (a worker thread for large slices, inline
+otherwise).  The quantization header every quantized payload starts with is packed here.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from .segments import Segments
 __all__ = [
     "ScratchArena",
     "SCRATCH",
+    "check_op",
+    "ReduceArgs",
     "OpBuffers",
-    "InputBackup",
     "KernelRunner",
     "QUANT_META",
     "pack_meta",
@@ -42,12 +45,15 @@ QUANT_META = struct.Struct("<dd")
 _HALF = (DType.FLOAT16, DType.BFLOAT16)
 
 
-def pack_meta(into: memoryview, lo: float, scale: float) -> None:
-    QUANT_META.pack_into(into, 0, lo, scale)
+def pack_meta(into: memoryview, params: kernels.QuantParams) -> None:
+    """Write a quantized payload's :data:`QUANT_META` header."""
+    QUANT_META.pack_into(into, 0, params.lo, params.scale)
 
 
-def unpack_meta(raw: memoryview) -> tuple[float, float]:
-    return QUANT_META.unpack_from(raw, 0)  # type: ignore[return-value]
+def unpack_meta(raw: memoryview) -> kernels.QuantParams:
+    """Read a quantized payload's :data:`QUANT_META` header."""
+    lo, scale = QUANT_META.unpack_from(raw, 0)
+    return kernels.QuantParams(lo, scale)
 
 
 class ScratchArena:
@@ -108,11 +114,89 @@ class ScratchArena:
 SCRATCH = ScratchArena()
 
 
+def check_op(op: Any) -> ReduceOp:
+    """``op`` as a :class:`ReduceOp`; :class:`InvalidArgument` if it names none."""
+    if type(op) is ReduceOp:
+        return op
+    try:
+        return ReduceOp(op)
+    except ValueError:
+        raise InvalidArgument(f"op must be a ReduceOp, got {op!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceArgs:
+    """One all-reduce's arguments, checked: its buffers, flattened, and what to do with them.
+
+    ``src`` is the caller's input and ``dst`` the output (the same array in place); in place
+    over several arrays both are one :class:`Segments`.  :meth:`check` is the only check of an
+    all-reduce's arguments: the communicator makes it before its vote (a bad buffer never
+    reaches the master) and hands the result on, and the data path runs on it as it is.
+    """
+
+    src: np.ndarray | Segments
+    dst: np.ndarray | Segments
+    op: ReduceOp
+    dtype: DType
+    in_place: bool
+    #: What min-max quantization sends (uint8 or uint16); ``None`` when unquantized.
+    quant_dtype: DType | None
+
+    @classmethod
+    def check(cls, send: Any, recv: Any, op: Any, quantization: Any) -> ReduceArgs:
+        """Check ``send`` and ``recv`` (``None`` or ``send`` itself: in place) — numpy arrays
+        or CPU torch tensors, viewed without a copy by :func:`pccl.arrays.as_array`, or one
+        :class:`Segments` (in place only) — ``op`` and ``quantization`` (a
+        :class:`~pccl.types.Quantization` or ``None``).  :class:`InvalidArgument` says what is
+        wrong.  NaN or Inf in a quantized input is found by the quantization kernel, during the
+        op (``InvalidArgument`` from the ring)."""
+        op = check_op(op)
+        if quantization is not None and not isinstance(quantization, Quantization):
+            raise InvalidArgument(f"quantization must be a pccl.Quantization or None, got {quantization!r}")
+        same = recv is None or recv is send
+        if isinstance(send, Segments):
+            if not same:
+                raise InvalidArgument("a segmented buffer is reduced in place only")
+            return cls._make(send, send, op, True, quantization)
+        send = as_array(send, name="send", writable=False)
+        recv = send if same else as_array(recv, name="recv", writable=False)
+        if recv.dtype != send.dtype or recv.size != send.size:
+            raise InvalidArgument(
+                f"recv ({recv.dtype}, {recv.size} elements) must match send ({send.dtype}, {send.size} elements)"
+            )
+        if not recv.flags.writeable:
+            raise InvalidArgument("recv (or the in-place buffer) is read-only")
+        src = send.reshape(-1)
+        dst = recv.reshape(-1)
+        in_place = np.shares_memory(src, dst)
+        if in_place and not (
+            src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
+        ):
+            raise InvalidArgument("send and recv overlap partially; pass the same array (in place) or disjoint ones")
+        return cls._make(src, dst, op, in_place, quantization)
+
+    @classmethod
+    def _make(cls, src: np.ndarray | Segments, dst: np.ndarray | Segments, op: ReduceOp, in_place: bool,
+              quantization: Quantization | None) -> ReduceArgs:
+        dtype = dtype_of(src.dtype)
+        quant_dtype = None
+        if quantization is not None and QuantKind(quantization.kind) is not QuantKind.NONE:
+            if not dtype.is_float:
+                raise InvalidArgument(f"MIN_MAX quantization needs a floating-point buffer, got {dtype.name.lower()}")
+            quant_dtype = dtype_of(quantization.dtype)
+        return cls(src, dst, op, dtype, in_place, quant_dtype)
+
+    def into(self, output: np.ndarray) -> ReduceArgs:
+        """The same op reducing into ``output`` instead: a flat array of ``src``'s dtype and size
+        that shares no memory with it (an in-place op's result staged in scratch memory)."""
+        return dataclasses.replace(self, dst=output, in_place=False)
+
+
 @dataclasses.dataclass
 class OpBuffers:
-    """The arrays of one all-reduce, flattened, with the dtypes on the wire in each phase.
+    """The arrays of one running all-reduce, with the dtypes on the wire in each phase.
 
-    ``src`` is the caller's input and ``dst`` the output (the same array in place).  ``acc`` is
+    ``src``, ``dst``, ``op``, ``in_place``… are those of its :class:`ReduceArgs`.  ``acc`` is
     where reduce-scatter accumulates: ``dst`` itself, except for f16/bf16, which accumulate in an
     f32 working array (so the partial sums travel as f32 and only the final result is rounded,
     once, by the chunk's owner).  In place over several arrays (:class:`Segments`) ``src`` and
@@ -132,61 +216,16 @@ class OpBuffers:
     arena: ScratchArena = SCRATCH
 
     @classmethod
-    def check(
-        cls,
-        send: Any,
-        recv: Any,
-        op: ReduceOp,
-        quantization: Quantization | None,
-        arena: ScratchArena = SCRATCH,
-    ) -> OpBuffers:
-        """Validate the arguments (numpy arrays or CPU torch tensors, viewed without a copy by
-        :func:`pccl.arrays.as_array`); :class:`InvalidArgument` says what is wrong."""
-        op = ReduceOp(op)
-        same = recv is send
-        if isinstance(send, Segments):
-            if not (same or recv is None):
-                raise InvalidArgument("a segmented buffer is reduced in place only")
-            return cls._make(send, send, True, op, quantization, arena)
-        send = as_array(send, name="send", writable=False)
-        recv = send if same else as_array(recv, name="recv", writable=False)
-        if recv.dtype != send.dtype or recv.size != send.size:
-            raise InvalidArgument(
-                f"recv ({recv.dtype}, {recv.size} elements) must match send ({send.dtype}, {send.size} elements)"
-            )
-        if not recv.flags.writeable:
-            raise InvalidArgument("recv (or the in-place buffer) is read-only")
-        src = send.reshape(-1)
-        dst = recv.reshape(-1)
-        in_place = np.shares_memory(src, dst)
-        if in_place and not (
-            src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
-        ):
-            raise InvalidArgument("send and recv overlap partially; pass the same array (in place) or disjoint ones")
-        return cls._make(src, dst, in_place, op, quantization, arena)
-
-    @classmethod
-    def _make(
-        cls,
-        src: np.ndarray | Segments,
-        dst: np.ndarray | Segments,
-        in_place: bool,
-        op: ReduceOp,
-        quantization: Quantization | None,
-        arena: ScratchArena,
-    ) -> OpBuffers:
-        dtype = dtype_of(src.dtype)
-        quant_dtype = None
-        if quantization is not None and QuantKind(quantization.kind) is not QuantKind.NONE:
-            if not dtype.is_float:
-                raise InvalidArgument(f"MIN_MAX quantization needs a floating-point buffer, got {dtype.name.lower()}")
-            quant_dtype = dtype_of(quantization.dtype)
-        half = dtype in _HALF
-        acc_dtype = DType.FLOAT32 if half else dtype
+    def for_args(cls, args: ReduceArgs, arena: ScratchArena = SCRATCH) -> OpBuffers:
+        """The buffers of an op on ``args`` (checked already); f16/bf16 take their f32 working
+        array from ``arena`` now."""
+        half = args.dtype in _HALF
+        acc_dtype = DType.FLOAT32 if half else args.dtype
         # f16/bf16 accumulate in an f32 working array, filled one sub-chunk at a time.
-        scratch = [arena.take(src.size * 4)] if half else []
-        acc = scratch[0][: src.size * 4].view(np.float32) if half else dst
-        return cls(src, dst, acc, dtype, acc_dtype, op, in_place, quant_dtype, scratch, arena)
+        scratch = [arena.take(args.src.size * 4)] if half else []
+        acc = scratch[0][: args.src.size * 4].view(np.float32) if half else args.dst
+        return cls(args.src, args.dst, acc, args.dtype, acc_dtype, args.op, args.in_place, args.quant_dtype,
+                   scratch, arena)
 
     def take(self, nbytes: int) -> np.ndarray:
         """A scratch uint8 array of exactly ``nbytes`` held until :meth:`release`."""
@@ -224,114 +263,6 @@ class OpBuffers:
         return count * self.dtype.itemsize
 
 
-class InputBackup:
-    """The original content of an in-place buffer, saved lazily just before it is overwritten.
-
-    The buffer may be :class:`Segments`: every slice saved or overwritten lies in one of its
-    arrays (the schedule's frames never straddle two), and the copy is one flat scratch array.
-
-    Costs at most one copy of the input, made piecewise right before a slice is first written —
-    and nothing for slices an aborted op never touched.  Where that first write is a reduction
-    (the ring's reduce-scatter), :meth:`overwrite` lets a fused kernel store the copy in the same
-    pass that reads the slice for the reduction, so the copy costs no pass of its own; elsewhere
-    :meth:`save` copies the slice (with streaming stores: the copy is read back only on abort).  :meth:`restore` puts the
-    input back; the communicator keeps the backup until the master has confirmed the op, so an
-    abort that arrives after this peer finished its ring still restores the input.
-    Thread safety: :meth:`save` / :meth:`overwrite` may be called for one slice from several
-    threads (the first copies, the others wait for that copy and return or run the plain
-    kernel), and :meth:`restore` runs only after every writer has stopped.
-    """
-
-    def __init__(self, buffer: np.ndarray | Segments, *, arena: ScratchArena = SCRATCH) -> None:
-        self._buffer = buffer.reshape(-1)
-        self._arena = arena
-        # Taken now, on the Trio thread; pages already mapped if the arena reuses a buffer.
-        self._storage: np.ndarray | None = arena.take(self._buffer.nbytes)
-        self._copy: np.ndarray | None = (
-            self._storage[: self._buffer.nbytes].view(np.uint8) if self._buffer.nbytes else None
-        )
-        self._bytes = self._buffer.view(np.uint8) if self._buffer.nbytes else None
-        self._itemsize = self._buffer.itemsize
-        self._saved: dict[int, int] = {}
-        # Slices whose copy a fused kernel is making right now (start -> stop); a save() of one
-        # waits on _copied until it is in _saved.
-        self._copying: dict[int, int] = {}
-        self._lock = threading.Lock()
-        self._copied = threading.Condition(self._lock)
-
-    def save(self, start: int, stop: int) -> None:
-        """Remember ``buffer[start:stop]`` unless a save starting at ``start`` already happened."""
-        if start in self._saved or stop <= start or self._copy is None or self._bytes is None:
-            return
-        # Locked: on the threaded path a lane's sender saves slices ahead of its receiver, and
-        # the receiver must not start overwriting a slice while the sender is still copying it.
-        with self._lock:
-            while start in self._copying:
-                self._copied.wait()
-            if start in self._saved:
-                return
-            a, b = start * self._itemsize, stop * self._itemsize
-            kernels.save_copy(self._copy[a:b], self._bytes[a:b])
-            self._saved[start] = stop
-
-    def overwrite(self, start: int, stop: int, fused: Callable[[np.ndarray], None],
-                  plain: Callable[[], None]) -> None:
-        """Run the write of ``buffer[start:stop]`` through a kernel that saves the slice itself.
-
-        If the slice is not saved yet, ``fused(saved)`` runs: it must copy the slice's current
-        elements into ``saved`` (a view of the backup with the buffer's dtype) in the same pass
-        as it overwrites them (``kernels.reduce_into_saving``).  Otherwise ``plain()`` runs.
-        The lock is not held while the kernel runs, so lanes reducing different slices do not
-        wait for each other; a concurrent :meth:`save` of this slice waits for the copy.  If
-        ``fused`` raises (its argument checks), the slice counts as not saved.
-        """
-        if self._copy is None or stop <= start:
-            plain()
-            return
-        with self._lock:
-            while start in self._copying:
-                self._copied.wait()
-            claimed = start not in self._saved
-            if claimed:
-                self._copying[start] = stop
-        if not claimed:
-            plain()
-            return
-        a, b = start * self._itemsize, stop * self._itemsize
-        saved = False
-        try:
-            fused(self._copy[a:b].view(self._buffer.dtype))
-            saved = True
-        finally:
-            with self._lock:
-                del self._copying[start]
-                if saved:
-                    self._saved[start] = stop
-                self._copied.notify_all()
-
-    def is_saved(self, start: int) -> bool:
-        return start in self._saved
-
-    @property
-    def saved_elements(self) -> int:
-        return sum(b - a for a, b in self._saved.items())
-
-    def restore(self) -> None:
-        """Copy every saved slice back.  Idempotent (until :meth:`release`)."""
-        if self._copy is None or self._bytes is None:
-            return
-        for start, stop in self._saved.items():
-            a, b = start * self._itemsize, stop * self._itemsize
-            np.copyto(self._bytes[a:b], self._copy[a:b])
-
-    def release(self) -> None:
-        """Give the copy back to the arena (the op is settled); :meth:`restore` becomes a no-op."""
-        if self._storage is not None:
-            self._arena.give(self._storage)
-        self._storage = self._copy = None
-        self._saved.clear()
-
-
 #: Kernel work (in bytes touched) from which a worker thread is used.  A thread hand-off costs
 #: tens of microseconds idle and much more on a loaded machine, while a kernel over a default
 #: 4 MiB frame takes a fraction of a millisecond and releases the GIL anyway (cffi), so the
@@ -362,53 +293,3 @@ class KernelRunner:
         result = fn(*args)
         await trio.lowlevel.checkpoint()
         return result
-
-
-# --- kernel calls (the one place that knows pccl.kernels' signatures) ----------------------------
-
-
-def reduce_into(op: ReduceOp, acc: np.ndarray, wire: np.ndarray) -> None:
-    """``acc op= wire`` (same dtype)."""
-    kernels.reduce_into(acc, wire, op)
-
-
-def reduce_to(op: ReduceOp, acc: np.ndarray, own: np.ndarray, wire: np.ndarray) -> None:
-    """``acc = own op wire`` in one pass (same dtype; copy, then reduce, in one)."""
-    kernels.reduce_to(acc, own, wire, op)
-
-
-def reduce_into_saving(op: ReduceOp, acc: np.ndarray, wire: np.ndarray, saved: np.ndarray) -> None:
-    """``saved[:] = acc; acc op= wire`` in one pass (same dtype)."""
-    kernels.reduce_into_saving(acc, wire, saved, op)
-
-
-def widen(dst_f32: np.ndarray, src_half: np.ndarray) -> None:
-    kernels.widen(dst_f32, src_half)
-
-
-def narrow(dst_half: np.ndarray, src_f32: np.ndarray) -> None:
-    kernels.narrow(dst_half, src_f32)
-
-
-def avg_finalize(acc: np.ndarray, count: int) -> None:
-    kernels.avg_finalize(acc, count)
-
-
-def quantize(x: np.ndarray, q: np.ndarray) -> tuple[float, float]:
-    """Min-max quantize ``x`` into ``q`` (u8/u16); returns ``(lo, scale)``."""
-    params = kernels.quantize(x, q)
-    return params.lo, params.scale
-
-
-def dequantize(q: np.ndarray, out: np.ndarray, lo: float, scale: float) -> None:
-    kernels.dequantize(q, kernels.QuantParams(lo, scale), out)
-
-
-def dequantize_reduce(op: ReduceOp, q: np.ndarray, acc: np.ndarray, lo: float, scale: float) -> None:
-    kernels.dequantize_reduce(acc, q, kernels.QuantParams(lo, scale), op)
-
-
-def dequantize_reduce_saving(op: ReduceOp, q: np.ndarray, acc: np.ndarray, lo: float, scale: float,
-                             saved: np.ndarray) -> None:
-    """``saved[:] = acc; acc op= (lo + q * scale)`` in one pass."""
-    kernels.dequantize_reduce_saving(acc, q, kernels.QuantParams(lo, scale), saved, op)

@@ -21,9 +21,10 @@ from ..protocol.ring import (
     subchunk_elements,
     uses_exchange,
 )
+from .. import kernels
 from ..types import ReduceOp
-from . import buffers as bf
-from .buffers import InputBackup, KernelRunner, OpBuffers
+from .backup import InputBackup
+from .buffers import QUANT_META, KernelRunner, OpBuffers, pack_meta, unpack_meta
 from .links import RingLinks
 from .segments import Segments
 
@@ -205,19 +206,19 @@ class RingOp:
         # position 0 folds straight onto its own input, which ``out`` already holds).
         self._save(a, b)
         if bufs.half:
-            bf.widen(acc, operands[0])
+            kernels.widen(acc, operands[0])
         elif not (bufs.in_place and self.schedule.rank == 0):
             np.copyto(acc, operands[0])
         for operand in operands[1:]:
-            bf.reduce_into(bufs.op, acc, operand)
+            kernels.reduce_into(acc, operand, bufs.op)
         if bufs.op is ReduceOp.AVG:
-            bf.avg_finalize(acc, self.world)
+            kernels.avg_finalize(acc, self.world)
         if acc.dtype.kind == "f":
             nan = np.isnan(acc)
             if nan.any():
                 acc[nan] = np.nan
         if bufs.half:
-            bf.narrow(out, acc)
+            kernels.narrow(out, acc)
 
     def _reduce_partial(self, frame: Frame, payload: np.ndarray) -> None:
         bufs = self.bufs
@@ -225,26 +226,26 @@ class RingOp:
         acc = bufs.acc[a:b]
         # First touch of this slice: bring in this peer's own contribution.
         if bufs.half:
-            bf.widen(acc, bufs.src[a:b])
+            kernels.widen(acc, bufs.src[a:b])
         elif not bufs.in_place:
             if not bufs.quantized:
                 # One pass instead of copy + accumulate (NaN payloads aside, the same bits; the
                 # owner's bytes are what every peer ends with either way).
-                bf.reduce_to(bufs.op, acc, bufs.src[a:b], payload.view(acc.dtype))
+                kernels.reduce_to(acc, bufs.src[a:b], payload.view(acc.dtype), bufs.op)
                 return
             np.copyto(acc, bufs.src[a:b])
         if bufs.quantized:
-            lo, scale = bf.unpack_meta(payload.data[: bf.QUANT_META.size])
-            q = payload[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
+            params = unpack_meta(payload.data[: QUANT_META.size])
+            q = payload[QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
             if self.fused_backup:
                 assert self.backup is not None
                 self.backup.overwrite(
                     a, b,
-                    lambda saved: bf.dequantize_reduce_saving(bufs.op, q, acc, lo, scale, saved),
-                    lambda: bf.dequantize_reduce(bufs.op, q, acc, lo, scale),
+                    lambda saved: kernels.dequantize_reduce_saving(acc, q, params, saved, bufs.op),
+                    lambda: kernels.dequantize_reduce(acc, q, params, bufs.op),
                 )
             else:
-                bf.dequantize_reduce(bufs.op, q, acc, lo, scale)
+                kernels.dequantize_reduce(acc, q, params, bufs.op)
         else:
             wire = payload.view(acc.dtype)
             if self.fused_backup:
@@ -253,11 +254,11 @@ class RingOp:
                 assert self.backup is not None
                 self.backup.overwrite(
                     a, b,
-                    lambda saved: bf.reduce_into_saving(bufs.op, acc, wire, saved),
-                    lambda: bf.reduce_into(bufs.op, acc, wire),
+                    lambda saved: kernels.reduce_into_saving(acc, wire, saved, bufs.op),
+                    lambda: kernels.reduce_into(acc, wire, bufs.op),
                 )
             else:
-                bf.reduce_into(bufs.op, acc, wire)
+                kernels.reduce_into(acc, wire, bufs.op)
 
     def _apply_gathered(self, frame: Frame) -> None:
         """All-gather, quantized: dequantize the received bytes into the output (worker thread)."""
@@ -266,14 +267,14 @@ class RingOp:
     def _dequantize_own(self, frame: Frame, segment: np.ndarray) -> None:
         bufs = self.bufs
         a, b = frame.start, frame.stop
-        lo, scale = bf.unpack_meta(segment.data[: bf.QUANT_META.size])
-        q = segment[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
+        params = unpack_meta(segment.data[: QUANT_META.size])
+        q = segment[QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
         self._save(a, b)
         if bufs.half:
-            bf.dequantize(q, bufs.acc[a:b], lo, scale)
-            bf.narrow(bufs.dst[a:b], bufs.acc[a:b])
+            kernels.dequantize(q, params, bufs.acc[a:b])
+            kernels.narrow(bufs.dst[a:b], bufs.acc[a:b])
         else:
-            bf.dequantize(q, bufs.dst[a:b], lo, scale)
+            kernels.dequantize(q, params, bufs.dst[a:b])
 
     def payload_cost(self, frame: Frame) -> int:
         """Bytes of kernel work :meth:`prepare_payload` does for ``frame`` (0: none)."""
@@ -305,7 +306,7 @@ class RingOp:
             if frame.step == 0:
                 payload = self._own_contribution(frame)
                 if bufs.half and not self.exchange:
-                    bf.widen(payload, bufs.src[frame.start : frame.stop])
+                    kernels.widen(payload, bufs.src[frame.start : frame.stop])
                 return payload
             return bufs.acc[frame.start : frame.stop]
         if frame.step == owner_step:
@@ -328,9 +329,8 @@ class RingOp:
         bufs = self.bufs
         a, b = frame.start, frame.stop
         source = bufs.src[a:b] if frame.step == 0 else bufs.acc[a:b]
-        q = out[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
-        lo, scale = bf.quantize(source, q)
-        bf.pack_meta(out.data[: bf.QUANT_META.size], lo, scale)
+        q = out[QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
+        pack_meta(out.data[: QUANT_META.size], kernels.quantize(source, q))
 
     def _finalize_owned(self, frame: Frame) -> np.ndarray:
         """The owner's last word on its chunk: AVG division, rounding, quantization (worker thread).
@@ -342,15 +342,14 @@ class RingOp:
         a, b = frame.start, frame.stop
         acc = bufs.acc[a:b]
         if bufs.op is ReduceOp.AVG:
-            bf.avg_finalize(acc, self.world)
+            kernels.avg_finalize(acc, self.world)
         if bufs.quantized:
             segment = self._gather_segment(frame)
-            q = segment[bf.QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
-            lo, scale = bf.quantize(acc, q)
-            bf.pack_meta(segment.data[: bf.QUANT_META.size], lo, scale)
+            q = segment[QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
+            pack_meta(segment.data[: QUANT_META.size], kernels.quantize(acc, q))
             self._dequantize_own(frame, segment)
             return segment
         if bufs.half:
             self._save(a, b)
-            bf.narrow(bufs.dst[a:b], acc)
+            kernels.narrow(bufs.dst[a:b], acc)
         return bufs.dst[a:b]

@@ -58,13 +58,13 @@ async def admit(comm: pccl.Communicator, world: int) -> None:
 
 def install_fault(kind: str, at: float) -> None:
     """Make the next ring of this process kill or stop the process part-way through."""
-    real = operation.ring_all_reduce
+    real = operation.reduce_checked
     sig = signal.SIGKILL if kind == "kill" else signal.SIGSTOP
 
-    async def faulty(send: np.ndarray, recv: Any = None, *, links: Any, world: int, **kw: Any) -> tuple[int, int]:
+    async def faulty(args: Any, *, links: Any, world: int, **kw: Any) -> tuple[int, int]:
         conns = [inbox.connection for inbox in links.inboxes]
         base = sum(c.statistics().data_bytes_received for c in conns)
-        expected = send.nbytes * 2 * (world - 1) / world
+        expected = args.src.nbytes * 2 * (world - 1) / world
 
         async def trigger() -> None:
             while sum(c.statistics().data_bytes_received for c in conns) - base < at * expected:
@@ -74,11 +74,11 @@ def install_fault(kind: str, at: float) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trigger)
             try:
-                return await real(send, recv, links=links, world=world, **kw)
+                return await real(args, links=links, world=world, **kw)
             finally:
                 nursery.cancel_scope.cancel()
 
-    operation.ring_all_reduce = faulty  # type: ignore[assignment]
+    operation.reduce_checked = faulty  # type: ignore[assignment]
 
 
 async def run_matrix(comm: pccl.Communicator, index: int, out: str) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pccl._peer.collective_service as operation
-from pccl.collectives.buffers import InputBackup
+from pccl.collectives.backup import InputBackup
 from sim.engine.runner import run
 from sim.engine.trace import Trace
 from sim.engine.schedule import FaultEvent, Trigger
@@ -48,15 +48,15 @@ def test_chaos_runs_all_reduce_every_step_and_pass(phase: Any) -> None:
 
 
 def test_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = operation.ring_all_reduce
+    real = operation.reduce_checked
 
-    async def off_by_one(send: np.ndarray, recv: Any = None, *, rank: int, **kw: Any) -> tuple[int, int]:
-        result = await real(send, recv, rank=rank, **kw)
+    async def off_by_one(args: Any, *, rank: int, **kw: Any) -> tuple[int, int]:
+        result = await real(args, rank=rank, **kw)
         if rank == 0:
-            (send if recv is None else recv).reshape(-1)[0] += 1
+            args.dst[0] += 1
         return result
 
-    monkeypatch.setattr(operation, "ring_all_reduce", off_by_one)
+    monkeypatch.setattr(operation, "reduce_checked", off_by_one)
     trace = _run(0)
     assert [f.kind for f in trace.failures] == ["safety"]
     assert "differs" in trace.failures[0].message
@@ -79,7 +79,7 @@ def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: p
             try:
                 return await real_ring(self, plan, *args)
             finally:  # as if the output were the caller's array: success overwrites it anyway
-                plan.send.view(np.uint8)[:1] ^= 0xFF
+                plan.args.dst.view(np.uint8)[:1] ^= 0xFF
 
         monkeypatch.setattr(operation.AllReduceService, "run_ring", touching)
     for seed in range(8):

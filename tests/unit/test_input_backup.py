@@ -3,7 +3,8 @@
 The fused path (:meth:`InputBackup.overwrite` with ``kernels.reduce_into_saving``) must keep the
 invariants of the plain one: every slice saved exactly once before its first write, a restore
 that gives back the input bit for bit, and a concurrent :meth:`InputBackup.save` of a slice that
-waits for the fused copy instead of copying the half-reduced bytes.
+waits for the fused copy instead of copying the half-reduced bytes.  InputGuard, which owns the
+backup (or stages a small op's result instead), restores, commits and drops it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import trio
 from test_allreduce_ring import make_inputs, memory_ring, ring_reference
 
 from pccl import kernels as K
-from pccl.collectives import InputBackup, ring_all_reduce
-from pccl.collectives import buffers as bf
+from pccl.collectives import InputBackup, InputGuard, ReduceArgs, ring_all_reduce
 from pccl.collectives.buffers import ScratchArena
 from pccl.types import Quantization, QuantKind, ReduceOp
 
@@ -97,23 +97,23 @@ async def test_in_place_ring_saves_reduce_scatter_slices_in_the_reduction(
     world, n = 3, 9_000
     fused_elements = [0]
     copied_elements = [0]
-    real_rs, real_dq, real_save = bf.reduce_into_saving, bf.dequantize_reduce_saving, InputBackup.save
+    real_rs, real_dq, real_save = K.reduce_into_saving, K.dequantize_reduce_saving, InputBackup.save
 
-    def counting_rs(op: ReduceOp, acc: np.ndarray, wire: np.ndarray, saved: np.ndarray) -> None:
-        fused_elements[0] += acc.size
-        real_rs(op, acc, wire, saved)
+    def counting_rs(dst: np.ndarray, src: np.ndarray, backup: np.ndarray, op: ReduceOp) -> None:
+        fused_elements[0] += dst.size
+        real_rs(dst, src, backup, op)
 
-    def counting_dq(op: ReduceOp, q: np.ndarray, acc: np.ndarray, lo: float, scale: float, saved: np.ndarray) -> None:
+    def counting_dq(acc: np.ndarray, q: np.ndarray, params: K.QuantParams, backup: np.ndarray, op: ReduceOp) -> None:
         fused_elements[0] += acc.size
-        real_dq(op, q, acc, lo, scale, saved)
+        real_dq(acc, q, params, backup, op)
 
     def counting_save(self: InputBackup, start: int, stop: int) -> None:
         if not self.is_saved(start):
             copied_elements[0] += stop - start
         real_save(self, start, stop)
 
-    monkeypatch.setattr(bf, "reduce_into_saving", counting_rs)
-    monkeypatch.setattr(bf, "dequantize_reduce_saving", counting_dq)
+    monkeypatch.setattr(K, "reduce_into_saving", counting_rs)
+    monkeypatch.setattr(K, "dequantize_reduce_saving", counting_dq)
     monkeypatch.setattr(InputBackup, "save", counting_save)
     links, _ = memory_ring(world)
     inputs = make_inputs(world, n, np.float32, ReduceOp.SUM, seed=3)
@@ -137,3 +137,34 @@ async def test_in_place_ring_saves_reduce_scatter_slices_in_the_reduction(
         assert backups[r].saved_elements == n
         backups[r].restore()
         np.testing.assert_array_equal(bufs[r], inputs[r])
+
+
+def test_guard_stages_a_small_in_place_op_and_backs_up_the_others() -> None:
+    # Staged: the ring writes scratch memory, the caller's array only on commit.
+    arena = ScratchArena()
+    buf = np.arange(6, dtype=np.float32)
+    guard = InputGuard(ReduceArgs.check(buf, None, ReduceOp.SUM, None), stage_up_to=buf.nbytes, arena=arena)
+    assert guard.backup is None and not guard.args.in_place and not np.shares_memory(guard.args.dst, buf)
+    guard.args.dst[...] = 7
+    guard.restore()  # nothing to undo
+    assert np.array_equal(buf, np.arange(6))
+    guard.commit()
+    assert np.all(buf == 7)
+    guard.drop()
+    assert arena.retained_bytes >= buf.nbytes
+    # Larger than stage_up_to (or segmented): the ring writes the caller's buffer, saving it first.
+    buf = np.arange(6, dtype=np.float32)
+    guard = InputGuard(ReduceArgs.check(buf, None, ReduceOp.SUM, None), stage_up_to=buf.nbytes - 1, arena=arena)
+    assert guard.backup is not None and np.shares_memory(guard.args.dst, buf)
+    guard.backup.save(0, 6)
+    buf[...] = 7
+    guard.commit()  # the result is there already
+    assert np.all(buf == 7)
+    guard.restore()
+    assert np.array_equal(buf, np.arange(6))
+    guard.drop()
+    # Out of place: nothing is kept.
+    recv = np.zeros(6, np.float32)
+    guard = InputGuard(ReduceArgs.check(buf, recv, ReduceOp.SUM, None), stage_up_to=1 << 20)
+    assert guard.backup is None and np.shares_memory(guard.args.dst, recv)
+    guard.drop()

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from pccl.collectives import ring_all_reduce
 from pccl.collectives.buckets import PACKED_BUCKET_BYTES, SEGMENTED_MIN_BYTES, plan_buckets
-from pccl.collectives.buffers import InputBackup, OpBuffers, ScratchArena
+from pccl.collectives.backup import InputBackup
+from pccl.collectives.buffers import OpBuffers, ReduceArgs, ScratchArena
 from pccl.collectives.reference import ring_reference
 from pccl.collectives.segments import Segments
 from pccl.errors import InvalidArgument, PCCLError, PeerDisconnected
@@ -131,8 +132,8 @@ def test_layout_digest_tells_different_cuts_apart() -> None:
 def test_segments_are_reduced_in_place_only() -> None:
     seg = Segments([np.zeros(4, np.float32), np.zeros(4, np.float32)])
     with pytest.raises(InvalidArgument, match="in place"):
-        OpBuffers.check(seg, np.zeros(8, np.float32), ReduceOp.SUM, None)
-    bufs = OpBuffers.check(seg, None, ReduceOp.SUM, None)
+        ReduceArgs.check(seg, np.zeros(8, np.float32), ReduceOp.SUM, None)
+    bufs = OpBuffers.for_args(ReduceArgs.check(seg, None, ReduceOp.SUM, None))
     assert bufs.in_place and bufs.src is seg and bufs.acc is seg
 
 

@@ -18,7 +18,7 @@ import trio
 
 from pccl.collectives import KernelRunner, RingLinks, ring_all_reduce
 from pccl.collectives.ring_op import RingOp
-from pccl.collectives.buffers import OpBuffers
+from pccl.collectives.buffers import OpBuffers, ReduceArgs
 from pccl.collectives.inline import suits_inline
 from pccl.collectives.links import Inbox, SeqRegistry
 from pccl.config import Config
@@ -323,7 +323,7 @@ async def test_small_two_peer_ops_on_tcp_run_inline(dtype: Any) -> None:
     a, b = await tcp_pair()
     try:
         n = 32_768
-        bufs = OpBuffers.check(np.ones(n, dtype), np.zeros(n, dtype), ReduceOp.SUM, None)
+        bufs = OpBuffers.for_args(ReduceArgs.check(np.ones(n, dtype), np.zeros(n, dtype), ReduceOp.SUM, None))
         op = RingOp(bufs, links=a, rank=0, world=2, seq=1, backup=None, runner=KernelRunner(),
                      max_subchunk_bytes=DEFAULT_SUBCHUNK_BYTES)
         assert op.exchange and op.max_reduce_scatter_nbytes == 64 * 1024  # one 64 KiB sub-chunk
