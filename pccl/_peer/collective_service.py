@@ -54,9 +54,12 @@ once op ``j - max_in_flight`` has finished here (a rule that does not depend on 
 learns of a failure, so every peer starts the same ops); when the round is over, the ops that
 aborted or met a stale ring are retried after one re-wire of the group.
 
-Limitations: the automatic re-wire waits until no all-reduce of this peer holds a tag, so peers
-must issue concurrent all-reduces alike (a peer that runs tags 1 and 2 at once while another
-runs them one after the other can wait on each other after a failure).
+Concurrent tags and the automatic re-wire: the re-wire waits until no all-reduce of this peer
+holds a tag; a call that starts while it stands joins it (the phase rule refuses a collective
+while a topology vote stands) and runs on the new ring.  Across peers, a vote of another peer
+that waits for this one, while this one re-wires first, is ended by the master as
+``STALE_RING`` (its voter re-wires too), so calls that cross after a failure meet on the new
+ring rather than waiting on each other.
 """
 
 from __future__ import annotations

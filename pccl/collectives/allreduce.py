@@ -1,4 +1,4 @@
-"""Ring all-reduce over the data lanes to the ring neighbours (SPEC §3, ARCHITECTURE §3).
+"""Ring all-reduce over the data lanes to the ring neighbours.
 
 :func:`ring_all_reduce` runs one operation — reduce-scatter, then all-gather, on the schedule of
 :mod:`pccl.protocol.ring` — and returns the payload bytes it sent and received.  The communicator

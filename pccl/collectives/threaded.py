@@ -2,7 +2,7 @@
 
 Why: on the project's 2-core loopback box a ring of blocking sockets driven by one sender and
 one receiver thread per process moved 2-3x the bytes of the same ring driven through Trio
-(ARCHITECTURE.md §6, and measured again for this module: 64 MiB float32 at N = 2 took ~31 ms
+(measured for this module: 64 MiB float32 at N = 2 took ~31 ms
 that way against ~83 ms through the Trio tasks of :mod:`pccl.collectives.allreduce`).  Trio's
 event loop costs a scheduling round per partial ``send``/``recv`` and serializes receiving,
 reducing and sending on one thread; here the kernel (which releases the GIL) and both socket

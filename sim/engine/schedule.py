@@ -17,7 +17,7 @@ Fault kinds (``FaultEvent.kind``):
 ``restart``        ``kill`` now, ``spawn`` again after ``duration`` seconds
 ``master_restart`` ``restart`` of the host named ``master``: kill -9 now (or when its trigger,
                    on a peer's message, fires), start again after ``duration``; the peers
-                   reconnect and the run goes on (SPEC §3 "Master restart")
+                   reconnect and the run goes on (pccl's master restart)
 ``stall``          freeze ``host`` for ``duration`` seconds (traffic held, connections open)
 ``partition``      hold traffic between ``side`` and ``other`` (default: everyone else) for
                    ``duration`` seconds, both ways unless ``both_ways`` is false
