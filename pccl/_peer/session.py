@@ -187,7 +187,8 @@ class PeerSession:
     def raise_if_failed(self, epoch: int | None = None) -> None:
         if self._failure is not None:
             raise fresh_error(self._failure)
-        if epoch is not None and (epoch != self._lifecycle.epoch or self._lifecycle.reconnecting):
+        lifecycle = self._lifecycle  # (the reads below are plain attributes: this runs per message)
+        if epoch is not None and (epoch != lifecycle.epoch or lifecycle.lost_at is not None):
             raise MasterLost(f"the connection to the master at {self.master_address} was lost")
 
     async def ready(self) -> None:
@@ -243,7 +244,7 @@ class PeerSession:
     def _current_link(self, epoch: int | None) -> MasterLink:
         self.raise_if_failed(epoch)
         link = self._link
-        if link is None or self._lifecycle.reconnecting:
+        if link is None or self._lifecycle.lost_at is not None:  # reconnecting
             raise MasterLost(f"the connection to the master at {self.master_address} was lost")
         return link
 
