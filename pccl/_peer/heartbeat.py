@@ -17,7 +17,7 @@ from ..config import Config
 from ..errors import MasterUnreachable, PCCLError
 from ..protocol import messages as m
 
-__all__ = ["HeartbeatSubject", "run_heartbeat"]
+__all__ = ["HeartbeatSubject", "PeerFacts", "run_heartbeat"]
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 _READER_TURNS = 10
 
 
-class HeartbeatSubject(Protocol):
-    """What :func:`run_heartbeat` needs (one master connection; tests substitute a stand-in)."""
+class PeerFacts(Protocol):
+    """Who this peer is towards its master: what the heartbeat, the master link and the
+    reconnection all read from the session."""
 
     master_address: str
 
@@ -38,13 +39,17 @@ class HeartbeatSubject(Protocol):
     def config(self) -> Config: ...
 
     @property
+    def failure(self) -> PCCLError | None: ...
+
+
+class HeartbeatSubject(PeerFacts, Protocol):
+    """What :func:`run_heartbeat` needs (one master connection; tests substitute a stand-in)."""
+
+    @property
     def last_heard(self) -> float: ...
 
     @property
     def last_sent(self) -> float: ...
-
-    @property
-    def failure(self) -> PCCLError | None: ...
 
     def fail(self, error: PCCLError) -> None: ...
 

@@ -19,7 +19,7 @@ from ..config import Config
 from ..errors import Kicked, KickReason, MasterUnreachable, PCCLError, ProtocolError, TransportError
 from ..net.framed import FramedConnection
 from ..protocol import messages as m
-from .heartbeat import run_heartbeat
+from .heartbeat import PeerFacts, run_heartbeat
 
 __all__ = ["Dispatch", "LinkOwner", "MasterLink", "handshake", "kicked_error"]
 
@@ -57,19 +57,8 @@ async def handshake(connection: FramedConnection, register: m.Register, *, timeo
         raise MasterUnreachable(f"lost the connection to the master at {master_address}: {exc}") from exc
 
 
-class LinkOwner(Protocol):
+class LinkOwner(PeerFacts, Protocol):
     """What a link needs from the session that owns it."""
-
-    master_address: str
-
-    @property
-    def peer_id(self) -> int: ...
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def failure(self) -> PCCLError | None: ...
 
     def fail(self, error: PCCLError, *, cause: BaseException | None = None) -> None: ...
 

@@ -25,25 +25,15 @@ import trio
 from ..config import Config
 from ..errors import AuthenticationFailed, Kicked, MasterUnreachable, PCCLError, ProtocolError, TransportError
 from ..net.framed import FramedConnection
+from .heartbeat import PeerFacts
 
 __all__ = ["ReconnectSubject", "backoff_delay", "reconnect"]
 
 log = logging.getLogger(__name__)
 
 
-class ReconnectSubject(Protocol):
+class ReconnectSubject(PeerFacts, Protocol):
     """What :func:`reconnect` needs from the session."""
-
-    master_address: str
-
-    @property
-    def peer_id(self) -> int: ...
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def failure(self) -> PCCLError | None: ...
 
     def fail(self, error: PCCLError, *, cause: BaseException | None = None) -> None: ...
 

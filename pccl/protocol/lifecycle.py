@@ -200,8 +200,3 @@ class Lifecycle:
     @property
     def closing(self) -> bool:
         return self.state is S.CLOSING
-
-    @property
-    def over(self) -> bool:
-        """Closing or failed: no new call may start."""
-        return self.state in (S.CLOSING, S.FAILED)

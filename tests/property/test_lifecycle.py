@@ -76,7 +76,7 @@ def test_closing_while_reconnecting_remembers_the_master_is_gone() -> None:
     machine.handle(E.WELCOMED)  # a reconnection finishing during the close changes nothing
     assert machine.closing and machine.epoch == 1
     machine.handle(E.FAIL)
-    assert machine.state is S.FAILED and not machine.reconnecting and machine.over
+    assert machine.state is S.FAILED and not machine.reconnecting
 
 
 @given(st.lists(st.sampled_from(list(Event)), max_size=40))
