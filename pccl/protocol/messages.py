@@ -221,6 +221,17 @@ class RejectCode(enum.IntEnum):
     STALE_RING = 4  # a group member left since the ring was built: re-wire, then retry
     PHASE_MISMATCH = 5  # the group's other members wait in other calls (see TopologyRejected)
     WITHDRAWN = 6  # answer to this peer's CollectiveWithdraw: its vote is gone, the tag is free
+    ROOT_ABSENT = 7  # a broadcast's root is not an accepted member of the group → retry-safe error
+
+
+class CollectiveKind(enum.IntEnum):
+    """What a collective computes (``CollectiveInit.kind``; pccl.protocol.master.collectives has a
+    row per kind)."""
+
+    ALL_REDUCE = 0
+    BROADCAST = 1
+    ALL_GATHER = 2
+    REDUCE_SCATTER = 3
 
 
 class CollectiveInit(Message, tag=50):
@@ -235,6 +246,10 @@ class CollectiveInit(Message, tag=50):
     #: Digest of how the buffer is cut into arrays whose boundaries no frame straddles (an
     #: ``all_reduce_many`` bucket reduced in place over its members); 0 for one flat array.
     layout: U64 = 0
+    #: What it computes (a CollectiveKind; trailing, so a peer that sends none asks for an all-reduce).
+    kind: U32 = 0
+    #: A broadcast's root (its peer id); 0 for the other kinds.
+    root: U64 = 0
 
 
 class CollectiveCommence(Message, tag=51):
@@ -243,6 +258,8 @@ class CollectiveCommence(Message, tag=51):
     tag: U64
     seq: U64
     ring: tuple[U64, ...]
+    #: An all-gather's element count of each participant, in ``ring`` order (empty otherwise).
+    counts: tuple[U64, ...] = ()
 
 
 class CollectiveDone(Message, tag=52):
@@ -265,6 +282,8 @@ class CollectiveAbort(Message, tag=54):
 
     tag: U64
     seq: U64
+    #: Why, as the master saw it (``participant 1a2b left before finishing``); may be empty.
+    detail: str = ""
 
 
 class CollectiveRejected(Message, tag=55):

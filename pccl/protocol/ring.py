@@ -31,6 +31,12 @@ Rules (PCCL's ``reduce.cpp`` with sub-chunk pipelining added):
 all-gather of the inputs, ``world - 1`` trips instead of ``2 (world - 1)``) and every peer
 reduces them all in ring order.  At two peers that is one exchange, for the same bytes as the
 ring.
+The other collectives run on the same lanes and frames with plans of their own, each stated in
+its class: :class:`ReduceScatterSchedule` (the first half of the ring; position ``r`` owns chunk
+``r``), :class:`AllGatherSchedule` (the second half, contributions of any sizes laid out in
+position order) and :class:`BroadcastSchedule` (a pipelined chain from the root).  Every plan
+keeps the property the execution paths rely on: frame ``k`` received at step ``s`` is what frame
+``k`` sent at step ``s + 1`` is made from, and a step may move no frame at all.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ __all__ = [
     "Frame",
     "RingSchedule",
     "ExchangeSchedule",
+    "ReduceScatterSchedule",
+    "AllGatherSchedule",
+    "BroadcastSchedule",
+    "gather_bounds",
     "shared_schedule",
     "uses_exchange",
     "EXCHANGE_MAX_BYTES",
@@ -269,6 +279,12 @@ class RingSchedule:
         for k, (a, b) in enumerate(self._subchunks[chunk]):
             yield Frame(step, chunk, k, a, b)
 
+    def step_chunks(self, step: int, receiving: bool) -> tuple[int, ...]:
+        """The chunks this peer receives (``receiving``) or sends at ``step``: one for every
+        ring schedule; none at the steps where a chain's peer is idle
+        (:class:`BroadcastSchedule`)."""
+        return (self.recv_chunk(step) if receiving else self.send_chunk(step),)
+
     def send_frames(self, lane: int = 0, lanes: int = 1) -> tuple[Frame, ...]:
         """Frames this peer sends on ``lane`` (of ``lanes``), in the order it sends them."""
         return self._lane_frames(False, lane, lanes)
@@ -284,9 +300,9 @@ class RingSchedule:
         key = (receiving, -1, 0)
         frames = self._frame_lists.get(key)
         if frames is None:
-            chunk_at = self.recv_chunk if receiving else self.send_chunk
             frames = self._frame_lists[key] = tuple(
-                tuple(self._frames(step, chunk_at(step))) for step in range(self.num_steps)
+                tuple(f for chunk in self.step_chunks(step, receiving) for f in self._frames(step, chunk))
+                for step in range(self.num_steps)
             )
         return frames
 
@@ -294,11 +310,11 @@ class RingSchedule:
         frames = self._frame_lists.get((receiving, lane, lanes))
         if frames is None:
             self._check_lane(lane, lanes)
-            chunk_at = self.recv_chunk if receiving else self.send_chunk
             frames = self._frame_lists[(receiving, lane, lanes)] = tuple(
                 f
                 for step in range(self.num_steps)
-                for f in self._frames(step, chunk_at(step))
+                for chunk in self.step_chunks(step, receiving)
+                for f in self._frames(step, chunk)
                 if f.index % lanes == lane
             )
         return frames
@@ -310,10 +326,10 @@ class RingSchedule:
 
     def sent_elements(self) -> int:
         """Elements this peer sends over the whole op (each step's chunk once)."""
-        return sum(self.chunk_size(self.send_chunk(s)) for s in range(self.num_steps))
+        return sum(self.chunk_size(c) for s in range(self.num_steps) for c in self.step_chunks(s, False))
 
     def received_elements(self) -> int:
-        return sum(self.chunk_size(self.recv_chunk(s)) for s in range(self.num_steps))
+        return sum(self.chunk_size(c) for s in range(self.num_steps) for c in self.step_chunks(s, True))
 
     def chunk_size(self, chunk: int) -> int:
         a, b = self.chunks[chunk]
@@ -396,3 +412,156 @@ class ExchangeSchedule(RingSchedule):
     def owned_chunk(self) -> int:
         """No chunk is owned: every peer computes the whole result.  Its own input."""
         return self.rank
+
+
+# --- the other collectives: halves of the ring, and a chain --------------------------------------
+
+
+class ReduceScatterSchedule(RingSchedule):
+    """A reduce-scatter: the first half of the ring, shifted so that position ``r`` owns chunk ``r``.
+
+    Chunks are :func:`chunk_bounds` (the first ``count % world`` one element longer).  At step
+    ``s`` (``0 … world-2``) the peer at position ``r`` sends chunk ``(r - s - 1) mod N`` and
+    receives chunk ``(r - s - 2) mod N``, reducing it into its accumulator; the chunk it receives
+    at ``s`` is the one it sends at ``s + 1``.  After the last step it holds the complete
+    reduction of chunk ``r`` (:attr:`owned_chunk`), folded starting at position ``r + 1`` and
+    ending with its own contribution.  Sub-chunks and breaks as :class:`RingSchedule`.
+    """
+
+    __slots__ = ()
+
+    @property
+    def num_steps(self) -> int:
+        return self.world - 1
+
+    def phase(self, step: int) -> Phase:
+        self._check_step(step)
+        return Phase.REDUCE_SCATTER
+
+    @property
+    def owned_chunk(self) -> int:
+        return self.rank
+
+    def send_chunk(self, step: int) -> int:
+        self._check_step(step)
+        return (self.rank - step - 1) % self.world
+
+    def recv_chunk(self, step: int) -> int:
+        self._check_step(step)
+        return (self.rank - step - 2) % self.world
+
+
+def gather_bounds(counts: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """The ``(start, stop)`` element range of every position's contribution in an all-gather's
+    output: position ``p``'s at offset ``sum(counts[:p])``."""
+    bounds = []
+    start = 0
+    for c in counts:
+        if c < 0:
+            raise ValueError(f"element counts must be non-negative, got {c}")
+        bounds.append((start, start + c))
+        start += c
+    return tuple(bounds)
+
+
+class AllGatherSchedule(RingSchedule):
+    """An all-gather of contributions of any sizes: the second half of the ring.
+
+    Chunk ``p`` is the contribution of ring position ``p``: ``counts[p]`` elements (0 allowed) at
+    offset ``sum(counts[:p])`` of the output (:func:`gather_bounds`; without ``counts`` the
+    :func:`chunk_bounds` of ``count``).  At step ``g`` (``0 … world-2``) the peer at position
+    ``r`` sends chunk ``(r - g) mod N`` — its own at step 0, then what it received at ``g - 1``
+    — and receives chunk ``(r - g - 1) mod N``, straight into the output, to forward it verbatim
+    at ``g + 1``.  A chunk's frames are its sub-chunks (an empty chunk has none), so a step of
+    an empty chunk moves nothing on that link.
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self, count: int, world: int, rank: int, subchunk_elements: int, breaks: Sequence[int] = (),
+        *, counts: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__(count, world, rank, subchunk_elements, breaks)
+        if counts is not None:
+            if len(counts) != world or sum(counts) != count:
+                raise ValueError(f"counts {tuple(counts)} must be {world} sizes adding up to {count}")
+            self.chunks = gather_bounds(counts)
+            self._subchunks = tuple(split_at_breaks(a, b, subchunk_elements, self.breaks) for a, b in self.chunks)
+
+    @property
+    def num_steps(self) -> int:
+        return self.world - 1
+
+    def phase(self, step: int) -> Phase:
+        self._check_step(step)
+        return Phase.ALL_GATHER
+
+    @property
+    def owned_chunk(self) -> int:
+        """Its own contribution: the chunk it sends first."""
+        return self.rank
+
+    def send_chunk(self, step: int) -> int:
+        self._check_step(step)
+        return (self.rank - step) % self.world
+
+    def recv_chunk(self, step: int) -> int:
+        self._check_step(step)
+        return (self.rank - step - 1) % self.world
+
+
+class BroadcastSchedule(RingSchedule):
+    """A broadcast from ring position ``root``: a pipelined chain along the ring.
+
+    The buffer is one chunk (chunk 0, all ``count`` elements), cut into sub-chunks.  The peer at
+    distance ``d = (rank - root) mod N`` from the root receives every sub-chunk at step ``d - 1``
+    and sends it on at step ``d``; the root (``d = 0``) sends at step 0 and receives nothing, the
+    last peer (``d = N - 1``) sends nothing.  At every other step a peer moves nothing
+    (:meth:`step_chunks` is empty there), so frame ``k`` it received at ``d - 1`` is what its
+    frame ``k`` at ``d`` is made from, and the chain pipelines sub-chunk by sub-chunk: frame
+    ``(d, k)`` leaves as soon as ``(d - 1, k)`` is in.
+    """
+
+    __slots__ = ("root",)
+
+    def __init__(
+        self, count: int, world: int, rank: int, subchunk_elements: int, breaks: Sequence[int] = (),
+        *, root: int = 0,
+    ) -> None:
+        super().__init__(count, world, rank, subchunk_elements, breaks)
+        if not 0 <= root < world:
+            raise ValueError(f"root {root} outside a ring of {world}")
+        self.root = root
+        self.chunks = ((0, count),)
+        self._subchunks = (split_at_breaks(0, count, subchunk_elements, self.breaks),)
+
+    @property
+    def num_steps(self) -> int:
+        return self.world - 1
+
+    @property
+    def distance(self) -> int:
+        """How many hops after the root this peer is."""
+        return (self.rank - self.root) % self.world
+
+    def phase(self, step: int) -> Phase:
+        self._check_step(step)
+        return Phase.ALL_GATHER
+
+    @property
+    def owned_chunk(self) -> int:
+        return 0
+
+    def send_chunk(self, step: int) -> int:
+        self._check_step(step)
+        return 0
+
+    def recv_chunk(self, step: int) -> int:
+        self._check_step(step)
+        return 0
+
+    def step_chunks(self, step: int, receiving: bool) -> tuple[int, ...]:
+        self._check_step(step)
+        active = self.distance - 1 if receiving else self.distance
+        return (0,) if step == active else ()

@@ -27,6 +27,7 @@ FIELDS = {f for f in m.CollectiveInit.__struct_fields__}
 VALUES = {
     "count": st.integers(0, 2**40), "dtype": st.integers(0, 20), "op": st.integers(0, 4),
     "quant_kind": st.integers(0, 1), "quant_dtype": st.integers(0, 20), "layout": st.integers(0, 2**64 - 1),
+    "root": st.integers(1, 6),  # a broadcast's root: one of the voters (ids 1..n), or not
 }
 
 
@@ -57,9 +58,16 @@ class _Group:
 
 
 def _init(row: co.KindRow, tag: int = 7, **fields: int) -> m.CollectiveInit:
-    base = m.CollectiveInit(tag, 100, 10, 0)
-    assert co.kind_of(base) is row.kind  # the wire has no kind field yet: every Init is an all-reduce
+    base = m.CollectiveInit(tag, 100, 10, 0, kind=row.kind, root=1)
+    assert co.kind_of(base) is row.kind
     return msgspec.structs.replace(base, **fields)
+
+
+def test_an_init_without_a_kind_is_an_all_reduce_and_an_unknown_kind_a_protocol_error() -> None:
+    assert co.kind_of(m.CollectiveInit(1, 100, 10, 0)) is co.CollectiveKind.ALL_REDUCE
+    with pytest.raises(co.PeerFault) as caught:
+        co.kind_of(m.CollectiveInit(1, 100, 10, 0, kind=99))
+    assert caught.value.reason is pccl.KickReason.PROTOCOL_ERROR
 
 
 def test_every_kind_has_one_row_and_the_docstring_shows_it() -> None:
@@ -105,11 +113,17 @@ def test_the_machine_does_what_the_row_says(row: co.KindRow, data: st.DataObject
     agree = len({row.key(i) for i in inits.values()}) == 1
     assert sorted(pid for pid, _ in group.sent) == list(range(1, n + 1)), "one answer per voter"
     answers = {type(msg) for _, msg in group.sent}
-    if agree:
+    root_absent = "root" in row.agreed and inits[1].root not in inits
+    if agree and root_absent:
+        assert all(msg.code == m.RejectCode.ROOT_ABSENT and f"root {inits[1].root:x}" in msg.detail  # type: ignore[attr-defined]
+                   for _, msg in group.sent)
+    elif agree:
         assert answers == {m.CollectiveCommence}
         assert all(msg.ring == row.order(ring, inits) for _, msg in group.sent)  # type: ignore[attr-defined]
         (op,) = group.ops.views()
         assert op.kind is row.kind and op.participants == row.order(ring, inits)
+        counts = tuple(inits[pid].count for pid in op.participants) if row.sends_counts else ()
+        assert all(msg.counts == counts for _, msg in group.sent)  # type: ignore[attr-defined]
     else:
         assert answers == {m.CollectiveRejected} and not group.ops.views()
         for _, msg in group.sent:

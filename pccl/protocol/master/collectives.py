@@ -14,7 +14,7 @@ round: the cross-tag wait of concurrent calls after a failure); otherwise
 row's order.  A peer that reuses
 a tag it already voted (or that is running) gets ``TAG_IN_USE`` alone.  Each participant then
 sends ``CollectiveDone(tag, seq, aborted)``.  Exactly one final message per (op, live
-participant): ``CollectiveAbort`` as soon as one reports ``aborted`` or a participant that has
+participant): ``CollectiveAbort`` (its ``detail`` says why) as soon as one reports ``aborted`` or a participant that has
 not reported leaves; ``CollectiveComplete`` once every live participant reported success (a
 peer that dies after reporting success still counts: its bytes have moved).  Late ``Done`` for
 a finished ``seq`` is ignored; ``Done`` for a ``seq`` never commenced is a PROTOCOL_ERROR, a
@@ -27,24 +27,38 @@ peer's Init of an op that has not commenced and answers ``CollectiveRejected(WIT
 a commenced op, or one already answered, it is ignored (that answer is on its way).  A phase
 mismatch withdraws a peer's Inits the same way, answering ``PHASE_MISMATCH``.
 
-Kinds.  What an op computes is its kind (:class:`CollectiveKind`); everything the handlers do
-differently per kind is one row of :data:`KINDS` (:class:`KindRow`): the call its voters wait
-in, the ``CollectiveInit`` fields every voter must send alike and how each is shown when they
-do not, how that agreement is checked, the fewest voters it runs with, the order its
-participants run it in (sent in ``CollectiveCommence``) and the data path's schedules
-(:mod:`pccl.protocol.ring`) each participant derives from the agreed fields.  The rules above
-hold for every kind: a new kind (broadcast, all-gather, reduce-scatter come next) is a row and
-a schedule, not new handlers.  Every voter of a tag must ask for the same kind (checked at
-consensus over the voters then present; PARAMETER_MISMATCH listing each one's otherwise), and
-the op runs as that kind's row says.  The wire carries no kind yet: every ``CollectiveInit`` is an
-all-reduce (:func:`kind_of`; a trailing ``kind`` field defaulting to it will keep the wire
-compatible).
+Kinds.  What an op computes is its kind (:class:`CollectiveKind`, ``CollectiveInit.kind``: a
+trailing field, so an Init without it is an all-reduce; an unknown value is a PROTOCOL_ERROR);
+everything the handlers do differently per kind is one row of :data:`KINDS` (:class:`KindRow`):
+the call its voters wait in, the ``CollectiveInit`` fields every voter must send alike and how
+each is shown when they do not (as the caller named them: ``dtype=float32 op=sum``), how the
+votes are checked, the fewest voters it runs with, the order its participants run it in (sent in
+``CollectiveCommence``), whether the Commence carries every participant's element count, and the
+data path's schedules (:mod:`pccl.protocol.ring`) each participant derives from the agreed
+fields.  The rules above hold for every kind: a new kind is a row and a schedule, not new
+handlers.  Every voter of a tag must ask for the same kind (checked at consensus over the voters
+then present; PARAMETER_MISMATCH listing each one's otherwise), and the op runs as that kind's
+row says.
 
-The table as it reads (one row):
+The table as it reads:
 
-* ``ALL_REDUCE``: call ``all_reduce``; agreed, every voter's alike: ``count dtype op quant_kind
-  quant_dtype layout``; at least 2 voters; runs on the group's ring, in its order; schedule
-  ``RingSchedule``, or ``ExchangeSchedule`` for a small unquantized op (``uses_exchange``).
+* ``ALL_REDUCE``: call ``all_reduce``; agreed: ``count dtype op quant_kind quant_dtype layout``;
+  runs on the group's ring, in its order; schedule ``RingSchedule``, or ``ExchangeSchedule`` for
+  a small unquantized op (``uses_exchange``).
+* ``BROADCAST``: call ``broadcast``; agreed: ``count dtype quant_kind quant_dtype root``; the root
+  (a peer id) must be one of the voters, else ROOT_ABSENT naming it — checked after STALE_RING,
+  so voters whose ring lost the root re-wire first and then learn it is gone (the peers' error
+  is retry-safe: the root may be accepted by the next topology round); an abort because the root
+  left says so in ``CollectiveAbort.detail``; the group's ring, a chain from the root along it
+  (``BroadcastSchedule``).
+* ``ALL_GATHER``: call ``all_gather``; agreed: ``dtype quant_kind quant_dtype`` (element counts
+  may differ, 0 included); the Commence carries each participant's count in ring order, so every
+  participant knows the layout of the result before a byte moves; the group's ring
+  (``AllGatherSchedule``).
+* ``REDUCE_SCATTER``: call ``reduce_scatter``; agreed: ``count dtype op quant_kind quant_dtype``;
+  the group's ring (ring position ``i`` owns the ``i``-th slice; ``ReduceScatterSchedule``).
+
+Every row needs at least 2 voters.
 
 The machine sees the master only through :class:`OpsHost` (peers named by peer id); the
 master's dispatch has checked the phase rules before a handler here runs.
@@ -60,11 +74,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from ...errors import KickReason
+from ...types import DType, QuantKind, ReduceOp
 from .. import messages as m
-from ..ring import ExchangeSchedule, RingSchedule
+from ..messages import CollectiveKind
+from ..ring import AllGatherSchedule, BroadcastSchedule, ExchangeSchedule, ReduceScatterSchedule, RingSchedule
 from .events import OpEnded, PeerFault
 
-__all__ = ["CollectiveOps", "OpsHost", "OpInfo", "CollectiveKind", "KindRow", "KINDS", "kind_of", "agreed_alike"]
+__all__ = ["CollectiveOps", "OpsHost", "OpInfo", "CollectiveKind", "KindRow", "KINDS", "kind_of", "agreed_alike",
+           "root_among_voters"]
 
 log = logging.getLogger("pccl.protocol.master.machine")
 
@@ -72,16 +89,32 @@ log = logging.getLogger("pccl.protocol.master.machine")
 # --- the kinds ---------------------------------------------------------------------------------
 
 
-class CollectiveKind(enum.Enum):
-    """What a collective op computes (one row of :data:`KINDS` each)."""
-
-    ALL_REDUCE = "all_reduce"
-
-
 def kind_of(init: m.CollectiveInit) -> CollectiveKind:
-    """The kind a vote asks for.  ``CollectiveInit`` has no kind field yet: every Init is an
-    all-reduce.  (This is the one place that reads the kind off the wire.)"""
-    return CollectiveKind.ALL_REDUCE
+    """The kind a vote asks for (the one place that reads the kind off the wire).  An Init
+    without the trailing field is an all-reduce; an unknown kind is the peer's protocol error."""
+    try:
+        return CollectiveKind(init.kind)
+    except ValueError:
+        raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective tag {init.tag} asks for unknown kind {init.kind}") from None
+
+
+def _name_of(enum_type: Any, value: int) -> str:
+    try:
+        return str(enum_type(value).name.lower())
+    except ValueError:
+        return f"?{value}"
+
+
+#: How a PARAMETER_MISMATCH detail shows each agreeable field's value (the names a caller passed).
+_SHOW: Mapping[str, Callable[[int], str]] = {
+    "count": str,
+    "dtype": lambda v: _name_of(DType, v),
+    "op": lambda v: _name_of(ReduceOp, v),
+    "quant_kind": lambda v: _name_of(QuantKind, v),
+    "quant_dtype": lambda v: _name_of(DType, v),
+    "layout": lambda v: f"{v:x}",
+    "root": lambda v: f"{v:x}",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,19 +126,22 @@ class KindRow:
     call: str
     #: the ``CollectiveInit`` fields every voter must send for the op to commence
     agreed: tuple[str, ...]
-    #: one voter's agreed fields in a PARAMETER_MISMATCH detail (a format naming each of them)
+    #: one voter's agreed fields in a PARAMETER_MISMATCH detail (a format naming each of them;
+    #: the values are filled in as the caller named them: ``dtype=float32 op=sum``)
     shown: str
-    #: whether the voters agree: ``None``, or the PARAMETER_MISMATCH detail (given the row, the
-    #: tag and every voter's Init)
-    check: Callable[[KindRow, int, Mapping[int, m.CollectiveInit]], str | None]
+    #: whether the voters can run it: ``None``, or the rejection's code and detail (given the
+    #: row, the tag and every voter's Init)
+    check: Callable[[KindRow, int, Mapping[int, m.CollectiveInit]], tuple[m.RejectCode, str] | None]
     #: who runs the op, in which order (``CollectiveCommence.ring``), from the group's ring
     #: (whose members are exactly the voters) and the votes
     order: Callable[[tuple[int, ...], Mapping[int, m.CollectiveInit]], tuple[int, ...]]
     #: the data path's plans (:mod:`pccl.protocol.ring`): every participant picks one from the
     #: agreed fields and the order alone, so all pick the same
-    schedules: tuple[type[RingSchedule], ...]
+    schedules: tuple[type[Any], ...]
     #: fewest voters it commences with (TOO_FEW_PEERS below)
     min_voters: int = 2
+    #: ``CollectiveCommence.counts`` carries every participant's element count (in ring order)
+    sends_counts: bool = False
     #: the agreed fields of an Init as one tuple (built from ``agreed``)
     key: Callable[[m.CollectiveInit], Any] = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -116,12 +152,15 @@ class KindRow:
 
     def describe(self, init: m.CollectiveInit) -> str:
         """``init``'s agreed fields as a PARAMETER_MISMATCH detail shows them."""
-        return self.shown.format(**dict(zip(self.agreed, self.key(init))))
+        shown = {f: _SHOW.get(f, str)(v) for f, v in zip(self.agreed, self.key(init))}
+        if "quant_dtype" in shown and not init.quant_kind:
+            shown["quant_dtype"] = "-"  # unquantized: no wire type
+        return self.shown.format(**shown)
 
 
-def agreed_alike(row: KindRow, tag: int, inits: Mapping[int, m.CollectiveInit]) -> str | None:
+def agreed_alike(row: KindRow, tag: int, inits: Mapping[int, m.CollectiveInit]) -> tuple[m.RejectCode, str] | None:
     """The voters agree when every one sent the same value of each of ``row.agreed``; otherwise
-    the detail lists every voter's."""
+    PARAMETER_MISMATCH, its detail listing every voter's."""
     key = row.key
     first = None
     for init in inits.values():
@@ -130,7 +169,21 @@ def agreed_alike(row: KindRow, tag: int, inits: Mapping[int, m.CollectiveInit]) 
             first = value
         elif value != first:
             listing = "; ".join(f"peer {pid:x}: {row.describe(i)}" for pid, i in sorted(inits.items()))
-            return f"peers disagree on tag {tag}: {listing}"
+            return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on {row.call} tag {tag}: {listing}"
+    return None
+
+
+def root_among_voters(row: KindRow, tag: int, inits: Mapping[int, m.CollectiveInit]) -> tuple[m.RejectCode, str] | None:
+    """A broadcast: the voters agree (:func:`agreed_alike`), and the root they name is one of
+    them (else ROOT_ABSENT, naming it)."""
+    disagreement = agreed_alike(row, tag, inits)
+    if disagreement is not None:
+        return disagreement
+    root = next(iter(inits.values())).root
+    if root not in inits:
+        members = ", ".join(f"{pid:x}" for pid in sorted(inits))
+        return m.RejectCode.ROOT_ABSENT, (f"broadcast tag {tag}: root {root:x} is not an accepted member of the "
+                                          f"group (members: {members})")
     return None
 
 
@@ -138,16 +191,47 @@ def _group_ring(ring_order: tuple[int, ...], inits: Mapping[int, m.CollectiveIni
     return ring_order
 
 
+_QUANT = ("quant_kind", "quant_dtype")
+_QUANT_SHOWN = "quant={quant_kind}/{quant_dtype}"
+
 #: Every kind's row (the module docstring shows the table as it reads).
 KINDS: Mapping[CollectiveKind, KindRow] = {
     CollectiveKind.ALL_REDUCE: KindRow(
         CollectiveKind.ALL_REDUCE,
         call="all_reduce",
-        agreed=("count", "dtype", "op", "quant_kind", "quant_dtype", "layout"),
-        shown="count={count} dtype={dtype} op={op} quant={quant_kind}/{quant_dtype} layout={layout:x}",
+        agreed=("count", "dtype", "op", *_QUANT, "layout"),
+        shown="count={count} dtype={dtype} op={op} " + _QUANT_SHOWN + " layout={layout}",
         check=agreed_alike,
         order=_group_ring,
         schedules=(RingSchedule, ExchangeSchedule),
+    ),
+    CollectiveKind.BROADCAST: KindRow(
+        CollectiveKind.BROADCAST,
+        call="broadcast",
+        agreed=("count", "dtype", *_QUANT, "root"),
+        shown="count={count} dtype={dtype} " + _QUANT_SHOWN + " root={root}",
+        check=root_among_voters,
+        order=_group_ring,
+        schedules=(BroadcastSchedule,),
+    ),
+    CollectiveKind.ALL_GATHER: KindRow(
+        CollectiveKind.ALL_GATHER,
+        call="all_gather",
+        agreed=("dtype", *_QUANT),
+        shown="dtype={dtype} " + _QUANT_SHOWN,
+        check=agreed_alike,
+        order=_group_ring,
+        schedules=(AllGatherSchedule,),
+        sends_counts=True,
+    ),
+    CollectiveKind.REDUCE_SCATTER: KindRow(
+        CollectiveKind.REDUCE_SCATTER,
+        call="reduce_scatter",
+        agreed=("count", "dtype", "op", *_QUANT),
+        shown="count={count} dtype={dtype} op={op} " + _QUANT_SHOWN,
+        check=agreed_alike,
+        order=_group_ring,
+        schedules=(ReduceScatterSchedule,),
     ),
 }
 
@@ -282,7 +366,11 @@ class CollectiveOps:
         live = [pid for pid in op.participants if self._host.is_live(pid)]
         gone_early = [pid for pid in op.participants if not self._host.is_live(pid) and pid not in op.done]
         if gone_early:
-            self._abort(op, f"participant {gone_early[0]:x} left before finishing")
+            root = next(iter(op.inits.values())).root if op.row.kind is CollectiveKind.BROADCAST and op.inits else None
+            if root in gone_early:
+                self._abort(op, f"the root {root:x} left before finishing")
+            else:
+                self._abort(op, f"participant {gone_early[0]:x} left before finishing")
             return True
         if all(pid in op.done for pid in live):
             del self._ops[key]
@@ -328,26 +416,31 @@ class CollectiveOps:
         self._next_seq += 1
         op.participants = op.row.order(ring, op.inits)
         self._ops[key] = op
+        counts = tuple(op.inits[pid].count for pid in op.participants) if op.row.sends_counts else ()
         for pid in op.participants:
-            self._host.send(pid, m.CollectiveCommence(op.tag, op.seq, op.participants))
+            self._host.send(pid, m.CollectiveCommence(op.tag, op.seq, op.participants, counts))
         return True
 
     def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
         if op.other_kind:  # (the voter that asked for it may have gone since)
             kinds = {kind_of(i) for i in op.inits.values()}
             if len(kinds) > 1:
-                listing = "; ".join(f"peer {pid:x}: {kind_of(i).value}" for pid, i in sorted(op.inits.items()))
+                listing = "; ".join(f"peer {pid:x}: {kind_of(i).name.lower()}" for pid, i in sorted(op.inits.items()))
                 return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on the kind of tag {op.tag}: {listing}"
             op.row = KINDS[kinds.pop()]
         row = op.row
-        disagreement = row.check(row, op.tag, op.inits)
-        if disagreement is not None:
-            return m.RejectCode.PARAMETER_MISMATCH, disagreement
+        refusal = row.check(row, op.tag, op.inits)
+        if refusal is not None and refusal[0] is m.RejectCode.PARAMETER_MISMATCH:
+            return refusal  # the callers' bug: whatever the ring
         if len(op.inits) < row.min_voters:
             return m.RejectCode.TOO_FEW_PEERS, f"only {len(op.inits)} peer(s) in group {op.group}"
         ring = self._host.ring(op.group)
         if self._host.is_stale(op.group) or ring is None or set(ring) != set(op.inits):
+            # Before a missing root: the voters re-wire first, and then see the group as it is
+            # (a root that died is gone from their ring; one that joined is in it).
             return m.RejectCode.STALE_RING, f"group {op.group} lost a member; re-wire before retrying"
+        if refusal is not None:
+            return refusal
         return None, ""
 
     def _abort(self, op: _Op, why: str) -> None:
@@ -358,7 +451,7 @@ class CollectiveOps:
         if live:
             self._host.report(OpEnded(op.group, op.tag, op.seq or 0, True, live[0]))
         for pid in live:
-            self._host.send(pid, m.CollectiveAbort(op.tag, op.seq or 0))
+            self._host.send(pid, m.CollectiveAbort(op.tag, op.seq or 0, why))
 
     # --- views --------------------------------------------------------------------------------
 
