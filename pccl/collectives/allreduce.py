@@ -96,13 +96,14 @@ from ..types import Quantization, ReduceOp
 from .backup import InputBackup, InputGuard
 from .buffers import KernelRunner, OpBuffers, ReduceArgs
 from .inline import InlineRing, suits_inline
+from .lane_op import LaneOp
 from .links import RingLinks
 from .ring_op import RingOp
 from .segments import Segments
 from .threaded import LaneThreads
 from .trio_ring import TrioRing
 
-__all__ = ["ring_all_reduce", "reduce_checked"]
+__all__ = ["ring_all_reduce", "reduce_checked", "execute_op"]
 
 
 async def ring_all_reduce(
@@ -210,7 +211,7 @@ async def _run_op(
             max_subchunk_bytes=max_subchunk_bytes,
             exchange_max_bytes=exchange_max_bytes,
         )
-        await _execute(ring_op)
+        await execute_op(ring_op)
     except BaseException:
         if guard is not None:
             guard.restore()
@@ -224,9 +225,9 @@ async def _run_op(
     return ring_op.tx_bytes, ring_op.rx_bytes
 
 
-async def _execute(op: RingOp) -> None:
-    """Run ``op`` on the path its links offer; connections it left broken (a torn frame, a bad
-    header) are aborted when it ends, whichever path ran."""
+async def execute_op(op: LaneOp) -> None:
+    """Run ``op`` (any collective's) on the path its links offer; connections it left broken (a
+    torn frame, a bad header) are aborted when it ends, whichever path ran."""
     try:
         if op.moves_nothing():
             await trio.lowlevel.checkpoint()

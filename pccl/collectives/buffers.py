@@ -28,6 +28,8 @@ __all__ = [
     "ScratchArena",
     "SCRATCH",
     "check_op",
+    "check_quantization",
+    "quant_dtype_for",
     "ReduceArgs",
     "OpBuffers",
     "KernelRunner",
@@ -124,6 +126,24 @@ def check_op(op: Any) -> ReduceOp:
         raise InvalidArgument(f"op must be a ReduceOp, got {op!r}") from None
 
 
+def check_quantization(quantization: Any) -> Quantization | None:
+    """``quantization`` if it is a :class:`~pccl.types.Quantization` or ``None``, else
+    :class:`InvalidArgument`."""
+    if quantization is not None and not isinstance(quantization, Quantization):
+        raise InvalidArgument(f"quantization must be a pccl.Quantization or None, got {quantization!r}")
+    return quantization
+
+
+def quant_dtype_for(dtype: DType, quantization: Quantization | None) -> DType | None:
+    """What a buffer of ``dtype`` sends under ``quantization`` (``None``: unquantized);
+    :class:`InvalidArgument` for min-max quantization of a non-float buffer."""
+    if quantization is None or QuantKind(quantization.kind) is QuantKind.NONE:
+        return None
+    if not dtype.is_float:
+        raise InvalidArgument(f"MIN_MAX quantization needs a floating-point buffer, got {dtype.name.lower()}")
+    return dtype_of(quantization.dtype)
+
+
 @dataclasses.dataclass(frozen=True)
 class ReduceArgs:
     """One all-reduce's arguments, checked: its buffers, flattened, and what to do with them.
@@ -151,8 +171,7 @@ class ReduceArgs:
         wrong.  NaN or Inf in a quantized input is found by the quantization kernel, during the
         op (``InvalidArgument`` from the ring)."""
         op = check_op(op)
-        if quantization is not None and not isinstance(quantization, Quantization):
-            raise InvalidArgument(f"quantization must be a pccl.Quantization or None, got {quantization!r}")
+        quantization = check_quantization(quantization)
         same = recv is None or recv is send
         if isinstance(send, Segments):
             if not same:
@@ -179,12 +198,7 @@ class ReduceArgs:
     def _make(cls, src: np.ndarray | Segments, dst: np.ndarray | Segments, op: ReduceOp, in_place: bool,
               quantization: Quantization | None) -> ReduceArgs:
         dtype = dtype_of(src.dtype)
-        quant_dtype = None
-        if quantization is not None and QuantKind(quantization.kind) is not QuantKind.NONE:
-            if not dtype.is_float:
-                raise InvalidArgument(f"MIN_MAX quantization needs a floating-point buffer, got {dtype.name.lower()}")
-            quant_dtype = dtype_of(quantization.dtype)
-        return cls(src, dst, op, dtype, in_place, quant_dtype)
+        return cls(src, dst, op, dtype, in_place, quant_dtype_for(dtype, quantization))
 
     def into(self, output: np.ndarray) -> ReduceArgs:
         """The same op reducing into ``output`` instead: a flat array of ``src``'s dtype and size

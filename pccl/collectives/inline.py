@@ -17,8 +17,9 @@ follows it there, in order.  Receives go through the lane's
 :class:`~pccl.collectives.links.Inbox`, which hands the read role back and forth between this task
 and the worker threads of concurrent large operations.  Kernels run inline (the frames are small).
 
-Frames, schedule, arithmetic and buffers are those of :class:`~pccl.collectives.ring_op.RingOp`,
-so the bytes on the wire and the results are identical to the other two paths.
+Frames, schedule, arithmetic and buffers are those of the op (:class:`~pccl.collectives.lane_op.LaneOp`),
+so the bytes on the wire and the results are identical to the other two paths.  Steps at which
+this peer moves nothing (a broadcast's chain) are empty loops.
 
 Aborts: cancellation or an error stops the op; send workers are cancelled (a transfer under way
 is stopped by aborting its connection, which tears the lane as on every path) and waited for, so
@@ -39,7 +40,7 @@ import trio
 from ..net.framed_threads import FrameTail
 from ..net.thread_io import ThreadCancel
 from ..protocol.ring import Frame
-from .ring_op import RingOp
+from .lane_op import LaneOp
 
 
 __all__ = ["InlineRing", "INLINE_MAX_BYTES"]
@@ -53,14 +54,11 @@ INLINE_MAX_BYTES = 256 * 1024
 INLINE_MAX_FRAME_BYTES = 64 * 1024
 
 
-def suits_inline(op: RingOp) -> bool:
-    """Whether ``op`` runs inline: threaded (real TCP) lanes and a small op."""
-    if not op.links.threaded or op.bufs.src.nbytes > INLINE_MAX_BYTES:
+def suits_inline(op: LaneOp) -> bool:
+    """Whether ``op`` runs inline: threaded (real TCP) lanes, a small op and small frames."""
+    if not op.links.threaded or op.op_nbytes > INLINE_MAX_BYTES:
         return False
-    largest = min(op.schedule.subchunk_elements, op.schedule.chunk_size(0))
-    return op.max_reduce_scatter_nbytes <= INLINE_MAX_FRAME_BYTES and (
-        op.bufs.all_gather_nbytes(largest) <= INLINE_MAX_FRAME_BYTES
-    )
+    return op.max_frame_nbytes <= INLINE_MAX_FRAME_BYTES
 
 
 class _LaneSends:
@@ -75,7 +73,7 @@ class _LaneSends:
 class InlineRing:
     """One small operation's ring, run by the calling task (see the module docstring)."""
 
-    def __init__(self, op: RingOp) -> None:
+    def __init__(self, op: LaneOp) -> None:
         self.op = op
         self.cancel = ThreadCancel()
         self._lanes = [_LaneSends() for _ in range(op.lanes)]
@@ -96,15 +94,14 @@ class InlineRing:
                 sends[frame.step].append((lane, frame))
             for frame in schedule.recv_frames(lane, op.lanes):
                 receives[frame.step].append((lane, frame))
-        stage = op.bufs.take(op.max_reduce_scatter_nbytes)
-        owner_step = op.world - 1
+        stage = op.take(op.stage_nbytes)
         try:
             with trio.CancelScope() as self._scope:
                 for step in range(schedule.num_steps):
                     for lane, frame in sends[step]:
                         scratch = None
-                        if op.bufs.quantized and frame.step < owner_step:
-                            scratch = op.bufs.take(op.frame_nbytes(frame))  # owned until release
+                        if op.sends_from_scratch(frame):
+                            scratch = op.take(op.frame_nbytes(frame))  # owned until release
                         payload = op.prepare_payload(frame, scratch)
                         self._send(lane, frame, payload.view(np.uint8).data)
                         op.tx_bytes += op.frame_nbytes(frame)
@@ -128,7 +125,7 @@ class InlineRing:
     async def _receive(self, lane: int, frame: Frame, stage: np.ndarray) -> None:
         op = self.op
         received = await op.links.inboxes[lane].receive_into(
-            seq=op.seq, stream=frame.index, step=frame.step, offset=frame.start * op.bufs.itemsize,
+            seq=op.seq, stream=frame.index, step=frame.step, offset=frame.start * op.itemsize,
             destination=op.destination(frame, stage),
         )
         op.rx_bytes += received

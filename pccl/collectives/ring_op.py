@@ -59,17 +59,12 @@ class RingOp:
         self.backup = backup
         self.runner = runner
         self.lanes = links.lanes
+        self.itemsize = bufs.itemsize
         count = bufs.src.size
         sub = subchunk_elements(count, world, bufs.itemsize, max_bytes=max_subchunk_bytes)
         #: A segmented buffer's frames are also cut where one of its arrays ends.
         breaks = bufs.src.breaks if isinstance(bufs.src, Segments) else ()
-        #: A small unquantized op: the inputs travel around the ring and every peer reduces
-        #: them all.  Decided from agreed parameters only (world, count, dtype, quantization,
-        #: segmentation), so every peer agrees.  Never over segments: the exchange sends an
-        #: in-place input from a flat copy, which a segmented buffer exists to avoid.
-        self.exchange = not isinstance(bufs.src, Segments) and uses_exchange(
-            world, bufs.src.nbytes, quantized=bufs.quantized, max_bytes=exchange_max_bytes)
-        self.schedule: RingSchedule = shared_schedule(self.exchange, count, world, rank, sub, tuple(breaks))
+        self.exchange, self.schedule = self._plan(count, rank, sub, tuple(breaks), exchange_max_bytes)
         #: In place, an exchange overwrites each slice with its result while the send of that same
         #: slice may still be under way (a worker thread, the Trio sender): it sends from a copy.
         self.exchange_send: np.ndarray | None = None
@@ -91,6 +86,82 @@ class RingOp:
         #: its slice of the caller's buffer, and saves the slice in the same pass
         #: (:meth:`InputBackup.overwrite`); the other slices are saved by plain copies.
         self.fused_backup = backup is not None and bufs.in_place and not bufs.half
+
+    def _plan(self, count: int, rank: int, sub: int, breaks: tuple[int, ...],
+              exchange_max_bytes: int) -> tuple[bool, RingSchedule]:
+        """Whether the op runs as an exchange, and its schedule.
+
+        A small unquantized op: the inputs travel around the ring and every peer reduces them
+        all.  Decided from agreed parameters only (world, count, dtype, quantization,
+        segmentation), so every peer agrees.  Never over segments: the exchange sends an
+        in-place input from a flat copy, which a segmented buffer exists to avoid.
+        """
+        bufs = self.bufs
+        exchange = not isinstance(bufs.src, Segments) and uses_exchange(
+            self.world, bufs.src.nbytes, quantized=bufs.quantized, max_bytes=exchange_max_bytes)
+        return exchange, shared_schedule(exchange, count, self.world, rank, sub, breaks)
+
+    # --- what the execution paths ask (pccl.collectives.lane_op.LaneOp) ------------------------
+
+    def take(self, nbytes: int) -> np.ndarray:
+        return self.bufs.take(nbytes)
+
+    @property
+    def op_nbytes(self) -> int:
+        return self.bufs.src.nbytes
+
+    @property
+    def stage_nbytes(self) -> int:
+        return self.max_reduce_scatter_nbytes
+
+    @property
+    def send_scratch_nbytes(self) -> int:
+        return self.max_reduce_scatter_nbytes if self.bufs.quantized else 0
+
+    @property
+    def max_frame_nbytes(self) -> int:
+        largest = min(self.schedule.subchunk_elements, self.schedule.chunk_size(0))
+        return max(self.max_reduce_scatter_nbytes, self.bufs.all_gather_nbytes(largest))
+
+    def sends_from_scratch(self, frame: Frame) -> bool:
+        """Quantized reduce-scatter frames are quantized into scratch."""
+        return self.bufs.quantized and frame.step < self.world - 1
+
+    def receive_cost(self, frame: Frame) -> int:
+        nbytes = self.frame_nbytes(frame)
+        if self.exchange:
+            return nbytes * self.world if frame.step == self.schedule.num_steps - 1 else 0
+        if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
+            return nbytes * 2
+        if self.bufs.quantized:
+            return nbytes * 4
+        return 0  # received in place
+
+    def save_before_receive(self, frame: Frame) -> tuple[int, int] | None:
+        """An unquantized all-gather frame lands in the caller's array: saved first, in place."""
+        if self.exchange or self.backup is None or self.bufs.quantized:
+            return None
+        if self.schedule.phase(frame.step) is Phase.REDUCE_SCATTER or self.backup.is_saved(frame.start):
+            return None
+        return frame.start, frame.stop
+
+    def backup_ahead(self, lane: int) -> list[tuple[int, int]] | None:
+        """In place, every slice must be backed up before its first overwrite; most of those
+        copies would fall on the receiver (the busier thread), so a lane's sender saves them
+        ahead, in the order the receiver will need them.  Slices whose first overwrite is a
+        reduce-scatter reduction are left out when that reduction saves them itself
+        (:attr:`fused_backup`): copying them here would be the extra pass the fused kernel
+        avoids.  What remains is the chunk sent at step 0, first overwritten by the all-gather
+        receive."""
+        if self.backup is None:
+            return None
+        schedule = self.schedule
+        work: list[tuple[int, int]] = []
+        if not self.fused_backup:
+            work = [(f.start, f.stop) for f in schedule.recv_frames(lane, self.lanes)]
+        work += [(f.start, f.stop) for f in schedule.send_frames(lane, self.lanes) if f.step == 0]
+        work.reverse()  # pop() takes the most urgent first
+        return work
 
     # --- layout ------------------------------------------------------------------------------
 

@@ -15,8 +15,10 @@ thread (prepare a frame's payload — quantize, finalize — then a blocking sen
 destination, then reduce / dequantize it right there).  They synchronize through a condition
 variable: the sender of ``(step, k)`` waits until ``(step - 1, k)`` was processed.  The Trio task
 waits for all of them without polling and is woken once.  Schedule, frames, arithmetic and
-buffers are exactly those of the Trio path (the same :class:`~pccl.collectives.ring_op.RingOp` methods), so results are
-bit-identical whichever path runs.
+buffers are exactly those of the Trio path (the same :class:`~pccl.collectives.lane_op.LaneOp` methods), so results are
+bit-identical whichever path runs.  A lane with no frame of the op to send or receive (an idle
+link of a broadcast's chain, an empty contribution to an all-gather) has threads that return
+at once.
 
 Cancellation and errors: cancelling the Trio task cancels the op's
 :class:`~pccl.net.thread_io.ThreadCancel` — threads waiting for a frame, a lane or a ready slice
@@ -43,7 +45,7 @@ import trio
 
 from ..errors import StreamClosed
 from ..net.thread_io import Interrupted, ThreadCancel
-from .ring_op import RingOp
+from .lane_op import LaneOp
 
 
 __all__ = ["LaneThreads"]
@@ -54,7 +56,7 @@ logger = logging.getLogger(__name__)
 class LaneThreads:
     """One operation's sender and receiver threads, one pair per lane."""
 
-    def __init__(self, op: RingOp) -> None:
+    def __init__(self, op: LaneOp) -> None:
         self.op = op
         self.cancel: ThreadCancel  # created by run()
         self._cond = threading.Condition()
@@ -76,12 +78,11 @@ class LaneThreads:
         assert links.send_channels is not None
         self.cancel = ThreadCancel()
         jobs: list[tuple[Any, ...]] = []
-        scratch = op.max_reduce_scatter_nbytes
         for lane in range(op.lanes):
             # Scratch is taken here, on the Trio thread (the arena bookkeeping is not per-thread).
-            send_buf = op.bufs.take(scratch) if op.bufs.quantized else None
+            send_buf = op.take(op.send_scratch_nbytes) if op.send_scratch_nbytes else None
             jobs.append((self._send_loop, lane, send_buf))
-            jobs.append((self._receive_loop, lane, op.bufs.take(scratch)))
+            jobs.append((self._receive_loop, lane, op.take(op.stage_nbytes)))
         task = trio.lowlevel.current_task()
         token = trio.lowlevel.current_trio_token()
         self._token = token
@@ -187,20 +188,10 @@ class LaneThreads:
         channel = channels[lane]
         sent = 0
         # In place, every slice must be backed up before its first overwrite; most of those
-        # copies would fall on the receiver (the busier thread).  The sender saves them ahead,
-        # in the order the receiver will need them, whenever it would otherwise wait.  Slices
-        # whose first overwrite is a reduce-scatter reduction are left out when that reduction
-        # saves them itself (op.fused_backup): copying them here would be the extra pass the
-        # fused kernel avoids.  What remains is the chunk sent at step 0, first overwritten by
-        # the all-gather receive.
-        idle_work: list[tuple[int, int]] | None = None
-        if op.backup is not None:
-            if op.fused_backup:
-                idle_work = []
-            else:
-                idle_work = [(f.start, f.stop) for f in op.schedule.recv_frames(lane, op.lanes)]
-            idle_work += [(f.start, f.stop) for f in op.schedule.send_frames(lane, op.lanes) if f.step == 0]
-            idle_work.reverse()  # pop() takes the most urgent first
+        # copies would fall on the receiver (the busier thread).  The sender saves the ones
+        # the op names (LaneOp.backup_ahead), in the order the receiver will need them,
+        # whenever it would otherwise wait.
+        idle_work = op.backup_ahead(lane)
         try:
             for frame in op.schedule.send_frames(lane, op.lanes):
                 if frame.step > 0:
@@ -209,13 +200,18 @@ class LaneThreads:
                 payload = op.prepare_payload(frame, scratch)
                 channel.send_data(op.header(frame), payload.view(np.uint8).data, self.cancel)
                 sent += op.frame_nbytes(frame)
+            # Saves still pending once this lane sent everything (a broadcast's last peer sends
+            # nothing at all): made here, alongside the receiver, rather than by it in turn.
+            backup = op.backup
+            while idle_work and backup is not None:
+                self.cancel.check()
+                backup.save(*idle_work.pop())
         finally:
             with self._lock:
                 self._tx += sent
 
     def _receive_loop(self, lane: int, stage: np.ndarray) -> None:
         op = self.op
-        bufs = op.bufs
         inbox = op.links.inboxes[lane]
         received = 0
         try:
@@ -224,7 +220,7 @@ class LaneThreads:
                     seq=op.seq,
                     stream=frame.index,
                     step=frame.step,
-                    offset=frame.start * bufs.itemsize,
+                    offset=frame.start * op.itemsize,
                     destination=op.destination(frame, stage),
                     cancel=self.cancel,
                 )

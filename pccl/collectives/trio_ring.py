@@ -26,8 +26,11 @@ sender tasks before it returns.  If it fails or is cancelled while the rest of o
 still waits in a connection, that connection is aborted (:meth:`FramedConnection.tear_unsent`):
 the frame can no longer be completed, as with a send cancelled midway on any path.
 
-Frames, schedule, arithmetic and buffers are those of :class:`~pccl.collectives.ring_op.RingOp`,
-so the bytes on the wire and the results are identical to the other paths.
+Frames, schedule, arithmetic and buffers are those of the op (:class:`~pccl.collectives.lane_op.LaneOp`:
+the all-reduce's :class:`~pccl.collectives.ring_op.RingOp` or another collective's), so the bytes on
+the wire and the results are identical to the other paths.  A step at which this peer receives
+nothing is skipped; frames of the next step made from nothing received (the root of a broadcast)
+all go at step 0.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ import trio
 from .._groups import single_exception
 from ..net.framed import FramedConnection
 from ..protocol.codec import DataHeader
-from ..protocol.ring import Frame, Phase
-from .ring_op import RingOp
+from ..protocol.ring import Frame
+from .lane_op import LaneOp
 
 __all__ = ["TrioRing"]
 
@@ -64,7 +67,7 @@ class TrioRing:
     """One operation's ring, run by the calling task plus sender tasks when sends must wait
     (see the module docstring)."""
 
-    def __init__(self, op: RingOp) -> None:
+    def __init__(self, op: LaneOp) -> None:
         self.op = op
         self._outs = [_LaneOut(c) for c in op.links.to_next]
         #: Free quantized send buffers (reduce-scatter); a new one is taken when none is free.
@@ -77,7 +80,7 @@ class TrioRing:
         receives = schedule.step_frames(True)
         sends = schedule.step_frames(False)
         last = schedule.num_steps - 1
-        stage = op.bufs.take(max(op.max_reduce_scatter_nbytes, 1))
+        stage = op.take(max(op.stage_nbytes, 1))
         try:
             async with trio.open_nursery() as self._nursery:
                 for frame in sends[0]:
@@ -99,23 +102,16 @@ class TrioRing:
 
     async def _receive(self, frame: Frame, stage: np.ndarray) -> None:
         op = self.op
-        bufs = op.bufs
-        nbytes = op.frame_nbytes(frame)
-        if op.exchange:
-            cost = nbytes * op.world if frame.step == op.schedule.num_steps - 1 else 0
-        elif op.schedule.phase(frame.step) is Phase.REDUCE_SCATTER:
-            cost = nbytes * 2
-        elif bufs.quantized:
-            cost = nbytes * 4
-        else:  # received in place; saved first when in place
-            cost = 0
-            if op.backup is not None and not op.backup.is_saved(frame.start):
-                await op.runner.run(nbytes, op.backup.save, frame.start, frame.stop)
+        cost = op.receive_cost(frame)
+        save = op.save_before_receive(frame)  # received in place: saved first
+        if save is not None:
+            assert op.backup is not None
+            await op.runner.run(op.frame_nbytes(frame), op.backup.save, *save)
         received = await op.links.inboxes[frame.index % op.lanes].receive_into(
             seq=op.seq,
             stream=frame.index,
             step=frame.step,
-            offset=frame.start * bufs.itemsize,
+            offset=frame.start * op.itemsize,
             destination=op.destination(frame, stage),
         )
         op.rx_bytes += received
@@ -130,8 +126,8 @@ class TrioRing:
     async def _send(self, frame: Frame) -> None:
         op = self.op
         scratch: np.ndarray | None = None
-        if op.bufs.quantized and frame.step < op.world - 1:
-            scratch = self._free_scratch.pop() if self._free_scratch else op.bufs.take(op.max_reduce_scatter_nbytes)
+        if op.sends_from_scratch(frame):
+            scratch = self._free_scratch.pop() if self._free_scratch else op.take(op.send_scratch_nbytes)
         cost = op.payload_cost(frame)
         if cost and not op.runner.inline(cost):
             payload = await op.runner.run(cost, op.prepare_payload, frame, scratch)

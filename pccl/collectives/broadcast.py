@@ -1,0 +1,98 @@
+"""Broadcast along the ring: a pipelined chain from the root, on the all-reduce's lanes.
+
+:func:`broadcast_checked` sends the root's buffer to every participant and returns the payload
+bytes this peer sent and received.
+
+Design
+------
+The plan is :class:`~pccl.protocol.ring.BroadcastSchedule`: the buffer is cut into sub-chunks;
+the peer at distance ``d = (rank - root) mod n`` receives every sub-chunk at step ``d - 1``
+and sends it on at step ``d`` (the last peer sends nothing), so sub-chunk ``k`` leaves a peer
+as soon as it is in and the chain's hops overlap.  The op is a
+:class:`~pccl.collectives.chain_op.ChainOp`, run by the all-reduce's execution paths
+(:func:`~pccl.collectives.allreduce.execute_op`) with its frame headers, striping and abort
+rules.  Sub-chunks are sized by :func:`~pccl.protocol.ring.subchunk_elements` for the ring
+(``count / 2n`` elements, between 64 KiB and ``max_subchunk_bytes``): a 64 MiB op at two peers
+moves 16 frames of 4 MiB, so the chain is full after one frame.
+
+* **Buffers.**  In place (``ReduceArgs.check(x, None, ReduceOp.SUM, quantization)``) every
+  receiver's ``x`` is overwritten, sub-chunk by sub-chunk, straight from the wire (zero copy),
+  each slice saved in the backup right before; out of place (``dst`` a staged array) ``dst``
+  ends holding the result on every peer, the root included (it copies its input there), and
+  ``src`` is never written.
+* **MIN_MAX quantization** (float buffers): the root quantizes each sub-chunk once, writes the
+  dequantized values into its own buffer (so the root and every receiver end bit-identical; in
+  place the root's ``x`` is saved first) and sends the bytes; receivers dequantize them and
+  forward them verbatim.
+* **Aborts.**  Pass a ``backup`` (an :class:`~pccl.collectives.backup.InputGuard`'s) to restore
+  the input after this function returned; without one the call keeps its own and restores the
+  input before the exception propagates.
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidArgument
+from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, BroadcastSchedule, subchunk_elements
+from .allreduce import execute_op
+from .backup import InputBackup, InputGuard
+from .buffers import KernelRunner, ReduceArgs
+from .chain_op import ChainOp
+from .links import RingLinks
+from .segments import Segments
+
+__all__ = ["broadcast_checked"]
+
+
+async def broadcast_checked(
+    args: ReduceArgs,
+    *,
+    root: int,
+    links: RingLinks,
+    rank: int,
+    world: int,
+    seq: int,
+    backup: InputBackup | None = None,
+    runner: KernelRunner | None = None,
+    max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
+) -> tuple[int, int]:
+    """Broadcast the buffer of ring position ``root`` into ``args.dst`` on every peer.
+
+    ``args`` is :meth:`ReduceArgs.check(x, None or dst, ReduceOp.SUM, quantization)
+    <pccl.collectives.buffers.ReduceArgs.check>` (the op is not used); every peer must pass the
+    same ``root``, count, dtype, quantization, ``max_subchunk_bytes`` and number of lanes.
+    ``rank``/``world``/``links``/``seq`` as for :func:`~pccl.collectives.allreduce.reduce_checked`.
+    Returns ``(tx_bytes, rx_bytes)`` (payload bytes, quantization headers included).
+    ``InvalidArgument`` for a bad ``root``/``rank``/``world`` before anything is sent; other
+    errors as the all-reduce's.  The seq is retired on exit, whatever the outcome.
+    """
+    try:
+        if world < 2 or not 0 <= rank < world or not 0 <= root < world:
+            raise InvalidArgument(
+                f"rank {rank} / root {root} / world {world}: a ring needs 2+ peers, 0 <= rank, root < world")
+        count = args.src.size
+        sub = subchunk_elements(count, world, args.dtype.itemsize, max_bytes=max_subchunk_bytes)
+        breaks = args.src.breaks if isinstance(args.src, Segments) else ()
+        schedule = BroadcastSchedule(count, world, rank, sub, breaks, root=root)
+        # Given no backup, this call keeps the input itself, until its chain ends.
+        guard = InputGuard(args) if backup is None else None
+        if guard is not None:
+            backup = guard.backup
+        try:
+            op = ChainOp(
+                schedule, src=args.src, out=args.dst, base=0, quant_dtype=args.quant_dtype, links=links,
+                world=world, seq=seq, backup=backup if args.in_place else None, runner=runner or KernelRunner(),
+            )
+            try:
+                await execute_op(op)
+            finally:
+                op.release()  # every task and thread of the op has stopped
+        except BaseException:
+            if guard is not None:
+                guard.restore()
+            raise
+        finally:
+            if guard is not None:
+                guard.drop()
+        return op.tx_bytes, op.rx_bytes
+    finally:
+        links.retire(seq)
