@@ -18,7 +18,8 @@ from .errors import (
     PhaseMismatch,
     TopologyUpdateFailed,
 )
-from .types import DType, Lineage, Quantization, QuantKind, ReduceInfo, ReduceOp, SyncInfo, SyncReason, SyncStrategy
+from .types import (CollectiveInfo, DType, Gathered, Lineage, Quantization, QuantKind, ReduceInfo, ReduceOp, Shard,
+                    SyncInfo, SyncReason, SyncStrategy)
 from .communicator import Communicator, CommunicatorStatistics, open_communicator
 from .master import Master, MasterStatistics, open_master, serve_master
 from .shared_state import SharedState, Tensor
@@ -38,8 +39,10 @@ __all__ = [
     "serve_master",
     "AuthenticationFailed",
     "CollectiveAborted",
+    "CollectiveInfo",
     "Config",
     "DType",
+    "Gathered",
     "InvalidArgument",
     "InvalidUsage",
     "Kicked",
@@ -56,6 +59,7 @@ __all__ = [
     "CheckpointError",
     "SharedState",
     "SharedStateSyncFailed",
+    "Shard",
     "SyncInfo",
     "SyncReason",
     "SyncStrategy",

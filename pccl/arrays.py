@@ -21,7 +21,7 @@ import numpy as np
 from .errors import InvalidArgument
 from .types import DType, dtype_of
 
-__all__ = ["as_array", "is_torch_tensor"]
+__all__ = ["as_array", "is_torch_tensor", "like_input"]
 
 
 def is_torch_tensor(obj: object) -> bool:
@@ -77,3 +77,16 @@ def _tensor_view(tensor: Any, name: str) -> np.ndarray:
     except (TypeError, RuntimeError) as exc:  # dtypes numpy lacks (complex32, float8, quantized)
         raise InvalidArgument(f"{name} has dtype {tensor.dtype}, which pccl does not support; supported: "
                               f"{', '.join(d.name.lower() for d in DType)}") from exc
+
+
+def like_input(array: np.ndarray, template: object) -> Any:
+    """``array`` as the caller passed its input: a torch tensor sharing ``array``'s memory when
+    ``template`` is one (bfloat16 re-typed through int16, as :func:`as_array` views it), else
+    ``array`` itself.  No copy."""
+    if not is_torch_tensor(template):
+        return array
+    import torch  # present: template is a tensor
+
+    if array.dtype == DType.BFLOAT16.numpy_dtype():
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)

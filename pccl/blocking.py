@@ -18,8 +18,8 @@ release the GIL; pure-Python work still lets the Trio thread run every few milli
 
 Every async method has a twin here with the same name and arguments, returning the same
 values and raising the same :class:`~pccl.errors.PCCLError` types in the caller's thread.
-``all_reduce_async`` / ``all_reduce_many_async`` start the operation and return a
-:class:`ReduceHandle` at once; the buffers belong to pccl until the handle is done (the result
+``all_reduce_async``, ``broadcast_async``, ``all_gather_async``, ``reduce_scatter_async`` and
+``all_reduce_many_async`` start the operation and return a :class:`CollectiveHandle` at once; the buffers belong to pccl until the handle is done (the result
 lands in them; on ``CollectiveAborted`` an in-place buffer holds its input again, as with the
 async call).
 
@@ -37,7 +37,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import trio
 
@@ -47,9 +47,9 @@ from ._peer.collective_service import MANY_FIRST_TAG
 from .config import Config
 from .errors import InvalidUsage, PCCLError
 from .shared_state import SharedState
-from .types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
+from .types import CollectiveInfo, Gathered, Quantization, ReduceInfo, ReduceOp, Shard, SyncInfo, SyncStrategy
 
-__all__ = ["Communicator", "ReduceHandle", "open_communicator"]
+__all__ = ["Communicator", "CollectiveHandle", "ReduceHandle", "open_communicator"]
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +60,13 @@ _T = TypeVar("_T")
 _CLOSE_WAIT = 30.0
 
 
-class ReduceHandle:
-    """An all-reduce started by ``all_reduce_async`` / ``all_reduce_many_async``."""
+class CollectiveHandle(Generic[_T]):
+    """A collective started by one of the ``*_async`` calls (``all_reduce_async``,
+    ``broadcast_async``, ``all_gather_async``, ``reduce_scatter_async``,
+    ``all_reduce_many_async``)."""
 
-    def __init__(self, future: concurrent.futures.Future[ReduceInfo],
-                 wait: Callable[[concurrent.futures.Future[ReduceInfo], float | None], ReduceInfo]) -> None:
+    def __init__(self, future: concurrent.futures.Future[_T],
+                 wait: Callable[[concurrent.futures.Future[_T], float | None], _T]) -> None:
         self._future = future
         self._wait_for = wait  # the communicator's: waits, and cancels the operation if interrupted
 
@@ -72,13 +74,16 @@ class ReduceHandle:
         """Whether the operation has finished (successfully or not)."""
         return self._future.done()
 
-    def wait(self, timeout: float | None = None) -> ReduceInfo:
-        """Wait for the operation and return its ``ReduceInfo``, or raise its error
-        (``CollectiveAborted``, ``TooFewPeers``, ...).  ``TimeoutError`` if it is still running
-        after ``timeout`` seconds (it keeps running; wait again).  Interrupted (Ctrl-C), the
-        operation is cancelled."""
+    def wait(self, timeout: float | None = None) -> _T:
+        """Wait for the operation and return its result (``ReduceInfo``, ``CollectiveInfo``,
+        ``Gathered``, ``Shard``), or raise its error (``CollectiveAborted``, ``TooFewPeers``, ...).
+        ``TimeoutError`` if it is still running after ``timeout`` seconds (it keeps running; wait
+        again).  Interrupted (Ctrl-C), the operation is cancelled."""
         return self._wait_for(self._future, timeout)
 
+
+#: The handle of an all-reduce (the name earlier releases gave it).
+ReduceHandle = CollectiveHandle
 
 class Communicator:
     """A peer's membership in a run, for synchronous code.  Obtain one from
@@ -330,12 +335,51 @@ class Communicator:
         return self.all_reduce_async(send, recv, op=op, tag=tag, quantization=quantization).wait()
 
     def all_reduce_async(self, send: Any, recv: Any = None, *, op: ReduceOp = ReduceOp.SUM, tag: int = 0,
-                         quantization: Quantization | None = None) -> ReduceHandle:
+                         quantization: Quantization | None = None) -> CollectiveHandle[ReduceInfo]:
         """Start :meth:`pccl.Communicator.all_reduce` and return at once; its errors (argument
         checks included) come from the handle's ``wait``."""
         comm = self._live()
-        return ReduceHandle(self._submit(lambda: comm.all_reduce(send, recv, op=op, tag=tag,
-                                                                 quantization=quantization)), self._wait)
+        return CollectiveHandle(self._submit(lambda: comm.all_reduce(send, recv, op=op, tag=tag,
+                                                                     quantization=quantization)), self._wait)
+
+    def broadcast(self, x: Any, *, root: int, tag: int = 0,
+                  quantization: Quantization | None = None) -> CollectiveInfo:
+        """Overwrite ``x`` on every participant with the root's (``root``: its peer id); blocks
+        until done (:meth:`pccl.Communicator.broadcast`: arguments, errors and guarantees are the
+        same).  :meth:`broadcast_async` returns at once instead."""
+        return self.broadcast_async(x, root=root, tag=tag, quantization=quantization).wait()
+
+    def broadcast_async(self, x: Any, *, root: int, tag: int = 0,
+                        quantization: Quantization | None = None) -> CollectiveHandle[CollectiveInfo]:
+        """Start :meth:`pccl.Communicator.broadcast` and return at once with its handle."""
+        comm = self._live()
+        return CollectiveHandle(self._submit(lambda: comm.broadcast(x, root=root, tag=tag, quantization=quantization)),
+                                self._wait)
+
+    def all_gather(self, x: Any, *, tag: int = 0, quantization: Quantization | None = None) -> Gathered:
+        """Gather every participant's ``x`` (counts may differ) on every participant; blocks until
+        done (:meth:`pccl.Communicator.all_gather`).  :meth:`all_gather_async` returns at once."""
+        return self.all_gather_async(x, tag=tag, quantization=quantization).wait()
+
+    def all_gather_async(self, x: Any, *, tag: int = 0,
+                         quantization: Quantization | None = None) -> CollectiveHandle[Gathered]:
+        """Start :meth:`pccl.Communicator.all_gather` and return at once with its handle."""
+        comm = self._live()
+        return CollectiveHandle(self._submit(lambda: comm.all_gather(x, tag=tag, quantization=quantization)),
+                                self._wait)
+
+    def reduce_scatter(self, x: Any, *, op: ReduceOp = ReduceOp.SUM, tag: int = 0,
+                       quantization: Quantization | None = None) -> Shard:
+        """Reduce ``x`` in place, each participant keeping its slice; blocks until done
+        (:meth:`pccl.Communicator.reduce_scatter`).  :meth:`reduce_scatter_async` returns at once."""
+        return self.reduce_scatter_async(x, op=op, tag=tag, quantization=quantization).wait()
+
+    def reduce_scatter_async(self, x: Any, *, op: ReduceOp = ReduceOp.SUM, tag: int = 0,
+                             quantization: Quantization | None = None) -> CollectiveHandle[Shard]:
+        """Start :meth:`pccl.Communicator.reduce_scatter` and return at once with its handle."""
+        comm = self._live()
+        return CollectiveHandle(self._submit(lambda: comm.reduce_scatter(x, op=op, tag=tag,
+                                                                         quantization=quantization)), self._wait)
 
     def all_reduce_many(self, arrays: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,
                         quantization: Quantization | None = None, max_in_flight: int = 4,
@@ -356,11 +400,11 @@ class Communicator:
     def all_reduce_many_async(self, arrays: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,
                               quantization: Quantization | None = None, max_in_flight: int = 4,
                               first_tag: int = MANY_FIRST_TAG,
-                              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ReduceHandle:
+                              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> CollectiveHandle[ReduceInfo]:
         """Start :meth:`pccl.Communicator.all_reduce_many` and return at once with its handle."""
         comm = self._live()
         arrays = list(arrays)
-        return ReduceHandle(self._submit(lambda: comm.all_reduce_many(
+        return CollectiveHandle(self._submit(lambda: comm.all_reduce_many(
             arrays, op=op, quantization=quantization, max_in_flight=max_in_flight, first_tag=first_tag,
             bucket_bytes=bucket_bytes)), self._wait)
 

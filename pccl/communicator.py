@@ -23,7 +23,7 @@ import trio
 
 from ._groups import single_exception
 from ._peer.host import MasterLost
-from ._peer.collective_service import MANY_FIRST_TAG, AllReduceService
+from ._peer.collective_service import MANY_FIRST_TAG, CollectiveService
 from ._peer.ring_connections import P2PLinks
 from ._peer.session import PeerSession
 from ._peer.sync import StateSyncService
@@ -33,7 +33,7 @@ from .errors import PhaseMismatch, SharedStateSyncFailed
 from .net.base import Network
 from .protocol import messages as m
 from .shared_state import SharedState
-from .types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
+from .types import CollectiveInfo, Gathered, Quantization, ReduceInfo, ReduceOp, Shard, SyncInfo, SyncStrategy
 
 __all__ = ["Communicator", "CommunicatorStatistics", "open_communicator"]
 
@@ -89,7 +89,7 @@ class Internals:
     promise, not part of the public face."""
 
     session: PeerSession
-    all_reduce: AllReduceService
+    all_reduce: CollectiveService
     sync: StateSyncService
 
 
@@ -111,7 +111,7 @@ class Communicator:
     or silent for ``config.peer_timeout``) they raise :class:`~pccl.errors.MasterUnreachable`.
     """
 
-    def __init__(self, session: PeerSession, all_reduce: AllReduceService, sync: StateSyncService) -> None:
+    def __init__(self, session: PeerSession, all_reduce: CollectiveService, sync: StateSyncService) -> None:
         self._session = session
         self._all_reduce = all_reduce
         self._sync = sync
@@ -222,7 +222,7 @@ class Communicator:
             await self._sync.aclose()
         self._session.stop()
 
-    # --- all-reduce (pccl._peer.collective_service) -----------------------------------------------
+    # --- collectives (pccl._peer.collective_service) -----------------------------------------------
 
     async def all_reduce(self, send: Any, recv: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                          tag: int = 0, quantization: Quantization | None = None) -> ReduceInfo:
@@ -276,6 +276,56 @@ class Communicator:
         return await self._all_reduce.all_reduce_many(arrays, op=op, quantization=quantization,
                                                       max_in_flight=max_in_flight, first_tag=first_tag,
                                                       bucket_bytes=bucket_bytes)
+
+    async def broadcast(self, x: Any, *, root: int, tag: int = 0,
+                        quantization: Quantization | None = None) -> CollectiveInfo:
+        """Overwrite ``x`` (a numpy array or CPU torch tensor, used without a copy) on every
+        participant with the root's ``x``.  ``root`` is the sender's ``peer_id``; every
+        participant passes the same ``root``, ``tag``, element count, dtype and quantization
+        (else ``InvalidUsage`` on every peer).  With quantization the root's own ``x`` also ends
+        holding the dequantized values, so every participant ends bit-identical.  Returns
+        ``CollectiveInfo(world_size, peers, tx_bytes, rx_bytes)`` (``peers``: the participants in
+        ring order).
+
+        Runs as a pipelined chain along the ring from the root.  A root that is not an
+        accepted member of the group, or that dies during the op, ends the call on every other
+        participant with ``CollectiveAborted`` naming the root (retry-safe: a receiver's ``x``
+        holds its input again).  Otherwise the errors, cancellation and the phase rule are
+        those of :meth:`all_reduce`.
+        """
+        return await self._all_reduce.broadcast(x, root=root, tag=tag, quantization=quantization)
+
+    async def all_gather(self, x: Any, *, tag: int = 0, quantization: Quantization | None = None) -> Gathered:
+        """Gather every participant's ``x`` (same dtype on all; element counts may differ, 0
+        allowed) into one buffer, in ring order, on every participant; ``x`` is not modified.
+        Returns ``Gathered``: ``peers`` (the participants' peer ids in ring order, identical
+        everywhere), ``arrays`` (one flat array per participant in that order, views into
+        ``buffer``; torch tensors when ``x`` was one), ``buffer``, ``world_size``, ``tx_bytes``,
+        ``rx_bytes``.  With quantization every contribution is quantized once by its owner, so
+        every participant's result — its own slot included — is bit-identical.
+
+        Every participant passes the same ``tag``, dtype and quantization (else
+        ``InvalidUsage``); the master sends every participant's count with the start, so the
+        layout is known before a byte moves.  Errors, cancellation and the phase rule are those
+        of :meth:`all_reduce` (nothing to restore: only the result buffer is written).
+        """
+        return await self._all_reduce.all_gather(x, tag=tag, quantization=quantization)
+
+    async def reduce_scatter(self, x: Any, *, op: ReduceOp = ReduceOp.SUM, tag: int = 0,
+                             quantization: Quantization | None = None) -> Shard:
+        """Reduce ``x`` over the participants, in place, each keeping one slice: the participant
+        at ring position ``i`` of ``n`` owns the ``i``-th of ``n`` contiguous slices of the flat
+        ``x`` (the first ``len % n`` one element longer), and ``x[shard.start:shard.stop]`` holds
+        that slice's reduction.  The rest of ``x`` is unspecified after success and holds its
+        input again after an abort.  Returns ``Shard(start, stop, index, world_size, peers,
+        tx_bytes, rx_bytes)``.
+
+        Every participant passes the same ``tag``, element count, dtype, ``op`` and
+        quantization (else ``InvalidUsage``).  f16/bf16 accumulate in f32; AVG divides by the
+        number of participants.  Runs as the first half of the ring all-reduce, in about half
+        its time.  Errors, cancellation and the phase rule are those of :meth:`all_reduce`.
+        """
+        return await self._all_reduce.reduce_scatter(x, op=op, tag=tag, quantization=quantization)
 
     # --- shared state (pccl._peer.sync) ----------------------------------------------------------
 
@@ -377,7 +427,7 @@ async def open_communicator(
             session = PeerSession(master_address, peer_group=peer_group, token=token, config=config,
                                   network=network, rng=rng, nursery=nursery)
             sync = StateSyncService(session)
-            comm = Communicator(session, AllReduceService(session), sync)
+            comm = Communicator(session, CollectiveService(session), sync)
             try:
                 await session.connect()
                 await session.register(shared_state_port=await sync.listen())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 import numpy as np
 
@@ -137,6 +138,47 @@ class ReduceInfo:
     """Result of an all-reduce: the number of peers it ran over and payload bytes moved."""
 
     world_size: int
+    tx_bytes: int
+    rx_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveInfo:
+    """Result of a broadcast: the participants' peer ids in ring order (the same on every
+    participant) and the payload bytes this peer moved."""
+
+    world_size: int
+    peers: tuple[int, ...]
+    tx_bytes: int
+    rx_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """Result of an all-gather.  ``peers``: the participants' peer ids in ring order (the same
+    on every participant); ``arrays[i]``: the flat contribution of ``peers[i]`` (a view into
+    ``buffer``, which holds them all in that order; torch tensors when the input was one)."""
+
+    peers: tuple[int, ...]
+    arrays: tuple[Any, ...]
+    buffer: Any
+    world_size: int
+    tx_bytes: int
+    rx_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Result of a reduce-scatter: ``x[start:stop]`` (of the flat buffer) holds the reduction of
+    that slice over the participants; this peer is ``index`` of ``world_size`` in ring order
+    (``peers``) and owns the ``index``-th of ``world_size`` contiguous slices (the first
+    ``len % world_size`` one element longer)."""
+
+    start: int
+    stop: int
+    index: int
+    world_size: int
+    peers: tuple[int, ...]
     tx_bytes: int
     rx_bytes: int
 

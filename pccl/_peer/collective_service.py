@@ -1,20 +1,23 @@
-"""The all-reduce as a communicator runs it: the master's votes around the ring data path.
+"""The collectives as a communicator runs them: the master's votes around the data path.
 
-:class:`AllReduceService` (one per :class:`~pccl.communicator.Communicator`) implements
-``Communicator.all_reduce`` and ``all_reduce_many``.  One ``all_reduce`` is one or more
-*attempts*:
+:class:`CollectiveService` (one per :class:`~pccl.communicator.Communicator`) implements
+``Communicator.all_reduce``, ``broadcast``, ``all_gather``, ``reduce_scatter`` and
+``all_reduce_many``.  What differs per kind (arguments, the Init, the data path, the input to
+keep, the result) is the kind's :class:`~pccl._peer.collective_plans.Plan`; everything below
+holds for every kind.  One call is one or more *attempts*:
 
 1. **Vote.**  The buffers are checked first (``InvalidArgument`` before anything is sent).  The
    master's messages for ``tag`` are routed here (a tag already in flight on this peer is
-   ``InvalidUsage``), ``CollectiveInit(tag, count, dtype, op, quantization, layout)`` goes to the master
-   and its answer decides: ``Commence(seq, ring)`` runs the op; ``Rejected`` with
-   ``PARAMETER_MISMATCH`` or ``TAG_IN_USE`` is ``InvalidUsage``, ``TOO_FEW_PEERS`` is
-   ``TooFewPeers`` (the buffer is untouched), ``STALE_RING`` (a member left or an op aborted
-   since the ring was wired) re-wires the group — once no other all-reduce of this peer holds a
-   tag, because the master refuses topology votes with collectives in flight — and votes again.
-   ``PHASE_MISMATCH`` (every other member waits in ``update_topology`` or a sync) is
+   ``InvalidUsage``), the plan's ``CollectiveInit`` goes to the master and its answer decides:
+   ``Commence(seq, ring)`` runs the op; ``Rejected`` with ``PARAMETER_MISMATCH`` or
+   ``TAG_IN_USE`` is ``InvalidUsage``, ``TOO_FEW_PEERS`` is ``TooFewPeers`` (the buffer is
+   untouched), ``ROOT_ABSENT`` (a broadcast's root is no member) ``CollectiveAborted`` naming the
+   root, ``STALE_RING`` (a member left or an op aborted since the ring was wired) re-wires the
+   group — once no other collective of this peer holds a tag, because the master refuses
+   topology votes with collectives in flight — and votes again.  ``PHASE_MISMATCH`` (every
+   other member waits in ``update_topology``, a sync, or collectives on other tags) is
    ``CollectiveAborted`` caused by ``PhaseMismatch``; ``all_reduce_many`` does not retry it.
-2. **Ring.**  :func:`~pccl.collectives.allreduce.reduce_checked` runs in its own cancel scope over
+2. **Ring.**  The plan's data path (:mod:`pccl.collectives`) runs in its own cancel scope over
    the current round's lanes, on the arguments checked before the vote.  Meanwhile the tag's
    messages are intercepted synchronously by the task that reads the master connection
    (``CollectiveRoute.intercept``) — the master's ``Abort(seq)`` cancels the ring scope there and
@@ -30,9 +33,10 @@
    one's input backup) is kept until then, so an ``Abort`` that arrives after this peer finished
    its ring still restores the input.
 
-Outcome: ``ReduceInfo(world_size=len(ring), tx_bytes, rx_bytes)`` on ``Complete``; otherwise
-exactly one ``CollectiveAborted`` (its ``__cause__`` is the local error, if any) with an in-place
-buffer holding its input again.  Master messages of an earlier op on the same tag are told apart
+Outcome: the plan's result (``ReduceInfo``, ``CollectiveInfo``, ``Gathered``, ``Shard``) on
+``Complete``; otherwise exactly one ``CollectiveAborted`` (its ``__cause__`` is the local error,
+if any; the master's reason, such as a broadcast root that left, in its message) with an
+in-place buffer holding its input again.  Master messages of an earlier op on the same tag are told apart
 by ``seq`` and ignored; data frames of ended seqs are discarded by the links' ``SeqRegistry``.
 
 Cancellation restores an in-place buffer and reports ``Done(aborted=True)`` (shielded, bounded by
@@ -54,7 +58,7 @@ once op ``j - max_in_flight`` has finished here (a rule that does not depend on 
 learns of a failure, so every peer starts the same ops); when the round is over, the ops that
 aborted or met a stale ring are retried after one re-wire of the group.
 
-Concurrent tags and the automatic re-wire: the re-wire waits until no all-reduce of this peer
+Concurrent tags and the automatic re-wire: the re-wire waits until no collective of this peer
 holds a tag; a call that starts while it stands joins it (the phase rule refuses a collective
 while a topology vote stands) and runs on the new ring.  Across peers, a vote of another peer
 that waits for this one, while this one re-wires first, is ended by the master as
@@ -73,6 +77,8 @@ import numpy as np
 import trio
 
 from .._groups import single_exception
+from .collective_plans import Plan, StaleRing, phase_mismatch_abort
+from .reduce_many import MANY_FIRST_TAG, reduce_many
 from .host import CollectiveRoute, MasterLost, PeerHost
 from .ring_connections import P2PLinks
 from ..arrays import as_array, is_torch_tensor
@@ -89,74 +95,24 @@ from ..errors import (
 )
 from ..protocol import messages as m
 from ..protocol.phases import TopologyVote
-from ..types import QuantKind, ReduceInfo, ReduceOp
-from ..collectives.allreduce import reduce_checked
+from ..types import CollectiveInfo, Gathered, ReduceInfo, ReduceOp, Shard
 from ..collectives.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
 from ..collectives.backup import InputGuard
-from ..collectives.buffers import KernelRunner, ReduceArgs, check_op
+from ..collectives.buffers import KernelRunner
 from ..collectives.links import RingLinks, SeqRegistry
-from ..collectives.segments import Segments
 
-__all__ = ["AllReduceService", "MANY_FIRST_TAG"]
+__all__ = ["CollectiveService", "MANY_FIRST_TAG"]
 
 log = logging.getLogger(__name__)
 
-#: ``all_reduce_many`` gives array ``i`` the tag ``MANY_FIRST_TAG + i`` (unless told otherwise):
-#: far above the small tags training loops pick for their own concurrent all-reduces.
-MANY_FIRST_TAG = 1 << 62
-_TAG_LIMIT = 1 << 64
+#: What a collective call returns.
+Result = ReduceInfo | CollectiveInfo | Gathered | Shard
 #: In-place ops up to this size reduce into scratch memory and copy the result into the caller's
 #: array once the master confirms the op (cheaper for small ops than the input backup, which
 #: saves every slice before its first overwrite to be able to restore it).
 STAGED_IN_PLACE_BYTES = 256 * 1024
 #: How many checks per ``peer_timeout`` the transfer watchdog makes.
 _WATCHDOG_CHECKS = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """One all-reduce's arguments, checked, and the Init that announces them."""
-
-    args: ReduceArgs
-    tag: int
-    init: m.CollectiveInit
-    #: The master epoch the call began in (set once the session is ready).
-    epoch: int = 0
-
-    @classmethod
-    def make(cls, send: Any, recv: Any, op: Any, tag: Any, quantization: Any) -> _Plan:
-        op = check_op(op)  # the op first, then the tag, then the buffers: the errors in argument order
-        if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < _TAG_LIMIT:
-            raise InvalidArgument(f"tag must be an integer in [0, 2**64), got {tag!r}")
-        # The data path's one check of the arguments (the caller's memory as numpy views, torch
-        # tensors included, no copy; dtype, sizes, writability, overlap, quantization), made now
-        # so a bad buffer never reaches the vote; the ring runs on its result.
-        args = ReduceArgs.check(send, recv, op, quantization)
-        quant_dtype = args.quant_dtype
-        init = m.CollectiveInit(
-            tag=tag,
-            count=int(args.src.size),
-            dtype=int(args.dtype),
-            op=int(op),
-            quant_kind=int(QuantKind.MIN_MAX if quant_dtype is not None else QuantKind.NONE),
-            quant_dtype=int(quant_dtype) if quant_dtype is not None else 0,
-            layout=args.src.layout if isinstance(args.src, Segments) else 0,
-        )
-        return cls(args, tag, init)
-
-
-@dataclasses.dataclass(eq=False)
-class _Many:
-    """One ``all_reduce_many`` call: its buckets, their plans once packed, their results."""
-
-    buckets: list[Bucket]
-    op: Any
-    quantization: Any
-    first_tag: int
-    #: The master epoch the call began in (a call never spans two masters).
-    epoch: int = 0
-    plans: dict[int, _Plan] = dataclasses.field(default_factory=dict)
-    results: dict[int, ReduceInfo] = dataclasses.field(default_factory=dict)
 
 
 class _Settlement:
@@ -168,24 +124,13 @@ class _Settlement:
         self.stalled = False
         self.settled = trio.Event()
         self.done_sent = False
-        #: (tx, rx) payload bytes once this peer's ring finished; the local failure otherwise.
-        self.traffic: tuple[int, int] | None = None
+        #: (tx, rx) payload bytes and an all-gather's output once this peer's ring finished; the
+        #: local failure otherwise.
+        self.traffic: tuple[int, int, np.ndarray | None] | None = None
         self.local_error: PCCLError | None = None
 
 
-class _StaleRing(Exception):
-    """Internal: the master answered STALE_RING; re-wire and vote again."""
-
-
-def _phase_mismatch_abort(what: str, mismatch: PhaseMismatch) -> CollectiveAborted:
-    """The all-reduce's error for a phase mismatch: ``CollectiveAborted`` (the loop goes on to
-    its next step, where the peers meet) caused by the ``PhaseMismatch``."""
-    error = CollectiveAborted(f"{what} ended: {mismatch}")
-    error.__cause__ = mismatch
-    return error
-
-
-class AllReduceService:
+class CollectiveService:
     """The all-reduce machinery of one communicator (see the module docstring)."""
 
     def __init__(self, host: PeerHost) -> None:
@@ -203,146 +148,72 @@ class AllReduceService:
         self._watchdog_started = False
         self._epoch = host.master_epoch
 
+    @property
+    def host(self) -> PeerHost:
+        return self._host
+
+    @property
+    def runner(self) -> KernelRunner:
+        return self._runner
+
     # --- entry points (Communicator.all_reduce, all_reduce_many) ------------------------------
 
     async def all_reduce(
         self, send: Any, recv: Any = None, *, op: Any = ReduceOp.SUM, tag: Any = 0, quantization: Any = None
     ) -> ReduceInfo:
         await trio.lowlevel.checkpoint_if_cancelled()
-        plan = _Plan.make(send, recv, op, tag, quantization)
+        result = await self._call(Plan.all_reduce(send, recv, op, tag, quantization))
+        assert isinstance(result, ReduceInfo)
+        return result
+
+    async def broadcast(self, x: Any, *, root: Any, tag: Any = 0, quantization: Any = None) -> CollectiveInfo:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        result = await self._call(Plan.broadcast(x, root, tag, quantization))
+        assert isinstance(result, CollectiveInfo)
+        return result
+
+    async def all_gather(self, x: Any, *, tag: Any = 0, quantization: Any = None) -> Gathered:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        result = await self._call(Plan.all_gather(x, tag, quantization))
+        assert isinstance(result, Gathered)
+        return result
+
+    async def reduce_scatter(self, x: Any, *, op: Any = ReduceOp.SUM, tag: Any = 0, quantization: Any = None) -> Shard:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        result = await self._call(Plan.reduce_scatter(x, op, tag, quantization))
+        assert isinstance(result, Shard)
+        return result
+
+    async def _call(self, plan: Plan) -> Result:
+        """One collective call, its arguments checked (:class:`Plan`): vote, run, settle, retry
+        on a stale ring."""
         try:
             await self._host.ready()
             plan = dataclasses.replace(plan, epoch=self._host.master_epoch)
-            return await self._reduce(plan)
+            return await self.reduce(plan)
         except MasterLost as exc:
-            raise CollectiveAborted(f"all-reduce tag {plan.tag} aborted: {exc}") from exc
+            raise CollectiveAborted(f"{plan.what} aborted: {exc}") from exc
         except PhaseMismatch as exc:  # the re-wire after a stale ring was ended
-            raise _phase_mismatch_abort(f"all-reduce tag {plan.tag}", exc) from exc
+            raise phase_mismatch_abort(plan.what, exc) from exc
 
-    async def all_reduce_many(
-        self,
-        arrays: Sequence[Any],
-        *,
-        op: Any = ReduceOp.SUM,
-        quantization: Any = None,
-        max_in_flight: int = 4,
-        first_tag: int = MANY_FIRST_TAG,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    ) -> ReduceInfo:
+    async def all_reduce_many(self, arrays: Sequence[Any], **options: Any) -> ReduceInfo:
+        """``Communicator.all_reduce_many`` (:mod:`pccl._peer.reduce_many`)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise InvalidArgument(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
-        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
-            raise InvalidArgument(f"bucket_bytes must be a non-negative integer, got {bucket_bytes!r}")
-        if isinstance(arrays, np.ndarray) or is_torch_tensor(arrays):
-            raise InvalidArgument("all_reduce_many takes a sequence of arrays; use all_reduce for one array")
-        # Every array is checked (and viewed) before any op starts.
-        views = [as_array(a, name=f"arrays[{i}]", writable=False) for i, a in enumerate(arrays)]
-        for i, view in enumerate(views):
-            _Plan.make(view, None, op, first_tag + i, quantization)
-        buckets = plan_buckets(views, bucket_bytes)
-        if not buckets:
-            return ReduceInfo(self._host.world_size, 0, 0)
-        many = _Many(buckets, op, quantization, first_tag)
-        pending = list(range(len(buckets)))
-        try:
-            await self._host.ready()
-            many.epoch = self._host.master_epoch
-            while True:
-                pending = await self._many_round(many, pending, max_in_flight)
-                if not pending:
-                    break
-                # Every failure left the group's ring stale; re-wire once for the whole batch.
-                self._host.counters.retries += len(pending)
-                log.info("peer %x: retrying %d all-reduce(s) on the survivors", self._host.peer_id, len(pending))
-                await self._rewire_when_idle()
-        except MasterLost as exc:
-            raise CollectiveAborted(f"all_reduce_many aborted: {exc}") from exc
-        except PhaseMismatch as exc:  # the re-wire before the retry was ended
-            raise _phase_mismatch_abort("all_reduce_many", exc) from exc
-        finally:
-            for bucket in buckets:
-                bucket.release()
-        results = many.results
-        infos = list(results.values())
-        return ReduceInfo(
-            world_size=min(i.world_size for i in infos),
-            tx_bytes=sum(i.tx_bytes for i in infos),
-            rx_bytes=sum(i.rx_bytes for i in infos),
-        )
-
-    # --- all_reduce_many ----------------------------------------------------------------------
-
-    async def _many_round(self, many: _Many, pending: list[int], max_in_flight: int) -> list[int]:
-        """Run the op of every bucket of ``pending`` once; return the ones that aborted (or met a
-        stale ring).
-
-        Op ``pending[j]`` starts once ``pending[j - max_in_flight]`` (and so every op before it)
-        has finished here.  Which ops start must not depend on when this peer learns of a
-        failure — other peers learn it at other moments, and an op that one peer starts and
-        another does not would wait for that peer's vote forever — so every op is started;
-        after an abort the later ones are refused quickly with ``STALE_RING``.  Every op has
-        finished when this returns; the first error other than an abort is raised then.  A
-        packed bucket is packed when its op first starts, and its result copied into its
-        members (and its scratch given back) as soon as its op completed; a segmented one is
-        reduced in place over its members, restored from the op's backup if it aborts.
-        """
-        failed: list[int] = []
-        errors: list[PCCLError] = []
-        finished = [trio.Event() for _ in pending]
-
-        async def one(position: int, i: int) -> None:
-            bucket = many.buckets[i]
-            try:
-                plan = many.plans.get(i)
-                if plan is None:
-                    if bucket.packed:
-                        send, recv = await self._runner.run(bucket.nbytes, bucket.buffers)
-                    else:
-                        send, recv = bucket.buffers()
-                    plan = many.plans[i] = dataclasses.replace(
-                        _Plan.make(send, recv, many.op, many.first_tag + i, many.quantization), epoch=many.epoch)
-                many.results[i] = await self._reduce(plan, rewire_on_stale=False)
-                if bucket.packed:
-                    assert isinstance(plan.args.dst, np.ndarray)  # the packed result
-                    await self._runner.run(bucket.nbytes, bucket.unpack, plan.args.dst)
-                bucket.release()
-            except (CollectiveAborted, _StaleRing) as exc:
-                if isinstance(exc, CollectiveAborted) and isinstance(exc.__cause__, PhaseMismatch):
-                    errors.append(exc)  # retrying would meet the same mismatch: the caller's loop decides
-                else:
-                    log.debug("all_reduce_many: tag %d failed (%r); it will be retried", many.first_tag + i, exc)
-                    failed.append(i)
-            except PCCLError as exc:
-                errors.append(exc)
-            finally:
-                finished[position].set()
-
-        try:
-            async with trio.open_nursery() as nursery:
-                for position, i in enumerate(pending):
-                    if position >= max_in_flight:
-                        await finished[position - max_in_flight].wait()
-                    nursery.start_soon(one, position, i)
-        except BaseExceptionGroup as group:
-            raise single_exception(group) from None
-        if errors:
-            raise errors[0]
-        return sorted(failed)
+        return await reduce_many(self, arrays, **options)
 
     # --- one all-reduce -----------------------------------------------------------------------
 
-    async def _reduce(self, plan: _Plan, *, rewire_on_stale: bool = True) -> ReduceInfo:
+    async def reduce(self, plan: Plan, *, rewire_on_stale: bool = True) -> Result:
         while True:
             try:
                 return await self._attempt(plan)
-            except _StaleRing:
+            except StaleRing:
                 if not rewire_on_stale:
                     raise
                 self._host.counters.retries += 1
-                await self._rewire_when_idle()
+                await self.rewire_when_idle()
 
-    async def _rewire_when_idle(self) -> None:
+    async def rewire_when_idle(self) -> None:
         """Re-wire the group once no all-reduce of this peer holds a tag (the master refuses a
         topology vote while this peer has a collective in flight).  Concurrent callers share
         the one vote."""
@@ -369,7 +240,7 @@ class AllReduceService:
         self._holding_changed.set()
         self._holding_changed = trio.Event()
 
-    async def _attempt(self, plan: _Plan) -> ReduceInfo:
+    async def _attempt(self, plan: Plan) -> Result:
         while self._host.phase.topology_vote is TopologyVote.REWIRE:
             # Another call of this peer met a stale ring and re-wires the group (an internal
             # vote, which refuses collectives while it stands): this legal call joins that vote
@@ -378,7 +249,7 @@ class AllReduceService:
         epoch = self._follow_master()
         if epoch != plan.epoch:
             # A call never spans two masters: its peers' loops may stand anywhere after a restart.
-            raise MasterLost(f"the master changed during all-reduce tag {plan.tag}")
+            raise MasterLost(f"the master changed during {plan.what}")
         await self._host.settled(plan.tag)  # a cancelled call's vote on this tag is withdrawn first
         route = self._host.open_route(plan.tag)
         self._hold()
@@ -434,24 +305,27 @@ class AllReduceService:
             log.debug("ignoring %s for tag %d seq %d: not for this op", type(msg).__name__,
                       getattr(msg, "tag", -1), getattr(msg, "seq", -1))
 
-    def _rejection(self, plan: _Plan, answer: m.CollectiveRejected) -> Exception:
+    def _rejection(self, plan: Plan, answer: m.CollectiveRejected) -> Exception:
         try:
             code = m.RejectCode(answer.code)
         except ValueError:
             return ProtocolError(f"the master rejected tag {plan.tag} with unknown code {answer.code}")
         detail = f" ({answer.detail})" if answer.detail else ""
         if code is m.RejectCode.STALE_RING:
-            return _StaleRing()
+            return StaleRing()
         if code is m.RejectCode.TOO_FEW_PEERS:
-            return TooFewPeers(f"all-reduce tag {plan.tag} needs at least two peers in the group{detail}")
+            return TooFewPeers(f"{plan.what} needs at least two peers in the group{detail}")
         if code is m.RejectCode.TAG_IN_USE:
-            return InvalidUsage(f"all-reduce tag {plan.tag} is already in flight{detail}")
+            return InvalidUsage(f"{plan.what} is already in flight{detail}")
         if code is m.RejectCode.PHASE_MISMATCH:
-            log.warning("peer %x: the master ended all-reduce tag %d: %s", self._host.peer_id, plan.tag, answer.detail)
-            return _phase_mismatch_abort(f"all-reduce tag {plan.tag}", PhaseMismatch(answer.detail or "phase mismatch"))
+            log.warning("peer %x: the master ended %s: %s", self._host.peer_id, plan.what, answer.detail)
+            return phase_mismatch_abort(plan.what, PhaseMismatch(answer.detail or "phase mismatch"))
         if code is m.RejectCode.WITHDRAWN:
-            return ProtocolError(f"the master answered all-reduce tag {plan.tag} with a withdrawal it never got")
-        return InvalidUsage(f"the peers' all-reduce parameters for tag {plan.tag} disagree{detail}")
+            return ProtocolError(f"the master answered {plan.what} with a withdrawal it never got")
+        if code is m.RejectCode.ROOT_ABSENT:
+            # Retry-safe: the root may be a newcomer the next topology round accepts.
+            return CollectiveAborted(f"{plan.what} did not start: {answer.detail or 'its root is not a member'}")
+        return InvalidUsage(f"the peers' parameters for {plan.what} disagree{detail}")
 
     def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int, *,
                  seq: int | None = None) -> bool:
@@ -483,7 +357,7 @@ class AllReduceService:
                 if isinstance(msg, m.CollectiveRejected):
                     return
                 if isinstance(msg, m.CollectiveCommence):
-                    log.info("peer %x: reporting the abort of cancelled all-reduce tag %d seq %d",
+                    log.info("peer %x: reporting the abort of cancelled collective tag %d seq %d",
                              self._host.peer_id, tag, msg.seq)
                     self.registry.retire(msg.seq)
                     try:
@@ -496,18 +370,19 @@ class AllReduceService:
 
     # --- a commenced op -----------------------------------------------------------------------
 
-    async def _run(self, plan: _Plan, commence: m.CollectiveCommence, route: CollectiveRoute,
-                   epoch: int, state: _Settlement) -> ReduceInfo:
+    async def _run(self, plan: Plan, commence: m.CollectiveCommence, route: CollectiveRoute,
+                   epoch: int, state: _Settlement) -> Result:
         host = self._host
-        seq, ring = commence.seq, tuple(commence.ring)
+        seq = commence.seq
         # Kept until the master's final word: an abort may come after this peer's ring ended.
-        guard = InputGuard(plan.args, stage_up_to=STAGED_IN_PLACE_BYTES)
+        guard = plan.guard(STAGED_IN_PLACE_BYTES)
         try:
             try:
-                await self._ring_and_settle(plan, seq, ring, guard, route, state, epoch)
+                await self._ring_and_settle(plan, commence, guard, route, state, epoch)
             except BaseException:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
-                guard.restore()
+                if guard is not None:
+                    guard.restore()
                 if not state.done_sent and state.final is None and not state.master_lost:
                     try:
                         await host.send_shielded(m.CollectiveDone(plan.tag, seq, aborted=True), epoch=epoch)
@@ -515,11 +390,12 @@ class AllReduceService:
                         pass  # already failing; the caller sees the original exception
                 host.counters.collectives_aborted += 1
                 raise
-            return self._outcome(plan, seq, ring, state, guard, epoch)
+            return self._outcome(plan, commence, state, guard, epoch)
         finally:
-            guard.drop()
+            if guard is not None:
+                guard.drop()
 
-    async def _ring_and_settle(self, plan: _Plan, seq: int, ring: tuple[int, ...], guard: InputGuard,
+    async def _ring_and_settle(self, plan: Plan, commence: m.CollectiveCommence, guard: InputGuard | None,
                                route: CollectiveRoute, state: _Settlement,
                                epoch: int) -> None:
         """Run the ring, report Done, wait for the master's final word.
@@ -528,6 +404,7 @@ class AllReduceService:
         the task reading the master connection): an ``Abort`` cancels the ring at once.  No
         task is spawned per op; the transfer watchdog is the service's shared one.
         """
+        seq = commence.seq
         ring_scope = trio.CancelScope()
         route.intercept = lambda msg: self._intercept(msg, plan.tag, seq, state, ring_scope)
         try:
@@ -541,7 +418,7 @@ class AllReduceService:
                     route.intercept(None)
             with ring_scope:
                 try:
-                    state.traffic = await self.run_ring(plan, seq, ring, guard, state, ring_scope)
+                    state.traffic = await self.run_ring(plan, commence, guard, state, ring_scope)
                 except PCCLError as exc:
                     state.local_error = exc
             if state.stalled and state.local_error is None:
@@ -556,28 +433,36 @@ class AllReduceService:
         finally:
             route.intercept = None
 
-    def _outcome(self, plan: _Plan, seq: int, ring: tuple[int, ...], state: _Settlement,
-                 guard: InputGuard, epoch: int) -> ReduceInfo:
+    def _outcome(self, plan: Plan, commence: m.CollectiveCommence, state: _Settlement,
+                 guard: InputGuard | None, epoch: int) -> Result:
         """The op's result for the caller once the master has spoken (or this peer gave up)."""
         host = self._host
+        seq = commence.seq
         traffic, local_error = state.traffic, state.local_error
         if isinstance(state.final, m.CollectiveComplete) and traffic is not None and local_error is None:
-            guard.commit()
-            tx, rx = traffic
+            if guard is not None:
+                guard.commit()
+            tx, rx, output = traffic
             host.counters.collectives_completed += 1
             host.counters.tx_bytes += tx
             host.counters.rx_bytes += rx
-            return ReduceInfo(world_size=len(ring), tx_bytes=tx, rx_bytes=rx)
-        guard.restore()
+            return plan.result(commence, tuple(commence.ring).index(host.peer_id), tx, rx, output)
+        if guard is not None:
+            guard.restore()
         host.counters.collectives_aborted += 1
         if state.master_lost:
             host.raise_if_failed(epoch)
-            raise MasterUnreachable("lost the master during the all-reduce")
+            raise MasterUnreachable(f"lost the master during {plan.what}")
         if isinstance(local_error, InvalidArgument):
             raise local_error  # this peer's data is unusable (NaN/Inf under quantization)
-        why = f"{type(local_error).__name__}: {local_error}" if local_error is not None else "the master aborted it"
-        log.info("peer %x: all-reduce tag %d seq %d aborted: %s", host.peer_id, plan.tag, seq, why)
-        raise CollectiveAborted(f"all-reduce tag {plan.tag} (seq {seq}) aborted: {why}") from local_error
+        if local_error is not None:
+            why = f"{type(local_error).__name__}: {local_error}"
+        elif isinstance(state.final, m.CollectiveAbort) and state.final.detail:
+            why = f"the master aborted it: {state.final.detail}"
+        else:
+            why = "the master aborted it"
+        log.info("peer %x: %s seq %d aborted: %s", host.peer_id, plan.what, seq, why)
+        raise CollectiveAborted(f"{plan.what} (seq {seq}) aborted: {why}") from local_error
 
     @staticmethod
     def _intercept(msg: m.Message | None, tag: int, seq: int, state: _Settlement, ring_scope: trio.CancelScope) -> None:
@@ -598,13 +483,15 @@ class AllReduceService:
             ring_scope.cancel()
         state.settled.set()
 
-    async def run_ring(self, plan: _Plan, seq: int, ring: tuple[int, ...], guard: InputGuard, state: _Settlement,
-                       ring_scope: trio.CancelScope) -> tuple[int, int]:
-        """One attempt's ring data path, once the master commenced ``seq`` on ``ring``; returns
-        the (sent, received) payload bytes.  The data path retires ``seq`` when its ring ends (its
-        frames still in flight are discarded); if the op cannot reach it, ``seq`` is retired here."""
+    async def run_ring(self, plan: Plan, commence: m.CollectiveCommence, guard: InputGuard | None,
+                       state: _Settlement, ring_scope: trio.CancelScope) -> tuple[int, int, np.ndarray | None]:
+        """One attempt's data path, once the master commenced it; returns the (sent, received)
+        payload bytes and an all-gather's output.  The data path retires the seq when its ring
+        ends (its frames still in flight are discarded); if the op cannot reach it, the seq is
+        retired here."""
         peer_id = self._host.peer_id
         p2p = self._host.links
+        seq, ring = commence.seq, tuple(commence.ring)
         if peer_id not in ring or ring != p2p.ring:
             self.registry.retire(seq)
             raise ProtocolError(f"the master commenced seq {seq} on ring {[f'{p:x}' for p in ring]}, but this "
@@ -616,10 +503,7 @@ class AllReduceService:
             except BaseException:
                 self.registry.retire(seq)
                 raise
-            return await reduce_checked(
-                guard.args, links=links, rank=ring.index(peer_id), world=len(ring), seq=seq, backup=guard.backup,
-                runner=self._runner,
-            )
+            return await plan.run(guard, commence, links=links, rank=ring.index(peer_id), runner=self._runner)
         finally:
             self._watches.discard(watch)
 

@@ -9,7 +9,7 @@ without any compatibility promise.
 
 from __future__ import annotations
 
-from .._peer.collective_service import AllReduceService
+from .._peer.collective_service import CollectiveService
 from .._peer.session import PeerSession
 from .._peer.sync import StateSyncService
 from ..communicator import Communicator, internals_of
@@ -29,7 +29,7 @@ def sync_service(comm: Communicator) -> StateSyncService:
     return internals_of(comm).sync
 
 
-def all_reduce_service(comm: Communicator) -> AllReduceService:
+def all_reduce_service(comm: Communicator) -> CollectiveService:
     """``comm``'s all-reduce service."""
     return internals_of(comm).all_reduce
 

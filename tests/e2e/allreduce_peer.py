@@ -35,7 +35,7 @@ import numpy as np
 import trio
 
 import pccl
-import pccl._peer.collective_service as operation
+import pccl._peer.collective_plans as plans
 from allreduce_cases import digest, make_input, matrix_cases, quantization, reduce_op
 
 #: Cases whose whole output the matrix saves (the others only report a digest).
@@ -58,7 +58,7 @@ async def admit(comm: pccl.Communicator, world: int) -> None:
 
 def install_fault(kind: str, at: float) -> None:
     """Make the next ring of this process kill or stop the process part-way through."""
-    real = operation.reduce_checked
+    real = plans.reduce_checked
     sig = signal.SIGKILL if kind == "kill" else signal.SIGSTOP
 
     async def faulty(args: Any, *, links: Any, world: int, **kw: Any) -> tuple[int, int]:
@@ -78,7 +78,7 @@ def install_fault(kind: str, at: float) -> None:
             finally:
                 nursery.cancel_scope.cancel()
 
-    operation.reduce_checked = faulty  # type: ignore[assignment]
+    plans.reduce_checked = faulty  # type: ignore[assignment]
 
 
 async def run_matrix(comm: pccl.Communicator, index: int, out: str) -> None:

@@ -109,6 +109,9 @@ class _Proc:
 class Cluster:
     """A ``pccl master`` process and ``world`` peer processes, all accepted into one group."""
 
+    #: The peer program (beside this file), run as ``SCRIPT MASTER TOKEN TIMEOUT HEARTBEAT INDEX WORLD``.
+    script = "allreduce_peer.py"
+
     def __init__(self, world: int) -> None:
         self.world = world
         self.master: _Proc | None = None
@@ -122,7 +125,7 @@ class Cluster:
                             stderr_is_log=True)
         address = self._master_address()
         for index in range(self.world):
-            self.peers.append(_Proc([sys.executable, str(HERE / "allreduce_peer.py"), address, TOKEN,
+            self.peers.append(_Proc([sys.executable, str(HERE / self.script), address, TOKEN,
                                      str(PEER_TIMEOUT), str(HEARTBEAT), str(index), str(self.world)]))
         ready = [p.next() for p in self.peers]
         self.peer_ids = [e["peer_id"] for e in ready]
