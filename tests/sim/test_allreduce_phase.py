@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import pccl._peer.collective_plans as plans
 import pccl._peer.collective_service as operation
 from pccl.collectives.backup import InputBackup
 from sim.engine.runner import run
@@ -48,7 +49,7 @@ def test_chaos_runs_all_reduce_every_step_and_pass(phase: Any) -> None:
 
 
 def test_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = operation.reduce_checked
+    real = plans.reduce_checked
 
     async def off_by_one(args: Any, *, rank: int, **kw: Any) -> tuple[int, int]:
         result = await real(args, rank=rank, **kw)
@@ -56,7 +57,7 @@ def test_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPatch) 
             args.dst[0] += 1
         return result
 
-    monkeypatch.setattr(operation, "reduce_checked", off_by_one)
+    monkeypatch.setattr(plans, "reduce_checked", off_by_one)
     trace = _run(0)
     assert [f.kind for f in trace.failures] == ["safety"]
     assert "differs" in trace.failures[0].message
@@ -73,7 +74,7 @@ def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: p
     else:
         # Small ones reduce into scratch memory and touch the caller's array only on success.
         phase = {"name": "all_reduce", "n": 33}  # only small ops: large ones are not staged
-        real_ring = operation.AllReduceService.run_ring
+        real_ring = operation.CollectiveService.run_ring
 
         async def touching(self: Any, plan: Any, *args: Any) -> Any:
             try:
@@ -81,7 +82,7 @@ def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: p
             finally:  # as if the output were the caller's array: success overwrites it anyway
                 plan.args.dst.view(np.uint8)[:1] ^= 0xFF
 
-        monkeypatch.setattr(operation.AllReduceService, "run_ring", touching)
+        monkeypatch.setattr(operation.CollectiveService, "run_ring", touching)
     for seed in range(8):
         trace = _run(seed, phase)
         if _kinds(trace)["all_reduce_aborted"]:

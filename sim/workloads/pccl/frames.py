@@ -19,7 +19,7 @@ from pccl.types import DType, QuantKind
 
 from ...engine.tap import LengthKindFrames
 
-__all__ = ["PcclFrames", "AllReduceParts", "ALL_REDUCE_PHASES", "IDLE_MESSAGES"]
+__all__ = ["PcclFrames", "AllReduceParts", "ALL_REDUCE_PHASES", "COLLECTIVE_PHASES", "IDLE_MESSAGES"]
 
 #: Control messages that say nothing about the protocol's state: they do not change a host's
 #: phase in the coverage matrix.
@@ -29,6 +29,13 @@ IDLE_MESSAGES = frozenset({"Heartbeat"})
 #: them (an empty row is the finding).
 ALL_REDUCE_PHASES = ("CollectiveInit", "CollectiveCommence", "data:exchange", "data:reduce-scatter",
                      "data:all-gather", "CollectiveDone", "CollectiveComplete", "CollectiveAbort")
+#: The phases of the other collectives (broadcast's chain is a part of its own).
+COLLECTIVE_PHASES = ("CollectiveInit", "CollectiveCommence", "data:reduce-scatter", "data:all-gather",
+                     "data:broadcast", "CollectiveDone", "CollectiveComplete", "CollectiveAbort")
+
+
+#: CollectiveInit.kind -> the part every data frame of such an op is (all-reduce: by step).
+_KIND_PARTS = {1: "data:broadcast", 2: "data:all-gather", 3: "data:reduce-scatter"}
 
 
 class AllReduceParts:
@@ -39,14 +46,15 @@ class AllReduceParts:
     ``CollectiveDone`` or reads the master's ``CollectiveComplete`` / ``CollectiveAbort``, its
     data frames of that seq are ``data:exchange`` (the small-op plan,
     :func:`pccl.protocol.ring.uses_exchange`), ``data:reduce-scatter`` (step < N - 1) or
-    ``data:all-gather``.  Other data frames (shared-state transfers) have no part.  State is
+    ``data:all-gather``; those of the other kinds (``CollectiveInit.kind``) are their kind's:
+    ``data:broadcast``, ``data:all-gather``, ``data:reduce-scatter``.  Other data frames (shared-state transfers) have no part.  State is
     kept per incarnation: a restarted host starts afresh, and so does a peer that registers with
     a master again (its ops ended with the old master connection, whether or not a Done or the
     master's final word crossed the wire; a restarted master numbers ops from 1 again).
     """
 
     #: The parts it names (each one a phase of the tap and a message trigger can name).
-    PARTS = ("data:exchange", "data:reduce-scatter", "data:all-gather")
+    PARTS = ("data:exchange", "data:reduce-scatter", "data:all-gather", "data:broadcast")
     #: The control messages it follows (decoded).
     MESSAGES = frozenset({"CollectiveInit", "CollectiveCommence", "CollectiveDone", "CollectiveComplete",
                           "CollectiveAbort", "Register"})
@@ -54,7 +62,7 @@ class AllReduceParts:
     def __init__(self) -> None:
         self._incarnation: dict[str, int] = {}
         self._inits: dict[str, dict[int, Any]] = {}  # host -> tag -> its last CollectiveInit
-        self._ops: dict[str, dict[int, tuple[int, bool]]] = {}  # host -> seq -> (world, exchange)
+        self._ops: dict[str, dict[int, tuple[int, bool | str]]] = {}  # host -> seq -> (world, exchange or part)
 
     def _host(self, host: str, incarnation: int) -> None:
         if self._incarnation.get(host) != incarnation:
@@ -78,6 +86,10 @@ class AllReduceParts:
             if init is None:
                 return
             world = len(message.ring)
+            part = _KIND_PARTS.get(getattr(init, "kind", 0))
+            if part is not None:
+                self._ops[host][message.seq] = (world, part)
+                return
             try:
                 nbytes = init.count * DType(init.dtype).itemsize
                 quantized = QuantKind(init.quant_kind) is not QuantKind.NONE
@@ -94,6 +106,8 @@ class AllReduceParts:
         if op is None:
             return None
         world, exchange = op
+        if isinstance(exchange, str):  # a kind other than all-reduce: its part
+            return exchange
         if exchange:
             return "data:exchange"
         return "data:reduce-scatter" if header.step < world - 1 else "data:all-gather"

@@ -106,6 +106,7 @@ PHASES: dict[str, type[Phase]] = {"compute": ComputePhase}
 #: process) naming the phase rebuilds it without the caller importing the module first.
 PHASE_MODULES: dict[str, str] = {
     "all_reduce": "sim.workloads.pccl.collectives",
+    "collectives": "sim.workloads.pccl.kinds",
     "sync": "sim.workloads.pccl.shared_state",
     "optimize": "sim.workloads.pccl.optimize",
 }
