@@ -1,8 +1,11 @@
-"""All-reduce benchmark: a master and N peers as OS processes on loopback (``pccl bench``).
+"""Collective benchmark: a master and N peers as OS processes on loopback (``pccl bench``).
 
 nccl-tests conventions: ``time`` is, per iteration, the slowest peer's wall time of the
-all-reduce call(s), then the median over iterations; ``algbw = size / time`` and
-``busbw = algbw * 2 (N - 1) / N`` (what each peer's links carry in a ring).  Everything goes
+call(s), then the median over iterations; ``algbw = size / time`` and ``busbw = algbw x``
+the collective's factor — what each peer's links carry: ``2 (N - 1) / N`` for all-reduce,
+``(N - 1) / N`` for all-gather and reduce-scatter (``size`` is the whole gathered buffer, each
+peer contributing ``size / N``; the whole buffer reduce-scattered), ``1`` for broadcast (the
+root the smallest peer id).  ``--collective`` picks them (default all-reduce).  Everything goes
 through the public API — :func:`pccl.open_master`, :func:`pccl.open_communicator`,
 :meth:`pccl.Communicator.all_reduce` — so the master round trips of every operation are
 included.  Buffers are float32, reduced with SUM in place (so the input backup that makes
@@ -40,6 +43,14 @@ _QUANT_NAMES = ("none", "u8", "u16")
 #: Timed iterations per size (before ``--iters-scale``): small ones are cheap and noisy.
 _BASE_ITERS = ((1 << 20, 30), (16 << 20, 10), (64 << 20, 6), (1 << 62, 4))
 _BARRIER_TAG = 1 << 30
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+#: busbw = algbw x this (nccl-tests' factors; N the group size).
+_BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
 
 
 def parse_size(text: str) -> int:
@@ -58,10 +69,10 @@ def format_size(nbytes: int) -> str:
     return str(nbytes)
 
 
-def bus_bandwidth(nbytes: int, world: int, seconds: float) -> tuple[float, float]:
+def bus_bandwidth(nbytes: int, world: int, seconds: float, collective: str = "all_reduce") -> tuple[float, float]:
     """``(algbw, busbw)`` in bytes/s."""
     alg = nbytes / seconds
-    return alg, alg * 2 * (world - 1) / world
+    return alg, alg * _BUS_FACTOR[collective](world)
 
 
 def _iterations(nbytes: int, scale: float) -> int:
@@ -120,10 +131,6 @@ def _run_peer(args: argparse.Namespace) -> None:
         inputs = base * np.float32(args.index + 1)  # peer r contributes (r+1)*base
         return base, inputs, inputs.copy()
 
-    def relative_error(base: np.ndarray, result: np.ndarray) -> float:
-        expect = base * np.float32(args.world * (args.world + 1) / 2)
-        return float(np.max(np.abs(result - expect)) / max(float(np.max(np.abs(expect))), 1e-30))
-
     async def run() -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = []
         config = pccl.Config()
@@ -132,54 +139,104 @@ def _run_peer(args: argparse.Namespace) -> None:
         async with pccl.open_communicator(f"127.0.0.1:{args.port}", config=config) as comm:
             await admit(comm, args.world)
             small = np.ones(4, np.float32)
+            root = min(comm.ring)
 
             async def barrier() -> None:
                 small[:] = 1
                 await comm.all_reduce(small, tag=_BARRIER_TAG)
 
-            for quant_name in args.quant:
-                quant = None if quant_types[quant_name] is None else pccl.Quantization(dtype=quant_types[quant_name])
-                for conc in args.concurrency:
-                    for nbytes in args.sizes:
-                        count = max(nbytes // 4, 1)
-                        # Seconds of numpy work for large buffers: in a thread, so that this
-                        # peer's Trio loop keeps answering the master's heartbeats meanwhile.
-                        base, inputs, buf = await trio.to_thread.run_sync(make_inputs, count)
-                        out = np.empty_like(buf) if args.out_of_place else buf
-                        step = -(-count // conc)
-                        slices = [(buf[a : a + step], out[a : a + step]) for a in range(0, count, step)]
+            for collective in args.collective:
+                for quant_name in args.quant:
+                    quant = None if quant_types[quant_name] is None else pccl.Quantization(
+                        dtype=quant_types[quant_name])
+                    for conc in args.concurrency:
+                        for nbytes in args.sizes:
+                            total = max(nbytes // 4, 1)
+                            # all-gather: each peer contributes its share of the gathered buffer.
+                            count = max(total // args.world, 1) if collective == "all_gather" else total
+                            # Seconds of numpy work for large buffers: in a thread, so that this
+                            # peer's Trio loop keeps answering the master's heartbeats meanwhile.
+                            base, inputs, buf = await trio.to_thread.run_sync(make_inputs, count)
+                            out = np.empty_like(buf) if args.out_of_place and collective == "all_reduce" else buf
+                            step = -(-count // conc)
+                            slices = [(buf[a : a + step], out[a : a + step]) for a in range(0, count, step)]
+                            last: list[Any] = [None] * len(slices)
 
-                        async def one_call() -> tuple[float, float]:
-                            await trio.to_thread.run_sync(np.copyto, buf, inputs)
-                            await barrier()
-                            t0 = time.perf_counter()
-                            if len(slices) == 1:
-                                await comm.all_reduce(*slices[0], op=pccl.ReduceOp.SUM, tag=0, quantization=quant)
-                            else:
-                                async with trio.open_nursery() as nursery:
-                                    for i, (piece, result) in enumerate(slices):
-                                        nursery.start_soon(functools.partial(
-                                            comm.all_reduce, piece, result, op=pccl.ReduceOp.SUM, tag=i,
-                                            quantization=quant))
-                            return t0, time.perf_counter()
+                            async def call(i: int, piece: np.ndarray, result: np.ndarray) -> None:
+                                if collective == "all_reduce":
+                                    last[i] = await comm.all_reduce(piece, result, op=pccl.ReduceOp.SUM, tag=i,
+                                                                    quantization=quant)
+                                elif collective == "broadcast":
+                                    last[i] = await comm.broadcast(piece, root=root, tag=i, quantization=quant)
+                                elif collective == "all_gather":
+                                    last[i] = await comm.all_gather(piece, tag=i, quantization=quant)
+                                else:
+                                    last[i] = await comm.reduce_scatter(piece, op=pccl.ReduceOp.SUM, tag=i,
+                                                                        quantization=quant)
 
-                        warmups = 1 if nbytes >= 256 << 20 else 2
-                        for _ in range(warmups):
-                            await one_call()
-                        times = []
-                        for _ in range(_iterations(nbytes, args.iters_scale)):
-                            t0, t1 = await one_call()
-                            times.append(t1 - t0)
-                        rel = await trio.to_thread.run_sync(relative_error, base, out)
-                        del base, inputs, buf, out, slices
-                        results.append({"quant": quant_name, "conc": conc, "bytes": count * 4, "times": times,
-                                        "max_rel_err": rel})
+                            async def one_call() -> tuple[float, float]:
+                                await trio.to_thread.run_sync(np.copyto, buf, inputs)
+                                await barrier()
+                                t0 = time.perf_counter()
+                                if len(slices) == 1:
+                                    await call(0, *slices[0])
+                                else:
+                                    async with trio.open_nursery() as nursery:
+                                        for i, (piece, result) in enumerate(slices):
+                                            nursery.start_soon(call, i, piece, result)
+                                return t0, time.perf_counter()
+
+                            warmups = 1 if nbytes >= 256 << 20 else 2
+                            for _ in range(warmups):
+                                await one_call()
+                            times = []
+                            for _ in range(_iterations(nbytes, args.iters_scale)):
+                                t0, t1 = await one_call()
+                                times.append(t1 - t0)
+                            rel = await trio.to_thread.run_sync(_result_error, collective, base, out, last, step,
+                                                                args.world)
+                            del base, inputs, buf, out, slices, last
+                            results.append({"collective": collective, "quant": quant_name, "conc": conc,
+                                            "bytes": (count * args.world if collective == "all_gather" else count) * 4,
+                                            "times": times, "max_rel_err": rel})
             await barrier()  # nobody leaves while others still run
         return results
 
     results = trio.run(run)
     with open(args.result_file, "w") as f:
         json.dump({"index": args.index, "results": results}, f)
+
+
+def _result_error(collective: str, base: Any, out: Any, last: Sequence[Any], step: int, world: int) -> float:
+    """The largest relative error of the last iteration's results.  Peer ``r`` contributes
+    ``(r + 1) * base``: a sum is ``world (world + 1) / 2 * base``; a broadcast or gathered array is
+    ``f * base`` for the factor ``f`` of the peer it came from (read off the result itself)."""
+    import numpy as np
+
+    def error(expect: Any, result: Any) -> float:
+        scale = max(float(np.max(np.abs(expect), initial=0.0)), 1e-30)
+        return float(np.max(np.abs(result.astype(np.float64) - expect), initial=0.0)) / scale
+
+    def factor_error(part: Any, result: Any) -> float:
+        if not part.size:
+            return 0.0
+        factor = float(np.round(np.median(result[:1000].astype(np.float64) / part[:1000])))
+        return error(part.astype(np.float64) * factor, result) if 1 <= factor <= world else float("inf")
+
+    total = world * (world + 1) / 2
+    worst = 0.0
+    for i, info in enumerate(last):
+        part = base[i * step : (i + 1) * step]
+        if collective == "all_reduce":
+            worst = max(worst, error(part * total, out[i * step : (i + 1) * step]))
+        elif collective == "broadcast":
+            worst = max(worst, factor_error(part, out[i * step : (i + 1) * step]))
+        elif collective == "all_gather":
+            worst = max([worst, *(factor_error(part, array) for array in info.arrays)])
+        else:
+            piece = out[i * step : (i + 1) * step]
+            worst = max(worst, error(part[info.start:info.stop] * total, piece[info.start:info.stop]))
+    return worst
 
 
 # --- the driver ------------------------------------------------------------------------------------
@@ -191,6 +248,7 @@ def run_group(
     sizes: Sequence[int],
     quant: Sequence[str] = ("none",),
     concurrency: Sequence[int] = (1,),
+    collectives: Sequence[str] = ("all_reduce",),
     iters_scale: float = 1.0,
     timeout: float = 1800.0,
     logdir: str | None = None,
@@ -198,8 +256,8 @@ def run_group(
     out_of_place: bool = False,
     local_socket_buffer_size: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run one master and ``world`` peers through every (quant, concurrency, size) and return one
-    row per configuration: ``{quant, conc, N, bytes, times (per-iteration max over peers),
+    """Run one master and ``world`` peers through every (collective, quant, concurrency, size) and
+    return one row per configuration: ``{collective, quant, conc, N, bytes, times (per-iteration max over peers),
     per_rank_times, max_rel_err}``.  Raises ``RuntimeError`` if a process fails (its logs stay
     in ``logdir``; a temporary one is removed after a run that succeeded)."""
     own_logdir = logdir is None
@@ -224,7 +282,8 @@ def run_group(
             log = open(os.path.join(logdir, f"peer_N{world}_{index}.log"), "w")
             cmd = [*python_m, "peer", "--port", str(port), "--world", str(world),
                    "--index", str(index), "--result-file", result_file, "--iters-scale", str(iters_scale),
-                   "--sizes", *map(str, sizes), "--quant", *quant, "--concurrency", *map(str, concurrency)]
+                   "--sizes", *map(str, sizes), "--quant", *quant, "--concurrency", *map(str, concurrency),
+                   "--collective", *collectives]
             if out_of_place:
                 cmd.append("--out-of-place")
             if local_socket_buffer_size is not None:
@@ -258,7 +317,7 @@ def run_group(
     for k, first in enumerate(outputs[0]):
         per_rank = [out[k]["times"] for out in outputs]
         rows.append({
-            "quant": first["quant"], "conc": first["conc"], "N": world, "bytes": first["bytes"],
+            "collective": first["collective"], "quant": first["quant"], "conc": first["conc"], "N": world, "bytes": first["bytes"],
             "times": [max(ts) for ts in zip(*per_rank)], "per_rank_times": per_rank,
             "max_rel_err": max(out[k]["max_rel_err"] for out in outputs),
         })
@@ -266,12 +325,14 @@ def run_group(
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = [f"{'N':>3} {'size':>8} {'quant':>5} {'conc':>4} {'iters':>5} {'time ms':>10} {'min ms':>9} "
-             f"{'algbw GB/s':>11} {'busbw GB/s':>11} {'rel err':>9}"]
+    lines = [f"{'collective':>14} {'N':>3} {'size':>8} {'quant':>5} {'conc':>4} {'iters':>5} {'time ms':>10} "
+             f"{'min ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} {'rel err':>9}"]
     for r in rows:
         t = statistics.median(r["times"])
-        alg, bus = bus_bandwidth(r["bytes"], r["N"], t)
-        lines.append(f"{r['N']:>3} {format_size(r['bytes']):>8} {r['quant']:>5} {r['conc']:>4} {len(r['times']):>5} "
+        collective = r.get("collective", "all_reduce")
+        alg, bus = bus_bandwidth(r["bytes"], r["N"], t, collective)
+        lines.append(f"{collective:>14} {r['N']:>3} {format_size(r['bytes']):>8} {r['quant']:>5} {r['conc']:>4} "
+                     f"{len(r['times']):>5} "
                      f"{t * 1e3:>10.3f} {min(r['times']) * 1e3:>9.3f} {alg / 1e9:>11.3f} {bus / 1e9:>11.3f} "
                      f"{r['max_rel_err']:>9.1e}")
     return "\n".join(lines)
@@ -279,7 +340,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def average_bus_bandwidth(rows: Sequence[dict[str, Any]]) -> str:
     """nccl-tests' closing line: the mean of every row's bus bandwidth."""
-    values = [bus_bandwidth(r["bytes"], r["N"], statistics.median(r["times"]))[1] for r in rows]
+    values = [bus_bandwidth(r["bytes"], r["N"], statistics.median(r["times"]), r.get("collective", "all_reduce"))[1]
+              for r in rows]
     mean = sum(values) / len(values) if values else 0.0
     return f"# Avg bus bandwidth    : {mean / 1e9:.3f} GB/s"
 
@@ -292,7 +354,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant", nargs="+", choices=_QUANT_NAMES, default=["none"],
                         help="MIN_MAX quantization to none/u8/u16 (several: each is run)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1],
-                        help="split each buffer into k slices all-reduced at once (default 1)")
+                        help="split each buffer into k slices run at once under distinct tags (default 1)")
+    parser.add_argument("--collective", nargs="+", choices=COLLECTIVES, default=["all_reduce"],
+                        help="the collectives to time (several: each is run; default all_reduce)")
     parser.add_argument("--iters-scale", type=float, default=1.0, help="multiply the iteration counts")
     parser.add_argument("--out-of-place", action="store_true",
                         help="reduce into a separate output array (default: in place, which includes the "
@@ -307,10 +371,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_driver(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     where = "out of place" if args.out_of_place else "in place"
-    print(f"# pccl all-reduce, float32 SUM {where}, loopback, {os.cpu_count()} CPUs, "
+    print(f"# pccl {', '.join(args.collective)}, float32 (SUM) {where}, loopback, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
     for world in args.peers:
         group = run_group(world, sizes=args.sizes, quant=args.quant, concurrency=args.concurrency,
+                          collectives=args.collective,
                           iters_scale=args.iters_scale, logdir=args.logdir, out_of_place=args.out_of_place,
                           local_socket_buffer_size=args.local_socket_buffer_size)
         rows.extend(group)
@@ -335,6 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--sizes", type=int, nargs="+")
         parser.add_argument("--quant", nargs="+")
         parser.add_argument("--concurrency", type=int, nargs="+")
+        parser.add_argument("--collective", nargs="+", default=["all_reduce"])
         parser.add_argument("--out-of-place", action="store_true")
         parser.add_argument("--local-socket-buffer-size", type=int)
         args = parser.parse_args(argv)

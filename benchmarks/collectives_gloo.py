@@ -1,0 +1,198 @@
+"""pccl's broadcast, all-gather and reduce-scatter against torch Gloo's same collective (and
+pccl's own all-reduce), call by call in turn, in the same processes.
+
+    .venv/bin/python benchmarks/collectives_gloo.py --peers 2 3 --sizes 64M [--iters 10]
+
+Each peer process holds a pccl communicator and a Gloo process group over float32 buffers of
+``size`` bytes; every iteration times one call of each configuration in an order shuffled
+afresh (the same on every rank), so the machine's drift hits all alike (see
+``interleaved_gloo.py``, whose cluster this reuses).  ``size`` is the whole buffer: the
+broadcast's, the all-reduce's and reduce-scatter's input, the all-gather's result (each peer
+contributing ``size / N``).  A call's time is the slowest rank's; the table shows medians, bus
+bandwidth with nccl-tests' factors (broadcast 1, all-gather and reduce-scatter ``(N-1)/N``,
+all-reduce ``2(N-1)/N``), the ratio of Gloo's same collective to pccl's (above 1: pccl faster)
+and, for reduce-scatter, its time as a fraction of pccl's all-reduce of the same size.  The
+untimed first iteration checks pccl's results against Gloo's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from pccl.tools.bench import admit, bus_bandwidth, format_size, parse_size
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from interleaved_gloo import run_cluster  # noqa: E402
+
+CONFIGS = ("gloo:broadcast", "pccl:broadcast", "gloo:all_gather", "pccl:all_gather",
+           "gloo:reduce_scatter", "pccl:reduce_scatter", "pccl:all_reduce")
+_BARRIER_TAG = 1 << 30
+
+
+def _run_peer(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
+              configs: list[str], results: Any) -> None:
+    try:
+        results.put((rank, _peer_main(rank, world, master_port, gloo_file, sizes, iters, configs), None))
+    except BaseException:
+        results.put((rank, None, traceback.format_exc()))
+        raise
+
+
+def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
+               configs: list[str]) -> dict[tuple[int, str], list[float]]:
+    import torch
+    import torch.distributed as dist
+    import trio
+
+    import pccl
+
+    dist.init_process_group("gloo", init_method=f"file://{gloo_file}", rank=rank, world_size=world)
+
+    async def run() -> dict[tuple[int, str], list[float]]:
+        out: dict[tuple[int, str], list[float]] = {}
+        async with pccl.open_communicator(f"127.0.0.1:{master_port}") as comm:
+            await admit(comm, world)
+            root = min(comm.ring)
+            position = comm.ring.index(comm.peer_id)
+            # Gloo's ranks in pccl's ring order: rank r of Gloo is process r; pccl's root is the
+            # process holding the smallest peer id, so Gloo broadcasts from that process too.
+            ids = [0] * world
+            ids_t = torch.zeros(world, dtype=torch.int64)
+            ids_t[rank] = comm.peer_id & 0x7FFFFFFFFFFFFFFF
+            dist.all_reduce(ids_t)
+            ids = ids_t.tolist()
+            gloo_root = ids.index(root & 0x7FFFFFFFFFFFFFFF)
+            small = np.ones(4, np.float32)
+
+            async def barrier() -> None:
+                small[:] = 1
+                await comm.all_reduce(small, tag=_BARRIER_TAG)
+
+            for nbytes in sizes:
+                count = nbytes // 4
+                count -= count % world
+                src = await trio.to_thread.run_sync(
+                    lambda n=count: np.random.default_rng(rank).standard_normal(n, dtype=np.float32))
+                buf = src.copy()
+                part = buf[: count // world]  # an all-gather's contribution
+                gathered = torch.empty(count, dtype=torch.float32)
+                shard_out = torch.empty(count // world, dtype=torch.float32)
+                tensor = torch.from_numpy(buf)
+                parts = list(gathered.chunk(world))
+
+                def gloo(kind: str) -> float:
+                    t0 = time.perf_counter()
+                    if kind == "broadcast":
+                        dist.broadcast(tensor, src=gloo_root)
+                    elif kind == "all_gather":
+                        dist.all_gather(parts, torch.from_numpy(part))
+                    else:
+                        dist.reduce_scatter(shard_out, list(tensor.chunk(world)))
+                    return time.perf_counter() - t0
+
+                warm: dict[str, Any] = {}
+                for i in range(iters + 1):  # iteration 0 warms up and checks
+                    for cfg in random.Random(i).sample(configs, len(configs)):
+                        np.copyto(buf, src)
+                        await barrier()
+                        who, kind = cfg.split(":")
+                        t0 = time.perf_counter()
+                        if who == "gloo":
+                            elapsed = await trio.to_thread.run_sync(gloo, kind)
+                            result: Any = {"broadcast": lambda: buf.copy(), "all_gather": lambda: gathered.numpy().copy(),
+                                           "reduce_scatter": lambda: shard_out.numpy().copy()}[kind]()
+                        else:
+                            if kind == "broadcast":
+                                await comm.broadcast(buf, root=root, tag=1)
+                                result = buf.copy()
+                            elif kind == "all_gather":
+                                got = await comm.all_gather(part, tag=2)
+                                result = got.buffer.copy()
+                            elif kind == "reduce_scatter":
+                                shard = await comm.reduce_scatter(buf, tag=3)
+                                result = buf[shard.start:shard.stop].copy()
+                            else:
+                                await comm.all_reduce(buf, tag=4)
+                                result = None
+                            elapsed = time.perf_counter() - t0
+                        if i:
+                            out.setdefault((nbytes, cfg), []).append(elapsed)
+                        elif result is not None:
+                            warm[cfg] = result
+                    if i == 0:
+                        for kind in ("broadcast", "all_gather", "reduce_scatter"):
+                            a, b = warm.get(f"gloo:{kind}"), warm.get(f"pccl:{kind}")
+                            if a is None or b is None:
+                                continue
+                            if kind == "all_gather" and position is not None:
+                                # Gloo's order is by process, pccl's by ring: compare as sets of parts.
+                                a = np.sort(a.reshape(world, -1), axis=0)
+                                b = np.sort(b.reshape(world, -1), axis=0)
+                            if kind == "reduce_scatter":
+                                continue  # the slices differ (process order vs ring order)
+                            if not np.allclose(a, b, rtol=1e-4, atol=1e-4):
+                                raise RuntimeError(f"{format_size(nbytes)}: pccl's and Gloo's {kind} differ")
+                        warm.clear()
+            await barrier()
+        return out
+
+    try:
+        return trio.run(run)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float) -> list[dict[str, Any]]:
+    per_rank = run_cluster(world, _run_peer, (sizes, iters, configs), timeout, "pccl-collectives-")
+    rows = []
+    for nbytes in sizes:
+        for cfg in configs:
+            samples = [per_rank[r][(nbytes, cfg)] for r in range(world)]
+            times = [max(s[i] for s in samples) for i in range(iters)]
+            rows.append({"N": world, "bytes": nbytes, "cfg": cfg, "median": statistics.median(times),
+                         "min": min(times)})
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'N':>3} {'size':>8} {'config':>20} {'median ms':>10} {'min ms':>9} {'busbw GB/s':>11} "
+             f"{'gloo/pccl':>10} {'of AR':>6}"]
+    by = {(r["N"], r["bytes"], r["cfg"]): r["median"] for r in rows}
+    for r in rows:
+        who, kind = r["cfg"].split(":")
+        _, busbw = bus_bandwidth(r["bytes"], r["N"], r["median"], kind)
+        gloo = by.get((r["N"], r["bytes"], f"gloo:{kind}"))
+        ratio = f"{gloo / r['median']:.3f}" if who == "pccl" and gloo else "-"
+        ar = by.get((r["N"], r["bytes"], "pccl:all_reduce"))
+        of_ar = f"{r['median'] / ar:.2f}" if who == "pccl" and kind == "reduce_scatter" and ar else "-"
+        lines.append(f"{r['N']:>3} {format_size(r['bytes']):>8} {r['cfg']:>20} {r['median'] * 1e3:>10.1f} "
+                     f"{r['min'] * 1e3:>9.1f} {busbw / 1e9:>11.3f} {ratio:>10} {of_ar:>6}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--peers", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--sizes", nargs="+", default=["64M"], help="buffer sizes (16K, 64M, ...)")
+    parser.add_argument("--iters", type=int, default=10, help="timed calls per configuration and size")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {CONFIGS}")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one group size may take")
+    args = parser.parse_args(argv)
+    sizes = [parse_size(s) for s in args.sizes]
+    configs = args.configs.split(",")
+    print(f"# pccl vs Gloo, float32, loopback, interleaved; {args.iters} iterations", flush=True)
+    for world in args.peers:
+        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
