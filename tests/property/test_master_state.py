@@ -634,11 +634,12 @@ def test_collective_commence_complete_and_participant_death() -> None:
     commence = h.last(a, m.CollectiveCommence)
     assert commence.ring == tuple(sorted(_pid(h, x) for x in (a, b, c)))
     assert {h.last(x, m.CollectiveCommence).seq for x in (a, b, c)} == {commence.seq}
+    why = f"participant {_pid(h, c):x} left before finishing"  # the abort says who and why
     h.send(a, m.CollectiveDone(1, commence.seq))
     h.send(b, m.CollectiveDone(1, commence.seq))
     h.kill(c)  # died before reporting: abort for the survivors
-    assert h.last(a, m.CollectiveAbort) == m.CollectiveAbort(1, commence.seq)
-    assert h.last(b, m.CollectiveAbort) == m.CollectiveAbort(1, commence.seq)
+    assert h.last(a, m.CollectiveAbort) == m.CollectiveAbort(1, commence.seq, why)
+    assert h.last(b, m.CollectiveAbort) == m.CollectiveAbort(1, commence.seq, why)
     assert h.last(a, m.CollectiveComplete) is None
     # The ring is stale now: a retry is refused until the group re-wires.
     for x in (a, b):
@@ -688,7 +689,8 @@ def test_parameter_mismatch_rejects_every_voter_without_kicks() -> None:
     h.send(c, m.CollectiveInit(5, 4, 10, 0))
     for x in (a, b, c):
         rejected = h.last(x, m.CollectiveRejected)
-        assert rejected.code == m.RejectCode.PARAMETER_MISMATCH and "dtype=11" in rejected.detail
+        assert rejected.code == m.RejectCode.PARAMETER_MISMATCH
+        assert "dtype=float64" in rejected.detail and "dtype=float32" in rejected.detail  # by name, both sides
     assert not h.kicks and not h.ms.ops()
 
 
@@ -710,7 +712,7 @@ def test_late_done_after_abort_is_ignored() -> None:
         h.send(x, m.CollectiveInit(2, 4, 10, 0))
     seq = h.last(a, m.CollectiveCommence).seq
     h.send(a, m.CollectiveDone(2, seq, aborted=True))
-    assert h.last(b, m.CollectiveAbort) == m.CollectiveAbort(2, seq)
+    assert h.last(b, m.CollectiveAbort) == m.CollectiveAbort(2, seq, f"peer {_pid(h, a):x} reported failure")
     h.send(b, m.CollectiveDone(2, seq))  # crossed the abort on the wire
     assert not h.kicks
 
