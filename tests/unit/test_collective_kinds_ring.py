@@ -329,11 +329,13 @@ async def test_every_kind_over_tcp_on_both_paths(world: int, monkeypatch: pytest
 
 async def _run_aborting(kind: str, inputs: Sequence[np.ndarray], links: Sequence[RingLinks], *, root: int = 0,
                         quant: Quantization | None = None, trigger: Callable[[list[trio.CancelScope]], Any],
-                        sub: int = SUB, guarded: bool = False) -> list[Any]:
+                        sub: int = SUB, guarded: bool = False, held: int | None = None) -> list[Any]:
     """Run an in-place op on every peer; the first failure cancels every other peer (the
     master's Abort).  Returns each peer's outcome (an exception, "cancelled" or the sizes).
     ``guarded``: every peer passes the backup of an InputGuard, as the communicator does, and
-    the abort restores every input from it afterwards, a peer that had finished included."""
+    the abort restores every input from it afterwards, a peer that had finished included.
+    ``held``: that peer never starts the op (it waits, in its scope, to be cancelled), so the
+    peers that need its data cannot finish before the trigger cancels."""
     world = len(inputs)
     guards = [InputGuard(ReduceArgs.check(x, None, ReduceOp.SUM, quant)) for x in inputs] if guarded else None
     scopes = [trio.CancelScope() for _ in range(world)]
@@ -342,6 +344,8 @@ async def _run_aborting(kind: str, inputs: Sequence[np.ndarray], links: Sequence
     async def peer(r: int) -> None:
         try:
             with scopes[r]:
+                if r == held:
+                    await trio.sleep_forever()
                 args = ReduceArgs.check(inputs[r], None, ReduceOp.SUM, quant)
                 common: dict[str, Any] = dict(links=links[r], rank=r, world=world, seq=1, max_subchunk_bytes=sub,
                                               backup=guards[r].backup if guards else None)
@@ -408,14 +412,18 @@ def test_cancel_mid_op_on_lane_threads_restores_the_input(case: str) -> None:
             threshold = (1 << 20) // (4 if quant is not None else 1)
 
             async def cancel_when_busy(scopes: list[trio.CancelScope]) -> None:
-                # Cancel peer 1 once data moves; the others follow (the master's abort).
+                # Once data moves from peer 0 to peer 1, cancel the held peer 2; the others
+                # follow (the master's abort) while their lane threads are mid-op: a
+                # reduce-scatter's peers 0 and 1 cannot finish without peer 2's data.
                 while sum(c.statistics().data_bytes_sent for c in links[0].to_next) < threshold:
                     await trio.sleep(0.001)
-                scopes[1].cancel()
+                scopes[2].cancel()
 
             outcomes = await _run_aborting(kind, inputs, links, quant=quant, trigger=cancel_when_busy,
-                                           sub=256 * 1024, guarded=True)
-            assert outcomes[1] == "cancelled"
+                                           sub=256 * 1024, guarded=True, held=2)
+            assert outcomes[2] == "cancelled"
+            if kind == "reduce-scatter":
+                assert outcomes[0] == outcomes[1] == "cancelled", outcomes
             for r in range(world):
                 # A peer may have finished before the abort reached it (the root of a broadcast,
                 # or a reduce-scatter peer whose last chunk arrived before peer 1 was cancelled);
