@@ -45,6 +45,12 @@ class Config:
     master_reconnect_timeout: float = 60.0
     #: Bounds of the jittered exponential backoff between reconnection attempts.
     master_reconnect_backoff: tuple[float, float] = (0.1, 2.0)
+    #: How long :func:`~pccl.open_communicator` keeps dialling a master that does not answer yet
+    #: (connection refused, host unreachable, name not resolvable yet, no answer within
+    #: ``connect_timeout``), with the backoff of ``master_reconnect_backoff``, before it raises
+    #: ``MasterUnreachable``; 0: fail at once.  A cluster can then start in any order.  A master
+    #: that answers and refuses (token, TLS, protocol) ends the wait at once.
+    master_wait_timeout: float = 60.0
     #: Largest control frame accepted, in bytes; a larger announced length is refused before
     #: any allocation.
     max_frame_size: int = 16 * 1024 * 1024
@@ -100,6 +106,8 @@ class Config:
             raise InvalidArgument("timeouts and intervals must be positive")
         if self.master_reconnect_timeout < 0:
             raise InvalidArgument("master_reconnect_timeout must be 0 (no reconnection) or positive")
+        if self.master_wait_timeout < 0:
+            raise InvalidArgument("master_wait_timeout must be 0 (fail at once) or positive")
         low, high = self.master_reconnect_backoff
         if not 0 < low <= high:
             raise InvalidArgument("master_reconnect_backoff must be (first, longest) delays with 0 < first <= longest")

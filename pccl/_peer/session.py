@@ -46,7 +46,7 @@ from .host import CollectiveRoute, Counters, MasterLost
 from .master_link import Dispatch, MasterLink, handshake, kicked_error
 from .phase import PhaseRule
 from .probes import ProbeService
-from .reconnect import reconnect
+from .reconnect import dial_first, reconnect
 from .ring_connections import P2PLinks
 from .routes import COLLECTIVE_REPLIES, SYNC_REPLIES, Flooded, Routes
 from .votes import Votes, fresh_error
@@ -340,14 +340,14 @@ class PeerSession:
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        """Bind the p2p listener and connect to the master.  ``MasterUnreachable`` if it cannot
-        be reached; handshake errors (``AuthenticationFailed``, ``ProtocolError``) as they are."""
+        """Bind the p2p listener and connect to the master, waiting up to
+        ``Config.master_wait_timeout`` for one that is not up yet
+        (:func:`~pccl._peer.reconnect.dial_first`).  ``MasterUnreachable`` if it cannot be
+        reached; handshake errors (``AuthenticationFailed``, ``ProtocolError``) as they are.
+        Cancellation ends the wait."""
         listener = await self.listen(self._config.p2p_base_port)
         self._wiring = RingWiring(self, listener)
-        try:
-            connection = await self.dial(self.master_address)
-        except TransportError as exc:
-            raise MasterUnreachable(f"cannot reach the master at {self.master_address}: {exc}") from exc
+        connection = await dial_first(self, self._rng)
         self._link = MasterLink(self, connection, self._lifecycle.epoch)
 
     async def register(self, *, shared_state_port: int) -> None:
