@@ -54,6 +54,12 @@ class Config:
     #: Largest control frame accepted, in bytes; a larger announced length is refused before
     #: any allocation.
     max_frame_size: int = 16 * 1024 * 1024
+    #: The local address a peer's listeners (p2p and shared state) bind to; None: every
+    #: interface of the master address's family (``0.0.0.0``, or ``::`` for an IPv6 master).
+    #: The master gives the other peers the address it sees this peer's connection come from,
+    #: so bind to that one (a warning says when they differ).  See "Ports" in
+    #: ``docs/operating.rst``.
+    bind_host: str | None = None
     #: Base ports for a peer's listeners; when taken, the next free port above is used.
     p2p_base_port: int = 48150
     shared_state_base_port: int = 48149
@@ -142,6 +148,10 @@ class Config:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise InvalidArgument(f"{name} must be a port number, got {port}")
+        host = self.bind_host
+        if host is not None and (not isinstance(host, str) or not host or any(c in host for c in "[] \t/")):
+            raise InvalidArgument(f"bind_host must be None or a host name or IP address without brackets or port, "
+                                  f"got {host!r}")
         if (self.tls_client_context is None) != (self.tls_server_context is None):
             raise InvalidArgument("set both tls_client_context and tls_server_context, or neither")
 
