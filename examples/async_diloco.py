@@ -31,6 +31,7 @@ last survivor), a peer applies its own Δ(t-1) and then waits in ``steps()`` for
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 from collections.abc import Iterable
 
@@ -100,6 +101,9 @@ def _copy(out: list[torch.Tensor], params: Iterable[torch.Tensor]) -> None:
 
 
 def main() -> None:
+    # pccl logs what a run does at INFO ("waiting for the master at ...", "peer ... is alone in
+    # group 0: waiting for another peer to join", joins and departures); this shows it, timed.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parser(__doc__).parse_args()
     if args.solo:
         raise SystemExit("--solo: run diloco.py --solo (without peers there is nothing to overlap)")

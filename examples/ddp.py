@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 
 import torch
 
@@ -108,6 +109,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", metavar="PATH", help="save the shared state here (safetensors)")
     parser.add_argument("--checkpoint-every", type=int, default=25, metavar="N", help="steps between checkpoints")
     parser.add_argument("--resume", metavar="PATH", help="load this checkpoint before the first sync")
+    # pccl logs what a run does at INFO ("waiting for the master at ...", "peer ... is alone in
+    # group 0: waiting for another peer to join", joins and departures); this shows it, timed.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     train(parser.parse_args())
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import logging
 import pathlib
 import time
 
@@ -255,6 +256,9 @@ def parser(description: str | None = __doc__) -> argparse.ArgumentParser:
 
 
 def main() -> None:
+    # pccl logs what a run does at INFO ("waiting for the master at ...", "peer ... is alone in
+    # group 0: waiting for another peer to join", joins and departures); this shows it, timed.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     train(parser().parse_args())
 
 

@@ -18,6 +18,7 @@ run from the furthest checkpoint.
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 
 import numpy as np
@@ -69,6 +70,9 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=10, metavar="N", help="steps between checkpoints")
     parser.add_argument("--resume", metavar="PATH", help="load this checkpoint before the first sync")
     parser.add_argument("--min-peers", type=int, default=1, metavar="N", help="wait for N peers before the first step")
+    # pccl logs what a run does at INFO ("waiting for the master at ...", "peer ... is alone in
+    # group 0: waiting for another peer to join", joins and departures); this shows it, timed.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     train(parser.parse_args())
 
 

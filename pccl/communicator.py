@@ -403,6 +403,10 @@ async def open_communicator(
 ) -> AsyncIterator[Communicator]:
     """Connect to the master, register in ``peer_group`` and wait until accepted.
 
+    A master that is not up yet (nothing answers at ``master_address``) is waited for, up to
+    ``config.master_wait_timeout`` (60 s by default; 0: fail at once), logging "waiting for the
+    master at HOST:PORT" once at INFO, so the master and its peers can start in any order.
+
     The first peer is accepted at once; later ones when the accepted peers next call
     ``update_topology()`` — this returns at the same moment theirs does.  ``token``: the run
     token the master requires (``str`` or ``bytes``); when it is None and ``network`` is too,
@@ -410,8 +414,10 @@ async def open_communicator(
     master`` does — so one exported variable serves the master and its peers.  ``network``
     defaults to real TCP; a caller that passes its own network (the simulator, a test's memory
     network) passes its token explicitly too, and the environment is not read.  ``rng`` (when
-    given) draws the handshake nonces (the simulator seeds it).
-    Raises ``MasterUnreachable`` (cannot connect, or lost while waiting), ``AuthenticationFailed``
+    given) draws the handshake nonces and the jitter of the waits for the master (the simulator
+    seeds it).
+    Raises ``MasterUnreachable`` (cannot connect within ``master_wait_timeout``, or lost while
+    waiting to be accepted), ``AuthenticationFailed``
     (wrong or missing run token), ``Kicked``, ``ProtocolError``.  Cancellation while waiting
     leaves the run.  Leaving the block closes the communicator (``aclose``).
     """

@@ -45,9 +45,21 @@ class Config:
     master_reconnect_timeout: float = 60.0
     #: Bounds of the jittered exponential backoff between reconnection attempts.
     master_reconnect_backoff: tuple[float, float] = (0.1, 2.0)
+    #: How long :func:`~pccl.open_communicator` keeps dialling a master that does not answer yet
+    #: (connection refused, host unreachable, name not resolvable yet, no answer within
+    #: ``connect_timeout``), with the backoff of ``master_reconnect_backoff``, before it raises
+    #: ``MasterUnreachable``; 0: fail at once.  A cluster can then start in any order.  A master
+    #: that answers and refuses (token, TLS, protocol) ends the wait at once.
+    master_wait_timeout: float = 60.0
     #: Largest control frame accepted, in bytes; a larger announced length is refused before
     #: any allocation.
     max_frame_size: int = 16 * 1024 * 1024
+    #: The local address a peer's listeners (p2p and shared state) bind to; None: every
+    #: interface of the master address's family (``0.0.0.0``, or ``::`` for an IPv6 master).
+    #: The master gives the other peers the address it sees this peer's connection come from,
+    #: so bind to that one (a warning says when they differ).  See "Ports" in
+    #: ``docs/operating.rst``.
+    bind_host: str | None = None
     #: Base ports for a peer's listeners; when taken, the next free port above is used.
     p2p_base_port: int = 48150
     shared_state_base_port: int = 48149
@@ -100,6 +112,8 @@ class Config:
             raise InvalidArgument("timeouts and intervals must be positive")
         if self.master_reconnect_timeout < 0:
             raise InvalidArgument("master_reconnect_timeout must be 0 (no reconnection) or positive")
+        if self.master_wait_timeout < 0:
+            raise InvalidArgument("master_wait_timeout must be 0 (fail at once) or positive")
         low, high = self.master_reconnect_backoff
         if not 0 < low <= high:
             raise InvalidArgument("master_reconnect_backoff must be (first, longest) delays with 0 < first <= longest")
@@ -134,6 +148,10 @@ class Config:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise InvalidArgument(f"{name} must be a port number, got {port}")
+        host = self.bind_host
+        if host is not None and (not isinstance(host, str) or not host or any(c in host for c in "[] \t/")):
+            raise InvalidArgument(f"bind_host must be None or a host name or IP address without brackets or port, "
+                                  f"got {host!r}")
         if (self.tls_client_context is None) != (self.tls_server_context is None):
             raise InvalidArgument("set both tls_client_context and tls_server_context, or neither")
 

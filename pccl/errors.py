@@ -105,6 +105,10 @@ class KickReason(enum.IntEnum):
     SHUTDOWN = 9
     DUPLICATE_TAG = 10
     FRAME_TOO_LARGE = 11
+    #: Not from a master: a peer's p2p or shared-state port answers a ``Register`` with it (the
+    #: dialler took the peer's address for the master's); ``open_communicator`` raises
+    #: ``MasterUnreachable`` naming the port.
+    NOT_A_MASTER = 12
 
 
 class Kicked(PCCLError):

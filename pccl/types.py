@@ -82,15 +82,24 @@ _BY_NUMPY = {np.dtype(name): dt for dt, name in _NUMPY_NAME.items()}
 
 
 def dtype_of(dtype: object) -> DType:
-    """Map a numpy dtype (or anything ``np.dtype`` accepts) to :class:`DType`.
+    """Map a :class:`DType`, a torch dtype or a numpy dtype (or anything ``np.dtype`` accepts)
+    to :class:`DType`.
 
-    Raises :class:`InvalidArgument` for unsupported dtypes.  ``ml_dtypes.bfloat16`` is recognised
-    by name, so that checking a dtype does not import ml_dtypes.
+    Raises :class:`InvalidArgument` for unsupported dtypes.  ``ml_dtypes.bfloat16`` and torch's
+    dtypes are recognised by name, so that checking a dtype imports neither ml_dtypes nor torch.
     """
+    if isinstance(dtype, DType):
+        return dtype
+    kind = type(dtype)
+    if kind.__module__ == "torch" and kind.__name__ == "dtype":  # torch.float32 is "torch.float32"
+        name = str(dtype).removeprefix("torch.")
+        if name == "bfloat16":
+            return DType.BFLOAT16
+        dtype = name
     try:
         npd = np.dtype(dtype)  # type: ignore[call-overload]
     except TypeError as exc:
-        raise InvalidArgument(f"not a dtype: {dtype!r}") from exc
+        raise InvalidArgument(f"not a dtype: {dtype!r} (pass a numpy dtype, a torch dtype or a pccl.DType)") from exc
     if npd.byteorder == ">" or (npd.byteorder == "=" and np.little_endian is False):
         raise InvalidArgument(f"big-endian dtype {npd} is not supported")
     found = _BY_NUMPY.get(npd.newbyteorder("=")) if npd.kind in "uif" else None
@@ -111,7 +120,9 @@ class QuantKind(enum.IntEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Quantization:
-    """Quantization of an all-reduce's wire traffic: MIN_MAX to uint8 or uint16."""
+    """Quantization of an all-reduce's wire traffic: MIN_MAX to uint8 or uint16.  ``dtype`` is
+    a numpy dtype, a torch dtype or a :class:`DType` (``np.uint8``, ``torch.uint8`` and
+    ``DType.UINT8`` are the same)."""
 
     kind: QuantKind = QuantKind.MIN_MAX
     dtype: object = np.uint8

@@ -2,6 +2,7 @@
 """The same loop for synchronous code: pccl.blocking runs Trio in a background thread."""
 
 import argparse
+import logging
 import time
 
 import numpy as np
@@ -35,4 +36,6 @@ if __name__ == "__main__":
     parser.add_argument("--master", default="127.0.0.1:48148")
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
+    # pccl's INFO lines, timed: "waiting for the master", "alone ...: waiting for another peer"
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     main(args.master, args.steps)

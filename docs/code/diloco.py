@@ -8,6 +8,7 @@ after them.
 """
 
 import argparse
+import logging
 
 import torch
 
@@ -73,6 +74,8 @@ if __name__ == "__main__":
     parser.add_argument("--inner-steps", type=int, default=20, help="H")
     parser.add_argument("--data-seed", type=int, default=None)
     args = parser.parse_args()
+    # pccl's INFO lines, timed: "waiting for the master", "alone ...: waiting for another peer"
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.data_seed is None:
         args.data_seed = torch.seed()
     main(args)

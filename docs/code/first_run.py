@@ -2,6 +2,7 @@
 """The tutorial's first peer: numpy weights, an averaged gradient every step."""
 
 import argparse
+import logging
 
 import numpy as np
 import trio
@@ -35,4 +36,6 @@ if __name__ == "__main__":
     parser.add_argument("--master", default="127.0.0.1:48148")
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
+    # pccl's INFO lines, timed: "waiting for the master", "alone ...: waiting for another peer"
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     trio.run(main, args.master, args.steps)

@@ -21,7 +21,7 @@ from ..net.framed import FramedConnection
 from ..protocol import messages as m
 from .heartbeat import PeerFacts, run_heartbeat
 
-__all__ = ["Dispatch", "LinkOwner", "MasterLink", "handshake", "kicked_error"]
+__all__ = ["Dispatch", "LinkOwner", "MasterLink", "handshake", "kicked_error", "refuse_registration"]
 
 #: What the reader does with a message, by its exact type.
 Dispatch = Mapping[type, Callable[["MasterLink", m.Message], None]]
@@ -35,11 +35,30 @@ def kicked_error(notice: m.KickNotice) -> Kicked:
     return Kicked(reason, notice.detail)
 
 
+async def refuse_registration(connection: FramedConnection, port: str) -> None:
+    """Answer a ``Register`` that came to this peer's ``port`` (``"p2p"``, ``"shared-state"``)
+    with ``KickNotice(NOT_A_MASTER)`` and close the connection, within a second: its dialler
+    took this peer's address for the master's and says so (:func:`handshake`; an older
+    dialler shows the notice's detail).  Transport errors are swallowed: the caller refuses the
+    connection anyway.  Cancellation aborts the connection."""
+    detail = f"this address is a pccl peer's {port} port, not a master"
+    try:
+        with trio.move_on_after(1.0):
+            await connection.send(m.KickNotice(int(KickReason.NOT_A_MASTER), detail))
+            await connection.aclose()
+            return
+    except TransportError:
+        pass
+    finally:
+        connection.abort()  # (a no-op once closed)
+
+
 async def handshake(connection: FramedConnection, register: m.Register, *, timeout: float,
                     master_address: str) -> m.Welcome:
     """Send ``register`` on a fresh master connection and wait for its ``Welcome`` (heartbeats
     may come first).  ``MasterUnreachable`` if none comes within ``timeout`` or the connection
-    breaks; ``Kicked`` if the master refuses; ``ProtocolError`` for anything else first."""
+    breaks, or if ``master_address`` is a peer's port (:func:`refuse_registration`); ``Kicked``
+    if the master refuses; ``ProtocolError`` for anything else first."""
     try:
         await connection.send(register)
         with trio.fail_after(timeout):
@@ -48,6 +67,9 @@ async def handshake(connection: FramedConnection, register: m.Register, *, timeo
                 if isinstance(msg, m.Welcome):
                     return msg
                 if isinstance(msg, m.KickNotice):
+                    if msg.reason == KickReason.NOT_A_MASTER:
+                        raise MasterUnreachable(f"{master_address} is not the master's address: {msg.detail} "
+                                                "(give open_communicator the address pccl master listens on)")
                     raise kicked_error(msg)
                 if not isinstance(msg, m.Heartbeat):
                     raise ProtocolError(f"the master sent {type(msg).__name__} before Welcome")

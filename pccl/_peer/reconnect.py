@@ -1,5 +1,6 @@
 """Getting a lost master back: dial and register again, with jittered exponential backoff, until
-it works or ``Config.master_reconnect_timeout`` runs out.
+it works or ``Config.master_reconnect_timeout`` runs out; and waiting for a master that is not
+up yet when a peer starts (:func:`dial_first`, bounded by ``Config.master_wait_timeout``).
 
 The policy (what the rest of the session does meanwhile is :mod:`pccl.protocol.lifecycle`'s
 ``RECONNECTING`` state):
@@ -23,21 +24,34 @@ from typing import Protocol
 import trio
 
 from ..config import Config
-from ..errors import AuthenticationFailed, Kicked, MasterUnreachable, PCCLError, ProtocolError, TransportError
+from ..errors import (
+    AuthenticationFailed,
+    ConnectionRefused,
+    ConnectTimeout,
+    Kicked,
+    MasterUnreachable,
+    PCCLError,
+    ProtocolError,
+    TransportError,
+)
 from ..net.framed import FramedConnection
 from .heartbeat import PeerFacts
 
-__all__ = ["ReconnectSubject", "backoff_delay", "reconnect"]
+__all__ = ["DialSubject", "ReconnectSubject", "backoff_delay", "dial_first", "reconnect"]
 
 log = logging.getLogger(__name__)
 
 
-class ReconnectSubject(PeerFacts, Protocol):
+class DialSubject(PeerFacts, Protocol):
+    """What :func:`dial_first` needs from the session."""
+
+    async def dial(self, address: str) -> FramedConnection: ...
+
+
+class ReconnectSubject(DialSubject, Protocol):
     """What :func:`reconnect` needs from the session."""
 
     def fail(self, error: PCCLError, *, cause: BaseException | None = None) -> None: ...
-
-    async def dial(self, address: str) -> FramedConnection: ...
 
     async def register_on(self, connection: FramedConnection) -> None:
         """``Register`` → ``Welcome`` on a fresh connection (a new epoch begins)."""
@@ -50,6 +64,39 @@ def backoff_delay(config: Config, attempt: int, rng: random.Random) -> float:
     """The pause after failed attempt ``attempt`` (from 0)."""
     first, longest = config.master_reconnect_backoff
     return min(longest, first * 2**attempt) * rng.uniform(0.5, 1.5)
+
+
+async def dial_first(subject: DialSubject, rng: random.Random) -> FramedConnection:
+    """The first connection to the master.  While nobody answers at its address (refused,
+    unreachable, not resolvable, no answer within ``Config.connect_timeout``) dial again after
+    :func:`backoff_delay` pauses (jitter drawn from ``rng`` alone), up to
+    ``Config.master_wait_timeout``; the first such failure is logged at INFO, once.
+
+    Raises ``MasterUnreachable`` when the wait runs out (at once with a timeout of 0), or when
+    the connection or its handshake breaks in another way (a TLS failure, say);
+    ``AuthenticationFailed`` and ``ProtocolError`` as they come (something answered and refused:
+    waiting would not help).  Cancellation ends the wait (no connection is left open)."""
+    config = subject.config
+    address = subject.master_address
+    deadline = trio.current_time() + config.master_wait_timeout
+    attempt = 0
+    while True:
+        try:
+            return await subject.dial(address)
+        except (ConnectionRefused, ConnectTimeout) as exc:
+            now = trio.current_time()
+            if now >= deadline:
+                waited = f" (waited {config.master_wait_timeout:g} s, Config.master_wait_timeout)" if attempt else ""
+                raise MasterUnreachable(f"cannot reach the master at {address}{waited}: {exc}") from exc
+            if attempt == 0:
+                log.info("waiting for the master at %s (up to %g s, Config.master_wait_timeout): %s", address,
+                         config.master_wait_timeout, exc)
+            else:
+                log.debug("dialling the master at %s, attempt %d failed: %s", address, attempt + 1, exc)
+            await trio.sleep(min(backoff_delay(config, attempt, rng), deadline - now))
+            attempt += 1
+        except TransportError as exc:
+            raise MasterUnreachable(f"cannot reach the master at {address}: {exc}") from exc
 
 
 async def reconnect(subject: ReconnectSubject, why: PCCLError, lost_at: float, rng: random.Random) -> None:

@@ -20,6 +20,7 @@ The session implements :class:`~pccl._peer.host.PeerHost`, the interface its ser
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -46,7 +47,7 @@ from .host import CollectiveRoute, Counters, MasterLost
 from .master_link import Dispatch, MasterLink, handshake, kicked_error
 from .phase import PhaseRule
 from .probes import ProbeService
-from .reconnect import reconnect
+from .reconnect import dial_first, reconnect
 from .ring_connections import P2PLinks
 from .routes import COLLECTIVE_REPLIES, SYNC_REPLIES, Flooded, Routes
 from .votes import Votes, fresh_error
@@ -80,8 +81,9 @@ class PeerSession:
         self._rng = rng if rng is not None else random.Random()
         self._nursery = nursery
         host, _ = parse_address(master_address)
-        #: The local address listeners bind to (the master's address family).
-        self.bind_host = "::" if ":" in host else "0.0.0.0"
+        #: The local address listeners bind to: ``Config.bind_host``, else every interface of
+        #: the master's address family.
+        self.bind_host = config.bind_host or ("::" if ":" in host else "0.0.0.0")
         self._lifecycle = Lifecycle()
         self._link: MasterLink | None = None
         self._wiring: RingWiring | None = None
@@ -340,15 +342,29 @@ class PeerSession:
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        """Bind the p2p listener and connect to the master.  ``MasterUnreachable`` if it cannot
-        be reached; handshake errors (``AuthenticationFailed``, ``ProtocolError``) as they are."""
+        """Bind the p2p listener and connect to the master, waiting up to
+        ``Config.master_wait_timeout`` for one that is not up yet
+        (:func:`~pccl._peer.reconnect.dial_first`).  ``MasterUnreachable`` if it cannot be
+        reached; handshake errors (``AuthenticationFailed``, ``ProtocolError``) as they are.
+        Cancellation ends the wait."""
         listener = await self.listen(self._config.p2p_base_port)
         self._wiring = RingWiring(self, listener)
-        try:
-            connection = await self.dial(self.master_address)
-        except TransportError as exc:
-            raise MasterUnreachable(f"cannot reach the master at {self.master_address}: {exc}") from exc
+        connection = await dial_first(self, self._rng)
         self._link = MasterLink(self, connection, self._lifecycle.epoch)
+        self._check_bind_host(connection.local_address)
+
+    def _check_bind_host(self, local_address: str) -> None:
+        """Warn when the listeners are bound to an IP the master does not see this peer at."""
+        bound = self._config.bind_host
+        try:
+            bound_ip = ipaddress.ip_address(bound) if bound is not None else None
+            local_ip = ipaddress.ip_address(parse_address(local_address)[0])
+        except (ValueError, InvalidArgument):
+            return  # a host name, or a transport without IP addresses: nothing to compare
+        if bound_ip is not None and not bound_ip.is_unspecified and bound_ip != local_ip:
+            log.warning("Config.bind_host is %s but this peer reaches the master at %s from %s: the master "
+                        "gives the other peers the address it sees, where nothing of this peer listens",
+                        bound, self.master_address, local_ip)
 
     async def register(self, *, shared_state_port: int) -> None:
         """Register with the master, wait for ``Welcome``, start the background tasks."""

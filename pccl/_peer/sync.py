@@ -38,6 +38,7 @@ import outcome
 import trio
 
 from .host import MasterLost, PeerHost
+from .master_link import refuse_registration
 from ..errors import (
     InvalidArgument,
     InvalidUsage,
@@ -352,6 +353,9 @@ class StateSyncService:
             conn = await host.accept(stream)
             with trio.fail_after(host.config.connect_timeout):
                 request = await conn.receive()
+            if isinstance(request, m.Register):
+                await refuse_registration(conn, "shared-state")
+                raise ProtocolError("it registered, taking this peer's shared-state port for a master (it was told so)")
             if not isinstance(request, m.StateRequest):
                 raise ProtocolError(f"expected StateRequest, got {type(request).__name__}")
             slot.release()

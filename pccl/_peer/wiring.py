@@ -33,6 +33,7 @@ from ..net.framed import FramedConnection
 from ..net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for, serve_listener
 from ..protocol import messages as m
 from .host import PeerHost
+from .master_link import refuse_registration
 from .ring_connections import P2PLinks
 
 __all__ = ["RingWiring"]
@@ -239,6 +240,10 @@ class RingWiring:
             conn = await host.accept(stream)
             with trio.fail_after(host.config.connect_timeout):
                 hello = await conn.receive()
+                if isinstance(hello, m.Register):
+                    refused, conn = conn, None
+                    await refuse_registration(refused, "p2p")
+                    raise ProtocolError("it registered, taking this peer's p2p port for a master (it was told so)")
                 if not isinstance(hello, (m.P2PHello, m.ProbeHello)):
                     raise ProtocolError(f"expected P2PHello, got {type(hello).__name__}")
                 while isinstance(hello, m.P2PHello) and self.links.round < hello.round:  # the dialler may be ahead

@@ -142,8 +142,8 @@ def test_errors_are_the_same_pccl_types_in_the_callers_thread(pair) -> None:  # 
 def test_unreachable_master_raises_in_the_caller() -> None:
     from pccl.tools.bench import free_port
 
-    config = pccl.Config(connect_timeout=0.5)
-    with pytest.raises(MasterUnreachable):
+    config = pccl.Config(connect_timeout=0.5, master_wait_timeout=1.0)
+    with pytest.raises(MasterUnreachable, match="waited 1 s"):
         pccl.blocking.open_communicator(f"127.0.0.1:{free_port()}", config=config)
 
 

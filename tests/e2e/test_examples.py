@@ -111,7 +111,7 @@ def _run_with_master_restart(script: str, steps: int, *args: str, peers: int = 3
         master = _Proc("master", [sys.executable, "-m", "pccl", "master", "--listen", address, "--peer-timeout",
                                   str(CONFIG.peer_timeout), "--heartbeat-interval", str(CONFIG.heartbeat_interval)])
         masters.append(master)
-        # A peer's first connect is not retried: start the peers once the master listens.
+        # The peers would wait for it (Config.master_wait_timeout), but this run is about a restart.
         _wait_until([master], lambda: any("master listening on" in line for line in master.lines),
                     time.monotonic() + 30)
         return master

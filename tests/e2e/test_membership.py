@@ -774,7 +774,8 @@ async def test_a_lone_peer_says_so_once_and_the_master_logs_membership_once_each
     assert sum("is alone in group 0" in line for line in lines) == 1, lines
     assert sum("joined group 0" in line for line in lines) == 2, lines
     assert sum("accepted into group 0" in line for line in lines) == 2, lines
-    left = [line.split()[1] for line in lines if line.endswith(") left")]
+    left = [line.split()[1] for line in lines if line.endswith(" left the run")]
+    assert len(left) == 2, lines  # one line per departure
     assert sorted(left) == sorted({line.split()[1] for line in lines if "joined group" in line}), lines  # b, then a
     sizes = [line for line in lines if line.startswith("group 0: world size")]
     assert sizes == ["group 0: world size 1 (was 0)", "group 0: world size 2 (was 1)",

@@ -456,8 +456,7 @@ class MasterState:
         return peer.pending_vote
 
     def _on_leave(self, peer: PeerRecord, msg: m.Leave) -> None:
-        log.info("peer %x (connection %d) left the run", peer.peer_id, peer.conn_id)
-        self._remove(peer.conn_id, None, "left")
+        self._remove(peer.conn_id, None, "left the run")  # logs it, once
         self._out.append(Close(peer.conn_id))
 
     def _on_register(self, peer: PeerRecord, msg: m.Register) -> None:
@@ -499,7 +498,7 @@ class MasterState:
         if peer.status is _C:
             return
         if reason is None:  # a kick is logged once, by the shell that delivers it
-            log.info("peer %x (group %d) %s", peer.peer_id, peer.group, detail)
+            log.info("peer %x (group %d, connection %d) %s", peer.peer_id, peer.group, conn_id, detail)
         del self._by_id[peer.peer_id]
         self._optimizer.links.forget(peer.peer_id)
         if peer.round_scope is not None:
