@@ -18,9 +18,8 @@ order than the tags', each peer holding tags the others have not started).  Peer
 the same tags in the same order (tags 0..9 with at most 8 in flight, ``all_reduce_many``'s
 buckets) never get here: when every member waits, the lowest tag any of them waits on has every
 member's vote, so it commences (a member that has not reached it yet is computing, not
-waiting).  A member that
-computes while the others wait — with no Init of its own outstanding, or with one running — is
-not waiting, and so keeps every call from being ended.
+waiting).  A member that computes while the others wait — with no Init of its own outstanding,
+or with one running — is not waiting, and so keeps every call from being ended.
 
 Either way, the master then withdraws all of these votes (``TopologyRejected``,
 ``CollectiveRejected(PHASE_MISMATCH)`` for each tag, ``SyncRejected(PHASE_MISMATCH)``), naming
