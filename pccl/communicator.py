@@ -243,7 +243,8 @@ class Communicator:
         untouched), ``CollectiveAborted`` (a participant failed: an in-place buffer holds its
         input again; retry — a stale ring is re-wired automatically by the next call; caused by
         ``PhaseMismatch`` when every other peer of the group waits in ``update_topology`` or a
-        sync instead: go on to the next step, where the loops meet), ``Kicked``,
+        sync instead, or every peer waits on tags not all of them started: go on to the next
+        step, where the loops meet, or call again on the tag the others use), ``Kicked``,
         ``MasterUnreachable``.  Cancellation restores an in-place buffer and makes the other
         participants abort; cancelled before the master answered, the vote is withdrawn (the
         next call on the tag, or a topology update or sync, waits for that one round trip).

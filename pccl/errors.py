@@ -65,7 +65,9 @@ class CollectiveAborted(PCCLError):
 class PhaseMismatch(PCCLError):
     """This call could never complete: every other member of the group waits in a call that
     needs this peer in another one (say ``all_reduce`` while this peer runs
-    ``update_topology``).  The master ended all of them; the message names who waits where.
+    ``update_topology``), or every member waits in collectives on tags not all of them started
+    (``all_reduce(tag=1)`` here, ``all_reduce(tag=2)`` there).  The master ended all of them;
+    the message names who waits where (and on which tags).
     ``update_topology`` and ``sync_shared_state`` raise it; an ``all_reduce`` raises
     ``CollectiveAborted`` caused by it.  ``steps()`` recovers on its own: it starts the step
     again (``update_topology``, then the sync), where the loops meet."""

@@ -1,7 +1,8 @@
 """Peers whose loops diverge (issue 19 item 6), on real TCP with a real master: a peer in
-``all_reduce`` while another is in ``update_topology`` or ``sync_shared_state`` used to wait for
-ever.  The master ends such a phase mismatch with a clear error on every peer involved well
-within ``peer_timeout``, and a loop written with ``steps()`` goes on afterwards."""
+``all_reduce`` while another is in ``update_topology`` or ``sync_shared_state``, or in
+``all_reduce`` on another tag (issue 31 point 5), used to wait for ever.  The master ends such a
+phase mismatch with a clear error on every peer involved well within ``peer_timeout``, and a
+loop written with ``steps()`` (or calling again on its tag) goes on afterwards."""
 
 from __future__ import annotations
 
@@ -162,3 +163,68 @@ async def test_a_steps_loop_goes_on_after_a_peer_skipped_its_all_reduce(caplog: 
         assert done[0] == done[1] == [1, *range(3, steps + 1)]
         assert np.array_equal(weights[0], weights[1]) and states[0].revision == states[1].revision == steps - 1
         assert any("starting the step again" in r.getMessage() for r in caplog.records)
+
+
+# --- collectives on different tags (issue 31, point 5) ----------------------------------------------
+
+#: the master's grace before it ends a mismatch (a quarter of peer_timeout by default)
+GRACE = PEER_TIMEOUT / 4
+
+
+async def test_all_reduces_on_different_tags_end_on_both_peers_naming_each_tag() -> None:
+    """``all_reduce(tag=1)`` on one peer and ``all_reduce(tag=2)`` on the other used to wait for
+    ever: both end with a PhaseMismatch naming who waits on which tag, after the grace (and well
+    before a peer_timeout), the inputs untouched; the same tag then meets."""
+    async with _group(2) as (master, comms, _):
+        a, b = comms
+        x = np.arange(1000, dtype=np.float32)
+        xa, xb = x.copy(), 2 * x
+        start = trio.current_time()
+        ea, eb = await _race(lambda: a.all_reduce(xa, tag=1), lambda: b.all_reduce(xb, tag=2))
+        elapsed = trio.current_time() - start
+        ma, mb = _mismatch_of(ea), _mismatch_of(eb)
+        assert str(ma) == str(mb)
+        assert f"peer {a.peer_id:x} waits in all_reduce (tag 1)" in str(ma), str(ma)
+        assert f"peer {b.peer_id:x} waits in all_reduce (tag 2)" in str(ma), str(ma)
+        assert GRACE <= elapsed < PEER_TIMEOUT, elapsed
+        assert np.array_equal(xa, x) and np.array_equal(xb, 2 * x)
+        infos = await _race(lambda: a.all_reduce(xa, tag=1), lambda: b.all_reduce(xb, tag=1))
+        assert all(isinstance(i, pccl.ReduceInfo) for i in infos), infos
+        assert np.array_equal(xa, 3 * x) and np.array_equal(xb, 3 * x)
+
+
+async def test_loops_that_diverge_on_a_tag_call_again_on_the_same_tag_and_go_on() -> None:
+    """Each step all-reduces on tag 1; in step 2 peer 1's loop uses tag 2 (a bug, or a tag
+    computed from state only it saw).  Both calls end with a PhaseMismatch; each loop calls
+    again on tag 1 and the step succeeds, as do the steps after it, in lockstep."""
+    steps = 4
+    async with _group(2) as (master, comms, _):
+        grads = [[np.full(256, 10 * step + i, np.float32) for step in range(steps)] for i in range(2)]
+        results: dict[int, list[np.ndarray]] = {0: [], 1: []}
+        mismatches: dict[int, list[PhaseMismatch]] = {0: [], 1: []}
+
+        async def loop(i: int) -> None:
+            comm = comms[i]
+            for step in range(steps):
+                buf = grads[i][step].copy()
+                tag = 2 if (i == 1 and step == 2) else 1
+                while True:
+                    try:
+                        await comm.all_reduce(buf, tag=tag)
+                        break
+                    except CollectiveAborted as exc:
+                        mismatches[i].append(_mismatch_of(exc))
+                        assert np.array_equal(buf, grads[i][step])  # the input, restored
+                        tag = 1  # call again, on the step's tag
+                results[i].append(buf)
+
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(loop, 0)
+                nursery.start_soon(loop, 1)
+        assert len(mismatches[0]) == len(mismatches[1]) == 1
+        assert str(mismatches[0][0]) == str(mismatches[1][0])
+        assert "all_reduce (tag 1)" in str(mismatches[0][0]) and "all_reduce (tag 2)" in str(mismatches[0][0])
+        for step in range(steps):
+            want = grads[0][step] + grads[1][step]
+            assert np.array_equal(results[0][step], want) and np.array_equal(results[1][step], want)

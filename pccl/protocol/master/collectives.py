@@ -25,7 +25,8 @@ re-wires it).  An op that ends with a live participant to tell is reported once 
 Withdrawal.  ``CollectiveWithdraw(tag)`` (the caller gave up before the answer) removes the
 peer's Init of an op that has not commenced and answers ``CollectiveRejected(WITHDRAWN)``; for
 a commenced op, or one already answered, it is ignored (that answer is on its way).  A phase
-mismatch withdraws a peer's Inits the same way, answering ``PHASE_MISMATCH``.
+mismatch withdraws a peer's Inits the same way, answering ``PHASE_MISMATCH`` — also when every
+member waits only in Inits and no tag has every member's vote (different tags, :mod:`.mismatch`).
 
 Kinds.  What an op computes is its kind (:class:`CollectiveKind`, ``CollectiveInit.kind``: a
 trailing field, so an Init without it is an all-reduce; an unknown value is a PROTOCOL_ERROR);
@@ -469,6 +470,13 @@ class CollectiveOps:
             return None
         return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
                          for row in KINDS.values() if any(op.row is row for op in ops))
+
+    def full_vote(self, group: int) -> bool:
+        """Whether some vote of ``group`` that has not commenced has every member's Init (it
+        can still commence: no phase mismatch across tags)."""
+        members = self._host.members(group)
+        return any(op.group == group and op.seq is None and all(pid in op.inits for pid in members)
+                   for op in self._ops.values())
 
     def views(self) -> list[OpInfo]:
         return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done), o.row.kind)

@@ -47,10 +47,11 @@ collective while its sync runs (OUT_OF_PHASE).  The sub-machine and its rules li
 :mod:`pccl.protocol.master.sync`; it sees the master only through ``SyncHost``.
 
 Phase mismatch.  When every accepted member of a group waits for the others and not all in
-the same kind of call, none of their votes can ever complete: once that has lasted
-``mismatch_grace`` (a quarter of ``peer_timeout`` by default), the master withdraws every one
-of them, naming who waits where.  The sub-machine and its rules live in
-:mod:`pccl.protocol.master.mismatch` (behind ``MismatchHost``).
+the same kind of call — or all in collectives that have not commenced, none of whose tags every
+member voted (different tags) — none of their votes can ever complete: once that has lasted
+``mismatch_grace`` (a quarter of ``peer_timeout`` by default) unchanged, the master withdraws
+every one of them, naming who waits where (and on which tags).  The sub-machine and its rules
+live in :mod:`pccl.protocol.master.mismatch` (behind ``MismatchHost``).
 
 Optimise.  ``VoteOptimize`` is a group vote whose vote stands as a topology vote does (the same
 phase rules); when every member votes, the group's links are probed, the ring solved and
@@ -207,8 +208,8 @@ class MasterState:
         ))
         self._mismatches = PhaseMismatches(MismatchHost(
             members=self._member_ids,
-            may_wait=self._may_wait,
             waiting_calls=self._waiting_calls,
+            full_vote=self._collectives_full_vote,
             end_waiting=self._end_waiting,
         ), grace=grace)
         self._collectives = CollectiveOps(OpsHost(
@@ -635,9 +636,8 @@ class MasterState:
         call = self._collectives.waiting_call(peer.group, peer.peer_id)
         return None if call is None else (ph.Call.COLLECTIVE, call)
 
-    def _may_wait(self, group: int) -> bool:
-        return bool(self._sync_state.waiting_voters(group)) or any(
-            p.topology_vote is not None for p in self._accepted(group))
+    def _collectives_full_vote(self, group: int) -> bool:
+        return self._collectives.full_vote(group)
 
     def _waiting_calls(self, group: int) -> Callable[[int], tuple[ph.Call, str] | None]:
         sync_waiting = self._sync_state.waiting_voters(group)
