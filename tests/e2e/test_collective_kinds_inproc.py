@@ -158,6 +158,7 @@ async def test_torch_tensors_go_in_and_come_out_as_torch_tensors() -> None:
     async with _group(2) as (master, comms, _):
         xs = [torch.arange(3 + i, dtype=torch.bfloat16) + 10 * i for i in range(2)]
         got = await _each(comms, lambda i, c: c.all_gather(xs[i]))
+        assert all(isinstance(g, pccl.Gathered) for g in got), got  # (an error, shown as it is)
         order = [next(i for i, c in enumerate(comms) if c.peer_id == pid) for pid in got[0].peers]
         for g in got:
             assert isinstance(g, pccl.Gathered) and isinstance(g.buffer, torch.Tensor), g
