@@ -55,6 +55,7 @@ from ..net.framed import FramedConnection
 from ..net.framed_threads import BlockingDataChannel, thread_channel
 from ..net.thread_io import ThreadCancel
 from ..protocol.codec import DataHeader
+from .lane_sends import LaneSends
 
 __all__ = ["SeqRegistry", "FrameAction", "classify", "Inbox", "RingLinks"]
 
@@ -390,8 +391,11 @@ class RingLinks:
         available = all(ch is not None for ch in channels) and all(i.channel is not None for i in self.inboxes)
         if threaded and not available:
             raise InvalidArgument("threaded lanes need connections that offer blocking I/O (real TCP)")
+        #: Per lane, the sends small ops could not complete at once (with :attr:`send_channels`).
+        self.send_queues: tuple[LaneSends, ...] | None = None
         if available and threaded is not False:
             self.send_channels = tuple(ch for ch in channels if ch is not None)
+            self.send_queues = tuple(LaneSends() for _ in self.send_channels)
 
     @property
     def threaded(self) -> bool:
