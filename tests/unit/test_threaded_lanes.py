@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 from pccl.collectives import KernelRunner, RingLinks, ring_all_reduce
 from pccl.collectives.ring_op import RingOp
@@ -398,6 +399,53 @@ async def test_a_cancel_after_a_frames_header_keeps_the_lane(path: str, moment: 
             with trio.fail_after(10):
                 got = await inbox.receive_into(seq=3, stream=0, step=0, offset=0, destination=memoryview(destination))
         assert got == nbytes and bytes(destination) == good.tobytes()
+    finally:
+        await dialed.aclose()
+        await accepted.aclose()
+
+
+class _Reschedules(trio.abc.Instrument):
+    """Counts how often tasks are scheduled to run (every wake-up of a waiting task)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        self.count += 1
+
+
+async def test_readers_waiting_on_a_lane_are_woken_only_when_their_frame_is_next() -> None:
+    # 200 ops wait on one lane and their frames arrive in reverse order: each frame must wake
+    # its owner, not every waiting reader (which cost quadratic time with thousands of tags).
+    dialed, accepted = await framed_tcp_pair(CONFIG)
+    readers = 200
+    try:
+        inbox = Inbox(accepted, SeqRegistry())
+        got: dict[int, bytes] = {}
+
+        async def read(seq: int) -> None:
+            destination = bytearray(8)
+            await inbox.receive_into(seq=seq, stream=0, step=0, offset=0, destination=memoryview(destination))
+            got[seq] = bytes(destination)
+
+        counter = _Reschedules()
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for seq in range(1, readers + 1):
+                    nursery.start_soon(read, seq)
+                await trio.testing.wait_all_tasks_blocked()
+                trio.lowlevel.add_instrument(counter)
+                try:
+                    for seq in range(readers, 0, -1):
+                        await dialed.send_data(DataHeader(op_seq=seq, stream=0, step=0, offset=0, nbytes=8),
+                                               seq.to_bytes(8, "little"))
+                    while len(got) < readers:
+                        await trio.sleep(0.01)
+                finally:
+                    trio.lowlevel.remove_instrument(counter)
+        assert got == {seq: seq.to_bytes(8, "little") for seq in range(1, readers + 1)}
+        # Waking every waiter at every frame makes ~readers**2 / 2 (20,000) wake-ups.
+        assert counter.count < 20 * readers, counter.count
     finally:
         await dialed.aclose()
         await accepted.aclose()
