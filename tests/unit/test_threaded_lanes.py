@@ -449,3 +449,36 @@ async def test_readers_waiting_on_a_lane_are_woken_only_when_their_frame_is_next
     finally:
         await dialed.aclose()
         await accepted.aclose()
+
+
+async def test_concurrent_small_ops_share_one_send_thread_per_lane() -> None:
+    # 300 small (inline) all-reduces at once on one lane each way, their frames more than the
+    # sockets take at once: the sends left over wait in the lane's one queue, drained by one
+    # worker thread per lane, instead of a thread per op queuing on the lane's send lock.
+    a, b = await tcp_pair()
+    ops, count = 300, 16384  # 64 KiB each
+    alive: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            alive.append(sum(t.name == "pccl-ring-send" for t in threading.enumerate()))
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        inputs = [[np.full(count, seq + r, np.float32) for r in range(2)] for seq in range(ops)]
+        bufs = [[x.copy() for x in row] for row in inputs]
+        watcher.start()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for seq in range(ops):
+                    nursery.start_soon(both, a, b, bufs[seq], seq + 1)
+        for seq in range(ops):
+            assert all(np.array_equal(buf, inputs[seq][0] + inputs[seq][1]) for buf in bufs[seq])
+        assert 0 < max(alive) <= 2, max(alive)  # one lane per peer
+    finally:
+        stop.set()
+        watcher.join()
+        await a.aclose()
+        await b.aclose()
