@@ -227,15 +227,31 @@ async def _run_op(
 
 async def execute_op(op: LaneOp) -> None:
     """Run ``op`` (any collective's) on the path its links offer; connections it left broken (a
-    torn frame, a bad header) are aborted when it ends, whichever path ran."""
+    torn frame, a bad header) are aborted when it ends, whichever path ran.
+
+    An op for the lane threads first waits for its turn (:class:`~pccl.collectives.turns.ThreadTurns`:
+    a few at a time per set of links, in commence order); cancellable while it waits.  Every
+    other op leaves the commence order at once."""
+    links = op.links
     try:
         if op.moves_nothing():
+            links.registry.started(op.seq)
             await trio.lowlevel.checkpoint()
-        elif not op.links.threaded:
+        elif not links.threaded:
+            links.registry.started(op.seq)
             await TrioRing(op).run()
         elif suits_inline(op):
+            links.registry.started(op.seq)
             await InlineRing(op).run()
         else:
-            await LaneThreads(op).run()
+            turns = links.turns
+            assert turns is not None
+            if not await turns.take(op.seq):
+                await LaneThreads(op).run()
+            else:
+                try:
+                    await LaneThreads(op).run()
+                finally:
+                    turns.give_back()
     finally:
-        op.links.abort_broken()
+        links.abort_broken()

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import heapq
 import logging
 import threading
 import weakref
@@ -57,6 +58,7 @@ from ..net.framed_threads import BlockingDataChannel, thread_channel
 from ..net.thread_io import ThreadCancel
 from ..protocol.codec import DataHeader
 from .lane_sends import LaneSends
+from .turns import ThreadTurns
 
 __all__ = ["SeqRegistry", "FrameAction", "classify", "Inbox", "RingLinks"]
 
@@ -68,9 +70,11 @@ _RETIRED_MEMORY = 1 << 16
 
 
 class SeqRegistry:
-    """Which operation seqs have ended on this peer, shared by all inboxes of a communicator.
+    """Which operation seqs have ended on this peer, shared by all inboxes of a communicator;
+    and which were commenced here but have not reached their data path yet (the order in which
+    :class:`~pccl.collectives.turns.ThreadTurns` admits large ops).
 
-    Every change wakes the operations waiting on a parked header so they re-check it.
+    Every retirement wakes the operations waiting on a parked header so they re-check it.
     """
 
     def __init__(self) -> None:
@@ -78,6 +82,11 @@ class SeqRegistry:
         self._order: collections.deque[int] = collections.deque()
         # Weak: inboxes of torn-down rings must not live as long as the communicator's registry.
         self._listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
+        #: Seqs commenced here that have not reached their data path, nor ended (a heap with
+        #: lazy deletion over the set).
+        self._commenced: set[int] = set()
+        self._commenced_heap: list[int] = []
+        self._turn_listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
 
     def add_listener(self, wake: Callable[[], None]) -> None:
         """Call the bound method ``wake()`` (on the Trio thread) at every change while its
@@ -85,8 +94,45 @@ class SeqRegistry:
         self._listeners = [ref for ref in self._listeners if ref() is not None]
         self._listeners.append(weakref.WeakMethod(wake))  # type: ignore[arg-type]
 
+    def add_turn_listener(self, admit: Callable[[], None]) -> None:
+        """Call the bound method ``admit()`` (Trio thread) whenever a commenced seq reaches its
+        data path or ends, while its object lives: a :class:`~pccl.collectives.turns.ThreadTurns`
+        may then admit the next op."""
+        self._turn_listeners = [ref for ref in self._turn_listeners if ref() is not None]
+        self._turn_listeners.append(weakref.WeakMethod(admit))  # type: ignore[arg-type]
+
     def is_retired(self, seq: int) -> bool:
         return seq in self._retired
+
+    def commenced(self, seq: int) -> None:
+        """The master commenced ``seq`` with this peer (call in the order the Commences arrive,
+        before the op can reach its data path): until :meth:`started` or :meth:`retire`, large
+        ops of later seqs wait for it (:class:`~pccl.collectives.turns.ThreadTurns`)."""
+        if seq in self._retired or seq in self._commenced:
+            return
+        self._commenced.add(seq)
+        heapq.heappush(self._commenced_heap, seq)
+
+    def started(self, seq: int) -> None:
+        """``seq`` reached its data path (or never will): it no longer holds later ops back.
+        Idempotent; unknown seqs are ignored."""
+        if seq in self._commenced:
+            self._commenced.discard(seq)
+            for ref in self._turn_listeners:
+                admit = ref()
+                if admit is not None:
+                    admit()
+
+    def is_commenced(self, seq: int) -> bool:
+        """Whether ``seq`` was commenced here and has neither started nor ended."""
+        return seq in self._commenced
+
+    def first_commenced(self) -> int | None:
+        """The lowest seq commenced here that has neither started nor ended, if any."""
+        heap = self._commenced_heap
+        while heap and heap[0] not in self._commenced:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
 
     def retire(self, seq: int) -> None:
         """Mark ``seq`` ended: its frames still in flight will be discarded.  Idempotent."""
@@ -96,6 +142,7 @@ class SeqRegistry:
         self._order.append(seq)
         while len(self._order) > _RETIRED_MEMORY:
             self._retired.discard(self._order.popleft())
+        self.started(seq)
         self.notify()
 
     def notify(self) -> None:
@@ -394,9 +441,12 @@ class RingLinks:
             raise InvalidArgument("threaded lanes need connections that offer blocking I/O (real TCP)")
         #: Per lane, the sends small ops could not complete at once (with :attr:`send_channels`).
         self.send_queues: tuple[LaneSends, ...] | None = None
+        #: Which large ops run their lane threads now (with :attr:`send_channels`).
+        self.turns: ThreadTurns | None = None
         if available and threaded is not False:
             self.send_channels = tuple(ch for ch in channels if ch is not None)
             self.send_queues = tuple(LaneSends() for _ in self.send_channels)
+            self.turns = ThreadTurns(self.registry)
 
     @property
     def threaded(self) -> bool:
