@@ -252,6 +252,9 @@ class CollectiveService:
             raise MasterLost(f"the master changed during {plan.what}")
         await self._host.settled(plan.tag)  # a cancelled call's vote on this tag is withdrawn first
         route = self._host.open_route(plan.tag)
+        # Large ops take their lane threads in the order the master commenced them (the same on
+        # every peer): a Commence is recorded the moment it arrives, before any later op can run.
+        route.on_commence = self.registry.commenced
         self._hold()
         keep_route = False
         try:
@@ -374,9 +377,11 @@ class CollectiveService:
                    epoch: int, state: _Settlement) -> Result:
         host = self._host
         seq = commence.seq
-        # Kept until the master's final word: an abort may come after this peer's ring ended.
-        guard = plan.guard(STAGED_IN_PLACE_BYTES)
+        registry = self.registry  # the one the Commence was recorded in
+        guard: InputGuard | None = None
         try:
+            # Kept until the master's final word: an abort may come after this peer's ring ended.
+            guard = plan.guard(STAGED_IN_PLACE_BYTES)
             try:
                 await self._ring_and_settle(plan, commence, guard, route, state, epoch)
             except BaseException:
@@ -392,6 +397,9 @@ class CollectiveService:
                 raise
             return self._outcome(plan, commence, state, guard, epoch)
         finally:
+            # The data path retired the seq when its ring ended; an op that never reached it
+            # (its guard failed, say) must not hold later ops' lane threads back either.
+            registry.retire(seq)
             if guard is not None:
                 guard.drop()
 

@@ -72,14 +72,19 @@ class CollectiveRoute:
     failed: a running op reacts to an abort without a task of its own listening.
     """
 
-    __slots__ = ("_send", "inbox", "intercept")
+    __slots__ = ("_send", "inbox", "intercept", "on_commence")
 
     def __init__(self, capacity: int) -> None:
         self._send, self.inbox = trio.open_memory_channel[m.Message](capacity)
         self.intercept: Callable[[m.Message | None], None] | None = None
+        #: Told every Commence's seq as it arrives (synchronously, in the order the master sent
+        #: them), before it is queued or intercepted.
+        self.on_commence: Callable[[int], None] | None = None
 
     def deliver(self, msg: m.Message) -> None:
         """Queue (or intercept) ``msg``; ``trio.WouldBlock`` if the inbox is full."""
+        if self.on_commence is not None and isinstance(msg, m.CollectiveCommence):
+            self.on_commence(msg.seq)
         if self.intercept is not None:
             self.intercept(msg)
         else:
