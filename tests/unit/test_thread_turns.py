@@ -1,0 +1,121 @@
+"""ThreadTurns: how many large ops of one set of ring links run their lane threads at once,
+and that they are admitted in commence order (pccl.collectives.turns)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from pccl.collectives.links import SeqRegistry
+from pccl.collectives.turns import ThreadTurns
+
+
+class Ops:
+    """Ops that take a turn, record when they got it, and hold it until told to finish."""
+
+    def __init__(self, turns: ThreadTurns) -> None:
+        self.turns = turns
+        self.admitted: list[int] = []
+        self.took: dict[int, bool] = {}
+        self.finish: dict[int, trio.Event] = {}
+        self.scopes: dict[int, trio.CancelScope] = {}
+        self.cancelled: list[int] = []
+
+    async def op(self, seq: int) -> None:
+        self.finish[seq] = trio.Event()
+        with trio.CancelScope() as self.scopes[seq]:
+            took = await self.turns.take(seq)
+            self.took[seq] = took
+            self.admitted.append(seq)
+            try:
+                await self.finish[seq].wait()
+            finally:
+                if took:
+                    self.turns.give_back()
+        if self.scopes[seq].cancelled_caught:
+            self.cancelled.append(seq)
+
+
+async def test_ops_are_admitted_in_commence_order_whatever_order_they_arrive_in() -> None:
+    registry = SeqRegistry()
+    turns = ThreadTurns(registry, slots=2)
+    ops = Ops(turns)
+    for seq in range(1, 7):
+        registry.commenced(seq)
+    async with trio.open_nursery() as nursery:
+        for seq in (6, 5, 4, 3):  # the later ops reach their data path first, with turns free
+            nursery.start_soon(ops.op, seq)
+            await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == []  # seqs 1 and 2 are still to come: nobody may run ahead of them
+        nursery.start_soon(ops.op, 2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == []
+        nursery.start_soon(ops.op, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [1, 2] and turns.running == 2 and turns.waiting == 4
+        ops.finish[2].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [1, 2, 3]
+        for seq in (1, 3, 4, 5, 6):
+            ops.finish[seq].set()
+            await trio.testing.wait_all_tasks_blocked()
+    assert ops.admitted == [1, 2, 3, 4, 5, 6]
+    assert all(ops.took.values()) and turns.running == 0 and turns.waiting == 0
+
+
+async def test_an_op_that_ends_or_takes_another_path_before_its_turn_holds_nobody_back() -> None:
+    registry = SeqRegistry()
+    turns = ThreadTurns(registry, slots=2)
+    ops = Ops(turns)
+    for seq in (1, 2, 3):
+        registry.commenced(seq)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ops.op, 3)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == []
+        registry.retire(1)  # aborted before its data path (or never started here)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == []  # seq 2 is still to come
+        registry.started(2)  # a small op: it runs inline, without a turn
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [3]
+        ops.finish[3].set()
+
+
+async def test_cancelling_an_op_while_it_waits_for_its_turn_passes_the_turn_on() -> None:
+    registry = SeqRegistry()
+    turns = ThreadTurns(registry, slots=1)
+    ops = Ops(turns)
+    for seq in (1, 2, 3):
+        registry.commenced(seq)
+    async with trio.open_nursery() as nursery:
+        for seq in (1, 2, 3):
+            nursery.start_soon(ops.op, seq)
+            await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [1]
+        ops.scopes[2].cancel()  # waiting behind op 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.cancelled == [2] and turns.waiting == 1
+        ops.finish[1].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [1, 3]
+        ops.finish[3].set()
+    assert turns.running == 0
+
+
+async def test_an_op_whose_seq_nobody_commenced_runs_at_once_without_a_turn() -> None:
+    registry = SeqRegistry()
+    turns = ThreadTurns(registry, slots=1)
+    ops = Ops(turns)
+    registry.commenced(1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ops.op, 7)  # the collectives called directly: no order is known
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [7] and ops.took == {7: False} and turns.running == 0
+        ops.finish[7].set()
+
+
+def test_at_least_one_turn() -> None:
+    with pytest.raises(ValueError):
+        ThreadTurns(SeqRegistry(), slots=0)
