@@ -28,7 +28,10 @@ same demultiplexing with a threading condition.  Small all-reduces on the same l
 Trio task (:mod:`pccl.collectives.inline`) and read through :meth:`Inbox.receive_into`; the read
 role and the parked header are shared by both kinds of reader, so the two kinds of operation
 run concurrently on one lane (a thread that gives the role up wakes waiting Trio tasks through
-the Trio token).
+the Trio token).  Large ops take their threads a few at a time, in commence order
+(:attr:`RingLinks.turns`): the lowest unfinished op gets its turn on every peer, so the run
+progresses (in arrival order two peers could run disjoint ops, each waiting behind a frame
+parked for an op the other has not admitted).
 
 Both kinds of reader apply one rule to every header (:func:`classify`: take, discard, park) and
 one check to their own frames (:meth:`Inbox._check_own`).  A lane whose frame was torn — a

@@ -20,6 +20,12 @@ bit-identical whichever path runs.  A lane with no frame of the op to send or re
 link of a broadcast's chain, an empty contribution to an all-gather) has threads that return
 at once.
 
+Many ops at once: each op's threads start only once it has its turn
+(:class:`~pccl.collectives.turns.ThreadTurns`, taken by
+:func:`~pccl.collectives.allreduce.execute_op`): a few ops of a set of links at a time, in the
+order the master commenced them, so hundreds of concurrent large ops never start thousands of
+threads.
+
 Cancellation and errors: cancelling the Trio task cancels the op's
 :class:`~pccl.net.thread_io.ThreadCancel` — threads waiting for a frame, a lane or a ready slice
 wake and stop; transfers already under way are stopped by aborting their connections (a torn
