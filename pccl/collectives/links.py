@@ -121,6 +121,8 @@ class SeqRegistry:
         Idempotent; unknown seqs are ignored."""
         if seq in self._commenced:
             self._commenced.discard(seq)
+            if not self._commenced:
+                self._commenced_heap.clear()  # the lazily deleted entries go too
             for ref in self._turn_listeners:
                 admit = ref()
                 if admit is not None:

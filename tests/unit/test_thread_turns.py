@@ -119,3 +119,16 @@ async def test_an_op_whose_seq_nobody_commenced_runs_at_once_without_a_turn() ->
 def test_at_least_one_turn() -> None:
     with pytest.raises(ValueError):
         ThreadTurns(SeqRegistry(), slots=0)
+
+
+def test_the_commence_order_forgets_the_seqs_that_left_it() -> None:
+    registry = SeqRegistry()
+    for seq in range(1, 1001):
+        registry.commenced(seq)
+    for seq in range(1000, 1, -1):
+        registry.started(seq)
+    assert registry.first_commenced() == 1
+    registry.retire(1)
+    assert registry.first_commenced() is None and not registry.is_commenced(1)
+    registry.commenced(1)  # a retired seq is never commenced again
+    assert registry.first_commenced() is None
