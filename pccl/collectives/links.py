@@ -123,6 +123,8 @@ class SeqRegistry:
             self._commenced.discard(seq)
             if not self._commenced:
                 self._commenced_heap.clear()  # the lazily deleted entries go too
+            else:
+                self.first_commenced()  # drops those below the lowest one left
             for ref in self._turn_listeners:
                 admit = ref()
                 if admit is not None:
