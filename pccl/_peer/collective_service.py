@@ -18,10 +18,12 @@ holds for every kind.  One call is one or more *attempts*:
    other member waits in ``update_topology``, a sync, or collectives on other tags) is
    ``CollectiveAborted`` caused by ``PhaseMismatch``; ``all_reduce_many`` does not retry it.
 2. **Ring.**  The plan's data path (:mod:`pccl.collectives`) runs in its own cancel scope over
-   the current round's lanes, on the arguments checked before the vote.  Meanwhile the tag's
-   messages are intercepted synchronously by the task that reads the master connection
-   (``CollectiveRoute.intercept``) — the master's ``Abort(seq)`` cancels the ring scope there and
-   then — and the service's one watchdog task cancels it when no byte has moved on this peer's ring
+   the current round's lanes, on the arguments checked before the vote; a large op on real TCP
+   first waits there for its turn at the lane threads, in the order the Commences arrived (each
+   is recorded in the links' ``SeqRegistry`` on arrival; :mod:`pccl.collectives.turns`).
+   Meanwhile the tag's messages are intercepted synchronously by the task that reads the master
+   connection (``CollectiveRoute.intercept``) — the master's ``Abort(seq)`` cancels the ring scope
+   there and then — and the service's one watchdog task cancels it when no byte has moved on this peer's ring
    connections for ``config.peer_timeout`` (a neighbour that the master still hears but this peer
    does not: a partition between two peers, a wedged process).  A stalled or dead peer is otherwise
    removed by the master's heartbeat timeout, which aborts the op.  No task is spawned per op: for
@@ -254,7 +256,8 @@ class CollectiveService:
         route = self._host.open_route(plan.tag)
         # Large ops take their lane threads in the order the master commenced them (the same on
         # every peer): a Commence is recorded the moment it arrives, before any later op can run.
-        route.on_commence = self.registry.commenced
+        registry = self.registry
+        route.on_commence = registry.commenced
         self._hold()
         keep_route = False
         try:
@@ -278,6 +281,10 @@ class CollectiveService:
                     # call on the tag finds it free.
                     keep_route = self._abandon(plan.tag, route.inbox, epoch, seq=answer.seq)
                 raise
+            finally:
+                # The data path retired the seq when its ring ended; an op that never reached
+                # it (its guard failed, say) must not hold later ops' lane threads back either.
+                registry.retire(answer.seq)
         finally:
             if not keep_route:
                 self._release(plan.tag)
@@ -377,11 +384,9 @@ class CollectiveService:
                    epoch: int, state: _Settlement) -> Result:
         host = self._host
         seq = commence.seq
-        registry = self.registry  # the one the Commence was recorded in
-        guard: InputGuard | None = None
+        # Kept until the master's final word: an abort may come after this peer's ring ended.
+        guard = plan.guard(STAGED_IN_PLACE_BYTES)
         try:
-            # Kept until the master's final word: an abort may come after this peer's ring ended.
-            guard = plan.guard(STAGED_IN_PLACE_BYTES)
             try:
                 await self._ring_and_settle(plan, commence, guard, route, state, epoch)
             except BaseException:
@@ -397,9 +402,6 @@ class CollectiveService:
                 raise
             return self._outcome(plan, commence, state, guard, epoch)
         finally:
-            # The data path retired the seq when its ring ended; an op that never reached it
-            # (its guard failed, say) must not hold later ops' lane threads back either.
-            registry.retire(seq)
             if guard is not None:
                 guard.drop()
 
