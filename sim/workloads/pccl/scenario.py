@@ -29,9 +29,9 @@ class and kick reason), ``join_failed`` (``open_communicator`` failed: master do
 before acceptance), ``probe`` (from the ``monitor`` task: the master's view, every
 ``probe_interval``).
 
-The step body is a list of phases (:mod:`sim.workloads.pccl.phases`), built from the scenario
+The step body is a list of phases (:mod:`pccl_sim.workloads.pccl.phases`), built from the scenario
 parameter ``phases``; their checkers join the membership checkers of
-:mod:`sim.workloads.pccl.checkers`.
+:mod:`pccl_sim.workloads.pccl.checkers`.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ class PcclScenario(Scenario):
     ``peerN`` joins group ``N % groups``), ``peer_timeout``/``heartbeat_interval``/
     ``connect_timeout`` (the :class:`pccl.Config`, short for simulation), ``step_time`` (compute
     per step), ``alone_wait``, ``backoff`` (reconnect range), ``phases`` (the step body),
-    ``master`` (a :mod:`sim.workloads.pccl.mutants` variant; ``"real"`` is pccl's),
+    ``master`` (a :mod:`pccl_sim.workloads.pccl.mutants` variant; ``"real"`` is pccl's),
     ``liveness_bound`` (seconds after the faults stop within which a full-membership step must
     happen; default derived from the timeouts), ``probe_interval``, ``hold`` (after that step, keep watching this long, then
     end the run; default ``2 × peer_timeout + 2 × heartbeat_interval``; ``None``: run the whole
