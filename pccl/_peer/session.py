@@ -130,6 +130,10 @@ class PeerSession:
         return self._config
 
     @property
+    def network(self) -> Network:
+        return self._network
+
+    @property
     def counters(self) -> Counters:
         return self._counters
 
