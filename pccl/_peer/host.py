@@ -105,7 +105,7 @@ class PeerHost(Protocol):
 
     @property
     def network(self) -> Network:
-        """The transport this peer runs on (its :meth:`~pccl.net.base.Network.kernel_time` paces
+        """The transport this peer runs on (its :meth:`~pccl.net.base.Network.kernel_wait` paces
         the data path's kernels)."""
 
     @property

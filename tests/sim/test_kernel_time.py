@@ -1,4 +1,4 @@
-"""Kernel work takes virtual time in the simulator (Network.kernel_time, KernelRunner), and an
+"""Kernel work takes virtual time in the simulator (Network.kernel_wait, KernelRunner), and an
 aborted op waits for it as a real peer waits for its lane threads."""
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ from pccl.config import Config
 from pccl.net.tcp import TcpNetwork
 from sim.engine.runner import run
 from sim.tools.campaign import CampaignSpec
-from sim.workloads.pccl.network import KernelCost
+from sim.engine.network import World
+from sim.engine.runner import simulate
+from sim.workloads.pccl.network import KernelCost, PcclSimNetwork
 from sim.workloads.pccl.scenario import PcclScenario
 
 
-def test_a_real_network_adds_no_kernel_time() -> None:
-    assert TcpNetwork(Config()).kernel_time() is None
+def test_a_real_network_adds_no_kernel_wait() -> None:
+    assert TcpNetwork(Config()).kernel_wait() is None
     runner = KernelRunner(threads=False)
     assert runner.inline(1 << 20)
 
@@ -32,7 +34,7 @@ def test_kernel_cost_is_overhead_plus_bytes_over_rate() -> None:
 
 
 def test_a_paced_kernel_runs_once_and_waits_its_time() -> None:
-    runner = KernelRunner(threads=False, kernel_time=lambda n: n / 1000)
+    runner = KernelRunner(threads=False, kernel_wait=lambda n: trio.sleep(n / 1000))
     assert not runner.inline(1)  # every kernel goes through run(), which waits
     calls: list[int] = []
 
@@ -49,7 +51,7 @@ def test_a_paced_kernel_runs_once_and_waits_its_time() -> None:
 def test_cancelling_a_paced_kernel_waits_for_it_as_for_a_thread() -> None:
     # The data path of an aborted op returns only once its kernel's time has passed (a real
     # peer waits for its lane threads): the window in which a concurrent call's answer arrives.
-    runner = KernelRunner(threads=False, kernel_time=lambda n: 1.0)
+    runner = KernelRunner(threads=False, kernel_wait=lambda n: trio.sleep(1.0))
     out = np.zeros(1)
 
     async def main() -> None:
@@ -62,6 +64,31 @@ def test_cancelling_a_paced_kernel_waits_for_it_as_for_a_thread() -> None:
         assert out[0] == 7.0
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_kernel_wait_ends_when_its_host_dies() -> None:
+    # kill -9 takes the threads with the process: a dying host's kernel must not keep its task
+    # running (the runner reports that as a zombie), shield or no shield.
+    async def host(world: World) -> None:
+        network = world.boot("peer0")
+        network.kernel_cost = KernelCost(rate=1.0, overhead=0.0)  # a second per byte
+        wait = network.kernel_wait()
+        assert wait is not None
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_kill_later, world, 0.5)
+            with trio.CancelScope(shield=True):
+                await wait(10)
+        assert trio.current_time() - start == pytest.approx(0.5)
+        await wait(10)  # a dead incarnation's kernel takes no time
+        assert trio.current_time() - start == pytest.approx(0.5)
+
+    simulate(host, network_class=PcclSimNetwork)
+
+
+async def _kill_later(world: World, delay: float) -> None:
+    await trio.sleep(delay)
+    world.kill("peer0")
 
 
 def test_the_scenario_charges_kernels_unless_told_not_to() -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+
+import trio
 
 from pccl import errors
 from pccl.config import Config
@@ -76,7 +78,7 @@ class KernelCost:
 class PcclSimNetwork(SimNetwork, Network):
     """A simulated host's :class:`pccl.net.base.Network`.  ``config.connect_timeout`` is the
     default ``connect`` timeout, as for :class:`pccl.net.tcp.TcpNetwork`.  ``kernel_cost``
-    (``None``: kernels take no virtual time) is what :meth:`kernel_time` charges; a scenario may
+    (``None``: kernels take no virtual time) is what :meth:`kernel_wait` charges; a scenario may
     set it before the host's pccl objects are made."""
 
     errors = PCCL_ERRORS
@@ -89,5 +91,20 @@ class PcclSimNetwork(SimNetwork, Network):
         super().__init__(world, incarnation, connect_timeout=config.connect_timeout)
         self.kernel_cost = kernel_cost
 
-    def kernel_time(self) -> Callable[[int], float] | None:
-        return None if self.kernel_cost is None else self.kernel_cost.seconds
+    def kernel_wait(self) -> Callable[[int], Awaitable[None]] | None:
+        return None if self.kernel_cost is None else self._kernel_wait
+
+    async def _kernel_wait(self, nbytes: int) -> None:
+        """Sleep the kernel's virtual time; the host's death ends it at once (kill -9 takes the
+        threads with the process: nothing of a dead incarnation may run on after its death)."""
+        assert self.kernel_cost is not None
+        incarnation = self.incarnation
+        if not incarnation.alive:
+            return
+        with trio.CancelScope() as scope:  # cancelled by the death even inside pccl's shield
+            incarnation.at_death.append(scope.cancel)
+            try:
+                await trio.sleep(self.kernel_cost.seconds(nbytes))
+            finally:
+                if scope.cancel in incarnation.at_death:
+                    incarnation.at_death.remove(scope.cancel)
