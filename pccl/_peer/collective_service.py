@@ -137,13 +137,13 @@ class CollectiveService:
         self._host = host
         #: Seqs that ended on this peer, shared by every round's links (late frames discarded).
         self.registry = SeqRegistry()
-        self._runner = KernelRunner(threads=host.config.kernel_threads)
+        self._runner = KernelRunner(threads=host.config.kernel_threads, kernel_wait=host.network.kernel_wait())
         self._links_lock = trio.Lock()
         self._links_round: P2PLinks | None = None
         self._ring_links: RingLinks | None = None
         self._holding = 0  # attempts of this service that hold a tag route
         self._holding_changed = trio.Event()
-        self._watches: set[_Watch] = set()
+        self._links_watched: dict[P2PLinks, _LinkWatch] = {}
         self._watch_added = trio.Event()
         self._watchdog_started = False
         self._epoch = host.master_epoch
@@ -505,7 +505,7 @@ class CollectiveService:
                 raise
             return await plan.run(guard, commence, links=links, rank=ring.index(peer_id), runner=self._runner)
         finally:
-            self._watches.discard(watch)
+            self._unwatch(p2p, watch)
 
     async def _links(self, p2p: P2PLinks) -> RingLinks:
         """The ring links of ``p2p``'s round, built once per round (one Inbox per connection)."""
@@ -522,55 +522,81 @@ class CollectiveService:
             return self._ring_links
 
     def _watch(self, p2p: P2PLinks, state: _Settlement, ring_scope: trio.CancelScope) -> _Watch:
-        """Put a ring under the shared watchdog (remove it with ``self._watches.discard``).
+        """Put a ring under the shared watchdog (remove it with :meth:`_unwatch`).
 
         One watchdog task per service, started on first use in the communicator's nursery,
-        checks every running ring; spawning one per op would cost more than a small op's
-        whole ring.  If the communicator is shutting down no watchdog starts: the op fails
-        with the communicator anyway.
+        watches the round's connections on behalf of every ring running on them; spawning one
+        per op would cost more than a small op's whole ring.  If the communicator is shutting
+        down no watchdog starts: the op fails with the communicator anyway.
         """
-        watch = _Watch(p2p, state, ring_scope, p2p.bytes_moved(), trio.current_time())
-        self._watches.add(watch)
+        watch = _Watch(state, ring_scope)
+        link = self._links_watched.get(p2p)
+        if link is None:
+            # The connections were idle until now: their silence so far is no stall.
+            link = self._links_watched[p2p] = _LinkWatch(p2p, p2p.bytes_moved(), trio.current_time())
+        link.ops.add(watch)
         if not self._watchdog_started:
             self._watchdog_started = self._host.spawn(self._watchdog)
         else:
             self._watch_added.set()
         return watch
 
-    async def _watchdog(self) -> None:
-        """Cancel a ring when nothing moved on its round's connections for ``peer_timeout``.
+    def _unwatch(self, p2p: P2PLinks, watch: _Watch) -> None:
+        link = self._links_watched.get(p2p)
+        if link is None:
+            return
+        link.ops.discard(watch)
+        if not link.ops:
+            del self._links_watched[p2p]
 
-        Checks every ``peer_timeout / _WATCHDOG_CHECKS`` while rings run, so a stall is caught
-        within ``peer_timeout`` plus one period; parks while none runs.  Counters advance per
-        completed frame, so a single sub-chunk (≤ 4 MiB by default) must cross a link within
-        ``peer_timeout``.  Runs until the communicator's nursery is cancelled.
+    async def _watchdog(self) -> None:
+        """Cancel the rings on a round's connections once no byte moved on them for
+        ``peer_timeout`` while rings ran there.
+
+        The watch is per connection set, not per op: an op queued behind others on a busy lane
+        waits its turn without moving a byte itself, and is no stall as long as the lanes move.
+        A stall aborts every ring on the connections at once, with one warning.  Checks every
+        ``peer_timeout / _WATCHDOG_CHECKS`` while rings run, so a stall is caught within
+        ``peer_timeout`` plus one period; parks while none runs.  Counters advance as the
+        sockets move bytes, so a frame in flight counts as progress.  Runs until the
+        communicator's nursery is cancelled.
         """
         timeout = self._host.config.peer_timeout
         while True:
-            if not self._watches:
+            if not self._links_watched:
                 self._watch_added = trio.Event()
                 await self._watch_added.wait()
                 continue
             await trio.sleep(timeout / _WATCHDOG_CHECKS)
             now = trio.current_time()
-            for watch in list(self._watches):
-                moved = watch.p2p.bytes_moved()
-                if moved != watch.last:
-                    watch.last, watch.since = moved, now
-                elif now - watch.since >= timeout:
-                    log.warning("peer %x: no all-reduce data moved for %.3g s; aborting", self._host.peer_id,
-                                now - watch.since)
-                    self._watches.discard(watch)
-                    watch.state.stalled = True
-                    watch.ring_scope.cancel()
+            for p2p, link in list(self._links_watched.items()):
+                moved = p2p.bytes_moved()
+                if moved != link.last:
+                    link.last, link.since = moved, now
+                elif now - link.since >= timeout:
+                    del self._links_watched[p2p]
+                    log.warning("peer %x: no data moved on the ring connections to %x and from %x for %.3g s; "
+                                "aborting %d collective(s)", self._host.peer_id, p2p.successor, p2p.predecessor,
+                                now - link.since, len(link.ops))
+                    for watch in link.ops:
+                        watch.state.stalled = True
+                        watch.ring_scope.cancel()
+
+
+@dataclasses.dataclass(eq=False)
+class _LinkWatch:
+    """A round's connections under the watchdog: their byte count when they last moved, and
+    the rings running on them."""
+
+    p2p: P2PLinks
+    last: int
+    since: float
+    ops: set[_Watch] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass(eq=False)
 class _Watch:
-    """One running ring under the watchdog: its connections' byte count when it last moved."""
+    """One running ring under the watchdog: what to mark and cancel when its connections stall."""
 
-    p2p: P2PLinks
     state: _Settlement
     ring_scope: trio.CancelScope
-    last: int
-    since: float

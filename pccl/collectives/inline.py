@@ -12,8 +12,9 @@ could not read the frame its neighbour is waiting to be read before that neighbo
 Each frame is offered to the socket with a non-blocking send
 (:meth:`~pccl.net.framed_threads.BlockingDataChannel.send_data_soon`); if the kernel does not take
 it all at once, or the lane's send lock is held by another operation's sender thread, the rest
-of the frame goes to a worker thread for that lane, and every later frame of this op on that lane
-follows it there, in order.  Receives go through the lane's
+of the frame goes to the lane's send queue (:class:`~pccl.collectives.lane_sends.LaneSends`,
+shared by every small op on the lane and drained by one worker thread at a time), and every
+later frame on that lane, of any small op, follows it there, in order.  Receives go through the lane's
 :class:`~pccl.collectives.links.Inbox`, which hands the read role back and forth between this task
 and the worker threads of concurrent large operations.  Kernels run inline (the frames are small).
 
@@ -28,13 +29,10 @@ nothing touches the caller's buffers after the op has returned.
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
-from collections.abc import Callable
 
 import numpy as np
-import outcome
 import trio
 
 from ..net.framed_threads import FrameTail
@@ -61,24 +59,14 @@ def suits_inline(op: LaneOp) -> bool:
     return op.max_frame_nbytes <= INLINE_MAX_FRAME_BYTES
 
 
-class _LaneSends:
-    """The sends of one lane that could not complete at once, run in order by one worker thread."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.jobs: collections.deque[Callable[[], None]] = collections.deque()
-        self.busy = False  # a worker owns the queue (guarded by lock)
-
-
 class InlineRing:
     """One small operation's ring, run by the calling task (see the module docstring)."""
 
     def __init__(self, op: LaneOp) -> None:
         self.op = op
         self.cancel = ThreadCancel()
-        self._lanes = [_LaneSends() for _ in range(op.lanes)]
         self._lock = threading.Lock()
-        self._workers = 0
+        self._pending = 0  # this op's jobs in the lanes' send queues (guarded by _lock)
         self._idle: trio.Event | None = None
         self._errors: list[BaseException] = []
         self._scope: trio.CancelScope | None = None
@@ -135,66 +123,50 @@ class InlineRing:
 
     def _send(self, lane: int, frame: Frame, payload: memoryview) -> None:
         op = self.op
-        channels = op.links.send_channels
-        assert channels is not None
-        channel = channels[lane]
+        channels, queues = op.links.send_channels, op.links.send_queues
+        assert channels is not None and queues is not None
+        channel, queue = channels[lane], queues[lane]
         header = op.header(frame)
-        queue = self._lanes[lane]
-        with queue.lock:
-            queued = queue.busy
-            if queued:  # keep the lane's frames in order behind the one a worker is finishing
-                queue.jobs.append(lambda: channel.send_data(header, payload, self.cancel))
-        if queued:
-            return
-        job = channel.send_data_soon(header, payload, self.cancel)
-        if job is None:
-            return
-        with queue.lock:
-            queue.busy = True
-            queue.jobs.append(job)
         with self._lock:
-            self._workers += 1
+            self._pending += 1
+        # Behind the lane's pending sends (any op's) if there are some: frames stay in order.
+        if queue.queue_if_busy(self, lambda: channel.send_data(header, payload, self.cancel)):
+            return
         try:
-            trio.lowlevel.start_thread_soon(lambda: self._drain(queue), self._worker_done, name="pccl-ring-send")
+            job = channel.send_data_soon(header, payload, self.cancel)
         except BaseException:
-            with self._lock:
-                self._workers -= 1
-            with queue.lock:
-                queue.jobs.clear()
-                queue.busy = False
+            self._forget(1)
+            raise
+        if job is None:
+            self._forget(1)
+            return
+        try:
+            queue.start(self, job)
+        except BaseException:
+            self._forget(1)
             if isinstance(job, FrameTail):  # it holds the lane's send lock, maybe mid-frame
                 job.abandon()
                 channel.connection.abort()
             raise
 
-    def _drain(self, queue: _LaneSends) -> None:
-        """Worker thread: run the lane's queued sends in order until none is left."""
-        while True:
-            with queue.lock:
-                if not queue.jobs:
-                    queue.busy = False
-                    return
-                job = queue.jobs.popleft()
-            try:
-                job()
-            except BaseException as exc:
-                with queue.lock:
-                    queue.jobs.clear()
-                    queue.busy = False
-                if self.cancel.cancelled:  # a consequence of stopping the op: not its cause
-                    logger.debug("send worker after the all-reduce was stopped: %r", exc)
-                    return
+    def send_done(self, error: BaseException | None) -> None:
+        """One of this op's queued sends ended (a lane's worker thread)."""
+        if error is not None:
+            if self.cancel.cancelled:  # a consequence of stopping the op: not its cause
+                logger.debug("send worker after the all-reduce was stopped: %r", error)
+            else:
                 with self._lock:
                     first = not self._errors
-                    self._errors.append(exc)
+                    self._errors.append(error)
                 if first:
                     self._token.run_sync_soon(self._failed)
-                return
+        self._forget(1)
 
-    def _worker_done(self, _result: outcome.Outcome[None]) -> None:
+    def _forget(self, jobs: int) -> None:
+        """``jobs`` of this op's sends are over (any thread): wake the op once none is left."""
         with self._lock:
-            self._workers -= 1
-            idle = self._workers == 0 and self._idle is not None
+            self._pending -= jobs
+            idle = self._pending == 0 and self._idle is not None
         if idle:
             self._token.run_sync_soon(self._set_idle)
 
@@ -210,7 +182,7 @@ class InlineRing:
     async def _wait_workers(self) -> None:
         while True:
             with self._lock:
-                if self._workers == 0:
+                if self._pending == 0:
                     return
                 self._idle = event = trio.Event()
             await event.wait()
@@ -220,3 +192,8 @@ class InlineRing:
         their connections."""
         for connection in self.cancel.cancel():
             connection.abort()  # type: ignore[attr-defined]
+        queues = self.op.links.send_queues
+        for queue in queues or ():
+            taken = queue.withdraw(self)
+            if taken:
+                self._forget(taken)

@@ -13,9 +13,10 @@ demultiplexed by the frame header's ``op_seq`` without copies and without a read
   worker thread), reads the next data header (a cancellable, resumable read) and, if the header
   is its own, receives the payload straight into its destination while still holding the role.
 * A header of another operation that is running or about to start here is *parked*: the read
-  role is given up and the waiting readers are woken; the owner picks it up when it asks for its
-  next frame.  Because each lane carries every operation's frames in the senders' order and the
-  master starts an operation on all peers, the owner will come.
+  role is given up and the owner's reader, if it waits, is woken (no other Trio waiter is: with
+  thousands of ops on a lane, waking all at every frame cost quadratic time); the owner picks
+  it up when it asks for its next frame.  Because each lane carries every operation's frames
+  in the senders' order and the master starts an operation on all peers, the owner will come.
 * A header of an operation that ended here (:meth:`SeqRegistry.retire`, called when an op
   finishes or aborts, and by the communicator for seqs it never started) is a *late frame*: its
   payload is discarded.  A late frame can therefore never be taken for a later operation's.
@@ -55,6 +56,7 @@ from ..net.framed import FramedConnection
 from ..net.framed_threads import BlockingDataChannel, thread_channel
 from ..net.thread_io import ThreadCancel
 from ..protocol.codec import DataHeader
+from .lane_sends import LaneSends
 
 __all__ = ["SeqRegistry", "FrameAction", "classify", "Inbox", "RingLinks"]
 
@@ -132,29 +134,45 @@ class Inbox:
         # (_reading) reads headers and payloads; the state is guarded by _cond.
         self._cond = threading.Condition()
         self._reading = False
-        #: Trio tasks waiting for the read role or for a parked header to change.
-        self._trio_waiters: list[trio.Event] = []
+        #: Trio tasks waiting for the read role, in arrival order: (their op's seq, their event).
+        #: Only a task that may read now is woken (:meth:`_wake_trio`): with thousands of ops
+        #: waiting on one lane, waking them all at every frame cost quadratic time.
+        self._trio_waiters: collections.deque[tuple[int, trio.Event]] = collections.deque()
         self.channel: BlockingDataChannel | None = thread_channel(connection)
         # Threads wake Trio readers through the run's token (only lanes with threads need it).
         self._token = trio.lowlevel.current_trio_token() if self.channel is not None else None
         registry.add_listener(self.wake_threads)
 
     def wake_threads(self) -> None:
-        """Wake every reader waiting for the lane (Trio thread): threads waiting in
-        :meth:`receive_blocking` and tasks waiting in :meth:`receive_into` re-check their
-        condition."""
+        """Wake the readers waiting for the lane (Trio thread): threads waiting in
+        :meth:`receive_blocking` re-check their condition, and the Trio task waiting in
+        :meth:`receive_into` that may read now, if any, is woken."""
         with self._cond:
             self._cond.notify_all()
-            waiters, self._trio_waiters = self._trio_waiters, []
-        for event in waiters:
+        self._wake_trio()
+
+    def _wake_trio(self) -> None:
+        """Wake the Trio waiter that may take the read role now (Trio thread): the owner of the
+        parked header, or the longest waiting one when nothing is parked (or the parked frame
+        is late).  Nobody while the role is held: its holder wakes the next one."""
+        with self._cond:
+            if self._reading or not self._trio_waiters:
+                return
+            header = self._parked
+            if header is None or classify(header, -1, self._registry) is FrameAction.DISCARD:
+                chosen = [self._trio_waiters.popleft()]
+            else:
+                chosen = [w for w in self._trio_waiters if w[0] == header.op_seq]
+                if chosen:
+                    self._trio_waiters = collections.deque(w for w in self._trio_waiters if w[0] != header.op_seq)
+        for _seq, event in chosen:
             event.set()
 
     def _wake_from_thread(self) -> None:
         """Worker-thread side of :meth:`wake_threads` for the Trio waiters (call with _cond held)."""
         if self._trio_waiters and self._token is not None:
-            waiters, self._trio_waiters = self._trio_waiters, []
             try:
-                self._token.run_sync_soon(_set_all, waiters)
+                self._token.run_sync_soon(self._wake_trio)
             except trio.RunFinishedError:  # pragma: no cover - the run is over: nobody waits
                 pass
 
@@ -167,15 +185,26 @@ class Inbox:
 
     async def _take_read_role(self, seq: int) -> DataHeader | None:
         """Take the read role for ``seq``'s reader; returns the parked header it must handle
-        first (its own, or a late one to discard), or ``None``.  Cancellable while waiting."""
+        first (its own, or a late one to discard), or ``None``.  Cancellable while waiting (a
+        task woken and cancelled at once passes the wake-up on)."""
         while True:
             with self._cond:
                 if self._can_read(seq):
                     self._reading = True
                     return self._parked
-                event = trio.Event()
-                self._trio_waiters.append(event)
-            await event.wait()
+                entry = (seq, trio.Event())
+                self._trio_waiters.append(entry)
+            try:
+                await entry[1].wait()
+            except BaseException:
+                with self._cond:
+                    try:
+                        self._trio_waiters.remove(entry)
+                    except ValueError:
+                        pass
+                if entry[1].is_set():
+                    self._wake_trio()
+                raise
 
     def _release_read_role(self) -> None:
         with self._cond:
@@ -332,11 +361,6 @@ class Inbox:
                 self._release_read_role()
 
 
-def _set_all(events: list[trio.Event]) -> None:
-    for event in events:
-        event.set()
-
-
 class RingLinks:
     """The lanes of one ring position: ``to_next[j]`` sends, ``from_prev[j]`` receives lane ``j``.
 
@@ -368,8 +392,11 @@ class RingLinks:
         available = all(ch is not None for ch in channels) and all(i.channel is not None for i in self.inboxes)
         if threaded and not available:
             raise InvalidArgument("threaded lanes need connections that offer blocking I/O (real TCP)")
+        #: Per lane, the sends small ops could not complete at once (with :attr:`send_channels`).
+        self.send_queues: tuple[LaneSends, ...] | None = None
         if available and threaded is not False:
             self.send_channels = tuple(ch for ch in channels if ch is not None)
+            self.send_queues = tuple(LaneSends() for _ in self.send_channels)
 
     @property
     def threaded(self) -> bool:

@@ -108,6 +108,9 @@ class Incarnation:
         self.sockets: dict[int, SocketEnd] = {}  # insertion-ordered: deterministic teardown
         self.listeners: dict[int, PortEnd] = {}
         self.attempts: list[PendingConnect] = []
+        #: Called once at its death: work of the process that takes time without the network
+        #: (a workload's simulated CPU work) stops there, as its threads die with it.
+        self.at_death: list[Callable[[], None]] = []
         self._hosts = hosts
 
     @property
@@ -219,6 +222,9 @@ class Hosts:
         for attempt in inc.attempts:
             attempt.abandon()
         inc.attempts.clear()
+        for stop in list(inc.at_death):
+            stop()
+        inc.at_death.clear()
         # A stall of a dead process is moot: release waiters so nothing stays parked.  (Without
         # this, a corpse's shielded cleanup — e.g. Communicator.aclose sending Leave — parked in
         # the stall gate stayed parked until the unstall and then ran on: a false zombie.)

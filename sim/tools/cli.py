@@ -33,7 +33,7 @@ from ..faults.generate import PROFILES
 from ..engine.schedule import Schedule
 from ..faults.shrink import NotFailing, same_failure, shrink
 from ..observe.coverage import coverage_table
-from .campaign import CampaignSpec, ProgressBar, parse_seeds, run_campaign, summary_table
+from .campaign import CampaignSpec, ProgressBar, parse_phases, parse_seeds, run_campaign, summary_table
 from .scenarios import scenario_from_json, scenario_names
 
 __all__ = ["main"]
@@ -44,7 +44,7 @@ def _spec(args: argparse.Namespace) -> CampaignSpec:
     if args.master != "real":
         params.append(("master", args.master))
     if args.phases:
-        params.append(("phases", tuple(args.phases.split(","))))
+        params.append(("phases", parse_phases(args.phases)))
     if args.groups != 1:
         params.append(("groups", args.groups))
     if args.alone != "update":
@@ -205,7 +205,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--quiet", type=float, default=None, help="recovery window after it (default: scenario's)")
         p.add_argument("--master", default="real",
                        help="master variant (pccl_sim.workloads.pccl.mutants), e.g. no-recheck-on-disconnect")
-        p.add_argument("--phases", default="", help="step body, comma-separated (default: compute)")
+        p.add_argument("--phases", default="",
+                       help="step body, comma-separated names (default: compute), or a JSON list of names "
+                            "and {\"name\": ..., param: value} objects")
         p.add_argument("--groups", type=int, default=1, help="peer groups (peerN joins group N %% groups)")
         p.add_argument("--alone", default="update", choices=("update", "pending"),
                        help="a lone peer's loop: update_topology (as steps() does) or are_peers_pending first")

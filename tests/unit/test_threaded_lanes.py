@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 from pccl.collectives import KernelRunner, RingLinks, ring_all_reduce
 from pccl.collectives.ring_op import RingOp
@@ -401,3 +402,83 @@ async def test_a_cancel_after_a_frames_header_keeps_the_lane(path: str, moment: 
     finally:
         await dialed.aclose()
         await accepted.aclose()
+
+
+class _Reschedules(trio.abc.Instrument):
+    """Counts how often tasks are scheduled to run (every wake-up of a waiting task)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        self.count += 1
+
+
+async def test_readers_waiting_on_a_lane_are_woken_only_when_their_frame_is_next() -> None:
+    # 200 ops wait on one lane and their frames arrive in reverse order: each frame must wake
+    # its owner, not every waiting reader (which cost quadratic time with thousands of tags).
+    dialed, accepted = await framed_tcp_pair(CONFIG)
+    readers = 200
+    try:
+        inbox = Inbox(accepted, SeqRegistry())
+        got: dict[int, bytes] = {}
+
+        async def read(seq: int) -> None:
+            destination = bytearray(8)
+            await inbox.receive_into(seq=seq, stream=0, step=0, offset=0, destination=memoryview(destination))
+            got[seq] = bytes(destination)
+
+        counter = _Reschedules()
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for seq in range(1, readers + 1):
+                    nursery.start_soon(read, seq)
+                await trio.testing.wait_all_tasks_blocked()
+                trio.lowlevel.add_instrument(counter)
+                try:
+                    for seq in range(readers, 0, -1):
+                        await dialed.send_data(DataHeader(op_seq=seq, stream=0, step=0, offset=0, nbytes=8),
+                                               seq.to_bytes(8, "little"))
+                    while len(got) < readers:
+                        await trio.sleep(0.01)
+                finally:
+                    trio.lowlevel.remove_instrument(counter)
+        assert got == {seq: seq.to_bytes(8, "little") for seq in range(1, readers + 1)}
+        # Waking every waiter at every frame makes ~readers**2 / 2 (20,000) wake-ups.
+        assert counter.count < 20 * readers, counter.count
+    finally:
+        await dialed.aclose()
+        await accepted.aclose()
+
+
+async def test_concurrent_small_ops_share_one_send_thread_per_lane() -> None:
+    # 300 small (inline) all-reduces at once on one lane each way, their frames more than the
+    # sockets take at once: the sends left over wait in the lane's one queue, drained by one
+    # worker thread per lane, instead of a thread per op queuing on the lane's send lock.
+    a, b = await tcp_pair()
+    ops, count = 300, 16384  # 64 KiB each
+    alive: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            alive.append(sum(t.name == "pccl-ring-send" for t in threading.enumerate()))
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        inputs = [[np.full(count, seq + r, np.float32) for r in range(2)] for seq in range(ops)]
+        bufs = [[x.copy() for x in row] for row in inputs]
+        watcher.start()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for seq in range(ops):
+                    nursery.start_soon(both, a, b, bufs[seq], seq + 1)
+        for seq in range(ops):
+            assert all(np.array_equal(buf, inputs[seq][0] + inputs[seq][1]) for buf in bufs[seq])
+        assert 0 < max(alive) <= 2, max(alive)  # one lane per peer
+    finally:
+        stop.set()
+        watcher.join()
+        await a.aclose()
+        await b.aclose()
