@@ -102,9 +102,9 @@ def bench_loopback(mib: int, source_counts: list[int]) -> None:
 
 
 def bench_sim(mib: int, source_counts: list[int], gbit: float) -> None:
-    from sim.engine.network import LinkSpec
-    from sim.engine.runner import simulate
-    from sim.workloads.pccl.network import PcclSimNetwork
+    from pccl_sim.engine.network import LinkSpec
+    from pccl_sim.engine.runner import simulate
+    from pccl_sim.workloads.pccl.network import PcclSimNetwork
 
     link = LinkSpec(latency=0.005, bandwidth=gbit * 1e9 / 8, window=64 << 20)
     config = pccl.Config(p2p_base_port=0, shared_state_base_port=0, peer_timeout=30.0, heartbeat_interval=1.0)

@@ -21,9 +21,9 @@ import numpy as np
 import trio
 
 import pccl
-from sim.engine.network import LinkSpec
-from sim.engine.runner import simulate
-from sim.workloads.pccl.network import PcclSimNetwork
+from pccl_sim.engine.network import LinkSpec
+from pccl_sim.engine.runner import simulate
+from pccl_sim.workloads.pccl.network import PcclSimNetwork
 
 
 def run(lanes: int | str, args: argparse.Namespace) -> tuple[float, int, float]:

@@ -29,9 +29,9 @@ import numpy as np
 import trio
 
 import pccl
-from sim.engine.runner import simulate
-from sim.workloads.pccl.network import PcclSimNetwork
-from sim.workloads.pccl.scenario import SiteLayout
+from pccl_sim.engine.runner import simulate
+from pccl_sim.workloads.pccl.network import PcclSimNetwork
+from pccl_sim.workloads.pccl.scenario import SiteLayout
 
 GBIT = 1e9 / 8
 

@@ -20,9 +20,9 @@ import argparse
 import logging
 import time
 
-from sim.engine.runner import RunOptions, run
-from sim.tools.campaign import CampaignSpec, peer_seconds
-from sim.tools.scenarios import scenario_names
+from pccl_sim.engine.runner import RunOptions, run
+from pccl_sim.tools.campaign import CampaignSpec, peer_seconds
+from pccl_sim.tools.scenarios import scenario_names
 
 
 def main() -> None:

@@ -3,10 +3,10 @@
 
 import trio
 
-from sim.engine.errors import SimNetworkError
-from sim.engine.runner import Checker, HostContext, Scenario, Simulation, run
-from sim.engine.trace import TraceEvent
-from sim.faults.generate import generate
+from pccl_sim.engine.errors import SimNetworkError
+from pccl_sim.engine.runner import Checker, HostContext, Scenario, Simulation, run
+from pccl_sim.engine.trace import TraceEvent
+from pccl_sim.faults.generate import generate
 
 PORT = 7100
 

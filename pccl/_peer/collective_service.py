@@ -139,7 +139,7 @@ class CollectiveService:
         self._host = host
         #: Seqs that ended on this peer, shared by every round's links (late frames discarded).
         self.registry = SeqRegistry()
-        self._runner = KernelRunner(threads=host.config.kernel_threads)
+        self._runner = KernelRunner(threads=host.config.kernel_threads, kernel_wait=host.network.kernel_wait())
         self._links_lock = trio.Lock()
         self._links_round: P2PLinks | None = None
         self._ring_links: RingLinks | None = None

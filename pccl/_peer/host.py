@@ -17,7 +17,7 @@ import trio
 
 from ..config import Config
 from ..errors import PCCLError
-from ..net.base import Listener, Stream
+from ..net.base import Listener, Network, Stream
 from ..net.framed import FramedConnection
 from ..protocol import messages as m
 from .ring_connections import P2PLinks
@@ -107,6 +107,11 @@ class PeerHost(Protocol):
 
     @property
     def config(self) -> Config: ...
+
+    @property
+    def network(self) -> Network:
+        """The transport this peer runs on (its :meth:`~pccl.net.base.Network.kernel_wait` paces
+        the data path's kernels)."""
 
     @property
     def counters(self) -> Counters:

@@ -132,6 +132,10 @@ class PeerSession:
         return self._config
 
     @property
+    def network(self) -> Network:
+        return self._network
+
+    @property
     def counters(self) -> Counters:
         return self._counters
 

@@ -12,7 +12,7 @@ import bisect
 import dataclasses
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -290,18 +290,34 @@ class KernelRunner:
     ``threads=False`` runs everything inline: the simulator's runs must not start real threads.
     A kernel in a worker thread is not abandoned on cancellation — the task waits the
     milliseconds it takes — so no kernel ever writes into a buffer after the op has returned.
+
+    ``kernel_wait`` (the network's :meth:`~pccl.net.base.Network.kernel_wait`): where the clock
+    is not the CPU's (the simulator's virtual clock, in which inline work takes no time), the
+    wait kernel work on ``nbytes`` takes there.  Every piece of work then runs inline and the
+    task awaits ``kernel_wait(nbytes)`` afterwards, shielded from cancellation as the wait for a
+    worker thread is; a cancellation is raised once it returned.  ``None`` (production): no wait.
     """
 
-    def __init__(self, *, threads: bool = True, thread_threshold: int = DEFAULT_THREAD_THRESHOLD) -> None:
+    def __init__(self, *, threads: bool = True, thread_threshold: int = DEFAULT_THREAD_THRESHOLD,
+                 kernel_wait: Callable[[int], Awaitable[None]] | None = None) -> None:
         self.threads = threads
         self.thread_threshold = thread_threshold
+        self.kernel_wait = kernel_wait
 
     def inline(self, nbytes: int) -> bool:
-        """Whether :meth:`run` runs kernel work of ``nbytes`` on the Trio thread (a caller that
-        needs no schedule point after it may then call the kernel itself)."""
-        return not self.threads or nbytes < self.thread_threshold
+        """Whether :meth:`run` runs kernel work of ``nbytes`` on the Trio thread with no wait (a
+        caller that needs no schedule point after it may then call the kernel itself)."""
+        return self.kernel_wait is None and (not self.threads or nbytes < self.thread_threshold)
 
     async def run(self, nbytes: int, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)``, a kernel over ``nbytes``.  Cancellation waits for the kernel (see the
+        class docstring) and then raises ``Cancelled``; the kernel's errors escape."""
+        if self.kernel_wait is not None:
+            result = fn(*args)
+            with trio.CancelScope(shield=True):
+                await self.kernel_wait(nbytes)
+            await trio.lowlevel.checkpoint()
+            return result
         if not self.inline(nbytes):
             return await trio.to_thread.run_sync(fn, *args)
         result = fn(*args)

@@ -11,7 +11,7 @@ Addresses are ``"host:port"`` strings; IPv6 hosts are bracketed (``"[::1]:48148"
 from __future__ import annotations
 
 import abc
-
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument, PeerDisconnected
@@ -247,3 +247,13 @@ class Network(abc.ABC):
         port+1, … port+port_range-1`` are tried in order and the first free one is bound (PCCL's
         bump allocation from 48148/48149…).  ``AddressInUse`` if none is free.
         """
+
+    def kernel_wait(self) -> Callable[[int], Awaitable[None]] | None:
+        """How kernel work over ``nbytes`` takes time on this network's clock, when that clock is
+        not the CPU's: the simulator's virtual clock, on which work run inline takes none, while
+        on a real machine a worker thread computes for a while and an aborted operation waits
+        for it.  The data path awaits it after each kernel, shielded from cancellation
+        (:class:`~pccl.collectives.buffers.KernelRunner`); it returns when the work would be
+        done, or earlier if the process doing it dies.  ``None`` (the default; real networks):
+        work takes the real time it takes, nothing is added."""
+        return None

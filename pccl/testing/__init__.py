@@ -36,7 +36,7 @@ def all_reduce_service(comm: Communicator) -> CollectiveService:
 
 def install_master_state(master: Master, state: MasterState) -> None:
     """Make ``master`` run ``state`` as its consensus machine from now on: a planted fault, such
-    as the simulator's broken masters (:mod:`sim.workloads.pccl.mutants`).  Call it right after
+    as the simulator's broken masters (:mod:`pccl_sim.workloads.pccl.mutants`).  Call it right after
     the master started, before any peer can have connected (a connect takes a round trip).
 
     Raises ``RuntimeError``, and changes nothing, once a peer is connected or known to the

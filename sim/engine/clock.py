@@ -3,9 +3,9 @@
 Everything the simulated network does later — a segment arriving, an acknowledgement returning,
 a link becoming free, a host's simulated work ending — is a callback in one :class:`EventQueue`,
 a heap ordered by ``(time, sequence)``: equal times run in the order they were queued, so a run
-is a function of its seed alone.  The clock itself is trio's: :func:`sim.engine.determinism.sim_clock`
+is a function of its seed alone.  The clock itself is trio's: :func:`pccl_sim.engine.determinism.sim_clock`
 delivers the queue whenever the run goes idle, before virtual time moves on (a simulated run), or
-:meth:`EventQueue.run` does as a task (:func:`sim.engine.runner.simulate`).  Nothing polls.
+:meth:`EventQueue.run` does as a task (:func:`pccl_sim.engine.runner.simulate`).  Nothing polls.
 
 Rules:
 
@@ -52,8 +52,8 @@ class EventQueue:
         Cancellation works as for ``trio.sleep_until`` (the event then finds nobody to wake).
 
         Unlike ``trio.sleep_until``, the wake-up is this queue's event: at its instant it comes
-        before trio's deadlines when :func:`~sim.engine.determinism.sim_clock` delivers the events
-        (a simulated run), after them under :func:`~sim.engine.runner.simulate`, and a ``when``
+        before trio's deadlines when :func:`~pccl_sim.engine.determinism.sim_clock` delivers the events
+        (a simulated run), after them under :func:`~pccl_sim.engine.runner.simulate`, and a ``when``
         already past waits until the current instant goes idle.  Deterministic either way.
         ``ValueError`` for NaN."""
         if math.isnan(when):
@@ -88,8 +88,8 @@ class EventQueue:
             fn(*args)
 
     async def run(self) -> None:
-        """Deliver events forever, as a task (for :func:`sim.engine.runner.simulate`; the
-        runner's clock delivers them itself, :func:`sim.engine.determinism.sim_clock`); cancel
+        """Deliver events forever, as a task (for :func:`pccl_sim.engine.runner.simulate`; the
+        runner's clock delivers them itself, :func:`pccl_sim.engine.determinism.sim_clock`); cancel
         it to stop."""
         heap = self._heap
         while True:

@@ -6,7 +6,7 @@ connection, so the interesting behaviour is timing, flow control and how connect
 
 * a :class:`Pipe` is one direction of a connection: the sender's buffer, the bytes on the wire
   and the flow control;
-* a :class:`Link` is a directed host pair with the :class:`~sim.engine.topology.LinkSpec` the
+* a :class:`Link` is a directed host pair with the :class:`~pccl_sim.engine.topology.LinkSpec` the
   topology gives it: one-way ``latency`` (+ optional ``jitter`` drawn from a per-link RNG, FIFO
   kept per connection), ``bandwidth`` shared fairly by the connections currently sending on it
   (round-robin over segments of at most ``segment_size`` bytes), and a per-connection ``window``:
@@ -25,7 +25,7 @@ Rules:
   everything: :meth:`Delivery.release` services every link again when a hold ends;
 * bytes for a machine that is off, or on a pipe that died, vanish unacknowledged (a black hole);
   data for a socket that is gone is answered with RST, as a kernel does;
-* everything happens in event callbacks (:mod:`sim.engine.clock`) or in the sending call itself:
+* everything happens in event callbacks (:mod:`pccl_sim.engine.clock`) or in the sending call itself:
   nothing waits, nothing polls.
 """
 
@@ -77,7 +77,7 @@ class OneWaiter:
 
 
 class Endpoint(Protocol):
-    """What arrivals need of one end of a connection (:class:`sim.engine.sockets.Socket`): the
+    """What arrivals need of one end of a connection (:class:`pccl_sim.engine.sockets.Socket`): the
     receive side that they fill, and the reset an RST starts."""
 
     inc: Incarnation
@@ -327,7 +327,7 @@ class Delivery:
 
     ``send_buffer`` is each connection's send buffer (bytes a sender may queue before it
     blocks), ``segment_size`` the largest segment a link transmits at once.  ``tap``, if set,
-    observes bytes as hosts send and read them and as links carry them (:mod:`sim.engine.tap`).
+    observes bytes as hosts send and read them and as links carry them (:mod:`pccl_sim.engine.tap`).
     """
 
     def __init__(self, *, seed: int, queue: EventQueue, topology: Topology, hosts: Hosts, send_buffer: int,

@@ -5,7 +5,7 @@ The code under test catches its own transport's exceptions (pccl catches
 raise whatever classes their network's :class:`TransportErrors` names.  The engine's defaults
 below serve workloads that bring no transport of their own (the toy); a workload whose code
 expects its library's errors gives its network class a vocabulary of those (the pccl workload's
-is in :mod:`sim.workloads.pccl.network`).  Choosing a class costs nothing per call: the
+is in :mod:`pccl_sim.workloads.pccl.network`).  Choosing a class costs nothing per call: the
 vocabulary is a class attribute of the network, read only when an error is raised.
 
 The default classes carry the same names as the transport errors they stand in for, so a trace

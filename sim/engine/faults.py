@@ -1,10 +1,10 @@
 """The faults the world can suffer, each a synchronous step at the current virtual instant.
 
 The runner's fault injector and phase triggers call these (through
-:class:`~sim.engine.network.World`); generating and shrinking fault *schedules* is the
-:mod:`sim.faults` package.  A fault acts on the other parts only through their public faces:
-an incarnation ends through :meth:`~sim.engine.hosts.Hosts.end`, a partition is the topology's,
-and held traffic flows again through :meth:`~sim.engine.delivery.Delivery.release`.
+:class:`~pccl_sim.engine.network.World`); generating and shrinking fault *schedules* is the
+:mod:`pccl_sim.faults` package.  A fault acts on the other parts only through their public faces:
+an incarnation ends through :meth:`~pccl_sim.engine.hosts.Hosts.end`, a partition is the topology's,
+and held traffic flows again through :meth:`~pccl_sim.engine.delivery.Delivery.release`.
 
 * :meth:`Faults.kill` — the process dies, the machine stays up: every connection of the
   incarnation is reset at once (RST towards each peer, after the data already on the wire), its

@@ -5,7 +5,7 @@ it (:meth:`Hosts.boot`: a join, or a restart after a death) it gets a new :class
 — one life, with its own connections, listeners and connects in flight — which ends exactly once
 (:meth:`Hosts.end`): by itself (``"exit"``), by ``"kill"`` or by ``"power_off"``.  What each
 ending does to the connections is decided here; when and why a fault strikes is
-:mod:`sim.engine.faults`.
+:mod:`pccl_sim.engine.faults`.
 
 Rules:
 
@@ -51,7 +51,7 @@ Ending = Literal["exit", "kill", "power_off"]
 
 class SocketEnd(Protocol):
     """What an ending needs of one of the incarnation's connection ends
-    (:class:`sim.engine.sockets.Socket`)."""
+    (:class:`pccl_sim.engine.sockets.Socket`)."""
 
     def peer_sending(self) -> bool: ...
 
@@ -63,7 +63,7 @@ class SocketEnd(Protocol):
 
 
 class PortEnd(Protocol):
-    """What an ending needs of a bound port (:class:`sim.engine.sockets.ListenSocket`)."""
+    """What an ending needs of a bound port (:class:`pccl_sim.engine.sockets.ListenSocket`)."""
 
     def shutdown(self, *, reset_backlog: bool) -> None: ...
 
@@ -84,7 +84,7 @@ class Host:
         #: Stall depth (stalls nest); while positive the host's traffic and operations are held.
         self.stalled = 0
         self.stall_lot = trio.lowlevel.ParkingLot()
-        self.listeners: dict[int, Any] = {}  # port -> sim.engine.sockets.ListenSocket (the handshake looks it up)
+        self.listeners: dict[int, Any] = {}  # port -> pccl_sim.engine.sockets.ListenSocket (the handshake looks it up)
         self.next_ephemeral = 49152
         self.incarnations = 0
         self.orphans: list[SocketEnd] = []  # connections of a powered-off incarnation
@@ -108,6 +108,9 @@ class Incarnation:
         self.sockets: dict[int, SocketEnd] = {}  # insertion-ordered: deterministic teardown
         self.listeners: dict[int, PortEnd] = {}
         self.attempts: list[PendingConnect] = []
+        #: Called once at its death: work of the process that takes time without the network
+        #: (a workload's simulated CPU work) stops there, as its threads die with it.
+        self.at_death: list[Callable[[], None]] = []
         self._hosts = hosts
 
     @property
@@ -219,6 +222,9 @@ class Hosts:
         for attempt in inc.attempts:
             attempt.abandon()
         inc.attempts.clear()
+        for stop in list(inc.at_death):
+            stop()
+        inc.at_death.clear()
         # A stall of a dead process is moot: release waiters so nothing stays parked.  (Without
         # this, a corpse's shielded cleanup — e.g. Communicator.aclose sending Leave — parked in
         # the stall gate stayed parked until the unstall and then ran on: a false zombie.)

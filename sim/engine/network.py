@@ -1,20 +1,20 @@
 """The simulator's virtual network: one :class:`World` per run, made of parts.
 
 Each simulated host incarnation gets its own network object (a
-:class:`~sim.engine.streams.SimNetwork`, or the subclass the scenario names: for pccl, a
+:class:`~pccl_sim.engine.streams.SimNetwork`, or the subclass the scenario names: for pccl, a
 :class:`pccl.net.base.Network`), bound to its identity so that ``connect`` knows the source host;
 the code under test cannot tell it from real TCP (both pass ``tests/net_conformance.py``).
 
 The world is the sum of its parts, each in its own module with a public face the others use:
 
-* :mod:`sim.engine.clock` — the event queue virtual time runs through;
-* :mod:`sim.engine.topology` — link specs, sites and partitions (plain data);
-* :mod:`sim.engine.hosts` — machines, the incarnations of their processes, boot and death;
-* :mod:`sim.engine.delivery` — pipes, links and uplinks moving bytes, and what arrives;
-* :mod:`sim.engine.faults` — kill, power-off, stall and partition;
-* :mod:`sim.engine.streams` — the hosts' side: ``connect``, ``listen`` and the streams.
+* :mod:`pccl_sim.engine.clock` — the event queue virtual time runs through;
+* :mod:`pccl_sim.engine.topology` — link specs, sites and partitions (plain data);
+* :mod:`pccl_sim.engine.hosts` — machines, the incarnations of their processes, boot and death;
+* :mod:`pccl_sim.engine.delivery` — pipes, links and uplinks moving bytes, and what arrives;
+* :mod:`pccl_sim.engine.faults` — kill, power-off, stall and partition;
+* :mod:`pccl_sim.engine.streams` — the hosts' side: ``connect``, ``listen`` and the streams.
 
-Model (TCP connections, not packets; details in :mod:`sim.engine.delivery`): links have a
+Model (TCP connections, not packets; details in :mod:`pccl_sim.engine.delivery`): links have a
 latency, bandwidth shared fairly by the connections sending on them, and a per-connection window;
 sites (:meth:`World.add_site`, :meth:`World.place`) give the links between their hosts one spec
 and share one uplink for everything leaving the site; ``send_all`` copies into a per-connection
@@ -27,7 +27,7 @@ as Linux does); ``abort`` and data arriving at a closed or dead endpoint answer 
 Every network operation checks the caller's incarnation: an operation of a dead incarnation at a
 later virtual instant than its death is recorded as a **zombie** failure (something outlived the
 kill).  Nothing polls: the event queue is delivered by the runner's clock when the run goes idle
-(:func:`sim.engine.determinism.sim_clock`) or by its :meth:`~sim.engine.clock.EventQueue.run`
+(:func:`pccl_sim.engine.determinism.sim_clock`) or by its :meth:`~pccl_sim.engine.clock.EventQueue.run`
 task.
 """
 
@@ -50,10 +50,10 @@ class World:
     """The simulated internet of one run (see the module docstring).
 
     ``network_class(world, incarnation, **options)`` makes the network object :meth:`boot` hands
-    out (:class:`sim.engine.streams.SimNetwork` or a workload's subclass).  ``trace`` receives
+    out (:class:`pccl_sim.engine.streams.SimNetwork` or a workload's subclass).  ``trace`` receives
     network-level events (listen, connect, reset, faults).  ``tap``, if set, observes bytes as
     hosts send, read and links carry them (phase triggers and coverage use it; see
-    :mod:`sim.engine.tap`).  All fault methods are synchronous and take effect at the current
+    :mod:`pccl_sim.engine.tap`).  All fault methods are synchronous and take effect at the current
     virtual instant.
 
     The parts are public (``queue``, ``topology``, ``hosts``, ``delivery``, ``faults``); the
@@ -82,7 +82,7 @@ class World:
 
     @property
     def tap(self) -> Any:
-        """The observer of the bytes (:class:`sim.engine.tap.Tap`), or ``None``."""
+        """The observer of the bytes (:class:`pccl_sim.engine.tap.Tap`), or ``None``."""
         return self.delivery.tap
 
     @tap.setter
@@ -119,7 +119,7 @@ class World:
         return self.network_class(self, self.hosts.boot(name), **options)
 
     async def sleep_until(self, when: float) -> None:
-        """Sleep until virtual time ``when`` (:meth:`sim.engine.clock.EventQueue.sleep_until`)."""
+        """Sleep until virtual time ``when`` (:meth:`pccl_sim.engine.clock.EventQueue.sleep_until`)."""
         await self.queue.sleep_until(when)
 
     # -- topology ------------------------------------------------------------------------------
@@ -146,34 +146,34 @@ class World:
         is false) get ``spec``; their bytes also pass ``a``'s uplink."""
         self.topology.set_site_link(a, b, spec, both_ways=both_ways)
 
-    # -- faults (sim.engine.faults) ------------------------------------------------------------
+    # -- faults (pccl_sim.engine.faults) ------------------------------------------------------------
 
     def kill(self, name: str) -> Incarnation | None:
-        """The host's process dies (kill -9): :meth:`sim.engine.faults.Faults.kill`."""
+        """The host's process dies (kill -9): :meth:`pccl_sim.engine.faults.Faults.kill`."""
         return self.faults.kill(name)
 
     def power_off(self, name: str) -> Incarnation | None:
-        """The machine vanishes without a word: :meth:`sim.engine.faults.Faults.power_off`."""
+        """The machine vanishes without a word: :meth:`pccl_sim.engine.faults.Faults.power_off`."""
         return self.faults.power_off(name)
 
     def stall(self, name: str) -> None:
-        """Freeze the host: :meth:`sim.engine.faults.Faults.stall`."""
+        """Freeze the host: :meth:`pccl_sim.engine.faults.Faults.stall`."""
         self.faults.stall(name)
 
     def unstall(self, name: str) -> None:
-        """End one stall of the host: :meth:`sim.engine.faults.Faults.unstall`."""
+        """End one stall of the host: :meth:`pccl_sim.engine.faults.Faults.unstall`."""
         self.faults.unstall(name)
 
     def partition(self, side: Iterable[str], other: Iterable[str] | None = None, *, both_ways: bool = True) -> int:
-        """Hold traffic between host sets: :meth:`sim.engine.faults.Faults.partition`."""
+        """Hold traffic between host sets: :meth:`pccl_sim.engine.faults.Faults.partition`."""
         return self.faults.partition(side, other, both_ways=both_ways)
 
     def heal(self, pid: int | None = None) -> None:
-        """End partition ``pid`` (all if ``None``): :meth:`sim.engine.faults.Faults.heal`."""
+        """End partition ``pid`` (all if ``None``): :meth:`pccl_sim.engine.faults.Faults.heal`."""
         self.faults.heal(pid)
 
     def heal_all(self) -> None:
-        """End every partition and stall: :meth:`sim.engine.faults.Faults.heal_all`."""
+        """End every partition and stall: :meth:`pccl_sim.engine.faults.Faults.heal_all`."""
         self.faults.heal_all()
 
     def statistics(self) -> dict[str, int]:

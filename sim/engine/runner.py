@@ -7,16 +7,16 @@
     print(trace.hash())
 
 Inside, a single ``trio.run`` on a ``MockClock(autojump_threshold=0)``
-(:func:`~sim.engine.determinism.sim_clock`) with trio's scheduler seeded from the schedule's seed
-(:mod:`sim.engine.determinism`) runs:
+(:func:`~pccl_sim.engine.determinism.sim_clock`) with trio's scheduler seeded from the schedule's seed
+(:mod:`pccl_sim.engine.determinism`) runs:
 
-* the :class:`~sim.engine.network.World`'s events, delivered by the clock itself whenever the
+* the :class:`~pccl_sim.engine.network.World`'s events, delivered by the clock itself whenever the
   run goes idle (before time moves on), not by a task;
 * every simulated host as a task ``scenario.<role>(host)`` inside its own cancel scope, one per
   incarnation; ``host`` is a :class:`HostContext` with the host's own network (an instance of
   the scenario's ``network_class``), RNG and a ``record`` method for trace events;
 * the fault injector, which applies the schedule's time-triggered events at their times and arms
-  the phase-triggered ones (:mod:`sim.engine.tap`);
+  the phase-triggered ones (:mod:`pccl_sim.engine.tap`);
 * the watchdog: the run always has a deadline (the schedule's horizon), so a global deadlock ends
   in a reported liveness failure, never a hang; a loop-iteration counter turns a livelock (tasks
   spinning without virtual time passing) into one too.
@@ -94,7 +94,7 @@ class Scenario:
     ``async def peer(self, host)`` by default.  A host's role comes from its spawn event, else
     :meth:`role_of`.  The base class keeps ``params`` (plain data, stored in the schedule).
 
-    Tools reach a scenario only through its registered ``name`` (:mod:`sim.tools.scenarios`) and
+    Tools reach a scenario only through its registered ``name`` (:mod:`pccl_sim.tools.scenarios`) and
     these class methods: :meth:`from_json` rebuilds it from a schedule, :meth:`generate_schedule`
     draws a schedule for it from a seed.
     """
@@ -121,7 +121,7 @@ class Scenario:
     def generate_schedule(
         cls, seed: int, *, profile: str, peers: int, duration: float, quiet: float | None = None, **params: Any
     ) -> tuple[Scenario, Schedule]:
-        """A fault schedule drawn from ``seed`` (:func:`sim.faults.generate.generate` with this
+        """A fault schedule drawn from ``seed`` (:func:`pccl_sim.faults.generate.generate` with this
         scenario's vocabulary), and the scenario it describes; ``quiet=None``: the scenario's
         own recovery window.  ``params`` go to the scenario."""
         raise NotImplementedError(f"scenario {cls.name!r} has no schedule generator")
@@ -184,7 +184,7 @@ class HostContext:
 
     async def sleep(self, seconds: float) -> None:
         """``trio.sleep(seconds)`` for the host's simulated work, cheaper; ordered as
-        :meth:`~sim.engine.clock.EventQueue.sleep_until` says.  ``ValueError`` for a negative or
+        :meth:`~pccl_sim.engine.clock.EventQueue.sleep_until` says.  ``ValueError`` for a negative or
         NaN duration, as trio's."""
         if not seconds >= 0:
             raise ValueError(f"sleep: seconds must be >= 0, got {seconds!r}")
@@ -236,7 +236,7 @@ class _LoopInstrument(trio.abc.Instrument):
         self.task_steps += 1
 
     def iteration(self) -> None:
-        """Once per scheduler loop iteration (see :func:`~sim.engine.determinism.poll_only_when_idle`)."""
+        """Once per scheduler loop iteration (see :func:`~pccl_sim.engine.determinism.poll_only_when_idle`)."""
         self.iterations += 1
         now = self.clock.current_time()
         if now == self._instant:

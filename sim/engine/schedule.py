@@ -29,8 +29,8 @@ first time its trigger condition holds afterwards (before the fault window ends)
 it sends message M for the n-th time", "after link a→b carried x bytes".  Time-triggered kills
 land where time is spent; short protocol phases are only reached by triggers.
 
-Schedules are drawn from a seed by :mod:`sim.faults.generate` and minimised by
-:mod:`sim.faults.shrink`; a saved one replays from its JSON alone (its ``scenario`` names the
+Schedules are drawn from a seed by :mod:`pccl_sim.faults.generate` and minimised by
+:mod:`pccl_sim.faults.shrink`; a saved one replays from its JSON alone (its ``scenario`` names the
 scenario by its registered short name, e.g. ``"pccl"``).
 """
 

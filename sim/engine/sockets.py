@@ -1,11 +1,11 @@
 """The kernel's side of the simulated connections: sockets and listening ports.
 
-A simulated host's program holds *handles* (:mod:`sim.engine.streams`: ``SimStream``,
+A simulated host's program holds *handles* (:mod:`pccl_sim.engine.streams`: ``SimStream``,
 ``SimListener``) with exactly the transport contract of real TCP.  Behind each handle is what a
 real kernel keeps, and what the rest of the model works on: a :class:`Socket` per connection end
 (receive buffer, EOF and reset state, its two pipes), a :class:`ListenSocket` per bound port
-(its backlog of connections not yet accepted).  Arrivals (:mod:`sim.engine.delivery`) fill a
-socket, an incarnation's ending (:mod:`sim.engine.hosts`) closes or kills its sockets and ports,
+(its backlog of connections not yet accepted).  Arrivals (:mod:`pccl_sim.engine.delivery`) fill a
+socket, an incarnation's ending (:mod:`pccl_sim.engine.hosts`) closes or kills its sockets and ports,
 the handshake makes sockets before any program accepts them — all through the public members
 below, so no part reaches into another's private state, and the handles stay free of them.
 

@@ -2,16 +2,16 @@
 
 They behave exactly as real TCP does for a program (``tests/net_conformance.py`` holds pccl's TCP
 network and the simulated one to one contract); the model behind them is the world's
-(:mod:`sim.engine.network`).  Every method is a trio checkpoint.  Addresses are ``"host:port"``
+(:mod:`pccl_sim.engine.network`).  Every method is a trio checkpoint.  Addresses are ``"host:port"``
 strings (IPv6 hosts bracketed).  Errors come from the network's :class:`TransportErrors`
-vocabulary (:mod:`sim.engine.errors`): ``peer_disconnected`` (reset, peer gone),
+vocabulary (:mod:`pccl_sim.engine.errors`): ``peer_disconnected`` (reset, peer gone),
 ``stream_closed`` (this side closed), ``connection_refused``, ``connect_timeout``,
 ``address_in_use``, ``invalid_argument``, and ``invalid_usage`` for two tasks sending (or
 receiving) at once.
 
 A workload gives the simulated network its own flavour by subclassing :class:`SimNetwork`: its
 ``errors`` vocabulary, and the ``stream_class`` / ``listener_class`` it makes (subclasses that also
-implement the workload's transport interfaces, as :mod:`sim.workloads.pccl.network` does for
+implement the workload's transport interfaces, as :mod:`pccl_sim.workloads.pccl.network` does for
 :class:`pccl.net.base.Network`).  The runner boots each host with the scenario's
 ``network_class``.
 
@@ -21,7 +21,7 @@ instant than the death, the world records a zombie failure: in reality nothing r
 While the host is stalled, every operation blocks until the stall ends.
 
 The streams and listeners are handles: what the kernel keeps of a connection or a bound port is
-its :class:`~sim.engine.sockets.Socket` or :class:`~sim.engine.sockets.ListenSocket`, which the
+its :class:`~pccl_sim.engine.sockets.Socket` or :class:`~pccl_sim.engine.sockets.ListenSocket`, which the
 rest of the model fills, resets and tears down.  A handle holds its socket and checks, blocks and
 raises as a program sees it; the handshake makes the sockets, ``connect`` and ``accept`` the
 handles.
@@ -152,7 +152,7 @@ async def _gate(inc: Incarnation, errors: TransportErrors, operation: str) -> No
 
 class SimStream:
     """One end of a simulated TCP connection: the application's handle on a kernel
-    :class:`~sim.engine.sockets.Socket` (the model: :mod:`sim.engine.delivery`).
+    :class:`~pccl_sim.engine.sockets.Socket` (the model: :mod:`pccl_sim.engine.delivery`).
 
     Its semantics are those of :class:`pccl.net.base.Stream` (the contract
     ``tests/net_conformance.py`` checks): one task may send while another receives; a cancelled
@@ -354,7 +354,7 @@ class SimStream:
 
 class SimListener:
     """A bound port on a simulated host: the application's handle on a kernel
-    :class:`~sim.engine.sockets.ListenSocket`; connections queue in its backlog until accepted."""
+    :class:`~pccl_sim.engine.sockets.ListenSocket`; connections queue in its backlog until accepted."""
 
     def __init__(self, net: SimNetwork, port: ListenSocket) -> None:
         self._net = net
@@ -467,7 +467,7 @@ def _syn_arrive(attempt: _ConnectAttempt) -> None:
 class SimNetwork:
     """The network of one simulated host incarnation: ``connect`` and ``listen``.
 
-    Obtain it from :meth:`sim.engine.network.World.boot` (the runner hands it to the scenario as
+    Obtain it from :meth:`pccl_sim.engine.network.World.boot` (the runner hands it to the scenario as
     ``host.network``).  ``connect_timeout`` is the default ``connect`` timeout.  Subclasses choose
     the errors raised and the stream and listener classes made (module docstring).
     """

@@ -7,7 +7,7 @@ with the scenario's :class:`FrameFormat` (e.g. :class:`LengthKindFrames`: an opt
 then ``length:u32 | kind:u8 | body`` frames, control bodies decoded to message names, data
 payloads skipped without copying) and
 
-* fires armed phase triggers (:class:`sim.engine.schedule.Trigger`): "after H sends/reads message
+* fires armed phase triggers (:class:`pccl_sim.engine.schedule.Trigger`): "after H sends/reads message
   M for the n-th time", "after a→b carried x bytes", possibly chained with ``after``;
 * keeps each host's *phase*: the last control message it sent or read, or the part its last data
   frame belonged to when the format names data frames (:class:`DataParts`); the coverage matrix

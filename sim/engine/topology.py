@@ -2,9 +2,9 @@
 which pairs of hosts are cut off from each other.
 
 :class:`Topology` is plain data — no time, no bytes.  The links that carry the bytes
-(:mod:`sim.engine.delivery`) read their :class:`LinkSpec` and uplink from it, are told when it
+(:mod:`pccl_sim.engine.delivery`) read their :class:`LinkSpec` and uplink from it, are told when it
 changes (:meth:`Topology.subscribe`), and ask it whether a partition holds their traffic; the
-fault injector (:mod:`sim.engine.faults`) opens and ends the partitions.
+fault injector (:mod:`pccl_sim.engine.faults`) opens and ends the partitions.
 
 Rules:
 
@@ -30,7 +30,7 @@ __all__ = ["LinkSpec", "SiteSpec", "Topology"]
 
 @dataclasses.dataclass(frozen=True)
 class LinkSpec:
-    """Properties of one directed link (the model: :mod:`sim.engine.delivery`)."""
+    """Properties of one directed link (the model: :mod:`pccl_sim.engine.delivery`)."""
 
     latency: float = 0.005
     bandwidth: float = math.inf  # bytes per second, shared by the connections on the link

@@ -4,7 +4,7 @@
 (removing any single remaining event makes the failure go away), asking the oracle about
 ``O(n²)`` subsets in the worst case and ``O(log n)`` when one or two events are to blame.  The
 seed stays fixed, so the hosts, links and trio's scheduler draw the same random numbers
-(RNGs are derived per purpose, see :mod:`sim.engine.runner`); removing an event can still shift the
+(RNGs are derived per purpose, see :mod:`pccl_sim.engine.runner`); removing an event can still shift the
 timing of what follows, which is why the result is 1-minimal, not globally minimal.
 
 :func:`shrink` runs ddmin, then simplifies values: it halves durations and drops trigger

@@ -7,10 +7,10 @@ them).  This module measures which protocol phases the faults of a run or a camp
 A host's *phase* is the last control message it sent or read, as the network carries it — except
 the scenario's *idle* messages (heartbeats, say: they tell nothing about the protocol's state) —
 reset when the host (re)boots; or, when the frame format names data frames
-(:class:`sim.engine.tap.DataParts`), the part its last data frame belonged to.  While the host
+(:class:`pccl_sim.engine.tap.DataParts`), the part its last data frame belonged to.  While the host
 has more than one such operation in flight the data phase says so: ``data:all-gather [2 ops]``.
 No hook in the code under test: :class:`PhaseTracker` subscribes to the frame sniffer
-(:meth:`sim.engine.tap.Tap.watch`).  :class:`CoverageProbe` (a checker that never fails) reads
+(:meth:`pccl_sim.engine.tap.Tap.watch`).  :class:`CoverageProbe` (a checker that never fails) reads
 the victim's and the master's phase at the instant each fault is applied and appends a cell to
 ``trace.stats["coverage"]`` (statistics: not part of the trace hash).  :func:`coverage_table`
 prints the campaign's matrix; the scenario says which phases it lists even when no fault hit them

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import multiprocessing
+import shlex
 import sys
 import time
 from collections import Counter
@@ -27,7 +29,8 @@ from ..engine.trace import Trace
 from ..engine.schedule import Schedule
 from .scenarios import scenario_class
 
-__all__ = ["CampaignSpec", "SeedResult", "run_seed", "run_campaign", "peer_seconds", "ProgressBar", "parse_seeds"]
+__all__ = ["CampaignSpec", "SeedResult", "run_seed", "run_campaign", "peer_seconds", "ProgressBar", "parse_seeds",
+           "parse_phases", "format_phases"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +69,7 @@ class CampaignSpec:
             if key == "master":
                 parts.append(f"--master {value}")
             elif key == "phases":
-                parts.append(f"--phases {','.join(value)}")
+                parts.append(f"--phases {format_phases(value)}")
             elif key == "groups":
                 parts.append(f"--groups {value}")
             elif key == "alone":
@@ -94,6 +97,24 @@ class SeedResult:
     converged_after: float | None = None
     #: Faults of the schedule by kind (kill, partition, master_restart, ...).
     fault_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def parse_phases(text: str) -> tuple[Any, ...]:
+    """The ``--phases`` option: comma-separated phase names, or (starting with ``[``) a JSON list
+    of names and ``{"name": ..., param: value}`` objects.  ``ValueError`` if it is neither."""
+    if not text.lstrip().startswith("["):
+        return tuple(text.split(","))
+    phases = json.loads(text)
+    if not isinstance(phases, list) or not all(isinstance(p, (str, dict)) for p in phases):
+        raise ValueError("--phases JSON must be a list of phase names and objects")
+    return tuple(phases)
+
+
+def format_phases(phases: Sequence[Any]) -> str:
+    """:func:`parse_phases`'s inverse, quoted for a shell when it is JSON."""
+    if all(isinstance(p, str) for p in phases):
+        return ",".join(phases)
+    return shlex.quote(json.dumps(list(phases), separators=(",", ":")))
 
 
 def peer_seconds(trace: Trace) -> float:

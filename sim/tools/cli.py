@@ -8,9 +8,9 @@
     pccl-sim coverage --seeds 0..49                # where faults landed: victim x master phase x kind
     pccl-sim plot --seed 7 [--out run.png] | FILE  # membership and faults timeline (needs matplotlib)
 
-The default scenario is ``pccl`` (:mod:`sim.workloads.pccl.scenario`: the real master and peers
+The default scenario is ``pccl`` (:mod:`pccl_sim.workloads.pccl.scenario`: the real master and peers
 running the recommended training loop); ``--scenario toy-echo`` runs the simulator's toy (the
-choices are the names of :mod:`sim.tools.scenarios`).  A seed plus the generation options
+choices are the names of :mod:`pccl_sim.tools.scenarios`).  A seed plus the generation options
 (``--profile --peers --duration --quiet --master --phases``) determine the schedule; a schedule
 FILE carries its own (it names its scenario).  Exit status: 0 if every run passed, 1 if one failed,
 2 on bad usage.
@@ -33,7 +33,7 @@ from ..faults.generate import PROFILES
 from ..engine.schedule import Schedule
 from ..faults.shrink import NotFailing, same_failure, shrink
 from ..observe.coverage import coverage_table
-from .campaign import CampaignSpec, ProgressBar, parse_seeds, run_campaign, summary_table
+from .campaign import CampaignSpec, ProgressBar, parse_phases, parse_seeds, run_campaign, summary_table
 from .scenarios import scenario_from_json, scenario_names
 
 __all__ = ["main"]
@@ -44,7 +44,7 @@ def _spec(args: argparse.Namespace) -> CampaignSpec:
     if args.master != "real":
         params.append(("master", args.master))
     if args.phases:
-        params.append(("phases", tuple(args.phases.split(","))))
+        params.append(("phases", parse_phases(args.phases)))
     if args.groups != 1:
         params.append(("groups", args.groups))
     if args.alone != "update":
@@ -204,8 +204,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--duration", type=float, default=20.0, help="fault window (virtual s)")
         p.add_argument("--quiet", type=float, default=None, help="recovery window after it (default: scenario's)")
         p.add_argument("--master", default="real",
-                       help="master variant (sim.workloads.pccl.mutants), e.g. no-recheck-on-disconnect")
-        p.add_argument("--phases", default="", help="step body, comma-separated (default: compute)")
+                       help="master variant (pccl_sim.workloads.pccl.mutants), e.g. no-recheck-on-disconnect")
+        p.add_argument("--phases", default="",
+                       help="step body, comma-separated names (default: compute), or a JSON list of names "
+                            "and {\"name\": ..., param: value} objects")
         p.add_argument("--groups", type=int, default=1, help="peer groups (peerN joins group N %% groups)")
         p.add_argument("--alone", default="update", choices=("update", "pending"),
                        help="a lone peer's loop: update_topology (as steps() does) or are_peers_pending first")

@@ -1,7 +1,7 @@
 """The scenario registry: the one place that maps a scenario's short name to its class.
 
 A schedule names its scenario (``schedule.scenario["name"]``, e.g. ``"pccl"``), and so do the
-CLI's ``--scenario`` and a campaign's :class:`~sim.tools.campaign.CampaignSpec`.  Everything
+CLI's ``--scenario`` and a campaign's :class:`~pccl_sim.tools.campaign.CampaignSpec`.  Everything
 that needs per-scenario knowledge asks the class this registry yields: ``from_json`` to rebuild
 the scenario a saved schedule describes, ``generate_schedule`` to draw one from a seed,
 ``coverage_phases`` for the coverage table.  Targets are ``"module:Class"`` strings imported on
@@ -22,12 +22,12 @@ from ..engine.runner import Scenario
 
 __all__ = ["SCENARIOS", "register", "scenario_names", "scenario_class", "scenario_from_json"]
 
-#: name -> "module:Class" of a :class:`~sim.engine.runner.Scenario` subclass.
+#: name -> "module:Class" of a :class:`~pccl_sim.engine.runner.Scenario` subclass.
 SCENARIOS: dict[str, str] = {
     # The simulator's own toy: an echo service (sim/workloads/toy.py).
-    "toy-echo": "sim.workloads.toy:EchoScenario",
+    "toy-echo": "pccl_sim.workloads.toy:EchoScenario",
     # pccl itself: master + peers running the recommended training loop.
-    "pccl": "sim.workloads.pccl.scenario:PcclScenario",
+    "pccl": "pccl_sim.workloads.pccl.scenario:PcclScenario",
 }
 
 

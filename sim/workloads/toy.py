@@ -1,7 +1,7 @@
 """A toy echo service: the simulator's own test workload (not pccl).
 
 It exercises everything the simulator does on the engine's own network and errors
-(:mod:`sim.engine.errors`; it imports nothing of pccl), the smallest scenario for benchmarks and
+(:mod:`pccl_sim.engine.errors`; it imports nothing of pccl), the smallest scenario for benchmarks and
 for testing the simulator itself:
 
 * ``master`` listens on ``master:7000`` and echoes: for each ``PING seq n`` control frame followed
@@ -10,7 +10,7 @@ for testing the simulator itself:
   random payload (its RNG), waits for the echo with a timeout, and reconnects on any failure.
 
 Frames are ``length:u32 | kind:u8 | body`` (kind 1 control, 2 data), so the simulator's frame
-sniffer reads them with :class:`sim.engine.tap.LengthKindFrames` and message triggers
+sniffer reads them with :class:`pccl_sim.engine.tap.LengthKindFrames` and message triggers
 ("kill peer1 after it sends PING for the 3rd time") work.
 
 Checkers: :class:`EchoIntegrity` (safety: every echo is the reversed payload),

@@ -81,7 +81,7 @@ def test_every_public_name_has_a_reference_entry(built: pathlib.Path) -> None:
 
 def test_every_command_line_flag_has_a_reference_entry(built: pathlib.Path) -> None:
     from pccl.tools.cli import _build_parser
-    from sim.tools.cli import _parser
+    from pccl_sim.tools.cli import _parser
 
     sys.path.insert(0, str(DOCS / "_ext"))
     from pccl_docs import command_flags
@@ -203,7 +203,7 @@ def test_every_script_is_shown_by_a_page() -> None:
 
 def test_the_command_lines_shown_parse() -> None:
     from pccl.tools.cli import _build_parser
-    from sim.tools.cli import _parser
+    from pccl_sim.tools.cli import _parser
 
     parsers = {"pccl": _build_parser, "pccl-sim": _parser}
     checked = 0

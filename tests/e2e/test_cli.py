@@ -28,14 +28,14 @@ def test_pccl_help_hides_the_internal_sub_command_and_has_a_version() -> None:
 
 
 def test_pccl_sim_sub_commands_and_options_have_help() -> None:
-    out = _run("sim.tools.cli", "--help").stdout
+    out = _run("pccl_sim.tools.cli", "--help").stdout
     listed = out[out.index("positional arguments:"):].splitlines()
     for name in ("run", "campaign", "replay", "shrink", "coverage", "plot"):
         line = next(line for line in listed if line.strip().startswith(name + " "))
         assert len(line.split()) > 2, line  # a help text follows the name
-    run = " ".join(_run("sim.tools.cli", "run", "--help").stdout.split())
+    run = " ".join(_run("pccl_sim.tools.cli", "run", "--help").stdout.split())
     assert "fault schedule profile" in run and "seed of the fault schedule" in run
-    campaign = " ".join(_run("sim.tools.cli", "campaign", "--help").stdout.split())
+    campaign = " ".join(_run("pccl_sim.tools.cli", "campaign", "--help").stdout.split())
     assert f"default {os.cpu_count()}" in campaign
 
 

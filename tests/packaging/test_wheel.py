@@ -49,7 +49,8 @@ def test_the_wheel_installs_into_a_fresh_virtualenv_and_runs_the_demo(tmp_path: 
     assert wheel.name.startswith(f"pccl_trio-{pccl.__version__}-") and "-abi3-" in wheel.name, wheel.name
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("pccl/_kernels") and n.endswith((".so", ".pyd")) for n in names), names
-    assert "sim/__init__.py" in names and "pccl/py.typed" in names
+    assert "pccl_sim/__init__.py" in names and "pccl/py.typed" in names
+    assert not [n for n in names if n.startswith("sim/")], "the simulator installs as pccl_sim, never as sim"
 
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
@@ -67,10 +68,11 @@ def test_the_wheel_installs_into_a_fresh_virtualenv_and_runs_the_demo(tmp_path: 
     version = _run([str(bin_dir / "pccl"), "--version"], cwd=away, env=env).stdout.strip()
     assert version == f"pccl {pccl.__version__}"
     probe = _run([str(python), "-c",
-                  "import importlib.metadata, pccl, pccl._kernels, pccl.kernels, sim, numpy as np\n"
+                  "import importlib.metadata, importlib.util, pccl, pccl._kernels, pccl.kernels, pccl_sim, numpy as np\n"
+                  "assert importlib.util.find_spec('sim') is None  # no top-level sim to shadow a user's\n"
                   "x = np.ones(8, np.float32); pccl.kernels.reduce_into(x, np.ones(8, np.float32), pccl.ReduceOp.SUM)\n"
                   "assert (x == 2).all()\n"
-                  "print(pccl.__file__); print(pccl._kernels.__file__); print(sim.__file__)\n"
+                  "print(pccl.__file__); print(pccl._kernels.__file__); print(pccl_sim.__file__)\n"
                   "print(importlib.metadata.version('pccl-trio'))"], cwd=away, env=env).stdout.split()
     for path in probe[:3]:
         assert pathlib.Path(path).resolve().is_relative_to(env_dir.resolve()), f"{path} is not the installed copy"

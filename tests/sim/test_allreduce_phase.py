@@ -1,4 +1,4 @@
-"""The all-reduce step of the simulated pccl workload (sim.workloads.pccl.collectives) and its
+"""The all-reduce step of the simulated pccl workload (pccl_sim.workloads.pccl.collectives) and its
 checker's teeth."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 import pccl._peer.collective_plans as plans
 import pccl._peer.collective_service as operation
 from pccl.collectives.backup import InputBackup
-from sim.engine.runner import run
-from sim.engine.trace import Trace
-from sim.engine.schedule import FaultEvent, Trigger
-from sim.tools.campaign import CampaignSpec
+from pccl_sim.engine.runner import run
+from pccl_sim.engine.trace import Trace
+from pccl_sim.engine.schedule import FaultEvent, Trigger
+from pccl_sim.tools.campaign import CampaignSpec
 
 
 def _run(seed: int, phase: dict[str, Any] | str = "all_reduce") -> Trace:
@@ -106,7 +106,7 @@ def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: p
 def test_a_peer_killed_inside_each_part_of_an_all_reduce(part: str, direction: str, peers: int, concurrent: int,
                                                          kind: str) -> None:
     # The kill fires right after the victim sends (reads) its 3rd message of that part; the wire
-    # names data frames by the op they belong to (sim.workloads.pccl.frames.AllReduceParts).
+    # names data frames by the op they belong to (pccl_sim.workloads.pccl.frames.AllReduceParts).
     # Every checker agrees (results equal the reference over exactly the completing peers, aborted
     # ops left their inputs restored), and the later ops run over the survivors.
     phase = {"name": "all_reduce", "concurrent": concurrent}

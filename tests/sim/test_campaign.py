@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from sim.tools.campaign import CampaignSpec, parse_seeds, run_campaign, summary_table
-from sim.workloads.pccl.scenario import MEMBERSHIP_MESSAGES
+from pccl_sim.tools.campaign import CampaignSpec, parse_seeds, run_campaign, summary_table
+from pccl_sim.workloads.pccl.scenario import MEMBERSHIP_MESSAGES
 
 
 def _assert_all_pass(results: list) -> None:  # type: ignore[type-arg]

@@ -1,4 +1,4 @@
-"""The collectives phase of the simulated pccl workload (sim.workloads.pccl.kinds): every kind,
+"""The collectives phase of the simulated pccl workload (pccl_sim.workloads.pccl.kinds): every kind,
 concurrent tags launched in order, under chaos; its checker's teeth; determinism."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import pccl._peer.collective_plans as plans
-from sim.engine.runner import run
-from sim.engine.trace import Trace
-from sim.tools.campaign import CampaignSpec
+from pccl_sim.engine.runner import run
+from pccl_sim.engine.trace import Trace
+from pccl_sim.tools.campaign import CampaignSpec
 
 PHASE = {"name": "collectives", "concurrent": 8, "in_flight": 6, "n": 3000}
 

@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 
-from sim.engine.runner import run
-from sim.workloads.toy import toy_schedule
+from pccl_sim.engine.runner import run
+from pccl_sim.workloads.toy import toy_schedule
 
 _PROGRAM = """
-from sim.engine.runner import run
-from sim.workloads.toy import toy_schedule
+from pccl_sim.engine.runner import run
+from pccl_sim.workloads.toy import toy_schedule
 toy, schedule = toy_schedule({seed}, duration=10.0, quiet=8.0)
 print(run(toy, schedule).hash())
 """

@@ -8,8 +8,8 @@ import pathlib
 import pytest
 import trio
 
-from sim.faults.generate import PROFILES, generate
-from sim.engine.schedule import FaultEvent, Schedule, Trigger
+from pccl_sim.faults.generate import PROFILES, generate
+from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
 
 
 def test_schedule_round_trips_through_json(tmp_path: pathlib.Path) -> None:
@@ -87,7 +87,7 @@ def test_chaos_profile_mixes_kinds_and_triggers() -> None:
 
 def test_half_the_master_kills_watch_the_master_itself() -> None:
     # Master-side triggers name what the master sees, in its direction: it reads what peers send.
-    from sim.workloads.pccl.scenario import pccl_schedule
+    from pccl_sim.workloads.pccl.scenario import pccl_schedule
 
     watched: list[str] = []
     for seed in range(40):
@@ -105,8 +105,8 @@ def test_half_the_master_kills_watch_the_master_itself() -> None:
     assert 0.25 < watched.count("master") / len(watched) < 0.75, watched
     # The draw of the other faults did not move: without master-side aims the same seed gives
     # the same events, and only the triggers of some master kills differ.
-    from sim.faults.generate import generate
-    from sim.workloads.pccl.scenario import PEER_MESSAGE_DIRECTIONS, master_message_directions
+    from pccl_sim.faults.generate import generate
+    from pccl_sim.workloads.pccl.scenario import PEER_MESSAGE_DIRECTIONS, master_message_directions
 
     common = dict(profile="phases", peers=4, messages=tuple(PEER_MESSAGE_DIRECTIONS),
                   message_directions=PEER_MESSAGE_DIRECTIONS)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from sim.engine.errors import ConnectionRefused, ConnectTimeout, PeerDisconnected
-from sim.engine.network import LinkSpec, World
-from sim.engine.runner import simulate
-from sim.engine.streams import SimNetwork, SimStream
+from pccl_sim.engine.errors import ConnectionRefused, ConnectTimeout, PeerDisconnected
+from pccl_sim.engine.network import LinkSpec, World
+from pccl_sim.engine.runner import simulate
+from pccl_sim.engine.streams import SimNetwork, SimStream
 
 LATENCY = 0.01
 LINK = LinkSpec(latency=LATENCY)

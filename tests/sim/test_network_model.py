@@ -8,8 +8,8 @@ import math
 import pytest
 import trio
 
-from sim.engine.network import LinkSpec, World
-from sim.engine.runner import simulate
+from pccl_sim.engine.network import LinkSpec, World
+from pccl_sim.engine.runner import simulate
 
 MiB = 1024 * 1024
 

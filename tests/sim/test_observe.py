@@ -15,8 +15,8 @@ from pccl.protocol.messages import (
     VoteTopology,
 )
 from pccl.types import DType, QuantKind
-from sim.engine.tap import _FrameParser
-from sim.workloads.pccl.frames import AllReduceParts, PcclFrames
+from pccl_sim.engine.tap import _FrameParser
+from pccl_sim.workloads.pccl.frames import AllReduceParts, PcclFrames
 
 
 def _wire() -> bytes:

@@ -9,10 +9,10 @@ import numpy as np
 import trio
 
 import pccl
-from sim.engine.network import LinkSpec
-from sim.engine.runner import simulate
-from sim.workloads.pccl.network import PcclSimNetwork
-from sim.workloads.pccl.scenario import SiteLayout
+from pccl_sim.engine.network import LinkSpec
+from pccl_sim.engine.runner import simulate
+from pccl_sim.workloads.pccl.network import PcclSimNetwork
+from pccl_sim.workloads.pccl.scenario import SiteLayout
 
 BASE = dict(peer_timeout=30.0, heartbeat_interval=1.0, connect_timeout=10.0, p2p_base_port=0,
             shared_state_base_port=0, kernel_threads=False, probe_seconds=0.2)

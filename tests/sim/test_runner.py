@@ -6,9 +6,9 @@ import threading
 
 import trio
 
-from sim.engine.runner import HostContext, RunOptions, Scenario, run
-from sim.engine.schedule import FaultEvent, Schedule, Trigger
-from sim.workloads.toy import EchoScenario, toy_schedule
+from pccl_sim.engine.runner import HostContext, RunOptions, Scenario, run
+from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
+from pccl_sim.workloads.toy import EchoScenario, toy_schedule
 
 
 def _schedule(events: list[FaultEvent], *, seed: int = 1, duration: float = 6.0, quiet: float = 12.0) -> Schedule:

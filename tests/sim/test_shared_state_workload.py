@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pathlib
 
-from sim.engine.runner import run
-from sim.tools.scenarios import scenario_from_json
-from sim.engine.schedule import FaultEvent, Schedule, Trigger
-from sim.workloads.pccl.scenario import PcclScenario, pccl_schedule
-from sim.workloads.pccl.shared_state import SharedStateAgreement
+from pccl_sim.engine.runner import run
+from pccl_sim.tools.scenarios import scenario_from_json
+from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
+from pccl_sim.workloads.pccl.scenario import PcclScenario, pccl_schedule
+from pccl_sim.workloads.pccl.shared_state import SharedStateAgreement
 
 
 def _schedule(scenario: PcclScenario, events: list[FaultEvent], *, seed: int = 5, duration: float = 5.0) -> Schedule:

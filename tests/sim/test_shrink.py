@@ -6,12 +6,12 @@ import pathlib
 
 import pytest
 
-from sim.engine.runner import run
-from sim.faults.generate import generate
-from sim.engine.schedule import FaultEvent, Schedule
-from sim.faults.shrink import NotFailing, ddmin, same_failure, shrink
-from sim.tools.scenarios import scenario_from_json
-from sim.workloads.toy import EchoScenario
+from pccl_sim.engine.runner import run
+from pccl_sim.faults.generate import generate
+from pccl_sim.engine.schedule import FaultEvent, Schedule
+from pccl_sim.faults.shrink import NotFailing, ddmin, same_failure, shrink
+from pccl_sim.tools.scenarios import scenario_from_json
+from pccl_sim.workloads.toy import EchoScenario
 
 
 def test_ddmin_finds_exactly_the_two_culprits() -> None:

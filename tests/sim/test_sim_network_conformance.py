@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from net_conformance import CHECKS, ConformanceEnv, check_connect_timeout, run_check
 
-from sim.engine.network import LinkSpec, World
-from sim.engine.runner import simulate
-from sim.workloads.pccl.network import PcclSimNetwork
+from pccl_sim.engine.network import LinkSpec, World
+from pccl_sim.engine.runner import simulate
+from pccl_sim.workloads.pccl.network import PcclSimNetwork
 
 MiB = 1024 * 1024
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import ast
 import pathlib
 
-import sim
+import pccl_sim
 
-SIM_DIR = pathlib.Path(sim.__file__).resolve().parent
+SIM_DIR = pathlib.Path(pccl_sim.__file__).resolve().parent  # the repository's sim/ folder
 
 
 def test_package_inits_are_docstrings_only() -> None:
@@ -23,7 +23,7 @@ def test_package_inits_are_docstrings_only() -> None:
 def test_registry_names_are_the_scenarios_own_names() -> None:
     # Saved schedules name their scenario by Scenario.name; the registry must resolve each name
     # to the class that writes it, and keep the names schedules were saved under.
-    from sim.tools.scenarios import SCENARIOS, scenario_class, scenario_from_json
+    from pccl_sim.tools.scenarios import SCENARIOS, scenario_class, scenario_from_json
 
     assert {"pccl", "toy-echo"} <= set(SCENARIOS)
     for name in SCENARIOS:

@@ -7,8 +7,8 @@ import math
 import pytest
 import trio
 
-from sim.engine.network import LinkSpec, SiteSpec, World
-from sim.engine.runner import simulate
+from pccl_sim.engine.network import LinkSpec, SiteSpec, World
+from pccl_sim.engine.runner import simulate
 
 MiB = 1024 * 1024
 INSIDE = LinkSpec(latency=0.0001, bandwidth=1000 * MiB, window=64 * MiB)
@@ -128,8 +128,8 @@ SITES = {"count": 3, "uplink": 1e9 / 8, "latency": [0.015, 0.025, 0.04], "window
 
 
 def test_pccl_chaos_over_sites_passes_and_replays():
-    from sim.engine.runner import run as run_scenario
-    from sim.workloads.pccl.scenario import pccl_schedule
+    from pccl_sim.engine.runner import run as run_scenario
+    from pccl_sim.workloads.pccl.scenario import pccl_schedule
 
     scenario, schedule = pccl_schedule(3, profile="phases", peers=6, duration=6.0,
                                        phases=["compute", "all_reduce"], sites=SITES)
@@ -144,7 +144,7 @@ def test_pccl_chaos_over_sites_passes_and_replays():
 
 
 def test_site_layout_is_checked():
-    from sim.workloads.pccl.scenario import SiteLayout
+    from pccl_sim.workloads.pccl.scenario import SiteLayout
 
     with pytest.raises(ValueError, match="3 site-pair latencies"):
         SiteLayout.from_params({"count": 3, "uplink": 1e8, "latency": [0.01]})

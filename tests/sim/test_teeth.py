@@ -1,6 +1,6 @@
 """Acceptance: the simulator has teeth.
 
-A deliberately broken master (sim.workloads.pccl.mutants.NoRecheckOnDisconnect: consensus
+A deliberately broken master (pccl_sim.workloads.pccl.mutants.NoRecheckOnDisconnect: consensus
 re-checked only when a peer says something, not when one disconnects or times out — PCCL's own
 bug) is injected through the scenario.  A small campaign must find a failing seed; shrinking must
 reduce its schedule to a handful of events that still fail the same way when replayed from the
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pathlib
 
-from sim.engine.runner import run
-from sim.engine.schedule import Schedule
-from sim.faults.shrink import same_failure, shrink
-from sim.tools.campaign import CampaignSpec, run_campaign
-from sim.tools.scenarios import scenario_from_json
+from pccl_sim.engine.runner import run
+from pccl_sim.engine.schedule import Schedule
+from pccl_sim.faults.shrink import same_failure, shrink
+from pccl_sim.tools.campaign import CampaignSpec, run_campaign
+from pccl_sim.tools.scenarios import scenario_from_json
 
 _BROKEN = CampaignSpec(profile="chaos", peers=3, duration=10.0, params=(("master", "no-recheck-on-disconnect"),))
 

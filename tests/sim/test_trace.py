@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.engine.trace import Failure, Trace
+from pccl_sim.engine.trace import Failure, Trace
 
 
 def _trace(*kinds: str) -> Trace:

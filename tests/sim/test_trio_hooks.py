@@ -14,7 +14,7 @@ import trio
 import trio.testing
 from trio._core import _run
 
-from sim.engine.determinism import (
+from pccl_sim.engine.determinism import (
     TrioHooksChanged,
     check_trio_hooks,
     deterministic_trio,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from sim.engine.runner import run
-from sim.engine.schedule import FaultEvent, Schedule, Trigger
-from sim.tools.scenarios import scenario_from_json
-from sim.workloads.pccl.phases import PHASES, Phase, StepContext, register_phase
-from sim.workloads.pccl.scenario import PcclScenario, pccl_schedule
+from pccl_sim.engine.runner import run
+from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
+from pccl_sim.tools.scenarios import scenario_from_json
+from pccl_sim.workloads.pccl.phases import PHASES, Phase, StepContext, register_phase
+from pccl_sim.workloads.pccl.scenario import PcclScenario, pccl_schedule
 
 
 def _schedule(scenario: PcclScenario, events: list[FaultEvent], *, seed: int = 3, duration: float = 6.0,
@@ -191,10 +191,10 @@ def test_kill_during_stall_releases_the_corpses_shielded_cleanup_at_once() -> No
     """Regression (found by a pccl campaign, shrunk to partition + stall + kill): a dead host's
     shielded cleanup parked in the stall gate stayed parked until the unstall, then ran on — a
     false zombie.  The kill must release it at the death instant."""
-    from sim.engine.errors import PeerDisconnected
-    from sim.engine.network import World
-    from sim.engine.runner import simulate
-    from sim.engine.streams import SimNetwork
+    from pccl_sim.engine.errors import PeerDisconnected
+    from pccl_sim.engine.network import World
+    from pccl_sim.engine.runner import simulate
+    from pccl_sim.engine.streams import SimNetwork
 
     async def body(world: World) -> tuple[float, float, str]:
         a, b = world.boot("a"), world.boot("b")

@@ -6,13 +6,13 @@ import random
 
 from pccl.protocol.master import machine as ms
 from pccl.protocol import messages as m
-from sim.engine.runner import run
-from sim.engine.trace import Trace, TraceEvent
-from sim.engine.schedule import FaultEvent, Schedule
-from sim.observe.coverage import coverage_table, fault_victims
-from sim.workloads.pccl.checkers import NoProtocolKicks, stuck_votes
-from sim.workloads.pccl.mutants import MASTER_VARIANTS, NoRecheckOnDisconnect, register_master_variant
-from sim.workloads.pccl.scenario import MEMBERSHIP_MESSAGES, PcclScenario
+from pccl_sim.engine.runner import run
+from pccl_sim.engine.trace import Trace, TraceEvent
+from pccl_sim.engine.schedule import FaultEvent, Schedule
+from pccl_sim.observe.coverage import coverage_table, fault_victims
+from pccl_sim.workloads.pccl.checkers import NoProtocolKicks, stuck_votes
+from pccl_sim.workloads.pccl.mutants import MASTER_VARIANTS, NoRecheckOnDisconnect, register_master_variant
+from pccl_sim.workloads.pccl.scenario import MEMBERSHIP_MESSAGES, PcclScenario
 
 
 def _feed(machine: ms.MasterState, event: ms.Event) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sim.engine.schedule import Schedule
-from sim.tools.cli import main
+from pccl_sim.engine.schedule import Schedule
+from pccl_sim.tools.cli import main
 
 
 def test_run_save_check_determinism_and_replay_file(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,14 +6,14 @@ import os
 import subprocess
 import sys
 
-from sim.engine.runner import run
-from sim.workloads.pccl.scenario import pccl_schedule
+from pccl_sim.engine.runner import run
+from pccl_sim.workloads.pccl.scenario import pccl_schedule
 
 _PROGRAM = """
 import logging
 logging.disable(logging.CRITICAL)
-from sim.engine.runner import run
-from sim.workloads.pccl.scenario import pccl_schedule
+from pccl_sim.engine.runner import run
+from pccl_sim.workloads.pccl.scenario import pccl_schedule
 scenario, schedule = pccl_schedule({seed}, profile="phases", peers=4, duration=8.0)
 trace = run(scenario, schedule)
 print(trace.hash(), len(trace), trace.ok)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.tools import cli
+from pccl_sim.tools import cli
 
 
 def test_the_help_shows_no_rest_markup(capsys: pytest.CaptureFixture[str]) -> None:
@@ -18,5 +18,5 @@ def test_the_help_shows_no_rest_markup(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_plain_text_strips_roles_and_literals() -> None:
-    assert cli.plain_text("``--scenario`` (:mod:`sim.tools.scenarios`, :class:`~a.B`)") == \
-        "--scenario (sim.tools.scenarios, a.B)"
+    assert cli.plain_text("``--scenario`` (:mod:`pccl_sim.tools.scenarios`, :class:`~a.B`)") == \
+        "--scenario (pccl_sim.tools.scenarios, a.B)"

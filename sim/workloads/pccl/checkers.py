@@ -1,9 +1,9 @@
 """Invariants of the pccl workload, checked after every trace event.
 
-Each checker is an independent :class:`sim.engine.runner.Checker`; a scenario lists the ones it
+Each checker is an independent :class:`pccl_sim.engine.runner.Checker`; a scenario lists the ones it
 needs (:func:`membership_checkers` for membership, plus whatever the step's phases add — see
-:mod:`sim.workloads.pccl.phases`).  Failure kinds (VOPR's classification,
-:data:`sim.engine.trace.FAILURE_KINDS`):
+:mod:`pccl_sim.workloads.pccl.phases`).  Failure kinds (VOPR's classification,
+:data:`pccl_sim.engine.trace.FAILURE_KINDS`):
 
 * **safety** — :class:`MembershipAgreement`: every peer that completed the same topology round
   got the same attributes (``world_size`` within a ring, ``global_world_size`` /
@@ -23,7 +23,7 @@ needs (:func:`membership_checkers` for membership, plus whatever the step's phas
   ``bound`` seconds: every live peer accepted and completing a step (begun after the faults
   stopped) with ``world_size`` equal to the number of live peers of its group (a peer alone in
   its group: waiting alone).  The bound is longer than the protocol's timeouts
-  (:attr:`sim.workloads.pccl.scenario.PcclScenario.liveness_bound`).
+  (:attr:`pccl_sim.workloads.pccl.scenario.PcclScenario.liveness_bound`).
 * crash / zombie / determinism come from the runner and the CLI.
 """
 
@@ -52,7 +52,7 @@ _ATTRIBUTES = ("world_size", "global_world_size", "num_peer_groups", "largest_pe
 
 class MembershipScenario(Protocol):
     """What the membership checkers read of the scenario they watch (a
-    :class:`~sim.workloads.pccl.scenario.PcclScenario`)."""
+    :class:`~pccl_sim.workloads.pccl.scenario.PcclScenario`)."""
 
     #: Seconds after the faults stop within which a full-membership step must happen.
     liveness_bound: float
@@ -254,7 +254,7 @@ class FullMembershipLiveness(Checker):
     seconds after the full-membership step (the other checkers keep watching meanwhile): a
     campaign spends its time on faults, not on steady state.  The verdict is given in ``at_end``,
     so the run's quiet window should be longer than ``bound``
-    (:func:`sim.workloads.pccl.scenario.pccl_schedule` makes it 1.2 × bound); a window too short
+    (:func:`pccl_sim.workloads.pccl.scenario.pccl_schedule` makes it 1.2 × bound); a window too short
     to converge in fails rather than passing vacuously.
     """
 

@@ -2,7 +2,7 @@
 of an all-reduce each data frame belongs to (:class:`AllReduceParts`), and the phase names the
 coverage table uses for pccl.
 
-:class:`PcclFrames` is the :class:`~sim.engine.tap.FrameFormat` of the pccl scenario, built on
+:class:`PcclFrames` is the :class:`~pccl_sim.engine.tap.FrameFormat` of the pccl scenario, built on
 :mod:`pccl.protocol.codec`: the preamble of :mod:`pccl.protocol.handshake`, then
 ``length:u32 | kind:u8 | body`` frames; control bodies are decoded to message names (the
 ``Message`` class names, e.g. ``VoteTopology``) and data payloads skipped without copying.
@@ -142,7 +142,7 @@ class PcclFrames(LengthKindFrames):
         return None if message is None else type(message).__name__
 
     def decode(self, body: bytes) -> object | None:
-        """The decoded control message (for :meth:`~sim.engine.tap.Tap.watch`), or ``None``."""
+        """The decoded control message (for :meth:`~pccl_sim.engine.tap.Tap.watch`), or ``None``."""
         decoded = self._decoded
         if type(body) is not bytes:
             body = bytes(body)  # (a dict key)
@@ -161,7 +161,7 @@ class PcclFrames(LengthKindFrames):
 
     def decode_data(self, raw: bytes) -> object | None:
         """The :class:`~pccl.protocol.codec.DataHeader` of a data frame's prefix and header bytes
-        (for :meth:`~sim.engine.tap.Tap.watch_data`), or ``None``."""
+        (for :meth:`~pccl_sim.engine.tap.Tap.watch_data`), or ``None``."""
         prefix = raw[: codec.PREFIX_SIZE]
         try:
             _kind, length = codec.parse_prefix(prefix, max_frame_size=0)

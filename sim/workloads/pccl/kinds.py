@@ -7,7 +7,7 @@ each of the kind ``kinds[i % len(kinds)]`` — ``all_reduce``, ``broadcast``, ``
 ``reduce_scatter`` — optionally quantized, through the public API as a training loop calls
 them.  A broadcast's root is the smallest peer id of the ring the step began on (every accepted
 peer of the step agrees on it).  Peer ``p``'s input of its ``k``-th call on a tag is a pure
-function of ``(p, tag, k)`` (:func:`sim.workloads.pccl.collectives.phase_input`; an all-gather's
+function of ``(p, tag, k)`` (:func:`pccl_sim.workloads.pccl.collectives.phase_input`; an all-gather's
 element count varies with the peer), so the checker can rebuild every participant's input.
 Trace events: ``collective_call`` (``op``: the kind, ``tag``, ``k``), ``collective`` (its result's
 ``digest``, ``ring``, ``world_size``; a reduce-scatter's ``start``/``stop``),

@@ -11,7 +11,7 @@ The step body is a list of :class:`Phase` objects built from the scenario parame
             info = await step.comm.all_reduce(x, op=pccl.ReduceOp.SUM, tag=0)
             step.record("all_reduce", seq=..., world_size=info.world_size, digest=...)
         def checkers(self, scenario):
-            return [AllReduceAgreement()]       # sim.engine.runner.Checker subclasses
+            return [AllReduceAgreement()]       # pccl_sim.engine.runner.Checker subclasses
 
     register_phase(AllReducePhase)
 
@@ -19,7 +19,7 @@ and adding its module to :data:`PHASE_MODULES` (so fresh processes find it); the
 ``PcclScenario(phases=["compute", "all_reduce"])`` runs it (CLI: ``--phases compute,all_reduce``).
 A phase raising one of its expected errors (``CollectiveAborted``) should record it and return;
 ``Kicked`` / ``MasterUnreachable`` propagate to the scenario's reconnect logic.  A phase's
-checkers are added to the membership checkers of :mod:`sim.workloads.pccl.checkers`
+checkers are added to the membership checkers of :mod:`pccl_sim.workloads.pccl.checkers`
 automatically."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ __all__ = [
 
 class StepScenario(Protocol):
     """What a phase reads of the scenario running it (a
-    :class:`~sim.workloads.pccl.scenario.PcclScenario`)."""
+    :class:`~pccl_sim.workloads.pccl.scenario.PcclScenario`)."""
 
     #: Seconds of simulated compute per step.
     step_time: float
@@ -105,10 +105,10 @@ PHASES: dict[str, type[Phase]] = {"compute": ComputePhase}
 #: name -> module that registers it when imported: a schedule file (or a campaign worker, a fresh
 #: process) naming the phase rebuilds it without the caller importing the module first.
 PHASE_MODULES: dict[str, str] = {
-    "all_reduce": "sim.workloads.pccl.collectives",
-    "collectives": "sim.workloads.pccl.kinds",
-    "sync": "sim.workloads.pccl.shared_state",
-    "optimize": "sim.workloads.pccl.optimize",
+    "all_reduce": "pccl_sim.workloads.pccl.collectives",
+    "collectives": "pccl_sim.workloads.pccl.kinds",
+    "sync": "pccl_sim.workloads.pccl.shared_state",
+    "optimize": "pccl_sim.workloads.pccl.optimize",
 }
 
 

@@ -29,9 +29,9 @@ class and kick reason), ``join_failed`` (``open_communicator`` failed: master do
 before acceptance), ``probe`` (from the ``monitor`` task: the master's view, every
 ``probe_interval``).
 
-The step body is a list of phases (:mod:`sim.workloads.pccl.phases`), built from the scenario
+The step body is a list of phases (:mod:`pccl_sim.workloads.pccl.phases`), built from the scenario
 parameter ``phases``; their checkers join the membership checkers of
-:mod:`sim.workloads.pccl.checkers`.
+:mod:`pccl_sim.workloads.pccl.checkers`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from ...engine.tap import FrameFormat
 from .checkers import membership_checkers
 from .frames import IDLE_MESSAGES, AllReduceParts, PcclFrames
 from .mutants import MASTER_VARIANTS, make_master_state
-from .network import PcclSimNetwork
+from .network import KernelCost, PcclSimNetwork
 from .phases import StepContext, build_phase
 
 __all__ = [
@@ -160,7 +160,7 @@ class PcclScenario(Scenario):
     ``peerN`` joins group ``N % groups``), ``peer_timeout``/``heartbeat_interval``/
     ``connect_timeout`` (the :class:`pccl.Config`, short for simulation), ``step_time`` (compute
     per step), ``alone_wait``, ``backoff`` (reconnect range), ``phases`` (the step body),
-    ``master`` (a :mod:`sim.workloads.pccl.mutants` variant; ``"real"`` is pccl's),
+    ``master`` (a :mod:`pccl_sim.workloads.pccl.mutants` variant; ``"real"`` is pccl's),
     ``liveness_bound`` (seconds after the faults stop within which a full-membership step must
     happen; default derived from the timeouts), ``probe_interval``, ``hold`` (after that step, keep watching this long, then
     end the run; default ``2 × peer_timeout + 2 × heartbeat_interval``; ``None``: run the whole
@@ -173,7 +173,10 @@ class PcclScenario(Scenario):
     ``alone``: what a peer alone in its group does each ``alone_wait``:
     ``"update"`` (``update_topology()``, as ``Communicator.steps`` does) or ``"pending"`` (PCCL's
     loop: ``update_topology()`` only when ``are_peers_pending()`` says so), which puts the
-    global pending vote among the other groups' steps.
+    global pending vote among the other groups' steps.  ``kernel_rate`` (bytes/s) and
+    ``kernel_overhead`` (s per kernel call): the virtual time a peer's kernels take
+    (:class:`~pccl_sim.workloads.pccl.network.KernelCost`; the time a real peer's aborted op waits for
+    its threads); ``kernel_rate=None``: none.
     """
 
     name = "pccl"
@@ -200,6 +203,8 @@ class PcclScenario(Scenario):
         jitter: float = 0.0,
         alone: str = "update",
         sites: Mapping[str, Any] | None = None,
+        kernel_rate: float | None = KernelCost.rate,
+        kernel_overhead: float = KernelCost.overhead,
     ) -> None:
         params: dict[str, Any] = dict(
             peers=peers, groups=groups, peer_timeout=peer_timeout, heartbeat_interval=heartbeat_interval,
@@ -219,7 +224,10 @@ class PcclScenario(Scenario):
             params["alone"] = alone
         if sites is not None:
             params["sites"] = dict(sites)
+        if (kernel_rate, kernel_overhead) != (KernelCost.rate, KernelCost.overhead):
+            params.update(kernel_rate=kernel_rate, kernel_overhead=kernel_overhead)
         super().__init__(**params)
+        self.kernel_cost = None if kernel_rate is None else KernelCost(float(kernel_rate), float(kernel_overhead))
         self.alone = alone
         self.link = LinkSpec(latency=latency, jitter=jitter)
         self.sites = SiteLayout.from_params(sites) if sites is not None else None
@@ -350,6 +358,8 @@ class PcclScenario(Scenario):
     async def peer(self, host: HostContext) -> None:
         group = self.group_of(host.name)
         delay = self.backoff[0]
+        assert isinstance(host.network, PcclSimNetwork)
+        host.network.kernel_cost = self.kernel_cost  # before the communicator's runner reads it
         while True:
             joined = False
             try:
