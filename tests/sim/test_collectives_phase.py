@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+import numpy as np
 import pytest
 
 import pccl._peer.collective_plans as plans
@@ -53,7 +54,8 @@ def test_the_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPat
         result = await real(args, *rest, rank=rank, **kw)
         if rank == 1:
             out = rest[0] if rest else args.dst  # an all-gather's output, else the buffer
-            out[...] = out + 1
+            with np.errstate(invalid="ignore", over="ignore"):  # a reduce-scatter's rest may hold inf partials
+                out[...] = out + 1
         return result
 
     monkeypatch.setattr(plans, entry, off_by_one)
