@@ -54,7 +54,7 @@ def test_the_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPat
         result = await real(args, *rest, rank=rank, **kw)
         if rank == 1:
             out = rest[0] if rest else args.dst  # an all-gather's output, else the buffer
-            with np.errstate(invalid="ignore", over="ignore"):  # a reduce-scatter's rest may hold inf partials
+            with np.errstate(invalid="ignore", over="ignore"):  # the rest of a reduce-scatter's buffer is unspecified: any bits
                 out[...] = out + 1
         return result
 
