@@ -87,6 +87,9 @@ operations on it fail fast until the ring is re-wired.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import numpy as np
 import trio
 
@@ -102,6 +105,9 @@ from .ring_op import RingOp
 from .segments import Segments
 from .threaded import LaneThreads
 from .trio_ring import TrioRing
+
+#: The op :func:`execute_guarded` makes and runs (any kind's).
+OpT = TypeVar("OpT", bound=LaneOp)
 
 __all__ = ["ring_all_reduce", "reduce_checked", "execute_op"]
 
@@ -195,23 +201,26 @@ async def _run_op(
     if world < 2 or not 0 <= rank < world:
         raise InvalidArgument(f"rank {rank} / world {world}: a ring needs 2+ peers and 0 <= rank < world")
     bufs = OpBuffers.for_args(args)
-    # Given no backup, this call keeps the input itself, until its ring ends.
+    ring_op = await execute_guarded(args, backup, lambda kept: RingOp(
+        bufs, links=links, rank=rank, world=world, seq=seq, backup=kept if bufs.in_place else None,
+        runner=runner or KernelRunner(), max_subchunk_bytes=max_subchunk_bytes,
+        exchange_max_bytes=exchange_max_bytes,
+    ), release=bufs.release)
+    return ring_op.tx_bytes, ring_op.rx_bytes
+
+
+async def execute_guarded(args: ReduceArgs, backup: InputBackup | None, make_op: Callable[[InputBackup | None], OpT],
+                          *, release: Callable[[], None]) -> OpT:
+    """Make an op of any kind with ``make_op(backup)`` and run it (:func:`execute_op`), keeping
+    the input recoverable: given no ``backup``, this call keeps the input itself (an
+    :class:`~pccl.collectives.backup.InputGuard`) and restores it before an exception
+    propagates.  ``release`` gives the op's scratch memory back once every task and thread of
+    the op has stopped, whatever the outcome.  Returns the op (its byte counts)."""
     guard = InputGuard(args) if backup is None else None
-    if guard is not None:
-        backup = guard.backup
     try:
-        ring_op = RingOp(
-            bufs,
-            links=links,
-            rank=rank,
-            world=world,
-            seq=seq,
-            backup=backup if bufs.in_place else None,
-            runner=runner or KernelRunner(),
-            max_subchunk_bytes=max_subchunk_bytes,
-            exchange_max_bytes=exchange_max_bytes,
-        )
-        await execute_op(ring_op)
+        op = make_op(guard.backup if guard is not None else backup)
+        await execute_op(op)
+        return op
     except BaseException:
         if guard is not None:
             guard.restore()
@@ -219,10 +228,9 @@ async def _run_op(
     finally:
         # Every task of the op has stopped (kernels and socket workers are waited for), so
         # nothing touches the scratch memory any more.
-        bufs.release()
+        release()
         if guard is not None:
             guard.drop()
-    return ring_op.tx_bytes, ring_op.rx_bytes
 
 
 async def execute_op(op: LaneOp) -> None:

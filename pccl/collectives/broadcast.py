@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from ..errors import InvalidArgument
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, BroadcastSchedule, subchunk_elements
-from .allreduce import execute_op
-from .backup import InputBackup, InputGuard
+from .allreduce import execute_guarded
+from .backup import InputBackup
 from .buffers import KernelRunner, ReduceArgs
 from .chain_op import ChainOp
 from .links import RingLinks
@@ -73,26 +73,20 @@ async def broadcast_checked(
         sub = subchunk_elements(count, world, args.dtype.itemsize, max_bytes=max_subchunk_bytes)
         breaks = args.src.breaks if isinstance(args.src, Segments) else ()
         schedule = BroadcastSchedule(count, world, rank, sub, breaks, root=root)
-        # Given no backup, this call keeps the input itself, until its chain ends.
-        guard = InputGuard(args) if backup is None else None
-        if guard is not None:
-            backup = guard.backup
-        try:
-            op = ChainOp(
+        made: list[ChainOp] = []  # the op, once made (its scratch is its own)
+
+        def make(kept: InputBackup | None) -> ChainOp:
+            made.append(ChainOp(
                 schedule, src=args.src, out=args.dst, base=0, quant_dtype=args.quant_dtype, links=links,
-                world=world, seq=seq, backup=backup if args.in_place else None, runner=runner or KernelRunner(),
-            )
-            try:
-                await execute_op(op)
-            finally:
-                op.release()  # every task and thread of the op has stopped
-        except BaseException:
-            if guard is not None:
-                guard.restore()
-            raise
-        finally:
-            if guard is not None:
-                guard.drop()
+                world=world, seq=seq, backup=kept if args.in_place else None, runner=runner or KernelRunner(),
+            ))
+            return made[0]
+
+        def release() -> None:
+            for chain in made:
+                chain.release()
+
+        op = await execute_guarded(args, backup, make, release=release)
         return op.tx_bytes, op.rx_bytes
     finally:
         links.retire(seq)

@@ -36,8 +36,8 @@ from ..errors import InvalidArgument
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, Frame, ReduceScatterSchedule, RingSchedule, chunk_bounds
 from .. import kernels
 from ..types import ReduceOp
-from .allreduce import execute_op
-from .backup import InputBackup, InputGuard
+from .allreduce import execute_guarded
+from .backup import InputBackup
 from .buffers import KernelRunner, OpBuffers, ReduceArgs
 from .links import RingLinks
 from .ring_op import RingOp
@@ -128,24 +128,10 @@ async def reduce_scatter_checked(
         if world < 2 or not 0 <= rank < world:
             raise InvalidArgument(f"rank {rank} / world {world}: a ring needs 2+ peers and 0 <= rank < world")
         bufs = OpBuffers.for_args(args)
-        guard = InputGuard(args) if backup is None else None
-        if guard is not None:
-            backup = guard.backup
-        try:
-            op = ReduceScatterOp(
-                bufs, links=links, rank=rank, world=world, seq=seq,
-                backup=backup if bufs.in_place else None, runner=runner or KernelRunner(),
-                max_subchunk_bytes=max_subchunk_bytes, exchange_max_bytes=0,
-            )
-            await execute_op(op)
-        except BaseException:
-            if guard is not None:
-                guard.restore()
-            raise
-        finally:
-            bufs.release()  # every task and thread of the op has stopped
-            if guard is not None:
-                guard.drop()
+        op = await execute_guarded(args, backup, lambda kept: ReduceScatterOp(
+            bufs, links=links, rank=rank, world=world, seq=seq, backup=kept if bufs.in_place else None,
+            runner=runner or KernelRunner(), max_subchunk_bytes=max_subchunk_bytes, exchange_max_bytes=0,
+        ), release=bufs.release)
         return op.tx_bytes, op.rx_bytes
     finally:
         links.retire(seq)
