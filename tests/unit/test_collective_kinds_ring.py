@@ -423,7 +423,11 @@ def test_cancel_mid_op_on_lane_threads_restores_the_input(case: str) -> None:
                                            sub=256 * 1024, guarded=True, held=2)
             assert outcomes[2] == "cancelled"
             if kind == "reduce-scatter":
-                assert outcomes[0] == outcomes[1] == "cancelled", outcomes
+                # Peers 0 and 1 cannot finish without peer 2's data.  Each ends cancelled, or
+                # with the disconnect of a neighbour whose abort closed its connections first
+                # (a lane thread sees the closed socket before its own cancellation lands).
+                for r in (0, 1):
+                    assert outcomes[r] == "cancelled" or isinstance(outcomes[r], PeerDisconnected), outcomes
             for r in range(world):
                 # A peer may have finished before the abort reached it (the root of a broadcast,
                 # or a reduce-scatter peer whose last chunk arrived before peer 1 was cancelled);
