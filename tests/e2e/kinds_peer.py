@@ -31,6 +31,8 @@ import trio
 
 import pccl
 import pccl._peer.collective_plans as plans
+from pccl.collectives.chain_op import ChainOp
+from pccl.collectives.reduce_scatter import ReduceScatterOp
 from allreduce_cases import digest, make_input, quantization, reduce_op
 from allreduce_peer import admit, emit
 
@@ -39,35 +41,39 @@ _ENTRY = {"broadcast": "broadcast_checked", "all_gather": "all_gather_checked",
 
 
 def install_fault(kind: str, at: float) -> None:
-    """SIGKILL this process part-way through its next ``kind`` op."""
+    """SIGKILL this process part-way through its next ``kind`` op.
+
+    The kill is synchronous with the data path: the frame that takes the bytes this peer has
+    received (a broadcast root: sent) past ``at`` of the op's total kills the process before it
+    is processed.  A watcher task or thread could be starved until the op had finished (the
+    data path may keep the Trio thread busy, the machine may be loaded) and miss it."""
     name = _ENTRY[kind]
     real = getattr(plans, name)
 
     async def faulty(args: Any, *rest: Any, links: Any, world: int, rank: int, **kw: Any) -> tuple[int, int]:
-        if kind == "broadcast" and kw["root"] == rank:
-            conns, attr = list(links.to_next), "data_bytes_sent"
-            expected = args.src.nbytes
+        sender = kind == "broadcast" and kw["root"] == rank
+        if kind == "all_gather":
+            expected = sum(kw["counts"]) * args.src.itemsize - args.src.nbytes
+        elif kind == "reduce_scatter":
+            expected = args.src.nbytes * (world - 1) / world
         else:
-            conns, attr = [inbox.connection for inbox in links.inboxes], "data_bytes_received"
-            if kind == "all_gather":
-                expected = sum(kw["counts"]) * args.src.itemsize - args.src.nbytes
-            elif kind == "reduce_scatter":
-                expected = args.src.nbytes * (world - 1) / world
-            else:
-                expected = args.src.nbytes
-        base = sum(getattr(c.statistics(), attr) for c in conns)
+            expected = args.src.nbytes
+        op_class = ReduceScatterOp if kind == "reduce_scatter" else ChainOp
+        method = "prepare_payload" if sender else "received"
+        original = getattr(op_class, method)
+        moved = [0]
 
-        async def trigger() -> None:
-            while sum(getattr(c.statistics(), attr) for c in conns) - base < at * expected:
-                await trio.sleep(0.0005)
-            os.kill(os.getpid(), signal.SIGKILL)
+        def counting(self: Any, frame: Any, buffer: Any) -> Any:
+            moved[0] += self.frame_nbytes(frame)
+            if moved[0] >= at * expected:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(self, frame, buffer)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trigger)
-            try:
-                return await real(args, *rest, links=links, world=world, rank=rank, **kw)  # type: ignore[no-any-return]
-            finally:
-                nursery.cancel_scope.cancel()
+        setattr(op_class, method, counting)
+        try:
+            return await real(args, *rest, links=links, world=world, rank=rank, **kw)  # type: ignore[no-any-return]
+        finally:
+            setattr(op_class, method, original)
 
     setattr(plans, name, faulty)
 
