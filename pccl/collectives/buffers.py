@@ -141,6 +141,8 @@ def quant_dtype_for(dtype: DType, quantization: Quantization | None) -> DType | 
         return None
     if not dtype.is_float:
         raise InvalidArgument(f"MIN_MAX quantization needs a floating-point buffer, got {dtype.name.lower()}")
+    if quantization.bits == 4 or quantization.block is not None:
+        raise InvalidArgument("4-bit and blockwise MIN_MAX quantization are not supported by the collectives yet")
     return dtype_of(quantization.dtype)
 
 
