@@ -162,24 +162,29 @@ class Quantization:
     65535); a constant block is exact; NaN or Inf in a quantized input is
     :class:`InvalidArgument`.
 
-    Error bound.  With ``u`` the unit roundoff of the accumulator type (``2**-24`` for float32,
-    float16 and bfloat16 buffers, ``2**-53`` for float64) and ``M`` the block's largest
-    magnitude, one quantization of a block whose values span ``R = max - min`` moves each value
-    by at most (per hop)
+    Error bound.  ``QMAX`` = 15, 255 or 65535; ``u`` the unit roundoff of the accumulator type
+    (``2**-24`` for float32, float16 and bfloat16 buffers, ``2**-53`` for float64).  Per hop: one
+    quantization of a block whose values span ``R = max - min`` and whose largest magnitude is
+    ``M`` moves each value by at most
 
-        ``e(R) = R / (2 QMAX) + 4 u (R + M)``.
+        ``e(R, M) = R / (2 QMAX) + 8 u (R + M)``
 
-    A SUM all-reduce over ``N`` peers quantizes each element ``N`` times (``N - 1`` partial sums
-    in the reduce-scatter, the final value once in the all-gather); every error widens the next
-    block's range by at most twice itself, so with ``r`` the sum over the peers of each one's
-    range of the block (``r >= R`` of every partial sum) and ``m`` the sum of their largest
-    magnitudes, end to end
+    (while the block's scale is a normal number, i.e. ``R > QMAX * 2**-126`` in float32;
+    below that the error is bounded by ``R`` itself).  End to end: a SUM all-reduce over ``N``
+    peers quantizes each element ``N`` times (``N - 1`` partial sums in the reduce-scatter, the
+    final value once, by its owner, in the all-gather), and each error widens the range the
+    next hop quantizes by at most twice itself.  With ``r`` the sum over the peers of each one's
+    range over the elements that share a block with the element (the whole frame without
+    ``block``; never more than the sum of the peers' global ranges) and ``m`` the sum of their
+    largest magnitudes there, every peer's result ``y`` satisfies
 
-        ``|y - sum_i x_i| <= (r / 2 + 4 u (r + m) QMAX) ((1 + 1/QMAX)**N - 1) + N u m``,
+        ``|y - sum_i x_i| <= (r / 2 + 9 u QMAX (r + m)) ((1 + 1/QMAX + 32 u)**N - 1)``
 
-    about ``N r / (2 QMAX)`` for ``N`` much smaller than QMAX.  AVG divides that by ``N``;
-    float16/bfloat16 results are rounded to 16 bits once more at the end (half an ulp of the
-    result).  A broadcast or an all-gather quantizes once: ``e(R)`` of the sender's block.
+    which is about ``N r / (2 QMAX)`` while ``N`` is small against QMAX (4 bits, 4 peers:
+    ``0.15 r``).  AVG: that plus ``u m``, divided by ``N``.  float16/bfloat16 results are
+    rounded to 16 bits once more at the end (half an ulp of the result).  A broadcast or an
+    all-gather quantizes once (``e(R, M)`` of the sender's block); a reduce-scatter ``N - 1``
+    times (the recursion above without the last hop).
 
     Validation: an unknown kind, a target other than those above, a ``block`` that is not an
     integer in ``[1, 2**31]``, or a ``block`` without MIN_MAX are :class:`InvalidArgument`.
