@@ -159,9 +159,8 @@ class KindRow:
         shown = {f: _SHOW.get(f, str)(v) for f, v in zip(self.agreed, self.key(init))}
         if "quant_dtype" in shown and not init.quant_kind:
             shown["quant_dtype"] = "-"  # unquantized: no wire type
-        if shown.get("quant_bits"):
-            shown["quant_dtype"] = shown.pop("quant_bits")  # 4 bits: uint4, stored in uint8
-        shown.pop("quant_bits", None)
+        if shown.get("quant_bits"):  # 4 bits: shown as the target the caller named (uint4), not its storage
+            shown["quant_dtype"], shown["quant_bits"] = shown["quant_bits"], ""
         return self.shown.format(**shown)
 
 
@@ -199,7 +198,7 @@ def _group_ring(ring_order: tuple[int, ...], inits: Mapping[int, m.CollectiveIni
 
 
 _QUANT = ("quant_kind", "quant_dtype", "quant_bits", "quant_block")
-_QUANT_SHOWN = "quant={quant_kind}/{quant_dtype}{quant_block}"
+_QUANT_SHOWN = "quant={quant_kind}/{quant_dtype}{quant_bits}{quant_block}"
 
 #: Every kind's row (the module docstring shows the table as it reads).
 KINDS: Mapping[CollectiveKind, KindRow] = {
