@@ -777,6 +777,7 @@ async def test_over_tcp_loopback(world: int) -> None:
                 (ml_dtypes.bfloat16, ReduceOp.AVG, None),
                 (np.int64, ReduceOp.PROD, None),
                 (np.float32, ReduceOp.SUM, Quantization(dtype=np.uint8)),
+                (ml_dtypes.bfloat16, ReduceOp.AVG, Quantization(dtype="uint4", block=128)),
             ]
         ):
             inputs = make_inputs(world, 200_000, dtype, op, seed=seq)
