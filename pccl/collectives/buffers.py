@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import numpy as np
 import trio
 
-from .. import kernels
 from ..arrays import as_array
 from ..errors import InvalidArgument
 from ..types import DType, Quantization, QuantKind, ReduceOp, dtype_of
