@@ -10,7 +10,9 @@ written to a per element).  Both columns use the same byte count, so the ratio i
 
 ``--check`` exits non-zero unless the acceptance targets of the kernels issue are met in this
 run: float32 SUM >= 0.9x ``np.add(a, b, out=a)``, fused dequantize(uint8)+SUM >= 3x
-``a += q.astype(np.float32) * scale + lo``, quantize >= 2x the numpy expression.
+``a += q.astype(np.float32) * scale + lo``, quantize >= 2x the numpy expression; and of the
+low-bit issue: 4-bit quantize in blocks of 128 (per-block min/max, codes packed two per byte)
+and the fused 4-bit dequantize + SUM each >= 3x their numpy expressions.
 
 The machine is shared and small: absolute figures swing; ratios measured side by side are what
 mean something.  OPENBLAS_CORETYPE (set on some machines here to work around old OpenBLAS bugs)
@@ -29,6 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pccl import blockquant as B
 from pccl import kernels as K
 from pccl.types import ReduceOp
 
@@ -98,6 +101,7 @@ def build_rows(n: int) -> list[Row]:
         Row("dequantize u8 + SUM (fused)", 9 * n, lambda: K.dequantize_reduce(a, q, params, ReduceOp.SUM),
             lambda: np.add(a, q.astype(np.float32) * scale + lo, out=a)),
     ]
+    rows += _four_bit_rows(a, b)
     if ml_dtypes is not None:
         bf = b.astype(ml_dtypes.bfloat16)
         bf_out = np.empty(n, ml_dtypes.bfloat16)
@@ -108,7 +112,39 @@ def build_rows(n: int) -> list[Row]:
     return rows
 
 
-TARGETS = {"f32 SUM  a += b": 0.9, "quantize f32 -> u8": 2.0, "dequantize u8 + SUM (fused)": 3.0}
+def _four_bit_rows(a_full: np.ndarray, b_full: np.ndarray, block: int = 128) -> list[Row]:
+    """4-bit blockwise quantize and fused dequantize + SUM, next to the numpy expressions that
+    compute the same (per-block min/max, codes, packing two per byte; unpacking, decoding, adding)."""
+    n = a_full.size - a_full.size % (2 * block)
+    a, b = a_full[:n], b_full[:n]
+    nb = n // block
+    q = np.empty(n // 2, np.uint8)
+    lo, scale = np.empty(nb, np.float32), np.empty(nb, np.float32)
+    B.quantize_blocks(b, q, lo, scale, bits=4, block=block)
+
+    def np_quantize() -> np.ndarray:
+        v = b.reshape(nb, block)
+        mn, mx = v.min(axis=1, keepdims=True), v.max(axis=1, keepdims=True)
+        codes = np.rint(np.clip((v - mn) * (np.float32(15) / (mx - mn)), 0, 15)).astype(np.uint8).reshape(-1)
+        return codes[0::2] | (codes[1::2] << np.uint8(4))
+
+    def np_dequantize_sum() -> None:
+        codes = np.empty(n, np.uint8)
+        codes[0::2] = q & np.uint8(15)
+        codes[1::2] = q >> np.uint8(4)
+        np.add(a, (codes.reshape(nb, block).astype(np.float32) * scale[:, None] + lo[:, None]).reshape(-1), out=a)
+
+    params = 8 * nb  # lo and scale, float32 each
+    return [
+        Row("quantize f32 -> u4 b128", 4 * n + n // 2 + params,
+            lambda: B.quantize_blocks(b, q, lo, scale, bits=4, block=block), np_quantize),
+        Row("dequantize u4 b128 + SUM", 8 * n + n // 2 + params,
+            lambda: B.dequantize_reduce_blocks(a, q, lo, scale, ReduceOp.SUM, bits=4, block=block), np_dequantize_sum),
+    ]
+
+
+TARGETS = {"f32 SUM  a += b": 0.9, "quantize f32 -> u8": 2.0, "dequantize u8 + SUM (fused)": 3.0,
+           "quantize f32 -> u4 b128": 3.0, "dequantize u4 b128 + SUM": 3.0}
 
 
 def main(argv: list[str] | None = None) -> int:

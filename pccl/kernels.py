@@ -18,7 +18,8 @@ that run kernels in threads decide what cancellation means for the buffer.
 Semantics (integer wrapping, NaN rules of MIN/MAX, floor division of integer AVG, rounding of
 float16/bfloat16 narrowing, the quantization formulas) are specified in ``native/reduce.c`` and
 ``native/quant.c``.  The ``*_oracle`` functions at the end implement the same definitions in
-plain numpy; the property tests check the kernels against them bit for bit.
+plain numpy; the property tests check the kernels against them bit for bit.  Blockwise and
+4-bit quantization have their wrappers and oracles in :mod:`pccl.blockquant`.
 
 bfloat16 arrays are numpy arrays of ``ml_dtypes.bfloat16`` (recognised by name, so checking an
 argument does not import ml_dtypes); where a function takes an explicit ``dtype=DType.BFLOAT16`` (or FLOAT16) a raw
@@ -71,7 +72,7 @@ _ACCUMULATORS = (DType.FLOAT32, DType.FLOAT64)
 
 # The native module must be the one built from this source tree (an editable install whose
 # extension was not rebuilt after a change of native/ would otherwise misbehave silently).
-_ABI_VERSION = 5  # 4: float kernels reset the caller's FTZ/DAZ/rounding mode; 5: pccl_reduce_to
+_ABI_VERSION = 6  # 4: float kernels reset the caller's FTZ/DAZ/rounding mode; 5: pccl_reduce_to; 6: blockwise/4-bit
 if lib.pccl_kernels_abi_version() != _ABI_VERSION:  # pragma: no cover - stale build only
     raise ImportError(
         f"pccl._kernels has ABI {lib.pccl_kernels_abi_version()}, expected {_ABI_VERSION}: "

@@ -13,7 +13,7 @@ aborts restorable is included too; ``--out-of-place`` reduces into a separate ar
 the inputs are refilled before each iteration, untimed, and the peers meet at a tiny untimed all-reduce (a barrier) before each timed one.
 
 ``--concurrency k`` splits the buffer into ``k`` slices all-reduced at once under distinct
-tags; ``--quant u8``/``u16`` uses MIN_MAX quantization.
+tags; ``--quant u8``/``u16``/``u4b128`` uses MIN_MAX quantization (u4b128: 4 bits, blocks of 128).
 
 Roles: the driver (:func:`main`) starts ``python -m pccl.tools.bench master`` and
 ``python -m pccl.tools.bench peer`` processes; peers write their timings to a JSON file.
@@ -39,7 +39,7 @@ from typing import Any
 
 __all__ = ["main", "run_group", "parse_size", "format_size", "bus_bandwidth", "admit", "free_port"]
 
-_QUANT_NAMES = ("none", "u8", "u16")
+_QUANT_NAMES = ("none", "u8", "u16", "u4b128")
 #: Timed iterations per size (before ``--iters-scale``): small ones are cheap and noisy.
 _BASE_ITERS = ((1 << 20, 30), (16 << 20, 10), (64 << 20, 6), (1 << 62, 4))
 _BARRIER_TAG = 1 << 30
@@ -124,7 +124,8 @@ def _run_peer(args: argparse.Namespace) -> None:
 
     import pccl
 
-    quant_types = {"none": None, "u8": np.uint8, "u16": np.uint16}
+    quants = {"none": None, "u8": pccl.Quantization(dtype=np.uint8), "u16": pccl.Quantization(dtype=np.uint16),
+              "u4b128": pccl.Quantization(dtype="uint4", block=128)}
 
     def make_inputs(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         base = np.random.default_rng(1234).standard_normal(count, dtype=np.float32)
@@ -147,8 +148,7 @@ def _run_peer(args: argparse.Namespace) -> None:
 
             for collective in args.collective:
                 for quant_name in args.quant:
-                    quant = None if quant_types[quant_name] is None else pccl.Quantization(
-                        dtype=quant_types[quant_name])
+                    quant = quants[quant_name]
                     for conc in args.concurrency:
                         for nbytes in args.sizes:
                             total = max(nbytes // 4, 1)
@@ -352,7 +352,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=parse_size, nargs="+", default=[parse_size(s) for s in ("16K", "64M")],
                         help="buffer sizes, e.g. 16K 64M 256M (default 16K 64M)")
     parser.add_argument("--quant", nargs="+", choices=_QUANT_NAMES, default=["none"],
-                        help="MIN_MAX quantization to none/u8/u16 (several: each is run)")
+                        help="MIN_MAX quantization to none/u8/u16/u4b128 (4 bits, blocks of 128; several: each is run)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1],
                         help="split each buffer into k slices run at once under distinct tags (default 1)")
     parser.add_argument("--collective", nargs="+", choices=COLLECTIVES, default=["all_reduce"],

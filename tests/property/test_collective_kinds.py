@@ -27,6 +27,7 @@ FIELDS = {f for f in m.CollectiveInit.__struct_fields__}
 VALUES = {
     "count": st.integers(0, 2**40), "dtype": st.integers(0, 20), "op": st.integers(0, 4),
     "quant_kind": st.integers(0, 1), "quant_dtype": st.integers(0, 20), "layout": st.integers(0, 2**64 - 1),
+    "quant_bits": st.sampled_from([0, 4]), "quant_block": st.integers(0, 2**32 - 1),
     "root": st.integers(1, 6),  # a broadcast's root: one of the voters (ids 1..n), or not
 }
 

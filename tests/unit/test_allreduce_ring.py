@@ -362,11 +362,12 @@ async def test_exchange_in_place_sends_the_input_not_the_result(world: int) -> N
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("qdtype", [np.uint8, np.uint16], ids=["u8", "u16"])
+@pytest.mark.parametrize("quant", [Quantization(dtype=np.uint8), Quantization(dtype=np.uint16),
+                                   Quantization(dtype="uint4"), Quantization(dtype="uint4", block=128),
+                                   Quantization(dtype=np.uint16, block=99)], ids=["u8", "u16", "u4", "u4b128", "u16b99"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
-async def test_quantized_results_are_close_and_bit_identical(world: int, qdtype: Any, dtype: Any) -> None:
-    quant = Quantization(dtype=qdtype)
-    levels = np.iinfo(qdtype).max
+async def test_quantized_results_are_close_and_bit_identical(world: int, quant: Quantization, dtype: Any) -> None:
+    levels = 2**quant.bits - 1
     for n, op in ((1, ReduceOp.SUM), (3, ReduceOp.MAX), (1025, ReduceOp.AVG), (40_000, ReduceOp.SUM)):
         inputs = make_inputs(world, n, dtype, op, seed=n + world)
         outputs, sizes = await run_ring(inputs, op, quantization=quant, in_place=n != 3, max_subchunk_bytes=4096)
@@ -512,19 +513,19 @@ async def _run_with_master_abort(
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("quantized", [False, True])
-async def test_broken_stream_mid_op_aborts_everyone_and_restores_inputs(world: int, quantized: bool) -> None:
+@pytest.mark.parametrize("quantized", [None, "u8", "u4b128"])
+async def test_broken_stream_mid_op_aborts_everyone_and_restores_inputs(world: int, quantized: str | None) -> None:
     links, raw = memory_ring(world)
     inputs = make_inputs(world, 60_000, np.float32, ReduceOp.SUM, seed=world)
     originals = [x.copy() for x in inputs]
-    raw[world - 1][0].break_after = 20_000 if quantized else 100_000  # last peer -> peer 0 dies mid-op
+    # last peer -> peer 0 dies mid-op (a third of what it sends, at each wire size)
+    raw[world - 1][0].break_after = {None: 100_000, "u8": 20_000, "u4b128": 10_000}[quantized]
+    quant = {None: None, "u8": Quantization(dtype=np.uint8), "u4b128": Quantization(dtype="uint4", block=128)}
 
     async def no_trigger(scopes: list[trio.CancelScope]) -> None:
         await trio.sleep(0)
 
-    outcomes = await _run_with_master_abort(
-        inputs, links, trigger=no_trigger, quantization=Quantization(dtype=np.uint8) if quantized else None
-    )
+    outcomes = await _run_with_master_abort(inputs, links, trigger=no_trigger, quantization=quant[quantized])
     assert raw[world - 1][0].broke.is_set()
     for r in range(world):
         assert isinstance(outcomes[r], BaseException) and not isinstance(outcomes[r], BaseExceptionGroup), outcomes[r]
@@ -776,6 +777,7 @@ async def test_over_tcp_loopback(world: int) -> None:
                 (ml_dtypes.bfloat16, ReduceOp.AVG, None),
                 (np.int64, ReduceOp.PROD, None),
                 (np.float32, ReduceOp.SUM, Quantization(dtype=np.uint8)),
+                (ml_dtypes.bfloat16, ReduceOp.AVG, Quantization(dtype="uint4", block=128)),
             ]
         ):
             inputs = make_inputs(world, 200_000, dtype, op, seed=seq)
