@@ -61,6 +61,9 @@ def _wait_for(peers: list[_Peer], ready: object, deadline: float) -> None:
         time.sleep(0.02)
 
 
+# Four processes import torch (about 30 s of CPU on a 2-core runner): slow; the default run has
+# the in-process tests of tests/e2e/test_torch_ddp_inproc.py.
+@pytest.mark.slow
 def test_ddp_survives_a_kill_and_takes_a_newcomer() -> None:
     steps = 150
     with master_in_thread(CONFIG) as master:
