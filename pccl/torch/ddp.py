@@ -235,7 +235,9 @@ class _SoloGroup(dist.ProcessGroup):
     nothing and waits for no one."""
 
     def __init__(self) -> None:
-        super().__init__(0, 1)
+        # (rank, size): the constructor of Python-side groups (torchft's too); torch's stub lists
+        # only the (store, rank, size) one.
+        super().__init__(0, 1)  # type: ignore[call-arg]
 
     def getBackendName(self) -> str:
         return "pccl-solo"
