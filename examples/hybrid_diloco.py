@@ -38,6 +38,8 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,10 +53,9 @@ class SiteLost(Exception):
     """A collective of the site's gloo group failed: another process of the site died."""
 
 
-def site_call(what: str, fn: object, *args: object) -> object:
+def site_call(what: str, fn: Callable[..., Any], *args: Any) -> Any:
     """Run a gloo collective of the site; a failure (a process of the site died: gloo says
     "Connection closed by peer") is ``SiteLost``."""
-    assert callable(fn)
     try:
         return fn(*args)
     except RuntimeError as exc:

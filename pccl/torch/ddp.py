@@ -204,7 +204,12 @@ def ddp_comm_hook(state: CommHookState, bucket: dist.GradBucket) -> torch.future
     pccl (AVG), retried on the survivors when a peer dies; the future holds the averaged
     bucket.  Never fails the future: what ends a bucket's op without a retry is recorded and
     raised by ``state.reduced()`` after the backward (the bucket keeps this peer's gradients).
-    Raises ``InvalidUsage`` (in the backward) once ``state`` is closed."""
+    Raises ``InvalidUsage`` (in the backward) once ``state`` is closed.
+
+    Cancellation: DDP waits for the buckets' futures inside torch's C++ code, so a Ctrl-C during
+    the backward is seen once the buckets' ops have ended (they are not cancelled); closing the
+    communicator cancels them (each bucket then keeps its own gradients, and ``reduced()``
+    raises ``InvalidUsage``)."""
     return state.start(bucket.buffer(), bucket.index())
 
 
