@@ -18,8 +18,10 @@ the prefix ``[i] ``.
 No copy is restarted: a copy that exits or dies is the run's business (pccl's peers go on
 without it).  The launcher returns when every copy has exited; its exit status is 0 when all
 exited with 0, otherwise the first failure's status (a copy killed by a signal counts as
-``128 + signal``).  SIGINT (Ctrl-C) or SIGTERM to the launcher stops every copy — SIGTERM,
-then SIGKILL after ``--grace`` seconds — then the master; the status is then ``128 + signal``.
+``128 + signal``).  SIGINT (Ctrl-C) or SIGTERM to the launcher stops every copy — after SIGINT
+the copies first get two seconds to exit on their own (Ctrl-C in a terminal reached them too),
+then SIGTERM, then SIGKILL after ``--grace`` seconds — and then the master; the status is then
+``128 + signal``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ log = logging.getLogger(__name__)
 
 #: How often the launcher looks at its children (seconds).
 _POLL = 0.05
+#: After SIGINT, how long the copies may take to exit on their own before they get SIGTERM
+#: (seconds): a Ctrl-C in a terminal reached them too, and a peer's clean leave takes up to one.
+_OWN_EXIT = 2.0
 
 
 def add_parser(commands: Any) -> None:
@@ -153,8 +158,13 @@ def _raise_stopped(signum: int, frame: FrameType | None) -> None:
     raise _Stopped(signum)
 
 
-def _stop(copies: list[_Copy], grace: float) -> None:
-    """SIGTERM every copy still running, SIGKILL those left after ``grace`` seconds."""
+def _stop(copies: list[_Copy], grace: float, *, own_exit: float = 0.0) -> None:
+    """Give the copies ``own_exit`` seconds to exit by themselves (after a Ctrl-C in a terminal
+    they got the SIGINT too, and a pccl peer leaves its run cleanly on it), then SIGTERM every
+    copy still running and SIGKILL those left after ``grace`` seconds."""
+    deadline = time.monotonic() + own_exit
+    while time.monotonic() < deadline and any(copy.popen.poll() is None for copy in copies):
+        time.sleep(_POLL)
     for copy in copies:
         if copy.popen.poll() is None:
             copy.popen.send_signal(signal.SIGTERM)
@@ -202,7 +212,7 @@ def _launch(args: argparse.Namespace, master: str) -> int:
         status = _supervise(copies)
     except KeyboardInterrupt:
         log.info("pccl run: interrupted; stopping %d copies", sum(c.popen.poll() is None for c in copies))
-        _stop(copies, args.grace)
+        _stop(copies, args.grace, own_exit=min(args.grace, _OWN_EXIT))
         status = 128 + signal.SIGINT
     except _Stopped as stopped:
         log.info("pccl run: %s; stopping %d copies", stopped, sum(c.popen.poll() is None for c in copies))

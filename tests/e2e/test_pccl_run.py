@@ -83,3 +83,27 @@ def test_an_example_runs_under_pccl_run() -> None:
     finals = re.findall(r"^\[(\d)\] done: step (\d+) weights ([0-9a-f]+)", done.stdout, re.M)
     assert sorted(r for r, _, _ in finals) == ["0", "1"], done.stdout
     assert len({(s, w) for _, s, w in finals}) == 1, done.stdout
+
+
+def test_ctrl_c_in_a_terminal_lets_the_copies_exit_on_their_own() -> None:
+    # A terminal's Ctrl-C reaches the whole process group: the copies get their own SIGINT (a
+    # pccl peer leaves its run cleanly on it), and the launcher waits for that before SIGTERM.
+    launcher = subprocess.Popen([sys.executable, "-m", "pccl", "run", "--nproc", "2", CHILD, "--sleep", "120"],
+                                start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert launcher.stdout is not None
+        started = 0
+        while started < 2:
+            line = launcher.stdout.readline()
+            assert line, "the launcher ended early"
+            started += " env " in line
+        os.killpg(launcher.pid, signal.SIGINT)
+        out, _ = launcher.communicate(timeout=30)
+        assert launcher.returncode == 128 + signal.SIGINT, out
+        lines = out.splitlines()
+        assert "[0] KeyboardInterrupt" in lines and "[1] KeyboardInterrupt" in lines, out  # not cut by SIGTERM
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait(10)
