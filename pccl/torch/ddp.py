@@ -79,6 +79,9 @@ log = logging.getLogger(__name__)
 #: tags loops pick and below ``all_reduce_many``'s own default (``1 << 62``).
 DDP_FIRST_TAG = 1 << 61
 
+#: Seconds without a bucket after which the helper thread of a CommHookState stops.
+_IDLE = 5.0
+
 
 @dataclasses.dataclass
 class _Bucket:
@@ -97,8 +100,9 @@ class CommHookState:
     Register it on a torch DDP yourself (``ddp.register_comm_hook(CommHookState(comm),
     ddp_comm_hook)``) or let :class:`DistributedDataParallel` do it.  ``first_tag``: bucket
     ``k`` uses tag ``first_tag + k`` (two DDP models on one communicator need tag ranges that
-    do not overlap).  The helper thread that completes the buckets' futures starts with the
-    first bucket and stops at :meth:`close` (a daemon: it never holds up the interpreter's exit).
+    do not overlap).  The helper thread that completes the buckets' futures starts with a
+    bucket and stops after a few seconds without one, or at :meth:`close` (a daemon: it never
+    holds up the interpreter's exit).
     """
 
     def __init__(self, comm: Communicator, *, first_tag: int = DDP_FIRST_TAG,
@@ -129,9 +133,6 @@ class CommHookState:
             if index == 0:
                 self._infos, self._error, self._buckets = [], None, 0
             self._buckets += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._complete, name="pccl-ddp-hook", daemon=True)
-                self._thread.start()
         try:
             handle = self.comm.all_reduce_many_async([buffer], op=ReduceOp.AVG, quantization=self.quantization,
                                                      first_tag=self.first_tag + index, bucket_bytes=0)
@@ -139,14 +140,25 @@ class CommHookState:
             self._record(None, exc)
             future.set_result(buffer)
             return future
-        self._queue.put(_Bucket(handle, future, buffer, index))
+        with self._lock:  # queued under the lock: the thread leaves only with the queue empty, under it too
+            self._queue.put(_Bucket(handle, future, buffer, index))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._complete, name="pccl-ddp-hook", daemon=True)
+                self._thread.start()
         return future
 
     # --- the completer thread -------------------------------------------------------------------
 
     def _complete(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=_IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():  # the next bucket starts a new thread
+                        self._thread = None
+                        return
+                continue
             if item is None:
                 return
             info: ReduceInfo | None = None

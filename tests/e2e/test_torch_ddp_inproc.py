@@ -156,3 +156,18 @@ def test_the_wrapper_refuses_a_process_group() -> None:
     with master_in_thread(CONFIG) as master, pccl.blocking.open_communicator(master.address, config=CONFIG) as comm:
         with pytest.raises(pccl.InvalidArgument, match="process_group"):
             pccl.torch.DistributedDataParallel(_model(), comm, process_group=object())
+
+
+def test_the_helper_thread_stops_when_idle_and_comes_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pccl.torch.ddp._IDLE", 0.1)
+
+    def helpers() -> int:
+        return sum(t.name == "pccl-ddp-hook" for t in threading.enumerate())
+
+    with master_in_thread(CONFIG) as master, pccl.blocking.open_communicator(master.address, config=CONFIG) as comm:
+        ddp = pccl.torch.DistributedDataParallel(_model(), comm, bucket_cap_mb=BUCKET_MB)
+        for _ in range(2):
+            x, y = _batch(torch.Generator().manual_seed(1))
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            assert ddp.reduced().world_size == 1
+            _wait(lambda: helpers() == 0, "the idle helper thread to stop", timeout=10)
