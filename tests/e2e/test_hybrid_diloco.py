@@ -26,7 +26,7 @@ pytest.importorskip("torch")
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "hybrid_diloco.py"
 CONFIG = pccl.Config(peer_timeout=3.0, heartbeat_interval=0.3)
-BOUND = 90.0
+BOUND = 200.0  # a loaded 2-core runner takes tens of seconds to start four torch processes
 
 
 class _Site(Child):

@@ -25,7 +25,7 @@ pytest.importorskip("torch")
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "ddp_torch.py"
 CONFIG = pccl.Config(peer_timeout=3.0, heartbeat_interval=0.3)
-BOUND = 60.0
+BOUND = 200.0  # a loaded 2-core runner takes tens of seconds to start four torch processes
 
 
 class _Peer(Child):
