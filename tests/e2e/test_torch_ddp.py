@@ -23,7 +23,8 @@ from master_thread import master_in_thread
 
 pytest.importorskip("torch")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "ddp_torch.py"
+HERE = pathlib.Path(__file__).resolve().parent
+EXAMPLE = HERE.parents[1] / "examples" / "ddp_torch.py"
 CONFIG = pccl.Config(peer_timeout=3.0, heartbeat_interval=0.3)
 BOUND = 200.0  # a loaded 2-core runner takes tens of seconds to start four torch processes
 
@@ -64,21 +65,26 @@ def _wait_for(peers: list[_Peer], ready: object, deadline: float) -> None:
 # Four processes import torch (about 30 s of CPU on a 2-core runner): slow; the default run has
 # the in-process tests of tests/e2e/test_torch_ddp_inproc.py.
 @pytest.mark.slow
-def test_ddp_survives_a_kill_and_takes_a_newcomer() -> None:
+def test_ddp_survives_a_kill_and_takes_a_newcomer(tmp_path: pathlib.Path) -> None:
     steps = 150
+    go = tmp_path / "go"
     with master_in_thread(CONFIG) as master:
-        # --step-delay paces the run so that the newcomer (a fresh interpreter importing torch)
-        # joins long before the others reach the last step; --bucket-mb makes three buckets.
+        # --step-delay paces the run so that the newcomer joins long before the others reach the
+        # last step; --bucket-mb makes three buckets.
         cmd = [sys.executable, str(EXAMPLE), "--master", master.address, "--steps", str(steps), "--step-delay",
                "0.04", "--bucket-mb", "0.001", "--peer-timeout", str(CONFIG.peer_timeout)]
         peers = [_Peer(f"peer{i}", cmd) for i in range(3)]
+        # A fresh process, its torch imported meanwhile; it opens its communicator after the kill.
+        newcomer = _Peer("newcomer", [sys.executable, str(HERE / "late_joiner.py"), str(go), *cmd[1:]])
         try:
             deadline = time.monotonic() + BOUND
-            _wait_for(peers, lambda: all(p.step >= 1 for p in peers) and max(p.step for p in peers) >= 5, deadline)
+            _wait_for(peers + [newcomer], lambda: all(p.step >= 1 for p in peers) and max(p.step for p in peers) >= 5
+                      and "late joiner: ready" in newcomer.lines, deadline)
             victim = max(peers, key=lambda p: p.step)
             killed_at = victim.step
+            assert killed_at < steps // 2, "the newcomer was ready late: raise the step count"
             victim.popen.send_signal(signal.SIGKILL)
-            newcomer = _Peer("newcomer", cmd)
+            go.touch()
             peers.append(newcomer)
             finishers = [p for p in peers if p is not victim]
             for p in finishers:
@@ -101,7 +107,7 @@ def test_ddp_survives_a_kill_and_takes_a_newcomer() -> None:
                 losses = p.losses()
                 assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10, report  # it learns
         finally:
-            for p in peers:
+            for p in {id(p): p for p in [*peers, newcomer]}.values():
                 if p.popen.poll() is None:
                     p.popen.kill()
                 p.popen.wait(10)
