@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import os
 
 import torch
 
@@ -100,7 +101,8 @@ def train(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--master", default="127.0.0.1:48148")
+    parser.add_argument("--master", default=os.environ.get("PCCL_MASTER", "127.0.0.1:48148"),
+                        help="the master's HOST:PORT (default: $PCCL_MASTER, else %(default)s)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)

@@ -27,6 +27,7 @@ import argparse
 import copy
 import hashlib
 import logging
+import os
 import pathlib
 import time
 
@@ -231,7 +232,8 @@ def train(args: argparse.Namespace) -> None:
 
 def parser(description: str | None = __doc__) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--master", default="127.0.0.1:48148")
+    p.add_argument("--master", default=os.environ.get("PCCL_MASTER", "127.0.0.1:48148"),
+                   help="the master's HOST:PORT (default: $PCCL_MASTER, else %(default)s)")
     p.add_argument("--outer-steps", type=int, default=50)
     p.add_argument("--inner-steps", type=int, default=30, help="H: AdamW steps between all-reduces")
     p.add_argument("--inner-lr", type=float, default=3e-3)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 import numpy as np
 import trio
@@ -63,7 +64,8 @@ async def train(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--master", default="127.0.0.1:48148")
+    parser.add_argument("--master", default=os.environ.get("PCCL_MASTER", "127.0.0.1:48148"),
+                        help="the master's HOST:PORT (default: $PCCL_MASTER, else %(default)s)")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--size", type=int, default=1_000_000, help="float32 parameters")
     parser.add_argument("--checkpoint", metavar="PATH", help="save the shared state here (safetensors)")

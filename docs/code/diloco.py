@@ -9,6 +9,7 @@ after them.
 
 import argparse
 import logging
+import os
 
 import torch
 
@@ -69,7 +70,8 @@ def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--master", default="127.0.0.1:48148")
+    parser.add_argument("--master", default=os.environ.get("PCCL_MASTER", "127.0.0.1:48148"),
+                        help="the master's HOST:PORT (default: $PCCL_MASTER, else %(default)s)")
     parser.add_argument("--outer-steps", type=int, default=20)
     parser.add_argument("--inner-steps", type=int, default=20, help="H")
     parser.add_argument("--data-seed", type=int, default=None)

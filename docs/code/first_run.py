@@ -3,6 +3,7 @@
 
 import argparse
 import logging
+import os
 
 import numpy as np
 import trio
@@ -33,7 +34,8 @@ async def main(master: str, steps: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--master", default="127.0.0.1:48148")
+    parser.add_argument("--master", default=os.environ.get("PCCL_MASTER", "127.0.0.1:48148"),
+                        help="the master's HOST:PORT (default: $PCCL_MASTER, else %(default)s)")
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
     # pccl's INFO lines, timed: "waiting for the master", "alone ...: waiting for another peer"

@@ -8,6 +8,9 @@ Sub-commands:
   address is logged as ``master listening on HOST:PORT`` (useful with port 0).  ``--status
   HOST:PORT`` (or ``PORT``: loopback) serves the status page, ``/status.json`` and ``/metrics``;
   ``--tls-cert F --tls-key F [--tls-ca F]`` (or ``$PCCL_TLS_CERT``/``KEY``/``CA``) switch TLS on.
+* ``pccl run --nproc N [--master HOST:PORT] SCRIPT ARGS...`` starts N copies of a script on this
+  machine with ``PCCL_MASTER`` set (and a master on loopback when none is given), torchrun-like
+  (:mod:`pccl.tools.launch`).
 * ``pccl status HOST:PORT`` prints a master's status endpoint as a table (``--json``: the JSON);
   the token as for ``master`` when the run has one.
 
@@ -44,7 +47,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default=os.environ.get("PCCL_LOG_LEVEL", "INFO"), choices=_LOG_LEVELS,
                         help="logging level (default: $PCCL_LOG_LEVEL or INFO); logs go to stderr")
     # The metavar lists the public sub-commands only: demo-peer is the demo's internal one.
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{master,status,demo,bench}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{master,run,status,demo,bench}")
 
     master = commands.add_parser("master", help="run the master (orchestrator) of a run")
     master.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_MASTER_PORT}", metavar="HOST:PORT",
@@ -64,6 +67,10 @@ def _build_parser() -> argparse.ArgumentParser:
     master.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (default: $PCCL_TLS_KEY)")
     master.add_argument("--tls-ca", metavar="FILE", help="PEM CA bundle to verify the peers' certificates with "
                         "(default: $PCCL_TLS_CA, else the system's CAs)")
+
+    from .launch import add_parser as _add_run
+
+    _add_run(commands)
 
     status = commands.add_parser("status", help="print a master's status page as a table (needs master --status)")
     status.add_argument("address", metavar="HOST:PORT", help="the master's --status address")
@@ -152,6 +159,12 @@ def _run_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_launcher(args: argparse.Namespace) -> int:
+    from .launch import run_launcher
+
+    return run_launcher(args)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from .bench import run_driver
 
@@ -159,7 +172,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"master": _run_master, "status": _run_status,
-                                                             "bench": _run_bench}
+                                                             "run": _run_launcher, "bench": _run_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
