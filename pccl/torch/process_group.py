@@ -175,7 +175,9 @@ class _Op:
 
 
 class ProcessGroup(dist.ProcessGroup):
-    """``comm``'s peer group as a ``torch.distributed.ProcessGroup`` (see the module docstring).
+    """``comm``'s peer group as a ``torch.distributed.ProcessGroup``: ``size()`` is its world
+    size now, ``rank()`` this peer's ring position now; each collective starts the
+    communicator's ``*_async`` twin and returns a :class:`Work` at once.
 
     ``comm`` is an open :class:`pccl.blocking.Communicator`; the group uses it and leaves it
     open unless ``owns_communicator`` (then :meth:`shutdown` closes it).  ``first_tag``: the tag
