@@ -8,6 +8,7 @@ default group of ``init_process_group``."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import pathlib
@@ -21,6 +22,10 @@ import pccl
 from master_thread import master_in_thread
 
 torch = pytest.importorskip("torch")
+
+# torch 2.13 calls all_gather_into_tensor and reduce_scatter_tensor deprecated names (they are
+# the ones SPEC §2d and most code use)
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORLD = 3
@@ -98,3 +103,70 @@ def test_the_registered_backend_is_a_default_group(results: list[dict[str, Any]]
         assert backend["world"] == WORLD and backend["backend"] == "pccl"
         assert backend["sum_i64"] == res["gloo"]["sum_i64"]
         assert backend["broadcast_i64"] == res["gloo"]["broadcast_i64"]
+
+
+# --- in this process: a lone peer, and a newcomer's tags ----------------------------------------------
+
+
+def _each(fns: list[Any]) -> list[Any]:
+    """Run blocking calls that must meet, one thread each; their results in order."""
+    with concurrent.futures.ThreadPoolExecutor(len(fns)) as pool:
+        futures = [pool.submit(fn) for fn in fns]
+        return [f.result(timeout=60) for f in futures]
+
+
+def test_alone_every_collective_is_the_identity() -> None:
+    import torch.distributed as dist
+
+    import pccl.blocking
+    import pccl.torch
+
+    with master_in_thread(CFG) as master, pccl.blocking.open_communicator(master.address, config=CFG) as comm:
+        pg = pccl.torch.ProcessGroup(comm)
+        assert (pg.rank(), pg.size(), pg.name()) == (0, 1, "pccl")
+        t = torch.arange(5, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG, group=pg)
+        dist.broadcast(t, group_src=0, group=pg)
+        out = torch.empty(5, dtype=torch.int64)
+        dist.all_gather_into_tensor(out, t, group=pg)
+        shard = torch.empty(5, dtype=torch.int64)
+        dist.reduce_scatter_tensor(shard, t, group=pg)
+        dist.barrier(group=pg)
+        assert t.tolist() == out.tolist() == shard.tolist() == list(range(5))
+        work = dist.all_reduce(t, group=pg, async_op=True)
+        assert work.wait() and work.get_future().wait()[0] is t
+        pg.shutdown()
+
+
+def test_a_newcomers_group_counts_its_tags_in_step_with_the_veterans() -> None:
+    import torch.distributed as dist
+
+    import pccl.blocking
+    import pccl.torch
+
+    with master_in_thread(CFG) as master:
+        first = pccl.blocking.open_communicator(master.address, config=CFG)
+        second_f = concurrent.futures.ThreadPoolExecutor(1).submit(pccl.blocking.open_communicator, master.address,
+                                                                   config=CFG)
+        comms = [first]
+        try:
+            pccl.torch.process_group.wait_for_peers(first, 2, 30)
+            comms.append(second_f.result(timeout=30))
+            pgs = [pccl.torch.ProcessGroup(c) for c in comms]
+            tensors = [torch.ones(4, dtype=torch.int64) for _ in pgs]
+            for _ in range(3):  # the veterans' groups count 3 collectives
+                _each([lambda pg=pg, t=t: dist.all_reduce(t, group=pg) for pg, t in zip(pgs, tensors)])
+            third_f = concurrent.futures.ThreadPoolExecutor(1).submit(pccl.blocking.open_communicator,
+                                                                      master.address, config=CFG)
+            _each([lambda c=c: pccl.torch.process_group.wait_for_peers(c, 3, 30) for c in comms])
+            comms.append(third_f.result(timeout=30))
+            pgs.append(pccl.torch.ProcessGroup(comms[2]))  # counts from 0, as the veterans do again
+            tensors = [torch.full((4,), i + 1, dtype=torch.int64) for i in range(3)]
+            _each([lambda pg=pg, t=t: dist.all_reduce(t, group=pg) for pg, t in zip(pgs, tensors)])
+            assert all(t.tolist() == [6] * 4 for t in tensors)
+            assert sorted(pg.rank() for pg in pgs) == [0, 1, 2] and {pg.size() for pg in pgs} == {3}
+            for pg in pgs:
+                pg.shutdown()
+        finally:
+            for c in comms:
+                c.close()
