@@ -387,7 +387,7 @@ class ProcessGroup(dist.ProcessGroup):
             if self._closed:
                 return
             self._closed = True
-        self._queue.put(None)
+            self._queue.put(None)
         if self._owns:
             self._comm.close()  # cancels what still runs; the completion thread then finishes
         self._completer.join(30)
@@ -407,12 +407,11 @@ class ProcessGroup(dist.ProcessGroup):
             if ring != self._ring and self._running == 0:
                 self._ring, self._seq = ring, 0  # a new ring: every peer starts counting again
             tag = self._first_tag + self._seq
-            handle = call(tag)
+            op = _Op(call(tag), finish, alone)
             self._seq += 1
             self._running += 1
-        op = _Op(handle, finish, alone)
-        self._queue.put(op)
-        return Work(handle, op.future)
+            self._queue.put(op)  # under the lock: in the order started, and never after shutdown's None
+        return Work(op.handle, op.future)
 
     def _complete(self) -> None:
         """The completion thread: finish each op in the order they started."""
