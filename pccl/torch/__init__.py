@@ -1,7 +1,13 @@
-"""``pccl.torch``: pccl inside ``torch.distributed`` (torch's DDP with pccl averaging the gradients).
+"""``pccl.torch``: pccl inside ``torch.distributed``.
+
+``pccl.torch.ProcessGroup(comm)`` wraps a :mod:`pccl.blocking` communicator as a
+``torch.distributed.ProcessGroup``, so ``torch.distributed.all_reduce(t, group=pg)`` and the other
+collectives run over pccl; :func:`register` registers the backend name ``"pccl"``.
+``pccl.torch.DistributedDataParallel(module, comm)`` is torch's DDP with every gradient bucket
+averaged over the peers by :func:`ddp_comm_hook` (:mod:`pccl.torch.ddp` describes both).
 
 torch is imported when a name of this package is first used, not by ``import pccl.torch`` (and
-the rest of pccl never imports it).  :mod:`pccl.torch.ddp` describes the DDP wrapper and hook.
+the rest of pccl never imports it).
 """
 
 from __future__ import annotations
@@ -9,10 +15,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["CommHookState", "DDP_FIRST_TAG", "DistributedDataParallel", "ddp_comm_hook"]
+__all__ = ["CommHookState", "DDP_FIRST_TAG", "DistributedDataParallel", "ProcessGroup", "Work", "ddp_comm_hook",
+           "register"]
 
 #: Public name -> the submodule that defines it (imported, with torch, on first use).
-_WHERE = {"CommHookState": "ddp", "DDP_FIRST_TAG": "ddp", "DistributedDataParallel": "ddp", "ddp_comm_hook": "ddp"}
+_WHERE = {"CommHookState": "ddp", "DDP_FIRST_TAG": "ddp", "DistributedDataParallel": "ddp", "ddp_comm_hook": "ddp",
+          "ProcessGroup": "process_group", "Work": "process_group", "register": "process_group"}
 
 
 def __getattr__(name: str) -> Any:
