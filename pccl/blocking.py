@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import logging
+import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -99,6 +100,11 @@ class Communicator:
         self._main_scope = trio.CancelScope()
         self._scopes: dict[concurrent.futures.Future[Any], trio.CancelScope] = {}
         self._opened: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if "torch" in sys.modules:
+            # A torch bfloat16 tensor is viewed as ml_dtypes.bfloat16, whose first import holds
+            # the GIL for seconds under load: done here, before the Trio thread's heartbeats run,
+            # not on that thread in the middle of a call (the master would time the peer out).
+            import ml_dtypes  # noqa: F401
         self._thread = threading.Thread(
             target=trio.run, args=(self._main, master_address, peer_group, token, config),
             name=f"pccl-trio-{master_address}", daemon=True)
