@@ -87,3 +87,32 @@ int pccl_dequantize_reduce(int op, int q_dtype, const void *q, size_t n, int acc
 /* pccl_dequantize_reduce that first saves acc[i] into backup[i] (acc's dtype), in one pass. */
 int pccl_dequantize_reduce_save(int op, int q_dtype, const void *q, size_t n, int acc_dtype,
                                 void *acc, void *backup, double lo, double scale);
+
+/* ---- quant.c: blockwise and 4-bit ------------------------------------------------------- */
+
+/* Min-max quantization of x (f16, bf16, f32, f64) block by block: every `block` elements (the
+ * last block may be shorter) get their own lo[b], scale[b] (accumulator type: float for f16,
+ * bf16 and f32, double for f64; ceil(n / block) of each), computed as pccl_quantize computes a
+ * chunk's.  q_bits 16: uint16 codes; 8: uint8; 4: two codes per byte, element 2j in the low
+ * nibble of q[j], 2j+1 in the high one (ceil(n / 2) bytes; an odd n leaves the last high nibble
+ * 0).  PCCL_ENONFINITE / PCCL_ERANGE as pccl_quantize (q, lo and scale are then unspecified). */
+int pccl_quantize_blocks(int src_dtype, const void *x, size_t n, int q_bits, void *q, size_t block,
+                         void *lo, void *scale);
+
+/* out[i] = lo[b] + (A)q_i * scale[b], b = i / block, A = out_dtype (f32 or f64). */
+int pccl_dequantize_blocks(int q_bits, const void *q, size_t n, int out_dtype, void *out, size_t block,
+                           const void *lo, const void *scale);
+
+/* acc[i] = acc[i] op (lo[b] + (A)q_i * scale[b]): pccl_dequantize_blocks into a temporary
+ * followed by pccl_reduce, in one pass. */
+int pccl_dequantize_reduce_blocks(int op, int q_bits, const void *q, size_t n, int acc_dtype, void *acc,
+                                  size_t block, const void *lo, const void *scale);
+
+/* pccl_dequantize_reduce_blocks that first saves acc[i] into backup[i], in one pass. */
+int pccl_dequantize_reduce_blocks_save(int op, int q_bits, const void *q, size_t n, int acc_dtype,
+                                       void *acc, void *backup, size_t block, const void *lo,
+                                       const void *scale);
+
+/* lo[b], hi[b] = min and max of block b of x (accumulator type, -0 reported as +0), as
+ * pccl_minmax computes them; PCCL_ENONFINITE on NaN/Inf. */
+int pccl_minmax_blocks(int dtype, const void *x, size_t n, size_t block, void *lo, void *hi);

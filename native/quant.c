@@ -154,7 +154,7 @@ int pccl_minmax(int dtype, const void *x, size_t n, double *lo, double *hi) {
         (out) = (int32_t)v_;                                                                       \
     } while (0)
 
-#define DEF_QUANT(SUF, T, A, MAGIC, LOAD, QSUF, QT, QMAX)                                          \
+#define DEF_QUANT_LOOPS(SUF, T, A, MAGIC, LOAD, QSUF, QT, QMAX)                                    \
     PCCL_VEC static void quant_mul_##SUF##_##QSUF(const T *restrict x, QT *restrict q, size_t n,   \
                                          A lo, A inv) {                                            \
         for (size_t i = 0; i < n; i++) {                                                           \
@@ -170,7 +170,10 @@ int pccl_minmax(int dtype, const void *x, size_t n, double *lo, double *hi) {
             QROUND(A, MAGIC, QMAX, (LOAD(x[i]) - lo) / scale, r);                                  \
             q[i] = (QT)r;                                                                          \
         }                                                                                          \
-    }                                                                                              \
+    }
+
+#define DEF_QUANT(SUF, T, A, MAGIC, LOAD, QSUF, QT, QMAX)                                          \
+    DEF_QUANT_LOOPS(SUF, T, A, MAGIC, LOAD, QSUF, QT, QMAX)                                        \
     static int quant_##SUF##_##QSUF(const T *restrict x, QT *restrict q, size_t n,                 \
                                     double *lo_out, double *scale_out) {                           \
         A lo, hi;                                                                                  \
@@ -201,6 +204,12 @@ DEF_QUANT(f16, uint16_t, float, 0x1p23f, pccl_f16_to_f32, u8, uint8_t, 255)
 DEF_QUANT(f16, uint16_t, float, 0x1p23f, pccl_f16_to_f32, u16, uint16_t, 65535)
 DEF_QUANT(bf16, uint16_t, float, 0x1p23f, pccl_bf16_to_f32, u8, uint8_t, 255)
 DEF_QUANT(bf16, uint16_t, float, 0x1p23f, pccl_bf16_to_f32, u16, uint16_t, 65535)
+
+/* 4-bit codes are computed into a uint8 tile (QMAX 15) and packed two per byte afterwards. */
+DEF_QUANT_LOOPS(f32, float, float, 0x1p23f, LOAD_ID, u4, uint8_t, 15)
+DEF_QUANT_LOOPS(f64, double, double, 0x1p52, LOAD_ID, u4, uint8_t, 15)
+DEF_QUANT_LOOPS(f16, uint16_t, float, 0x1p23f, pccl_f16_to_f32, u4, uint8_t, 15)
+DEF_QUANT_LOOPS(bf16, uint16_t, float, 0x1p23f, pccl_bf16_to_f32, u4, uint8_t, 15)
 
 #define QUANT_CASE(SUF, T)                                                                         \
     if (q_dtype == PCCL_U8) return quant_##SUF##_u8((const T *)x, (uint8_t *)q, n, lo, scale);     \
@@ -319,4 +328,223 @@ int pccl_dequantize_reduce_save(int op, int q_dtype, const void *q, size_t n, in
     }
     pccl_save_fence();
     return PCCL_OK;
+}
+
+/* ---- blockwise and 4-bit quantization ------------------------------------------------- */
+
+/* pccl_quantize_blocks cuts x into blocks of `block` elements (the last one may be shorter) and
+ * quantizes each exactly as pccl_quantize quantizes a chunk (the math above, per block, with
+ * QMAX = 15 for 4-bit codes), writing block b's lo and scale to lo[b] and scale[b] in the
+ * accumulator type A (float for f16/bf16/f32 sources, double for f64).  Codes: 16 bits: uint16
+ * q[i]; 8 bits: uint8 q[i]; 4 bits: two per byte, element 2j in the low nibble of q[j] and
+ * element 2j+1 in the high nibble (an odd n leaves the last high nibble 0).  4-bit codes are
+ * computed into a tile and packed a tile at a time (QTILE is even, so tiles start on bytes).
+ * Dequantization of element i of block b is lo[b] + (A)q_i * scale[b], as above. */
+#define QTILE 2048
+
+PCCL_VEC static void pack4(const uint8_t *restrict t, uint8_t *restrict q, size_t m) {
+    size_t half = m / 2;
+    for (size_t j = 0; j < half; j++) q[j] = (uint8_t)(t[2 * j] | (uint8_t)(t[2 * j + 1] << 4));
+    if (m & 1) q[half] = t[m - 1];
+}
+
+PCCL_VEC static void unpack4(const uint8_t *restrict q, uint8_t *restrict t, size_t m) {
+    size_t half = m / 2;
+    for (size_t j = 0; j < half; j++) {
+        uint8_t b = q[j];
+        t[2 * j] = (uint8_t)(b & 15u);
+        t[2 * j + 1] = (uint8_t)(b >> 4);
+    }
+    if (m & 1) t[m - 1] = (uint8_t)(q[half] & 15u);
+}
+
+/* A block's parameters from its extremes, as pccl_quantize computes a chunk's: the mode its
+ * codes are computed in (1: times inv, 2: divided by scale, 0: every code 0, scale 0). */
+#define BLOCK_PARAMS(A, QMAXV, lo, hi, scale, param, mode)                                         \
+    do {                                                                                           \
+        A range_ = (hi) - (lo);                                                                    \
+        if (range_ - range_ != 0) return PCCL_ERANGE;                                              \
+        (scale) = range_ / (A)(QMAXV);                                                             \
+        A inv_ = range_ > 0 ? (A)(QMAXV) / range_ : (A)0;                                          \
+        if (range_ > 0 && inv_ - inv_ == 0) {                                                      \
+            (mode) = 1;                                                                            \
+            (param) = inv_;                                                                        \
+        } else if (range_ > 0 && (scale) > 0) {                                                    \
+            (mode) = 2;                                                                            \
+            (param) = (scale);                                                                     \
+        } else {                                                                                   \
+            (mode) = 0;                                                                            \
+            (scale) = 0;                                                                           \
+            (param) = 0;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+#define QRUN(SUF, QSUF, mode, xp, qp, len, lo, param)                                              \
+    do {                                                                                           \
+        if ((mode) == 1)                                                                           \
+            quant_mul_##SUF##_##QSUF(xp, qp, len, lo, param);                                      \
+        else if ((mode) == 2)                                                                      \
+            quant_div_##SUF##_##QSUF(xp, qp, len, lo, param);                                      \
+        else                                                                                       \
+            for (size_t k_ = 0; k_ < (len); k_++) (qp)[k_] = 0;                                    \
+    } while (0)
+
+#define DEF_QBLOCKS(SUF, T, A)                                                                     \
+    static int qblocks_##SUF(const T *restrict x, size_t n, int bits, void *q, size_t block,       \
+                             A *restrict lo_out, A *restrict scale_out) {                          \
+        uint8_t tile[QTILE];                                                                       \
+        size_t tile_at = 0; /* element index of tile[0] (4 bits) */                                \
+        int qmax = bits == 4 ? 15 : bits == 8 ? 255 : 65535;                                       \
+        for (size_t s = 0, b = 0; s < n; s += block, b++) {                                        \
+            size_t len = n - s < block ? n - s : block;                                            \
+            A lo, hi, scale, param;                                                                \
+            int mode;                                                                              \
+            int rc = scan_##SUF(x + s, len, &lo, &hi);                                             \
+            if (rc != PCCL_OK) return rc;                                                          \
+            BLOCK_PARAMS(A, qmax, lo, hi, scale, param, mode);                                     \
+            lo_out[b] = lo;                                                                        \
+            scale_out[b] = scale;                                                                  \
+            if (bits == 8) {                                                                       \
+                QRUN(SUF, u8, mode, x + s, (uint8_t *)q + s, len, lo, param);                      \
+            } else if (bits == 16) {                                                               \
+                QRUN(SUF, u16, mode, x + s, (uint16_t *)q + s, len, lo, param);                    \
+            } else {                                                                               \
+                for (size_t i = s, end = s + len; i < end;) {                                      \
+                    size_t stop = end < tile_at + QTILE ? end : tile_at + QTILE;                   \
+                    QRUN(SUF, u4, mode, x + i, tile + (i - tile_at), stop - i, lo, param);         \
+                    i = stop;                                                                      \
+                    if (i == tile_at + QTILE) {                                                    \
+                        pack4(tile, (uint8_t *)q + tile_at / 2, QTILE);                            \
+                        tile_at += QTILE;                                                          \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        if (bits == 4 && n > tile_at) pack4(tile, (uint8_t *)q + tile_at / 2, n - tile_at);        \
+        return PCCL_OK;                                                                            \
+    }
+
+DEF_QBLOCKS(f32, float, float)
+DEF_QBLOCKS(f64, double, double)
+DEF_QBLOCKS(f16, uint16_t, float)
+DEF_QBLOCKS(bf16, uint16_t, float)
+
+PCCL_NOINLINE static int pccl_quantize_blocks_impl(int src_dtype, const void *x, size_t n, int q_bits, void *q,
+                                                   size_t block, void *lo, void *scale) {
+    if (q_bits != 4 && q_bits != 8 && q_bits != 16) return PCCL_EDTYPE;
+    if (block == 0) return PCCL_EARG;
+    switch (src_dtype) {
+    case PCCL_F32: return qblocks_f32((const float *)x, n, q_bits, q, block, (float *)lo, (float *)scale);
+    case PCCL_F64: return qblocks_f64((const double *)x, n, q_bits, q, block, (double *)lo, (double *)scale);
+    case PCCL_F16: return qblocks_f16((const uint16_t *)x, n, q_bits, q, block, (float *)lo, (float *)scale);
+    case PCCL_BF16: return qblocks_bf16((const uint16_t *)x, n, q_bits, q, block, (float *)lo, (float *)scale);
+    default: return PCCL_EDTYPE;
+    }
+}
+
+int pccl_quantize_blocks(int src_dtype, const void *x, size_t n, int q_bits, void *q, size_t block, void *lo,
+                         void *scale) {
+    PCCL_IEEE_CALL(pccl_quantize_blocks_impl(src_dtype, x, n, q_bits, q, block, lo, scale));
+}
+
+#define DQ_ASSIGN (-1) /* internal op code: plain dequantization */
+
+#define DQRUN(ASUF, QSUF, qp, ap, len, l, sc)                                                      \
+    do {                                                                                           \
+        switch (op) {                                                                              \
+        case DQ_ASSIGN: deq_##ASUF##_##QSUF(qp, ap, len, l, sc); break;                            \
+        case PCCL_PROD: deq_prod_##ASUF##_##QSUF(qp, ap, len, l, sc); break;                       \
+        case PCCL_MIN: deq_min_##ASUF##_##QSUF(qp, ap, len, l, sc); break;                         \
+        case PCCL_MAX: deq_max_##ASUF##_##QSUF(qp, ap, len, l, sc); break;                         \
+        default: deq_sum_##ASUF##_##QSUF(qp, ap, len, l, sc); break; /* SUM, AVG */                \
+        }                                                                                          \
+    } while (0)
+
+/* Tile by tile: save the tile of acc (the saving variant), unpack its 4-bit codes, then run the
+ * dequantize(-reduce) loops of pccl_dequantize_reduce over each block's piece of the tile. */
+#define DEF_DQBLOCKS(ASUF, A)                                                                      \
+    static void dqblocks_##ASUF(int op, int bits, const void *q, size_t n, A *restrict acc,        \
+                                A *restrict backup, size_t block, const A *lo, const A *scale) {   \
+        uint8_t tile[QTILE];                                                                       \
+        for (size_t t = 0; t < n; t += QTILE) {                                                    \
+            size_t tend = n - t < QTILE ? n : t + QTILE;                                           \
+            if (backup) pccl_save_block(backup + t, acc + t, (tend - t) * sizeof(A));              \
+            if (bits == 4) unpack4((const uint8_t *)q + t / 2, tile, tend - t);                    \
+            for (size_t i = t; i < tend;) {                                                        \
+                size_t b = i / block;                                                              \
+                size_t stop = tend - b * block <= block ? tend : b * block + block;                \
+                A l = lo[b], sc = scale[b];                                                        \
+                if (bits == 4)                                                                     \
+                    DQRUN(ASUF, u8, tile + (i - t), acc + i, stop - i, l, sc);                     \
+                else if (bits == 8)                                                                \
+                    DQRUN(ASUF, u8, (const uint8_t *)q + i, acc + i, stop - i, l, sc);             \
+                else                                                                               \
+                    DQRUN(ASUF, u16, (const uint16_t *)q + i, acc + i, stop - i, l, sc);           \
+                i = stop;                                                                          \
+            }                                                                                      \
+        }                                                                                          \
+        if (backup) pccl_save_fence();                                                             \
+    }
+
+DEF_DQBLOCKS(f32, float)
+DEF_DQBLOCKS(f64, double)
+
+PCCL_NOINLINE static int pccl_dqblocks_impl(int op, int q_bits, const void *q, size_t n, int acc_dtype, void *acc,
+                                            void *backup, size_t block, const void *lo, const void *scale) {
+    if (q_bits != 4 && q_bits != 8 && q_bits != 16) return PCCL_EDTYPE;
+    if (block == 0) return PCCL_EARG;
+    if (op != DQ_ASSIGN && (op < PCCL_SUM || op > PCCL_MAX)) return PCCL_EOP;
+    if (acc_dtype == PCCL_F32)
+        dqblocks_f32(op, q_bits, q, n, (float *)acc, (float *)backup, block, (const float *)lo, (const float *)scale);
+    else if (acc_dtype == PCCL_F64)
+        dqblocks_f64(op, q_bits, q, n, (double *)acc, (double *)backup, block, (const double *)lo,
+                     (const double *)scale);
+    else
+        return PCCL_EDTYPE;
+    return PCCL_OK;
+}
+
+int pccl_dequantize_blocks(int q_bits, const void *q, size_t n, int out_dtype, void *out, size_t block,
+                           const void *lo, const void *scale) {
+    PCCL_IEEE_CALL(pccl_dqblocks_impl(DQ_ASSIGN, q_bits, q, n, out_dtype, out, NULL, block, lo, scale));
+}
+
+int pccl_dequantize_reduce_blocks(int op, int q_bits, const void *q, size_t n, int acc_dtype, void *acc,
+                                  size_t block, const void *lo, const void *scale) {
+    PCCL_IEEE_CALL(pccl_dqblocks_impl(op, q_bits, q, n, acc_dtype, acc, NULL, block, lo, scale));
+}
+
+int pccl_dequantize_reduce_blocks_save(int op, int q_bits, const void *q, size_t n, int acc_dtype, void *acc,
+                                       void *backup, size_t block, const void *lo, const void *scale) {
+    PCCL_IEEE_CALL(pccl_dqblocks_impl(op, q_bits, q, n, acc_dtype, acc, backup, block, lo, scale));
+}
+
+#define DEF_MMBLOCKS(SUF, T, A)                                                                    \
+    static int mmblocks_##SUF(const T *restrict x, size_t n, size_t block, A *lo, A *hi) {         \
+        for (size_t s = 0, b = 0; s < n; s += block, b++) {                                        \
+            int rc = scan_##SUF(x + s, n - s < block ? n - s : block, lo + b, hi + b);             \
+            if (rc != PCCL_OK) return rc;                                                          \
+        }                                                                                          \
+        return PCCL_OK;                                                                            \
+    }
+
+DEF_MMBLOCKS(f32, float, float)
+DEF_MMBLOCKS(f64, double, double)
+DEF_MMBLOCKS(f16, uint16_t, float)
+DEF_MMBLOCKS(bf16, uint16_t, float)
+
+PCCL_NOINLINE static int pccl_minmax_blocks_impl(int dtype, const void *x, size_t n, size_t block, void *lo,
+                                                 void *hi) {
+    if (block == 0) return PCCL_EARG;
+    switch (dtype) {
+    case PCCL_F32: return mmblocks_f32((const float *)x, n, block, (float *)lo, (float *)hi);
+    case PCCL_F64: return mmblocks_f64((const double *)x, n, block, (double *)lo, (double *)hi);
+    case PCCL_F16: return mmblocks_f16((const uint16_t *)x, n, block, (float *)lo, (float *)hi);
+    case PCCL_BF16: return mmblocks_bf16((const uint16_t *)x, n, block, (float *)lo, (float *)hi);
+    default: return PCCL_EDTYPE;
+    }
+}
+
+int pccl_minmax_blocks(int dtype, const void *x, size_t n, size_t block, void *lo, void *hi) {
+    PCCL_IEEE_CALL(pccl_minmax_blocks_impl(dtype, x, n, block, lo, hi));
 }

@@ -38,7 +38,7 @@
 #include <emmintrin.h>
 #endif
 
-int pccl_kernels_abi_version(void) { return 5; }
+int pccl_kernels_abi_version(void) { return 6; }
 
 /* ---- same-type reductions ------------------------------------------------------------ */
 

@@ -71,7 +71,7 @@ _ACCUMULATORS = (DType.FLOAT32, DType.FLOAT64)
 
 # The native module must be the one built from this source tree (an editable install whose
 # extension was not rebuilt after a change of native/ would otherwise misbehave silently).
-_ABI_VERSION = 5  # 4: float kernels reset the caller's FTZ/DAZ/rounding mode; 5: pccl_reduce_to
+_ABI_VERSION = 6  # 4: float kernels reset the caller's FTZ/DAZ/rounding mode; 5: pccl_reduce_to; 6: blockwise/4-bit
 if lib.pccl_kernels_abi_version() != _ABI_VERSION:  # pragma: no cover - stale build only
     raise ImportError(
         f"pccl._kernels has ABI {lib.pccl_kernels_abi_version()}, expected {_ABI_VERSION}: "

@@ -15,6 +15,7 @@ __all__ = [
     "DType",
     "QuantKind",
     "Quantization",
+    "MAX_QUANT_BLOCK",
     "SyncStrategy",
     "ReduceInfo",
     "SyncInfo",
@@ -118,20 +119,103 @@ class QuantKind(enum.IntEnum):
     MIN_MAX = 1
 
 
+#: Widest block a :class:`Quantization` takes (the block travels as a 32-bit field).
+MAX_QUANT_BLOCK = 2**31
+
+
+def _quant_bits(dtype: object) -> int:
+    """The code width a MIN_MAX target names: 4 for ``"uint4"`` (``ml_dtypes.uint4``, a torch
+    ``uint4``), 8 for uint8, 16 for uint16; :class:`InvalidArgument` for anything else."""
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", None)
+    if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
+        name = str(dtype).removeprefix("torch.")
+    elif not isinstance(dtype, (str, DType)) and name != "uint4":
+        try:  # np.dtype(ml_dtypes.uint4) and other dtype instances, recognised by name
+            name = np.dtype(dtype).name  # type: ignore[call-overload]
+        except TypeError:
+            name = None
+    if name in ("uint4", "u4"):
+        return 4
+    try:
+        target = dtype_of(dtype)
+    except InvalidArgument:
+        target = None
+    if target is DType.UINT8:
+        return 8
+    if target is DType.UINT16:
+        return 16
+    raise InvalidArgument(f"MIN_MAX quantization needs dtype \"uint4\", uint8 or uint16, got {dtype!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Quantization:
-    """Quantization of an all-reduce's wire traffic: MIN_MAX to uint8 or uint16.  ``dtype`` is
-    a numpy dtype, a torch dtype or a :class:`DType` (``np.uint8``, ``torch.uint8`` and
-    ``DType.UINT8`` are the same)."""
+    """Quantization of a collective's wire traffic: MIN_MAX to 4, 8 or 16 bits per value.
+
+    ``dtype`` is the target: ``"uint4"`` (or ``ml_dtypes.uint4``: two values per byte), uint8 or
+    uint16, as a numpy dtype, a torch dtype or a :class:`DType` (``np.uint8``, ``torch.uint8``
+    and ``DType.UINT8`` are the same).  ``block``: ``None`` gives every frame on the wire one
+    ``(min, max)`` pair; an integer ``k`` gives every ``k`` consecutive elements of a frame their
+    own (the last block of a frame may be shorter), so that one outlier spends the range of its
+    block only.  Blocks never straddle frames, and a frame is quantized by one peer only, so
+    results stay bit-identical on every peer.  Each value travels as ``rint((x - lo) / scale)``
+    with ``lo`` its block's minimum and ``scale = (max - min) / QMAX`` (QMAX = 15, 255 or
+    65535); a constant block is exact; NaN or Inf in a quantized input is
+    :class:`InvalidArgument`.
+
+    Error bound.  With ``u`` the unit roundoff of the accumulator type (``2**-24`` for float32,
+    float16 and bfloat16 buffers, ``2**-53`` for float64) and ``M`` the block's largest
+    magnitude, one quantization of a block whose values span ``R = max - min`` moves each value
+    by at most (per hop)
+
+        ``e(R) = R / (2 QMAX) + 4 u (R + M)``.
+
+    A SUM all-reduce over ``N`` peers quantizes each element ``N`` times (``N - 1`` partial sums
+    in the reduce-scatter, the final value once in the all-gather); every error widens the next
+    block's range by at most twice itself, so with ``r`` the sum over the peers of each one's
+    range of the block (``r >= R`` of every partial sum) and ``m`` the sum of their largest
+    magnitudes, end to end
+
+        ``|y - sum_i x_i| <= (r / 2 + 4 u (r + m) QMAX) ((1 + 1/QMAX)**N - 1) + N u m``,
+
+    about ``N r / (2 QMAX)`` for ``N`` much smaller than QMAX.  AVG divides that by ``N``;
+    float16/bfloat16 results are rounded to 16 bits once more at the end (half an ulp of the
+    result).  A broadcast or an all-gather quantizes once: ``e(R)`` of the sender's block.
+
+    Validation: an unknown kind, a target other than those above, a ``block`` that is not an
+    integer in ``[1, 2**31]``, or a ``block`` without MIN_MAX are :class:`InvalidArgument`.
+    """
 
     kind: QuantKind = QuantKind.MIN_MAX
     dtype: object = np.uint8
+    block: int | None = None
 
     def __post_init__(self) -> None:
-        kind = QuantKind(self.kind)
+        try:
+            kind = QuantKind(self.kind)
+        except ValueError:
+            raise InvalidArgument(f"quantization kind must be a QuantKind, got {self.kind!r}") from None
         object.__setattr__(self, "kind", kind)
-        if kind is QuantKind.MIN_MAX and dtype_of(self.dtype) not in (DType.UINT8, DType.UINT16):
-            raise InvalidArgument("MIN_MAX quantization needs dtype uint8 or uint16")
+        block = self.block
+        if block is not None:
+            if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or not 1 <= block <= MAX_QUANT_BLOCK:
+                raise InvalidArgument(f"quantization block must be None or an integer in [1, 2**31], got {block!r}")
+            if kind is not QuantKind.MIN_MAX:
+                raise InvalidArgument("a quantization block needs kind MIN_MAX")
+            object.__setattr__(self, "block", int(block))
+        if kind is QuantKind.MIN_MAX:
+            _quant_bits(self.dtype)
+
+    @property
+    def bits(self) -> int:
+        """Bits per value on the wire: 4, 8 or 16 (0 for kind NONE)."""
+        return _quant_bits(self.dtype) if self.kind is QuantKind.MIN_MAX else 0
+
+    @property
+    def code_dtype(self) -> DType | None:
+        """The dtype the codes are stored in: UINT8 for 4 and 8 bits (4 bits: two per byte),
+        UINT16 for 16; ``None`` for kind NONE."""
+        bits = self.bits
+        return None if bits == 0 else DType.UINT16 if bits == 16 else DType.UINT8
 
 
 class SyncStrategy(enum.IntEnum):

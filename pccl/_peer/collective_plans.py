@@ -37,6 +37,7 @@ from ..collectives.broadcast import broadcast_checked
 from ..collectives.reduce_scatter import reduce_scatter_checked, shard_bounds
 from ..collectives.links import RingLinks
 from ..collectives.segments import Segments
+from ..collectives.wire_quant import WireQuant
 from ..errors import CollectiveAborted, InvalidArgument, PhaseMismatch, ProtocolError
 from ..protocol import messages as m
 from ..protocol.messages import CollectiveKind
@@ -61,10 +62,16 @@ def check_tag(tag: Any) -> int:
     return tag
 
 
-def _quant_fields(quant_dtype: Any) -> dict[str, int]:
+def _quant_fields(quant: WireQuant | None) -> dict[str, int]:
+    """The ``CollectiveInit`` fields that say how an op's frames are quantized (every voter must
+    send the same)."""
+    if quant is None:
+        return {"quant_kind": int(QuantKind.NONE), "quant_dtype": 0}
     return {
-        "quant_kind": int(QuantKind.MIN_MAX if quant_dtype is not None else QuantKind.NONE),
-        "quant_dtype": int(quant_dtype) if quant_dtype is not None else 0,
+        "quant_kind": int(QuantKind.MIN_MAX),
+        "quant_dtype": int(quant.code_dtype),
+        "quant_bits": 4 if quant.bits == 4 else 0,
+        "quant_block": quant.block or 0,
     }
 
 
@@ -99,7 +106,7 @@ class Plan:
         tag = check_tag(tag)
         args = ReduceArgs.check(send, recv, op, quantization)
         init = m.CollectiveInit(
-            tag=tag, count=int(args.src.size), dtype=int(args.dtype), op=int(op), **_quant_fields(args.quant_dtype),
+            tag=tag, count=int(args.src.size), dtype=int(args.dtype), op=int(op), **_quant_fields(args.quant),
             layout=args.src.layout if isinstance(args.src, Segments) else 0,
         )
         return cls(CollectiveKind.ALL_REDUCE, tag, init, args)
@@ -111,7 +118,7 @@ class Plan:
         tag = check_tag(tag)
         args = ReduceArgs.check(x, None, ReduceOp.SUM, quantization)
         init = m.CollectiveInit(tag=tag, count=int(args.src.size), dtype=int(args.dtype), op=0,
-                                **_quant_fields(args.quant_dtype), kind=CollectiveKind.BROADCAST, root=root)
+                                **_quant_fields(args.quant), kind=CollectiveKind.BROADCAST, root=root)
         return cls(CollectiveKind.BROADCAST, tag, init, args)
 
     @classmethod
@@ -119,7 +126,7 @@ class Plan:
         tag = check_tag(tag)
         gather = GatherArgs.check(x, quantization)
         init = m.CollectiveInit(tag=tag, count=int(gather.src.size), dtype=int(gather.dtype), op=0,
-                                **_quant_fields(gather.quant_dtype), kind=CollectiveKind.ALL_GATHER)
+                                **_quant_fields(gather.quant), kind=CollectiveKind.ALL_GATHER)
         return cls(CollectiveKind.ALL_GATHER, tag, init, None, gather, template=x)
 
     @classmethod
@@ -128,7 +135,7 @@ class Plan:
         tag = check_tag(tag)
         args = ReduceArgs.check(x, None, op, quantization)
         init = m.CollectiveInit(tag=tag, count=int(args.src.size), dtype=int(args.dtype), op=int(op),
-                                **_quant_fields(args.quant_dtype), kind=CollectiveKind.REDUCE_SCATTER)
+                                **_quant_fields(args.quant), kind=CollectiveKind.REDUCE_SCATTER)
         return cls(CollectiveKind.REDUCE_SCATTER, tag, init, args)
 
     # --- running one --------------------------------------------------------------------------

@@ -42,7 +42,8 @@ from ..errors import InvalidArgument
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, AllGatherSchedule, gather_bounds, subchunk_elements
 from ..types import DType, dtype_of
 from .allreduce import execute_op
-from .buffers import KernelRunner, check_quantization, quant_dtype_for
+from .buffers import KernelRunner, check_quantization, quant_for
+from .wire_quant import WireQuant
 from .chain_op import ChainOp
 from .links import RingLinks
 
@@ -55,8 +56,8 @@ class GatherArgs:
 
     src: np.ndarray
     dtype: DType
-    #: What min-max quantization sends (uint8 or uint16); ``None`` when unquantized.
-    quant_dtype: DType | None
+    #: How min-max quantized frames travel; ``None`` when unquantized.
+    quant: WireQuant | None
 
     @classmethod
     def check(cls, x: Any, quantization: Any) -> GatherArgs:
@@ -68,7 +69,7 @@ class GatherArgs:
         quantization = check_quantization(quantization)
         src = as_array(x, name="send", writable=False).reshape(-1)
         dtype = dtype_of(src.dtype)
-        return cls(src, dtype, quant_dtype_for(dtype, quantization))
+        return cls(src, dtype, quant_for(dtype, quantization))
 
 
 def _check_output(args: GatherArgs, out: Any, counts: Sequence[int], rank: int, world: int) -> np.ndarray:
@@ -118,7 +119,7 @@ async def all_gather_checked(
         sub = subchunk_elements(max(counts) * world, world, args.dtype.itemsize, max_bytes=max_subchunk_bytes)
         schedule = AllGatherSchedule(flat.size, world, rank, sub, counts=counts)
         op = ChainOp(
-            schedule, src=args.src, out=flat, base=schedule.chunks[rank][0], quant_dtype=args.quant_dtype,
+            schedule, src=args.src, out=flat, base=schedule.chunks[rank][0], quant=args.quant,
             links=links, world=world, seq=seq, backup=None, runner=runner or KernelRunner(),
         )
         try:

@@ -77,7 +77,7 @@ async def broadcast_checked(
 
         def make(kept: InputBackup | None) -> ChainOp:
             made.append(ChainOp(
-                schedule, src=args.src, out=args.dst, base=0, quant_dtype=args.quant_dtype, links=links,
+                schedule, src=args.src, out=args.dst, base=0, quant=args.quant, links=links,
                 world=world, seq=seq, backup=kept if args.in_place else None, runner=runner or KernelRunner(),
             ))
             return made[0]

@@ -3,14 +3,13 @@
 The arithmetic is in the C kernels, called straight through :mod:`pccl.kernels` (the one place
 that knows their signatures) by :mod:`pccl.collectives.ring_op`, which decides which kernel runs
 on which slice; :class:`KernelRunner` decides where (a worker thread for large slices, inline
-otherwise).  The quantization header every quantized payload starts with is packed here.
+otherwise).  The quantized wire format is :mod:`pccl.collectives.wire_quant`'s.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import struct
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -23,13 +22,14 @@ from ..arrays import as_array
 from ..errors import InvalidArgument
 from ..types import DType, Quantization, QuantKind, ReduceOp, dtype_of
 from .segments import Segments
+from .wire_quant import QUANT_META, WireQuant, pack_meta, unpack_meta
 
 __all__ = [
     "ScratchArena",
     "SCRATCH",
     "check_op",
     "check_quantization",
-    "quant_dtype_for",
+    "quant_for",
     "ReduceArgs",
     "OpBuffers",
     "KernelRunner",
@@ -40,22 +40,7 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-#: Quantization parameters that precede every quantized payload: ``lo`` and ``scale`` as
-#: little-endian IEEE doubles (explicit byte order: PCCL sent host order).
-QUANT_META = struct.Struct("<dd")
-
 _HALF = (DType.FLOAT16, DType.BFLOAT16)
-
-
-def pack_meta(into: memoryview, params: kernels.QuantParams) -> None:
-    """Write a quantized payload's :data:`QUANT_META` header."""
-    QUANT_META.pack_into(into, 0, params.lo, params.scale)
-
-
-def unpack_meta(raw: memoryview) -> kernels.QuantParams:
-    """Read a quantized payload's :data:`QUANT_META` header."""
-    lo, scale = QUANT_META.unpack_from(raw, 0)
-    return kernels.QuantParams(lo, scale)
 
 
 class ScratchArena:
@@ -134,14 +119,14 @@ def check_quantization(quantization: Any) -> Quantization | None:
     return quantization
 
 
-def quant_dtype_for(dtype: DType, quantization: Quantization | None) -> DType | None:
-    """What a buffer of ``dtype`` sends under ``quantization`` (``None``: unquantized);
+def quant_for(dtype: DType, quantization: Quantization | None) -> WireQuant | None:
+    """How a buffer of ``dtype`` travels under ``quantization`` (``None``: unquantized);
     :class:`InvalidArgument` for min-max quantization of a non-float buffer."""
     if quantization is None or QuantKind(quantization.kind) is QuantKind.NONE:
         return None
     if not dtype.is_float:
         raise InvalidArgument(f"MIN_MAX quantization needs a floating-point buffer, got {dtype.name.lower()}")
-    return dtype_of(quantization.dtype)
+    return WireQuant.of(dtype, quantization)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +144,8 @@ class ReduceArgs:
     op: ReduceOp
     dtype: DType
     in_place: bool
-    #: What min-max quantization sends (uint8 or uint16); ``None`` when unquantized.
-    quant_dtype: DType | None
+    #: How min-max quantized frames travel; ``None`` when unquantized.
+    quant: WireQuant | None
 
     @classmethod
     def check(cls, send: Any, recv: Any, op: Any, quantization: Any) -> ReduceArgs:
@@ -198,7 +183,7 @@ class ReduceArgs:
     def _make(cls, src: np.ndarray | Segments, dst: np.ndarray | Segments, op: ReduceOp, in_place: bool,
               quantization: Quantization | None) -> ReduceArgs:
         dtype = dtype_of(src.dtype)
-        return cls(src, dst, op, dtype, in_place, quant_dtype_for(dtype, quantization))
+        return cls(src, dst, op, dtype, in_place, quant_for(dtype, quantization))
 
     def into(self, output: np.ndarray) -> ReduceArgs:
         """The same op reducing into ``output`` instead: a flat array of ``src``'s dtype and size
@@ -224,7 +209,7 @@ class OpBuffers:
     acc_dtype: DType
     op: ReduceOp
     in_place: bool
-    quant_dtype: DType | None
+    quant: WireQuant | None
     #: Arena buffers this op holds (returned by :meth:`release`).
     scratch: list[np.ndarray] = dataclasses.field(default_factory=list)
     arena: ScratchArena = SCRATCH
@@ -238,7 +223,7 @@ class OpBuffers:
         # f16/bf16 accumulate in an f32 working array, filled one sub-chunk at a time.
         scratch = [arena.take(args.src.size * 4)] if half else []
         acc = scratch[0][: args.src.size * 4].view(np.float32) if half else args.dst
-        return cls(args.src, args.dst, acc, args.dtype, acc_dtype, args.op, args.in_place, args.quant_dtype,
+        return cls(args.src, args.dst, acc, args.dtype, acc_dtype, args.op, args.in_place, args.quant,
                    scratch, arena)
 
     def take(self, nbytes: int) -> np.ndarray:
@@ -263,17 +248,17 @@ class OpBuffers:
 
     @property
     def quantized(self) -> bool:
-        return self.quant_dtype is not None
+        return self.quant is not None
 
     def reduce_scatter_nbytes(self, count: int) -> int:
         """Payload bytes of a reduce-scatter frame of ``count`` elements."""
-        if self.quant_dtype is not None:
-            return QUANT_META.size + count * self.quant_dtype.itemsize
+        if self.quant is not None:
+            return self.quant.nbytes(count)
         return count * self.acc_dtype.itemsize
 
     def all_gather_nbytes(self, count: int) -> int:
-        if self.quant_dtype is not None:
-            return QUANT_META.size + count * self.quant_dtype.itemsize
+        if self.quant is not None:
+            return self.quant.nbytes(count)
         return count * self.dtype.itemsize
 
 

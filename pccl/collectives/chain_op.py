@@ -14,8 +14,8 @@ an op (:class:`~pccl.collectives.lane_op.LaneOp`), so they run it unchanged.
   root, an all-gather whose input is a view of its slot in the output).  f16/bf16 travel as
   they are.
 * **MIN_MAX quantization** (float buffers): the originator quantizes each sub-chunk once, with
-  its own parameters, into the op's *store* (``count × qbytes`` plus the 16-byte
-  :data:`~pccl.collectives.buffers.QUANT_META` header per frame), writes the dequantized values
+  its own parameters, into the op's *store* (the codes plus the ``(lo, scale)`` parameters of
+  the frame or of each block, :mod:`~pccl.collectives.wire_quant`), writes the dequantized values
   into its own output slot and sends the stored bytes; every other peer receives the bytes
   into its store, dequantizes them into its output and forwards them unchanged.  Everyone
   applies one dequantization to the same bytes, so every peer's output is bit-identical,
@@ -36,7 +36,8 @@ from ..protocol.codec import DataHeader
 from ..protocol.ring import Frame, RingSchedule
 from ..types import DType, dtype_of
 from .backup import InputBackup
-from .buffers import QUANT_META, SCRATCH, KernelRunner, ScratchArena, pack_meta, unpack_meta
+from .buffers import SCRATCH, KernelRunner, ScratchArena
+from .wire_quant import WireQuant
 from .links import RingLinks
 from .segments import Segments
 
@@ -74,7 +75,7 @@ class ChainOp:
         src: np.ndarray | Segments,
         out: np.ndarray | Segments,
         base: int,
-        quant_dtype: DType | None,
+        quant: WireQuant | None,
         links: RingLinks,
         world: int,
         seq: int,
@@ -86,7 +87,7 @@ class ChainOp:
         self.src = src
         self.out = out
         self.base = base
-        self.quant_dtype = quant_dtype
+        self.quant = quant
         self.links = links
         self.lanes = links.lanes
         self.world = world
@@ -102,7 +103,6 @@ class ChainOp:
         self._scratch: list[np.ndarray] = []
         #: Originated frames are copied into this peer's own slot unless it is the input itself.
         self.copy_own = src.size > 0 and src is not out and not _same_memory(src, out[base : base + src.size])
-        self._qitem = quant_dtype.itemsize if quant_dtype is not None else 0
         self._store: np.ndarray | None = None
         self._store_at: dict[tuple[int, int], int] = {}
         self._work: np.ndarray | None = None
@@ -114,7 +114,7 @@ class ChainOp:
                 self._store_at[(c, k)] = pos
                 pos += self._wire_nbytes(b - a)
         self._largest = largest
-        if quant_dtype is not None and not schedule.moves_nothing:
+        if quant is not None and not schedule.moves_nothing:
             self._store = self.take(pos)
             if self.half:
                 self._work = self.take(out.size * 4).view(np.float32)
@@ -133,7 +133,7 @@ class ChainOp:
         self._scratch.clear()
 
     def _wire_nbytes(self, count: int) -> int:
-        return QUANT_META.size + count * self._qitem if self.quant_dtype is not None else count * self.itemsize
+        return self.quant.nbytes(count) if self.quant is not None else count * self.itemsize
 
     def _segment(self, frame: Frame) -> np.ndarray:
         assert self._store is not None
@@ -178,19 +178,18 @@ class ChainOp:
     def payload_cost(self, frame: Frame) -> int:
         if frame.step != 0:
             return 0  # forwarded as received
-        if self.quant_dtype is not None:
+        if self.quant is not None:
             return frame.count * self.itemsize * 3
         return frame.count * self.itemsize if self.copy_own else 0
 
     def prepare_payload(self, frame: Frame, scratch: np.ndarray | None) -> np.ndarray:
         a, b = frame.start, frame.stop
         if frame.step != 0:  # forward what was received at the step before
-            return self._segment(frame) if self.quant_dtype is not None else self.out[a:b]
+            return self._segment(frame) if self.quant is not None else self.out[a:b]
         source = self.src[a - self.base : b - self.base]
-        if self.quant_dtype is not None:
+        if self.quant is not None:
             segment = self._segment(frame)
-            q = segment[QUANT_META.size :].view(self.quant_dtype.numpy_dtype())
-            pack_meta(segment.data[: QUANT_META.size], kernels.quantize(source, q))
+            self.quant.quantize(source, segment)
             self._apply(frame, segment)  # what every other peer will make of these bytes
             return segment
         if self.copy_own:
@@ -199,36 +198,34 @@ class ChainOp:
         return source
 
     def save_before_receive(self, frame: Frame) -> tuple[int, int] | None:
-        if self.backup is None or self.quant_dtype is not None or self.backup.is_saved(frame.start):
+        if self.backup is None or self.quant is not None or self.backup.is_saved(frame.start):
             return None
         return frame.start, frame.stop
 
     def destination(self, frame: Frame, stage: np.ndarray) -> memoryview:
-        if self.quant_dtype is not None:
+        if self.quant is not None:
             return self._segment(frame).data
         if self.backup is not None and not self.backup.is_saved(frame.start):
             self.backup.save(frame.start, frame.stop)
         return _as_bytes(self.out[frame.start : frame.stop]).data
 
     def receive_cost(self, frame: Frame) -> int:
-        return self.frame_nbytes(frame) * 4 if self.quant_dtype is not None else 0
+        return self.frame_nbytes(frame) * 4 if self.quant is not None else 0
 
     def received(self, frame: Frame, stage: np.ndarray) -> None:
-        if self.quant_dtype is not None:
+        if self.quant is not None:
             self._apply(frame, self._segment(frame))
 
     def _apply(self, frame: Frame, segment: np.ndarray) -> None:
         """Dequantize a stored frame into the output (saved first, in place)."""
-        assert self.quant_dtype is not None
+        assert self.quant is not None
         a, b = frame.start, frame.stop
-        params = unpack_meta(segment.data[: QUANT_META.size])
-        q = segment[QUANT_META.size :].view(self.quant_dtype.numpy_dtype())
         self._save(a, b)
         if self._work is not None:
-            kernels.dequantize(q, params, self._work[a:b])
+            self.quant.dequantize(segment, self._work[a:b])
             kernels.narrow(self.out[a:b], self._work[a:b])
         else:
-            kernels.dequantize(q, params, self.out[a:b])
+            self.quant.dequantize(segment, self.out[a:b])
 
     def backup_ahead(self, lane: int) -> list[tuple[int, int]] | None:
         """Every slice received on ``lane`` (and, quantized, every slice this peer originates:
@@ -237,7 +234,7 @@ class ChainOp:
             return None
         schedule = self.schedule
         work = [(f.start, f.stop) for f in schedule.recv_frames(lane, self.lanes)]
-        if self.quant_dtype is not None:
+        if self.quant is not None:
             work += [(f.start, f.stop) for f in schedule.send_frames(lane, self.lanes) if f.step == 0]
         work.reverse()  # pop() takes the most urgent first
         return work

@@ -24,7 +24,7 @@ from ..protocol.ring import (
 from .. import kernels
 from ..types import ReduceOp
 from .backup import InputBackup
-from .buffers import QUANT_META, KernelRunner, OpBuffers, pack_meta, unpack_meta
+from .buffers import KernelRunner, OpBuffers
 from .links import RingLinks
 from .segments import Segments
 
@@ -305,18 +305,17 @@ class RingOp:
                 kernels.reduce_to(acc, bufs.src[a:b], payload.view(acc.dtype), bufs.op)
                 return
             np.copyto(acc, bufs.src[a:b])
-        if bufs.quantized:
-            params = unpack_meta(payload.data[: QUANT_META.size])
-            q = payload[QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
+        if bufs.quant is not None:
+            quant = bufs.quant
             if self.fused_backup:
                 assert self.backup is not None
                 self.backup.overwrite(
                     a, b,
-                    lambda saved: kernels.dequantize_reduce_saving(acc, q, params, saved, bufs.op),
-                    lambda: kernels.dequantize_reduce(acc, q, params, bufs.op),
+                    lambda saved: quant.dequantize_reduce_saving(acc, payload, saved, bufs.op),
+                    lambda: quant.dequantize_reduce(acc, payload, bufs.op),
                 )
             else:
-                kernels.dequantize_reduce(acc, q, params, bufs.op)
+                quant.dequantize_reduce(acc, payload, bufs.op)
         else:
             wire = payload.view(acc.dtype)
             if self.fused_backup:
@@ -338,14 +337,13 @@ class RingOp:
     def _dequantize_own(self, frame: Frame, segment: np.ndarray) -> None:
         bufs = self.bufs
         a, b = frame.start, frame.stop
-        params = unpack_meta(segment.data[: QUANT_META.size])
-        q = segment[QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
+        assert bufs.quant is not None
         self._save(a, b)
         if bufs.half:
-            kernels.dequantize(q, params, bufs.acc[a:b])
+            bufs.quant.dequantize(segment, bufs.acc[a:b])
             kernels.narrow(bufs.dst[a:b], bufs.acc[a:b])
         else:
-            kernels.dequantize(q, params, bufs.dst[a:b])
+            bufs.quant.dequantize(segment, bufs.dst[a:b])
 
     def payload_cost(self, frame: Frame) -> int:
         """Bytes of kernel work :meth:`prepare_payload` does for ``frame`` (0: none)."""
@@ -400,8 +398,8 @@ class RingOp:
         bufs = self.bufs
         a, b = frame.start, frame.stop
         source = bufs.src[a:b] if frame.step == 0 else bufs.acc[a:b]
-        q = out[QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
-        pack_meta(out.data[: QUANT_META.size], kernels.quantize(source, q))
+        assert bufs.quant is not None
+        bufs.quant.quantize(source, out)
 
     def _finalize_owned(self, frame: Frame) -> np.ndarray:
         """The owner's last word on its chunk: AVG division, rounding, quantization (worker thread).
@@ -414,10 +412,9 @@ class RingOp:
         acc = bufs.acc[a:b]
         if bufs.op is ReduceOp.AVG:
             kernels.avg_finalize(acc, self.world)
-        if bufs.quantized:
+        if bufs.quant is not None:
             segment = self._gather_segment(frame)
-            q = segment[QUANT_META.size :].view(bufs.quant_dtype.numpy_dtype())  # type: ignore[union-attr]
-            pack_meta(segment.data[: QUANT_META.size], kernels.quantize(acc, q))
+            bufs.quant.quantize(acc, segment)
             self._dequantize_own(frame, segment)
             return segment
         if bufs.half:

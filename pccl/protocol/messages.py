@@ -250,6 +250,11 @@ class CollectiveInit(Message, tag=50):
     kind: U32 = 0
     #: A broadcast's root (its peer id); 0 for the other kinds.
     root: U64 = 0
+    #: Bits per quantized value when narrower than ``quant_dtype`` (4: two values per uint8 byte);
+    #: 0: ``quant_dtype``'s own width (trailing, so an older peer's Init means 8 or 16 bits).
+    quant_bits: U32 = 0
+    #: Elements per ``(min, max)`` pair of MIN_MAX quantization; 0: one pair per frame.
+    quant_block: U32 = 0
 
 
 class CollectiveCommence(Message, tag=51):

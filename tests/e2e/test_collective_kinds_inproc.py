@@ -70,7 +70,7 @@ async def test_bad_arguments_are_refused_before_the_vote_and_alone_is_too_few_pe
         assert master.state.ops() == []
 
 
-@pytest.mark.parametrize("case", ["kind", "dtype", "op", "quantization", "root", "count"])
+@pytest.mark.parametrize("case", ["kind", "dtype", "op", "quantization", "bits", "block", "root", "count"])
 async def test_disagreement_on_a_tag_is_invalid_usage_on_every_peer_naming_both_sides(case: str) -> None:
     async with _group(2) as (master, comms, _):
         ids = [c.peer_id for c in comms]
@@ -85,6 +85,10 @@ async def test_disagreement_on_a_tag_is_invalid_usage_on_every_peer_naming_both_
                 return await comm.reduce_scatter(x, op=ReduceOp.MAX if i else ReduceOp.SUM, tag=5)
             if case == "quantization":
                 return await comm.all_gather(x, tag=5, quantization=Quantization(dtype=np.uint8) if i else None)
+            if case == "bits":  # 4 bits against 8: both travel in uint8 bytes, yet they differ
+                return await comm.all_reduce(x, tag=5, quantization=Quantization(dtype="uint4" if i else np.uint8))
+            if case == "block":
+                return await comm.reduce_scatter(x, tag=5, quantization=Quantization(dtype="uint4", block=128 if i else None))
             root = ids[i] if case == "root" else ids[0]
             return await comm.broadcast(x, root=root, tag=5)
 
@@ -94,9 +98,14 @@ async def test_disagreement_on_a_tag_is_invalid_usage_on_every_peer_naming_both_
         text = str(outcome[0])
         assert f"peer {ids[0]:x}" in text and f"peer {ids[1]:x}" in text, text
         shown = {"kind": ("all_gather", "reduce_scatter"), "dtype": ("float32", "float64"), "op": ("op=sum", "op=max"),
-                 "quantization": ("quant=none", "quant=min_max/uint8"), "root": (f"root={ids[0]:x}", f"root={ids[1]:x}"),
+                 "quantization": ("quant=none", "quant=min_max/uint8"),
+                 "bits": ("quant=min_max/uint8 layout", "quant=min_max/uint4 layout"),
+                 "block": ("count=10 dtype=float32 op=sum quant=min_max/uint4", "quant=min_max/uint4 block=128"),
+                 "root": (f"root={ids[0]:x}", f"root={ids[1]:x}"),
                  "count": ("count=10", "count=11")}[case]
         assert all(s in text for s in shown), text
+        if case == "block":
+            assert text.count("block=") == 1, text  # one side names a block, the other none
         assert before  # the tag is free again: the same call, agreed, runs
         x = np.arange(4, dtype=np.float32) * (1 + np.arange(2)[:, None])
         got = await _each(comms, lambda i, c: c.all_gather(x[i], tag=5))

@@ -151,3 +151,14 @@ def test_in_flight_launches_tags_in_order_with_a_bounded_number_running() -> Non
     assert widest == 8  # the bound is reached and never passed
     assert started and all(tags == sorted(tags) for tags in started.values())
     assert any(len(tags) == 10 for tags in started.values())
+
+
+def test_four_bit_blockwise_all_reduce_under_chaos() -> None:
+    # One short run: 4-bit codes in blocks of 128, bf16 buffers, both plan sizes; the checker
+    # holds every result bit-identical across the participants and inputs restored on aborts.
+    phase = {"name": "all_reduce", "quantization": "uint4", "quant_block": 128, "op": "SUM", "dtype": "bfloat16"}
+    spec = CampaignSpec(scenario="pccl", profile="chaos", peers=3, duration=6.0, quiet=None,
+                        params=(("phases", ("compute", phase)),))
+    trace = run(*spec.build(1))
+    assert trace.ok, [f.message for f in trace.failures]
+    assert _kinds(trace)["all_reduce"] > 10

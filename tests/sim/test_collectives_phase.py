@@ -66,3 +66,16 @@ def test_the_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPat
 
 def test_same_seed_same_trace() -> None:
     assert _run(3, peers=4).hash() == _run(3, peers=4).hash()
+
+
+def test_four_bit_blockwise_quantization_runs_every_kind_under_chaos() -> None:
+    # One short run (the chaos runs above cover faults at length): 4-bit codes in blocks of an odd
+    # size, f16 buffers; the checker holds every result bit-identical across the participants.
+    phase = {**PHASE, "quantization": "uint4", "quant_block": 77, "dtype": "float16"}
+    spec = CampaignSpec(scenario="pccl", profile="chaos", peers=4, duration=6.0, quiet=None,
+                        params=(("phases", ("compute", phase)),))
+    trace = run(*spec.build(0))
+    assert trace.ok, [f.message for f in trace.failures]
+    counts = _counts(trace)
+    for kind in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+        assert counts[f"collective:{kind}"] > 10, counts

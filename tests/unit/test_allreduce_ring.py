@@ -362,11 +362,12 @@ async def test_exchange_in_place_sends_the_input_not_the_result(world: int) -> N
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("qdtype", [np.uint8, np.uint16], ids=["u8", "u16"])
+@pytest.mark.parametrize("quant", [Quantization(dtype=np.uint8), Quantization(dtype=np.uint16),
+                                   Quantization(dtype="uint4"), Quantization(dtype="uint4", block=128),
+                                   Quantization(dtype=np.uint16, block=99)], ids=["u8", "u16", "u4", "u4b128", "u16b99"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
-async def test_quantized_results_are_close_and_bit_identical(world: int, qdtype: Any, dtype: Any) -> None:
-    quant = Quantization(dtype=qdtype)
-    levels = np.iinfo(qdtype).max
+async def test_quantized_results_are_close_and_bit_identical(world: int, quant: Quantization, dtype: Any) -> None:
+    levels = 2**quant.bits - 1
     for n, op in ((1, ReduceOp.SUM), (3, ReduceOp.MAX), (1025, ReduceOp.AVG), (40_000, ReduceOp.SUM)):
         inputs = make_inputs(world, n, dtype, op, seed=n + world)
         outputs, sizes = await run_ring(inputs, op, quantization=quant, in_place=n != 3, max_subchunk_bytes=4096)

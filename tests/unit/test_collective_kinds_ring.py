@@ -37,7 +37,11 @@ from test_allreduce_ring import make_inputs, memory_ring, tcp_ring
 
 DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int32, np.int64, np.uint8]
 FLOATS = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
-QUANTS = [Quantization(dtype=np.uint8), Quantization(dtype=np.uint16)]
+#: 8 and 16 bits with one (min, max) per frame; 4 bits with blocks of an odd size (blocks that
+#: straddle bytes, frames that end mid-byte); 8 bits in blocks.
+QUANTS = [Quantization(dtype=np.uint8), Quantization(dtype=np.uint16), Quantization(dtype="uint4", block=77),
+          Quantization(dtype=np.uint8, block=128)]
+QUANT_IDS = ["u8", "u16", "u4b77", "u8b128"]
 SUB = 4096  # small frames: several per chunk even for small buffers
 
 
@@ -117,7 +121,7 @@ async def broadcast(inputs: Sequence[np.ndarray], root: int, links: Sequence[Rin
 def quant_bound(values: np.ndarray, quant: Quantization, hops: int) -> float:
     """Min-max error bound: half a step of the global range per quantization, ``hops`` times,
     plus 16-bit rounding."""
-    levels = float(np.iinfo(np.dtype(quant.dtype)).max)
+    levels = float(2**quant.bits - 1)
     v = values.astype(np.float64)
     spread = float(v.max() - v.min()) if v.size else 0.0
     return hops * spread / levels + 2 ** -7 * float(np.abs(v).max(initial=0.0)) + 1e-12
@@ -148,7 +152,7 @@ async def test_reduce_scatter_matches_the_reference(world: int, dtype: Any) -> N
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("quant", QUANTS, ids=["u8", "u16"])
+@pytest.mark.parametrize("quant", QUANTS, ids=QUANT_IDS)
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
 async def test_reduce_scatter_quantized_within_the_bound(world: int, quant: Quantization, dtype: Any) -> None:
     for seq, op in enumerate((ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX), 1):
@@ -188,7 +192,7 @@ async def test_all_gather_layout_of_any_sizes(world: int, dtype: Any) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("quant", QUANTS, ids=["u8", "u16"])
+@pytest.mark.parametrize("quant", QUANTS, ids=QUANT_IDS)
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
 async def test_all_gather_quantized_is_bit_identical_everywhere(world: int, quant: Quantization, dtype: Any) -> None:
     counts = [5000, 0, 3, 7000][:world]
@@ -257,7 +261,7 @@ async def test_broadcast_from_every_root(world: int, dtype: Any) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("quant", QUANTS, ids=["u8", "u16"])
+@pytest.mark.parametrize("quant", QUANTS, ids=QUANT_IDS)
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
 async def test_broadcast_quantized_is_bit_identical_root_included(world: int, quant: Quantization, dtype: Any) -> None:
     for root in range(world):
@@ -291,7 +295,7 @@ async def test_every_kind_over_tcp_on_both_paths(world: int, monkeypatch: pytest
     seq = 0
     try:
         for n, path in ((3000, "inline"), (300_000, "threads")):  # 12 KB / 1.2 MB of float32
-            for quant in (None, Quantization(dtype=np.uint8)):
+            for quant in (None, Quantization(dtype=np.uint8), Quantization(dtype="uint4", block=128)):
                 ran.clear()
                 seq += 1
                 inputs = make_inputs(world, n, np.float32, ReduceOp.SUM, seed=seq)

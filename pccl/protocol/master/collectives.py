@@ -43,23 +43,24 @@ row says.
 
 The table as it reads:
 
-* ``ALL_REDUCE``: call ``all_reduce``; agreed: ``count dtype op quant_kind quant_dtype layout``;
+* ``ALL_REDUCE``: call ``all_reduce``; agreed: ``count dtype op quant_* layout``;
   runs on the group's ring, in its order; schedule ``RingSchedule``, or ``ExchangeSchedule`` for
   a small unquantized op (``uses_exchange``).
-* ``BROADCAST``: call ``broadcast``; agreed: ``count dtype quant_kind quant_dtype root``; the root
+* ``BROADCAST``: call ``broadcast``; agreed: ``count dtype quant_* root``; the root
   (a peer id) must be one of the voters, else ROOT_ABSENT naming it — checked after STALE_RING,
   so voters whose ring lost the root re-wire first and then learn it is gone (the peers' error
   is retry-safe: the root may be accepted by the next topology round); an abort because the root
   left says so in ``CollectiveAbort.detail``; the group's ring, a chain from the root along it
   (``BroadcastSchedule``).
-* ``ALL_GATHER``: call ``all_gather``; agreed: ``dtype quant_kind quant_dtype`` (element counts
+* ``ALL_GATHER``: call ``all_gather``; agreed: ``dtype quant_*`` (element counts
   may differ, 0 included); the Commence carries each participant's count in ring order, so every
   participant knows the layout of the result before a byte moves; the group's ring
   (``AllGatherSchedule``).
-* ``REDUCE_SCATTER``: call ``reduce_scatter``; agreed: ``count dtype op quant_kind quant_dtype``;
+* ``REDUCE_SCATTER``: call ``reduce_scatter``; agreed: ``count dtype op quant_*``;
   the group's ring (ring position ``i`` owns the ``i``-th slice; ``ReduceScatterSchedule``).
 
-Every row needs at least 2 voters.
+``quant_*`` is ``quant_kind quant_dtype quant_bits quant_block``: how the frames are quantized
+(shown together, ``quant=min_max/uint4 block=128``).  Every row needs at least 2 voters.
 
 The machine sees the master only through :class:`OpsHost` (peers named by peer id); the
 master's dispatch has checked the phase rules before a handler here runs.
@@ -113,6 +114,8 @@ _SHOW: Mapping[str, Callable[[int], str]] = {
     "op": lambda v: _name_of(ReduceOp, v),
     "quant_kind": lambda v: _name_of(QuantKind, v),
     "quant_dtype": lambda v: _name_of(DType, v),
+    "quant_bits": lambda v: f"uint{v}" if v else "",
+    "quant_block": lambda v: f" block={v}" if v else "",
     "layout": lambda v: f"{v:x}",
     "root": lambda v: f"{v:x}",
 }
@@ -156,6 +159,9 @@ class KindRow:
         shown = {f: _SHOW.get(f, str)(v) for f, v in zip(self.agreed, self.key(init))}
         if "quant_dtype" in shown and not init.quant_kind:
             shown["quant_dtype"] = "-"  # unquantized: no wire type
+        if shown.get("quant_bits"):
+            shown["quant_dtype"] = shown.pop("quant_bits")  # 4 bits: uint4, stored in uint8
+        shown.pop("quant_bits", None)
         return self.shown.format(**shown)
 
 
@@ -192,8 +198,8 @@ def _group_ring(ring_order: tuple[int, ...], inits: Mapping[int, m.CollectiveIni
     return ring_order
 
 
-_QUANT = ("quant_kind", "quant_dtype")
-_QUANT_SHOWN = "quant={quant_kind}/{quant_dtype}"
+_QUANT = ("quant_kind", "quant_dtype", "quant_bits", "quant_block")
+_QUANT_SHOWN = "quant={quant_kind}/{quant_dtype}{quant_block}"
 
 #: Every kind's row (the module docstring shows the table as it reads).
 KINDS: Mapping[CollectiveKind, KindRow] = {

@@ -89,10 +89,24 @@ def _np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+def quantization_of(params: dict[str, Any]) -> pccl.Quantization | None:
+    """A phase's ``quantization`` (``None``, ``"uint4"``, ``"uint8"`` or ``"uint16"``) and
+    ``quant_block`` (``None``: one (min, max) per frame; ``k``: one per ``k`` elements)
+    parameters as a :class:`pccl.Quantization`."""
+    quant = params.get("quantization")
+    block = params.get("quant_block")
+    if quant is None:
+        if block is not None:
+            raise ValueError("quant_block needs a quantization")
+        return None
+    return pccl.Quantization(dtype=str(quant), block=None if block is None else int(block))
+
+
 class AllReducePhase(Phase):
     """In-place all-reduces each step.  Parameters: ``n`` (elements: one size or a list of
     sizes, default ``[33, EXCHANGE_MAX_BYTES // itemsize + 1]``), ``dtype`` (default ``"float32"``), ``op`` (a ReduceOp name,
-    default ``"AVG"``), ``quantization`` (``None``, ``"uint8"`` or ``"uint16"``), ``tag``
+    default ``"AVG"``), ``quantization`` (``None``, ``"uint4"``, ``"uint8"`` or ``"uint16"``) and
+    ``quant_block`` (see :func:`quantization_of`), ``tag``
     (default 0), ``concurrent`` (how many run per size; default 1), ``in_flight`` (at most this
     many of them at once, launched in tag order as PCCL's stress test does: a later tag starts
     when an earlier one finished; default ``concurrent``, all at once).
@@ -126,8 +140,7 @@ class AllReducePhase(Phase):
         if not self.sizes or min(self.sizes) < 0:
             raise ValueError("n must be a non-negative size or a non-empty list of them")
         self.op = pccl.ReduceOp[str(params.get("op", "AVG"))]
-        quant = params.get("quantization")
-        self.quantization = None if quant is None else pccl.Quantization(dtype=np.dtype(quant))
+        self.quantization = quantization_of(params)
         self.tag = int(params.get("tag", 0))
         self.concurrent = int(params.get("concurrent", 1))
         if self.concurrent < 1:

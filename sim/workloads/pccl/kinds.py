@@ -36,7 +36,7 @@ from pccl.collectives.reference import ring_reference
 
 from ...engine.runner import Checker, Simulation
 from ...engine.trace import TraceEvent
-from .collectives import _shared_input, digest
+from .collectives import _shared_input, digest, quantization_of
 from .frames import COLLECTIVE_PHASES
 from .phases import Phase, StepContext, StepScenario, register_phase
 
@@ -56,8 +56,8 @@ def _count(kind: str, n: int, peer_id: int, tag: int, k: int) -> int:
 class CollectivesPhase(Phase):
     """Concurrent collectives of mixed kinds each step (module docstring).  Parameters:
     ``kinds`` (default all four), ``concurrent`` (default 4), ``in_flight`` (default
-    ``concurrent``), ``n`` (elements, default 1000), ``quantization`` (``None``, ``"uint8"``,
-    ``"uint16"``), ``tag`` (first tag, default 100), ``dtype`` (default ``"float32"``)."""
+    ``concurrent``), ``n`` (elements, default 1000), ``quantization`` (``None``, ``"uint4"``,
+    ``"uint8"``, ``"uint16"``) and ``quant_block`` (as the all-reduce phase's), ``tag`` (first tag, default 100), ``dtype`` (default ``"float32"``)."""
 
     name = "collectives"
     messages = {
@@ -84,8 +84,7 @@ class CollectivesPhase(Phase):
             raise ValueError("concurrent and in_flight must be at least 1")
         self.n = int(params.get("n", 1000))
         self.dtype = str(params.get("dtype", "float32"))
-        quant = params.get("quantization")
-        self.quantization = None if quant is None else pccl.Quantization(dtype=np.dtype(quant))
+        self.quantization = quantization_of(params)
         self.tag = int(params.get("tag", 100))
         self._calls: dict[tuple[int, int], int] = {}
 
