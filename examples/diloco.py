@@ -177,7 +177,10 @@ class DiLoCo:
 
 
 def _quantization(args: argparse.Namespace) -> pccl.Quantization | None:
-    return None if args.quant == "none" else pccl.Quantization(pccl.QuantKind.MIN_MAX, np.dtype(args.quant.replace("u", "uint")))
+    """``--quant``/``--quant-block`` as a pccl.Quantization (None: float32 on the wire)."""
+    if args.quant == "none":
+        return None
+    return pccl.Quantization(pccl.QuantKind.MIN_MAX, args.quant.replace("u", "uint"), block=args.quant_block or None)
 
 
 def report(diloco: DiLoCo, world: int, inner_loss: float, synced: int, started: float, compute: float,
@@ -238,8 +241,10 @@ def parser(description: str | None = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--inner-steps", type=int, default=30, help="H: AdamW steps between all-reduces")
     p.add_argument("--inner-lr", type=float, default=3e-3)
     p.add_argument("--outer-lr", type=float, default=0.7)
-    p.add_argument("--quant", choices=("none", "u8", "u16"), default="none",
+    p.add_argument("--quant", choices=("none", "u4", "u8", "u16"), default="none",
                    help="MIN_MAX quantization of the pseudo-gradients on the wire")
+    p.add_argument("--quant-block", type=int, default=0, metavar="K",
+                   help="with --quant: every K values get their own min/max (0: one pair per chunk)")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)

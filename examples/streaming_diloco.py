@@ -10,8 +10,10 @@ steps: the network idles, then carries the whole model at once.  Streaming DiLoC
 al., 2025) cuts the model into ``F`` fragments (``--fragments``: consecutive parameters, about
 the same size each) and syncs fragment ``f`` every ``H`` inner steps at offset ``f*H/F``, so one
 ``F``-th of the model is on the wire every ``H/F`` inner steps.  The peak traffic is an ``F``-th,
-and low-bit quantization on the wire (``--quant``, MIN_MAX: 8 bits per value by default, a
-quarter of float32) divides it again.  Each fragment's sync:
+and low-bit quantization on the wire divides it again: by default ``--quant u4 --quant-block
+128``, MIN_MAX to 4 bits per value with one (min, max) pair per block of 128 values (an outlier
+spends the range of its block only), about an eighth of float32; the all-reduce still adds in
+float32 and ends bit-identical on every peer.  Each fragment's sync:
 
 1. Δ_f = θ̄_f - θ_f, the pseudo-gradient: the fragment's outer (shared) weights θ̄_f minus this
    peer's working weights θ_f;
@@ -172,7 +174,7 @@ def main() -> None:
     p.add_argument("--overlap", type=int, default=2, help="tau: inner steps overlapping a fragment's all-reduce")
     p.add_argument("--alpha", type=float, default=0.5,
                    help="mixing factor: working weights = alpha * working + (1 - alpha) * outer")
-    p.set_defaults(master=None, outer_steps=150, quant="u8")
+    p.set_defaults(master=None, outer_steps=150, quant="u4", quant_block=128)
     args = p.parse_args()
     args.master = args.master or os.environ.get("PCCL_MASTER") or "127.0.0.1:48148"
     if args.solo:
