@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/diloco.py churn [--outer-steps 30 --kill-every 4 --out diloco-churn.png]
     .venv/bin/python benchmarks/diloco.py bandwidth [--rate 200mbit --outer-steps 8]   # as root
-    .venv/bin/python benchmarks/diloco.py streaming [--outer-steps 20 --inner-steps 30 --fragments 3]
+    .venv/bin/python benchmarks/diloco.py streaming [--outer-steps 20 --inner-steps 30 --fragments 3]   # as root
 
 ``churn`` runs ``examples/diloco.py`` three ways on this host and plots the evaluation loss
 against the outer step (PNG, kills and joins marked):
@@ -403,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--fragments", type=int, default=3)
     st.add_argument("--overlap", type=int, default=2)
     st.add_argument("--alpha", type=float, default=0.5)
-    st.add_argument("--quant", default="u8", help="streaming's wire format (streaming_diloco.py --quant)")
-    st.add_argument("--quant-block", type=int, default=0, help="elements per min/max block (0: one per chunk)")
+    st.add_argument("--quant", default="u4", help="streaming's wire format (streaming_diloco.py --quant)")
+    st.add_argument("--quant-block", type=int, default=128, help="elements per min/max block (0: one per chunk)")
     st.add_argument("--no-link", action="store_true", help="skip the tbf-link comparison (it needs root)")
     st.add_argument("--rate", default="200mbit")
     st.add_argument("--link-outer-steps", type=int, default=8, help="plain DiLoCo's outer steps on the link")
