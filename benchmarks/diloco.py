@@ -55,7 +55,9 @@ from collections.abc import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-_STEP = re.compile(r"outer step (\d+): world (\d+), .*eval loss ([0-9.]+), .*inner steps ([0-9.]+) s")
+_STEP = re.compile(r"outer step (\d+): world (\d+), .*inner steps ([0-9.]+) s")
+#: Streaming DiLoCo evaluates once per H inner steps, not every outer step.
+_EVAL = re.compile(r"eval loss ([0-9.]+)")
 _SENT = re.compile(r"sent (\d+) B")
 
 
@@ -82,7 +84,7 @@ class _Peer:
 @dataclasses.dataclass
 class RunResult:
     label: str
-    #: outer step -> evaluation loss (every peer reports the same outer weights)
+    #: outer step -> evaluation loss (every peer reports the same outer weights), where evaluated
     eval_loss: dict[int, float]
     #: outer step -> the earliest time any peer reported it
     reported_at: dict[int, float]
@@ -103,9 +105,11 @@ def _collect(label: str, peers: list[_Peer], events: list[tuple[int, str]]) -> R
             found = _STEP.match(line)
             if found:
                 step = int(found.group(1))
-                losses.setdefault(step, float(found.group(3)))
+                evaluated = _EVAL.search(line)
+                if evaluated:
+                    losses.setdefault(step, float(evaluated.group(1)))
                 at[step] = min(at.get(step, t), t)
-                compute.setdefault(step, []).append(float(found.group(4)))
+                compute.setdefault(step, []).append(float(found.group(3)))
                 sent_bytes = _SENT.search(line)
                 if sent_bytes and int(found.group(2)) > 1:
                     sent.setdefault(step, []).append(int(sent_bytes.group(1)))

@@ -158,9 +158,13 @@ def train(args: argparse.Namespace) -> None:
             losses += sd.run_inner_steps(period - args.overlap)
             compute += time.monotonic() - resumed
             if world:
-                print(f"outer step {int(sd.step)}: world {world}, fragment {f}, inner loss {losses[-1]:.4f}, "
-                      f"eval loss {sd.eval_loss():.4f}, synced {info.rx_bytes} B, sent {sent} B, "
-                      f"inner steps {compute:.2f} s, step {time.monotonic() - started:.2f} s", flush=True)
+                step = int(sd.step)
+                # once every fragment has synced (every H inner steps, as diloco.py) and at the end
+                evaluated = step % args.fragments == 0 or step >= args.outer_steps
+                evaluation = f"eval loss {sd.eval_loss():.4f}, " if evaluated else ""
+                print(f"outer step {step}: world {world}, fragment {f}, inner loss {losses[-1]:.4f}, {evaluation}"
+                      f"synced {info.rx_bytes} B, sent {sent} B, inner steps {compute:.2f} s, "
+                      f"step {time.monotonic() - started:.2f} s", flush=True)
                 sd.save_checkpoint()
         print(f"done: step {int(sd.step)} weights {sd.digest()}", flush=True)
 
