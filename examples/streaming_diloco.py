@@ -107,7 +107,7 @@ class StreamingDiLoCo(DiLoCo):
 
 
 def split(params: list[torch.Tensor], count: int) -> list[list[int]]:
-    """Parameter indices in ``count`` runs of consecutive parameters, each about an ``count``-th
+    """Parameter indices in ``count`` runs of consecutive parameters, each about a ``count``-th
     of the elements: a new run starts where a parameter's middle crosses the next boundary (or
     when every remaining parameter is needed to fill the remaining runs)."""
     if not 1 <= count <= len(params):
