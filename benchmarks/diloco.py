@@ -364,6 +364,8 @@ def streaming(args: argparse.Namespace) -> int:
     print(f"# Streaming DiLoCo ({f} fragments, overlap {args.overlap}, alpha {args.alpha}, {wire} on the wire) vs "
           f"DiLoCo f32: {args.outer_steps} x {h} inner steps, {args.peers} peers; {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
+    if args.no_loss:
+        return _stream_link(args, stream)
     plain = run_peers("DiLoCo f32", "diloco.py", [*common, "--quant", "none"], peers=args.peers,
                       outer_steps=args.outer_steps)
     streamed = run_peers(f"streaming {wire}", "streaming_diloco.py", [*common, *stream], peers=args.peers,
@@ -376,8 +378,11 @@ def streaming(args: argparse.Namespace) -> int:
     final = streamed.eval_loss[max(streamed.eval_loss)] / plain.eval_loss[max(plain.eval_loss)]
     print(f"streaming / DiLoCo f32 final eval loss: {final:.4f}; peak bytes: "
           f"{max(streamed.sent.values()) / max(plain.sent.values()):.4f}")
-    if args.no_link:
-        return 0
+    return 0 if args.no_link else _stream_link(args, stream)
+
+
+def _stream_link(args: argparse.Namespace, stream: list[str]) -> int:
+    f, wire = args.fragments, f"{args.quant}" + (f" block {args.quant_block}" if args.quant_block else "")
     n, link = args.link_outer_steps, ["--inner-steps", str(args.link_inner_steps)]
     return _link(args, n, args.link_inner_steps,
                  [("diloco.py f32", "diloco.py", link, n, 1),
@@ -410,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--quant", default="u4", help="streaming's wire format (streaming_diloco.py --quant)")
     st.add_argument("--quant-block", type=int, default=128, help="elements per min/max block (0: one per chunk)")
     st.add_argument("--no-link", action="store_true", help="skip the tbf-link comparison (it needs root)")
+    st.add_argument("--no-loss", action="store_true", help="only the tbf-link comparison")
     st.add_argument("--rate", default="200mbit")
     st.add_argument("--link-outer-steps", type=int, default=8, help="plain DiLoCo's outer steps on the link")
     st.add_argument("--link-inner-steps", type=int, default=12, help="H on the link (a multiple of --fragments)")
