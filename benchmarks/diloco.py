@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/diloco.py churn [--outer-steps 30 --kill-every 4 --out diloco-churn.png]
     .venv/bin/python benchmarks/diloco.py bandwidth [--rate 200mbit --outer-steps 8]   # as root
+    .venv/bin/python benchmarks/diloco.py streaming [--outer-steps 20 --inner-steps 30 --fragments 3]   # as root
 
 ``churn`` runs ``examples/diloco.py`` three ways on this host and plots the evaluation loss
 against the outer step (PNG, kills and joins marked):
@@ -22,6 +23,15 @@ counted) of: compute only (each peer ``--solo``, in its namespace, at the same t
 DiLoCo (``diloco.py``: compute, then the all-reduce) and async DiLoCo (``async_diloco.py``: the
 all-reduce overlaps the next inner steps).  Needs root (``ip netns``); the namespaces are
 removed afterwards.  Traffic goes only between the namespaces this command creates.
+
+``streaming`` compares Streaming DiLoCo (``streaming_diloco.py``: ``--fragments`` F fragments,
+each all-reduced every ``--inner-steps`` H inner steps at offset f*H/F, overlapping ``--overlap``
+inner steps, low-bit on the wire: ``--quant``) with plain DiLoCo at float32 (``diloco.py --quant
+none``) at the same inner steps, ``--peers`` peers each on this host: the final evaluation loss
+of each and their ratio, and the bytes one peer's all-reduces sent per outer step (the peak:
+the largest outer step's; and per H inner steps, the average).  Then, unless ``--no-link``, the
+``bandwidth`` comparison with the same H on the tbf-shaped link between two namespaces, for sync
+DiLoCo, async DiLoCo and Streaming DiLoCo (needs root).
 
 This is a measurement tool: it uses wall-clock time, processes and signals freely.
 """
@@ -45,7 +55,10 @@ from collections.abc import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-_STEP = re.compile(r"outer step (\d+): world (\d+), .*eval loss ([0-9.]+), .*inner steps ([0-9.]+) s")
+_STEP = re.compile(r"outer step (\d+): world (\d+), .*inner steps ([0-9.]+) s")
+#: Streaming DiLoCo evaluates once per H inner steps, not every outer step.
+_EVAL = re.compile(r"eval loss ([0-9.]+)")
+_SENT = re.compile(r"sent (\d+) B")
 
 
 @dataclasses.dataclass
@@ -71,29 +84,37 @@ class _Peer:
 @dataclasses.dataclass
 class RunResult:
     label: str
-    #: outer step -> evaluation loss (every peer reports the same outer weights)
+    #: outer step -> evaluation loss (every peer reports the same outer weights), where evaluated
     eval_loss: dict[int, float]
     #: outer step -> the earliest time any peer reported it
     reported_at: dict[int, float]
     #: outer step -> inner-step seconds (median over the peers that reported it)
     compute: dict[int, float]
     events: list[tuple[int, str]]
+    #: outer step -> bytes the all-reduce sent (median over the peers that reported it)
+    sent: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 def _collect(label: str, peers: list[_Peer], events: list[tuple[int, str]]) -> RunResult:
     losses: dict[int, float] = {}
     at: dict[int, float] = {}
     compute: dict[int, list[float]] = {}
+    sent: dict[int, list[int]] = {}
     for peer in peers:
         for t, line in peer.lines:
             found = _STEP.match(line)
             if found:
                 step = int(found.group(1))
-                losses.setdefault(step, float(found.group(3)))
+                evaluated = _EVAL.search(line)
+                if evaluated:
+                    losses.setdefault(step, float(evaluated.group(1)))
                 at[step] = min(at.get(step, t), t)
-                compute.setdefault(step, []).append(float(found.group(4)))
+                compute.setdefault(step, []).append(float(found.group(3)))
+                sent_bytes = _SENT.search(line)
+                if sent_bytes and int(found.group(2)) > 1:
+                    sent.setdefault(step, []).append(int(sent_bytes.group(1)))
     return RunResult(label, dict(sorted(losses.items())), at, {k: statistics.median(v) for k, v in compute.items()},
-                     events)
+                     events, {k: statistics.median(v) for k, v in sent.items()})
 
 
 @contextlib.contextmanager
@@ -276,8 +297,18 @@ def _overhead(r: RunResult, skip: int) -> float:
 
 
 def bandwidth(args: argparse.Namespace) -> int:
-    model = ["--inner-steps", str(args.inner_steps), "--width", str(args.width), "--layers", str(args.layers),
-             "--peer-timeout", "10", "--eval-batches", "1"]
+    model = ["--inner-steps", str(args.inner_steps)]
+    return _link(args, args.outer_steps, args.inner_steps,
+                 [("diloco.py", "diloco.py", model, args.outer_steps, 1),
+                  ("async_diloco.py", "async_diloco.py", model, args.outer_steps, 1)])
+
+
+def _link(args: argparse.Namespace, outer_steps: int, inner_steps: int,
+          runs: list[tuple[str, str, list[str], int, int]]) -> int:
+    """Two peers in namespaces joined by a tbf link: compute only (``--solo``, ``outer_steps`` x
+    ``inner_steps``), then each run ``(label, script, arguments, outer steps, outer steps per
+    ``inner_steps``)``."""
+    model = ["--width", str(args.width), "--layers", str(args.layers), "--peer-timeout", "10", "--eval-batches", "1"]
     try:
         ns = _namespaces(args.rate)
         a, b = ns.__enter__()
@@ -286,34 +317,77 @@ def bandwidth(args: argparse.Namespace) -> int:
         return 2
     try:
         prefixes = [["ip", "netns", "exec", a], ["ip", "netns", "exec", b]]
-        print(f"# two peers in namespaces joined by a {args.rate} tbf link; {args.outer_steps} outer steps x "
-              f"{args.inner_steps} inner steps, width {args.width}, {args.layers} layers; "
+        print(f"# two peers in namespaces joined by a {args.rate} tbf link; {outer_steps} outer steps x "
+              f"{inner_steps} inner steps, width {args.width}, {args.layers} layers; "
               f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", flush=True)
         solos = [_start(f"solo{i}", [*prefixes[i], sys.executable, str(EXAMPLES / "diloco.py"), "--solo",
-                                     "--outer-steps", str(args.outer_steps), *model]) for i in range(2)]
+                                     "--outer-steps", str(outer_steps), "--inner-steps", str(inner_steps),
+                                     *model]) for i in range(2)]
         for s in solos:
             s.popen.wait()
         time.sleep(0.2)
         compute_only = statistics.median(_per_step(_collect(s.name, [s], []), 1) for s in solos)
-        runs = {}
-        for script in ("diloco.py", "async_diloco.py"):
-            r = run_peers(script, script, model, peers=2, outer_steps=args.outer_steps, prefixes=prefixes,
+        results = {}
+        for label, script, extra, outer_steps, per_h in runs:
+            r = run_peers(label, script, [*extra, *model], peers=2, outer_steps=outer_steps, prefixes=prefixes,
                           master_prefix=prefixes[0], host="10.213.0.1")
-            runs[script] = (_per_step(r, 2), statistics.median(r.compute.values()), _overhead(r, 2))
+            skip = 2 * per_h
+            results[label] = (_per_step(r, skip) * per_h, statistics.median(r.compute.values()) * per_h,
+                              _overhead(r, skip), max(r.sent.values(), default=0))
             steps = sorted(r.reported_at)
-            print(f"  {script}: wall s per outer step {[round(r.reported_at[b] - r.reported_at[a], 2) for a, b in zip(steps, steps[1:])]}"
+            print(f"  {label}: wall s per outer step {[round(r.reported_at[b] - r.reported_at[a], 2) for a, b in zip(steps, steps[1:])]}"
                   f"; inner steps s {[round(r.compute[k], 2) for k in steps[1:]]}", flush=True)
-        print(f"pseudo-gradients: {_model_bytes(args.width, args.layers) / 2**20:.1f} MiB float32")
-        print(f"{'run':>14} {'wall s/step':>12} {'inner s/step':>13} {'wall/inner':>11} {'wall/compute-only':>18}")
-        print(f"{'compute only':>14} {compute_only:>12.2f} {'':>13} {'':>11} {1.0:>18.3f}")
-        for script, (wall, inner, ratio) in runs.items():
-            print(f"{script.removesuffix('.py'):>14} {wall:>12.2f} {inner:>13.2f} {ratio:>11.3f} "
-                  f"{wall / compute_only:>18.3f}")
+        print(f"pseudo-gradients: {_model_bytes(args.width, args.layers) / 2**20:.1f} MiB float32; "
+              f"per H = {inner_steps} inner steps")
+        print(f"{'run':>22} {'wall s/H':>9} {'inner s/H':>10} {'wall/inner':>11} {'wall/compute-only':>18} "
+              f"{'peak sent B':>12}")
+        print(f"{'compute only':>22} {compute_only:>9.2f} {'':>10} {'':>11} {1.0:>18.3f}")
+        for label, (wall, inner, ratio, peak) in results.items():
+            print(f"{label.removesuffix('.py'):>22} {wall:>9.2f} {inner:>10.2f} {ratio:>11.3f} "
+                  f"{wall / compute_only:>18.3f} {peak:>12.0f}")
         print("wall/inner: median over outer steps of (that step's wall time) / (the same step's inner-step "
               "time), immune to the machine's load drifting during the run")
         return 0
     finally:
         ns.__exit__(None, None, None)
+
+
+def _quant_args(args: argparse.Namespace) -> list[str]:
+    return ["--quant", args.quant, *(["--quant-block", str(args.quant_block)] if args.quant_block else [])]
+
+
+def streaming(args: argparse.Namespace) -> int:
+    f, h = args.fragments, args.inner_steps
+    wire = f"{args.quant}" + (f" block {args.quant_block}" if args.quant_block else "")
+    stream = ["--fragments", str(f), "--overlap", str(args.overlap), "--alpha", str(args.alpha), *_quant_args(args)]
+    common = ["--inner-steps", str(h), "--peer-timeout", "5"]
+    print(f"# Streaming DiLoCo ({f} fragments, overlap {args.overlap}, alpha {args.alpha}, {wire} on the wire) vs "
+          f"DiLoCo f32: {args.outer_steps} x {h} inner steps, {args.peers} peers; {os.cpu_count()} CPUs, "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)
+    if args.no_loss:
+        return _stream_link(args, stream)
+    plain = run_peers("DiLoCo f32", "diloco.py", [*common, "--quant", "none"], peers=args.peers,
+                      outer_steps=args.outer_steps)
+    streamed = run_peers(f"streaming {wire}", "streaming_diloco.py", [*common, *stream], peers=args.peers,
+                         outer_steps=args.outer_steps * f)
+    print(f"{'run':>26} {'final eval loss':>16} {'peak sent B/outer step':>23} {'sent B per H inner steps':>25}")
+    for r, per_h in ((plain, 1), (streamed, f)):
+        sent = list(r.sent.values())
+        print(f"{r.label:>26} {r.eval_loss[max(r.eval_loss)]:>16.4f} {max(sent):>23.0f} "
+              f"{statistics.mean(sent) * per_h:>25.0f}")
+    final = streamed.eval_loss[max(streamed.eval_loss)] / plain.eval_loss[max(plain.eval_loss)]
+    print(f"streaming / DiLoCo f32 final eval loss: {final:.4f}; peak bytes: "
+          f"{max(streamed.sent.values()) / max(plain.sent.values()):.4f}")
+    return 0 if args.no_link else _stream_link(args, stream)
+
+
+def _stream_link(args: argparse.Namespace, stream: list[str]) -> int:
+    f, wire = args.fragments, f"{args.quant}" + (f" block {args.quant_block}" if args.quant_block else "")
+    n, link = args.link_outer_steps, ["--inner-steps", str(args.link_inner_steps)]
+    return _link(args, n, args.link_inner_steps,
+                 [("diloco.py f32", "diloco.py", link, n, 1),
+                  ("async_diloco.py f32", "async_diloco.py", link, n, 1),
+                  (f"streaming_diloco.py {wire}", "streaming_diloco.py", [*link, *stream], n * f, f)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,8 +405,24 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--inner-steps", type=int, default=10)
     b.add_argument("--width", type=int, default=256)
     b.add_argument("--layers", type=int, default=4)
+    st = sub.add_parser("streaming", help="Streaming DiLoCo (low-bit) vs DiLoCo f32: loss, bytes, and on a tbf link")
+    st.add_argument("--peers", type=int, default=3)
+    st.add_argument("--outer-steps", type=int, default=20, help="plain DiLoCo's (streaming runs F times as many)")
+    st.add_argument("--inner-steps", type=int, default=30, help="H")
+    st.add_argument("--fragments", type=int, default=3)
+    st.add_argument("--overlap", type=int, default=2)
+    st.add_argument("--alpha", type=float, default=0.5)
+    st.add_argument("--quant", default="u4", help="streaming's wire format (streaming_diloco.py --quant)")
+    st.add_argument("--quant-block", type=int, default=128, help="elements per min/max block (0: one per chunk)")
+    st.add_argument("--no-link", action="store_true", help="skip the tbf-link comparison (it needs root)")
+    st.add_argument("--no-loss", action="store_true", help="only the tbf-link comparison")
+    st.add_argument("--rate", default="200mbit")
+    st.add_argument("--link-outer-steps", type=int, default=8, help="plain DiLoCo's outer steps on the link")
+    st.add_argument("--link-inner-steps", type=int, default=12, help="H on the link (a multiple of --fragments)")
+    st.add_argument("--width", type=int, default=256, help="the model on the link (the loss runs use the default)")
+    st.add_argument("--layers", type=int, default=4)
     args = parser.parse_args(argv)
-    return churn(args) if args.command == "churn" else bandwidth(args)
+    return {"churn": churn, "bandwidth": bandwidth, "streaming": streaming}[args.command](args)
 
 
 if __name__ == "__main__":

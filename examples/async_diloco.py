@@ -75,8 +75,10 @@ def train(args: argparse.Namespace) -> None:
                     for d, s, p in zip(fresh, start, diloco.model.parameters()):
                         torch.sub(s, p, out=d)
             compute = time.monotonic() - started
+            sent = 0
             try:
-                world = pending.wait().world_size
+                reduced = pending.wait()
+                world, sent = reduced.world_size, reduced.tx_bytes
             except pccl.TooFewPeers:
                 world = 1  # the others are gone: this peer's own Δ(t-1) is the average
             except pccl.CollectiveAborted:
@@ -84,7 +86,7 @@ def train(args: argparse.Namespace) -> None:
             if world:
                 diloco.outer_step(previous)
                 diloco.state.revision += 1
-                report(diloco, world, loss, received, started, compute)
+                report(diloco, world, loss, received, started, compute, sent)
                 diloco.save_checkpoint()
                 received = 0
             previous, fresh = fresh, previous

@@ -178,14 +178,19 @@ class DiLoCo:
 
 
 def _quantization(args: argparse.Namespace) -> pccl.Quantization | None:
-    return None if args.quant == "none" else pccl.Quantization(pccl.QuantKind.MIN_MAX, np.dtype(args.quant.replace("u", "uint")))
+    """``--quant``/``--quant-block`` as a pccl.Quantization (None: float32 on the wire)."""
+    if args.quant == "none":
+        return None
+    return pccl.Quantization(pccl.QuantKind.MIN_MAX, args.quant.replace("u", "uint"), block=args.quant_block or None)
 
 
-def report(diloco: DiLoCo, world: int, inner_loss: float, synced: int, started: float, compute: float) -> None:
-    """One line per outer step: ``compute`` is the inner steps' time, the last figure the whole
-    step's (both in seconds)."""
+def report(diloco: DiLoCo, world: int, inner_loss: float, synced: int, started: float, compute: float,
+           sent: int = 0) -> None:
+    """One line per outer step: ``synced`` the bytes the state sync received, ``sent`` the bytes
+    the all-reduce sent; ``compute`` is the inner steps' time, the last figure the whole step's
+    (both in seconds)."""
     print(f"outer step {int(diloco.step)}: world {world}, inner loss {inner_loss:.4f}, "
-          f"eval loss {diloco.eval_loss():.4f}, synced {synced} B, inner steps {compute:.2f} s, "
+          f"eval loss {diloco.eval_loss():.4f}, synced {synced} B, sent {sent} B, inner steps {compute:.2f} s, "
           f"step {time.monotonic() - started:.2f} s", flush=True)
 
 
@@ -218,14 +223,14 @@ def train(args: argparse.Namespace) -> None:
             try:
                 # Retried on the survivors if a peer dies mid-op; AVG over whoever took part.
                 reduced = comm.all_reduce_many(pseudo, op=pccl.ReduceOp.AVG, quantization=_quantization(args))
-                world = reduced.world_size
+                world, sent = reduced.world_size, reduced.tx_bytes
             except pccl.TooFewPeers:
-                world = 1  # the others are gone: this peer's own pseudo-gradient is the average
+                world, sent = 1, 0  # the others are gone: this peer's own pseudo-gradient is the average
             except pccl.CollectiveAborted:
                 continue  # the master restarted, or the loops diverged: the next step's sync realigns
             diloco.outer_step(pseudo)
             diloco.state.revision += 1
-            report(diloco, world, loss, info.rx_bytes, started, compute)
+            report(diloco, world, loss, info.rx_bytes, started, compute, sent)
             diloco.save_checkpoint()
         print(f"done: step {int(diloco.step)} weights {diloco.digest()}", flush=True)
 
@@ -238,8 +243,10 @@ def parser(description: str | None = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--inner-steps", type=int, default=30, help="H: AdamW steps between all-reduces")
     p.add_argument("--inner-lr", type=float, default=3e-3)
     p.add_argument("--outer-lr", type=float, default=0.7)
-    p.add_argument("--quant", choices=("none", "u8", "u16"), default="none",
+    p.add_argument("--quant", choices=("none", "u4", "u8", "u16"), default="none",
                    help="MIN_MAX quantization of the pseudo-gradients on the wire")
+    p.add_argument("--quant-block", type=int, default=0, metavar="K",
+                   help="with --quant: every K values get their own min/max (0: one pair per chunk)")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)

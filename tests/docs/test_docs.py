@@ -50,7 +50,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 def test_the_site_builds_without_a_warning(built: pathlib.Path) -> None:
     for page in ("index", "tutorial", "concepts", "operating", "simulator", "protocol", "performance", "gpu",
-                 "changelog", "reference/pccl", "reference/blocking", "reference/commands"):
+                 "streaming", "changelog", "reference/pccl", "reference/blocking", "reference/commands"):
         assert (built / f"{page}.html").is_file(), page
 
 

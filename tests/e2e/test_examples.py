@@ -4,7 +4,9 @@ Each run SIGKILLs one process once it and the others are training (wherever in i
 lands), and checks that the survivors finish every step with bit-identical weights (each example
 prints ``done: step N weights HASH`` at the end).  The DiLoCo examples also survive their master:
 a ``pccl master`` process SIGKILLed mid-run and started again on the same port; every peer
-finishes.  Step counts are small; the examples' defaults train for real.
+finishes.  Streaming DiLoCo also takes a fresh process in the killed one's place, which must
+finish in lockstep with the same weights.  Step counts are small; the examples' defaults train
+for real.
 """
 
 from __future__ import annotations
@@ -172,3 +174,58 @@ def test_async_diloco_survives_a_master_restart() -> None:
     pytest.importorskip("torch")
     _run_with_master_restart("async_diloco.py", RESTART_STEPS, "--outer-steps", str(RESTART_STEPS), "--inner-steps", "4",
                              "--peer-timeout", "3")
+
+
+#: A small Streaming DiLoCo: 2 fragments of a one-layer model, each outer step one inner step
+#: overlapping the fragment's all-reduce.
+STREAMING = ["--inner-steps", "2", "--fragments", "2", "--overlap", "1", "--width", "32", "--layers", "1",
+             "--context", "32", "--batch", "8", "--eval-batches", "1", "--peer-timeout", "3"]
+
+
+def _eval_losses(proc: _Proc) -> list[float]:
+    return [float(x) for x in re.findall(r"eval loss ([0-9.]+)", "\n".join(proc.lines))]
+
+
+def _streaming_with_a_newcomer(steps: int, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three peers of streaming_diloco.py, one SIGKILLed at outer step 2, a fresh one started in
+    its place: the two survivors and the newcomer finish every step with the same weights, the
+    newcomer received the state and trained in lockstep, and the evaluation loss fell.
+
+    The newcomer's interpreter is started with the others and imports torch meanwhile
+    (``warm_start.py``); the kill releases it, so it joins within a few outer steps whatever the
+    machine's load, and the run can stay short."""
+    go = tmp_path / "go"
+    script = str(EXAMPLES / "streaming_diloco.py")
+    args = ["--outer-steps", str(steps), *STREAMING]
+    with master_in_thread(CONFIG) as master:
+        monkeypatch.setenv("PCCL_MASTER", master.address)  # no --master: the example reads it
+        procs = [_Proc(f"peer{i}", [sys.executable, script, *args]) for i in range(3)]
+        newcomer = _Proc("newcomer", [sys.executable, str(pathlib.Path(__file__).with_name("warm_start.py")), str(go),
+                                      script, *args])
+        everyone = [*procs, newcomer]
+        try:
+            deadline = time.monotonic() + BOUND
+            _wait_until(everyone, lambda: all(p.step >= 1 for p in procs) and max(p.step for p in procs) >= 2,
+                        deadline)
+            victim = max(procs, key=lambda p: p.step)
+            assert victim.step < steps // 2, "the run went too far before the kill: raise the step count"
+            victim.popen.send_signal(signal.SIGKILL)
+            go.touch()
+            survivors = [p for p in procs if p is not victim]
+            report = _finish([*survivors, newcomer], everyone, steps, deadline)
+            assert victim.popen.wait(10) == -signal.SIGKILL and victim.done() is None, report
+            # the newcomer received the state in its first sync and took part in the steps after it
+            first = next(line for line in newcomer.lines if line.startswith("outer step"))
+            assert int(re.search(r"synced (\d+) B", first).group(1)) > 0, report  # type: ignore[union-attr]
+            assert re.search(r"world 3,", newcomer.lines[-2]), report
+            for p in [*survivors, newcomer]:
+                losses = _eval_losses(p)
+                assert losses[-1] < losses[0], report
+        finally:
+            _kill_all(everyone)
+
+
+def test_streaming_diloco_goes_on_after_a_kill_and_takes_a_newcomer(tmp_path: pathlib.Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    _streaming_with_a_newcomer(60, tmp_path, monkeypatch)

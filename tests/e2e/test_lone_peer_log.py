@@ -20,7 +20,8 @@ LIGHT = ["examples/hello_world.py", "examples/hello_world_blocking.py", "docs/co
          "docs/code/blocking_loop.py"]
 #: Scripts that import torch (slow to start): only checked to configure logging the same way.
 HEAVY = ["examples/ddp.py", "examples/ddp_torch.py", "examples/diloco.py", "examples/async_diloco.py",
-         "examples/hybrid_diloco.py", "docs/code/diloco.py"]
+         "examples/streaming_diloco.py", "examples/hybrid_diloco.py", "docs/code/diloco.py",
+         "docs/code/streaming_diloco.py"]
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
 LOGGING_LINE = 'logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")'
 
