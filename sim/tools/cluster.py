@@ -197,6 +197,7 @@ def _stream(distributed: Any, client: Any, spec: CampaignSpec, seeds: list[int],
         for future in stream:
             outstanding.discard(future)
             chunk = future.result()
+            future.release()  # the scheduler may forget the task now
             nxt = submit()
             if nxt is not None:
                 stream.add(nxt)
