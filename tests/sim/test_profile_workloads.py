@@ -84,3 +84,18 @@ def test_a_legal_call_refused_with_invalid_usage_fails_the_run(monkeypatch: pyte
     assert "crash" in trace.failure_kinds
     assert any("InvalidUsage" in str(f) and "topology vote (rewire)" in str(f) for f in trace.failures), \
         [str(f) for f in trace.failures]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("profile", ["chaos", "phases", "stress"])
+def test_a_campaign_of_each_profile_with_its_step_bodies_passes(profile: str) -> None:
+    from pccl_sim.tools.campaign import run_campaign
+
+    results = run_campaign(CampaignSpec(profile=profile, peers=4, duration=10.0), range(20), workers=2)
+    assert not [(r.seed, r.failures) for r in results if not r.ok]
+    totals: Counter[str] = Counter()
+    for r in results:
+        totals.update(r.counters)
+    assert totals["collectives_completed"] > 1000 and totals["all_reduce_completed"] > 1000, totals
+    assert totals["collectives_aborted"] + totals["all_reduce_aborted"] > 0, totals  # faults landed inside ops
