@@ -321,7 +321,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="run the seeds on a Dask cluster instead of local worker processes: a local cluster "
                             "of N worker processes, or an existing scheduler (needs pccl-trio[cluster])")
         p.add_argument("--batch", type=int, default=None,
-                       help="with --cluster: seeds per task (default: up to 8, 8+ tasks per worker)")
+                       help="with --cluster: seeds per task (default: up to 8, 16+ tasks per worker)")
         p.add_argument("--json", metavar="FILE", help="write every seed's result and a summary to FILE (JSON)")
         p.add_argument("--save-failing", help="directory for the failing seeds' schedules")
         generation(p)

@@ -6,7 +6,7 @@ cluster — a :class:`distributed.LocalCluster` of ``N`` worker processes starte
 ``dask worker tcp://HOST:PORT --nthreads 1``) — and returns the same :class:`SeedResult` list as
 :func:`~pccl_sim.tools.campaign.run_campaign`, in seed order.
 
-* A task runs a *batch* of consecutive seeds (:func:`batch_size`: a few per task, so the
+* A task runs a *batch* of consecutive seeds (:func:`batch_size`: up to 8 per task, so the
   scheduler's round trip — milliseconds — is small against the seconds a batch takes, with
   enough tasks that every worker stays busy to the end).  At most ``window`` tasks are
   outstanding at once; the rest are submitted as earlier ones finish, so a campaign of
@@ -88,9 +88,11 @@ def parse_cluster(text: str) -> ClusterAddress:
 
 
 def batch_size(seeds: int, workers: int) -> int:
-    """Seeds per task: up to 8, but at least 8 tasks per worker while the campaign allows (the
-    last tasks of a campaign should be short, or one worker finishes long after the others)."""
-    return max(1, min(8, seeds // max(1, 8 * workers)))
+    """Seeds per task: up to 8, but at least 16 tasks per worker while the campaign allows (seeds
+    differ in cost — a step body of concurrent collectives costs tens of times a compute-only
+    one — and the last tasks of a campaign should be short, or one worker finishes long after
+    the others)."""
+    return max(1, min(8, seeds // max(1, 16 * workers)))
 
 
 _RUN_LOCK = threading.Lock()
@@ -172,7 +174,7 @@ def run_on_cluster(
 
 def _stream(distributed: Any, client: Any, spec: CampaignSpec, seeds: list[int],
             progress: Callable[[SeedResult], None] | None, batch: int | None) -> list[SeedResult]:
-    workers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
+    workers = max(1, len(client.nthreads()))  # worker processes (each runs one seed at a time)
     size = batch or batch_size(len(seeds), workers)
     batches = [seeds[i:i + size] for i in range(0, len(seeds), size)]
     window = 2 * workers

@@ -179,9 +179,9 @@ def test_cluster_option_errors(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
 
 
 def test_batches_keep_every_worker_busy_to_the_end() -> None:
-    assert batch_size(20, 2) == 1
+    assert batch_size(40, 2) == 1
     assert batch_size(2000, 2) == 8
-    assert batch_size(200, 4) == 6
+    assert batch_size(400, 4) == 6
     assert batch_size(3, 8) == 1
 
 
