@@ -100,13 +100,19 @@ _RUN_LOCK = threading.Lock()
 
 def run_batch(spec: CampaignSpec, seeds: Sequence[int]) -> list[SeedResult]:
     """The task a worker runs: ``seeds`` one after the other (never two runs at once in one
-    process).  pccl's and the simulator's log records are dropped (chaos makes pccl warn by
-    design); the worker's own logging is left alone.  Exceptions of a run escape (a simulator
-    bug)."""
-    for name in ("pccl", "pccl_sim"):
-        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    process).  pccl's and the simulator's log records are dropped meanwhile (chaos makes pccl
+    warn by design); the worker's own logging is left alone.  Exceptions of a run escape (a
+    simulator bug)."""
+    loggers = [logging.getLogger(name) for name in ("pccl", "pccl_sim")]
     with _RUN_LOCK:
-        return [run_seed(spec, seed) for seed in seeds]
+        levels = [lg.level for lg in loggers]
+        try:
+            for lg in loggers:
+                lg.setLevel(logging.CRITICAL + 1)
+            return [run_seed(spec, seed) for seed in seeds]
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
 
 
 def _distributed() -> Any:
