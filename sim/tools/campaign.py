@@ -97,6 +97,10 @@ class SeedResult:
     converged_after: float | None = None
     #: Faults of the schedule by kind (kill, partition, master_restart, ...).
     fault_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: The step body the seed ran (the scenario's ``phases`` parameter; None: it has none).
+    phases: list[Any] | None = None
+    #: Integer statistics the checkers left (``all_reduce_completed``, ``collectives_aborted``, ...).
+    counters: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def parse_phases(text: str) -> tuple[Any, ...]:
@@ -133,6 +137,7 @@ def peer_seconds(trace: Trace) -> float:
 
 
 def run_seed(spec: CampaignSpec, seed: int, options: RunOptions | None = None) -> SeedResult:
+    """Build and run ``seed`` of ``spec`` in this process (one ``trio.run``); its result."""
     scenario, schedule = spec.build(seed)
     trace = run(scenario, schedule, options=options)
     stats = trace.stats
@@ -151,6 +156,8 @@ def run_seed(spec: CampaignSpec, seed: int, options: RunOptions | None = None) -
         coverage=[list(c) for c in stats.get("coverage", [])],
         converged_after=stats.get("converged_after"),
         fault_kinds=dict(Counter(e.kind for e in schedule.events)),
+        phases=scenario.params.get("phases"),
+        counters={k: v for k, v in stats.items() if k.endswith(("_completed", "_aborted")) and isinstance(v, int)},
     )
 
 

@@ -2,7 +2,9 @@
 
     pccl-sim run --seed 7 [--peers 4 --duration 20 --quiet Q --profile chaos --master real]
     pccl-sim run --seed 7 --check-determinism      # twice; prints the first divergent event
-    pccl-sim campaign --seeds 0..99 [--workers N --save-failing DIR]
+    pccl-sim campaign --seeds 0..99 [--workers N | --cluster local:N | --cluster tcp://HOST:PORT]
+                      [--json FILE --save-failing DIR]
+    pccl-sim merge A.json B.json [--json ALL.json]  # one campaign's --json files, run in parts
     pccl-sim replay --seed 7 | FILE [--expect HASH] # prints the trace hash
     pccl-sim shrink --seed 7 [--out FILE] | FILE
     pccl-sim coverage --seeds 0..49                # where faults landed: victim x master phase x kind
@@ -25,6 +27,7 @@ import os
 import pathlib
 import re
 import sys
+import time
 from typing import Any
 
 from ..engine.runner import Scenario, run
@@ -33,7 +36,12 @@ from ..faults.generate import PROFILES
 from ..engine.schedule import Schedule
 from ..faults.shrink import NotFailing, same_failure, shrink
 from ..observe.coverage import coverage_table
-from .campaign import CampaignSpec, ProgressBar, parse_phases, parse_seeds, run_campaign, summary_table
+from .campaign import CampaignSpec, ProgressBar, SeedResult, parse_phases, parse_seeds, run_campaign, summary_table
+from .cluster import ClusterError, parse_cluster, run_on_cluster
+from .results import ResultsError, document, from_record
+from .results import load as load_results
+from .results import merge as merge_results
+from .results import write as write_results
 from .scenarios import scenario_from_json, scenario_names
 
 __all__ = ["main"]
@@ -115,16 +123,48 @@ def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
     spec = _spec(args)
     seeds = parse_seeds(args.seeds)
     bar = ProgressBar(len(seeds))
-    results = run_campaign(spec, seeds, workers=args.workers, progress=bar.update)
+    done: list[SeedResult] = []
+
+    def progress(result: SeedResult) -> None:
+        done.append(result)
+        bar.update(result)
+
+    if args.cluster:
+        ran_on = f"cluster {args.cluster}"
+    else:
+        workers = min(args.workers, len(seeds))
+        ran_on = f"{workers} local worker processes" if workers > 1 else "this process"
+    started = time.perf_counter()
+    try:
+        if args.cluster:
+            results = run_on_cluster(spec, seeds, parse_cluster(args.cluster), progress=progress, batch=args.batch,
+                                     dask_logs=logging.INFO if args.verbose else logging.ERROR)
+        else:
+            results = run_campaign(spec, seeds, workers=args.workers, progress=progress)
+    except ClusterError as exc:
+        print(f"pccl-sim {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {len(done)} of {len(seeds)} seeds finished, the others cancelled", file=sys.stderr)
+        if args.json:
+            write_results(args.json, document(spec, done, ran_on=ran_on, complete=False,
+                                              elapsed_seconds=round(time.perf_counter() - started, 3)))
+            print(f"the finished seeds' results are in {args.json}", file=sys.stderr)
+        return 130
+    elapsed = time.perf_counter() - started
     failing = [r for r in results if not r.ok]
     print(f"campaign: scenario {spec.scenario}, profile {spec.profile}, {spec.peers} peers, "
-          f"{spec.duration:g} s of faults, seeds {seeds[0]}..{seeds[-1]}")
+          f"{spec.duration:g} s of faults, seeds {seeds[0]}..{seeds[-1]}, on {ran_on}")
     print(summary_table(results))
+    print(f"  {'elapsed':<22}  {elapsed:.1f} s ({60 * len(results) / max(elapsed, 1e-9):.1f} seeds/min)")
     if coverage:
-        scenario = spec.build(seeds[0])[0]
+        phases, master_phases = _coverage_phases(spec, results)
         print()
-        print(coverage_table([c for r in results for c in r.coverage], phases=scenario.coverage_phases(),
-                             master_phases=scenario.master_coverage_phases()))
+        print(coverage_table([c for r in results for c in r.coverage], phases=phases, master_phases=master_phases))
+    if args.json:
+        write_results(args.json, document(spec, results, ran_on=ran_on, complete=True,
+                                          elapsed_seconds=round(elapsed, 3)))
+        print(f"\nresults of every seed: {args.json}")
     if failing:
         print(f"\n{len(failing)} failing seed(s):")
         for r in failing:
@@ -138,6 +178,41 @@ def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
                 spec.build(r.seed)[1].save(out / f"seed-{r.seed}.json")
             print(f"  schedules saved in {out}/")
     return 1 if failing else 0
+
+
+def _coverage_phases(spec: CampaignSpec, results: list[SeedResult]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The phases the coverage table lists: those of every step body the seeds ran (a profile
+    may draw a different one per seed), in first-seen order."""
+    first_seed: dict[str, int] = {}
+    for r in results:
+        first_seed.setdefault(json.dumps(r.phases, sort_keys=True), r.seed)
+    phases: dict[str, None] = {}
+    master: dict[str, None] = {}
+    for seed in first_seed.values():
+        scenario = spec.build(seed)[0]
+        phases.update(dict.fromkeys(scenario.coverage_phases()))
+        master.update(dict.fromkeys(scenario.master_coverage_phases()))
+    return tuple(phases), tuple(master)
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    try:
+        doc = merge_results([load_results(path) for path in args.files])
+    except (ResultsError, OSError) as exc:
+        print(f"pccl-sim merge: {exc}", file=sys.stderr)
+        return 2
+    results = [from_record(r) for r in doc["seeds"]]
+    print(f"merged {len(args.files)} files: {len(results)} seeds")
+    print(summary_table(results))
+    for record in doc["seeds"]:
+        if not record["passed"]:
+            print(f"  seed {record['seed']}: {', '.join(record['failure_kinds'])}: {record['failures'][0]}")
+            if "replay" in record:
+                print(f"    {record['replay']}")
+    if args.json:
+        write_results(args.json, doc)
+        print(f"merged results: {args.json}")
+    return 0 if doc["summary"]["failed"] == 0 else 1
 
 
 def _cmd_shrink(args: argparse.Namespace) -> int:
@@ -220,6 +295,7 @@ def _parser() -> argparse.ArgumentParser:
         "plot": "PNG timeline of a run: membership, steps and faults (needs matplotlib)",
         "campaign": "run many seeds in worker processes; failing seeds are listed with their replay command",
         "coverage": "a campaign, then which protocol phases its faults landed in",
+        "merge": "merge the --json results of one campaign run in parts (on several machines)",
     }
     for name in ("run", "replay", "shrink", "plot"):
         p = sub.add_parser(name, help=helps[name], description=helps[name])
@@ -241,21 +317,40 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--seeds", required=True, help="A..B (inclusive), or a comma list")
         p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="worker processes (default %(default)s: one per core)")
+        p.add_argument("--cluster", type=_cluster_arg, default=None, metavar="local:N | tcp://HOST:PORT",
+                       help="run the seeds on a Dask cluster instead of local worker processes: a local cluster "
+                            "of N worker processes, or an existing scheduler (needs pccl-trio[cluster])")
+        p.add_argument("--batch", type=int, default=None,
+                       help="with --cluster: seeds per task (default: up to 8, 16+ tasks per worker)")
+        p.add_argument("--json", metavar="FILE", help="write every seed's result and a summary to FILE (JSON)")
         p.add_argument("--save-failing", help="directory for the failing seeds' schedules")
         generation(p)
+    p = sub.add_parser("merge", help=helps["merge"], description=helps["merge"])
+    p.add_argument("files", nargs="+", help="results files written by campaign --json")
+    p.add_argument("--json", metavar="FILE", help="write the merged results to FILE")
     return parser
+
+
+def _cluster_arg(text: str) -> str:
+    try:
+        parse_cluster(text)
+    except ClusterError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONHASHSEED", "0")  # for child processes; runs do not depend on it
     args = _parser().parse_args(argv)
     # Chaos makes pccl log warnings by design (kicks, lost masters); show them only on request.
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL, format="%(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.CRITICAL,
+                        format="%(name)s: %(message)s")
     if args.command == "campaign":
         return _cmd_campaign(args)
     if args.command == "coverage":
         return _cmd_campaign(args, coverage=True)
-    return {"run": _cmd_run, "replay": _cmd_replay, "shrink": _cmd_shrink, "plot": _cmd_plot}[args.command](args)
+    return {"run": _cmd_run, "replay": _cmd_replay, "shrink": _cmd_shrink, "plot": _cmd_plot,
+            "merge": _cmd_merge}[args.command](args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,10 +15,16 @@ def _assert_all_pass(results: list) -> None:  # type: ignore[type-arg]
     assert not failing, failing
 
 
+#: The membership protocol alone (the profiles' own step bodies, with every collective, are
+#: test_profile_workloads.py's).
+_COMPUTE = (("phases", ("compute",)),)
+
+
 def test_bounded_campaign_of_the_real_code_passes() -> None:
     """24 seeds on 2 worker processes: PCCL-style chaos and phase-aimed faults."""
-    chaos = run_campaign(CampaignSpec(profile="chaos", peers=4, duration=10.0), range(12), workers=2)
-    phases = run_campaign(CampaignSpec(profile="phases", peers=4, duration=10.0), range(100, 112), workers=2)
+    chaos = run_campaign(CampaignSpec(profile="chaos", peers=4, duration=10.0, params=_COMPUTE), range(12), workers=2)
+    phases = run_campaign(CampaignSpec(profile="phases", peers=4, duration=10.0, params=_COMPUTE), range(100, 112),
+                          workers=2)
     results = chaos + phases
     _assert_all_pass(results)
     assert [r.seed for r in chaos] == list(range(12))  # sorted back into seed order
@@ -53,13 +59,13 @@ def test_parse_seeds() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", ["chaos", "phases", "stress", "network"])
 def test_large_campaign_ten_peers(profile: str) -> None:
-    spec = CampaignSpec(profile=profile, peers=10, duration=30.0)
+    spec = CampaignSpec(profile=profile, peers=10, duration=30.0, params=_COMPUTE)
     _assert_all_pass(run_campaign(spec, range(50), workers=2))
 
 
 @pytest.mark.slow
 def test_large_campaign_peer_groups() -> None:
-    spec = CampaignSpec(profile="chaos", peers=6, duration=20.0, params=(("groups", 2),))
+    spec = CampaignSpec(profile="chaos", peers=6, duration=20.0, params=(("groups", 2), *_COMPUTE))
     _assert_all_pass(run_campaign(spec, range(40), workers=2))
 
 

@@ -17,7 +17,9 @@ from pccl_sim.faults.shrink import same_failure, shrink
 from pccl_sim.tools.campaign import CampaignSpec, run_campaign
 from pccl_sim.tools.scenarios import scenario_from_json
 
-_BROKEN = CampaignSpec(profile="chaos", peers=3, duration=10.0, params=(("master", "no-recheck-on-disconnect"),))
+# Membership only (compute steps): the mutant breaks the membership votes.
+_BROKEN = CampaignSpec(profile="chaos", peers=3, duration=10.0,
+                       params=(("master", "no-recheck-on-disconnect"), ("phases", ("compute",))))
 
 
 def test_campaign_finds_the_broken_master_and_shrinks_it(tmp_path: pathlib.Path) -> None:
@@ -29,7 +31,7 @@ def test_campaign_finds_the_broken_master_and_shrinks_it(tmp_path: pathlib.Path)
     assert any("no-stuck-vote" in f for r in failing for f in r.failures)
 
     # The real master, same seeds: all pass (so the failures are the mutant's, not noise).
-    real = CampaignSpec(profile="chaos", peers=3, duration=10.0)
+    real = CampaignSpec(profile="chaos", peers=3, duration=10.0, params=(("phases", ("compute",)),))
     assert all(r.ok for r in run_campaign(real, [r.seed for r in failing], workers=1))
 
     victim = failing[0]

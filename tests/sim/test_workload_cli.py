@@ -32,13 +32,13 @@ def test_run_save_check_determinism_and_replay_file(tmp_path: pathlib.Path, caps
 def test_campaign_lists_failing_seeds_with_replay_commands_and_shrink_reduces_one(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    common = ["--peers", "3", "--duration", "10", "--master", "no-recheck-on-disconnect"]
+    common = ["--peers", "3", "--duration", "10", "--master", "no-recheck-on-disconnect", "--phases", "compute"]
     assert main(["campaign", "--seeds", "1..3", "--workers", "2", "--save-failing", str(tmp_path), *common]) == 1
     captured = capsys.readouterr()
     out = captured.out
     assert "3/3 seeds" in captured.err  # the progress bar
     assert "failing seed(s):" in out and "seeds / minute / core" in out
-    replay = "pccl-sim replay --seed 1 --peers 3 --duration 10 --master no-recheck-on-disconnect"
+    replay = "pccl-sim replay --seed 1 --peers 3 --duration 10 --master no-recheck-on-disconnect --phases compute"
     assert replay in out
     saved = sorted(tmp_path.glob("seed-*.json"))
     assert saved
@@ -51,7 +51,7 @@ def test_campaign_lists_failing_seeds_with_replay_commands_and_shrink_reduces_on
 
 def test_coverage_prints_the_phase_matrix(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["coverage", "--seeds", "0..1", "--workers", "1", "--peers", "4", "--duration", "8",
-                 "--profile", "phases"]) == 0
+                 "--profile", "phases", "--phases", "compute"]) == 0
     out = capsys.readouterr().out
     assert "victim phase" in out and "master phase" in out
     assert "distinct (victim phase, master phase, fault kind) cells" in out

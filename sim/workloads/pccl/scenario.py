@@ -57,6 +57,7 @@ from .frames import IDLE_MESSAGES, AllReduceParts, PcclFrames
 from .mutants import MASTER_VARIANTS, make_master_state
 from .network import KernelCost, PcclSimNetwork
 from .phases import StepContext, build_phase
+from .profiles import profile_phases
 
 __all__ = [
     "PcclScenario",
@@ -421,8 +422,13 @@ def pccl_schedule(
     ``quiet`` defaults to the scenario's liveness bound plus 20 %: the liveness verdict needs the
     whole bound.  Phase-triggered kills aim at :data:`MEMBERSHIP_MESSAGES` and at the
     control messages of the scenario's step phases (``Phase.messages``).  ``max_peers`` caps
-    spawns (default: the profile's, at least ``peers``).
+    spawns (default: the profile's, at least ``peers``).  Without ``phases``, a named profile
+    draws the seed's step body (:func:`~pccl_sim.workloads.pccl.profiles.profile_phases`).
     """
+    if "phases" not in params and isinstance(profile, str):
+        drawn = profile_phases(profile, seed)
+        if drawn is not None:
+            params["phases"] = drawn
     scenario = PcclScenario(peers=peers, **params)
     directions = dict(PEER_MESSAGE_DIRECTIONS)
     for phase in scenario.phases:
