@@ -20,15 +20,16 @@ def _assert_all_pass(results: list) -> None:  # type: ignore[type-arg]
 _COMPUTE = (("phases", ("compute",)),)
 
 
-def test_bounded_campaign_of_the_real_code_passes() -> None:
-    """24 seeds on 2 worker processes: PCCL-style chaos and phase-aimed faults."""
-    chaos = run_campaign(CampaignSpec(profile="chaos", peers=4, duration=10.0, params=_COMPUTE), range(12), workers=2)
-    phases = run_campaign(CampaignSpec(profile="phases", peers=4, duration=10.0, params=_COMPUTE), range(100, 112),
+@pytest.mark.parametrize("n", [pytest.param(4, id="8-seeds"), pytest.param(12, id="24-seeds", marks=pytest.mark.slow)])
+def test_bounded_campaign_of_the_real_code_passes(n: int) -> None:
+    """2 × n seeds on 2 worker processes: PCCL-style chaos and phase-aimed faults."""
+    chaos = run_campaign(CampaignSpec(profile="chaos", peers=4, duration=10.0, params=_COMPUTE), range(n), workers=2)
+    phases = run_campaign(CampaignSpec(profile="phases", peers=4, duration=10.0, params=_COMPUTE), range(100, 100 + n),
                           workers=2)
     results = chaos + phases
     _assert_all_pass(results)
-    assert [r.seed for r in chaos] == list(range(12))  # sorted back into seed order
-    assert sum(r.faults for r in results) > 150
+    assert [r.seed for r in chaos] == list(range(n))  # sorted back into seed order
+    assert sum(r.faults for r in results) > 150 * len(results) // 24
     assert all(r.converged_after is not None for r in results)
     # Faults reached the protocol's phases, not only idle time.
     victim_phases = {cell[0] for r in results for cell in r.coverage}
@@ -36,12 +37,16 @@ def test_bounded_campaign_of_the_real_code_passes() -> None:
     assert "seeds / minute / core" in summary_table(results)
 
 
-def test_bounded_campaign_with_every_phase_master_restarts_and_two_groups() -> None:
+# The default run keeps two of the eight seeds, chosen because their schedules hold what the
+# assertions need (205 and 206: two master restarts and three kills or power-offs each).
+@pytest.mark.parametrize("seeds", [pytest.param((205, 206), id="2-seeds"),
+                                   pytest.param(range(200, 208), id="8-seeds", marks=pytest.mark.slow)])
+def test_bounded_campaign_with_every_phase_master_restarts_and_two_groups(seeds: "range | tuple[int, ...]") -> None:
     """The issue-17 mix in small: compute, sync and all-reduce steps, two peer groups, master
     kills and restarts among the faults (the long campaign is a command in the note)."""
     spec = CampaignSpec(profile="phases", peers=5, duration=10.0,
                         params=(("phases", ("compute", "sync", "all_reduce")), ("groups", 2)))
-    results = run_campaign(spec, range(200, 208), workers=2)
+    results = run_campaign(spec, seeds, workers=2)
     _assert_all_pass(results)
     kinds = sum((Counter(r.fault_kinds) for r in results), Counter())
     assert kinds["master_restart"] >= 2 and kinds["kill"] + kinds["power_off"] >= 4, kinds
@@ -69,12 +74,16 @@ def test_large_campaign_peer_groups() -> None:
     _assert_all_pass(run_campaign(spec, range(40), workers=2))
 
 
-def test_bounded_campaign_with_optimize_topology_steps() -> None:
+# The default run keeps two of the eight seeds whose schedules aim faults at the optimise round
+# (303: ProbeEndAck, ProbeAck; 306: ProbeEnd, ProbeAck).
+@pytest.mark.parametrize("seeds", [pytest.param((303, 306), id="2-seeds"),
+                                   pytest.param(range(300, 308), id="8-seeds", marks=pytest.mark.slow)])
+def test_bounded_campaign_with_optimize_topology_steps(seeds: "range | tuple[int, ...]") -> None:
     """optimize_topology as a step phase: faults aimed at its vote, probes and install round
     (the 200-seed campaign is a command in the note)."""
     spec = CampaignSpec(profile="phases", peers=4, duration=10.0,
                         params=(("phases", ("compute", "optimize", "all_reduce")),))
-    results = run_campaign(spec, range(300, 308), workers=2)
+    results = run_campaign(spec, seeds, workers=2)
     _assert_all_pass(results)
     landed = {cell[0] for r in results for cell in r.coverage}
     assert landed & {"VoteOptimize", "ProbeRequest", "ProbeHello", "ProbeAck", "ProbeEnd", "ProbeEndAck",

@@ -99,12 +99,16 @@ def test_the_scenario_charges_kernels_unless_told_not_to() -> None:
     assert again.kernel_cost == KernelCost(rate=2e9, overhead=0.0)
 
 
-def test_kernel_time_changes_the_run_and_stays_deterministic() -> None:
+@pytest.mark.parametrize(("peers", "duration"), [
+    pytest.param(3, 6.0, id="small"),
+    pytest.param(4, 20.0, id="full", marks=pytest.mark.slow),
+])
+def test_kernel_time_changes_the_run_and_stays_deterministic(peers: int, duration: float) -> None:
     # The same seed with and without kernel time: different virtual timelines (kernels do take
     # time), each one the same on a second run.
     hashes = {}
     for rate in (None, 1e9):
-        spec = CampaignSpec(params=(("phases", ("compute", {"name": "all_reduce", "quantization": "uint8"})),
+        spec = CampaignSpec(peers=peers, duration=duration, params=(("phases", ("compute", {"name": "all_reduce", "quantization": "uint8"})),
                                     ("kernel_rate", rate)))
         first = run(*spec.build(2))
         again = run(*spec.build(2))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
+
 from pccl_sim.engine.runner import run
 from pccl_sim.tools.scenarios import scenario_from_json
 from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
@@ -83,10 +85,14 @@ def test_checker_catches_a_master_that_ignores_the_lineage_peers_hold() -> None:
         failure.message, failure
 
 
-def test_chaos_seeds_keep_shared_state_invariants() -> None:
-    # A bounded campaign in the default run (chaos profile: kills, stalls, partitions, joins,
-    # message-triggered faults that now include the sync's own messages).
-    for seed in range(6):
+@pytest.mark.parametrize("seeds", [
+    pytest.param(range(2), id="two-seeds"),
+    pytest.param(range(6), id="six-seeds", marks=pytest.mark.slow),
+])
+def test_chaos_seeds_keep_shared_state_invariants(seeds: range) -> None:
+    # A bounded campaign (chaos profile: kills, stalls, partitions, joins, message-triggered
+    # faults that now include the sync's own messages): two seeds in the default run, six slow.
+    for seed in seeds:
         scenario, schedule = pccl_schedule(seed, profile="chaos", peers=4, duration=10.0,
                                            phases=["compute", {"name": "sync", "n": 20_000}, "all_reduce"])
         trace = run(scenario, schedule)

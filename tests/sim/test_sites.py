@@ -127,19 +127,21 @@ def test_bad_site_layout_is_refused():
 SITES = {"count": 3, "uplink": 1e9 / 8, "latency": [0.015, 0.025, 0.04], "window": 4 << 20}
 
 
-def test_pccl_chaos_over_sites_passes_and_replays():
+@pytest.mark.parametrize("peers", [4, pytest.param(6, marks=pytest.mark.slow)])
+def test_pccl_chaos_over_sites_passes_and_replays(peers):
     from pccl_sim.engine.runner import run as run_scenario
     from pccl_sim.workloads.pccl.scenario import pccl_schedule
 
-    scenario, schedule = pccl_schedule(3, profile="phases", peers=6, duration=6.0,
+    scenario, schedule = pccl_schedule(3, profile="phases", peers=peers, duration=6.0,
                                        phases=["compute", "all_reduce"], sites=SITES)
     assert scenario.to_json()["sites"] == SITES
     first = run_scenario(scenario, schedule)
     assert first.ok, first.failures
-    again = run_scenario(*pccl_schedule(3, profile="phases", peers=6, duration=6.0,
+    again = run_scenario(*pccl_schedule(3, profile="phases", peers=peers, duration=6.0,
                                         phases=["compute", "all_reduce"], sites=SITES))
     assert again.hash() == first.hash()
-    flat = run_scenario(*pccl_schedule(3, profile="phases", peers=6, duration=6.0, phases=["compute", "all_reduce"]))
+    flat = run_scenario(*pccl_schedule(3, profile="phases", peers=peers, duration=6.0,
+                                       phases=["compute", "all_reduce"]))
     assert flat.hash() != first.hash()     # the layout changes the timing
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
+
 from pccl_sim.engine.runner import run
 from pccl_sim.engine.schedule import Schedule
 from pccl_sim.faults.shrink import same_failure, shrink
@@ -22,8 +24,13 @@ _BROKEN = CampaignSpec(profile="chaos", peers=3, duration=10.0,
                        params=(("master", "no-recheck-on-disconnect"), ("phases", ("compute",))))
 
 
-def test_campaign_finds_the_broken_master_and_shrinks_it(tmp_path: pathlib.Path) -> None:
-    seeds = range(6)
+@pytest.mark.parametrize("seeds", [
+    # Seed 1 fails for this mutant (no-stuck-vote; of seeds 0..5, 1 and 3 fail — verified when
+    # this was bounded): the default run keeps one failing seed, the slow one the whole campaign.
+    pytest.param((1,), id="one-seed"),
+    pytest.param(range(6), id="six-seeds", marks=pytest.mark.slow),
+])
+def test_campaign_finds_the_broken_master_and_shrinks_it(tmp_path: pathlib.Path, seeds: "range | tuple[int, ...]") -> None:
     results = run_campaign(_BROKEN, seeds, workers=1)
     failing = [r for r in results if not r.ok]
     assert failing, "the campaign did not notice a master that forgets to re-check votes"
@@ -51,8 +58,14 @@ def test_campaign_finds_the_broken_master_and_shrinks_it(tmp_path: pathlib.Path)
 
 def test_a_contained_master_bug_is_reported_as_a_crash() -> None:
     # pccl.master.server survives an exception in its machine by closing that one connection; the
-    # simulator must still classify the run as a crash rather than pass it.
-    spec = CampaignSpec(profile="none", peers=2, duration=5.0, params=(("master", "crashes-on-p2p-report"),))
+    # simulator must still classify the run as a crash rather than pass it.  The first P2PReport
+    # (t=0.04 s) crashes the handler; from then on the peers reconnect into the same contained
+    # error every ~40 ms (a logged traceback each) until the run ends.  The run used to last
+    # 5 s + the default quiet window (1.2 x the liveness bound, ~35 s virtual): ~2000 such
+    # cycles after the verdict was known.  2 s of virtual time still end it normally, with the
+    # checkers' at_end, where this verdict is given.
+    spec = CampaignSpec(profile="none", peers=2, duration=1.0, quiet=1.0,
+                        params=(("master", "crashes-on-p2p-report"),))
     scenario, schedule = spec.build(0)
     trace = run(scenario, schedule)
     assert "crash" in trace.failure_kinds, trace.failures
