@@ -225,6 +225,9 @@ def _streaming_with_a_newcomer(steps: int, tmp_path: pathlib.Path, monkeypatch: 
             _kill_all(everyone)
 
 
+# Slow: four torch processes take ~16 s on an idle 2-core box (over the default run's budget),
+# and in one full run the newcomer did not finish within 150 s (not yet understood).
+@pytest.mark.slow
 def test_streaming_diloco_goes_on_after_a_kill_and_takes_a_newcomer(tmp_path: pathlib.Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
