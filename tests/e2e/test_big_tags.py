@@ -159,20 +159,22 @@ async def test_large_and_small_ops_of_every_kind_run_concurrently() -> None:
 
 async def test_a_large_op_cancelled_while_it_waits_for_its_turn_aborts_alone() -> None:
     """40 all-reduces of 1 MiB at once; once three have finished, peer 0 cancels its call on
-    the last tag (commenced by then, so waiting for its turn behind the others).  That call
+    the last tag the master has commenced and peer 0 has not finished (waiting for its turn
+    behind the others: turns go in commence order, which need not be tag order).  That call
     raises Cancelled with its input restored, peer 1's ends CollectiveAborted, every other
     tag is reduced exactly, and no turn is lost (the others all finish)."""
-    tags, count, victim = 40, 262144, 39
+    tags, count = 40, 262144
     rng = np.random.default_rng(40)
     inputs = [[rng.integers(-1000, 1000, count).astype(np.float32) for _ in range(WORLD)] for _ in range(tags)]
     bufs = [[x.copy() for x in row] for row in inputs]
     out: list[list[Any]] = [[None] * WORLD for _ in range(tags)]
     finished = [0]
-    victim_scope = trio.CancelScope()
+    scopes = [trio.CancelScope() for _ in range(tags)]  # peer 0's calls
+    chosen: list[int] = []
     async with in_process_group(WORLD, token=TOKEN, config=CONFIG, soon=30.0) as (master, comms, _):
 
         async def one(t: int, i: int) -> None:
-            scope = victim_scope if (t, i) == (victim, 0) else trio.CancelScope()
+            scope = scopes[t] if i == 0 else trio.CancelScope()
             with scope:
                 try:
                     out[t][i] = await comms[i].all_reduce(bufs[t][i], tag=t + 1)
@@ -183,9 +185,15 @@ async def test_a_large_op_cancelled_while_it_waits_for_its_turn_aborts_alone() -
                 out[t][i] = "cancelled"
 
         async def cancel_victim() -> None:
-            while finished[0] < 3 or not any(op.tag == victim + 1 and op.seq is not None for op in master.state.ops()):
+            while True:
+                if finished[0] >= 3:
+                    waiting = [op.tag - 1 for op in master.state.ops()
+                               if op.seq is not None and 0 < op.tag <= tags and out[op.tag - 1][0] is None]
+                    if waiting:
+                        chosen.append(max(waiting))
+                        scopes[chosen[0]].cancel()
+                        return
                 await trio.sleep(0.001)
-            victim_scope.cancel()
 
         with trio.fail_after(BOUND):
             async with trio.open_nursery() as nursery:
@@ -194,6 +202,7 @@ async def test_a_large_op_cancelled_while_it_waits_for_its_turn_aborts_alone() -
                     for i in range(WORLD):
                         nursery.start_soon(one, t, i)
         assert master.statistics().kicks == 0
+    victim = chosen[0]
     assert out[victim][0] == "cancelled", out[victim]
     assert np.array_equal(bufs[victim][0], inputs[victim][0])  # restored
     assert isinstance(out[victim][1], CollectiveAborted), out[victim]
