@@ -178,10 +178,16 @@ def _stop(copies: list[_Copy], grace: float, *, own_exit: float = 0.0) -> None:
             copy.popen.wait()
 
 
-def _supervise(copies: list[_Copy]) -> int:
-    """Wait for every copy to exit (reporting each); return the run's status."""
+def _supervise(copies: list[_Copy], received: list[int]) -> int:
+    """Wait for every copy to exit (reporting each); return the run's status.  A signal the
+    handlers recorded in ``received`` is raised here, at a safe point (KeyboardInterrupt for
+    SIGINT, :class:`_Stopped` for SIGTERM), never in the middle of a ``Popen.poll()``."""
     failed: int | None = None
     while True:
+        if received:
+            if received[0] == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise _Stopped(received[0])
         running = 0
         for copy in copies:
             if copy.popen.poll() is None:
@@ -205,11 +211,17 @@ def _launch(args: argparse.Namespace, master: str) -> int:
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     lock = threading.Lock()
     copies: list[_Copy] = []
+    # While copies run, SIGINT and SIGTERM are only recorded, and acted on by _supervise: an
+    # exception raised by a handler could land inside Popen.poll() while it holds the Popen's
+    # wait lock, after which that copy never looks exited (the launcher then hung on SIGINT).
+    received: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         for i in range(args.nproc):
             cmd = [sys.executable, args.script, *args.args]
             copies.append(_Copy(i, cmd, {**env, "RANK": str(i), "LOCAL_RANK": str(i)}, lock))
-        status = _supervise(copies)
+        status = _supervise(copies, received)
     except KeyboardInterrupt:
         log.info("pccl run: interrupted; stopping %d copies", sum(c.popen.poll() is None for c in copies))
         _stop(copies, args.grace, own_exit=min(args.grace, _OWN_EXIT))
@@ -223,6 +235,8 @@ def _launch(args: argparse.Namespace, master: str) -> int:
         for copy in copies:
             for relay in copy.relays:
                 relay.join(5)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return status
 
 
