@@ -20,14 +20,13 @@ bit for bit.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import numpy as np
 
 from ._kernels import ffi, lib
 from .errors import InvalidArgument
-from .kernels import accumulator_dtype, minmax_oracle
+from .kernels import accumulator_dtype, argument_error, checked_array, minmax_oracle
 from .types import DType, ReduceOp, dtype_of
 
 __all__ = [
@@ -46,7 +45,6 @@ __all__ = [
     "unpack4",
 ]
 
-_log = logging.getLogger(__name__)
 
 #: The largest code of each width.
 QMAX = {4: 15, 8: 255, 16: 65535}
@@ -66,21 +64,6 @@ def num_blocks(count: int, block: int) -> int:
     return -(-count // block)
 
 
-def _fail(message: str) -> InvalidArgument:
-    _log.debug("kernel argument rejected: %s", message)
-    return InvalidArgument(message)
-
-
-def _array(name: str, a: Any, *, writable: bool = False) -> np.ndarray:
-    if not isinstance(a, np.ndarray):
-        raise _fail(f"{name} must be a numpy array, not {type(a).__name__}")
-    if not a.flags.c_contiguous:
-        raise _fail(f"{name} must be C-contiguous (got strides {a.strides} for shape {a.shape})")
-    if writable and not a.flags.writeable:
-        raise _fail(f"{name} is read-only but the kernel writes into it")
-    return a
-
-
 def _source_dtype(x: np.ndarray, declared: DType | None) -> DType:
     if declared is not None:
         declared = DType(declared)
@@ -91,37 +74,37 @@ def _source_dtype(x: np.ndarray, declared: DType | None) -> DType:
     except InvalidArgument:
         dt = None
     if dt not in _SOURCES or (declared is not None and dt is not declared):
-        raise _fail(f"x must be a float16/bfloat16/float32/float64 array, got dtype {x.dtype}")
+        raise argument_error(f"x must be a float16/bfloat16/float32/float64 array, got dtype {x.dtype}")
     assert dt is not None
     return dt
 
 
 def _check_bits(bits: int) -> None:
     if bits not in QMAX:
-        raise _fail(f"bits must be 4, 8 or 16, got {bits!r}")
+        raise argument_error(f"bits must be 4, 8 or 16, got {bits!r}")
 
 
 def _check_block(block: int) -> None:
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
-        raise _fail(f"block must be a positive integer, got {block!r}")
+        raise argument_error(f"block must be a positive integer, got {block!r}")
 
 
 def _codes(name: str, q: np.ndarray, count: int, bits: int, *, writable: bool) -> np.ndarray:
-    q = _array(name, q, writable=writable)
+    q = checked_array(name, q, writable=writable)
     if q.dtype != _CODE_DTYPE[bits]:
-        raise _fail(f"{bits}-bit codes are stored as {_CODE_DTYPE[bits]}, {name} has dtype {q.dtype}")
+        raise argument_error(f"{bits}-bit codes are stored as {_CODE_DTYPE[bits]}, {name} has dtype {q.dtype}")
     want = code_nbytes(count, bits) // q.itemsize
     if q.size != want:
-        raise _fail(f"{name} must hold {want} {q.dtype} for {count} elements at {bits} bits, got {q.size}")
+        raise argument_error(f"{name} must hold {want} {q.dtype} for {count} elements at {bits} bits, got {q.size}")
     return q
 
 
 def _params(name: str, a: np.ndarray, acc: DType, nb: int, *, writable: bool) -> np.ndarray:
-    a = _array(name, a, writable=writable)
+    a = checked_array(name, a, writable=writable)
     if a.dtype != acc.numpy_dtype():
-        raise _fail(f"{name} must be a {acc.name.lower()} array (the accumulator type), got dtype {a.dtype}")
+        raise argument_error(f"{name} must be a {acc.name.lower()} array (the accumulator type), got dtype {a.dtype}")
     if a.size != nb:
-        raise _fail(f"{name} must hold one value per block ({nb}), got {a.size}")
+        raise argument_error(f"{name} must hold one value per block ({nb}), got {a.size}")
     return a
 
 
@@ -129,7 +112,7 @@ def _apart(*named: tuple[str, np.ndarray]) -> None:
     for i, (na, a) in enumerate(named):
         for nb_, b in named[i + 1 :]:
             if np.shares_memory(a, b):
-                raise _fail(f"{na} and {nb_} overlap in memory; the kernel needs separate buffers")
+                raise argument_error(f"{na} and {nb_} overlap in memory; the kernel needs separate buffers")
 
 
 def _aligned(a: np.ndarray) -> np.ndarray:
@@ -144,10 +127,10 @@ def _check(rc: int, what: str, acc: DType) -> None:
     if rc == lib.PCCL_OK:
         return
     if rc == lib.PCCL_ENONFINITE:
-        raise _fail(f"{what}: the input contains NaN or Inf; min-max quantization needs finite values")
+        raise argument_error(f"{what}: the input contains NaN or Inf; min-max quantization needs finite values")
     if rc == lib.PCCL_ERANGE:
-        raise _fail(f"{what}: max - min of a block overflows {acc.name.lower()}")
-    raise _fail(f"{what}: the native kernel rejected its arguments (status {rc})")
+        raise argument_error(f"{what}: max - min of a block overflows {acc.name.lower()}")
+    raise argument_error(f"{what}: the native kernel rejected its arguments (status {rc})")
 
 
 def _write_back(outputs: list[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -165,7 +148,7 @@ def quantize_blocks(x: np.ndarray, q: np.ndarray, lo: np.ndarray, scale: np.ndar
     overflows the accumulator; the outputs are then unspecified)."""
     _check_bits(bits)
     _check_block(block)
-    x = _array("x", x)
+    x = checked_array("x", x)
     dt = _source_dtype(x, dtype)
     acc = accumulator_dtype(dt)
     n = x.size
@@ -186,9 +169,9 @@ def _dequant_args(q: np.ndarray, lo: np.ndarray, scale: np.ndarray, out_name: st
                   block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, DType]:
     _check_bits(bits)
     _check_block(block)
-    out = _array(out_name, out, writable=True)
+    out = checked_array(out_name, out, writable=True)
     if out.dtype not in (np.float32, np.float64):
-        raise _fail(f"{out_name} must be a float32 or float64 accumulator, not {out.dtype}")
+        raise argument_error(f"{out_name} must be a float32 or float64 accumulator, not {out.dtype}")
     acc = dtype_of(out.dtype)
     nb = num_blocks(out.size, block)
     q = _codes("q", q, out.size, bits, writable=False)
@@ -234,9 +217,9 @@ def dequantize_reduce_blocks_saving(acc: np.ndarray, q: np.ndarray, lo: np.ndarr
     (acc's dtype and size, overlapping none of the other arrays), in one pass."""
     op = ReduceOp(op)
     q, lo, scale, acc, adt = _dequant_args(q, lo, scale, "acc", acc, bits, block)
-    backup = _array("backup", backup, writable=True)
+    backup = checked_array("backup", backup, writable=True)
     if backup.dtype != acc.dtype or backup.size != acc.size:
-        raise _fail(f"backup ({backup.dtype}, {backup.size}) must match acc ({acc.dtype}, {acc.size})")
+        raise argument_error(f"backup ({backup.dtype}, {backup.size}) must match acc ({acc.dtype}, {acc.size})")
     _apart(("backup", backup), ("acc", acc), ("q", q), ("lo", lo), ("scale", scale))
     if acc.size == 0:
         return
@@ -250,7 +233,7 @@ def minmax_blocks(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, *, block: int, 
     """Each block's minimum and maximum (accumulator-type arrays, -0 reported as +0), in one
     pass.  Raises InvalidArgument on NaN/Inf in ``x``."""
     _check_block(block)
-    x = _array("x", x)
+    x = checked_array("x", x)
     dt = _source_dtype(x, dtype)
     acc = accumulator_dtype(dt)
     nb = num_blocks(x.size, block)

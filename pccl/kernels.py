@@ -41,6 +41,8 @@ from .types import DType, ReduceOp, dtype_of
 __all__ = [
     "QuantParams",
     "accumulator_dtype",
+    "argument_error",
+    "checked_array",
     "reduce_into",
     "reduce_to",
     "reduce_into_saving",
@@ -108,18 +110,20 @@ def accumulator_dtype(dtype: DType) -> DType:
 # --- argument checking ------------------------------------------------------------------------
 
 
-def _fail(message: str) -> InvalidArgument:
+def argument_error(message: str) -> InvalidArgument:
+    """The error for a bad kernel argument (logged at debug level): :mod:`pccl.blockquant`'s too."""
     _log.debug("kernel argument rejected: %s", message)
     return InvalidArgument(message)
 
 
-def _array(name: str, a: Any, *, writable: bool = False) -> np.ndarray:
+def checked_array(name: str, a: Any, *, writable: bool = False) -> np.ndarray:
+    """``a`` if it is a C-contiguous numpy array (writable when asked), else :class:`InvalidArgument`."""
     if not isinstance(a, np.ndarray):
-        raise _fail(f"{name} must be a numpy array, not {type(a).__name__}")
+        raise argument_error(f"{name} must be a numpy array, not {type(a).__name__}")
     if not a.flags.c_contiguous:
-        raise _fail(f"{name} must be C-contiguous (got strides {a.strides} for shape {a.shape})")
+        raise argument_error(f"{name} must be C-contiguous (got strides {a.strides} for shape {a.shape})")
     if writable and not a.flags.writeable:
-        raise _fail(f"{name} is read-only but the kernel writes into it")
+        raise argument_error(f"{name} is read-only but the kernel writes into it")
     return a
 
 
@@ -140,18 +144,18 @@ def _dtype(name: str, a: np.ndarray, declared: DType | int | None = None) -> DTy
         actual = None
     if actual is declared or (declared in _HALF and actual is DType.UINT16):
         return declared
-    raise _fail(f"{name} has dtype {a.dtype}, which cannot hold {declared.name.lower()}")
+    raise argument_error(f"{name} has dtype {a.dtype}, which cannot hold {declared.name.lower()}")
 
 
 def _same_size(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
     if a.size != b.size:
-        raise _fail(f"{name_a} has {a.size} elements but {name_b} has {b.size}")
+        raise argument_error(f"{name_a} has {a.size} elements but {name_b} has {b.size}")
 
 
 def _no_overlap(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
     # Exact test (not just bounds); cheap for contiguous arrays.
     if np.shares_memory(a, b):
-        raise _fail(f"{name_a} and {name_b} overlap in memory; the kernel needs separate buffers")
+        raise argument_error(f"{name_a} and {name_b} overlap in memory; the kernel needs separate buffers")
 
 
 _CHAR_ARRAY = ffi.typeof("char[]")
@@ -172,12 +176,12 @@ def _check(rc: int, what: str, acc: DType | None = None) -> None:
     if rc == lib.PCCL_OK:
         return
     if rc == lib.PCCL_ENONFINITE:
-        raise _fail(f"{what}: the input contains NaN or Inf; min-max quantization needs finite values")
+        raise argument_error(f"{what}: the input contains NaN or Inf; min-max quantization needs finite values")
     if rc == lib.PCCL_ERANGE:
         acc_name = acc.name.lower() if acc is not None else "the accumulator type"
-        raise _fail(f"{what}: max - min of the input overflows {acc_name}")
+        raise argument_error(f"{what}: max - min of the input overflows {acc_name}")
     # The wrappers validate everything the C code checks, so this is a wrapper bug.
-    raise _fail(f"{what}: the native kernel rejected its arguments (status {rc})")
+    raise argument_error(f"{what}: the native kernel rejected its arguments (status {rc})")
 
 
 def _op(op: ReduceOp | int) -> ReduceOp:
@@ -186,7 +190,7 @@ def _op(op: ReduceOp | int) -> ReduceOp:
     try:
         return ReduceOp(op)
     except ValueError as exc:
-        raise _fail(f"unknown reduce op {op!r}") from exc
+        raise argument_error(f"unknown reduce op {op!r}") from exc
 
 
 # --- wrappers -----------------------------------------------------------------------------------
@@ -204,17 +208,17 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp | int = ReduceOp.
     accumulates like SUM; finish with :func:`avg_finalize`.  Raises InvalidArgument.
     """
     op = _op(op)
-    dst = _array("dst", dst, writable=True)
-    src = _array("src", src)
+    dst = checked_array("dst", dst, writable=True)
+    src = checked_array("src", src)
     dt_dst = _dtype("dst", dst)
     dt_src = _dtype("src", src, src_dtype)
     _same_size("dst", dst, "src", src)
     _no_overlap("dst", dst, "src", src)
     if dt_src in _HALF:
         if dt_dst is not DType.FLOAT32:
-            raise _fail(f"{dt_src.name.lower()} src must be accumulated into a float32 dst, not {dst.dtype}")
+            raise argument_error(f"{dt_src.name.lower()} src must be accumulated into a float32 dst, not {dst.dtype}")
     elif dt_src is not dt_dst:
-        raise _fail(f"dst has dtype {dst.dtype} but src has {src.dtype}; they must match")
+        raise argument_error(f"dst has dtype {dst.dtype} but src has {src.dtype}; they must match")
     if dst.size == 0:
         return
     d, s = _aligned(dst), _aligned(src)
@@ -236,17 +240,17 @@ def reduce_to(dst: np.ndarray, a: np.ndarray, b: np.ndarray, op: ReduceOp | int 
     a thread with flush-to-zero on).  Raises InvalidArgument.
     """
     op = _op(op)
-    dst = _array("dst", dst, writable=True)
-    a = _array("a", a)
-    b = _array("b", b)
+    dst = checked_array("dst", dst, writable=True)
+    a = checked_array("a", a)
+    b = checked_array("b", b)
     dt = _dtype("dst", dst)
     for name, x in (("a", a), ("b", b)):
         if _dtype(name, x) is not dt:
-            raise _fail(f"dst has dtype {dst.dtype} but {name} has {x.dtype}; they must match")
+            raise argument_error(f"dst has dtype {dst.dtype} but {name} has {x.dtype}; they must match")
         _same_size("dst", dst, name, x)
         _no_overlap("dst", dst, name, x)
     if dt in _HALF:
-        raise _fail(f"reduce_to does not take {dt.name.lower()}: widen to float32 first")
+        raise argument_error(f"reduce_to does not take {dt.name.lower()}: widen to float32 first")
     if dst.size == 0:
         return
     d, x, y = _aligned(dst), _aligned(a), _aligned(b)
@@ -258,9 +262,9 @@ def reduce_to(dst: np.ndarray, a: np.ndarray, b: np.ndarray, op: ReduceOp | int 
 def _backup_for(backup: Any, name: str, dst: np.ndarray, dt: DType, *inputs: tuple[str, np.ndarray]) -> np.ndarray:
     """Check the ``backup`` array of a saving kernel: writable, ``name``'s dtype and size, and
     apart from every other array of the call."""
-    backup = _array("backup", backup, writable=True)
+    backup = checked_array("backup", backup, writable=True)
     if _dtype("backup", backup) is not dt:
-        raise _fail(f"backup has dtype {backup.dtype} but {name} has {dst.dtype}; they must match")
+        raise argument_error(f"backup has dtype {backup.dtype} but {name} has {dst.dtype}; they must match")
     _same_size("backup", backup, name, dst)
     _no_overlap("backup", backup, name, dst)
     for other_name, other in inputs:
@@ -279,14 +283,14 @@ def reduce_into_saving(dst: np.ndarray, src: np.ndarray, backup: np.ndarray,
     variant) and element count, and must not overlap.  Raises InvalidArgument.
     """
     op = _op(op)
-    dst = _array("dst", dst, writable=True)
-    src = _array("src", src)
+    dst = checked_array("dst", dst, writable=True)
+    src = checked_array("src", src)
     dt_dst = _dtype("dst", dst)
     dt_src = _dtype("src", src)
     if dt_src is not dt_dst:
-        raise _fail(f"dst has dtype {dst.dtype} but src has {src.dtype}; they must match")
+        raise argument_error(f"dst has dtype {dst.dtype} but src has {src.dtype}; they must match")
     if dt_dst in _HALF:
-        raise _fail(f"reduce_into_saving works on float32/float64/integer arrays, not {dst.dtype}")
+        raise argument_error(f"reduce_into_saving works on float32/float64/integer arrays, not {dst.dtype}")
     _same_size("dst", dst, "src", src)
     _no_overlap("dst", dst, "src", src)
     backup = _backup_for(backup, "dst", dst, dt_dst, ("src", src))
@@ -305,7 +309,7 @@ def save_copy(backup: np.ndarray, src: np.ndarray) -> None:
     is written once and read back only on abort (the in-place all-reduce's backup), so it
     neither evicts useful cache lines nor reads the destination's lines first.  Any alignment
     (it copies bytes).  Raises InvalidArgument."""
-    src = _array("src", src)
+    src = checked_array("src", src)
     dt = _dtype("src", src)
     backup = _backup_for(backup, "src", src, dt)
     if src.size == 0:
@@ -317,12 +321,12 @@ def avg_finalize(dst: np.ndarray, count: int) -> None:
     """``dst /= count`` in place: IEEE division for floats, FLOOR division for integers
     (numpy's ``//``: -7 // 2 == -4).  float16/bfloat16 results are finalised in their float32
     accumulator before :func:`narrow`.  ``count`` must be in [1, 2**63)."""
-    dst = _array("dst", dst, writable=True)
+    dst = checked_array("dst", dst, writable=True)
     dt = _dtype("dst", dst)
     if dt in _HALF:
-        raise _fail(f"AVG of {dt.name.lower()} is finalised in the float32 accumulator")
+        raise argument_error(f"AVG of {dt.name.lower()} is finalised in the float32 accumulator")
     if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or not 1 <= count < 2**63:
-        raise _fail(f"AVG count must be an integer in [1, 2**63), got {count!r}")
+        raise argument_error(f"AVG count must be an integer in [1, 2**63), got {count!r}")
     if dst.size == 0:
         return
     d = _aligned(dst)
@@ -333,13 +337,13 @@ def avg_finalize(dst: np.ndarray, count: int) -> None:
 
 def widen(dst: np.ndarray, src: np.ndarray, *, src_dtype: DType | None = None) -> None:
     """``dst[:] = src`` converting float16/bfloat16 to float32 (exact)."""
-    dst = _array("dst", dst, writable=True)
-    src = _array("src", src)
+    dst = checked_array("dst", dst, writable=True)
+    src = checked_array("src", src)
     if _dtype("dst", dst) is not DType.FLOAT32:
-        raise _fail(f"widen writes float32, dst has dtype {dst.dtype}")
+        raise argument_error(f"widen writes float32, dst has dtype {dst.dtype}")
     dt_src = _dtype("src", src, src_dtype)
     if dt_src not in _HALF:
-        raise _fail(f"widen reads float16 or bfloat16, src has dtype {src.dtype}")
+        raise argument_error(f"widen reads float16 or bfloat16, src has dtype {src.dtype}")
     _same_size("dst", dst, "src", src)
     _no_overlap("dst", dst, "src", src)
     if dst.size == 0:
@@ -353,13 +357,13 @@ def widen(dst: np.ndarray, src: np.ndarray, *, src_dtype: DType | None = None) -
 def narrow(dst: np.ndarray, src: np.ndarray, *, dst_dtype: DType | None = None) -> None:
     """``dst[:] = src`` rounding float32 to float16/bfloat16, round-to-nearest-even (overflow
     gives Inf, NaN stays NaN).  ``dst_dtype`` declares a raw uint16 destination."""
-    dst = _array("dst", dst, writable=True)
-    src = _array("src", src)
+    dst = checked_array("dst", dst, writable=True)
+    src = checked_array("src", src)
     dt_dst = _dtype("dst", dst, dst_dtype)
     if dt_dst not in _HALF:
-        raise _fail(f"narrow writes float16 or bfloat16, dst has dtype {dst.dtype}")
+        raise argument_error(f"narrow writes float16 or bfloat16, dst has dtype {dst.dtype}")
     if _dtype("src", src) is not DType.FLOAT32:
-        raise _fail(f"narrow reads float32, src has dtype {src.dtype}")
+        raise argument_error(f"narrow reads float32, src has dtype {src.dtype}")
     _same_size("dst", dst, "src", src)
     _no_overlap("dst", dst, "src", src)
     if dst.size == 0:
@@ -374,10 +378,10 @@ def minmax(x: np.ndarray, *, dtype: DType | None = None) -> tuple[float, float]:
     """``(min(x), max(x))`` of a float16/bfloat16/float32/float64 array in one pass; a -0
     extreme is reported as +0; an empty array gives ``(0.0, 0.0)``.  Raises InvalidArgument
     if ``x`` contains NaN or Inf."""
-    x = _array("x", x)
+    x = checked_array("x", x)
     dt = _dtype("x", x, dtype)
     if dt not in _QUANT_SOURCES:
-        raise _fail(f"minmax scans float arrays, x has dtype {x.dtype}")
+        raise argument_error(f"minmax scans float arrays, x has dtype {x.dtype}")
     if x.size == 0:
         return 0.0, 0.0
     lo = ffi.new("double *")
@@ -394,14 +398,14 @@ def quantize(x: np.ndarray, q: np.ndarray, *, dtype: DType | None = None) -> Qua
     even); a constant chunk gets scale 0 and dequantizes exactly.  Raises InvalidArgument on
     NaN/Inf in ``x`` or when max - min overflows the accumulator type; ``q`` is then unspecified.
     """
-    x = _array("x", x)
-    q = _array("q", q, writable=True)
+    x = checked_array("x", x)
+    q = checked_array("q", q, writable=True)
     dt = _dtype("x", x, dtype)
     if dt not in _QUANT_SOURCES:
-        raise _fail(f"quantize reads float arrays, x has dtype {x.dtype}")
+        raise argument_error(f"quantize reads float arrays, x has dtype {x.dtype}")
     qdt = _dtype("q", q)
     if qdt not in _QUANT_TARGETS:
-        raise _fail(f"quantize writes uint8 or uint16, q has dtype {q.dtype}")
+        raise argument_error(f"quantize writes uint8 or uint16, q has dtype {q.dtype}")
     _same_size("x", x, "q", q)
     _no_overlap("x", x, "q", q)
     if x.size == 0:
@@ -419,10 +423,10 @@ def quantize(x: np.ndarray, q: np.ndarray, *, dtype: DType | None = None) -> Qua
 def _quant_pair(q: np.ndarray, out_name: str, out: np.ndarray) -> tuple[DType, DType]:
     qdt = _dtype("q", q)
     if qdt not in _QUANT_TARGETS:
-        raise _fail(f"quantized input must be uint8 or uint16, q has dtype {q.dtype}")
+        raise argument_error(f"quantized input must be uint8 or uint16, q has dtype {q.dtype}")
     odt = _dtype(out_name, out)
     if odt not in _ACCUMULATORS:
-        raise _fail(f"{out_name} must be a float32 or float64 accumulator, not {out.dtype}")
+        raise argument_error(f"{out_name} must be a float32 or float64 accumulator, not {out.dtype}")
     _same_size(out_name, out, "q", q)
     _no_overlap(out_name, out, "q", q)
     return qdt, odt
@@ -430,8 +434,8 @@ def _quant_pair(q: np.ndarray, out_name: str, out: np.ndarray) -> tuple[DType, D
 
 def dequantize(q: np.ndarray, params: QuantParams, out: np.ndarray) -> None:
     """``out[:] = lo + q * scale`` computed in out's type (float32 or float64)."""
-    q = _array("q", q)
-    out = _array("out", out, writable=True)
+    q = checked_array("q", q)
+    out = checked_array("out", out, writable=True)
     qdt, odt = _quant_pair(q, "out", out)
     if out.size == 0:
         return
@@ -447,8 +451,8 @@ def dequantize_reduce(acc: np.ndarray, q: np.ndarray, params: QuantParams,
     """``acc op= (lo + q * scale)`` in one pass, bit-identical to :func:`dequantize` into a
     temporary followed by :func:`reduce_into`.  ``acc`` is float32 or float64."""
     op = _op(op)
-    acc = _array("acc", acc, writable=True)
-    q = _array("q", q)
+    acc = checked_array("acc", acc, writable=True)
+    q = checked_array("q", q)
     qdt, adt = _quant_pair(q, "acc", acc)
     if acc.size == 0:
         return
@@ -465,8 +469,8 @@ def dequantize_reduce_saving(acc: np.ndarray, q: np.ndarray, params: QuantParams
     (bit-identical result) that first saves acc's previous values into ``backup`` (acc's dtype
     and size, overlapping neither ``acc`` nor ``q``)."""
     op = _op(op)
-    acc = _array("acc", acc, writable=True)
-    q = _array("q", q)
+    acc = checked_array("acc", acc, writable=True)
+    q = checked_array("q", q)
     qdt, adt = _quant_pair(q, "acc", acc)
     backup = _backup_for(backup, "acc", acc, adt, ("q", q))
     if acc.size == 0:
