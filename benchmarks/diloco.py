@@ -53,6 +53,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from netns_link import tbf_namespaces
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 _STEP = re.compile(r"outer step (\d+): world (\d+), .*inner steps ([0-9.]+) s")
@@ -246,30 +248,6 @@ def churn(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _namespaces(rate: str) -> Iterator[tuple[str, str]]:
-    """Two namespaces joined by a veth pair, both ends shaped by tbf; yields their addresses."""
-    tag = f"pccl{os.getpid()}"
-    a, b = f"{tag}a", f"{tag}b"
-    commands = [
-        f"ip netns add {a}", f"ip netns add {b}",
-        f"ip link add {tag}va type veth peer name {tag}vb",
-        f"ip link set {tag}va netns {a}", f"ip link set {tag}vb netns {b}",
-        f"ip -n {a} addr add 10.213.0.1/24 dev {tag}va", f"ip -n {b} addr add 10.213.0.2/24 dev {tag}vb",
-        f"ip -n {a} link set {tag}va up", f"ip -n {b} link set {tag}vb up",
-        f"ip -n {a} link set lo up", f"ip -n {b} link set lo up",
-        f"ip netns exec {a} tc qdisc add dev {tag}va root tbf rate {rate} burst 256kb latency 100ms",
-        f"ip netns exec {b} tc qdisc add dev {tag}vb root tbf rate {rate} burst 256kb latency 100ms",
-    ]
-    try:
-        for command in commands:
-            subprocess.run(command.split(), check=True, capture_output=True, text=True)
-        yield a, b
-    finally:
-        for ns in (a, b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
 def _per_step(r: RunResult, skip: int) -> float:
     """Median wall seconds between consecutive outer-step reports, past the first ``skip`` and
     before the last (async DiLoCo's last step only drains the all-reduce in flight)."""
@@ -310,7 +288,7 @@ def _link(args: argparse.Namespace, outer_steps: int, inner_steps: int,
     ``inner_steps``)``."""
     model = ["--width", str(args.width), "--layers", str(args.layers), "--peer-timeout", "10", "--eval-batches", "1"]
     try:
-        ns = _namespaces(args.rate)
+        ns = tbf_namespaces(args.rate, prefix="pccl", subnet="10.213.0")
         a, b = ns.__enter__()
     except subprocess.CalledProcessError as exc:
         print(f"cannot set up the namespaces ({exc.cmd}: {exc.stderr.strip()}); needs root", file=sys.stderr)

@@ -15,7 +15,6 @@ mode and the speed-up.  The namespaces are removed on exit.  Needs root (``ip ne
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -23,35 +22,12 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import numpy as np
 
+from netns_link import tbf_namespaces
+
 SUBNET = "10.214.0"  # not benchmarks/diloco.py's, so both can run at once
-
-
-@contextlib.contextmanager
-def _namespaces(rate: str) -> Iterator[tuple[str, str]]:
-    """Two namespaces joined by a veth pair, both ends shaped by tbf; yields their names."""
-    tag = f"pq{os.getpid()}"
-    a, b = f"{tag}a", f"{tag}b"
-    commands = [
-        f"ip netns add {a}", f"ip netns add {b}",
-        f"ip link add {tag}va type veth peer name {tag}vb",
-        f"ip link set {tag}va netns {a}", f"ip link set {tag}vb netns {b}",
-        f"ip -n {a} addr add {SUBNET}.1/24 dev {tag}va", f"ip -n {b} addr add {SUBNET}.2/24 dev {tag}vb",
-        f"ip -n {a} link set {tag}va up", f"ip -n {b} link set {tag}vb up",
-        f"ip -n {a} link set lo up", f"ip -n {b} link set lo up",
-        f"ip netns exec {a} tc qdisc add dev {tag}va root tbf rate {rate} burst 256kb latency 100ms",
-        f"ip netns exec {b} tc qdisc add dev {tag}vb root tbf rate {rate} burst 256kb latency 100ms",
-    ]
-    try:
-        for command in commands:
-            subprocess.run(command.split(), check=True, capture_output=True, text=True)
-        yield a, b
-    finally:
-        for ns in (a, b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 async def _peer(args: argparse.Namespace) -> None:
@@ -83,7 +59,7 @@ def _run(args: argparse.Namespace) -> int:
     from pccl.tools.bench import free_port
 
     try:
-        ns = _namespaces(args.rate)
+        ns = tbf_namespaces(args.rate, prefix="pq", subnet=SUBNET)
         a, b = ns.__enter__()
     except subprocess.CalledProcessError as exc:
         print(f"cannot set up the namespaces ({exc.cmd}: {exc.stderr.strip()}); needs root", file=sys.stderr)
