@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import trio
 
@@ -69,3 +70,21 @@ async def in_process_group(
             yield master, comms, networks
             for scope in scopes:
                 scope.cancel()
+
+
+async def each(comms: Sequence[Any], call: Any, *, within: float = 30.0) -> list[Any]:
+    """``call(i, comm)`` on every communicator at once (failing after ``within`` seconds); each
+    one's result or pccl error, in order."""
+    out: list[Any] = [None] * len(comms)
+
+    async def one(i: int) -> None:
+        try:
+            out[i] = await call(i, comms[i])
+        except pccl.PCCLError as exc:
+            out[i] = exc
+
+    with trio.fail_after(within):
+        async with trio.open_nursery() as nursery:
+            for i in range(len(comms)):
+                nursery.start_soon(one, i)
+    return out

@@ -13,7 +13,7 @@ import trio
 
 import pccl
 from pccl import CollectiveAborted, Config, InvalidArgument, InvalidUsage, Quantization, ReduceOp, TooFewPeers
-from inproc_group import in_process_group
+from inproc_group import each, in_process_group
 
 TOKEN = "kinds-inproc"
 CFG = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
@@ -24,22 +24,6 @@ SOON = 30.0
 def _group(world: int) -> Any:
     return in_process_group(world, token=TOKEN, config=CFG, soon=SOON)
 
-
-async def _each(comms: list[pccl.Communicator], call: Any) -> list[Any]:
-    """``call(i, comm)`` on every communicator at once; each one's result or pccl error."""
-    out: list[Any] = [None] * len(comms)
-
-    async def one(i: int) -> None:
-        try:
-            out[i] = await call(i, comms[i])
-        except pccl.PCCLError as exc:
-            out[i] = exc
-
-    with trio.fail_after(SOON):
-        async with trio.open_nursery() as nursery:
-            for i in range(len(comms)):
-                nursery.start_soon(one, i)
-    return out
 
 
 async def test_bad_arguments_are_refused_before_the_vote_and_alone_is_too_few_peers() -> None:
@@ -93,7 +77,7 @@ async def test_disagreement_on_a_tag_is_invalid_usage_on_every_peer_naming_both_
             return await comm.broadcast(x, root=root, tag=5)
 
         before = [np.arange(10, dtype=np.float32)]
-        outcome = await _each(comms, call)
+        outcome = await each(comms, call)
         assert all(isinstance(o, InvalidUsage) for o in outcome), outcome
         text = str(outcome[0])
         assert f"peer {ids[0]:x}" in text and f"peer {ids[1]:x}" in text, text
@@ -108,7 +92,7 @@ async def test_disagreement_on_a_tag_is_invalid_usage_on_every_peer_naming_both_
             assert text.count("block=") == 1, text  # one side names a block, the other none
         assert before  # the tag is free again: the same call, agreed, runs
         x = np.arange(4, dtype=np.float32) * (1 + np.arange(2)[:, None])
-        got = await _each(comms, lambda i, c: c.all_gather(x[i], tag=5))
+        got = await each(comms, lambda i, c: c.all_gather(x[i], tag=5))
         assert all(isinstance(g, pccl.Gathered) for g in got), got
 
 
@@ -116,11 +100,11 @@ async def test_a_root_that_is_not_a_member_ends_the_broadcast_on_every_peer_nami
     async with _group(2) as (master, comms, _):
         stranger = max(c.peer_id for c in comms) + 12345
         bufs = [np.full(8, float(i), np.float32) for i in range(2)]
-        outcome = await _each(comms, lambda i, c: c.broadcast(bufs[i], root=stranger, tag=3))
+        outcome = await each(comms, lambda i, c: c.broadcast(bufs[i], root=stranger, tag=3))
         assert all(isinstance(o, CollectiveAborted) and f"root {stranger:x}" in str(o) for o in outcome), outcome
         assert all(np.all(bufs[i] == i) for i in range(2)), "nothing was written"
         root = comms[1].peer_id
-        infos = await _each(comms, lambda i, c: c.broadcast(bufs[i], root=root, tag=3))
+        infos = await each(comms, lambda i, c: c.broadcast(bufs[i], root=root, tag=3))
         assert all(isinstance(info, pccl.CollectiveInfo) and info.peers == tuple(comms[0].ring) for info in infos)
         assert all(np.all(b == 1.0) for b in bufs)
 
@@ -147,7 +131,7 @@ async def test_cancelling_a_reduce_scatter_mid_ring_restores_the_input_everywher
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cancel_mid_ring)
-            outcome = await _each(comms, call)
+            outcome = await each(comms, call)
             nursery.cancel_scope.cancel()
         assert outcome[0] == "cancelled" or isinstance(outcome[0], pccl.Shard), outcome
         if outcome[0] == "cancelled":
@@ -155,7 +139,7 @@ async def test_cancelling_a_reduce_scatter_mid_ring_restores_the_input_everywher
             assert all(np.array_equal(b, x) for b, x in zip(bufs, inputs)), "every x holds its input again"
         # The tag is free and the group goes on (re-wired after the abort).
         bufs = [x.copy() for x in inputs]
-        shards = await _each(comms, lambda i, c: c.reduce_scatter(bufs[i], tag=9))
+        shards = await each(comms, lambda i, c: c.reduce_scatter(bufs[i], tag=9))
         exact = np.sum(np.stack([x.astype(np.float64) for x in inputs]), axis=0)
         for b, s in zip(bufs, shards):
             assert isinstance(s, pccl.Shard), shards
@@ -166,7 +150,7 @@ async def test_torch_tensors_go_in_and_come_out_as_torch_tensors() -> None:
     torch = pytest.importorskip("torch")
     async with _group(2) as (master, comms, _):
         xs = [torch.arange(3 + i, dtype=torch.bfloat16) + 10 * i for i in range(2)]
-        got = await _each(comms, lambda i, c: c.all_gather(xs[i]))
+        got = await each(comms, lambda i, c: c.all_gather(xs[i]))
         assert all(isinstance(g, pccl.Gathered) for g in got), got  # (an error, shown as it is)
         order = [next(i for i, c in enumerate(comms) if c.peer_id == pid) for pid in got[0].peers]
         for g in got:
@@ -174,7 +158,7 @@ async def test_torch_tensors_go_in_and_come_out_as_torch_tensors() -> None:
             assert all(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in g.arrays)
             assert all(torch.equal(a, xs[j]) for a, j in zip(g.arrays, order))
         ys = [torch.full((5,), float(i + 1)) for i in range(2)]
-        shards = await _each(comms, lambda i, c: c.reduce_scatter(ys[i], op=ReduceOp.AVG))
+        shards = await each(comms, lambda i, c: c.reduce_scatter(ys[i], op=ReduceOp.AVG))
         for y, s in zip(ys, shards):
             assert torch.all(y[s.start:s.stop] == 1.5)
 

@@ -14,7 +14,7 @@ import trio
 
 import pccl
 from pccl import Config, InvalidUsage, Quantization, ReduceOp
-from inproc_group import in_process_group
+from inproc_group import each, in_process_group
 
 TOKEN = "quant4-inproc"
 CFG = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
@@ -22,21 +22,6 @@ CFG = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_
 SOON = 30.0
 Q4 = Quantization(dtype="uint4", block=128)
 
-
-async def _each(comms: list[pccl.Communicator], call: Any) -> list[Any]:
-    out: list[Any] = [None] * len(comms)
-
-    async def one(i: int) -> None:
-        try:
-            out[i] = await call(i, comms[i])
-        except pccl.PCCLError as exc:
-            out[i] = exc
-
-    with trio.fail_after(SOON):
-        async with trio.open_nursery() as nursery:
-            for i in range(len(comms)):
-                nursery.start_soon(one, i)
-    return out
 
 
 def _bits(a: np.ndarray) -> bytes:
@@ -55,7 +40,7 @@ async def test_every_collective_is_bit_identical_at_four_bits(world: int) -> Non
         for dtype in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
             for quant in (Q4, Quantization(dtype="uint4"), Quantization(dtype=np.uint16, block=257)):
                 xs = _inputs(world, 10_001, dtype, seed=world)  # odd: a frame ends mid-byte
-                got = await _each(comms, lambda i, c: c.all_reduce(xs[i], tag=1, op=ReduceOp.AVG, quantization=quant))
+                got = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=1, op=ReduceOp.AVG, quantization=quant))
                 assert all(isinstance(g, pccl.ReduceInfo) for g in got), got
                 assert len({_bits(x) for x in xs}) == 1, (dtype, quant)
                 exact = np.mean([x.astype(np.float64) for x in _inputs(world, 10_001, dtype, seed=world)], axis=0)
@@ -63,16 +48,16 @@ async def test_every_collective_is_bit_identical_at_four_bits(world: int) -> Non
                 assert np.all(np.abs(xs[0].astype(np.float64) - exact) <= bound)
 
                 ys = _inputs(world, 5_003, dtype, seed=7)
-                got = await _each(comms, lambda i, c: c.broadcast(ys[i], root=ids[1], tag=2, quantization=quant))
+                got = await each(comms, lambda i, c: c.broadcast(ys[i], root=ids[1], tag=2, quantization=quant))
                 assert all(isinstance(g, pccl.CollectiveInfo) for g in got), got
                 assert len({_bits(y) for y in ys}) == 1  # the root's own buffer included
 
                 zs = [z[: 3001 + 17 * i] for i, z in enumerate(_inputs(world, 4000, dtype, seed=8))]
-                gathered = await _each(comms, lambda i, c: c.all_gather(zs[i], tag=3, quantization=quant))
+                gathered = await each(comms, lambda i, c: c.all_gather(zs[i], tag=3, quantization=quant))
                 assert len({_bits(g.buffer) for g in gathered}) == 1
 
                 ws = _inputs(world, 6_007, dtype, seed=9)
-                shards = await _each(comms, lambda i, c: c.reduce_scatter(ws[i], tag=4, quantization=quant))
+                shards = await each(comms, lambda i, c: c.reduce_scatter(ws[i], tag=4, quantization=quant))
                 exact = np.sum([w.astype(np.float64) for w in _inputs(world, 6_007, dtype, seed=9)], axis=0)
                 assert sorted(s.index for s in shards) == list(range(world))
                 for s, w in zip(shards, ws):
@@ -92,9 +77,9 @@ def _bound(inputs: list[np.ndarray], quant: Quantization, hops: int, exact: np.n
 async def test_four_bit_blockwise_all_reduce_sends_at_most_015x_of_float32() -> None:
     n = 1 << 20  # 4 MiB of float32: the ring (not the small-op exchange) either way
     async with in_process_group(2, token=TOKEN, config=CFG, soon=SOON) as (_, comms, _):
-        plain = await _each(comms, lambda i, c: c.all_reduce(np.ones(n, np.float32) * i, tag=1))
+        plain = await each(comms, lambda i, c: c.all_reduce(np.ones(n, np.float32) * i, tag=1))
         xs = _inputs(2, n, np.float32, seed=1)
-        quantized = await _each(comms, lambda i, c: c.all_reduce(xs[i], tag=1, quantization=Q4))
+        quantized = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=1, quantization=Q4))
         for p, q in zip(plain, quantized):
             assert p.tx_bytes >= 4 * n // 2  # half the buffer each way, as float32
             assert q.tx_bytes <= 0.15 * p.tx_bytes, (q.tx_bytes, p.tx_bytes)
@@ -106,7 +91,7 @@ async def test_all_reduce_many_quantizes_its_buckets_at_four_bits() -> None:
         # Small arrays packed into a bucket, and two of 1 MiB or more reduced in place over both.
         arrays = [_inputs(2, n, np.float32, seed=n) for n in (1, 300, 262_145, 5, 300_001)]
         mine = [[a[i].copy() for a in arrays] for i in range(2)]
-        got = await _each(comms, lambda i, c: c.all_reduce_many(mine[i], quantization=Q4, bucket_bytes=4 << 20))
+        got = await each(comms, lambda i, c: c.all_reduce_many(mine[i], quantization=Q4, bucket_bytes=4 << 20))
         assert all(not isinstance(g, Exception) for g in got), got
         # A packed bucket's blocks span its arrays: bound by the range of everything a peer sent.
         r = sum(float(np.ptp(np.concatenate([a[p] for a in arrays]))) for p in range(2))
@@ -123,7 +108,7 @@ async def test_mismatched_quantization_is_invalid_usage_on_every_peer(theirs: Qu
     async with in_process_group(2, token=TOKEN, config=CFG, soon=SOON) as (_, comms, _):
         xs = _inputs(2, 1000, np.float32, seed=3)
         before = [x.copy() for x in xs]
-        got = await _each(comms, lambda i, c: c.all_reduce(xs[i], tag=9, quantization=Q4 if i else theirs))
+        got = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=9, quantization=Q4 if i else theirs))
         assert all(isinstance(g, InvalidUsage) for g in got), got
         assert "quant=min_max/uint4 block=128" in str(got[0]) and "disagree" in str(got[0])
         assert all(np.array_equal(x, b) for x, b in zip(xs, before))
