@@ -9,6 +9,7 @@ prints ``{"step": n, "world": w}``; it runs until interrupted (SIGINT: Ctrl-C).
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 
@@ -19,6 +20,10 @@ import pccl.blocking
 
 
 def main() -> None:
+    # Ctrl-C is what this peer is tested with.  A process started from a background job of a
+    # shell without job control inherits SIGINT ignored, and Python then installs no handler:
+    # the test's SIGINT did nothing in such runs.  Take Python's own handler back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     master, peer_timeout, heartbeat = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
     config = pccl.Config(peer_timeout=peer_timeout, heartbeat_interval=heartbeat, p2p_base_port=0)
     w = np.zeros(1000, np.float32)
