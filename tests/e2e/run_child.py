@@ -5,7 +5,8 @@ then behaves as its arguments say.
 
 It prints ``env PCCL_MASTER PCCL_TOKEN RANK WORLD_SIZE`` to stdout and ``stderr line`` to stderr;
 copy ``R`` exits with status 3 at once; the others sleep, then print ``bye``.  With
-``--pid-dir``, each copy writes its pid to ``DIR/RANK`` first.
+``--pid-dir``, each copy writes its pid to ``DIR/RANK`` first (through a rename, so a reader never
+sees the file empty).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ parser.add_argument("--pid-dir")
 args = parser.parse_args()
 rank = int(os.environ["RANK"])
 if args.pid_dir:
-    pathlib.Path(args.pid_dir, str(rank)).write_text(str(os.getpid()))
+    partial = pathlib.Path(args.pid_dir, f".{rank}.partial")
+    partial.write_text(str(os.getpid()))
+    partial.rename(pathlib.Path(args.pid_dir, str(rank)))
 print("env", *(os.environ.get(k, "-") for k in ("PCCL_MASTER", "PCCL_TOKEN", "RANK", "WORLD_SIZE")), flush=True)
 print("stderr line", file=sys.stderr, flush=True)
 if rank == args.fail_rank:
