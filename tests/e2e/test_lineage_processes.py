@@ -183,18 +183,24 @@ def test_after_a_master_restart_the_lineage_holders_win_over_a_joiner_that_arriv
     go = tmp_path / "go"
     with _Run() as run:
         master = run.master()
-        # a and b retry the master every 1.5-4.5 s: c, started the moment it is back, is there first
-        a = run.peer("a", "--seed", "1", "--delay", "0.05", "--reconnect-backoff", "3")
-        b = run.peer("b", "--seed", "2", "--delay", "0.05", "--reconnect-backoff", "3")
+        a = run.peer("a", "--seed", "1", "--delay", "0.05")
+        b = run.peer("b", "--seed", "2", "--delay", "0.05")
         c = run.peer("c", "--seed", "99", "--revision", "1000", "--delay", "0.05", "--go-file", str(go))
         run.wait(lambda: min(a.last_revision(), b.last_revision()) >= 10 and "READY" in c.lines, [a, b, c])
         master.popen.send_signal(signal.SIGKILL)
         master.popen.wait(10)
         run.wait(lambda: all(any("lost the connection to the master" in line for line in p.lines) for p in (a, b)),
                  [a, b, c])
+        # c must reach the new master before a and b do: they stay stopped (SIGSTOP, as a stalled
+        # host) until it has registered.  Retry timing alone lost that race under load.
+        for p in (a, b):
+            p.popen.send_signal(signal.SIGSTOP)
         before = max(a.last_revision(), b.last_revision())
         new_master = run.master()
         go.touch()
+        run.wait(lambda: any("joined group 0 from 127.0.0.1;" in line for line in new_master.lines), [c, new_master])
+        for p in (a, b):
+            p.popen.send_signal(signal.SIGCONT)
         run.wait(lambda: len(c.records("SYNC")) >= 1, [a, b, c])
         first = c.records("SYNC")[0]
         run.wait(lambda: min(p.last_revision() for p in (a, b, c)) >= int(first["revision"]) + 3, [a, b, c])
