@@ -7,8 +7,8 @@ mid-op), and a deterministic update of the shared weights.  The model is deliber
 peer pulls the weights toward its own random target, so the averaged gradient moves every peer's
 copy identically and the loss visibly falls.
 
-With ``--chaos`` the driver SIGKILLs a random peer every few seconds and starts a fresh one in
-its place; the newcomer downloads the popular state at its first sync and continues at the same
+With ``--chaos`` the driver SIGKILLs a random peer every few seconds (once the group has taken a
+step since the last kill) and starts a fresh one in its place; the newcomer downloads the popular state at its first sync and continues at the same
 step.  At the end every peer prints the xxh3-128 hash of its weights, and the driver checks they
 are all equal: bit-identical state despite the kills.
 """
@@ -187,17 +187,25 @@ def _chaos_over(cluster: Cluster) -> bool:
 async def run_chaos(cluster: Cluster, nursery: trio.Nursery, rng: random.Random,
                     spawn: Callable[[Cluster, trio.Nursery], Awaitable[None]] | None = None) -> None:
     """Every ``--chaos-interval`` seconds SIGKILL a random peer that is still training and start
-    a newcomer (``spawn``, default: a new peer process), until :func:`_chaos_over`."""
+    a newcomer (``spawn``, default: a new peer process), until :func:`_chaos_over`.
+
+    A kill waits for the group to finish a step after the previous one: on a loaded machine a
+    newcomer can take longer to start than the interval, and kills at a fixed pace then took
+    every peer before the group could step again (the run never ended)."""
     spawn = spawn or _spawn
+    stepped_past = -1  # the step reported when the last kill happened (none yet)
     while not _chaos_over(cluster):
         await trio.sleep(cluster.args.chaos_interval)
         if _chaos_over(cluster):  # checked again: the run went on during the sleep
             break
+        if cluster.last_step <= stepped_past:
+            continue  # no step since the last kill
         # Only peers still training: one that reported "done" may not have exited yet.
         live = sorted(n for n, p in cluster.procs.items() if p.returncode is None and n not in cluster.finals)
         if len(live) < 2:
             continue
         victim = rng.choice(live)
+        stepped_past = cluster.last_step
         cluster.procs[victim].send_signal(signal.SIGKILL)
         cluster.killed.append(victim)
         print(f"[demo] SIGKILL {victim} at step ~{cluster.last_step}")

@@ -1,5 +1,6 @@
-"""``pccl demo --chaos`` kills only peers still training, and stops once the run is ending: a
-newcomer started then would find every other peer finished and wait alone."""
+"""``pccl demo --chaos`` kills only peers still training, never twice without a step of the group
+in between, and stops once the run is ending: a newcomer started then would find every other peer
+finished and wait alone."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ async def test_chaos_never_picks_a_peer_that_reported_done(autojump_clock: trio.
     async def spawn(cluster: demo.Cluster, nursery: trio.Nursery) -> None:
         nonlocal rounds
         rounds += 1
+        cluster.last_step += 1  # the group steps between kills
         if rounds == 20:
             cluster.first_done.set()
 
@@ -75,3 +77,25 @@ async def test_chaos_never_picks_a_peer_that_reported_done(autojump_clock: trio.
             await demo.run_chaos(cluster, nursery, random.Random(1), spawn)
     assert procs["peer0"].signals == []
     assert len(cluster.killed) == 20
+
+
+async def test_no_kill_until_the_group_steps_again(autojump_clock: trio.testing.MockClock) -> None:
+    # On a loaded machine newcomers may start slower than --chaos-interval: kills at a fixed pace
+    # then took every peer before the group stepped again, and the demo never ended.
+    cluster = demo.Cluster("127.0.0.1:1", argparse.Namespace(steps=300, chaos_interval=1.0))
+    procs = {f"peer{i}": _FakeProcess() for i in range(3)}
+    cluster.procs.update(procs)  # type: ignore[arg-type]
+
+    async def spawn(cluster: demo.Cluster, nursery: trio.Nursery) -> None:
+        pass
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(demo.run_chaos, cluster, nursery, random.Random(2), spawn)
+        await trio.sleep(30.5)  # thirty intervals without a step: the first kill only
+        assert len(cluster.killed) == 1
+        cluster.last_step = 1
+        await trio.sleep(1.0)
+        assert len(cluster.killed) == 2
+        await trio.sleep(10.0)
+        assert len(cluster.killed) == 2
+        cluster.first_done.set()
