@@ -156,18 +156,25 @@ def test_diloco() -> None:
     _run("diloco.py", 6, "--outer-steps", "6", "--inner-steps", "4", "--peer-timeout", "3", "--quant", "u8")
 
 
+# Slow (~15 s): diloco.py's run below has the same loop shape with a SIGKILLed peer.
+@pytest.mark.slow
 def test_async_diloco() -> None:
     pytest.importorskip("torch")
     # 12 outer steps: peers in lockstep pass 2 -> 6 within a few polls of the test on a fast run
     _run("async_diloco.py", 12, "--outer-steps", "12", "--inner-steps", "4", "--peer-timeout", "3")
 
 
+# Slow: 60 outer steps of three torch processes (~45 s), as the async variant below.
+@pytest.mark.slow
 def test_diloco_survives_a_master_restart() -> None:
     pytest.importorskip("torch")
     _run_with_master_restart("diloco.py", RESTART_STEPS, "--outer-steps", str(RESTART_STEPS), "--inner-steps", "4",
                              "--peer-timeout", "3")
 
 
+# Slow: 60 outer steps of three torch processes (~40-70 s).  The default run's master restarts
+# with real processes are tests/e2e/test_master_restart.py's and the lineage tests'.
+@pytest.mark.slow
 def test_async_diloco_survives_a_master_restart() -> None:
     # Before the loop was built on comm.steps(): after the restart every peer went on alone
     # (world 1, three different weights) and one was kicked (STRATEGY_VIOLATION).
