@@ -1,0 +1,138 @@
+"""How pccl's step grows with the number of peers, in the simulator (virtual seconds).
+
+    python benchmarks/sim_scale.py [--peers 4 16 64] [--steps 5] [--latency-ms 5]
+                                   [--gbit 1] [--state-mib 4] [--mib 16] [--seed 0]
+
+Every link is ``--latency-ms`` one way and ``--gbit`` Gbit/s (4 MiB windows); reductions take
+no virtual time (``kernel_cost`` unset), so the figures are the protocol's and the network's.
+The peers start together; then each step is, phase by phase with a barrier between phases:
+
+* ``vote``: ``update_topology()`` with nobody pending (one unanimous micro-vote with the master);
+* ``sync``: ``sync_shared_state()`` of a ``--state-mib`` MiB state that every peer holds
+  already (hashes to the master, its verdict back; nothing moves);
+* ``all-reduce 4 KiB``: the ring's latency (``2(N-1)`` hops of one frame each);
+* ``all-reduce MiB``: a ``--mib`` MiB float32 all-reduce (bandwidth plus latency).
+
+``join`` is from the first peer's ``open_communicator()`` to every peer seeing ``world_size ==
+N`` (the master admits pending peers at its votes, so a crowd joins in a few rounds).  A phase's
+time is from the first peer's call to the last peer's return; the table shows the median over
+``--steps`` steps and, last, the ratio of the largest world's to the smallest's.
+
+Deterministic: the same arguments print the same virtual figures (the wall time differs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+import trio
+
+import pccl
+from pccl_sim.engine.runner import simulate
+from pccl_sim.engine.topology import LinkSpec
+from pccl_sim.workloads.pccl.network import PcclSimNetwork
+
+PHASES = ("vote", "sync", "all-reduce 4 KiB", "all-reduce MiB")
+
+
+def run(n: int, args: argparse.Namespace) -> dict[str, float]:
+    config = pccl.Config(peer_timeout=60.0, heartbeat_interval=2.0, connect_timeout=30.0, p2p_base_port=0,
+                         shared_state_base_port=0, kernel_threads=False)
+    small = np.ones(1024, np.float32)
+    big_count = args.mib * (1 << 20) // 4
+    state_count = args.state_mib * (1 << 20) // 4
+    times: dict[str, list[float]] = {name: [] for name in PHASES}
+    out: dict[str, float] = {}
+
+    async def body(world) -> None:  # type: ignore[no-untyped-def]
+        arrived = {"count": 0, "event": trio.Event()}
+        spans: dict[str, list[tuple[float, float]]] = {}
+
+        async def barrier() -> None:
+            event = arrived["event"]
+            arrived["count"] += 1
+            if arrived["count"] == n:
+                arrived["count"] = 0
+                arrived["event"] = trio.Event()
+                event.set()
+            await event.wait()
+
+        async def timed(key: str, call: Callable[[], Awaitable[object]]) -> None:
+            await barrier()
+            start = trio.current_time()
+            await call()
+            spans.setdefault(key, []).append((start, trio.current_time()))
+
+        async def peer(index: int, started: float) -> None:
+            async with pccl.open_communicator(master.address, config=config, network=world.boot(f"peer{index}"),
+                                              rng=random.Random(index)) as comm:
+                while comm.world_size < n:
+                    if await comm.are_peers_pending():
+                        await comm.update_topology()
+                    else:
+                        await trio.sleep(0.01)
+                await barrier()
+                out["join"] = max(out.get("join", 0.0), trio.current_time() - started)
+                state = pccl.SharedState({"w": np.full(state_count, 0.5, np.float32)})
+                big = np.ones(big_count, np.float32)
+                for step in range(args.steps):
+                    await timed(f"vote/{step}", comm.update_topology)
+                    await timed(f"sync/{step}", lambda: comm.sync_shared_state(state))
+                    await timed(f"all-reduce 4 KiB/{step}", lambda: comm.all_reduce(small.copy()))
+                    await timed(f"all-reduce MiB/{step}", lambda: comm.all_reduce(big))
+                    state.revision += 1
+
+        async with pccl.open_master("master:48148", config=config, network=world.boot("master"),
+                                    rng=random.Random(args.seed)) as master:
+            async with trio.open_nursery() as nursery:
+                started = trio.current_time()
+                for index in range(n):
+                    nursery.start_soon(peer, index, started)
+        for key, pairs in spans.items():
+            name = key.rsplit("/", 1)[0]
+            times[name].append(max(e for _, e in pairs) - min(s for s, _ in pairs))
+
+    link = LinkSpec(latency=args.latency_ms / 1000, bandwidth=args.gbit * 1e9 / 8, window=4 << 20)
+    simulate(body, seed=args.seed, default_link=link, deadline=36000.0, network_class=PcclSimNetwork)
+    return {"join": out["join"], **{name: statistics.median(values) for name, values in times.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--peers", type=int, nargs="+", default=[4, 16, 64])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--latency-ms", type=float, default=5.0)
+    parser.add_argument("--gbit", type=float, default=1.0)
+    parser.add_argument("--state-mib", type=int, default=4)
+    parser.add_argument("--mib", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    logging.disable(logging.CRITICAL)
+    rows = []
+    for n in args.peers:
+        wall = time.perf_counter()
+        figures = run(n, args)
+        rows.append((n, figures, time.perf_counter() - wall))
+    columns = ["join", *PHASES]
+    labels = [c if c != "all-reduce MiB" else f"all-reduce {args.mib} MiB" for c in columns]
+    print(f"{args.latency_ms:g} ms one way, {args.gbit:g} Gbit/s links; state {args.state_mib} MiB; "
+          f"median of {args.steps} steps, virtual seconds")
+    print(f"{'peers':>6} " + " ".join(f"{label:>18}" for label in labels) + f" {'step':>9} {'wall s':>8}")
+    for n, figures, wall in rows:
+        step = sum(figures[p] for p in PHASES)
+        print(f"{n:>6} " + " ".join(f"{figures[c]:>18.4f}" for c in columns) + f" {step:>9.4f} {wall:>8.1f}")
+    if len(rows) > 1:
+        (n0, first, _), (n1, last, _) = rows[0], rows[-1]
+        ratios = " ".join(f"{last[c] / first[c]:>18.2f}" if first[c] else f"{'-':>18}" for c in columns)
+        step_ratio = sum(last[p] for p in PHASES) / sum(first[p] for p in PHASES)
+        print(f"{f'{n1}/{n0}':>6} {ratios} {step_ratio:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()
