@@ -19,9 +19,10 @@ def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
     """Byte-compile the library and the simulator once, before any test runs.
 
     The tests start hundreds of Python processes (peers, masters, examples).  Where
-    ``PYTHONDONTWRITEBYTECODE`` is set (as on this project's CI machines), an editable install
-    has no ``__pycache__`` and every one of them compiled every pccl module again (~0.3 s of CPU
-    each).  compileall writes regardless of that variable and skips files already up to date."""
+    ``PYTHONDONTWRITEBYTECODE`` is set (it is on the machines this project is tested on), an
+    editable install has no ``__pycache__`` and every one of them compiled every pccl module
+    again (~0.3 s of CPU each).  compileall writes regardless of that variable and skips files
+    already up to date."""
     import compileall
     import pathlib
 

@@ -8,9 +8,10 @@ peer pulls the weights toward its own random target, so the averaged gradient mo
 copy identically and the loss visibly falls.
 
 With ``--chaos`` the driver SIGKILLs a random peer every few seconds (once the group has taken a
-step since the last kill) and starts a fresh one in its place; the newcomer downloads the popular state at its first sync and continues at the same
-step.  At the end every peer prints the xxh3-128 hash of its weights, and the driver checks they
-are all equal: bit-identical state despite the kills.
+step since the last kill) and starts a fresh one in its place; the newcomer downloads the
+popular state at its first sync and continues at the same step.  At the end every peer prints
+the xxh3-128 hash of its weights, and the driver checks they are all equal: bit-identical state
+despite the kills.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 ``pccl.blocking``'s step loop, real TCP (for ``test_lineage_processes.py``).
 
 Usage: ``python lineage_peer_process.py MASTER [--hidden H] [--revision R] [--seed S]
-[--steps N] [--delay SECONDS] [--checkpoint PATH] [--resume PATH] [--go-file PATH]
-[--reconnect-backoff SECONDS]``.  With ``--go-file`` it builds its state, prints ``READY`` and
+[--steps N] [--delay SECONDS] [--checkpoint PATH] [--resume PATH] [--go-file PATH]``.  With ``--go-file`` it builds its state, prints ``READY`` and
 connects once that file exists (a warm start at a moment the test chooses).
 
 Output, one line each:
@@ -48,7 +47,6 @@ def main() -> int:
     p.add_argument("--checkpoint")
     p.add_argument("--resume")
     p.add_argument("--go-file")
-    p.add_argument("--reconnect-backoff", type=float, default=0.1, help="first delay between reconnection attempts")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)
@@ -71,8 +69,7 @@ def main() -> int:
         print(f"RESUMED revision={state.revision} digest={digest(state)}", flush=True)
     data = torch.Generator().manual_seed(args.seed + 1000)
     config = pccl.Config(peer_timeout=2.0, heartbeat_interval=0.25, connect_timeout=2.0, p2p_base_port=0,
-                         shared_state_base_port=0,
-                         master_reconnect_backoff=(args.reconnect_backoff, max(2.0, args.reconnect_backoff)))
+                         shared_state_base_port=0)
     if args.go_file:
         print("READY", flush=True)
         while not os.path.exists(args.go_file):
