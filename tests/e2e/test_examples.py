@@ -4,9 +4,9 @@ Each run SIGKILLs one process once it and the others are training (wherever in i
 lands), and checks that the survivors finish every step with bit-identical weights (each example
 prints ``done: step N weights HASH`` at the end).  The DiLoCo examples also survive their master:
 a ``pccl master`` process SIGKILLed mid-run and started again on the same port; every peer
-finishes.  Streaming DiLoCo also takes a fresh process in the killed one's place, which must
-finish in lockstep with the same weights.  Step counts are small; the examples' defaults train
-for real.
+finishes.  Streaming DiLoCo also takes in a fresh process mid-run, which must finish in
+lockstep with the same weights.  The longest runs are marked slow.  Step counts are small; the
+examples' defaults train for real.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def test_diloco() -> None:
     _run("diloco.py", 6, "--outer-steps", "6", "--inner-steps", "4", "--peer-timeout", "3", "--quant", "u8")
 
 
-# Slow (~15 s): diloco.py's run below has the same loop shape with a SIGKILLed peer.
+# Slow (~15 s): diloco.py's run above has the same loop shape with a SIGKILLed peer.
 @pytest.mark.slow
 def test_async_diloco() -> None:
     pytest.importorskip("torch")
