@@ -26,8 +26,12 @@ import logging
 import os
 import pathlib
 import re
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..engine.runner import Scenario, run
@@ -119,6 +123,32 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0 if trace.ok else 1
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be."""
+
+
+@contextmanager
+def _sigterm_stops_like_ctrl_c(enabled: bool) -> Iterator[None]:
+    """While a campaign runs in worker processes or on a cluster, SIGTERM (``kill``, a batch
+    scheduler's time limit) stops it as Ctrl-C does: outstanding seeds cancelled, the finished
+    ones' results written.  Not when the seeds run in this process (``--workers 1``): the
+    exception would land inside a simulated Trio run, at any bytecode, where it can be swallowed
+    (a destructor) or break the run's invariants; SIGTERM keeps its default action there.  Only
+    the main thread can take signals; elsewhere (a test calling ``main``) nothing changes."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
     spec = _spec(args)
     seeds = parse_seeds(args.seeds)
@@ -136,21 +166,23 @@ def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
         ran_on = f"{workers} local worker processes" if workers > 1 else "this process"
     started = time.perf_counter()
     try:
-        if args.cluster:
-            results = run_on_cluster(spec, seeds, parse_cluster(args.cluster), progress=progress, batch=args.batch,
-                                     dask_logs=logging.INFO if args.verbose else logging.ERROR)
-        else:
-            results = run_campaign(spec, seeds, workers=args.workers, progress=progress)
+        with _sigterm_stops_like_ctrl_c(bool(args.cluster) or (args.workers > 1 and len(seeds) > 1)):
+            if args.cluster:
+                results = run_on_cluster(spec, seeds, parse_cluster(args.cluster), progress=progress,
+                                         batch=args.batch, dask_logs=logging.INFO if args.verbose else logging.ERROR)
+            else:
+                results = run_campaign(spec, seeds, workers=args.workers, progress=progress)
     except ClusterError as exc:
         print(f"pccl-sim {args.command}: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: {len(done)} of {len(seeds)} seeds finished, the others cancelled", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        how = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+        print(f"\n{how}: {len(done)} of {len(seeds)} seeds finished, the others cancelled", file=sys.stderr)
         if args.json:
             write_results(args.json, document(spec, done, ran_on=ran_on, complete=False,
                                               elapsed_seconds=round(time.perf_counter() - started, 3)))
             print(f"the finished seeds' results are in {args.json}", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGTERM if isinstance(exc, _Terminated) else 130
     elapsed = time.perf_counter() - started
     failing = [r for r in results if not r.ok]
     print(f"campaign: scenario {spec.scenario}, profile {spec.profile}, {spec.peers} peers, "
