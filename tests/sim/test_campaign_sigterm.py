@@ -23,7 +23,8 @@ def test_sigterm_stops_a_campaign_and_keeps_the_finished_seeds(tmp_path: pathlib
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue[str] = queue.Queue()
     assert proc.stderr is not None
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)  # type: ignore[union-attr]
+    reader.start()
     try:
         deadline = time.monotonic() + 120
         while True:  # the progress bar (no terminal: a line each tenth) shows seeds finished
@@ -36,7 +37,8 @@ def test_sigterm_stops_a_campaign_and_keeps_the_finished_seeds(tmp_path: pathlib
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    err = "".join(iter(lambda: lines.get(timeout=5) if not lines.empty() else "", ""))
+    reader.join(10)  # every line up to the end of stderr is queued
+    err = "".join(lines.queue)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "terminated (SIGTERM)" in err and "the others cancelled" in err, err
     document = json.loads(out.read_text())
