@@ -1,7 +1,7 @@
 """pccl's broadcast, all-gather and reduce-scatter against torch Gloo's same collective (and
 pccl's own all-reduce), call by call in turn, in the same processes.
 
-    .venv/bin/python benchmarks/collectives_gloo.py --peers 2 3 --sizes 64M [--iters 10]
+    .venv/bin/python benchmarks/collectives_gloo.py --peers 2 3 --sizes 64M [--iters 10] [--rate 4gbit]
 
 Each peer process holds a pccl communicator and a Gloo process group over float32 buffers of
 ``size`` bytes; every iteration times one call of each configuration in an order shuffled
@@ -13,12 +13,20 @@ bandwidth with nccl-tests' factors (broadcast 1, all-gather and reduce-scatter `
 all-reduce ``2(N-1)/N``), the ratio of Gloo's same collective to pccl's (above 1: pccl faster)
 and, for reduce-scatter, its time as a fraction of pccl's all-reduce of the same size.  The
 untimed first iteration checks pccl's results against Gloo's.
+
+Plain loopback is CPU-bound: moving a byte costs two kernel copies, as cheap as the reduction
+and the in-place input backup pccl adds, so the comparison is one of CPU work on a machine
+with few cores.  ``--rate`` (needs root) runs the whole cluster in a fresh network namespace whose
+loopback device is shaped by ``tc tbf`` to ``RATE``: every byte of every peer shares that one
+link, as a link-bound group does, and the comparison becomes one of bytes on the wire.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import subprocess
 import statistics
 import sys
 import time
@@ -190,13 +198,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=10, help="timed calls per configuration and size")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {CONFIGS}")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one group size may take")
+    parser.add_argument("--rate", help="shape the loopback to RATE (tc tbf, e.g. 4gbit) in a fresh network "
+                                       "namespace the run happens in; needs root")
     args = parser.parse_args(argv)
+    if args.rate and os.environ.get(_NETNS_ENV) != args.rate:
+        return _rerun_shaped(args.rate, sys.argv[1:] if argv is None else argv)
     sizes = [parse_size(s) for s in args.sizes]
     configs = args.configs.split(",")
-    print(f"# pccl vs Gloo, float32, loopback, interleaved; {args.iters} iterations", flush=True)
+    link = f"loopback shaped to {args.rate} (tbf)" if args.rate else "loopback"
+    print(f"# pccl vs Gloo, float32, {link}, interleaved; {args.iters} iterations", flush=True)
     for world in args.peers:
         print(format_rows(measure(world, sizes, args.iters, configs, args.timeout)), flush=True)
     return 0
+
+
+_NETNS_ENV = "PCCL_BENCH_SHAPED_RATE"
+
+
+def _rerun_shaped(rate: str, argv: list[str]) -> int:
+    """Run this script again inside a new network namespace whose ``lo`` is shaped to ``rate``."""
+    ns = f"pccl-bench-{os.getpid()}"
+    setup = [["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"],
+             ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate,
+              "burst", "4mb", "latency", "100ms"]]
+    try:
+        for command in setup:
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                print(f"{' '.join(command)}: {done.stderr.strip()} (--rate needs root and iproute2's ip/tc)",
+                      file=sys.stderr)
+                return 2
+        return subprocess.call(["ip", "netns", "exec", ns, sys.executable, __file__, *argv],
+                               env={**os.environ, _NETNS_ENV: rate})
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 if __name__ == "__main__":
