@@ -169,22 +169,28 @@ def _work(job: tuple[CampaignSpec, int]) -> SeedResult:
 
 
 class ProgressBar:
-    """``[#####.....] 12/30 seeds  2 failing  41 seeds/min`` on a terminal (redrawn in place),
-    one line per tenth otherwise."""
+    """``[#####.....] 12/30 seeds  2 failing  41 seeds/min`` on a terminal (redrawn in place);
+    otherwise (a log file) one line per tenth, and one whenever ``quiet_lines`` seconds passed
+    since the last line (a long campaign's log shows it is alive)."""
 
-    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+    def __init__(self, total: int, stream: TextIO | None = None, *, quiet_lines: float = 60.0,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.total = total
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
         self.failing = 0
-        self.start = time.perf_counter()
+        self.clock = clock
+        self.start = clock()
         self.tty = self.stream.isatty()
+        self.quiet_lines = quiet_lines
         self._last_tenth = -1
+        self._last_line = self.start
 
     def update(self, result: SeedResult) -> None:
         self.done += 1
         self.failing += not result.ok
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        now = self.clock()
+        elapsed = max(now - self.start, 1e-9)
         width = 30
         filled = width * self.done // max(self.total, 1)
         line = (
@@ -196,8 +202,9 @@ class ProgressBar:
             self.stream.flush()
         else:
             tenth = 10 * self.done // max(self.total, 1)
-            if tenth != self._last_tenth:
+            if tenth != self._last_tenth or now - self._last_line >= self.quiet_lines:
                 self._last_tenth = tenth
+                self._last_line = now
                 self.stream.write(line + "\n")
                 self.stream.flush()
 

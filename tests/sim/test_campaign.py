@@ -6,7 +6,9 @@ from collections import Counter
 
 import pytest
 
-from pccl_sim.tools.campaign import CampaignSpec, parse_seeds, run_campaign, summary_table
+import io
+
+from pccl_sim.tools.campaign import CampaignSpec, ProgressBar, SeedResult, parse_seeds, run_campaign, summary_table
 from pccl_sim.workloads.pccl.scenario import MEMBERSHIP_MESSAGES
 
 
@@ -52,6 +54,22 @@ def test_bounded_campaign_with_every_phase_master_restarts_and_two_groups(seeds:
     assert kinds["master_restart"] >= 2 and kinds["kill"] + kinds["power_off"] >= 4, kinds
     assert sum(kinds.values()) == sum(r.faults for r in results)
     assert "faults by kind" in summary_table(results) and "master_restart" in summary_table(results)
+
+
+def test_progress_bar_in_a_log_writes_tenths_and_a_line_after_a_quiet_minute() -> None:
+    """Not a terminal: a line per tenth of the seeds, and one whenever a minute went by without
+    a line (so a slow campaign's log does not look stuck between tenths)."""
+    now = [0.0]
+    out = io.StringIO()
+    bar = ProgressBar(100, out, quiet_lines=60.0, clock=lambda: now[0])
+    result = SeedResult(seed=0, ok=True, kinds=(), failures=[], hash="", events=0, faults=0, wall=0.0,
+                        virtual=0.0, peer_seconds=0.0, loop_iterations=0, coverage=[])
+    for i in range(1, 14):
+        now[0] = 20.0 * i  # a seed every 20 s: a minute after seeds 1, 4, 7 and 10 (a tenth)
+        bar.update(result)
+    lines = out.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == ["1/100", "4/100", "7/100", "10/100", "13/100"]
+    assert "\r" not in out.getvalue()
 
 
 def test_parse_seeds() -> None:
