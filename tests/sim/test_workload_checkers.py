@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import random
 
 from pccl.protocol.master import machine as ms
@@ -10,6 +11,7 @@ from pccl_sim.engine.runner import run
 from pccl_sim.engine.trace import Trace, TraceEvent
 from pccl_sim.engine.schedule import FaultEvent, Schedule
 from pccl_sim.observe.coverage import coverage_table, fault_victims
+from pccl_sim.tools.scenarios import scenario_from_json
 from pccl_sim.workloads.pccl.checkers import NoProtocolKicks, stuck_votes
 from pccl_sim.workloads.pccl.mutants import MASTER_VARIANTS, NoRecheckOnDisconnect, register_master_variant
 from pccl_sim.workloads.pccl.scenario import MEMBERSHIP_MESSAGES, PcclScenario
@@ -156,3 +158,24 @@ def test_stuck_votes_names_every_kind_of_stuck_vote_and_only_those() -> None:
     ]
     for views, expected in cases:
         assert stuck_votes(views) == expected, views.__dict__  # type: ignore[arg-type]
+
+
+def test_a_round_read_late_from_a_dead_master_is_not_confused_with_the_new_masters() -> None:
+    """``stale_round_after_master_restart_shrunk.json`` (seed 992 of the ``phases`` profile,
+    shrunk to 10 faults): peer7 registers with the third master and is stalled (t = 17.527-20.0)
+    while that master's round 3 admits it; the master dies and a fourth one starts (t = 19.562)
+    and runs rounds 1 and 2; peer7 wakes and reads the dead master's round 3 out of its socket
+    (reports ``accepted``), then the new master's round 3 reaches the others with another ring.
+    Both are real and correct (peer7 finds its master gone and joins the new one as a new peer),
+    but a checker that keyed rounds by number alone failed this run with "round 3 puts peer
+    14e2b292cdc10d71 in two rings".  Rounds belong to the master instance that ran them."""
+    schedule = Schedule.load(pathlib.Path(__file__).parent / "schedules"
+                             / "stale_round_after_master_restart_shrunk.json")
+    trace = run(scenario_from_json(schedule.scenario), schedule)
+    assert trace.ok, [str(f) for f in trace.failures]
+    # The race happened: peer7's first acceptance came after the fourth master had started,
+    # from the third one's round, and it was then accepted again under a new id.
+    last_master = max(e.t for e in trace.of_kind("start") if e.source == "master" and e.t < 20.0)
+    accepted = [e for e in trace.of_kind("accepted") if e.source == "peer7"]
+    assert len(accepted) >= 2 and accepted[0].t > last_master
+    assert accepted[0].data["peer_id"] != accepted[1].data["peer_id"]

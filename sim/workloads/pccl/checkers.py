@@ -9,7 +9,10 @@ needs (:func:`membership_checkers` for membership, plus whatever the step's phas
   got the same attributes (``world_size`` within a ring, ``global_world_size`` /
   ``num_peer_groups`` / ``largest_peer_group_size`` across the round), consistent with its ring,
   and what the peer reports through the public attributes is exactly what the master sent.  The
-  round id is read off the wire (``TopologyComplete.round``), never from pccl internals.
+  round id is read off the wire (``TopologyComplete.round``), never from pccl internals, and a
+  round belongs to the master process that ran it (``Welcome.instance`` of the connection it came
+  on): a restarted master numbers its rounds afresh, and a peer that was stalled across the
+  restart may still read the old master's last rounds out of its socket afterwards.
 * **safety** — :class:`NoStuckVote`: the master never sits in a state where a vote (topology
   accept, group re-wire, peers-pending, collective init/done) has every live voter's ballot or a
   topology round has no live participant left, yet nothing happens — "a peer stuck in a vote
@@ -72,9 +75,11 @@ class MembershipAgreement(Checker):
     name = "membership-agreement"
 
     def __init__(self) -> None:
-        self.round_globals: dict[int, tuple[int, int, int]] = {}
-        self.round_rings: dict[int, dict[int, tuple[int, ...]]] = {}  # round -> peer id -> its ring
+        # Keyed by (master instance, round): rounds of different master processes are different.
+        self.round_globals: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self.round_rings: dict[tuple[int, int], dict[int, tuple[int, ...]]] = {}  # -> peer id -> its ring
         self.peer_ids: dict[str, int] = {}  # host -> id from the Welcome it read
+        self.instances: dict[str, int] = {}  # host -> master instance from that Welcome
         self.last_received: dict[str, dict[str, int]] = {}  # host -> attributes of its last TopologyComplete
         self.failed = False
 
@@ -93,6 +98,7 @@ class MembershipAgreement(Checker):
             return
         if name == "Welcome":
             self.peer_ids[host] = msg.peer_id
+            self.instances[host] = msg.instance
             return
         ring = tuple(e.peer_id for e in msg.ring)
         got = {k: getattr(msg.membership, k) for k in _ATTRIBUTES}
@@ -107,11 +113,12 @@ class MembershipAgreement(Checker):
                 and got["global_world_size"] <= got["num_peer_groups"] * got["largest_peer_group_size"]):
             self._fail(sim, f"{host}: inconsistent attributes {got} in round {msg.round}")
         glob = (got["global_world_size"], got["num_peer_groups"], got["largest_peer_group_size"])
-        first = self.round_globals.setdefault(msg.round, glob)
+        key = (self.instances.get(host, 0), msg.round)
+        first = self.round_globals.setdefault(key, glob)
         if first != glob:
             self._fail(sim, f"{host}: round {msg.round} attributes {glob} differ from another peer's {first} "
                             "(global_world_size, num_peer_groups, largest_peer_group_size)")
-        rings = self.round_rings.setdefault(msg.round, {})
+        rings = self.round_rings.setdefault(key, {})
         for pid in ring:
             other = rings.setdefault(pid, ring)
             if other != ring:
@@ -121,8 +128,11 @@ class MembershipAgreement(Checker):
     def on_event(self, sim: Simulation, event: TraceEvent) -> None:
         if event.kind == "start":
             self.peer_ids.pop(event.source, None)
+            self.instances.pop(event.source, None)
             self.last_received.pop(event.source, None)
-            if event.data.get("role") == "master":  # a new master numbers its rounds afresh
+            if event.data.get("role") == "master":
+                # A new master numbers its rounds afresh; the old one's rounds are done (a late
+                # reader of one of them checks it against whoever read it late too).
                 self.round_globals.clear()
                 self.round_rings.clear()
         elif event.kind in ("accepted", "topology"):
