@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 import traceback
