@@ -27,7 +27,7 @@ def test_sigterm_stops_a_campaign_and_keeps_the_finished_seeds(tmp_path: pathlib
     reader.start()
     try:
         deadline = time.monotonic() + 120
-        while True:  # the progress bar (no terminal: a line each tenth) shows seeds finished
+        while True:  # the progress bar (no terminal: a line each tenth or quiet minute) shows seeds finished
             line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
             if "/50 seeds" in line:
                 break
