@@ -354,6 +354,17 @@ class FrameCore:
         self._need = PREFIX_SIZE
         return raw
 
+    def take_buffered(self) -> bytes:
+        """Everything received and not yet consumed, as raw bytes, leaving the buffer empty:
+        for a connection whose framing ends here (a relay splices the raw stream from now on,
+        :meth:`pccl.net.framed.FramedConnection.detach`).  ``InvalidUsage`` inside a frame."""
+        if self._big_body is not None or self._data_remaining or self._receiving:
+            raise InvalidUsage("cannot take the raw bytes of a connection in the middle of a frame")
+        raw = bytes(self._rbuf[self._rpos : self._rend])
+        self._rpos = self._rend = 0
+        self._need = PREFIX_SIZE
+        return raw
+
     def read_buffer(self) -> memoryview:
         """Where the next received bytes go (a writable view; receive into it, then call
         :meth:`received`).  Compacts the read-ahead buffer when the frame being parsed would

@@ -248,6 +248,13 @@ class Network(abc.ABC):
         bump allocation from 48148/48149…).  ``AddressInUse`` if none is free.
         """
 
+    def local_addresses(self, family: str = "ipv4") -> list[str]:
+        """This host's interface addresses of ``family`` (``"ipv4"`` or ``"ipv6"``), as hosts
+        other machines might dial (what a peer registers as its local candidates,
+        :mod:`pccl.protocol.paths`; the caller leaves out loopback and link-local ones).  The
+        default: none."""
+        return []
+
     def kernel_wait(self) -> Callable[[int], Awaitable[None]] | None:
         """How kernel work over ``nbytes`` takes time on this network's clock, when that clock is
         not the CPU's: the simulator's virtual clock, on which work run inline takes none, while

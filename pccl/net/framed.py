@@ -38,6 +38,7 @@ from ..errors import (
     AuthenticationFailed,
     ConnectTimeout,
     InvalidArgument,
+    InvalidUsage,
     PCCLError,
     ProtocolError,
 )
@@ -46,7 +47,7 @@ from ..protocol.codec import DataHeader
 from ..protocol.messages import AuthProof, AuthResult, HandshakeRole, Hello, Message
 from . import tls
 from ._frames import DISCARD_CHUNK, FrameCore, byte_view, data_frame_parts
-from .base import Network, Stream, parse_address
+from .base import Network, Stream, parse_address, receive_view
 
 if TYPE_CHECKING:
     from .framed_threads import BlockingDataChannel
@@ -58,6 +59,8 @@ __all__ = [
     "NonceSource",
     "open_framed",
     "accept_framed",
+    "establish_over",
+    "PrefixedStream",
 ]
 
 logger = logging.getLogger(__name__)
@@ -467,6 +470,20 @@ class FramedConnection:
         """A snapshot of this connection's counters."""
         return FramedStatistics(**self.frames.counters)
 
+    def detach(self, *, remote_address: str | None = None) -> Stream:
+        """End the framing: the stream under this connection, as a :class:`~pccl.net.base.Stream`
+        that first yields the bytes already received and not yet parsed (a relay's partner may
+        have sent its first bytes right behind the relay's last frame).  The connection is
+        unusable afterwards; the stream is the caller's.  ``InvalidUsage`` unless the connection
+        is between frames with nothing left to send.  ``remote_address`` renames the far end
+        (what a relayed connection's logs call it)."""
+        frames = self.frames
+        if self._unsent is not None or self._send_lock.locked() or frames.broken or frames.closed:
+            raise InvalidUsage(f"cannot detach the connection to {self.remote_address}: it is not at rest")
+        leftover = frames.take_buffered()
+        frames.close()
+        return PrefixedStream(self._stream, leftover, remote_address=remote_address)
+
     async def aclose(self) -> None:
         """Close the connection (idempotent; closes even when cancelled; never raises a
         transport error).  A task blocked in a receive gets the stream's closed error."""
@@ -483,6 +500,52 @@ class FramedConnection:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class PrefixedStream(Stream):
+    """A stream whose first received bytes are ``prefix`` (bytes a framing layer had read ahead,
+    :meth:`FramedConnection.detach`), then the inner stream's; everything else is the inner
+    stream's.  Its bulk thread path (:meth:`blocking_io`) is offered once the prefix is gone."""
+
+    def __init__(self, inner: Stream, prefix: bytes, *, remote_address: str | None = None) -> None:
+        self._inner = inner
+        self._prefix = memoryview(prefix)
+        self.remote_address = remote_address if remote_address is not None else inner.remote_address
+        self.local_address = inner.local_address
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._inner.send_all(data)
+
+    def send_nowait(self, data: bytes | bytearray | memoryview) -> int:
+        return self._inner.send_nowait(data)
+
+    async def receive_into(self, buffer: memoryview | bytearray) -> int:
+        if self._prefix.nbytes:
+            view = receive_view(buffer)
+            n = min(view.nbytes, self._prefix.nbytes)
+            view[:n] = self._prefix[:n]
+            self._prefix = self._prefix[n:]
+            await trio.lowlevel.checkpoint()
+            return n
+        return await self._inner.receive_into(buffer)
+
+    async def receive_exactly_into(self, buffer: memoryview | bytearray) -> None:
+        if self._prefix.nbytes:
+            await Stream.receive_exactly_into(self, buffer)
+        else:
+            await self._inner.receive_exactly_into(buffer)
+
+    async def send_eof(self) -> None:
+        await self._inner.send_eof()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+    def blocking_io(self) -> BlockingIO | None:
+        return None if self._prefix.nbytes else self._inner.blocking_io()
 
 
 def _nonce_drawer(source: NonceSource | None) -> Callable[[int], bytes]:
@@ -543,6 +606,32 @@ async def _establish(
         raise
     logger.debug("connection with %s established (role %s, authenticated=%s)", remote, role.name, connection.authenticated)
     return connection
+
+
+async def establish_over(
+    stream: Stream,
+    *,
+    role: HandshakeRole,
+    token: str | bytes | None = None,
+    config: Config | None = None,
+    nonce_source: NonceSource | None = None,
+) -> FramedConnection:
+    """Run the handshake as ``role`` on a stream that is connected already but not through a
+    listener or a dial of this side's own: one end of a relay's splice (both ends dialled the
+    relay).  No TLS (the hops to the relay have their own); the whole handshake within
+    ``config.connect_timeout``.  Errors as for :func:`open_framed`; the stream is closed on any
+    failure."""
+    config = config or Config()
+    if config.tls_client_context is not None:
+        config = dataclasses.replace(config, tls_client_context=None, tls_server_context=None)
+    return await _establish(
+        stream,
+        role=role,
+        token=token,
+        config=config,
+        nonce_source=nonce_source,
+        deadline=trio.current_time() + config.connect_timeout,
+    )
 
 
 async def open_framed(

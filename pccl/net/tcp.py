@@ -198,6 +198,12 @@ class TcpNetwork(Network):
     def config(self) -> Config:
         return self._config
 
+    def local_addresses(self, family: str = "ipv4") -> list[str]:
+        """This host's interface addresses (:func:`pccl.net.interfaces.interface_addresses`)."""
+        from .interfaces import interface_addresses
+
+        return interface_addresses(socket.AF_INET6 if family == "ipv6" else socket.AF_INET)
+
     def _configure(self, sock: socket.socket) -> None:
         size = self._config.socket_buffer_size
         if size > 0:
