@@ -33,6 +33,7 @@ __all__ = [
     "ConnectTimeout",
     "AddressInUse",
     "StreamClosed",
+    "PeerUnreachable",
 ]
 
 
@@ -165,3 +166,8 @@ class AddressInUse(TransportError):
 
 class StreamClosed(TransportError):
     """This side already closed the stream (or its sending half) and then used it."""
+
+
+class PeerUnreachable(TransportError):
+    """No path to another peer: none of its candidates answered, it could not dial back, and no
+    relay joined the two (the message says what each attempt met)."""

@@ -103,12 +103,16 @@ from .events import (Close, Effect, Event, Fact, Kick, MessageReceived, OpEnded,
 from .collectives import CollectiveOps, OpInfo, OpsHost
 from .mismatch import MismatchHost, PhaseMismatches
 from .optimize import OptimizeHost, Optimizer
+from .paths import Paths, PathsHost, PathView, RelayView
 from .rounds import Rounds, RoundsHost
 from .votes import TopologyVotes, VotesHost
 from .peers import GLOBAL_SCOPE, PHASES, PeerInfo, PeerRecord, PeerStatus, ReportedBytes, RoundRecord, TopologyVote
+from ..paths import CandidateOrigin, Port, format_host_port, resolve_candidates
 from .sync import SyncHost, SyncRoundInfo, SyncState
 
-_C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
+_C, _R, _A, _RELAY = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED, PeerStatus.RELAY
+#: Candidates a peer may register (a host with a handful of interfaces has a few per port).
+MAX_CANDIDATES = 64
 
 __all__ = ["MasterState", "RandomSource", "PeerStatus", "TopologyVote", "GLOBAL_SCOPE", "PeerInfo", "OpInfo",
            "SyncRoundInfo", "PeerConnected", "MessageReceived", "PeerDisconnected", "ProtocolViolation", "Tick",
@@ -132,7 +136,8 @@ class MasterState:
     """
 
     def __init__(self, *, rng: RandomSource, peer_timeout: float, max_p2p_attempts: int = 3,
-                 min_stripe: int = election.DEFAULT_MIN_STRIPE, mismatch_grace: float | None = None) -> None:
+                 min_stripe: int = election.DEFAULT_MIN_STRIPE, mismatch_grace: float | None = None,
+                 own_relay: bool = False) -> None:
         if peer_timeout <= 0 or max_p2p_attempts < 1:
             raise ValueError("peer_timeout must be positive and max_p2p_attempts at least 1")
         grace = peer_timeout / 4 if mismatch_grace is None else mismatch_grace
@@ -222,6 +227,12 @@ class MasterState:
             report=self._report,
             in_topology_vote=lambda pid: self._peer(pid).topology_vote is not None,
         ))
+        self._paths = Paths(PathsHost(
+            is_live=lambda pid: pid in self._by_id,
+            endpoint=lambda pid: self._peer(pid).endpoint(),
+            send=lambda pid, msg: self._send(self._peer(pid), msg),
+            random_bytes=lambda n: self._rng.getrandbits(8 * n).to_bytes(n, "little"),
+        ), own_relay=own_relay)
         self._reported = ReportedBytes()
         self._timer_at: float | None = None
         self._out: list[Effect] = []
@@ -241,6 +252,11 @@ class MasterState:
             m.CollectiveWithdraw: lambda p, msg: self._collectives.on_withdraw(p.group, p.peer_id, msg),
             m.SyncVote: lambda p, msg: self._sync_state.on_vote(p.group, p.peer_id, msg),
             m.SyncReport: lambda p, msg: self._sync_state.on_report(p.group, p.peer_id, msg),
+            m.PathRequest: lambda p, msg: self._paths.on_request(p.peer_id, msg),
+            m.DialFailed: lambda p, msg: self._paths.on_dial_failed(p.peer_id, msg),
+            m.PathReport: lambda p, msg: self._paths.on_report(p.peer_id, msg, self._now),
+            m.RelayRegister: self._on_relay_register,
+            m.RelayStats: lambda p, msg: self._paths.relay_stats(p.conn_id, msg),
         }
         assert self._handlers.keys() == PHASES.keys()
 
@@ -349,7 +365,28 @@ class MasterState:
 
     def peer_id_of(self, conn_id: int) -> int | None:
         p = self._peers.get(conn_id)
-        return p.peer_id if p is not None and p.status is not _C else None
+        return p.peer_id if p is not None and p.status is not _C and p.status is not _RELAY else None
+
+    def paths(self) -> list[PathView]:
+        """The paths peers reported (:mod:`pccl.protocol.master.paths`), by initiator and target."""
+        return self._paths.paths()
+
+    def relays(self) -> list[RelayView]:
+        """The relays that serve the run, by id."""
+        return self._paths.relays()
+
+    def candidates_of(self, peer_id: int) -> tuple[m.Candidate, ...]:
+        """The candidates ``peer_id`` registered (hosts resolved), ``()`` for an unknown peer."""
+        conn = self._by_id.get(peer_id)
+        return self._peers[conn].candidates if conn is not None else ()
+
+    def relay_forwarded(self, stats: m.RelayStats) -> None:
+        """What the master's own relay (``own_relay``) forwarded so far (the shell reports it)."""
+        self._paths.own_relay_stats(stats)
+
+    def path_counters(self) -> dict[str, int]:
+        """Path attempts by outcome since the start: ``dial_back``, ``relayed``, ``unavailable``."""
+        return dict(self._paths.counters)
 
     def conn_of(self, peer_id: int) -> int | None:
         return self._by_id.get(peer_id)
@@ -463,6 +500,13 @@ class MasterState:
     def _on_register(self, peer: PeerRecord, msg: m.Register) -> None:
         if msg.p2p_port == 0:
             raise PeerFault(KickReason.PROTOCOL_ERROR, "registration without a p2p port")
+        if len(msg.candidates) > MAX_CANDIDATES:
+            raise PeerFault(KickReason.PROTOCOL_ERROR,
+                            f"registration with {len(msg.candidates)} candidates (at most {MAX_CANDIDATES})")
+        for c in msg.candidates:
+            if c.kind not in Port.__members__.values() or c.origin not in (CandidateOrigin.ADVERTISED,
+                                                                           CandidateOrigin.LOCAL) or c.port == 0:
+                raise PeerFault(KickReason.PROTOCOL_ERROR, f"registration with a bad candidate {c!r}")
         # A peer registering again after this master restarted keeps its id, unless this master
         # issued that id already (never reused, so that "gone" stays unambiguous).
         peer_id = msg.previous_peer_id if msg.previous_peer_id < 2**63 else 0
@@ -472,12 +516,21 @@ class MasterState:
         peer.peer_id, peer.group, peer.status = peer_id, msg.peer_group, _R
         self._members_version += 1
         peer.p2p_port, peer.shared_state_port = msg.p2p_port, msg.shared_state_port
+        peer.candidates = resolve_candidates(msg.candidates, peer.host)
         self._by_id[peer_id] = peer.conn_id
         self._out.append(PeerJoined(peer.conn_id, peer_id, msg.peer_group, peer_id == msg.previous_peer_id))
-        self._send(peer, m.Welcome(peer_id, self.instance))
+        self._send(peer, m.Welcome(peer_id, self.instance, peer.host))
         again = " again, keeping its id" if peer_id == msg.previous_peer_id else ""
         log.info("peer %x joined group %d from %s%s; waiting to be accepted", peer_id, msg.peer_group, peer.host,
                  again)
+
+    def _on_relay_register(self, peer: PeerRecord, msg: m.RelayRegister) -> None:
+        if msg.port == 0:
+            raise PeerFault(KickReason.PROTOCOL_ERROR, "relay registration without a port")
+        peer.status = _RELAY
+        self._members_version += 1
+        relay_id = self._paths.add_relay(peer.conn_id, format_host_port(msg.host or peer.host, msg.port))
+        self._send(peer, m.RelayWelcome(relay_id, self.instance))
 
     def _on_vote_topology(self, peer: PeerRecord, msg: m.VoteTopology) -> None:
         peer.topology_vote = TopologyVote.ACCEPT if msg.accept_new_peers else TopologyVote.REWIRE
@@ -498,10 +551,14 @@ class MasterState:
             self._out.append(Kick(conn_id, reason, detail))
         if peer.status is _C:
             return
+        if peer.status is _RELAY:
+            self._paths.relay_removed(conn_id)
+            return
         if reason is None:  # a kick is logged once, by the shell that delivers it
             log.info("peer %x (group %d, connection %d) %s", peer.peer_id, peer.group, conn_id, detail)
         del self._by_id[peer.peer_id]
         self._optimizer.links.forget(peer.peer_id)
+        self._paths.peer_removed(peer.peer_id)
         if peer.round_scope is not None:
             self._rounds.dropped(peer.round_scope)
         if peer.status is _A:

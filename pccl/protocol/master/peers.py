@@ -32,6 +32,7 @@ class PeerStatus(enum.Enum):
     CONNECTED = "connected"  # handshake done, not registered yet
     REGISTERED = "registered"  # has a peer id, waits to be accepted
     ACCEPTED = "accepted"
+    RELAY = "relay"  # a relay registered on this connection (pccl.protocol.master.paths); never a peer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +43,7 @@ class PhaseRow:
     refused_while: tuple[tuple[ph.Activity, str], ...] = ()
 
 
-_C, _R, _A = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED
+_C, _R, _A, _RELAY = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED, PeerStatus.RELAY
 
 #: OUT_OF_PHASE details for every (call, refusing activity) pair of the phase table
 #: (:data:`pccl.protocol.phases.RULES`), formatted with ``msg`` and ``op`` (the sender's
@@ -71,9 +72,14 @@ REFUSAL_DETAIL: dict[tuple[ph.Call, ph.Activity], str] = {
 #: handlers.
 PHASES: dict[type[m.Message], PhaseRow] = {
     m.Register: PhaseRow(frozenset({_C})),
-    m.Heartbeat: PhaseRow(frozenset({_C, _R, _A})),
-    m.Leave: PhaseRow(frozenset({_C, _R, _A})),
+    m.Heartbeat: PhaseRow(frozenset({_C, _R, _A, _RELAY})),
+    m.Leave: PhaseRow(frozenset({_C, _R, _A, _RELAY})),
     m.P2PReport: PhaseRow(frozenset({_R, _A})),
+    m.PathRequest: PhaseRow(frozenset({_R, _A})),
+    m.DialFailed: PhaseRow(frozenset({_R, _A})),
+    m.PathReport: PhaseRow(frozenset({_R, _A})),
+    m.RelayRegister: PhaseRow(frozenset({_C})),
+    m.RelayStats: PhaseRow(frozenset({_RELAY})),
     m.ProbeReport: PhaseRow(frozenset({_A})),
     m.CollectiveDone: PhaseRow(frozenset({_A})),
     m.CollectiveWithdraw: PhaseRow(frozenset({_A})),
@@ -100,13 +106,15 @@ class PeerRecord:
     group: int = 0
     p2p_port: int = 0
     shared_state_port: int = 0
+    #: Where else the peer may be reached (:mod:`pccl.protocol.paths`), as it registered them.
+    candidates: tuple[m.Candidate, ...] = ()
     topology_vote: TopologyVote | None = None
     round_scope: int | None = None  # scope key of the round this peer takes part in
     pending_vote: bool = False
     report: m.Heartbeat | None = None  # the last heartbeat (see "Reports")
 
     def endpoint(self) -> m.PeerEndpoint:
-        return m.PeerEndpoint(self.peer_id, self.host, self.p2p_port, self.shared_state_port)
+        return m.PeerEndpoint(self.peer_id, self.host, self.p2p_port, self.shared_state_port, self.candidates)
 
 
 @dataclasses.dataclass
@@ -134,6 +142,8 @@ class RoundRecord:
     dropped: bool = False  # a participant left during this attempt
     failed_attempts: int = 0  # consecutive attempts with an unreachable report
     blame: Counter[int] = dataclasses.field(default_factory=Counter)
+    #: The last failure detail each blamed peer's neighbours reported (its kick names it).
+    details: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 class PeerInfo(NamedTuple):

@@ -80,7 +80,7 @@ class Rounds:
         """Start a round of ``scope`` (an attempt after ``previous``, whose failures it counts)."""
         rnd = RoundRecord(scope, self.take_id(), tuple(sorted(participants)))
         if previous is not None:
-            rnd.failed_attempts, rnd.blame = previous.failed_attempts, previous.blame
+            rnd.failed_attempts, rnd.blame, rnd.details = previous.failed_attempts, previous.blame, previous.details
         self._rounds[scope] = rnd
         by_group: dict[int, list[int]] = {}
         for pid in rnd.participants:
@@ -136,7 +136,11 @@ class Rounds:
         if failed:
             rnd.failed_attempts += 1
             for report in failed:
-                rnd.blame.update(u for u in set(report.unreachable) if self._host.is_live(u) and u in live)
+                blamed = [u for u in set(report.unreachable) if self._host.is_live(u) and u in live]
+                rnd.blame.update(blamed)
+                if report.detail:
+                    for u in blamed:
+                        rnd.details[u] = report.detail
             if rnd.failed_attempts >= self._max_attempts:
                 self._kick_unreachable(rnd, live)
                 live = [pid for pid in live if self._host.is_live(pid)]
@@ -157,9 +161,11 @@ class Rounds:
             detail = f"could not connect to its ring neighbours in {rnd.failed_attempts} attempts"
         for pid in sorted(culprits):
             if self._host.is_live(pid):
-                self._host.kick(pid, KickReason.P2P_UNREACHABLE, detail)
+                why = rnd.details.get(pid)
+                self._host.kick(pid, KickReason.P2P_UNREACHABLE, f"{detail}: {why}" if why else detail)
         rnd.failed_attempts = 0
         rnd.blame = Counter()
+        rnd.details = {}
 
     # --- views --------------------------------------------------------------------------------
 
