@@ -28,10 +28,11 @@ from ._peer.ring_connections import P2PLinks
 from ._peer.session import PeerSession
 from ._peer.sync import StateSyncService
 from .collectives.buckets import DEFAULT_BUCKET_BYTES
-from .config import Config
+from .config import ADVERTISE_ENV, Config
 from .errors import PhaseMismatch, SharedStateSyncFailed
 from .net.base import Network
 from .protocol import messages as m
+from .protocol.paths import describe_port, parse_advertise
 from .shared_state import SharedState
 from .types import CollectiveInfo, Gathered, Quantization, ReduceInfo, ReduceOp, Shard, SyncInfo, SyncStrategy
 
@@ -81,6 +82,19 @@ class CommunicatorStatistics:
     last_sync_revision: int | None = None
     last_sync_tx_bytes: int = 0
     last_sync_rx_bytes: int = 0
+    #: Paths this peer decided for its connections to other peers (direct, dialled back by the
+    #: other peer, relayed; a path decided again after its old one failed counts again), and
+    #: connections it dialled back for others and relay rendezvous it answered.
+    paths_direct: int = 0
+    paths_reversed: int = 0
+    paths_relayed: int = 0
+    dial_backs: int = 0
+    relay_joins: int = 0
+    #: The paths this peer's connections to each other peer take now, as
+    #: ``(peer_id, port, path, via)``: ``port`` one of ``"p2p"``, ``"shared_state"``,
+    #: ``"benchmark"``; ``path`` one of ``"direct"``, ``"reversed"``, ``"relayed"``; ``via`` the
+    #: address dialled or the relay (see "Firewalls, NAT and relays" in the operating guide).
+    paths: tuple[tuple[int, str, str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +184,9 @@ class Communicator:
             peer_id=self.peer_id, peer_group=self.peer_group, world_size=self.world_size,
             global_world_size=self.global_world_size, num_peer_groups=self.num_peer_groups,
             largest_peer_group_size=self.largest_peer_group_size, ring=self.ring,
-            p2p_connections=len(self._session.links.connections()), **dataclasses.asdict(counters))
+            p2p_connections=len(self._session.links.connections()), **dataclasses.asdict(counters),
+            paths=tuple(sorted((peer, describe_port(port), path.kind.name.lower(), path.via)
+                               for (peer, port), path in self._session.connector.paths.items())))
 
     # --- membership ---------------------------------------------------------------------------
 
@@ -426,6 +442,10 @@ async def open_communicator(
     if network is None:
         from .net.tcp import TcpNetwork
 
+        if config.advertise is None and os.environ.get(ADVERTISE_ENV):
+            advertise = os.environ[ADVERTISE_ENV]
+            parse_advertise(advertise, source=f"${ADVERTISE_ENV}")  # InvalidArgument naming the variable
+            config = dataclasses.replace(config, advertise=advertise)
         network = TcpNetwork(config)
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None

@@ -9,9 +9,10 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from .errors import InvalidArgument
+from .protocol.paths import parse_advertise
 from .protocol.topology import MAX_LANES, lanes_for_link
 
-__all__ = ["Config", "DEFAULT_MASTER_PORT", "MIN_SOCKET_BUFFER_SIZE", "TLS_ENV", "tls_contexts"]
+__all__ = ["Config", "DEFAULT_MASTER_PORT", "MIN_SOCKET_BUFFER_SIZE", "TLS_ENV", "ADVERTISE_ENV", "tls_contexts"]
 
 DEFAULT_MASTER_PORT = 48148
 #: The smallest nonzero socket buffer size accepted: loopback's segments are 64 KiB, and a
@@ -60,6 +61,19 @@ class Config:
     #: so bind to that one (a warning says when they differ).  See "Ports" in
     #: ``docs/operating.rst``.
     bind_host: str | None = None
+    #: What other peers dial to reach this one, when that differs from what it binds (a
+    #: rented host whose provider maps its ports to other numbers, a public address in front of
+    #: a private interface): a bare host (the bound ports at that host), or
+    #: ``"p2p=HOST:PORT,shared_state=HOST:PORT,benchmark=HOST:PORT"`` with any subset of the
+    #: kinds (``KIND=PORT`` alone: the host the master sees).  ``None``: ``$PCCL_ADVERTISE`` when
+    #: :func:`~pccl.open_communicator` uses real TCP, else nothing.  The peer registers these
+    #: and its interface addresses besides the address the master observes; see "Firewalls,
+    #: NAT and relays" in ``docs/operating.rst`` (and :mod:`pccl.protocol.paths`).
+    advertise: str | None = None
+    #: How long a dialler tries another peer's candidates (staggered, the first that answers
+    #: wins) before it asks the master to have that peer dial back, and how long a peer asked
+    #: to dial back tries before the master moves the pair to a relay.
+    direct_connect_timeout: float = 3.0
     #: Base ports for a peer's listeners; when taken, the next free port above is used.
     p2p_base_port: int = 48150
     shared_state_base_port: int = 48149
@@ -108,8 +122,10 @@ class Config:
 
     def __post_init__(self) -> None:
         if (self.peer_timeout <= 0 or self.heartbeat_interval <= 0 or self.connect_timeout <= 0
-                or self.first_bytes_timeout <= 0):
+                or self.first_bytes_timeout <= 0 or self.direct_connect_timeout <= 0):
             raise InvalidArgument("timeouts and intervals must be positive")
+        if self.advertise is not None:
+            parse_advertise(self.advertise)  # InvalidArgument naming what is wrong
         if self.master_reconnect_timeout < 0:
             raise InvalidArgument("master_reconnect_timeout must be 0 (no reconnection) or positive")
         if self.master_wait_timeout < 0:
@@ -198,6 +214,8 @@ class Config:
 
 #: The environment variables :meth:`Config.with_tls_from_env` reads: certificate, key, CA.
 TLS_ENV = ("PCCL_TLS_CERT", "PCCL_TLS_KEY", "PCCL_TLS_CA")
+#: The environment variable :func:`~pccl.open_communicator` reads for ``Config.advertise`` (real TCP only).
+ADVERTISE_ENV = "PCCL_ADVERTISE"
 
 
 def _readable(path: str, what: str) -> None:

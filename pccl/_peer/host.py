@@ -19,7 +19,9 @@ from ..config import Config
 from ..errors import PCCLError
 from ..net.base import Listener, Network, Stream
 from ..net.framed import FramedConnection
+from ..net.serving import HandshakeSlot
 from ..protocol import messages as m
+from ..protocol.paths import Port
 from .ring_connections import P2PLinks
 from .phase import PhaseRule
 
@@ -61,6 +63,14 @@ class Counters:
     last_sync_revision: int | None = None
     last_sync_tx_bytes: int = 0
     last_sync_rx_bytes: int = 0
+    #: Paths this peer decided for its connections to others (:mod:`pccl._peer.connector`),
+    #: by kind; a path decided again (its old one failed) counts again.
+    paths_direct: int = 0
+    paths_reversed: int = 0
+    paths_relayed: int = 0
+    #: Connections this peer dialled back for another, and relay rendezvous it answered.
+    dial_backs: int = 0
+    relay_joins: int = 0
 
 
 class CollectiveRoute:
@@ -139,6 +149,15 @@ class PeerHost(Protocol):
     def master_instance(self) -> int:
         """The identity of the current master (from its ``Welcome``)."""
 
+    @property
+    def master_address(self) -> str:
+        """The master's address as given to ``open_communicator`` (also the address of the
+        master's own relay)."""
+
+    @property
+    def observed_host(self) -> str:
+        """The host the master sees this peer's connection come from (its ``Welcome``)."""
+
     # --- failure ---------------------------------------------------------------------------------
 
     def raise_if_failed(self, epoch: int | None = None) -> None:
@@ -201,7 +220,26 @@ class PeerHost(Protocol):
         """Run ``fn(*args)`` in the communicator's nursery; ``False`` if it is shutting down."""
 
     async def dial(self, address: str) -> FramedConnection:
-        """Connect to another peer's listener and run the authenticated handshake."""
+        """Connect to ``address`` (another peer's listener, a relay) and run the authenticated
+        handshake; services open peer connections with :meth:`open_peer` instead."""
+
+    async def open_peer(self, target: m.PeerEndpoint, port: Port) -> FramedConnection:
+        """An authenticated connection to ``target``'s listener for ``port`` on which this side
+        speaks first, over whatever path works (:meth:`pccl._peer.connector.Connector.open`).
+        ``PeerUnreachable`` when none does."""
+
+    async def establish_over(self, stream: Stream, *, role: m.HandshakeRole) -> FramedConnection:
+        """Run the authenticated handshake as ``role`` over a connected stream (a relay's splice)."""
+
+    async def accept_peer(self, stream: Stream, slot: HandshakeSlot, listener: Port) -> None:
+        """Serve one connection this peer's ``listener`` accepted: the knock, then the port's
+        handler (:meth:`serve_port`), or the dial-back an :meth:`open_peer` waits for."""
+
+    def serve_port(self, port: Port, handler: Callable[[FramedConnection, HandshakeSlot | None],
+                                                           Awaitable[None]]) -> None:
+        """Have ``handler`` serve the connections knocked for ``port`` (accepted by a listener,
+        dialled back, or relayed): it reads the service's first message, releases ``slot`` (when
+        not ``None``) once the connection proved itself, serves and closes it."""
 
     async def accept(self, stream: Stream) -> FramedConnection:
         """Run the authenticated handshake on a stream one of this peer's listeners accepted."""

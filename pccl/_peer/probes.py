@@ -3,8 +3,9 @@
 A prober measures each target the master names (``ProbeRequest``), one target after the other
 (the master orders the targets in waves so that probes do not pile onto one peer), and reports
 every result at once (``ProbeReport``).  One probe opens ``Config.probe_streams`` connections to
-the target's p2p port — each an authenticated framed connection like a ring lane, so a wrong run
-token is refused as anywhere else — sends ``ProbeHello`` on each and times its ``ProbeAck`` (the
+the target's p2p port over the pair's path (:mod:`pccl._peer.connector`: a probe of a relayed
+pair measures the relay) — each an authenticated framed connection like a ring lane, so a wrong
+run token is refused as anywhere else — sends ``ProbeHello`` on each and times its ``ProbeAck`` (the
 least of these times is the RTT), then streams data frames on all of them for
 ``Config.probe_seconds`` and ends each with ``ProbeEnd``; the target answers ``ProbeEndAck``
 with the bytes it received.  The bandwidth is the bytes the target received over the time from
@@ -27,10 +28,10 @@ from .._groups import single_exception
 from .host import PeerHost
 from ..config import Config
 from ..errors import PCCLError, ProtocolError
-from ..net.base import format_address
 from ..net.framed import FramedConnection
 from ..protocol import messages as m
 from ..protocol.codec import DataHeader
+from ..protocol.paths import Port
 
 __all__ = ["ProbeService", "probe_bound"]
 
@@ -79,7 +80,6 @@ class ProbeService:
     async def _measure(self, probe_id: int, target: m.PeerEndpoint) -> m.ProbeResult:
         host = self._host
         streams = host.config.probe_streams
-        address = format_address(target.host, target.p2p_port)
         conns: list[FramedConnection | None] = [None] * streams
         rtts = [math.inf] * streams
         received = [0] * streams
@@ -87,7 +87,7 @@ class ProbeService:
             try:
                 async with trio.open_nursery() as nursery:
                     for i in range(streams):
-                        nursery.start_soon(self._open, address, target.peer_id, probe_id, i, conns, rtts)
+                        nursery.start_soon(self._open, target, probe_id, i, conns, rtts)
                 start = trio.current_time()
                 async with trio.open_nursery() as nursery:
                     for i, conn in enumerate(conns):
@@ -104,16 +104,16 @@ class ProbeService:
         rtt = min(rtts)
         return m.ProbeResult(target.peer_id, sum(received) / max(elapsed - rtt, 1e-9), rtt)
 
-    async def _open(self, address: str, target_id: int, probe_id: int, stream: int,
+    async def _open(self, target: m.PeerEndpoint, probe_id: int, stream: int,
                     conns: list[FramedConnection | None], rtts: list[float]) -> None:
         host = self._host
-        conn = await host.dial(address)
+        conn = await host.open_peer(target, Port.BENCHMARK)
         conns[stream] = conn
         sent = trio.current_time()
         await conn.send(m.ProbeHello(host.peer_id, probe_id, stream, host.master_instance))
         ack = await conn.receive()
-        if not isinstance(ack, m.ProbeAck) or ack.peer_id != target_id:
-            raise ProtocolError(f"{address} answered a probe hello with {ack!r}")
+        if not isinstance(ack, m.ProbeAck) or ack.peer_id != target.peer_id:
+            raise ProtocolError(f"peer {target.peer_id:x} answered a probe hello with {ack!r}")
         rtts[stream] = trio.current_time() - sent
 
     @staticmethod

@@ -39,10 +39,13 @@ from ..errors import (
 )
 from ..net.admission import Admission
 from ..net.base import Listener, Network, Stream, format_address, parse_address
-from ..net.framed import FramedConnection, accept_framed, open_framed
+from ..net.framed import FramedConnection, accept_framed, establish_over, open_framed
+from ..net.serving import HandshakeSlot
 from ..protocol import messages as m
 from ..protocol.lifecycle import Event, Lifecycle
+from ..protocol.paths import Port, advertised_candidates, local_candidates, parse_advertise
 from ..protocol.phases import TopologyVote
+from .connector import AcceptHandler, Connector
 from .host import CollectiveRoute, Counters, MasterLost
 from .master_link import Dispatch, MasterLink, handshake, kicked_error
 from .phase import PhaseRule
@@ -88,6 +91,11 @@ class PeerSession:
         self._link: MasterLink | None = None
         self._wiring: RingWiring | None = None
         self._probes = ProbeService(self)
+        self._connector = Connector(self)
+        #: What this peer advertises (``Config.advertise``; open_communicator put
+        #: ``$PCCL_ADVERTISE`` there when it applies).
+        self._advertise = parse_advertise(config.advertise or "")
+        self._observed_host = ""
         self._failure: PCCLError | None = None
         self._close_begun = False
         self._master_instance = 0
@@ -109,6 +117,9 @@ class PeerSession:
             m.TopologyRejected: lambda link, msg: self._votes.topology_rejected(msg),  # type: ignore[arg-type]
             m.PeersPendingResult: lambda link, msg: self._votes.pending_answered(msg),  # type: ignore[arg-type]
             m.ProbeRequest: self._on_probe_request,
+            m.DialRequest: lambda link, msg: self._connector.on_dial_request(msg, link.epoch),  # type: ignore[arg-type]
+            m.RelayOffer: lambda link, msg: self._connector.on_relay_offer(msg, link.epoch),  # type: ignore[arg-type]
+            m.PathUnavailable: lambda link, msg: self._connector.on_path_unavailable(msg),  # type: ignore[arg-type]
             **{kind: self._on_collective_reply for kind in COLLECTIVE_REPLIES},
             **{kind: self._on_sync_reply for kind in SYNC_REPLIES},
         }
@@ -165,6 +176,15 @@ class PeerSession:
     def master_instance(self) -> int:
         """The identity of the master this session is registered with (from its Welcome)."""
         return self._master_instance
+
+    @property
+    def observed_host(self) -> str:
+        return self._observed_host
+
+    @property
+    def connector(self) -> Connector:
+        """This peer's connections to the others and the paths they take."""
+        return self._connector
 
     @property
     def master(self) -> FramedConnection | None:
@@ -322,6 +342,19 @@ class PeerSession:
     async def accept(self, stream: Stream) -> FramedConnection:
         return await accept_framed(stream, token=self._token, config=self._config, nonce_source=self._nonce_source)
 
+    async def open_peer(self, target: m.PeerEndpoint, port: Port) -> FramedConnection:
+        return await self._connector.open(target, port)
+
+    async def establish_over(self, stream: Stream, *, role: m.HandshakeRole) -> FramedConnection:
+        return await establish_over(stream, role=role, token=self._token, config=self._config,
+                                    nonce_source=self._nonce_source)
+
+    async def accept_peer(self, stream: Stream, slot: HandshakeSlot, listener: Port) -> None:
+        await self._connector.accept(stream, slot, listener)
+
+    def serve_port(self, port: Port, handler: AcceptHandler) -> None:
+        self._connector.set_handler(port, handler)
+
     async def listen(self, base_port: int) -> Listener:
         return await self._network.listen(format_address(self.bind_host, base_port),
                                           port_range=self._config.port_search_range)
@@ -386,15 +419,29 @@ class PeerSession:
         ``Config.connect_timeout`` or the connection breaks; ``Kicked``, ``ProtocolError``."""
         assert self._wiring is not None
         register = m.Register(self.peer_group, self._wiring.listener.port, self._shared_state_port,
-                              previous_peer_id=self._peer_id)
+                              previous_peer_id=self._peer_id, candidates=self._candidates())
         welcome = await handshake(connection, register, timeout=self._config.connect_timeout,
                                   master_address=self.master_address)
         self._lifecycle.handle(Event.WELCOMED)
         self._peer_id = welcome.peer_id
         self._master_instance = welcome.instance
+        self._observed_host = welcome.observed_host
+        self._connector.reset()
         self._wiring.reset(self._peer_id)
         link = self._link = MasterLink(self, connection, self._lifecycle.epoch)
         self.spawn(link.run, self.dispatch)
+
+    def _candidates(self) -> tuple[m.Candidate, ...]:
+        """What this peer registers besides the address the master observes: its advertised
+        endpoints, then its interface addresses (:mod:`pccl.protocol.paths`)."""
+        assert self._wiring is not None
+        bound = {Port.P2P: self._wiring.listener.port, Port.SHARED_STATE: self._shared_state_port}
+        bind = self.bind_host
+        if bind not in ("0.0.0.0", "::"):
+            hosts = [bind]
+        else:
+            hosts = self._network.local_addresses("ipv6" if bind == "::" else "ipv4")
+        return advertised_candidates(self._advertise, bound) + local_candidates(hosts, bound)
 
     async def wait_accepted(self) -> None:
         """Wait until a topology round accepted this peer (the vote :meth:`register` set)."""
@@ -449,6 +496,7 @@ class PeerSession:
         link.give_up()
         assert self._wiring is not None
         self._wiring.reset(self._peer_id)  # the old master's rounds are over
+        self._connector.reset()
         lost = MasterLost(str(error))
         self._votes.master_gone(lost)
         self._routes.end_all()

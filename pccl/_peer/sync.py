@@ -8,8 +8,9 @@ A sync (:meth:`StateSyncService.sync`):
 3. the master elects the popular state (:mod:`pccl.protocol.master.election`) and sends each peer that
    must fetch something a ``SyncPlan``: byte ranges of its dirty tensors, striped over the
    up-to-date peers;
-4. the receiver dials every source of the plan at once (framed handshake with the run token),
-   sends ``StateRequest`` and receives one data frame per ≤ 4 MiB chunk straight into its
+4. the receiver opens a connection to every source of the plan at once (over the pair's path,
+   :mod:`pccl._peer.connector`: direct, dialled back, or relayed; framed handshake with the run
+   token), sends ``StateRequest`` and receives one data frame per ≤ 4 MiB chunk straight into its
    buffers; a source that fails (refused, reset, silent for ``Config.peer_timeout``) is reported
    and the master moves its pieces to other sources (next attempt); once every piece arrived the
    receiver re-hashes the tensors it got and reports — a mismatch fails its sync
@@ -38,7 +39,6 @@ import outcome
 import trio
 
 from .host import MasterLost, PeerHost
-from .master_link import refuse_registration
 from ..errors import (
     InvalidArgument,
     InvalidUsage,
@@ -52,11 +52,12 @@ from ..errors import (
     StreamClosed,
     TransportError,
 )
-from ..net.base import Listener, Stream, format_address
+from ..net.base import Listener, Stream
 from ..net.framed import FramedConnection
 from ..net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for, serve_listener
 from ..protocol import messages as m
 from ..protocol.codec import DataHeader
+from ..protocol.paths import Port
 from ..shared_state import SharedState, hash_array_async, lineage_from_wire, lineage_to_wire, state_bytes, vote_entries
 from ..types import SyncInfo, SyncReason, SyncStrategy
 
@@ -106,6 +107,7 @@ class StateSyncService:
         self._running: _RunningSync | None = None
         #: Who gets a handshake slot on the shared-state port (its counters are read by tests).
         self.admission = admission_for(PEER_LIMITS, wait_timeout=host.config.connect_timeout)
+        host.serve_port(Port.SHARED_STATE, self._serve_request)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -123,7 +125,7 @@ class StateSyncService:
                 log.error("peer %x: shared-state listener failed, serving no more state requests: %s",
                           self._host.peer_id, exc)
 
-        await serve_listener(self.listener, self._serve_connection, on_error=failed, admission=self.admission,
+        await serve_listener(self.listener, self._accept, on_error=failed, admission=self.admission,
                              refusals=RefusalLog(f"peer {self._host.peer_id:x} shared-state port", logger=log))
 
     async def aclose(self) -> None:
@@ -308,10 +310,9 @@ class StateSyncService:
                           received: list[int], failed: list[int]) -> None:
         host = self._host
         source = fetch.source
-        address = format_address(source.host, source.shared_state_port)
         conn: FramedConnection | None = None
         try:
-            conn = await host.dial(address)
+            conn = await host.open_peer(source, Port.SHARED_STATE)
             await conn.send(m.StateRequest(sync_id, host.peer_id, fetch.pieces))
             for index, piece in enumerate(fetch.pieces):
                 view = arrays[piece.key].data
@@ -334,8 +335,7 @@ class StateSyncService:
                             host.counters.sync_rx_bytes += got
         except (PCCLError, trio.TooSlowError) as exc:
             reason = "silent too long" if isinstance(exc, trio.TooSlowError) else str(exc)
-            log.info("peer %x: fetching shared state from peer %x at %s failed: %s", host.peer_id,
-                     source.peer_id, address, reason)
+            log.info("peer %x: fetching shared state from peer %x failed: %s", host.peer_id, source.peer_id, reason)
             failed.append(source.peer_id)
         finally:
             if conn is not None:
@@ -343,22 +343,22 @@ class StateSyncService:
 
     # --- serving --------------------------------------------------------------------------------
 
-    async def _serve_connection(self, stream: Stream, slot: HandshakeSlot) -> None:
-        # The connection keeps its slot (pccl.net.serving) until its request arrived: without a
-        # run token the handshake alone proves nothing.
+    async def _accept(self, stream: Stream, slot: HandshakeSlot) -> None:
+        await self._host.accept_peer(stream, slot, Port.SHARED_STATE)
+
+    async def _serve_request(self, conn: FramedConnection, slot: HandshakeSlot | None) -> None:
+        """Serve one connection knocked for this peer's shared-state port (accepted, dialled
+        back, or relayed).  An accepted one keeps its slot (pccl.net.serving) until its request
+        arrived: without a run token the handshake alone proves little."""
         host = self._host
-        remote = stream.remote_address
-        conn: FramedConnection | None = None
+        remote = conn.remote_address
         try:
-            conn = await host.accept(stream)
             with trio.fail_after(host.config.connect_timeout):
                 request = await conn.receive()
-            if isinstance(request, m.Register):
-                await refuse_registration(conn, "shared-state")
-                raise ProtocolError("it registered, taking this peer's shared-state port for a master (it was told so)")
             if not isinstance(request, m.StateRequest):
                 raise ProtocolError(f"expected StateRequest, got {type(request).__name__}")
-            slot.release()
+            if slot is not None:
+                slot.release()
             serving = self._serving
             problem = check_request(serving, request)
             if problem is not None:
@@ -377,15 +377,12 @@ class StateSyncService:
                     host.counters.sync_tx_bytes += nbytes
         except (PCCLError, trio.TooSlowError) as exc:
             reason = "silent too long" if isinstance(exc, trio.TooSlowError) else exc
-            if slot.released:
+            if slot is None or slot.released:
                 log.info("peer %x: state request from %s failed: %s", host.peer_id, remote, reason)
             else:
                 slot.refuse(reason)
         finally:
-            if conn is not None:
-                await conn.aclose()
-            else:
-                await stream.aclose()
+            await conn.aclose()
 
 
 def _reason(code: int) -> SyncReason:

@@ -2,8 +2,10 @@
 
 Every peer listens on a p2p port (bump-allocated from ``config.p2p_base_port``) and, in each
 topology round, connects ``config.p2p_lanes`` lanes to its ring successor and reports the outcome
-to the master (``P2PReport``).  A lane is a framed connection (handshake with the run token) whose
-first message is ``P2PHello(round, lane)``, answered by ``P2PHelloAck``.  The round's connections
+to the master (``P2PReport``).  A lane is a connection to the successor's p2p port opened over
+the pair's path (:mod:`pccl._peer.connector`: direct, dialled back by the successor, or
+relayed; handshake with the run token and knock), whose first message is ``P2PHello(round,
+lane)``, answered by ``P2PHelloAck``.  The round's connections
 live in :class:`~pccl._peer.ring_connections.P2PLinks`.  The master retries failed rounds and in the end
 removes the peers that stay unreachable.
 
@@ -28,12 +30,13 @@ import trio
 
 from .._groups import single_exception
 from ..errors import PCCLError, ProtocolError, StreamClosed, TopologyUpdateFailed, TransportError
-from ..net.base import Listener, Stream, format_address
+from ..protocol.codec import MAX_DETAIL, clip_text
+from ..net.base import Listener, Stream
 from ..net.framed import FramedConnection
 from ..net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for, serve_listener
 from ..protocol import messages as m
+from ..protocol.paths import Port
 from .host import PeerHost
-from .master_link import refuse_registration
 from .ring_connections import P2PLinks
 
 __all__ = ["RingWiring"]
@@ -56,6 +59,7 @@ class RingWiring:
         self._kept: dict[FramedConnection, int | None] = {}
         #: Who gets a handshake slot on the ring port (its counters are read by tests).
         self.admission = admission_for(PEER_LIMITS, wait_timeout=host.config.connect_timeout)
+        host.serve_port(Port.P2P, self.accept_lane)
 
     def reset(self, peer_id: int) -> None:
         """Registered as ``peer_id`` with a master (again): the rounds of an earlier master are
@@ -119,6 +123,7 @@ class RingWiring:
         with scope:
             ok = True
             unreachable: tuple[int, ...] = ()
+            detail = ""
             succ = links.successor
             if succ != host.peer_id:
                 try:
@@ -137,7 +142,7 @@ class RingWiring:
                             conn.abort()
                     log.info("peer %x: cannot connect to ring successor %x in round %d: %s",
                              host.peer_id, succ, links.round, error)
-                    ok, unreachable = False, (succ,)
+                    ok, unreachable, detail = False, (succ,), clip_text(str(error), MAX_DETAIL)
                 except BaseException:
                     for conn in dialled:
                         if conn is not None:
@@ -150,7 +155,7 @@ class RingWiring:
                         return
                     links.add_outgoing(succ, tuple(dialled))  # type: ignore[arg-type]
             try:
-                await host.send(m.P2PReport(links.round, ok, unreachable), epoch=epoch, schedule_point=False)
+                await host.send(m.P2PReport(links.round, ok, unreachable, detail), epoch=epoch, schedule_point=False)
             except PCCLError:
                 pass  # the communicator failed, or the master of this round is gone
 
@@ -198,8 +203,7 @@ class RingWiring:
     async def _dial_lane(self, endpoint: m.PeerEndpoint, links: P2PLinks, lane: int,
                          dialled: list[FramedConnection | None]) -> None:
         host = self._host
-        address = format_address(endpoint.host, endpoint.p2p_port)
-        conn = await host.dial(address)
+        conn = await host.open_peer(endpoint, Port.P2P)
         host.counters.p2p_dials += 1
         dialled[lane] = conn
         try:
@@ -207,9 +211,9 @@ class RingWiring:
                 await conn.send(m.P2PHello(host.peer_id, links.round, lane, links.lanes, host.master_instance))
                 ack = await conn.receive()
         except trio.TooSlowError:
-            raise ProtocolError(f"{address} did not acknowledge the p2p hello") from None
+            raise ProtocolError(f"ring successor {endpoint.peer_id:x} did not acknowledge the p2p hello") from None
         if not isinstance(ack, m.P2PHelloAck) or ack.peer_id != endpoint.peer_id or ack.round != links.round:
-            raise ProtocolError(f"{address} answered the p2p hello with {ack!r}")
+            raise ProtocolError(f"ring successor {endpoint.peer_id:x} answered the p2p hello with {ack!r}")
 
     async def serve(self) -> None:
         """Accept the ring connections other peers dial (run in the session's nursery).
@@ -232,39 +236,44 @@ class RingWiring:
                              refusals=RefusalLog(f"peer {self._host.peer_id:x} ring port", logger=log))
 
     async def _accept(self, stream: Stream, slot: HandshakeSlot) -> None:
-        # The connection keeps its slot (pccl.net.serving) until it delivered a hello that fits
-        # this peer's ring: without a run token the handshake alone proves nothing.
+        await self._host.accept_peer(stream, slot, Port.P2P)
+
+    async def accept_lane(self, conn: FramedConnection, slot: HandshakeSlot | None) -> None:
+        """Serve a connection knocked for this peer's p2p port (accepted, dialled back, or
+        relayed): a ring lane (``P2PHello``) or a bandwidth probe (``ProbeHello``).  An accepted
+        connection keeps its slot (pccl.net.serving) until it delivered a hello that fits this
+        peer's ring: without a run token the handshake alone proves little."""
         host = self._host
-        conn: FramedConnection | None = None
+        held: FramedConnection | None = conn
         try:
-            conn = await host.accept(stream)
             with trio.fail_after(host.config.connect_timeout):
                 hello = await conn.receive()
-                if isinstance(hello, m.Register):
-                    refused, conn = conn, None
-                    await refuse_registration(refused, "p2p")
-                    raise ProtocolError("it registered, taking this peer's p2p port for a master (it was told so)")
                 if not isinstance(hello, (m.P2PHello, m.ProbeHello)):
                     raise ProtocolError(f"expected P2PHello, got {type(hello).__name__}")
                 while isinstance(hello, m.P2PHello) and self.links.round < hello.round:  # the dialler may be ahead
                     await self._round_changed.wait()
             if isinstance(hello, m.ProbeHello):  # a bandwidth probe (pccl._peer.probes), not a ring lane
                 self._check_instance(hello)
-                slot.release()
-                probe_conn, conn = conn, None
-                await host.serve_probe(probe_conn, hello)
+                if slot is not None:
+                    slot.release()
+                held = None
+                await host.serve_probe(conn, hello)
                 return
             links = self._check_hello(hello)
-            slot.release()
+            if slot is not None:
+                slot.release()
             await self._add_lane(links, conn, hello)
         except (PCCLError, trio.TooSlowError) as exc:
-            slot.refuse(f"no P2PHello within {host.config.connect_timeout:g} s"
-                        if isinstance(exc, trio.TooSlowError) else exc)
-            if conn is not None:
-                conn.abort()
+            reason = f"no P2PHello within {host.config.connect_timeout:g} s" if isinstance(exc, trio.TooSlowError) else exc
+            if slot is not None:
+                slot.refuse(reason)
+            else:
+                log.info("peer %x: a ring connection from %s was not taken: %s", host.peer_id, conn.remote_address,
+                         reason)
+            conn.abort()
         except BaseException:
-            if conn is not None:  # cancelled while pending: close now, not when the GC gets to it
-                conn.abort()
+            if held is not None:  # cancelled while pending: close now, not when the GC gets to it
+                held.abort()
             raise
 
     async def _await_hello(self, conn: FramedConnection, lane: int) -> None:
