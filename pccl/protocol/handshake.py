@@ -52,7 +52,9 @@ MAGIC = b"\x89PCCL\r\n\x1a"
 #: 4: ``Welcome`` and ``P2PHello`` carry the master's instance id (peers survive master restarts).
 #: 5: phase mismatches end with ``TopologyRejected`` / ``PHASE_MISMATCH``; ``CollectiveWithdraw``.
 #: 6: ``optimize_topology``: ``VoteOptimize``, probes (``ProbeRequest`` ... ``ProbeEndAck``).
-PROTOCOL_VERSION = 6
+#: 7: every peer connection begins with ``Knock`` (or a dial-back's ``ReverseHello``); candidates,
+#:    dial-backs and relays (``pccl.protocol.paths``).
+PROTOCOL_VERSION = 7
 
 _PREAMBLE = struct.Struct(">8sI")
 PREAMBLE_SIZE = _PREAMBLE.size
