@@ -194,8 +194,6 @@ class Paths:
             detail = (f"{why}; no relay serves this run" if not attempt.avoid
                       else f"{why}; no other relay serves this run")
             detail += " (start `pccl relay --master ...` or `pccl master --relay`)"
-            if attempt.detail:
-                detail = f"{attempt.detail}; {detail}"
             self._host.send(requester, m.PathUnavailable(request, clip_text(detail, MAX_DETAIL)))
             return
         previous = self._relays.get(attempt.relay) if attempt.relay is not None else None
