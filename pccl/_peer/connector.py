@@ -6,11 +6,13 @@ dial-backs and relay offers is :mod:`pccl.protocol.master.paths`.  This module i
 * :meth:`Connector.open` gives a service (ring wiring, a state fetch, a probe) an authenticated
   connection to another peer's listener of a :class:`~pccl.protocol.paths.Port`, on which this
   side speaks first, whoever dialled the TCP connection.  The pair's path is kept from the last
-  time (:attr:`Connector.paths`); without one, or when it fails, it is negotiated: the target's
-  candidates are raced (:func:`race`, within ``Config.direct_connect_timeout``), then the master
-  is asked for a dial-back, then for a relay — each step when the previous one failed, all of
-  it within :meth:`Connector.open_bound`.  ``PeerUnreachable`` says what every step met.
-  Concurrent opens of one pair and port wait for one negotiation.
+  time (:attr:`Connector.paths`) and used within ``Config.connect_timeout``, as a plain dial
+  would be; when it fails, that connection fails (the peer is most likely dead or stalled) and
+  the path is forgotten.  Without a path it is negotiated: the target's candidates are raced
+  (:func:`race`, within ``Config.direct_connect_timeout``), then the master is asked for a
+  dial-back, then for a relay (avoiding one the pair's last path failed at) — each step when the
+  previous one failed, all of it within :meth:`Connector.open_bound`.  ``PeerUnreachable`` says
+  what every step met.  Concurrent opens of one pair and port wait for one negotiation.
 * :meth:`Connector.accept` is the accept handler of both listeners: after the framed handshake
   the first message is a ``Knock`` (a direct dial; handed to the port's handler, see
   :meth:`Connector.set_handler`), a ``ReverseHello`` (the dial-back this peer asked for: handed
@@ -154,6 +156,8 @@ class Connector:
         self.paths: dict[tuple[int, Port], Path] = {}
         self._pending: dict[int, _Pending] = {}
         self._negotiating: dict[tuple[int, Port], trio.Event] = {}
+        #: A relay a pair's last path failed at, avoided by its next negotiation.
+        self._avoid: dict[tuple[int, Port], int] = {}
         self._next_request = 1
         #: (requester, detail) pairs already warned about (a misconfigured advertisement).
         self._warned: set[str] = set()
@@ -171,7 +175,11 @@ class Connector:
         """A new master epoch: attempts of the old master end, relayed paths are forgotten (relay
         ids are the master's), the others are reported again at their next use."""
         for pending in list(self._pending.values()):
-            pending.send.send_nowait(_Unavailable("the master was lost"))
+            try:
+                pending.send.send_nowait(_Unavailable("the master was lost"))
+            except (trio.WouldBlock, trio.ClosedResourceError):
+                pass
+        self._avoid.clear()
         for key in [k for k, p in self.paths.items() if p.kind is PathKind.RELAYED]:
             del self.paths[key]
         for path in self.paths.values():
@@ -193,30 +201,32 @@ class Connector:
         key = (target.peer_id, port)
         while key in self._negotiating:  # another open negotiates this pair: use its outcome
             await self._negotiating[key].wait()
-        deadline = trio.current_time() + self.open_bound()
         path = self.paths.get(key)
-        failures: list[str] = []
-        avoid: set[int] = set()
         if path is not None:
+            # A path that worked fails now: most likely the peer died or stalled (a plain dial
+            # would fail as fast), seldom the network changed.  This connection fails; the next
+            # one negotiates afresh, avoiding a relay that failed.
             try:
-                conn, kind, via, relay = await self._over(path, target, port, deadline)
+                conn, kind, via, relay = await self._over(path, target, port,
+                                                          trio.current_time() + host.config.connect_timeout)
             except PCCLError as exc:
                 if self.paths.get(key) is path:
                     del self.paths[key]
-                failures.append(f"its {path.kind.name.lower()} path failed ({exc})")
-                if path.relay is not None:
-                    avoid.add(path.relay)
-                log.info("peer %x: the %s path of %s connections to peer %x failed (%s); finding another",
-                         host.peer_id, path.kind.name.lower(), describe_port(port), target.peer_id, exc)
-            else:
-                if kind is not path.kind or via != path.via:
-                    self._decided(key, Path(kind, via, relay), 0)
-                elif path.reported_epoch != host.master_epoch:
-                    self._report(key, path, 0)
-                return conn
+                    if path.relay is not None:
+                        self._avoid[key] = path.relay
+                log.info("peer %x: the %s path of %s connections to peer %x failed (%s); the next connection "
+                         "finds another", host.peer_id, path.kind.name.lower(), describe_port(port), target.peer_id,
+                         exc)
+                raise PeerUnreachable(f"peer {target.peer_id:x}'s {path.kind.name.lower()} path failed: {exc}") from exc
+            if kind is not path.kind or via != path.via:
+                self._decided(key, Path(kind, via, relay), 0)
+            elif path.reported_epoch != host.master_epoch:
+                self._report(key, path, 0)
+            return conn
         done = self._negotiating[key] = trio.Event()
         try:
-            return await self._negotiate(target, port, deadline, failures, avoid)
+            avoid = {self._avoid.pop(key)} if key in self._avoid else set()
+            return await self._negotiate(target, port, trio.current_time() + self.open_bound(), [], avoid)
         finally:
             del self._negotiating[key]
             done.set()
@@ -227,11 +237,10 @@ class Connector:
         again: each connection needs its own dial-back or rendezvous)."""
         if path.kind is PathKind.DIRECT:
             dial = Dial(*_split(path.via), CandidateOrigin.OBSERVED)
-            with trio.move_on_after(self._host.config.direct_connect_timeout) as scope:
+            with trio.move_on_at(deadline) as scope:
                 conn = await self._knock(dial, target, port)
             if scope.cancelled_caught:
-                raise PeerUnreachable(f"{path.via} did not answer within "
-                                      f"{self._host.config.direct_connect_timeout:g} s")
+                raise PeerUnreachable(f"{path.via} did not answer within {self._host.config.connect_timeout:g} s")
             return conn, PathKind.DIRECT, path.via, None
         return await self._ask_master(target, port, deadline, relay_only=path.kind is PathKind.RELAYED,
                                       avoid=set(), detail="")

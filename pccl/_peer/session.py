@@ -398,10 +398,11 @@ class PeerSession:
             local_ip = ipaddress.ip_address(parse_address(local_address)[0])
         except (ValueError, InvalidArgument):
             return  # a host name, or a transport without IP addresses: nothing to compare
-        if bound_ip is not None and not bound_ip.is_unspecified and bound_ip != local_ip:
-            log.warning("Config.bind_host is %s but this peer reaches the master at %s from %s: the master "
-                        "gives the other peers the address it sees, where nothing of this peer listens",
-                        bound, self.master_address, local_ip)
+        if bound_ip is not None and not bound_ip.is_unspecified and bound_ip != local_ip and not self._config.advertise:
+            log.warning("Config.bind_host is %s but this peer reaches the master at %s from %s: the others dial "
+                        "the address the master sees first, where nothing of this peer listens, and then %s (they "
+                        "reach it only where they can route to it); set Config.advertise if they should dial "
+                        "another address", bound, self.master_address, local_ip, bound)
 
     async def register(self, *, shared_state_port: int) -> None:
         """Register with the master, wait for ``Welcome``, start the background tasks."""

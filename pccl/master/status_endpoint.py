@@ -102,6 +102,14 @@ class _Metrics:
                                       labels=["direction"])
         payload.add_metric(["tx"], c["reported_tx_bytes"])
         payload.add_metric(["rx"], c["reported_rx_bytes"])
+        pairs = GaugeMetricFamily("pccl_master_pairs", "Peer pairs (opener, target, port) by the path their "
+                                  "connections take", labels=["path"])
+        for kind, n in s.get("paths", {}).items():
+            pairs.add_metric([kind], n)
+        yield pairs
+        yield GaugeMetricFamily("pccl_master_relays", "Relays serving the run", value=len(s.get("relays", [])))
+        yield CounterMetricFamily("pccl_master_relayed_bytes", "Bytes the run's relays forwarded (as they reported)",
+                                  value=sum(r["forwarded_bytes"] for r in s.get("relays", [])))
         yield payload
 
 

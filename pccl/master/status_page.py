@@ -93,10 +93,22 @@ def _ring_svg(group: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _peer_rows(peers: list[dict[str, Any]]) -> str:
+def _reach(peer: dict[str, Any]) -> str:
+    """Whether other peers reach it directly: "yes", "no" (dialled back or relayed), "?"."""
+    return {True: "yes", False: "no", None: "?"}[peer["reachable"]]
+
+
+def _path_text(path: dict[str, Any], names: dict[str, str]) -> str:
+    to = names.get(path["to"], path["to"][:6])
+    return f"{path['port']}\u2192{to} {path['path']}" + (f" ({path['via']})" if path["via"] else "")
+
+
+def _peer_rows(peers: list[dict[str, Any]], names: dict[str, str] | None = None) -> str:
     rows = []
+    names = names or {}
     for p in peers:
         sync = p["last_sync"]
+        paths = "<br>".join(_e(_path_text(x, names)) for x in p["paths"]) or "-"
         rows.append(
             f'<tr class="peer" data-peer="{_e(p["peer_id"])}"><td><code title="{_e(p["peer_id"])}">'
             f'{_e(p["short_id"])}</code></td><td>{_e(p["address"])}</td><td>{_e(p["state"])}</td>'
@@ -105,13 +117,15 @@ def _peer_rows(peers: list[dict[str, Any]]) -> str:
             f'<td class="num">{_e(_or_dash(p["ring_position"]))}</td>'
             f'<td class="num">{_e(format_bytes(sync["rx_bytes"]) if sync else "-")}</td>'
             f'<td class="num">{_e(format_bytes(sync["tx_bytes"]) if sync else "-")}</td>'
-            f'<td class="num">{_e(format_bytes(p["tx_bytes"]))} / {_e(format_bytes(p["rx_bytes"]))}</td></tr>')
+            f'<td class="num">{_e(format_bytes(p["tx_bytes"]))} / {_e(format_bytes(p["rx_bytes"]))}</td>'
+            f'<td class="reach">{_e(_reach(p))}</td><td>{_e(", ".join(p["advertised"]) or "-")}</td>'
+            f'<td class="paths">{paths}</td></tr>')
     return "".join(rows)
 
 
 _PEER_HEADER = ("<tr><th>peer</th><th>address</th><th>state</th><th>doing</th><th>revision</th>"
                 "<th>last heartbeat</th><th>ring position</th><th>last sync rx</th><th>last sync tx</th>"
-                "<th>payload tx / rx</th></tr>")
+                "<th>payload tx / rx</th><th>reachable</th><th>advertised</th><th>paths</th></tr>")
 
 
 def _group_html(group: dict[str, Any]) -> str:
@@ -133,13 +147,29 @@ def _group_html(group: dict[str, Any]) -> str:
     ops_html = (f'<table class="collectives"><tr><th>tag</th><th>seq</th><th>state</th><th>voters</th>'
                 f'<th>done</th></tr>{op_rows}</table>' if ops else "<p>no collective in flight</p>")
     pending = group["pending"]
-    pending_html = (f'<h3>pending ({len(pending)})</h3><table class="pending">{_PEER_HEADER}{_peer_rows(pending)}'
-                    '</table>' if pending else "<p>no peer pending</p>")
+    names = {p["peer_id"]: p["short_id"] for p in group["peers"] + pending}
+    pending_html = (f'<h3>pending ({len(pending)})</h3><table class="pending">{_PEER_HEADER}'
+                    f'{_peer_rows(pending, names)}</table>' if pending else "<p>no peer pending</p>")
     return (f'<section class="group" id="group-{group["group"]}"><div>'
             f'<h2>group {group["group"]}: world size {group["world_size"]}{stale}</h2>'
-            f'<table class="peers">{_PEER_HEADER}{_peer_rows(group["peers"])}</table>{pending_html}'
+            f'<table class="peers">{_PEER_HEADER}{_peer_rows(group["peers"], names)}</table>{pending_html}'
             f'<p>last sync: {_e(sync_text)}</p><h3>collectives in flight</h3>{ops_html}</div>'
             f'<div>{_ring_svg(group)}</div></section>')
+
+
+def _relays_html(status: dict[str, Any]) -> str:
+    relays = status.get("relays", [])
+    counts = status.get("paths", {})
+    summary = ", ".join(f"{kind} {n}" for kind, n in counts.items())
+    if not relays:
+        return f'<h2>relays</h2><p class="relays">none (paths: {_e(summary or "none")})</p>'
+    rows = "".join(
+        f'<tr><td class="num">{r["relay_id"]}</td><td>{_e(r["address"] or "this master")}</td>'
+        f'<td class="num">{r["pairs"]}</td><td class="num">{r["waiting"]}</td>'
+        f'<td class="num">{r["pairs_assigned"]}</td><td class="num">{_e(format_bytes(r["forwarded_bytes"]))}</td></tr>'
+        for r in relays)
+    return (f'<h2>relays</h2><p class="meta">paths: {_e(summary)}</p><table class="relays"><tr><th>relay</th>'
+            f'<th>address</th><th>pairs</th><th>waiting</th><th>assigned</th><th>forwarded</th></tr>{rows}</table>')
 
 
 def render_html(status: dict[str, Any], *, refresh: float = 2.0) -> str:
@@ -169,6 +199,7 @@ syncs {counters["syncs_completed"]} · joins {counters["joins"]} · removals: {_
 votes in progress: topology {votes["topology"]}, collective {votes["collective"]}, sync {votes["sync"]},
 rounds {votes["rounds"]}</p>
 {groups}
+{_relays_html(status)}
 <h2>recent events</h2>
 <table class="events"><tr><th>when</th><th>what</th><th>peer</th><th>group</th><th>detail</th></tr>{events}</table>
 </body></html>
@@ -201,10 +232,19 @@ def render_table(status: dict[str, Any], *, events: int = 10) -> str:
                       f"{' (ring stale)' if g['ring_stale'] else ''}, revision {_or_dash(g['revision'])}, "
                       f"last sync {format_bytes(sync['bytes']) + ' moved' if sync else 'none'}, "
                       f"{len(g['collectives'])} collective(s) in flight"]
+        names = {p["peer_id"]: p["short_id"] for p in g["peers"] + g["pending"]}
         rows = [[p["short_id"], p["address"], p["state"], p["activity"], str(_or_dash(p["revision"])),
-                 format_age(p["heartbeat_age_s"]), str(_or_dash(p["ring_position"]))]
+                 format_age(p["heartbeat_age_s"]), str(_or_dash(p["ring_position"])), _reach(p),
+                 ",".join(p["advertised"]) or "-", "; ".join(_path_text(x, names) for x in p["paths"]) or "-"]
                 for p in g["peers"] + g["pending"]]
-        lines += _table(["PEER", "ADDRESS", "STATE", "DOING", "REVISION", "HEARTBEAT", "RING"], rows)
+        lines += _table(["PEER", "ADDRESS", "STATE", "DOING", "REVISION", "HEARTBEAT", "RING", "REACHABLE",
+                         "ADVERTISED", "PATHS"], rows)
+    relays = status.get("relays", [])
+    if relays:
+        lines += ["", "relays:"]
+        lines += _table(["RELAY", "ADDRESS", "PAIRS", "WAITING", "FORWARDED"],
+                        [[str(r["relay_id"]), r["address"] or "this master", str(r["pairs"]), str(r["waiting"]),
+                          format_bytes(r["forwarded_bytes"])] for r in relays])
     if status["events"]:
         lines += ["", "recent events:"]
         lines += _table(["AGO", "WHAT", "PEER", "GROUP", "DETAIL"],

@@ -27,8 +27,18 @@ durations are seconds; ages count back from the moment of the snapshot.
   it waits in: "idle", "topology vote", "topology round", "collective", "sync", "pending query"),
   ``ring_position`` (0-based, or null), ``heartbeat_age_s``, ``revision`` (from its last sync,
   null before one), ``last_sync`` (``revision``, ``tx_bytes``, ``rx_bytes``) or null,
-  ``tx_bytes``/``rx_bytes`` (its running payload totals), as last reported by its heartbeat.
-* ``connections``: ``total``, ``unregistered`` (handshake done, no ``Register`` yet).
+  ``tx_bytes``/``rx_bytes`` (its running payload totals), as last reported by its heartbeat;
+  ``observed_host`` (the source address the master sees), ``advertised`` (its advertised
+  endpoints as ``"kind=host:port"``), ``local`` (its interface candidates, ``host`` strings),
+  ``reachable`` (true once some peer's connections to it go direct, false while every reported
+  path to it is dialled back or relayed, null before any is reported) and ``paths`` (the paths
+  of its own connections to others: ``to`` (peer id), ``port`` ("p2p", "shared_state",
+  "benchmark"), ``path`` ("direct", "reversed", "relayed"), ``via``), in ``to`` order.
+* ``relays``: ``relay_id``, ``address`` (empty: the master's own, ``pccl master --relay``),
+  ``own``, ``pairs_assigned`` (rendezvous the master sent there), ``pairs`` (spliced now),
+  ``waiting`` (joins without their partner yet), ``forwarded_bytes``, as last reported.
+* ``paths``: counts of reported paths by ``direct``/``reversed``/``relayed``.
+* ``connections``: ``total``, ``unregistered`` (handshake done, no ``Register`` yet), ``relays``.
 * ``votes_in_progress``: counts of peers with a ``topology`` vote standing, ``collective``
   ops voting or running, groups in a ``sync``, peers in a ``pending_query``; ``rounds``: topology
   rounds running.
@@ -49,6 +59,7 @@ from typing import Any
 
 from .master import machine as ms
 from . import messages as m
+from .paths import CandidateOrigin, describe_port, format_host_port
 
 __all__ = ["SCHEMA", "PeerReport", "StatusEvent", "RunCounters", "snapshot", "short_id", "peer_hex"]
 
@@ -162,11 +173,20 @@ def snapshot(
     links = state.measured_links()  # bytes/s by (sender, receiver), from optimize_topology's probes
     stale = state.stale_groups()
     in_ops = {pid for op in ops for pid in (op.voters | set(op.participants))}
+    paths = state.paths()
+    paths_from: dict[int, list[dict[str, Any]]] = {}
+    reached: dict[int, bool] = {}
+    for path in paths:
+        paths_from.setdefault(path.initiator, []).append(
+            {"to": peer_hex(path.target), "port": describe_port(path.port), "path": path.kind.name.lower(),
+             "via": path.via})
+        reached[path.target] = reached.get(path.target, False) or path.kind.name == "DIRECT"
     syncing = {pid for s in running_syncs.values() for pid in (s.voters | set(s.participants))}
 
     def peer_record(p: ms.PeerInfo) -> dict[str, Any]:
         report = reports.get(p.conn_id)
         ring = rings.get(p.group, ())
+        candidates = state.candidates_of(p.peer_id)
         last_sync = None
         if report is not None and report.synced:
             last_sync = {"revision": report.revision, "tx_bytes": report.sync_tx_bytes,
@@ -184,9 +204,15 @@ def snapshot(
             "last_sync": last_sync,
             "tx_bytes": report.tx_bytes if report is not None else 0,
             "rx_bytes": report.rx_bytes if report is not None else 0,
+            "observed_host": p.host,
+            "advertised": [f"{describe_port(c.kind)}={format_host_port(c.host, c.port)}" for c in candidates
+                           if c.origin == CandidateOrigin.ADVERTISED],
+            "local": sorted({c.host for c in candidates if c.origin == CandidateOrigin.LOCAL}),
+            "reachable": reached.get(p.peer_id),
+            "paths": sorted(paths_from.get(p.peer_id, []), key=lambda x: (x["to"], x["port"])),
         }
 
-    registered = [p for p in peers if p.status is not ms.PeerStatus.CONNECTED]
+    registered = [p for p in peers if p.status in (ms.PeerStatus.REGISTERED, ms.PeerStatus.ACCEPTED)]
     groups_out = []
     for group in sorted({p.group for p in registered}):
         members = [p for p in registered if p.group == group]
@@ -230,7 +256,12 @@ def snapshot(
                    "token_required": token_required, "tls": tls},
         "groups": groups_out,
         "connections": {"total": len(peers),
-                        "unregistered": sum(p.status is ms.PeerStatus.CONNECTED for p in peers)},
+                        "unregistered": sum(p.status is ms.PeerStatus.CONNECTED for p in peers),
+                        "relays": sum(p.status is ms.PeerStatus.RELAY for p in peers)},
+        "relays": [{"relay_id": r.relay_id, "address": r.address, "own": r.own, "pairs_assigned": r.pairs_assigned,
+                    "pairs": r.pairs, "waiting": r.waiting, "forwarded_bytes": r.forwarded_bytes}
+                   for r in state.relays()],
+        "paths": {kind: sum(p.kind.name.lower() == kind for p in paths) for kind in ("direct", "reversed", "relayed")},
         "votes_in_progress": {
             "topology": sum(p.topology_vote is not None for p in peers),
             "collective": len(ops),
