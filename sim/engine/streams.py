@@ -507,6 +507,11 @@ class SimNetwork:
     def __repr__(self) -> str:
         return f"<SimNetwork {self._inc.name}#{self._inc.number}>"
 
+    def local_addresses(self) -> list[str]:
+        """The host's interface addresses: its own name (behind a NAT, its private address;
+        loopback names are not listed)."""
+        return [self._inc.name]
+
     def _resolve(self, name: str) -> str | None:
         if name == self._inc.name or name in LOOPBACK:
             return self._inc.name
