@@ -193,10 +193,14 @@ class Nats:
             raise ValueError(f"NAT {name!r} exists already")
         if name in self._explicit or name in self._member:
             raise ValueError(f"{name!r} is a host behind a NAT, it cannot be a NAT's public name")
+        members = list(inside)
+        for host in members:  # checked before anything is made: a refused NAT leaves no trace
+            if host == name:
+                raise ValueError(f"NAT {name!r} cannot be behind itself")
+            self._check_admit(host, None)
         self.hosts.appliance(name)  # ValueError for an existing host or an invalid name
         nat = self._by_name[name] = Nat(self, name, inbound, hairpin)
         self.active = True
-        members = list(inside)
         self.trace.record("net", "nat", name=name, inbound=inbound, hairpin=hairpin, inside=members)
         for host in members:
             self._admit(host, nat)
@@ -210,7 +214,8 @@ class Nats:
         self._admit(host, target)
         self.trace.record("net", "nat_member", nat=nat, host=host)
 
-    def _admit(self, host: str, nat: Nat) -> None:
+    def _check_admit(self, host: str, nat: Nat | None) -> None:
+        """``ValueError`` unless ``host`` may go behind ``nat`` (``None``: a NAT not made yet)."""
         if host in self._by_name:
             raise ValueError(f"{host!r} is a NAT's public name; NATs do not nest")
         current = self._explicit.get(host)
@@ -218,6 +223,9 @@ class Nats:
             raise ValueError(f"{host} is behind {current.name} already")
         if host in self._member and self._member[host] is not nat:
             raise ValueError(f"{host}'s place was consulted already (membership is static for a run)")
+
+    def _admit(self, host: str, nat: Nat) -> None:
+        self._check_admit(host, nat)
         self._explicit[host] = nat
         self._member[host] = nat
 

@@ -341,8 +341,14 @@ def test_names_are_checked() -> None:
             world.add_nat("home")
         with pytest.raises(ValueError, match="do not nest"):
             world.add_nat("other", inside=["home"])
+        assert "other" not in world.nats and "other" not in world.hosts  # refused whole
+        with pytest.raises(ValueError, match="behind home already"):
+            world.add_nat("other", inside=["a"])
+        world.add_nat("other")
         with pytest.raises(ValueError, match="behind home already"):
             world.put_behind("a", "other")
+        with pytest.raises(ValueError, match="itself"):
+            world.add_nat("self", inside=["self"])
         with pytest.raises(ValueError, match="unknown NAT"):
             world.put_behind("b", "nowhere")
         with pytest.raises(ValueError, match="inbound"):
