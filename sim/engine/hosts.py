@@ -15,6 +15,8 @@ Rules:
   thrown away), ``kill`` resets them, ``power_off`` lets them vanish (the peers keep
   retransmitting into them: when the machine comes back its kernel answers those with RST);
 * every incarnation is numbered from one world-wide counter, so numbers never repeat;
+* an *appliance* (:meth:`Hosts.appliance`: a NAT box's public side) is a machine that is up from
+  the start and never runs a process: it cannot boot;
 * code of a dead incarnation that runs on after its death instant is a *zombie*:
   :meth:`Incarnation.zombie` reports it (to ``Hosts.on_zombie``, else as a trace failure).
 """
@@ -88,6 +90,8 @@ class Host:
         self.next_ephemeral = 49152
         self.incarnations = 0
         self.orphans: list[SocketEnd] = []  # connections of a powered-off incarnation
+        #: A box that runs no process (a NAT's public side): it never boots.
+        self.appliance = False
 
     def ephemeral_port(self) -> int:
         port = self.next_ephemeral
@@ -164,6 +168,16 @@ class Hosts:
             host = self._by_name[name] = Host(name)
         return host
 
+    def appliance(self, name: str) -> Host:
+        """Make host ``name`` an appliance: up from now on, never running a process (a NAT's
+        public side answers for itself).  ``ValueError`` if a host of that name exists already."""
+        if name in self._by_name:
+            raise ValueError(f"{name!r} is a host already")
+        host = self.host(name)
+        host.machine_up = True
+        host.appliance = True
+        return host
+
     def alive(self, name: str) -> bool:
         host = self._by_name.get(name)
         return host is not None and host.process is not None
@@ -176,6 +190,8 @@ class Hosts:
         """Power the machine on (if needed) and start a new incarnation.  ``RuntimeError`` if an
         incarnation of ``name`` is still alive."""
         host = self.host(name)
+        if host.appliance:
+            raise RuntimeError(f"{name} is an appliance (a NAT's public name): it runs no process")
         if host.process is not None:
             raise RuntimeError(f"host {name} is still running incarnation {host.process.number}")
         self._incarnations += 1

@@ -12,6 +12,7 @@ The world is the sum of its parts, each in its own module with a public face the
 * :mod:`pccl_sim.engine.hosts` — machines, the incarnations of their processes, boot and death;
 * :mod:`pccl_sim.engine.delivery` — pipes, links and uplinks moving bytes, and what arrives;
 * :mod:`pccl_sim.engine.faults` — kill, power-off, stall and partition;
+* :mod:`pccl_sim.engine.nat` — NAT boxes: public names, private hosts behind them, port maps;
 * :mod:`pccl_sim.engine.streams` — the hosts' side: ``connect``, ``listen`` and the streams.
 
 Model (TCP connections, not packets; details in :mod:`pccl_sim.engine.delivery`): links have a
@@ -21,7 +22,8 @@ and share one uplink for everything leaving the site; ``send_all`` copies into a
 send buffer of ``send_buffer`` bytes and blocks while it is full (a sender that loops blocks, so
 virtual time advances); SYN and SYN-ACK travel the links (one RTT), so connects obey partitions;
 nothing listening → RST → ``ConnectionRefused``; a machine that is down or cut off never answers
-→ ``ConnectTimeout``; ``aclose`` sends FIN behind the data (or RST when unread data is discarded,
+→ ``ConnectTimeout``; hosts behind a NAT (:meth:`World.add_nat`) have private names and dial out
+from the NAT's public name, which forwards only its mapped ports (:mod:`pccl_sim.engine.nat`); ``aclose`` sends FIN behind the data (or RST when unread data is discarded,
 as Linux does); ``abort`` and data arriving at a closed or dead endpoint answer RST.
 
 Every network operation checks the caller's incarnation: an operation of a dead incarnation at a
@@ -40,10 +42,11 @@ from .clock import EventQueue
 from .delivery import Delivery
 from .faults import Faults
 from .hosts import Hosts, Incarnation
+from .nat import Inbound, Nat, Nats
 from .topology import LinkSpec, SiteSpec, Topology
 from .trace import Trace
 
-__all__ = ["World", "LinkSpec", "SiteSpec"]
+__all__ = ["World", "LinkSpec", "SiteSpec", "Nat"]
 
 
 class World:
@@ -56,7 +59,7 @@ class World:
     :mod:`pccl_sim.engine.tap`).  All fault methods are synchronous and take effect at the current
     virtual instant.
 
-    The parts are public (``queue``, ``topology``, ``hosts``, ``delivery``, ``faults``); the
+    The parts are public (``queue``, ``topology``, ``hosts``, ``delivery``, ``faults``, ``nats``); the
     methods below are the ones scenarios and tests use, each a step of one part.
     """
 
@@ -79,6 +82,7 @@ class World:
         self.delivery = Delivery(seed=seed, queue=self.queue, topology=self.topology, hosts=self.hosts,
                                  send_buffer=send_buffer, segment_size=segment_size)
         self.faults = Faults(hosts=self.hosts, topology=self.topology, delivery=self.delivery, trace=self.trace)
+        self.nats = Nats(hosts=self.hosts, trace=self.trace)
 
     @property
     def tap(self) -> Any:
@@ -145,6 +149,33 @@ class World:
         """Links from hosts of site ``a`` to hosts of site ``b`` (and back unless ``both_ways``
         is false) get ``spec``; their bytes also pass ``a``'s uplink."""
         self.topology.set_site_link(a, b, spec, both_ways=both_ways)
+
+    # -- NAT (pccl_sim.engine.nat) ----------------------------------------------------------------
+
+    def add_nat(self, name: str, *, inside: Iterable[str] = (), inbound: Inbound = "drop",
+                hairpin: bool = False) -> Nat:
+        """A NAT box with public name ``name`` and the hosts ``inside`` behind it; SYNs to its
+        unmapped ports are dropped or refused (``inbound``); ``hairpin`` lets hosts behind it use
+        its port map too.  Map ports with :meth:`Nat.map` (the rules:
+        :mod:`pccl_sim.engine.nat`)."""
+        return self.nats.add(name, inside=inside, inbound=inbound, hairpin=hairpin)
+
+    def nat(self, name: str) -> Nat:
+        """The NAT whose public name is ``name`` (``KeyError`` if none)."""
+        return self.nats[name]
+
+    def put_behind(self, host: str, nat: str) -> None:
+        """Put ``host`` behind NAT ``nat`` (before it connects: membership is static)."""
+        self.nats.put_behind(host, nat)
+
+    def nat_by(self, locate: Callable[[str], str | None]) -> None:
+        """Hosts not put behind a NAT explicitly are behind NAT ``locate(name)`` (``None``:
+        none), hosts that join later included; set it before hosts connect."""
+        self.nats.locate_by(locate)
+
+    def nat_of(self, host: str) -> Nat | None:
+        """The NAT ``host`` is behind, or ``None``."""
+        return self.nats.of(host) if self.nats.active else None
 
     # -- faults (pccl_sim.engine.faults) ------------------------------------------------------------
 

@@ -20,6 +20,9 @@ fail (``peer_disconnected``; ``aclose`` is a silent no-op); if that happens at a
 instant than the death, the world records a zombie failure: in reality nothing runs after kill -9.
 While the host is stalled, every operation blocks until the stall ends.
 
+Behind a NAT (:mod:`pccl_sim.engine.nat`) a host's own addresses stay private: its streams show
+its own name as ``local_address``, and the hosts it dials out to see the NAT's public name.
+
 The streams and listeners are handles: what the kernel keeps of a connection or a bound port is
 its :class:`~pccl_sim.engine.sockets.Socket` or :class:`~pccl_sim.engine.sockets.ListenSocket`, which the
 rest of the model fills, resets and tears down.  A handle holds its socket and checks, blocks and
@@ -40,6 +43,7 @@ from .hosts import CURRENT_INCARNATION, LOOPBACK, WILDCARD, Incarnation
 from .sockets import ListenSocket, Socket
 
 if TYPE_CHECKING:
+    from .nat import Nat, Route
     from .network import World
 
 __all__ = ["SimNetwork", "SimStream", "SimListener", "parse_address", "format_address"]
@@ -410,13 +414,20 @@ class _ConnectAttempt:
     """A SYN in flight from incarnation ``inc``; ``result`` becomes the client socket or an
     exception."""
 
-    def __init__(self, inc: Incarnation, world: World, errors: TransportErrors, target: str, port: int) -> None:
+    def __init__(self, inc: Incarnation, world: World, errors: TransportErrors, target: str, port: int,
+                 route: Route | None = None) -> None:
         self.inc = inc
         self.hosts = world.hosts
         self.delivery = world.delivery
         self.errors = errors
         self.target = target
         self.port = port
+        #: Through a NAT (pccl_sim.engine.nat): the address the dialler sees as its remote, and
+        #: the NAT that translates its source address; ``None`` without one.
+        self.shown: str | None = None
+        self.nat: Nat | None = None
+        if route is not None:
+            self.target, self.port, self.shown, self.nat = route.host, route.port, route.shown, route.nat
         self.result: Socket | Exception | None = None
         self.abandoned = False
         self.lot = trio.lowlevel.ParkingLot()
@@ -427,7 +438,8 @@ class _ConnectAttempt:
 
     def refused(self) -> None:
         if not self.abandoned:
-            self.result = self.errors.connection_refused(f"connection to {self.target}:{self.port} refused")
+            where = f"{self.target}:{self.port}" if self.shown is None else self.shown
+            self.result = self.errors.connection_refused(f"connection to {where} refused")
             self.lot.unpark_all()
 
     def established(self, client: Socket) -> None:
@@ -452,9 +464,11 @@ def _syn_arrive(attempt: _ConnectAttempt) -> None:
     client_port = src_inc.host.ephemeral_port()
     client = Socket(
         delivery, src_inc, local=format_address(src_inc.name, client_port),
-        remote=format_address(attempt.target, attempt.port),
+        remote=format_address(attempt.target, attempt.port) if attempt.shown is None else attempt.shown,
     )
-    server = Socket(delivery, listener.inc, local=listener.address, remote=client.local)
+    nat = attempt.nat
+    observed = client.local if nat is None else nat.source(src_inc.name, client_port)
+    server = Socket(delivery, listener.inc, local=listener.address, remote=observed)
     client.wire(server, delivery.link(src_inc.name, attempt.target))
     server.wire(client, back)
     listener.backlog.append(server)
@@ -493,6 +507,11 @@ class SimNetwork:
     def __repr__(self) -> str:
         return f"<SimNetwork {self._inc.name}#{self._inc.number}>"
 
+    def local_addresses(self) -> list[str]:
+        """The host's interface addresses: its own name (behind a NAT, its private address;
+        loopback names are not listed)."""
+        return [self._inc.name]
+
     def _resolve(self, name: str) -> str | None:
         if name == self._inc.name or name in LOOPBACK:
             return self._inc.name
@@ -503,7 +522,8 @@ class SimNetwork:
     async def connect(self, address: str, *, timeout: float | None = None) -> SimStream:
         """Open a stream (one RTT).  ``connection_refused`` if nothing listens there or the name
         is unknown, ``connect_timeout`` if no answer comes within ``timeout`` (partition, machine
-        off).  Cancelled: the half-open connection is reset."""
+        off, a NAT dropping the SYN: :mod:`pccl_sim.engine.nat`).  Cancelled: the half-open
+        connection is reset."""
         errors = self.errors
         name, port = parse_address(address, errors)
         if port == 0:
@@ -517,9 +537,17 @@ class SimNetwork:
         if target is None:
             inc.record("connect_failed", address=address, reason="unknown host")
             raise errors.connection_refused(f"cannot resolve {name!r} for {address}")
-        attempt = _ConnectAttempt(inc, self._world, errors, target, port)
-        inc.attempts.append(attempt)
-        self._world.delivery.link(inc.name, target).send_control(_syn_arrive, (attempt,))
+        world = self._world
+        if world.nats.active:  # pccl_sim.engine.nat: where the SYN goes, or nowhere (dropped)
+            route = world.nats.route(inc.name, target, port)
+            attempt = _ConnectAttempt(inc, world, errors, target, port, route)
+            inc.attempts.append(attempt)
+            if route is not None:
+                world.delivery.link(inc.name, attempt.target).send_control(_syn_arrive, (attempt,))
+        else:
+            attempt = _ConnectAttempt(inc, world, errors, target, port)
+            inc.attempts.append(attempt)
+            world.delivery.link(inc.name, target).send_control(_syn_arrive, (attempt,))
         try:
             with trio.move_on_after(limit):
                 while attempt.result is None:
