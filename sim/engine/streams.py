@@ -507,9 +507,10 @@ class SimNetwork:
     def __repr__(self) -> str:
         return f"<SimNetwork {self._inc.name}#{self._inc.number}>"
 
-    def local_addresses(self) -> list[str]:
+    def local_addresses(self, family: str = "ipv4") -> list[str]:
         """The host's interface addresses: its own name (behind a NAT, its private address;
-        loopback names are not listed)."""
+        loopback names are not listed).  A simulated host has one interface, whatever the
+        ``family``."""
         return [self._inc.name]
 
     def _resolve(self, name: str) -> str | None:

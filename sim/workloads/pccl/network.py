@@ -91,10 +91,10 @@ class PcclSimNetwork(SimNetwork, Network):
         super().__init__(world, incarnation, connect_timeout=config.connect_timeout)
         self.kernel_cost = kernel_cost
 
-    def local_addresses(self) -> list[str]:
+    def local_addresses(self, family: str = "ipv4") -> list[str]:
         """The host's own name, its one interface address (pccl's local candidates; behind a
         simulated NAT it is private, reachable only from hosts behind the same NAT)."""
-        return SimNetwork.local_addresses(self)
+        return SimNetwork.local_addresses(self, family)
 
     def kernel_wait(self) -> Callable[[int], Awaitable[None]] | None:
         return None if self.kernel_cost is None else self._kernel_wait
