@@ -33,6 +33,13 @@ it).  Refused connections are logged once each, rate-limited (:class:`pccl.net.s
 Running out of descriptors anyway makes the listener back off and retry
 (:meth:`pccl.net.tcp.TcpListener.accept`) rather than stop.  Kick details are clipped to
 :data:`pccl.protocol.codec.MAX_DETAIL` characters.
+
+The master's own relay (``relay=True``, ``pccl master --relay``): the master is relay 1 of the
+run (:mod:`pccl.protocol.master.paths`) on its own port.  A connection whose first message is a
+``RelayJoin`` goes to a :class:`pccl.relay.hub.RelayHub` instead of the machine (with the same
+admission slot, released once the join is valid); every other connection is served as before.
+The first message is then due within ``Config.connect_timeout`` of the handshake.  What the hub
+forwarded reaches the machine's relay view whenever the status is read.
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ from ..protocol.master import machine as ms
 from ..protocol import status as st
 from ..protocol.codec import MAX_DETAIL, clip_text
 from ..protocol import messages as m
+from ..relay.hub import RelayHub
 
 __all__ = ["Master", "MasterStatistics", "serve_master", "open_master", "run_master", "MAX_PENDING_HANDSHAKES",
            "MASTER_LIMITS"]
@@ -195,7 +203,7 @@ def server_of(master: Master) -> _MasterServer:
 class _MasterServer:
     def __init__(self, listener: Listener, *, token: str | bytes | None, config: Config,
                  rng: random.Random | None, max_pending_handshakes: int = MAX_PENDING_HANDSHAKES,
-                 status: str | None = None) -> None:
+                 status: str | None = None, relay: bool = False) -> None:
         self.listener = listener
         self.status_request = status
         limits = dataclasses.replace(MASTER_LIMITS, pending=max_pending_handshakes,
@@ -205,7 +213,10 @@ class _MasterServer:
         self.token = token
         self.config = config
         self.nonce_source = rng  # None: cryptographic nonces (secrets); a seeded RNG in the simulator
-        self.state = ms.MasterState(rng=rng if rng is not None else random.Random(), peer_timeout=config.peer_timeout)
+        self.state = ms.MasterState(rng=rng if rng is not None else random.Random(), peer_timeout=config.peer_timeout,
+                                    own_relay=relay)
+        #: The master's own relay (``relay=True``), else None.
+        self.hub = RelayHub(config) if relay else None
         self.conns: dict[int, _Conn] = {}
         self.next_conn_id = 1
         self.timer_at: float | None = None
@@ -323,6 +334,8 @@ class _MasterServer:
         self._event(kind, conn, f"{reason}: {clip_text(detail, MAX_DETAIL)}" if kind == "kick" else detail)
 
     def status(self) -> dict[str, Any]:
+        if self.hub is not None:
+            self.state.relay_forwarded(self.hub.stats())
         counters = st.RunCounters(self.ops_completed, self.ops_aborted, self.syncs_completed, self.joins,
                                   dict(self.removals), *self.state.reported_bytes())
         reports = {cid: st.PeerReport.of(heartbeat) for cid, heartbeat in self.state.reports().items()}
@@ -452,8 +465,17 @@ class _MasterServer:
         """
         try:
             framed = await self._handshake(stream, slot)
-            if framed is not None:
-                await self._serve_connection(framed, slot)
+            if framed is None:
+                return
+            first = None
+            if self.hub is not None:
+                first = await self._first_message(framed, slot)
+                if first is None:
+                    return
+                if isinstance(first, m.RelayJoin):
+                    await self.hub.serve(framed, first, slot)
+                    return
+            await self._serve_connection(framed, slot, first)
         except* Exception as group:
             self.internal_errors += 1
             log.error("connection from %s failed unexpectedly; closed it", stream.remote_address,
@@ -472,7 +494,21 @@ class _MasterServer:
             slot.refuse(f"handshake failed: {exc}")
         return None
 
-    async def _serve_connection(self, framed: FramedConnection, slot: HandshakeSlot) -> None:
+    async def _first_message(self, framed: FramedConnection, slot: HandshakeSlot) -> m.Message | None:
+        """With a relay: the connection's first message, read before the machine hears of it (a
+        relay join never reaches the machine), or None (refused, logged; the connection closed)."""
+        try:
+            with trio.fail_after(self.config.connect_timeout):
+                return await framed.receive()
+        except trio.TooSlowError:
+            slot.refuse(f"no first message within {self.config.connect_timeout:g} s (Config.connect_timeout)")
+        except PCCLError as exc:
+            slot.refuse(f"first message: {exc}")
+        framed.abort()
+        return None
+
+    async def _serve_connection(self, framed: FramedConnection, slot: HandshakeSlot,
+                                first: m.Message | None = None) -> None:
         conn_id = self.next_conn_id
         self.next_conn_id += 1
         send, receive = trio.open_memory_channel[m.Message | _Closing | _Flush](OUTBOX_LIMIT)
@@ -483,6 +519,8 @@ class _MasterServer:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._writer, conn, receive)
                     self.feed(ms.PeerConnected(conn_id, parse_address(framed.remote_address)[0]))
+                    if first is not None:
+                        self.feed(ms.MessageReceived(conn_id, first))
                     await self._reader(conn)
         finally:
             # Forget the connection first so that no effect of its own removal is sent to it.
@@ -547,6 +585,7 @@ async def serve_master(
     rng: random.Random | None = None,
     max_pending_handshakes: int = MAX_PENDING_HANDSHAKES,
     status: str | None = None,
+    relay: bool = False,
     task_status: trio.TaskStatus[Master] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve as the master on ``address`` until cancelled (use with ``nursery.start``, which
@@ -557,7 +596,9 @@ async def serve_master(
     nonces.  ``max_pending_handshakes`` caps connections in the handshake at once (see the module
     docstring; ``InvalidArgument`` below 1).  ``status``: ``HOST:PORT`` (or ``PORT``, on loopback)
     to serve the status page, ``/status.json`` and ``/metrics`` on (:mod:`pccl.master.status_endpoint`;
-    they require ``token`` when there is one); None (the default) serves none.  Raises
+    they require ``token`` when there is one); None (the default) serves none.  ``relay``: the
+    master also relays (it is relay 1 of the run, on its own port: peer pairs that cannot
+    connect either way meet here; see :mod:`pccl.relay`).  Raises
     ``AddressInUse``/``TransportError`` if it cannot listen.  Cancellation closes the listener and
     every connection.
     """
@@ -570,7 +611,7 @@ async def serve_master(
         network = TcpNetwork(config)
     listener = await network.listen(address)
     server = _MasterServer(listener, token=token, config=config, rng=rng,
-                           max_pending_handshakes=max_pending_handshakes, status=status)
+                           max_pending_handshakes=max_pending_handshakes, status=status, relay=relay)
     await server.run(task_status)
 
 
@@ -584,6 +625,7 @@ async def open_master(
     rng: random.Random | None = None,
     max_pending_handshakes: int = MAX_PENDING_HANDSHAKES,
     status: str | None = None,
+    relay: bool = False,
 ) -> AsyncIterator[Master]:
     """Run a master for the duration of the ``async with`` block; yields the :class:`Master`.
 
@@ -594,7 +636,7 @@ async def open_master(
             master = await nursery.start(
                 lambda task_status: serve_master(address, token=token, config=config, network=network, rng=rng,
                                                  max_pending_handshakes=max_pending_handshakes,
-                                                 status=status, task_status=task_status))
+                                                 status=status, relay=relay, task_status=task_status))
             try:
                 yield master
             finally:
@@ -604,7 +646,7 @@ async def open_master(
 
 
 def run_master(address: str = f"0.0.0.0:{DEFAULT_MASTER_PORT}", *, token: str | bytes | None = None,
-               config: Config | None = None, status: str | None = None) -> None:
+               config: Config | None = None, status: str | None = None, relay: bool = False) -> None:
     """Serve a master on ``address`` until SIGINT or SIGTERM, blocking (``pccl master`` runs
     this; arguments as for :func:`serve_master`).  Call it from the main thread, outside Trio.
     Errors as for :func:`serve_master`, never an ExceptionGroup."""
@@ -614,7 +656,7 @@ def run_master(address: str = f"0.0.0.0:{DEFAULT_MASTER_PORT}", *, token: str | 
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(lambda task_status: serve_master(
-                    address, token=token, config=config, status=status, task_status=task_status))
+                    address, token=token, config=config, status=status, relay=relay, task_status=task_status))
                 if config.tls_server_context is not None:
                     log.info("TLS on: peers need a certificate of their own and the CA (Config.with_tls, $PCCL_TLS_*)")
                 if token is None:

@@ -8,6 +8,9 @@ Sub-commands:
   address is logged as ``master listening on HOST:PORT`` (useful with port 0).  ``--status
   HOST:PORT`` (or ``PORT``: loopback) serves the status page, ``/status.json`` and ``/metrics``;
   ``--tls-cert F --tls-key F [--tls-ca F]`` (or ``$PCCL_TLS_CERT``/``KEY``/``CA``) switch TLS on.
+  ``--relay``: the master also relays (peer pairs that cannot connect either way meet at its port).
+* ``pccl relay --master HOST:PORT [--listen HOST:PORT] [--advertise ADDR]`` runs a relay of that
+  master's run until interrupted (:mod:`pccl.relay`); token and TLS flags as for ``master``.
 * ``pccl run --nproc N [--master HOST:PORT] SCRIPT ARGS...`` starts N copies of a script on this
   machine with ``PCCL_MASTER`` set (and a master on loopback when none is given), torchrun-like
   (:mod:`pccl.tools.launch`).
@@ -47,7 +50,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default=os.environ.get("PCCL_LOG_LEVEL", "INFO"), choices=_LOG_LEVELS,
                         help="logging level (default: $PCCL_LOG_LEVEL or INFO); logs go to stderr")
     # The metavar lists the public sub-commands only: demo-peer is the demo's internal one.
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{master,run,status,demo,bench}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{master,relay,run,status,demo,bench}")
 
     master = commands.add_parser("master", help="run the master (orchestrator) of a run")
     master.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_MASTER_PORT}", metavar="HOST:PORT",
@@ -62,11 +65,29 @@ def _build_parser() -> argparse.ArgumentParser:
     master.add_argument("--status", metavar="HOST:PORT",
                         help="serve the status page (/), /status.json and Prometheus /metrics here; a bare PORT "
                              "binds loopback (default: off); they require the run token when there is one")
-    master.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain): switches TLS on "
-                        "(default: $PCCL_TLS_CERT); peers need TLS too (Config.with_tls / $PCCL_TLS_*)")
-    master.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (default: $PCCL_TLS_KEY)")
-    master.add_argument("--tls-ca", metavar="FILE", help="PEM CA bundle to verify the peers' certificates with "
-                        "(default: $PCCL_TLS_CA, else the system's CAs)")
+    _add_tls_arguments(master)
+    master.add_argument("--relay", action="store_true",
+                        help="also relay: peer pairs that cannot connect to each other either way (both behind "
+                             "NAT) meet at this master's port (see also `pccl relay`)")
+
+    from ..relay import DEFAULT_RELAY_PORT
+
+    relay = commands.add_parser("relay", help="run a relay for peer pairs that cannot connect either way")
+    relay.add_argument("--master", required=True, metavar="HOST:PORT", help="the run's master")
+    relay.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_RELAY_PORT}", metavar="HOST:PORT",
+                       help=f"address to listen on for peers (default 0.0.0.0:{DEFAULT_RELAY_PORT})")
+    relay.add_argument("--advertise", metavar="ADDR",
+                       help="where peers reach this relay when that is not --listen (HOST:PORT, HOST or :PORT; "
+                            "default: the --listen host, or the address the master sees when it is a wildcard)")
+    relay_token = relay.add_mutually_exclusive_group()
+    relay_token.add_argument("--token", help="the run token (default: $PCCL_TOKEN)")
+    relay_token.add_argument("--token-file", help="read the run token from this file (trailing newline stripped)")
+    relay.add_argument("--peer-timeout", type=float, default=Config.peer_timeout,
+                       help="seconds of silence after which the master is given up and registered with again "
+                            "(default %(default)s; the master's --peer-timeout)")
+    relay.add_argument("--heartbeat-interval", type=float, default=Config.heartbeat_interval,
+                       help="seconds between the relay's reports to the master (default %(default)s)")
+    _add_tls_arguments(relay)
 
     from .launch import add_parser as _add_run
 
@@ -94,6 +115,14 @@ def _build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--log-level", default=argparse.SUPPRESS, choices=_LOG_LEVELS,
                          help="logging level (also accepted before the sub-command)")
     return parser
+
+
+def _add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain): switches TLS on "
+                        "(default: $PCCL_TLS_CERT); peers need TLS too (Config.with_tls / $PCCL_TLS_*)")
+    parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (default: $PCCL_TLS_KEY)")
+    parser.add_argument("--tls-ca", metavar="FILE", help="PEM CA bundle to verify the peers' certificates with "
+                        "(default: $PCCL_TLS_CA, else the system's CAs)")
 
 
 def _configure_logging(level: str) -> None:
@@ -139,7 +168,18 @@ def _run_master(args: argparse.Namespace) -> int:
         token = _token(args)
     except _TokenFileError:
         return 2
-    run_master(args.listen, token=token, config=_master_config(args), status=args.status)
+    run_master(args.listen, token=token, config=_master_config(args), status=args.status, relay=args.relay)
+    return 0
+
+
+def _run_relay(args: argparse.Namespace) -> int:
+    from ..relay import run_relay
+
+    try:
+        token = _token(args)
+    except _TokenFileError:
+        return 2
+    run_relay(args.master, args.listen, advertise=args.advertise, token=token, config=_master_config(args))
     return 0
 
 
@@ -171,8 +211,9 @@ def _run_bench(args: argparse.Namespace) -> int:
     return run_driver(args)
 
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"master": _run_master, "status": _run_status,
-                                                             "run": _run_launcher, "bench": _run_bench}
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"master": _run_master, "relay": _run_relay,
+                                                             "status": _run_status, "run": _run_launcher,
+                                                             "bench": _run_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
