@@ -8,6 +8,7 @@ connections still joins a pair.  The real-NAT versions (OS processes, SIGKILL) a
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import struct
 import tracemalloc
@@ -217,3 +218,53 @@ async def test_a_relay_under_idle_and_half_sent_floods_still_joins_a_pair(
     # more than pccl.relay.server.MAX_JOIN_FRAME before reading or allocating it.
     assert grown < 60 * 256 * 1024, f"{grown / MIB:.1f} MiB for 60 half-sent 16 MiB frames"
     print(f"pair joined through the flooded relay in {joined_in:.2f} s; relay memory grew {grown / MIB:.2f} MiB")
+
+
+async def test_status_json_metrics_table_and_page_show_each_pairs_path_and_the_relay() -> None:
+    """A reachable peer and two walled ones, after ``optimize_topology()`` probed every pair:
+    the pairs into a walled peer from the reachable one are dialled back, the pairs between the
+    walled ones relayed, the rest direct; /status.json, /metrics, ``pccl status``'s table and the
+    page say so per peer and for the relay."""
+    from pccl.master import render_table
+    from pccl.master.status_page import render_html
+    from test_status_endpoint import get, samples
+
+    closed: set[int] = set()
+    async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG, relay=True,
+                                status="127.0.0.1:0") as master:
+        async with trio.open_nursery() as nursery:
+            comms: list[pccl.Communicator] = []
+            scopes = []
+            for network in (Firewalled(CFG, closed), Firewalled(CFG, closed, mine=True),
+                            Firewalled(CFG, closed, mine=True)):
+                comm, scope = await admit(nursery, master, comms, _opener(master, network), soon=30)
+                comms.append(comm)
+                scopes.append(scope)
+            await each(comms, lambda i, c: c.optimize_topology(), within=60)
+            await _sum_everywhere(comms)
+            status = json.loads(await get(master, "/status.json", TOKEN))
+            metrics = samples((await get(master, "/metrics", TOKEN)).decode())
+            table = render_table(status)
+            page = render_html(status)
+            for scope in scopes:
+                scope.cancel()
+    open_id, walled = f"{comms[0].peer_id:016x}", {f"{c.peer_id:016x}" for c in comms[1:]}
+    peers = {p["peer_id"]: p for g in status["groups"] for p in g["peers"]}
+    assert set(peers) == {open_id} | walled, peers.keys()
+    assert peers[open_id]["reachable"] is True
+    assert all(peers[w]["reachable"] is False for w in walled)
+    expected = {(open_id, w): "reversed" for w in walled}
+    expected |= {(w, open_id): "direct" for w in walled}
+    expected |= {(a, b): "relayed" for a in walled for b in walled if a != b}
+    seen = {(src, x["to"]): x["path"] for src, p in peers.items() for x in p["paths"] if x["port"] == "benchmark"}
+    assert seen == expected, seen
+    assert status["paths"]["direct"] and status["paths"]["reversed"] and status["paths"]["relayed"]
+    (relay,) = status["relays"]
+    assert relay["own"] and relay["pairs_assigned"] >= 2 and relay["forwarded_bytes"] > 0
+    for kind in ("direct", "reversed", "relayed"):
+        assert metrics[("pccl_master_pairs", (("path", kind),))] == status["paths"][kind]
+    assert metrics[("pccl_master_relays", ())] == 1
+    assert metrics[("pccl_master_relayed_bytes_total", ())] == relay["forwarded_bytes"]
+    assert "relays:" in table and "this master" in table
+    assert "relayed" in table and "reversed" in table
+    assert '<table class="relays">' in page and "relayed" in page
