@@ -10,7 +10,7 @@ Rules:
 * ``pccl/collectives`` (the data path) imports neither ``pccl._peer`` nor ``pccl.master``;
   ``pccl/master`` imports neither ``pccl._peer`` nor ``pccl.collectives``;
 * ``pccl/tools`` imports only the public face: ``pccl``, ``pccl.blocking``, ``pccl.checkpoint``,
-  ``pccl.master`` (the package's re-exports), ``pccl.errors``, ``pccl.config``, ``pccl.types``
+  ``pccl.master`` and ``pccl.relay`` (the packages' re-exports), ``pccl.errors``, ``pccl.config``, ``pccl.types``
   (whose names ``pccl`` re-exports) and its own modules;
 * pccl never imports sim;
 * ``pccl/protocol``, and the other sans-IO modules (the phase rule, the frame core), import no
@@ -44,7 +44,8 @@ COMMUNICATOR_USERS = ("pccl", "pccl.tools.cli", "pccl.tools.demo", "pccl.tools.b
 #: Where no object touches another's private members.
 NO_FOREIGN_PRIVATES = ("pccl", "sim.engine")
 #: The public face the operator tools may import (besides their own modules).
-PUBLIC_FACE = ("pccl", "pccl.blocking", "pccl.checkpoint", "pccl.master", "pccl.errors", "pccl.config", "pccl.types")
+PUBLIC_FACE = ("pccl", "pccl.blocking", "pccl.checkpoint", "pccl.master", "pccl.relay", "pccl.errors", "pccl.config",
+               "pccl.types")
 SIM_WITHOUT_PCCL = ("sim.engine", "sim.faults", "sim.observe", "sim.tools")
 
 
