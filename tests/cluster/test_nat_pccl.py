@@ -15,11 +15,14 @@ reported: connections to the mapped peer go direct to its advertised endpoint, t
 peer direct, from a dialable peer to a NATed one reversed, between NATed peers relayed.
 
 ``test_relay_and_peer_killed`` (cases 2, 4, 6, 7): two ``pccl relay`` processes, two peers
-behind one NAT (direct over their private addresses) and one behind another (relayed), its
+behind one NAT (direct over their private addresses) and one behind another NAT with the same
+private subnet (relayed; its private address names another peer behind the first NAT), its
 uplink shaped so that a large all-reduce takes seconds.  The relay carrying ring traffic is
 SIGKILLed once the all-reduce started: it aborts (``CollectiveAborted``), the retry goes
 through the other relay.  Then the peer behind the other NAT is SIGKILLed mid-all-reduce and
-a new process behind the same NAT takes its place, downloading the state.
+a new process behind the same NAT takes its place, downloading the state.  Its routers and the
+core refuse what they do not forward (the combined run's drop it, as stealth routers do), so
+both ways a dial can fail are met.
 
 The peers (``nat_pccl_peer.py``) are steered through a plan file: they hold at a revision until
 released, so a newcomer or a replacement joins at a known point.  Needs root: skipped, saying
@@ -256,9 +259,10 @@ def assert_identical(done: list[dict[str, Any]], revision: int) -> None:
 
 
 @pytest.fixture
-def run(tmp_path: pathlib.Path):
+def run(request: pytest.FixtureRequest, tmp_path: pathlib.Path):
+    """A :class:`Run` in a fresh topology (``NatTopology`` options from an indirect parameter)."""
     require_root_netns()
-    with NatTopology() as net:
+    with NatTopology(**getattr(request, "param", {})) as net:
         r = Run(net, tmp_path)
         try:
             yield r
@@ -349,15 +353,22 @@ def test_combined_run(run: Run) -> None:
     place.check((d["peer_id"], t, port, kind, via) for d in done for t, port, kind, via in d["paths"])
 
 
+# Here the routers and the internet's core refuse what they do not forward (a TCP reset, an ICMP
+# unreachable) instead of dropping it: a failed dial fails at once rather than timing out.
+@pytest.mark.parametrize("run", [{"unroutable": "refuse"}], ids=["refusing"], indirect=True)
 def test_relay_and_peer_killed(run: Run) -> None:
     net = run.net
     master_host = net.add_public_host("master")
     relay_hosts = [net.add_public_host("relay1"), net.add_public_host("relay2")]
-    home1 = net.add_router("home1")
-    # home2's uplink is shaped: a large all-reduce through it takes seconds, so a kill lands mid-op
-    home2 = net.add_router("home2", rate="30mbit")
+    # Both homes use 192.168.1.0/24, as most do: the peer behind home2 has the address of one
+    # behind home1, so dialling the other's private candidate reaches the wrong peer (or itself)
+    # and must be told so by the knock.  home2's uplink is shaped: a large all-reduce through it
+    # takes seconds, so a kill lands mid-op.
+    home1 = net.add_router("home1", subnet="192.168.1.0/24", inbound="refuse")
+    home2 = net.add_router("home2", subnet="192.168.1.0/24", inbound="refuse", rate="30mbit")
     a1_host, a2_host = net.add_private_host("a1", home1), net.add_private_host("a2", home1)
     b_host = net.add_private_host("b", home2)
+    assert b_host.address == a1_host.address
 
     run.plan(min_world=3, hold=2)
     run.start_master(master_host, relay=False)
