@@ -7,8 +7,9 @@ its weights, and the paths the master reports (``pccl status --json``, from ``ma
 --status``) checked pair by pair against what the topology allows:
 
 ``test_combined_run`` (the acceptance run; cases 1, 3, 4, 5): a master that also relays
-(``--relay``) and a ``pccl relay`` on the public network; a public peer; a port-mapped peer
-whose router forwards other port numbers to it (``PCCL_ADVERTISE``); two peers behind separate
+(``--relay``) and a ``pccl relay`` on the public network; a public peer; two port-mapped peers
+whose routers forward other port numbers to them (``PCCL_ADVERTISE``, with the public host and
+with the ports alone); two peers behind separate
 NATs with nothing forwarded; a newcomer behind a third NAT joining mid-run and downloading the
 shared state.  ``optimize_topology()`` probes every pair, so every pair's path is negotiated and
 reported: connections to the mapped peer go direct to its advertised endpoint, to the public
@@ -290,21 +291,30 @@ def test_combined_run(run: Run) -> None:
     net.map_port(gpu, 40150, mapped_host, 48250)
     net.map_port(gpu, 40149, mapped_host, 48249)
     advertised = {"p2p": f"{gpu.address}:40150", "shared_state": f"{gpu.address}:40149"}
+    # another provider keeps the host's public address: the ports alone are advertised (the
+    # master fills in the address it observes)
+    gpu2 = net.add_router("gpu2")
+    mapped2_host = net.add_private_host("mapped2", gpu2)
+    net.map_port(gpu2, 41150, mapped2_host, 48150)
+    net.map_port(gpu2, 41149, mapped2_host, 48149)
+    advertised2 = {"p2p": f"{gpu2.address}:41150", "shared_state": f"{gpu2.address}:41149"}
 
-    run.plan(min_world=4, optimize=True, hold=2)
+    run.plan(min_world=5, optimize=True, hold=2)
     run.start_master(master_host, relay=True)
     relay = run.start_relay("relay", relay_host)
     run.wait_line(relay, "relay registered with master")
     pub = run.start_peer("pub", pub_host)
     mapped = run.start_peer("mapped", mapped_host, ports=(48250, 48249),
                             advertise=f"p2p={advertised['p2p']},shared_state={advertised['shared_state']}")
+    mapped2 = run.start_peer("mapped2", mapped2_host, ports=(48150, 48149),
+                             advertise="p2p=41150,shared_state=41149")
     a = run.start_peer("a", a_host)
     b = run.start_peer("b", b_host)
-    first = [pub, mapped, a, b]
+    first = [pub, mapped, mapped2, a, b]
     joined = run.wait_event(first, "joined")
     place = Placement(net)
     for proc, event in zip(first, joined):
-        place.add(event["peer_id"], proc.host, advertised if proc is mapped else None)
+        place.add(event["peer_id"], proc.host, {mapped: advertised, mapped2: advertised2}.get(proc))
 
     # every pair was probed by optimize_topology; all hold at revision 2
     run.wait_event(first, "held", revision=2)
@@ -334,6 +344,7 @@ def test_combined_run(run: Run) -> None:
     # case 1: probes to the mapped peer go direct to its advertised endpoint
     for name in ("pub", "a", "b"):
         assert reported[(ids[name], ids["mapped"], "benchmark")] == ("direct", advertised["p2p"]), reported
+        assert reported[(ids[name], ids["mapped2"], "benchmark")] == ("direct", advertised2["p2p"]), reported
     # case 3: a NATed peer and a public one: reversed one way, direct the other
     assert reported[(ids["pub"], ids["a"], "benchmark")] == ("reversed", "")
     assert reported[(ids["a"], ids["pub"], "benchmark")][0] == "direct"
