@@ -341,6 +341,11 @@ def test_combined_run(run: Run) -> None:
     assert counts.get("direct") and counts.get("reversed") and counts.get("relayed"), counts
     ids = {proc.name: e["peer_id"] for proc, e in zip(everyone, joined + [c_joined])}
     reported = {(i, t, port): (kind, via) for i, t, port, kind, via in paths}
+    # the status shows a path for every pair of the peers that were there for the probes
+    probed = [ids[p.name] for p in first]
+    missing = [(place.host_of[x].name, place.host_of[y].name) for x in probed for y in probed
+               if x != y and (x, y, "benchmark") not in reported]
+    assert not missing, f"no path reported for {missing}: {paths}"
     # case 1: probes to the mapped peer go direct to its advertised endpoint
     for name in ("pub", "a", "b"):
         assert reported[(ids[name], ids["mapped"], "benchmark")] == ("direct", advertised["p2p"]), reported
