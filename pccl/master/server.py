@@ -23,7 +23,7 @@ Connections that proved nothing: the port faces the internet, so it is served by
 :func:`pccl.net.serving.serve_listener` (see :mod:`pccl.net.admission` for the rule).  A
 connection holds one of ``max_pending_handshakes`` (default :data:`MAX_PENDING_HANDSHAKES`)
 slots from its handshake until the machine registers it (a ``Register`` it takes: the fact
-``PeerJoined``) — without a run token the handshake proves nothing — and one source address
+``PeerJoined``; a relay's ``RelayRegister``: ``RelayJoined``) — without a run token the handshake proves nothing — and one source address
 holds at most :data:`MASTER_LIMITS` ``.per_address`` of them; the others are accepted and
 parked (a descriptor each, nothing more) until a slot frees, so idle or slow connections from
 one address never delay a join from another.  The handshake's first
@@ -313,6 +313,9 @@ class _MasterServer:
             return
         conn = self.conns.get(fact.conn_id)
         if conn is None or conn.closing:
+            return
+        if isinstance(fact, ms.RelayJoined):
+            conn.slot.release()  # a relay proved itself as a peer does; it is no run member
             return
         if isinstance(fact, ms.PeerJoined):
             conn.slot.release()  # the peer made itself known: no longer an anonymous connection

@@ -20,7 +20,8 @@ from ...errors import KickReason
 from .. import messages as m
 
 __all__ = ["PeerFault", "PeerConnected", "MessageReceived", "PeerDisconnected", "ProtocolViolation", "Tick", "Event", "Send",
-           "Kick", "Close", "SetTimer", "PeerJoined", "PeerAccepted", "OpEnded", "SyncEnded", "Fact", "Effect"]
+           "Kick", "Close", "SetTimer", "PeerJoined", "PeerAccepted", "RelayJoined", "OpEnded", "SyncEnded", "Fact",
+           "Effect"]
 
 
 # --- events (shell → machine) ------------------------------------------------------------------
@@ -130,6 +131,16 @@ class PeerAccepted:
 
 
 @dataclasses.dataclass(frozen=True)
+class RelayJoined:
+    """Connection ``conn_id`` registered as relay ``relay_id``, reached at ``address``: it proved
+    itself like a registered peer (the shell gives back its admission slot)."""
+
+    conn_id: int
+    relay_id: int
+    address: str
+
+
+@dataclasses.dataclass(frozen=True)
 class OpEnded:
     """Collective op ``seq`` (``tag`` of ``group``) completed, or ``aborted``; ``peer_id`` is the
     first participant told (the one its status event names)."""
@@ -152,5 +163,5 @@ class SyncEnded:
     planned_bytes: int
 
 
-Fact = PeerJoined | PeerAccepted | OpEnded | SyncEnded
+Fact = PeerJoined | PeerAccepted | RelayJoined | OpEnded | SyncEnded
 Effect = Send | Kick | Close | SetTimer | Fact

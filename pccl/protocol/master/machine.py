@@ -99,7 +99,8 @@ from .. import messages as m
 from .. import phases as ph
 from ..codec import MAX_DETAIL, clip_text
 from .events import (Close, Effect, Event, Fact, Kick, MessageReceived, OpEnded, PeerAccepted, PeerConnected,
-                     PeerDisconnected, PeerFault, PeerJoined, ProtocolViolation, Send, SetTimer, SyncEnded, Tick)
+                     PeerDisconnected, PeerFault, PeerJoined, ProtocolViolation, RelayJoined, Send, SetTimer, SyncEnded,
+                     Tick)
 from .collectives import CollectiveOps, OpInfo, OpsHost
 from .mismatch import MismatchHost, PhaseMismatches
 from .optimize import OptimizeHost, Optimizer
@@ -116,8 +117,8 @@ MAX_CANDIDATES = 64
 
 __all__ = ["MasterState", "RandomSource", "PeerStatus", "TopologyVote", "GLOBAL_SCOPE", "PeerInfo", "OpInfo",
            "SyncRoundInfo", "PeerConnected", "MessageReceived", "PeerDisconnected", "ProtocolViolation", "Tick",
-           "Event", "Send", "Kick", "Close", "SetTimer", "PeerJoined", "PeerAccepted", "OpEnded", "SyncEnded", "Fact",
-           "Effect"]
+           "Event", "Send", "Kick", "Close", "SetTimer", "PeerJoined", "PeerAccepted", "RelayJoined", "OpEnded",
+           "SyncEnded", "Fact", "Effect"]
 
 log = logging.getLogger(__name__)
 
@@ -529,7 +530,9 @@ class MasterState:
             raise PeerFault(KickReason.PROTOCOL_ERROR, "relay registration without a port")
         peer.status = _RELAY
         self._members_version += 1
-        relay_id = self._paths.add_relay(peer.conn_id, format_host_port(msg.host or peer.host, msg.port))
+        address = format_host_port(msg.host or peer.host, msg.port)
+        relay_id = self._paths.add_relay(peer.conn_id, address)
+        self._out.append(RelayJoined(peer.conn_id, relay_id, address))
         self._send(peer, m.RelayWelcome(relay_id, self.instance))
 
     def _on_vote_topology(self, peer: PeerRecord, msg: m.VoteTopology) -> None:
