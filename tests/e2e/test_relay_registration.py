@@ -1,12 +1,12 @@
 """A relay registered with the master gives back its admission slot, as a registered peer does.
 
-Found by the real-NAT runs (``test_nat_pccl.py``): when a ``pccl relay`` died, the master logged
+Found by the real-NAT runs (``tests/cluster/test_nat_pccl.py``): when a ``pccl relay`` died, the master logged
 "master refused ...: connection lost before it registered" — its connection still held the
 admission slot of an unproven one, for as long as the relay ran.  Each relay thus took one of
 the master's ``max_pending_handshakes`` slots (and of its address's share) for good.
 
 In process (an in-memory network, Trio's autojump clock): a master with one handshake slot, a
-relay registering, then a peer that must still get in.  (An in-process test kept beside the NAT runs that found it.)
+relay registering, then a peer that must still get in.
 """
 
 from __future__ import annotations
