@@ -221,10 +221,15 @@ class _RelayServer:
             self._set_registered(answer.relay_id)
             log.info("relay registered with master %s (instance %x) as relay %d", self.master, answer.instance,
                      answer.relay_id)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._heartbeats, conn)
-                await self._listen_to_master(conn)
-                nursery.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._heartbeats, conn)
+                    await self._listen_to_master(conn)
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                # The master went silent or reset the connection: one error for _master_link's
+                # retry (a group would escape it and end the relay).
+                raise single_exception(group) from None
         except trio.TooSlowError:
             raise _MasterGone(f"no RelayWelcome within {config.connect_timeout:g} s") from None
         finally:
