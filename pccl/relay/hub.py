@@ -29,6 +29,7 @@ import logging
 
 import trio
 
+from .._groups import single_exception
 from ..errors import InvalidUsage, PCCLError, TransportError
 from ..config import Config
 from ..net.admission import address_key
@@ -181,9 +182,14 @@ class RelayHub:
         label = f"relay pair {first.peer_id:x}<->{pair.second.peer_id:x}"
         try:
             with trio.move_on_after(ANSWER_TIMEOUT) as answering:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(first_conn.send, m.RelayReady())
-                    nursery.start_soon(second_conn.send, m.RelayReady())
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(first_conn.send, m.RelayReady())
+                        nursery.start_soon(second_conn.send, m.RelayReady())
+                except BaseExceptionGroup as group:
+                    # A side reset before its RelayReady: one error for the handlers below (a
+                    # group would escape serve, which promises never to raise a pccl error).
+                    raise single_exception(group) from None
             if answering.cancelled_caught:
                 log.info("%s: a side did not take RelayReady in time", label)
                 return

@@ -101,8 +101,11 @@ class Relay:
 
 class _RelayServer:
     def __init__(self, network: Network, listener, *, master: str, advertise: tuple[str, int],
-                 token: str | bytes | None, config: Config, limits: JoinLimits) -> None:
+                 token: str | bytes | None, config: Config, limits: JoinLimits, rng: random.Random | None) -> None:
         self.network = network
+        #: Backoff jitter; with it, handshake nonces too (None: unseeded jitter, cryptographic
+        #: nonces).  A seeded one makes a simulated relay replay bit for bit.
+        self.rng = rng
         self.listener = listener
         self.master = master
         self.advertise = advertise
@@ -152,7 +155,7 @@ class _RelayServer:
     async def _connection(self, stream: Stream, slot: HandshakeSlot) -> None:
         deadline = trio.current_time() + self.config.connect_timeout
         try:
-            conn = await accept_framed(stream, token=self.token, config=self.join_config)
+            conn = await accept_framed(stream, token=self.token, config=self.join_config, nonce_source=self.rng)
         except AuthenticationFailed as exc:
             slot.refuse(exc, level=logging.WARNING)
             return
@@ -180,7 +183,7 @@ class _RelayServer:
 
     async def _master_link(self) -> None:
         """Register with the master and heartbeat it; again after every loss, with backoff."""
-        rng = random.Random()
+        rng = self.rng if self.rng is not None else random.Random()
         low, high = self.config.master_reconnect_backoff
         delay = low
         failures = 0
@@ -202,7 +205,7 @@ class _RelayServer:
 
     async def _registered_session(self) -> None:
         config = self.config
-        conn = await open_framed(self.network, self.master, token=self.token, config=config)
+        conn = await open_framed(self.network, self.master, token=self.token, config=config, nonce_source=self.rng)
         try:
             with trio.fail_after(config.connect_timeout):
                 await conn.send(m.RelayRegister(*self.advertise))
@@ -222,7 +225,9 @@ class _RelayServer:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._heartbeats, conn)
                     await self._listen_to_master(conn)
-            except BaseExceptionGroup as group:  # the link failed under the heartbeats or the reader
+            except BaseExceptionGroup as group:
+                # The master went silent or reset the connection: one error for _master_link's
+                # retry (a group would escape it and end the relay).
                 raise single_exception(group) from None
         except trio.TooSlowError:
             raise _MasterGone(f"no RelayWelcome within {config.connect_timeout:g} s") from None
@@ -297,6 +302,7 @@ async def serve_relay(
     config: Config | None = None,
     network: Network | None = None,
     limits: JoinLimits = RELAY_JOIN_LIMITS,
+    rng: random.Random | None = None,
     task_status: trio.TaskStatus[Relay] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve as a relay of the run whose master is at ``master`` (``HOST:PORT``), listening on
@@ -307,7 +313,9 @@ async def serve_relay(
     the master sees the relay's connection come from when it listens on a wildcard address.
     ``token``: the run token (the master's and every peer's).  ``config``: timeouts, TLS
     (``Config.with_tls``: the relay's certificate must name the address peers dial) and the
-    master reconnect backoff.  ``network`` defaults to real TCP.  Raises ``AddressInUse`` or
+    master reconnect backoff.  ``network`` defaults to real TCP; ``rng`` (default: unseeded)
+    draws the reconnect backoff's jitter and, when given, handshake nonces (as
+    :func:`pccl.serve_master`'s: a simulated relay passes its host's seeded one).  Raises ``AddressInUse`` or
     ``TransportError`` if it cannot listen; a master it cannot reach is retried (logged) for as
     long as the relay runs.  Cancellation closes the listener and every splice.
     """
@@ -326,7 +334,7 @@ async def serve_relay(
         await listener.aclose()
         raise
     server = _RelayServer(network, listener, master=master, advertise=chosen, token=token, config=config,
-                          limits=limits)
+                          limits=limits, rng=rng)
     await server.run(task_status)
 
 

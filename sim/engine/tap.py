@@ -37,7 +37,10 @@ class FrameFormat(Protocol):
 
     Optional members the tap uses when present: ``decode(body)`` (the decoded control message
     handed to :meth:`Tap.watch` callbacks), ``decode_data(raw)`` (a data frame's header, for
-    :meth:`Tap.watch_data`) and ``data_parts`` (a factory of the run's :class:`DataParts`).
+    :meth:`Tap.watch_data`), ``data_parts`` (a factory of the run's :class:`DataParts`) and
+    ``restart_after`` (names of control messages after which that direction of the stream
+    starts over with a preamble: a relay's splice, where the two ends' own connection begins
+    inside the one to the relay).
     """
 
     #: Bytes at the start of every connection that are not frames (skipped).
@@ -122,7 +125,7 @@ class _FrameParser:
     its ends, for the tap's reports)."""
 
     __slots__ = ("fmt", "skip", "head", "body_left", "body", "decode", "data_head", "data_left", "payload_left",
-                 "_split", "inc", "host", "peer")
+                 "_split", "inc", "host", "peer", "_restart")
 
     def __init__(self, fmt: FrameFormat, inc: Any = None, peer: str = "") -> None:
         self.fmt = fmt
@@ -145,6 +148,8 @@ class _FrameParser:
         self.inc = inc
         self.host: str = inc.name if inc is not None else ""
         self.peer = peer
+        #: Control messages after which a new preamble follows (``FrameFormat.restart_after``).
+        self._restart: frozenset[str] = frozenset(getattr(fmt, "restart_after", ()))
 
     def feed(self, data: memoryview | bytes, found: list[str], bodies: list[bytes] | None = None,
              data_headers: list[bytes] | None = None) -> None:
@@ -257,6 +262,8 @@ class _FrameParser:
             found.append(name)
             if bodies is not None:
                 bodies.append(body)
+            if name in self._restart:
+                self.skip = self.fmt.preamble_size
 
 
 _PREFIX = struct.Struct(">IB")

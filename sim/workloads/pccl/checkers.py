@@ -150,14 +150,14 @@ def stuck_votes(state: ms.MasterState) -> list[str]:
     One pass over the peers (it runs after most changes of the master's state, and was a tenth
     of a fault-free simulated run when it filtered the peer list once per predicate)."""
     accept, rewire = ms.TopologyVote.ACCEPT, ms.TopologyVote.REWIRE
-    accepted_status, connected = ms.PeerStatus.ACCEPTED, ms.PeerStatus.CONNECTED
+    accepted_status, connected, relay = ms.PeerStatus.ACCEPTED, ms.PeerStatus.CONNECTED, ms.PeerStatus.RELAY
     live: set[int] = set()
     accepted = registered = 0
     all_accept = all_pending = True
     rewiring: dict[int, bool] = {}  # group -> every accepted member votes re-wire
     members_of: dict[int, set[int]] = {}  # group -> accepted peer ids
     for p in state.peers():
-        if p.status is connected:
+        if p.status is connected or p.status is relay:  # a relay's registration is no voter
             continue
         live.add(p.peer_id)
         if p.status is not accepted_status:

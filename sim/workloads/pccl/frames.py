@@ -126,6 +126,9 @@ class PcclFrames(LengthKindFrames):
 
     #: Names the data frames of all-reduces for the tap (it makes one per run).
     data_parts = AllReduceParts
+    #: A relay's splice: after a peer's ``RelayJoin`` (its direction) and the relay's
+    #: ``RelayReady`` (the other), the two peers' own connection begins, preamble first.
+    restart_after = frozenset({"RelayJoin", "RelayReady"})
 
     def __init__(self) -> None:
         assert codec.PREFIX_SIZE == LengthKindFrames.prefix_size

@@ -37,12 +37,14 @@ parameter ``phases``; their checkers join the membership checkers of
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trio
 
 import pccl
+from pccl.relay import serve_relay
 from pccl.protocol.master import machine as ms
 from pccl.testing import install_master_state
 
@@ -58,6 +60,8 @@ from .mutants import MASTER_VARIANTS, make_master_state
 from .network import KernelCost, PcclSimNetwork
 from .phases import StepContext, build_phase
 from .profiles import profile_phases
+from .reachability import (NAT_PROFILES, RELAY_PORT, NatLayout, draw_layout, draw_relays, layout_params, relay_faults,
+                           relay_names)
 
 __all__ = [
     "PcclScenario",
@@ -69,6 +73,9 @@ __all__ = [
 ]
 
 MASTER_PORT = 48148
+#: ``Config.direct_connect_timeout`` of the NAT profiles' runs: a simulated LAN answers in
+#: milliseconds, so a second of candidates is plenty before a dial-back.
+NAT_DIRECT_CONNECT_TIMEOUT = 1.0
 #: Control messages of the membership protocol, with the directions a *peer* sees them in:
 #: phase-triggered faults aim at these ("kill peer3 after it sends its 2nd VoteTopology").
 PEER_MESSAGE_DIRECTIONS: dict[str, tuple[str, ...]] = {
@@ -177,7 +184,11 @@ class PcclScenario(Scenario):
     global pending vote among the other groups' steps.  ``kernel_rate`` (bytes/s) and
     ``kernel_overhead`` (s per kernel call): the virtual time a peer's kernels take
     (:class:`~pccl_sim.workloads.pccl.network.KernelCost`; the time a real peer's aborted op waits for
-    its threads); ``kernel_rate=None``: none.
+    its threads); ``kernel_rate=None``: none.  ``nat`` (peer host -> place: ``"shared"``,
+    ``"isolated"``, ``"isolated-refuse"``, ``"mapped"``), ``relays`` (relay hosts ``relay0``...)
+    and ``master_relay`` (the master relays too): peers behind NAT and the relays their pairs
+    need (:mod:`pccl_sim.workloads.pccl.reachability`); ``direct_connect_timeout``: the
+    :class:`pccl.Config`'s (``None``: pccl's default).
     """
 
     name = "pccl"
@@ -206,6 +217,10 @@ class PcclScenario(Scenario):
         sites: Mapping[str, Any] | None = None,
         kernel_rate: float | None = KernelCost.rate,
         kernel_overhead: float = KernelCost.overhead,
+        nat: Mapping[str, str] | None = None,
+        relays: int = 0,
+        master_relay: bool = False,
+        direct_connect_timeout: float | None = None,
     ) -> None:
         params: dict[str, Any] = dict(
             peers=peers, groups=groups, peer_timeout=peer_timeout, heartbeat_interval=heartbeat_interval,
@@ -227,7 +242,21 @@ class PcclScenario(Scenario):
             params["sites"] = dict(sites)
         if (kernel_rate, kernel_overhead) != (KernelCost.rate, KernelCost.overhead):
             params.update(kernel_rate=kernel_rate, kernel_overhead=kernel_overhead)
+        # NAT and relays: recorded only when used (schedules saved before them replay as they did).
+        if nat:
+            params["nat"] = dict(nat)
+        if relays:
+            params["relays"] = relays
+        if master_relay:
+            params["master_relay"] = True
+        if direct_connect_timeout is not None:
+            params["direct_connect_timeout"] = direct_connect_timeout
         super().__init__(**params)
+        if relays < 0:
+            raise ValueError("need relays >= 0")
+        self.layout = NatLayout(dict(nat or {}))
+        self.relays = relay_names(relays)
+        self.master_relay = master_relay
         self.kernel_cost = None if kernel_rate is None else KernelCost(float(kernel_rate), float(kernel_overhead))
         self.alone = alone
         self.link = LinkSpec(latency=latency, jitter=jitter)
@@ -243,6 +272,8 @@ class PcclScenario(Scenario):
             # timing, not a faithful figure, and every probed byte is copied in the simulator.
             probe_seconds=0.05, probe_streams=2,
         )
+        if direct_connect_timeout is not None:
+            self.config = dataclasses.replace(self.config, direct_connect_timeout=direct_connect_timeout)
         self.step_time = step_time
         self.alone_wait = alone_wait
         self.backoff = (float(backoff[0]), float(backoff[1]))
@@ -255,10 +286,16 @@ class PcclScenario(Scenario):
         # peer_timeout; a reconnect waits up to the backoff ceiling; a p2p round whose dial hangs
         # costs connect_timeout per attempt, 3 attempts before the master kicks the culprit; then
         # one more round.  Twice that, to judge liveness and not timing.
+        # Behind NAT, a ring edge may need its whole path negotiation (candidates, a dial-back,
+        # a relay), and a relay that was down must register again first.
+        reach = 0.0
+        if self.layout.active or self.relays or master_relay:
+            reach = (connect_timeout + 3 * self.config.direct_connect_timeout + self.config.master_reconnect_backoff[1]
+                     + connect_timeout)
         self.liveness_bound = (
             float(liveness_bound)
             if liveness_bound is not None
-            else 2 * (2 * peer_timeout + self.backoff[1] + 4 * connect_timeout + 4 * step_time)
+            else 2 * (2 * peer_timeout + self.backoff[1] + 4 * connect_timeout + 4 * step_time + reach)
         )
         # After recovery, watch the cluster for longer than any timeout, then end the run.
         self.hold = 2 * peer_timeout + 2 * heartbeat_interval if hold == -1.0 else hold
@@ -272,6 +309,21 @@ class PcclScenario(Scenario):
         return pccl_schedule(seed, profile=profile, peers=peers, duration=duration, quiet=quiet, **params)
 
     # -- scenario hooks --
+
+    def initial_hosts(self) -> list[tuple[str, str]]:
+        return ([("master", "master")] + [(name, "relay") for name in self.relays]
+                + [(f"peer{i}", "peer") for i in range(self.peers)])
+
+    def role_of(self, host: str) -> str:
+        if host == "master":
+            return "master"
+        return "relay" if host.startswith("relay") else "peer"
+
+    def config_of(self, host: str) -> pccl.Config:
+        """The :class:`pccl.Config` of ``host``: the scenario's, advertising the mapped endpoints
+        of a peer behind a port-mapping NAT."""
+        advertise = self.layout.advertise(host)
+        return self.config if advertise is None else dataclasses.replace(self.config, advertise=advertise)
 
     def group_of(self, host: str) -> int:
         digits = "".join(c for c in host if c.isdigit())
@@ -303,11 +355,16 @@ class PcclScenario(Scenario):
         sim.world.default_link = self.link
         if self.sites is not None:
             self.sites.install(sim.world)
+        self.layout.install(sim.world, p2p_port=self.config.p2p_base_port,
+                            shared_state_port=self.config.shared_state_base_port)
         sim.start_task(self._monitor, sim, name="sim:monitor")
 
     def on_quiet(self, sim: Simulation) -> None:
         if "master" not in sim.hosts:
             sim.spawn("master", "master")
+        for name in self.relays:  # a relay down when the faults stop is started again
+            if name not in sim.hosts:
+                sim.spawn(name, "relay")
 
     def masters(self) -> list[pccl.Master]:
         """Every master incarnation of the current run (dead ones included)."""
@@ -345,7 +402,7 @@ class PcclScenario(Scenario):
 
     async def master(self, host: HostContext) -> None:
         async with pccl.open_master(
-            f"0.0.0.0:{MASTER_PORT}", network=host.network, rng=host.rng, config=self.config
+            f"0.0.0.0:{MASTER_PORT}", network=host.network, rng=host.rng, config=self.config, relay=self.master_relay
         ) as master:
             if self.master_variant != "real":
                 # Swap in the broken machine before anyone can connect (a connect takes an RTT).
@@ -356,8 +413,27 @@ class PcclScenario(Scenario):
             host.record("master_up", address=master.address)
             await trio.sleep_forever()
 
+    async def relay(self, host: HostContext) -> None:
+        """``pccl relay``: registers with the master (again after losing it) and splices pairs;
+        records ``relay_registered`` / ``relay_unregistered`` as its registration changes."""
+        async with trio.open_nursery() as nursery:
+            relay = await nursery.start(functools.partial(
+                serve_relay, f"master:{MASTER_PORT}", f"0.0.0.0:{RELAY_PORT}", config=self.config,
+                network=host.network, rng=host.rng))
+            host.record("relay_up", address=relay.address)
+            registered: int | None = None
+            while True:
+                if relay.relay_id != registered:
+                    registered = relay.relay_id
+                    if registered is None:
+                        host.record("relay_unregistered")
+                    else:
+                        host.record("relay_registered", relay_id=registered)
+                await trio.sleep(self.config.heartbeat_interval)
+
     async def peer(self, host: HostContext) -> None:
         group = self.group_of(host.name)
+        config = self.config_of(host.name)
         delay = self.backoff[0]
         assert isinstance(host.network, PcclSimNetwork)
         host.network.kernel_cost = self.kernel_cost  # before the communicator's runner reads it
@@ -365,7 +441,7 @@ class PcclScenario(Scenario):
             joined = False
             try:
                 async with pccl.open_communicator(
-                    f"master:{MASTER_PORT}", peer_group=group, config=self.config, network=host.network,
+                    f"master:{MASTER_PORT}", peer_group=group, config=config, network=host.network,
                     rng=host.rng,
                 ) as comm:
                     joined = True
@@ -424,11 +500,23 @@ def pccl_schedule(
     control messages of the scenario's step phases (``Phase.messages``).  ``max_peers`` caps
     spawns (default: the profile's, at least ``peers``).  Without ``phases``, a named profile
     draws the seed's step body (:func:`~pccl_sim.workloads.pccl.profiles.profile_phases`).
+    Without ``nat`` and ``relays``, a NAT profile (``chaos``, ``phases``) draws where the peers
+    stand, newcomers included, and the relays (:mod:`~pccl_sim.workloads.pccl.reachability`);
+    its schedule then also kills, restarts, stalls and partitions the relays, drawn from a
+    stream of their own (the peers' fault draws are those of a run without relays).
     """
     if "phases" not in params and isinstance(profile, str):
         drawn = profile_phases(profile, seed)
         if drawn is not None:
             params["phases"] = drawn
+    # NAT profiles: unless the caller placed hosts itself, the seed says whether peers stand
+    # behind NAT (then relays exist, and a shorter direct-dial budget suits a simulated LAN).
+    draw_nat = isinstance(profile, str) and profile in NAT_PROFILES and not {"nat", "relays"} & set(params)
+    if draw_nat:
+        relays, master_relay = draw_relays(seed)
+        if relays:
+            params.update(relays=relays, master_relay=master_relay)
+            params.setdefault("direct_connect_timeout", NAT_DIRECT_CONNECT_TIMEOUT)
     scenario = PcclScenario(peers=peers, **params)
     directions = dict(PEER_MESSAGE_DIRECTIONS)
     for phase in scenario.phases:
@@ -449,4 +537,13 @@ def pccl_schedule(
     )
     if isinstance(profile, str):
         schedule.profile = profile
+    if draw_nat and scenario.relays:
+        initial = [f"peer{i}" for i in range(peers)]
+        names = initial + [e.host for e in schedule.events if e.kind == "spawn" and e.host and e.role == "peer"]
+        params["nat"] = layout_params(draw_layout(seed, names, initial))
+        scenario = PcclScenario(peers=peers, **params)
+        schedule.scenario = scenario.to_json()
+    if isinstance(profile, str) and profile in NAT_PROFILES and scenario.relays:
+        extra = relay_faults(seed, scenario.relays, duration=duration, restart_down=rates.restart_down)
+        schedule.events = sorted(schedule.events + extra, key=lambda e: e.t)
     return scenario, schedule
