@@ -152,7 +152,8 @@ def test_profiles_without_nat_keep_their_schedules() -> None:
 def test_explicit_nat_parameters_override_the_draw() -> None:
     scenario, schedule = pccl_schedule(3, profile="chaos", peers=3, nat={"peer1": "mapped"}, relays=1)
     assert dict(scenario.layout.places) == {"peer1": "mapped"}
-    assert scenario.config_of("peer1").advertise == f"p2p=nat1:{MAPPED_PORT_BASE + 2},shared_state=nat1:{MAPPED_PORT_BASE + 3}"
+    p2p = MAPPED_PORT_BASE + 2
+    assert scenario.config_of("peer1").advertise == f"p2p=nat1:{p2p},shared_state=nat1:{p2p + 1}"
     assert scenario.config_of("peer0").advertise is None
     with pytest.raises(ValueError):
         NatLayout({"peer1": "carrier-grade"})

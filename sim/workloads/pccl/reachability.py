@@ -3,8 +3,9 @@ seed by :func:`draw_layout`), how it is installed in the world, and the relay fa
 (:func:`relay_faults`).
 
 A layout is plain data, kept in the schedule's scenario parameters (``nat``, ``relays``,
-``master_relay``; :func:`draw_relays` and :func:`draw_layout` draw them from a seed), so a saved schedule replays with the hosts where they were.  Each peer host
-name is in one place for the whole run (a restarted peer comes back behind the same NAT):
+``master_relay``; :func:`draw_relays` and :func:`draw_layout` draw them from a seed), so a saved
+schedule replays with the hosts where they were.  Each peer host name is in one place for the
+whole run (a restarted peer comes back behind the same NAT):
 
 * ``"shared"``: behind the one shared NAT ``nat``, with the other shared peers (they reach each
   other at their local candidates; nobody outside reaches them);

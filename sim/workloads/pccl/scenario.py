@@ -290,8 +290,8 @@ class PcclScenario(Scenario):
         # a relay), and a relay that was down must register again first.
         reach = 0.0
         if self.layout.active or self.relays or master_relay:
-            reach = (connect_timeout + 3 * self.config.direct_connect_timeout + self.config.master_reconnect_backoff[1]
-                     + connect_timeout)
+            reach = (connect_timeout + 3 * self.config.direct_connect_timeout
+                     + self.config.master_reconnect_backoff[1] + connect_timeout)
         self.liveness_bound = (
             float(liveness_bound)
             if liveness_bound is not None
