@@ -84,6 +84,8 @@ __all__ = ["Master", "MasterStatistics", "serve_master", "open_master", "run_mas
 
 log = logging.getLogger(__name__)
 
+#: Scheduler turns the timer gives the connections' readers before a deadline removes a peer.
+_READER_TURNS = 10
 #: Messages queued for one peer before the master decides it is not reading and kicks it.
 OUTBOX_LIMIT = 4096
 #: How long the master tries to deliver a KickNotice to a peer before closing regardless.
@@ -227,7 +229,8 @@ class _MasterServer:
         self.handshake_failures = 0
         self.internal_errors = 0
         self.scope = trio.CancelScope()
-        self.started_at = trio.current_time()
+        self.started_at = self.loop_seen = trio.current_time()
+        self.lost = 0.0  # the time this loop was seen not to run (see clock)
         self.status_address: str | None = None
         self.status_events: collections.deque[st.StatusEvent] = collections.deque(maxlen=STATUS_EVENTS)
         self.ops_completed = 0
@@ -248,11 +251,23 @@ class _MasterServer:
         self.feeding = True
         try:
             while self.events:
-                effects = self.state.handle(self.events.popleft(), trio.current_time())
+                effects = self.state.handle(self.events.popleft(), self.clock())
                 for effect in effects:
                     self._execute(effect)
         finally:
             self.feeding = False
+
+    def clock(self) -> float:
+        """The machine's time: Trio's, less the time this loop was seen not to run.  The
+        heartbeat task runs every quarter interval; a longer gap between two readings means the
+        loop was blocked or starved of CPU (a busy host), and the peers' messages waited unread
+        meanwhile: that time is not their silence, so no deadline counts it."""
+        now = trio.current_time()
+        stalled = now - self.loop_seen - self.config.heartbeat_interval
+        if stalled > 0:
+            self.lost += stalled
+        self.loop_seen = now
+        return now - self.lost
 
     def _execute(self, effect: ms.Effect) -> None:
         if isinstance(effect, ms.Send):
@@ -293,7 +308,7 @@ class _MasterServer:
                group: int | None = None) -> None:
         if conn is not None:
             peer_id, group = conn.peer_id, conn.group
-        self.status_events.appendleft(st.StatusEvent(trio.current_time(), kind, peer_id, group, detail))
+        self.status_events.appendleft(st.StatusEvent(self.clock(), kind, peer_id, group, detail))
 
     def _record(self, fact: ms.Fact) -> None:
         """Record what the machine reports (the status page's counters, events and syncs)."""
@@ -307,7 +322,7 @@ class _MasterServer:
             return
         if isinstance(fact, ms.SyncEnded):
             self.syncs_completed += 1
-            record = st.SyncRecord(fact.revision, fact.planned_bytes, trio.current_time())
+            record = st.SyncRecord(fact.revision, fact.planned_bytes, self.clock())
             previous_transfer = self.last_syncs.get(fact.group, (None, None))[1]
             self.last_syncs[fact.group] = (record, record if record.nbytes else previous_transfer)
             return
@@ -342,7 +357,7 @@ class _MasterServer:
         counters = st.RunCounters(self.ops_completed, self.ops_aborted, self.syncs_completed, self.joins,
                                   dict(self.removals), *self.state.reported_bytes())
         reports = {cid: st.PeerReport.of(heartbeat) for cid, heartbeat in self.state.reports().items()}
-        return st.snapshot(self.state, now=trio.current_time(), started_at=self.started_at,
+        return st.snapshot(self.state, now=self.clock(), started_at=self.started_at,
                            address=self.listener.address, reports=reports, events=list(self.status_events),
                            counters=counters, syncs=self.last_syncs, token_required=self.token is not None,
                            tls=self.config.tls_server_context is not None)
@@ -430,12 +445,20 @@ class _MasterServer:
             if at is None:
                 await self.timer_changed.wait()
                 continue
-            with trio.move_on_at(at):
+            with trio.move_on_at(at + self.lost):  # the machine's time is behind (see clock)
                 await self.timer_changed.wait()
                 continue
-            if self.timer_at is None or self.timer_at > at:
-                continue  # the deadline moved later meanwhile (see _execute): wait for that one
-            self.feed(ms.Tick())
+            if self.timer_at is None or self.timer_at > at or self.clock() < at:
+                continue  # the deadline moved later meanwhile (see _execute), or the loop lost time
+            # Before the deadline acts, the readers get a few scheduler turns to take in what
+            # waits unread (the peers' messages, after a stall shorter than clock() notices).
+            # Turns, not time, since the loop may stall again: a silent peer still goes.
+            for _ in range(_READER_TURNS):
+                await trio.lowlevel.checkpoint()
+                if self.timer_at is None or self.timer_at > at:
+                    break
+            else:
+                self.feed(ms.Tick())
             # A Tick at the deadline always removes someone or moves the deadline; if the clock
             # granularity left it unchanged, wait for a change instead of spinning.
             if self.timer_at == at:
@@ -454,6 +477,7 @@ class _MasterServer:
             due += tick
             await trio.sleep_until(due)
             now = trio.current_time()
+            self.clock()  # this loop runs: see clock
             due = max(due, now - tick)  # after a blocked loop: no burst of ticks to catch up
             quiet_since = now - 3 * tick
             for conn in list(self.conns.values()):

@@ -85,12 +85,21 @@ def _kill_all(procs: list[_Proc]) -> None:
         p.popen.wait(10)
 
 
-def _run(script: str, steps: int, *args: str, peers: int = 3, kill_at: int = 2) -> list[_Proc]:
+def _run(script: str, steps: int, *args: str, peers: int = 3, kill_at: int = 2,
+         warm: pathlib.Path | None = None) -> list[_Proc]:
+    """``warm``: a file path; each peer imports torch first (``warm_start.py``) and all start
+    the script together once every one has (a peer still importing torch under load joined
+    two that had run every step meanwhile: the kill came after the end)."""
     with master_in_thread(CONFIG) as master:
         cmd = [sys.executable, str(EXAMPLES / script), "--master", master.address, *args]
+        if warm is not None:
+            cmd[1:1] = [str(pathlib.Path(__file__).with_name("warm_start.py")), str(warm)]
         procs = [_Proc(f"peer{i}", cmd) for i in range(peers)]
         try:
             deadline = time.monotonic() + BOUND
+            if warm is not None:
+                _wait_until(procs, lambda: all("warm" in p.lines for p in procs), deadline)
+                warm.touch()
             # every process is in and training (or the first has gone past kill_at with the others in)
             _wait_until(procs, lambda: all(p.step >= 1 for p in procs) and max(p.step for p in procs) >= kill_at,
                         deadline)
@@ -151,9 +160,10 @@ def test_ddp() -> None:
     assert losses and min(losses[-5:]) < losses[0]  # it learns
 
 
-def test_diloco() -> None:
+def test_diloco(tmp_path: pathlib.Path) -> None:
     pytest.importorskip("torch")
-    _run("diloco.py", 6, "--outer-steps", "6", "--inner-steps", "4", "--peer-timeout", "3", "--quant", "u8")
+    _run("diloco.py", 6, "--outer-steps", "6", "--inner-steps", "4", "--peer-timeout", "3", "--quant", "u8",
+         warm=tmp_path / "go")
 
 
 # Slow (~15 s): diloco.py's run above has the same loop shape with a SIGKILLed peer.

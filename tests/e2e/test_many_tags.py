@@ -75,7 +75,12 @@ async def test_thousands_of_concurrent_tags_all_reduce_without_false_stalls(
         expected = np.sum(inputs[t], axis=0, dtype=np.float32)
         for got in row:
             assert np.array_equal(got, expected), f"tag {t + 1} reduced wrongly"
-    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    # A peer's heartbeat that went out late says so ("the event loop was blocked"): a fact about
+    # the host, which a loaded 2-core machine makes true for every peer of this one loop at
+    # once (8 such warnings with 4 peers, issue 47).  What it warns of, a removal, is asserted
+    # above; every other warning counts.
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
+            and not (r.name == "pccl._peer.heartbeat" and "event loop was blocked" in r.getMessage())]
     assert len(loud) <= 5, f"{len(loud)} warnings, first: {loud[:5]}"
 
 

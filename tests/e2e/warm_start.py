@@ -20,6 +20,7 @@ import time
 import torch._dynamo  # noqa: F401  (the point: imported before the start)
 
 go, script, *args = sys.argv[1:]
+print("warm", flush=True)  # torch is in: a test may create GO_FILE now
 while not os.path.exists(go):
     time.sleep(0.01)
 sys.argv = [script, *args]

@@ -77,3 +77,44 @@ async def test_a_busy_peer_gets_no_heartbeats_and_an_idle_one_gets_one_each_inte
     assert len(quiet) >= 8 and all(kind is m.Heartbeat for t, kind in received if t > busy_until)
     assert _gaps([t for t, _ in received], start, end) <= INTERVAL
     assert len(idle_heard) >= 16 and _gaps(idle_heard, start, end) <= INTERVAL
+
+
+async def test_a_blocked_master_loop_is_not_blamed_on_the_peers(autojump_clock: trio.testing.MockClock) -> None:
+    # While the master's loop was blocked (or its process not scheduled on a busy host), a
+    # peer's heartbeat came: the master must read it before its deadline removes the peer.
+    config = Config(peer_timeout=2.0, heartbeat_interval=INTERVAL, connect_timeout=2.0)
+    network = MemoryNetwork()
+    async with pccl.open_master("10.0.0.9:7000", config=config, network=network) as master:
+        conn = await _accepted(network, master.address)
+
+        async def beat() -> None:
+            while True:
+                await trio.sleep(INTERVAL)
+                await conn.send(m.Heartbeat())
+
+        async def drain() -> None:
+            while True:
+                await conn.receive()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(beat)
+            nursery.start_soon(drain)
+            await trio.sleep(INTERVAL / 2)
+            autojump_clock.jump(3 * config.peer_timeout)  # time passes, no task runs: a blocked loop
+            await trio.sleep(4 * INTERVAL)
+            assert master.statistics().kicks == 0
+            assert master.statistics().accepted_peers == 1
+            nursery.cancel_scope.cancel()
+        await conn.aclose()
+
+
+async def test_a_silent_peer_is_still_removed_after_a_blocked_master_loop(
+        autojump_clock: trio.testing.MockClock) -> None:
+    config = Config(peer_timeout=2.0, heartbeat_interval=INTERVAL, connect_timeout=2.0)
+    network = MemoryNetwork()
+    async with pccl.open_master("10.0.0.9:7000", config=config, network=network) as master:
+        conn = await _accepted(network, master.address)
+        autojump_clock.jump(3 * config.peer_timeout)
+        await trio.sleep(config.peer_timeout + INTERVAL)  # its silence counts again once the loop runs
+        assert master.statistics().kicks == 1
+        await conn.aclose()
