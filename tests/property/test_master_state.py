@@ -28,6 +28,7 @@ from pccl.protocol.master.machine import (
     PeerConnected,
     PeerDisconnected,
     PeerJoined,
+    RelayJoined,
     PeerStatus,
     ProtocolViolation,
     Send,
@@ -89,7 +90,7 @@ class Harness:
                 assert eff.sync_id not in self.synced, f"sync {eff.sync_id} ended twice"
                 self.synced.add(eff.sync_id)
                 continue
-            if isinstance(eff, (PeerJoined, PeerAccepted)):
+            if isinstance(eff, (PeerJoined, PeerAccepted, RelayJoined)):
                 continue
             assert eff.conn_id not in self.gone, f"{eff} addresses a removed peer"
             if isinstance(eff, (Kick, Close)):
