@@ -158,6 +158,17 @@ def test_message_tags_are_unique_and_in_documented_ranges() -> None:
     assert {messages.Hello, messages.AuthProof, messages.AuthResult} <= set(messages.ALL_MESSAGES)
 
 
+def test_every_message_class_is_registered_exactly_once() -> None:
+    # The classes live in several modules of the messages package; ALL_MESSAGES must list each
+    # once, whichever module defines it.
+    def subclasses(cls: type) -> set[type]:
+        return {sub for direct in cls.__subclasses__() for sub in {direct} | subclasses(direct)}
+
+    defined = {cls for cls in subclasses(messages.Message) if cls.__module__.startswith(messages.__name__)}
+    assert len(messages.ALL_MESSAGES) == len(set(messages.ALL_MESSAGES))
+    assert set(messages.ALL_MESSAGES) == defined
+
+
 def test_union_builder_rejects_duplicate_tags_and_non_messages() -> None:
     class Clash(messages.Message, tag=_tag(messages.Hello)):
         pass
