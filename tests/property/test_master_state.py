@@ -1046,7 +1046,7 @@ def test_a_vote_costs_the_master_the_same_at_any_number_of_peers() -> None:
         answer(feed(MessageReceived(c, m.VoteTopology(True))))
     assert sum(p.status is PeerStatus.ACCEPTED for p in ms.peers()) == n
     for _ in range(2):  # two whole rounds: every vote in each, in the same order
-        ms._peers = _CountingDict(ms._peers)
+        ms._roster.by_conn = _CountingDict(ms._roster.by_conn)
         _CountingDict.scans = 0
         completes = 0
         for c in range(1, n + 1):

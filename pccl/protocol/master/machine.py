@@ -87,9 +87,7 @@ before it sends.  It is checked once, before any handler runs.  A message type p
 
 from __future__ import annotations
 
-import heapq
 import logging
-from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -107,6 +105,7 @@ from .optimize import OptimizeHost, Optimizer
 from .paths import Paths, PathsHost, PathView, RelayView
 from .rounds import Rounds, RoundsHost
 from .votes import TopologyVotes, VotesHost
+from .roster import Roster
 from .peers import GLOBAL_SCOPE, PHASES, PeerInfo, PeerRecord, PeerStatus, ReportedBytes, RoundRecord, TopologyVote
 from ..paths import CandidateOrigin, Port, format_host_port, resolve_candidates
 from .sync import SyncHost, SyncRoundInfo, SyncState
@@ -153,85 +152,72 @@ class MasterState:
         #: rounds from another's (round ids start at 1 again after a restart).
         self.instance = rng.getrandbits(63) or 1
         self._peer_timeout = peer_timeout
-        self._peers: dict[int, PeerRecord] = {}  # by conn_id
-        #: Bumped whenever a peer comes, goes, registers or is accepted: the accepted peers
-        #: (all, and by group) are remembered until it changes, since every vote reads them and
-        #: rebuilding them per message made each vote cost O(peers) several times over.
-        self._members_version = 0
-        self._members_seen = -1
-        self._accepted_all: list[PeerRecord] = []
-        self._accepted_by_group: dict[int, list[PeerRecord]] = {}
-        self._accepted_ids_by_group: dict[int, list[int]] = {}
-        #: ``(last_heard, conn_id)`` of every time a peer was heard, a min-heap whose entries
-        #: are dropped once that peer has been heard since or is gone: its first valid entry is
-        #: the peer heard least recently (next_deadline), found without a scan of every peer.
-        self._heard: list[tuple[float, int]] = []
+        #: The connections' records, by conn_id and peer id, the accepted members and liveness.
+        self._roster = Roster()
         # Hints that spare the consensus checks an O(peers) scan per vote (each is re-verified
         # before it is trusted, so a stale one only costs the scan): a peer that did not vote
         # in the accept vote when last checked; per group, a member that did not wait for the
         # others (no phase mismatch); whether any peer asked VotePeersPending since the last
         # check found none asking.
-        self._by_id: dict[int, int] = {}  # peer_id -> conn_id
-        self._issued_ids: set[int] = set()  # never reuse an id, so "gone" is unambiguous
         self._rings: dict[int, tuple[int, ...]] = {}  # group -> established ring
         self._stale_groups: set[int] = set()
         host = SyncHost(
-            is_live=lambda pid: pid in self._by_id,
-            endpoint=lambda pid: self._peer(pid).endpoint(),
-            members=lambda group: [p.peer_id for p in self._accepted(group)],
-            send=lambda pid, msg: self._send(self._peer(pid), msg),
-            kick=lambda pid, reason, detail: self._remove(self._by_id[pid], reason, detail),
+            is_live=lambda pid: pid in self._roster.by_id,
+            endpoint=lambda pid: self._roster.peer(pid).endpoint(),
+            members=lambda group: [p.peer_id for p in self._roster.accepted(group)],
+            send=lambda pid, msg: self._send(self._roster.peer(pid), msg),
+            kick=lambda pid, reason, detail: self._remove(self._roster.by_id[pid], reason, detail),
             report=self._report,
         )
         self._sync_state = SyncState(host, new_lineage_id=self._new_lineage_id, min_stripe=min_stripe)
         self._rounds = Rounds(RoundsHost(
-            group_of=lambda pid: self._peer(pid).group,
-            is_live=lambda pid: pid in self._by_id,
-            endpoint=lambda pid: self._peer(pid).endpoint(),
-            send=lambda pid, msg: self._send(self._peer(pid), msg),
-            kick=lambda pid, reason, detail: self._remove(self._by_id[pid], reason, detail),
+            group_of=lambda pid: self._roster.peer(pid).group,
+            is_live=lambda pid: pid in self._roster.by_id,
+            endpoint=lambda pid: self._roster.peer(pid).endpoint(),
+            send=lambda pid, msg: self._send(self._roster.peer(pid), msg),
+            kick=lambda pid, reason, detail: self._remove(self._roster.by_id[pid], reason, detail),
             ring_order=lambda group, ids: self._optimizer.ring_order(group, ids),
             ring_links=lambda ring: self._optimizer.ring_links(ring),
             enter=self._enter_round,
             complete=self._complete_round,
         ), max_attempts=max_p2p_attempts)
         self._votes = TopologyVotes(VotesHost(
-            accepted=self._accepted,
-            registered=lambda: [p for p in self._peers.values() if p.status is _R],
-            is_current=lambda p: self._peers.get(p.conn_id) is p,
+            accepted=self._roster.accepted,
+            registered=lambda: [p for p in self._roster.by_conn.values() if p.status is _R],
+            is_current=lambda p: self._roster.by_conn.get(p.conn_id) is p,
             stale_groups=lambda: self._stale_groups,
             topology_complete=self._topology_complete,
             send=self._send,
         ), self._rounds)
         self._optimizer = Optimizer(OptimizeHost(
             voting_members=self._votes.optimize_voters,
-            members=self._member_ids,
+            members=self._roster.member_ids,
             ring=lambda group: self._rings.get(group),
-            is_live=lambda pid: pid in self._by_id,
-            endpoint=lambda pid: self._peer(pid).endpoint(),
-            send=lambda pid, msg: self._send(self._peer(pid), msg),
+            is_live=lambda pid: pid in self._roster.by_id,
+            endpoint=lambda pid: self._roster.peer(pid).endpoint(),
+            send=lambda pid, msg: self._send(self._roster.peer(pid), msg),
             install=lambda group, ids: self._rounds.start(group, ids),
         ))
         self._mismatches = PhaseMismatches(MismatchHost(
-            members=self._member_ids,
+            members=self._roster.member_ids,
             waiting_calls=self._waiting_calls,
             full_vote=self._collectives_full_vote,
             end_waiting=self._end_waiting,
         ), grace=grace)
         self._collectives = CollectiveOps(OpsHost(
-            members=self._member_ids,
+            members=self._roster.member_ids,
             ring=lambda group: self._rings.get(group),
             is_stale=lambda group: group in self._stale_groups,
             mark_stale=lambda group: self._stale_groups.add(group),
-            is_live=lambda pid: pid in self._by_id,
-            send=lambda pid, msg: self._send(self._peer(pid), msg),
+            is_live=lambda pid: pid in self._roster.by_id,
+            send=lambda pid, msg: self._send(self._roster.peer(pid), msg),
             report=self._report,
-            in_topology_vote=lambda pid: self._peer(pid).topology_vote is not None,
+            in_topology_vote=lambda pid: self._roster.peer(pid).topology_vote is not None,
         ))
         self._paths = Paths(PathsHost(
-            is_live=lambda pid: pid in self._by_id,
-            endpoint=lambda pid: self._peer(pid).endpoint(),
-            send=lambda pid, msg: self._send(self._peer(pid), msg),
+            is_live=lambda pid: pid in self._roster.by_id,
+            endpoint=lambda pid: self._roster.peer(pid).endpoint(),
+            send=lambda pid, msg: self._send(self._roster.peer(pid), msg),
             random_bytes=lambda n: self._rng.getrandbits(8 * n).to_bytes(n, "little"),
         ), own_relay=own_relay)
         self._reported = ReportedBytes()
@@ -270,17 +256,14 @@ class MasterState:
         only_op: tuple[int, int] | None = None  # see "Re-checks" in the module docstring
         recheck = True
         if isinstance(event, PeerConnected):
-            if event.conn_id in self._peers:
+            if event.conn_id in self._roster.by_conn:
                 raise ValueError(f"shell bug: connection {event.conn_id} connected twice")
-            self._peers[event.conn_id] = PeerRecord(event.conn_id, event.observed_host, now)
-            heapq.heappush(self._heard, (now, event.conn_id))
-            self._members_version += 1
+            self._roster.connect(event.conn_id, event.observed_host, now)
         elif isinstance(event, MessageReceived):
-            peer = self._peers.get(event.conn_id)
+            peer = self._roster.by_conn.get(event.conn_id)
             if peer is not None:  # messages still queued from a removed peer are dropped
-                if (peer.status is not _C or isinstance(event.msg, m.Register)) and peer.last_heard != now:
-                    peer.last_heard = now
-                    heapq.heappush(self._heard, (now, peer.conn_id))
+                if peer.status is not _C or isinstance(event.msg, m.Register):
+                    self._roster.heard(peer, now)
                 try:
                     self._dispatch(peer, event.msg)
                 except PeerFault as fault:
@@ -289,10 +272,10 @@ class MasterState:
                     only_op = self._own_op_only(peer, event.msg)
                     recheck = type(event.msg) is not m.Heartbeat
         elif isinstance(event, PeerDisconnected):
-            if event.conn_id in self._peers:
+            if event.conn_id in self._roster.by_conn:
                 self._remove(event.conn_id, None, "disconnected")
         elif isinstance(event, ProtocolViolation):
-            if event.conn_id in self._peers:
+            if event.conn_id in self._roster.by_conn:
                 self._remove(event.conn_id, KickReason(event.reason), event.detail)
         elif not isinstance(event, Tick):
             raise TypeError(f"shell bug: unknown event {event!r}")
@@ -325,15 +308,9 @@ class MasterState:
 
     @property
     def next_deadline(self) -> float | None:
-        if not self._peers:
+        at = self._roster.least_recently_heard()
+        if at is None:
             return None
-        heard = self._heard
-        while True:  # drop the entries of peers heard since, or gone (every peer has one valid)
-            at, conn_id = heard[0]
-            peer = self._peers.get(conn_id)
-            if peer is not None and peer.last_heard == at:
-                break
-            heapq.heappop(heard)
         deadline = at + self._peer_timeout
         grace_ends = self._mismatches.deadline()
         if grace_ends is not None:
@@ -346,26 +323,26 @@ class MasterState:
         return [
             PeerInfo(p.conn_id, p.peer_id, p.group, p.status, p.topology_vote, p.round_scope is not None,
                      p.pending_vote, p.host, p.p2p_port)
-            for p in self._peers.values()
+            for p in self._roster.by_conn.values()
         ]
 
     def last_heard(self) -> dict[int, float]:
         """conn_id → when the master last heard from that connection.  Heartbeats move it, so
         unlike the other views it is not covered by ``generation``."""
-        return {p.conn_id: p.last_heard for p in self._peers.values()}
+        return {p.conn_id: p.last_heard for p in self._roster.by_conn.values()}
 
     def reports(self) -> dict[int, m.Heartbeat]:
         """conn_id → the last heartbeat of each connection that sent one (what the status page
         shows of the peer), and below, the run's reported payload totals.  Not covered by
         ``generation``, like ``last_heard``."""
-        return {p.conn_id: p.report for p in self._peers.values() if p.report is not None}
+        return {p.conn_id: p.report for p in self._roster.by_conn.values() if p.report is not None}
 
     def reported_bytes(self) -> tuple[int, int]:
         """(tx, rx): the payload bytes every connection's heartbeats reported, summed."""
         return self._reported.tx, self._reported.rx
 
     def peer_id_of(self, conn_id: int) -> int | None:
-        p = self._peers.get(conn_id)
+        p = self._roster.by_conn.get(conn_id)
         return p.peer_id if p is not None and p.status is not _C and p.status is not _RELAY else None
 
     def paths(self) -> list[PathView]:
@@ -378,8 +355,8 @@ class MasterState:
 
     def candidates_of(self, peer_id: int) -> tuple[m.Candidate, ...]:
         """The candidates ``peer_id`` registered (hosts resolved), ``()`` for an unknown peer."""
-        conn = self._by_id.get(peer_id)
-        return self._peers[conn].candidates if conn is not None else ()
+        conn = self._roster.by_id.get(peer_id)
+        return self._roster.by_conn[conn].candidates if conn is not None else ()
 
     def relay_forwarded(self, stats: m.RelayStats) -> None:
         """What the master's own relay (``own_relay``) forwarded so far (the shell reports it)."""
@@ -390,7 +367,7 @@ class MasterState:
         return dict(self._paths.counters)
 
     def conn_of(self, peer_id: int) -> int | None:
-        return self._by_id.get(peer_id)
+        return self._roster.by_id.get(peer_id)
 
     def rings(self) -> dict[int, tuple[int, ...]]:
         return dict(self._rings)
@@ -460,7 +437,7 @@ class MasterState:
         return self._rng.getrandbits(8 * election.LINEAGE_ID_SIZE).to_bytes(election.LINEAGE_ID_SIZE, "little")
 
     def membership_of(self, group: int) -> m.Membership:
-        sizes = Counter(p.group for p in self._peers.values() if p.status is _A)
+        sizes = self._roster.world_sizes()
         return m.Membership(
             world_size=sizes.get(group, 0),
             global_world_size=sum(sizes.values()),
@@ -510,15 +487,12 @@ class MasterState:
                 raise PeerFault(KickReason.PROTOCOL_ERROR, f"registration with a bad candidate {c!r}")
         # A peer registering again after this master restarted keeps its id, unless this master
         # issued that id already (never reused, so that "gone" stays unambiguous).
-        peer_id = msg.previous_peer_id if msg.previous_peer_id < 2**63 else 0
-        while peer_id == 0 or peer_id in self._issued_ids:
-            peer_id = self._rng.getrandbits(63)
-        self._issued_ids.add(peer_id)
+        peer_id = self._roster.issue_id(msg.previous_peer_id, lambda: self._rng.getrandbits(63))
         peer.peer_id, peer.group, peer.status = peer_id, msg.peer_group, _R
-        self._members_version += 1
+        self._roster.changed()
         peer.p2p_port, peer.shared_state_port = msg.p2p_port, msg.shared_state_port
         peer.candidates = resolve_candidates(msg.candidates, peer.host)
-        self._by_id[peer_id] = peer.conn_id
+        self._roster.by_id[peer_id] = peer.conn_id
         self._out.append(PeerJoined(peer.conn_id, peer_id, msg.peer_group, peer_id == msg.previous_peer_id))
         self._send(peer, m.Welcome(peer_id, self.instance, peer.host))
         again = " again, keeping its id" if peer_id == msg.previous_peer_id else ""
@@ -529,7 +503,7 @@ class MasterState:
         if msg.port == 0:
             raise PeerFault(KickReason.PROTOCOL_ERROR, "relay registration without a port")
         peer.status = _RELAY
-        self._members_version += 1
+        self._roster.changed()
         address = format_host_port(msg.host or peer.host, msg.port)
         relay_id = self._paths.add_relay(peer.conn_id, address)
         self._out.append(RelayJoined(peer.conn_id, relay_id, address))
@@ -545,8 +519,7 @@ class MasterState:
 
     def _remove(self, conn_id: int, reason: KickReason | None, detail: str) -> None:
         """Forget a connection; every vote it blocked is re-checked by ``_settle``."""
-        peer = self._peers.pop(conn_id)
-        self._members_version += 1
+        peer = self._roster.remove(conn_id)
         if reason is not None:
             detail = clip_text(detail, MAX_DETAIL)  # may quote peer input (keys, frames): keep it small
             # DEBUG: the shell logs the kick (once, and rate-limited for unregistered connections).
@@ -559,7 +532,7 @@ class MasterState:
             return
         if reason is None:  # a kick is logged once, by the shell that delivers it
             log.info("peer %x (group %d, connection %d) %s", peer.peer_id, peer.group, conn_id, detail)
-        del self._by_id[peer.peer_id]
+        del self._roster.by_id[peer.peer_id]
         self._optimizer.links.forget(peer.peer_id)
         self._paths.peer_removed(peer.peer_id)
         if peer.round_scope is not None:
@@ -569,8 +542,8 @@ class MasterState:
         self._collectives.forget(peer.group, peer.peer_id)
 
     def _expire(self, now: float) -> None:
-        for peer in list(self._peers.values()):
-            if now >= peer.last_heard + self._peer_timeout and peer.conn_id in self._peers:
+        for peer in list(self._roster.by_conn.values()):
+            if now >= peer.last_heard + self._peer_timeout and peer.conn_id in self._roster.by_conn:
                 detail = (f"did not register within {now - peer.last_heard:.3g} s of connecting"
                           if peer.status is _C else f"silent for {now - peer.last_heard:.3g} s")
                 self._remove(peer.conn_id, KickReason.TIMEOUT, detail)
@@ -592,44 +565,22 @@ class MasterState:
             progressed = False
             progressed |= self._rounds.settle()
             progressed |= self._votes.check_accept()
-            for group in sorted(self._accepted_groups() | self._optimizer.probing_groups()):
+            for group in sorted(self._roster.accepted_groups() | self._optimizer.probing_groups()):
                 progressed |= self._votes.check_rewire(group)
                 progressed |= self._optimizer.check(group)
             progressed |= self._votes.check_pending()
             progressed |= self._collectives.settle()
             progressed |= self._sync_state.settle()
             if not progressed:
-                groups = self._accepted_groups()
+                groups = self._roster.accepted_groups()
                 self._mismatches.keep_only(groups)
                 for group in sorted(groups):
                     progressed |= self._mismatches.check(group, self._now)
 
-    def _accepted(self, group: int | None = None) -> list[PeerRecord]:
-        """The accepted peers (of ``group``), in arrival order.  Shared: do not modify."""
-        if self._members_seen != self._members_version:
-            self._index_members()
-        if group is None:
-            return self._accepted_all
-        return self._accepted_by_group.get(group, [])
-
-    def _accepted_groups(self) -> set[int]:
-        if self._members_seen != self._members_version:
-            self._index_members()
-        return set(self._accepted_by_group)
-
-    def _index_members(self) -> None:
-        self._accepted_all = [p for p in self._peers.values() if p.status is _A]
-        by_group: dict[int, list[PeerRecord]] = {}
-        for p in self._accepted_all:
-            by_group.setdefault(p.group, []).append(p)
-        self._accepted_by_group = by_group
-        self._accepted_ids_by_group = {g: [p.peer_id for p in ps] for g, ps in by_group.items()}
-        self._members_seen = self._members_version
-
     def _enter_round(self, peer_id: int, scope: int | None) -> None:
         """The peer takes part in the round of ``scope`` from now on (its topology vote ends
         there), or in none."""
-        p = self._peer(peer_id)
+        p = self._roster.peer(peer_id)
         if scope is not None:
             p.topology_vote = None
         p.round_scope = scope
@@ -639,25 +590,25 @@ class MasterState:
         their groups are installed, and each gets ``TopologyComplete``."""
         newcomers: set[int] = set()
         for pid in live:
-            p = self._peer(pid)
+            p = self._roster.peer(pid)
             if p.status is _R:
                 log.info("peer %x accepted into group %d", pid, p.group)
                 newcomers.add(pid)
             p.status, p.round_scope = _A, None
-        self._members_version += 1
-        groups = {self._peer(pid).group for pid in live}
+        self._roster.changed()
+        groups = {self._roster.peer(pid).group for pid in live}
         for g in groups:
-            self._rings[g] = self._optimizer.ring_order(g, [p.peer_id for p in self._accepted(g)])
+            self._rings[g] = self._optimizer.ring_order(g, [p.peer_id for p in self._roster.accepted(g)])
             self._stale_groups.discard(g)
         if rnd.scope == GLOBAL_SCOPE:  # forget groups that have no members any more
-            alive = {p.group for p in self._accepted()}
+            alive = {p.group for p in self._roster.accepted()}
             for g in list(self._rings):
                 if g not in alive:
                     del self._rings[g]
             self._stale_groups &= alive
         completes: dict[int, m.TopologyComplete] = {}  # one per group: they are the same
         for pid in live:
-            p = self._peer(pid)
+            p = self._roster.peer(pid)
             if p.group not in completes:
                 completes[p.group] = self._topology_complete(rnd.round_id, p.group)
             if pid in newcomers:
@@ -668,7 +619,7 @@ class MasterState:
 
     def _log_world_sizes(self) -> None:
         """Log each group's world size when a completed round changed it (what its peers see)."""
-        sizes = Counter(p.group for p in self._peers.values() if p.status is _A)
+        sizes = self._roster.world_sizes()
         for group in sorted(set(sizes) | set(self._logged_sizes)):
             if sizes.get(group, 0) != self._logged_sizes.get(group, 0):
                 log.info("group %d: world size %d (was %d)", group, sizes.get(group, 0),
@@ -676,7 +627,7 @@ class MasterState:
         self._logged_sizes = dict(sizes)
 
     def _topology_complete(self, round_id: int, group: int) -> m.TopologyComplete:
-        ring = tuple(self._peer(pid).endpoint() for pid in self._rings[group])
+        ring = tuple(self._roster.peer(pid).endpoint() for pid in self._rings[group])
         return m.TopologyComplete(round_id, ring, self.membership_of(group))
 
     def _waits_in(self, peer: PeerRecord, sync_waiting: frozenset[int]) -> tuple[ph.Call, str] | None:
@@ -701,14 +652,14 @@ class MasterState:
 
     def _waiting_calls(self, group: int) -> Callable[[int], tuple[ph.Call, str] | None]:
         sync_waiting = self._sync_state.waiting_voters(group)
-        return lambda pid: self._waits_in(self._peer(pid), sync_waiting)
+        return lambda pid: self._waits_in(self._roster.peer(pid), sync_waiting)
 
     def _end_waiting(self, group: int, detail: str) -> None:
         """Withdraw every waiting vote of ``group`` (a phase mismatch, ``detail`` says where):
         topology voters get ``TopologyRejected``, sync voters ``SyncRejected(PHASE_MISMATCH)``,
         collective voters ``CollectiveRejected(PHASE_MISMATCH)`` for each tag."""
         sync_waiting = self._sync_state.waiting_voters(group)
-        for p in self._accepted(group):
+        for p in self._roster.accepted(group):
             if p.topology_vote is not None:
                 p.topology_vote = None
                 self._send(p, m.TopologyRejected(detail))
@@ -721,15 +672,6 @@ class MasterState:
 
     def _ops_of(self, peer: PeerRecord) -> list[Any]:
         return self._collectives.of_peer(peer.group, peer.peer_id)
-
-    def _member_ids(self, group: int) -> list[int]:
-        """The accepted peers of ``group`` by id, in arrival order.  Shared: do not modify."""
-        if self._members_seen != self._members_version:
-            self._index_members()
-        return self._accepted_ids_by_group.get(group, [])
-
-    def _peer(self, peer_id: int) -> PeerRecord:
-        return self._peers[self._by_id[peer_id]]
 
     def _send(self, peer: PeerRecord, msg: m.Message) -> None:
         self._out.append(Send(peer.conn_id, msg))

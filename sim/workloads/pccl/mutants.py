@@ -71,7 +71,7 @@ class NewcomerRevisionWins(ms.MasterState):
 
     def handle(self, event: ms.Event, now: float) -> list[ms.Effect]:
         if isinstance(event, ms.MessageReceived) and isinstance(event.msg, m.SyncVote) and event.msg.lineage is None:
-            peer = self._peers.get(event.conn_id)
+            peer = self._roster.by_conn.get(event.conn_id)
             lineage = None if peer is None else self.lineage_of(peer.group)
             if peer is not None and lineage is not None and event.msg.revision > lineage.revision + 1:
                 claimed = m.Lineage(lineage.id, event.msg.revision - 1, lineage.digest)
