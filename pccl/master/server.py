@@ -78,6 +78,7 @@ from ..protocol import status as st
 from ..protocol.codec import MAX_DETAIL, clip_text
 from ..protocol import messages as m
 from ..relay.hub import RelayHub
+from .status_book import StatusBook
 
 __all__ = ["Master", "MasterStatistics", "serve_master", "open_master", "run_master", "MAX_PENDING_HANDSHAKES",
            "MASTER_LIMITS"]
@@ -94,8 +95,6 @@ KICK_NOTICE_TIMEOUT = 1.0
 #: frees.  Each handshake takes a few round trips, so 512 admit a burst of thousands of joining
 #: peers within seconds while bounding what idle connections can hold.
 MAX_PENDING_HANDSHAKES = 512
-#: Lines kept in the status page's recent-events list.
-STATUS_EVENTS = 200
 #: The master's admission limits (``pending`` is ``max_pending_handshakes``): a source address
 #: gets an eighth of the slots — a whole cluster behind one NAT joins in a few rounds — and four
 #: thousand connections may wait (all within a quarter of the descriptor limit, see
@@ -232,14 +231,8 @@ class _MasterServer:
         self.started_at = self.loop_seen = trio.current_time()
         self.lost = 0.0  # the time this loop was seen not to run (see clock)
         self.status_address: str | None = None
-        self.status_events: collections.deque[st.StatusEvent] = collections.deque(maxlen=STATUS_EVENTS)
-        self.ops_completed = 0
-        self.ops_aborted = 0
-        self.syncs_completed = 0
-        self.joins = 0
-        self.removals: collections.Counter[str] = collections.Counter()
-        #: group -> (last sync, last sync that moved bytes)
-        self.last_syncs: dict[int, tuple[st.SyncRecord | None, st.SyncRecord | None]] = {}
+        #: What the status page shows beside the machine's views (events, counters, last syncs).
+        self.book = StatusBook(self.clock)
 
     # --- the machine ------------------------------------------------------------------------------
 
@@ -304,27 +297,13 @@ class _MasterServer:
 
     # --- what the status page shows (cheap bookkeeping beside the machine) --------------------
 
-    def _event(self, kind: str, conn: _Conn | None, detail: str, *, peer_id: int | None = None,
-               group: int | None = None) -> None:
-        if conn is not None:
-            peer_id, group = conn.peer_id, conn.group
-        self.status_events.appendleft(st.StatusEvent(self.clock(), kind, peer_id, group, detail))
-
     def _record(self, fact: ms.Fact) -> None:
         """Record what the machine reports (the status page's counters, events and syncs)."""
         if isinstance(fact, ms.OpEnded):
-            if fact.aborted:
-                self.ops_aborted += 1
-                self._event("abort", None, f"collective tag {fact.tag} seq {fact.seq} aborted", peer_id=fact.peer_id,
-                            group=fact.group)
-            else:
-                self.ops_completed += 1
+            self.book.op_ended(fact)
             return
         if isinstance(fact, ms.SyncEnded):
-            self.syncs_completed += 1
-            record = st.SyncRecord(fact.revision, fact.planned_bytes, self.clock())
-            previous_transfer = self.last_syncs.get(fact.group, (None, None))[1]
-            self.last_syncs[fact.group] = (record, record if record.nbytes else previous_transfer)
+            self.book.sync_ended(fact)
             return
         conn = self.conns.get(fact.conn_id)
         if conn is None or conn.closing:
@@ -335,31 +314,24 @@ class _MasterServer:
         if isinstance(fact, ms.PeerJoined):
             conn.slot.release()  # the peer made itself known: no longer an anonymous connection
             conn.peer_id, conn.group = fact.peer_id, fact.group
-            self.joins += 1
-            if fact.rejoined:
-                self._event("rejoin", conn, f"registered again from {conn.framed.remote_address} after a master "
-                                            "restart, keeping its id")
-            else:
-                self._event("join", conn, f"registered from {conn.framed.remote_address}")
+            self.book.joined(fact.peer_id, fact.group, conn.framed.remote_address, fact.rejoined)
         else:
-            self._event("accept", conn, f"accepted; world size {fact.world_size}")
+            self.book.accepted(conn.peer_id, conn.group, fact.world_size)
 
     def _note_removed(self, conn: _Conn, kind: str, reason: str, detail: str) -> None:
         if conn.peer_id is None or conn.removed:
             return  # never registered: not a peer of the run (refusals are logged, rate-limited)
         conn.removed = True
-        self.removals[reason] += 1
-        self._event(kind, conn, f"{reason}: {clip_text(detail, MAX_DETAIL)}" if kind == "kick" else detail)
+        self.book.removed(conn.peer_id, conn.group, kind, reason, detail)
 
     def status(self) -> dict[str, Any]:
         if self.hub is not None:
             self.state.relay_forwarded(self.hub.stats())
-        counters = st.RunCounters(self.ops_completed, self.ops_aborted, self.syncs_completed, self.joins,
-                                  dict(self.removals), *self.state.reported_bytes())
+        counters = self.book.counters(*self.state.reported_bytes())
         reports = {cid: st.PeerReport.of(heartbeat) for cid, heartbeat in self.state.reports().items()}
         return st.snapshot(self.state, now=self.clock(), started_at=self.started_at,
-                           address=self.listener.address, reports=reports, events=list(self.status_events),
-                           counters=counters, syncs=self.last_syncs, token_required=self.token is not None,
+                           address=self.listener.address, reports=reports, events=list(self.book.events),
+                           counters=counters, syncs=self.book.last_syncs, token_required=self.token is not None,
                            tls=self.config.tls_server_context is not None)
 
     def _enqueue(self, conn: _Conn, msg: m.Message | _Flush) -> None:
