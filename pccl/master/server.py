@@ -47,7 +47,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import math
 import random
 import signal
 import weakref
@@ -78,6 +77,7 @@ from ..protocol import status as st
 from ..protocol.codec import MAX_DETAIL, clip_text
 from ..protocol import messages as m
 from ..relay.hub import RelayHub
+from .connection import OUTBOX_LIMIT, Connection, OutboxItem
 from .status_book import StatusBook
 
 __all__ = ["Master", "MasterStatistics", "serve_master", "open_master", "run_master", "MAX_PENDING_HANDSHAKES",
@@ -87,10 +87,6 @@ log = logging.getLogger(__name__)
 
 #: Scheduler turns the timer gives the connections' readers before a deadline removes a peer.
 _READER_TURNS = 10
-#: Messages queued for one peer before the master decides it is not reading and kicks it.
-OUTBOX_LIMIT = 4096
-#: How long the master tries to deliver a KickNotice to a peer before closing regardless.
-KICK_NOTICE_TIMEOUT = 1.0
 #: Connections allowed between accept and ``Register`` at once; more are parked until a slot
 #: frees.  Each handshake takes a few round trips, so 512 admit a burst of thousands of joining
 #: peers within seconds while bounding what idle connections can hold.
@@ -120,37 +116,6 @@ class MasterStatistics:
     waiting_connections: int = 0
     #: Connections refused so far (handshake failed, never registered, or dropped unserved).
     refused_connections: int = 0
-
-
-class _Closing:
-    """Outbox marker: deliver ``notice`` (if any), then close the connection."""
-
-    def __init__(self, notice: m.KickNotice | None) -> None:
-        self.notice = notice
-
-
-class _Flush:
-    """Outbox marker: send the rest of a frame that ``FramedConnection.send_nowait`` began."""
-
-
-@dataclasses.dataclass(eq=False)
-class _Conn:
-    conn_id: int
-    framed: FramedConnection
-    outbox: trio.MemorySendChannel[m.Message | _Closing | _Flush]
-    scope: trio.CancelScope
-    #: The connection's slot among the unproven ones, released when the machine registers it.
-    slot: HandshakeSlot
-    closing: bool = False
-    #: Items put in the outbox and not yet written by the writer task (a message may skip the
-    #: queue only when this is 0, or the order on the wire would change).
-    queued: int = 0
-    #: When a message last went to the transport (the heartbeats go to quiet connections).
-    last_sent: float = -math.inf
-    # What the status page's events name the peer on this connection by (see _record).
-    peer_id: int | None = None
-    group: int = 0
-    removed: bool = False  # kicked or left: its end is already in the events
 
 
 class Master:
@@ -218,7 +183,7 @@ class _MasterServer:
                                     own_relay=relay)
         #: The master's own relay (``relay=True``), else None.
         self.hub = RelayHub(config) if relay else None
-        self.conns: dict[int, _Conn] = {}
+        self.conns: dict[int, Connection] = {}
         self.next_conn_id = 1
         self.timer_at: float | None = None
         self.timer_changed = trio.Event()
@@ -281,7 +246,7 @@ class _MasterServer:
                 return
             if isinstance(effect, ms.Close):
                 self._note_removed(conn, "left", "LEFT", "left the run")
-                self._close(conn, None)
+                conn.close(None)
                 return
             self.kicks += 1
             self._note_removed(conn, "kick", effect.reason.name, effect.detail)
@@ -291,7 +256,7 @@ class _MasterServer:
             else:
                 log.warning("kicking %s (connection %d): %s: %s", conn.framed.remote_address, conn.conn_id,
                             effect.reason.name, detail)
-            self._close(conn, m.KickNotice(int(effect.reason), detail))
+            conn.close(m.KickNotice(int(effect.reason), detail))
         else:
             self._record(effect)
 
@@ -318,7 +283,7 @@ class _MasterServer:
         else:
             self.book.accepted(conn.peer_id, conn.group, fact.world_size)
 
-    def _note_removed(self, conn: _Conn, kind: str, reason: str, detail: str) -> None:
+    def _note_removed(self, conn: Connection, kind: str, reason: str, detail: str) -> None:
         if conn.peer_id is None or conn.removed:
             return  # never registered: not a peer of the run (refusals are logged, rate-limited)
         conn.removed = True
@@ -334,36 +299,10 @@ class _MasterServer:
                            counters=counters, syncs=self.book.last_syncs, token_required=self.token is not None,
                            tls=self.config.tls_server_context is not None)
 
-    def _enqueue(self, conn: _Conn, msg: m.Message | _Flush) -> None:
-        if not conn.queued and not isinstance(msg, _Flush):
-            # Nothing queued: write it right here if the socket takes it at once (the common
-            # case), which spares the writer task's wake-up — the master answers every vote of
-            # every op, so this is on the latency path of each small all-reduce.
-            try:
-                sent = conn.framed.send_nowait(msg)
-            except PCCLError:
-                sent = False  # the writer meets the same error and closes the connection
-            if sent:
-                conn.last_sent = trio.current_time()
-                if conn.framed.needs_flush:
-                    self._enqueue(conn, _Flush())
-                return
-        try:
-            conn.outbox.send_nowait(msg)
-            conn.queued += 1
-        except trio.WouldBlock:
+    def _enqueue(self, conn: Connection, msg: m.Message) -> None:
+        if not conn.enqueue(msg):
             self.events.append(ms.ProtocolViolation(conn.conn_id, KickReason.TIMEOUT,
                                                     f"not reading: {OUTBOX_LIMIT} messages queued"))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the writer is gone; its PeerDisconnected event is on the way
-
-    def _close(self, conn: _Conn, notice: m.KickNotice | None) -> None:
-        conn.closing = True
-        try:
-            conn.outbox.send_nowait(_Closing(notice))
-        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            conn.framed.abort()
-            conn.scope.cancel()
 
     def statistics(self) -> MasterStatistics:
         peers = self.state.peers()
@@ -510,13 +449,13 @@ class _MasterServer:
                                 first: m.Message | None = None) -> None:
         conn_id = self.next_conn_id
         self.next_conn_id += 1
-        send, receive = trio.open_memory_channel[m.Message | _Closing | _Flush](OUTBOX_LIMIT)
-        conn = _Conn(conn_id, framed, send, trio.CancelScope(), slot, last_sent=trio.current_time())
+        send, receive = trio.open_memory_channel[OutboxItem](OUTBOX_LIMIT)
+        conn = Connection(conn_id, framed, send, trio.CancelScope(), slot, last_sent=trio.current_time())
         self.conns[conn_id] = conn
         try:
             with conn.scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._writer, conn, receive)
+                    nursery.start_soon(conn.write, receive)
                     self.feed(ms.PeerConnected(conn_id, parse_address(framed.remote_address)[0]))
                     if first is not None:
                         self.feed(ms.MessageReceived(conn_id, first))
@@ -528,7 +467,7 @@ class _MasterServer:
             self.feed(ms.PeerDisconnected(conn_id))  # ignored if the machine already removed it
             conn.framed.abort()
 
-    async def _reader(self, conn: _Conn) -> None:
+    async def _reader(self, conn: Connection) -> None:
         while not conn.closing:
             try:
                 msg = await conn.framed.receive()
@@ -547,32 +486,6 @@ class _MasterServer:
         # Kicked or leaving: the writer delivers the notice and closes; stop reading meanwhile.
         await trio.sleep_forever()
 
-    async def _writer(self, conn: _Conn, outbox: trio.MemoryReceiveChannel[m.Message | _Closing | _Flush]) -> None:
-        try:
-            while True:
-                item = await outbox.receive()
-                if isinstance(item, _Closing):
-                    if item.notice is not None:
-                        with trio.move_on_after(KICK_NOTICE_TIMEOUT):
-                            await conn.framed.send(item.notice)
-                    await conn.framed.aclose()
-                    break
-                if isinstance(item, _Flush):
-                    await conn.framed.flush()
-                else:
-                    await conn.framed.send(item)
-                    conn.last_sent = trio.current_time()
-                conn.queued -= 1  # only now: until it is written, later messages queue behind it
-        except TransportError as exc:
-            log.info("sending to connection %d (%s) failed: %s", conn.conn_id, conn.framed.remote_address, exc)
-        except PCCLError as exc:
-            # A message this side cannot encode (e.g. over the frame limit): the peer would miss
-            # it and go out of step, so give up on this connection (only).
-            log.error("cannot send to connection %d (%s), closing it: %s", conn.conn_id,
-                      conn.framed.remote_address, exc)
-            conn.framed.abort()
-        conn.closing = True
-        conn.scope.cancel()
 
 
 async def serve_master(

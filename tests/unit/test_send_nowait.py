@@ -77,7 +77,7 @@ async def test_a_busy_or_broken_connection_refuses() -> None:
 
 async def test_master_and_peers_survive_partly_written_votes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every control frame cut after 5 bytes: the master's queue and the peers' votes finish
-    the frames (``_Flush`` in the master's outbox, ``flush`` on the peers) and stay in order."""
+    the frames (``Flush`` in the master's outbox, ``flush`` on the peers) and stay in order."""
     _cut_short(monkeypatch, 5)
     async with pccl.open_master("127.0.0.1:0") as master, pccl.open_communicator(master.address) as c1:
         comms = [c1]
