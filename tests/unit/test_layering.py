@@ -15,6 +15,9 @@ Rules:
 * pccl never imports sim;
 * ``pccl/protocol``, and the other sans-IO modules (the phase rule, the frame core), import no
   trio, socket, time, random, asyncio, threading, select or ssl;
+* ``pccl/protocol`` imports only itself, ``pccl.errors``, ``pccl.types``, msgspec and the
+  standard library (§1: protocol -> only protocol, errors, types);
+* no module of ``pccl`` or ``sim`` is longer than 700 lines (the module budget of §2);
 * no module of pccl imports ``pccl.communicator`` but the package itself and what sits on top
   of it (cli, demo, bench, the blocking facade, the test hooks of ``pccl.testing``): the
   services reach the peer session through ``pccl._peer.host.PeerHost``;
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import sys
 from collections.abc import Iterable, Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -47,6 +51,10 @@ NO_FOREIGN_PRIVATES = ("pccl", "sim.engine")
 PUBLIC_FACE = ("pccl", "pccl.blocking", "pccl.checkpoint", "pccl.master", "pccl.relay", "pccl.errors", "pccl.config",
                "pccl.types")
 SIM_WITHOUT_PCCL = ("sim.engine", "sim.faults", "sim.observe", "sim.tools")
+#: What pccl/protocol may import besides the standard library (less FORBIDDEN_IN_SANS_IO).
+PROTOCOL_MAY_IMPORT = ("pccl.protocol", "pccl.errors", "pccl.types", "msgspec")
+#: Lines a module of pccl or sim may have.
+MAX_MODULE_LINES = 700
 
 
 # --- the graph -----------------------------------------------------------------------------------
@@ -196,6 +204,28 @@ def forbidden_imports(known: dict[str, pathlib.Path], where: Iterable[str], forb
     return found
 
 
+def protocol_imports_beyond_its_layer(known: dict[str, pathlib.Path]) -> list[str]:
+    """Imports of ``pccl.protocol`` outside :data:`PROTOCOL_MAY_IMPORT` and the standard library."""
+    found = []
+    for name in sorted(known):
+        if not _within(name, ("pccl.protocol",)):
+            continue
+        for target, line in imports_of(name, known):
+            stdlib = target in sys.stdlib_module_names and target not in FORBIDDEN_IN_SANS_IO
+            if not stdlib and not _within(target, PROTOCOL_MAY_IMPORT):
+                found.append(f"{name}:{line} imports {target}")
+    return found
+
+
+def oversized_modules(known: dict[str, pathlib.Path], limit: int = MAX_MODULE_LINES) -> list[str]:
+    found = []
+    for name in sorted(known):
+        lines = len(known[name].read_text().splitlines())
+        if lines > limit:
+            found.append(f"{name}: {lines} lines (at most {limit}: move a cohesive piece to a module of its own)")
+    return found
+
+
 def tools_beyond_the_public_face(known: dict[str, pathlib.Path]) -> list[str]:
     found = []
     for name in sorted(known):
@@ -267,6 +297,15 @@ def test_sans_io_modules_import_no_io() -> None:
     assert forbidden_imports(KNOWN, SANS_IO, FORBIDDEN_IN_SANS_IO) == []
 
 
+def test_the_protocol_imports_only_its_own_layer() -> None:
+    assert protocol_imports_beyond_its_layer(KNOWN) == []
+
+
+def test_no_module_is_over_the_line_budget() -> None:
+    assert [n for n in KNOWN if n.startswith("sim.")], "no sim modules found"
+    assert oversized_modules(KNOWN) == []
+
+
 def test_services_do_not_import_the_communicator() -> None:
     assert communicator_importers(KNOWN) == []
 
@@ -311,6 +350,11 @@ def test_planted_violations_are_found(tmp_path: pathlib.Path) -> None:
             "def f(comm):\n    return comm._master\n"),
         "pccl/protocol/__init__.py": "",
         "pccl/protocol/state.py": "def now():\n    import time\n    return time.monotonic()\n",
+        # the protocol reaching up into the runtime and out to a third-party package
+        "pccl/protocol/codec.py": "import msgspec, json\nfrom .. import errors, config\nimport numpy\n",
+        "pccl/errors.py": "",
+        "pccl/config.py": "",
+        "pccl/long.py": "x = 1\n" * 701,
         "pccl/net/_frames.py": "import trio\n",
         "pccl/sneaky.py": "import sim.engine.runner\n",
         "sim/__init__.py": "",
@@ -347,5 +391,9 @@ def test_planted_violations_are_found(tmp_path: pathlib.Path) -> None:
     assert forbidden_imports(known, ("pccl.master",), ("pccl._peer", "pccl.collectives")) == [
         "pccl.master.server:1 imports pccl.collectives.ring"]
     assert tools_beyond_the_public_face(known) == ["pccl.tools.demo:3 imports pccl.master.server"]
+    assert protocol_imports_beyond_its_layer(known) == [
+        "pccl.protocol.codec:2 imports pccl.config", "pccl.protocol.codec:3 imports numpy",
+        "pccl.protocol.state:2 imports time"]
+    assert oversized_modules(known) == ["pccl.long: 701 lines (at most 700: move a cohesive piece to a module of its own)"]
     assert forbidden_imports(known, SIM_WITHOUT_PCCL, ("pccl", "sim.workloads")) == [
         "sim.engine.runner:1 imports pccl.protocol.state", "sim.engine.runner:3 imports sim.workloads.pccl"]
