@@ -182,7 +182,8 @@ class Quantization:
 
     which is about ``N r / (2 QMAX)`` while ``N`` is small against QMAX (4 bits, 4 peers:
     ``0.15 r``).  AVG: that plus ``u m``, divided by ``N``.  float16/bfloat16 results are
-    rounded to 16 bits once more at the end (half an ulp of the result).  A broadcast or an
+    rounded to 16 bits once more at the end (half an ulp of the result: ``2**-25`` for a
+    float16 result below the normal range, whatever its size).  A broadcast or an
     all-gather quantizes once (``e(R, M)`` of the sender's block); a reduce-scatter ``N - 1``
     times (the recursion above without the last hop).
 
