@@ -21,6 +21,12 @@ class MasterThread:
     def statistics(self) -> pccl.MasterStatistics:
         return trio.from_thread.run_sync(self._master.statistics, trio_token=self.token)
 
+    def events(self) -> list[str]:
+        """The master's recent status events, oldest first ("kick 3a: TIMEOUT (silent for
+        1.5 s)"), for an assertion's message."""
+        status = trio.from_thread.run_sync(self._master.status, trio_token=self.token)
+        return [f"{e['kind']} {e['peer_id']}: {e['detail']}" for e in reversed(status["events"])]
+
 
 @contextlib.contextmanager
 def master_in_thread(config: pccl.Config, token: str | None = None) -> Iterator[MasterThread]:

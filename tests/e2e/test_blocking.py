@@ -99,7 +99,7 @@ def test_the_caller_computing_for_three_peer_timeouts_is_not_removed(pair) -> No
     x, y = np.ones(8, np.float32), np.ones(8, np.float32)
     infos = [h.wait(timeout=30) for h in (a.all_reduce_async(x), b.all_reduce_async(y))]
     assert [i.world_size for i in infos] == [2, 2] and float(x[0]) == 2.0
-    assert master.statistics().kicks == kicks
+    assert master.statistics().kicks == kicks, master.events()
     assert master.statistics().accepted_peers == 2
     assert a.world_size == b.world_size == 2
 
