@@ -67,11 +67,20 @@ async def run_heartbeat(subject: HeartbeatSubject) -> None:
     the interval's cadence, when its report (what the status page shows) changed since the last
     heartbeat.  A peer busy voting every step sends none on top of its votes: any message
     refreshes the master's deadline for it (heartbeats were about 40% of what the master read in
-    the simulator's default run)."""
+    the simulator's default run).
+
+    The master's silence is counted in this loop's running time: a wake-up more than half an
+    interval late means the loop was blocked (user code on the Trio thread) or starved of CPU (a
+    busy host), and that time is not the master's silence — the master's messages of that time
+    wait unread, or, when the master is starved too (the same busy host, or the same process),
+    were never sent.  A master silent for ``peer_timeout`` of running time is still declared
+    unreachable, however often the loop blocks in between (the master's own deadlines for its
+    peers are counted the same way)."""
     cfg = subject.config
     interval = cfg.heartbeat_interval
     reported: m.Heartbeat | None = None
     due = trio.current_time() + interval
+    heard, lost = subject.last_heard, 0.0  # lost: the time the loop did not run since `heard`
     while subject.failure is None:
         await trio.sleep_until(due)
         now = trio.current_time()
@@ -81,20 +90,26 @@ async def run_heartbeat(subject: HeartbeatSubject) -> None:
                         "(the master removes peers silent for Config.peer_timeout = %g s); run long "
                         "computations off the Trio thread", subject.peer_id, late + interval,
                         cfg.peer_timeout)
-        if now - subject.last_heard > cfg.peer_timeout:
+        if subject.last_heard != heard:
+            heard, lost = subject.last_heard, 0.0
+        if late > interval / 2:
+            lost += late
+        if now - subject.last_heard - lost > cfg.peer_timeout:
             # Before calling the master silent, let the reader take in what may be waiting
-            # unread: after user code blocked the event loop, the master's heartbeats (or its
-            # kick) are there.  Counted in scheduler turns, not time, since the loop may block
-            # again meanwhile; a hung master is still caught within a few turns.
+            # unread (after a stall too short to count as lost above).  Counted in scheduler
+            # turns, not time, since the loop may block again meanwhile; a hung master is
+            # still caught within a few turns.
             for _ in range(_READER_TURNS):
                 await trio.lowlevel.checkpoint()
                 if subject.failure is not None:
                     return
-                if trio.current_time() - subject.last_heard <= cfg.peer_timeout:
+                if trio.current_time() - subject.last_heard - lost <= cfg.peer_timeout:
                     break
             else:
-                silent = trio.current_time() - subject.last_heard
-                subject.fail(MasterUnreachable(f"the master at {subject.master_address} has been silent for {silent:.3g} s"))
+                silent = trio.current_time() - subject.last_heard - lost
+                stalled = f" (and {lost:.3g} s while this peer's event loop did not run)" if lost else ""
+                subject.fail(MasterUnreachable(f"the master at {subject.master_address} has been silent for "
+                                               f"{silent:.3g} s{stalled}"))
                 return
         heartbeat = subject.heartbeat()
         now = trio.current_time()
