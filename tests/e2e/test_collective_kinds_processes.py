@@ -128,7 +128,9 @@ def _kill_and_retry(kinds_cluster: Any, spec: dict[str, Any], *, kill_root: bool
                    fault={"kind": "kill", "on": spec["kind"], "at": at})
     results = [r["results"][0] for r in reports]
     for res in results:
-        assert res.get("first_error") == "CollectiveAborted", res
+        # In full (pytest would cut a dict short): attempts 1 with no error means the victim had
+        # left before the op (removed under load, say), not that the kill missed.
+        assert res.get("first_error") == "CollectiveAborted", f"{res}"
         assert res["restored"] is True, "the input is intact after the abort"
         assert res.get("ok") and res["world"] == 2 and victim_id not in res["peers"], res
     if kill_root:
