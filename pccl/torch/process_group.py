@@ -19,9 +19,12 @@ results into torch's output tensors) and completes the work's ``torch.futures.Fu
 
 Errors are pccl's (:class:`~pccl.errors.CollectiveAborted` when a peer died mid-op — the inputs
 of an in-place op hold their values again —, ``InvalidUsage``, ``Kicked``, …): ``Work.wait()``
-raises them, and the future holds them.  Arguments that cannot meet torch's contract (a list of
-several tensors, an output of the wrong size, an op pccl has no equivalent for) raise
-``InvalidArgument`` at the call.  Alone in its group (world size 1) every collective is the
+raises them, and the future holds them.  Arguments that cannot meet torch's contract (an output
+of the wrong size or dtype — nothing is cast —, a sparse tensor, an op pccl has no equivalent
+for) raise ``InvalidArgument`` at the call, with the words of gloo's own checks ("invalid tensor
+type", "invalid root rank", …).  The methods take the argument forms of torch's pybind
+``ProcessGroup`` too: ``pg.allreduce(t)``, ``pg.allreduce([t], ReduceOp.MAX)``,
+``pg.broadcast(t, root=0)``, ``pg.allgather(outputs, t)``, ``pg.barrier()``.  Alone in its group (world size 1) every collective is the
 identity, as on any one-process group.
 
 Tags: the group's ``k``-th collective uses the tag ``first_tag + k`` (``1 << 61`` by default,
@@ -73,18 +76,74 @@ _OPS: tuple[tuple[Any, ReduceOp], ...] = (
     (dist.ReduceOp.MIN, ReduceOp.MIN), (dist.ReduceOp.MAX, ReduceOp.MAX))
 
 
-def _reduce_op(opts: Any) -> ReduceOp:
-    op = opts.reduceOp
+def _reduce_op(opts: Any, op: Any = None) -> ReduceOp:
+    """pccl's op for torch's: ``op`` if given, else ``opts`` — an options object (its
+    ``reduceOp``), a ``ReduceOp`` (pybind's ``allreduce(t, ReduceOp.MAX)``) or None (SUM)."""
+    if op is None:
+        op = opts.reduceOp if hasattr(opts, "reduceOp") else opts
+    if op is None:
+        return ReduceOp.SUM
     for theirs, ours in _OPS:
         if op == theirs:
             return ours
     raise InvalidArgument(f"pccl reduces with SUM, AVG, PRODUCT, MIN or MAX, not {op}")
 
 
-def _one(tensors: Sequence[_T], what: str) -> _T:
-    if len(tensors) != 1:
-        raise InvalidArgument(f"{what} takes one tensor per process on pccl, got {len(tensors)}")
-    return tensors[0]
+def _tensors(tensors: Any, what: str, noun: str = "tensor list") -> list[torch.Tensor]:
+    """torch's tensor arguments as a list: a bare tensor (pybind's ``allreduce(t)``) or a list
+    of them; at least one, dense (``InvalidArgument`` otherwise: a sparse tensor has no pccl
+    layout, and a bare tensor is never taken for a list of its rows)."""
+    listed = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    if not listed:
+        raise InvalidArgument(f"{what} requires non-empty {noun}")
+    for index, t in enumerate(listed):
+        _dense(t, what, index)
+    return listed
+
+
+def _dense(t: Any, what: str, index: int = 0) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise InvalidArgument(f"{what} takes torch tensors, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise InvalidArgument(f"{what}: invalid tensor layout at index {index}: pccl takes dense tensors only, "
+                              f"not {t.layout} (unsupported layout; sparse gradients, as "
+                              "nn.Embedding(sparse=True) makes, need dense ones)")
+    if t.device.type != "cpu":
+        raise InvalidArgument(f"{what}: pccl takes CPU tensors, got one on {t.device}")
+    return t
+
+
+def _alike(tensors: Sequence[torch.Tensor], what: str, like: torch.Tensor | None = None) -> None:
+    """Every tensor of ``tensors`` has ``like``'s (default: the first's) dtype and element count
+    (torch's "invalid tensor type" / "invalid tensor size")."""
+    first = like if like is not None else tensors[0]
+    for t in tensors:
+        if t.dtype != first.dtype:
+            raise InvalidArgument(f"{what}: invalid tensor type: {t.dtype}, expected {first.dtype} "
+                                  "(pccl does not cast)")
+        if t.numel() != first.numel():
+            raise InvalidArgument(f"{what}: invalid tensor size: {t.numel()} elements, expected {first.numel()}")
+
+
+def _buffer(t: torch.Tensor) -> torch.Tensor:
+    """What pccl reads or writes for ``t``: ``t`` itself (detached: the same memory) when it is
+    contiguous, else a contiguous copy (whose result the op's finish copies back)."""
+    t = t.detach()
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _root(opts: Any, world: int, what: str) -> int:
+    root = int(opts.rootRank)
+    if not 0 <= root < world:
+        raise InvalidArgument(f"{what}: invalid root rank {root}: the group has {world} peers now")
+    return root
+
+
+#: How a peer reduces its several tensors of one all-reduce before the group does (gloo's
+#: meaning of ``allreduce([t1, t2])``).
+_LOCAL: dict[ReduceOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mul, ReduceOp.MIN: torch.minimum,
+    ReduceOp.MAX: torch.maximum}
 
 
 def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
@@ -199,6 +258,7 @@ class ProcessGroup(dist.ProcessGroup):
         self._completer = threading.Thread(target=self._complete, name=f"pccl-torch-{id(self):x}", daemon=True)
         self._completer.start()
 
+
     # --- what torch asks ------------------------------------------------------------------------
 
     @property
@@ -223,63 +283,137 @@ class ProcessGroup(dist.ProcessGroup):
         return f"pccl.torch.ProcessGroup(peer_group={self._comm.peer_group}, peer_id={self._comm.peer_id:x})"
 
     # --- collectives ------------------------------------------------------------------------------
+    #
+    # Each takes the argument forms of torch's pybind ProcessGroup: a list of tensors and an
+    # options object (what torch.distributed.* passes), or a bare tensor and a root / op /
+    # timeout (``pg.allreduce(t)``, ``pg.broadcast(t, root=0)``, ``pg.allgather(outs, t)``).
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
-        """All-reduce the one tensor of ``tensors`` in place over the group
-        (:meth:`pccl.blocking.Communicator.all_reduce_async`; ``opts.reduceOp`` SUM, AVG, PRODUCT,
-        MIN or MAX — AVG divides by the peers that took part)."""
-        tensor = _one(tensors, "allreduce")
-        op = _reduce_op(opts if opts is not None else dist.AllreduceOptions())
-        return self._start(lambda tag: self._comm.all_reduce_async(tensor, op=op, tag=tag),
-                           lambda info: [tensor], lambda: [tensor])
+    def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None, *,  # type: ignore[override]
+                  op: Any = None) -> Work:
+        """All-reduce in place over the group (:meth:`pccl.blocking.Communicator.all_reduce_async`;
+        ``opts``: ``AllreduceOptions`` or a ``ReduceOp``, SUM by default; SUM, AVG, PRODUCT, MIN
+        or MAX — AVG divides by the peers that took part).  ``tensors``: one tensor, or a list of
+        tensors of one dtype and size, all of which end with the reduction over every tensor of
+        every peer (gloo's meaning; every peer passes as many).  The future's value is
+        ``tensors`` as a list."""
+        listed = _tensors(tensors, "allreduce")
+        _alike(listed, "allreduce")
+        reduce_op = _reduce_op(opts, op)
+        if len(listed) == 1 and listed[0].is_contiguous():
+            tensor = listed[0].detach()
+            return self._start(lambda tag: self._comm.all_reduce_async(tensor, op=reduce_op, tag=tag),
+                               lambda info: listed, lambda: listed)
+        acc = listed[0].detach().clone(memory_format=torch.contiguous_format)
+        for t in listed[1:]:
+            acc = _LOCAL[reduce_op](acc, t.detach())
+        if reduce_op is ReduceOp.AVG:
+            if not acc.is_floating_point():
+                raise InvalidArgument("allreduce: AVG over several tensors per peer takes floating-point tensors")
+            acc /= len(listed)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
-        """Overwrite the one tensor of ``tensors`` with the one of the peer at ring position
-        ``opts.rootRank`` (:meth:`pccl.blocking.Communicator.broadcast_async`; the root is that
-        peer's id)."""
-        tensor = _one(tensors, "broadcast")
+        def finish(info: Any = None) -> list[torch.Tensor]:
+            for t in listed:
+                t.copy_(acc.reshape(t.shape))
+            return listed
+
+        return self._start(lambda tag: self._comm.all_reduce_async(acc, op=reduce_op, tag=tag), finish, finish)
+
+    def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None, *,  # type: ignore[override]
+                  root: int | None = None) -> Work:
+        """Overwrite ``tensors`` with the peer's at ring position ``opts.rootRank`` (or
+        ``root``: ``pg.broadcast(t, root=0)``) — :meth:`pccl.blocking.Communicator.broadcast_async`,
+        whose root is that peer's id.  With several tensors (one dtype and size), every one
+        gets the root's ``tensors[opts.rootTensor]``."""
+        if isinstance(opts, int) or root is not None:
+            options = dist.BroadcastOptions()
+            options.rootRank = root if root is not None else int(opts)  # type: ignore[arg-type]
+            opts = options
         opts = opts if opts is not None else dist.BroadcastOptions()
-        if opts.rootTensor != 0:
-            raise InvalidArgument(f"broadcast takes one tensor per process on pccl (rootTensor {opts.rootTensor})")
-        ring, root_rank = self._comm.ring, opts.rootRank
-        if not 0 <= root_rank < len(ring):
-            raise InvalidArgument(f"broadcast from rank {root_rank}: the group has {len(ring)} peers now")
-        root = ring[root_rank]
-        alone = (lambda: [tensor]) if root_rank == 0 else None
-        return self._start(lambda tag: self._comm.broadcast_async(tensor, root=root, tag=tag),
-                           lambda info: [tensor], alone)
+        ring = self._comm.ring
+        root_rank = _root(opts, len(ring), "broadcast")
+        count = 1 if isinstance(tensors, torch.Tensor) else len(tensors)
+        if not 0 <= opts.rootTensor < count:
+            raise InvalidArgument(f"broadcast: invalid root tensor {opts.rootTensor} of {count}")
+        listed = _tensors(tensors, "broadcast")
+        _alike(listed, "broadcast")
+        tensor = _buffer(listed[opts.rootTensor])
 
-    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],  # type: ignore[override]
-                  opts: Any = None) -> Work:
-        """Gather every peer's one input into ``output_tensors[0]`` (one tensor per peer, in
-        ring order; sizes may differ from peer to peer as long as each output fits its input)."""
-        tensor = _one(input_tensors, "allgather")
-        outputs = list(_one(output_tensors, "allgather"))
-        if len(outputs) != self.getSize():
-            raise InvalidArgument(f"allgather needs one output tensor per peer: the group has {self.getSize()} "
-                                  f"peers now, got {len(outputs)}")
+        def finish(info: Any = None) -> list[torch.Tensor]:
+            for t in listed:
+                if t.data_ptr() != tensor.data_ptr() or not t.is_contiguous():
+                    t.copy_(tensor.reshape(t.shape))
+            return listed
 
-        def finish(gathered: Any) -> list[torch.Tensor]:
-            if len(gathered.arrays) != len(outputs):
-                raise CollectiveAborted(f"the group changed size: the all-gather ran over {gathered.world_size} "
-                                        f"peers, not the {len(outputs)} the outputs were made for; retry")
-            for out, part in zip(outputs, gathered.arrays):
-                if part.numel() != out.numel():
-                    raise InvalidArgument(f"allgather: a peer sent {part.numel()} elements for an output "
-                                          f"tensor of {out.numel()}")
-                out.copy_(part.reshape(out.shape))
-            return outputs
+        alone = finish if root_rank == 0 else None
+        return self._start(lambda tag: self._comm.broadcast_async(tensor, root=ring[root_rank], tag=tag),
+                           finish, alone)
 
-        def alone() -> list[torch.Tensor]:
-            outputs[0].copy_(tensor.reshape(outputs[0].shape))
-            return outputs
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
+                  timeout: Any = None) -> Work:
+        """Gather every peer's input into the outputs, in ring order.
+
+        torch's list form: ``input_tensors`` one tensor (``pg.allgather(outs, t)``: ``outs``
+        one tensor per peer; sizes may differ from peer to peer, as long as each output fits
+        its peer's input and this peer's has its input's), or a list of ``k`` inputs of one
+        dtype and size (``output_tensors``: ``k`` lists of ``k x size()`` tensors, each list
+        getting peer ``r``'s inputs at ``r*k ...``, gloo's layout).  Outputs have the inputs'
+        dtype (``InvalidArgument`` at the call otherwise: nothing is cast)."""
+        world = self.getSize()
+        bare = isinstance(input_tensors, torch.Tensor)
+        inputs = _tensors(input_tensors, "allgather", "input tensor list")
+        if bare or (output_tensors and all(isinstance(o, torch.Tensor) for o in output_tensors)):
+            output_lists = [list(output_tensors)]
+        else:
+            output_lists = [list(o) for o in output_tensors]
+        if len(output_lists) != len(inputs):
+            raise InvalidArgument(f"allgather requires input/output tensor lists to have the same length "
+                                  f"({len(inputs)} and {len(output_lists)})")
+        k = len(inputs)
+        _alike(inputs, "allgather")
+        for outputs in output_lists:
+            if len(outputs) != k * world:
+                raise InvalidArgument(f"allgather: invalid output tensor list: {len(outputs)} tensors, the group "
+                                      f"has {world} peers now ({k * world} needed)")
+            for out in outputs:
+                _dense(out, "allgather")
+                if out.dtype != inputs[0].dtype:
+                    raise InvalidArgument(f"allgather: invalid tensor type: an output of {out.dtype} for an input "
+                                          f"of {inputs[0].dtype} (pccl does not cast)")
+            if k > 1:
+                _alike(outputs, "allgather", like=inputs[0])
+            elif outputs[self.getRank()].numel() != inputs[0].numel():
+                raise InvalidArgument(f"allgather: invalid tensor size: this peer's output holds "
+                                      f"{outputs[self.getRank()].numel()} elements, its input {inputs[0].numel()}")
+        tensor = _buffer(inputs[0]) if k == 1 else torch.cat([t.detach().reshape(-1) for t in inputs])
+        result: list[Any] = output_lists[0] if k == 1 else output_lists
+
+        def place(parts: Sequence[torch.Tensor]) -> list[Any]:
+            if len(parts) != world:
+                raise CollectiveAborted(f"the group changed size: the all-gather ran over {len(parts)} peers, "
+                                        f"not the {world} the outputs were made for; retry")
+            n = inputs[0].numel()
+            for outputs in output_lists:
+                for r, part in enumerate(parts):
+                    if part.numel() != k * outputs[r * k].numel() and k == 1:
+                        raise InvalidArgument(f"allgather: a peer sent {part.numel()} elements for an output "
+                                              f"tensor of {outputs[r * k].numel()}")
+                    for i in range(k):
+                        out = outputs[r * k + i]
+                        out.copy_(part.reshape(-1)[i * n:(i + 1) * n].reshape(out.shape) if k > 1
+                                  else part.reshape(out.shape))
+            return result
+
+        def finish(gathered: Any) -> list[Any]:
+            return place(gathered.arrays)
 
         return self._start(lambda tag: self._comm.all_gather_async(tensor, tag=tag), finish,
-                           alone if len(outputs) == 1 else None)
+                           (lambda: place([tensor])) if world == 1 else None)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
         """torch's ``all_gather_into_tensor``: every peer's ``input`` (the same size on all)
         concatenated in ring order into ``output`` (``size()`` times ``input``'s elements)."""
+        _dense(output, "all_gather_into_tensor")
+        _dense(input, "all_gather_into_tensor")
         world = self.getSize()
         if output.numel() != input.numel() * world or output.dtype != input.dtype:
             raise InvalidArgument(f"all_gather_into_tensor needs an output of {world} x {input.numel()} elements "
@@ -298,7 +432,8 @@ class ProcessGroup(dist.ProcessGroup):
             output.copy_(input.reshape(output.shape))
             return [output]
 
-        return self._start(lambda tag: self._comm.all_gather_async(input, tag=tag), finish,
+        send = _buffer(input)
+        return self._start(lambda tag: self._comm.all_gather_async(send, tag=tag), finish,
                            alone if world == 1 else None)
 
     _allgather_base = all_gather_single
@@ -311,6 +446,8 @@ class ProcessGroup(dist.ProcessGroup):
         pccl's reduce-scatter works in place over a copy of ``input``; its shards are equal
         when ``input`` holds ``size()`` times ``output``'s elements, which is torch's contract
         and is checked here (``InvalidArgument`` otherwise)."""
+        _dense(output, "reduce_scatter_tensor")
+        _dense(input, "reduce_scatter_tensor")
         world = self.getSize()
         op = _reduce_op(opts if opts is not None else dist.ReduceScatterOptions())
         if input.numel() != output.numel() * world or output.dtype != input.dtype:
@@ -319,36 +456,52 @@ class ProcessGroup(dist.ProcessGroup):
                                   f"got {input.numel()} of {input.dtype}; pccl.blocking.Communicator."
                                   "reduce_scatter takes other sizes")
         work = input.detach().reshape(-1).clone()  # pccl reduces in place; torch leaves the input alone
-
-        def finish(shard: Any) -> list[torch.Tensor]:
-            if shard.world_size != world or shard.stop - shard.start != output.numel():
-                raise CollectiveAborted(f"the group changed size: the reduce-scatter ran over {shard.world_size} "
-                                        f"peers, the tensors were made for {world}; retry")
-            output.copy_(work[shard.start:shard.stop].reshape(output.shape))
-            return [output]
-
-        def alone() -> list[torch.Tensor]:
-            output.copy_(input.reshape(output.shape))
-            return [output]
-
-        return self._start(lambda tag: self._comm.reduce_scatter_async(work, op=op, tag=tag), finish,
-                           alone if world == 1 else None)
+        return self._reduce_scatter(work, [output], op)
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
-    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],  # type: ignore[override]
-                       opts: Any = None) -> Work:
-        """torch's list ``reduce_scatter``: the one output gets the reduction over the group of
-        ``input_tensors[0][rank()]``; every input tensor has the output's size."""
-        output = _one(output_tensors, "reduce_scatter")
-        inputs = list(_one(input_tensors, "reduce_scatter"))
+    def _reduce_scatter(self, work: torch.Tensor, outputs: list[torch.Tensor], op: ReduceOp) -> Work:
+        """Reduce-scatter ``work`` (flat, ``size()`` equal shards) in place; this peer's shard,
+        split in order, fills ``outputs``."""
+        world = self.getSize()
+        shard_len = work.numel() // world
+
+        def place(shard: torch.Tensor) -> list[torch.Tensor]:
+            start = 0
+            for out in outputs:
+                out.copy_(shard[start:start + out.numel()].reshape(out.shape))
+                start += out.numel()
+            return outputs
+
+        def finish(shard: Any) -> list[torch.Tensor]:
+            if shard.world_size != world or shard.stop - shard.start != shard_len:
+                raise CollectiveAborted(f"the group changed size: the reduce-scatter ran over {shard.world_size} "
+                                        f"peers, the tensors were made for {world}; retry")
+            return place(work[shard.start:shard.stop])
+
+        return self._start(lambda tag: self._comm.reduce_scatter_async(work, op=op, tag=tag), finish,
+                           (lambda: place(work)) if world == 1 else None)
+
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
+                       timeout: Any = None, *, op: Any = None) -> Work:
+        """torch's list ``reduce_scatter`` (also ``pg.reduce_scatter(out, inputs, op)``): the
+        one output gets the reduction over the group of ``input_tensors[0][rank()]``; every
+        input tensor has the output's size."""
+        if isinstance(output_tensors, torch.Tensor):
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        outputs = _tensors(output_tensors, "reduce_scatter")
+        if len(outputs) != 1 or len(input_tensors) != 1:
+            raise InvalidArgument(f"reduce_scatter takes one output and one list of inputs per process on pccl, "
+                                  f"got {len(outputs)} and {len(input_tensors)}")
+        output, inputs = outputs[0], _tensors(input_tensors[0], "reduce_scatter")
         if len(inputs) != self.getSize() or any(t.numel() != output.numel() for t in inputs):
             raise InvalidArgument(f"reduce_scatter needs one input per peer ({self.getSize()} now), each of the "
                                   f"output's {output.numel()} elements")
-        flat = torch.cat([t.detach().reshape(-1) for t in inputs]) if inputs else output.new_empty(0)
-        return self.reduce_scatter_single(output, flat, opts)
+        _alike(inputs, "reduce_scatter", like=output)
+        reduce_op = _reduce_op(opts, op)
+        return self._reduce_scatter(torch.cat([t.detach().reshape(-1) for t in inputs]), [output], reduce_op)
 
-    def barrier(self, opts: Any = None) -> Work:  # type: ignore[override]
+    def barrier(self, opts: Any = None, timeout: Any = None) -> Work:  # type: ignore[override]
         """Return once every peer of the group reached its barrier (a one-byte all-reduce)."""
         token = torch.zeros(1, dtype=torch.uint8)
         return self._start(lambda tag: self._comm.all_reduce_async(token, tag=tag), lambda info: [], lambda: [])
