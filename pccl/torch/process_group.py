@@ -230,6 +230,9 @@ class _Op:
         self.handle = handle
         self.finish = finish
         self.alone = alone
+        # The completion thread copies into the caller's tensors in the caller's mode: an
+        # inference tensor takes an in-place copy only inside inference mode.
+        self.inference = torch.is_inference_mode_enabled()
         self.future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
 
 
@@ -589,7 +592,10 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _settle(self, op: _Op, compute: Callable[[], list[torch.Tensor]]) -> None:
         try:
-            value = compute()
+            # the copies into torch's outputs are not autograd's: a leaf that requires grad
+            # takes them, as it does from any other backend
+            with torch.inference_mode(op.inference), torch.no_grad():
+                value = compute()
         except Exception as exc:  # noqa: BLE001 - delivered through the future
             self._done()
             op.future.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: any exception
