@@ -37,6 +37,7 @@ so a newcomer's ``ProcessGroup`` counts in step with the veterans' from its firs
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
 import os
 import queue
@@ -46,7 +47,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
+import torch._C._distributed_c10d as _c10d
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import GroupName
 
 from .. import blocking
 from ..errors import CollectiveAborted, InvalidArgument, InvalidUsage, TooFewPeers
@@ -70,6 +73,9 @@ MASTER_ENV, PEER_GROUP_ENV = "PCCL_MASTER", "PCCL_PEER_GROUP"
 # holding the GIL, during which no communicator's Trio thread can send a heartbeat.  Done here,
 # at import, before the caller opens a communicator.
 DType.BFLOAT16.numpy_dtype()
+
+#: Numbers the groups this process builds, for their names in torch's registry.
+_GROUP_NUMBERS = itertools.count()
 
 _OPS: tuple[tuple[Any, ReduceOp], ...] = (
     (dist.ReduceOp.SUM, ReduceOp.SUM), (dist.ReduceOp.AVG, ReduceOp.AVG), (dist.ReduceOp.PRODUCT, ReduceOp.PROD),
@@ -260,7 +266,14 @@ class ProcessGroup(dist.ProcessGroup):
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self._completer = threading.Thread(target=self._complete, name=f"pccl-torch-{id(self):x}", daemon=True)
         self._completer.start()
-
+        # A name in torch's registry of groups, as torch's own groups have: functional
+        # collectives (torch.distributed._functional_collectives) find a group by its name.
+        # torch renames a group it creates (init_process_group, new_group) and registers it
+        # under that name itself.
+        self._group_name = f"pccl:{comm.peer_group}:{next(_GROUP_NUMBERS)}"
+        self._registered: str | None = self._group_name
+        self._group_desc = "pccl"
+        _c10d._register_process_group(GroupName(self._group_name), self)
 
     # --- what torch asks ------------------------------------------------------------------------
 
@@ -281,6 +294,27 @@ class ProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         """``"pccl"``."""
         return BACKEND
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        """Take the name torch gives the group (``init_process_group``, ``new_group``): the
+        name the group registered itself under is dropped from torch's registry."""
+        with self._lock:
+            registered, self._registered = self._registered, None
+            self._group_name = name
+        if registered is not None and registered != name:
+            _c10d._unregister_process_group(GroupName(registered))
+
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        """The group's name in torch's registry of groups (``pg.group_name``): ``pccl:G:K``
+        for the ``K``-th group this process built over peer group ``G``, or the name torch
+        gave it."""
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - torch's name
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - torch's name
+        return self._group_desc
 
     def __repr__(self) -> str:
         return f"pccl.torch.ProcessGroup(peer_group={self._comm.peer_group}, peer_id={self._comm.peer_id:x})"
@@ -544,6 +578,9 @@ class ProcessGroup(dist.ProcessGroup):
                 return
             self._closed = True
             self._queue.put(None)
+            registered, self._registered = self._registered, None
+        if registered is not None:
+            _c10d._unregister_process_group(GroupName(registered))
         if self._owns:
             self._comm.close()  # cancels what still runs; the completion thread then finishes
         self._completer.join(30)
