@@ -273,6 +273,7 @@ class ProcessGroup(dist.ProcessGroup):
         self._group_name = f"pccl:{comm.peer_group}:{next(_GROUP_NUMBERS)}"
         self._registered: str | None = self._group_name
         self._group_desc = "pccl"
+        self._shared = 0  # the groups made over this one's communicator (the backend's new_group)
         _c10d._register_process_group(GroupName(self._group_name), self)
 
     # --- what torch asks ------------------------------------------------------------------------
@@ -664,7 +665,17 @@ def register() -> None:
     dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
 
 
+#: The open groups the registered backend made in this process, oldest first: a later group
+#: (``new_group``) runs over the first one's communicator.
+_BACKEND_GROUPS: list[ProcessGroup] = []
+#: The tags of the ``k``-th group made over an existing one start at ``FIRST_TAG + k * SHARED_TAGS``.
+SHARED_TAGS = 1 << 48
+
+
 def _create(store: Any, rank: int, world_size: int, timeout: datetime.timedelta | None) -> ProcessGroup:
+    _BACKEND_GROUPS[:] = [g for g in _BACKEND_GROUPS if not g._closed]
+    if _BACKEND_GROUPS:
+        return _share(_BACKEND_GROUPS[0], rank, world_size)
     master = os.environ.get(MASTER_ENV, "")
     if not master:
         raise InvalidUsage(f"the pccl backend connects to the master named by ${MASTER_ENV} (host:port): set it "
@@ -673,14 +684,69 @@ def _create(store: Any, rank: int, world_size: int, timeout: datetime.timedelta 
         peer_group = int(os.environ.get(PEER_GROUP_ENV, "0"))
     except ValueError:
         raise InvalidArgument(f"${PEER_GROUP_ENV} must be an integer, got {os.environ[PEER_GROUP_ENV]!r}") from None
-    comm = blocking.open_communicator(master, peer_group=peer_group)
+    seconds = _seconds(timeout)
+    deadline = None if seconds is None else time.monotonic() + seconds
+    comm = _open(master, peer_group, seconds)
     try:
-        wait_for_peers(comm, world_size, _seconds(timeout))
+        wait_for_peers(comm, world_size, None if deadline is None else max(0.0, deadline - time.monotonic()))
     except BaseException:
         comm.close()
         raise
     log.info("pccl backend: peer %x in a group of %d", comm.peer_id, comm.world_size)
-    return ProcessGroup(comm, owns_communicator=True)
+    group = ProcessGroup(comm, owns_communicator=True)
+    _BACKEND_GROUPS.append(group)
+    return group
+
+
+def _share(base: ProcessGroup, rank: int, world_size: int) -> ProcessGroup:
+    """A further group of the backend (``new_group``) in a process that has one: over the same
+    ranks, a group over the same communicator with tags of its own; over other ranks,
+    ``InvalidUsage`` at once (a pccl group is a whole peer group)."""
+    if (world_size, rank) != (base.size(), base.rank()):
+        raise InvalidUsage(f"a pccl group spans its whole peer group ({base.size()} peers): new_group over "
+                           f"{world_size} of them (this one as rank {rank}) cannot run on pccl; make that group "
+                           "with another backend (new_group(ranks, backend=\"gloo\")), or run it as a peer group "
+                           f"of its own (${PEER_GROUP_ENV})")
+    base._shared += 1
+    return ProcessGroup(base.communicator, first_tag=FIRST_TAG + base._shared * SHARED_TAGS)
+
+
+def _open(master: str, peer_group: int, timeout: float | None) -> blocking.Communicator:
+    """:func:`pccl.blocking.open_communicator` within ``timeout`` seconds: ``TooFewPeers`` once
+    they passed without this peer being accepted (the group's peers vote a newcomer in — while
+    they run their own ``init_process_group`` or ``new_group``).  An open given up on goes on
+    in the background and closes its communicator once accepted."""
+    if timeout is None:
+        return blocking.open_communicator(master, peer_group=peer_group)
+    lock = threading.Lock()
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            comm = blocking.open_communicator(master, peer_group=peer_group)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = exc
+            done.set()
+            return
+        with lock:
+            if outcome.get("abandoned"):
+                comm.close()
+                return
+            outcome["comm"] = comm
+        done.set()
+
+    threading.Thread(target=run, name="pccl-torch-open", daemon=True).start()
+    done.wait(timeout)
+    with lock:
+        if "comm" not in outcome and "error" not in outcome:
+            outcome["abandoned"] = True
+            raise TooFewPeers(f"not accepted into peer group {peer_group} of the master at {master} within "
+                              f"{timeout:g} s: the group's peers vote a newcomer in, and none did")
+    if "error" in outcome:
+        raise outcome["error"]
+    comm: blocking.Communicator = outcome["comm"]
+    return comm
 
 
 def wait_for_peers(comm: blocking.Communicator, world_size: int, timeout: float | None = None) -> None:
