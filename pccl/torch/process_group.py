@@ -544,21 +544,126 @@ class ProcessGroup(dist.ProcessGroup):
         token = torch.zeros(1, dtype=torch.uint8)
         return self._start(lambda tag: self._comm.all_reduce_async(token, tag=tag), lambda info: [], lambda: [])
 
+    def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None) -> Work:  # type: ignore[override]
+        """torch's ``reduce`` (``opts``: ``ReduceOptions``; or ``pg.reduce(t, root, op)``): an
+        all-reduce whose result only the peer at ring position ``rootRank`` keeps — in place;
+        the others' tensors keep their values (they reduce a copy)."""
+        if isinstance(opts, int):
+            options = dist.ReduceOptions()
+            options.rootRank = opts
+            if op is not None:
+                options.reduceOp = op
+            opts = options
+        opts = opts if opts is not None else dist.ReduceOptions()
+        root = _root(opts, self.getSize(), "reduce")
+        if opts.rootTensor != 0:
+            raise InvalidArgument(f"reduce: invalid root tensor {opts.rootTensor}: one tensor per process")
+        listed = _tensors(tensors, "reduce")
+        if len(listed) != 1:
+            raise InvalidArgument(f"reduce requires a single-element tensor list, got {len(listed)}")
+        reduce_op = _reduce_op(opts)
+        tensor, is_root = listed[0], root == self.getRank()
+        work = _buffer(tensor) if is_root else tensor.detach().clone(memory_format=torch.contiguous_format)
+
+        def finish(info: Any = None) -> list[torch.Tensor]:
+            if is_root and work.data_ptr() != tensor.data_ptr():
+                tensor.copy_(work)
+            return listed
+
+        return self._start(lambda tag: self._comm.all_reduce_async(work, op=reduce_op, tag=tag), finish, finish)
+
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
+               timeout: Any = None) -> Work:
+        """torch's ``gather`` (``opts``: ``GatherOptions``; or ``pg.gather(outs, t, root)``): the
+        peer at ring position ``rootRank`` gets every peer's input in ``output_tensors[0]`` (one
+        tensor per peer, ring order); the others pass no outputs.  An all-gather of which the
+        other peers keep nothing."""
+        if isinstance(input_tensors, torch.Tensor):
+            options = dist.GatherOptions()
+            options.rootRank = int(opts) if opts is not None else 0
+            opts, input_tensors = options, [input_tensors]
+            output_tensors = [output_tensors] if output_tensors else []
+        opts = opts if opts is not None else dist.GatherOptions()
+        world, rank = self.getSize(), self.getRank()
+        root = _root(opts, world, "gather")
+        inputs = list(input_tensors)
+        if len(inputs) != 1:
+            raise InvalidArgument(f"gather requires a single-element input tensor list, got {len(inputs)}")
+        tensor = _buffer(_dense(inputs[0], "gather"))
+        output_lists = [list(o) for o in output_tensors]
+        outputs: list[torch.Tensor] = []
+        if rank == root:
+            if len(output_lists) != 1:
+                raise InvalidArgument(f"gather requires a single-element output list at the root, "
+                                      f"got {len(output_lists)}")
+            outputs = output_lists[0]
+            if len(outputs) != world:
+                raise InvalidArgument(f"gather: Incorrect output list size {len(outputs)}. Output list size "
+                                      f"should be {world}")
+            for out in outputs:
+                _dense(out, "gather")
+            _alike(outputs, "gather", like=tensor)
+        elif output_lists:
+            raise InvalidArgument("gather requires empty output on non-root peers")
+
+        def place(parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            if len(parts) != world:
+                raise CollectiveAborted(f"the group changed size: the gather ran over {len(parts)} peers, "
+                                        f"not the {world} the outputs were made for; retry")
+            for out, part in zip(outputs, parts):
+                out.copy_(part.reshape(out.shape))
+            return outputs
+
+        return self._start(lambda tag: self._comm.all_gather_async(tensor, tag=tag),
+                           lambda gathered: place(gathered.arrays), (lambda: place([tensor])) if world == 1 else None)
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
+                timeout: Any = None) -> Work:
+        """torch's ``scatter`` (``opts``: ``ScatterOptions``; or ``pg.scatter(out, inputs,
+        root)``): the peer at ring position ``rootRank`` passes one input per peer (ring order),
+        the others none; every peer's one output gets its input.  A broadcast of the root's
+        inputs (``size()`` times the output's bytes on the wire) of which each keeps its own."""
+        if isinstance(output_tensors, torch.Tensor):
+            options = dist.ScatterOptions()
+            options.rootRank = int(opts) if opts is not None else 0
+            opts, output_tensors = options, [output_tensors]
+            input_tensors = [input_tensors] if input_tensors else []
+        opts = opts if opts is not None else dist.ScatterOptions()
+        world, rank = self.getSize(), self.getRank()
+        ring = self._comm.ring
+        root = _root(opts, world, "scatter")
+        outputs = list(output_tensors)
+        if len(outputs) != 1:
+            raise InvalidArgument(f"scatter requires a single-element output tensor list, got {len(outputs)}")
+        output = _dense(outputs[0], "scatter")
+        input_lists = [list(i) for i in input_tensors]
+        if rank == root:
+            if len(input_lists) != 1:
+                raise InvalidArgument(f"scatter requires a single-element input list at the root, "
+                                      f"got {len(input_lists)}")
+            inputs = input_lists[0]
+            if len(inputs) != world:
+                raise InvalidArgument(f"scatter: Incorrect input list size {len(inputs)}. Input list size "
+                                      f"should be {world}")
+            for t in inputs:
+                _dense(t, "scatter")
+            _alike(inputs, "scatter", like=output)
+            buffer = torch.cat([t.detach().reshape(-1) for t in inputs])
+        elif input_lists:
+            raise InvalidArgument("scatter requires empty input on non-root peers")
+        else:
+            buffer = output.new_empty(world * output.numel())
+        n = output.numel()
+
+        def finish(info: Any = None) -> list[torch.Tensor]:
+            output.copy_(buffer[rank * n:(rank + 1) * n].reshape(output.shape))
+            return outputs
+
+        return self._start(lambda tag: self._comm.broadcast_async(buffer, root=ring[root], tag=tag), finish,
+                           finish if world == 1 else None)
+
     def _unsupported(self, name: str) -> Work:
-        raise InvalidUsage(f"pccl's process group has no {name}: it offers all-reduce, broadcast, all-gather, "
-                           "reduce-scatter and barrier")
-
-    def reduce(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        """Not offered (``InvalidUsage``): all-reduce instead."""
-        return self._unsupported("reduce")
-
-    def gather(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        """Not offered (``InvalidUsage``): all-gather instead."""
-        return self._unsupported("gather")
-
-    def scatter(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        """Not offered (``InvalidUsage``): broadcast instead."""
-        return self._unsupported("scatter")
+        raise InvalidUsage(f"pccl's process group has no {name}: pccl has no point-to-point calls")
 
     def send(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
         """Not offered (``InvalidUsage``): pccl has no point-to-point calls."""
