@@ -152,6 +152,18 @@ _LOCAL: dict[ReduceOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     ReduceOp.MAX: torch.maximum}
 
 
+def _columns(parts: Sequence[torch.Tensor], sizes: Sequence[int]) -> list[list[torch.Tensor]]:
+    """Each peer's part of a gathered concatenation, split by ``sizes``: for each tensor, its
+    chunks in ring order."""
+    columns: list[list[torch.Tensor]] = [[] for _ in sizes]
+    for part in parts:
+        flat, start = part.reshape(-1), 0
+        for column, size in zip(columns, sizes):
+            column.append(flat[start:start + size])
+            start += size
+    return columns
+
+
 def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
     """torch's timeouts: None or a non-positive timedelta (torch's "unset") mean no limit."""
     if timeout is None:
@@ -356,6 +368,27 @@ class ProcessGroup(dist.ProcessGroup):
 
         return self._start(lambda tag: self._comm.all_reduce_async(acc, op=reduce_op, tag=tag), finish, finish)
 
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Work:  # type: ignore[override]
+        """All-reduce each tensor of ``tensors`` in place, in one pccl all-reduce of their
+        concatenation (one dtype; ``opts``: ``AllreduceCoalescedOptions`` or a ``ReduceOp``).
+        torch's ``all_reduce_coalesced``; the future's value is ``tensors``."""
+        listed = _tensors(tensors, "allreduce_coalesced")
+        for t in listed:
+            if t.dtype != listed[0].dtype:
+                raise InvalidArgument(f"allreduce_coalesced: tensors must all have the same type "
+                                      f"({listed[0].dtype} and {t.dtype})")
+        reduce_op = _reduce_op(opts)
+        flat = torch.cat([t.detach().reshape(-1) for t in listed])
+
+        def finish(info: Any = None) -> list[torch.Tensor]:
+            start = 0
+            for t in listed:
+                t.copy_(flat[start:start + t.numel()].reshape(t.shape))
+                start += t.numel()
+            return listed
+
+        return self._start(lambda tag: self._comm.all_reduce_async(flat, op=reduce_op, tag=tag), finish, finish)
+
     def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None, *,  # type: ignore[override]
                   root: int | None = None) -> Work:
         """Overwrite ``tensors`` with the peer's at ring position ``opts.rootRank`` (or
@@ -476,6 +509,32 @@ class ProcessGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Work:  # type: ignore[override]
+        """Several ``all_gather_into_tensor`` in one pccl all-gather: ``outputs[i]`` gets every
+        peer's ``inputs[i]`` in ring order (``size()`` times its elements; one dtype)."""
+        ins = _tensors(inputs, "allgather_into_tensor_coalesced")
+        outs = _tensors(outputs, "allgather_into_tensor_coalesced")
+        world = self.getSize()
+        if len(ins) != len(outs):
+            raise InvalidArgument(f"allgather_into_tensor_coalesced: {len(outs)} outputs for {len(ins)} inputs")
+        for out, inp in zip(outs, ins):
+            if out.numel() != inp.numel() * world or out.dtype != inp.dtype or inp.dtype != ins[0].dtype:
+                raise InvalidArgument(f"allgather_into_tensor_coalesced needs outputs of {world} x their input's "
+                                      f"elements, all of {ins[0].dtype}: got {out.numel()} of {out.dtype} for "
+                                      f"{inp.numel()} of {inp.dtype}")
+        flat = torch.cat([t.detach().reshape(-1) for t in ins])
+
+        def place(parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            if len(parts) != world:
+                raise CollectiveAborted(f"the group changed size: the all-gather ran over {len(parts)} peers, "
+                                        f"not the {world} the outputs were made for; retry")
+            for out, chunks in zip(outs, _columns(parts, [t.numel() for t in ins])):
+                out.copy_(torch.cat(chunks).reshape(out.shape))
+            return outs
+
+        return self._start(lambda tag: self._comm.all_gather_async(flat, tag=tag),
+                           lambda gathered: place(gathered.arrays), (lambda: place([flat])) if world == 1 else None)
+
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # type: ignore[override]  # noqa: A002
                               opts: Any = None) -> Work:
         """torch's ``reduce_scatter_tensor``: ``output`` gets the reduction over the group of
@@ -497,6 +556,26 @@ class ProcessGroup(dist.ProcessGroup):
         return self._reduce_scatter(work, [output], op)
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+
+    def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Work:  # type: ignore[override]
+        """Several ``reduce_scatter_tensor`` in one pccl reduce-scatter: ``outputs[i]`` gets
+        the reduction of the ``rank()``-th of ``size()`` equal slices of ``inputs[i]`` (one
+        dtype); the inputs are left as they were."""
+        ins = _tensors(inputs, "reduce_scatter_tensor_coalesced")
+        outs = _tensors(outputs, "reduce_scatter_tensor_coalesced")
+        world = self.getSize()
+        op = _reduce_op(opts if opts is not None else dist.ReduceScatterOptions())
+        if len(ins) != len(outs):
+            raise InvalidArgument(f"reduce_scatter_tensor_coalesced: {len(outs)} outputs for {len(ins)} inputs")
+        for out, inp in zip(outs, ins):
+            if inp.numel() != out.numel() * world or out.dtype != inp.dtype or inp.dtype != ins[0].dtype:
+                raise InvalidArgument(f"reduce_scatter_tensor_coalesced needs inputs of {world} x their output's "
+                                      f"elements, all of {ins[0].dtype}: got {inp.numel()} of {inp.dtype} for "
+                                      f"{out.numel()} of {out.dtype}")
+        # peer r's shard is slice r of every input, one after the other
+        slices = [t.detach().reshape(world, -1) for t in ins]
+        work = torch.cat([torch.cat([s[r] for s in slices]) for r in range(world)])
+        return self._reduce_scatter(work, outs, op)
 
     def _reduce_scatter(self, work: torch.Tensor, outputs: list[torch.Tensor], op: ReduceOp) -> Work:
         """Reduce-scatter ``work`` (flat, ``size()`` equal shards) in place; this peer's shard,
