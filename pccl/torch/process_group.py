@@ -95,6 +95,24 @@ def _reduce_op(opts: Any, op: Any = None) -> ReduceOp:
     raise InvalidArgument(f"pccl reduces with SUM, AVG, PRODUCT, MIN or MAX, not {op}")
 
 
+def _bool_op(opts: Any, op: Any = None) -> ReduceOp:
+    """A bool tensor's reduction: MIN or BAND (and), MAX or BOR (or), over its bytes."""
+    if op is None:
+        op = opts.reduceOp if hasattr(opts, "reduceOp") else opts
+    # ``op == theirs``, not ``op in (...)``: a ReduceOp equals its RedOpType, not the reverse
+    if op is None or op == dist.ReduceOp.MAX or op == dist.ReduceOp.BOR:
+        return ReduceOp.MAX
+    if op == dist.ReduceOp.MIN or op == dist.ReduceOp.BAND:
+        return ReduceOp.MIN
+    raise InvalidArgument(f"pccl reduces bool tensors with MIN or BAND (and), MAX or BOR (or), not {op}")
+
+
+def _wire(t: torch.Tensor) -> torch.Tensor:
+    """What pccl reduces for ``t``: its bytes when it is a bool tensor (pccl has no bool dtype;
+    MIN and MAX over 0/1 bytes are and and or), else ``t``."""
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
 def _tensors(tensors: Any, what: str, noun: str = "tensor list") -> list[torch.Tensor]:
     """torch's tensor arguments as a list: a bare tensor (pybind's ``allreduce(t)``) or a list
     of them; at least one, dense (``InvalidArgument`` otherwise: a sparse tensor has no pccl
@@ -348,9 +366,10 @@ class ProcessGroup(dist.ProcessGroup):
         ``tensors`` as a list."""
         listed = _tensors(tensors, "allreduce")
         _alike(listed, "allreduce")
-        reduce_op = _reduce_op(opts, op)
+        boolean = listed[0].dtype == torch.bool
+        reduce_op = _bool_op(opts, op) if boolean else _reduce_op(opts, op)
         if len(listed) == 1 and listed[0].is_contiguous():
-            tensor = listed[0].detach()
+            tensor = _wire(listed[0].detach())
             return self._start(lambda tag: self._comm.all_reduce_async(tensor, op=reduce_op, tag=tag),
                                lambda info: listed, lambda: listed)
         acc = listed[0].detach().clone(memory_format=torch.contiguous_format)
@@ -360,13 +379,14 @@ class ProcessGroup(dist.ProcessGroup):
             if not acc.is_floating_point():
                 raise InvalidArgument("allreduce: AVG over several tensors per peer takes floating-point tensors")
             acc /= len(listed)
+        wire = _wire(acc)
 
         def finish(info: Any = None) -> list[torch.Tensor]:
             for t in listed:
                 t.copy_(acc.reshape(t.shape))
             return listed
 
-        return self._start(lambda tag: self._comm.all_reduce_async(acc, op=reduce_op, tag=tag), finish, finish)
+        return self._start(lambda tag: self._comm.all_reduce_async(wire, op=reduce_op, tag=tag), finish, finish)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Work:  # type: ignore[override]
         """All-reduce each tensor of ``tensors`` in place, in one pccl all-reduce of their

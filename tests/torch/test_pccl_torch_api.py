@@ -221,3 +221,21 @@ def test_opening_a_communicator_for_the_backend_gives_up_after_the_groups_timeou
         with pytest.raises(pccl.TooFewPeers, match="within 1 s"):
             _open(master.address, 0, 1.0)  # the accepted peer never votes it in
         assert time.monotonic() - started < 5
+
+
+def test_bool_tensors_reduce_with_min_max_as_and_or(world: World) -> None:
+    def case(pg: Any, rank: int, n: int) -> list[Any]:
+        out = []
+        for op in (dist.ReduceOp.MIN, dist.ReduceOp.BAND, dist.ReduceOp.MAX, dist.ReduceOp.BOR):
+            t = torch.tensor([True, rank == 0, False])
+            dist.all_reduce(t, op=op, group=pg)
+            out.append(t.tolist())
+        both = [torch.tensor([True, rank == 0]), torch.tensor([rank == 1, False])]
+        pg.allreduce(both, dist.ReduceOp.MAX).wait()  # several per peer: or over all of them
+        out.append([t.tolist() for t in both])
+        with pytest.raises(pccl.InvalidArgument, match="bool tensors"):
+            pg.allreduce(torch.tensor([True]), dist.ReduceOp.SUM)
+        return out
+
+    for got in world.run(case):
+        assert got == [[True, False, False]] * 2 + [[True, True, False]] * 2 + [[[True, True]] * 2]
