@@ -857,14 +857,17 @@ def register() -> None:
     """Register the ``torch.distributed`` backend ``"pccl"`` (idempotent).
 
     Then ``torch.distributed.init_process_group("pccl", store=..., rank=r, world_size=n)`` (or
-    ``new_group(backend="pccl")``) opens a :mod:`pccl.blocking` communicator to the master named
+    a first ``new_group(backend="pccl")``) opens a :mod:`pccl.blocking` communicator to the master named
     by ``$PCCL_MASTER`` (``host:port``; ``pccl run`` sets it), in the peer group
     ``$PCCL_PEER_GROUP`` (default 0), with the token of ``$PCCL_TOKEN``, waits until the group
     has ``n`` peers (voting them in; the group's timeout bounds the wait: ``TooFewPeers``), and
     returns a :class:`ProcessGroup` that owns the communicator.  Its ranks are ring positions:
     as the default group, ``get_rank()`` is this peer's ring position; in a group made by
     ``new_group`` inside another backend's world, name broadcast roots with ``group_src=``.
-    Raises ``InvalidUsage`` (no ``$PCCL_MASTER``) and what opening a communicator raises.
+    Raises ``InvalidUsage`` (no ``$PCCL_MASTER``), ``TooFewPeers`` (not accepted within the
+    group's timeout) and what opening a communicator raises.  A further group of the backend in
+    the same process (``new_group()``) runs over the first one's communicator; one over a
+    subset of its ranks raises ``InvalidUsage`` at once.
     """
     dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
 
