@@ -2,8 +2,10 @@
 
 Each ``case_*`` function below is one upstream test (its docstring names the file and the
 function), with the same inputs and assertions; ``case(pg, rank, world)`` takes the place of
-the upstream ``self.rank``, ``self.world_size`` and the process group the test built.  Every
-case runs twice per world size (2 and 3):
+the upstream ``self.rank``, ``self.world_size`` and the process group the test built.  The
+upstream files are pytorch/pytorch's test/distributed/test_c10d_gloo.py (commit 005a6a0b) and
+test/distributed/test_c10d_pypg.py (commit 024070f4).  Every case runs in two ways, on worlds of
+2 and of 3 peers:
 
 * ``test_<case>[world]``: on groups built as ``pccl.torch.ProcessGroup(comm)``, the peers being
   threads of this process (as torch's ``MultiThreadedTestCase``; pccl_torch_world.py);
@@ -25,16 +27,21 @@ Upstream cases looked at that cannot apply to a CPU pccl group, and why:
   ``simple_reduce_tests`` (pccl reduces with SUM, AVG, PRODUCT, MIN and MAX; the port runs the
   other entries); ``test_sparse_allreduce_basics`` (pccl refuses sparse tensors, see
   ``case_sparse_allreduce_checks``); ``test_reduce_scatter`` (a different output size per rank:
-  torch's reduce_scatter takes equal shards, pccl's torch group too); the last two checks of
-  ``test_allgather_checks`` (outputs of another size than the input at *other* peers' places are
-  torch's uneven all_gather, which pccl performs; the port keeps the check at this peer's own
-  place, which pccl refuses at the call); ``test_logging_init`` and ``TimeoutTest`` (the env://
+  torch's reduce_scatter takes equal shards, pccl's torch group too); the last check of
+  ``test_allgather_checks`` as written (outputs of another size than the input at *other* peers'
+  places are torch's uneven all_gather, which pccl performs; the port keeps the check at this
+  peer's own place, which pccl refuses at the call); ``test_logging_init`` and ``TimeoutTest`` (the env://
   rendezvous and gloo's store timeouts, not a backend's).
 * ``test_c10d_pypg.py``: ``test_store_constructor`` (pccl's group has no store: it meets its
-  peers through the master), ``test_coalescing_manager`` (``supports_coalescing`` is False:
-  torch's coalescing manager then issues the ops one by one), ``test_reconfigure_*`` and
-  ``test_window_delegation`` (torch hooks pccl does not implement), ``test_block_current_stream*``
-  (CUDA streams), ``TestDDPWith*`` (a one-rank Python group of the test's own).
+  peers through the master); ``test_abort_shutdown`` (upstream checks they are no-ops; pccl's
+  stop the group and close an owned communicator); ``test_all_gather_single``
+  (``_c10d_functional.all_gather_into_tensor_out`` reaches a Python group's
+  ``all_gather_single`` in later torch releases; torch 2.13's calls the C++ backend, which a
+  Python group has not: "No backend type associated with device type cpu");
+  ``test_coalescing_manager`` (torch's start/end_coalescing hooks, which pccl does not
+  implement); ``test_reconfigure_*`` and ``test_window_delegation`` (torch hooks pccl does not
+  implement); ``test_block_current_stream*`` (CUDA streams); ``TestDDPWith*`` (a one-rank
+  Python group of the test's own).
 
 Not yet ported: ``test_c10d_gloo.py``: ``test_allgather_coalesced_checks`` and
 ``test_allgather_coalesced_async`` (pccl has no list ``allgather_coalesced``), the
@@ -767,6 +774,17 @@ def case_attr_overrides(pg: Any, rank: int, world: int) -> None:
         assert pg.group_desc == "desc"
     finally:
         pg._set_group_name(name)
+
+
+@ported
+def case_reduce_scatter_single(pg: Any, rank: int, world: int) -> None:
+    """test/distributed/test_c10d_pypg.py::TestPyProcessGroup.test_reduce_scatter_single (an
+    input of ``world`` times the output, whose slices sum to ``world``: upstream's group has
+    one rank)"""
+    input = torch.ones(2 * world)
+    output = torch.zeros(2)
+    pg.reduce_scatter_single(output, input).wait()
+    assert_equal(output, torch.full((2,), float(world)))
 
 
 # --- running them -------------------------------------------------------------------------------------------
