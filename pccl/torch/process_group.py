@@ -24,8 +24,8 @@ of the wrong size or dtype — nothing is cast —, a sparse tensor, an op pccl 
 for) raise ``InvalidArgument`` at the call, with the words of gloo's own checks ("invalid tensor
 type", "invalid root rank", …).  The methods take the argument forms of torch's pybind
 ``ProcessGroup`` too: ``pg.allreduce(t)``, ``pg.allreduce([t], ReduceOp.MAX)``,
-``pg.broadcast(t, root=0)``, ``pg.allgather(outputs, t)``, ``pg.barrier()``.  Alone in its group (world size 1) every collective is the
-identity, as on any one-process group.
+``pg.broadcast(t, root=0)``, ``pg.allgather(outputs, t)``, ``pg.barrier()``.  Alone in its
+group (world size 1) every collective is the identity, as on any one-process group.
 
 Tags: the group's ``k``-th collective uses the tag ``first_tag + k`` (``1 << 61`` by default,
 clear of pccl's own defaults), so the peers must issue the group's collectives in the same order

@@ -25,7 +25,8 @@ import test_c10d_ported
 
 def main() -> None:
     warnings.simplefilter("ignore", FutureWarning)  # all_reduce_coalesced & co. are deprecated names
-    master, world, rank, store_file, peer_group = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    master, world, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    store_file, peer_group = sys.argv[4], sys.argv[5]
     os.environ["PCCL_MASTER"], os.environ["PCCL_PEER_GROUP"] = master, peer_group
     pccl.torch.register()
     dist.init_process_group("pccl", store=dist.FileStore(store_file, world), rank=rank, world_size=world,
