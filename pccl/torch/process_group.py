@@ -19,10 +19,13 @@ results into torch's output tensors) and completes the work's ``torch.futures.Fu
 
 Errors are pccl's (:class:`~pccl.errors.CollectiveAborted` when a peer died mid-op — the inputs
 of an in-place op hold their values again —, ``InvalidUsage``, ``Kicked``, …): ``Work.wait()``
-raises them, and the future holds them.  Arguments that cannot meet torch's contract (a list of
-several tensors, an output of the wrong size, an op pccl has no equivalent for) raise
-``InvalidArgument`` at the call.  Alone in its group (world size 1) every collective is the
-identity, as on any one-process group.
+raises them, and the future holds them.  Arguments that cannot meet torch's contract (an output
+of the wrong size or dtype — nothing is cast —, a sparse tensor, an op pccl has no equivalent
+for) raise ``InvalidArgument`` at the call, with the words of gloo's own checks ("invalid tensor
+type", "invalid root rank", …).  The methods take the argument forms of torch's pybind
+``ProcessGroup`` too: ``pg.allreduce(t)``, ``pg.allreduce([t], ReduceOp.MAX)``,
+``pg.broadcast(t, root=0)``, ``pg.allgather(outputs, t)``, ``pg.barrier()``.  Alone in its
+group (world size 1) every collective is the identity, as on any one-process group.
 
 Tags: the group's ``k``-th collective uses the tag ``first_tag + k`` (``1 << 61`` by default,
 clear of pccl's own defaults), so the peers must issue the group's collectives in the same order
@@ -34,6 +37,7 @@ so a newcomer's ``ProcessGroup`` counts in step with the veterans' from its firs
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
 import os
 import queue
@@ -43,7 +47,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
+import torch._C._distributed_c10d as _c10d
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import GroupName
 
 from .. import blocking
 from ..errors import CollectiveAborted, InvalidArgument, InvalidUsage, TooFewPeers
@@ -68,23 +74,112 @@ MASTER_ENV, PEER_GROUP_ENV = "PCCL_MASTER", "PCCL_PEER_GROUP"
 # at import, before the caller opens a communicator.
 DType.BFLOAT16.numpy_dtype()
 
+#: Numbers the groups this process builds, for their names in torch's registry.
+_GROUP_NUMBERS = itertools.count()
+
 _OPS: tuple[tuple[Any, ReduceOp], ...] = (
     (dist.ReduceOp.SUM, ReduceOp.SUM), (dist.ReduceOp.AVG, ReduceOp.AVG), (dist.ReduceOp.PRODUCT, ReduceOp.PROD),
     (dist.ReduceOp.MIN, ReduceOp.MIN), (dist.ReduceOp.MAX, ReduceOp.MAX))
 
 
-def _reduce_op(opts: Any) -> ReduceOp:
-    op = opts.reduceOp
+def _reduce_op(opts: Any, op: Any = None) -> ReduceOp:
+    """pccl's op for torch's: ``op`` if given, else ``opts`` — an options object (its
+    ``reduceOp``), a ``ReduceOp`` (pybind's ``allreduce(t, ReduceOp.MAX)``) or None (SUM)."""
+    if op is None:
+        op = opts.reduceOp if hasattr(opts, "reduceOp") else opts
+    if op is None:
+        return ReduceOp.SUM
     for theirs, ours in _OPS:
         if op == theirs:
             return ours
     raise InvalidArgument(f"pccl reduces with SUM, AVG, PRODUCT, MIN or MAX, not {op}")
 
 
-def _one(tensors: Sequence[_T], what: str) -> _T:
-    if len(tensors) != 1:
-        raise InvalidArgument(f"{what} takes one tensor per process on pccl, got {len(tensors)}")
-    return tensors[0]
+def _bool_op(opts: Any, op: Any = None) -> ReduceOp:
+    """A bool tensor's reduction: MIN or BAND (and), MAX or BOR (or), over its bytes."""
+    if op is None:
+        op = opts.reduceOp if hasattr(opts, "reduceOp") else opts
+    # ``op == theirs``, not ``op in (...)``: a ReduceOp equals its RedOpType, not the reverse
+    if op is None or op == dist.ReduceOp.MAX or op == dist.ReduceOp.BOR:
+        return ReduceOp.MAX
+    if op == dist.ReduceOp.MIN or op == dist.ReduceOp.BAND:
+        return ReduceOp.MIN
+    raise InvalidArgument(f"pccl reduces bool tensors with MIN or BAND (and), MAX or BOR (or), not {op}")
+
+
+def _wire(t: torch.Tensor) -> torch.Tensor:
+    """What pccl reduces for ``t``: its bytes when it is a bool tensor (pccl has no bool dtype;
+    MIN and MAX over 0/1 bytes are and and or), else ``t``."""
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
+def _tensors(tensors: Any, what: str, noun: str = "tensor list") -> list[torch.Tensor]:
+    """torch's tensor arguments as a list: a bare tensor (pybind's ``allreduce(t)``) or a list
+    of them; at least one, dense (``InvalidArgument`` otherwise: a sparse tensor has no pccl
+    layout, and a bare tensor is never taken for a list of its rows)."""
+    listed = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    if not listed:
+        raise InvalidArgument(f"{what} requires non-empty {noun}")
+    for index, t in enumerate(listed):
+        _dense(t, what, index)
+    return listed
+
+
+def _dense(t: Any, what: str, index: int = 0) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise InvalidArgument(f"{what} takes torch tensors, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise InvalidArgument(f"{what}: invalid tensor layout at index {index}: pccl takes dense tensors only, "
+                              f"not {t.layout} (unsupported layout; sparse gradients, as "
+                              "nn.Embedding(sparse=True) makes, need dense ones)")
+    if t.device.type != "cpu":
+        raise InvalidArgument(f"{what}: pccl takes CPU tensors, got one on {t.device}")
+    return t
+
+
+def _alike(tensors: Sequence[torch.Tensor], what: str, like: torch.Tensor | None = None) -> None:
+    """Every tensor of ``tensors`` has ``like``'s (default: the first's) dtype and element count
+    (torch's "invalid tensor type" / "invalid tensor size")."""
+    first = like if like is not None else tensors[0]
+    for t in tensors:
+        if t.dtype != first.dtype:
+            raise InvalidArgument(f"{what}: invalid tensor type: {t.dtype}, expected {first.dtype} "
+                                  "(pccl does not cast)")
+        if t.numel() != first.numel():
+            raise InvalidArgument(f"{what}: invalid tensor size: {t.numel()} elements, expected {first.numel()}")
+
+
+def _buffer(t: torch.Tensor) -> torch.Tensor:
+    """What pccl reads or writes for ``t``: ``t`` itself (detached: the same memory) when it is
+    contiguous, else a contiguous copy (whose result the op's finish copies back)."""
+    t = t.detach()
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _root(opts: Any, world: int, what: str) -> int:
+    root = int(opts.rootRank)
+    if not 0 <= root < world:
+        raise InvalidArgument(f"{what}: invalid root rank {root}: the group has {world} peers now")
+    return root
+
+
+#: How a peer reduces its several tensors of one all-reduce before the group does (gloo's
+#: meaning of ``allreduce([t1, t2])``).
+_LOCAL: dict[ReduceOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mul, ReduceOp.MIN: torch.minimum,
+    ReduceOp.MAX: torch.maximum}
+
+
+def _columns(parts: Sequence[torch.Tensor], sizes: Sequence[int]) -> list[list[torch.Tensor]]:
+    """Each peer's part of a gathered concatenation, split by ``sizes``: for each tensor, its
+    chunks in ring order."""
+    columns: list[list[torch.Tensor]] = [[] for _ in sizes]
+    for part in parts:
+        flat, start = part.reshape(-1), 0
+        for column, size in zip(columns, sizes):
+            column.append(flat[start:start + size])
+            start += size
+    return columns
 
 
 def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
@@ -171,6 +266,9 @@ class _Op:
         self.handle = handle
         self.finish = finish
         self.alone = alone
+        # The completion thread copies into the caller's tensors in the caller's mode: an
+        # inference tensor takes an in-place copy only inside inference mode.
+        self.inference = torch.is_inference_mode_enabled()
         self.future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
 
 
@@ -198,6 +296,15 @@ class ProcessGroup(dist.ProcessGroup):
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self._completer = threading.Thread(target=self._complete, name=f"pccl-torch-{id(self):x}", daemon=True)
         self._completer.start()
+        # A name in torch's registry of groups, as torch's own groups have: functional
+        # collectives (torch.distributed._functional_collectives) find a group by its name.
+        # torch renames a group it creates (init_process_group, new_group) and registers it
+        # under that name itself.
+        self._group_name = f"pccl:{comm.peer_group}:{next(_GROUP_NUMBERS)}"
+        self._registered: str | None = self._group_name
+        self._group_desc = "pccl"
+        self._shared = 0  # the groups made over this one's communicator (the backend's new_group)
+        _c10d._register_process_group(GroupName(self._group_name), self)
 
     # --- what torch asks ------------------------------------------------------------------------
 
@@ -219,67 +326,185 @@ class ProcessGroup(dist.ProcessGroup):
         """``"pccl"``."""
         return BACKEND
 
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        """Take the name torch gives the group (``init_process_group``, ``new_group``): the
+        name the group registered itself under is dropped from torch's registry."""
+        with self._lock:
+            registered, self._registered = self._registered, None
+            self._group_name = name
+        if registered is not None and registered != name:
+            _c10d._unregister_process_group(GroupName(registered))
+
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        """The group's name in torch's registry of groups (``pg.group_name``): ``pccl:G:K``
+        for the ``K``-th group this process built over peer group ``G``, or the name torch
+        gave it."""
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - torch's name
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - torch's name
+        return self._group_desc
+
     def __repr__(self) -> str:
         return f"pccl.torch.ProcessGroup(peer_group={self._comm.peer_group}, peer_id={self._comm.peer_id:x})"
 
     # --- collectives ------------------------------------------------------------------------------
+    #
+    # Each takes the argument forms of torch's pybind ProcessGroup: a list of tensors and an
+    # options object (what torch.distributed.* passes), or a bare tensor and a root / op /
+    # timeout (``pg.allreduce(t)``, ``pg.broadcast(t, root=0)``, ``pg.allgather(outs, t)``).
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
-        """All-reduce the one tensor of ``tensors`` in place over the group
-        (:meth:`pccl.blocking.Communicator.all_reduce_async`; ``opts.reduceOp`` SUM, AVG, PRODUCT,
-        MIN or MAX — AVG divides by the peers that took part)."""
-        tensor = _one(tensors, "allreduce")
-        op = _reduce_op(opts if opts is not None else dist.AllreduceOptions())
-        return self._start(lambda tag: self._comm.all_reduce_async(tensor, op=op, tag=tag),
-                           lambda info: [tensor], lambda: [tensor])
+    def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None, *,  # type: ignore[override]
+                  op: Any = None) -> Work:
+        """All-reduce in place over the group (:meth:`pccl.blocking.Communicator.all_reduce_async`;
+        ``opts``: ``AllreduceOptions`` or a ``ReduceOp``, SUM by default; SUM, AVG, PRODUCT, MIN
+        or MAX — AVG divides by the peers that took part).  ``tensors``: one tensor, or a list of
+        tensors of one dtype and size, all of which end with the reduction over every tensor of
+        every peer (gloo's meaning; every peer passes as many).  The future's value is
+        ``tensors`` as a list."""
+        listed = _tensors(tensors, "allreduce")
+        _alike(listed, "allreduce")
+        boolean = listed[0].dtype == torch.bool
+        reduce_op = _bool_op(opts, op) if boolean else _reduce_op(opts, op)
+        if len(listed) == 1 and listed[0].is_contiguous():
+            tensor = _wire(listed[0].detach())
+            return self._start(lambda tag: self._comm.all_reduce_async(tensor, op=reduce_op, tag=tag),
+                               lambda info: listed, lambda: listed)
+        acc = listed[0].detach().clone(memory_format=torch.contiguous_format)
+        for t in listed[1:]:
+            acc = _LOCAL[reduce_op](acc, t.detach())
+        if reduce_op is ReduceOp.AVG:
+            if not acc.is_floating_point():
+                raise InvalidArgument("allreduce: AVG over several tensors per peer takes floating-point tensors")
+            acc /= len(listed)
+        wire = _wire(acc)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
-        """Overwrite the one tensor of ``tensors`` with the one of the peer at ring position
-        ``opts.rootRank`` (:meth:`pccl.blocking.Communicator.broadcast_async`; the root is that
-        peer's id)."""
-        tensor = _one(tensors, "broadcast")
+        def finish(info: Any = None) -> list[torch.Tensor]:
+            for t in listed:
+                t.copy_(acc.reshape(t.shape))
+            return listed
+
+        return self._start(lambda tag: self._comm.all_reduce_async(wire, op=reduce_op, tag=tag), finish, finish)
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Work:  # type: ignore[override]
+        """All-reduce each tensor of ``tensors`` in place, in one pccl all-reduce of their
+        concatenation (one dtype; ``opts``: ``AllreduceCoalescedOptions`` or a ``ReduceOp``).
+        torch's ``all_reduce_coalesced``; the future's value is ``tensors``."""
+        listed = _tensors(tensors, "allreduce_coalesced")
+        for t in listed:
+            if t.dtype != listed[0].dtype:
+                raise InvalidArgument(f"allreduce_coalesced: tensors must all have the same type "
+                                      f"({listed[0].dtype} and {t.dtype})")
+        reduce_op = _reduce_op(opts)
+        flat = torch.cat([t.detach().reshape(-1) for t in listed])
+
+        def finish(info: Any = None) -> list[torch.Tensor]:
+            start = 0
+            for t in listed:
+                t.copy_(flat[start:start + t.numel()].reshape(t.shape))
+                start += t.numel()
+            return listed
+
+        return self._start(lambda tag: self._comm.all_reduce_async(flat, op=reduce_op, tag=tag), finish, finish)
+
+    def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None, *,  # type: ignore[override]
+                  root: int | None = None) -> Work:
+        """Overwrite ``tensors`` with the peer's at ring position ``opts.rootRank`` (or
+        ``root``: ``pg.broadcast(t, root=0)``) — :meth:`pccl.blocking.Communicator.broadcast_async`,
+        whose root is that peer's id.  With several tensors (one dtype and size), every one
+        gets the root's ``tensors[opts.rootTensor]``."""
+        if isinstance(opts, int) or root is not None:
+            options = dist.BroadcastOptions()
+            options.rootRank = root if root is not None else int(opts)  # type: ignore[arg-type]
+            opts = options
         opts = opts if opts is not None else dist.BroadcastOptions()
-        if opts.rootTensor != 0:
-            raise InvalidArgument(f"broadcast takes one tensor per process on pccl (rootTensor {opts.rootTensor})")
-        ring, root_rank = self._comm.ring, opts.rootRank
-        if not 0 <= root_rank < len(ring):
-            raise InvalidArgument(f"broadcast from rank {root_rank}: the group has {len(ring)} peers now")
-        root = ring[root_rank]
-        alone = (lambda: [tensor]) if root_rank == 0 else None
-        return self._start(lambda tag: self._comm.broadcast_async(tensor, root=root, tag=tag),
-                           lambda info: [tensor], alone)
+        ring = self._comm.ring
+        root_rank = _root(opts, len(ring), "broadcast")
+        count = 1 if isinstance(tensors, torch.Tensor) else len(tensors)
+        if not 0 <= opts.rootTensor < count:
+            raise InvalidArgument(f"broadcast: invalid root tensor {opts.rootTensor} of {count}")
+        listed = _tensors(tensors, "broadcast")
+        _alike(listed, "broadcast")
+        tensor = _buffer(listed[opts.rootTensor])
 
-    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],  # type: ignore[override]
-                  opts: Any = None) -> Work:
-        """Gather every peer's one input into ``output_tensors[0]`` (one tensor per peer, in
-        ring order; sizes may differ from peer to peer as long as each output fits its input)."""
-        tensor = _one(input_tensors, "allgather")
-        outputs = list(_one(output_tensors, "allgather"))
-        if len(outputs) != self.getSize():
-            raise InvalidArgument(f"allgather needs one output tensor per peer: the group has {self.getSize()} "
-                                  f"peers now, got {len(outputs)}")
+        def finish(info: Any = None) -> list[torch.Tensor]:
+            for t in listed:
+                if t.data_ptr() != tensor.data_ptr() or not t.is_contiguous():
+                    t.copy_(tensor.reshape(t.shape))
+            return listed
 
-        def finish(gathered: Any) -> list[torch.Tensor]:
-            if len(gathered.arrays) != len(outputs):
-                raise CollectiveAborted(f"the group changed size: the all-gather ran over {gathered.world_size} "
-                                        f"peers, not the {len(outputs)} the outputs were made for; retry")
-            for out, part in zip(outputs, gathered.arrays):
-                if part.numel() != out.numel():
-                    raise InvalidArgument(f"allgather: a peer sent {part.numel()} elements for an output "
-                                          f"tensor of {out.numel()}")
-                out.copy_(part.reshape(out.shape))
-            return outputs
+        alone = finish if root_rank == 0 else None
+        return self._start(lambda tag: self._comm.broadcast_async(tensor, root=ring[root_rank], tag=tag),
+                           finish, alone)
 
-        def alone() -> list[torch.Tensor]:
-            outputs[0].copy_(tensor.reshape(outputs[0].shape))
-            return outputs
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
+                  timeout: Any = None) -> Work:
+        """Gather every peer's input into the outputs, in ring order.
+
+        torch's list form: ``input_tensors`` one tensor (``pg.allgather(outs, t)``: ``outs``
+        one tensor per peer; sizes may differ from peer to peer, as long as each output fits
+        its peer's input and this peer's has its input's), or a list of ``k`` inputs of one
+        dtype and size (``output_tensors``: ``k`` lists of ``k x size()`` tensors, each list
+        getting peer ``r``'s inputs at ``r*k ...``, gloo's layout).  Outputs have the inputs'
+        dtype (``InvalidArgument`` at the call otherwise: nothing is cast)."""
+        world = self.getSize()
+        bare = isinstance(input_tensors, torch.Tensor)
+        inputs = _tensors(input_tensors, "allgather", "input tensor list")
+        if bare or (output_tensors and all(isinstance(o, torch.Tensor) for o in output_tensors)):
+            output_lists = [list(output_tensors)]
+        else:
+            output_lists = [list(o) for o in output_tensors]
+        if len(output_lists) != len(inputs):
+            raise InvalidArgument(f"allgather requires input/output tensor lists to have the same length "
+                                  f"({len(inputs)} and {len(output_lists)})")
+        k = len(inputs)
+        _alike(inputs, "allgather")
+        for outputs in output_lists:
+            if len(outputs) != k * world:
+                raise InvalidArgument(f"allgather: invalid output tensor list: {len(outputs)} tensors, the group "
+                                      f"has {world} peers now ({k * world} needed)")
+            for out in outputs:
+                _dense(out, "allgather")
+                if out.dtype != inputs[0].dtype:
+                    raise InvalidArgument(f"allgather: invalid tensor type: an output of {out.dtype} for an input "
+                                          f"of {inputs[0].dtype} (pccl does not cast)")
+            if k > 1:
+                _alike(outputs, "allgather", like=inputs[0])
+            elif outputs[self.getRank()].numel() != inputs[0].numel():
+                raise InvalidArgument(f"allgather: invalid tensor size: this peer's output holds "
+                                      f"{outputs[self.getRank()].numel()} elements, its input {inputs[0].numel()}")
+        tensor = _buffer(inputs[0]) if k == 1 else torch.cat([t.detach().reshape(-1) for t in inputs])
+        result: list[Any] = output_lists[0] if k == 1 else output_lists
+
+        def place(parts: Sequence[torch.Tensor]) -> list[Any]:
+            if len(parts) != world:
+                raise CollectiveAborted(f"the group changed size: the all-gather ran over {len(parts)} peers, "
+                                        f"not the {world} the outputs were made for; retry")
+            n = inputs[0].numel()
+            for outputs in output_lists:
+                for r, part in enumerate(parts):
+                    if part.numel() != k * outputs[r * k].numel() and k == 1:
+                        raise InvalidArgument(f"allgather: a peer sent {part.numel()} elements for an output "
+                                              f"tensor of {outputs[r * k].numel()}")
+                    for i in range(k):
+                        out = outputs[r * k + i]
+                        out.copy_(part.reshape(-1)[i * n:(i + 1) * n].reshape(out.shape) if k > 1
+                                  else part.reshape(out.shape))
+            return result
+
+        def finish(gathered: Any) -> list[Any]:
+            return place(gathered.arrays)
 
         return self._start(lambda tag: self._comm.all_gather_async(tensor, tag=tag), finish,
-                           alone if len(outputs) == 1 else None)
+                           (lambda: place([tensor])) if world == 1 else None)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
         """torch's ``all_gather_into_tensor``: every peer's ``input`` (the same size on all)
         concatenated in ring order into ``output`` (``size()`` times ``input``'s elements)."""
+        _dense(output, "all_gather_into_tensor")
+        _dense(input, "all_gather_into_tensor")
         world = self.getSize()
         if output.numel() != input.numel() * world or output.dtype != input.dtype:
             raise InvalidArgument(f"all_gather_into_tensor needs an output of {world} x {input.numel()} elements "
@@ -298,10 +523,37 @@ class ProcessGroup(dist.ProcessGroup):
             output.copy_(input.reshape(output.shape))
             return [output]
 
-        return self._start(lambda tag: self._comm.all_gather_async(input, tag=tag), finish,
+        send = _buffer(input)
+        return self._start(lambda tag: self._comm.all_gather_async(send, tag=tag), finish,
                            alone if world == 1 else None)
 
     _allgather_base = all_gather_single
+
+    def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Work:  # type: ignore[override]
+        """Several ``all_gather_into_tensor`` in one pccl all-gather: ``outputs[i]`` gets every
+        peer's ``inputs[i]`` in ring order (``size()`` times its elements; one dtype)."""
+        ins = _tensors(inputs, "allgather_into_tensor_coalesced")
+        outs = _tensors(outputs, "allgather_into_tensor_coalesced")
+        world = self.getSize()
+        if len(ins) != len(outs):
+            raise InvalidArgument(f"allgather_into_tensor_coalesced: {len(outs)} outputs for {len(ins)} inputs")
+        for out, inp in zip(outs, ins):
+            if out.numel() != inp.numel() * world or out.dtype != inp.dtype or inp.dtype != ins[0].dtype:
+                raise InvalidArgument(f"allgather_into_tensor_coalesced needs outputs of {world} x their input's "
+                                      f"elements, all of {ins[0].dtype}: got {out.numel()} of {out.dtype} for "
+                                      f"{inp.numel()} of {inp.dtype}")
+        flat = torch.cat([t.detach().reshape(-1) for t in ins])
+
+        def place(parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            if len(parts) != world:
+                raise CollectiveAborted(f"the group changed size: the all-gather ran over {len(parts)} peers, "
+                                        f"not the {world} the outputs were made for; retry")
+            for out, chunks in zip(outs, _columns(parts, [t.numel() for t in ins])):
+                out.copy_(torch.cat(chunks).reshape(out.shape))
+            return outs
+
+        return self._start(lambda tag: self._comm.all_gather_async(flat, tag=tag),
+                           lambda gathered: place(gathered.arrays), (lambda: place([flat])) if world == 1 else None)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # type: ignore[override]  # noqa: A002
                               opts: Any = None) -> Work:
@@ -311,6 +563,8 @@ class ProcessGroup(dist.ProcessGroup):
         pccl's reduce-scatter works in place over a copy of ``input``; its shards are equal
         when ``input`` holds ``size()`` times ``output``'s elements, which is torch's contract
         and is checked here (``InvalidArgument`` otherwise)."""
+        _dense(output, "reduce_scatter_tensor")
+        _dense(input, "reduce_scatter_tensor")
         world = self.getSize()
         op = _reduce_op(opts if opts is not None else dist.ReduceScatterOptions())
         if input.numel() != output.numel() * world or output.dtype != input.dtype:
@@ -319,55 +573,196 @@ class ProcessGroup(dist.ProcessGroup):
                                   f"got {input.numel()} of {input.dtype}; pccl.blocking.Communicator."
                                   "reduce_scatter takes other sizes")
         work = input.detach().reshape(-1).clone()  # pccl reduces in place; torch leaves the input alone
-
-        def finish(shard: Any) -> list[torch.Tensor]:
-            if shard.world_size != world or shard.stop - shard.start != output.numel():
-                raise CollectiveAborted(f"the group changed size: the reduce-scatter ran over {shard.world_size} "
-                                        f"peers, the tensors were made for {world}; retry")
-            output.copy_(work[shard.start:shard.stop].reshape(output.shape))
-            return [output]
-
-        def alone() -> list[torch.Tensor]:
-            output.copy_(input.reshape(output.shape))
-            return [output]
-
-        return self._start(lambda tag: self._comm.reduce_scatter_async(work, op=op, tag=tag), finish,
-                           alone if world == 1 else None)
+        return self._reduce_scatter(work, [output], op)
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
-    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],  # type: ignore[override]
-                       opts: Any = None) -> Work:
-        """torch's list ``reduce_scatter``: the one output gets the reduction over the group of
-        ``input_tensors[0][rank()]``; every input tensor has the output's size."""
-        output = _one(output_tensors, "reduce_scatter")
-        inputs = list(_one(input_tensors, "reduce_scatter"))
+    def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Work:  # type: ignore[override]
+        """Several ``reduce_scatter_tensor`` in one pccl reduce-scatter: ``outputs[i]`` gets
+        the reduction of the ``rank()``-th of ``size()`` equal slices of ``inputs[i]`` (one
+        dtype); the inputs are left as they were."""
+        ins = _tensors(inputs, "reduce_scatter_tensor_coalesced")
+        outs = _tensors(outputs, "reduce_scatter_tensor_coalesced")
+        world = self.getSize()
+        op = _reduce_op(opts if opts is not None else dist.ReduceScatterOptions())
+        if len(ins) != len(outs):
+            raise InvalidArgument(f"reduce_scatter_tensor_coalesced: {len(outs)} outputs for {len(ins)} inputs")
+        for out, inp in zip(outs, ins):
+            if inp.numel() != out.numel() * world or out.dtype != inp.dtype or inp.dtype != ins[0].dtype:
+                raise InvalidArgument(f"reduce_scatter_tensor_coalesced needs inputs of {world} x their output's "
+                                      f"elements, all of {ins[0].dtype}: got {inp.numel()} of {inp.dtype} for "
+                                      f"{out.numel()} of {out.dtype}")
+        # peer r's shard is slice r of every input, one after the other
+        slices = [t.detach().reshape(world, -1) for t in ins]
+        work = torch.cat([torch.cat([s[r] for s in slices]) for r in range(world)])
+        return self._reduce_scatter(work, outs, op)
+
+    def _reduce_scatter(self, work: torch.Tensor, outputs: list[torch.Tensor], op: ReduceOp) -> Work:
+        """Reduce-scatter ``work`` (flat, ``size()`` equal shards) in place; this peer's shard,
+        split in order, fills ``outputs``."""
+        world = self.getSize()
+        shard_len = work.numel() // world
+
+        def place(shard: torch.Tensor) -> list[torch.Tensor]:
+            start = 0
+            for out in outputs:
+                out.copy_(shard[start:start + out.numel()].reshape(out.shape))
+                start += out.numel()
+            return outputs
+
+        def finish(shard: Any) -> list[torch.Tensor]:
+            if shard.world_size != world or shard.stop - shard.start != shard_len:
+                raise CollectiveAborted(f"the group changed size: the reduce-scatter ran over {shard.world_size} "
+                                        f"peers, the tensors were made for {world}; retry")
+            return place(work[shard.start:shard.stop])
+
+        return self._start(lambda tag: self._comm.reduce_scatter_async(work, op=op, tag=tag), finish,
+                           (lambda: place(work)) if world == 1 else None)
+
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
+                       timeout: Any = None, *, op: Any = None) -> Work:
+        """torch's list ``reduce_scatter`` (also ``pg.reduce_scatter(out, inputs, op)``): the
+        one output gets the reduction over the group of ``input_tensors[0][rank()]``; every
+        input tensor has the output's size."""
+        if isinstance(output_tensors, torch.Tensor):
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        outputs = _tensors(output_tensors, "reduce_scatter")
+        if len(outputs) != 1 or len(input_tensors) != 1:
+            raise InvalidArgument(f"reduce_scatter takes one output and one list of inputs per process on pccl, "
+                                  f"got {len(outputs)} and {len(input_tensors)}")
+        output, inputs = outputs[0], _tensors(input_tensors[0], "reduce_scatter")
         if len(inputs) != self.getSize() or any(t.numel() != output.numel() for t in inputs):
             raise InvalidArgument(f"reduce_scatter needs one input per peer ({self.getSize()} now), each of the "
                                   f"output's {output.numel()} elements")
-        flat = torch.cat([t.detach().reshape(-1) for t in inputs]) if inputs else output.new_empty(0)
-        return self.reduce_scatter_single(output, flat, opts)
+        _alike(inputs, "reduce_scatter", like=output)
+        reduce_op = _reduce_op(opts, op)
+        return self._reduce_scatter(torch.cat([t.detach().reshape(-1) for t in inputs]), [output], reduce_op)
 
-    def barrier(self, opts: Any = None) -> Work:  # type: ignore[override]
+    def barrier(self, opts: Any = None, timeout: Any = None) -> Work:  # type: ignore[override]
         """Return once every peer of the group reached its barrier (a one-byte all-reduce)."""
         token = torch.zeros(1, dtype=torch.uint8)
         return self._start(lambda tag: self._comm.all_reduce_async(token, tag=tag), lambda info: [], lambda: [])
 
+    def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None) -> Work:  # type: ignore[override]
+        """torch's ``reduce`` (``opts``: ``ReduceOptions``; or ``pg.reduce(t, root, op)``): an
+        all-reduce whose result only the peer at ring position ``rootRank`` keeps — in place;
+        the others' tensors keep their values (they reduce a copy)."""
+        if isinstance(opts, int):
+            options = dist.ReduceOptions()
+            options.rootRank = opts
+            if op is not None:
+                options.reduceOp = op
+            opts = options
+        opts = opts if opts is not None else dist.ReduceOptions()
+        root = _root(opts, self.getSize(), "reduce")
+        if opts.rootTensor != 0:
+            raise InvalidArgument(f"reduce: invalid root tensor {opts.rootTensor}: one tensor per process")
+        listed = _tensors(tensors, "reduce")
+        if len(listed) != 1:
+            raise InvalidArgument(f"reduce requires a single-element tensor list, got {len(listed)}")
+        reduce_op = _reduce_op(opts)
+        tensor, is_root = listed[0], root == self.getRank()
+        work = _buffer(tensor) if is_root else tensor.detach().clone(memory_format=torch.contiguous_format)
+
+        def finish(info: Any = None) -> list[torch.Tensor]:
+            if is_root and work.data_ptr() != tensor.data_ptr():
+                tensor.copy_(work)
+            return listed
+
+        return self._start(lambda tag: self._comm.all_reduce_async(work, op=reduce_op, tag=tag), finish, finish)
+
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
+               timeout: Any = None) -> Work:
+        """torch's ``gather`` (``opts``: ``GatherOptions``; or ``pg.gather(outs, t, root)``): the
+        peer at ring position ``rootRank`` gets every peer's input in ``output_tensors[0]`` (one
+        tensor per peer, ring order); the others pass no outputs.  An all-gather of which the
+        other peers keep nothing."""
+        if isinstance(input_tensors, torch.Tensor):
+            options = dist.GatherOptions()
+            options.rootRank = int(opts) if opts is not None else 0
+            opts, input_tensors = options, [input_tensors]
+            output_tensors = [output_tensors] if output_tensors else []
+        opts = opts if opts is not None else dist.GatherOptions()
+        world, rank = self.getSize(), self.getRank()
+        root = _root(opts, world, "gather")
+        inputs = list(input_tensors)
+        if len(inputs) != 1:
+            raise InvalidArgument(f"gather requires a single-element input tensor list, got {len(inputs)}")
+        tensor = _buffer(_dense(inputs[0], "gather"))
+        output_lists = [list(o) for o in output_tensors]
+        outputs: list[torch.Tensor] = []
+        if rank == root:
+            if len(output_lists) != 1:
+                raise InvalidArgument(f"gather requires a single-element output list at the root, "
+                                      f"got {len(output_lists)}")
+            outputs = output_lists[0]
+            if len(outputs) != world:
+                raise InvalidArgument(f"gather: Incorrect output list size {len(outputs)}. Output list size "
+                                      f"should be {world}")
+            for out in outputs:
+                _dense(out, "gather")
+            _alike(outputs, "gather", like=tensor)
+        elif output_lists:
+            raise InvalidArgument("gather requires empty output on non-root peers")
+
+        def place(parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            if len(parts) != world:
+                raise CollectiveAborted(f"the group changed size: the gather ran over {len(parts)} peers, "
+                                        f"not the {world} the outputs were made for; retry")
+            for out, part in zip(outputs, parts):
+                out.copy_(part.reshape(out.shape))
+            return outputs
+
+        return self._start(lambda tag: self._comm.all_gather_async(tensor, tag=tag),
+                           lambda gathered: place(gathered.arrays), (lambda: place([tensor])) if world == 1 else None)
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
+                timeout: Any = None) -> Work:
+        """torch's ``scatter`` (``opts``: ``ScatterOptions``; or ``pg.scatter(out, inputs,
+        root)``): the peer at ring position ``rootRank`` passes one input per peer (ring order),
+        the others none; every peer's one output gets its input.  A broadcast of the root's
+        inputs (``size()`` times the output's bytes on the wire) of which each keeps its own."""
+        if isinstance(output_tensors, torch.Tensor):
+            options = dist.ScatterOptions()
+            options.rootRank = int(opts) if opts is not None else 0
+            opts, output_tensors = options, [output_tensors]
+            input_tensors = [input_tensors] if input_tensors else []
+        opts = opts if opts is not None else dist.ScatterOptions()
+        world, rank = self.getSize(), self.getRank()
+        ring = self._comm.ring
+        root = _root(opts, world, "scatter")
+        outputs = list(output_tensors)
+        if len(outputs) != 1:
+            raise InvalidArgument(f"scatter requires a single-element output tensor list, got {len(outputs)}")
+        output = _dense(outputs[0], "scatter")
+        input_lists = [list(i) for i in input_tensors]
+        if rank == root:
+            if len(input_lists) != 1:
+                raise InvalidArgument(f"scatter requires a single-element input list at the root, "
+                                      f"got {len(input_lists)}")
+            inputs = input_lists[0]
+            if len(inputs) != world:
+                raise InvalidArgument(f"scatter: Incorrect input list size {len(inputs)}. Input list size "
+                                      f"should be {world}")
+            for t in inputs:
+                _dense(t, "scatter")
+            _alike(inputs, "scatter", like=output)
+            buffer = torch.cat([t.detach().reshape(-1) for t in inputs])
+        elif input_lists:
+            raise InvalidArgument("scatter requires empty input on non-root peers")
+        else:
+            buffer = output.new_empty(world * output.numel())
+        n = output.numel()
+
+        def finish(info: Any = None) -> list[torch.Tensor]:
+            output.copy_(buffer[rank * n:(rank + 1) * n].reshape(output.shape))
+            return outputs
+
+        return self._start(lambda tag: self._comm.broadcast_async(buffer, root=ring[root], tag=tag), finish,
+                           finish if world == 1 else None)
+
     def _unsupported(self, name: str) -> Work:
-        raise InvalidUsage(f"pccl's process group has no {name}: it offers all-reduce, broadcast, all-gather, "
-                           "reduce-scatter and barrier")
-
-    def reduce(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        """Not offered (``InvalidUsage``): all-reduce instead."""
-        return self._unsupported("reduce")
-
-    def gather(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        """Not offered (``InvalidUsage``): all-gather instead."""
-        return self._unsupported("gather")
-
-    def scatter(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        """Not offered (``InvalidUsage``): broadcast instead."""
-        return self._unsupported("scatter")
+        raise InvalidUsage(f"pccl's process group has no {name}: pccl has no point-to-point calls")
 
     def send(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
         """Not offered (``InvalidUsage``): pccl has no point-to-point calls."""
@@ -388,6 +783,9 @@ class ProcessGroup(dist.ProcessGroup):
                 return
             self._closed = True
             self._queue.put(None)
+            registered, self._registered = self._registered, None
+        if registered is not None:
+            _c10d._unregister_process_group(GroupName(registered))
         if self._owns:
             self._comm.close()  # cancels what still runs; the completion thread then finishes
         self._completer.join(30)
@@ -436,7 +834,10 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _settle(self, op: _Op, compute: Callable[[], list[torch.Tensor]]) -> None:
         try:
-            value = compute()
+            # the copies into torch's outputs are not autograd's: a leaf that requires grad
+            # takes them, as it does from any other backend
+            with torch.inference_mode(op.inference), torch.no_grad():
+                value = compute()
         except Exception as exc:  # noqa: BLE001 - delivered through the future
             self._done()
             op.future.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: any exception
@@ -456,19 +857,32 @@ def register() -> None:
     """Register the ``torch.distributed`` backend ``"pccl"`` (idempotent).
 
     Then ``torch.distributed.init_process_group("pccl", store=..., rank=r, world_size=n)`` (or
-    ``new_group(backend="pccl")``) opens a :mod:`pccl.blocking` communicator to the master named
+    a first ``new_group(backend="pccl")``) opens a :mod:`pccl.blocking` communicator to the master named
     by ``$PCCL_MASTER`` (``host:port``; ``pccl run`` sets it), in the peer group
     ``$PCCL_PEER_GROUP`` (default 0), with the token of ``$PCCL_TOKEN``, waits until the group
     has ``n`` peers (voting them in; the group's timeout bounds the wait: ``TooFewPeers``), and
     returns a :class:`ProcessGroup` that owns the communicator.  Its ranks are ring positions:
     as the default group, ``get_rank()`` is this peer's ring position; in a group made by
     ``new_group`` inside another backend's world, name broadcast roots with ``group_src=``.
-    Raises ``InvalidUsage`` (no ``$PCCL_MASTER``) and what opening a communicator raises.
+    Raises ``InvalidUsage`` (no ``$PCCL_MASTER``), ``TooFewPeers`` (not accepted within the
+    group's timeout) and what opening a communicator raises.  A further group of the backend in
+    the same process (``new_group()``) runs over the first one's communicator; one over a
+    subset of its ranks raises ``InvalidUsage`` at once.
     """
     dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
 
 
+#: The open groups the registered backend made in this process, oldest first: a later group
+#: (``new_group``) runs over the first one's communicator.
+_BACKEND_GROUPS: list[ProcessGroup] = []
+#: The tags of the ``k``-th group made over an existing one start at ``FIRST_TAG + k * SHARED_TAGS``.
+SHARED_TAGS = 1 << 48
+
+
 def _create(store: Any, rank: int, world_size: int, timeout: datetime.timedelta | None) -> ProcessGroup:
+    _BACKEND_GROUPS[:] = [g for g in _BACKEND_GROUPS if not g._closed]
+    if _BACKEND_GROUPS:
+        return _share(_BACKEND_GROUPS[0], rank, world_size)
     master = os.environ.get(MASTER_ENV, "")
     if not master:
         raise InvalidUsage(f"the pccl backend connects to the master named by ${MASTER_ENV} (host:port): set it "
@@ -477,14 +891,69 @@ def _create(store: Any, rank: int, world_size: int, timeout: datetime.timedelta 
         peer_group = int(os.environ.get(PEER_GROUP_ENV, "0"))
     except ValueError:
         raise InvalidArgument(f"${PEER_GROUP_ENV} must be an integer, got {os.environ[PEER_GROUP_ENV]!r}") from None
-    comm = blocking.open_communicator(master, peer_group=peer_group)
+    seconds = _seconds(timeout)
+    deadline = None if seconds is None else time.monotonic() + seconds
+    comm = _open(master, peer_group, seconds)
     try:
-        wait_for_peers(comm, world_size, _seconds(timeout))
+        wait_for_peers(comm, world_size, None if deadline is None else max(0.0, deadline - time.monotonic()))
     except BaseException:
         comm.close()
         raise
     log.info("pccl backend: peer %x in a group of %d", comm.peer_id, comm.world_size)
-    return ProcessGroup(comm, owns_communicator=True)
+    group = ProcessGroup(comm, owns_communicator=True)
+    _BACKEND_GROUPS.append(group)
+    return group
+
+
+def _share(base: ProcessGroup, rank: int, world_size: int) -> ProcessGroup:
+    """A further group of the backend (``new_group``) in a process that has one: over the same
+    ranks, a group over the same communicator with tags of its own; over other ranks,
+    ``InvalidUsage`` at once (a pccl group is a whole peer group)."""
+    if (world_size, rank) != (base.size(), base.rank()):
+        raise InvalidUsage(f"a pccl group spans its whole peer group ({base.size()} peers): new_group over "
+                           f"{world_size} of them (this one as rank {rank}) cannot run on pccl; make that group "
+                           "with another backend (new_group(ranks, backend=\"gloo\")), or run it as a peer group "
+                           f"of its own (${PEER_GROUP_ENV})")
+    base._shared += 1
+    return ProcessGroup(base.communicator, first_tag=FIRST_TAG + base._shared * SHARED_TAGS)
+
+
+def _open(master: str, peer_group: int, timeout: float | None) -> blocking.Communicator:
+    """:func:`pccl.blocking.open_communicator` within ``timeout`` seconds: ``TooFewPeers`` once
+    they passed without this peer being accepted (the group's peers vote a newcomer in — while
+    they run their own ``init_process_group`` or ``new_group``).  An open given up on goes on
+    in the background and closes its communicator once accepted."""
+    if timeout is None:
+        return blocking.open_communicator(master, peer_group=peer_group)
+    lock = threading.Lock()
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            comm = blocking.open_communicator(master, peer_group=peer_group)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = exc
+            done.set()
+            return
+        with lock:
+            if outcome.get("abandoned"):
+                comm.close()
+                return
+            outcome["comm"] = comm
+        done.set()
+
+    threading.Thread(target=run, name="pccl-torch-open", daemon=True).start()
+    done.wait(timeout)
+    with lock:
+        if "comm" not in outcome and "error" not in outcome:
+            outcome["abandoned"] = True
+            raise TooFewPeers(f"not accepted into peer group {peer_group} of the master at {master} within "
+                              f"{timeout:g} s: the group's peers vote a newcomer in, and none did")
+    if "error" in outcome:
+        raise outcome["error"]
+    comm: blocking.Communicator = outcome["comm"]
+    return comm
 
 
 def wait_for_peers(comm: blocking.Communicator, world_size: int, timeout: float | None = None) -> None:

@@ -1,0 +1,49 @@
+"""One process of test_c10d_ported.py's ``init_process_group`` runs: every ported case but the
+``*_stress`` ones (test_c10d_ported.py runs those with ``group=pg``), in order, with the default
+group ``torch.distributed.init_process_group("pccl")`` made.
+
+    python c10d_ported_peer.py MASTER WORLD RANK STORE_FILE PEER_GROUP
+
+Prints one JSON line: ``{"rank", "world", "backend", "cases": {name: "ok" or the traceback}}``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import traceback
+import warnings
+
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _get_default_group
+
+import pccl.torch
+import test_c10d_ported
+
+
+def main() -> None:
+    warnings.simplefilter("ignore", FutureWarning)  # all_reduce_coalesced & co. are deprecated names
+    master, world, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    store_file, peer_group = sys.argv[4], sys.argv[5]
+    os.environ["PCCL_MASTER"], os.environ["PCCL_PEER_GROUP"] = master, peer_group
+    pccl.torch.register()
+    dist.init_process_group("pccl", store=dist.FileStore(store_file, world), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    pg = _get_default_group()
+    report = {"rank": dist.get_rank(), "world": dist.get_world_size(), "backend": dist.get_backend(), "cases": {}}
+    for name, case in test_c10d_ported.CASES.items():
+        if name.endswith("_stress"):
+            continue  # run with group=pg only (test_c10d_ported.py): the same calls, seconds more
+        try:
+            case(pg, pg.rank(), pg.size())
+            report["cases"][name] = "ok"
+        except BaseException:  # noqa: BLE001 - reported to the test
+            report["cases"][name] = traceback.format_exc()
+    dist.destroy_process_group()
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
