@@ -414,6 +414,35 @@ class Communicator:
             arrays, op=op, quantization=quantization, max_in_flight=max_in_flight, first_tag=first_tag,
             bucket_bytes=bucket_bytes)), self._wait)
 
+    def send(self, x: Any, *, to: int, tag: int = 0, timeout: float | None = None,
+             quantization: Quantization | None = None) -> None:
+        """Send ``x`` to peer ``to``; blocks until the receiver has all of it
+        (:meth:`pccl.Communicator.send`: arguments, matching, errors are the same).
+        :meth:`send_async` returns at once instead."""
+        self.send_async(x, to=to, tag=tag, timeout=timeout, quantization=quantization).wait()
+
+    def send_async(self, x: Any, *, to: int, tag: int = 0, timeout: float | None = None,
+                   quantization: Quantization | None = None) -> CollectiveHandle[None]:
+        """Start :meth:`pccl.Communicator.send` and return at once with its handle (``x``
+        belongs to pccl until the handle is done)."""
+        comm = self._live()
+        return CollectiveHandle(self._submit(lambda: comm.send(x, to=to, tag=tag, timeout=timeout,
+                                                               quantization=quantization)), self._wait)
+
+    def recv(self, x: Any, *, from_: int, tag: int = 0, timeout: float | None = None,
+             quantization: Quantization | None = None) -> None:
+        """Receive peer ``from_``'s next message on ``tag`` into ``x``; blocks until it is all in
+        (:meth:`pccl.Communicator.recv`).  :meth:`recv_async` returns at once instead."""
+        self.recv_async(x, from_=from_, tag=tag, timeout=timeout, quantization=quantization).wait()
+
+    def recv_async(self, x: Any, *, from_: int, tag: int = 0, timeout: float | None = None,
+                   quantization: Quantization | None = None) -> CollectiveHandle[None]:
+        """Start :meth:`pccl.Communicator.recv` and return at once with its handle (``x``
+        belongs to pccl until the handle is done; on an error it holds its old values)."""
+        comm = self._live()
+        return CollectiveHandle(self._submit(lambda: comm.recv(x, from_=from_, tag=tag, timeout=timeout,
+                                                               quantization=quantization)), self._wait)
+
     def steps(self, state: SharedState, *,
               strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> Iterator[SyncInfo]:
         """:meth:`pccl.Communicator.steps` as a plain iterator (each step's ``SyncInfo``)."""
