@@ -20,8 +20,9 @@ written into the receiver's array.
 
 Faults.  Both sides of every connection send ``PointKeepalive`` every
 ``min(heartbeat_interval, peer_timeout / 3)`` and read it continuously; a connection that breaks
-(the peer died: reset or closed), that is silent for ``Config.peer_timeout``, or on which a data
-frame does not go out or come in within ``peer_timeout``, fails the pair's *link*: both its
+(the peer died: reset or closed), or that is silent for ``Config.peer_timeout`` — a receiver
+takes each :data:`PIECE` of a data frame within ``peer_timeout``; a sender in the middle of a
+frame still reads the receiver's keepalives on the same connection — fails the pair's *link*: both its
 connections are aborted and every pending send to and receive from that peer raises
 ``PeerDisconnected`` naming it (the other side sees its connections close and does the same).
 A receiver's array then holds its old values.  The next call dials afresh.  Cancelling a call
@@ -57,8 +58,12 @@ __all__ = ["PointService", "CHUNK"]
 
 log = logging.getLogger(__name__)
 
-#: Payload bytes of one data frame of a point-to-point message.
-CHUNK = 4 << 20
+#: Payload bytes of one data frame of a point-to-point message (a message of several frames
+#: lets another message's frames, and keepalives, through in between).
+CHUNK = 16 << 20
+#: A receiver takes a data frame's payload in pieces of at most this many bytes, each within
+#: ``Config.peer_timeout``: a sender slower than ``PIECE / peer_timeout`` counts as stalled.
+PIECE = 1 << 20
 
 
 def _shape(dtype: DType, count: int) -> str:
@@ -246,16 +251,11 @@ class PointService:
                 raise ProtocolError(f"peer {link.peer:x} answered an offer with {type(answer).__name__}")
             payload = array.reshape(-1).view(np.uint8).data
             send.answered = trio.Event()
-            timeout = self._host.config.peer_timeout
+            # No deadline per frame: a receiver that stalls stops its keepalives, and this
+            # connection's reader fails the link (aborting a send under way) within peer_timeout.
             for start in range(0, payload.nbytes, CHUNK):
                 piece = payload[start:start + CHUNK]
-                header = DataHeader(send.seq, 0, 0, start, piece.nbytes)
-                with trio.move_on_after(timeout) as scope:
-                    await self._guarded(link, conn.send_data(header, piece))
-                if scope.cancelled_caught:
-                    link.fail(PeerDisconnected(f"peer {link.peer:x} took no data for {timeout:g} s "
-                                               "(Config.peer_timeout)"))
-                    raise self._error_of(send, link)
+                await self._guarded(link, conn.send_data(DataHeader(send.seq, 0, 0, start, piece.nbytes), piece))
             answer = await self._answer(send)
             if not isinstance(answer, m.PointAck):
                 raise ProtocolError(f"peer {link.peer:x} answered a message's data with {type(answer).__name__}")
@@ -296,12 +296,6 @@ class PointService:
         if recv.error is not None:
             raise recv.error
         self._host.counters.p2p_rx_bytes += array.nbytes
-
-    @staticmethod
-    def _error_of(send: Outgoing, link: PeerLink) -> PCCLError:
-        error = send.error or link.error
-        assert error is not None
-        return fresh_error(error)
 
     async def _guarded(self, link: PeerLink, op: Any) -> None:
         """Await a send on one of ``link``'s connections; a transport failure fails the link."""
@@ -477,8 +471,9 @@ class PointService:
             if recv is None or recv.staging is None or frame.end > recv.staging.nbytes:
                 raise ProtocolError(f"peer {link.peer:x} sent data for message {frame.op_seq} (bytes {frame.offset}"
                                     f"..{frame.end}), which no receive expects")
-            with trio.fail_after(timeout):
-                await conn.receive_data_into(recv.staging.data[frame.offset:frame.end])
+            for start in range(frame.offset, frame.end, PIECE):
+                with trio.fail_after(timeout):
+                    await conn.receive_data_into(recv.staging.data[start:min(start + PIECE, frame.end)])
             recv.received += frame.nbytes
             if recv.received >= recv.staging.nbytes:
                 if not recv.done.is_set():  # (a cancelled receive failed the link: not here)
