@@ -185,17 +185,21 @@ class _Child:
         except queue.Empty:
             raise AssertionError("the peer process said nothing:\n" + "\n".join(self.log[-30:])) from None
 
-    def kill(self) -> None:
+    def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait(10)
+            self.popen.send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.popen.wait(10)
 
 
 NBYTES = 64 << 20
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["SIGKILL", "SIGSTOP"])
 @pytest.mark.parametrize("child_mode", ["send", "recv"])
-def test_a_peer_sigkilled_mid_stream_ends_the_call_here(child_mode: str) -> None:
+def test_a_peer_killed_or_stalled_mid_stream_ends_the_call_here(child_mode: str, sig: int) -> None:
+    """SIGKILL: its kernel resets the connections at once.  SIGSTOP: it falls silent (no
+    keepalives, no data) and is detected within ``Config.peer_timeout``."""
     with master_in_thread(CFG) as master:
         comm = pccl.blocking.open_communicator(master.address, config=CFG)
         child = _Child(master.address, child_mode, NBYTES)
@@ -221,12 +225,14 @@ def test_a_peer_sigkilled_mid_stream_ends_the_call_here(child_mode: str) -> None
             handle = (comm.recv_async(buffer, from_=other) if child_mode == "send"
                       else comm.send_async(buffer, to=other))
             time.sleep(0.05)  # the message is under way: 64 MiB take a while through Python
-            child.kill()
+            child.kill(sig)
             killed = time.monotonic()
             with pytest.raises(PeerDisconnected, match=f"{other:x}") as failed:
                 handle.wait(timeout=GRACE)
             print(f"{child_mode}: {failed.value} after {time.monotonic() - killed:.3f} s")
             assert time.monotonic() - killed < GRACE
+            if sig == signal.SIGSTOP:
+                assert "silent" in str(failed.value) or "timed out" in str(failed.value), failed.value
             if child_mode == "send":
                 assert not buffer.any(), "a failed recv wrote into the receiver's buffer"
             # retry-safe: the communicator itself is fine (alone now, it still answers)
