@@ -378,6 +378,13 @@ class PointService:
             return
         await self._run(link, conn, self._read_incoming, self._write_incoming)
 
+    def under_way(self) -> int:
+        """Messages whose data is moving: this peer's sends the receiver took, and its matched
+        receives not yet complete (for tests and diagnostics)."""
+        links = [link for link in self._links.values() if link.error is None]
+        sends = sum(isinstance(s.answer, m.PointReady) for link in links for s in link.sends.values())
+        return sends + sum(len(link.receiving) for link in links)
+
     def fail_all(self, error: PCCLError) -> None:
         """The communicator failed or closes: every pending call raises ``error``, every
         connection closes, later calls raise it too."""
