@@ -173,6 +173,14 @@ class PeerLink:
             recv.staging = np.empty(nbytes, np.uint8)
             self.receiving[offer.seq] = recv
             self.reply(m.PointReady(offer.seq))
+        self.tidy(tag)
+
+    def tidy(self, tag: int) -> None:
+        """Forget ``tag``'s empty queues (a loop may use a new tag every step)."""
+        if not self.offers.get(tag, True):
+            del self.offers[tag]
+        if not self.posted.get(tag, True):
+            del self.posted[tag]
 
     def reply(self, msg: m.Message) -> None:
         try:
@@ -286,6 +294,7 @@ class PointService:
             if not recv.done.is_set():
                 if recv.seq is None:
                     link.posted[tag].remove(recv)  # not matched: withdrawn, nothing else changes
+                    link.tidy(tag)
                 else:
                     link.fail(PeerDisconnected(f"a recv from peer {link.peer:x} was cancelled mid-message; its "
                                                "connections were closed"))
