@@ -21,7 +21,7 @@ values and raising the same :class:`~pccl.errors.PCCLError` types in the caller'
 ``all_reduce_async``, ``broadcast_async``, ``all_gather_async``, ``reduce_scatter_async`` and
 ``all_reduce_many_async`` start the operation and return a :class:`CollectiveHandle` at once; the buffers belong to pccl until the handle is done (the result
 lands in them; on ``CollectiveAborted`` an in-place buffer holds its input again, as with the
-async call).
+async call).  ``send_async`` and ``recv_async`` (point to point) return the same kind of handle.
 
 Ctrl-C: a ``KeyboardInterrupt`` (or any exception) in the caller's thread while it waits for a
 call cancels that call (an in-place all-reduce gets its input back and the other peers abort
