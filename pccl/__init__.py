@@ -10,6 +10,7 @@ from .errors import (
     KickReason,
     MasterUnreachable,
     PCCLError,
+    PeerDisconnected,
     ProtocolError,
     RevisionViolation,
     CheckpointError,
@@ -17,6 +18,7 @@ from .errors import (
     TooFewPeers,
     PhaseMismatch,
     TopologyUpdateFailed,
+    TransferTimeout,
 )
 from .types import (CollectiveInfo, DType, Gathered, Lineage, Quantization, QuantKind, ReduceInfo, ReduceOp, Shard,
                     SyncInfo, SyncReason, SyncStrategy)
@@ -50,6 +52,7 @@ __all__ = [
     "Lineage",
     "MasterUnreachable",
     "PCCLError",
+    "PeerDisconnected",
     "ProtocolError",
     "Quantization",
     "QuantKind",
@@ -67,6 +70,7 @@ __all__ = [
     "TooFewPeers",
     "PhaseMismatch",
     "TopologyUpdateFailed",
+    "TransferTimeout",
     "__version__",
     "blocking",
     "checkpoint",

@@ -21,7 +21,7 @@ values and raising the same :class:`~pccl.errors.PCCLError` types in the caller'
 ``all_reduce_async``, ``broadcast_async``, ``all_gather_async``, ``reduce_scatter_async`` and
 ``all_reduce_many_async`` start the operation and return a :class:`CollectiveHandle` at once; the buffers belong to pccl until the handle is done (the result
 lands in them; on ``CollectiveAborted`` an in-place buffer holds its input again, as with the
-async call).
+async call).  ``send_async`` and ``recv_async`` (point to point) return the same kind of handle.
 
 Ctrl-C: a ``KeyboardInterrupt`` (or any exception) in the caller's thread while it waits for a
 call cancels that call (an in-place all-reduce gets its input back and the other peers abort
@@ -413,6 +413,35 @@ class Communicator:
         return CollectiveHandle(self._submit(lambda: comm.all_reduce_many(
             arrays, op=op, quantization=quantization, max_in_flight=max_in_flight, first_tag=first_tag,
             bucket_bytes=bucket_bytes)), self._wait)
+
+    def send(self, x: Any, *, to: int, tag: int = 0, timeout: float | None = None,
+             quantization: Quantization | None = None) -> None:
+        """Send ``x`` to peer ``to``; blocks until the receiver has all of it
+        (:meth:`pccl.Communicator.send`: arguments, matching, errors are the same).
+        :meth:`send_async` returns at once instead."""
+        self.send_async(x, to=to, tag=tag, timeout=timeout, quantization=quantization).wait()
+
+    def send_async(self, x: Any, *, to: int, tag: int = 0, timeout: float | None = None,
+                   quantization: Quantization | None = None) -> CollectiveHandle[None]:
+        """Start :meth:`pccl.Communicator.send` and return at once with its handle (``x``
+        belongs to pccl until the handle is done)."""
+        comm = self._live()
+        return CollectiveHandle(self._submit(lambda: comm.send(x, to=to, tag=tag, timeout=timeout,
+                                                               quantization=quantization)), self._wait)
+
+    def recv(self, x: Any, *, from_: int, tag: int = 0, timeout: float | None = None,
+             quantization: Quantization | None = None) -> None:
+        """Receive peer ``from_``'s next message on ``tag`` into ``x``; blocks until it is all in
+        (:meth:`pccl.Communicator.recv`).  :meth:`recv_async` returns at once instead."""
+        self.recv_async(x, from_=from_, tag=tag, timeout=timeout, quantization=quantization).wait()
+
+    def recv_async(self, x: Any, *, from_: int, tag: int = 0, timeout: float | None = None,
+                   quantization: Quantization | None = None) -> CollectiveHandle[None]:
+        """Start :meth:`pccl.Communicator.recv` and return at once with its handle (``x``
+        belongs to pccl until the handle is done; on an error it holds its old values)."""
+        comm = self._live()
+        return CollectiveHandle(self._submit(lambda: comm.recv(x, from_=from_, tag=tag, timeout=timeout,
+                                                               quantization=quantization)), self._wait)
 
     def steps(self, state: SharedState, *,
               strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> Iterator[SyncInfo]:

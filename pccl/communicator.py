@@ -90,6 +90,9 @@ class CommunicatorStatistics:
     paths_relayed: int = 0
     dial_backs: int = 0
     relay_joins: int = 0
+    #: Payload bytes of completed point-to-point sends and receives.
+    p2p_tx_bytes: int = 0
+    p2p_rx_bytes: int = 0
     #: The paths this peer's connections to each other peer take now, as
     #: ``(peer_id, port, path, via)``: ``port`` one of ``"p2p"``, ``"shared_state"``,
     #: ``"benchmark"``; ``path`` one of ``"direct"``, ``"reversed"``, ``"relayed"``; ``via`` the
@@ -343,6 +346,48 @@ class Communicator:
         its time.  Errors, cancellation and the phase rule are those of :meth:`all_reduce`.
         """
         return await self._all_reduce.reduce_scatter(x, op=op, tag=tag, quantization=quantization)
+
+    # --- point to point (pccl._peer.point) -------------------------------------------------------
+
+    async def send(self, x: Any, *, to: int, tag: int = 0, timeout: float | None = None,
+                   quantization: Quantization | None = None) -> None:
+        """Send ``x`` (a C-contiguous numpy array or CPU torch tensor, not modified) to the peer
+        whose ``peer_id`` is ``to``, which receives it with ``recv(y, from_=<this peer_id>,
+        tag=tag)``.  Returns once the receiver has the whole payload (it acknowledges: a
+        rendezvous).  Both peers are accepted members of the same group; a peer's ids are in
+        :attr:`ring` (as of the last topology update).  No master round trip: the message goes
+        over a peer-to-peer connection (direct, dialled back or relayed), kept for the pair's
+        later messages.
+
+        Matching is by (sender, receiver, tag), in order: two sends to one peer on one tag are
+        received by that peer's receives on the tag in call order.  Independent of the phase
+        rule: legal alongside collectives, votes and syncs.
+
+        Raises ``InvalidArgument`` (a bad array; ``to`` is not a member of the group, or is this
+        peer; the receiver's dtype or element count differs — both calls fail, naming both
+        shapes; ``quantization`` given: not supported yet), ``PeerDisconnected`` (the receiver
+        died, closed its connections or fell silent for ``Config.peer_timeout``: retry-safe, the
+        next call dials afresh), ``PeerUnreachable`` (no path to it), ``TransferTimeout``
+        (``timeout`` seconds passed), ``Kicked``/``MasterUnreachable``/``InvalidUsage`` once the
+        communicator failed or closed.  Cancellation (or ``timeout``) before the receiver took
+        the message withdraws it; after, the connections with that peer are closed and its
+        other pending calls fail with ``PeerDisconnected``.
+        """
+        await self._session.points.send(x, to=to, tag=tag, timeout=timeout, quantization=quantization)
+
+    async def recv(self, x: Any, *, from_: int, tag: int = 0, timeout: float | None = None,
+                   quantization: Quantization | None = None) -> None:
+        """Receive the next message peer ``from_`` sends to this peer on ``tag`` into ``x`` (a
+        writable C-contiguous numpy array or CPU torch tensor of the sender's dtype and element
+        count; the shapes may differ).  Returns once the whole payload is in ``x``.  A receive
+        waits for its sender as long as it takes (``timeout`` bounds it), watching that the
+        sender is alive meanwhile.
+
+        Raises what :meth:`send` raises (a dtype or count mismatch fails both calls, naming both
+        shapes).  On any error or cancellation ``x`` holds its old values: the payload is
+        received into a staging buffer and copied into ``x`` once complete.
+        """
+        await self._session.points.recv(x, from_=from_, tag=tag, timeout=timeout, quantization=quantization)
 
     # --- shared state (pccl._peer.sync) ----------------------------------------------------------
 

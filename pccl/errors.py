@@ -34,6 +34,7 @@ __all__ = [
     "AddressInUse",
     "StreamClosed",
     "PeerUnreachable",
+    "TransferTimeout",
 ]
 
 
@@ -61,6 +62,12 @@ class TooFewPeers(PCCLError):
 
 class CollectiveAborted(PCCLError):
     """A participant left mid-operation; an in-place buffer holds its input again. Retry."""
+
+
+class TransferTimeout(PCCLError):
+    """A ``send`` or ``recv`` did not complete within its ``timeout=``.  Withdrawn before its
+    message was under way, nothing else changed; otherwise the connections with that peer were
+    closed and its other pending sends and receives failed with ``PeerDisconnected``."""
 
 
 class PhaseMismatch(PCCLError):
@@ -149,7 +156,9 @@ class TransportError(PCCLError):
 
 
 class PeerDisconnected(TransportError):
-    """The remote end closed or reset the connection, or it broke."""
+    """The remote end closed or reset the connection, or it broke.  ``send``/``recv`` raise it
+    (naming the peer) when the peer died, closed its connections or fell silent for
+    ``Config.peer_timeout``: retry-safe, a receiver's array holds its old values."""
 
 
 class ConnectionRefused(TransportError):

@@ -71,6 +71,9 @@ class Counters:
     #: Connections this peer dialled back for another, and relay rendezvous it answered.
     dial_backs: int = 0
     relay_joins: int = 0
+    #: Payload bytes of completed point-to-point sends and receives (:mod:`pccl._peer.point`).
+    p2p_tx_bytes: int = 0
+    p2p_rx_bytes: int = 0
 
 
 class CollectiveRoute:
@@ -139,6 +142,10 @@ class PeerHost(Protocol):
     @property
     def links(self) -> P2PLinks:
         """The current topology round's ring connections."""
+
+    @property
+    def ring_endpoints(self) -> tuple[m.PeerEndpoint, ...]:
+        """This group's ring (endpoints, in order) as of the last topology update."""
 
     @property
     def master_epoch(self) -> int:
@@ -247,6 +254,10 @@ class PeerHost(Protocol):
     async def serve_probe(self, conn: FramedConnection, hello: m.ProbeHello) -> None:
         """Answer another peer's bandwidth probe stream on ``conn`` (the ring listener got
         ``hello`` first); closes ``conn``."""
+
+    async def serve_point(self, conn: FramedConnection, hello: m.PointHello) -> None:
+        """Serve another peer's point-to-point connection (its sends to this peer) on ``conn``
+        (the ring listener got ``hello`` first) until it fails; closes ``conn``."""
 
     async def listen(self, base_port: int) -> Listener:
         """Bind a listener on the address the session binds to, from ``base_port`` upwards

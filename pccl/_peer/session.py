@@ -49,6 +49,7 @@ from .connector import AcceptHandler, Connector
 from .host import CollectiveRoute, Counters, MasterLost
 from .master_link import Dispatch, MasterLink, handshake, kicked_error
 from .phase import PhaseRule
+from .point import PointService
 from .probes import ProbeService
 from .reconnect import dial_first, reconnect
 from .ring_connections import P2PLinks
@@ -91,6 +92,7 @@ class PeerSession:
         self._link: MasterLink | None = None
         self._wiring: RingWiring | None = None
         self._probes = ProbeService(self)
+        self._points = PointService(self)
         self._connector = Connector(self)
         #: What this peer advertises (``Config.advertise``; open_communicator put
         #: ``$PCCL_ADVERTISE`` there when it applies).
@@ -182,6 +184,11 @@ class PeerSession:
         return self._observed_host
 
     @property
+    def points(self) -> PointService:
+        """Point-to-point ``send``/``recv`` and their connections (:mod:`pccl._peer.point`)."""
+        return self._points
+
+    @property
     def connector(self) -> Connector:
         """This peer's connections to the others and the paths they take."""
         return self._connector
@@ -252,6 +259,7 @@ class PeerSession:
             log.warning("peer %x: %s", self._peer_id, error)
         self._votes.fail_all(error)
         self._routes.end_all()
+        self._points.fail_all(error)
         if self._link is not None:
             self._link.scope.cancel()
         self._notify_ready()
@@ -361,6 +369,9 @@ class PeerSession:
 
     async def serve_probe(self, conn: FramedConnection, hello: m.ProbeHello) -> None:
         await self._probes.serve(conn, hello)
+
+    async def serve_point(self, conn: FramedConnection, hello: m.PointHello) -> None:
+        await self._points.serve(conn, hello)
 
     # --- votes (pccl._peer.votes) --------------------------------------------------------------
 

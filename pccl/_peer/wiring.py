@@ -240,7 +240,8 @@ class RingWiring:
 
     async def accept_lane(self, conn: FramedConnection, slot: HandshakeSlot | None) -> None:
         """Serve a connection knocked for this peer's p2p port (accepted, dialled back, or
-        relayed): a ring lane (``P2PHello``) or a bandwidth probe (``ProbeHello``).  An accepted
+        relayed): a ring lane (``P2PHello``), a bandwidth probe (``ProbeHello``) or a
+        point-to-point connection (``PointHello``, :mod:`pccl._peer.point`).  An accepted
         connection keeps its slot (pccl.net.serving) until it delivered a hello that fits this
         peer's ring: without a run token the handshake alone proves little."""
         host = self._host
@@ -248,7 +249,7 @@ class RingWiring:
         try:
             with trio.fail_after(host.config.connect_timeout):
                 hello = await conn.receive()
-                if not isinstance(hello, (m.P2PHello, m.ProbeHello)):
+                if not isinstance(hello, (m.P2PHello, m.ProbeHello, m.PointHello)):
                     raise ProtocolError(f"expected P2PHello, got {type(hello).__name__}")
                 while isinstance(hello, m.P2PHello) and self.links.round < hello.round:  # the dialler may be ahead
                     await self._round_changed.wait()
@@ -258,6 +259,13 @@ class RingWiring:
                     slot.release()
                 held = None
                 await host.serve_probe(conn, hello)
+                return
+            if isinstance(hello, m.PointHello):  # another peer's sends to this one (pccl._peer.point)
+                self._check_instance(hello)
+                if slot is not None:
+                    slot.release()
+                held = None
+                await host.serve_point(conn, hello)
                 return
             links = self._check_hello(hello)
             if slot is not None:
@@ -305,7 +313,7 @@ class RingWiring:
             conn.abort()
             raise
 
-    def _check_instance(self, hello: m.P2PHello | m.ProbeHello) -> None:
+    def _check_instance(self, hello: m.P2PHello | m.ProbeHello | m.PointHello) -> None:
         host = self._host
         if hello.instance != host.master_instance:
             raise ProtocolError(f"p2p hello from peer {hello.peer_id:x} for a round of another master "

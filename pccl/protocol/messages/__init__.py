@@ -8,9 +8,11 @@ without colliding:
 * 80–109  shared state
 * 110–129 topology / bandwidth probes
 * 130–159 connectivity: candidates, knocks, connection reversal, relays
+* 160–169 point-to-point (``send`` / ``recv``)
 * 200–219 connection handshake and authentication
 
-The connectivity messages live in :mod:`._connectivity`, the base class and the shared field
+The connectivity messages live in :mod:`._connectivity`, the point-to-point ones in
+:mod:`._point`, the base class and the shared field
 types in :mod:`._base`; this package re-exports both, so ``messages.Knock`` is the one name to
 use.  Add every new message class to ``ALL_MESSAGES`` at the bottom.
 """
@@ -40,6 +42,16 @@ from ._connectivity import (
     RelayStats,
     RelayWelcome,
     ReverseHello,
+)
+from ._point import (
+    POINT_MESSAGES,
+    PointAck,
+    PointHello,
+    PointHelloAck,
+    PointKeepalive,
+    PointMismatch,
+    PointOffer,
+    PointReady,
 )
 
 
@@ -587,6 +599,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     *SHARED_STATE_MESSAGES,
     *TOPOLOGY_MESSAGES,
     *CONNECTIVITY_MESSAGES,
+    *POINT_MESSAGES,
     Hello,
     AuthProof,
     AuthResult,

@@ -1,0 +1,85 @@
+"""The point-to-point link's matching (pccl._peer.point.PeerLink.match), without connections:
+offers and receives pair per tag in arrival / call order, a mismatch answers the sender and
+fails only that receive, an empty message is acknowledged at once, and a failed link ends every
+pending receive and send with its own copy of the error."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import trio
+
+from pccl.errors import InvalidArgument, PeerDisconnected
+from pccl._peer.point import Incoming, Outgoing, PeerLink
+from pccl.protocol import messages as m
+from pccl.types import DType
+
+
+def _recv(link: PeerLink, tag: int, array: np.ndarray) -> Incoming:
+    recv = Incoming(tag, array, DType.FLOAT32 if array.dtype == np.float32 else DType.INT64, array.size)
+    link.posted.setdefault(tag, collections.deque()).append(recv)
+    link.match(tag)
+    return recv
+
+
+def _offer(link: PeerLink, seq: int, tag: int, dtype: DType, count: int) -> None:
+    link.offers.setdefault(tag, collections.deque()).append(m.PointOffer(seq, tag, int(dtype), count))
+    link.match(tag)
+
+
+def _replies(link: PeerLink) -> list[m.Message]:
+    out = []
+    while True:
+        try:
+            out.append(link.outbox.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+def test_offers_and_receives_pair_in_order_per_tag() -> None:
+    link = PeerLink(0xAB)
+    first, second = _recv(link, 1, np.zeros(3, np.float32)), _recv(link, 1, np.zeros(3, np.float32))
+    other = _recv(link, 2, np.zeros(5, np.float32))
+    _offer(link, 7, 2, DType.FLOAT32, 5)
+    _offer(link, 8, 1, DType.FLOAT32, 3)
+    _offer(link, 9, 1, DType.FLOAT32, 3)
+    assert (other.seq, first.seq, second.seq) == (7, 8, 9)
+    assert [type(r).__name__ for r in _replies(link)] == ["PointReady"] * 3
+    assert link.offers == {} and link.posted == {}  # no empty queue is kept per tag
+
+
+def test_a_mismatch_fails_that_receive_only_and_names_both_shapes() -> None:
+    link = PeerLink(0xAB)
+    y = np.full(10, 7, np.float32)
+    bad = _recv(link, 0, y)
+    good = _recv(link, 0, np.zeros(12, np.float32))
+    _offer(link, 1, 0, DType.FLOAT32, 12)
+    _offer(link, 2, 0, DType.FLOAT32, 12)
+    assert bad.done.is_set() and isinstance(bad.error, InvalidArgument)
+    assert "12 float32 elements" in str(bad.error) and "10 float32 elements" in str(bad.error)
+    assert bool((y == 7).all())
+    assert good.seq == 2
+    assert _replies(link) == [m.PointMismatch(1, int(DType.FLOAT32), 10), m.PointReady(2)]
+
+
+def test_an_empty_message_is_acknowledged_at_once() -> None:
+    link = PeerLink(0xAB)
+    recv = _recv(link, 0, np.zeros(0, np.float32))
+    _offer(link, 4, 0, DType.FLOAT32, 0)
+    assert recv.done.is_set() and recv.error is None
+    assert _replies(link) == [m.PointAck(4)]
+
+
+def test_a_failed_link_ends_everything_pending_with_its_own_error() -> None:
+    link = PeerLink(0xAB)
+    waiting = _recv(link, 0, np.zeros(4, np.float32))
+    moving = _recv(link, 1, np.zeros(4, np.float32))
+    _offer(link, 1, 1, DType.FLOAT32, 4)
+    send = link.sends[5] = Outgoing(5, 0, DType.FLOAT32, 4)
+    link.fail(PeerDisconnected("peer ab died"))
+    errors = [waiting.error, moving.error, send.error]
+    assert all(isinstance(e, PeerDisconnected) for e in errors)
+    assert len({id(e) for e in errors}) == 3  # a fresh copy each: raised from several tasks
+    assert send.answered.is_set() and waiting.done.is_set() and moving.done.is_set()
+    link.reply(m.PointAck(1))  # after the failure: dropped, not raised
