@@ -49,7 +49,7 @@ def _peer_main(world: int, master_port: int, sizes: list[int], iters: int) -> di
 
     import pccl.blocking
     import pccl.torch
-    from pccl.torch.process_group import wait_for_peers
+    from pccl.torch.backend import wait_for_peers
 
     out: dict[tuple[int, str], list[float]] = {}
     with pccl.blocking.open_communicator(f"127.0.0.1:{master_port}") as comm:

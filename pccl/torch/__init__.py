@@ -20,7 +20,7 @@ __all__ = ["CommHookState", "DDP_FIRST_TAG", "DistributedDataParallel", "Process
 
 #: Public name -> the submodule that defines it (imported, with torch, on first use).
 _WHERE = {"CommHookState": "ddp", "DDP_FIRST_TAG": "ddp", "DistributedDataParallel": "ddp", "ddp_comm_hook": "ddp",
-          "ProcessGroup": "process_group", "Work": "process_group", "register": "process_group"}
+          "ProcessGroup": "process_group", "Work": "work", "register": "backend"}
 
 
 def __getattr__(name: str) -> Any:

@@ -36,36 +36,39 @@ so a newcomer's ``ProcessGroup`` counts in step with the veterans' from its firs
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import logging
-import os
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
-import torch._C._distributed_c10d as _c10d
 import torch.distributed as dist
+# torch's registry of groups by name, where its own groups go (functional collectives look a
+# group up there): private to torch, with no public way in for a Python ProcessGroup.
+from torch._C._distributed_c10d import _register_process_group, _unregister_process_group
 from torch.distributed.distributed_c10d import GroupName
 
 from .. import blocking
 from ..errors import CollectiveAborted, InvalidArgument, InvalidUsage, TooFewPeers
 from ..types import DType, ReduceOp
+from ._args import (LOCAL_REDUCE, bool_reduce_op, check_alike, checked_root, contiguous_buffer, dense,
+                    split_columns, tensor_list, torch_reduce_op, wire_view)
+from .work import PendingOp, Work
 
-__all__ = ["ProcessGroup", "Work", "register", "BACKEND", "FIRST_TAG"]
+__all__ = ["ProcessGroup", "Work", "BACKEND", "FIRST_TAG", "SHARED_TAGS"]
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 
 #: The backend name :func:`register` registers and :meth:`ProcessGroup.getBackendName` reports.
 BACKEND = "pccl"
 #: The first tag a group's collectives use (op ``k``: ``FIRST_TAG + k``): clear of a plain call's
 #: tag 0 and of ``all_reduce_many``'s ``1 << 62``.
 FIRST_TAG = 1 << 61
+#: The tags of the ``k``-th group made over an existing one start at ``FIRST_TAG + k * SHARED_TAGS``.
+SHARED_TAGS = 1 << 48
 #: The environment a process group created by the registered backend reads.
 MASTER_ENV, PEER_GROUP_ENV = "PCCL_MASTER", "PCCL_PEER_GROUP"
 
@@ -76,201 +79,6 @@ DType.BFLOAT16.numpy_dtype()
 
 #: Numbers the groups this process builds, for their names in torch's registry.
 _GROUP_NUMBERS = itertools.count()
-
-_OPS: tuple[tuple[Any, ReduceOp], ...] = (
-    (dist.ReduceOp.SUM, ReduceOp.SUM), (dist.ReduceOp.AVG, ReduceOp.AVG), (dist.ReduceOp.PRODUCT, ReduceOp.PROD),
-    (dist.ReduceOp.MIN, ReduceOp.MIN), (dist.ReduceOp.MAX, ReduceOp.MAX))
-
-
-def _reduce_op(opts: Any, op: Any = None) -> ReduceOp:
-    """pccl's op for torch's: ``op`` if given, else ``opts`` — an options object (its
-    ``reduceOp``), a ``ReduceOp`` (pybind's ``allreduce(t, ReduceOp.MAX)``) or None (SUM)."""
-    if op is None:
-        op = opts.reduceOp if hasattr(opts, "reduceOp") else opts
-    if op is None:
-        return ReduceOp.SUM
-    for theirs, ours in _OPS:
-        if op == theirs:
-            return ours
-    raise InvalidArgument(f"pccl reduces with SUM, AVG, PRODUCT, MIN or MAX, not {op}")
-
-
-def _bool_op(opts: Any, op: Any = None) -> ReduceOp:
-    """A bool tensor's reduction: MIN or BAND (and), MAX or BOR (or), over its bytes."""
-    if op is None:
-        op = opts.reduceOp if hasattr(opts, "reduceOp") else opts
-    # ``op == theirs``, not ``op in (...)``: a ReduceOp equals its RedOpType, not the reverse
-    if op is None or op == dist.ReduceOp.MAX or op == dist.ReduceOp.BOR:
-        return ReduceOp.MAX
-    if op == dist.ReduceOp.MIN or op == dist.ReduceOp.BAND:
-        return ReduceOp.MIN
-    raise InvalidArgument(f"pccl reduces bool tensors with MIN or BAND (and), MAX or BOR (or), not {op}")
-
-
-def _wire(t: torch.Tensor) -> torch.Tensor:
-    """What pccl reduces for ``t``: its bytes when it is a bool tensor (pccl has no bool dtype;
-    MIN and MAX over 0/1 bytes are and and or), else ``t``."""
-    return t.view(torch.uint8) if t.dtype == torch.bool else t
-
-
-def _tensors(tensors: Any, what: str, noun: str = "tensor list") -> list[torch.Tensor]:
-    """torch's tensor arguments as a list: a bare tensor (pybind's ``allreduce(t)``) or a list
-    of them; at least one, dense (``InvalidArgument`` otherwise: a sparse tensor has no pccl
-    layout, and a bare tensor is never taken for a list of its rows)."""
-    listed = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-    if not listed:
-        raise InvalidArgument(f"{what} requires non-empty {noun}")
-    for index, t in enumerate(listed):
-        _dense(t, what, index)
-    return listed
-
-
-def _dense(t: Any, what: str, index: int = 0) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise InvalidArgument(f"{what} takes torch tensors, got {type(t).__name__}")
-    if t.layout != torch.strided:
-        raise InvalidArgument(f"{what}: invalid tensor layout at index {index}: pccl takes dense tensors only, "
-                              f"not {t.layout} (unsupported layout; sparse gradients, as "
-                              "nn.Embedding(sparse=True) makes, need dense ones)")
-    if t.device.type != "cpu":
-        raise InvalidArgument(f"{what}: pccl takes CPU tensors, got one on {t.device}")
-    return t
-
-
-def _alike(tensors: Sequence[torch.Tensor], what: str, like: torch.Tensor | None = None) -> None:
-    """Every tensor of ``tensors`` has ``like``'s (default: the first's) dtype and element count
-    (torch's "invalid tensor type" / "invalid tensor size")."""
-    first = like if like is not None else tensors[0]
-    for t in tensors:
-        if t.dtype != first.dtype:
-            raise InvalidArgument(f"{what}: invalid tensor type: {t.dtype}, expected {first.dtype} "
-                                  "(pccl does not cast)")
-        if t.numel() != first.numel():
-            raise InvalidArgument(f"{what}: invalid tensor size: {t.numel()} elements, expected {first.numel()}")
-
-
-def _buffer(t: torch.Tensor) -> torch.Tensor:
-    """What pccl reads or writes for ``t``: ``t`` itself (detached: the same memory) when it is
-    contiguous, else a contiguous copy (whose result the op's finish copies back)."""
-    t = t.detach()
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _root(opts: Any, world: int, what: str) -> int:
-    root = int(opts.rootRank)
-    if not 0 <= root < world:
-        raise InvalidArgument(f"{what}: invalid root rank {root}: the group has {world} peers now")
-    return root
-
-
-#: How a peer reduces its several tensors of one all-reduce before the group does (gloo's
-#: meaning of ``allreduce([t1, t2])``).
-_LOCAL: dict[ReduceOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mul, ReduceOp.MIN: torch.minimum,
-    ReduceOp.MAX: torch.maximum}
-
-
-def _columns(parts: Sequence[torch.Tensor], sizes: Sequence[int]) -> list[list[torch.Tensor]]:
-    """Each peer's part of a gathered concatenation, split by ``sizes``: for each tensor, its
-    chunks in ring order."""
-    columns: list[list[torch.Tensor]] = [[] for _ in sizes]
-    for part in parts:
-        flat, start = part.reshape(-1), 0
-        for column, size in zip(columns, sizes):
-            column.append(flat[start:start + size])
-            start += size
-    return columns
-
-
-def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
-    """torch's timeouts: None or a non-positive timedelta (torch's "unset") mean no limit."""
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
-    return seconds if seconds > 0 else None
-
-
-class Work(dist.Work):
-    """One collective of a :class:`ProcessGroup`: what torch's collectives return with
-    ``async_op=True`` (and wait on otherwise).
-
-    :meth:`wait` blocks until the collective and its finishing copies are done and raises the
-    collective's pccl error; interrupted (Ctrl-C) it cancels the collective, as
-    :meth:`pccl.blocking.CollectiveHandle.wait` does.  :meth:`get_future` is a
-    ``torch.futures.Future`` of the op's output tensors (``[tensor]``; ``[]`` for a barrier),
-    completed by the group's completion thread, holding the pccl error on failure.
-    """
-
-    def __init__(self, handle: blocking.CollectiveHandle[Any], future: torch.futures.Future[Any]) -> None:
-        super().__init__()
-        self._handle = handle
-        self._future = future
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        """Wait for the collective; return ``True`` or raise its error (a pccl error, or
-        ``TimeoutError`` when ``timeout`` — a ``timedelta`` — passed first; the op goes on)."""
-        seconds = _seconds(timeout)
-        try:
-            self._handle.wait(seconds)
-        except TimeoutError:
-            if not self._handle.done():
-                raise
-        except Exception:  # noqa: BLE001 - the future holds the final word (alone: the identity)
-            pass
-        self._future.wait()  # raises the op's error; the finishing copies are quick
-        return True
-
-    def get_future(self) -> torch.futures.Future[Any]:
-        """The future of the op's output tensors (see the class)."""
-        return self._future
-
-    def is_completed(self) -> bool:
-        """Whether the collective and its finishing copies are done (successfully or not)."""
-        return self._future.done()
-
-    def is_success(self) -> bool:
-        """Whether it is done and succeeded."""
-        if not self._future.done():
-            return False
-        try:
-            self._future.value()
-        except Exception:  # noqa: BLE001 - the error itself is the future's
-            return False
-        return True
-
-    def exception(self) -> BaseException | None:
-        """The op's error once done (None while running or after success)."""
-        if not self._future.done():
-            return None
-        try:
-            self._future.value()
-        except Exception as exc:  # noqa: BLE001
-            return exc
-        return None
-
-    def result(self) -> list[torch.Tensor]:
-        """The op's output tensors (waits for them)."""
-        self.wait()
-        value = self._future.value()
-        return list(value) if value is not None else []
-
-    def synchronize(self) -> None:
-        """Nothing to do on CPU: results are in the tensors once the work is completed."""
-
-
-class _Op:
-    """A started collective: its handle, how to finish it, and the trivial result when alone."""
-
-    def __init__(self, handle: blocking.CollectiveHandle[Any], finish: Callable[[Any], list[torch.Tensor]],
-                 alone: Callable[[], list[torch.Tensor]] | None) -> None:
-        self.handle = handle
-        self.finish = finish
-        self.alone = alone
-        # The completion thread copies into the caller's tensors in the caller's mode: an
-        # inference tensor takes an in-place copy only inside inference mode.
-        self.inference = torch.is_inference_mode_enabled()
-        self.future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
-
 
 class ProcessGroup(dist.ProcessGroup):
     """``comm``'s peer group as a ``torch.distributed.ProcessGroup``: ``size()`` is its world
@@ -293,7 +101,7 @@ class ProcessGroup(dist.ProcessGroup):
         self._ring: tuple[int, ...] | None = None
         self._running = 0
         self._closed = False
-        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[PendingOp | None] = queue.SimpleQueue()
         self._completer = threading.Thread(target=self._complete, name=f"pccl-torch-{id(self):x}", daemon=True)
         self._completer.start()
         # A name in torch's registry of groups, as torch's own groups have: functional
@@ -304,7 +112,7 @@ class ProcessGroup(dist.ProcessGroup):
         self._registered: str | None = self._group_name
         self._group_desc = "pccl"
         self._shared = 0  # the groups made over this one's communicator (the backend's new_group)
-        _c10d._register_process_group(GroupName(self._group_name), self)
+        _register_process_group(GroupName(self._group_name), self)
 
     # --- what torch asks ------------------------------------------------------------------------
 
@@ -312,6 +120,18 @@ class ProcessGroup(dist.ProcessGroup):
     def communicator(self) -> blocking.Communicator:
         """The communicator the group runs on."""
         return self._comm
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`shutdown` (or :meth:`abort`) ended the group."""
+        return self._closed
+
+    def next_shared_first_tag(self) -> int:
+        """The first tag of one more group over this group's communicator (the backend's
+        ``new_group``): ``first_tag + k * SHARED_TAGS`` for the ``k``-th such group."""
+        with self._lock:
+            self._shared += 1
+            return self._first_tag + self._shared * SHARED_TAGS
 
     def getRank(self) -> int:  # noqa: N802 - torch's name
         """This peer's position in its group's ring now."""
@@ -333,7 +153,7 @@ class ProcessGroup(dist.ProcessGroup):
             registered, self._registered = self._registered, None
             self._group_name = name
         if registered is not None and registered != name:
-            _c10d._unregister_process_group(GroupName(registered))
+            _unregister_process_group(GroupName(registered))
 
     def getGroupName(self) -> str:  # noqa: N802 - torch's name
         """The group's name in torch's registry of groups (``pg.group_name``): ``pccl:G:K``
@@ -364,22 +184,22 @@ class ProcessGroup(dist.ProcessGroup):
         tensors of one dtype and size, all of which end with the reduction over every tensor of
         every peer (gloo's meaning; every peer passes as many).  The future's value is
         ``tensors`` as a list."""
-        listed = _tensors(tensors, "allreduce")
-        _alike(listed, "allreduce")
+        listed = tensor_list(tensors, "allreduce")
+        check_alike(listed, "allreduce")
         boolean = listed[0].dtype == torch.bool
-        reduce_op = _bool_op(opts, op) if boolean else _reduce_op(opts, op)
+        reduce_op = bool_reduce_op(opts, op) if boolean else torch_reduce_op(opts, op)
         if len(listed) == 1 and listed[0].is_contiguous():
-            tensor = _wire(listed[0].detach())
+            tensor = wire_view(listed[0].detach())
             return self._start(lambda tag: self._comm.all_reduce_async(tensor, op=reduce_op, tag=tag),
                                lambda info: listed, lambda: listed)
         acc = listed[0].detach().clone(memory_format=torch.contiguous_format)
         for t in listed[1:]:
-            acc = _LOCAL[reduce_op](acc, t.detach())
+            acc = LOCAL_REDUCE[reduce_op](acc, t.detach())
         if reduce_op is ReduceOp.AVG:
             if not acc.is_floating_point():
                 raise InvalidArgument("allreduce: AVG over several tensors per peer takes floating-point tensors")
             acc /= len(listed)
-        wire = _wire(acc)
+        wire = wire_view(acc)
 
         def finish(info: Any = None) -> list[torch.Tensor]:
             for t in listed:
@@ -392,12 +212,12 @@ class ProcessGroup(dist.ProcessGroup):
         """All-reduce each tensor of ``tensors`` in place, in one pccl all-reduce of their
         concatenation (one dtype; ``opts``: ``AllreduceCoalescedOptions`` or a ``ReduceOp``).
         torch's ``all_reduce_coalesced``; the future's value is ``tensors``."""
-        listed = _tensors(tensors, "allreduce_coalesced")
+        listed = tensor_list(tensors, "allreduce_coalesced")
         for t in listed:
             if t.dtype != listed[0].dtype:
                 raise InvalidArgument(f"allreduce_coalesced: tensors must all have the same type "
                                       f"({listed[0].dtype} and {t.dtype})")
-        reduce_op = _reduce_op(opts)
+        reduce_op = torch_reduce_op(opts)
         flat = torch.cat([t.detach().reshape(-1) for t in listed])
 
         def finish(info: Any = None) -> list[torch.Tensor]:
@@ -421,13 +241,13 @@ class ProcessGroup(dist.ProcessGroup):
             opts = options
         opts = opts if opts is not None else dist.BroadcastOptions()
         ring = self._comm.ring
-        root_rank = _root(opts, len(ring), "broadcast")
+        root_rank = checked_root(opts, len(ring), "broadcast")
         count = 1 if isinstance(tensors, torch.Tensor) else len(tensors)
         if not 0 <= opts.rootTensor < count:
             raise InvalidArgument(f"broadcast: invalid root tensor {opts.rootTensor} of {count}")
-        listed = _tensors(tensors, "broadcast")
-        _alike(listed, "broadcast")
-        tensor = _buffer(listed[opts.rootTensor])
+        listed = tensor_list(tensors, "broadcast")
+        check_alike(listed, "broadcast")
+        tensor = contiguous_buffer(listed[opts.rootTensor])
 
         def finish(info: Any = None) -> list[torch.Tensor]:
             for t in listed:
@@ -451,7 +271,7 @@ class ProcessGroup(dist.ProcessGroup):
         dtype (``InvalidArgument`` at the call otherwise: nothing is cast)."""
         world = self.getSize()
         bare = isinstance(input_tensors, torch.Tensor)
-        inputs = _tensors(input_tensors, "allgather", "input tensor list")
+        inputs = tensor_list(input_tensors, "allgather", "input tensor list")
         if bare or (output_tensors and all(isinstance(o, torch.Tensor) for o in output_tensors)):
             output_lists = [list(output_tensors)]
         else:
@@ -460,22 +280,22 @@ class ProcessGroup(dist.ProcessGroup):
             raise InvalidArgument(f"allgather requires input/output tensor lists to have the same length "
                                   f"({len(inputs)} and {len(output_lists)})")
         k = len(inputs)
-        _alike(inputs, "allgather")
+        check_alike(inputs, "allgather")
         for outputs in output_lists:
             if len(outputs) != k * world:
                 raise InvalidArgument(f"allgather: invalid output tensor list: {len(outputs)} tensors, the group "
                                       f"has {world} peers now ({k * world} needed)")
             for out in outputs:
-                _dense(out, "allgather")
+                dense(out, "allgather")
                 if out.dtype != inputs[0].dtype:
                     raise InvalidArgument(f"allgather: invalid tensor type: an output of {out.dtype} for an input "
                                           f"of {inputs[0].dtype} (pccl does not cast)")
             if k > 1:
-                _alike(outputs, "allgather", like=inputs[0])
+                check_alike(outputs, "allgather", like=inputs[0])
             elif outputs[self.getRank()].numel() != inputs[0].numel():
                 raise InvalidArgument(f"allgather: invalid tensor size: this peer's output holds "
                                       f"{outputs[self.getRank()].numel()} elements, its input {inputs[0].numel()}")
-        tensor = _buffer(inputs[0]) if k == 1 else torch.cat([t.detach().reshape(-1) for t in inputs])
+        tensor = contiguous_buffer(inputs[0]) if k == 1 else torch.cat([t.detach().reshape(-1) for t in inputs])
         result: list[Any] = output_lists[0] if k == 1 else output_lists
 
         def place(parts: Sequence[torch.Tensor]) -> list[Any]:
@@ -503,8 +323,8 @@ class ProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
         """torch's ``all_gather_into_tensor``: every peer's ``input`` (the same size on all)
         concatenated in ring order into ``output`` (``size()`` times ``input``'s elements)."""
-        _dense(output, "all_gather_into_tensor")
-        _dense(input, "all_gather_into_tensor")
+        dense(output, "all_gather_into_tensor")
+        dense(input, "all_gather_into_tensor")
         world = self.getSize()
         if output.numel() != input.numel() * world or output.dtype != input.dtype:
             raise InvalidArgument(f"all_gather_into_tensor needs an output of {world} x {input.numel()} elements "
@@ -523,7 +343,7 @@ class ProcessGroup(dist.ProcessGroup):
             output.copy_(input.reshape(output.shape))
             return [output]
 
-        send = _buffer(input)
+        send = contiguous_buffer(input)
         return self._start(lambda tag: self._comm.all_gather_async(send, tag=tag), finish,
                            alone if world == 1 else None)
 
@@ -532,8 +352,8 @@ class ProcessGroup(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Work:  # type: ignore[override]
         """Several ``all_gather_into_tensor`` in one pccl all-gather: ``outputs[i]`` gets every
         peer's ``inputs[i]`` in ring order (``size()`` times its elements; one dtype)."""
-        ins = _tensors(inputs, "allgather_into_tensor_coalesced")
-        outs = _tensors(outputs, "allgather_into_tensor_coalesced")
+        ins = tensor_list(inputs, "allgather_into_tensor_coalesced")
+        outs = tensor_list(outputs, "allgather_into_tensor_coalesced")
         world = self.getSize()
         if len(ins) != len(outs):
             raise InvalidArgument(f"allgather_into_tensor_coalesced: {len(outs)} outputs for {len(ins)} inputs")
@@ -548,7 +368,7 @@ class ProcessGroup(dist.ProcessGroup):
             if len(parts) != world:
                 raise CollectiveAborted(f"the group changed size: the all-gather ran over {len(parts)} peers, "
                                         f"not the {world} the outputs were made for; retry")
-            for out, chunks in zip(outs, _columns(parts, [t.numel() for t in ins])):
+            for out, chunks in zip(outs, split_columns(parts, [t.numel() for t in ins])):
                 out.copy_(torch.cat(chunks).reshape(out.shape))
             return outs
 
@@ -563,10 +383,10 @@ class ProcessGroup(dist.ProcessGroup):
         pccl's reduce-scatter works in place over a copy of ``input``; its shards are equal
         when ``input`` holds ``size()`` times ``output``'s elements, which is torch's contract
         and is checked here (``InvalidArgument`` otherwise)."""
-        _dense(output, "reduce_scatter_tensor")
-        _dense(input, "reduce_scatter_tensor")
+        dense(output, "reduce_scatter_tensor")
+        dense(input, "reduce_scatter_tensor")
         world = self.getSize()
-        op = _reduce_op(opts if opts is not None else dist.ReduceScatterOptions())
+        op = torch_reduce_op(opts if opts is not None else dist.ReduceScatterOptions())
         if input.numel() != output.numel() * world or output.dtype != input.dtype:
             raise InvalidArgument(f"reduce_scatter_tensor needs an input of {world} x {output.numel()} elements "
                                   f"of {output.dtype} (the group has {world} peers now: one equal slice each), "
@@ -581,10 +401,10 @@ class ProcessGroup(dist.ProcessGroup):
         """Several ``reduce_scatter_tensor`` in one pccl reduce-scatter: ``outputs[i]`` gets
         the reduction of the ``rank()``-th of ``size()`` equal slices of ``inputs[i]`` (one
         dtype); the inputs are left as they were."""
-        ins = _tensors(inputs, "reduce_scatter_tensor_coalesced")
-        outs = _tensors(outputs, "reduce_scatter_tensor_coalesced")
+        ins = tensor_list(inputs, "reduce_scatter_tensor_coalesced")
+        outs = tensor_list(outputs, "reduce_scatter_tensor_coalesced")
         world = self.getSize()
-        op = _reduce_op(opts if opts is not None else dist.ReduceScatterOptions())
+        op = torch_reduce_op(opts if opts is not None else dist.ReduceScatterOptions())
         if len(ins) != len(outs):
             raise InvalidArgument(f"reduce_scatter_tensor_coalesced: {len(outs)} outputs for {len(ins)} inputs")
         for out, inp in zip(outs, ins):
@@ -626,16 +446,16 @@ class ProcessGroup(dist.ProcessGroup):
         input tensor has the output's size."""
         if isinstance(output_tensors, torch.Tensor):
             output_tensors, input_tensors = [output_tensors], [input_tensors]
-        outputs = _tensors(output_tensors, "reduce_scatter")
+        outputs = tensor_list(output_tensors, "reduce_scatter")
         if len(outputs) != 1 or len(input_tensors) != 1:
             raise InvalidArgument(f"reduce_scatter takes one output and one list of inputs per process on pccl, "
                                   f"got {len(outputs)} and {len(input_tensors)}")
-        output, inputs = outputs[0], _tensors(input_tensors[0], "reduce_scatter")
+        output, inputs = outputs[0], tensor_list(input_tensors[0], "reduce_scatter")
         if len(inputs) != self.getSize() or any(t.numel() != output.numel() for t in inputs):
             raise InvalidArgument(f"reduce_scatter needs one input per peer ({self.getSize()} now), each of the "
                                   f"output's {output.numel()} elements")
-        _alike(inputs, "reduce_scatter", like=output)
-        reduce_op = _reduce_op(opts, op)
+        check_alike(inputs, "reduce_scatter", like=output)
+        reduce_op = torch_reduce_op(opts, op)
         return self._reduce_scatter(torch.cat([t.detach().reshape(-1) for t in inputs]), [output], reduce_op)
 
     def barrier(self, opts: Any = None, timeout: Any = None) -> Work:  # type: ignore[override]
@@ -654,15 +474,15 @@ class ProcessGroup(dist.ProcessGroup):
                 options.reduceOp = op
             opts = options
         opts = opts if opts is not None else dist.ReduceOptions()
-        root = _root(opts, self.getSize(), "reduce")
+        root = checked_root(opts, self.getSize(), "reduce")
         if opts.rootTensor != 0:
             raise InvalidArgument(f"reduce: invalid root tensor {opts.rootTensor}: one tensor per process")
-        listed = _tensors(tensors, "reduce")
+        listed = tensor_list(tensors, "reduce")
         if len(listed) != 1:
             raise InvalidArgument(f"reduce requires a single-element tensor list, got {len(listed)}")
-        reduce_op = _reduce_op(opts)
+        reduce_op = torch_reduce_op(opts)
         tensor, is_root = listed[0], root == self.getRank()
-        work = _buffer(tensor) if is_root else tensor.detach().clone(memory_format=torch.contiguous_format)
+        work = contiguous_buffer(tensor) if is_root else tensor.detach().clone(memory_format=torch.contiguous_format)
 
         def finish(info: Any = None) -> list[torch.Tensor]:
             if is_root and work.data_ptr() != tensor.data_ptr():
@@ -684,11 +504,11 @@ class ProcessGroup(dist.ProcessGroup):
             output_tensors = [output_tensors] if output_tensors else []
         opts = opts if opts is not None else dist.GatherOptions()
         world, rank = self.getSize(), self.getRank()
-        root = _root(opts, world, "gather")
+        root = checked_root(opts, world, "gather")
         inputs = list(input_tensors)
         if len(inputs) != 1:
             raise InvalidArgument(f"gather requires a single-element input tensor list, got {len(inputs)}")
-        tensor = _buffer(_dense(inputs[0], "gather"))
+        tensor = contiguous_buffer(dense(inputs[0], "gather"))
         output_lists = [list(o) for o in output_tensors]
         outputs: list[torch.Tensor] = []
         if rank == root:
@@ -700,8 +520,8 @@ class ProcessGroup(dist.ProcessGroup):
                 raise InvalidArgument(f"gather: Incorrect output list size {len(outputs)}. Output list size "
                                       f"should be {world}")
             for out in outputs:
-                _dense(out, "gather")
-            _alike(outputs, "gather", like=tensor)
+                dense(out, "gather")
+            check_alike(outputs, "gather", like=tensor)
         elif output_lists:
             raise InvalidArgument("gather requires empty output on non-root peers")
 
@@ -730,11 +550,11 @@ class ProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ScatterOptions()
         world, rank = self.getSize(), self.getRank()
         ring = self._comm.ring
-        root = _root(opts, world, "scatter")
+        root = checked_root(opts, world, "scatter")
         outputs = list(output_tensors)
         if len(outputs) != 1:
             raise InvalidArgument(f"scatter requires a single-element output tensor list, got {len(outputs)}")
-        output = _dense(outputs[0], "scatter")
+        output = dense(outputs[0], "scatter")
         input_lists = [list(i) for i in input_tensors]
         if rank == root:
             if len(input_lists) != 1:
@@ -745,8 +565,8 @@ class ProcessGroup(dist.ProcessGroup):
                 raise InvalidArgument(f"scatter: Incorrect input list size {len(inputs)}. Input list size "
                                       f"should be {world}")
             for t in inputs:
-                _dense(t, "scatter")
-            _alike(inputs, "scatter", like=output)
+                dense(t, "scatter")
+            check_alike(inputs, "scatter", like=output)
             buffer = torch.cat([t.detach().reshape(-1) for t in inputs])
         elif input_lists:
             raise InvalidArgument("scatter requires empty input on non-root peers")
@@ -785,7 +605,7 @@ class ProcessGroup(dist.ProcessGroup):
             self._queue.put(None)
             registered, self._registered = self._registered, None
         if registered is not None:
-            _c10d._unregister_process_group(GroupName(registered))
+            _unregister_process_group(GroupName(registered))
         if self._owns:
             self._comm.close()  # cancels what still runs; the completion thread then finishes
         self._completer.join(30)
@@ -805,7 +625,7 @@ class ProcessGroup(dist.ProcessGroup):
             if ring != self._ring and self._running == 0:
                 self._ring, self._seq = ring, 0  # a new ring: every peer starts counting again
             tag = self._first_tag + self._seq
-            op = _Op(call(tag), finish, alone)
+            op = PendingOp(call(tag), finish, alone)
             self._seq += 1
             self._running += 1
             self._queue.put(op)  # under the lock: in the order started, and never after shutdown's None
@@ -827,12 +647,12 @@ class ProcessGroup(dist.ProcessGroup):
             else:
                 self._settle(op, lambda: op.finish(result))
 
-    def _alone(self, op: _Op, exc: TooFewPeers) -> list[torch.Tensor]:
+    def _alone(self, op: PendingOp, exc: TooFewPeers) -> list[torch.Tensor]:
         if op.alone is None:
             raise exc
         return op.alone()
 
-    def _settle(self, op: _Op, compute: Callable[[], list[torch.Tensor]]) -> None:
+    def _settle(self, op: PendingOp, compute: Callable[[], list[torch.Tensor]]) -> None:
         try:
             # the copies into torch's outputs are not autograd's: a leaf that requires grad
             # takes them, as it does from any other backend
@@ -852,120 +672,3 @@ class ProcessGroup(dist.ProcessGroup):
 
 # --- the registered backend -------------------------------------------------------------------------
 
-
-def register() -> None:
-    """Register the ``torch.distributed`` backend ``"pccl"`` (idempotent).
-
-    Then ``torch.distributed.init_process_group("pccl", store=..., rank=r, world_size=n)`` (or
-    a first ``new_group(backend="pccl")``) opens a :mod:`pccl.blocking` communicator to the master named
-    by ``$PCCL_MASTER`` (``host:port``; ``pccl run`` sets it), in the peer group
-    ``$PCCL_PEER_GROUP`` (default 0), with the token of ``$PCCL_TOKEN``, waits until the group
-    has ``n`` peers (voting them in; the group's timeout bounds the wait: ``TooFewPeers``), and
-    returns a :class:`ProcessGroup` that owns the communicator.  Its ranks are ring positions:
-    as the default group, ``get_rank()`` is this peer's ring position; in a group made by
-    ``new_group`` inside another backend's world, name broadcast roots with ``group_src=``.
-    Raises ``InvalidUsage`` (no ``$PCCL_MASTER``), ``TooFewPeers`` (not accepted within the
-    group's timeout) and what opening a communicator raises.  A further group of the backend in
-    the same process (``new_group()``) runs over the first one's communicator; one over a
-    subset of its ranks raises ``InvalidUsage`` at once.
-    """
-    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
-
-
-#: The open groups the registered backend made in this process, oldest first: a later group
-#: (``new_group``) runs over the first one's communicator.
-_BACKEND_GROUPS: list[ProcessGroup] = []
-#: The tags of the ``k``-th group made over an existing one start at ``FIRST_TAG + k * SHARED_TAGS``.
-SHARED_TAGS = 1 << 48
-
-
-def _create(store: Any, rank: int, world_size: int, timeout: datetime.timedelta | None) -> ProcessGroup:
-    _BACKEND_GROUPS[:] = [g for g in _BACKEND_GROUPS if not g._closed]
-    if _BACKEND_GROUPS:
-        return _share(_BACKEND_GROUPS[0], rank, world_size)
-    master = os.environ.get(MASTER_ENV, "")
-    if not master:
-        raise InvalidUsage(f"the pccl backend connects to the master named by ${MASTER_ENV} (host:port): set it "
-                           "(pccl run does), or build pccl.torch.ProcessGroup(comm) over a communicator of yours")
-    try:
-        peer_group = int(os.environ.get(PEER_GROUP_ENV, "0"))
-    except ValueError:
-        raise InvalidArgument(f"${PEER_GROUP_ENV} must be an integer, got {os.environ[PEER_GROUP_ENV]!r}") from None
-    seconds = _seconds(timeout)
-    deadline = None if seconds is None else time.monotonic() + seconds
-    comm = _open(master, peer_group, seconds)
-    try:
-        wait_for_peers(comm, world_size, None if deadline is None else max(0.0, deadline - time.monotonic()))
-    except BaseException:
-        comm.close()
-        raise
-    log.info("pccl backend: peer %x in a group of %d", comm.peer_id, comm.world_size)
-    group = ProcessGroup(comm, owns_communicator=True)
-    _BACKEND_GROUPS.append(group)
-    return group
-
-
-def _share(base: ProcessGroup, rank: int, world_size: int) -> ProcessGroup:
-    """A further group of the backend (``new_group``) in a process that has one: over the same
-    ranks, a group over the same communicator with tags of its own; over other ranks,
-    ``InvalidUsage`` at once (a pccl group is a whole peer group)."""
-    if (world_size, rank) != (base.size(), base.rank()):
-        raise InvalidUsage(f"a pccl group spans its whole peer group ({base.size()} peers): new_group over "
-                           f"{world_size} of them (this one as rank {rank}) cannot run on pccl; make that group "
-                           "with another backend (new_group(ranks, backend=\"gloo\")), or run it as a peer group "
-                           f"of its own (${PEER_GROUP_ENV})")
-    base._shared += 1
-    return ProcessGroup(base.communicator, first_tag=FIRST_TAG + base._shared * SHARED_TAGS)
-
-
-def _open(master: str, peer_group: int, timeout: float | None) -> blocking.Communicator:
-    """:func:`pccl.blocking.open_communicator` within ``timeout`` seconds: ``TooFewPeers`` once
-    they passed without this peer being accepted (the group's peers vote a newcomer in — while
-    they run their own ``init_process_group`` or ``new_group``).  An open given up on goes on
-    in the background and closes its communicator once accepted."""
-    if timeout is None:
-        return blocking.open_communicator(master, peer_group=peer_group)
-    lock = threading.Lock()
-    outcome: dict[str, Any] = {}
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            comm = blocking.open_communicator(master, peer_group=peer_group)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            outcome["error"] = exc
-            done.set()
-            return
-        with lock:
-            if outcome.get("abandoned"):
-                comm.close()
-                return
-            outcome["comm"] = comm
-        done.set()
-
-    threading.Thread(target=run, name="pccl-torch-open", daemon=True).start()
-    done.wait(timeout)
-    with lock:
-        if "comm" not in outcome and "error" not in outcome:
-            outcome["abandoned"] = True
-            raise TooFewPeers(f"not accepted into peer group {peer_group} of the master at {master} within "
-                              f"{timeout:g} s: the group's peers vote a newcomer in, and none did")
-    if "error" in outcome:
-        raise outcome["error"]
-    comm: blocking.Communicator = outcome["comm"]
-    return comm
-
-
-def wait_for_peers(comm: blocking.Communicator, world_size: int, timeout: float | None = None) -> None:
-    """Vote pending peers in (``update_topology``) until ``comm``'s group has ``world_size``
-    peers; every accepted peer of the run calls it (or otherwise takes part in the votes).
-    Raises ``TooFewPeers`` when ``timeout`` seconds pass first, and the errors of
-    :meth:`pccl.blocking.Communicator.update_topology`."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while comm.world_size < world_size:
-        if deadline is not None and time.monotonic() > deadline:
-            raise TooFewPeers(f"the group has {comm.world_size} of the {world_size} peers after {timeout:g} s")
-        if comm.are_peers_pending():
-            comm.update_topology()
-        else:
-            time.sleep(0.05)

@@ -150,7 +150,7 @@ def test_a_newcomers_group_counts_its_tags_in_step_with_the_veterans() -> None:
                                                                    config=CFG)
         comms = [first]
         try:
-            pccl.torch.process_group.wait_for_peers(first, 2, 30)
+            pccl.torch.backend.wait_for_peers(first, 2, 30)
             comms.append(second_f.result(timeout=30))
             pgs = [pccl.torch.ProcessGroup(c) for c in comms]
             tensors = [torch.ones(4, dtype=torch.int64) for _ in pgs]
@@ -158,7 +158,7 @@ def test_a_newcomers_group_counts_its_tags_in_step_with_the_veterans() -> None:
                 _each([lambda pg=pg, t=t: dist.all_reduce(t, group=pg) for pg, t in zip(pgs, tensors)])
             third_f = concurrent.futures.ThreadPoolExecutor(1).submit(pccl.blocking.open_communicator,
                                                                       master.address, config=CFG)
-            _each([lambda c=c: pccl.torch.process_group.wait_for_peers(c, 3, 30) for c in comms])
+            _each([lambda c=c: pccl.torch.backend.wait_for_peers(c, 3, 30) for c in comms])
             comms.append(third_f.result(timeout=30))
             pgs.append(pccl.torch.ProcessGroup(comms[2]))  # counts from 0, as the veterans do again
             tensors = [torch.full((4,), i + 1, dtype=torch.int64) for i in range(3)]

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import pccl
 import pccl.blocking
 import pccl.torch
-from pccl.torch.process_group import wait_for_peers
+from pccl.torch.backend import wait_for_peers
 
 CONFIG = pccl.Config(peer_timeout=5.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0)
 R = dist.ReduceOp

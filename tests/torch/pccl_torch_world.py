@@ -22,7 +22,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "e2e"))
 from master_thread import MasterThread, master_in_thread  # noqa: E402
 
 import pccl.torch  # noqa: E402
-from pccl.torch.process_group import FIRST_TAG, wait_for_peers  # noqa: E402
+from pccl.torch.backend import wait_for_peers  # noqa: E402
+from pccl.torch.process_group import FIRST_TAG  # noqa: E402
 
 CFG = pccl.Config(peer_timeout=5.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0)
 #: Each run's groups count their tags from a range of their own.

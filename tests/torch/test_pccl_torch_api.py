@@ -195,12 +195,12 @@ def test_new_group_in_a_pccl_world_shares_the_communicator_or_refuses_at_once(tm
 
 
 def test_opening_a_communicator_for_the_backend_gives_up_after_the_groups_timeout() -> None:
-    from pccl.torch.process_group import _open
+    from pccl.torch.backend import open_within
 
     with master_in_thread(CFG) as master, pccl.blocking.open_communicator(master.address, config=CFG):
         started = time.monotonic()
         with pytest.raises(pccl.TooFewPeers, match="within 1 s"):
-            _open(master.address, 0, 1.0)  # the accepted peer never votes it in
+            open_within(master.address, 0, 1.0)  # the accepted peer never votes it in
         assert time.monotonic() - started < 5
 
 

@@ -1,0 +1,97 @@
+"""The torch side of one :class:`pccl.torch.ProcessGroup` collective: the :class:`Work` a call
+returns, and the :class:`PendingOp` the group's completion thread finishes."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import blocking
+from ._args import timeout_seconds
+
+__all__ = ["Work", "PendingOp"]
+
+class Work(dist.Work):
+    """One collective of a :class:`ProcessGroup`: what torch's collectives return with
+    ``async_op=True`` (and wait on otherwise).
+
+    :meth:`wait` blocks until the collective and its finishing copies are done and raises the
+    collective's pccl error; interrupted (Ctrl-C) it cancels the collective, as
+    :meth:`pccl.blocking.CollectiveHandle.wait` does.  :meth:`get_future` is a
+    ``torch.futures.Future`` of the op's output tensors (``[tensor]``; ``[]`` for a barrier),
+    completed by the group's completion thread, holding the pccl error on failure.
+    """
+
+    def __init__(self, handle: blocking.CollectiveHandle[Any], future: torch.futures.Future[Any]) -> None:
+        super().__init__()
+        self._handle = handle
+        self._future = future
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        """Wait for the collective; return ``True`` or raise its error (a pccl error, or
+        ``TimeoutError`` when ``timeout`` — a ``timedelta`` — passed first; the op goes on)."""
+        seconds = timeout_seconds(timeout)
+        try:
+            self._handle.wait(seconds)
+        except TimeoutError:
+            if not self._handle.done():
+                raise
+        except Exception:  # noqa: BLE001 - the future holds the final word (alone: the identity)
+            pass
+        self._future.wait()  # raises the op's error; the finishing copies are quick
+        return True
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        """The future of the op's output tensors (see the class)."""
+        return self._future
+
+    def is_completed(self) -> bool:
+        """Whether the collective and its finishing copies are done (successfully or not)."""
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        """Whether it is done and succeeded."""
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:  # noqa: BLE001 - the error itself is the future's
+            return False
+        return True
+
+    def exception(self) -> BaseException | None:
+        """The op's error once done (None while running or after success)."""
+        if not self._future.done():
+            return None
+        try:
+            self._future.value()
+        except Exception as exc:  # noqa: BLE001
+            return exc
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        """The op's output tensors (waits for them)."""
+        self.wait()
+        value = self._future.value()
+        return list(value) if value is not None else []
+
+    def synchronize(self) -> None:
+        """Nothing to do on CPU: results are in the tensors once the work is completed."""
+
+
+class PendingOp:
+    """A started collective: its handle, how to finish it, and the trivial result when alone."""
+
+    def __init__(self, handle: blocking.CollectiveHandle[Any], finish: Callable[[Any], list[torch.Tensor]],
+                 alone: Callable[[], list[torch.Tensor]] | None) -> None:
+        self.handle = handle
+        self.finish = finish
+        self.alone = alone
+        # The completion thread copies into the caller's tensors in the caller's mode: an
+        # inference tensor takes an in-place copy only inside inference mode.
+        self.inference = torch.is_inference_mode_enabled()
+        self.future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
