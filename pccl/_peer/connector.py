@@ -41,7 +41,8 @@ from ..net.framed import FramedConnection
 from ..net.serving import HandshakeSlot
 from ..protocol import messages as m
 from ..protocol.codec import MAX_DETAIL, clip_text
-from ..protocol.paths import STAGGER, CandidateOrigin, Dial, PathKind, Port, describe_port, dial_order
+from ..protocol.paths import (STAGGER, CandidateOrigin, Dial, PathKind, Port, describe_port, dial_order,
+                              relayed_via)
 from .host import PeerHost
 from .master_link import refuse_registration
 
@@ -323,7 +324,7 @@ class Connector:
                 try:
                     with trio.move_on_at(deadline):
                         conn = await self._join_relay(outcome, address)
-                        return conn, PathKind.RELAYED, f"relay {outcome.relay} at {address}", outcome.relay
+                        return conn, PathKind.RELAYED, relayed_via(outcome.relay, address), outcome.relay
                     tried.append(f"relay {outcome.relay} at {address}: no splice in time")
                     break
                 except PCCLError as exc:

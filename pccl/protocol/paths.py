@@ -57,7 +57,7 @@ from . import messages as m
 
 __all__ = ["Port", "PathKind", "CandidateOrigin", "Advertise", "Dial", "STAGGER", "parse_advertise",
            "advertised_candidates", "resolve_candidates", "local_candidates", "dial_order", "is_local_candidate_host", "describe_port",
-           "format_host_port"]
+           "format_host_port", "relayed_via", "relay_of_via"]
 
 #: Head start of one candidate before the next one is tried alongside (RFC 8305 suggests 250 ms).
 STAGGER = 0.25
@@ -92,6 +92,19 @@ _KIND_NAMES = {"p2p": Port.P2P, "shared_state": Port.SHARED_STATE, "benchmark": 
 def format_host_port(host: str, port: int) -> str:
     """``host:port``, IPv6 hosts bracketed (as :func:`pccl.net.base.format_address`)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def relayed_via(relay_id: int, address: str) -> str:
+    """What a relayed path reports as its ``via``: ``"relay 3 at 198.18.0.3:48147"``."""
+    return f"relay {relay_id} at {address}"
+
+
+def relay_of_via(via: str) -> int | None:
+    """The relay id a relayed path's ``via`` names (:func:`relayed_via`), or None."""
+    words = via.split(" ", 3)
+    if len(words) >= 3 and words[0] == "relay" and words[1].isdigit() and words[2] == "at":
+        return int(words[1])
+    return None
 
 
 def describe_port(port: int) -> str:

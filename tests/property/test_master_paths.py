@@ -12,7 +12,7 @@ from pccl.errors import KickReason
 from pccl.protocol import messages as m
 from pccl.protocol.master import machine as ms
 from pccl.protocol.master.paths import MAX_ATTEMPTS, OWN_RELAY_ID
-from pccl.protocol.paths import CandidateOrigin, PathKind, Port
+from pccl.protocol.paths import CandidateOrigin, PathKind, Port, relay_of_via, relayed_via
 
 
 class Harness:
@@ -161,6 +161,26 @@ def test_a_relay_that_goes_is_no_longer_offered() -> None:
     assert h.ms.relays() == []
     effects = h.feed(ms.MessageReceived(ca, m.PathRequest(1, b, 0, relay_only=True)))
     assert h.sent(effects, ca, m.PathUnavailable)
+
+
+def test_a_relay_that_goes_takes_the_paths_through_it_with_it() -> None:
+    # Seen in the real-NAT run: a pair's path from an earlier ring, through the relay killed
+    # later, stayed on the status page as current, since that pair never needed a new one.
+    h = Harness()
+    ca, a = h.peer()
+    cb, b = h.peer()
+    cc, c = h.peer()
+    r1c, r1 = h.relay("10.9.9.1", 7001)
+    _, r2 = h.relay("10.9.9.2", 7002)
+    h.feed(ms.MessageReceived(ca, m.PathReport(b, int(Port.P2P), int(PathKind.RELAYED), relayed_via(r1, "10.9.9.1:7001"))))
+    h.feed(ms.MessageReceived(cb, m.PathReport(a, int(Port.P2P), int(PathKind.RELAYED), relayed_via(r2, "10.9.9.2:7002"))))
+    h.feed(ms.MessageReceived(cc, m.PathReport(a, int(Port.SHARED_STATE), int(PathKind.RELAYED),
+                                               relayed_via(r1, "10.9.9.1:7001"))))
+    h.feed(ms.MessageReceived(cc, m.PathReport(b, int(Port.P2P), int(PathKind.DIRECT), "10.0.0.2:4002")))
+    assert relay_of_via(relayed_via(r1, "10.9.9.1:7001")) == r1 and relay_of_via("10.0.0.2:4002") is None
+    h.feed(ms.PeerDisconnected(r1c))
+    assert {(p.initiator, p.target, p.port, p.via) for p in h.ms.paths()} == {
+        (b, a, Port.P2P, relayed_via(r2, "10.9.9.2:7002")), (c, b, Port.P2P, "10.0.0.2:4002")}
 
 
 def test_a_relay_must_keep_reporting_or_it_times_out() -> None:

@@ -34,7 +34,8 @@ reused.  Pairs assigned to a relay count against it until the relay goes.
 
 Paths.  ``PathReport(target, port, kind, via)`` from a peer records the path of its
 connections of ``port`` to ``target`` (replacing an earlier one) and is logged when it
-changes; a path is forgotten with either end.  The views (:meth:`Paths.paths`,
+changes; a path is forgotten with either end, and a relayed one with its relay (every
+connection through it ended; the pair reports its next path when it needs one).  The views (:meth:`Paths.paths`,
 :meth:`Paths.relays`) feed the status page and ``/metrics``.  A report with a kind outside
 :class:`~pccl.protocol.paths.PathKind` or a port outside :class:`~pccl.protocol.paths.Port`
 is the reporter's PROTOCOL_ERROR.
@@ -53,7 +54,7 @@ from collections.abc import Callable
 from ...errors import KickReason
 from .. import messages as m
 from ..codec import MAX_DETAIL, clip_text
-from ..paths import PathKind, Port, describe_port
+from ..paths import PathKind, Port, describe_port, relay_of_via
 from .events import PeerFault
 
 __all__ = ["Paths", "PathsHost", "PathView", "RelayView", "MAX_ATTEMPTS", "OWN_RELAY_ID", "RELAY_KEY_SIZE"]
@@ -280,6 +281,9 @@ class Paths:
             for attempt in attempts.values():
                 if attempt.relay == relay_id:
                     attempt.avoid |= {relay_id}
+        for key, path in list(self._paths.items()):
+            if path.kind is PathKind.RELAYED and relay_of_via(path.via) == relay_id:
+                del self._paths[key]
 
     # --- views ---------------------------------------------------------------------------------
 
