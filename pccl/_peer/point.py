@@ -45,6 +45,7 @@ import numpy as np
 import trio
 
 from ..arrays import as_array
+from ..collectives.buffers import SCRATCH
 from ..errors import InvalidArgument, InvalidUsage, PCCLError, PeerDisconnected, ProtocolError, TransferTimeout
 from ..net.framed import FramedConnection
 from ..protocol import messages as m
@@ -52,6 +53,7 @@ from ..protocol.codec import DataHeader
 from ..protocol.paths import Port
 from ..types import DType, dtype_of
 from .host import PeerHost
+from .point_data import receive_payload, send_payload
 from .votes import fresh_error
 
 __all__ = ["PointService", "CHUNK"]
@@ -170,7 +172,7 @@ class PeerLink:
                 self.reply(m.PointAck(offer.seq))
                 recv.finish()
                 continue
-            recv.staging = np.empty(nbytes, np.uint8)
+            recv.staging = SCRATCH.take(nbytes)[:nbytes]  # reused memory: no page faults
             self.receiving[offer.seq] = recv
             self.reply(m.PointReady(offer.seq))
         self.tidy(tag)
@@ -263,7 +265,7 @@ class PointService:
             # connection's reader fails the link (aborting a send under way) within peer_timeout.
             for start in range(0, payload.nbytes, CHUNK):
                 piece = payload[start:start + CHUNK]
-                await self._guarded(link, conn.send_data(DataHeader(send.seq, 0, 0, start, piece.nbytes), piece))
+                await self._guarded(link, send_payload(conn, DataHeader(send.seq, 0, 0, start, piece.nbytes), piece))
             answer = await self._answer(send)
             if not isinstance(answer, m.PointAck):
                 raise ProtocolError(f"peer {link.peer:x} answered a message's data with {type(answer).__name__}")
@@ -487,16 +489,27 @@ class PointService:
             if recv is None or recv.staging is None or frame.end > recv.staging.nbytes:
                 raise ProtocolError(f"peer {link.peer:x} sent data for message {frame.op_seq} (bytes {frame.offset}"
                                     f"..{frame.end}), which no receive expects")
-            for start in range(frame.offset, frame.end, PIECE):
-                with trio.fail_after(timeout):
-                    await conn.receive_data_into(recv.staging.data[start:min(start + PIECE, frame.end)])
+            staging = recv.staging
+            try:
+                await receive_payload(conn, staging.data[frame.offset:frame.end], timeout=timeout, piece=PIECE)
+            except BaseException:
+                recv.staging = None  # (the link fails: the receive with it)
+                _give(staging)
+                raise
             recv.received += frame.nbytes
-            if recv.received >= recv.staging.nbytes:
+            if recv.received >= staging.nbytes:
                 if not recv.done.is_set():  # (a cancelled receive failed the link: not here)
-                    recv.target.reshape(-1).view(np.uint8)[:] = recv.staging
+                    recv.target.reshape(-1).view(np.uint8)[:] = staging
                     recv.finish()
+                recv.staging = None
+                _give(staging)
                 link.receiving.pop(frame.op_seq, None)
                 link.reply(m.PointAck(frame.op_seq))
+
+
+def _give(staging: np.ndarray) -> None:
+    """Return a staging buffer (a view of one of the arena's) once no thread writes into it."""
+    SCRATCH.give(staging.base if isinstance(staging.base, np.ndarray) else staging)
 
 
 @contextmanager
