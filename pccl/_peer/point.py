@@ -37,7 +37,7 @@ import collections
 import dataclasses
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -100,10 +100,40 @@ class Incoming:
     count: int
     done: trio.Event = dataclasses.field(default_factory=trio.Event)
     error: PCCLError | None = None
-    #: The matched offer's seq (None until matched) and the staging buffer its data goes to.
+    #: The matched offer's seq (None until matched), and the copy of the target's old bytes
+    #: (from the scratch arena) the data's receiver fills ahead of overwriting them.
     seq: int | None = None
-    staging: np.ndarray | None = None
+    backup: np.ndarray | None = None
+    #: Payload bytes received, and the target's leading bytes saved into :attr:`backup`.
     received: int = 0
+    saved: int = 0
+    #: Set while a task writes into the target (then until it has stopped).
+    writer: trio.Event | None = None
+
+    def saver(self, offset: int) -> Callable[[int], None]:
+        """What a frame's receiver at ``offset`` calls (any thread) once the target's bytes up to
+        ``offset + n`` are in the backup."""
+        def note(n: int) -> None:
+            self.saved = max(self.saved, offset + n)
+        return note
+
+    def target_bytes(self) -> memoryview:
+        return self.target.reshape(-1).view(np.uint8).data
+
+    async def restore(self) -> None:
+        """The receive failed: once nothing writes into the target any more, give it back its
+        old bytes (shielded: a cancelled receive must still leave its array as it was)."""
+        if self.writer is not None:
+            with trio.CancelScope(shield=True):
+                await self.writer.wait()
+        self.release(restore=True)
+
+    def release(self, *, restore: bool) -> None:
+        backup, self.backup = self.backup, None
+        if backup is not None:
+            if restore and self.saved:
+                self.target_bytes()[:self.saved] = backup.data[:self.saved]
+            SCRATCH.give(backup)
 
     def finish(self, error: PCCLError | None = None) -> None:
         if not self.done.is_set():
@@ -172,7 +202,7 @@ class PeerLink:
                 self.reply(m.PointAck(offer.seq))
                 recv.finish()
                 continue
-            recv.staging = SCRATCH.take(nbytes)[:nbytes]  # reused memory: no page faults
+            recv.backup = SCRATCH.take(nbytes)  # reused memory: no page faults
             self.receiving[offer.seq] = recv
             self.reply(m.PointReady(offer.seq))
         self.tidy(tag)
@@ -300,11 +330,14 @@ class PointService:
                 else:
                     link.fail(PeerDisconnected(f"a recv from peer {link.peer:x} was cancelled mid-message; its "
                                                "connections were closed"))
+            if recv.error is not None:
+                await recv.restore()
             raise
         finally:
             if recv.seq is not None:
                 link.receiving.pop(recv.seq, None)
         if recv.error is not None:
+            await recv.restore()
             raise recv.error
         self._host.counters.p2p_rx_bytes += array.nbytes
 
@@ -486,30 +519,26 @@ class PointService:
             if not isinstance(frame, DataHeader):
                 raise ProtocolError(f"unexpected {type(frame).__name__} on a point-to-point connection")
             recv = link.receiving.get(frame.op_seq)
-            if recv is None or recv.staging is None or frame.end > recv.staging.nbytes:
+            if recv is None or recv.backup is None or frame.offset != recv.received or frame.end > recv.target.nbytes:
                 raise ProtocolError(f"peer {link.peer:x} sent data for message {frame.op_seq} (bytes {frame.offset}"
                                     f"..{frame.end}), which no receive expects")
-            staging = recv.staging
+            # Straight into the target, each piece saved into the backup first: a failed
+            # receive restores what it overwrote (Incoming.restore, once this has stopped).
+            target, backup = recv.target_bytes(), recv.backup.data
+            recv.writer = writer = trio.Event()
             try:
-                await receive_payload(conn, staging.data[frame.offset:frame.end], timeout=timeout, piece=PIECE)
-            except BaseException:
-                recv.staging = None  # (the link fails: the receive with it)
-                _give(staging)
-                raise
+                await receive_payload(conn, target[frame.offset:frame.end], timeout=timeout, piece=PIECE,
+                                      backup=backup[frame.offset:frame.end], saved=recv.saver(frame.offset))
+            finally:
+                recv.writer = None
+                writer.set()
             recv.received += frame.nbytes
-            if recv.received >= staging.nbytes:
-                if not recv.done.is_set():  # (a cancelled receive failed the link: not here)
-                    recv.target.reshape(-1).view(np.uint8)[:] = staging
+            if recv.received >= recv.target.nbytes:
+                if not recv.done.is_set():  # (a failed receive restores its target itself)
+                    recv.release(restore=False)
                     recv.finish()
-                recv.staging = None
-                _give(staging)
                 link.receiving.pop(frame.op_seq, None)
                 link.reply(m.PointAck(frame.op_seq))
-
-
-def _give(staging: np.ndarray) -> None:
-    """Return a staging buffer (a view of one of the arena's) once no thread writes into it."""
-    SCRATCH.give(staging.base if isinstance(staging.base, np.ndarray) else staging)
 
 
 @contextmanager

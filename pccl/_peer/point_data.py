@@ -32,17 +32,34 @@ from ..protocol.codec import DataHeader
 __all__ = ["receive_payload", "send_payload"]
 
 
-async def receive_payload(conn: FramedConnection, view: memoryview, *, timeout: float, piece: int) -> None:
+async def receive_payload(conn: FramedConnection, view: memoryview, *, timeout: float, piece: int,
+                          backup: memoryview, saved: Callable[[int], None]) -> None:
     """Receive the current data frame's next ``view.nbytes`` payload bytes into ``view``, each
     ``piece`` of them within ``timeout`` seconds (``trio.TooSlowError`` otherwise; the connection
-    is then aborted).  Transport errors as for the connection's ``receive_data_into``."""
+    is then aborted).  Each piece of ``view`` is first copied into ``backup`` (as long as
+    ``view``), and ``saved(n)`` told that the first ``n`` bytes are, before it is overwritten.
+    Transport errors as for the connection's ``receive_data_into``."""
     channel = thread_channel(conn)
     if channel is None:
         for start in range(0, view.nbytes, piece):
+            end = min(start + piece, view.nbytes)
+            backup[start:end] = view[start:end]
+            saved(end)
             with trio.fail_after(timeout):
-                await conn.receive_data_into(view[start:start + piece])
+                await conn.receive_data_into(view[start:end])
         return
-    await _receive_in_thread(channel, view, timeout=timeout, piece=piece)
+    cancel = ThreadCancel()
+    progress = [time.monotonic()]  # when the last piece completed (written by the thread)
+
+    def work() -> None:
+        for start in range(0, view.nbytes, piece):
+            end = min(start + piece, view.nbytes)
+            backup[start:end] = view[start:end]
+            saved(end)
+            channel.receive_data_into(view[start:end], cancel)
+            progress[0] = time.monotonic()
+
+    await _in_thread(channel, cancel, work, (progress, timeout))
 
 
 async def send_payload(conn: FramedConnection, header: DataHeader, payload: memoryview) -> None:
@@ -57,19 +74,6 @@ async def send_payload(conn: FramedConnection, header: DataHeader, payload: memo
     async with conn.send_lock:
         cancel = ThreadCancel()
         await _in_thread(channel, cancel, lambda: channel.send_data(header, payload, cancel), None)
-
-
-async def _receive_in_thread(channel: BlockingDataChannel, view: memoryview, *, timeout: float,
-                             piece: int) -> None:
-    cancel = ThreadCancel()
-    progress = [time.monotonic()]  # when the last piece completed (written by the thread)
-
-    def work() -> None:
-        for start in range(0, view.nbytes, piece):
-            channel.receive_data_into(view[start:start + piece], cancel)
-            progress[0] = time.monotonic()
-
-    await _in_thread(channel, cancel, work, (progress, timeout))
 
 
 async def _in_thread(channel: BlockingDataChannel, cancel: ThreadCancel, work: Callable[[], None],
