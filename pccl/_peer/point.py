@@ -12,9 +12,11 @@ One message (the wire flow is in :mod:`pccl.protocol.messages._point`): the send
 receiver matches offers to its posted receives per ``tag``, both in order, so two sends to one
 peer on one tag are received in call order.  A match with the same dtype and element count is
 answered ``PointReady`` and the sender streams data frames of at most :data:`CHUNK` bytes (data
-frames of several messages may interleave: each names its ``seq``), which the receiver takes
-into a staging buffer and copies into the caller's array once all of it is in, then answers
-``PointAck`` — the send completes then (rendezvous).  A match that disagrees is answered
+frames of several messages may interleave: each names its ``seq``; a message's come in order),
+which the receiver takes straight into the caller's array — each piece saved into a backup
+first, so that a failed receive can restore it (:mod:`pccl._peer.point_data` moves the bytes,
+in worker threads on real TCP) — then answers ``PointAck``: the send completes then
+(rendezvous).  A match that disagrees is answered
 ``PointMismatch`` and both calls raise ``InvalidArgument`` naming both shapes; nothing is
 written into the receiver's array.
 
