@@ -9,8 +9,8 @@ connection (*bufs*: ``Config.local_socket_buffer_size``).  *send*: two peer proc
 process); the sender times ``--count`` consecutive ``comm.send(x, to=receiver)`` of ``--mib``
 MiB each (after one warm-up message, which dials the pair's connections), the receiver keeps a
 ``comm.recv`` posted.  A send completes when the receiver has acknowledged the whole payload,
-so the figure includes the rendezvous, the staging copy into the receiver's array and the
-acknowledgement.  Methods alternate within each repeat; the table shows the best and the
+so the figure includes the rendezvous, the receiver's backup copy of its array (what restores
+it after a failed recv) and the acknowledgement.  Methods alternate within each repeat; the table shows the best and the
 median of the repeats and the ratio send/raw of the bests.
 """
 

@@ -12,9 +12,11 @@ One message (the wire flow is in :mod:`pccl.protocol.messages._point`): the send
 receiver matches offers to its posted receives per ``tag``, both in order, so two sends to one
 peer on one tag are received in call order.  A match with the same dtype and element count is
 answered ``PointReady`` and the sender streams data frames of at most :data:`CHUNK` bytes (data
-frames of several messages may interleave: each names its ``seq``), which the receiver takes
-into a staging buffer and copies into the caller's array once all of it is in, then answers
-``PointAck`` — the send completes then (rendezvous).  A match that disagrees is answered
+frames of several messages may interleave: each names its ``seq``; a message's come in order),
+which the receiver takes straight into the caller's array — each piece saved into a backup
+first, so that a failed receive can restore it (:mod:`pccl._peer.point_data` moves the bytes,
+in worker threads on real TCP) — then answers ``PointAck``: the send completes then
+(rendezvous).  A match that disagrees is answered
 ``PointMismatch`` and both calls raise ``InvalidArgument`` naming both shapes; nothing is
 written into the receiver's array.
 
@@ -37,7 +39,7 @@ import collections
 import dataclasses
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -45,6 +47,7 @@ import numpy as np
 import trio
 
 from ..arrays import as_array
+from ..collectives.buffers import SCRATCH
 from ..errors import InvalidArgument, InvalidUsage, PCCLError, PeerDisconnected, ProtocolError, TransferTimeout
 from ..net.framed import FramedConnection
 from ..protocol import messages as m
@@ -52,6 +55,7 @@ from ..protocol.codec import DataHeader
 from ..protocol.paths import Port
 from ..types import DType, dtype_of
 from .host import PeerHost
+from .point_data import receive_payload, send_payload
 from .votes import fresh_error
 
 __all__ = ["PointService", "CHUNK"]
@@ -98,10 +102,40 @@ class Incoming:
     count: int
     done: trio.Event = dataclasses.field(default_factory=trio.Event)
     error: PCCLError | None = None
-    #: The matched offer's seq (None until matched) and the staging buffer its data goes to.
+    #: The matched offer's seq (None until matched), and the copy of the target's old bytes
+    #: (from the scratch arena) the data's receiver fills ahead of overwriting them.
     seq: int | None = None
-    staging: np.ndarray | None = None
+    backup: np.ndarray | None = None
+    #: Payload bytes received, and the target's leading bytes saved into :attr:`backup`.
     received: int = 0
+    saved: int = 0
+    #: Set while a task writes into the target (then until it has stopped).
+    writer: trio.Event | None = None
+
+    def saver(self, offset: int) -> Callable[[int], None]:
+        """What a frame's receiver at ``offset`` calls (any thread) once the target's bytes up to
+        ``offset + n`` are in the backup."""
+        def note(n: int) -> None:
+            self.saved = max(self.saved, offset + n)
+        return note
+
+    def target_bytes(self) -> memoryview:
+        return self.target.reshape(-1).view(np.uint8).data
+
+    async def restore(self) -> None:
+        """The receive failed: once nothing writes into the target any more, give it back its
+        old bytes (shielded: a cancelled receive must still leave its array as it was)."""
+        if self.writer is not None:
+            with trio.CancelScope(shield=True):
+                await self.writer.wait()
+        self.release(restore=True)
+
+    def release(self, *, restore: bool) -> None:
+        backup, self.backup = self.backup, None
+        if backup is not None:
+            if restore and self.saved:
+                self.target_bytes()[:self.saved] = backup.data[:self.saved]
+            SCRATCH.give(backup)
 
     def finish(self, error: PCCLError | None = None) -> None:
         if not self.done.is_set():
@@ -170,7 +204,7 @@ class PeerLink:
                 self.reply(m.PointAck(offer.seq))
                 recv.finish()
                 continue
-            recv.staging = np.empty(nbytes, np.uint8)
+            recv.backup = SCRATCH.take(nbytes)  # reused memory: no page faults
             self.receiving[offer.seq] = recv
             self.reply(m.PointReady(offer.seq))
         self.tidy(tag)
@@ -263,7 +297,7 @@ class PointService:
             # connection's reader fails the link (aborting a send under way) within peer_timeout.
             for start in range(0, payload.nbytes, CHUNK):
                 piece = payload[start:start + CHUNK]
-                await self._guarded(link, conn.send_data(DataHeader(send.seq, 0, 0, start, piece.nbytes), piece))
+                await self._guarded(link, send_payload(conn, DataHeader(send.seq, 0, 0, start, piece.nbytes), piece))
             answer = await self._answer(send)
             if not isinstance(answer, m.PointAck):
                 raise ProtocolError(f"peer {link.peer:x} answered a message's data with {type(answer).__name__}")
@@ -298,11 +332,14 @@ class PointService:
                 else:
                     link.fail(PeerDisconnected(f"a recv from peer {link.peer:x} was cancelled mid-message; its "
                                                "connections were closed"))
+            if recv.error is not None:
+                await recv.restore()
             raise
         finally:
             if recv.seq is not None:
                 link.receiving.pop(recv.seq, None)
         if recv.error is not None:
+            await recv.restore()
             raise recv.error
         self._host.counters.p2p_rx_bytes += array.nbytes
 
@@ -484,16 +521,23 @@ class PointService:
             if not isinstance(frame, DataHeader):
                 raise ProtocolError(f"unexpected {type(frame).__name__} on a point-to-point connection")
             recv = link.receiving.get(frame.op_seq)
-            if recv is None or recv.staging is None or frame.end > recv.staging.nbytes:
+            if recv is None or recv.backup is None or frame.offset != recv.received or frame.end > recv.target.nbytes:
                 raise ProtocolError(f"peer {link.peer:x} sent data for message {frame.op_seq} (bytes {frame.offset}"
                                     f"..{frame.end}), which no receive expects")
-            for start in range(frame.offset, frame.end, PIECE):
-                with trio.fail_after(timeout):
-                    await conn.receive_data_into(recv.staging.data[start:min(start + PIECE, frame.end)])
+            # Straight into the target, each piece saved into the backup first: a failed
+            # receive restores what it overwrote (Incoming.restore, once this has stopped).
+            target, backup = recv.target_bytes(), recv.backup.data
+            recv.writer = writer = trio.Event()
+            try:
+                await receive_payload(conn, target[frame.offset:frame.end], timeout=timeout, piece=PIECE,
+                                      backup=backup[frame.offset:frame.end], saved=recv.saver(frame.offset))
+            finally:
+                recv.writer = None
+                writer.set()
             recv.received += frame.nbytes
-            if recv.received >= recv.staging.nbytes:
-                if not recv.done.is_set():  # (a cancelled receive failed the link: not here)
-                    recv.target.reshape(-1).view(np.uint8)[:] = recv.staging
+            if recv.received >= recv.target.nbytes:
+                if not recv.done.is_set():  # (a failed receive restores its target itself)
+                    recv.release(restore=False)
                     recv.finish()
                 link.receiving.pop(frame.op_seq, None)
                 link.reply(m.PointAck(frame.op_seq))

@@ -1,0 +1,118 @@
+"""A point-to-point message's payload moved by a worker thread: the fast path on real TCP.
+
+:mod:`pccl._peer.point` announces, matches and acknowledges messages on the Trio thread; the
+bulk bytes go through the connection's :class:`~pccl.net.framed_threads.BlockingDataChannel`
+(the ring's thread path) when its stream offers blocking I/O — the receiver fills its buffer
+with blocking ``recv_into(MSG_WAITALL)`` calls straight from the socket, one Trio hand-off per
+frame instead of a trip through the run loop per segment batch.  Streams without blocking I/O
+(the simulator's, TLS) keep the async path.
+
+Liveness is unchanged: the thread takes the payload in pieces of ``piece`` bytes and records when
+each one completed; the Trio side fails the transfer (``trio.TooSlowError``) when a piece took
+longer than ``timeout`` — a sender slower than ``piece / timeout`` counts as stalled, exactly as
+on the async path.  A stall, a failure of the link (its connections aborted) or a cancellation of
+the waiting task stops the thread by aborting the connection (a half-read frame is never left on
+a connection that stays open); the Trio side always waits until the thread has returned, so no
+thread writes into the buffer after this returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import outcome
+import trio
+
+from ..net.framed import FramedConnection
+from ..net.framed_threads import BlockingDataChannel, thread_channel
+from ..net.thread_io import ThreadCancel
+from ..protocol.codec import DataHeader
+
+__all__ = ["receive_payload", "send_payload"]
+
+
+async def receive_payload(conn: FramedConnection, view: memoryview, *, timeout: float, piece: int,
+                          backup: memoryview, saved: Callable[[int], None]) -> None:
+    """Receive the current data frame's next ``view.nbytes`` payload bytes into ``view``, each
+    ``piece`` of them within ``timeout`` seconds (``trio.TooSlowError`` otherwise; the connection
+    is then aborted).  Each piece of ``view`` is first copied into ``backup`` (as long as
+    ``view``), and ``saved(n)`` told that the first ``n`` bytes are, before it is overwritten.
+    Transport errors as for the connection's ``receive_data_into``."""
+    channel = thread_channel(conn)
+    if channel is None:
+        for start in range(0, view.nbytes, piece):
+            end = min(start + piece, view.nbytes)
+            backup[start:end] = view[start:end]
+            saved(end)
+            with trio.fail_after(timeout):
+                await conn.receive_data_into(view[start:end])
+        return
+    cancel = ThreadCancel()
+    progress = [time.monotonic()]  # when the last piece completed (written by the thread)
+
+    def work() -> None:
+        for start in range(0, view.nbytes, piece):
+            end = min(start + piece, view.nbytes)
+            backup[start:end] = view[start:end]
+            saved(end)
+            channel.receive_data_into(view[start:end], cancel)
+            progress[0] = time.monotonic()
+
+    await _in_thread(channel, cancel, work, (progress, timeout))
+
+
+async def send_payload(conn: FramedConnection, header: DataHeader, payload: memoryview) -> None:
+    """Send one data frame (``header`` and ``payload``, straight from the caller's memory).  The
+    connection's async send lock is held meanwhile, so its other senders (offers, keepalives)
+    wait for the frame's end.  Errors and cancellation as for the connection's ``send_data``
+    (a frame cancelled midway aborts the connection)."""
+    channel = thread_channel(conn)
+    if channel is None:
+        await conn.send_data(header, payload)
+        return
+    async with conn.send_lock:
+        cancel = ThreadCancel()
+        await _in_thread(channel, cancel, lambda: channel.send_data(header, payload, cancel), None)
+
+
+async def _in_thread(channel: BlockingDataChannel, cancel: ThreadCancel, work: Callable[[], None],
+                     watch: tuple[list[float], float] | None) -> None:
+    """Run ``work`` in a worker thread and wait for it; ``watch`` (a progress time the thread
+    updates, and a timeout): ``trio.TooSlowError`` once no progress was made for that long.  A
+    stall or a cancellation aborts the connection (whatever the thread was doing) and waits
+    for the thread to return."""
+    finished = trio.Event()
+    result: list[outcome.Outcome[None]] = []
+    token = trio.lowlevel.current_trio_token()
+
+    def deliver(value: outcome.Outcome[None]) -> None:
+        def settle() -> None:
+            result.append(value)
+            finished.set()
+        token.run_sync_soon(settle)
+
+    stalled = False
+    trio.lowlevel.start_thread_soon(work, deliver, name="pccl-p2p")
+    try:
+        if watch is None:
+            await finished.wait()
+        while not finished.is_set():
+            assert watch is not None
+            left = watch[0][0] + watch[1] - time.monotonic()
+            if left <= 0:
+                stalled = True
+                break
+            with trio.move_on_after(left):
+                await finished.wait()
+    finally:
+        if not finished.is_set():  # stalled or cancelled: stop the thread, wait until it returned
+            for connection in cancel.cancel():
+                connection.abort()  # type: ignore[attr-defined]  # makes a blocked syscall return
+            channel.connection.abort()  # a frame half-done between two calls ends the connection too
+            with trio.CancelScope(shield=True):
+                await finished.wait()
+        cancel.close()
+    if stalled:
+        raise trio.TooSlowError
+    result[0].unwrap()
