@@ -26,6 +26,8 @@ type", "invalid root rank", …).  The methods take the argument forms of torch'
 ``ProcessGroup`` too: ``pg.allreduce(t)``, ``pg.allreduce([t], ReduceOp.MAX)``,
 ``pg.broadcast(t, root=0)``, ``pg.allgather(outputs, t)``, ``pg.barrier()``.  Alone in its
 group (world size 1) every collective is the identity, as on any one-process group.
+Point to point (``send``/``recv``, so ``dist.isend``/``irecv``/``batch_isend_irecv``) and
+``all_to_all``/``all_to_all_single`` are :mod:`pccl.torch.point`'s.
 
 Tags: the group's ``k``-th collective uses the tag ``first_tag + k`` (``1 << 61`` by default,
 clear of pccl's own defaults), so the peers must issue the group's collectives in the same order
@@ -55,6 +57,7 @@ from ..errors import CollectiveAborted, InvalidArgument, InvalidUsage, TooFewPee
 from ..types import DType, ReduceOp
 from ._args import (LOCAL_REDUCE, bool_reduce_op, check_alike, checked_root, contiguous_buffer, dense,
                     split_columns, tensor_list, torch_reduce_op, wire_view)
+from .point import PointToPoint
 from .work import PendingOp, Work
 
 __all__ = ["ProcessGroup", "Work", "BACKEND", "FIRST_TAG", "SHARED_TAGS"]
@@ -80,7 +83,7 @@ DType.BFLOAT16.numpy_dtype()
 #: Numbers the groups this process builds, for their names in torch's registry.
 _GROUP_NUMBERS = itertools.count()
 
-class ProcessGroup(dist.ProcessGroup):
+class ProcessGroup(PointToPoint, dist.ProcessGroup):
     """``comm``'s peer group as a ``torch.distributed.ProcessGroup``: ``size()`` is its world
     size now, ``rank()`` this peer's ring position now; each collective starts the
     communicator's ``*_async`` twin and returns a :class:`Work` at once.
@@ -581,17 +584,6 @@ class ProcessGroup(dist.ProcessGroup):
         return self._start(lambda tag: self._comm.broadcast_async(buffer, root=ring[root], tag=tag), finish,
                            finish if world == 1 else None)
 
-    def _unsupported(self, name: str) -> Work:
-        raise InvalidUsage(f"pccl's process group has no {name}: pccl has no point-to-point calls")
-
-    def send(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        """Not offered (``InvalidUsage``): pccl has no point-to-point calls."""
-        return self._unsupported("send")
-
-    def recv(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        """Not offered (``InvalidUsage``): pccl has no point-to-point calls."""
-        return self._unsupported("recv")
-
     # --- lifecycle --------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -607,8 +599,9 @@ class ProcessGroup(dist.ProcessGroup):
         if registered is not None:
             _unregister_process_group(GroupName(registered))
         if self._owns:
-            self._comm.close()  # cancels what still runs; the completion thread then finishes
+            self._comm.close()  # cancels what still runs; the completion threads then finish
         self._completer.join(30)
+        self._stop_points()
 
     def abort(self) -> None:
         """As :meth:`shutdown`."""

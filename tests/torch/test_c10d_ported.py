@@ -22,7 +22,7 @@ case are named in its docstring.
 Upstream cases looked at that cannot apply to a CPU pccl group, and why:
 
 * ``test_c10d_gloo.py``: every ``*_cuda`` variant and ``test_multi_device_constructor`` (no GPUs,
-  no gloo devices); ``test_send_recv_all_to_all`` (pccl has no point-to-point calls);
+  no gloo devices); ``test_send_recv_all_to_all`` (ported in test_c10d_ported_p2p.py with the other point-to-point cases);
   ``test_set_gloo_pg_timeout`` (gloo's options object); the BAND/BOR/BXOR entries of
   ``simple_reduce_tests`` (pccl reduces with SUM, AVG, PRODUCT, MIN and MAX; the port runs the
   other entries); ``test_sparse_allreduce_basics`` (pccl refuses sparse tensors, see
