@@ -14,7 +14,7 @@ and 3 peers, in two ways (as test_c10d_ported.py): threads of this process, each
 ``pccl.torch.ProcessGroup(comm)``, and processes whose default group
 ``init_process_group("pccl")`` made (c10d_ported_peer.py).
 
-Ported (12): distributed_test.py's ``test_send_recv``, ``test_send_recv_with_tag``,
+Ported: 14 upstream tests in 11 cases — distributed_test.py's ``test_send_recv``, ``test_send_recv_with_tag``,
 ``test_isend``, ``test_irecv``, ``test_batch_isend_irecv_gloo``,
 ``test_batch_isend_irecv_gloo_tags``, ``test_batch_isend_irecv_op_list_err``,
 ``test_all_to_all_single_equal_split`` (and ``_complex``), ``test_all_to_all_single_unequal_split``
