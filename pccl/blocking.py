@@ -75,6 +75,11 @@ class CollectiveHandle(Generic[_T]):
         """Whether the operation has finished (successfully or not)."""
         return self._future.done()
 
+    def add_done_callback(self, fn: Callable[[], object]) -> None:
+        """Call ``fn()`` once the operation has finished (at once if it has): on the
+        communicator's Trio thread, or on this one — keep it short, and never wait in it."""
+        self._future.add_done_callback(lambda _: fn())
+
     def wait(self, timeout: float | None = None) -> _T:
         """Wait for the operation and return its result (``ReduceInfo``, ``CollectiveInfo``,
         ``Gathered``, ``Shard``), or raise its error (``CollectiveAborted``, ``TooFewPeers``, ...).

@@ -26,6 +26,9 @@ type", "invalid root rank", …).  The methods take the argument forms of torch'
 ``ProcessGroup`` too: ``pg.allreduce(t)``, ``pg.allreduce([t], ReduceOp.MAX)``,
 ``pg.broadcast(t, root=0)``, ``pg.allgather(outputs, t)``, ``pg.barrier()``.  Alone in its
 group (world size 1) every collective is the identity, as on any one-process group.
+Point to point (``send``/``recv``, so ``dist.isend``/``irecv``/``batch_isend_irecv``) and
+``all_to_all``/``all_to_all_single`` are :mod:`pccl.torch.point`'s; the list forms
+``reduce_scatter`` (uneven outputs too) and ``allgather_coalesced`` :mod:`pccl.torch.lists`'.
 
 Tags: the group's ``k``-th collective uses the tag ``first_tag + k`` (``1 << 61`` by default,
 clear of pccl's own defaults), so the peers must issue the group's collectives in the same order
@@ -55,6 +58,8 @@ from ..errors import CollectiveAborted, InvalidArgument, InvalidUsage, TooFewPee
 from ..types import DType, ReduceOp
 from ._args import (LOCAL_REDUCE, bool_reduce_op, check_alike, checked_root, contiguous_buffer, dense,
                     split_columns, tensor_list, torch_reduce_op, wire_view)
+from .lists import ListForms
+from .point import PointToPoint
 from .work import PendingOp, Work
 
 __all__ = ["ProcessGroup", "Work", "BACKEND", "FIRST_TAG", "SHARED_TAGS"]
@@ -80,7 +85,7 @@ DType.BFLOAT16.numpy_dtype()
 #: Numbers the groups this process builds, for their names in torch's registry.
 _GROUP_NUMBERS = itertools.count()
 
-class ProcessGroup(dist.ProcessGroup):
+class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[misc]  # torch's overloads
     """``comm``'s peer group as a ``torch.distributed.ProcessGroup``: ``size()`` is its world
     size now, ``rank()`` this peer's ring position now; each collective starts the
     communicator's ``*_async`` twin and returns a :class:`Work` at once.
@@ -439,25 +444,6 @@ class ProcessGroup(dist.ProcessGroup):
         return self._start(lambda tag: self._comm.reduce_scatter_async(work, op=op, tag=tag), finish,
                            (lambda: place(work)) if world == 1 else None)
 
-    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
-                       timeout: Any = None, *, op: Any = None) -> Work:
-        """torch's list ``reduce_scatter`` (also ``pg.reduce_scatter(out, inputs, op)``): the
-        one output gets the reduction over the group of ``input_tensors[0][rank()]``; every
-        input tensor has the output's size."""
-        if isinstance(output_tensors, torch.Tensor):
-            output_tensors, input_tensors = [output_tensors], [input_tensors]
-        outputs = tensor_list(output_tensors, "reduce_scatter")
-        if len(outputs) != 1 or len(input_tensors) != 1:
-            raise InvalidArgument(f"reduce_scatter takes one output and one list of inputs per process on pccl, "
-                                  f"got {len(outputs)} and {len(input_tensors)}")
-        output, inputs = outputs[0], tensor_list(input_tensors[0], "reduce_scatter")
-        if len(inputs) != self.getSize() or any(t.numel() != output.numel() for t in inputs):
-            raise InvalidArgument(f"reduce_scatter needs one input per peer ({self.getSize()} now), each of the "
-                                  f"output's {output.numel()} elements")
-        check_alike(inputs, "reduce_scatter", like=output)
-        reduce_op = torch_reduce_op(opts, op)
-        return self._reduce_scatter(torch.cat([t.detach().reshape(-1) for t in inputs]), [output], reduce_op)
-
     def barrier(self, opts: Any = None, timeout: Any = None) -> Work:  # type: ignore[override]
         """Return once every peer of the group reached its barrier (a one-byte all-reduce)."""
         token = torch.zeros(1, dtype=torch.uint8)
@@ -581,17 +567,6 @@ class ProcessGroup(dist.ProcessGroup):
         return self._start(lambda tag: self._comm.broadcast_async(buffer, root=ring[root], tag=tag), finish,
                            finish if world == 1 else None)
 
-    def _unsupported(self, name: str) -> Work:
-        raise InvalidUsage(f"pccl's process group has no {name}: pccl has no point-to-point calls")
-
-    def send(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        """Not offered (``InvalidUsage``): pccl has no point-to-point calls."""
-        return self._unsupported("send")
-
-    def recv(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        """Not offered (``InvalidUsage``): pccl has no point-to-point calls."""
-        return self._unsupported("recv")
-
     # --- lifecycle --------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -607,8 +582,9 @@ class ProcessGroup(dist.ProcessGroup):
         if registered is not None:
             _unregister_process_group(GroupName(registered))
         if self._owns:
-            self._comm.close()  # cancels what still runs; the completion thread then finishes
+            self._comm.close()  # cancels what still runs; the completion threads then finish
         self._completer.join(30)
+        self._stop_points()
 
     def abort(self) -> None:
         """As :meth:`shutdown`."""

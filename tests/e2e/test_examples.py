@@ -255,3 +255,53 @@ def test_streaming_diloco_goes_on_after_a_kill_and_takes_a_newcomer(tmp_path: pa
     # 150 steps of a few hundredths of a second: a newcomer that takes seconds to start under load
     # still joins with dozens of steps to go.
     _streaming_with_a_newcomer(150, tmp_path, monkeypatch)
+
+
+def _pipeline_run(tmp_path: pathlib.Path, victim_stage: int) -> None:
+    """pipeline.py's two stages; once both train, stage ``victim_stage`` is SIGKILLed in the
+    middle of its compute (its ``--delay`` is long, the other's short, and the kill comes a
+    little after it printed a step), while the other stage waits in a receive from it; the
+    victim is then started again with the same command.  The waiting receive fails with
+    PeerDisconnected, the survivor waits for the newcomer, and both finish every step with the
+    weights the one-process ``--local`` run computes."""
+    steps = 40
+    args = ["--steps", str(steps), "--checkpoint-dir", str(tmp_path), "--peer-timeout", "3"]
+    local = subprocess.run([sys.executable, str(EXAMPLES / "pipeline.py"), "--local", *args], capture_output=True,
+                           text=True, timeout=60, check=True)
+    expected = sorted(line for line in local.stdout.splitlines() if line.startswith("done:"))
+    with master_in_thread(CONFIG) as master:
+        def start(stage: int, name: str) -> _Proc:
+            delay = "0.2" if stage == victim_stage else "0.01"
+            return _Proc(name, [sys.executable, str(EXAMPLES / "pipeline.py"), "--master", master.address,
+                                "--stage", str(stage), "--delay", delay, *args])
+
+        procs = [start(0, "stage0"), start(1, "stage1")]
+        everyone = list(procs)
+        try:
+            deadline = time.monotonic() + BOUND
+            _wait_until(procs, lambda: all(p.step >= 3 for p in procs), deadline)
+            victim, survivor = procs[victim_stage], procs[1 - victim_stage]
+            time.sleep(0.05)  # into the victim's compute of its next step
+            assert victim.step < steps - 10, "the run went too far before the kill: raise the step count"
+            victim.popen.send_signal(signal.SIGKILL)
+            assert victim.popen.wait(10) == -signal.SIGKILL
+            restarted = start(victim_stage, f"stage{victim_stage}-restarted")
+            everyone.append(restarted)
+            finishers = [survivor, restarted]
+            for p in finishers:
+                p.popen.wait(timeout=max(1.0, deadline - time.monotonic()))
+                p.thread.join(10)
+            report = "\n".join(p.output() for p in everyone)
+            assert all(p.popen.returncode == 0 for p in finishers), report
+            lost = [line for line in survivor.lines if "lost the other stage" in line]
+            assert len(lost) == 1 and "(PeerDisconnected)" in lost[0], report + f"\n{lost}"
+            assert any("resumed at step" in line for line in restarted.lines), report
+            finals = sorted(line for p in finishers for line in p.lines if line.startswith("done:"))
+            assert finals == expected, report
+        finally:
+            _kill_all(everyone)
+
+
+@pytest.mark.parametrize("victim_stage", [0, 1])
+def test_pipeline_survives_a_restarted_stage(tmp_path: pathlib.Path, victim_stage: int) -> None:
+    _pipeline_run(tmp_path, victim_stage)

@@ -2,7 +2,9 @@
 ``*_stress`` ones (test_c10d_ported.py runs those with ``group=pg``), in order, with the default
 group ``torch.distributed.init_process_group("pccl")`` made.
 
-    python c10d_ported_peer.py MASTER WORLD RANK STORE_FILE PEER_GROUP
+    python c10d_ported_peer.py MASTER WORLD RANK STORE_FILE PEER_GROUP [MODULE]
+
+MODULE: the test module whose ``CASES`` run (test_c10d_ported by default; test_c10d_ported_p2p).
 
 Prints one JSON line: ``{"rank", "world", "backend", "cases": {name: "ok" or the traceback}}``.
 """
@@ -10,6 +12,7 @@ Prints one JSON line: ``{"rank", "world", "backend", "cases": {name: "ok" or the
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import os
 import sys
@@ -20,20 +23,20 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_group
 
 import pccl.torch
-import test_c10d_ported
 
 
 def main() -> None:
     warnings.simplefilter("ignore", FutureWarning)  # all_reduce_coalesced & co. are deprecated names
     master, world, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     store_file, peer_group = sys.argv[4], sys.argv[5]
+    cases = importlib.import_module(sys.argv[6] if len(sys.argv) > 6 else "test_c10d_ported").CASES
     os.environ["PCCL_MASTER"], os.environ["PCCL_PEER_GROUP"] = master, peer_group
     pccl.torch.register()
     dist.init_process_group("pccl", store=dist.FileStore(store_file, world), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     pg = _get_default_group()
     report = {"rank": dist.get_rank(), "world": dist.get_world_size(), "backend": dist.get_backend(), "cases": {}}
-    for name, case in test_c10d_ported.CASES.items():
+    for name, case in cases.items():
         if name.endswith("_stress"):
             continue  # run with group=pg only (test_c10d_ported.py): the same calls, seconds more
         try:

@@ -22,12 +22,11 @@ case are named in its docstring.
 Upstream cases looked at that cannot apply to a CPU pccl group, and why:
 
 * ``test_c10d_gloo.py``: every ``*_cuda`` variant and ``test_multi_device_constructor`` (no GPUs,
-  no gloo devices); ``test_send_recv_all_to_all`` (pccl has no point-to-point calls);
+  no gloo devices); ``test_send_recv_all_to_all`` (ported in test_c10d_ported_p2p.py with the other point-to-point cases);
   ``test_set_gloo_pg_timeout`` (gloo's options object); the BAND/BOR/BXOR entries of
   ``simple_reduce_tests`` (pccl reduces with SUM, AVG, PRODUCT, MIN and MAX; the port runs the
   other entries); ``test_sparse_allreduce_basics`` (pccl refuses sparse tensors, see
-  ``case_sparse_allreduce_checks``); ``test_reduce_scatter`` (a different output size per rank:
-  torch's reduce_scatter takes equal shards, pccl's torch group too); the last check of
+  ``case_sparse_allreduce_checks``); the last check of
   ``test_allgather_checks`` as written (outputs of another size than the input at *other* peers'
   places are torch's uneven all_gather, which pccl performs; the port keeps the check at this
   peer's own place, which pccl refuses at the call); ``test_logging_init`` and ``TimeoutTest`` (the env://
@@ -43,8 +42,16 @@ Upstream cases looked at that cannot apply to a CPU pccl group, and why:
   implement); ``test_block_current_stream*`` (CUDA streams); ``TestDDPWith*`` (a one-rank
   Python group of the test's own).
 
-Not yet ported: ``test_c10d_gloo.py``: ``test_allgather_coalesced_checks`` and
-``test_allgather_coalesced_async`` (pccl has no list ``allgather_coalesced``), the
+The list forms: ``test_c10d_gloo.py``'s ``test_allgather_coalesced_checks`` and
+``test_allgather_coalesced_async``, and torch 2.13's
+``torch/testing/_internal/distributed/distributed_test.py``'s
+``_test_all_gather_coalesced_helper`` (``test_all_gather_coalesced_simple`` and ``_complex``)
+and ``test_reduce_scatter_v_cuda`` (uneven ``reduce_scatter``, run on CPU tensors); its
+``test_all_gather_coalesced_with_empty`` is not ported yet.  Point to point and all-to-all:
+test_c10d_ported_p2p.py.
+
+Not yet ported: ``test_c10d_gloo.py``: ``test_reduce_scatter`` (its source was not at hand
+for this port; uneven reduce_scatter is covered by ``case_reduce_scatter_v``), the
 ``DistributedDataParallelTest`` and ``ReducerTest`` classes, ``CommTest``; the collectives of
 ``test_c10d_common.py`` and ``test_functional_api.py`` (functional collectives: see
 test_pccl_torch_api.py for pccl's own cases).
@@ -753,6 +760,105 @@ def case_gather_stress(pg: Any, rank: int, world: int) -> None:
         if root == rank:
             result = future_handle.value()
             assert_equal(expected_outputs[iter], [result], msg=f"Mismatch in iteration {iter:d} for root {root:d}")
+
+
+# --- list forms: all_gather_coalesced, uneven reduce_scatter --------------------------------------------
+
+
+@ported
+def case_allgather_coalesced_checks(pg: Any, rank: int, world: int) -> None:
+    """test/distributed/test_c10d_gloo.py::ProcessGroupGlooTest.test_allgather_coalesced_checks
+    (the last check is torch's own, a TypeError in torch 2.13)"""
+    dummy_input = [torch.zeros([1], dtype=torch.float32)]
+    dummy_output_lists = [[torch.zeros([1], dtype=torch.float32)] for _ in range(world)]
+    # One of output tensors does not match input list.
+    dummy_output_lists[0] = [torch.zeros([0], dtype=torch.float32)]
+    with raises("invalid size of output tensor at index 0"):
+        c10d.all_gather_coalesced(dummy_output_lists, dummy_input, pg)
+    # One of output tensors does not match input list.
+    dummy_output_lists[0] = [torch.zeros([1], dtype=torch.float64)]
+    with raises("invalid tensor type at index 0"):
+        c10d.all_gather_coalesced(dummy_output_lists, dummy_input, pg)
+    # Output lists have too many elements
+    dummy_output_lists = [[torch.zeros([1], dtype=torch.float32)] for _ in range(world + 1)]
+    with raises("output lists should be equal to world size"):
+        c10d.all_gather_coalesced(dummy_output_lists, dummy_input, pg)
+    # Output is not a list of lists.
+    dummy_output_lists = [torch.zeros([0], dtype=torch.float32)]
+    with pytest.raises(TypeError, match="Invalid function argument.*output_tensor_lists"):
+        c10d.all_gather_coalesced(dummy_output_lists, dummy_input, pg)
+
+
+@ported
+def case_allgather_coalesced_async(pg: Any, rank: int, world: int) -> None:
+    """test/distributed/test_c10d_gloo.py::ProcessGroupGlooTest.test_allgather_coalesced_async
+    (``group=pg`` in place of the gloo world upstream makes)"""
+    xxs = [2 * [torch.tensor([i + rank])] for i in range(2)]
+    yys = [[[torch.zeros_like(x) for x in xx] for _ in range(world)] for xx in xxs]
+    futs = [c10d.all_gather_coalesced(yy, xx, group=pg, async_op=True) for xx, yy in zip(xxs, yys)]
+    # expected outputs
+    zzs = [[2 * [torch.tensor([i + r])] for r in range(world)] for i in range(2)]
+    torch.futures.wait_all(futs)
+    for yy, zz in zip(yys, zzs):
+        # one iteration
+        for y_out, z_out in zip(yy, zz):
+            # one output tensor list
+            for y, z in zip(y_out, z_out):
+                # one tensor in output tensor list
+                assert_equal(z, y)
+
+
+def _build_multidim_tensor(dim: int, dim_size: int, value: Any = None, dtype: Any = torch.float) -> Any:
+    """torch/testing/_internal/distributed/distributed_test.py::_build_multidim_tensor"""
+    if value is None:
+        value = dim
+    return torch.empty(size=[dim_size for _ in range(dim)], dtype=dtype).fill_(value)
+
+
+@ported
+def case_all_gather_coalesced_simple(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_test_all_gather_coalesced_helper
+    (test_all_gather_coalesced_simple, and test_all_gather_coalesced_complex with torch.cfloat)"""
+    for dtype in (torch.float, torch.cfloat):
+        for test_case_id in range(2, 5):
+            # tensors of incompatible sizes, e.g. [1], [2x2], [3x3x3] ... sent in one batch
+            input_tensors = [_build_multidim_tensor(tensor_id, tensor_id, rank + tensor_id, dtype=dtype)
+                             for tensor_id in range(1, test_case_id)]
+            output_tensor_lists = [[_build_multidim_tensor(tensor_id, tensor_id, -1, dtype=dtype)
+                                    for tensor_id in range(1, test_case_id)] for _ in range(world)]
+            expected_tensors = [[_build_multidim_tensor(tensor_id, tensor_id, rank_iter + tensor_id, dtype=dtype)
+                                 for tensor_id in range(1, test_case_id)] for rank_iter in range(world)]
+            c10d.all_gather_coalesced(output_tensor_lists, input_tensors, pg)
+            for l1, l2 in zip(output_tensor_lists, expected_tensors, strict=True):
+                for t1, t2 in zip(l1, l2, strict=True):
+                    assert torch.equal(t1, t2), "output tensors do not match expected outputs"
+    c10d.barrier(group=pg)
+
+
+@ported
+def case_reduce_scatter_v(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::test_reduce_scatter_v_cuda, on
+    CPU tensors: torch's uneven ``reduce_scatter`` (rank r's output has r + 1 rows)"""
+    group = range(world)
+    input_split_sizes = [src + 1 for src in group]
+    start_len = sum(input_split_sizes[:rank])
+    end_len = start_len + input_split_sizes[rank]
+    sum_len = sum(input_split_sizes)
+    master_value = 2
+    worker_value = 10
+    for async_val in [True, False]:
+        tensor = torch.empty(sum_len, sum_len, sum_len, dtype=torch.float).fill_(worker_value)
+        tensor[start_len:end_len].fill_(master_value)
+        out_tensor = torch.empty(input_split_sizes[rank], sum_len, sum_len, dtype=torch.float).fill_(-1)
+        req = c10d.reduce_scatter(out_tensor, list(torch.split(tensor, input_split_sizes)), c10d.ReduceOp.SUM,
+                                  pg, async_val)
+        if async_val:
+            req.wait()
+        expected_value = 2 + (10 * (len(group) - 1))
+        expected_tensor = torch.empty(input_split_sizes[rank], sum_len, sum_len, dtype=torch.float)
+        expected_tensor = expected_tensor.fill_(expected_value)
+        assert_equal(expected_tensor, out_tensor)
+    c10d.barrier(group=pg)
 
 
 # --- the Python process group's own surface ------------------------------------------------------------
