@@ -12,7 +12,10 @@ import pccl
 import pccl.testing
 from inproc_group import in_process_group
 
-CFG = pccl.Config(peer_timeout=2.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0)
+# Both peers share this test's event loop, which fills and copies 256 MiB arrays: beside a second
+# default run that blocked it for 2.4 s, and a 2 s peer_timeout took the pair for dead.  Nothing
+# here waits for a timeout (a cancelled receive closes the connections).
+CFG = pccl.Config(peer_timeout=10.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0)
 NBYTES = 256 << 20
 
 

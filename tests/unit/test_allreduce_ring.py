@@ -835,7 +835,9 @@ async def test_exchange_over_tcp_loopback(world: int, path: str, monkeypatch: py
 async def test_tcp_peer_vanishing_mid_op() -> None:
     world = 3
     links = await tcp_ring(world, lanes=1)
-    inputs = make_inputs(world, 400_000, np.float32, ReduceOp.SUM, seed=1)
+    # 16 MiB a peer: the watcher below polls, and on a loaded host a 1.6 MB op had finished
+    # before it ran again (seen beside a second default run: every outcome a result).
+    inputs = make_inputs(world, 4_000_000, np.float32, ReduceOp.SUM, seed=1)
     originals = [x.copy() for x in inputs]
 
     async def kill_peer_2(scopes: list[trio.CancelScope]) -> None:
