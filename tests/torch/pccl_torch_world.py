@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import pathlib
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -87,3 +89,23 @@ def pccl_world(n: int) -> Iterator[World]:
         finally:
             for c in comms:
                 c.close()
+
+
+def run_peer_processes(script: pathlib.Path, args: list[list[str]], timeout: float) -> list[dict[str, Any]]:
+    """Start ``script`` once per argument list (``python script *args[i]``), wait for all, and
+    return each one's last stdout line as JSON; a peer that fails fails the test with its
+    output.  Peers still running when this fails are killed."""
+    procs = [subprocess.Popen([sys.executable, str(script), *a], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for a in args]
+    reports = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, f"a peer failed:\n{out}\n{err}"
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return reports

@@ -59,11 +59,8 @@ test_pccl_torch_api.py for pccl's own cases).
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -74,7 +71,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as c10d  # noqa: E402
 
 import pccl  # noqa: E402
-from pccl_torch_world import CFG, World, master_in_thread, pccl_world  # noqa: E402
+from pccl_torch_world import CFG, World, master_in_thread, pccl_world, run_peer_processes  # noqa: E402
 
 # torch 2.13 calls all_reduce_coalesced deprecated
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -920,21 +917,9 @@ def test_under_init_process_group(tmp_path: pathlib.Path, world_size: int) -> No
     """Every ported case, in order, in ``world_size`` processes whose default group
     ``init_process_group("pccl")`` made (c10d_ported_peer.py); each reports every case."""
     with master_in_thread(CFG) as master:
-        procs = [subprocess.Popen([sys.executable, str(HERE / "c10d_ported_peer.py"), master.address,
-                                   str(world_size), str(rank), str(tmp_path / "store"), "0"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for rank in range(world_size)]
-        reports = []
-        try:
-            for proc in procs:
-                out, err = proc.communicate(timeout=150)
-                assert proc.returncode == 0, f"a peer failed:\n{out}\n{err}"
-                reports.append(json.loads(out.strip().splitlines()[-1]))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+        reports = run_peer_processes(HERE / "c10d_ported_peer.py", [
+            [master.address, str(world_size), str(rank), str(tmp_path / "store"), "0"] for rank in range(world_size)],
+            timeout=150)
     assert sorted(r["rank"] for r in reports) == list(range(world_size))
     failed = {}
     for report in reports:

@@ -32,10 +32,7 @@ cannot be, or of all ranks: the plain cases already).
 
 from __future__ import annotations
 
-import json
 import pathlib
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,7 +45,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
 
 import pccl  # noqa: E402
-from pccl_torch_world import CFG, World, master_in_thread, pccl_world  # noqa: E402
+from pccl_torch_world import CFG, World, master_in_thread, pccl_world, run_peer_processes  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORLDS = (2, 3)
@@ -387,21 +384,9 @@ def test_under_init_process_group(tmp_path: pathlib.Path, world_size: int) -> No
     """Every case, in order, in ``world_size`` processes whose default group
     ``init_process_group("pccl")`` made (c10d_ported_peer.py), with upstream's global ranks."""
     with master_in_thread(CFG) as master:
-        procs = [subprocess.Popen([sys.executable, str(HERE / "c10d_ported_peer.py"), master.address,
-                                   str(world_size), str(rank), str(tmp_path / "store"), "0", "test_c10d_ported_p2p"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for rank in range(world_size)]
-        reports = []
-        try:
-            for proc in procs:
-                out, err = proc.communicate(timeout=150)
-                assert proc.returncode == 0, f"a peer failed:\n{out}\n{err}"
-                reports.append(json.loads(out.strip().splitlines()[-1]))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+        reports = run_peer_processes(HERE / "c10d_ported_peer.py", [
+            [master.address, str(world_size), str(rank), str(tmp_path / "store"), "0", "test_c10d_ported_p2p"]
+            for rank in range(world_size)], timeout=150)
     failed = {}
     for report in reports:
         assert report["backend"] == "pccl" and report["world"] == world_size

@@ -5,10 +5,7 @@ pccl world.  PyTorch's own cases are test_c10d_ported.py."""
 
 from __future__ import annotations
 
-import json
 import pathlib
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +21,7 @@ from torch.distributed.distributed_c10d import _resolve_process_group  # noqa: E
 
 import pccl  # noqa: E402
 import pccl.blocking  # noqa: E402
-from pccl_torch_world import CFG, World, master_in_thread, pccl_world  # noqa: E402
+from pccl_torch_world import CFG, World, master_in_thread, pccl_world, run_peer_processes  # noqa: E402
 
 # torch 2.13 calls all_gather_into_tensor, reduce_scatter_tensor and their functional twins
 # deprecated names
@@ -169,21 +166,8 @@ def test_sparse_gradients_under_torchs_ddp_are_refused_not_a_crash(world: World)
 def test_new_group_in_a_pccl_world_shares_the_communicator_or_refuses_at_once(tmp_path: pathlib.Path) -> None:
     world = 2
     with master_in_thread(CFG) as master:
-        procs = [subprocess.Popen([sys.executable, str(HERE / "torch_group_peer.py"), master.address, str(world),
-                                   str(rank), str(tmp_path / "store")],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for rank in range(world)]
-        reports = []
-        try:
-            for proc in procs:
-                out, err = proc.communicate(timeout=120)
-                assert proc.returncode == 0, f"a peer failed:\n{out}\n{err}"
-                reports.append(json.loads(out.strip().splitlines()[-1]))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+        reports = run_peer_processes(HERE / "torch_group_peer.py", [
+            [master.address, str(world), str(rank), str(tmp_path / "store")] for rank in range(world)], timeout=120)
     for report in sorted(reports, key=lambda r: r["rank"]):
         assert report["new_group_seconds"] < 10
         assert report["sums"] == [[3.0] * 4, [20.0] * 4]
