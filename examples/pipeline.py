@@ -179,8 +179,10 @@ def run_stage(comm: pccl.blocking.Communicator, args: argparse.Namespace) -> Non
             print(f"stage {args.stage}: lost the other stage after step {done} ({type(exc).__name__}): "
                   "waiting for it to come back", flush=True)
             partner = meet(comm, gone=partner)
-    # the last exchange is done once both said hello after it: neither leaves the other waiting
-    hello(comm, partner, done)
+    # Leave together, through a collective: the master settles it on both stages, so a stage that
+    # exits at once cannot take away an acknowledgement the other still waits for (a point-to-
+    # point hello as the last word could be: closing a connection with unread bytes resets it).
+    comm.all_reduce(np.array([done], np.int64), op=pccl.ReduceOp.MIN)
     print(f"done: step {done} stage {args.stage} weights {digest(w)}", flush=True)
 
 
