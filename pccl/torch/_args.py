@@ -15,7 +15,7 @@ from ..errors import InvalidArgument
 from ..types import ReduceOp
 
 __all__ = ["OPS", "LOCAL_REDUCE", "torch_reduce_op", "bool_reduce_op", "wire_view", "tensor_list", "dense",
-           "check_alike", "contiguous_buffer", "checked_root", "split_columns", "timeout_seconds"]
+           "check_alike", "contiguous_buffer", "checked_root", "root_list", "split_columns", "timeout_seconds"]
 
 OPS: tuple[tuple[Any, ReduceOp], ...] = (
     (dist.ReduceOp.SUM, ReduceOp.SUM), (dist.ReduceOp.AVG, ReduceOp.AVG), (dist.ReduceOp.PRODUCT, ReduceOp.PROD),
@@ -128,3 +128,25 @@ def timeout_seconds(timeout: datetime.timedelta | float | None) -> float | None:
         return None
     seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
     return seconds if seconds > 0 else None
+
+
+def root_list(lists: Sequence[Sequence[torch.Tensor]], *, rank: int, root: int, world: int, what: str, side: str,
+              like: torch.Tensor) -> list[torch.Tensor]:
+    """The per-peer tensor list of a rooted op (gather's outputs, scatter's inputs): at the root
+    one list of ``world`` dense tensors like ``like``; elsewhere none (``[]``).  Checked with
+    gloo's words."""
+    if rank != root:
+        if lists:
+            raise InvalidArgument(f"{what} requires empty {side} on non-root peers")
+        return []
+    if len(lists) != 1:
+        raise InvalidArgument(f"{what} requires a single-element {side} list at the root, got {len(lists)}")
+    tensors = list(lists[0])
+    if len(tensors) != world:
+        label = side.capitalize()
+        raise InvalidArgument(f"{what}: Incorrect {side} list size {len(tensors)}. {label} list size "
+                              f"should be {world}")
+    for t in tensors:
+        dense(t, what)
+    check_alike(tensors, what, like=like)
+    return tensors

@@ -57,7 +57,7 @@ from .. import blocking
 from ..errors import CollectiveAborted, InvalidArgument, InvalidUsage, TooFewPeers
 from ..types import DType, ReduceOp
 from ._args import (LOCAL_REDUCE, bool_reduce_op, check_alike, checked_root, contiguous_buffer, dense,
-                    split_columns, tensor_list, torch_reduce_op, wire_view)
+                    root_list, split_columns, tensor_list, torch_reduce_op, wire_view)
 from .lists import ListForms
 from .point import PointToPoint
 from .work import PendingOp, Work
@@ -495,21 +495,8 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
         if len(inputs) != 1:
             raise InvalidArgument(f"gather requires a single-element input tensor list, got {len(inputs)}")
         tensor = contiguous_buffer(dense(inputs[0], "gather"))
-        output_lists = [list(o) for o in output_tensors]
-        outputs: list[torch.Tensor] = []
-        if rank == root:
-            if len(output_lists) != 1:
-                raise InvalidArgument(f"gather requires a single-element output list at the root, "
-                                      f"got {len(output_lists)}")
-            outputs = output_lists[0]
-            if len(outputs) != world:
-                raise InvalidArgument(f"gather: Incorrect output list size {len(outputs)}. Output list size "
-                                      f"should be {world}")
-            for out in outputs:
-                dense(out, "gather")
-            check_alike(outputs, "gather", like=tensor)
-        elif output_lists:
-            raise InvalidArgument("gather requires empty output on non-root peers")
+        outputs = root_list([list(o) for o in output_tensors], rank=rank, root=root, world=world, what="gather",
+                            side="output", like=tensor)
 
         def place(parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             if len(parts) != world:
@@ -541,21 +528,10 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
         if len(outputs) != 1:
             raise InvalidArgument(f"scatter requires a single-element output tensor list, got {len(outputs)}")
         output = dense(outputs[0], "scatter")
-        input_lists = [list(i) for i in input_tensors]
+        inputs = root_list([list(i) for i in input_tensors], rank=rank, root=root, world=world, what="scatter",
+                           side="input", like=output)
         if rank == root:
-            if len(input_lists) != 1:
-                raise InvalidArgument(f"scatter requires a single-element input list at the root, "
-                                      f"got {len(input_lists)}")
-            inputs = input_lists[0]
-            if len(inputs) != world:
-                raise InvalidArgument(f"scatter: Incorrect input list size {len(inputs)}. Input list size "
-                                      f"should be {world}")
-            for t in inputs:
-                dense(t, "scatter")
-            check_alike(inputs, "scatter", like=output)
             buffer = torch.cat([t.detach().reshape(-1) for t in inputs])
-        elif input_lists:
-            raise InvalidArgument("scatter requires empty input on non-root peers")
         else:
             buffer = output.new_empty(world * output.numel())
         n = output.numel()
