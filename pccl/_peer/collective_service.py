@@ -101,6 +101,7 @@ from ..types import CollectiveInfo, Gathered, ReduceInfo, ReduceOp, Shard
 from ..collectives.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
 from ..collectives.backup import InputGuard
 from ..collectives.buffers import KernelRunner
+from ..collectives.kinds import KindOps
 from ..collectives.links import RingLinks, SeqRegistry
 
 __all__ = ["CollectiveService", "MANY_FIRST_TAG"]
@@ -185,6 +186,12 @@ class CollectiveService:
         result = await self._call(Plan.reduce_scatter(x, op, tag, quantization))
         assert isinstance(result, Shard)
         return result
+
+    async def call(self, row: KindOps, *arguments: Any) -> Any:
+        """A collective of any kind: ``row``'s (:mod:`pccl.collectives.kinds`), on the caller's
+        arguments in the order its ``check`` takes them; returns what the row's ``result`` makes."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return await self._call(Plan.of(row, *arguments))
 
     async def _call(self, plan: Plan) -> Result:
         """One collective call, its arguments checked (:class:`Plan`): vote, run, settle, retry

@@ -18,7 +18,7 @@ The plan is :class:`~pccl.protocol.ring.AllGatherSchedule`: at step ``g`` (``0 �
 position ``r`` sends chunk ``(r - g) mod n`` — its own first, then what it received last — and
 receives chunk ``(r - g - 1) mod n`` straight into ``out`` (zero copy), to forward it verbatim.
 The op is a :class:`~pccl.collectives.chain_op.ChainOp`, run by the all-reduce's execution
-paths (:func:`~pccl.collectives.allreduce.execute_op`) with the same sub-chunk pipelining,
+paths (:func:`~pccl.collectives.execute.execute`) with the same sub-chunk pipelining,
 frame headers (``offset`` is the byte offset in ``out``), striping over lanes and abort rules.
 Sub-chunks are sized from the largest contribution as the all-reduce sizes them from its
 chunks.  Any dtype travels as it is (f16/bf16 too).  Under MIN_MAX quantization (float dtypes)
@@ -41,13 +41,13 @@ from ..arrays import as_array
 from ..errors import InvalidArgument
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, AllGatherSchedule, gather_bounds, subchunk_elements
 from ..types import DType, dtype_of
-from .allreduce import execute_op
 from .buffers import KernelRunner, check_quantization, quant_for
-from .wire_quant import WireQuant
 from .chain_op import ChainOp
+from .execute import Place, execute
 from .links import RingLinks
+from .wire_quant import WireQuant
 
-__all__ = ["GatherArgs", "all_gather_checked"]
+__all__ = ["GatherArgs", "all_gather_checked", "all_gather_op"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,20 +112,19 @@ async def all_gather_checked(
     ``InvalidArgument`` for bad ``counts``/``out``/``rank``/``world`` before anything is sent;
     other errors as the all-reduce's.  The seq is retired on exit, whatever the outcome.
     """
-    try:
-        if world < 2 or not 0 <= rank < world:
-            raise InvalidArgument(f"rank {rank} / world {world}: a ring needs 2+ peers and 0 <= rank < world")
-        flat = _check_output(args, out, counts, rank, world)
-        sub = subchunk_elements(max(counts) * world, world, args.dtype.itemsize, max_bytes=max_subchunk_bytes)
-        schedule = AllGatherSchedule(flat.size, world, rank, sub, counts=counts)
-        op = ChainOp(
-            schedule, src=args.src, out=flat, base=schedule.chunks[rank][0], quant=args.quant,
-            links=links, world=world, seq=seq, backup=None, runner=runner or KernelRunner(),
-        )
-        try:
-            await execute_op(op)
-        finally:
-            op.release()  # every task and thread of the op has stopped
-        return op.tx_bytes, op.rx_bytes
-    finally:
-        links.retire(seq)
+    op = await execute(lambda place: all_gather_op(args, out, place, counts=counts,
+                                                   max_subchunk_bytes=max_subchunk_bytes),
+                       links=links, rank=rank, world=world, seq=seq, runner=runner)
+    return op.tx_bytes, op.rx_bytes
+
+
+def all_gather_op(args: GatherArgs, out: np.ndarray, place: Place, *, counts: Sequence[int],
+                  max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES) -> ChainOp:
+    """The all-gather of ``args`` into ``out`` at ``place``, ready to run (``InvalidArgument``
+    for bad ``counts``/``out``)."""
+    flat = _check_output(args, out, counts, place.rank, place.world)
+    sub = subchunk_elements(max(counts) * place.world, place.world, args.dtype.itemsize, max_bytes=max_subchunk_bytes)
+    schedule = AllGatherSchedule(flat.size, place.world, place.rank, sub, counts=counts)
+    # Nothing of the caller's is overwritten: no backup.
+    return ChainOp(schedule, src=args.src, out=flat, base=schedule.chunks[place.rank][0], quant=args.quant,
+                   links=place.links, world=place.world, seq=place.seq, backup=None, runner=place.runner)

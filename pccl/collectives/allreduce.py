@@ -21,7 +21,8 @@ Design
   hand-offs cost more than the transfer.  On lanes without it (the simulator's streams, TLS) the
   calling task walks the ring in arrival order and sends without ever waiting, handing frames the
   connection cannot take at once to a sender task per lane (:mod:`pccl.collectives.trio_ring`).
-  All three send the same frames from the same buffers and compute the same results.
+  All three send the same frames from the same buffers and compute the same results;
+  :func:`~pccl.collectives.execute.execute_op` picks one per op, for every kind.
 * **Small ops: the exchange.**  An unquantized op whose peers would each send at most 256 KiB
   this way (``(N - 1) × input``: 256 KiB of input at N = 2, 128 KiB at N = 3) runs on
   :class:`~pccl.protocol.ring.ExchangeSchedule`: every input travels around the ring in its own
@@ -87,29 +88,18 @@ operations on it fail fast until the ring is re-wired.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
 import numpy as np
-import trio
 
-from ..errors import InvalidArgument
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, EXCHANGE_MAX_BYTES
 from ..types import Quantization, ReduceOp
-from .backup import InputBackup, InputGuard
+from .backup import InputBackup
 from .buffers import KernelRunner, OpBuffers, ReduceArgs
-from .inline import InlineRing, suits_inline
-from .lane_op import LaneOp
+from .execute import Place, execute
 from .links import RingLinks
 from .ring_op import RingOp
 from .segments import Segments
-from .threaded import LaneThreads
-from .trio_ring import TrioRing
 
-#: The op :func:`execute_guarded` makes and runs (any kind's).
-OpT = TypeVar("OpT", bound=LaneOp)
-
-__all__ = ["ring_all_reduce", "reduce_checked", "execute_op"]
+__all__ = ["ring_all_reduce", "reduce_checked", "all_reduce_op"]
 
 
 async def ring_all_reduce(
@@ -175,91 +165,25 @@ async def reduce_checked(
     Returns ``(tx_bytes, rx_bytes)``: payload bytes sent and received (quantization metadata
     included, frame headers not).  Errors: see the module docstring; ``InvalidArgument`` for a
     bad ``rank``/``world`` before anything is sent.  The seq is retired on exit, whatever the
-    outcome.
+    outcome (:func:`~pccl.collectives.execute.execute`).
     """
-    try:
-        return await _run_op(
-            args, links=links, rank=rank, world=world, seq=seq, backup=backup, runner=runner,
-            max_subchunk_bytes=max_subchunk_bytes, exchange_max_bytes=exchange_max_bytes,
-        )
-    finally:
-        links.retire(seq)
+    op = await execute(
+        lambda place: all_reduce_op(args, place, max_subchunk_bytes=max_subchunk_bytes,
+                                    exchange_max_bytes=exchange_max_bytes),
+        links=links, rank=rank, world=world, seq=seq, keep=args, backup=backup, runner=runner,
+    )
+    return op.tx_bytes, op.rx_bytes
 
 
-async def _run_op(
-    args: ReduceArgs,
-    *,
-    links: RingLinks,
-    rank: int,
-    world: int,
-    seq: int,
-    backup: InputBackup | None,
-    runner: KernelRunner | None,
-    max_subchunk_bytes: int,
-    exchange_max_bytes: int,
-) -> tuple[int, int]:
-    if world < 2 or not 0 <= rank < world:
-        raise InvalidArgument(f"rank {rank} / world {world}: a ring needs 2+ peers and 0 <= rank < world")
+def all_reduce_op(args: ReduceArgs, place: Place, *, max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
+                  exchange_max_bytes: int = EXCHANGE_MAX_BYTES) -> RingOp:
+    """The all-reduce of ``args`` at ``place``, ready to run (its scratch memory taken)."""
     bufs = OpBuffers.for_args(args)
-    ring_op = await execute_guarded(args, backup, lambda kept: RingOp(
-        bufs, links=links, rank=rank, world=world, seq=seq, backup=kept if bufs.in_place else None,
-        runner=runner or KernelRunner(), max_subchunk_bytes=max_subchunk_bytes,
-        exchange_max_bytes=exchange_max_bytes,
-    ), release=bufs.release)
-    return ring_op.tx_bytes, ring_op.rx_bytes
-
-
-async def execute_guarded(args: ReduceArgs, backup: InputBackup | None, make_op: Callable[[InputBackup | None], OpT],
-                          *, release: Callable[[], None]) -> OpT:
-    """Make an op of any kind with ``make_op(backup)`` and run it (:func:`execute_op`), keeping
-    the input recoverable: given no ``backup``, this call keeps the input itself (an
-    :class:`~pccl.collectives.backup.InputGuard`) and restores it before an exception
-    propagates.  ``release`` gives the op's scratch memory back once every task and thread of
-    the op has stopped, whatever the outcome.  Returns the op (its byte counts)."""
-    guard = InputGuard(args) if backup is None else None
     try:
-        op = make_op(guard.backup if guard is not None else backup)
-        await execute_op(op)
-        return op
+        return RingOp(
+            bufs, links=place.links, rank=place.rank, world=place.world, seq=place.seq, backup=place.backup,
+            runner=place.runner, max_subchunk_bytes=max_subchunk_bytes, exchange_max_bytes=exchange_max_bytes,
+        )
     except BaseException:
-        if guard is not None:
-            guard.restore()
+        bufs.release()
         raise
-    finally:
-        # Every task of the op has stopped (kernels and socket workers are waited for), so
-        # nothing touches the scratch memory any more.
-        release()
-        if guard is not None:
-            guard.drop()
-
-
-async def execute_op(op: LaneOp) -> None:
-    """Run ``op`` (any collective's) on the path its links offer; connections it left broken (a
-    torn frame, a bad header) are aborted when it ends, whichever path ran.
-
-    An op for the lane threads first waits for its turn (:class:`~pccl.collectives.turns.ThreadTurns`:
-    a few at a time per set of links, in commence order); cancellable while it waits.  Every
-    other op leaves the commence order at once."""
-    links = op.links
-    try:
-        if op.moves_nothing():
-            links.registry.started(op.seq)
-            await trio.lowlevel.checkpoint()
-        elif not links.threaded:
-            links.registry.started(op.seq)
-            await TrioRing(op).run()
-        elif suits_inline(op):
-            links.registry.started(op.seq)
-            await InlineRing(op).run()
-        else:
-            turns = links.turns
-            assert turns is not None
-            if not await turns.take(op.seq):
-                await LaneThreads(op).run()
-            else:
-                try:
-                    await LaneThreads(op).run()
-                finally:
-                    turns.give_back()
-    finally:
-        links.abort_broken()

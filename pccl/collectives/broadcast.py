@@ -10,7 +10,7 @@ the peer at distance ``d = (rank - root) mod n`` receives every sub-chunk at ste
 and sends it on at step ``d`` (the last peer sends nothing), so sub-chunk ``k`` leaves a peer
 as soon as it is in and the chain's hops overlap.  The op is a
 :class:`~pccl.collectives.chain_op.ChainOp`, run by the all-reduce's execution paths
-(:func:`~pccl.collectives.allreduce.execute_op`) with its frame headers, striping and abort
+(:func:`~pccl.collectives.execute.execute`) with its frame headers, striping and abort
 rules.  Sub-chunks are sized by :func:`~pccl.protocol.ring.subchunk_elements` for the ring
 (``count / 2n`` elements, between 64 KiB and ``max_subchunk_bytes``): a 64 MiB op at two peers
 moves 16 frames of 4 MiB, so the chain is full after one frame.
@@ -33,14 +33,14 @@ from __future__ import annotations
 
 from ..errors import InvalidArgument
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, BroadcastSchedule, subchunk_elements
-from .allreduce import execute_guarded
 from .backup import InputBackup
 from .buffers import KernelRunner, ReduceArgs
 from .chain_op import ChainOp
+from .execute import Place, execute
 from .links import RingLinks
 from .segments import Segments
 
-__all__ = ["broadcast_checked"]
+__all__ = ["broadcast_checked", "broadcast_op"]
 
 
 async def broadcast_checked(
@@ -65,28 +65,21 @@ async def broadcast_checked(
     ``InvalidArgument`` for a bad ``root``/``rank``/``world`` before anything is sent; other
     errors as the all-reduce's.  The seq is retired on exit, whatever the outcome.
     """
-    try:
-        if world < 2 or not 0 <= rank < world or not 0 <= root < world:
-            raise InvalidArgument(
-                f"rank {rank} / root {root} / world {world}: a ring needs 2+ peers, 0 <= rank, root < world")
-        count = args.src.size
-        sub = subchunk_elements(count, world, args.dtype.itemsize, max_bytes=max_subchunk_bytes)
-        breaks = args.src.breaks if isinstance(args.src, Segments) else ()
-        schedule = BroadcastSchedule(count, world, rank, sub, breaks, root=root)
-        made: list[ChainOp] = []  # the op, once made (its scratch is its own)
+    op = await execute(lambda place: broadcast_op(args, place, root=root, max_subchunk_bytes=max_subchunk_bytes),
+                       links=links, rank=rank, world=world, seq=seq, keep=args, backup=backup, runner=runner)
+    return op.tx_bytes, op.rx_bytes
 
-        def make(kept: InputBackup | None) -> ChainOp:
-            made.append(ChainOp(
-                schedule, src=args.src, out=args.dst, base=0, quant=args.quant, links=links,
-                world=world, seq=seq, backup=kept if args.in_place else None, runner=runner or KernelRunner(),
-            ))
-            return made[0]
 
-        def release() -> None:
-            for chain in made:
-                chain.release()
-
-        op = await execute_guarded(args, backup, make, release=release)
-        return op.tx_bytes, op.rx_bytes
-    finally:
-        links.retire(seq)
+def broadcast_op(args: ReduceArgs, place: Place, *, root: int,
+                 max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES) -> ChainOp:
+    """The broadcast from ring position ``root`` of ``args`` at ``place``, ready to run
+    (``InvalidArgument`` for a ``root`` outside the ring)."""
+    if not 0 <= root < place.world:
+        raise InvalidArgument(f"root {root} / world {place.world}: the root must be a ring position, "
+                              f"0 <= root < world")
+    count = args.src.size
+    sub = subchunk_elements(count, place.world, args.dtype.itemsize, max_bytes=max_subchunk_bytes)
+    breaks = args.src.breaks if isinstance(args.src, Segments) else ()
+    schedule = BroadcastSchedule(count, place.world, place.rank, sub, breaks, root=root)
+    return ChainOp(schedule, src=args.src, out=args.dst, base=0, quant=args.quant, links=place.links,
+                   world=place.world, seq=place.seq, backup=place.backup, runner=place.runner)

@@ -72,6 +72,10 @@ class LaneOp(Protocol):
     def take(self, nbytes: int) -> np.ndarray:
         """Scratch memory held until the op ends (Trio thread)."""
 
+    def release(self) -> None:
+        """Give the op's scratch memory back, once nothing can touch it any more (Trio thread;
+        :func:`~pccl.collectives.execute.execute` calls it once the op has stopped)."""
+
     def moves_nothing(self) -> bool: ...
     def frame_nbytes(self, frame: Frame) -> int: ...
     def header(self, frame: Frame) -> DataHeader: ...

@@ -32,19 +32,18 @@ such as a staged scratch array) ``src`` is never written.
 
 from __future__ import annotations
 
-from ..errors import InvalidArgument
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, Frame, ReduceScatterSchedule, RingSchedule, chunk_bounds
 from .. import kernels
 from ..types import ReduceOp
-from .allreduce import execute_guarded
 from .backup import InputBackup
 from .buffers import KernelRunner, OpBuffers, ReduceArgs
+from .execute import Place, execute
 from .links import RingLinks
 from .ring_op import RingOp
 
 import numpy as np
 
-__all__ = ["ReduceScatterOp", "reduce_scatter_checked", "shard_bounds"]
+__all__ = ["ReduceScatterOp", "reduce_scatter_checked", "reduce_scatter_op", "shard_bounds"]
 
 
 def shard_bounds(count: int, world: int, rank: int) -> tuple[int, int]:
@@ -124,14 +123,19 @@ async def reduce_scatter_checked(
     quantization metadata included).  Errors as the all-reduce's; the seq is retired on exit,
     whatever the outcome.
     """
+    op = await execute(lambda place: reduce_scatter_op(args, place, max_subchunk_bytes=max_subchunk_bytes),
+                       links=links, rank=rank, world=world, seq=seq, keep=args, backup=backup, runner=runner)
+    return op.tx_bytes, op.rx_bytes
+
+
+def reduce_scatter_op(args: ReduceArgs, place: Place, *,
+                      max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES) -> ReduceScatterOp:
+    """The reduce-scatter of ``args`` at ``place``, ready to run (its scratch memory taken)."""
+    bufs = OpBuffers.for_args(args)
     try:
-        if world < 2 or not 0 <= rank < world:
-            raise InvalidArgument(f"rank {rank} / world {world}: a ring needs 2+ peers and 0 <= rank < world")
-        bufs = OpBuffers.for_args(args)
-        op = await execute_guarded(args, backup, lambda kept: ReduceScatterOp(
-            bufs, links=links, rank=rank, world=world, seq=seq, backup=kept if bufs.in_place else None,
-            runner=runner or KernelRunner(), max_subchunk_bytes=max_subchunk_bytes, exchange_max_bytes=0,
-        ), release=bufs.release)
-        return op.tx_bytes, op.rx_bytes
-    finally:
-        links.retire(seq)
+        return ReduceScatterOp(bufs, links=place.links, rank=place.rank, world=place.world, seq=place.seq,
+                               backup=place.backup, runner=place.runner, max_subchunk_bytes=max_subchunk_bytes,
+                               exchange_max_bytes=0)
+    except BaseException:
+        bufs.release()
+        raise

@@ -106,6 +106,9 @@ class RingOp:
     def take(self, nbytes: int) -> np.ndarray:
         return self.bufs.take(nbytes)
 
+    def release(self) -> None:
+        self.bufs.release()
+
     @property
     def op_nbytes(self) -> int:
         return self.bufs.src.nbytes

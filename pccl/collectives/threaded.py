@@ -22,7 +22,7 @@ at once.
 
 Many ops at once: each op's threads start only once it has its turn
 (:class:`~pccl.collectives.turns.ThreadTurns`, taken by
-:func:`~pccl.collectives.allreduce.execute_op`): a few ops of a set of links at a time, in the
+:func:`~pccl.collectives.execute.execute_op`): a few ops of a set of links at a time, in the
 order the master commenced them, so hundreds of concurrent large ops never start thousands of
 threads.
 

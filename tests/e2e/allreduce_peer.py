@@ -58,10 +58,11 @@ async def admit(comm: pccl.Communicator, world: int) -> None:
 
 def install_fault(kind: str, at: float) -> None:
     """Make the next ring of this process kill or stop the process part-way through."""
-    real = plans.reduce_checked
+    real = plans.execute  # runs every kind's op (only all-reduces here)
     sig = signal.SIGKILL if kind == "kill" else signal.SIGSTOP
 
-    async def faulty(args: Any, *, links: Any, world: int, **kw: Any) -> tuple[int, int]:
+    async def faulty(make_op: Any, *, keep: Any, links: Any, world: int, **kw: Any) -> Any:
+        args = keep
         conns = [inbox.connection for inbox in links.inboxes]
         base = sum(c.statistics().data_bytes_received for c in conns)
         expected = args.src.nbytes * 2 * (world - 1) / world
@@ -74,11 +75,11 @@ def install_fault(kind: str, at: float) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trigger)
             try:
-                return await real(args, links=links, world=world, **kw)
+                return await real(make_op, keep=keep, links=links, world=world, **kw)
             finally:
                 nursery.cancel_scope.cancel()
 
-    plans.reduce_checked = faulty  # type: ignore[assignment]
+    plans.execute = faulty  # type: ignore[assignment]
 
 
 async def run_matrix(comm: pccl.Communicator, index: int, out: str) -> None:

@@ -20,6 +20,7 @@ Then one JSON command per stdin line:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -30,52 +31,47 @@ import numpy as np
 import trio
 
 import pccl
-import pccl._peer.collective_plans as plans
-from pccl.collectives.chain_op import ChainOp
-from pccl.collectives.reduce_scatter import ReduceScatterOp
+from pccl.collectives.kinds import KIND_OPS
+from pccl.protocol.messages import CollectiveKind
 from allreduce_cases import digest, make_input, quantization, reduce_op
 from allreduce_peer import admit, emit
 
-_ENTRY = {"broadcast": "broadcast_checked", "all_gather": "all_gather_checked",
-          "reduce_scatter": "reduce_scatter_checked"}
-
 
 def install_fault(kind: str, at: float) -> None:
-    """SIGKILL this process part-way through its next ``kind`` op.
+    """SIGKILL this process part-way through each ``kind`` op from now on.
 
     The kill is synchronous with the data path: the frame that takes the bytes this peer has
     received (a broadcast root: sent) past ``at`` of the op's total kills the process before it
     is processed.  A watcher task or thread could be starved until the op had finished (the
-    data path may keep the Trio thread busy, the machine may be loaded) and miss it."""
-    name = _ENTRY[kind]
-    real = getattr(plans, name)
+    data path may keep the Trio thread busy, the machine may be loaded) and miss it.  Planted in
+    the kind's row (:mod:`pccl.collectives.kinds`): its ops are made counting."""
+    row = KIND_OPS[CollectiveKind[kind.upper()]]
 
-    async def faulty(args: Any, *rest: Any, links: Any, world: int, rank: int, **kw: Any) -> tuple[int, int]:
-        sender = kind == "broadcast" and kw["root"] == rank
+    def faulty(call: Any, commence: Any, place: Any) -> Any:
+        op = row.make_op(call, commence, place)
+        world, rank = place.world, place.rank
+        sender = kind == "broadcast" and commence.ring[rank] == call.own
         if kind == "all_gather":
-            expected = sum(kw["counts"]) * args.src.itemsize - args.src.nbytes
+            src = call.own.args.src
+            expected = sum(commence.counts) * src.itemsize - src.nbytes
         elif kind == "reduce_scatter":
-            expected = args.src.nbytes * (world - 1) / world
+            expected = call.keep.src.nbytes * (world - 1) / world
         else:
-            expected = args.src.nbytes
-        op_class = ReduceScatterOp if kind == "reduce_scatter" else ChainOp
+            expected = call.keep.src.nbytes
         method = "prepare_payload" if sender else "received"
-        original = getattr(op_class, method)
+        original = getattr(op, method)
         moved = [0]
 
-        def counting(self: Any, frame: Any, buffer: Any) -> Any:
-            moved[0] += self.frame_nbytes(frame)
+        def counting(frame: Any, buffer: Any) -> Any:
+            moved[0] += op.frame_nbytes(frame)
             if moved[0] >= at * expected:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return original(self, frame, buffer)
+            return original(frame, buffer)
 
-        setattr(op_class, method, counting)
-        try:
-            return await real(args, *rest, links=links, world=world, rank=rank, **kw)  # type: ignore[no-any-return]
-        finally:
-            setattr(op_class, method, original)
+        setattr(op, method, counting)  # this op only
+        return op
 
-    setattr(plans, name, faulty)
+    KIND_OPS[row.kind] = dataclasses.replace(row, make_op=faulty)  # type: ignore[index]
 
 
 def _input(spec: dict[str, Any], index: int) -> np.ndarray:

@@ -53,15 +53,15 @@ def test_chaos_runs_all_reduce_every_step_and_pass(phase: Any) -> None:
 
 
 def test_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = plans.reduce_checked
+    real = plans.execute  # runs every kind's op: only all-reduces run in this phase
 
-    async def off_by_one(args: Any, *, rank: int, **kw: Any) -> tuple[int, int]:
-        result = await real(args, rank=rank, **kw)
+    async def off_by_one(make_op: Any, *, rank: int, keep: Any, **kw: Any) -> Any:
+        op = await real(make_op, rank=rank, keep=keep, **kw)
         if rank == 0:
-            args.dst[0] += 1
-        return result
+            keep.dst[0] += 1
+        return op
 
-    monkeypatch.setattr(plans, "reduce_checked", off_by_one)
+    monkeypatch.setattr(plans, "execute", off_by_one)
     trace = _run(0)
     assert [f.kind for f in trace.failures] == ["safety"]
     assert "differs" in trace.failures[0].message

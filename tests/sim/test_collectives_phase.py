@@ -4,12 +4,14 @@ concurrent tags launched in order, under chaos; its checker's teeth; determinism
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 
-import pccl._peer.collective_plans as plans
+from pccl.collectives.kinds import KIND_OPS
+from pccl.protocol.messages import CollectiveKind
 from pccl_sim.engine.runner import run
 from pccl_sim.engine.trace import Trace
 from pccl_sim.tools.campaign import CampaignSpec
@@ -54,7 +56,7 @@ def test_chaos_runs_every_kind_concurrently_and_passes(phase: dict[str, Any], se
     assert sum(v for k, v in totals.items() if k.startswith("collective_aborted")) > 0, totals
 
 
-@pytest.mark.parametrize("entry", ["broadcast_checked", "all_gather_checked", "reduce_scatter_checked"])
+@pytest.mark.parametrize("entry", ["broadcast", "all_gather", "reduce_scatter"])
 @pytest.mark.parametrize(("peers", "duration"), [
     # The first wrong result is caught within the first steps; 3 peers over 5 s suffice (each
     # entry verified to fail so when this was bounded).  Slow: the original 5 peers over 20 s.
@@ -63,18 +65,18 @@ def test_chaos_runs_every_kind_concurrently_and_passes(phase: dict[str, Any], se
 ])
 def test_the_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPatch, entry: str, peers: int,
                                                    duration: float) -> None:
-    real = getattr(plans, entry)
+    # The kind's row (pccl.collectives.kinds) with a result one off on ring position 1.
+    row = KIND_OPS[CollectiveKind[entry.upper()]]
 
-    async def off_by_one(args: Any, *rest: Any, rank: int, **kw: Any) -> Any:
-        result = await real(args, *rest, rank=rank, **kw)
+    def off_by_one(call: Any, commence: Any, rank: int, tx: int, rx: int, output: Any) -> Any:
         if rank == 1:
-            out = rest[0] if rest else args.dst  # an all-gather's output, else the buffer
+            out = output if output is not None else call.keep.dst  # an all-gather's output, else the buffer
             with np.errstate(invalid="ignore", over="ignore"):  # the rest of a reduce-scatter's buffer is unspecified: any bits
                 out[...] = out + 1
-        return result
+        return row.result(call, commence, rank, tx, rx, output)
 
-    monkeypatch.setattr(plans, entry, off_by_one)
-    trace = _run(0, {**PHASE, "kinds": [entry.removesuffix("_checked")], "concurrent": 2}, peers=peers, duration=duration)
+    monkeypatch.setitem(KIND_OPS, row.kind, dataclasses.replace(row, result=off_by_one))
+    trace = _run(0, {**PHASE, "kinds": [entry], "concurrent": 2}, peers=peers, duration=duration)
     messages = [f.message for f in trace.failures]
     assert any("differs" in m for m in messages), messages
 

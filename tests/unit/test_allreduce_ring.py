@@ -799,17 +799,17 @@ async def test_exchange_over_tcp_loopback(world: int, path: str, monkeypatch: py
     # On real TCP the exchange runs inline (its frames are small); the lane threads run it too
     # when forced.  Sizes: one frame per step, and the largest exchange (several frames per step,
     # striped over both lanes); in place and out of place.
-    import pccl.collectives.allreduce as allreduce_module
+    import pccl.collectives.execute as execute_module
 
     ran: list[str] = []
-    real_suits = allreduce_module.suits_inline
+    real_suits = execute_module.suits_inline
 
     def chosen(op: Any) -> bool:
         inline = real_suits(op) and path == "inline"
         ran.append("inline" if inline else "threads")
         return inline
 
-    monkeypatch.setattr(allreduce_module, "suits_inline", chosen)
+    monkeypatch.setattr(execute_module, "suits_inline", chosen)
     links = await tcp_ring(world, lanes=2)
     try:
         seq = 0

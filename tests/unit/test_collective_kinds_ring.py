@@ -280,17 +280,17 @@ async def test_broadcast_quantized_is_bit_identical_root_included(world: int, qu
 
 @pytest.mark.parametrize("world", [2, 3])
 async def test_every_kind_over_tcp_on_both_paths(world: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pccl.collectives.allreduce as allreduce_module
+    import pccl.collectives.execute as execute_module
 
     ran: list[str] = []
-    real = allreduce_module.suits_inline
+    real = execute_module.suits_inline
 
     def recorded(op: Any) -> bool:
         inline = real(op)
         ran.append("inline" if inline else "threads")
         return inline
 
-    monkeypatch.setattr(allreduce_module, "suits_inline", recorded)
+    monkeypatch.setattr(execute_module, "suits_inline", recorded)
     links = await tcp_ring(world, lanes=2)
     seq = 0
     try:

@@ -39,7 +39,9 @@ data path's schedules (:mod:`pccl.protocol.ring`) each participant derives from 
 fields.  The rules above hold for every kind: a new kind is a row and a schedule, not new
 handlers.  Every voter of a tag must ask for the same kind (checked at consensus over the voters
 then present; PARAMETER_MISMATCH listing each one's otherwise), and the op runs as that kind's
-row says.
+row says.  The peers run each kind from their own row of it, keyed by the same
+:class:`CollectiveKind` (``pccl.collectives.kinds.KIND_OPS``: the arguments' check, the vote, the
+op, the result).
 
 The table as it reads:
 

@@ -250,8 +250,8 @@ class RejectCode(enum.IntEnum):
 
 
 class CollectiveKind(enum.IntEnum):
-    """What a collective computes (``CollectiveInit.kind``; pccl.protocol.master.collectives has a
-    row per kind)."""
+    """What a collective computes (``CollectiveInit.kind``; the master runs each from its row in
+    pccl.protocol.master.collectives, a peer from its row in pccl.collectives.kinds)."""
 
     ALL_REDUCE = 0
     BROADCAST = 1
