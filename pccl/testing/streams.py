@@ -1,9 +1,14 @@
-"""Test-only in-memory transport: trio's memory streams behind pccl's Stream/Network seam.
+"""In-memory transport for tests: trio's memory streams behind pccl's Stream/Network seam.
 
-``memory_stream_pair()`` gives two connected pccl Streams without sockets; ``MemoryNetwork`` is a
-minimal Network over them (``connect`` hands the other end to a listener's ``accept``).
-Setting ``stall_sends`` on a stream makes its next ``send_all`` deliver half the data and then
-block forever, like a send into a full TCP window — the way to have a send still in progress.
+- :func:`memory_stream_pair`: two connected pccl Streams without sockets;
+- :class:`MemoryNetwork`: a minimal Network over them (``connect`` hands the other end to a
+  listener's ``accept``);
+- :func:`memory_ring`: the framed lanes of a ring of peers, for the data path's own tests.
+
+A :class:`MemoryStream` can plant a fault on its sending side: ``stall_sends`` makes its next
+``send_all`` deliver half the data and then block forever (a send into a full TCP window);
+``break_after`` aborts it once that many bytes were sent (a peer vanishing mid-op);
+``stall_after`` blocks the send forever from that byte on (a SIGSTOPped peer).
 """
 
 from __future__ import annotations
@@ -13,8 +18,14 @@ import itertools
 import trio
 import trio.testing
 
-from pccl.errors import AddressInUse, ConnectionRefused, PeerDisconnected, StreamClosed
-from pccl.net.base import Listener, Network, Stream, parse_address
+from ..collectives import RingLinks
+from ..config import Config
+from ..errors import AddressInUse, ConnectionRefused, PeerDisconnected, StreamClosed
+from ..net.base import Listener, Network, Stream, parse_address, receive_view, send_view
+from ..net.framed import FramedConnection
+from ..protocol.messages import HandshakeRole
+
+__all__ = ["MemoryStream", "MemoryListener", "MemoryNetwork", "memory_stream_pair", "memory_ring"]
 
 _ports = itertools.count(40000)
 
@@ -22,27 +33,46 @@ _ports = itertools.count(40000)
 class MemoryStream(Stream):
     """One end of a trio memory stream pair, as a pccl Stream."""
 
-    def __init__(self, inner: trio.StapledStream, *, local: str, remote: str) -> None:
+    def __init__(self, inner: trio.StapledStream, *, local: str, remote: str, record: bool = False) -> None:
         self._inner = inner
         self.local_address = local
         self.remote_address = remote
-        self.sent = bytearray()  # everything this end sent, for tests that inspect the wire
+        #: Bytes this end has sent so far.
+        self.sent_bytes = 0
+        #: With ``record``: everything this end sent, for tests that inspect the wire.
+        self.sent = bytearray() if record else None
         self.stall_sends = False
+        self.break_after: int | None = None
+        self.stall_after: int | None = None
+        #: Set when a planted fault (``break_after``/``stall_after``) fired.
+        self.broke = trio.Event()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        view = send_view(data)
         if self.stall_sends:
-            await self._inner.send_all(memoryview(data)[: len(data) // 2])
+            await self._inner.send_all(bytes(view[: len(view) // 2]))
+            await trio.sleep_forever()
+        if self.break_after is not None and self.sent_bytes + len(view) > self.break_after:
+            cut = max(0, self.break_after - self.sent_bytes)
+            await self._inner.send_all(bytes(view[:cut]))
+            self.abort()
+            self.broke.set()
+            raise PeerDisconnected(f"test: stream to {self.remote_address} broken after {self.break_after} bytes")
+        if self.stall_after is not None and self.sent_bytes + len(view) > self.stall_after:
+            self.broke.set()
             await trio.sleep_forever()
         try:
-            await self._inner.send_all(data)
+            await self._inner.send_all(bytes(view))
         except trio.ClosedResourceError as exc:
             raise StreamClosed("memory stream closed") from exc
         except trio.BrokenResourceError as exc:
             raise PeerDisconnected("memory stream broken") from exc
-        self.sent += data
+        self.sent_bytes += len(view)
+        if self.sent is not None:
+            self.sent += view
 
     async def receive_into(self, buffer: memoryview | bytearray) -> int:
-        view = memoryview(buffer).cast("B")
+        view = receive_view(buffer)
         try:
             data = await self._inner.receive_some(len(view))
         except trio.ClosedResourceError as exc:
@@ -64,12 +94,12 @@ class MemoryStream(Stream):
 
 
 def memory_stream_pair() -> tuple[MemoryStream, MemoryStream]:
-    """Two connected pccl Streams: (client end, server end)."""
+    """Two connected pccl Streams: (client end, server end), each recording what it sent."""
     a, b = trio.testing.memory_stream_pair()
     client_addr, server_addr = f"10.0.0.1:{next(_ports)}", f"10.0.0.2:{next(_ports)}"
     return (
-        MemoryStream(a, local=client_addr, remote=server_addr),
-        MemoryStream(b, local=server_addr, remote=client_addr),
+        MemoryStream(a, local=client_addr, remote=server_addr, record=True),
+        MemoryStream(b, local=server_addr, remote=client_addr, record=True),
     )
 
 
@@ -114,3 +144,23 @@ class MemoryNetwork(Network):
             raise AddressInUse(address)
         listener = self.listeners[address] = MemoryListener(self, address)
         return listener
+
+
+def memory_ring(world: int, lanes: int = 1, *, config: Config | None = None,
+                ) -> tuple[list[RingLinks], list[list[MemoryStream]]]:
+    """Framed links for a ring of ``world`` peers over memory streams, handshake-free; also each
+    peer's sending streams (lane order), where a test plants a fault."""
+    config = config or Config()
+    out: list[list[FramedConnection]] = [[] for _ in range(world)]
+    inc: list[list[FramedConnection]] = [[] for _ in range(world)]
+    raw: list[list[MemoryStream]] = [[] for _ in range(world)]
+    for r in range(world):
+        nxt = (r + 1) % world
+        for lane in range(lanes):
+            a, b = trio.testing.memory_stream_pair()
+            sa = MemoryStream(a, local=f"peer{r}.{lane}/local", remote=f"peer{nxt}.{lane}")
+            sb = MemoryStream(b, local=f"peer{nxt}.{lane}/local", remote=f"peer{r}.{lane}")
+            raw[r].append(sa)
+            out[r].append(FramedConnection(sa, role=HandshakeRole.CLIENT, config=config))
+            inc[nxt].append(FramedConnection(sb, role=HandshakeRole.SERVER, config=config))
+    return [RingLinks(out[r], inc[r]) for r in range(world)], raw

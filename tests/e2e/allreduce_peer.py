@@ -35,7 +35,7 @@ import numpy as np
 import trio
 
 import pccl
-import pccl._peer.collective_plans as plans
+import pccl.testing
 from allreduce_cases import digest, make_input, matrix_cases, quantization, reduce_op
 
 #: Cases whose whole output the matrix saves (the others only report a digest).
@@ -58,27 +58,29 @@ async def admit(comm: pccl.Communicator, world: int) -> None:
 
 def install_fault(kind: str, at: float) -> None:
     """Make the next ring of this process kill or stop the process part-way through."""
-    real = plans.reduce_checked
     sig = signal.SIGKILL if kind == "kill" else signal.SIGSTOP
 
-    async def faulty(args: Any, *, links: Any, world: int, **kw: Any) -> tuple[int, int]:
-        conns = [inbox.connection for inbox in links.inboxes]
-        base = sum(c.statistics().data_bytes_received for c in conns)
-        expected = args.src.nbytes * 2 * (world - 1) / world
+    def wrap(real: Any) -> Any:
+        async def faulty(args: Any, *, links: Any, world: int, **kw: Any) -> tuple[int, int]:
+            conns = [inbox.connection for inbox in links.inboxes]
+            base = sum(c.statistics().data_bytes_received for c in conns)
+            expected = args.src.nbytes * 2 * (world - 1) / world
 
-        async def trigger() -> None:
-            while sum(c.statistics().data_bytes_received for c in conns) - base < at * expected:
-                await trio.sleep(0.0005)
-            os.kill(os.getpid(), sig)
+            async def trigger() -> None:
+                while sum(c.statistics().data_bytes_received for c in conns) - base < at * expected:
+                    await trio.sleep(0.0005)
+                os.kill(os.getpid(), sig)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trigger)
-            try:
-                return await real(args, links=links, world=world, **kw)
-            finally:
-                nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trigger)
+                try:
+                    return await real(args, links=links, world=world, **kw)
+                finally:
+                    nursery.cancel_scope.cancel()
 
-    plans.reduce_checked = faulty  # type: ignore[assignment]
+        return faulty
+
+    pccl.testing.plant_ring_fault("all_reduce", wrap)
 
 
 async def run_matrix(comm: pccl.Communicator, index: int, out: str) -> None:

@@ -30,14 +30,11 @@ import numpy as np
 import trio
 
 import pccl
-import pccl._peer.collective_plans as plans
+import pccl.testing
 from pccl.collectives.chain_op import ChainOp
 from pccl.collectives.reduce_scatter import ReduceScatterOp
 from allreduce_cases import digest, make_input, quantization, reduce_op
 from allreduce_peer import admit, emit
-
-_ENTRY = {"broadcast": "broadcast_checked", "all_gather": "all_gather_checked",
-          "reduce_scatter": "reduce_scatter_checked"}
 
 
 def install_fault(kind: str, at: float) -> None:
@@ -47,35 +44,36 @@ def install_fault(kind: str, at: float) -> None:
     received (a broadcast root: sent) past ``at`` of the op's total kills the process before it
     is processed.  A watcher task or thread could be starved until the op had finished (the
     data path may keep the Trio thread busy, the machine may be loaded) and miss it."""
-    name = _ENTRY[kind]
-    real = getattr(plans, name)
 
-    async def faulty(args: Any, *rest: Any, links: Any, world: int, rank: int, **kw: Any) -> tuple[int, int]:
-        sender = kind == "broadcast" and kw["root"] == rank
-        if kind == "all_gather":
-            expected = sum(kw["counts"]) * args.src.itemsize - args.src.nbytes
-        elif kind == "reduce_scatter":
-            expected = args.src.nbytes * (world - 1) / world
-        else:
-            expected = args.src.nbytes
-        op_class = ReduceScatterOp if kind == "reduce_scatter" else ChainOp
-        method = "prepare_payload" if sender else "received"
-        original = getattr(op_class, method)
-        moved = [0]
+    def wrap(real: Any) -> Any:
+        async def faulty(args: Any, *rest: Any, links: Any, world: int, rank: int, **kw: Any) -> tuple[int, int]:
+            sender = kind == "broadcast" and kw["root"] == rank
+            if kind == "all_gather":
+                expected = sum(kw["counts"]) * args.src.itemsize - args.src.nbytes
+            elif kind == "reduce_scatter":
+                expected = args.src.nbytes * (world - 1) / world
+            else:
+                expected = args.src.nbytes
+            op_class = ReduceScatterOp if kind == "reduce_scatter" else ChainOp
+            method = "prepare_payload" if sender else "received"
+            original = getattr(op_class, method)
+            moved = [0]
 
-        def counting(self: Any, frame: Any, buffer: Any) -> Any:
-            moved[0] += self.frame_nbytes(frame)
-            if moved[0] >= at * expected:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return original(self, frame, buffer)
+            def counting(self: Any, frame: Any, buffer: Any) -> Any:
+                moved[0] += self.frame_nbytes(frame)
+                if moved[0] >= at * expected:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return original(self, frame, buffer)
 
-        setattr(op_class, method, counting)
-        try:
-            return await real(args, *rest, links=links, world=world, rank=rank, **kw)  # type: ignore[no-any-return]
-        finally:
-            setattr(op_class, method, original)
+            setattr(op_class, method, counting)
+            try:
+                return await real(args, *rest, links=links, world=world, rank=rank, **kw)  # type: ignore[no-any-return]
+            finally:
+                setattr(op_class, method, original)
 
-    setattr(plans, name, faulty)
+        return faulty
+
+    pccl.testing.plant_ring_fault(kind, wrap)
 
 
 def _input(spec: dict[str, Any], index: int) -> np.ndarray:

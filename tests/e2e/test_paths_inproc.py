@@ -17,7 +17,7 @@ from pccl import Config
 from pccl.errors import ConnectionRefused, ConnectTimeout
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol.paths import PathKind
-from inproc_group import admit, each
+from pccl.testing import admit, each
 
 TOKEN = "paths-token"
 CFG = Config(peer_timeout=4.0, heartbeat_interval=0.25, connect_timeout=3.0, direct_connect_timeout=0.6,
@@ -101,7 +101,7 @@ async def test_firewalled_peers_join_reduce_sync_and_probe_over_dial_backs(drop:
             await each(comms, lambda i, c: c.optimize_topology(), within=60)
             await _sum_everywhere(comms)
 
-            kinds = {(p.initiator, p.target): p.kind for p in master.state.paths()}
+            kinds = {(p.initiator, p.target): p.kind for p in pccl.testing.master_snapshot(master).paths}
             walled_ids = {comms[1].peer_id}
             assert kinds, "nobody reported a path"
             for (initiator, target), kind in kinds.items():

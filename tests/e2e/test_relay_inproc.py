@@ -24,7 +24,7 @@ from pccl.relay import Relay, serve_relay
 from pccl.protocol import codec, handshake
 from pccl.protocol import messages as m
 from pccl.protocol.paths import PathKind
-from inproc_group import admit, each
+from pccl.testing import admit, each
 from test_hostile_network import MIB, _connect_from, flood_source_works, idle_flood  # noqa: F401 (a fixture)
 from test_paths_inproc import CFG, TOKEN, Firewalled, _opener, _sum_everywhere
 
@@ -54,7 +54,7 @@ async def relay_process(master: pccl.Master, config: Config = CFG) -> AsyncItera
 
 
 def _relayed_paths(master: pccl.Master) -> dict[tuple[int, int], str]:
-    return {(p.initiator, p.target): p.via for p in master.state.paths() if p.kind is PathKind.RELAYED}
+    return {(p.initiator, p.target): p.via for p in pccl.testing.master_snapshot(master).paths if p.kind is PathKind.RELAYED}
 
 
 async def test_walled_peers_reduce_sync_and_probe_through_the_masters_relay() -> None:
@@ -88,7 +88,7 @@ async def test_walled_peers_reduce_sync_and_probe_through_the_masters_relay() ->
             # Every pair that connected went through relay 1, the master's own.
             assert relayed and all(a in ids and b in ids for a, b in relayed), relayed
             assert all(via.startswith("relay 1 at ") for via in relayed.values()), relayed
-            assert not [p for p in master.state.paths() if p.kind is not PathKind.RELAYED]
+            assert not [p for p in pccl.testing.master_snapshot(master).paths if p.kind is not PathKind.RELAYED]
             (own,) = master.status()["relays"]
             assert own["relay_id"] == 1 and own["address"] == ""
             assert own["forwarded_bytes"] > 3 * 20_000 * 4  # the download alone moved that much
@@ -159,7 +159,7 @@ async def test_a_relay_that_dies_mid_all_reduce_aborts_it_and_the_pair_moves_to_
                 (survivor_id,) = set(relays) - {victim_id}
                 vias = set(_relayed_paths(master).values())
                 assert vias and all(v.startswith(f"relay {survivor_id} at ") for v in vias), vias
-                assert [r.relay_id for r in master.state.relays()] == [survivor_id]
+                assert [r.relay_id for r in pccl.testing.master_snapshot(master).relays] == [survivor_id]
                 assert relays[survivor_id][0].statistics().pairs == 2
                 for scope in scopes:
                     scope.cancel()

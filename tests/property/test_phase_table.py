@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pccl.errors import InvalidUsage, KickReason
-from pccl._peer.phase import TRACKED, PhaseRule
+from pccl.testing.units import TRACKED, PhaseRule
 from pccl.protocol import messages as m
 from pccl.protocol import phases as ph
 from pccl.types import SyncStrategy

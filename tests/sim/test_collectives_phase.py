@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import pccl._peer.collective_plans as plans
+import pccl.testing
 from pccl_sim.engine.runner import run
 from pccl_sim.engine.trace import Trace
 from pccl_sim.tools.campaign import CampaignSpec
@@ -54,27 +54,27 @@ def test_chaos_runs_every_kind_concurrently_and_passes(phase: dict[str, Any], se
     assert sum(v for k, v in totals.items() if k.startswith("collective_aborted")) > 0, totals
 
 
-@pytest.mark.parametrize("entry", ["broadcast_checked", "all_gather_checked", "reduce_scatter_checked"])
+@pytest.mark.parametrize("kind", ["broadcast", "all_gather", "reduce_scatter"])
 @pytest.mark.parametrize(("peers", "duration"), [
     # The first wrong result is caught within the first steps; 3 peers over 5 s suffice (each
     # entry verified to fail so when this was bounded).  Slow: the original 5 peers over 20 s.
     pytest.param(3, 5.0, id="small"),
     pytest.param(5, 20.0, id="full", marks=pytest.mark.slow),
 ])
-def test_the_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPatch, entry: str, peers: int,
-                                                   duration: float) -> None:
-    real = getattr(plans, entry)
+def test_the_checker_catches_a_result_that_differs(kind: str, peers: int, duration: float) -> None:
+    def off_by_one(real: Any) -> Any:
+        async def entry(args: Any, *rest: Any, rank: int, **kw: Any) -> Any:
+            result = await real(args, *rest, rank=rank, **kw)
+            if rank == 1:
+                out = rest[0] if rest else args.dst  # an all-gather's output, else the buffer
+                with np.errstate(invalid="ignore", over="ignore"):  # the rest of a reduce-scatter's buffer is unspecified: any bits
+                    out[...] = out + 1
+            return result
 
-    async def off_by_one(args: Any, *rest: Any, rank: int, **kw: Any) -> Any:
-        result = await real(args, *rest, rank=rank, **kw)
-        if rank == 1:
-            out = rest[0] if rest else args.dst  # an all-gather's output, else the buffer
-            with np.errstate(invalid="ignore", over="ignore"):  # the rest of a reduce-scatter's buffer is unspecified: any bits
-                out[...] = out + 1
-        return result
+        return entry
 
-    monkeypatch.setattr(plans, entry, off_by_one)
-    trace = _run(0, {**PHASE, "kinds": [entry.removesuffix("_checked")], "concurrent": 2}, peers=peers, duration=duration)
+    with pccl.testing.plant_ring_fault(kind, off_by_one):
+        trace = _run(0, {**PHASE, "kinds": [kind], "concurrent": 2}, peers=peers, duration=duration)
     messages = [f.message for f in trace.failures]
     assert any("differs" in m for m in messages), messages
 
