@@ -44,7 +44,7 @@ BOUND = 20.0  # far below the 30 s an idle connection may hold a slot
 MIB = 1024 * 1024
 
 
-async def _connect_from(source: str, address: str) -> trio.SocketStream:
+async def connect_from(source: str, address: str) -> trio.SocketStream:
     host, port = parse_address(address)
     return await trio.open_tcp_stream(host, port, local_address=source)
 
@@ -55,7 +55,7 @@ async def idle_flood(address: str, count: int, source: str = FLOOD_SOURCE) -> As
     streams: list[trio.SocketStream] = []
     try:
         for _ in range(count):
-            streams.append(await _connect_from(source, address))
+            streams.append(await connect_from(source, address))
         yield streams
     finally:
         for stream in streams:
@@ -201,7 +201,7 @@ async def test_idle_connections_at_the_shared_state_ports_do_not_break_a_downloa
 async def _announce_big_frame(address: str, source: str) -> trio.SocketStream:
     """Complete the handshake without a token, then announce a 16 MiB control frame and send
     1,000 bytes of it."""
-    stream = await _connect_from(source, address)
+    stream = await connect_from(source, address)
     hello = m.Hello(role=m.HandshakeRole.CLIENT, has_token=False, nonce=bytes(handshake.NONCE_SIZE))
     await stream.send_all(handshake.encode_preamble() + codec.encode_message(hello, max_frame_size=1024)
                           + struct.pack(">IB", 16 * MIB - 1, codec.FrameKind.CONTROL) + b"\x00" * 1000)

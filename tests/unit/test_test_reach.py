@@ -25,6 +25,9 @@ docstrings and comments do not count.
   imported from outside pccl (trio's own scheduling hooks are trio's business);
 * a string constant (not a docstring) that names a private module of pccl
   (``"pccl._peer.wiring"``, a logger's name).
+
+(c) no test imports another test module's private helper (``from test_x import _helper``): what
+tests share is public in the module that holds it, or belongs in :mod:`pccl.testing`.
 """
 
 from __future__ import annotations
@@ -193,6 +196,28 @@ def test_tests_reach_few_private_names_of_pccl() -> None:
     _, privates = count()
     assert len(privates) <= PRIVATE_BUDGET, (
         f"{len(privates)} private reaches (budget {PRIVATE_BUDGET}):\n" + "\n".join(privates))
+
+
+def private_helper_imports(root: pathlib.Path = TESTS) -> list[str]:
+    """``from <a module of tests/> import _name`` anywhere under ``root``."""
+    helpers = {path.stem for path in root.rglob("*.py")}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in helpers:
+                found += [f"{path.relative_to(root)}:{node.lineno}: {node.module}.{alias.name}"
+                          for alias in node.names if _private(alias.name)]
+    return found
+
+
+def test_tests_share_no_private_helpers() -> None:
+    assert private_helper_imports() == []
+
+
+def test_the_helper_check_sees_a_private_import(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "test_a.py").write_text("def _helper() -> None: ...\n")
+    (tmp_path / "test_b.py").write_text("from test_a import _helper\nfrom os import _exit\n")
+    assert [entry.rpartition(": ")[2] for entry in private_helper_imports(tmp_path)] == ["test_a._helper"]
 
 
 def test_the_counter_sees_each_kind_of_reach(tmp_path: pathlib.Path) -> None:
