@@ -27,8 +27,9 @@ __all__ = ["TestCluster", "open_test_cluster", "admit", "each", "MasterThread", 
 
 T = TypeVar("T")
 
-#: What :func:`open_test_cluster` runs the peers on: one network for every peer, or per peer
-#: index a factory that gets the master's address (the peers not named use real TCP).
+#: What :func:`open_test_cluster` runs on: one network for the master and every peer, or per
+#: peer index a factory that gets the master's address (a wrapper around TCP, say; the master
+#: and the peers not named use real TCP).
 ClusterNetwork = Network | Mapping[int, Callable[[str], Network]] | None
 
 
@@ -85,11 +86,13 @@ async def open_test_cluster(
     if world < 1:
         raise InvalidArgument(f"a test cluster needs at least one peer, not {world}")
     config = config or Config()
-    async with open_master("127.0.0.1:0", token=token, config=config, status=status) as master:
-        if isinstance(network, Network):
-            networks = dict.fromkeys(range(world), network)
+    shared = network if isinstance(network, Network) else None
+    factories = {} if network is None or isinstance(network, Network) else network
+    async with open_master("127.0.0.1:0", token=token, config=config, status=status, network=shared) as master:
+        if shared is not None:
+            networks = dict.fromkeys(range(world), shared)
         else:
-            networks = {i: make(master.address) for i, make in (network or {}).items()}
+            networks = {i: make(master.address) for i, make in factories.items()}
         comms: list[Communicator] = []
         scopes: list[trio.CancelScope] = []
         async with trio.open_nursery() as nursery:

@@ -121,15 +121,21 @@ class MemoryListener(Listener):
 
 
 class MemoryNetwork(Network):
-    """A Network whose connections are in-memory stream pairs."""
+    """A Network whose connections are in-memory stream pairs.
+
+    One flat address space: a listener on ``0.0.0.0:port`` (or ``[::]:port``) answers a connect
+    to any host at that port, and ``listen`` honours ``port_range`` (the first free port of the
+    range), so communicators and a master can share one network.
+    """
 
     def __init__(self) -> None:
         self.listeners: dict[str, MemoryListener] = {}
 
     async def connect(self, address: str, *, timeout: float | None = None) -> Stream:
         await trio.lowlevel.checkpoint()
-        parse_address(address)
-        listener = self.listeners.get(address)
+        _, port = parse_address(address)
+        listener = (self.listeners.get(address) or self.listeners.get(f"0.0.0.0:{port}")
+                    or self.listeners.get(f"[::]:{port}"))
         if listener is None:
             raise ConnectionRefused(f"nothing listens on {address}")
         client, server = memory_stream_pair()
@@ -139,11 +145,12 @@ class MemoryNetwork(Network):
     async def listen(self, address: str, *, port_range: int = 1) -> Listener:
         await trio.lowlevel.checkpoint()
         host, port = parse_address(address)
-        address = f"{host}:{port or next(_ports)}"
-        if address in self.listeners:
-            raise AddressInUse(address)
-        listener = self.listeners[address] = MemoryListener(self, address)
-        return listener
+        candidates = [f"{host}:{port + i}" for i in range(max(1, port_range))] if port else [f"{host}:{next(_ports)}"]
+        for candidate in candidates:
+            if candidate not in self.listeners:
+                listener = self.listeners[candidate] = MemoryListener(self, candidate)
+                return listener
+        raise AddressInUse(candidates[0] if len(candidates) == 1 else f"{candidates[0]} .. {candidates[-1]}")
 
 
 def memory_ring(world: int, lanes: int = 1, *, config: Config | None = None,
