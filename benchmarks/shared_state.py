@@ -77,7 +77,7 @@ async def _loopback_once(mib: int, sources: int) -> float:
         for i in range(sources):
             procs.append(subprocess.Popen([sys.executable, __file__, "_source", master.address, str(mib),
                                            str(sources + 1)], stdout=subprocess.PIPE, text=True))
-            while sum(p.status.value == "accepted" for p in master.state.peers()) < i + 1:
+            while master.statistics().accepted_peers < i + 1:
                 await trio.sleep(0.05)
         joiner = make_state(mib, zeros=True)
         async with pccl.open_communicator(master.address, token=TOKEN, config=config) as comm:
@@ -118,7 +118,7 @@ def bench_sim(mib: int, source_counts: list[int], gbit: float) -> None:
                 async with trio.open_nursery() as nursery:
                     for i in range(n):
                         nursery.start_soon(_sim_source, master.address, world.boot(f"src{i}"), mib, n + 1, config, i)
-                        while sum(p.status.value == "accepted" for p in master.state.peers()) < i + 1:
+                        while master.statistics().accepted_peers < i + 1:
                             await trio.sleep(0.05)
                     joiner = make_state(mib, zeros=True)
                     async with pccl.open_communicator(master.address, config=config, network=world.boot("joiner"),

@@ -21,6 +21,7 @@ import numpy as np
 import trio
 
 import pccl
+import pccl.testing
 from pccl_sim.engine.network import LinkSpec
 from pccl_sim.engine.runner import simulate
 from pccl_sim.workloads.pccl.network import PcclSimNetwork
@@ -61,11 +62,11 @@ def run(lanes: int | str, args: argparse.Namespace) -> tuple[float, int, float]:
                     start = trio.current_time()
                     await comm.all_reduce(x)
                     out[f"t{i}"] = trio.current_time() - start
-                    out["lanes"] = len(comm.p2p.to_successor())
+                    out["lanes"] = len(pccl.testing.ring_lanes(comm).to_successor)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(peer, 0)
-                while not master.state.peers():
+                while not pccl.testing.master_snapshot(master).peers:
                     await trio.sleep(0.01)
                 nursery.start_soon(peer, 1)
 

@@ -29,6 +29,7 @@ import numpy as np
 import trio
 
 import pccl
+import pccl.testing
 from pccl_sim.engine.runner import simulate
 from pccl_sim.workloads.pccl.network import PcclSimNetwork
 from pccl_sim.workloads.pccl.scenario import SiteLayout
@@ -110,7 +111,7 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, object]:
                 for b in hosts:
                     if a != b:
                         bw, rtt = true_link(sites, a, b)
-                        master.state.record_link(comms[a].peer_id, comms[b].peer_id, bw, rtt)
+                        pccl.testing.master_state(master).record_link(comms[a].peer_id, comms[b].peer_id, bw, rtt)
 
         async with pccl.open_master("master:48148", config=config, network=world.boot("master"),
                                     rng=random.Random(args.seed)) as master:

@@ -24,7 +24,6 @@ import trio
 from ._groups import single_exception
 from ._peer.host import MasterLost
 from ._peer.collective_service import MANY_FIRST_TAG, CollectiveService
-from ._peer.ring_connections import P2PLinks
 from ._peer.session import PeerSession
 from ._peer.sync import StateSyncService
 from .collectives.buckets import DEFAULT_BUCKET_BYTES
@@ -175,11 +174,6 @@ class Communicator:
     @property
     def ring_endpoints(self) -> tuple[m.PeerEndpoint, ...]:
         return self._session.ring_endpoints
-
-    @property
-    def p2p(self) -> P2PLinks:
-        """The current round's ring connections."""
-        return self._session.links
 
     def statistics(self) -> CommunicatorStatistics:
         counters = self._session.counters

@@ -1,7 +1,8 @@
 """Shared pytest configuration.
 
 This directory holds no ``__init__.py``; pytest's default import mode puts it on ``sys.path``
-because of this file, so test modules import shared helpers such as ``net_conformance`` directly.
+because of this file, so test modules import the shared helpers beside them directly (the
+harness itself is :mod:`pccl.testing`).
 """
 
 from hypothesis import HealthCheck, settings

@@ -6,13 +6,17 @@
   parser (``function()`` returns it): usage, then one ``.. option::`` per flag of the command
   and of each public sub-command, so every flag is an index entry;
 * ``.. pccl-changelog::`` — ``CHANGELOG.md`` of the repository, its Markdown subset (headings,
-  bullets, bold, inline code) turned into reST.
+  bullets, bold, inline code) turned into reST;
+* ``.. pccl-op-lifecycle::`` — the transition table of one collective's machine, from
+  ``pccl.protocol.op_lifecycle.render_table()``; until that module is in the tree, a note that
+  says so (a missing module only: a module that fails to import fails the build).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import pathlib
 import re
 from typing import Any
@@ -160,8 +164,23 @@ class ChangelogDirective(_RstDirective):
         return markdown_to_rst(path.read_text())
 
 
+class OpLifecycleDirective(_RstDirective):
+    """The op machine's table, rendered by the machine's own module."""
+
+    MODULE = "pccl.protocol.op_lifecycle"
+
+    def rst(self) -> list[str]:
+        if importlib.util.find_spec(self.MODULE) is None:
+            return [".. note::", "",
+                    f"   The table is rendered here from ``{self.MODULE}.render_table()`` once that",
+                    "   module is in the tree."]
+        module = importlib.import_module(self.MODULE)
+        return str(module.render_table("rst")).splitlines()
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("pccl-messages", MessagesDirective)
     app.add_directive("pccl-argparse", ArgparseDirective)
     app.add_directive("pccl-changelog", ChangelogDirective)
+    app.add_directive("pccl-op-lifecycle", OpLifecycleDirective)
     return {"parallel_read_safe": True, "version": "1"}

@@ -132,11 +132,6 @@ class Master:
     def address(self) -> str:
         return self._server.listener.address
 
-    @property
-    def state(self) -> ms.MasterState:
-        """The consensus machine, read-only use only (tests, the simulator's checkers)."""
-        return self._server.state
-
     def statistics(self) -> MasterStatistics:
         return self._server.statistics()
 

@@ -1,48 +1,77 @@
-"""Hooks for pccl's own tests, as :mod:`trio.testing` is for trio's: the internals a test needs
-to plant a fault at an exact moment or to read a state, reached by name instead of through
-private attributes.  Not part of the public face (``import pccl`` does not import it) and
-without any compatibility promise.
+"""pccl's test harness, as :mod:`trio.testing` is for trio: what pccl's own tests (and the
+simulator) use instead of private names.  Not part of the public face (``import pccl`` does
+not import it) and without any compatibility promise.
 
-- :func:`session`, :func:`sync_service`, :func:`all_reduce_service`: a communicator's parts.
-- :func:`install_master_state`: a master runs another consensus machine (a planted fault).
+- Transports: :class:`MemoryNetwork`, :func:`memory_stream_pair`, :func:`memory_ring`
+  (:mod:`pccl.testing.streams`); the transport contract every :class:`~pccl.net.base.Network`
+  must pass, :mod:`pccl.testing.conformance`.
+- Whole runs in the test's process: :func:`open_test_cluster`, :func:`admit`, :func:`each`,
+  :func:`master_in_thread` (:mod:`pccl.testing.cluster`).
+- Narrow hooks into a communicator (:mod:`pccl.testing.hooks`): its phase, ring lanes and ports
+  as frozen snapshots; a forced re-wire; raw messages to the master or on a lane; a broken
+  lane; faults planted on its master link.
+- Hooks into a master (:mod:`pccl.testing.master_hooks`): :func:`master_snapshot`, and for the
+  simulator :func:`master_state` and :func:`install_master_state`.
+- Faults planted in the data path for the tests that check the checkers
+  (:mod:`pccl.testing.faults`).
+- The runtime's pure parts, for their unit tests: :mod:`pccl.testing.units`.
 """
 
 from __future__ import annotations
 
-from .._peer.collective_service import CollectiveService
-from .._peer.session import PeerSession
-from .._peer.sync import StateSyncService
-from ..communicator import Communicator, internals_of
-from ..master.server import Master, server_of
-from ..protocol.master.machine import MasterState
+from . import conformance
+from .cluster import MasterThread, TestCluster, admit, each, master_in_thread, open_test_cluster
+from .faults import (
+    PlantedFault,
+    plant_attempt_fault,
+    plant_execute_fault,
+    plant_kind_fault,
+    plant_serving_fault,
+    plant_staging_fault,
+)
+from .hooks import (
+    AdmissionCounts,
+    PhaseSnapshot,
+    RingLanes,
+    admission_counts,
+    after_master_link_sends,
+    break_lane,
+    close_route,
+    drop_master_link,
+    fail_master_send,
+    failure_of,
+    force_rewire,
+    intercept_master_sends,
+    lanes_from_predecessor,
+    listener_address,
+    open_route,
+    peer_admission_limits,
+    phase_of,
+    points_under_way,
+    probe,
+    probe_bound,
+    receive_on_lane,
+    ring_lanes,
+    run_kind,
+    send_data_on_lane,
+    send_on_lane,
+    send_raw,
+)
+from .master_hooks import MasterSnapshot, install_master_state, master_snapshot, master_state
+from .streams import MemoryListener, MemoryNetwork, MemoryStream, memory_ring, memory_stream_pair
 
-__all__ = ["session", "sync_service", "all_reduce_service", "install_master_state"]
-
-
-def session(comm: Communicator) -> PeerSession:
-    """The peer session under ``comm``: its master connection, votes, routes and ring wiring."""
-    return internals_of(comm).session
-
-
-def sync_service(comm: Communicator) -> StateSyncService:
-    """``comm``'s shared-state sync service (its listener and admission among others)."""
-    return internals_of(comm).sync
-
-
-def all_reduce_service(comm: Communicator) -> CollectiveService:
-    """``comm``'s all-reduce service."""
-    return internals_of(comm).all_reduce
-
-
-def install_master_state(master: Master, state: MasterState) -> None:
-    """Make ``master`` run ``state`` as its consensus machine from now on: a planted fault, such
-    as the simulator's broken masters (:mod:`pccl_sim.workloads.pccl.mutants`).  Call it right after
-    the master started, before any peer can have connected (a connect takes a round trip).
-
-    Raises ``RuntimeError``, and changes nothing, once a peer is connected or known to the
-    machine: the machine it started with has seen that peer, and the new one would not know it.
-    """
-    server = server_of(master)
-    if server.conns or server.state.peers():
-        raise RuntimeError("cannot install a master state: peers are connected already")
-    server.state = state
+__all__ = [
+    "conformance",
+    "MemoryStream", "MemoryListener", "MemoryNetwork", "memory_stream_pair", "memory_ring",
+    "TestCluster", "open_test_cluster", "admit", "each", "MasterThread", "master_in_thread",
+    "PhaseSnapshot", "phase_of", "failure_of", "force_rewire",
+    "RingLanes", "ring_lanes", "send_on_lane", "send_data_on_lane", "receive_on_lane", "lanes_from_predecessor",
+    "break_lane",
+    "send_raw", "open_route", "close_route", "drop_master_link", "intercept_master_sends",
+    "after_master_link_sends", "fail_master_send",
+    "AdmissionCounts", "listener_address", "admission_counts", "peer_admission_limits",
+    "points_under_way", "probe", "probe_bound", "run_kind",
+    "MasterSnapshot", "master_snapshot", "master_state", "install_master_state",
+    "PlantedFault", "plant_kind_fault", "plant_execute_fault", "plant_staging_fault", "plant_attempt_fault",
+    "plant_serving_fault",
+]

@@ -3,7 +3,7 @@
 Each simulated host incarnation gets its own network object (a
 :class:`~pccl_sim.engine.streams.SimNetwork`, or the subclass the scenario names: for pccl, a
 :class:`pccl.net.base.Network`), bound to its identity so that ``connect`` knows the source host;
-the code under test cannot tell it from real TCP (both pass ``tests/net_conformance.py``).
+the code under test cannot tell it from real TCP (both pass ``pccl.testing.conformance``).
 
 The world is the sum of its parts, each in its own module with a public face the others use:
 

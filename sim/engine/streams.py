@@ -1,6 +1,6 @@
 """The simulated host's view of the network: ``SimNetwork``, ``SimStream``, ``SimListener``.
 
-They behave exactly as real TCP does for a program (``tests/net_conformance.py`` holds pccl's TCP
+They behave exactly as real TCP does for a program (``pccl.testing.conformance`` holds pccl's TCP
 network and the simulated one to one contract); the model behind them is the world's
 (:mod:`pccl_sim.engine.network`).  Every method is a trio checkpoint.  Addresses are ``"host:port"``
 strings (IPv6 hosts bracketed).  Errors come from the network's :class:`TransportErrors`
@@ -159,7 +159,7 @@ class SimStream:
     :class:`~pccl_sim.engine.sockets.Socket` (the model: :mod:`pccl_sim.engine.delivery`).
 
     Its semantics are those of :class:`pccl.net.base.Stream` (the contract
-    ``tests/net_conformance.py`` checks): one task may send while another receives; a cancelled
+    ``pccl.testing.conformance`` checks): one task may send while another receives; a cancelled
     ``receive_into`` loses no bytes; after ``aclose``/``abort`` every operation raises
     ``stream_closed``; after the peer's clean close ``receive_into`` returns 0, after its abort it
     raises ``peer_disconnected``.  ``net`` made it (``connect``, or ``accept`` on its listener).

@@ -35,7 +35,7 @@ import numpy as np
 import trio
 
 import pccl
-import pccl._peer.collective_plans as plans
+import pccl.testing
 from allreduce_cases import digest, make_input, matrix_cases, quantization, reduce_op
 
 #: Cases whose whole output the matrix saves (the others only report a digest).
@@ -58,28 +58,30 @@ async def admit(comm: pccl.Communicator, world: int) -> None:
 
 def install_fault(kind: str, at: float) -> None:
     """Make the next ring of this process kill or stop the process part-way through."""
-    real = plans.execute  # runs every kind's op (only all-reduces here)
     sig = signal.SIGKILL if kind == "kill" else signal.SIGSTOP
 
-    async def faulty(make_op: Any, *, keep: Any, links: Any, world: int, **kw: Any) -> Any:
-        args = keep
-        conns = [inbox.connection for inbox in links.inboxes]
-        base = sum(c.statistics().data_bytes_received for c in conns)
-        expected = args.src.nbytes * 2 * (world - 1) / world
+    def wrap(real: Any) -> Any:
+        async def faulty(make_op: Any, *, keep: Any, links: Any, world: int, **kw: Any) -> Any:
+            args = keep
+            conns = [inbox.connection for inbox in links.inboxes]
+            base = sum(c.statistics().data_bytes_received for c in conns)
+            expected = args.src.nbytes * 2 * (world - 1) / world
 
-        async def trigger() -> None:
-            while sum(c.statistics().data_bytes_received for c in conns) - base < at * expected:
-                await trio.sleep(0.0005)
-            os.kill(os.getpid(), sig)
+            async def trigger() -> None:
+                while sum(c.statistics().data_bytes_received for c in conns) - base < at * expected:
+                    await trio.sleep(0.0005)
+                os.kill(os.getpid(), sig)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trigger)
-            try:
-                return await real(make_op, keep=keep, links=links, world=world, **kw)
-            finally:
-                nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trigger)
+                try:
+                    return await real(make_op, keep=keep, links=links, world=world, **kw)
+                finally:
+                    nursery.cancel_scope.cancel()
 
-    plans.execute = faulty  # type: ignore[assignment]
+        return faulty
+
+    pccl.testing.plant_execute_fault(wrap)  # every kind's data path: only all-reduces run here
 
 
 async def run_matrix(comm: pccl.Communicator, index: int, out: str) -> None:

@@ -31,8 +31,7 @@ import numpy as np
 import trio
 
 import pccl
-from pccl.collectives.kinds import KIND_OPS
-from pccl.protocol.messages import CollectiveKind
+import pccl.testing
 from allreduce_cases import digest, make_input, quantization, reduce_op
 from allreduce_peer import admit, emit
 
@@ -45,9 +44,11 @@ def install_fault(kind: str, at: float) -> None:
     is processed.  A watcher task or thread could be starved until the op had finished (the
     data path may keep the Trio thread busy, the machine may be loaded) and miss it.  Planted in
     the kind's row (:mod:`pccl.collectives.kinds`): its ops are made counting."""
-    row = KIND_OPS[CollectiveKind[kind.upper()]]
 
-    def faulty(call: Any, commence: Any, place: Any) -> Any:
+    def counting_ops(row: Any) -> Any:
+        return dataclasses.replace(row, make_op=lambda call, commence, place: counting_op(row, call, commence, place))
+
+    def counting_op(row: Any, call: Any, commence: Any, place: Any) -> Any:
         op = row.make_op(call, commence, place)
         world, rank = place.world, place.rank
         sender = kind == "broadcast" and commence.ring[rank] == call.own
@@ -71,7 +72,7 @@ def install_fault(kind: str, at: float) -> None:
         setattr(op, method, counting)  # this op only
         return op
 
-    KIND_OPS[row.kind] = dataclasses.replace(row, make_op=faulty)  # type: ignore[index]
+    pccl.testing.plant_kind_fault(kind, counting_ops)
 
 
 def _input(spec: dict[str, Any], index: int) -> np.ndarray:

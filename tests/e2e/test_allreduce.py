@@ -39,7 +39,7 @@ from pccl.net.base import Listener, Network, Stream
 from pccl.net.tcp import TcpNetwork
 from pccl.collectives.buckets import DEFAULT_BUCKET_BYTES, SEGMENTED_MIN_BYTES, plan_buckets
 from pccl.protocol.ring import EXCHANGE_MAX_BYTES, uses_exchange
-from inproc_group import in_process_group
+from pccl.testing import open_test_cluster
 from allreduce_cases import digest, make_input, matrix_cases, np_dtype, reduce_op
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -505,9 +505,9 @@ class GatedNetwork(Network):
         self._released.set()
 
 
-def _in_process_group(world: int, *, config: Config = CFG, gated: dict[int, Any] | None = None) -> Any:
+def _in_process_group(world: int, *, config: Config = CFG, network: dict[int, Any] | None = None) -> Any:
     """A master and ``world`` accepted communicators (peer ``i`` on ``gated[i]`` if given)."""
-    return in_process_group(world, token=TOKEN, config=config, soon=SOON, gated=gated)
+    return open_test_cluster(world, token=TOKEN, config=config, soon=SOON, network=network)
 
 
 def _f32_inputs(world: int, n: int, seed: int) -> list[np.ndarray]:
@@ -569,7 +569,7 @@ async def test_alone_is_too_few_peers_and_bad_buffers_are_refused_before_the_vot
         for kwargs in bad_calls:
             with pytest.raises(InvalidArgument):
                 await comms[0].all_reduce(**kwargs)
-        assert master.state.ops() == []  # nothing reached the master
+        assert pccl.testing.master_snapshot(master).ops == ()  # nothing reached the master
         inputs = _f32_inputs(2, 1000, 1)
         bufs = [x.copy() for x in inputs]
         infos = await _all_reduce_all(comms, bufs)
@@ -597,7 +597,7 @@ async def _cancel_peer_0_once_held(comms: list[pccl.Communicator], bufs: list[np
 
 
 async def test_cancelling_mid_ring_restores_the_input_and_aborts_the_others() -> None:
-    async with _in_process_group(3, gated={0: GatedNetwork}) as (master, comms, networks):
+    async with _in_process_group(3, network={0: GatedNetwork}) as (master, comms, networks):
         gate = networks[0]
         inputs = _f32_inputs(3, 3_000_000, 2)
         bufs = [x.copy() for x in inputs]
@@ -622,7 +622,7 @@ async def test_a_segmented_bucket_cancelled_mid_ring_holds_its_inputs_and_is_red
     was aborted: its call retries, and meets peer 0's next call or (its re-wire against that
     call's vote) ends with a phase mismatch — then its arrays hold their inputs too.  Once both
     calls went through, both hold the reduction of the original inputs."""
-    async with _in_process_group(2, gated={0: GatedNetwork}) as (master, comms, networks):
+    async with _in_process_group(2, network={0: GatedNetwork}) as (master, comms, networks):
         gate = networks[0]
         n = SEGMENTED_MIN_BYTES // 4
         sizes = [3 * n, n + 5, 2 * n + 1]
@@ -713,14 +713,14 @@ async def test_segmented_buckets_cut_differently_are_refused_by_the_master(caplo
 async def test_two_peer_exchange_aborted_after_one_peer_finished_restores_both_inputs() -> None:
     """A small op of two peers is one exchange: peer 1 gets peer 0's frame and finishes, while
     peer 0 is frozen before receiving and then cancelled.  Both inputs must be intact."""
-    async with _in_process_group(2, gated={0: GatedNetwork}) as (master, comms, networks):
+    async with _in_process_group(2, network={0: GatedNetwork}) as (master, comms, networks):
         gate = networks[0]
         inputs = _f32_inputs(2, 4096, 5)
         bufs = [x.copy() for x in inputs]
         gate.hold_after_more(0)  # peer 0 sends its whole input, then receives nothing
 
         async def peer_1_reported_success() -> None:  # it reduced peer 0's input into its result
-            while not any(comms[1].peer_id in op.done for op in master.state.ops()):
+            while not any(comms[1].peer_id in op.done for op in pccl.testing.master_snapshot(master).ops):
                 await trio.sleep(0.005)
 
         outcome = await _cancel_peer_0_once_held(comms, bufs, gate, tag=4, then=peer_1_reported_success)
@@ -771,18 +771,16 @@ async def test_a_tag_reused_right_after_a_cancelled_call_still_reduces_correctly
     async with _in_process_group(2) as (master, comms, _):
         x = [np.full(1000, i + 1, np.float32) for i in range(2)]
         expect = np.full(1000, 3, np.float32)
-        service = pccl.testing.session(comms[1])
-        real_tell = service.send_shielded
+        faults = contextlib.ExitStack()
 
-        async def late_done(msg: m.Message, **kw: Any) -> None:
+        async def late_done(msg: m.Message) -> None:
             if isinstance(msg, m.CollectiveDone):
                 await trio.sleep(0.5)
-            await real_tell(msg, **kw)
 
         bufs = [a.copy() for a in x]
         await _all_reduce_all(comms, bufs, tag=1)
         assert all(np.array_equal(b, expect) for b in bufs)
-        service.send_shielded = late_done  # type: ignore[method-assign]
+        faults.enter_context(pccl.testing.intercept_master_sends(comms[1], late_done))
         again: dict[int, Any] = {}
         try:
             async def p0() -> None:
@@ -806,7 +804,7 @@ async def test_a_tag_reused_right_after_a_cancelled_call_still_reduces_correctly
                     nursery.start_soon(p0)
                     nursery.start_soon(p1)
         finally:
-            service.send_shielded = real_tell  # type: ignore[method-assign]
+            faults.close()
         assert all(isinstance(i, pccl.ReduceInfo) for i in again.values()) and len(again) == 2, again
         for _ in range(2):
             bufs = [a.copy() for a in x]
@@ -830,7 +828,7 @@ async def test_a_call_cancelled_during_the_vote_is_withdrawn_and_frees_its_tag()
             with trio.move_on_after(0.3) as waited:
                 await comms[0].all_reduce(bufs[0], tag=0)  # nobody else calls yet: the vote stays open
             assert waited.cancelled_caught
-            await _until(lambda: not master.state.ops())  # withdrawn at the master
+            await _until(lambda: not pccl.testing.master_snapshot(master).ops)  # withdrawn at the master
             infos = await _all_reduce_all(comms, bufs, tag=0)
         assert all(isinstance(i, pccl.ReduceInfo) for i in infos), infos
         expected = ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM)
@@ -862,15 +860,13 @@ async def test_a_withdrawal_that_crosses_the_commence_aborts_the_others_once() -
     async with _in_process_group(2) as (master, comms, _):
         inputs = _f32_inputs(2, 10_000, 5)
         bufs = [x.copy() for x in inputs]
-        session = pccl.testing.session(comms[0])
-        real_send = session.send_shielded
+        faults = contextlib.ExitStack()
 
-        async def withdraw_late(msg: m.Message, **kw: Any) -> None:
+        async def withdraw_late(msg: m.Message) -> None:
             if isinstance(msg, m.CollectiveWithdraw):
-                await _until(lambda: any(op.seq is not None for op in master.state.ops()))
-            await real_send(msg, **kw)
+                await _until(lambda: any(op.seq is not None for op in pccl.testing.master_snapshot(master).ops))
 
-        session.send_shielded = withdraw_late  # type: ignore[method-assign]
+        faults.enter_context(pccl.testing.intercept_master_sends(comms[0], withdraw_late))
         try:
             with trio.fail_after(SOON):
                 with trio.move_on_after(0.2):
@@ -878,7 +874,7 @@ async def test_a_withdrawal_that_crosses_the_commence_aborts_the_others_once() -
                 with pytest.raises(CollectiveAborted):
                     await comms[1].all_reduce(bufs[1], tag=2)
         finally:
-            session.send_shielded = real_send  # type: ignore[method-assign]
+            faults.close()
         assert np.array_equal(bufs[0], inputs[0]) and np.array_equal(bufs[1], inputs[1])
         infos = await _all_reduce_all(comms, bufs, tag=2)
         assert all(isinstance(i, pccl.ReduceInfo) for i in infos), infos
@@ -891,21 +887,18 @@ async def test_abort_after_local_completion_restores_the_input() -> None:
     async with _in_process_group(3) as (master, comms, _):
         inputs = _f32_inputs(3, 500_000, 4)
         bufs = [x.copy() for x in inputs]
-        crasher = pccl.testing.session(comms[2])
         finished = {comms[0].peer_id, comms[1].peer_id}
-        real_tell = crasher.send_shielded
 
-        async def crash_instead_of_done(msg: m.Message, **kw: Any) -> None:
+        async def crash_instead_of_done(msg: m.Message) -> None:
             if isinstance(msg, m.CollectiveDone) and not msg.aborted:
                 # Every byte has moved; the others report success; this peer dies before it does.
-                while not any(op.done >= finished for op in master.state.ops()):
+                while not any(op.done >= finished for op in pccl.testing.master_snapshot(master).ops):
                     await trio.sleep(0.005)
-                assert crasher.master is not None
-                crasher.master.abort()
+                pccl.testing.drop_master_link(comms[2])
                 await trio.sleep_forever()
-            await real_tell(msg, **kw)
 
-        crasher.send_shielded = crash_instead_of_done  # type: ignore[method-assign]
+        faults = contextlib.ExitStack()
+        faults.enter_context(pccl.testing.intercept_master_sends(comms[2], crash_instead_of_done))
         survivors = comms[:2]
         outcome: list[Any] = [None] * 2
         with trio.fail_after(SOON):
@@ -919,6 +912,7 @@ async def test_abort_after_local_completion_restores_the_input() -> None:
                 nursery.start_soon(crashing_peer)
                 outcome = await _all_reduce_all(survivors, bufs[:2])
                 crash_scope.cancel()
+        faults.close()
         assert all(isinstance(o, CollectiveAborted) for o in outcome), outcome
         assert np.array_equal(bufs[0], inputs[0]) and np.array_equal(bufs[1], inputs[1])
         # Retry over the two survivors (the stale ring is re-wired automatically).
@@ -930,7 +924,7 @@ async def test_abort_after_local_completion_restores_the_input() -> None:
 
 async def test_a_ring_that_stalls_is_aborted_though_every_peer_answers_the_master() -> None:
     config = Config(peer_timeout=1.0, heartbeat_interval=0.2, connect_timeout=5.0, p2p_base_port=0)
-    async with _in_process_group(3, config=config, gated={1: GatedNetwork}) as (master, comms, networks):
+    async with _in_process_group(3, config=config, network={1: GatedNetwork}) as (master, comms, networks):
         gate = networks[1]
         inputs = _f32_inputs(3, 2_000_000, 5)
         bufs = [x.copy() for x in inputs]

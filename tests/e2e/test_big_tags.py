@@ -23,7 +23,7 @@ import trio
 import pccl
 from pccl import CollectiveAborted, Config
 from pccl.collectives.turns import THREAD_OPS
-from inproc_group import in_process_group
+from pccl.testing import open_test_cluster
 
 TOKEN = "big-tags-token"
 #: Long enough that a peer starved of CPU on a loaded 2-core machine is not taken for a dead one.
@@ -94,7 +94,7 @@ async def test_hundreds_of_concurrent_large_all_reduces_finish_with_few_lane_thr
     bufs = [[x.copy() for x in row] for row in inputs]
     calls = [lambda i, c, t=t: c.all_reduce(bufs[t][i], tag=t + 1) for t in range(tags)]
     ceiling = LaneThreadCeiling()
-    async with in_process_group(WORLD, token=TOKEN, config=CONFIG, soon=30.0) as (master, comms, _):
+    async with open_test_cluster(WORLD, token=TOKEN, config=CONFIG, soon=30.0) as (master, comms, _):
         out = await _concurrently(comms, calls, ceiling)
         assert master.statistics().kicks == 0
     failed = _failures(out)
@@ -119,7 +119,7 @@ async def test_large_and_small_ops_of_every_kind_run_concurrently() -> None:
     inputs = [[rng.integers(-1000, 1000, n).astype(np.float32) for _ in range(WORLD)] for _, n in plans]
     bufs = [[x.copy() for x in row] for row in inputs]
     ceiling = LaneThreadCeiling()
-    async with in_process_group(WORLD, token=TOKEN, config=CONFIG, soon=30.0) as (master, comms, _):
+    async with open_test_cluster(WORLD, token=TOKEN, config=CONFIG, soon=30.0) as (master, comms, _):
         root = comms[1].peer_id
         ids = [c.peer_id for c in comms]
 
@@ -171,7 +171,7 @@ async def test_a_large_op_cancelled_while_it_waits_for_its_turn_aborts_alone() -
     finished = [0]
     scopes = [trio.CancelScope() for _ in range(tags)]  # peer 0's calls
     chosen: list[int] = []
-    async with in_process_group(WORLD, token=TOKEN, config=CONFIG, soon=30.0) as (master, comms, _):
+    async with open_test_cluster(WORLD, token=TOKEN, config=CONFIG, soon=30.0) as (master, comms, _):
 
         async def one(t: int, i: int) -> None:
             scope = scopes[t] if i == 0 else trio.CancelScope()
@@ -187,7 +187,7 @@ async def test_a_large_op_cancelled_while_it_waits_for_its_turn_aborts_alone() -
         async def cancel_victim() -> None:
             while True:
                 if finished[0] >= 3:
-                    waiting = [op.tag - 1 for op in master.state.ops()
+                    waiting = [op.tag - 1 for op in pccl.testing.master_snapshot(master).ops
                                if op.seq is not None and 0 < op.tag <= tags and out[op.tag - 1][0] is None]
                     if waiting:
                         chosen.append(max(waiting))

@@ -20,7 +20,7 @@ import pytest
 import pccl
 import pccl.blocking
 from pccl import InvalidArgument, InvalidUsage, MasterUnreachable, ReduceOp, TooFewPeers
-from master_thread import MasterThread, master_in_thread
+from pccl.testing import MasterThread, master_in_thread
 
 torch = pytest.importorskip("torch")
 

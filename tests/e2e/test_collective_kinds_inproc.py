@@ -13,7 +13,7 @@ import trio
 
 import pccl
 from pccl import CollectiveAborted, Config, InvalidArgument, InvalidUsage, Quantization, ReduceOp, TooFewPeers
-from inproc_group import each, in_process_group
+from pccl.testing import each, open_test_cluster
 
 TOKEN = "kinds-inproc"
 CFG = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
@@ -22,7 +22,7 @@ SOON = 30.0
 
 
 def _group(world: int) -> Any:
-    return in_process_group(world, token=TOKEN, config=CFG, soon=SOON)
+    return open_test_cluster(world, token=TOKEN, config=CFG, soon=SOON)
 
 
 
@@ -51,7 +51,7 @@ async def test_bad_arguments_are_refused_before_the_vote_and_alone_is_too_few_pe
         for call in bad:
             with pytest.raises(InvalidArgument):
                 await call()
-        assert master.state.ops() == []
+        assert pccl.testing.master_snapshot(master).ops == ()
 
 
 @pytest.mark.parametrize("case", ["kind", "dtype", "op", "quantization", "bits", "block", "root", "count"])

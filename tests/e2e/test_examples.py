@@ -23,7 +23,7 @@ import pytest
 
 import pccl
 from child_process import Child
-from master_thread import master_in_thread
+from pccl.testing import master_in_thread
 from pccl.tools.bench import free_port
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"

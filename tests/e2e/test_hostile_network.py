@@ -44,7 +44,7 @@ BOUND = 20.0  # far below the 30 s an idle connection may hold a slot
 MIB = 1024 * 1024
 
 
-async def _connect_from(source: str, address: str) -> trio.SocketStream:
+async def connect_from(source: str, address: str) -> trio.SocketStream:
     host, port = parse_address(address)
     return await trio.open_tcp_stream(host, port, local_address=source)
 
@@ -55,7 +55,7 @@ async def idle_flood(address: str, count: int, source: str = FLOOD_SOURCE) -> As
     streams: list[trio.SocketStream] = []
     try:
         for _ in range(count):
-            streams.append(await _connect_from(source, address))
+            streams.append(await connect_from(source, address))
         yield streams
     finally:
         for stream in streams:
@@ -105,7 +105,7 @@ class Run:
 
             async with trio.open_nursery() as voters:
                 voters.start_soon(newcomer)
-                await _wait_until(lambda: any(p.status is PeerStatus.REGISTERED for p in self.master.state.peers()),
+                await _wait_until(lambda: any(p.status is PeerStatus.REGISTERED for p in pccl.testing.master_snapshot(self.master).peers),
                                   "the newcomer registered")
                 for comm in self.comms:
                     voters.start_soon(comm.update_topology)
@@ -164,9 +164,9 @@ async def test_idle_connections_at_a_ring_port_do_not_get_the_peer_kicked(flood_
         async with run() as r:
             a = await r.join(_state(0))
             b = await r.join(_state(0))
-            ring_port = pccl.testing.session(b).p2p_listener.address
+            ring_port = pccl.testing.listener_address(b, "ring")
             async with idle_flood(ring_port, 100):  # more than the 32 slots a peer used to have
-                await _wait_until(lambda: pccl.testing.session(b).p2p_admission.waiting == 100 - PEER_LIMITS.per_address,
+                await _wait_until(lambda: pccl.testing.admission_counts(b, "ring").waiting == 100 - PEER_LIMITS.per_address,
                                   "the flood accepted")
                 c = await r.join(_state(0))  # a new round: b's ring predecessor dials b's port
                 assert a.world_size == b.world_size == c.world_size == 3
@@ -185,7 +185,7 @@ async def test_idle_connections_at_the_shared_state_ports_do_not_break_a_downloa
             await r.join(_state(1))
             await r.join(_state(1))
             await r.sync()
-            sources = [pccl.testing.sync_service(c).listener.address for c in r.comms]
+            sources = [pccl.testing.listener_address(c, "sync") for c in r.comms]
             async with idle_flood(sources[0], 100), idle_flood(sources[1], 100):
                 newcomer_state = _state(2)
                 await r.join(newcomer_state)
@@ -201,7 +201,7 @@ async def test_idle_connections_at_the_shared_state_ports_do_not_break_a_downloa
 async def _announce_big_frame(address: str, source: str) -> trio.SocketStream:
     """Complete the handshake without a token, then announce a 16 MiB control frame and send
     1,000 bytes of it."""
-    stream = await _connect_from(source, address)
+    stream = await connect_from(source, address)
     hello = m.Hello(role=m.HandshakeRole.CLIENT, has_token=False, nonce=bytes(handshake.NONCE_SIZE))
     await stream.send_all(handshake.encode_preamble() + codec.encode_message(hello, max_frame_size=1024)
                           + struct.pack(">IB", 16 * MIB - 1, codec.FrameKind.CONTROL) + b"\x00" * 1000)
@@ -215,7 +215,7 @@ async def test_half_sent_big_frames_cost_what_arrived(flood_source_works: None) 
     with trio.fail_after(BOUND * 2):
         async with run() as r:
             peer = await r.join(_state(0))
-            ports = [r.master.address, pccl.testing.session(peer).p2p_listener.address, pccl.testing.sync_service(peer).listener.address]
+            ports = [r.master.address, pccl.testing.listener_address(peer, "ring"), pccl.testing.listener_address(peer, "sync")]
             tracemalloc.start()
             try:
                 before = tracemalloc.get_traced_memory()[0]

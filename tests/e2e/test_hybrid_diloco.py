@@ -20,7 +20,7 @@ import pytest
 
 import pccl
 from child_process import Child
-from master_thread import master_in_thread
+from pccl.testing import master_in_thread
 
 pytest.importorskip("torch")
 

@@ -20,7 +20,7 @@ import pccl
 import pccl.testing
 from pccl import Config
 from pccl.protocol.codec import DataHeader
-from inproc_group import admit, in_process_group
+from pccl.testing import admit, open_test_cluster
 
 TOKEN = "kept-lanes-token"
 CFG = Config(peer_timeout=2.0, heartbeat_interval=0.25, connect_timeout=2.0, p2p_base_port=0, p2p_lanes=2)
@@ -62,9 +62,9 @@ async def _all_reduce_everywhere(comms: list[pccl.Communicator], n: int) -> None
 async def test_a_newcomer_redials_only_the_ring_edges_it_changes(cfg: Config) -> None:
     lanes = CFG.lanes_for()
     with trio.fail_after(BOUND):
-        async with in_process_group(3, token=TOKEN, config=cfg) as (master, comms, _), trio.open_nursery() as nursery:
+        async with open_test_cluster(3, token=TOKEN, config=cfg) as (master, comms, _), trio.open_nursery() as nursery:
             ring_before = comms[0].ring
-            before = {c.peer_id: (c.statistics(), c.p2p.to_successor()) for c in comms}
+            before = {c.peer_id: (c.statistics(), pccl.testing.ring_lanes(c).to_successor) for c in comms}
             newcomer, newcomer_scope = await admit(
                 nursery, master, comms, lambda: pccl.open_communicator(master.address, token=TOKEN, config=cfg))
             ring = comms[0].ring
@@ -78,7 +78,7 @@ async def test_a_newcomer_redials_only_the_ring_edges_it_changes(cfg: Config) ->
                 # An unchanged edge keeps its connections (no dial); a changed one dials its lanes.
                 assert now.p2p_lanes_kept - stats.p2p_lanes_kept == (lanes if same else 0), comm.peer_id
                 assert now.p2p_dials - stats.p2p_dials == (0 if same else lanes), comm.peer_id
-                assert (comm.p2p.to_successor() == lanes_before) is same
+                assert (pccl.testing.ring_lanes(comm).to_successor == lanes_before) is same
             assert changed == 1  # exactly one old peer precedes the newcomer
             assert newcomer.statistics().p2p_dials == lanes
             await _all_reduce_everywhere([*comms, newcomer], 50_000)
@@ -94,20 +94,20 @@ async def test_a_lane_the_successor_dropped_is_dialled_afresh(cfg: Config, how: 
     closed, dials afresh, and the round and the all-reduces after it succeed."""
     lanes = CFG.lanes_for()
     with trio.fail_after(BOUND):
-        async with in_process_group(3, token=TOKEN, config=cfg) as (_, comms, _):
+        async with open_test_cluster(3, token=TOKEN, config=cfg) as (_, comms, _):
             await _all_reduce_everywhere(comms, 10_000)
             a = comms[0]
             succ = next(c for c in comms if c.peer_id == _successor(a.ring, a.peer_id))
             if how == "unread_data":
                 stray = np.ones(16, dtype=np.float32)
-                await a.p2p.to_successor()[1].send_data(DataHeader(10_000, 0, 0, 0, stray.nbytes), stray)
+                await pccl.testing.send_data_on_lane(a, 1, DataHeader(10_000, 0, 0, 0, stray.nbytes), stray)
             else:
-                succ.p2p.incoming[a.peer_id][1].abort()
+                pccl.testing.break_lane(succ, a.peer_id, 1)
             stats = {c.peer_id: c.statistics() for c in comms}
             with caplog.at_level(logging.INFO, logger="pccl._peer.wiring"):
                 async with trio.open_nursery() as voters:  # a group re-wire: the ring stays the same
                     for comm in comms:
-                        voters.start_soon(pccl.testing.session(comm).rewire)
+                        voters.start_soon(pccl.testing.force_rewire, comm)
             if how == "unread_data":  # the stray frame is named where the lane is dropped
                 assert any("kept lane 1" in r.getMessage() and "data frame" in r.getMessage() for r in caplog.records)
             for comm in comms:

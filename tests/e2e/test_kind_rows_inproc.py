@@ -26,8 +26,7 @@ from pccl.collectives.lane_op import LaneOp
 from pccl.protocol import messages as m
 from pccl.protocol.master.collectives import KINDS
 from pccl.protocol.messages import CollectiveKind
-from pccl.testing import all_reduce_service
-from inproc_group import each, in_process_group
+from pccl.testing import each, open_test_cluster, run_kind
 
 CFG = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
              shared_state_base_port=0)
@@ -71,13 +70,13 @@ MAX_INDEX = KindOps(
 
 
 async def test_a_toy_kind_of_one_row_and_one_op_module_runs_on_every_peer() -> None:
-    async with in_process_group(3, token="kind-rows", config=CFG) as (_, comms, _nets):
+    async with open_test_cluster(3, token="kind-rows", config=CFG) as (_, comms, _nets):
         ids = [c.peer_id for c in comms]
         rng = np.random.default_rng(45)
         inputs = {pid: rng.standard_normal(1000).astype(np.float32) for pid in ids}
 
         async def call(i: int, comm: Any) -> Any:
-            return await all_reduce_service(comm).call(MAX_INDEX, inputs[ids[i]], 7)
+            return await run_kind(comm, MAX_INDEX, inputs[ids[i]], 7)
 
         results = await each(comms, call)
         ring = results[0].peers
@@ -95,15 +94,14 @@ async def test_a_toy_kind_of_one_row_and_one_op_module_runs_on_every_peer() -> N
 
 
 async def test_the_toy_kinds_bad_arguments_are_refused_before_the_vote() -> None:
-    async with in_process_group(2, token="kind-rows", config=CFG) as (_, comms, _nets):
-        service = all_reduce_service(comms[0])
+    async with open_test_cluster(2, token="kind-rows", config=CFG) as (_, comms, _nets):
         with pytest.raises(InvalidArgument):
-            await service.call(MAX_INDEX, np.ones(4, np.float32), -1)
+            await run_kind(comms[0], MAX_INDEX, np.ones(4, np.float32), -1)
         with pytest.raises(InvalidArgument):
-            await service.call(MAX_INDEX, np.ones(3, np.complex64), 1)
+            await run_kind(comms[0], MAX_INDEX, np.ones(3, np.complex64), 1)
         # No vote went out: tag 1 is free (a standing vote of peer 0 would make this TAG_IN_USE).
         x = [np.array([1, 5], np.int32), np.array([2, 4], np.int32)]
-        results = await each(comms, lambda i, comm: all_reduce_service(comm).call(MAX_INDEX, x[i], 1))
+        results = await each(comms, lambda i, comm: run_kind(comm, MAX_INDEX, x[i], 1))
         ring = results[0].peers
         expected = [ring.index(comms[1].peer_id), ring.index(comms[0].peer_id)]
         assert all(r.positions.tolist() == expected for r in results), results

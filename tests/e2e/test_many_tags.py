@@ -18,7 +18,7 @@ import trio
 
 import pccl
 from pccl import CollectiveAborted, Config
-from inproc_group import in_process_group
+from pccl.testing import open_test_cluster
 from test_allreduce import GatedNetwork
 
 TOKEN = "many-tags-token"
@@ -65,7 +65,7 @@ async def test_thousands_of_concurrent_tags_all_reduce_without_false_stalls(
     rng = np.random.default_rng(31)
     # Small integers: every summation order gives the exact sum, so numpy's is the reference.
     inputs = [[rng.integers(-1000, 1000, count).astype(np.float32) for _ in range(world)] for _ in range(tags)]
-    async with in_process_group(world, token=TOKEN, config=CONFIG, soon=30.0) as (master, comms, _):
+    async with open_test_cluster(world, token=TOKEN, config=CONFIG, soon=30.0) as (master, comms, _):
         out = await _reduce_concurrently(comms, inputs)
         assert master.statistics().kicks == 0
     errors = [(t + 1, r) for t, row in enumerate(out) for r in row if not isinstance(r, np.ndarray)]
@@ -92,8 +92,8 @@ async def test_a_stalled_ring_aborts_all_its_ops_with_one_warning_per_peer(caplo
     tags, count = 40, 65536
     rng = np.random.default_rng(5)
     inputs = [[rng.standard_normal(count).astype(np.float32) for _ in range(3)] for _ in range(tags)]
-    async with in_process_group(3, token=TOKEN, config=config, soon=30.0,
-                                gated={1: GatedNetwork}) as (master, comms, networks):
+    async with open_test_cluster(3, token=TOKEN, config=config, soon=30.0,
+                                network={1: GatedNetwork}) as (master, comms, networks):
         gate = networks[1]
         assert isinstance(gate, GatedNetwork)
         gate.hold_after_more(1 << 20)

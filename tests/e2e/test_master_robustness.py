@@ -27,7 +27,7 @@ import pccl.testing
 from pccl import Config
 from pccl.errors import KickReason, PCCLError
 from pccl.master.server import MAX_PENDING_HANDSHAKES
-from pccl.net.base import Listener, Network, Stream
+from pccl.net.base import Listener, Network, Stream, parse_address
 from pccl.net.framed import FramedConnection, open_framed
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol import codec, handshake
@@ -92,7 +92,7 @@ async def test_deeply_nested_frame_on_a_p2p_port_does_not_end_the_peer() -> None
     with trio.fail_after(BOUND):
         async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG) as master:
             async with pccl.open_communicator(master.address, token=TOKEN, config=CFG) as comm:
-                raw = await TcpNetwork(CFG).connect(f"127.0.0.1:{pccl.testing.session(comm).p2p_listener.port}")
+                raw = await TcpNetwork(CFG).connect(_loopback(pccl.testing.listener_address(comm, "ring")))
                 await raw.send_all(handshake.encode_preamble() + _control_frame(b"\x92\x05" + NESTED))
                 await _closed_by_the_other_side(raw)
                 await raw.aclose()
@@ -388,11 +388,16 @@ async def test_pending_p2p_connection_is_closed_when_the_peer_closes() -> None:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ResourceWarning)
                 async with pccl.open_communicator(master.address, token=TOKEN, config=CFG) as comm:
-                    port = pccl.testing.session(comm).p2p_listener.port
-                    silent = await open_framed(TcpNetwork(CFG), f"127.0.0.1:{port}", token=TOKEN, config=CFG)
+                    address = _loopback(pccl.testing.listener_address(comm, "ring"))
+                    silent = await open_framed(TcpNetwork(CFG), address, token=TOKEN, config=CFG)
                     await trio.sleep(0.1)  # the peer now waits for a hello
                 with pytest.raises(PCCLError):
                     await silent.receive()  # closed by the peer
                 await silent.aclose()
                 gc.collect()
             assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def _loopback(address: str) -> str:
+    """The same port on 127.0.0.1 (the peer may listen on every interface)."""
+    return f"127.0.0.1:{parse_address(address)[1]}"

@@ -10,6 +10,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -27,8 +28,6 @@ from pccl.errors import (
     TopologyUpdateFailed,
     TransportError,
 )
-from pccl._peer import sync as state_sync
-from pccl._peer import wiring
 from pccl.net.admission import AdmissionLimits
 from pccl.net.base import Listener, Network, Stream, parse_address
 from pccl.net.framed import open_framed
@@ -36,7 +35,7 @@ from pccl.net.tcp import TcpNetwork
 from pccl.protocol import codec
 from pccl.protocol import messages as m
 from pccl.protocol.phases import TopologyVote
-from inproc_group import admit
+from pccl.testing import admit
 
 TOKEN = "e2e-run-token"
 PEER_TIMEOUT = 2.0
@@ -155,7 +154,7 @@ async def test_second_peer_waits_for_update_topology(master: pccl.Master) -> Non
             await _wait_until(lambda: accepted, "newcomer accepted")
             assert _attrs(first) == (2, 2, 1, 2) and list(accepted.values()) == [(2, 2, 1, 2)]
             assert set(first.ring) == {first.peer_id, *accepted}
-            assert len(first.p2p.outgoing) == 1 and len(first.p2p.incoming) == 1
+            assert len(pccl.testing.ring_lanes(first).outgoing) == 1 and len(pccl.testing.ring_lanes(first).incoming) == 1
             done.set()
 
 
@@ -168,15 +167,15 @@ async def test_ring_links_have_the_configured_lanes() -> None:
                 c, _ = await _admit(nursery, master, [a, b], config=config)
                 peers = {x.peer_id: x for x in (a, b, c)}
                 for x in peers.values():
-                    assert len(x.p2p.to_successor()) == 3
-                    assert x.p2p.successor == peers[x.p2p.successor].peer_id
+                    lanes = pccl.testing.ring_lanes(x)
+                    assert len(lanes.to_successor) == 3
+                    assert lanes.successor in peers and lanes.successor != x.peer_id
                 # lane j of a peer's successor links is lane j of the successor's predecessor links
                 for x in peers.values():
-                    succ = peers[x.p2p.successor]
-                    incoming = await succ.p2p.from_predecessor()
-                    for lane, conn in enumerate(x.p2p.to_successor()):
-                        await conn.send(m.Welcome(lane))
-                    assert [(await conn.receive()).peer_id for conn in incoming] == [0, 1, 2]
+                    succ = peers[pccl.testing.ring_lanes(x).successor]
+                    for lane in range(3):
+                        await pccl.testing.send_on_lane(x, lane, m.Welcome(lane))
+                    assert [(await pccl.testing.receive_on_lane(succ, lane)).peer_id for lane in range(3)] == [0, 1, 2]
                 nursery.cancel_scope.cancel()
 
 
@@ -204,12 +203,12 @@ async def test_group_rewire_needs_only_the_group(master: pccl.Master) -> None:
             c, _ = await _admit(nursery, master, [a, b], group=1)
             rounds_before = a.statistics().p2p_rounds, c.statistics().p2p_rounds
             async with trio.open_nursery() as voters:  # c never votes
-                voters.start_soon(pccl.testing.session(a).rewire)
-                voters.start_soon(pccl.testing.session(b).rewire)
+                voters.start_soon(pccl.testing.force_rewire, a)
+                voters.start_soon(pccl.testing.force_rewire, b)
             assert a.statistics().p2p_rounds == rounds_before[0] + 1  # really reconnected
             assert c.statistics().p2p_rounds == rounds_before[1]
             assert _attrs(a) == _attrs(b) == (2, 3, 2, 2)
-            assert await a.p2p.from_predecessor() and a.p2p.to_successor()
+            assert await pccl.testing.lanes_from_predecessor(a) and pccl.testing.ring_lanes(a).to_successor
             nursery.cancel_scope.cancel()
 
 
@@ -223,7 +222,7 @@ async def test_peer_killed_during_the_accept_vote_does_not_wedge_the_others(mast
             async with trio.open_nursery() as voters:
                 voters.start_soon(a.update_topology)
                 voters.start_soon(b.update_topology)
-                await _wait_until(lambda: sum(p.topology_vote is not None for p in master.state.peers()) == 2,
+                await _wait_until(lambda: sum(p.topology_vote is not None for p in pccl.testing.master_snapshot(master).peers) == 2,
                                   "a and b voted, the victim did not")
                 await victim_net.kill()  # dies as the last missing vote
                 victim_scope.cancel()
@@ -427,8 +426,8 @@ async def test_kicked_peer_raises_kicked_with_the_reason(master: pccl.Master) ->
                     assert info.value.reason is KickReason.OUT_OF_PHASE
 
                 voters.start_soon(vote)
-                await _wait_until(lambda: any(p.topology_vote for p in master.state.peers()), "a voted")
-                await pccl.testing.session(a).send(m.VoteTopology(True))  # a second vote: out of phase
+                await _wait_until(lambda: any(p.topology_vote for p in pccl.testing.master_snapshot(master).peers), "a voted")
+                await pccl.testing.send_raw(a, m.VoteTopology(True))  # a second vote: out of phase
             with pytest.raises(Kicked):
                 await a.are_peers_pending()  # every later call, too
             assert master.statistics().accepted_peers == 1
@@ -442,7 +441,7 @@ async def test_cancelled_update_topology_leaves_its_vote_standing(master: pccl.M
             with trio.move_on_after(0.2) as cancelled:
                 await a.update_topology()  # waits for b's vote
             assert cancelled.cancelled_caught
-            votes = [p.topology_vote for p in master.state.peers() if p.topology_vote is not None]
+            votes = [p.topology_vote for p in pccl.testing.master_snapshot(master).peers if p.topology_vote is not None]
             assert len(votes) == 1, "a's vote must stand after the cancellation"
             async with trio.open_nursery() as voters:
                 voters.start_soon(a.update_topology)  # resumes waiting for the same vote (no second vote)
@@ -476,22 +475,21 @@ async def test_pending_query_while_a_collective_is_in_flight(master: pccl.Master
     with trio.fail_after(BOUND):
         async with _open(master.address) as a, trio.open_nursery() as nursery:
             b, _ = await _admit(nursery, master, [a])
-            inboxes = {c: pccl.testing.session(c).open_route(5).inbox for c in (a, b)}
+            inboxes = {c: pccl.testing.open_route(c, 5) for c in (a, b)}
             for c in (a, b):
-                await pccl.testing.session(c).send(m.CollectiveInit(5, 100, int(pccl.DType.FLOAT32), int(pccl.ReduceOp.SUM)))
+                await pccl.testing.send_raw(c, m.CollectiveInit(5, 100, int(pccl.DType.FLOAT32), int(pccl.ReduceOp.SUM)))
             commence = {c: await inboxes[c].receive() for c in (a, b)}
             assert all(isinstance(x, m.CollectiveCommence) for x in commence.values())
             assert commence[a].ring == commence[b].ring == a.ring
             # The ring links are in place and usable: a's successor receives what a sends.
-            assert a.p2p.successor == b.peer_id and b.p2p.predecessor == a.peer_id
-            (to_b,) = a.p2p.to_successor()
-            await to_b.send(m.Heartbeat())
-            (from_a,) = await b.p2p.from_predecessor()
-            assert isinstance(await from_a.receive(), m.Heartbeat)
+            assert pccl.testing.ring_lanes(a).successor == b.peer_id and pccl.testing.ring_lanes(b).predecessor == a.peer_id
+            assert len(pccl.testing.ring_lanes(a).to_successor) == 1
+            await pccl.testing.send_on_lane(a, 0, m.Heartbeat())
+            assert isinstance(await pccl.testing.receive_on_lane(b, 0), m.Heartbeat)
             with pytest.raises(pccl.InvalidUsage):
                 await a.update_topology()  # not while a collective is in flight
             with pytest.raises(pccl.InvalidUsage):
-                pccl.testing.session(a).open_route(5)  # the tag is taken
+                pccl.testing.open_route(a, 5)  # the tag is taken
 
             answers: list[bool] = []
 
@@ -503,10 +501,10 @@ async def test_pending_query_while_a_collective_is_in_flight(master: pccl.Master
                 voters.start_soon(pending, b)
             assert answers == [False, False]
             for c in (a, b):
-                await pccl.testing.session(c).send(m.CollectiveDone(5, commence[c].seq))
+                await pccl.testing.send_raw(c, m.CollectiveDone(5, commence[c].seq))
             for c in (a, b):
                 assert isinstance(await inboxes[c].receive(), m.CollectiveComplete)
-                pccl.testing.session(c).close_route(5)
+                pccl.testing.close_route(c, 5)
             nursery.cancel_scope.cancel()
 
 
@@ -517,17 +515,12 @@ async def test_closing_logs_no_lost_master_when_the_master_hangs_up_first(
     # clean close in three of a benchmark's peers), it must not be reported as a lost master.
     with trio.fail_after(BOUND):
         async with _open(master.address) as comm:
-            framed = pccl.testing.session(comm).master  # hold aclose() right after its Leave
-            assert framed is not None
-            real_send = framed.send
-
-            async def send_then_wait_for_the_hang_up(msg: m.Message) -> None:
-                await real_send(msg)
+            async def wait_for_the_hang_up(msg: m.Message) -> None:  # hold aclose() right after its Leave
                 if isinstance(msg, m.Leave):
-                    await _wait_until(lambda: pccl.testing.session(comm).failure is not None, "the reader saw the master hang up")
+                    await _wait_until(lambda: pccl.testing.failure_of(comm) is not None, "the reader saw the master hang up")
 
-            framed.send = send_then_wait_for_the_hang_up  # type: ignore[method-assign]
-        assert isinstance(pccl.testing.session(comm).failure, pccl.InvalidUsage)
+            pccl.testing.after_master_link_sends(comm, wait_for_the_hang_up)
+        assert isinstance(pccl.testing.failure_of(comm), pccl.InvalidUsage)
     lost = [r.getMessage() for r in caplog.records if "lost the connection to the master" in r.getMessage()]
     assert lost == []
 
@@ -540,43 +533,31 @@ async def test_a_failure_met_while_closing_is_the_close_not_a_lost_master(
     met: list[BaseException] = []
     with trio.fail_after(BOUND):
         async with _open(master.address) as comm:
-            session = pccl.testing.session(comm)
-            framed = session.master  # aclose() has sent its Leave: a heartbeat's send fails now
-            assert framed is not None
-            real_send = framed.send
-
-            async def send_then_fail_a_heartbeat(msg: m.Message) -> None:
-                await real_send(msg)
+            async def fail_a_heartbeat(msg: m.Message) -> None:  # aclose() has sent its Leave: a heartbeat's send fails now
                 if isinstance(msg, m.Leave):
                     try:
-                        session.master_send_failed(StreamClosed("the master hung up"))
+                        pccl.testing.fail_master_send(comm, StreamClosed("the master hung up"))
                     except pccl.PCCLError as exc:
                         met.append(exc)
 
-            framed.send = send_then_fail_a_heartbeat  # type: ignore[method-assign]
+            pccl.testing.after_master_link_sends(comm, fail_a_heartbeat)
     assert len(met) == 1 and isinstance(met[0], pccl.InvalidUsage) and "closed" in str(met[0])
-    assert isinstance(pccl.testing.session(comm).failure, pccl.InvalidUsage)
+    assert isinstance(pccl.testing.failure_of(comm), pccl.InvalidUsage)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "peer" in r.getMessage()]
 
 @pytest.mark.parametrize("which", ["ring", "shared state"])
 async def test_idle_connections_cannot_pile_up_in_a_peers_listener(master: pccl.Master, which: str,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                   ) -> None:
     # A peer's ports face the network: connections that have proved nothing hold a handshake
     # slot each (until Config.first_bytes_timeout); beyond the slots they are parked, unread,
     # until one frees, and the newest waiter gets it.
     small = AdmissionLimits(pending=3, per_address=3, waiting=100)
-    monkeypatch.setattr(wiring, "PEER_LIMITS", small)
-    monkeypatch.setattr(state_sync, "PEER_LIMITS", small)
     patient = dataclasses.replace(CFG, connect_timeout=60.0, first_bytes_timeout=60.0)  # no slot frees itself
-    with trio.fail_after(BOUND):
+    port_name: Literal["ring", "sync"] = "ring" if which == "ring" else "sync"
+    with trio.fail_after(BOUND), pccl.testing.peer_admission_limits(small):
         async with _open(master.address, config=patient) as comm:
-            if which == "ring":
-                listener, admission = pccl.testing.session(comm).p2p_listener, pccl.testing.session(comm).p2p_admission
-            else:
-                listener, admission = pccl.testing.sync_service(comm).listener, pccl.testing.sync_service(comm).admission
-            assert listener is not None
-            host, port = parse_address(listener.address)
-            counts = lambda: (admission.pending, admission.waiting)  # noqa: E731
+            host, port = parse_address(pccl.testing.listener_address(comm, port_name))
+            counts = lambda: dataclasses.astuple(pccl.testing.admission_counts(comm, port_name))  # noqa: E731
             idle = []
             for _ in range(8):
                 idle.append(await trio.open_tcp_stream(host, port))
@@ -670,7 +651,7 @@ async def test_an_accept_vote_and_a_rewire_vote_in_one_group_do_not_wait_for_eac
             b, _ = await _admit(nursery, master, [a])
             async with trio.open_nursery() as voters:
                 voters.start_soon(a.update_topology)
-                voters.start_soon(pccl.testing.session(b).rewire)  # the all-reduce's internal vote
+                voters.start_soon(pccl.testing.force_rewire, b)  # the all-reduce's internal vote
             assert a.world_size == b.world_size == 2 and a.ring == b.ring
             nursery.cancel_scope.cancel()
 
@@ -684,8 +665,8 @@ async def test_a_collective_called_while_an_internal_rewire_stands_waits_for_it_
     with trio.fail_after(BOUND):
         async with _open(master.address) as a, trio.open_nursery() as nursery:
             b, _ = await _admit(nursery, master, [a])
-            nursery.start_soon(pccl.testing.session(a).rewire)
-            await _wait_until(lambda: pccl.testing.session(a).phase.topology_vote is TopologyVote.REWIRE,
+            nursery.start_soon(pccl.testing.force_rewire, a)
+            await _wait_until(lambda: pccl.testing.phase_of(a).topology_vote is TopologyVote.REWIRE,
                               "a's re-wire vote stands")
             results: dict[str, np.ndarray] = {}
 
@@ -697,9 +678,9 @@ async def test_a_collective_called_while_an_internal_rewire_stands_waits_for_it_
             async with trio.open_nursery() as calls:
                 calls.start_soon(reduce, a, "a", 1.0)
                 await trio.sleep(0.2)
-                assert not results and pccl.testing.session(a).phase.topology_vote is TopologyVote.REWIRE
-                calls.start_soon(pccl.testing.session(b).rewire)  # b's own internal vote: the round completes
-                while pccl.testing.session(b).phase.topology_vote is not TopologyVote.REWIRE:
+                assert not results and pccl.testing.phase_of(a).topology_vote is TopologyVote.REWIRE
+                calls.start_soon(pccl.testing.force_rewire, b)  # b's own internal vote: the round completes
+                while pccl.testing.phase_of(b).topology_vote is not TopologyVote.REWIRE:
                     await trio.lowlevel.checkpoint()  # b's vote is out; the master's answer is a round trip away
                 calls.start_soon(reduce, b, "b", 2.0)  # b too calls while its re-wire stands
             assert results["a"].tolist() == results["b"].tolist() == [3.0] * 1000
@@ -729,10 +710,10 @@ async def test_a_call_waiting_for_a_peer_that_re_wires_first_is_ended_so_both_me
 
             async with trio.open_nursery() as calls:
                 calls.start_soon(reduce, b, "b", 2.0)  # b's vote waits for a's
-                await _wait_until(lambda: pccl.testing.session(b).phase.collectives == {7}, "b votes tag 7")
+                await _wait_until(lambda: pccl.testing.phase_of(b).collectives == {7}, "b votes tag 7")
                 await trio.sleep(0.1)
-                calls.start_soon(pccl.testing.session(a).rewire)  # a met the stale ring on another tag
-                while pccl.testing.session(a).phase.topology_vote is not TopologyVote.REWIRE:
+                calls.start_soon(pccl.testing.force_rewire, a)  # a met the stale ring on another tag
+                while pccl.testing.phase_of(a).topology_vote is not TopologyVote.REWIRE:
                     await trio.lowlevel.checkpoint()  # a's vote is out; the round is a round trip away
                 calls.start_soon(reduce, a, "a", 1.0)  # joins a's re-wire
             assert results["a"].tolist() == results["b"].tolist() == [3.0] * 1000

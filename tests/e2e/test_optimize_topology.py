@@ -17,8 +17,7 @@ from pccl.net.base import Listener, Network, Stream, parse_address
 from pccl.net.framed import open_framed
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol import messages as m
-from pccl._peer.probes import ProbeService, probe_bound
-from inproc_group import admit
+from pccl.testing import admit
 
 TOKEN = "optimise-token"
 CFG = Config(peer_timeout=3.0, heartbeat_interval=0.25, connect_timeout=2.0, p2p_base_port=0,
@@ -107,7 +106,7 @@ async def test_optimize_topology_installs_a_ring_that_avoids_the_slow_link() -> 
                 assert _successor(new_ring, a.peer_id) != succ
                 assert a.statistics().ring == new_ring
                 # The links were measured and kept: the slow one is the slowest by far.
-                links = master.state.measured_links()
+                links = pccl.testing.master_snapshot(master).measured_links
                 assert len(links) == 6
                 assert links[(a.peer_id, succ)] < min(v for k, v in links.items() if k != (a.peer_id, succ)) / 3
                 # The status page labels the installed ring's edges with those figures.
@@ -129,7 +128,7 @@ async def test_optimize_topology_installs_a_ring_that_avoids_the_slow_link() -> 
                     assert np.all(x == 6)
                 # A second call measures nothing new and keeps the ring.
                 await _all([a.optimize_topology, b.optimize_topology, c.optimize_topology])
-                assert a.ring == new_ring and len(master.state.measured_links()) == 6
+                assert a.ring == new_ring and len(pccl.testing.master_snapshot(master).measured_links) == 6
                 nursery.cancel_scope.cancel()
 
 
@@ -160,12 +159,11 @@ async def test_a_probe_of_a_stalled_peer_ends_within_its_bound() -> None:
                         held.append(await stalled.accept())
 
                 nursery.start_soon(hold)
-                service = ProbeService(pccl.testing.session(a))  # the service under test
                 target = m.PeerEndpoint(12345, "127.0.0.1", stalled.port, 0)
                 start = trio.current_time()
-                report = await service.run(m.ProbeRequest(7, (target,)))
+                report = await pccl.testing.probe(a, m.ProbeRequest(7, (target,)))
                 elapsed = trio.current_time() - start
                 assert report == m.ProbeReport(7, (m.ProbeResult(12345, 0.0, 0.0),))
                 assert held                                          # it did connect
-                assert elapsed <= probe_bound(CFG) + 1.0
+                assert elapsed <= pccl.testing.probe_bound(CFG) + 1.0
                 nursery.cancel_scope.cancel()

@@ -17,7 +17,7 @@ from pccl import Config
 from pccl.errors import ConnectionRefused, ConnectTimeout
 from pccl.net.tcp import TcpNetwork
 from pccl.protocol.paths import PathKind
-from inproc_group import admit, each
+from pccl.testing import admit, each
 
 TOKEN = "paths-token"
 CFG = Config(peer_timeout=4.0, heartbeat_interval=0.25, connect_timeout=3.0, direct_connect_timeout=0.6,
@@ -52,11 +52,11 @@ class Firewalled(TcpNetwork):
         return listener
 
 
-def _opener(master: pccl.Master, network: TcpNetwork, config: Config = CFG):
+def opener(master: pccl.Master, network: TcpNetwork, config: Config = CFG):
     return lambda: pccl.open_communicator(master.address, token=TOKEN, config=config, network=network)
 
 
-async def _sum_everywhere(comms: list[pccl.Communicator]) -> None:
+async def sum_everywhere(comms: list[pccl.Communicator]) -> None:
     inputs = [np.arange(50_000, dtype=np.float32) * (i + 1) for i in range(len(comms))]
     expected = sum(inputs)
     await each(comms, lambda i, c: c.all_reduce(inputs[i]))
@@ -77,7 +77,7 @@ async def test_firewalled_peers_join_reduce_sync_and_probe_over_dial_backs(drop:
             # firewalled peer (its ring predecessor's lanes, state fetches and probes from the
             # others) needs a dial-back.
             for network in (open_net, walled, open_net):
-                comm, scope = await admit(nursery, master, comms, _opener(master, network), soon=30)
+                comm, scope = await admit(nursery, master, comms, opener(master, network), soon=30)
                 comms.append(comm)
                 scopes.append(scope)
             state_arrays = [np.full(10_000, float(i), np.float32) for i in range(3)]
@@ -86,10 +86,10 @@ async def test_firewalled_peers_join_reduce_sync_and_probe_over_dial_backs(drop:
             assert [info.revision for info in infos] == [5, 5, 5]
             for a in state_arrays:
                 np.testing.assert_array_equal(a, state_arrays[0])
-            await _sum_everywhere(comms)
+            await sum_everywhere(comms)
             # A newcomer that is reachable fetches from all three, the firewalled ones included.
             late_arr = np.zeros(10_000, np.float32)
-            late, scope = await admit(nursery, master, comms, _opener(master, open_net), soon=30)
+            late, scope = await admit(nursery, master, comms, opener(master, open_net), soon=30)
             comms.append(late)
             scopes.append(scope)
             states.append(pccl.SharedState({"w": late_arr}))
@@ -97,11 +97,11 @@ async def test_firewalled_peers_join_reduce_sync_and_probe_over_dial_backs(drop:
                 s.revision = 6 if c is not late else 0
             await each(comms, lambda i, c: c.sync_shared_state(states[i]))
             np.testing.assert_array_equal(late_arr, state_arrays[0])
-            await _sum_everywhere(comms)
+            await sum_everywhere(comms)
             await each(comms, lambda i, c: c.optimize_topology(), within=60)
-            await _sum_everywhere(comms)
+            await sum_everywhere(comms)
 
-            kinds = {(p.initiator, p.target): p.kind for p in master.state.paths()}
+            kinds = {(p.initiator, p.target): p.kind for p in pccl.testing.master_snapshot(master).paths}
             walled_ids = {comms[1].peer_id}
             assert kinds, "nobody reported a path"
             for (initiator, target), kind in kinds.items():
@@ -124,7 +124,7 @@ async def test_two_firewalled_peers_without_a_relay_fail_clearly(caplog: pytest.
     caplog.set_level(logging.INFO)
     async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG) as master:
         async with trio.open_nursery() as nursery:
-            first, scope = await admit(nursery, master, [], _opener(master, Firewalled(CFG, closed, mine=True)))
+            first, scope = await admit(nursery, master, [], opener(master, Firewalled(CFG, closed, mine=True)))
             errors: list[BaseException] = []
 
             async def second() -> None:
@@ -167,10 +167,10 @@ async def test_a_wrong_advertisement_is_named_to_its_peer_which_is_dialled_back(
     caplog.set_level(logging.INFO)
     async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG) as master:
         async with trio.open_nursery() as nursery:
-            a, sa = await admit(nursery, master, [], _opener(master, Firewalled(CFG, closed)))
-            b, sb = await admit(nursery, master, [a], _opener(master, Firewalled(wrong, closed, mine=True), wrong),
+            a, sa = await admit(nursery, master, [], opener(master, Firewalled(CFG, closed)))
+            b, sb = await admit(nursery, master, [a], opener(master, Firewalled(wrong, closed, mine=True), wrong),
                                 soon=30)
-            await _sum_everywhere([a, b])
+            await sum_everywhere([a, b])
             sa.cancel()
             sb.cancel()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "Config.advertise" in r.getMessage()]

@@ -15,7 +15,7 @@ import trio
 
 import pccl
 from pccl import CollectiveAborted, Config, PhaseMismatch, ReduceOp
-from inproc_group import in_process_group
+from pccl.testing import open_test_cluster
 
 TOKEN = "phase-mismatch-token"
 PEER_TIMEOUT = 4.0
@@ -27,7 +27,7 @@ SOON = 30.0
 
 
 def _group(world: int) -> Any:
-    return in_process_group(world, token=TOKEN, config=CFG, soon=SOON)
+    return open_test_cluster(world, token=TOKEN, config=CFG, soon=SOON)
 
 
 async def _outcome(call: Any) -> Any:

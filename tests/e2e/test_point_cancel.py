@@ -10,7 +10,7 @@ import trio
 
 import pccl
 import pccl.testing
-from inproc_group import in_process_group
+from pccl.testing import open_test_cluster
 
 # Both peers share this test's event loop, which fills and copies 256 MiB arrays: beside a second
 # default run that blocked it for 2.4 s, and a 2 s peer_timeout took the pair for dead.  Nothing
@@ -20,7 +20,7 @@ NBYTES = 256 << 20
 
 
 async def test_cancelled_receives_withdraw_or_close_the_connections() -> None:
-    async with in_process_group(2, token=None, config=CFG) as (_, (a, b), _networks):
+    async with open_test_cluster(2, token=None, config=CFG) as (_, (a, b), _networks):
         payload = np.full(NBYTES, 3, np.uint8)
         target = np.zeros(NBYTES, np.uint8)
         # withdrawn: nobody sends yet; the next receive on the tag gets the next message
@@ -33,7 +33,6 @@ async def test_cancelled_receives_withdraw_or_close_the_connections() -> None:
         assert small.tolist() == [0, 1, 2, 3]
 
         # cancelled mid-message: the data is moving when the receive is cancelled
-        points = pccl.testing.session(a).points
         failures: list[BaseException] = []
 
         async def send() -> None:
@@ -46,7 +45,7 @@ async def test_cancelled_receives_withdraw_or_close_the_connections() -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(send)
                 with trio.CancelScope() as scope:
-                    nursery.start_soon(lambda: _cancel_when_moving(points, scope))
+                    nursery.start_soon(lambda: _cancel_when_moving(a, scope))
                     await a.recv(target, from_=b.peer_id, tag=2)
                 assert scope.cancelled_caught, "the receive completed before it could be cancelled"
         assert len(failures) == 1 and isinstance(failures[0], pccl.PeerDisconnected), failures
@@ -59,7 +58,7 @@ async def test_cancelled_receives_withdraw_or_close_the_connections() -> None:
         assert int(target[0]) == int(target[-1]) == 3
 
 
-async def _cancel_when_moving(points: object, scope: trio.CancelScope) -> None:
-    while not points.under_way():  # type: ignore[attr-defined]
+async def _cancel_when_moving(comm: pccl.Communicator, scope: trio.CancelScope) -> None:
+    while not pccl.testing.points_under_way(comm):
         await trio.sleep(0)
     scope.cancel()

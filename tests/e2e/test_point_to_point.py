@@ -29,7 +29,7 @@ import pytest
 import pccl
 import pccl.blocking
 from pccl import InvalidArgument, PeerDisconnected, TransferTimeout
-from master_thread import MasterThread, master_in_thread
+from pccl.testing import MasterThread, master_in_thread
 
 HERE = pathlib.Path(__file__).resolve().parent
 CFG = pccl.Config(peer_timeout=2.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0)

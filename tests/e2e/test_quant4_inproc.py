@@ -14,7 +14,7 @@ import trio
 
 import pccl
 from pccl import Config, InvalidUsage, Quantization, ReduceOp
-from inproc_group import each, in_process_group
+from pccl.testing import each, open_test_cluster
 
 TOKEN = "quant4-inproc"
 CFG = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
@@ -35,7 +35,7 @@ def _inputs(world: int, n: int, dtype: Any, seed: int) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("world", [2, 3])
 async def test_every_collective_is_bit_identical_at_four_bits(world: int) -> None:
-    async with in_process_group(world, token=TOKEN, config=CFG, soon=SOON) as (_, comms, _):
+    async with open_test_cluster(world, token=TOKEN, config=CFG, soon=SOON) as (_, comms, _):
         ids = [c.peer_id for c in comms]
         for dtype in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
             for quant in (Q4, Quantization(dtype="uint4"), Quantization(dtype=np.uint16, block=257)):
@@ -76,7 +76,7 @@ def _bound(inputs: list[np.ndarray], quant: Quantization, hops: int, exact: np.n
 
 async def test_four_bit_blockwise_all_reduce_sends_at_most_015x_of_float32() -> None:
     n = 1 << 20  # 4 MiB of float32: the ring (not the small-op exchange) either way
-    async with in_process_group(2, token=TOKEN, config=CFG, soon=SOON) as (_, comms, _):
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (_, comms, _):
         plain = await each(comms, lambda i, c: c.all_reduce(np.ones(n, np.float32) * i, tag=1))
         xs = _inputs(2, n, np.float32, seed=1)
         quantized = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=1, quantization=Q4))
@@ -87,7 +87,7 @@ async def test_four_bit_blockwise_all_reduce_sends_at_most_015x_of_float32() -> 
 
 
 async def test_all_reduce_many_quantizes_its_buckets_at_four_bits() -> None:
-    async with in_process_group(2, token=TOKEN, config=CFG, soon=SOON) as (_, comms, _):
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (_, comms, _):
         # Small arrays packed into a bucket, and two of 1 MiB or more reduced in place over both.
         arrays = [_inputs(2, n, np.float32, seed=n) for n in (1, 300, 262_145, 5, 300_001)]
         mine = [[a[i].copy() for a in arrays] for i in range(2)]
@@ -105,7 +105,7 @@ async def test_all_reduce_many_quantizes_its_buckets_at_four_bits() -> None:
 @pytest.mark.parametrize("theirs", [Quantization(dtype=np.uint8), Quantization(dtype="uint4", block=256)],
                          ids=["8-bit", "other-block"])
 async def test_mismatched_quantization_is_invalid_usage_on_every_peer(theirs: Quantization) -> None:
-    async with in_process_group(2, token=TOKEN, config=CFG, soon=SOON) as (_, comms, _):
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (_, comms, _):
         xs = _inputs(2, 1000, np.float32, seed=3)
         before = [x.copy() for x in xs]
         got = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=9, quantization=Q4 if i else theirs))

@@ -24,9 +24,9 @@ from pccl.relay import Relay, serve_relay
 from pccl.protocol import codec, handshake
 from pccl.protocol import messages as m
 from pccl.protocol.paths import PathKind
-from inproc_group import admit, each
-from test_hostile_network import MIB, _connect_from, flood_source_works, idle_flood  # noqa: F401 (a fixture)
-from test_paths_inproc import CFG, TOKEN, Firewalled, _opener, _sum_everywhere
+from pccl.testing import admit, each
+from test_hostile_network import MIB, connect_from, flood_source_works, idle_flood  # noqa: F401 (a fixture)
+from test_paths_inproc import CFG, TOKEN, Firewalled, opener, sum_everywhere
 
 
 @contextlib.asynccontextmanager
@@ -54,7 +54,7 @@ async def relay_process(master: pccl.Master, config: Config = CFG) -> AsyncItera
 
 
 def _relayed_paths(master: pccl.Master) -> dict[tuple[int, int], str]:
-    return {(p.initiator, p.target): p.via for p in master.state.paths() if p.kind is PathKind.RELAYED}
+    return {(p.initiator, p.target): p.via for p in pccl.testing.master_snapshot(master).paths if p.kind is PathKind.RELAYED}
 
 
 async def test_walled_peers_reduce_sync_and_probe_through_the_masters_relay() -> None:
@@ -64,14 +64,14 @@ async def test_walled_peers_reduce_sync_and_probe_through_the_masters_relay() ->
             comms: list[pccl.Communicator] = []
             scopes = []
             for _ in range(2):
-                comm, scope = await admit(nursery, master, comms, _opener(master, Firewalled(CFG, closed, mine=True)),
+                comm, scope = await admit(nursery, master, comms, opener(master, Firewalled(CFG, closed, mine=True)),
                                           soon=30)
                 comms.append(comm)
                 scopes.append(scope)
-            await _sum_everywhere(comms)
+            await sum_everywhere(comms)
             # A walled newcomer downloads the shared state through the relay.
             arrays = [np.full(20_000, 3.0, np.float32), np.full(20_000, 3.0, np.float32), np.zeros(20_000, np.float32)]
-            late, scope = await admit(nursery, master, comms, _opener(master, Firewalled(CFG, closed, mine=True)),
+            late, scope = await admit(nursery, master, comms, opener(master, Firewalled(CFG, closed, mine=True)),
                                       soon=30)
             comms.append(late)
             scopes.append(scope)
@@ -79,16 +79,16 @@ async def test_walled_peers_reduce_sync_and_probe_through_the_masters_relay() ->
             infos = await each(comms, lambda i, c: c.sync_shared_state(states[i]))
             assert [info.revision for info in infos] == [4, 4, 4]
             np.testing.assert_array_equal(arrays[2], arrays[0])
-            await _sum_everywhere(comms)
+            await sum_everywhere(comms)
             await each(comms, lambda i, c: c.optimize_topology(), within=60)
-            await _sum_everywhere(comms)
+            await sum_everywhere(comms)
 
             relayed = _relayed_paths(master)
             ids = {c.peer_id for c in comms}
             # Every pair that connected went through relay 1, the master's own.
             assert relayed and all(a in ids and b in ids for a, b in relayed), relayed
             assert all(via.startswith("relay 1 at ") for via in relayed.values()), relayed
-            assert not [p for p in master.state.paths() if p.kind is not PathKind.RELAYED]
+            assert not [p for p in pccl.testing.master_snapshot(master).paths if p.kind is not PathKind.RELAYED]
             (own,) = master.status()["relays"]
             assert own["relay_id"] == 1 and own["address"] == ""
             assert own["forwarded_bytes"] > 3 * 20_000 * 4  # the download alone moved that much
@@ -106,10 +106,10 @@ async def test_a_relay_that_dies_mid_all_reduce_aborts_it_and_the_pair_moves_to_
                 scopes = []
                 for _ in range(2):
                     comm, scope = await admit(nursery, master, comms,
-                                              _opener(master, Firewalled(CFG, closed, mine=True)), soon=30)
+                                              opener(master, Firewalled(CFG, closed, mine=True)), soon=30)
                     comms.append(comm)
                     scopes.append(scope)
-                await _sum_everywhere(comms)
+                await sum_everywhere(comms)
                 relays = {first.relay_id: (first, first_scope), second.relay_id: (second, second_scope)}
                 # The master spreads the pair's connections (one per direction of the ring) over
                 # the relays with the fewest pairs: each relay carries one.
@@ -159,7 +159,7 @@ async def test_a_relay_that_dies_mid_all_reduce_aborts_it_and_the_pair_moves_to_
                 (survivor_id,) = set(relays) - {victim_id}
                 vias = set(_relayed_paths(master).values())
                 assert vias and all(v.startswith(f"relay {survivor_id} at ") for v in vias), vias
-                assert [r.relay_id for r in master.state.relays()] == [survivor_id]
+                assert [r.relay_id for r in pccl.testing.master_snapshot(master).relays] == [survivor_id]
                 assert relays[survivor_id][0].statistics().pairs == 2
                 for scope in scopes:
                     scope.cancel()
@@ -168,7 +168,7 @@ async def test_a_relay_that_dies_mid_all_reduce_aborts_it_and_the_pair_moves_to_
 async def _announce_big_join_frame(address: str, source: str) -> trio.SocketStream:
     """A connection that sends a hello and then announces a 16 MiB frame, of which it sends 1,000
     bytes."""
-    stream = await _connect_from(source, address)
+    stream = await connect_from(source, address)
     hello = m.Hello(role=m.HandshakeRole.CLIENT, has_token=False, nonce=bytes(handshake.NONCE_SIZE))
     await stream.send_all(handshake.encode_preamble() + codec.encode_message(hello, max_frame_size=1024)
                           + struct.pack(">IB", 16 * MIB - 1, codec.FrameKind.CONTROL) + b"\x00" * 1000)
@@ -201,12 +201,12 @@ async def test_a_relay_under_idle_and_half_sent_floods_still_joins_a_pair(
                         with trio.fail_after(20):  # far below the 30 s a flood connection may hold a slot
                             for _ in range(2):
                                 comm, scope = await admit(nursery, master, comms,
-                                                          _opener(master, Firewalled(patient, closed, mine=True),
+                                                          opener(master, Firewalled(patient, closed, mine=True),
                                                                   patient), soon=20)
                                 comms.append(comm)
                                 scopes.append(scope)
                         joined_in = trio.current_time() - start
-                        await _sum_everywhere(comms)
+                        await sum_everywhere(comms)
                         assert relay.statistics().pairs_total >= 1
                         for scope in scopes:
                             scope.cancel()
@@ -237,11 +237,11 @@ async def test_status_json_metrics_table_and_page_show_each_pairs_path_and_the_r
             scopes = []
             for network in (Firewalled(CFG, closed), Firewalled(CFG, closed, mine=True),
                             Firewalled(CFG, closed, mine=True)):
-                comm, scope = await admit(nursery, master, comms, _opener(master, network), soon=30)
+                comm, scope = await admit(nursery, master, comms, opener(master, network), soon=30)
                 comms.append(comm)
                 scopes.append(scope)
             await each(comms, lambda i, c: c.optimize_topology(), within=60)
-            await _sum_everywhere(comms)
+            await sum_everywhere(comms)
             status = json.loads(await get(master, "/status.json", TOKEN))
             metrics = samples((await get(master, "/metrics", TOKEN)).decode())
             table = render_table(status)

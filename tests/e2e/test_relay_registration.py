@@ -21,7 +21,7 @@ import pccl
 from pccl import Config
 from pccl.net.framed import open_framed
 from pccl.protocol import messages as m
-from unit.memory_streams import MemoryNetwork
+from pccl.testing import MemoryNetwork
 
 CFG = Config(peer_timeout=30.0, heartbeat_interval=0.5, connect_timeout=2.0)
 

@@ -11,8 +11,9 @@ import pathlib
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -49,7 +50,7 @@ class Cluster:
             await self._stop.wait()
 
     async def join(self, group: int = 0) -> pccl.Communicator:
-        live = [c for c in self.comms if pccl.testing.session(c).failure is None]
+        live = [c for c in self.comms if pccl.testing.failure_of(c) is None]
         if not live:
             comm = await self.nursery.start(self._peer, group)
         else:
@@ -74,7 +75,7 @@ async def _start_into(nursery: trio.Nursery, fn, group: int, out: list) -> None:
 async def wait_registered(master: pccl.Master) -> None:
     from pccl.protocol.master.machine import PeerStatus
 
-    while not any(p.status is PeerStatus.REGISTERED for p in master.state.peers()):
+    while not any(p.status is PeerStatus.REGISTERED for p in pccl.testing.master_snapshot(master).peers):
         await trio.sleep(0.01)
 
 
@@ -353,25 +354,18 @@ async def test_content_inequality_goes_to_joiners_only() -> None:
         assert [s.sync_replans for s in stats] == [0, 0, 0]
 
 
-async def test_corrupted_bytes_fail_the_receiver_never_accepted_silently(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pccl._peer.sync as ss
-
-    check = ss.check_request
-
-    def corrupting_check(serving, request):  # type: ignore[no-untyped-def]
-        if serving is not None:  # the sources' buffers change after they voted (a user bug)
-            for view in serving.arrays.values():
-                view[0] ^= 0xFF
-        return check(serving, request)
+async def test_corrupted_bytes_fail_the_receiver_never_accepted_silently() -> None:
+    def corrupt(arrays: Mapping[str, Any]) -> None:  # the sources' buffers change after they voted (a user bug)
+        for view in arrays.values():
+            view[0] ^= 0xFF
 
     async with cluster(3) as c:
         base = make_state(21)
         states = [copy_state(base), copy_state(base), make_state(22)]
-        monkeypatch.setattr(ss, "check_request", corrupting_check)
-        infos = await sync_all(c.comms, states)
+        with pccl.testing.plant_serving_fault(corrupt):
+            infos = await sync_all(c.comms, states)
         assert isinstance(infos[2], SharedStateSyncFailed) and "hash mismatch" in str(infos[2])
         assert [i.revision for i in infos[:2]] == [0, 0]
-        monkeypatch.setattr(ss, "check_request", check)
         # the failed peer is still a member; its next sync repairs it (it is outdated now)
         for s in states[:2]:
             s.revision += 1
@@ -395,10 +389,10 @@ async def test_peer_groups_sync_independently() -> None:
 async def test_sync_while_collective_in_flight_is_invalid_usage() -> None:
     async with cluster(1) as c:
         comm = c.comms[0]
-        pccl.testing.session(comm).open_route(7)
+        pccl.testing.open_route(comm, 7)
         with pytest.raises(InvalidUsage):
             await comm.sync_shared_state(make_state(1))
-        pccl.testing.session(comm).close_route(7)
+        pccl.testing.close_route(comm, 7)
         info = await comm.sync_shared_state(make_state(1, revision=5))
         assert info == pccl.SyncInfo(5, 0, 0)
 
@@ -502,7 +496,7 @@ async def test_distributor_sigkilled_mid_transfer_sync_completes() -> None:
 
                 async def kill_when_flowing() -> None:
                     # The remote serves half the bytes; kill it once the joiner received some.
-                    while not pccl.testing.session(comms[1]).phase.syncing or _received(comms[1]) < 1:
+                    while not pccl.testing.phase_of(comms[1]).syncing or _received(comms[1]) < 1:
                         await trio.sleep(0.001)
                     os.kill(proc.pid, signal.SIGKILL)
                     killed.set()
@@ -575,7 +569,7 @@ async def test_a_sync_cancelled_after_its_vote_goes_on_and_the_next_call_resumes
         with trio.move_on_after(BOUND) as timed_out:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(late.sync_shared_state, states[2])
-                while not any(late.peer_id in s.voters for s in c.master.state.syncs()):
+                while not any(late.peer_id in s.voters for s in pccl.testing.master_snapshot(c.master).syncs):
                     await trio.sleep(0.005)
                 nursery.cancel_scope.cancel()  # peer 2's call, after its vote
         assert not timed_out.cancelled_caught

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import pccl
 from pccl import Config
 
-from inproc_group import in_process_group
+from pccl.testing import open_test_cluster
 
 CONFIG = Config(peer_timeout=10.0, heartbeat_interval=0.1, connect_timeout=10.0)
 TOKEN = "status-token"
@@ -56,7 +56,7 @@ async def all_reduce_everywhere(comms: list[pccl.Communicator], count: int = 409
 
 
 async def test_metrics_parse_and_their_counters_move_as_ops_run() -> None:
-    async with in_process_group(3, token=TOKEN, config=CONFIG, status="127.0.0.1:0") as (master, comms, _):
+    async with open_test_cluster(3, token=TOKEN, config=CONFIG, status="127.0.0.1:0") as (master, comms, _):
         before = samples((await get(master, "/metrics")).decode())
         assert before[("pccl_master_world_size", (("group", "0"),))] == 3
         assert before[("pccl_master_peers", (("state", "accepted"),))] == 3
@@ -76,7 +76,7 @@ async def test_metrics_parse_and_their_counters_move_as_ops_run() -> None:
 
 
 async def test_status_json_shows_each_peers_revision_and_sync_bytes_from_its_heartbeats() -> None:
-    async with in_process_group(3, token=TOKEN, config=CONFIG, status="127.0.0.1:0") as (master, comms, _):
+    async with open_test_cluster(3, token=TOKEN, config=CONFIG, status="127.0.0.1:0") as (master, comms, _):
         # peer 0 holds revision 7 and the popular content; the others download it
         states = [pccl.SharedState({"w": np.full(10_000, 1.0 if i == 0 else 100.0 + i, np.float32)},
                                    revision=7 if i == 0 else 0) for i in range(3)]
@@ -112,7 +112,7 @@ async def test_status_json_shows_each_peers_revision_and_sync_bytes_from_its_hea
 
 
 async def test_with_a_token_every_path_refuses_requests_without_it() -> None:
-    async with in_process_group(2, token=TOKEN, config=CONFIG, status="127.0.0.1:0") as (master, _, _):
+    async with open_test_cluster(2, token=TOKEN, config=CONFIG, status="127.0.0.1:0") as (master, _, _):
         base = f"http://{master.status_address}"
         basic = "Basic " + base64.b64encode(f"anyone:{TOKEN}".encode()).decode()
         for path in ("/", "/status.json", "/metrics"):
@@ -150,7 +150,7 @@ def _pccl(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
 
 
 async def test_pccl_status_prints_the_table_and_says_when_the_token_is_missing() -> None:
-    async with in_process_group(3, token=TOKEN, config=CONFIG, status="127.0.0.1:0") as (master, comms, _):
+    async with open_test_cluster(3, token=TOKEN, config=CONFIG, status="127.0.0.1:0") as (master, comms, _):
         await all_reduce_everywhere(comms)
         address = master.status_address
         assert address is not None
@@ -174,7 +174,7 @@ async def test_pccl_status_prints_the_table_and_says_when_the_token_is_missing()
 
 
 async def test_the_page_answers_while_a_vote_waits_and_shows_who_waits() -> None:
-    async with in_process_group(2, token=TOKEN, config=CONFIG, status="127.0.0.1:0") as (master, comms, _):
+    async with open_test_cluster(2, token=TOKEN, config=CONFIG, status="127.0.0.1:0") as (master, comms, _):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(comms[0].update_topology)  # waits for the other peer's vote
             with trio.fail_after(10):

@@ -6,7 +6,6 @@ import errno
 import socket
 import sys
 
-import net_conformance as conformance
 import pytest
 import trio
 
@@ -21,6 +20,7 @@ from pccl.errors import (
     TransportError,
 )
 from pccl.net.base import parse_address
+from pccl.testing import conformance
 from pccl.net.tcp import TcpNetwork, is_same_host
 
 

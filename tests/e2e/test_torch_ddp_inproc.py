@@ -15,7 +15,7 @@ import pytest
 
 import pccl
 import pccl.blocking
-from master_thread import master_in_thread
+from pccl.testing import master_in_thread
 
 torch = pytest.importorskip("torch")
 import pccl.torch  # noqa: E402  (after the importorskip: it needs torch)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import pccl
-from master_thread import master_in_thread
+from pccl.testing import master_in_thread
 
 torch = pytest.importorskip("torch")
 

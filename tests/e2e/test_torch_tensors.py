@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")  # the test extra pins it; a base install h
 
 import pccl  # noqa: E402
 from pccl import Config, InvalidArgument, ReduceOp  # noqa: E402
-from inproc_group import in_process_group  # noqa: E402
+from pccl.testing import open_test_cluster  # noqa: E402
 
 CFG = Config(peer_timeout=5.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0)
 SOON = 30.0
@@ -58,7 +58,7 @@ async def _each(comms: list[pccl.Communicator], fn) -> list[object]:
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 async def test_every_dtype_in_place_and_out_of_place(dtype: object) -> None:
     world, n = 3, 1000
-    async with in_process_group(world, token=None, config=CFG, soon=SOON) as (_, comms, _):
+    async with open_test_cluster(world, token=None, config=CFG, soon=SOON) as (_, comms, _):
         tensors = _inputs(dtype, world, n)
         expect = sum(_numpy(t).astype(np.float64) for t in tensors)
         pointers = [t.data_ptr() for t in tensors]
@@ -82,7 +82,7 @@ async def test_every_dtype_in_place_and_out_of_place(dtype: object) -> None:
 
 
 async def test_all_reduce_many_with_mixed_torch_and_numpy() -> None:
-    async with in_process_group(2, token=None, config=CFG, soon=SOON) as (_, comms, _):
+    async with open_test_cluster(2, token=None, config=CFG, soon=SOON) as (_, comms, _):
         lists = [[torch.full((3, 5), float(i + 1)), torch.full((7,), i + 1, dtype=torch.bfloat16),
                   np.full(11, i + 1, np.int32), torch.full((4,), i + 1, dtype=torch.float16)] for i in range(2)]
         pointers = [[a.data_ptr() for a in arrays if isinstance(a, torch.Tensor)] for arrays in lists]
@@ -100,7 +100,7 @@ async def test_zero_copy_no_allocation_of_the_tensor_size_once_warm(dtype: objec
     arena, warm after the first call, so the call itself allocates nothing of the tensor's size
     (tracemalloc sees every numpy allocation); the result is in the tensor's memory."""
     n = 1 << 20
-    async with in_process_group(2, token=None, config=CFG, soon=SOON) as (_, comms, _):
+    async with open_test_cluster(2, token=None, config=CFG, soon=SOON) as (_, comms, _):
         tensors = [torch.full((n,), float(i + 1), dtype=dtype) for i in range(2)]
         pointers = [t.data_ptr() for t in tensors]
         nbytes = tensors[0].numel() * tensors[0].element_size()
@@ -136,7 +136,7 @@ async def test_all_reduce_many_of_large_tensors_copies_nothing_once_warm(segment
         monkeypatch.setattr(buckets, "SEGMENTED_MIN_BYTES", 1 << 62)
     n = buckets.SEGMENTED_MIN_BYTES // 4 if segmented else 1 << 18
     shapes = [(n,), (2, n // 2 + 3), (n + 1,)]
-    async with in_process_group(2, token=None, config=CFG, soon=SOON) as (_, comms, _):
+    async with open_test_cluster(2, token=None, config=CFG, soon=SOON) as (_, comms, _):
         lists = [[torch.full(shape, float(i + 1)) for shape in shapes] for i in range(2)]
         nbytes = sum(t.numel() * 4 for t in lists[0])
         (bucket,) = buckets.plan_buckets([t.numpy() for t in lists[0]], buckets.DEFAULT_BUCKET_BYTES)
@@ -183,7 +183,7 @@ async def test_a_numpy_copy_would_be_seen() -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 async def test_shared_state_of_torch_tensors_every_dtype(dtype: object) -> None:
-    async with in_process_group(2, token=None, config=CFG, soon=SOON) as (_, comms, _):
+    async with open_test_cluster(2, token=None, config=CFG, soon=SOON) as (_, comms, _):
         owner = {"w": torch.arange(64).remainder(13).to(dtype).reshape(8, 8), "s": torch.ones(3, dtype=dtype)}
         joiner = {"w": torch.zeros(8, 8, dtype=dtype), "s": torch.zeros(3, dtype=dtype)}
         pointers = {k: t.data_ptr() for k, t in joiner.items()}
@@ -212,7 +212,7 @@ def _refusals() -> list[tuple[object, str]]:
 @pytest.mark.parametrize("case", range(7))
 async def test_unusable_tensors_are_refused_with_what_to_do(case: int) -> None:
     bad, pattern = _refusals()[case]
-    async with in_process_group(1, token=None, config=CFG, soon=SOON) as (_, comms, _):
+    async with open_test_cluster(1, token=None, config=CFG, soon=SOON) as (_, comms, _):
         comm = comms[0]
         with pytest.raises(InvalidArgument, match=pattern):
             await comm.all_reduce(bad)

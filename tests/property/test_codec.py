@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from pccl.errors import FrameTooLarge, InvalidArgument, ProtocolError
 from pccl.protocol import codec, handshake, messages
-from pccl.net._frames import END_OF_STREAM, NEED_DATA, ControlFrame, DataFrame, FrameDecoder
+from pccl.testing.units import END_OF_STREAM, NEED_DATA, ControlFrame, DataFrame, FrameDecoder
 from pccl.protocol.codec import DATA_HEADER_SIZE, PREFIX_SIZE, DataHeader, FrameKind
 from pccl.protocol.messages import HandshakeRole
 

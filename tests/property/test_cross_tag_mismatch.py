@@ -15,7 +15,7 @@ from pccl.protocol import messages as m
 from pccl.protocol.master import collectives as co
 from pccl.protocol.master.machine import MasterState, MessageReceived, PeerConnected, PeerStatus, Send
 
-from test_master_state import TIMEOUT, Harness, _accepted_cluster, _ended, _grace, _pid
+from test_master_state import TIMEOUT, Harness, accepted_cluster, mismatch_ending, let_grace_pass, peer_id_of_conn
 
 GRACE = TIMEOUT / 4
 
@@ -30,7 +30,7 @@ def _rejected_tags(h: Harness, conn: int) -> dict[int, m.CollectiveRejected]:
 
 def test_two_peers_on_different_tags_both_get_a_phase_mismatch_naming_each_tag_then_meet() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     h.send(a, _init(1))
     h.send(b, _init(2))
     h.advance(GRACE * 0.9)
@@ -41,8 +41,8 @@ def test_two_peers_on_different_tags_both_get_a_phase_mismatch_naming_each_tag_t
     assert set(ra) == {1} and set(rb) == {2}
     assert ra[1].code == rb[2].code == m.RejectCode.PHASE_MISMATCH and ra[1].detail == rb[2].detail
     detail = ra[1].detail
-    assert f"peer {_pid(h, a):x} waits in all_reduce (tag 1)" in detail, detail
-    assert f"peer {_pid(h, b):x} waits in all_reduce (tag 2)" in detail, detail
+    assert f"peer {peer_id_of_conn(h, a):x} waits in all_reduce (tag 1)" in detail, detail
+    assert f"peer {peer_id_of_conn(h, b):x} waits in all_reduce (tag 2)" in detail, detail
     assert not h.ms.ops() and not h.kicks and not h.ms.mismatches_in_grace()
     # Both go on: the same tag again meets at once.
     h.send(a, _init(1))
@@ -57,13 +57,13 @@ def test_launchers_that_hold_their_slots_in_another_order_are_ended_tag_by_tag()
     lacks one peer's vote.  Each peer gets one rejection per tag it holds, all with the same
     detail listing every peer's tags."""
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    a, b, c = accepted_cluster(h, [0, 0, 0])
     held = {a: (0, 1), b: (1, 2), c: (2, 0)}
     for conn, tags in held.items():
         for tag in tags:
             h.send(conn, _init(tag))
     assert all(op.seq is None for op in h.ms.ops())
-    _grace(h)
+    let_grace_pass(h)
     details = set()
     for conn, tags in held.items():
         got = _rejected_tags(h, conn)
@@ -73,7 +73,7 @@ def test_launchers_that_hold_their_slots_in_another_order_are_ended_tag_by_tag()
     assert len(details) == 1
     detail = details.pop()
     for conn, tags in held.items():
-        assert f"peer {_pid(h, conn):x} waits in all_reduce (tag {min(tags)}, {max(tags)})" in detail, detail
+        assert f"peer {peer_id_of_conn(h, conn):x} waits in all_reduce (tag {min(tags)}, {max(tags)})" in detail, detail
     assert not h.ms.ops() and not h.kicks
 
 
@@ -81,19 +81,19 @@ def test_launchers_that_hold_their_slots_in_another_order_are_ended_tag_by_tag()
                          ids=lambda k: k.name)
 def test_the_detail_names_each_peers_call_as_the_caller_knows_it(kind: co.CollectiveKind) -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     h.send(a, _init(3))
     h.send(b, _init(4, kind))
-    _grace(h)
+    let_grace_pass(h)
     detail = _rejected_tags(h, a)[3].detail
-    assert f"peer {_pid(h, a):x} waits in all_reduce (tag 3)" in detail
-    assert f"peer {_pid(h, b):x} waits in {co.KINDS[kind].call} (tag 4)" in detail
+    assert f"peer {peer_id_of_conn(h, a):x} waits in all_reduce (tag 3)" in detail
+    assert f"peer {peer_id_of_conn(h, b):x} waits in {co.KINDS[kind].call} (tag 4)" in detail
 
 
 def test_any_change_restarts_the_grace() -> None:
     """A new vote, a withdrawal, a member leaving: the grace starts again each time."""
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    a, b, c = accepted_cluster(h, [0, 0, 0])
     h.send(a, _init(1))
     h.send(b, _init(2))
     h.send(c, _init(1))
@@ -109,14 +109,14 @@ def test_any_change_restarts_the_grace() -> None:
     h.advance(GRACE * 0.5)
     assert _rejected_tags(h, a)[1].code == m.RejectCode.PHASE_MISMATCH
     assert _rejected_tags(h, b)[2].code == m.RejectCode.PHASE_MISMATCH
-    assert f"{_pid(h, a):x}" in _rejected_tags(h, b)[2].detail
+    assert f"{peer_id_of_conn(h, a):x}" in _rejected_tags(h, b)[2].detail
 
 
 def test_a_peer_with_an_op_running_or_none_at_all_keeps_the_others_waiting() -> None:
     """Only when every member waits: a peer computing (no vote of its own), or one whose op
     commenced (it still runs: it can go on), keeps the others' votes alive however long."""
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    a, b, c = accepted_cluster(h, [0, 0, 0])
     h.send(a, _init(1))
     h.send(b, _init(2))
     h.advance(GRACE * 3)  # c computes
@@ -150,7 +150,7 @@ def test_tags_started_in_the_same_order_are_never_ended(n: int, windows: list[in
     completes on every peer."""
     rnd = random.Random(seed)
     h = Harness(seed % 1000)
-    conns = _accepted_cluster(h, [0] * n)
+    conns = accepted_cluster(h, [0] * n)
     started = {c: 0 for c in conns}  # next tag to start
     finished = {c: set() for c in conns}  # tags whose final message came
     reported: set[tuple[int, int]] = set()
@@ -186,7 +186,7 @@ def test_tags_started_in_the_same_order_are_never_ended(n: int, windows: list[in
         assert not any(_rejected_tags(h, c) for c in conns), [_rejected_tags(h, c) for c in conns]
         assert not h.kicks
     assert all(len(finished[c]) == tags for c in conns), (finished, started)
-    assert not any(_ended(h, c) for c in conns)
+    assert not any(mismatch_ending(h, c) for c in conns)
 
 
 def test_the_check_after_an_init_asks_about_few_peers_at_any_group_size(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -300,7 +300,7 @@ def test_replan_moves_only_failed_pieces(votes: dict, data: st.DataObject) -> No
 # --- the master's sync votes -----------------------------------------------------------------
 
 
-def _sync_group(h: Harness, n: int) -> list[int]:
+def sync_group(h: Harness, n: int) -> list[int]:
     conns = [h.join()]
     h.settle_rounds()
     for _ in range(n - 1):
@@ -319,7 +319,7 @@ def _vote(h: Harness, conn: int, revision: int, content: tuple[int, ...], strate
 
 def test_machine_sync_identical_completes_at_once() -> None:
     h = Harness(1)
-    conns = _sync_group(h, 3)
+    conns = sync_group(h, 3)
     for c in conns:
         _vote(h, c, 7, (0, 0, 0, 0))
     for c in conns:
@@ -337,7 +337,7 @@ def test_machine_sync_survives_source_and_receiver_deaths(seed: int, faults: lis
     every live receiver ends with SyncComplete or SyncRejected(NO_SOURCE), and the sync ends."""
     rnd = random.Random(seed)
     h = Harness(seed)
-    conns = _sync_group(h, 5)
+    conns = sync_group(h, 5)
     sources, receivers = conns[:3], conns[3:]
     for c in sources:
         _vote(h, c, 3, (0, 0, 0, 0))
@@ -387,7 +387,7 @@ def test_machine_sync_survives_source_and_receiver_deaths(seed: int, faults: lis
 
 def test_machine_phase_rules() -> None:
     h = Harness(3)
-    a, b = _sync_group(h, 2)
+    a, b = sync_group(h, 2)
     _vote(h, a, 0, (0, 0, 0, 0))
     h.send(a, m.VoteTopology(True))  # topology vote during its sync
     assert h.kicks.get(a) is KickReason.OUT_OF_PHASE
@@ -401,7 +401,7 @@ def test_machine_phase_rules() -> None:
 
 def test_machine_rejected_peer_votes_for_the_next_sync() -> None:
     h = Harness(4)
-    a, b, c = _sync_group(h, 3)
+    a, b, c = sync_group(h, 3)
     _vote(h, a, 0, (0, 0, 0, 0))
     _vote(h, b, 0, (1, 1, 1, 1))
     _vote(h, c, 0, (1, 1, 1, 1), strategy=RECEIVE_ONLY)  # mixed with ENFORCE: rejected
@@ -508,7 +508,7 @@ def test_a_holder_that_fell_behind_cannot_jump_the_group() -> None:
 
 def test_machine_mints_a_lineage_keeps_it_and_says_why_each_peer_received() -> None:
     h = Harness(5)
-    a, b = _sync_group(h, 2)
+    a, b = sync_group(h, 2)
     _vote(h, a, 3, (0, 0, 0, 0))
     _vote(h, b, 9, (1, 1, 1, 1))  # the first sync: most progress wins
     plan = h.last(a, m.SyncPlan)
@@ -534,7 +534,7 @@ def test_machine_mints_a_lineage_keeps_it_and_says_why_each_peer_received() -> N
     assert done.revision == 10 and done.lineage.id == lin.id and done.reason == m.SyncReason.NEWCOMER
     # A restarted master knows nothing but the votes: the holders' lineage carries on.
     h2 = Harness(6)
-    x, y = _sync_group(h2, 2)
+    x, y = sync_group(h2, 2)
     h2.send(x, m.SyncVote(11, ENFORCE, entries((3, 3, 3, 3)), done.lineage))
     h2.send(y, m.SyncVote(500, ENFORCE, entries((0, 0, 0, 0))))
     plan = h2.last(y, m.SyncPlan)

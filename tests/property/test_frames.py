@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from test_codec import strategy_for
 
 from pccl.config import Config
-from pccl.net._frames import ControlFrame, DataFrame, FrameCore
+from pccl.testing.units import ControlFrame, DataFrame, FrameCore
 from pccl.net.base import Stream
 from pccl.net.framed import FramedConnection
 from pccl.net.framed_threads import thread_channel

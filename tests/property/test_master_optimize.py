@@ -13,7 +13,7 @@ from pccl.protocol import messages as m
 from pccl.protocol.master.machine import GLOBAL_SCOPE, PeerStatus, TopologyVote
 from pccl.protocol.topology import fill_cost, Edge
 
-from test_master_state import Harness, MasterMachine, _accepted_cluster, _pid
+from test_master_state import Harness, MasterMachine, accepted_cluster, peer_id_of_conn
 
 GB = 1e9 / 8
 
@@ -30,7 +30,7 @@ def open_probe(h: Harness, conn: int) -> m.ProbeRequest | None:
 def answer(h: Harness, conn: int, bandwidth=lambda a, b: GB, rtt=lambda a, b: 0.01) -> m.ProbeRequest:
     req = open_probe(h, conn)
     assert req is not None
-    me = _pid(h, conn)
+    me = peer_id_of_conn(h, conn)
     results = tuple(m.ProbeResult(t.peer_id, bandwidth(me, t.peer_id), rtt(me, t.peer_id)) for t in req.targets)
     h.send(conn, m.ProbeReport(req.probe, results))
     if not hasattr(h, "answered"):
@@ -49,7 +49,7 @@ def optimise(h: Harness, conns: list[int], **links) -> dict[int, m.ProbeRequest]
 
 def two_sites(h: Harness, conns: list[int]):
     """Peers alternate between two sites: fast inside, a slow uplink with 40 ms between."""
-    site = {pid: i % 2 for i, pid in enumerate(sorted(_pid(h, c) for c in conns))}  # id order alternates
+    site = {pid: i % 2 for i, pid in enumerate(sorted(peer_id_of_conn(h, c) for c in conns))}  # id order alternates
     bandwidth = lambda a, b: 10 * GB if site[a] == site[b] else GB   # noqa: E731
     rtt = lambda a, b: 0.0002 if site[a] == site[b] else 0.04        # noqa: E731
     return site, dict(bandwidth=bandwidth, rtt=rtt)
@@ -61,7 +61,7 @@ def crossings(ring, site):
 
 def test_optimise_probes_every_missing_link_then_installs_the_solved_ring():
     h = Harness()
-    conns = _accepted_cluster(h, [0, 0, 0, 0])
+    conns = accepted_cluster(h, [0, 0, 0, 0])
     site, links = two_sites(h, conns)
     assert crossings(h.ms.rings()[0], site) == 4          # the join ring (id order) alternates
     asked = optimise(h, conns, **links)
@@ -78,7 +78,7 @@ def test_optimise_probes_every_missing_link_then_installs_the_solved_ring():
 
 def test_measurements_are_kept_so_a_newcomer_costs_only_its_own_links():
     h = Harness()
-    conns = _accepted_cluster(h, [0, 0, 0])
+    conns = accepted_cluster(h, [0, 0, 0])
     optimise(h, conns)
     newcomer = h.join(0)
     for c in conns:
@@ -86,7 +86,7 @@ def test_measurements_are_kept_so_a_newcomer_costs_only_its_own_links():
     h.settle_rounds()
     everyone = conns + [newcomer]
     asked = optimise(h, everyone)
-    new_id = _pid(h, newcomer)
+    new_id = peer_id_of_conn(h, newcomer)
     assert [t.peer_id for t in asked[newcomer].targets] and len(asked[newcomer].targets) == 3
     for c in conns:
         assert [t.peer_id for t in asked[c].targets] == [new_id]   # only the link to the newcomer
@@ -97,13 +97,13 @@ def test_measurements_are_kept_so_a_newcomer_costs_only_its_own_links():
 
 def test_a_leaver_takes_its_links_with_it_and_the_ring_keeps_its_order():
     h = Harness()
-    conns = _accepted_cluster(h, [0, 0, 0, 0, 0, 0])
+    conns = accepted_cluster(h, [0, 0, 0, 0, 0, 0])
     site, links = two_sites(h, conns)
     optimise(h, conns, **links)
     ring = h.ms.rings()[0]
     assert crossings(ring, site) == 2
     gone = conns[2]
-    gone_id = _pid(h, gone)
+    gone_id = peer_id_of_conn(h, gone)
     h.kill(gone)
     assert not any(gone_id in k for k in h.ms.measured_links())
     survivors = [c for c in conns if c != gone]
@@ -115,8 +115,8 @@ def test_a_leaver_takes_its_links_with_it_and_the_ring_keeps_its_order():
 
 def test_a_failed_probe_is_a_slow_link_and_is_probed_again():
     h = Harness()
-    conns = _accepted_cluster(h, [0, 0, 0])
-    ids = [_pid(h, c) for c in conns]
+    conns = accepted_cluster(h, [0, 0, 0])
+    ids = [peer_id_of_conn(h, c) for c in conns]
     dead_link = (ids[0], ids[1])
     optimise(h, conns, bandwidth=lambda a, b: 0.0 if (a, b) == dead_link else GB)
     ring = h.ms.rings()[0]
@@ -129,7 +129,7 @@ def test_a_failed_probe_is_a_slow_link_and_is_probed_again():
 
 def test_a_peer_dying_mid_probe_is_removed_and_the_others_finish():
     h = Harness()
-    conns = _accepted_cluster(h, [0, 0, 0])
+    conns = accepted_cluster(h, [0, 0, 0])
     for c in conns:
         h.send(c, m.VoteOptimize())
     answer(h, conns[0])
@@ -138,13 +138,13 @@ def test_a_peer_dying_mid_probe_is_removed_and_the_others_finish():
     answer(h, conns[2])
     h.settle_rounds()
     assert not h.ms.probing_groups()
-    assert sorted(h.ms.rings()[0]) == sorted(_pid(h, c) for c in (conns[0], conns[2]))
+    assert sorted(h.ms.rings()[0]) == sorted(peer_id_of_conn(h, c) for c in (conns[0], conns[2]))
     assert h.last(conns[0], m.TopologyComplete).membership.world_size == 2
 
 
 def test_bad_probe_reports_are_kicked():
     h = Harness()
-    conns = _accepted_cluster(h, [0, 0, 0])
+    conns = accepted_cluster(h, [0, 0, 0])
     for c in conns:
         h.send(c, m.VoteOptimize())
     req = open_probe(h, conns[0])
@@ -154,12 +154,12 @@ def test_bad_probe_reports_are_kicked():
     assert h.kicks.get(conns[1]) is KickReason.OUT_OF_PHASE
     answer(h, conns[2])
     h.settle_rounds()
-    assert h.ms.rings()[0] == (_pid(h, conns[2]),)
+    assert h.ms.rings()[0] == (peer_id_of_conn(h, conns[2]),)
 
 
 def test_optimise_and_update_topology_in_one_group_is_a_phase_mismatch():
     h = Harness()
-    conns = _accepted_cluster(h, [0, 0])
+    conns = accepted_cluster(h, [0, 0])
     h.send(conns[0], m.VoteOptimize())
     h.send(conns[1], m.VoteTopology(True))
     h.advance(h.ms.mismatch_grace * 2)
@@ -170,7 +170,7 @@ def test_optimise_and_update_topology_in_one_group_is_a_phase_mismatch():
 
 def test_collective_during_optimise_is_out_of_phase():
     h = Harness()
-    conns = _accepted_cluster(h, [0, 0])
+    conns = accepted_cluster(h, [0, 0])
     h.send(conns[0], m.VoteOptimize())
     h.send(conns[0], m.CollectiveInit(0, 8, 0, 0, 0, 0))
     assert h.kicks.get(conns[0]) is KickReason.OUT_OF_PHASE

@@ -453,7 +453,7 @@ test_master_state_machine = MasterMachine.TestCase
 # --- focused cases ---------------------------------------------------------------------------------
 
 
-def _accepted_cluster(h: Harness, groups: list[int]) -> list[int]:
+def accepted_cluster(h: Harness, groups: list[int]) -> list[int]:
     """Join peers one by one through the real protocol; return their connections."""
     conns: list[int] = []
     for g in groups:
@@ -466,7 +466,7 @@ def _accepted_cluster(h: Harness, groups: list[int]) -> list[int]:
     return conns
 
 
-def _pid(h: Harness, c: int) -> int:
+def peer_id_of_conn(h: Harness, c: int) -> int:
     pid = h.ms.peer_id_of(c)
     assert pid is not None
     return pid
@@ -476,7 +476,7 @@ def test_first_peer_is_accepted_alone() -> None:
     h = Harness()
     c = h.join()
     connect = h.last(c, m.ConnectToPeers)
-    assert connect.neighbours == () and connect.ring == (_pid(h, c),)
+    assert connect.neighbours == () and connect.ring == (peer_id_of_conn(h, c),)
     h.report(c)
     done = h.last(c, m.TopologyComplete)
     assert done.membership == m.Membership(1, 1, 1, 1)
@@ -485,13 +485,13 @@ def test_first_peer_is_accepted_alone() -> None:
 
 def test_newcomer_waits_for_the_vote_and_both_finish_in_the_same_round() -> None:
     h = Harness()
-    a = _accepted_cluster(h, [0])[0]
+    a = accepted_cluster(h, [0])[0]
     b = h.join()
     assert h.last(b, m.ConnectToPeers) is None  # waits: nobody voted yet
     h.advance(TIMEOUT * 3)  # waiting is not a timeout while heartbeats flow
     assert h.last(b, m.ConnectToPeers) is None and h.live() == sorted([a, b])
     h.send(a, m.VoteTopology(True))
-    assert h.last(b, m.ConnectToPeers).ring == tuple(sorted([_pid(h, a), _pid(h, b)]))
+    assert h.last(b, m.ConnectToPeers).ring == tuple(sorted([peer_id_of_conn(h, a), peer_id_of_conn(h, b)]))
     h.report(a)
     assert h.last(a, m.TopologyComplete).round == 1  # not yet: b has not reported
     h.report(b)
@@ -501,7 +501,7 @@ def test_newcomer_waits_for_the_vote_and_both_finish_in_the_same_round() -> None
 
 def test_vote_with_nothing_to_do_completes_without_a_round() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     rounds_before = len([x for x in h.inbox[a] if isinstance(x, m.ConnectToPeers)])
     h.send(a, m.VoteTopology(True))
     assert not h.ms.rounds_in_progress()
@@ -512,7 +512,7 @@ def test_vote_with_nothing_to_do_completes_without_a_round() -> None:
 
 def test_last_missing_accept_voter_dies() -> None:
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    a, b, c = accepted_cluster(h, [0, 0, 0])
     newcomer = h.join()
     h.send(a, m.VoteTopology(True))
     h.send(b, m.VoteTopology(True))
@@ -526,7 +526,7 @@ def test_last_missing_accept_voter_dies() -> None:
 
 def test_newcomer_dies_before_acceptance() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     newcomer = h.join()
     h.send(a, m.VoteTopology(True))
     h.kill(newcomer)
@@ -537,7 +537,7 @@ def test_newcomer_dies_before_acceptance() -> None:
 
 def test_newcomer_dies_during_its_p2p_round_survivors_retry() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     c, d = h.join(), h.join()
     h.send(a, m.VoteTopology(True))
     h.send(b, m.VoteTopology(True))
@@ -545,7 +545,7 @@ def test_newcomer_dies_during_its_p2p_round_survivors_retry() -> None:
     h.report(a)
     h.report(b)
     h.report(c)
-    dead = _pid(h, d)
+    dead = peer_id_of_conn(h, d)
     h.kill(d)  # last missing report: the attempt fails, a new one starts without d
     retry = h.last(a, m.ConnectToPeers)
     assert retry.round > first and dead not in retry.ring and len(retry.ring) == 3
@@ -556,7 +556,7 @@ def test_newcomer_dies_during_its_p2p_round_survivors_retry() -> None:
 
 def test_p2p_failure_retries_then_succeeds() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     c = h.join()
     h.send(a, m.VoteTopology(True))
     h.send(b, m.VoteTopology(True))
@@ -571,7 +571,7 @@ def test_p2p_failure_retries_then_succeeds() -> None:
 
 def test_persistently_unreachable_peer_is_kicked_and_the_rest_completes() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     c = h.join()
     h.send(a, m.VoteTopology(True))
     h.send(b, m.VoteTopology(True))
@@ -579,8 +579,8 @@ def test_persistently_unreachable_peer_is_kicked_and_the_rest_completes() -> Non
         for x in (a, b, c):
             connect = h.last(x, m.ConnectToPeers)
             ring = list(connect.ring)
-            succ = ring[(ring.index(_pid(h, x)) + 1) % len(ring)]
-            h.send(x, m.P2PReport(connect.round, succ != _pid(h, c), (succ,) if succ == _pid(h, c) else ()))
+            succ = ring[(ring.index(peer_id_of_conn(h, x)) + 1) % len(ring)]
+            h.send(x, m.P2PReport(connect.round, succ != peer_id_of_conn(h, c), (succ,) if succ == peer_id_of_conn(h, c) else ()))
     assert h.kicks == {c: KickReason.P2P_UNREACHABLE}
     h.settle_rounds()
     assert h.accepted() == sorted([a, b])
@@ -588,7 +588,7 @@ def test_persistently_unreachable_peer_is_kicked_and_the_rest_completes() -> Non
 
 def test_last_missing_pending_voter_dies() -> None:
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    a, b, c = accepted_cluster(h, [0, 0, 0])
     h.join()
     h.send(a, m.VotePeersPending())
     h.send(b, m.VotePeersPending())
@@ -601,7 +601,7 @@ def test_a_pending_vote_answers_true_when_the_others_wait_in_an_accept_vote() ->
     # Group 1's lone peer asks while group 0 waits in update_topology: both votes are global, so
     # neither could complete; the answer "call update_topology" ends it, and the round follows.
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 1])
+    a, b, c = accepted_cluster(h, [0, 0, 1])
     h.send(a, m.VoteTopology(True))
     h.send(c, m.VotePeersPending())
     assert h.last(c, m.PeersPendingResult) is None  # b has neither asked nor voted yet
@@ -613,7 +613,7 @@ def test_a_pending_vote_answers_true_when_the_others_wait_in_an_accept_vote() ->
     assert not h.kicks
     # A re-wire vote is group-scoped and completes by itself: no early answer for it.
     h2 = Harness()
-    a2, b2, c2 = _accepted_cluster(h2, [0, 0, 1])
+    a2, b2, c2 = accepted_cluster(h2, [0, 0, 1])
     h2.send(a2, m.VoteTopology(False))
     h2.send(b2, m.VoteTopology(False))
     h2.send(c2, m.VotePeersPending())
@@ -622,7 +622,7 @@ def test_a_pending_vote_answers_true_when_the_others_wait_in_an_accept_vote() ->
 
 def test_pending_vote_is_legal_while_a_collective_runs() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     for x in (a, b):
         h.send(x, m.CollectiveInit(7, 100, 10, 0))
     assert h.last(a, m.CollectiveCommence).tag == 7
@@ -633,13 +633,13 @@ def test_pending_vote_is_legal_while_a_collective_runs() -> None:
 
 def test_collective_commence_complete_and_participant_death() -> None:
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    a, b, c = accepted_cluster(h, [0, 0, 0])
     for x in (a, b, c):
         h.send(x, m.CollectiveInit(1, 100, 10, 0))
     commence = h.last(a, m.CollectiveCommence)
-    assert commence.ring == tuple(sorted(_pid(h, x) for x in (a, b, c)))
+    assert commence.ring == tuple(sorted(peer_id_of_conn(h, x) for x in (a, b, c)))
     assert {h.last(x, m.CollectiveCommence).seq for x in (a, b, c)} == {commence.seq}
-    why = f"participant {_pid(h, c):x} left before finishing"  # the abort says who and why
+    why = f"participant {peer_id_of_conn(h, c):x} left before finishing"  # the abort says who and why
     h.send(a, m.CollectiveDone(1, commence.seq))
     h.send(b, m.CollectiveDone(1, commence.seq))
     h.kill(c)  # died before reporting: abort for the survivors
@@ -662,7 +662,7 @@ def test_collective_commence_complete_and_participant_death() -> None:
 
 def test_peer_dying_after_reporting_success_still_counts() -> None:
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    a, b, c = accepted_cluster(h, [0, 0, 0])
     for x in (a, b, c):
         h.send(x, m.CollectiveInit(3, 10, 10, 0))
     seq = h.last(a, m.CollectiveCommence).seq
@@ -676,7 +676,7 @@ def test_peer_dying_after_reporting_success_still_counts() -> None:
 
 def test_last_missing_init_voter_dies() -> None:
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    a, b, c = accepted_cluster(h, [0, 0, 0])
     h.send(a, m.CollectiveInit(0, 4, 10, 0))
     h.send(b, m.CollectiveInit(0, 4, 10, 0))
     h.kill(c)
@@ -687,7 +687,7 @@ def test_last_missing_init_voter_dies() -> None:
 
 def test_parameter_mismatch_rejects_every_voter_without_kicks() -> None:
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    a, b, c = accepted_cluster(h, [0, 0, 0])
     h.send(a, m.CollectiveInit(5, 4, 10, 0))
     h.send(b, m.CollectiveInit(5, 4, 11, 0))  # different dtype
     assert h.last(a, m.CollectiveRejected) is None  # decided at consensus, once everyone voted
@@ -701,7 +701,7 @@ def test_parameter_mismatch_rejects_every_voter_without_kicks() -> None:
 
 def test_reused_in_flight_tag_is_an_error_for_that_peer_only() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     h.send(a, m.CollectiveInit(9, 4, 10, 0))
     h.send(a, m.CollectiveInit(9, 4, 10, 0))
     assert h.last(a, m.CollectiveRejected).code == m.RejectCode.TAG_IN_USE
@@ -712,19 +712,19 @@ def test_reused_in_flight_tag_is_an_error_for_that_peer_only() -> None:
 
 def test_late_done_after_abort_is_ignored() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     for x in (a, b):
         h.send(x, m.CollectiveInit(2, 4, 10, 0))
     seq = h.last(a, m.CollectiveCommence).seq
     h.send(a, m.CollectiveDone(2, seq, aborted=True))
-    assert h.last(b, m.CollectiveAbort) == m.CollectiveAbort(2, seq, f"peer {_pid(h, a):x} reported failure")
+    assert h.last(b, m.CollectiveAbort) == m.CollectiveAbort(2, seq, f"peer {peer_id_of_conn(h, a):x} reported failure")
     h.send(b, m.CollectiveDone(2, seq))  # crossed the abort on the wire
     assert not h.kicks
 
 
 def test_group_rewire_does_not_involve_other_groups() -> None:
     h = Harness()
-    a, b, c, d = _accepted_cluster(h, [0, 0, 1, 1])
+    a, b, c, d = accepted_cluster(h, [0, 0, 1, 1])
     for x in (c, d):  # group 1 runs a collective meanwhile
         h.send(x, m.CollectiveInit(0, 4, 10, 0))
     seq = h.last(c, m.CollectiveCommence).seq
@@ -740,7 +740,7 @@ def test_group_rewire_does_not_involve_other_groups() -> None:
 
 def test_attributes_count_accepted_peers_only_and_agree() -> None:
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 1])
+    a, b, c = accepted_cluster(h, [0, 0, 1])
     h.join(1)  # pending: not counted anywhere
     assert h.last(a, m.TopologyComplete).membership == m.Membership(2, 3, 2, 2)
     assert h.last(c, m.TopologyComplete).membership == m.Membership(1, 3, 2, 2)
@@ -748,7 +748,7 @@ def test_attributes_count_accepted_peers_only_and_agree() -> None:
 
 def test_the_machine_keeps_each_connections_last_heartbeat_report_and_the_runs_totals() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     h.send(a, m.Heartbeat(tx_bytes=100, rx_bytes=10))
     h.send(a, m.Heartbeat(True, 7, 1, 2, tx_bytes=250, rx_bytes=10))
     h.send(b, m.Heartbeat(tx_bytes=40, rx_bytes=5))
@@ -762,7 +762,7 @@ def test_the_machine_keeps_each_connections_last_heartbeat_report_and_the_runs_t
 
 def test_silent_peer_is_removed_and_unblocks_the_vote() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     h.send(a, m.VoteTopology(True))
     timer = [e for e in h.effects_log if isinstance(e, SetTimer)][-1]
     assert timer.at is not None
@@ -789,7 +789,7 @@ def test_a_connection_that_never_registers_is_removed_whatever_it_sends() -> Non
 
 def test_out_of_phase_and_foreign_messages_kick_only_the_sender() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     c = h.join()
     h.send(c, m.VoteTopology(True))  # not accepted yet
     assert h.kicks == {c: KickReason.OUT_OF_PHASE}
@@ -838,7 +838,7 @@ _ANY_MESSAGE = st.one_of([_instances(cls) for cls in m.ALL_MESSAGES])
 @given(frames=st.lists(st.tuples(st.integers(0, 3), _ANY_MESSAGE), max_size=30))
 def test_any_message_in_any_state_never_raises(frames: list) -> None:
     h = Harness(seed=3)
-    conns = _accepted_cluster(h, [0, 0, 1]) + [h.connect()]
+    conns = accepted_cluster(h, [0, 0, 1]) + [h.connect()]
     for index, msg in frames:
         msg = codec.decode_message(codec.encode_message(msg)[codec.PREFIX_SIZE:])  # what the wire delivers
         conn = conns[index]
@@ -853,7 +853,7 @@ def test_same_seed_same_effects() -> None:
     logs = []
     for _ in range(2):
         h = Harness(seed=11)
-        a, b, c = _accepted_cluster(h, [0, 1, 0])
+        a, b, c = accepted_cluster(h, [0, 1, 0])
         h.kill(b)
         h.send(a, m.VoteTopology(True))
         h.send(c, m.VoteTopology(True))
@@ -875,12 +875,12 @@ def _sync_vote(h: Harness, conn: int) -> None:
     h.send(conn, m.SyncVote(0, 0, (entry,)))
 
 
-def _grace(h: Harness) -> None:
+def let_grace_pass(h: Harness) -> None:
     """Let the master's grace period for a phase mismatch pass (peers heartbeat meanwhile)."""
     h.advance(TIMEOUT / 4 + 0.01)
 
 
-def _ended(h: Harness, conn: int) -> m.Message | None:
+def mismatch_ending(h: Harness, conn: int) -> m.Message | None:
     """The message that ended ``conn``'s waiting vote for a phase mismatch, if any."""
     for kind in (m.TopologyRejected, m.CollectiveRejected, m.SyncRejected):
         msg = h.last(conn, kind)
@@ -892,16 +892,16 @@ def _ended(h: Harness, conn: int) -> m.Message | None:
 
 def test_collective_against_topology_vote_ends_both_and_names_the_calls() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     h.send(a, m.CollectiveInit(7, 4, 10, 0))
-    assert _ended(h, a) is None  # b may still join the collective
+    assert mismatch_ending(h, a) is None  # b may still join the collective
     h.send(b, m.VoteTopology(True))
-    assert _ended(h, a) is None and _ended(h, b) is None  # a withdrawal may still be on its way
-    _grace(h)
+    assert mismatch_ending(h, a) is None and mismatch_ending(h, b) is None  # a withdrawal may still be on its way
+    let_grace_pass(h)
     ra, rb = h.last(a, m.CollectiveRejected), h.last(b, m.TopologyRejected)
     assert ra.tag == 7 and ra.code == m.RejectCode.PHASE_MISMATCH
     for text in (ra.detail, rb.detail):
-        assert "all_reduce (tag 7)" in text and "update_topology()" in text and f"{_pid(h, a):x}" in text
+        assert "all_reduce (tag 7)" in text and "update_topology()" in text and f"{peer_id_of_conn(h, a):x}" in text
     assert not h.ms.ops() and all(p.topology_vote is None for p in h.ms.peers()) and not h.kicks
     # Both go on to the next step and meet there.
     for c in (a, b):
@@ -913,17 +913,17 @@ def test_collective_against_topology_vote_ends_both_and_names_the_calls() -> Non
 def test_sync_against_collective_and_against_topology_vote() -> None:
     for other in ("collective", "topology"):
         h = Harness()
-        a, b = _accepted_cluster(h, [0, 0])
+        a, b = accepted_cluster(h, [0, 0])
         _sync_vote(h, a)
         if other == "collective":
             h.send(b, m.CollectiveInit(0, 4, 10, 0))
         else:
             h.send(b, m.VoteTopology(False))  # a re-wire after a failed all-reduce
-        _grace(h)
+        let_grace_pass(h)
         ended = h.last(a, m.SyncRejected)
         assert ended is not None and ended.code == m.SyncRejectCode.PHASE_MISMATCH, other
         assert "sync_shared_state()" in ended.detail
-        assert _ended(h, b) is not None and not h.ms.syncs() and not h.ms.ops() and not h.kicks
+        assert mismatch_ending(h, b) is not None and not h.ms.syncs() and not h.ms.ops() and not h.kicks
         # The group syncs normally afterwards.
         _sync_vote(h, a)
         _sync_vote(h, b)
@@ -933,14 +933,14 @@ def test_sync_against_collective_and_against_topology_vote() -> None:
 def test_no_mismatch_while_any_member_may_still_come() -> None:
     """Only when *every* member waits: an idle member (computing) may still join either call."""
     h = Harness()
-    a, b, c = _accepted_cluster(h, [0, 0, 0])
+    a, b, c = accepted_cluster(h, [0, 0, 0])
     h.send(a, m.CollectiveInit(1, 4, 10, 0))
     h.send(b, m.VoteTopology(True))
-    _grace(h)
-    assert _ended(h, a) is None and _ended(h, b) is None
+    let_grace_pass(h)
+    assert mismatch_ending(h, a) is None and mismatch_ending(h, b) is None
     h.send(c, m.CollectiveInit(1, 4, 10, 0))  # now nobody can move
-    _grace(h)
-    assert _ended(h, a) is not None and _ended(h, b) is not None and _ended(h, c) is not None
+    let_grace_pass(h)
+    assert mismatch_ending(h, a) is not None and mismatch_ending(h, b) is not None and mismatch_ending(h, c) is not None
 
 
 def test_same_kind_waits_are_no_mismatch() -> None:
@@ -948,20 +948,20 @@ def test_same_kind_waits_are_no_mismatch() -> None:
     group's calls are not this group's business: group 1's collectives on different tags are
     ended, group 0's topology votes wait on."""
     h = Harness()
-    a, b, c, d = _accepted_cluster(h, [0, 0, 1, 1])
+    a, b, c, d = accepted_cluster(h, [0, 0, 1, 1])
     h.send(c, m.CollectiveInit(1, 4, 10, 0))
     h.send(d, m.CollectiveInit(2, 4, 10, 0))
     h.send(a, m.VoteTopology(True))
     h.send(b, m.VoteTopology(False))
-    _grace(h)
-    assert _ended(h, a) is None and _ended(h, b) is None
-    assert _ended(h, c) is not None and _ended(h, d) is not None and not h.ms.ops()
-    assert "group 1" in _ended(h, c).detail and f"{_pid(h, a):x}" not in _ended(h, c).detail
+    let_grace_pass(h)
+    assert mismatch_ending(h, a) is None and mismatch_ending(h, b) is None
+    assert mismatch_ending(h, c) is not None and mismatch_ending(h, d) is not None and not h.ms.ops()
+    assert "group 1" in mismatch_ending(h, c).detail and f"{peer_id_of_conn(h, a):x}" not in mismatch_ending(h, c).detail
 
 
 def test_a_withdrawn_init_frees_the_tag_and_a_late_withdrawal_is_ignored() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     h.send(a, m.CollectiveInit(0, 4, 10, 0))
     h.send(a, m.CollectiveWithdraw(0))
     assert h.last(a, m.CollectiveRejected) == m.CollectiveRejected(0, m.RejectCode.WITHDRAWN, "withdrawn by this peer")
@@ -982,27 +982,27 @@ def test_a_withdrawal_within_the_grace_period_ends_the_mismatch_without_errors()
     """A cancelled all-reduce's withdrawal crossing the other peer's topology vote: no error for
     anyone; the cancelled peer's own topology vote then completes the round."""
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     before = h.last(b, m.TopologyComplete).round
     h.send(a, m.CollectiveInit(0, 4, 10, 0))
     h.send(b, m.VoteTopology(True))
     h.advance(TIMEOUT / 8)
     h.send(a, m.CollectiveWithdraw(0))
     h.send(a, m.VoteTopology(True))
-    _grace(h)
-    assert _ended(h, a) is None and _ended(h, b) is None and h.last(b, m.TopologyComplete).round > before
+    let_grace_pass(h)
+    assert mismatch_ending(h, a) is None and mismatch_ending(h, b) is None and h.last(b, m.TopologyComplete).round > before
     assert h.last(a, m.TopologyComplete) == h.last(b, m.TopologyComplete)
 
 
 def test_the_grace_period_restarts_when_the_waits_change() -> None:
     h = Harness()
-    a, b = _accepted_cluster(h, [0, 0])
+    a, b = accepted_cluster(h, [0, 0])
     h.send(a, m.CollectiveInit(0, 4, 10, 0))
     h.send(b, m.VoteTopology(True))
     h.advance(TIMEOUT / 8)
     h.send(a, m.CollectiveInit(1, 4, 10, 0))  # a second tag: who waits where changed
     h.advance(TIMEOUT / 8 + 0.01)
-    assert _ended(h, a) is None and _ended(h, b) is None
+    assert mismatch_ending(h, a) is None and mismatch_ending(h, b) is None
     h.advance(TIMEOUT / 8)
     assert h.last(b, m.TopologyRejected) is not None
     assert {msg.tag for msg in h.inbox[a] if isinstance(msg, m.CollectiveRejected)} == {0, 1}

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from pccl.errors import InvalidUsage, KickReason
-from pccl._peer.phase import TRACKED, PhaseRule
+from pccl.testing.units import TRACKED, PhaseRule
 from pccl.protocol import messages as m
 from pccl.protocol import phases as ph
 from pccl.types import SyncStrategy
 
-from test_election import _sync_group, entries
+from test_election import sync_group, entries
 from test_master_state import Harness
 
 PAIRS = [(a, c) for a in ph.Activity for c in ph.Call]
@@ -45,7 +45,7 @@ def test_every_vote_message_is_a_call_and_every_call_has_a_row() -> None:
 @pytest.mark.parametrize(("activity", "call"), PAIRS, ids=[f"{a.name}-{c.name}" for a, c in PAIRS])
 def test_the_master_refuses_exactly_what_the_table_refuses(activity: ph.Activity, call: ph.Call) -> None:
     h = Harness(7)
-    a, b = _sync_group(h, 2)
+    a, b = sync_group(h, 2)
     h.send(a, _ENTER[activity])
     assert a not in h.kicks and b not in h.kicks
     h.send(a, _vote_of(call))

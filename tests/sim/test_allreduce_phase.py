@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import pccl._peer.collective_plans as plans
-import pccl._peer.collective_service as operation
+import pccl.testing
 from pccl.collectives.backup import InputBackup
 from pccl_sim.engine.runner import run
 from pccl_sim.engine.trace import Trace
@@ -52,17 +51,18 @@ def test_chaos_runs_all_reduce_every_step_and_pass(phase: Any) -> None:
     assert totals["all_reduce_aborted"] > 0
 
 
-def test_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = plans.execute  # runs every kind's op: only all-reduces run in this phase
+def test_checker_catches_a_result_that_differs() -> None:
+    def off_by_one(real: Any) -> Any:  # every kind's data path: only all-reduces run in this phase
+        async def entry(make_op: Any, *, rank: int, keep: Any, **kw: Any) -> Any:
+            op = await real(make_op, rank=rank, keep=keep, **kw)
+            if rank == 0:
+                keep.dst[0] += 1
+            return op
 
-    async def off_by_one(make_op: Any, *, rank: int, keep: Any, **kw: Any) -> Any:
-        op = await real(make_op, rank=rank, keep=keep, **kw)
-        if rank == 0:
-            keep.dst[0] += 1
-        return op
+        return entry
 
-    monkeypatch.setattr(plans, "execute", off_by_one)
-    trace = _run(0)
+    with pccl.testing.plant_execute_fault(off_by_one):
+        trace = _run(0)
     assert [f.kind for f in trace.failures] == ["safety"]
     assert "differs" in trace.failures[0].message
 
@@ -73,26 +73,23 @@ def test_checker_catches_an_abort_that_leaves_the_buffer_modified(monkeypatch: p
     phase: dict[str, Any] | str = "all_reduce"
     if mutant == "backup-never-restored":
         # Large in-place ops save their input in an InputBackup and restore it on abort.
-        monkeypatch.setattr(operation, "STAGED_IN_PLACE_BYTES", 0)
+        fault = pccl.testing.plant_staging_fault(0)
         monkeypatch.setattr(InputBackup, "restore", lambda self: None)
     else:
         # Small ones reduce into scratch memory and touch the caller's array only on success.
         phase = {"name": "all_reduce", "n": 33}  # only small ops: large ones are not staged
-        real_ring = operation.CollectiveService.run_ring
 
-        async def touching(self: Any, plan: Any, *args: Any) -> Any:
-            try:
-                return await real_ring(self, plan, *args)
-            finally:  # as if the output were the caller's array: success overwrites it anyway
-                plan.args.dst.view(np.uint8)[:1] ^= 0xFF
+        def touch(plan: Any) -> None:  # as if the output were the caller's array: success overwrites it anyway
+            plan.args.dst.view(np.uint8)[:1] ^= 0xFF
 
-        monkeypatch.setattr(operation.CollectiveService, "run_ring", touching)
-    for seed in range(8):
-        trace = _run(seed, phase)
-        if _kinds(trace)["all_reduce_aborted"]:
-            break
-    else:
-        pytest.fail("no seed in 0..7 aborted an all-reduce")
+        fault = pccl.testing.plant_attempt_fault(touch)
+    with fault:
+        for seed in range(8):
+            trace = _run(seed, phase)
+            if _kinds(trace)["all_reduce_aborted"]:
+                break
+        else:
+            pytest.fail("no seed in 0..7 aborted an all-reduce")
     messages = [f.message for f in trace.failures]
     assert any("left the in-place buffer modified" in m for m in messages), messages
 

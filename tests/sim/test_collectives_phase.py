@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pccl.collectives.kinds import KIND_OPS
-from pccl.protocol.messages import CollectiveKind
+import pccl.testing
 from pccl_sim.engine.runner import run
 from pccl_sim.engine.trace import Trace
 from pccl_sim.tools.campaign import CampaignSpec
@@ -56,27 +55,27 @@ def test_chaos_runs_every_kind_concurrently_and_passes(phase: dict[str, Any], se
     assert sum(v for k, v in totals.items() if k.startswith("collective_aborted")) > 0, totals
 
 
-@pytest.mark.parametrize("entry", ["broadcast", "all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("kind", ["broadcast", "all_gather", "reduce_scatter"])
 @pytest.mark.parametrize(("peers", "duration"), [
     # The first wrong result is caught within the first steps; 3 peers over 5 s suffice (each
     # entry verified to fail so when this was bounded).  Slow: the original 5 peers over 20 s.
     pytest.param(3, 5.0, id="small"),
     pytest.param(5, 20.0, id="full", marks=pytest.mark.slow),
 ])
-def test_the_checker_catches_a_result_that_differs(monkeypatch: pytest.MonkeyPatch, entry: str, peers: int,
-                                                   duration: float) -> None:
+def test_the_checker_catches_a_result_that_differs(kind: str, peers: int, duration: float) -> None:
     # The kind's row (pccl.collectives.kinds) with a result one off on ring position 1.
-    row = KIND_OPS[CollectiveKind[entry.upper()]]
+    def off_by_one(row: Any) -> Any:
+        def result(call: Any, commence: Any, rank: int, tx: int, rx: int, output: Any) -> Any:
+            if rank == 1:
+                out = output if output is not None else call.keep.dst  # an all-gather's output, else the buffer
+                with np.errstate(invalid="ignore", over="ignore"):  # the rest of a reduce-scatter's buffer is unspecified: any bits
+                    out[...] = out + 1
+            return row.result(call, commence, rank, tx, rx, output)
 
-    def off_by_one(call: Any, commence: Any, rank: int, tx: int, rx: int, output: Any) -> Any:
-        if rank == 1:
-            out = output if output is not None else call.keep.dst  # an all-gather's output, else the buffer
-            with np.errstate(invalid="ignore", over="ignore"):  # the rest of a reduce-scatter's buffer is unspecified: any bits
-                out[...] = out + 1
-        return row.result(call, commence, rank, tx, rx, output)
+        return dataclasses.replace(row, result=result)
 
-    monkeypatch.setitem(KIND_OPS, row.kind, dataclasses.replace(row, result=off_by_one))
-    trace = _run(0, {**PHASE, "kinds": [entry], "concurrent": 2}, peers=peers, duration=duration)
+    with pccl.testing.plant_kind_fault(kind, off_by_one):
+        trace = _run(0, {**PHASE, "kinds": [kind], "concurrent": 2}, peers=peers, duration=duration)
     messages = [f.message for f in trace.failures]
     assert any("differs" in m for m in messages), messages
 

@@ -9,6 +9,7 @@ import numpy as np
 import trio
 
 import pccl
+import pccl.testing
 from pccl_sim.engine.network import LinkSpec
 from pccl_sim.engine.runner import simulate
 from pccl_sim.workloads.pccl.network import PcclSimNetwork
@@ -49,13 +50,13 @@ def group_run(n: int, config: pccl.Config, *, layout: SiteLayout | None = None, 
                 x = np.full(1000, float(int(host[4:]) + 1), np.float32)
                 await barrier(0)
                 out["rings"].setdefault("before", comm.ring)
-                out["lanes"].setdefault("before", len(comm.p2p.to_successor()))
+                out["lanes"].setdefault("before", len(pccl.testing.ring_lanes(comm).to_successor))
                 await comm.all_reduce(x)
                 await barrier(1)
                 await comm.optimize_topology()
                 out["rings"].setdefault("after", comm.ring)
                 assert comm.ring == out["rings"]["after"]
-                out["lanes"][host] = len(comm.p2p.to_successor())
+                out["lanes"][host] = len(pccl.testing.ring_lanes(comm).to_successor)
                 await comm.all_reduce(x)
                 out["sums"].append(float(x[0]))
                 await barrier(2)
@@ -68,7 +69,7 @@ def group_run(n: int, config: pccl.Config, *, layout: SiteLayout | None = None, 
                     while host not in comms:
                         await trio.sleep(0.05)
             out["peer_ids"] = {h: c.peer_id for h, c in comms.items()}
-            out["measured"] = master.state.measured_links()
+            out["measured"] = pccl.testing.master_snapshot(master).measured_links
 
     simulate(body, seed=seed, deadline=3600.0, default_link=link, network_class=PcclSimNetwork)
     return out

@@ -1,6 +1,6 @@
 """The simulator's network passes the same transport conformance suite as real TCP.
 
-Each check of ``tests/net_conformance.py`` runs inside a deterministic simulated ``trio.run`` on
+Each check of ``pccl.testing.conformance`` runs inside a deterministic simulated ``trio.run`` on
 the virtual clock, on the pccl flavour of the simulated network (``PcclSimNetwork``: pccl's
 ``Network`` interface and transport errors), over three link models: a LAN-like link, a WAN-like
 link with limited bandwidth and a small window (so flow control and backpressure are exercised),
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from net_conformance import CHECKS, ConformanceEnv, check_connect_timeout, run_check
+from pccl.testing.conformance import CHECKS, ConformanceEnv, check_connect_timeout, run_check
 
 from pccl.net.base import Listener, parse_address
 from pccl_sim.engine.network import LinkSpec, Nat, World

@@ -21,7 +21,7 @@ import pccl
 import pccl.blocking
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "e2e"))
-from master_thread import MasterThread, master_in_thread  # noqa: E402
+from pccl.testing import MasterThread, master_in_thread  # noqa: E402
 
 import pccl.torch  # noqa: E402
 from pccl.torch.backend import wait_for_peers  # noqa: E402

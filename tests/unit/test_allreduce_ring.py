@@ -1,7 +1,7 @@
 """pccl.collectives: the ring all-reduce over framed lanes, N peers as trio tasks in one process.
 
-Peers are connected by in-memory streams (an adapter from trio.testing's memory streams to
-pccl.net.base.Stream) or by real TCP on loopback.  Results are compared with a numpy model of
+Peers are connected by in-memory streams (:func:`pccl.testing.memory_ring`) or by real TCP on
+loopback.  Results are compared with a numpy model of
 the ring's reduction order, so unquantized results must match *bit for bit*.
 """
 
@@ -16,7 +16,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 import trio
-import trio.testing
 
 from pccl.collectives import InputBackup, KernelRunner, RingLinks, ring_all_reduce
 from pccl.collectives.buffers import ScratchArena
@@ -29,14 +28,14 @@ from pccl.errors import (
     ProtocolError,
     StreamClosed,
 )
-from pccl.net.base import Stream, receive_view, send_view
 from pccl.net.framed import FramedConnection
 from pccl.protocol.codec import DataHeader
-from pccl.protocol.messages import HandshakeRole
 from pccl.protocol.ring import EXCHANGE_MAX_BYTES, uses_exchange
 from pccl.types import Quantization, ReduceOp
 
 from fp_mode import flush_denormals, needs_sse_modes
+
+from pccl.testing import memory_ring
 
 CONFIG = Config()
 ALL_DTYPES = [
@@ -44,82 +43,6 @@ ALL_DTYPES = [
     np.float16, ml_dtypes.bfloat16, np.float32, np.float64,
 ]
 FLOAT_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
-
-
-# --- an in-memory transport -------------------------------------------------------------------
-
-
-class MemoryStream(Stream):
-    """pccl Stream over one end of ``trio.testing.memory_stream_pair`` (unbounded buffering).
-
-    ``break_after`` aborts the stream once that many bytes were sent (a peer vanishing mid-op);
-    ``stall_after`` blocks the send forever instead (a SIGSTOPped peer: the window stays full).
-    """
-
-    def __init__(self, inner: trio.StapledStream, name: str) -> None:
-        self._inner = inner
-        self.remote_address = name
-        self.local_address = name + "/local"
-        self.sent = 0
-        self.break_after: int | None = None
-        self.stall_after: int | None = None
-        self.broke = trio.Event()
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        view = send_view(data)
-        if self.break_after is not None and self.sent + len(view) > self.break_after:
-            cut = max(0, self.break_after - self.sent)
-            await self._inner.send_all(bytes(view[:cut]))
-            self.abort()
-            self.broke.set()
-            raise PeerDisconnected(f"test: stream to {self.remote_address} broken after {self.break_after} bytes")
-        if self.stall_after is not None and self.sent + len(view) > self.stall_after:
-            self.broke.set()
-            await trio.sleep_forever()
-        try:
-            await self._inner.send_all(bytes(view))
-        except trio.BrokenResourceError as exc:
-            raise PeerDisconnected(str(exc)) from exc
-        except trio.ClosedResourceError as exc:
-            raise StreamClosed(str(exc)) from exc
-        self.sent += len(view)
-
-    async def receive_into(self, buffer: memoryview | bytearray) -> int:
-        view = receive_view(buffer)
-        try:
-            data = await self._inner.receive_some(len(view))
-        except trio.BrokenResourceError as exc:
-            raise PeerDisconnected(str(exc)) from exc
-        except trio.ClosedResourceError as exc:
-            raise StreamClosed(str(exc)) from exc
-        view[: len(data)] = data
-        return len(data)
-
-    async def send_eof(self) -> None:
-        await self._inner.send_eof()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def abort(self) -> None:
-        self._inner.send_stream.close()
-        self._inner.receive_stream.close()
-
-
-def memory_ring(world: int, lanes: int = 1) -> tuple[list[RingLinks], list[list[MemoryStream]]]:
-    """Links for a ring of ``world`` peers; also each peer's sending streams (lane order)."""
-    out: list[list[FramedConnection]] = [[] for _ in range(world)]
-    inc: list[list[FramedConnection]] = [[] for _ in range(world)]
-    raw: list[list[MemoryStream]] = [[] for _ in range(world)]
-    for r in range(world):
-        nxt = (r + 1) % world
-        for lane in range(lanes):
-            a, b = trio.testing.memory_stream_pair()
-            sa, sb = MemoryStream(a, f"peer{nxt}.{lane}"), MemoryStream(b, f"peer{r}.{lane}")
-            raw[r].append(sa)
-            out[r].append(FramedConnection(sa, role=HandshakeRole.CLIENT, config=CONFIG))
-            inc[nxt].append(FramedConnection(sb, role=HandshakeRole.SERVER, config=CONFIG))
-    return [RingLinks(out[r], inc[r]) for r in range(world)], raw
 
 
 # The numpy model of the ring's reduction order is pccl.collectives.reference.ring_reference.
@@ -316,7 +239,7 @@ async def test_exchange_moves_one_frame_per_step_on_each_link(world: int, dtype:
     outputs, sizes = await run_ring(inputs, ReduceOp.SUM, links=links)
     assert sizes == [((world - 1) * nbytes, (world - 1) * nbytes)] * world
     frame_overhead = links[0].to_next[0].statistics().bytes_sent // (world - 1) - nbytes
-    assert [raw[r][0].sent for r in range(world)] == [(world - 1) * (nbytes + frame_overhead)] * world
+    assert [raw[r][0].sent_bytes for r in range(world)] == [(world - 1) * (nbytes + frame_overhead)] * world
     assert [links[r].to_next[0].statistics().frames_sent for r in range(world)] == [world - 1] * world
     # Folded in ring order in f32, rounded once.
     expected = inputs[0].astype(np.float32)
@@ -557,7 +480,7 @@ async def test_cancelling_one_peer_mid_op_restores_every_input(world: int, dtype
     raw[0][0].stall_after = sizes[0][0]
 
     async def cancel_peer_1_when_busy(scopes: list[trio.CancelScope]) -> None:
-        while raw[1][0].sent < progress * total_tx:
+        while raw[1][0].sent_bytes < progress * total_tx:
             await trio.sleep(0)
         scopes[1].cancel()
 

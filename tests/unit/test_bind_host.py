@@ -13,7 +13,7 @@ import trio.testing
 import pccl
 from pccl import Config
 
-from memory_streams import MemoryNetwork
+from pccl.testing import MemoryNetwork
 
 CFG = Config(peer_timeout=30.0, connect_timeout=2.0, p2p_base_port=6100, shared_state_base_port=6200)
 MASTER = "10.0.0.9:7000"

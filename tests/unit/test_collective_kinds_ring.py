@@ -33,7 +33,9 @@ from pccl.errors import InvalidArgument, PCCLError, PeerDisconnected
 from pccl.protocol.ring import gather_bounds
 from pccl.types import Quantization, ReduceOp
 
-from test_allreduce_ring import make_inputs, memory_ring, tcp_ring
+from test_allreduce_ring import make_inputs, tcp_ring
+
+from pccl.testing import memory_ring
 
 DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int32, np.int64, np.uint8]
 FLOATS = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]

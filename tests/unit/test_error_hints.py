@@ -10,7 +10,7 @@ import pytest
 import pccl
 import pccl.blocking
 from pccl.arrays import as_array
-from pccl._peer.phase import PhaseRule
+from pccl.testing.units import PhaseRule
 
 
 def test_a_tag_in_flight_says_to_pass_a_distinct_tag() -> None:

@@ -12,7 +12,7 @@ import struct
 import pytest
 
 from pccl.errors import ProtocolError
-from pccl.net._frames import PROCESS_BUDGET, READ_AHEAD, FrameCore, IncompleteFrameBudget
+from pccl.testing.units import PROCESS_BUDGET, READ_AHEAD, FrameCore, IncompleteFrameBudget
 from pccl.protocol import codec
 from pccl.protocol.codec import FrameKind
 from pccl.protocol.messages import StateRefused

@@ -1,6 +1,6 @@
 """FramedConnection (pccl/net/framed.py): handshake, authentication, framing over a Stream.
 
-Most tests run over in-memory streams (tests/unit/memory_streams.py); the last section repeats
+Most tests run over in-memory streams (pccl.testing); the last section repeats
 the essentials over real TCP, and the TLS tests use a throwaway CA made by ``trustme``.
 """
 
@@ -20,7 +20,7 @@ import trio.testing
 import trustme
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from memory_streams import MemoryNetwork, MemoryStream, memory_stream_pair
+from pccl.testing import MemoryNetwork, MemoryStream, memory_stream_pair
 
 from pccl.config import Config
 from pccl.errors import (

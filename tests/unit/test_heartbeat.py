@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from pccl import Config
-from pccl._peer.heartbeat import run_heartbeat
+from pccl.testing.units import run_heartbeat
 from pccl.errors import MasterUnreachable, PCCLError
 from pccl.protocol import messages as m
 

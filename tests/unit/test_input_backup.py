@@ -14,7 +14,9 @@ import threading
 import numpy as np
 import pytest
 import trio
-from test_allreduce_ring import make_inputs, memory_ring, ring_reference
+from test_allreduce_ring import make_inputs, ring_reference
+
+from pccl.testing import memory_ring
 
 from pccl import kernels as K
 from pccl.collectives import InputBackup, InputGuard, ReduceArgs, ring_all_reduce

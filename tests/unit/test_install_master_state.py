@@ -14,9 +14,9 @@ from pccl import Config
 from pccl.net.framed import open_framed
 from pccl.protocol import messages as m
 from pccl.protocol.master import machine as ms
-from pccl.testing import install_master_state
+from pccl.testing import install_master_state, master_state
 
-from memory_streams import MemoryNetwork
+from pccl.testing import MemoryNetwork
 
 CFG = Config(peer_timeout=30.0, connect_timeout=2.0)
 
@@ -38,7 +38,7 @@ async def test_a_state_installed_before_any_peer_serves_the_peers(autojump_clock
     async with pccl.open_master("10.0.0.9:7000", config=CFG, network=network) as master:
         planted = _Counting()
         install_master_state(master, planted)
-        assert master.state is planted
+        assert master_state(master) is planted
         conn = await open_framed(network, master.address, config=CFG)
         await conn.send(m.Register(0, 9, 0))
         while not isinstance(msg := await conn.receive(), m.TopologyComplete):
@@ -53,7 +53,7 @@ async def test_installing_once_a_peer_is_connected_is_refused(autojump_clock: tr
         await open_framed(network, master.address, config=CFG)
         while master.statistics().connections == 0:
             await trio.sleep(0.01)
-        first = master.state
+        first = master_state(master)
         with pytest.raises(RuntimeError, match="peers are connected"):
             install_master_state(master, ms.MasterState(rng=random.Random(1), peer_timeout=CFG.peer_timeout))
-        assert master.state is first
+        assert master_state(master) is first

@@ -15,7 +15,7 @@ from pccl import Config
 from pccl.net.framed import FramedConnection, open_framed
 from pccl.protocol import messages as m
 
-from memory_streams import MemoryNetwork
+from pccl.testing import MemoryNetwork
 
 INTERVAL = 0.5
 CFG = Config(peer_timeout=30.0, heartbeat_interval=INTERVAL, connect_timeout=2.0)  # nobody is kicked here

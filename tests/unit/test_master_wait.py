@@ -15,7 +15,7 @@ import pccl
 from pccl import Config
 from pccl.net.base import Stream
 
-from memory_streams import MemoryNetwork
+from pccl.testing import MemoryNetwork
 
 CFG = Config(peer_timeout=30.0, connect_timeout=2.0, master_wait_timeout=20.0)
 MASTER = "10.0.0.9:7000"

@@ -15,7 +15,7 @@ from pccl import Config, KickReason
 from pccl.net.framed import open_framed
 from pccl.protocol import messages as m
 
-from memory_streams import MemoryNetwork
+from pccl.testing import MemoryNetwork
 
 CFG = Config(peer_timeout=30.0, connect_timeout=2.0, p2p_base_port=6100, shared_state_base_port=6200)
 OTHER = dataclasses.replace(CFG, p2p_base_port=6300, shared_state_base_port=6400)  # (one memory host)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pccl.errors import InvalidUsage
-from pccl._peer.phase import PhaseRule
+from pccl.testing.units import PhaseRule
 from pccl.protocol.phases import TopologyVote
 
 

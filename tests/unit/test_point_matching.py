@@ -11,7 +11,7 @@ import numpy as np
 import trio
 
 from pccl.errors import InvalidArgument, PeerDisconnected
-from pccl._peer.point import Incoming, Outgoing, PeerLink
+from pccl.testing.units import Incoming, Outgoing, PeerLink
 from pccl.protocol import messages as m
 from pccl.types import DType
 

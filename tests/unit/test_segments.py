@@ -28,7 +28,9 @@ from pccl.errors import InvalidArgument, PCCLError, PeerDisconnected
 from pccl.protocol.ring import ExchangeSchedule, RingSchedule, split_at_breaks
 from pccl.types import Quantization, ReduceOp
 
-from test_allreduce_ring import ALL_DTYPES, assert_bit_identical, make_inputs, memory_ring, tcp_ring
+from test_allreduce_ring import ALL_DTYPES, assert_bit_identical, make_inputs, tcp_ring
+
+from pccl.testing import memory_ring
 
 # --- the schedule ------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 import trio
 import trio.testing
-from memory_streams import MemoryStream
+from pccl.testing import MemoryStream
 
 from pccl.errors import PCCLError, StreamClosed, TransportError
 from pccl.net import serving

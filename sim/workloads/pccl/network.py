@@ -3,7 +3,7 @@
 :class:`PcclSimNetwork` is the engine's :class:`~pccl_sim.engine.streams.SimNetwork` that also *is* a
 ``pccl.net.base.Network`` (and its streams and listeners ``Stream`` / ``Listener``) and raises
 pccl's transport errors (:data:`PCCL_ERRORS`), so pccl's master and communicators run on it as on
-real TCP; ``tests/net_conformance.py`` holds both to one contract.  Nothing is wrapped: the
+real TCP; ``pccl.testing.conformance`` holds both to one contract.  Nothing is wrapped: the
 subclasses add the pccl base classes and a vocabulary, every call goes straight to the engine's
 code.  The pccl scenario boots its hosts with it (``PcclScenario.network_class``); tests and
 benchmarks that drive hosts by hand pass it to :func:`pccl_sim.engine.runner.simulate`.

@@ -44,6 +44,7 @@ from typing import Any
 import trio
 
 import pccl
+import pccl.testing
 from pccl.relay import serve_relay
 from pccl.protocol.master import machine as ms
 from pccl.testing import install_master_state
@@ -376,7 +377,7 @@ class PcclScenario(Scenario):
         if record is None:
             return None
         master = self._masters.get(record.context.incarnation)
-        return None if master is None else master.state
+        return None if master is None else pccl.testing.master_state(master)
 
     async def _monitor(self, sim: Simulation) -> None:
         """Probe the master's view periodically, so state invariants are checked even while

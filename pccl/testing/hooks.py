@@ -1,0 +1,291 @@
+"""Narrow hooks into a running communicator or master, each doing one thing or returning a
+frozen snapshot — what a test needs to read a state or to plant a fault at an exact moment,
+reached by name instead of through private attributes.
+
+Each hook is a few lines over the runtime's parts, so a refactor of those parts re-points the
+hook, not the tests.  No compatibility promise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import weakref
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, Literal
+
+import trio
+
+from .._peer import sync as _sync_module
+from .._peer import wiring as _wiring_module
+from .._peer.probes import ProbeService, probe_bound
+from .._peer.session import PeerSession
+from ..collectives.kinds import KindOps
+from ..communicator import Communicator, internals_of
+from ..errors import InvalidArgument, PCCLError, TransportError
+from ..net.admission import AdmissionLimits
+from ..net.framed import FramedConnection
+from ..protocol import messages as m
+from ..protocol.codec import DataHeader
+from ..protocol.phases import TopologyVote
+
+__all__ = [
+    "PhaseSnapshot", "phase_of", "failure_of", "force_rewire",
+    "RingLanes", "ring_lanes", "send_on_lane", "receive_on_lane", "send_data_on_lane", "break_lane",
+    "send_raw", "open_route", "close_route", "drop_master_link", "intercept_master_sends",
+    "after_master_link_sends", "fail_master_send",
+    "Port", "AdmissionCounts", "listener_address", "admission_counts", "peer_admission_limits",
+    "points_under_way", "probe", "probe_bound", "run_kind",
+]
+
+Port = Literal["ring", "sync"]
+
+
+def _session(comm: Communicator) -> PeerSession:
+    return internals_of(comm).session
+
+
+# --- phase and failure -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseSnapshot:
+    """What a communicator is doing with the master right now (its phase rule's view)."""
+
+    #: The topology vote it has standing, if any.
+    topology_vote: TopologyVote | None
+    #: Tags of its collectives in flight.
+    collectives: frozenset[int]
+    #: Tags it abandoned whose end the master has not confirmed yet.
+    abandoned: frozenset[int]
+    #: Whether a shared-state sync is in flight.
+    syncing: bool
+
+
+def phase_of(comm: Communicator) -> PhaseSnapshot:
+    """A snapshot of ``comm``'s phase."""
+    rule = _session(comm).phase
+    return PhaseSnapshot(rule.topology_vote, rule.collectives, rule.abandoned, rule.syncing)
+
+
+def failure_of(comm: Communicator) -> PCCLError | None:
+    """The error that ended ``comm`` (kicked, master lost, closed), or None while it lives."""
+    return _session(comm).failure
+
+
+async def force_rewire(comm: Communicator) -> None:
+    """Vote a re-wire of ``comm``'s group's ring, as a failed collective does (the ring stays
+    the same, its connections are checked and re-dialled where needed); return when the group's
+    round is done."""
+    await _session(comm).rewire()
+
+
+# --- ring lanes --------------------------------------------------------------------------------
+
+_lane_ids: weakref.WeakKeyDictionary[FramedConnection, int] = weakref.WeakKeyDictionary()
+_next_lane_id = itertools.count(1)
+
+
+def _lane_id(conn: FramedConnection) -> int:
+    if conn not in _lane_ids:
+        _lane_ids[conn] = next(_next_lane_id)
+    return _lane_ids[conn]
+
+
+@dataclasses.dataclass(frozen=True)
+class RingLanes:
+    """``comm``'s ring connections in the current topology round (a snapshot)."""
+
+    successor: int
+    predecessor: int
+    #: The lanes to the successor in lane order, each as a number that names that connection
+    #: for the test's lifetime (equal numbers: the very same connection, kept across rounds).
+    to_successor: tuple[int, ...]
+    #: Lanes per peer this peer dialled, and per peer that dialled this one.
+    outgoing: Mapping[int, int]
+    incoming: Mapping[int, int]
+
+
+def ring_lanes(comm: Communicator) -> RingLanes:
+    """A snapshot of ``comm``'s ring lanes."""
+    links = _session(comm).links
+    return RingLanes(
+        successor=links.successor, predecessor=links.predecessor,
+        to_successor=tuple(_lane_id(c) for c in links.to_successor()),
+        outgoing={peer: len(lanes) for peer, lanes in links.outgoing.items()},
+        incoming={peer: len(lanes) for peer, lanes in links.incoming.items()})
+
+
+def _outgoing_lane(comm: Communicator, lane: int) -> FramedConnection:
+    lanes = _session(comm).links.to_successor()
+    if not 0 <= lane < len(lanes):
+        raise InvalidArgument(f"lane {lane}: this peer has {len(lanes)} lanes to its successor")
+    return lanes[lane]
+
+
+async def send_on_lane(comm: Communicator, lane: int, message: m.Message) -> None:
+    """Send a raw control ``message`` on ``comm``'s lane ``lane`` to its successor."""
+    await _outgoing_lane(comm, lane).send(message)
+
+
+async def send_data_on_lane(comm: Communicator, lane: int, header: DataHeader, payload: Any) -> None:
+    """Send a raw data frame on ``comm``'s lane ``lane`` to its successor (a stray frame no
+    op reads, say)."""
+    await _outgoing_lane(comm, lane).send_data(header, payload)
+
+
+async def receive_on_lane(comm: Communicator, lane: int) -> m.Message:
+    """Receive the next control message on lane ``lane`` from ``comm``'s predecessor (waits
+    until the predecessor's lanes are connected)."""
+    lanes = await _session(comm).links.from_predecessor()
+    return await lanes[lane].receive()
+
+
+async def lanes_from_predecessor(comm: Communicator) -> int:
+    """Wait until ``comm``'s predecessor's lanes of this round are connected; their number."""
+    return len(await _session(comm).links.from_predecessor())
+
+
+def break_lane(comm: Communicator, from_peer: int, lane: int) -> None:
+    """Abort ``comm``'s end of lane ``lane`` that ``from_peer`` dialled (a dropped connection)."""
+    _session(comm).links.incoming[from_peer][lane].abort()
+
+
+# --- the master link ---------------------------------------------------------------------------
+
+
+async def send_raw(comm: Communicator, message: m.Message) -> None:
+    """Send ``message`` to the master on ``comm``'s connection, outside any call."""
+    await _session(comm).send(message)
+
+
+def open_route(comm: Communicator, tag: int) -> trio.MemoryReceiveChannel[m.Message]:
+    """Claim collective tag ``tag`` on ``comm`` (as a collective call does) and return the
+    channel the master's replies for it arrive on.  ``InvalidUsage`` if the tag is in flight."""
+    return _session(comm).open_route(tag).inbox
+
+
+def close_route(comm: Communicator, tag: int) -> None:
+    """Release tag ``tag`` claimed with :func:`open_route`."""
+    _session(comm).close_route(tag)
+
+
+def drop_master_link(comm: Communicator) -> None:
+    """Abort ``comm``'s connection to the master (as a crash of this peer looks to it)."""
+    link = _session(comm).master
+    if link is not None:
+        link.abort()
+
+
+@contextlib.contextmanager
+def intercept_master_sends(comm: Communicator, before: Callable[[m.Message], Awaitable[None]]) -> Iterator[None]:
+    """For the block, await ``before(message)`` before each message ``comm`` sends to the master
+    from a collective or a sync (the shielded sends: Done, Withdraw, …).  A planted fault:
+    ``before`` may delay, or never return."""
+    session = _session(comm)
+    real = session.send_shielded
+
+    async def send_shielded(msg: m.Message, **kw: Any) -> None:
+        await before(msg)
+        await real(msg, **kw)
+
+    session.send_shielded = send_shielded  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        session.send_shielded = real  # type: ignore[method-assign]
+
+
+def after_master_link_sends(comm: Communicator, after: Callable[[m.Message], Awaitable[None]]) -> None:
+    """From now on, await ``after(message)`` after each message sent on ``comm``'s current
+    connection to the master (its ``Leave`` included).  A planted fault for the closing path."""
+    link = _session(comm).master
+    if link is None:
+        raise InvalidArgument("this communicator has no connection to the master")
+    real = link.send
+
+    async def send(message: m.Message) -> None:
+        await real(message)
+        await after(message)
+
+    link.send = send  # type: ignore[method-assign]
+
+
+def fail_master_send(comm: Communicator, error: TransportError) -> None:
+    """Report ``error`` as a failed send on ``comm``'s master connection (as a heartbeat's send
+    that met a closed connection does); raises what the communicator makes of it."""
+    _session(comm).master_send_failed(error)
+
+
+# --- ports facing the network ------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionCounts:
+    """A port's unproven connections: holding a handshake slot, and parked for one."""
+
+    pending: int
+    waiting: int
+
+
+def _port(comm: Communicator, port: Port) -> Any:
+    if port == "ring":
+        session = _session(comm)
+        return session.p2p_listener, session.p2p_admission
+    if port == "sync":
+        sync = internals_of(comm).sync
+        return sync.listener, sync.admission
+    raise InvalidArgument(f"port must be 'ring' or 'sync', not {port!r}")
+
+
+def listener_address(comm: Communicator, port: Port) -> str:
+    """The ``host:port`` ``comm`` listens on for its ring lanes or for shared-state fetches."""
+    listener, _ = _port(comm, port)
+    if listener is None:
+        raise InvalidArgument(f"this communicator has no {port} listener (yet)")
+    return str(listener.address)
+
+
+def admission_counts(comm: Communicator, port: Port) -> AdmissionCounts:
+    """A snapshot of the unproven connections on ``comm``'s ring or sync port."""
+    _, admission = _port(comm, port)
+    if admission is None:
+        return AdmissionCounts(0, 0)
+    return AdmissionCounts(admission.pending, admission.waiting)
+
+
+@contextlib.contextmanager
+def peer_admission_limits(limits: AdmissionLimits) -> Iterator[None]:
+    """For the block, communicators opened in it admit connections on their ring and sync ports
+    within ``limits`` (instead of the defaults)."""
+    saved = _wiring_module.PEER_LIMITS, _sync_module.PEER_LIMITS
+    _wiring_module.PEER_LIMITS = _sync_module.PEER_LIMITS = limits
+    try:
+        yield
+    finally:
+        _wiring_module.PEER_LIMITS, _sync_module.PEER_LIMITS = saved
+
+
+# --- point-to-point and probes -----------------------------------------------------------------
+
+
+def points_under_way(comm: Communicator) -> int:
+    """How many of ``comm``'s point-to-point messages are moving data right now."""
+    return _session(comm).points.under_way()
+
+
+async def probe(comm: Communicator, request: m.ProbeRequest) -> m.ProbeReport:
+    """Run the probes of ``request`` from ``comm`` as the master's ``ProbeRequest`` makes it
+    (never raises for a failed probe; bounded by :func:`probe_bound` per target)."""
+    return await ProbeService(_session(comm)).run(request)
+
+
+# --- a kind that is not built in ------------------------------------------------------------------
+
+
+async def run_kind(comm: Communicator, row: KindOps, *args: Any) -> Any:
+    """Run one collective of the kind ``row`` describes on ``comm`` (``args``: the row's
+    ``check`` arguments), as ``comm.all_reduce`` and its siblings run theirs: a kind written in
+    a test (one row and one op module) before it has a method of its own."""
+    return await internals_of(comm).all_reduce.call(row, *args)

@@ -1,0 +1,31 @@
+"""The runtime's pure parts, for their own unit tests: machines and codecs that live beside the
+code that runs them (not in :mod:`pccl.protocol`) but need no connection to test.
+
+- the peer's phase rule (``PhaseRule``; ``TRACKED``: the calls it tracks);
+- the frame core and decoder of :mod:`pccl.net.framed` and its memory budget;
+- the heartbeat loop (``run_heartbeat``, over any ``HeartbeatSubject``);
+- the point-to-point link's matching (``PeerLink`` with its ``Incoming``/``Outgoing``).
+"""
+
+from __future__ import annotations
+
+from .._peer.heartbeat import HeartbeatSubject, run_heartbeat
+from .._peer.phase import TRACKED, PhaseRule
+from .._peer.point import Incoming, Outgoing, PeerLink
+from ..net._frames import (
+    END_OF_STREAM,
+    NEED_DATA,
+    PROCESS_BUDGET,
+    READ_AHEAD,
+    ControlFrame,
+    DataFrame,
+    FrameCore,
+    FrameDecoder,
+    IncompleteFrameBudget,
+)
+
+__all__ = [
+    "TRACKED", "PhaseRule", "HeartbeatSubject", "run_heartbeat", "Incoming", "Outgoing", "PeerLink",
+    "END_OF_STREAM", "NEED_DATA", "PROCESS_BUDGET", "READ_AHEAD", "ControlFrame", "DataFrame", "FrameCore",
+    "FrameDecoder", "IncompleteFrameBudget",
+]
