@@ -201,7 +201,9 @@ class CollectiveService:
     async def all_reduce_many(self, arrays: Sequence[Any], **options: Any) -> ReduceInfo:
         """``Communicator.all_reduce_many`` (:mod:`pccl._peer.reduce_many`)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        return await reduce_many(self, arrays, **options)
+        return await reduce_many(arrays, host=self._host, runner=self._runner,
+                                 attempt=lambda plan: self.reduce(plan, rewire_on_stale=False),
+                                 rewire=self.rewire_when_idle, **options)
 
     # --- one all-reduce -----------------------------------------------------------------------
 
