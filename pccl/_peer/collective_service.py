@@ -23,9 +23,10 @@ holds for every kind.  One call is one or more *attempts*:
    is recorded in the links' ``SeqRegistry`` on arrival; :mod:`pccl.collectives.turns`).
    Meanwhile the tag's messages are intercepted synchronously by the task that reads the master
    connection (``CollectiveRoute.intercept``) — the master's ``Abort(seq)`` cancels the ring scope
-   there and then — and the service's one watchdog task cancels it when no byte has moved on this peer's ring
-   connections for ``config.peer_timeout`` (a neighbour that the master still hears but this peer
-   does not: a partition between two peers, a wedged process).  A stalled or dead peer is otherwise
+   there and then — and the communicator's one watchdog task (:mod:`pccl._peer.ring_watchdog`)
+   cancels it when no byte has moved on this peer's ring connections for ``config.peer_timeout``
+   (a neighbour that the master still hears but this peer does not: a partition between two
+   peers, a wedged process).  A stalled or dead peer is otherwise
    removed by the master's heartbeat timeout, which aborts the op.  No task is spawned per op: for
    a small all-reduce a nursery with a listener and a watchdog cost more than a tenth of the whole
    call.
@@ -82,7 +83,8 @@ from .._groups import single_exception
 from .collective_plans import Plan, StaleRing, phase_mismatch_abort
 from .reduce_many import MANY_FIRST_TAG, reduce_many
 from .host import CollectiveRoute, MasterLost, PeerHost
-from .ring_connections import P2PLinks
+from .ring_link_cache import RingLinkCache
+from .ring_watchdog import RingWatchdog
 from ..arrays import as_array, is_torch_tensor
 from ..errors import (
     CollectiveAborted,
@@ -101,7 +103,7 @@ from ..types import CollectiveInfo, Gathered, ReduceInfo, ReduceOp, Shard
 from ..collectives.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
 from ..collectives.backup import InputGuard
 from ..collectives.buffers import KernelRunner
-from ..collectives.links import RingLinks, SeqRegistry
+from ..collectives.links import SeqRegistry
 
 __all__ = ["CollectiveService", "MANY_FIRST_TAG"]
 
@@ -113,8 +115,6 @@ Result = ReduceInfo | CollectiveInfo | Gathered | Shard
 #: array once the master confirms the op (cheaper for small ops than the input backup, which
 #: saves every slice before its first overwrite to be able to restore it).
 STAGED_IN_PLACE_BYTES = 256 * 1024
-#: How many checks per ``peer_timeout`` the transfer watchdog makes.
-_WATCHDOG_CHECKS = 4
 
 
 class _Settlement:
@@ -137,18 +137,11 @@ class CollectiveService:
 
     def __init__(self, host: PeerHost) -> None:
         self._host = host
-        #: Seqs that ended on this peer, shared by every round's links (late frames discarded).
-        self.registry = SeqRegistry()
         self._runner = KernelRunner(threads=host.config.kernel_threads, kernel_wait=host.network.kernel_wait())
-        self._links_lock = trio.Lock()
-        self._links_round: P2PLinks | None = None
-        self._ring_links: RingLinks | None = None
+        self._links = RingLinkCache(host.master_epoch)
+        self._watchdog = RingWatchdog(host)
         self._holding = 0  # attempts of this service that hold a tag route
         self._holding_changed = trio.Event()
-        self._links_watched: dict[P2PLinks, _LinkWatch] = {}
-        self._watch_added = trio.Event()
-        self._watchdog_started = False
-        self._epoch = host.master_epoch
 
     @property
     def host(self) -> PeerHost:
@@ -157,6 +150,11 @@ class CollectiveService:
     @property
     def runner(self) -> KernelRunner:
         return self._runner
+
+    @property
+    def registry(self) -> SeqRegistry:
+        """Seqs that ended on this peer under the current master (late frames discarded)."""
+        return self._links.registry
 
     # --- entry points (Communicator.all_reduce, all_reduce_many) ------------------------------
 
@@ -250,7 +248,8 @@ class CollectiveService:
             # vote, which refuses collectives while it stands): this legal call joins that vote
             # and starts on the new ring, never refused (``InvalidUsage``).
             await self._host.rewire()
-        epoch = self._follow_master()
+        epoch = self._host.master_epoch
+        self._links.follow(epoch)
         if epoch != plan.epoch:
             # A call never spans two masters: its peers' loops may stand anywhere after a restart.
             raise MasterLost(f"the master changed during {plan.what}")
@@ -290,17 +289,6 @@ class CollectiveService:
         finally:
             if not keep_route:
                 self._release(plan.tag)
-
-    def _follow_master(self) -> int:
-        """The current master epoch.  A new master numbers its ops from 1 again: the seqs that
-        ended under the old one must not make this one's frames look late."""
-        epoch = self._host.master_epoch
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self.registry = SeqRegistry()
-            self._links_round = None
-            self._ring_links = None
-        return epoch
 
     async def _await_answer(
         self, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int
@@ -508,107 +496,18 @@ class CollectiveService:
             self.registry.retire(seq)
             raise ProtocolError(f"the master commenced seq {seq} on ring {[f'{p:x}' for p in ring]}, but this "
                                 f"peer is wired for {[f'{p:x}' for p in p2p.ring]}")
-        watch = self._watch(p2p, state, ring_scope)
+        watch = self._watchdog.watch(p2p, lambda: self._stalled(state, ring_scope))
         try:
             try:
-                links = await self._links(p2p)
+                links = await self._links.links(p2p)
             except BaseException:
                 self.registry.retire(seq)
                 raise
             return await plan.run(guard, commence, links=links, rank=ring.index(peer_id), runner=self._runner)
         finally:
-            self._unwatch(p2p, watch)
+            self._watchdog.unwatch(p2p, watch)
 
-    async def _links(self, p2p: P2PLinks) -> RingLinks:
-        """The ring links of ``p2p``'s round, built once per round (one Inbox per connection)."""
-        if self._links_round is p2p and self._ring_links is not None:
-            return self._ring_links  # the common case: no schedule point (the ring has plenty)
-        async with self._links_lock:
-            if self._links_round is not p2p or self._ring_links is None:
-                outgoing = p2p.to_successor()
-                if not outgoing:
-                    raise PeerDisconnected(f"no connection to ring successor {p2p.successor:x} in round {p2p.round}")
-                incoming = await p2p.from_predecessor()
-                self._ring_links = RingLinks(outgoing, incoming, registry=self.registry)
-                self._links_round = p2p
-            return self._ring_links
-
-    def _watch(self, p2p: P2PLinks, state: _Settlement, ring_scope: trio.CancelScope) -> _Watch:
-        """Put a ring under the shared watchdog (remove it with :meth:`_unwatch`).
-
-        One watchdog task per service, started on first use in the communicator's nursery,
-        watches the round's connections on behalf of every ring running on them; spawning one
-        per op would cost more than a small op's whole ring.  If the communicator is shutting
-        down no watchdog starts: the op fails with the communicator anyway.
-        """
-        watch = _Watch(state, ring_scope)
-        link = self._links_watched.get(p2p)
-        if link is None:
-            # The connections were idle until now: their silence so far is no stall.
-            link = self._links_watched[p2p] = _LinkWatch(p2p, p2p.bytes_moved(), trio.current_time())
-        link.ops.add(watch)
-        if not self._watchdog_started:
-            self._watchdog_started = self._host.spawn(self._watchdog)
-        else:
-            self._watch_added.set()
-        return watch
-
-    def _unwatch(self, p2p: P2PLinks, watch: _Watch) -> None:
-        link = self._links_watched.get(p2p)
-        if link is None:
-            return
-        link.ops.discard(watch)
-        if not link.ops:
-            del self._links_watched[p2p]
-
-    async def _watchdog(self) -> None:
-        """Cancel the rings on a round's connections once no byte moved on them for
-        ``peer_timeout`` while rings ran there.
-
-        The watch is per connection set, not per op: an op queued behind others on a busy lane
-        waits its turn without moving a byte itself, and is no stall as long as the lanes move.
-        A stall aborts every ring on the connections at once, with one warning.  Checks every
-        ``peer_timeout / _WATCHDOG_CHECKS`` while rings run, so a stall is caught within
-        ``peer_timeout`` plus one period; parks while none runs.  Counters advance as the
-        sockets move bytes, so a frame in flight counts as progress.  Runs until the
-        communicator's nursery is cancelled.
-        """
-        timeout = self._host.config.peer_timeout
-        while True:
-            if not self._links_watched:
-                self._watch_added = trio.Event()
-                await self._watch_added.wait()
-                continue
-            await trio.sleep(timeout / _WATCHDOG_CHECKS)
-            now = trio.current_time()
-            for p2p, link in list(self._links_watched.items()):
-                moved = p2p.bytes_moved()
-                if moved != link.last:
-                    link.last, link.since = moved, now
-                elif now - link.since >= timeout:
-                    del self._links_watched[p2p]
-                    log.warning("peer %x: no data moved on the ring connections to %x and from %x for %.3g s; "
-                                "aborting %d collective(s)", self._host.peer_id, p2p.successor, p2p.predecessor,
-                                now - link.since, len(link.ops))
-                    for watch in link.ops:
-                        watch.state.stalled = True
-                        watch.ring_scope.cancel()
-
-
-@dataclasses.dataclass(eq=False)
-class _LinkWatch:
-    """A round's connections under the watchdog: their byte count when they last moved, and
-    the rings running on them."""
-
-    p2p: P2PLinks
-    last: int
-    since: float
-    ops: set[_Watch] = dataclasses.field(default_factory=set)
-
-
-@dataclasses.dataclass(eq=False)
-class _Watch:
-    """One running ring under the watchdog: what to mark and cancel when its connections stall."""
-
-    state: _Settlement
-    ring_scope: trio.CancelScope
+    @staticmethod
+    def _stalled(state: _Settlement, ring_scope: trio.CancelScope) -> None:
+        state.stalled = True
+        ring_scope.cancel()
