@@ -216,13 +216,12 @@ class CollectiveService:
 
     # --- one all-reduce -----------------------------------------------------------------------
 
-    async def reduce(self, plan: Plan, *, rewire_on_stale: bool = True) -> Result:
+    async def reduce(self, plan: Plan) -> Result:
+        """Attempts of ``plan`` until one is not refused for a stale ring (re-wiring between)."""
         while True:
             try:
                 return await self._attempt(plan)
             except StaleRing:
-                if not rewire_on_stale:
-                    raise
                 self._host.counters.retries += 1
                 await self.rewire_when_idle()
 
