@@ -23,9 +23,10 @@ holds for every kind.  One call is one or more *attempts*:
    is recorded in the links' ``SeqRegistry`` on arrival; :mod:`pccl.collectives.turns`).
    Meanwhile the tag's messages are intercepted synchronously by the task that reads the master
    connection (``CollectiveRoute.intercept``) — the master's ``Abort(seq)`` cancels the ring scope
-   there and then — and the service's one watchdog task cancels it when no byte has moved on this peer's ring
-   connections for ``config.peer_timeout`` (a neighbour that the master still hears but this peer
-   does not: a partition between two peers, a wedged process).  A stalled or dead peer is otherwise
+   there and then — and the communicator's one watchdog task (:mod:`pccl._peer.ring_watchdog`)
+   cancels it when no byte has moved on this peer's ring connections for ``config.peer_timeout``
+   (a neighbour that the master still hears but this peer does not: a partition between two
+   peers, a wedged process).  A stalled or dead peer is otherwise
    removed by the master's heartbeat timeout, which aborts the op.  No task is spawned per op: for
    a small all-reduce a nursery with a listener and a watchdog cost more than a tenth of the whole
    call.
@@ -34,6 +35,11 @@ holds for every kind.  One call is one or more *attempts*:
    :class:`~pccl.collectives.backup.InputGuard` (a small in-place op's staged result, a larger
    one's input backup) is kept until then, so an ``Abort`` that arrives after this peer finished
    its ring still restores the input.
+
+What each of these steps means for one attempt — which message or ring end leads where, and
+what the service must do then (cancel the ring, report ``Done``, restore the input, hand the
+tag to a background task) — is the sans-IO machine :mod:`pccl.protocol.op_lifecycle`; this
+module feeds it events and runs its effects.
 
 Outcome: the plan's result (``ReduceInfo``, ``CollectiveInfo``, ``Gathered``, ``Shard``) on
 ``Complete``; otherwise exactly one ``CollectiveAborted`` (its ``__cause__`` is the local error,
@@ -78,12 +84,11 @@ from typing import Any
 import numpy as np
 import trio
 
-from .._groups import single_exception
 from .collective_plans import Plan, StaleRing, phase_mismatch_abort
 from .reduce_many import MANY_FIRST_TAG, reduce_many
 from .host import CollectiveRoute, MasterLost, PeerHost
-from .ring_connections import P2PLinks
-from ..arrays import as_array, is_torch_tensor
+from .ring_link_cache import RingLinkCache
+from .ring_watchdog import RingWatchdog
 from ..errors import (
     CollectiveAborted,
     InvalidArgument,
@@ -96,13 +101,13 @@ from ..errors import (
     TooFewPeers,
 )
 from ..protocol import messages as m
+from ..protocol.op_lifecycle import Effect, Event, OpLifecycle, State
 from ..protocol.phases import TopologyVote
 from ..types import CollectiveInfo, Gathered, ReduceInfo, ReduceOp, Shard
-from ..collectives.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
 from ..collectives.backup import InputGuard
 from ..collectives.buffers import KernelRunner
 from ..collectives.kinds import KindOps
-from ..collectives.links import RingLinks, SeqRegistry
+from ..collectives.links import SeqRegistry
 
 __all__ = ["CollectiveService", "MANY_FIRST_TAG"]
 
@@ -114,23 +119,30 @@ Result = ReduceInfo | CollectiveInfo | Gathered | Shard
 #: array once the master confirms the op (cheaper for small ops than the input backup, which
 #: saves every slice before its first overwrite to be able to restore it).
 STAGED_IN_PLACE_BYTES = 256 * 1024
-#: How many checks per ``peer_timeout`` the transfer watchdog makes.
-_WATCHDOG_CHECKS = 4
 
 
-class _Settlement:
-    """How one commenced op went here: this peer's ring, and the master's final word."""
+@dataclasses.dataclass(eq=False)
+class _Op:
+    """One attempt of a collective: its machine, and what the machine's effects act on."""
 
-    def __init__(self) -> None:
-        self.final: m.CollectiveComplete | m.CollectiveAbort | None = None
-        self.master_lost = False
-        self.stalled = False
-        self.settled = trio.Event()
-        self.done_sent = False
-        #: (tx, rx) payload bytes and an all-gather's output once this peer's ring finished; the
-        #: local failure otherwise.
-        self.traffic: tuple[int, int, np.ndarray | None] | None = None
-        self.local_error: PCCLError | None = None
+    plan: Plan
+    epoch: int
+    machine: OpLifecycle = dataclasses.field(default_factory=OpLifecycle)
+    seq: int = 0
+    #: A small in-place op's staged result or a larger one's input backup, kept until the
+    #: master's final word (an abort may come after this peer's ring ended).
+    guard: InputGuard | None = None
+    ring_scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
+    #: Set by the machine's ``SETTLE``: the master's final word (or its loss) is in.
+    settled: trio.Event = dataclasses.field(default_factory=trio.Event)
+    #: The master's final word (its detail goes into the caller's error).
+    final: m.CollectiveComplete | m.CollectiveAbort | None = None
+    #: (tx, rx) payload bytes and an all-gather's output once this peer's ring finished.
+    traffic: tuple[int, int, np.ndarray | None] | None = None
+    ring_error: PCCLError | None = None
+    stall_error: PeerDisconnected | None = None
+    #: ``WITHDRAW`` or ``AWAIT_FINAL`` once the machine hands the tag to a background task.
+    handoff: Effect | None = None
 
 
 class CollectiveService:
@@ -138,18 +150,11 @@ class CollectiveService:
 
     def __init__(self, host: PeerHost) -> None:
         self._host = host
-        #: Seqs that ended on this peer, shared by every round's links (late frames discarded).
-        self.registry = SeqRegistry()
         self._runner = KernelRunner(threads=host.config.kernel_threads, kernel_wait=host.network.kernel_wait())
-        self._links_lock = trio.Lock()
-        self._links_round: P2PLinks | None = None
-        self._ring_links: RingLinks | None = None
+        self._links = RingLinkCache(host.master_epoch)
+        self._watchdog = RingWatchdog(host)
         self._holding = 0  # attempts of this service that hold a tag route
         self._holding_changed = trio.Event()
-        self._links_watched: dict[P2PLinks, _LinkWatch] = {}
-        self._watch_added = trio.Event()
-        self._watchdog_started = False
-        self._epoch = host.master_epoch
 
     @property
     def host(self) -> PeerHost:
@@ -158,6 +163,11 @@ class CollectiveService:
     @property
     def runner(self) -> KernelRunner:
         return self._runner
+
+    @property
+    def registry(self) -> SeqRegistry:
+        """Seqs that ended on this peer under the current master (late frames discarded)."""
+        return self._links.registry
 
     # --- entry points (Communicator.all_reduce, all_reduce_many) ------------------------------
 
@@ -208,17 +218,17 @@ class CollectiveService:
     async def all_reduce_many(self, arrays: Sequence[Any], **options: Any) -> ReduceInfo:
         """``Communicator.all_reduce_many`` (:mod:`pccl._peer.reduce_many`)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        return await reduce_many(self, arrays, **options)
+        return await reduce_many(arrays, host=self._host, runner=self._runner, attempt=self._attempt,
+                                 rewire=self.rewire_when_idle, **options)
 
     # --- one all-reduce -----------------------------------------------------------------------
 
-    async def reduce(self, plan: Plan, *, rewire_on_stale: bool = True) -> Result:
+    async def reduce(self, plan: Plan) -> Result:
+        """Attempts of ``plan`` until one is not refused for a stale ring (re-wiring between)."""
         while True:
             try:
                 return await self._attempt(plan)
             except StaleRing:
-                if not rewire_on_stale:
-                    raise
                 self._host.counters.retries += 1
                 await self.rewire_when_idle()
 
@@ -250,12 +260,15 @@ class CollectiveService:
         self._holding_changed = trio.Event()
 
     async def _attempt(self, plan: Plan) -> Result:
+        """One attempt: vote, and run the op if the master commences it.  Raises ``StaleRing``
+        on a stale ring (the caller re-wires)."""
         while self._host.phase.topology_vote is TopologyVote.REWIRE:
             # Another call of this peer met a stale ring and re-wires the group (an internal
             # vote, which refuses collectives while it stands): this legal call joins that vote
             # and starts on the new ring, never refused (``InvalidUsage``).
             await self._host.rewire()
-        epoch = self._follow_master()
+        epoch = self._host.master_epoch
+        self._links.follow(epoch)
         if epoch != plan.epoch:
             # A call never spans two masters: its peers' loops may stand anywhere after a restart.
             raise MasterLost(f"the master changed during {plan.what}")
@@ -263,30 +276,32 @@ class CollectiveService:
         route = self._host.open_route(plan.tag)
         # Large ops take their lane threads in the order the master commenced them (the same on
         # every peer): a Commence is recorded the moment it arrives, before any later op can run.
-        registry = self.registry
+        registry = self._links.registry
         route.on_commence = registry.commenced
         self._hold()
+        op = _Op(plan, epoch)
         keep_route = False
         try:
             await self._host.send_shielded(plan.init, epoch=epoch)
             try:
-                answer = await self._await_answer(route.inbox, epoch)
+                answer = await self._await_answer(op, route.inbox)
             except trio.Cancelled:
                 # The Init stands at the master; the others may commence without us.  Leave a
-                # task behind to report the abort then (and to release the tag).
-                keep_route = self._abandon(plan.tag, route.inbox, epoch)
+                # task behind to withdraw it (and to release the tag).
+                self._step(op, Event.CANCEL)
+                keep_route = self._abandon(op, route.inbox)
                 raise
             if isinstance(answer, m.CollectiveRejected):
                 raise self._rejection(plan, answer)
-            state = _Settlement()
+            op.seq = answer.seq
             try:
-                return await self._run(plan, answer, route, epoch, state)
+                return await self._run(op, answer, route)
             except trio.Cancelled:
-                if state.done_sent and state.final is None and not state.master_lost:
+                if op.handoff is not None:
                     # This peer reported success and the master has not spoken: the op still
                     # runs there.  Wait for its final word in the background, so that the next
                     # call on the tag finds it free.
-                    keep_route = self._abandon(plan.tag, route.inbox, epoch, seq=answer.seq)
+                    keep_route = self._abandon(op, route.inbox)
                 raise
             finally:
                 # The data path retired the seq when its ring ended; an op that never reached
@@ -296,27 +311,21 @@ class CollectiveService:
             if not keep_route:
                 self._release(plan.tag)
 
-    def _follow_master(self) -> int:
-        """The current master epoch.  A new master numbers its ops from 1 again: the seqs that
-        ended under the old one must not make this one's frames look late."""
-        epoch = self._host.master_epoch
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self.registry = SeqRegistry()
-            self._links_round = None
-            self._ring_links = None
-        return epoch
-
     async def _await_answer(
-        self, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int
+        self, op: _Op, inbox: trio.MemoryReceiveChannel[m.Message]
     ) -> m.CollectiveCommence | m.CollectiveRejected:
         while True:
             try:
                 msg = await inbox.receive()
             except trio.EndOfChannel:
-                self._host.raise_if_failed(epoch)
+                self._step(op, Event.MASTER_LOST)
+                self._host.raise_if_failed(op.epoch)
                 raise ProtocolError("the collective's message route closed unexpectedly") from None
-            if isinstance(msg, (m.CollectiveCommence, m.CollectiveRejected)):
+            if isinstance(msg, m.CollectiveCommence):
+                self._step(op, Event.COMMENCE)
+                return msg
+            if isinstance(msg, m.CollectiveRejected):
+                self._step(op, Event.REJECT)
                 return msg
             # The final message of an earlier op on this tag, released before it arrived.
             log.debug("ignoring %s for tag %d seq %d: not for this op", type(msg).__name__,
@@ -344,122 +353,161 @@ class CollectiveService:
             return CollectiveAborted(f"{plan.what} did not start: {answer.detail or 'its root is not a member'}")
         return InvalidUsage(f"the peers' parameters for {plan.what} disagree{detail}")
 
-    def _abandon(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int, *,
-                 seq: int | None = None) -> bool:
+    # --- the machine's effects -------------------------------------------------------------------
+
+    def _step(self, op: _Op, event: Event, word: m.CollectiveComplete | m.CollectiveAbort | None = None
+              ) -> tuple[Effect, ...]:
+        """Feed ``event`` to ``op``'s machine and run its synchronous effects; return all of
+        them (the caller sends the reports: :meth:`_report`).  ``word`` is the master's message
+        behind a ``COMPLETE`` or ``ABORT``."""
+        effects = op.machine.handle(event)
+        for effect in effects:
+            if effect is Effect.CANCEL_RING:
+                op.ring_scope.cancel()
+            elif effect is Effect.SETTLE:
+                op.final = word
+                op.settled.set()
+            elif effect is Effect.RESTORE_INPUT:
+                if op.guard is not None:
+                    op.guard.restore()
+            elif effect is Effect.WITHDRAW or effect is Effect.AWAIT_FINAL:
+                op.handoff = effect
+        return effects
+
+    async def _report(self, op: _Op, effects: tuple[Effect, ...]) -> None:
+        """Send the ``Done`` that ``effects`` ask for, if any (shielded: see the module docstring)."""
+        for effect in effects:
+            if effect is Effect.REPORT_DONE or effect is Effect.REPORT_ABORT:
+                done = m.CollectiveDone(op.plan.tag, op.seq, aborted=effect is Effect.REPORT_ABORT)
+                await self._host.send_shielded(done, epoch=op.epoch)
+
+    def _word(self, op: _Op, msg: m.Message | None) -> None:
+        """The master's message ``msg`` for ``op``'s tag (``None``: the route closed) while the op
+        runs; the master's word on other seqs is ignored."""
+        if msg is None:
+            self._step(op, Event.MASTER_LOST)
+        elif isinstance(msg, m.CollectiveComplete) and msg.seq == op.seq:
+            self._step(op, Event.COMPLETE, msg)
+        elif isinstance(msg, m.CollectiveAbort) and msg.seq == op.seq:
+            self._step(op, Event.ABORT, msg)
+        else:
+            log.debug("ignoring %s for tag %d during seq %d", type(msg).__name__, op.plan.tag, op.seq)
+
+    def _stalled(self, op: _Op) -> None:
+        """The watchdog saw no byte move on ``op``'s ring connections."""
+        op.stall_error = PeerDisconnected(
+            f"no data moved on the ring connections for {self._host.config.peer_timeout:g} s")
+        self._step(op, Event.STALL)
+
+    # --- a cancelled call's tag -----------------------------------------------------------------
+
+    def _abandon(self, op: _Op, inbox: trio.MemoryReceiveChannel[m.Message]) -> bool:
         """Start the task that settles the tag of a call that was cancelled before the master's
-        answer to its vote (``seq=None``) or to its ``Done`` (``seq``); True if it runs (not when
-        the communicator is shutting down: nobody will commence anything then)."""
-        if not self._host.spawn(self._settle_abandoned, tag, inbox, epoch, seq):
+        answer to its vote (``WITHDRAW``) or to its ``Done`` (``AWAIT_FINAL``); True if it runs
+        (not when the communicator is shutting down: nobody will commence anything then)."""
+        if not self._host.spawn(self._settle_abandoned, op, inbox):
             return False
-        self._host.abandon_route(tag)
+        self._host.abandon_route(op.plan.tag)
         return True
 
-    async def _settle_abandoned(self, tag: int, inbox: trio.MemoryReceiveChannel[m.Message], epoch: int,
-                                seq: int | None) -> None:
+    async def _settle_abandoned(self, op: _Op, inbox: trio.MemoryReceiveChannel[m.Message]) -> None:
         """Settle a cancelled call's tag with the master, then free it.  Before the answer to
         the vote: withdraw it — ``Rejected(WITHDRAWN)`` (or another rejection that crossed the
         withdrawal) ends it, a ``Commence`` that crossed it is reported as this peer's abort.
-        After this peer's ``Done`` of op ``seq``: wait for that op's ``Complete`` or ``Abort``."""
+        After this peer's ``Done``: wait for that op's ``Complete`` or ``Abort``."""
+        tag = op.plan.tag
         try:
-            if seq is not None:
+            if op.handoff is Effect.AWAIT_FINAL:
                 async for msg in inbox:
-                    if isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)) and msg.seq == seq:
+                    if isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)) and msg.seq == op.seq:
+                        self._step(op, Event.COMPLETE if isinstance(msg, m.CollectiveComplete) else Event.ABORT)
                         return
+                self._step(op, Event.MASTER_LOST)
                 return
             try:
-                await self._host.send_shielded(m.CollectiveWithdraw(tag), epoch=epoch)
+                await self._host.send_shielded(m.CollectiveWithdraw(tag), epoch=op.epoch)
             except PCCLError:
+                self._step(op, Event.FAIL)
                 return  # the master is gone (the route closes) or the communicator failed
             async for msg in inbox:
                 if isinstance(msg, m.CollectiveRejected):
+                    self._step(op, Event.REJECT)
                     return
                 if isinstance(msg, m.CollectiveCommence):
                     log.info("peer %x: reporting the abort of cancelled collective tag %d seq %d",
                              self._host.peer_id, tag, msg.seq)
-                    self.registry.retire(msg.seq)
+                    self._links.registry.retire(msg.seq)
+                    op.seq = msg.seq
                     try:
-                        await self._host.send_shielded(m.CollectiveDone(tag, msg.seq, aborted=True), epoch=epoch)
+                        await self._report(op, self._step(op, Event.COMMENCE))
                     except PCCLError:
                         pass  # the communicator failed; every caller sees that
                     return
+            self._step(op, Event.MASTER_LOST)
         finally:
             self._release(tag)
 
     # --- a commenced op -----------------------------------------------------------------------
 
-    async def _run(self, plan: Plan, commence: m.CollectiveCommence, route: CollectiveRoute,
-                   epoch: int, state: _Settlement) -> Result:
+    async def _run(self, op: _Op, commence: m.CollectiveCommence, route: CollectiveRoute) -> Result:
         host = self._host
-        seq = commence.seq
-        # Kept until the master's final word: an abort may come after this peer's ring ended.
-        guard = plan.guard(STAGED_IN_PLACE_BYTES)
+        op.guard = op.plan.guard(STAGED_IN_PLACE_BYTES)
         try:
             try:
-                await self._ring_and_settle(plan, commence, guard, route, state, epoch)
-            except BaseException:
+                await self._ring_and_settle(op, commence, route)
+            except BaseException as exc:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
-                if guard is not None:
-                    guard.restore()
-                if not state.done_sent and state.final is None and not state.master_lost:
-                    try:
-                        await host.send_shielded(m.CollectiveDone(plan.tag, seq, aborted=True), epoch=epoch)
-                    except PCCLError:
-                        pass  # already failing; the caller sees the original exception
+                effects = self._step(op, Event.CANCEL if isinstance(exc, trio.Cancelled) else Event.FAIL)
+                try:
+                    await self._report(op, effects)
+                except PCCLError:
+                    pass  # already failing; the caller sees the original exception
                 host.counters.collectives_aborted += 1
                 raise
-            return self._outcome(plan, commence, state, guard, epoch)
+            return self._outcome(op, commence)
         finally:
-            if guard is not None:
-                guard.drop()
+            if op.guard is not None:
+                op.guard.drop()
 
-    async def _ring_and_settle(self, plan: Plan, commence: m.CollectiveCommence, guard: InputGuard | None,
-                               route: CollectiveRoute, state: _Settlement,
-                               epoch: int) -> None:
+    async def _ring_and_settle(self, op: _Op, commence: m.CollectiveCommence, route: CollectiveRoute) -> None:
         """Run the ring, report Done, wait for the master's final word.
 
-        The tag's messages are intercepted meanwhile (:meth:`_intercept`, run synchronously by
-        the task reading the master connection): an ``Abort`` cancels the ring at once.  No
-        task is spawned per op; the transfer watchdog is the service's shared one.
+        The tag's messages are intercepted meanwhile (:meth:`_word`, run synchronously by the
+        task reading the master connection): an ``Abort`` cancels the ring at once.  No task is
+        spawned per op; the transfer watchdog is the communicator's shared one.
         """
-        seq = commence.seq
-        ring_scope = trio.CancelScope()
-        route.intercept = lambda msg: self._intercept(msg, plan.tag, seq, state, ring_scope)
+        route.intercept = lambda msg: self._word(op, msg)
         try:
             # Messages that arrived between the Commence and now (an Abort already, say).
-            while state.final is None and not state.master_lost:
+            while op.machine.state is State.RUNNING:
                 try:
-                    route.intercept(route.inbox.receive_nowait())
+                    msg: m.Message | None = route.inbox.receive_nowait()
                 except trio.WouldBlock:
                     break
                 except trio.EndOfChannel:
-                    route.intercept(None)
-            with ring_scope:
+                    msg = None
+                self._word(op, msg)
+            with op.ring_scope:
                 try:
-                    state.traffic = await self.run_ring(plan, commence, guard, state, ring_scope)
+                    op.traffic = await self.run_ring(op.plan, commence, op.guard, op)
                 except PCCLError as exc:
-                    state.local_error = exc
-            if state.stalled and state.local_error is None:
-                state.local_error = PeerDisconnected(
-                    f"no data moved on the ring connections for {self._host.config.peer_timeout:g} s")
-            if state.final is None and not state.master_lost:
-                ok = state.traffic is not None and state.local_error is None
-                await self._host.send_shielded(m.CollectiveDone(plan.tag, seq, aborted=not ok), epoch=epoch)
-                state.done_sent = True
-                if ok:
-                    await state.settled.wait()
+                    op.ring_error = exc
+            finished = op.traffic is not None and op.ring_error is None
+            effects = self._step(op, Event.RING_DONE if finished else Event.RING_FAILED)
+            await self._report(op, effects)
+            if Effect.REPORT_DONE in effects:
+                await op.settled.wait()
         finally:
             route.intercept = None
 
-    def _outcome(self, plan: Plan, commence: m.CollectiveCommence, state: _Settlement,
-                 guard: InputGuard | None, epoch: int) -> Result:
+    def _outcome(self, op: _Op, commence: m.CollectiveCommence) -> Result:
         """The op's result for the caller once the master has spoken (or this peer gave up)."""
-        host = self._host
-        seq = commence.seq
-        traffic, local_error = state.traffic, state.local_error
-        if isinstance(state.final, m.CollectiveComplete) and traffic is not None and local_error is None:
+        host, plan, guard = self._host, op.plan, op.guard
+        if op.machine.state is State.COMPLETED:
+            assert op.traffic is not None
             if guard is not None:
                 guard.commit()
-            tx, rx, output = traffic
+            tx, rx, output = op.traffic
             host.counters.collectives_completed += 1
             host.counters.tx_bytes += tx
             host.counters.rx_bytes += rx
@@ -467,153 +515,42 @@ class CollectiveService:
         if guard is not None:
             guard.restore()
         host.counters.collectives_aborted += 1
-        if state.master_lost:
-            host.raise_if_failed(epoch)
+        if op.machine.state is State.LOST:
+            host.raise_if_failed(op.epoch)
             raise MasterUnreachable(f"lost the master during {plan.what}")
+        local_error = op.ring_error or op.stall_error
         if isinstance(local_error, InvalidArgument):
             raise local_error  # this peer's data is unusable (NaN/Inf under quantization)
         if local_error is not None:
             why = f"{type(local_error).__name__}: {local_error}"
-        elif isinstance(state.final, m.CollectiveAbort) and state.final.detail:
-            why = f"the master aborted it: {state.final.detail}"
+        elif isinstance(op.final, m.CollectiveAbort) and op.final.detail:
+            why = f"the master aborted it: {op.final.detail}"
         else:
             why = "the master aborted it"
-        log.info("peer %x: %s seq %d aborted: %s", host.peer_id, plan.what, seq, why)
-        raise CollectiveAborted(f"{plan.what} (seq {seq}) aborted: {why}") from local_error
-
-    @staticmethod
-    def _intercept(msg: m.Message | None, tag: int, seq: int, state: _Settlement, ring_scope: trio.CancelScope) -> None:
-        """Take the master's final word on ``seq`` (``None``: the communicator failed); an
-        Abort, or losing the master, cancels the ring at once."""
-        if state.settled.is_set():
-            return
-        if msg is None:
-            state.master_lost = True  # the route closed: the communicator failed
-            ring_scope.cancel()
-            state.settled.set()
-            return
-        if not isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)) or msg.seq != seq:
-            log.debug("ignoring %s for tag %d during seq %d", type(msg).__name__, tag, seq)
-            return
-        state.final = msg
-        if isinstance(msg, m.CollectiveAbort):
-            ring_scope.cancel()
-        state.settled.set()
+        log.info("peer %x: %s seq %d aborted: %s", host.peer_id, plan.what, op.seq, why)
+        raise CollectiveAborted(f"{plan.what} (seq {op.seq}) aborted: {why}") from local_error
 
     async def run_ring(self, plan: Plan, commence: m.CollectiveCommence, guard: InputGuard | None,
-                       state: _Settlement, ring_scope: trio.CancelScope) -> tuple[int, int, np.ndarray | None]:
+                       op: _Op) -> tuple[int, int, np.ndarray | None]:
         """One attempt's data path, once the master commenced it; returns the (sent, received)
         payload bytes and an all-gather's output.  The data path retires the seq when its ring
         ends (its frames still in flight are discarded); if the op cannot reach it, the seq is
-        retired here."""
+        retired here.  Runs under the watchdog, which stops the ring (``op.ring_scope``) if its
+        connections stall."""
         peer_id = self._host.peer_id
         p2p = self._host.links
         seq, ring = commence.seq, tuple(commence.ring)
         if peer_id not in ring or ring != p2p.ring:
-            self.registry.retire(seq)
+            self._links.registry.retire(seq)
             raise ProtocolError(f"the master commenced seq {seq} on ring {[f'{p:x}' for p in ring]}, but this "
                                 f"peer is wired for {[f'{p:x}' for p in p2p.ring]}")
-        watch = self._watch(p2p, state, ring_scope)
+        watch = self._watchdog.watch(p2p, lambda: self._stalled(op))
         try:
             try:
-                links = await self._links(p2p)
+                links = await self._links.links(p2p)
             except BaseException:
-                self.registry.retire(seq)
+                self._links.registry.retire(seq)
                 raise
             return await plan.run(guard, commence, links=links, rank=ring.index(peer_id), runner=self._runner)
         finally:
-            self._unwatch(p2p, watch)
-
-    async def _links(self, p2p: P2PLinks) -> RingLinks:
-        """The ring links of ``p2p``'s round, built once per round (one Inbox per connection)."""
-        if self._links_round is p2p and self._ring_links is not None:
-            return self._ring_links  # the common case: no schedule point (the ring has plenty)
-        async with self._links_lock:
-            if self._links_round is not p2p or self._ring_links is None:
-                outgoing = p2p.to_successor()
-                if not outgoing:
-                    raise PeerDisconnected(f"no connection to ring successor {p2p.successor:x} in round {p2p.round}")
-                incoming = await p2p.from_predecessor()
-                self._ring_links = RingLinks(outgoing, incoming, registry=self.registry)
-                self._links_round = p2p
-            return self._ring_links
-
-    def _watch(self, p2p: P2PLinks, state: _Settlement, ring_scope: trio.CancelScope) -> _Watch:
-        """Put a ring under the shared watchdog (remove it with :meth:`_unwatch`).
-
-        One watchdog task per service, started on first use in the communicator's nursery,
-        watches the round's connections on behalf of every ring running on them; spawning one
-        per op would cost more than a small op's whole ring.  If the communicator is shutting
-        down no watchdog starts: the op fails with the communicator anyway.
-        """
-        watch = _Watch(state, ring_scope)
-        link = self._links_watched.get(p2p)
-        if link is None:
-            # The connections were idle until now: their silence so far is no stall.
-            link = self._links_watched[p2p] = _LinkWatch(p2p, p2p.bytes_moved(), trio.current_time())
-        link.ops.add(watch)
-        if not self._watchdog_started:
-            self._watchdog_started = self._host.spawn(self._watchdog)
-        else:
-            self._watch_added.set()
-        return watch
-
-    def _unwatch(self, p2p: P2PLinks, watch: _Watch) -> None:
-        link = self._links_watched.get(p2p)
-        if link is None:
-            return
-        link.ops.discard(watch)
-        if not link.ops:
-            del self._links_watched[p2p]
-
-    async def _watchdog(self) -> None:
-        """Cancel the rings on a round's connections once no byte moved on them for
-        ``peer_timeout`` while rings ran there.
-
-        The watch is per connection set, not per op: an op queued behind others on a busy lane
-        waits its turn without moving a byte itself, and is no stall as long as the lanes move.
-        A stall aborts every ring on the connections at once, with one warning.  Checks every
-        ``peer_timeout / _WATCHDOG_CHECKS`` while rings run, so a stall is caught within
-        ``peer_timeout`` plus one period; parks while none runs.  Counters advance as the
-        sockets move bytes, so a frame in flight counts as progress.  Runs until the
-        communicator's nursery is cancelled.
-        """
-        timeout = self._host.config.peer_timeout
-        while True:
-            if not self._links_watched:
-                self._watch_added = trio.Event()
-                await self._watch_added.wait()
-                continue
-            await trio.sleep(timeout / _WATCHDOG_CHECKS)
-            now = trio.current_time()
-            for p2p, link in list(self._links_watched.items()):
-                moved = p2p.bytes_moved()
-                if moved != link.last:
-                    link.last, link.since = moved, now
-                elif now - link.since >= timeout:
-                    del self._links_watched[p2p]
-                    log.warning("peer %x: no data moved on the ring connections to %x and from %x for %.3g s; "
-                                "aborting %d collective(s)", self._host.peer_id, p2p.successor, p2p.predecessor,
-                                now - link.since, len(link.ops))
-                    for watch in link.ops:
-                        watch.state.stalled = True
-                        watch.ring_scope.cancel()
-
-
-@dataclasses.dataclass(eq=False)
-class _LinkWatch:
-    """A round's connections under the watchdog: their byte count when they last moved, and
-    the rings running on them."""
-
-    p2p: P2PLinks
-    last: int
-    since: float
-    ops: set[_Watch] = dataclasses.field(default_factory=set)
-
-
-@dataclasses.dataclass(eq=False)
-class _Watch:
-    """One running ring under the watchdog: what to mark and cancel when its connections stall."""
-
-    state: _Settlement
-    ring_scope: trio.CancelScope
+            self._watchdog.unwatch(p2p, watch)

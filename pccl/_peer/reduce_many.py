@@ -3,17 +3,21 @@
 The call runs rounds: each round starts every pending bucket's op in order, op ``j`` once op
 ``j - max_in_flight`` has finished here (a rule that does not depend on when this peer learns of
 a failure, so every peer starts the same ops); when the round is over, the ops that aborted or
-met a stale ring are retried after one re-wire of the group.  Each op is one all-reduce of
-:class:`~pccl._peer.collective_service.CollectiveService`; the buckets are
+met a stale ring are retried after one re-wire of the group.  The buckets are
 :mod:`pccl.collectives.buckets`'.
+
+What this needs of the collectives around it is passed in, not reached for: the peer ``host``,
+the kernel ``runner`` that packs and unpacks buckets, ``attempt(plan)`` (one attempt of one
+all-reduce: its result, or ``StaleRing``, or the call's error) and ``rewire()`` (re-wire the
+group once no collective of this peer holds a tag).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import trio
@@ -27,24 +31,9 @@ from .collective_plans import Plan, StaleRing, phase_mismatch_abort
 from .host import MasterLost, PeerHost
 from ..collectives.buffers import KernelRunner
 
-
-class CollectiveService(Protocol):
-    """What this needs of :class:`~pccl._peer.collective_service.CollectiveService` (named
-    structurally: the service imports this module)."""
-
-    @property
-    def host(self) -> PeerHost: ...
-
-    @property
-    def runner(self) -> KernelRunner: ...
-
-    async def reduce(self, plan: Plan, *, rewire_on_stale: bool = True) -> Any: ...
-
-    async def rewire_when_idle(self) -> None: ...
-
 __all__ = ["reduce_many", "MANY_FIRST_TAG"]
 
-log = logging.getLogger("pccl._peer.collective_service")
+log = logging.getLogger(__name__)
 
 #: ``all_reduce_many`` gives array ``i`` the tag ``MANY_FIRST_TAG + i`` (unless told otherwise):
 #: far above the small tags training loops pick for their own concurrent all-reduces.
@@ -65,10 +54,17 @@ class _Many:
     results: dict[int, ReduceInfo] = dataclasses.field(default_factory=dict)
 
 
+#: One attempt of one all-reduce (``StaleRing`` on a stale ring).
+Attempt = Callable[[Plan], Awaitable[object]]
+
+
 async def reduce_many(
-    service: CollectiveService,
     arrays: Sequence[Any],
     *,
+    host: PeerHost,
+    runner: KernelRunner,
+    attempt: Attempt,
+    rewire: Callable[[], Awaitable[None]],
     op: Any = ReduceOp.SUM,
     quantization: Any = None,
     max_in_flight: int = 4,
@@ -87,20 +83,20 @@ async def reduce_many(
         Plan.all_reduce(view, None, op, first_tag + i, quantization)
     buckets = plan_buckets(views, bucket_bytes)
     if not buckets:
-        return ReduceInfo(service.host.world_size, 0, 0)
+        return ReduceInfo(host.world_size, 0, 0)
     many = _Many(buckets, op, quantization, first_tag)
     pending = list(range(len(buckets)))
     try:
-        await service.host.ready()
-        many.epoch = service.host.master_epoch
+        await host.ready()
+        many.epoch = host.master_epoch
         while True:
-            pending = await _round(service, many, pending, max_in_flight)
+            pending = await _round(runner, attempt, many, pending, max_in_flight)
             if not pending:
                 break
             # Every failure left the group's ring stale; re-wire once for the whole batch.
-            service.host.counters.retries += len(pending)
-            log.info("peer %x: retrying %d all-reduce(s) on the survivors", service.host.peer_id, len(pending))
-            await service.rewire_when_idle()
+            host.counters.retries += len(pending)
+            log.info("peer %x: retrying %d all-reduce(s) on the survivors", host.peer_id, len(pending))
+            await rewire()
     except MasterLost as exc:
         raise CollectiveAborted(f"all_reduce_many aborted: {exc}") from exc
     except PhaseMismatch as exc:  # the re-wire before the retry was ended
@@ -117,7 +113,8 @@ async def reduce_many(
     )
 
 
-async def _round(service: CollectiveService, many: _Many, pending: list[int], max_in_flight: int) -> list[int]:
+async def _round(runner: KernelRunner, attempt: Attempt, many: _Many, pending: list[int],
+                 max_in_flight: int) -> list[int]:
     """Run the op of every bucket of ``pending`` once; return the ones that aborted (or met a
     stale ring).
 
@@ -141,17 +138,17 @@ async def _round(service: CollectiveService, many: _Many, pending: list[int], ma
             plan = many.plans.get(i)
             if plan is None:
                 if bucket.packed:
-                    send, recv = await service.runner.run(bucket.nbytes, bucket.buffers)
+                    send, recv = await runner.run(bucket.nbytes, bucket.buffers)
                 else:
                     send, recv = bucket.buffers()
                 plan = many.plans[i] = dataclasses.replace(
                     Plan.all_reduce(send, recv, many.op, many.first_tag + i, many.quantization), epoch=many.epoch)
-            result = await service.reduce(plan, rewire_on_stale=False)
+            result = await attempt(plan)
             assert isinstance(result, ReduceInfo)
             many.results[i] = result
             if bucket.packed:
                 assert plan.args is not None and isinstance(plan.args.dst, np.ndarray)  # the packed result
-                await service.runner.run(bucket.nbytes, bucket.unpack, plan.args.dst)
+                await runner.run(bucket.nbytes, bucket.unpack, plan.args.dst)
             bucket.release()
         except (CollectiveAborted, StaleRing) as exc:
             if isinstance(exc, CollectiveAborted) and isinstance(exc.__cause__, PhaseMismatch):

@@ -1,0 +1,261 @@
+"""One collective's life on one peer, as a state machine (sans-IO).
+
+The collective service (:mod:`pccl._peer.collective_service`) is the shell: it sends the vote,
+runs the ring, waits and restores; this module says what each thing that happens to one
+attempt of a collective means, and what the shell must do about it.  Rules first, transitions
+as data (the model is h11's ``_state.py``; :mod:`pccl.protocol.lifecycle` is the peer's own).
+
+States
+======
+
+===============  ====================================================================================
+``VOTING``       the ``CollectiveInit`` is out; the master's ``Commence`` or ``Rejected`` is awaited
+``REFUSED``      final: the master rejected the vote (the shell raises what the code means)
+``WITHDRAWING``  the caller was cancelled during the vote; a background task withdraws it
+``RUNNING``      commenced: this peer's ring runs and nothing has stopped it
+``STALLED``      the watchdog stopped the ring (no byte moved on its connections); it unwinds, and
+                 this peer will report the abort
+``ABORTING``     the master's ``Abort`` (or a ``Complete`` the watchdog overruled) came while the
+                 ring ran; the ring unwinds, and the master needs no ``Done`` any more
+``COMPLETING``   the master's ``Complete`` came while this peer's ring still ran (the master
+                 spoke first); the ring's own end decides
+``CUT_OFF``      the master was lost while the ring ran; it unwinds, with nobody to report to
+``REPORTED``     this peer's ring finished and its ``Done`` went out; the master's final word is
+                 awaited
+``GAVE_UP``      this peer's ring failed (or stalled) and it reported the abort; the call ends
+                 without waiting, but the master's word or its loss may still come in meanwhile
+``COMPLETED``    final: the master completed the op and this peer's ring finished (the result)
+``ABORTED``      final: the op aborted (by the master, the watchdog or this peer's ring)
+``LOST``         final: the master was lost before its final word
+``LEFT``         final: the call ended with an exception (cancelled, or the communicator failed);
+                 the input is restored
+``ABANDONED``    the caller was cancelled after reporting success; a background task awaits the
+                 master's final word, so that the tag is free for the next call
+``RELEASED``     final: a background task settled the op with the master (or lost the master)
+===============  ====================================================================================
+
+Events
+======
+
+================  ===================================================================================
+``COMMENCE``      the master's ``Commence`` for this vote arrived
+``REJECT``        the master's ``Rejected`` for this vote arrived (also ``WITHDRAWN``)
+``COMPLETE``      the master's ``Complete`` for this op's seq arrived
+``ABORT``         the master's ``Abort`` for this op's seq arrived
+``MASTER_LOST``   the tag's message route closed: the master is gone or the communicator failed
+``STALL``         the watchdog saw no byte move on the ring's connections for ``peer_timeout``
+``RING_DONE``     this peer's ring returned its result
+``RING_FAILED``   this peer's ring ended without a result (its error, or it was stopped)
+``CANCEL``        the call was cancelled (``trio.Cancelled`` left it)
+``FAIL``          another exception left the call (the communicator failed, say)
+================  ===================================================================================
+
+Effects
+=======
+
+The shell runs them in order, after the transition.
+
+=================  ==================================================================================
+``CANCEL_RING``    cancel the ring's cancel scope
+``SETTLE``         the master's final word (or its loss) is in: wake a call waiting for it
+``REPORT_DONE``    send ``Done(seq, aborted=False)``
+``REPORT_ABORT``   send ``Done(seq, aborted=True)``
+``RESTORE_INPUT``  restore an in-place input (the op's ``InputGuard``)
+``WITHDRAW``       hand the tag to a background task that withdraws the vote
+``AWAIT_FINAL``    hand the tag to a background task that waits for the master's final word
+=================  ==================================================================================
+
+Rules
+=====
+
+* The master hears exactly one ``Done`` per commenced op from this peer, unless it spoke its
+  final word first or is gone: a ring that ends, a watchdog stall and a call that leaves before
+  its ``Done`` each report, exactly once.
+* An ``Abort``, a lost master and a stall cancel the ring at once; a ``Complete`` never does
+  (the ring's own end decides, and a stall after it overrules it).
+* Only the master's final word on an op that reported success is worth waiting for in the
+  background (``REPORTED`` + ``CANCEL``); before the ``Done`` the call reports the abort itself.
+* Once the master spoke (or is gone), its later messages for the op are ignored.
+* A pair missing from :data:`TRANSITIONS` is a bug in the shell: :meth:`OpLifecycle.handle`
+  raises :class:`OpLifecycleError` rather than guess.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Effect", "Event", "OpLifecycle", "OpLifecycleError", "State", "TRANSITIONS",
+           "TERMINAL_STATES", "render_table"]
+
+
+class State(enum.Enum):
+    VOTING = "voting"
+    REFUSED = "refused"
+    WITHDRAWING = "withdrawing"
+    RUNNING = "running"
+    STALLED = "stalled"
+    ABORTING = "aborting"
+    COMPLETING = "completing"
+    CUT_OFF = "cut off"
+    REPORTED = "reported"
+    GAVE_UP = "gave up"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    LOST = "lost"
+    LEFT = "left"
+    ABANDONED = "abandoned"
+    RELEASED = "released"
+
+
+class Event(enum.Enum):
+    COMMENCE = "commence"
+    REJECT = "reject"
+    COMPLETE = "complete"
+    ABORT = "abort"
+    MASTER_LOST = "master lost"
+    STALL = "stall"
+    RING_DONE = "ring done"
+    RING_FAILED = "ring failed"
+    CANCEL = "cancel"
+    FAIL = "fail"
+
+
+class Effect(enum.Enum):
+    CANCEL_RING = "cancel ring"
+    SETTLE = "settle"
+    REPORT_DONE = "report done"
+    REPORT_ABORT = "report abort"
+    RESTORE_INPUT = "restore input"
+    WITHDRAW = "withdraw"
+    AWAIT_FINAL = "await final"
+
+
+S, E, X = State, Event, Effect
+_NONE: tuple[Effect, ...] = ()
+#: The master's word once it has spoken (or once it is gone): ignored.
+_LATE_WORDS = (E.COMPLETE, E.ABORT, E.MASTER_LOST)
+
+#: (state, event) -> (next state, effects).  The ignored late words and the ways out of a call
+#: (``CANCEL``/``FAIL`` after the commence) are filled in below.
+TRANSITIONS: dict[tuple[State, Event], tuple[State, tuple[Effect, ...]]] = {
+    (S.VOTING, E.COMMENCE): (S.RUNNING, _NONE),
+    (S.VOTING, E.REJECT): (S.REFUSED, _NONE),
+    (S.VOTING, E.MASTER_LOST): (S.LOST, _NONE),
+    (S.VOTING, E.CANCEL): (S.WITHDRAWING, (X.WITHDRAW,)),
+
+    (S.WITHDRAWING, E.REJECT): (S.RELEASED, _NONE),  # WITHDRAWN, or a rejection that crossed it
+    (S.WITHDRAWING, E.COMMENCE): (S.RELEASED, (X.REPORT_ABORT,)),  # crossed the withdrawal
+    (S.WITHDRAWING, E.MASTER_LOST): (S.RELEASED, _NONE),
+    (S.WITHDRAWING, E.FAIL): (S.RELEASED, _NONE),  # the withdrawal could not be sent
+
+    (S.RUNNING, E.COMPLETE): (S.COMPLETING, (X.SETTLE,)),
+    (S.RUNNING, E.ABORT): (S.ABORTING, (X.CANCEL_RING, X.SETTLE)),
+    (S.RUNNING, E.MASTER_LOST): (S.CUT_OFF, (X.CANCEL_RING, X.SETTLE)),
+    (S.RUNNING, E.STALL): (S.STALLED, (X.CANCEL_RING,)),
+    (S.RUNNING, E.RING_DONE): (S.REPORTED, (X.REPORT_DONE,)),
+    (S.RUNNING, E.RING_FAILED): (S.GAVE_UP, (X.REPORT_ABORT,)),
+
+    (S.STALLED, E.COMPLETE): (S.ABORTING, (X.SETTLE,)),  # the stall overrules it
+    (S.STALLED, E.ABORT): (S.ABORTING, (X.SETTLE,)),
+    (S.STALLED, E.MASTER_LOST): (S.CUT_OFF, (X.SETTLE,)),
+    (S.STALLED, E.RING_DONE): (S.GAVE_UP, (X.REPORT_ABORT,)),  # finished as the watchdog fired
+    (S.STALLED, E.RING_FAILED): (S.GAVE_UP, (X.REPORT_ABORT,)),
+
+    # The master's word while (or after) the abort went out: the op is over either way, but a
+    # lost master is what the caller hears about.
+    (S.GAVE_UP, E.COMPLETE): (S.ABORTED, _NONE),
+    (S.GAVE_UP, E.ABORT): (S.ABORTED, _NONE),
+    (S.GAVE_UP, E.MASTER_LOST): (S.LOST, _NONE),
+
+    (S.ABORTING, E.STALL): (S.ABORTING, _NONE),  # the watchdog fired while the ring unwound
+    (S.ABORTING, E.RING_DONE): (S.ABORTED, _NONE),  # the ring finished before the abort reached it
+    (S.ABORTING, E.RING_FAILED): (S.ABORTED, _NONE),
+
+    (S.COMPLETING, E.STALL): (S.ABORTING, (X.CANCEL_RING,)),
+    (S.COMPLETING, E.RING_DONE): (S.COMPLETED, _NONE),
+    (S.COMPLETING, E.RING_FAILED): (S.ABORTED, _NONE),
+
+    (S.CUT_OFF, E.STALL): (S.CUT_OFF, _NONE),
+    (S.CUT_OFF, E.RING_DONE): (S.LOST, _NONE),
+    (S.CUT_OFF, E.RING_FAILED): (S.LOST, _NONE),
+
+    (S.REPORTED, E.COMPLETE): (S.COMPLETED, (X.SETTLE,)),
+    (S.REPORTED, E.ABORT): (S.ABORTED, (X.SETTLE,)),
+    (S.REPORTED, E.MASTER_LOST): (S.LOST, (X.SETTLE,)),
+    (S.REPORTED, E.CANCEL): (S.ABANDONED, (X.RESTORE_INPUT, X.AWAIT_FINAL)),
+
+    (S.ABANDONED, E.COMPLETE): (S.RELEASED, _NONE),
+    (S.ABANDONED, E.ABORT): (S.RELEASED, _NONE),
+    (S.ABANDONED, E.MASTER_LOST): (S.RELEASED, _NONE),
+}
+# The master's word after it spoke (or was lost) changes nothing.
+for _state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.COMPLETED, S.ABORTED, S.LOST):
+    for _event in _LATE_WORDS:
+        TRANSITIONS[(_state, _event)] = (_state, _NONE)
+# Leaving the call after the commence: the input is restored; the abort is reported unless the
+# master has its Done already, spoke first, or is gone.
+for _state in (S.RUNNING, S.STALLED):
+    for _event in (E.CANCEL, E.FAIL):
+        TRANSITIONS[(_state, _event)] = (S.LEFT, (X.RESTORE_INPUT, X.REPORT_ABORT))
+for _state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.GAVE_UP, S.COMPLETED, S.ABORTED, S.LOST):
+    for _event in (E.CANCEL, E.FAIL):
+        TRANSITIONS[(_state, _event)] = (S.LEFT, (X.RESTORE_INPUT,))
+TRANSITIONS[(S.REPORTED, E.FAIL)] = (S.LEFT, (X.RESTORE_INPUT,))
+del _state, _event
+
+#: States that accept no event at all: the attempt is over for the shell.
+TERMINAL_STATES = frozenset(set(State) - {s for s, _ in TRANSITIONS})
+
+
+class OpLifecycleError(RuntimeError):
+    """The shell reported an event the current state has no transition for (a pccl bug)."""
+
+
+class OpLifecycle:
+    """The state of one attempt of one collective on this peer (see the module docstring)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: State = State.VOTING) -> None:
+        self.state = state
+
+    def handle(self, event: Event) -> tuple[Effect, ...]:
+        """Apply ``event``; return the effects the shell must run, in order.
+
+        Raises :class:`OpLifecycleError` (and changes nothing) for a pair missing from
+        :data:`TRANSITIONS`.
+        """
+        try:
+            self.state, effects = TRANSITIONS[(self.state, event)]
+        except KeyError:
+            raise OpLifecycleError(
+                f"{event.value!r} cannot happen to a collective that is {self.state.value}") from None
+        return effects
+
+    def __repr__(self) -> str:
+        return f"OpLifecycle({self.state.name})"
+
+
+def render_table(fmt: str = "rst") -> str:
+    """:data:`TRANSITIONS` as a table for the docs: one row per (state, event) pair, in the
+    order the states and events are declared, with the next state and the effects.
+
+    ``fmt`` is ``"rst"`` (a ``list-table`` directive) or ``"markdown"``; anything else is a
+    ``ValueError``.
+    """
+    if fmt not in ("rst", "markdown"):
+        raise ValueError(f"render_table: fmt must be 'rst' or 'markdown', got {fmt!r}")
+    order = {pair: i for i, pair in enumerate((s, e) for s in State for e in Event)}
+    header = ("State", "Event", "Next state", "Effects")
+    cells = [(s.name, e.name, nxt.name, ", ".join(x.name for x in effects))
+             for (s, e), (nxt, effects) in sorted(TRANSITIONS.items(), key=lambda item: order[item[0]])]
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(f"`{c}`" if c else "-" for c in row) + " |" for row in cells]
+    else:
+        lines = [".. list-table::", "   :header-rows: 1", ""]
+        for row in (header, *((f"``{c}``" if c else "-" for c in cells_row) for cells_row in cells)):
+            first, *rest = row
+            lines.append(f"   * - {first}")
+            lines += [f"     - {c}" for c in rest]
+    return "\n".join(lines) + "\n"
