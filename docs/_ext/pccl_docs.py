@@ -8,15 +8,13 @@
 * ``.. pccl-changelog::`` — ``CHANGELOG.md`` of the repository, its Markdown subset (headings,
   bullets, bold, inline code) turned into reST;
 * ``.. pccl-op-lifecycle::`` — the transition table of one collective's machine, from
-  ``pccl.protocol.op_lifecycle.render_table()``; until that module is in the tree, a note that
-  says so (a missing module only: a module that fails to import fails the build).
+  ``pccl.protocol.op_lifecycle.render_table()``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import pathlib
 import re
 from typing import Any
@@ -167,15 +165,10 @@ class ChangelogDirective(_RstDirective):
 class OpLifecycleDirective(_RstDirective):
     """The op machine's table, rendered by the machine's own module."""
 
-    MODULE = "pccl.protocol.op_lifecycle"
-
     def rst(self) -> list[str]:
-        if importlib.util.find_spec(self.MODULE) is None:
-            return [".. note::", "",
-                    f"   The table is rendered here from ``{self.MODULE}.render_table()`` once that",
-                    "   module is in the tree."]
-        module = importlib.import_module(self.MODULE)
-        return str(module.render_table("rst")).splitlines()
+        from pccl.protocol.op_lifecycle import render_table
+
+        return render_table("rst").splitlines()
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
