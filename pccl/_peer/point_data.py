@@ -21,9 +21,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import numpy as np
 import outcome
 import trio
 
+from .. import kernels
 from ..net.framed import FramedConnection
 from ..net.framed_threads import BlockingDataChannel, thread_channel
 from ..net.thread_io import ThreadCancel
@@ -38,12 +40,16 @@ async def receive_payload(conn: FramedConnection, view: memoryview, *, timeout: 
     ``piece`` of them within ``timeout`` seconds (``trio.TooSlowError`` otherwise; the connection
     is then aborted).  Each piece of ``view`` is first copied into ``backup`` (as long as
     ``view``), and ``saved(n)`` told that the first ``n`` bytes are, before it is overwritten.
+    The copy uses streaming stores (:func:`pccl.kernels.save_copy`, the GIL released): the
+    backup is read back only after a failure, so writing it must neither read its cache lines
+    first nor evict the payload's.
     Transport errors as for the connection's ``receive_data_into``."""
+    target, copy = np.frombuffer(view, np.uint8), np.frombuffer(backup, np.uint8)
     channel = thread_channel(conn)
     if channel is None:
         for start in range(0, view.nbytes, piece):
             end = min(start + piece, view.nbytes)
-            backup[start:end] = view[start:end]
+            kernels.save_copy(copy[start:end], target[start:end])
             saved(end)
             with trio.fail_after(timeout):
                 await conn.receive_data_into(view[start:end])
@@ -54,7 +60,7 @@ async def receive_payload(conn: FramedConnection, view: memoryview, *, timeout: 
     def work() -> None:
         for start in range(0, view.nbytes, piece):
             end = min(start + piece, view.nbytes)
-            backup[start:end] = view[start:end]
+            kernels.save_copy(copy[start:end], target[start:end])
             saved(end)
             channel.receive_data_into(view[start:end], cancel)
             progress[0] = time.monotonic()
