@@ -63,8 +63,12 @@ __all__ = ["PointService", "CHUNK"]
 log = logging.getLogger(__name__)
 
 #: Payload bytes of one data frame of a point-to-point message (a message of several frames
-#: lets another message's frames, and keepalives, through in between).
-CHUNK = 16 << 20
+#: lets another message's frames, and keepalives, through in between).  Each frame costs both
+#: sides a hand-off between the Trio thread and a worker thread, during which the bytes stop
+#: flowing: with 16 MiB frames a 64 MiB send moved ~12% less than with one 64 MiB frame on a
+#: busy 2-core host (``benchmarks/p2p_send.py``).  Another message on the same connection waits
+#: for at most one frame (64 MiB: ~25 ms on loopback, ~0.5 s at 1 Gbit/s).
+CHUNK = 64 << 20
 #: A receiver takes a data frame's payload in pieces of at most this many bytes, each within
 #: ``Config.peer_timeout``: a sender slower than ``PIECE / peer_timeout`` counts as stalled.
 PIECE = 1 << 20
