@@ -2,7 +2,8 @@
 
     python benchmarks/transport.py [--frame-mib 64 1] [--total-mib 512] [--repeats 3]
 
-*raw*: one thread ``sendall``s the payload, the other ``recv_into``s it, on plain blocking
+*raw*: one thread ``sendall``s the payload, the other ``recv_into``s it (``MSG_WAITALL``: one
+call per message, as fast as a receiving thread gets), on plain blocking
 loopback sockets with TCP_NODELAY — the ceiling for one TCP stream on this machine — once with
 the kernel's buffer autotuning (*auto*) and once with the buffers pccl gives a same-host
 connection (*bufs*: ``Config.socket_buffer_size`` if set, else ``Config.local_socket_buffer_size``
@@ -66,7 +67,7 @@ def raw_transfer(payload: np.ndarray, frames: int, config: Config, *, pccl_buffe
         for _ in range(frames):
             filled = 0
             while filled < len(destination):
-                n = receiver.recv_into(destination[filled:])
+                n = receiver.recv_into(destination[filled:], 0, socket.MSG_WAITALL)
                 if n == 0:
                     raise RuntimeError("raw sender closed early")
                 filled += n
