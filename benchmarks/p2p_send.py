@@ -2,7 +2,8 @@
 
     python benchmarks/p2p_send.py [--mib 64] [--count 8] [--repeats 3]
 
-*raw*: one thread ``sendall``s the payload, the other ``recv_into``s it, on plain blocking
+*raw*: one thread ``sendall``s the payload, the other ``recv_into``s it (``MSG_WAITALL``: one
+call per message, as fast as a receiving thread gets), on plain blocking
 loopback sockets with TCP_NODELAY — the ceiling for one TCP stream on this machine — once with
 the kernel's buffer autotuning (*auto*) and once with the buffers pccl sets on a same-host
 connection (*bufs*: ``Config.local_socket_buffer_size``).  *send*: two peer processes of one run (a master on a thread of this
@@ -65,7 +66,7 @@ def raw_transfer(payload: np.ndarray, count: int, *, pccl_buffers: bool) -> floa
         for _ in range(count):
             filled = 0
             while filled < len(destination):
-                n = receiver.recv_into(destination[filled:])
+                n = receiver.recv_into(destination[filled:], 0, socket.MSG_WAITALL)
                 if n == 0:
                     raise RuntimeError("raw sender closed early")
                 filled += n

@@ -2,18 +2,23 @@
 
     python benchmarks/transport.py [--frame-mib 64 1] [--total-mib 512] [--repeats 3]
 
-*raw*: one thread ``sendall``s the payload, the other ``recv_into``s it, on plain blocking
-sockets with the same buffer sizes and TCP_NODELAY that pccl uses — the ceiling for one TCP
-stream on this machine.  *framed*: pccl's :class:`~pccl.net.framed.FramedConnection` over
-:class:`~pccl.net.tcp.TcpNetwork` (after the handshake, with a run token): ``send_data`` of each
-frame, ``receive_data_header`` + ``receive_data_into`` straight into the destination array.
-Methods alternate within each repeat so that machine noise hits both alike; the table shows the
-best and the median of the repeats and the ratio framed/raw of the bests (target: ≥ 0.85).
+*raw*: one thread ``sendall``s the payload, the other ``recv_into``s it (``MSG_WAITALL``: one
+call per message, as fast as a receiving thread gets), on plain blocking
+loopback sockets with TCP_NODELAY — the ceiling for one TCP stream on this machine — once with
+the kernel's buffer autotuning (*auto*) and once with the buffers pccl gives a same-host
+connection (*bufs*: ``Config.socket_buffer_size`` if set, else ``Config.local_socket_buffer_size``
+and the window clamp, after connecting, as :class:`~pccl.net.tcp.TcpNetwork` does).  *framed*:
+pccl's :class:`~pccl.net.framed.FramedConnection` over :class:`~pccl.net.tcp.TcpNetwork` (after
+the handshake, with a run token): ``send_data`` of each frame, ``receive_data_header`` +
+``receive_data_into`` straight into the destination array.  Methods alternate within each repeat
+so that machine noise hits all alike; the table shows the best and the median of the repeats
+and the ratio of framed's best to the better raw best (target: ≥ 0.85).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import socket
 import statistics
 import sys
@@ -32,18 +37,23 @@ from pccl.protocol.codec import DataHeader
 MIB = 1024 * 1024
 
 
-def raw_transfer(payload: np.ndarray, frames: int, config: Config) -> float:
-    """Seconds to move ``frames`` copies of ``payload`` over loopback with blocking sockets."""
+def raw_transfer(payload: np.ndarray, frames: int, config: Config, *, pccl_buffers: bool) -> float:
+    """Seconds to move ``frames`` copies of ``payload`` over loopback with blocking sockets: with
+    the kernel's buffer autotuning, or (``pccl_buffers``) with the buffers ``TcpNetwork`` gives a
+    same-host connection under ``config`` (none if both sizes are 0: autotuning again)."""
     with socket.create_server(("127.0.0.1", 0)) as server:
-        port = server.getsockname()[1]
         sender = socket.socket()
-        for sock in (sender, server):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, config.socket_buffer_size)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, config.socket_buffer_size)
         sender.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sender.connect(("127.0.0.1", port))
+        sender.connect(server.getsockname())
         receiver, _ = server.accept()
         receiver.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        size = config.socket_buffer_size or config.local_socket_buffer_size
+        if pccl_buffers and size > 0:
+            for sock in (sender, receiver):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+                if config.socket_buffer_size == 0 and hasattr(socket, "TCP_WINDOW_CLAMP"):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_WINDOW_CLAMP, size)
     destination = memoryview(np.empty_like(payload)).cast("B")
 
     def send() -> None:
@@ -57,7 +67,7 @@ def raw_transfer(payload: np.ndarray, frames: int, config: Config) -> float:
         for _ in range(frames):
             filled = 0
             while filled < len(destination):
-                n = receiver.recv_into(destination[filled:])
+                n = receiver.recv_into(destination[filled:], 0, socket.MSG_WAITALL)
                 if n == 0:
                     raise RuntimeError("raw sender closed early")
                 filled += n
@@ -106,7 +116,11 @@ def measure(frame_mib: float, total_mib: float, repeats: int, config: Config) ->
     frame_bytes = int(frame_mib * MIB)
     frames = max(1, int(total_mib * MIB) // frame_bytes)
     payload = np.random.default_rng(0).integers(0, 256, frame_bytes, dtype=np.uint8)
-    methods: dict[str, Callable[[np.ndarray, int, Config], float]] = {"raw": raw_transfer, "framed": framed_transfer}
+    methods: dict[str, Callable[[np.ndarray, int, Config], float]] = {
+        "auto": functools.partial(raw_transfer, pccl_buffers=False),
+        "bufs": functools.partial(raw_transfer, pccl_buffers=True),
+        "framed": framed_transfer,
+    }
     rates: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(repeats):
         for name, run in methods.items():
@@ -122,16 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     config = Config()
-    print(f"loopback TCP, {args.total_mib:g} MiB per measurement, best/median of {args.repeats}, GB/s")
-    print(f"{'frame':>9} | {'raw best':>9} {'raw med':>8} | {'framed best':>11} {'framed med':>10} | {'ratio':>5}")
-    print("-" * 66)
+    print(f"loopback TCP, {args.total_mib:g} MiB per measurement, best/median of {args.repeats}, GB/s; "
+          "ratio: framed best / the better raw best")
+    print(f"{'frame':>9} | {'auto best':>9} {'auto med':>8} | {'bufs best':>9} {'bufs med':>8} | "
+          f"{'framed best':>11} {'framed med':>10} | {'ratio':>5}")
+    print("-" * 86)
     for frame_mib in args.frame_mib:
         rates = measure(frame_mib, args.total_mib, args.repeats, config)
-        raw, framed = rates["raw"], rates["framed"]
-        ratio = max(framed) / max(raw)
+        auto, bufs, framed = rates["auto"], rates["bufs"], rates["framed"]
+        ratio = max(framed) / max(max(auto), max(bufs))
         print(
-            f"{frame_mib:>5g} MiB | {max(raw):>9.2f} {statistics.median(raw):>8.2f} | "
-            f"{max(framed):>11.2f} {statistics.median(framed):>10.2f} | {ratio:>5.2f}"
+            f"{frame_mib:>5g} MiB | {max(auto):>9.2f} {statistics.median(auto):>8.2f} | {max(bufs):>9.2f} "
+            f"{statistics.median(bufs):>8.2f} | {max(framed):>11.2f} {statistics.median(framed):>10.2f} | {ratio:>5.2f}"
         )
         sys.stdout.flush()
     return 0

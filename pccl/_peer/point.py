@@ -23,7 +23,8 @@ written into the receiver's array.
 Faults.  Both sides of every connection send ``PointKeepalive`` every
 ``min(heartbeat_interval, peer_timeout / 3)`` and read it continuously; a connection that breaks
 (the peer died: reset or closed), or that is silent for ``Config.peer_timeout`` — a receiver
-takes each :data:`PIECE` of a data frame within ``peer_timeout``; a sender in the middle of a
+takes each :data:`PIECE` (:data:`LARGE_PIECE` while data comes fast) of a data frame within
+``peer_timeout``; a sender in the middle of a
 frame still reads the receiver's keepalives on the same connection — fails the pair's *link*: both its
 connections are aborted and every pending send to and receive from that peer raises
 ``PeerDisconnected`` naming it (the other side sees its connections close and does the same).
@@ -63,11 +64,19 @@ __all__ = ["PointService", "CHUNK"]
 log = logging.getLogger(__name__)
 
 #: Payload bytes of one data frame of a point-to-point message (a message of several frames
-#: lets another message's frames, and keepalives, through in between).
-CHUNK = 16 << 20
+#: lets another message's frames, and keepalives, through in between).  Each frame costs both
+#: sides a hand-off between the Trio thread and a worker thread, during which the bytes stop
+#: flowing: with 16 MiB frames a 64 MiB send moved ~12% less than with one 64 MiB frame on a
+#: busy 2-core host (``benchmarks/p2p_send.py``).  Another message on the same connection waits
+#: for at most one frame (64 MiB: ~25 ms on loopback, ~0.5 s at 1 Gbit/s).
+CHUNK = 64 << 20
 #: A receiver takes a data frame's payload in pieces of at most this many bytes, each within
 #: ``Config.peer_timeout``: a sender slower than ``PIECE / peer_timeout`` counts as stalled.
 PIECE = 1 << 20
+#: On the thread path (real TCP) pieces of this many bytes follow a piece that came at 16 times
+#: ``LARGE_PIECE / peer_timeout`` or faster (:func:`pccl._peer.point_data.next_piece`): a sender
+#: whose rate then falls below ``LARGE_PIECE / peer_timeout`` within one piece counts as stalled.
+LARGE_PIECE = 4 << 20
 
 
 def _shape(dtype: DType, count: int) -> str:
@@ -530,7 +539,8 @@ class PointService:
             recv.writer = writer = trio.Event()
             try:
                 await receive_payload(conn, target[frame.offset:frame.end], timeout=timeout, piece=PIECE,
-                                      backup=backup[frame.offset:frame.end], saved=recv.saver(frame.offset))
+                                      large_piece=LARGE_PIECE, backup=backup[frame.offset:frame.end],
+                                      saved=recv.saver(frame.offset))
             finally:
                 recv.writer = None
                 writer.set()
