@@ -4,14 +4,16 @@ code that runs them (not in :mod:`pccl.protocol`) but need no connection to test
 - the peer's phase rule (``PhaseRule``; ``TRACKED``: the calls it tracks);
 - the frame core and decoder of :mod:`pccl.net.framed` and its memory budget;
 - the heartbeat loop (``run_heartbeat``, over any ``HeartbeatSubject``);
-- the point-to-point link's matching (``PeerLink`` with its ``Incoming``/``Outgoing``).
+- the point-to-point link's matching (``PeerLink`` with its ``Incoming``/``Outgoing``) and its
+  receiver's piece-size rule (``next_piece`` with ``PIECE``, ``LARGE_PIECE``, ``HEADROOM``).
 """
 
 from __future__ import annotations
 
 from .._peer.heartbeat import HeartbeatSubject, run_heartbeat
 from .._peer.phase import TRACKED, PhaseRule
-from .._peer.point import Incoming, Outgoing, PeerLink
+from .._peer.point import LARGE_PIECE, PIECE, Incoming, Outgoing, PeerLink
+from .._peer.point_data import HEADROOM, next_piece
 from ..net._frames import (
     END_OF_STREAM,
     NEED_DATA,
@@ -26,6 +28,7 @@ from ..net._frames import (
 
 __all__ = [
     "TRACKED", "PhaseRule", "HeartbeatSubject", "run_heartbeat", "Incoming", "Outgoing", "PeerLink",
+    "PIECE", "LARGE_PIECE", "HEADROOM", "next_piece",
     "END_OF_STREAM", "NEED_DATA", "PROCESS_BUDGET", "READ_AHEAD", "ControlFrame", "DataFrame", "FrameCore",
     "FrameDecoder", "IncompleteFrameBudget",
 ]

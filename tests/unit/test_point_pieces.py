@@ -4,8 +4,7 @@ or slow sender is still noticed within ``peer_timeout``."""
 
 from __future__ import annotations
 
-from pccl._peer.point import LARGE_PIECE, PIECE
-from pccl._peer.point_data import HEADROOM, next_piece
+from pccl.testing.units import HEADROOM, LARGE_PIECE, PIECE, next_piece
 
 MIB = 1 << 20
 
