@@ -451,9 +451,11 @@ class CollectiveService:
 
     async def _run(self, op: _Op, commence: m.CollectiveCommence, route: CollectiveRoute) -> Result:
         host = self._host
-        op.guard = op.plan.guard(STAGED_IN_PLACE_BYTES)
         try:
             try:
+                # Inside: a backup that cannot be made (MemoryError) ends the op like any failure,
+                # with its Done(aborted), not with a ring the other peers wait on until their watchdogs.
+                op.guard = op.plan.guard(STAGED_IN_PLACE_BYTES)
                 await self._ring_and_settle(op, commence, route)
             except BaseException as exc:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.

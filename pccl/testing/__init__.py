@@ -24,6 +24,7 @@ from .cluster import MasterThread, TestCluster, admit, each, master_in_thread, o
 from .faults import (
     PlantedFault,
     plant_attempt_fault,
+    plant_backup_fault,
     plant_execute_fault,
     plant_kind_fault,
     plant_serving_fault,
@@ -72,6 +73,6 @@ __all__ = [
     "AdmissionCounts", "listener_address", "admission_counts", "peer_admission_limits",
     "points_under_way", "probe", "probe_bound", "run_kind",
     "MasterSnapshot", "master_snapshot", "master_state", "install_master_state",
-    "PlantedFault", "plant_kind_fault", "plant_execute_fault", "plant_staging_fault", "plant_attempt_fault",
+    "PlantedFault", "plant_kind_fault", "plant_execute_fault", "plant_backup_fault", "plant_staging_fault", "plant_attempt_fault",
     "plant_serving_fault",
 ]

@@ -19,7 +19,7 @@ from ..collectives.kinds import KIND_OPS, KindOps
 from ..errors import InvalidArgument
 from ..protocol.messages import CollectiveKind
 
-__all__ = ["PlantedFault", "plant_kind_fault", "plant_execute_fault", "plant_staging_fault", "plant_attempt_fault",
+__all__ = ["PlantedFault", "plant_kind_fault", "plant_execute_fault", "plant_backup_fault", "plant_staging_fault", "plant_attempt_fault",
            "plant_serving_fault"]
 
 RingEntry = Callable[..., Any]
@@ -78,10 +78,26 @@ def plant_execute_fault(wrap: Callable[[RingEntry], RingEntry]) -> PlantedFault:
 
 
 def plant_staging_fault(in_place_bytes: int) -> PlantedFault:
-    """In-place collectives of at least ``in_place_bytes`` back their input up and reduce into
-    it (smaller ones reduce into scratch memory and touch the caller's array only on success);
-    0: every in-place op backs up."""
+    """In-place collectives of more than ``in_place_bytes`` back their input up and reduce into
+    it (the others reduce into scratch memory and touch the caller's array only on success);
+    0: every in-place op of any data backs up."""
     return PlantedFault(_service, "STAGED_IN_PLACE_BYTES", in_place_bytes)
+
+
+def plant_backup_fault(error: Callable[[], BaseException | None]) -> PlantedFault:
+    """Before a collective in this process keeps its caller's input for an abort (an in-place
+    one, once the master commenced it), call ``error()``: an exception it returns (a
+    ``MemoryError``, say) is raised where the input would have been kept; ``None`` keeps it."""
+    real = _plans.Plan.guard
+
+    def guard(self: Any, stage_up_to: int) -> Any:
+        if self.call.keep is not None:
+            exc = error()
+            if exc is not None:
+                raise exc
+        return real(self, stage_up_to)
+
+    return PlantedFault(_plans.Plan, "guard", guard)
 
 
 def plant_attempt_fault(after: Callable[[Any], None]) -> PlantedFault:

@@ -13,7 +13,7 @@ import trio
 
 import pccl
 from pccl import CollectiveAborted, Config, InvalidArgument, InvalidUsage, Quantization, ReduceOp, TooFewPeers
-from pccl.testing import each, open_test_cluster
+from pccl.testing import each, open_test_cluster, plant_backup_fault
 
 TOKEN = "kinds-inproc"
 CFG = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
@@ -144,6 +144,35 @@ async def test_cancelling_a_reduce_scatter_mid_ring_restores_the_input_everywher
         for b, s in zip(bufs, shards):
             assert isinstance(s, pccl.Shard), shards
             assert np.allclose(b[s.start:s.stop], exact[s.start:s.stop], rtol=1e-4, atol=1e-4)
+
+
+async def test_a_peer_that_cannot_back_its_input_up_aborts_the_op_at_once() -> None:
+    """A peer whose input backup fails once the op commenced (a MemoryError) reports the abort
+    itself: the others' calls end with the master's abort, not after their watchdogs'
+    ``peer_timeout`` (a minute here; the test's bound is a hang guard), and every input is
+    intact."""
+    config = Config(peer_timeout=60.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
+                    shared_state_base_port=0)
+    async with open_test_cluster(3, token=TOKEN, config=config, soon=SOON) as (master, comms, _):
+        inputs = [np.full(1_000_000, float(i + 1), np.float32) for i in range(3)]
+        bufs = [x.copy() for x in inputs]
+        failures = iter([MemoryError("no room for the backup (planted)")])
+
+        async def call(i: int, comm: pccl.Communicator) -> Any:
+            try:
+                return await comm.all_reduce(bufs[i], tag=5)
+            except MemoryError as exc:
+                return exc
+
+        with plant_backup_fault(lambda: next(failures, None)):
+            outcome = await each(comms, call, within=30)
+        assert sum(isinstance(o, MemoryError) for o in outcome) == 1, outcome
+        assert all(isinstance(o, (MemoryError, CollectiveAborted)) for o in outcome), outcome
+        assert all(np.array_equal(b, x) for b, x in zip(bufs, inputs)), "every input is intact"
+        # The tag is free and the group goes on.
+        infos = await each(comms, lambda i, c: c.all_reduce(bufs[i], tag=5))
+        assert all(isinstance(info, pccl.ReduceInfo) for info in infos), infos
+        assert all(np.all(b == 6.0) for b in bufs)
 
 
 async def test_torch_tensors_go_in_and_come_out_as_torch_tensors() -> None:
