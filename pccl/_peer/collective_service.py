@@ -367,11 +367,12 @@ class CollectiveService:
             elif effect is Effect.SETTLE:
                 op.final = word
                 op.settled.set()
-            elif effect is Effect.RESTORE_INPUT:
-                if op.guard is not None:
-                    op.guard.restore()
             elif effect is Effect.WITHDRAW or effect is Effect.AWAIT_FINAL:
                 op.handoff = effect
+        # Last: the only effect that touches the caller's memory, so that one raising cannot
+        # leave a settle or a hand-off undone.
+        if Effect.RESTORE_INPUT in effects and op.guard is not None:
+            op.guard.restore()
         return effects
 
     async def _report(self, op: _Op, effects: tuple[Effect, ...]) -> None:

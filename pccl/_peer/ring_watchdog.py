@@ -108,4 +108,7 @@ class RingWatchdog:
                                 "aborting %d collective(s)", self._host.peer_id, p2p.successor, p2p.predecessor,
                                 now - link.since, len(link.watches))
                     for watch in link.watches:
-                        watch.on_stall()
+                        try:
+                            watch.on_stall()
+                        except Exception:  # one op's shell failing must not end the others' watch
+                            log.exception("peer %x: a stalled collective's abort failed", self._host.peer_id)
