@@ -180,9 +180,9 @@ def drop_master_link(comm: Communicator) -> None:
 
 @contextlib.contextmanager
 def intercept_master_sends(comm: Communicator, before: Callable[[m.Message], Awaitable[None]]) -> Iterator[None]:
-    """For the block, await ``before(message)`` before each message ``comm`` sends to the master
-    from a collective or a sync (the shielded sends: Done, Withdraw, …).  A planted fault:
-    ``before`` may delay, or never return."""
+    """For the block, await ``before(message)`` before each shielded message ``comm`` sends to
+    the master: a collective's ``Done`` and ``Withdraw`` (a sync's messages take the plain send
+    and are not seen).  A planted fault: ``before`` may delay, or never return."""
     session = _session(comm)
     real = session.send_shielded
 
@@ -198,8 +198,10 @@ def intercept_master_sends(comm: Communicator, before: Callable[[m.Message], Awa
 
 
 def after_master_link_sends(comm: Communicator, after: Callable[[m.Message], Awaitable[None]]) -> None:
-    """From now on, await ``after(message)`` after each message sent on ``comm``'s current
-    connection to the master (its ``Leave`` included).  A planted fault for the closing path."""
+    """From now on, await ``after(message)`` after each message sent through the awaited send of
+    ``comm``'s current connection to the master: its ``Leave``, and any message that did not fit
+    the connection's send buffer at once (the others, heartbeats among them, go out without
+    waiting and are not seen).  A planted fault for the closing path."""
     link = _session(comm).master
     if link is None:
         raise InvalidArgument("this communicator has no connection to the master")

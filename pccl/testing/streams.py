@@ -93,13 +93,14 @@ class MemoryStream(Stream):
         self._inner.receive_stream.close()
 
 
-def memory_stream_pair() -> tuple[MemoryStream, MemoryStream]:
-    """Two connected pccl Streams: (client end, server end), each recording what it sent."""
+def memory_stream_pair(*, record: bool = True) -> tuple[MemoryStream, MemoryStream]:
+    """Two connected pccl Streams: (client end, server end), each recording what it sent
+    (``record=False``: counting it only, as a :class:`MemoryNetwork`'s connections do)."""
     a, b = trio.testing.memory_stream_pair()
     client_addr, server_addr = f"10.0.0.1:{next(_ports)}", f"10.0.0.2:{next(_ports)}"
     return (
-        MemoryStream(a, local=client_addr, remote=server_addr, record=True),
-        MemoryStream(b, local=server_addr, remote=client_addr, record=True),
+        MemoryStream(a, local=client_addr, remote=server_addr, record=record),
+        MemoryStream(b, local=server_addr, remote=client_addr, record=record),
     )
 
 
@@ -138,7 +139,7 @@ class MemoryNetwork(Network):
                     or self.listeners.get(f"[::]:{port}"))
         if listener is None:
             raise ConnectionRefused(f"nothing listens on {address}")
-        client, server = memory_stream_pair()
+        client, server = memory_stream_pair(record=False)  # a cluster's bytes are not kept
         await listener.send_side.send(server)
         return client
 
