@@ -59,17 +59,23 @@ from .host import PeerHost
 from .point_data import receive_payload, send_payload
 from .votes import fresh_error
 
-__all__ = ["PointService", "CHUNK"]
+__all__ = ["PointService", "CHUNK", "frame_bytes"]
 
 log = logging.getLogger(__name__)
 
-#: Payload bytes of one data frame of a point-to-point message (a message of several frames
-#: lets another message's frames, and keepalives, through in between).  Each frame costs both
-#: sides a hand-off between the Trio thread and a worker thread, during which the bytes stop
-#: flowing: with 16 MiB frames a 64 MiB send moved ~12% less than with one 64 MiB frame on a
-#: busy 2-core host (``benchmarks/p2p_send.py``).  Another message on the same connection waits
-#: for at most one frame (64 MiB: ~25 ms on loopback, ~0.5 s at 1 Gbit/s).
+#: Payload bytes of one data frame of a point-to-point message, at most (a message of several
+#: frames lets another message's frames through in between).  Each frame costs both sides a
+#: hand-off between the Trio thread and a worker thread, during which the bytes stop flowing:
+#: with 16 MiB frames a 64 MiB send moved ~12% less than with one 64 MiB frame on a busy 2-core
+#: host (``benchmarks/p2p_send.py``).  But another message on the same connection waits for the
+#: frame under way: so a frame carries about :data:`FRAME_SECONDS` of the rate the link showed
+#: on its frame before (:func:`frame_bytes`), between :data:`MIN_FRAME` and this; a link's
+#: first frame is :data:`FIRST_FRAME`.  On loopback every frame after the first is 64 MiB; at
+#: 1 Gbit/s ~29 MiB, at 100 Mbit/s ~3 MiB.
 CHUNK = 64 << 20
+MIN_FRAME = 1 << 20
+FIRST_FRAME = 16 << 20
+FRAME_SECONDS = 0.25
 #: A receiver takes a data frame's payload in pieces of at most this many bytes, each within
 #: ``Config.peer_timeout``: a sender slower than ``PIECE / peer_timeout`` counts as stalled.
 PIECE = 1 << 20
@@ -77,6 +83,14 @@ PIECE = 1 << 20
 #: ``LARGE_PIECE / peer_timeout`` or faster (:func:`pccl._peer.point_data.next_piece`): a sender
 #: whose rate then falls below ``LARGE_PIECE / peer_timeout`` within one piece counts as stalled.
 LARGE_PIECE = 4 << 20
+
+
+def frame_bytes(sent: int, seconds: float) -> int:
+    """The size of a link's next data frame after one of ``sent`` bytes took ``seconds`` to
+    hand to the connection: :data:`FRAME_SECONDS` of that rate, within ``[MIN_FRAME, CHUNK]``."""
+    if seconds <= 0:
+        return CHUNK
+    return int(min(CHUNK, max(MIN_FRAME, sent / seconds * FRAME_SECONDS)))
 
 
 def _shape(dtype: DType, count: int) -> str:
@@ -164,6 +178,8 @@ class PeerLink:
         #: Set once a dial of :attr:`outgoing` ended (``None``: none under way).
         self.opening: trio.Event | None = None
         self.next_seq = 1
+        #: The payload bytes of this link's next data frame (:func:`frame_bytes`).
+        self.frame = FIRST_FRAME
         self.sends: dict[int, Outgoing] = {}
         #: Offers from ``peer`` no receive matched yet, and receives no offer matched yet, by tag.
         self.offers: dict[int, collections.deque[m.PointOffer]] = {}
@@ -304,9 +320,14 @@ class PointService:
             send.answered = trio.Event()
             # No deadline per frame: a receiver that stalls stops its keepalives, and this
             # connection's reader fails the link (aborting a send under way) within peer_timeout.
-            for start in range(0, payload.nbytes, CHUNK):
-                piece = payload[start:start + CHUNK]
+            start = 0
+            while start < payload.nbytes:
+                piece = payload[start:start + link.frame]
+                began = trio.current_time()
                 await self._guarded(link, send_payload(conn, DataHeader(send.seq, 0, 0, start, piece.nbytes), piece))
+                if piece.nbytes >= MIN_FRAME:  # a smaller one says little about the link's rate
+                    link.frame = frame_bytes(piece.nbytes, trio.current_time() - began)
+                start += piece.nbytes
             answer = await self._answer(send)
             if not isinstance(answer, m.PointAck):
                 raise ProtocolError(f"peer {link.peer:x} answered a message's data with {type(answer).__name__}")
