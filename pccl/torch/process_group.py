@@ -43,7 +43,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -51,7 +51,7 @@ import torch.distributed as dist
 # torch's registry of groups by name, where its own groups go (functional collectives look a
 # group up there): private to torch, with no public way in for a Python ProcessGroup.
 from torch._C._distributed_c10d import _register_process_group, _unregister_process_group
-from torch.distributed.distributed_c10d import GroupName
+from torch.distributed.distributed_c10d import GroupName, _world
 
 from .. import blocking
 from ..errors import CollectiveAborted, InvalidArgument, InvalidUsage, TooFewPeers
@@ -84,6 +84,28 @@ DType.BFLOAT16.numpy_dtype()
 
 #: Numbers the groups this process builds, for their names in torch's registry.
 _GROUP_NUMBERS = itertools.count()
+
+
+class GroupRanks(Mapping[int, int]):
+    """A group's entry in torch's world (``_world.pg_group_ranks``: global rank -> group rank)
+    while torch has not made one of its own: the identity over the group's size now.  torch's
+    ``P2POp``, ``dist.recv`` and ``get_global_rank`` look a group up there, and a group built as
+    ``ProcessGroup(comm)`` is a world of its own, whose ranks are its global ranks."""
+
+    def __init__(self, group: ProcessGroup) -> None:
+        self._size = group.getSize
+
+    def __getitem__(self, rank: int) -> int:
+        if isinstance(rank, int) and 0 <= rank < self._size():
+            return rank
+        raise KeyError(rank)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self._size()))
+
+    def __len__(self) -> int:
+        return self._size()
+
 
 class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[misc]  # torch's overloads
     """``comm``'s peer group as a ``torch.distributed.ProcessGroup``: ``size()`` is its world
@@ -118,6 +140,12 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
         self._group_desc = "pccl"
         self._shared = 0  # the groups made over this one's communicator (the backend's new_group)
         _register_process_group(GroupName(self._group_name), self)
+        # torch's own groups are in its world's rank table too (new_group puts them there);
+        # torch replaces this entry by its own when it builds the group.  Beside another
+        # default group (gloo inside a site, say) global ranks are that world's, not ours.
+        self._ranks = GroupRanks(self)
+        if not dist.is_initialized():
+            _world.pg_group_ranks[self] = self._ranks  # type: ignore[assignment]  # a Mapping, read only
 
     # --- what torch asks ------------------------------------------------------------------------
 
@@ -557,6 +585,8 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             registered, self._registered = self._registered, None
         if registered is not None:
             _unregister_process_group(GroupName(registered))
+        if _world.pg_group_ranks.get(self) is self._ranks:  # torch's own entry is torch's to delete
+            del _world.pg_group_ranks[self]
         if self._owns:
             self._comm.close()  # cancels what still runs; the completion threads then finish
         self._completer.join(30)
