@@ -2,8 +2,8 @@
 ``dist.send``, ``recv``, ``isend``, ``irecv`` and ``batch_isend_irecv``) over the communicator's
 ``send_async``/``recv_async``, and ``all_to_all_single``/``all_to_all`` built from send/recv pairs.
 
-Ranks are ring positions (``pg.rank()``); the peer at rank ``r`` is ``comm.ring[r]`` when the call
-is made.  A receive names its sender: pccl has no receive from any source, so ``recv_anysource``
+Ranks are the group's (``pg.rank()``, :mod:`pccl.torch.ranks`); the peer at rank ``r`` is
+``pg.peers_by_rank()[r]`` when the call is made.  A receive names its sender: pccl has no receive from any source, so ``recv_anysource``
 (``dist.recv(t)`` / ``dist.irecv(t)`` without ``src``) raises ``InvalidUsage``.
 
 Tags: torch's tag ``t`` (``0 <= t < 2**47``) is pccl's point-to-point tag
@@ -115,10 +115,13 @@ class PointToPoint:
     def getRank(self) -> int:  # noqa: N802 - torch's name
         raise NotImplementedError  # the group's
 
+    def peers_by_rank(self) -> tuple[int, ...]:
+        raise NotImplementedError  # the group's
+
     # --- torch's calls ------------------------------------------------------------------------
 
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Work:  # type: ignore[override]  # noqa: N803
-        """Send the one tensor of ``tensors`` to the peer at ring position ``dstRank``
+        """Send the one tensor of ``tensors`` to the peer at rank ``dstRank``
         (:meth:`pccl.blocking.Communicator.send_async`; the work completes once the receiver has
         all of it).  ``tag``: torch's, ``0 <= tag < 2**47``."""
         self._check_open()
@@ -129,7 +132,7 @@ class PointToPoint:
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Work:  # type: ignore[override]  # noqa: N803
         """Receive into the one tensor of ``tensors`` the next message on ``tag`` of the peer at
-        ring position ``srcRank`` (:meth:`pccl.blocking.Communicator.recv_async`: the sender's
+        rank ``srcRank`` (:meth:`pccl.blocking.Communicator.recv_async`: the sender's
         dtype and element count; nothing is cast).  On an error the tensor keeps its values."""
         self._check_open()
         tensor = self._one_tensor(tensors, "recv")
@@ -152,7 +155,7 @@ class PointToPoint:
                       outputSplitSizes: Sequence[int] = (), inputSplitSizes: Sequence[int] = (),  # noqa: N803
                       opts: Any = None) -> Work:
         """torch's ``all_to_all_single``: chunk ``r`` of ``input`` (along dim 0: equal chunks,
-        or ``inputSplitSizes[r]`` rows) goes to the peer at ring position ``r``, and chunk ``r``
+        or ``inputSplitSizes[r]`` rows) goes to the peer at rank ``r``, and chunk ``r``
         of ``output`` (``outputSplitSizes``) gets that peer's chunk for this one.  One of the
         group's collectives, run as a send and a receive with every other peer (each pair's
         chunks may differ in size, as torch's uneven splits do; each side's sizes must match
@@ -181,7 +184,7 @@ class PointToPoint:
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Work:  # type: ignore[override]
-        """torch's ``all_to_all``: ``input_tensors[r]`` goes to the peer at ring position ``r``,
+        """torch's ``all_to_all``: ``input_tensors[r]`` goes to the peer at rank ``r``,
         ``output_tensors[r]`` gets that peer's tensor for this one (sizes may differ from pair
         to pair; one dtype).  One of the group's collectives, run as send/receive pairs."""
         outputs = tensor_list(output_tensors, "all_to_all")
@@ -209,14 +212,14 @@ class PointToPoint:
 
     def _all_to_all(self, sends: list[torch.Tensor], recvs: list[torch.Tensor],
                     finish: Callable[[Any], list[torch.Tensor]], what: str) -> Work:
-        ring, rank = self._comm.ring, self.getRank()
+        order, rank = self.peers_by_rank(), self.getRank()
         if sends[rank].numel() != recvs[rank].numel():
             raise InvalidArgument(f"{what}: this peer's chunk for itself has {sends[rank].numel()} elements to send "
                                   f"and {recvs[rank].numel()} to receive")
 
         def call(tag: int) -> HandleGroup:
             handles = []
-            for r, peer in enumerate(ring):
+            for r, peer in enumerate(order):
                 if r != rank:
                     handles.append(self._comm.send_async(sends[r], to=peer, tag=tag))
                     handles.append(self._comm.recv_async(recvs[r], from_=peer, tag=tag))
@@ -235,10 +238,10 @@ class PointToPoint:
         return listed[0]
 
     def _peer_at(self, rank: int, what: str) -> int:
-        ring = self._comm.ring
-        if not 0 <= rank < len(ring):
-            raise InvalidArgument(f"Invalid {what} rank {rank}: the group has {len(ring)} peers now")
-        peer = ring[rank]
+        order = self.peers_by_rank()
+        if not 0 <= rank < len(order):
+            raise InvalidArgument(f"Invalid {what} rank {rank}: the group has {len(order)} peers now")
+        peer = order[rank]
         if peer == self._comm.peer_id:
             raise InvalidArgument(f"Invalid {what} rank {rank}: it is this peer's own rank")
         return peer
