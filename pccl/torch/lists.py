@@ -14,7 +14,7 @@ import torch
 from .. import blocking
 from ..errors import CollectiveAborted, InvalidArgument
 from ..types import ReduceOp
-from ._args import dense, split_columns, tensor_list, torch_reduce_op
+from ._args import dense, split_columns, tensor_list, torch_reduce_op, wire_view
 from .ranks import by_rank
 from .work import Work
 
@@ -111,6 +111,6 @@ class ListForms:
                     outs[i].copy_(chunk.reshape(outs[i].shape))
             return [t for outs in lists for t in outs]
 
-        return self._start(lambda tag: self._comm.all_gather_async(flat, tag=tag),
+        return self._start(lambda tag: self._comm.all_gather_async(wire_view(flat), tag=tag),
                            lambda gathered: place(by_rank(gathered.peers, gathered.arrays, order)),
                            (lambda: place([flat])) if world == 1 else None)

@@ -3,8 +3,10 @@
 ``send_async``/``recv_async``, and ``all_to_all_single``/``all_to_all`` built from send/recv pairs.
 
 Ranks are the group's (``pg.rank()``, :mod:`pccl.torch.ranks`); the peer at rank ``r`` is
-``pg.peers_by_rank()[r]`` when the call is made.  A receive names its sender: pccl has no receive from any source, so ``recv_anysource``
-(``dist.recv(t)`` / ``dist.irecv(t)`` without ``src``) raises ``InvalidUsage``.
+``pg.peers_by_rank()[r]`` when the call is made.  A receive names its sender: pccl has no
+receive from any source, so ``recv_anysource`` (``dist.recv(t)`` / ``dist.irecv(t)`` without
+``src``) raises ``InvalidUsage``.  ``all_to_all_single`` takes contiguous tensors only, as gloo
+and NCCL do (its chunks are rows in memory).
 
 Tags: torch's tag ``t`` (``0 <= t < 2**47``) is pccl's point-to-point tag
 ``first_tag + POINT_TAGS + t`` — inside the group's own tag range (``SHARED_TAGS`` wide), clear of
@@ -162,6 +164,8 @@ class PointToPoint:
         its partner's)."""
         dense(output, "all_to_all_single")
         dense(input, "all_to_all_single")
+        if not (input.is_contiguous() and output.is_contiguous()):  # gloo's and NCCL's rule: chunks are rows in memory
+            raise InvalidArgument("all_to_all_single: Tensors must be contiguous")
         if output.dtype != input.dtype:
             raise InvalidArgument(f"all_to_all_single: invalid tensor type: {output.dtype} output for "
                                   f"{input.dtype} input (pccl does not cast)")
@@ -258,7 +262,7 @@ class PointToPoint:
                 self._points = PointCompleter(f"pccl-torch-p2p-{id(self):x}")
             points = self._points
         points.watch(op)
-        return Work(handle, op.future)
+        return Work(handle, op.future, op.outcome)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -315,6 +319,6 @@ def settle(op: PendingOp) -> None:
         with torch.inference_mode(op.inference), torch.no_grad():
             value = op.finish(None)
     except Exception as exc:  # noqa: BLE001 - delivered through the future
-        op.future.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: any exception
+        op.fail(exc)
     else:
-        op.future.set_result(value)
+        op.succeed(value)

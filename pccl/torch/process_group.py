@@ -109,6 +109,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
         self._owns = owns_communicator
         self._given = tuple(ranks) if ranks is not None else None
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified as each collective ends
         self._seq = 0
         self._ring: tuple[int, ...] | None = None
         self._running = 0
@@ -286,7 +287,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             return listed
 
         alone = finish if root_rank == 0 else None
-        return self._start(lambda tag: self._comm.broadcast_async(tensor, root=order[root_rank], tag=tag),
+        return self._start(lambda tag: self._comm.broadcast_async(wire_view(tensor), root=order[root_rank], tag=tag),
                            finish, alone)
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
@@ -348,7 +349,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
         def finish(gathered: Any) -> list[Any]:
             return place(by_rank(gathered.peers, gathered.arrays, order))
 
-        return self._start(lambda tag: self._comm.all_gather_async(tensor, tag=tag), finish,
+        return self._start(lambda tag: self._comm.all_gather_async(wire_view(tensor), tag=tag), finish,
                            (lambda: place([tensor])) if world == 1 else None)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
@@ -380,7 +381,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             return [output]
 
         send = contiguous_buffer(input)
-        return self._start(lambda tag: self._comm.all_gather_async(send, tag=tag), finish,
+        return self._start(lambda tag: self._comm.all_gather_async(wire_view(send), tag=tag), finish,
                            alone if world == 1 else None)
 
     _allgather_base = all_gather_single
@@ -409,7 +410,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
                 out.copy_(torch.cat(chunks).reshape(out.shape))
             return outs
 
-        return self._start(lambda tag: self._comm.all_gather_async(flat, tag=tag),
+        return self._start(lambda tag: self._comm.all_gather_async(wire_view(flat), tag=tag),
                            lambda gathered: place(by_rank(gathered.peers, gathered.arrays, order)),
                            (lambda: place([flat])) if world == 1 else None)
 
@@ -543,7 +544,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             return outputs
 
         order = self.peers_by_rank()
-        return self._start(lambda tag: self._comm.all_gather_async(tensor, tag=tag),
+        return self._start(lambda tag: self._comm.all_gather_async(wire_view(tensor), tag=tag),
                            lambda gathered: place(by_rank(gathered.peers, gathered.arrays, order)),
                            (lambda: place([tensor])) if world == 1 else None)
 
@@ -578,7 +579,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             output.copy_(buffer[rank * n:(rank + 1) * n].reshape(output.shape))
             return outputs
 
-        return self._start(lambda tag: self._comm.broadcast_async(buffer, root=order[root], tag=tag), finish,
+        return self._start(lambda tag: self._comm.broadcast_async(wire_view(buffer), root=order[root], tag=tag), finish,
                            finish if world == 1 else None)
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -606,6 +607,19 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
         """As :meth:`shutdown`."""
         self.shutdown()
 
+    def wait_for_pending_works(self, timeout: float | None = None) -> bool:
+        """Wait until every collective the group started has ended (succeeded or failed); return
+        whether they had within ``timeout`` seconds.  After a failed call — torch's DDP raises
+        from ``backward()`` at the first bucket whose all-reduce failed while the later ones
+        still run — call it before the communicator's ``update_topology()``, which refuses to
+        vote while a collective of this peer is still under way.  torch's
+        ``destroy_process_group`` calls it (as ``_wait_for_pending_works``)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
+    def _wait_for_pending_works(self) -> None:  # torch's name (destroy_process_group)
+        self.wait_for_pending_works()
+
     # --- the machinery ------------------------------------------------------------------------------
 
     def _start(self, call: Callable[[int], blocking.CollectiveHandle[Any]],
@@ -621,7 +635,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             self._seq += 1
             self._running += 1
             self._queue.put(op)  # under the lock: in the order started, and never after shutdown's None
-        return Work(op.handle, op.future)
+        return Work(op.handle, op.future, op.outcome)
 
     def _complete(self) -> None:
         """The completion thread: finish each op in the order they started."""
@@ -635,7 +649,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
                 self._settle(op, lambda: self._alone(op, exc))
             except Exception as exc:  # noqa: BLE001 - delivered through the future
                 self._done()
-                op.future.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: any exception
+                op.fail(exc)
             else:
                 self._settle(op, lambda: op.finish(result))
 
@@ -652,14 +666,15 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
                 value = compute()
         except Exception as exc:  # noqa: BLE001 - delivered through the future
             self._done()
-            op.future.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: any exception
+            op.fail(exc)
             return
         self._done()
-        op.future.set_result(value)
+        op.succeed(value)
 
     def _done(self) -> None:
         with self._lock:
             self._running -= 1
+            self._idle.notify_all()
 
 
 # --- the registered backend -------------------------------------------------------------------------
