@@ -35,12 +35,14 @@ def register() -> None:
     returns a :class:`ProcessGroup` that owns the communicator.  Its ranks are the ones the
     processes passed (``rank=r``: ``get_rank()`` is ``r``, ``broadcast(t, src=0)`` comes from the
     process that passed 0, ``all_gather`` lists in that order) while the group's members are the
-    processes that started it; once one left or a newcomer joined, ranks are ring positions on
-    every peer (:mod:`pccl.torch.ranks`).  The processes share torch's store (the
+    processes that started it; when one leaves, the ones after it move down, and newcomers
+    follow the survivors in ring order (:mod:`pccl.torch.ranks`: rank 0 is always the oldest
+    surviving member).  The processes share torch's store (the
     ``init_process_group`` store, or ``init_method``), where they note which peer has which
     rank.  In a group made by ``new_group`` inside another backend's world, name broadcast roots
     with ``group_src=``.
-    Raises ``InvalidUsage`` (no ``$PCCL_MASTER``; two live processes passed one rank),
+    Raises ``InvalidUsage`` (no ``$PCCL_MASTER``; two live processes passed one rank; the
+    others' ranks not in the store within the group's timeout),
     ``TooFewPeers`` (not accepted within the group's timeout) and what opening a communicator
     raises.  A further group of the backend in
     the same process (``new_group()``) runs over the first one's communicator; one over a

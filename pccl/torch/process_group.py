@@ -11,8 +11,9 @@
 
 The group is the communicator's peer group as it is *now*: :meth:`ProcessGroup.size` is its
 world size and :meth:`ProcessGroup.rank` this peer's position in its ring (or, in a group
-``init_process_group`` made, the rank it was given, while the group's members are the processes
-that started it: :mod:`pccl.torch.ranks`), both re-read at every call (peers leave and join; pccl's collectives run over whoever is accepted).  Each collective
+``init_process_group`` made, in the order of the ranks the processes passed:
+:mod:`pccl.torch.ranks`), both re-read at every call (peers leave and join; pccl's collectives
+run over whoever is accepted).  Each collective
 starts the matching ``*_async`` call of the communicator and returns a :class:`Work` at once; the
 Trio thread of the communicator runs it, and a completion thread of the group finishes it (copies
 results into torch's output tensors) and completes the work's ``torch.futures.Future``, so
@@ -97,8 +98,9 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
     ``comm`` is an open :class:`pccl.blocking.Communicator`; the group uses it and leaves it
     open unless ``owns_communicator`` (then :meth:`shutdown` closes it).  ``first_tag``: the tag
     of the group's first collective (op ``k`` uses ``first_tag + k``).  ``ranks``: the peer ids
-    of ranks ``0, 1, ...`` while the group's members are those peers (the ranks
-    ``init_process_group`` was given, :mod:`pccl.torch.ranks`); ring positions otherwise.
+    of ranks ``0, 1, ...`` as ``init_process_group`` gave them (:mod:`pccl.torch.ranks`: those
+    still in the group keep that order, newcomers follow in ring order); ring positions when
+    ``None``.
     """
 
     def __init__(self, comm: blocking.Communicator, *, first_tag: int = FIRST_TAG,
@@ -155,17 +157,18 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
     @property
     def given_ranks(self) -> tuple[int, ...] | None:
         """The peer ids of ranks ``0, 1, ...`` as ``init_process_group`` gave them (the
-        ``ranks`` argument), or ``None``: ring positions."""
+        ``ranks`` argument), or ``None``: ranks are ring positions."""
         return self._given
 
     def peers_by_rank(self) -> tuple[int, ...]:
-        """The group's peer ids in rank order now: as the ranks were given while the members
-        are those peers, in ring order otherwise."""
+        """The group's peer ids in rank order now: the members among :attr:`given_ranks` in
+        that order, then the others (newcomers) in ring order."""
         return peers_by_rank(self._comm.ring, self._given)
 
     def getRank(self) -> int:  # noqa: N802 - torch's name
-        """This peer's rank now: the one ``init_process_group`` was given while the group's
-        members are the processes that started it, its ring position otherwise."""
+        """This peer's rank now: its place in :meth:`peers_by_rank` (the rank
+        ``init_process_group`` was given while the members are the processes that started the
+        group; its ring position in a group built without given ranks)."""
         order, peer_id = self.peers_by_rank(), self._comm.peer_id
         return order.index(peer_id) if peer_id in order else 0
 

@@ -1,14 +1,17 @@
 """Which peer is which rank of a :class:`pccl.torch.ProcessGroup`.
 
 A group's ranks are its ring positions, except in a group that ``init_process_group("pccl",
-rank=r)`` made: there rank ``r`` is the process that passed ``r`` for as long as the group's
-members are the processes that started it together.  At the start every process writes its
-peer id under its rank into the group's store (``torch.distributed``'s, shared by the run) and
-reads the others'; once a member left (or a newcomer came in: peer ids are never reused) the
-members differ from the ones the ranks were given to, and every peer of the group turns to ring
-positions at the same op.  A replacement process that passes the rank of a process that died
-finds its rank taken by that peer in the store and takes the ring positions at once, as the
-survivors do.
+rank=r)`` made: there the processes that started the group together keep the order of the ranks
+they passed, and the others (newcomers) follow in ring order.  While the members are the
+processes that started the group, rank ``r`` is the one that passed ``r``; when one leaves, the
+ones after it move down (rank 0 is always the oldest surviving member, so "broadcast from rank
+0" — torch's DDP does it as it builds — never comes from a newcomer); a newcomer that replaces
+the last rank gets that rank again.
+
+At the start every process writes its peer id under its rank into the group's store
+(``torch.distributed``'s, which the processes of a run share) and reads the others'.  A process
+that replaces one that died, passing its rank, finds the dead peer's id there and reads the
+same table, so every member derives the same order from it and the ring.
 """
 
 from __future__ import annotations
@@ -52,44 +55,43 @@ class GroupRanks(Mapping[int, int]):
 
 
 def given_ranks(store: Any, rank: int, world_size: int, peer_id: int, ring: Sequence[int],
-                timeout: float | None) -> tuple[int, ...] | None:
-    """The peer ids of ranks ``0 .. world_size-1`` as the processes of ``init_process_group``
-    gave them (``store``: torch's store of the group; this peer passed ``rank``), or ``None``
-    when they are not the group's members ``ring`` (this process replaces one that left) or the
-    others' ids are not in the store within ``timeout`` seconds (a store of this process's
-    own).  Call it once the group has its ``world_size`` peers.  Raises ``InvalidUsage`` when a
-    live member passed the same rank."""
+                timeout: float | None) -> tuple[int, ...]:
+    """The peer ids of ranks ``0 .. world_size-1`` as the processes that started the group gave
+    them (``store``: torch's store of the group; this peer passed ``rank``).  Call it once the
+    group has its ``world_size`` peers.  A process whose rank is held by a peer that left
+    (a replacement) reads the table as it stands.  Raises ``InvalidUsage`` when a live member
+    passed the same rank, or when the table is not complete in the store within ``timeout``
+    seconds (the processes of a group must share torch's store)."""
     key = _KEY.format(rank)
     holder = int(store.compare_set(key, "", str(peer_id)))
     if holder != peer_id:
         if holder in ring:
             raise InvalidUsage(f"rank {rank} was passed to init_process_group by two processes of the group (peers "
                                f"{holder:x} and {peer_id:x}): give each process a rank of its own")
-        log.info("pccl: rank %d was peer %x's, which left: this process takes its ring position", rank, holder)
-        return None
+        log.info("pccl: rank %d was peer %x's, which left: this process follows the group's members", rank, holder)
     keys = [_KEY.format(r) for r in range(world_size)]
     try:
         if timeout is None:
             store.wait(keys)
         else:
             store.wait(keys, datetime.timedelta(seconds=timeout))
-    except Exception as exc:  # noqa: BLE001 - torch's store raises its own errors; the ranks fall back
-        log.warning("pccl: the other processes' ranks are not in the store (%s): ranks are ring positions", exc)
-        return None
-    ids = tuple(int(store.get(k)) for k in keys)
-    if sorted(ids) != sorted(ring):
-        log.info("pccl: the group's members are not the processes that were given its ranks: ranks are ring "
-                 "positions")
-        return None
-    return ids
+    except Exception as exc:  # noqa: BLE001 - torch's store raises its own errors
+        raise InvalidUsage(f"the other processes' ranks are not in torch's store ({exc}): the processes of a pccl "
+                           "group share the store (init_process_group's store or init_method)") from exc
+    return tuple(int(store.get(k)) for k in keys)
 
 
 def peers_by_rank(ring: tuple[int, ...], given: tuple[int, ...] | None) -> tuple[int, ...]:
-    """The group's peer ids in rank order: ``given`` while the members are the ones the ranks
-    were given to (``ring`` holds the same peers), the ring otherwise."""
-    if given is not None and len(given) == len(ring) and sorted(given) == sorted(ring):
-        return given
-    return ring
+    """The group's peer ids in rank order: the members among ``given`` in its order, then the
+    others in ring order (all of ``ring`` when nothing was given)."""
+    if given is None:
+        return ring
+    members = set(ring)
+    kept = tuple(p for p in given if p in members)
+    if len(kept) == len(ring):
+        return kept
+    old = set(kept)
+    return kept + tuple(p for p in ring if p not in old)
 
 
 def by_rank(peers: Sequence[int], parts: Sequence[T], order: Sequence[int]) -> list[T]:

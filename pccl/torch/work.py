@@ -55,7 +55,7 @@ class Work(dist.Work):
 
     def is_completed(self) -> bool:
         """Whether the collective and its finishing copies are done (successfully or not)."""
-        return self._future.done()
+        return self._outcome.done()  # torch's future completes in a callback just after it
 
     def is_success(self) -> bool:
         """Whether it is done and succeeded."""

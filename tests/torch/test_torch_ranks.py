@@ -1,6 +1,6 @@
 """The ranks ``init_process_group("pccl", rank=r)`` gives (issue 44): honoured while the group's
-members are the processes that started it, ring positions on every peer once they are not
-(pccl.torch.ranks)."""
+members are the processes that started it; after a change the surviving starters keep their
+order and newcomers follow in ring order (pccl.torch.ranks)."""
 
 from __future__ import annotations
 
@@ -97,11 +97,13 @@ def test_given_ranks_order_every_collective(world: World) -> None:
         assert got["all_to_all_single"] == [10.0 * j + rank for j in range(n)]
 
 
-def test_ranks_are_ring_positions_once_the_members_changed() -> None:
+def test_survivors_keep_their_order_and_newcomers_follow() -> None:
     given = (7, 5, 9)
     assert peers_by_rank((5, 9, 7), given) == given
-    assert peers_by_rank((5, 9), given) == (5, 9)  # peer 7 left
-    assert peers_by_rank((5, 9, 11), given) == (5, 9, 11)  # and peer 11 replaced it
+    assert peers_by_rank((9, 7), given) == (7, 9)  # peer 5 (rank 1) left: 9 moves down to rank 1
+    assert peers_by_rank((9, 11, 7, 12), given) == (7, 9, 11, 12)  # newcomers after, in ring order
+    assert peers_by_rank((5, 11, 7), given) == (7, 5, 11)  # a replacement of the last rank gets it again
+    assert peers_by_rank((11, 12), given) == (11, 12)  # none of the starters left: ring order
     assert peers_by_rank((5, 9, 7), None) == (5, 9, 7)
 
 
@@ -111,13 +113,15 @@ def test_the_ranks_are_read_from_torchs_store() -> None:
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(given_ranks, store, rank, 2, peer, ring, 10.0) for rank, peer in ((0, 0xA), (1, 0xB))]
         assert [f.result() for f in futures] == [(0xA, 0xB), (0xA, 0xB)]
-    # a replacement for rank 1, whose first holder left: ring positions
-    assert given_ranks(store, 1, 2, 0xC, (0xA, 0xC), 10.0) is None
+    # a replacement for rank 1, whose first holder left: the starters' table as it stands
+    assert given_ranks(store, 1, 2, 0xC, (0xA, 0xC), 10.0) == (0xA, 0xB)
+    assert peers_by_rank((0xC, 0xA), (0xA, 0xB)) == (0xA, 0xC)  # and so it is rank 1 again
     # two live processes that passed one rank: refused, naming both
     with pytest.raises(pccl.InvalidUsage, match="rank 1 was passed to init_process_group by two processes"):
         given_ranks(store, 1, 2, 0xC, (0xA, 0xB, 0xC), 10.0)
-    # a store of this process's own: the others' ranks never come; ring positions
-    assert given_ranks(dist.HashStore(), 1, 2, 0xC, (0xA, 0xC), 0.2) is None
+    # a store of this process's own: the others' ranks never come; refused, naming the store
+    with pytest.raises(pccl.InvalidUsage, match="share the store"):
+        given_ranks(dist.HashStore(), 1, 2, 0xC, (0xA, 0xC), 0.2)
 
 
 def test_get_rank_is_the_rank_init_process_group_was_given(tmp_path: pathlib.Path) -> None:
