@@ -17,6 +17,7 @@ from .. import blocking
 from ..errors import InvalidArgument, InvalidUsage, TooFewPeers
 from ._args import timeout_seconds
 from .process_group import BACKEND, MASTER_ENV, PEER_GROUP_ENV, ProcessGroup
+from .ranks import given_ranks
 
 __all__ = ["register", "wait_for_peers", "open_within"]
 
@@ -31,11 +32,19 @@ def register() -> None:
     by ``$PCCL_MASTER`` (``host:port``; ``pccl run`` sets it), in the peer group
     ``$PCCL_PEER_GROUP`` (default 0), with the token of ``$PCCL_TOKEN``, waits until the group
     has ``n`` peers (voting them in; the group's timeout bounds the wait: ``TooFewPeers``), and
-    returns a :class:`ProcessGroup` that owns the communicator.  Its ranks are ring positions:
-    as the default group, ``get_rank()`` is this peer's ring position; in a group made by
-    ``new_group`` inside another backend's world, name broadcast roots with ``group_src=``.
-    Raises ``InvalidUsage`` (no ``$PCCL_MASTER``), ``TooFewPeers`` (not accepted within the
-    group's timeout) and what opening a communicator raises.  A further group of the backend in
+    returns a :class:`ProcessGroup` that owns the communicator.  Its ranks are the ones the
+    processes passed (``rank=r``: ``get_rank()`` is ``r``, ``broadcast(t, src=0)`` comes from the
+    process that passed 0, ``all_gather`` lists in that order) while the group's members are the
+    processes that started it; when one leaves, the ones after it move down, and newcomers
+    follow the survivors in ring order (:mod:`pccl.torch.ranks`: rank 0 is always the oldest
+    surviving member).  The processes share torch's store (the
+    ``init_process_group`` store, or ``init_method``), where they note which peer has which
+    rank.  In a group made by ``new_group`` inside another backend's world, name broadcast roots
+    with ``group_src=``.
+    Raises ``InvalidUsage`` (no ``$PCCL_MASTER``; two live processes passed one rank; the
+    others' ranks not in the store within the group's timeout),
+    ``TooFewPeers`` (not accepted within the group's timeout) and what opening a communicator
+    raises.  A further group of the backend in
     the same process (``new_group()``) runs over the first one's communicator; one over a
     subset of its ranks raises ``InvalidUsage`` at once.
     """
@@ -67,8 +76,14 @@ def _create(store: Any, rank: int, world_size: int, timeout: datetime.timedelta 
     except BaseException:
         comm.close()
         raise
-    log.info("pccl backend: peer %x in a group of %d", comm.peer_id, comm.world_size)
-    group = ProcessGroup(comm, owns_communicator=True)
+    try:
+        ranks = given_ranks(store, rank, world_size, comm.peer_id, comm.ring,
+                            None if deadline is None else max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        comm.close()
+        raise
+    log.info("pccl backend: peer %x in a group of %d (rank %d)", comm.peer_id, comm.world_size, rank)
+    group = ProcessGroup(comm, owns_communicator=True, ranks=ranks)
     _BACKEND_GROUPS.append(group)
     return group
 
@@ -82,7 +97,7 @@ def _share(base: ProcessGroup, rank: int, world_size: int) -> ProcessGroup:
                            f"{world_size} of them (this one as rank {rank}) cannot run on pccl; make that group "
                            "with another backend (new_group(ranks, backend=\"gloo\")), or run it as a peer group "
                            f"of its own (${PEER_GROUP_ENV})")
-    return ProcessGroup(base.communicator, first_tag=base.next_shared_first_tag())
+    return ProcessGroup(base.communicator, first_tag=base.next_shared_first_tag(), ranks=base.given_ranks)
 
 
 def open_within(master: str, peer_group: int, timeout: float | None) -> blocking.Communicator:

@@ -14,7 +14,8 @@ import torch
 from .. import blocking
 from ..errors import CollectiveAborted, InvalidArgument
 from ..types import ReduceOp
-from ._args import dense, split_columns, tensor_list, torch_reduce_op
+from ._args import dense, split_columns, tensor_list, torch_reduce_op, wire_view
+from .ranks import by_rank
 from .work import Work
 
 __all__ = ["ListForms"]
@@ -33,6 +34,15 @@ class ListForms:
     def _reduce_scatter(self, work: torch.Tensor, outputs: list[torch.Tensor], op: ReduceOp) -> Work:
         raise NotImplementedError  # the group's
 
+    def getRank(self) -> int:  # noqa: N802 - torch's name
+        raise NotImplementedError  # the group's
+
+    def getSize(self) -> int:  # noqa: N802 - torch's name
+        raise NotImplementedError  # the group's
+
+    def peers_by_rank(self) -> tuple[int, ...]:
+        raise NotImplementedError  # the group's
+
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
                        timeout: Any = None, *, op: Any = None) -> Work:
         """torch's list ``reduce_scatter`` (also ``pg.reduce_scatter(out, inputs, op)``): the
@@ -46,8 +56,7 @@ class ListForms:
         if len(outputs) != 1 or len(input_tensors) != 1:
             raise InvalidArgument(f"reduce_scatter takes one output and one list of inputs per process on pccl, "
                                   f"got {len(outputs)} and {len(input_tensors)}")
-        ring = self._comm.ring
-        world, rank = len(ring), ring.index(self._comm.peer_id) if self._comm.peer_id in ring else 0
+        world, rank = self.getSize(), self.getRank()
         output, inputs = outputs[0], tensor_list(input_tensors[0], "reduce_scatter")
         if len(inputs) != world or inputs[rank].numel() != output.numel():
             raise InvalidArgument(f"reduce_scatter needs one input per peer ({world} now), the one at this peer's "
@@ -73,7 +82,8 @@ class ListForms:
         ``input_list[i]`` (one list per peer, each shaped as ``input_list``; one dtype), in one
         pccl all-gather of the concatenated inputs."""
         inputs = tensor_list(input_list, "allgather_coalesced")
-        world = len(self._comm.ring)
+        order = self.peers_by_rank()
+        world = len(order)
         lists = [list(o) for o in output_lists]
         if len(lists) != world:
             raise InvalidArgument(f"allgather_coalesced: output lists should be equal to world size ({world} now), "
@@ -101,5 +111,6 @@ class ListForms:
                     outs[i].copy_(chunk.reshape(outs[i].shape))
             return [t for outs in lists for t in outs]
 
-        return self._start(lambda tag: self._comm.all_gather_async(flat, tag=tag),
-                           lambda gathered: place(gathered.arrays), (lambda: place([flat])) if world == 1 else None)
+        return self._start(lambda tag: self._comm.all_gather_async(wire_view(flat), tag=tag),
+                           lambda gathered: place(by_rank(gathered.peers, gathered.arrays, order)),
+                           (lambda: place([flat])) if world == 1 else None)

@@ -2,9 +2,11 @@
 ``dist.send``, ``recv``, ``isend``, ``irecv`` and ``batch_isend_irecv``) over the communicator's
 ``send_async``/``recv_async``, and ``all_to_all_single``/``all_to_all`` built from send/recv pairs.
 
-Ranks are ring positions (``pg.rank()``); the peer at rank ``r`` is ``comm.ring[r]`` when the call
-is made.  A receive names its sender: pccl has no receive from any source, so ``recv_anysource``
-(``dist.recv(t)`` / ``dist.irecv(t)`` without ``src``) raises ``InvalidUsage``.
+Ranks are the group's (``pg.rank()``, :mod:`pccl.torch.ranks`); the peer at rank ``r`` is
+``pg.peers_by_rank()[r]`` when the call is made.  A receive names its sender: pccl has no
+receive from any source, so ``recv_anysource`` (``dist.recv(t)`` / ``dist.irecv(t)`` without
+``src``) raises ``InvalidUsage``.  ``all_to_all_single`` takes contiguous tensors only, as gloo
+and NCCL do (its chunks are rows in memory).
 
 Tags: torch's tag ``t`` (``0 <= t < 2**47``) is pccl's point-to-point tag
 ``first_tag + POINT_TAGS + t`` — inside the group's own tag range (``SHARED_TAGS`` wide), clear of
@@ -115,10 +117,13 @@ class PointToPoint:
     def getRank(self) -> int:  # noqa: N802 - torch's name
         raise NotImplementedError  # the group's
 
+    def peers_by_rank(self) -> tuple[int, ...]:
+        raise NotImplementedError  # the group's
+
     # --- torch's calls ------------------------------------------------------------------------
 
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Work:  # type: ignore[override]  # noqa: N803
-        """Send the one tensor of ``tensors`` to the peer at ring position ``dstRank``
+        """Send the one tensor of ``tensors`` to the peer at rank ``dstRank``
         (:meth:`pccl.blocking.Communicator.send_async`; the work completes once the receiver has
         all of it).  ``tag``: torch's, ``0 <= tag < 2**47``."""
         self._check_open()
@@ -129,7 +134,7 @@ class PointToPoint:
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Work:  # type: ignore[override]  # noqa: N803
         """Receive into the one tensor of ``tensors`` the next message on ``tag`` of the peer at
-        ring position ``srcRank`` (:meth:`pccl.blocking.Communicator.recv_async`: the sender's
+        rank ``srcRank`` (:meth:`pccl.blocking.Communicator.recv_async`: the sender's
         dtype and element count; nothing is cast).  On an error the tensor keeps its values."""
         self._check_open()
         tensor = self._one_tensor(tensors, "recv")
@@ -152,13 +157,15 @@ class PointToPoint:
                       outputSplitSizes: Sequence[int] = (), inputSplitSizes: Sequence[int] = (),  # noqa: N803
                       opts: Any = None) -> Work:
         """torch's ``all_to_all_single``: chunk ``r`` of ``input`` (along dim 0: equal chunks,
-        or ``inputSplitSizes[r]`` rows) goes to the peer at ring position ``r``, and chunk ``r``
+        or ``inputSplitSizes[r]`` rows) goes to the peer at rank ``r``, and chunk ``r``
         of ``output`` (``outputSplitSizes``) gets that peer's chunk for this one.  One of the
         group's collectives, run as a send and a receive with every other peer (each pair's
         chunks may differ in size, as torch's uneven splits do; each side's sizes must match
         its partner's)."""
         dense(output, "all_to_all_single")
         dense(input, "all_to_all_single")
+        if not (input.is_contiguous() and output.is_contiguous()):  # gloo's and NCCL's rule: chunks are rows in memory
+            raise InvalidArgument("all_to_all_single: Tensors must be contiguous")
         if output.dtype != input.dtype:
             raise InvalidArgument(f"all_to_all_single: invalid tensor type: {output.dtype} output for "
                                   f"{input.dtype} input (pccl does not cast)")
@@ -181,7 +188,7 @@ class PointToPoint:
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Work:  # type: ignore[override]
-        """torch's ``all_to_all``: ``input_tensors[r]`` goes to the peer at ring position ``r``,
+        """torch's ``all_to_all``: ``input_tensors[r]`` goes to the peer at rank ``r``,
         ``output_tensors[r]`` gets that peer's tensor for this one (sizes may differ from pair
         to pair; one dtype).  One of the group's collectives, run as send/receive pairs."""
         outputs = tensor_list(output_tensors, "all_to_all")
@@ -209,14 +216,14 @@ class PointToPoint:
 
     def _all_to_all(self, sends: list[torch.Tensor], recvs: list[torch.Tensor],
                     finish: Callable[[Any], list[torch.Tensor]], what: str) -> Work:
-        ring, rank = self._comm.ring, self.getRank()
+        order, rank = self.peers_by_rank(), self.getRank()
         if sends[rank].numel() != recvs[rank].numel():
             raise InvalidArgument(f"{what}: this peer's chunk for itself has {sends[rank].numel()} elements to send "
                                   f"and {recvs[rank].numel()} to receive")
 
         def call(tag: int) -> HandleGroup:
             handles = []
-            for r, peer in enumerate(ring):
+            for r, peer in enumerate(order):
                 if r != rank:
                     handles.append(self._comm.send_async(sends[r], to=peer, tag=tag))
                     handles.append(self._comm.recv_async(recvs[r], from_=peer, tag=tag))
@@ -235,10 +242,10 @@ class PointToPoint:
         return listed[0]
 
     def _peer_at(self, rank: int, what: str) -> int:
-        ring = self._comm.ring
-        if not 0 <= rank < len(ring):
-            raise InvalidArgument(f"Invalid {what} rank {rank}: the group has {len(ring)} peers now")
-        peer = ring[rank]
+        order = self.peers_by_rank()
+        if not 0 <= rank < len(order):
+            raise InvalidArgument(f"Invalid {what} rank {rank}: the group has {len(order)} peers now")
+        peer = order[rank]
         if peer == self._comm.peer_id:
             raise InvalidArgument(f"Invalid {what} rank {rank}: it is this peer's own rank")
         return peer
@@ -255,7 +262,7 @@ class PointToPoint:
                 self._points = PointCompleter(f"pccl-torch-p2p-{id(self):x}")
             points = self._points
         points.watch(op)
-        return Work(handle, op.future)
+        return Work(handle, op.future, op.outcome)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -312,6 +319,6 @@ def settle(op: PendingOp) -> None:
         with torch.inference_mode(op.inference), torch.no_grad():
             value = op.finish(None)
     except Exception as exc:  # noqa: BLE001 - delivered through the future
-        op.future.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: any exception
+        op.fail(exc)
     else:
-        op.future.set_result(value)
+        op.succeed(value)

@@ -7,11 +7,13 @@
     with pccl.blocking.open_communicator("127.0.0.1:48148") as comm:
         pg = pccl.torch.ProcessGroup(comm)
         dist.all_reduce(grad, op=dist.ReduceOp.AVG, group=pg)      # over the group's peers now
-        dist.broadcast(weights, group_src=0, group=pg)             # from ring position 0
+        dist.broadcast(weights, group_src=0, group=pg)             # from rank 0
 
 The group is the communicator's peer group as it is *now*: :meth:`ProcessGroup.size` is its
-world size and :meth:`ProcessGroup.rank` this peer's position in its ring, both re-read at every
-call (peers leave and join; pccl's collectives run over whoever is accepted).  Each collective
+world size and :meth:`ProcessGroup.rank` this peer's position in its ring (or, in a group
+``init_process_group`` made, in the order of the ranks the processes passed:
+:mod:`pccl.torch.ranks`), both re-read at every call (peers leave and join; pccl's collectives
+run over whoever is accepted).  Each collective
 starts the matching ``*_async`` call of the communicator and returns a :class:`Work` at once; the
 Trio thread of the communicator runs it, and a completion thread of the group finishes it (copies
 results into torch's output tensors) and completes the work's ``torch.futures.Future``, so
@@ -51,7 +53,7 @@ import torch.distributed as dist
 # torch's registry of groups by name, where its own groups go (functional collectives look a
 # group up there): private to torch, with no public way in for a Python ProcessGroup.
 from torch._C._distributed_c10d import _register_process_group, _unregister_process_group
-from torch.distributed.distributed_c10d import GroupName
+from torch.distributed.distributed_c10d import GroupName, _world
 
 from .. import blocking
 from ..errors import CollectiveAborted, InvalidArgument, InvalidUsage, TooFewPeers
@@ -60,6 +62,7 @@ from ._args import (LOCAL_REDUCE, bool_reduce_op, check_alike, checked_root, con
                     root_list, split_columns, tensor_list, torch_reduce_op, wire_view)
 from .lists import ListForms
 from .point import PointToPoint
+from .ranks import GroupRanks, by_rank, peers_by_rank
 from .work import PendingOp, Work
 
 __all__ = ["ProcessGroup", "Work", "BACKEND", "FIRST_TAG", "SHARED_TAGS"]
@@ -85,23 +88,30 @@ DType.BFLOAT16.numpy_dtype()
 #: Numbers the groups this process builds, for their names in torch's registry.
 _GROUP_NUMBERS = itertools.count()
 
+
 class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[misc]  # torch's overloads
     """``comm``'s peer group as a ``torch.distributed.ProcessGroup``: ``size()`` is its world
-    size now, ``rank()`` this peer's ring position now; each collective starts the
+    size now, ``rank()`` this peer's rank now (its ring position, or the rank
+    ``init_process_group`` gave it); each collective starts the
     communicator's ``*_async`` twin and returns a :class:`Work` at once.
 
     ``comm`` is an open :class:`pccl.blocking.Communicator`; the group uses it and leaves it
     open unless ``owns_communicator`` (then :meth:`shutdown` closes it).  ``first_tag``: the tag
-    of the group's first collective (op ``k`` uses ``first_tag + k``).
+    of the group's first collective (op ``k`` uses ``first_tag + k``).  ``ranks``: the peer ids
+    of ranks ``0, 1, ...`` as ``init_process_group`` gave them (:mod:`pccl.torch.ranks`: those
+    still in the group keep that order, newcomers follow in ring order); ring positions when
+    ``None``.
     """
 
     def __init__(self, comm: blocking.Communicator, *, first_tag: int = FIRST_TAG,
-                 owns_communicator: bool = False) -> None:
+                 owns_communicator: bool = False, ranks: Sequence[int] | None = None) -> None:
         super().__init__(0, 1)  # type: ignore[call-arg]  # static rank and size; getRank/getSize answer
         self._comm = comm
         self._first_tag = first_tag
         self._owns = owns_communicator
+        self._given = tuple(ranks) if ranks is not None else None
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified as each collective ends
         self._seq = 0
         self._ring: tuple[int, ...] | None = None
         self._running = 0
@@ -118,6 +128,12 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
         self._group_desc = "pccl"
         self._shared = 0  # the groups made over this one's communicator (the backend's new_group)
         _register_process_group(GroupName(self._group_name), self)
+        # torch's own groups are in its world's rank table too (new_group puts them there);
+        # torch replaces this entry by its own when it builds the group.  Beside another
+        # default group (gloo inside a site, say) global ranks are that world's, not ours.
+        self._ranks = GroupRanks(self.getSize)
+        if not dist.is_initialized():
+            _world.pg_group_ranks[self] = self._ranks  # type: ignore[assignment]  # a Mapping, read only
 
     # --- what torch asks ------------------------------------------------------------------------
 
@@ -138,10 +154,23 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             self._shared += 1
             return self._first_tag + self._shared * SHARED_TAGS
 
+    @property
+    def given_ranks(self) -> tuple[int, ...] | None:
+        """The peer ids of ranks ``0, 1, ...`` as ``init_process_group`` gave them (the
+        ``ranks`` argument), or ``None``: ranks are ring positions."""
+        return self._given
+
+    def peers_by_rank(self) -> tuple[int, ...]:
+        """The group's peer ids in rank order now: the members among :attr:`given_ranks` in
+        that order, then the others (newcomers) in ring order."""
+        return peers_by_rank(self._comm.ring, self._given)
+
     def getRank(self) -> int:  # noqa: N802 - torch's name
-        """This peer's position in its group's ring now."""
-        ring, peer_id = self._comm.ring, self._comm.peer_id
-        return ring.index(peer_id) if peer_id in ring else 0
+        """This peer's rank now: its place in :meth:`peers_by_rank` (the rank
+        ``init_process_group`` was given while the members are the processes that started the
+        group; its ring position in a group built without given ranks)."""
+        order, peer_id = self.peers_by_rank(), self._comm.peer_id
+        return order.index(peer_id) if peer_id in order else 0
 
     def getSize(self) -> int:  # noqa: N802 - torch's name
         """The number of accepted peers in the group now."""
@@ -245,8 +274,8 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             options.rootRank = root if root is not None else int(opts)  # type: ignore[arg-type]
             opts = options
         opts = opts if opts is not None else dist.BroadcastOptions()
-        ring = self._comm.ring
-        root_rank = checked_root(opts, len(ring), "broadcast")
+        order = self.peers_by_rank()
+        root_rank = checked_root(opts, len(order), "broadcast")
         count = 1 if isinstance(tensors, torch.Tensor) else len(tensors)
         if not 0 <= opts.rootTensor < count:
             raise InvalidArgument(f"broadcast: invalid root tensor {opts.rootTensor} of {count}")
@@ -261,12 +290,12 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             return listed
 
         alone = finish if root_rank == 0 else None
-        return self._start(lambda tag: self._comm.broadcast_async(tensor, root=ring[root_rank], tag=tag),
+        return self._start(lambda tag: self._comm.broadcast_async(wire_view(tensor), root=order[root_rank], tag=tag),
                            finish, alone)
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
                   timeout: Any = None) -> Work:
-        """Gather every peer's input into the outputs, in ring order.
+        """Gather every peer's input into the outputs, in rank order.
 
         torch's list form: ``input_tensors`` one tensor (``pg.allgather(outs, t)``: ``outs``
         one tensor per peer; sizes may differ from peer to peer, as long as each output fits
@@ -274,7 +303,8 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
         dtype and size (``output_tensors``: ``k`` lists of ``k x size()`` tensors, each list
         getting peer ``r``'s inputs at ``r*k ...``, gloo's layout).  Outputs have the inputs'
         dtype (``InvalidArgument`` at the call otherwise: nothing is cast)."""
-        world = self.getSize()
+        order = self.peers_by_rank()
+        world = len(order)
         bare = isinstance(input_tensors, torch.Tensor)
         inputs = tensor_list(input_tensors, "allgather", "input tensor list")
         if bare or (output_tensors and all(isinstance(o, torch.Tensor) for o in output_tensors)):
@@ -320,17 +350,18 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             return result
 
         def finish(gathered: Any) -> list[Any]:
-            return place(gathered.arrays)
+            return place(by_rank(gathered.peers, gathered.arrays, order))
 
-        return self._start(lambda tag: self._comm.all_gather_async(tensor, tag=tag), finish,
+        return self._start(lambda tag: self._comm.all_gather_async(wire_view(tensor), tag=tag), finish,
                            (lambda: place([tensor])) if world == 1 else None)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
         """torch's ``all_gather_into_tensor``: every peer's ``input`` (the same size on all)
-        concatenated in ring order into ``output`` (``size()`` times ``input``'s elements)."""
+        concatenated in rank order into ``output`` (``size()`` times ``input``'s elements)."""
         dense(output, "all_gather_into_tensor")
         dense(input, "all_gather_into_tensor")
-        world = self.getSize()
+        order = self.peers_by_rank()
+        world = len(order)
         if output.numel() != input.numel() * world or output.dtype != input.dtype:
             raise InvalidArgument(f"all_gather_into_tensor needs an output of {world} x {input.numel()} elements "
                                   f"of {input.dtype} (the group has {world} peers now), got {output.numel()} "
@@ -341,7 +372,11 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
                 raise CollectiveAborted(f"the group changed size: the all-gather ran over {gathered.world_size} "
                                         f"peers ({gathered.buffer.numel()} elements), the output holds "
                                         f"{output.numel()}; retry")
-            output.copy_(gathered.buffer.reshape(output.shape))
+            if tuple(gathered.peers) == order:
+                output.copy_(gathered.buffer.reshape(output.shape))
+            else:
+                parts = by_rank(gathered.peers, gathered.arrays, order)
+                output.copy_(torch.cat([p.reshape(-1) for p in parts]).reshape(output.shape))
             return [output]
 
         def alone() -> list[torch.Tensor]:
@@ -349,17 +384,18 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             return [output]
 
         send = contiguous_buffer(input)
-        return self._start(lambda tag: self._comm.all_gather_async(send, tag=tag), finish,
+        return self._start(lambda tag: self._comm.all_gather_async(wire_view(send), tag=tag), finish,
                            alone if world == 1 else None)
 
     _allgather_base = all_gather_single
 
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Work:  # type: ignore[override]
         """Several ``all_gather_into_tensor`` in one pccl all-gather: ``outputs[i]`` gets every
-        peer's ``inputs[i]`` in ring order (``size()`` times its elements; one dtype)."""
+        peer's ``inputs[i]`` in rank order (``size()`` times its elements; one dtype)."""
         ins = tensor_list(inputs, "allgather_into_tensor_coalesced")
         outs = tensor_list(outputs, "allgather_into_tensor_coalesced")
-        world = self.getSize()
+        order = self.peers_by_rank()
+        world = len(order)
         if len(ins) != len(outs):
             raise InvalidArgument(f"allgather_into_tensor_coalesced: {len(outs)} outputs for {len(ins)} inputs")
         for out, inp in zip(outs, ins):
@@ -377,8 +413,9 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
                 out.copy_(torch.cat(chunks).reshape(out.shape))
             return outs
 
-        return self._start(lambda tag: self._comm.all_gather_async(flat, tag=tag),
-                           lambda gathered: place(gathered.arrays), (lambda: place([flat])) if world == 1 else None)
+        return self._start(lambda tag: self._comm.all_gather_async(wire_view(flat), tag=tag),
+                           lambda gathered: place(by_rank(gathered.peers, gathered.arrays, order)),
+                           (lambda: place([flat])) if world == 1 else None)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # type: ignore[override]  # noqa: A002
                               opts: Any = None) -> Work:
@@ -425,8 +462,11 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
     def _reduce_scatter(self, work: torch.Tensor, outputs: list[torch.Tensor], op: ReduceOp) -> Work:
         """Reduce-scatter ``work`` (flat, ``size()`` equal shards) in place; this peer's shard,
         split in order, fills ``outputs``."""
-        world = self.getSize()
+        ring, order = self._comm.ring, self.peers_by_rank()
+        world = len(ring)
         shard_len = work.numel() // world
+        if order != ring:  # ring position i reduces slice i: lay the ranks' slices out in ring order
+            work = work.reshape(world, -1)[[order.index(p) for p in ring]].reshape(-1)
 
         def place(shard: torch.Tensor) -> list[torch.Tensor]:
             start = 0
@@ -436,7 +476,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             return outputs
 
         def finish(shard: Any) -> list[torch.Tensor]:
-            if shard.world_size != world or shard.stop - shard.start != shard_len:
+            if tuple(shard.peers) != ring or shard.stop - shard.start != shard_len:
                 raise CollectiveAborted(f"the group changed size: the reduce-scatter ran over {shard.world_size} "
                                         f"peers, the tensors were made for {world}; retry")
             return place(work[shard.start:shard.stop])
@@ -451,7 +491,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
 
     def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None) -> Work:  # type: ignore[override]
         """torch's ``reduce`` (``opts``: ``ReduceOptions``; or ``pg.reduce(t, root, op)``): an
-        all-reduce whose result only the peer at ring position ``rootRank`` keeps — in place;
+        all-reduce whose result only the peer at rank ``rootRank`` keeps — in place;
         the others' tensors keep their values (they reduce a copy)."""
         if isinstance(opts, int):
             options = dist.ReduceOptions()
@@ -480,8 +520,8 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
                timeout: Any = None) -> Work:
         """torch's ``gather`` (``opts``: ``GatherOptions``; or ``pg.gather(outs, t, root)``): the
-        peer at ring position ``rootRank`` gets every peer's input in ``output_tensors[0]`` (one
-        tensor per peer, ring order); the others pass no outputs.  An all-gather of which the
+        peer at rank ``rootRank`` gets every peer's input in ``output_tensors[0]`` (one
+        tensor per peer, rank order); the others pass no outputs.  An all-gather of which the
         other peers keep nothing."""
         if isinstance(input_tensors, torch.Tensor):
             options = dist.GatherOptions()
@@ -506,13 +546,15 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
                 out.copy_(part.reshape(out.shape))
             return outputs
 
-        return self._start(lambda tag: self._comm.all_gather_async(tensor, tag=tag),
-                           lambda gathered: place(gathered.arrays), (lambda: place([tensor])) if world == 1 else None)
+        order = self.peers_by_rank()
+        return self._start(lambda tag: self._comm.all_gather_async(wire_view(tensor), tag=tag),
+                           lambda gathered: place(by_rank(gathered.peers, gathered.arrays, order)),
+                           (lambda: place([tensor])) if world == 1 else None)
 
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None,  # type: ignore[override]
                 timeout: Any = None) -> Work:
         """torch's ``scatter`` (``opts``: ``ScatterOptions``; or ``pg.scatter(out, inputs,
-        root)``): the peer at ring position ``rootRank`` passes one input per peer (ring order),
+        root)``): the peer at rank ``rootRank`` passes one input per peer (rank order),
         the others none; every peer's one output gets its input.  A broadcast of the root's
         inputs (``size()`` times the output's bytes on the wire) of which each keeps its own."""
         if isinstance(output_tensors, torch.Tensor):
@@ -522,7 +564,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             input_tensors = [input_tensors] if input_tensors else []
         opts = opts if opts is not None else dist.ScatterOptions()
         world, rank = self.getSize(), self.getRank()
-        ring = self._comm.ring
+        order = self.peers_by_rank()
         root = checked_root(opts, world, "scatter")
         outputs = list(output_tensors)
         if len(outputs) != 1:
@@ -540,7 +582,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             output.copy_(buffer[rank * n:(rank + 1) * n].reshape(output.shape))
             return outputs
 
-        return self._start(lambda tag: self._comm.broadcast_async(buffer, root=ring[root], tag=tag), finish,
+        return self._start(lambda tag: self._comm.broadcast_async(wire_view(buffer), root=order[root], tag=tag), finish,
                            finish if world == 1 else None)
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -557,6 +599,8 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             registered, self._registered = self._registered, None
         if registered is not None:
             _unregister_process_group(GroupName(registered))
+        if _world.pg_group_ranks.get(self) is self._ranks:  # torch's own entry is torch's to delete
+            del _world.pg_group_ranks[self]
         if self._owns:
             self._comm.close()  # cancels what still runs; the completion threads then finish
         self._completer.join(30)
@@ -565,6 +609,19 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
     def abort(self) -> None:
         """As :meth:`shutdown`."""
         self.shutdown()
+
+    def wait_for_pending_works(self, timeout: float | None = None) -> bool:
+        """Wait until every collective the group started has ended (succeeded or failed); return
+        whether they had within ``timeout`` seconds.  After a failed call — torch's DDP raises
+        from ``backward()`` at the first bucket whose all-reduce failed while the later ones
+        still run — call it before the communicator's ``update_topology()``, which refuses to
+        vote while a collective of this peer is still under way.  torch's
+        ``destroy_process_group`` calls it (as ``_wait_for_pending_works``)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
+    def _wait_for_pending_works(self) -> None:  # torch's name (destroy_process_group)
+        self.wait_for_pending_works()
 
     # --- the machinery ------------------------------------------------------------------------------
 
@@ -581,7 +638,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             self._seq += 1
             self._running += 1
             self._queue.put(op)  # under the lock: in the order started, and never after shutdown's None
-        return Work(op.handle, op.future)
+        return Work(op.handle, op.future, op.outcome)
 
     def _complete(self) -> None:
         """The completion thread: finish each op in the order they started."""
@@ -595,7 +652,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
                 self._settle(op, lambda: self._alone(op, exc))
             except Exception as exc:  # noqa: BLE001 - delivered through the future
                 self._done()
-                op.future.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: any exception
+                op.fail(exc)
             else:
                 self._settle(op, lambda: op.finish(result))
 
@@ -612,14 +669,15 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
                 value = compute()
         except Exception as exc:  # noqa: BLE001 - delivered through the future
             self._done()
-            op.future.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: any exception
+            op.fail(exc)
             return
         self._done()
-        op.future.set_result(value)
+        op.succeed(value)
 
     def _done(self) -> None:
         with self._lock:
             self._running -= 1
+            self._idle.notify_all()
 
 
 # --- the registered backend -------------------------------------------------------------------------

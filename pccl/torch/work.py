@@ -23,13 +23,17 @@ class Work(dist.Work):
     collective's pccl error; interrupted (Ctrl-C) it cancels the collective, as
     :meth:`pccl.blocking.CollectiveHandle.wait` does.  :meth:`get_future` is a
     ``torch.futures.Future`` of the op's output tensors (``[tensor]``; ``[]`` for a barrier),
-    completed by the group's completion thread, holding the pccl error on failure.
+    completed by the group's completion thread; on failure it fails (torch raises a
+    ``RuntimeError`` naming the pccl error from it), as a C++ backend's does — torch's DDP
+    reducer reads it.  :meth:`exception` is the pccl error itself.
     """
 
-    def __init__(self, handle: blocking.CollectiveHandle[Any], future: torch.futures.Future[Any]) -> None:
+    def __init__(self, handle: blocking.CollectiveHandle[Any], future: torch.futures.Future[Any],
+                 outcome: torch.futures.Future[Any]) -> None:
         super().__init__()
         self._handle = handle
         self._future = future
+        self._outcome = outcome
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Wait for the collective; return ``True`` or raise its error (a pccl error, or
@@ -42,7 +46,7 @@ class Work(dist.Work):
                 raise
         except Exception:  # noqa: BLE001 - the future holds the final word (alone: the identity)
             pass
-        self._future.wait()  # raises the op's error; the finishing copies are quick
+        self._outcome.wait()  # raises the op's pccl error; the finishing copies are quick
         return True
 
     def get_future(self) -> torch.futures.Future[Any]:
@@ -51,24 +55,24 @@ class Work(dist.Work):
 
     def is_completed(self) -> bool:
         """Whether the collective and its finishing copies are done (successfully or not)."""
-        return self._future.done()
+        return self._outcome.done()  # torch's future completes in a callback just after it
 
     def is_success(self) -> bool:
         """Whether it is done and succeeded."""
-        if not self._future.done():
+        if not self._outcome.done():
             return False
         try:
-            self._future.value()
-        except Exception:  # noqa: BLE001 - the error itself is the future's
+            self._outcome.value()
+        except Exception:  # noqa: BLE001 - the error itself is the outcome's
             return False
         return True
 
     def exception(self) -> BaseException | None:
         """The op's error once done (None while running or after success)."""
-        if not self._future.done():
+        if not self._outcome.done():
             return None
         try:
-            self._future.value()
+            self._outcome.value()
         except Exception as exc:  # noqa: BLE001
             return exc
         return None
@@ -76,7 +80,7 @@ class Work(dist.Work):
     def result(self) -> list[torch.Tensor]:
         """The op's output tensors (waits for them)."""
         self.wait()
-        value = self._future.value()
+        value = self._outcome.value()
         return list(value) if value is not None else []
 
     def synchronize(self) -> None:
@@ -94,4 +98,20 @@ class PendingOp:
         # The completion thread copies into the caller's tensors in the caller's mode: an
         # inference tensor takes an in-place copy only inside inference mode.
         self.inference = torch.is_inference_mode_enabled()
-        self.future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        #: The op's outputs or its pccl error (``Work.wait`` raises that error).
+        self.outcome: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        #: torch's future of the op (``Work.get_future``): a Python error set on a
+        #: ``torch.futures.Future`` is the future's *value* to C++, which torch's DDP reducer
+        #: took for the bucket's tensors and crashed on (SIGSEGV); an error raised in a ``then``
+        #: callback fails the future itself.
+        self.future: torch.futures.Future[list[torch.Tensor]] = self.outcome.then(_settled)
+
+    def succeed(self, value: list[torch.Tensor]) -> None:
+        self.outcome.set_result(value)
+
+    def fail(self, exc: BaseException) -> None:
+        self.outcome.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: any exception
+
+
+def _settled(outcome: torch.futures.Future[list[torch.Tensor]]) -> list[torch.Tensor]:
+    return outcome.value()  # raises the op's error: torch fails the future with it

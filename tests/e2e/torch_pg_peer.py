@@ -124,6 +124,7 @@ def pccl_checks(pg: pccl.torch.ProcessGroup, comm: pccl.blocking.Communicator) -
         checks["future_error"] = None
     except Exception as exc:  # noqa: BLE001 - recorded for the test
         checks["future_error"] = type(exc).__name__
+        checks["future_message"] = str(exc)
     try:
         work.wait()
         checks["wait_error"] = None
@@ -153,11 +154,12 @@ def pccl_checks(pg: pccl.torch.ProcessGroup, comm: pccl.blocking.Communicator) -
     return checks
 
 
-def backend(rank: int, world: int, master: str) -> dict[str, Any]:
-    """The registered backend as the default group: init_process_group("pccl")."""
+def backend(rank: int, world: int, master: str, store_file: str) -> dict[str, Any]:
+    """The registered backend as the default group: init_process_group("pccl") (with a store
+    the processes share, where they note which peer has which rank)."""
     os.environ["PCCL_MASTER"] = master
     pccl.torch.register()
-    dist.init_process_group("pccl", store=dist.HashStore(), rank=rank, world_size=world,
+    dist.init_process_group("pccl", store=dist.FileStore(store_file, world), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=30))
     out: dict[str, Any] = {"world": dist.get_world_size(), "backend": dist.get_backend()}
     r = dist.get_rank()
@@ -185,7 +187,7 @@ def main() -> None:
         pg.shutdown()
     dist.barrier()  # every pccl communicator has left before the backend opens new ones
     dist.destroy_process_group()
-    result["backend"] = backend(rank, world, master)
+    result["backend"] = backend(rank, world, master, store_file + ".pccl")
     print(json.dumps(result), flush=True)
 
 

@@ -2,9 +2,10 @@
 ``*_stress`` ones (test_c10d_ported.py runs those with ``group=pg``), in order, with the default
 group ``torch.distributed.init_process_group("pccl")`` made.
 
-    python c10d_ported_peer.py MASTER WORLD RANK STORE_FILE PEER_GROUP [MODULE]
+    python c10d_ported_peer.py MASTER WORLD RANK STORE_FILE PEER_GROUP [MODULE [CASES]]
 
-MODULE: the test module whose ``CASES`` run (test_c10d_ported by default; test_c10d_ported_p2p).
+MODULE: the test module whose ``CASES`` run (test_c10d_ported by default; test_c10d_ported_p2p);
+CASES: the name of another dict of that module to run instead (``WORLD1_CASES``).
 
 Prints one JSON line: ``{"rank", "world", "backend", "cases": {name: "ok" or the traceback}}``.
 """
@@ -29,7 +30,8 @@ def main() -> None:
     warnings.simplefilter("ignore", FutureWarning)  # all_reduce_coalesced & co. are deprecated names
     master, world, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     store_file, peer_group = sys.argv[4], sys.argv[5]
-    cases = importlib.import_module(sys.argv[6] if len(sys.argv) > 6 else "test_c10d_ported").CASES
+    module = importlib.import_module(sys.argv[6] if len(sys.argv) > 6 else "test_c10d_ported")
+    cases = getattr(module, sys.argv[7] if len(sys.argv) > 7 else "CASES")
     os.environ["PCCL_MASTER"], os.environ["PCCL_PEER_GROUP"] = master, peer_group
     pccl.torch.register()
     dist.init_process_group("pccl", store=dist.FileStore(store_file, world), rank=rank, world_size=world,
@@ -45,6 +47,9 @@ def main() -> None:
         except BaseException:  # noqa: BLE001 - reported to the test
             report["cases"][name] = traceback.format_exc()
     dist.destroy_process_group()
+    # test_c10d_common.py::PythonProcessGroupExtensionTest.test_shutdown: destroy_process_group
+    # shuts the group down
+    report["closed_after_destroy"] = pg.closed
     print(json.dumps(report), flush=True)
 
 

@@ -44,12 +44,15 @@ class World:
     def size(self) -> int:
         return len(self.comms)
 
-    def run(self, fn: Callable[[Any, int, int], Any], timeout: float = 60.0) -> list[Any]:
-        """``fn(pg, rank, world_size)`` on every peer at once; the results in ring order.  The
-        first peer's exception (in ring order) is raised once all have finished."""
+    def run(self, fn: Callable[[Any, int, int], Any], timeout: float = 60.0,
+            ranks: tuple[int, ...] | None = None) -> list[Any]:
+        """``fn(pg, rank, world_size)`` on every peer at once; the results in rank order.  The
+        first peer's exception (in rank order) is raised once all have finished.  ``ranks``: the
+        peer ids of ranks 0, 1, ... as ``init_process_group`` would give them (ring positions
+        by default)."""
         self._runs += 1
         first_tag = FIRST_TAG + self._runs * RUN_TAGS
-        pgs = [pccl.torch.ProcessGroup(c, first_tag=first_tag) for c in self.comms]
+        pgs = [pccl.torch.ProcessGroup(c, first_tag=first_tag, ranks=ranks) for c in self.comms]
         try:
             with concurrent.futures.ThreadPoolExecutor(len(pgs)) as pool:
                 futures = [pool.submit(fn, pg, pg.rank(), pg.size()) for pg in pgs]

@@ -47,14 +47,14 @@ The list forms: ``test_c10d_gloo.py``'s ``test_allgather_coalesced_checks`` and
 ``torch/testing/_internal/distributed/distributed_test.py``'s
 ``_test_all_gather_coalesced_helper`` (``test_all_gather_coalesced_simple`` and ``_complex``)
 and ``test_reduce_scatter_v_cuda`` (uneven ``reduce_scatter``, run on CPU tensors); its
-``test_all_gather_coalesced_with_empty`` is not ported yet.  Point to point and all-to-all:
-test_c10d_ported_p2p.py.
+``test_all_gather_coalesced_with_empty`` is in test_ported_common_torchft.py.  Point to point
+and all-to-all: test_c10d_ported_p2p.py.
 
-Not yet ported: ``test_c10d_gloo.py``: ``test_reduce_scatter`` (its source was not at hand
-for this port; uneven reduce_scatter is covered by ``case_reduce_scatter_v``), the
-``DistributedDataParallelTest`` and ``ReducerTest`` classes, ``CommTest``; the collectives of
-``test_c10d_common.py`` and ``test_functional_api.py`` (functional collectives: see
-test_pccl_torch_api.py for pccl's own cases).
+test_ported_common_torchft.py has ``test_c10d_gloo.py``'s ``test_reduce_scatter`` and CPU
+``DistributedDataParallelTest`` cases, ``test_c10d_common.py`` and torchft's process-group
+tests.  Not yet ported: ``test_c10d_gloo.py``'s ``ReducerTest`` and ``CommTest``,
+``test_functional_api.py`` (functional collectives: see test_pccl_torch_api.py for pccl's own
+cases).
 """
 
 from __future__ import annotations

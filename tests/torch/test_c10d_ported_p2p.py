@@ -51,12 +51,6 @@ HERE = pathlib.Path(__file__).resolve().parent
 WORLDS = (2, 3)
 
 CASES: dict[str, Callable[[Any, int, int], None]] = {}
-#: Cases torch runs on registered groups only: ``dist.P2POp(..., group=pg, group_peer=r)`` looks
-#: the peer's global rank up in torch's world, which a ``pccl.torch.ProcessGroup(comm)`` made
-#: outside ``init_process_group``/``new_group`` is not in ("Group ... is not registered").
-#: They run under ``init_process_group`` only.
-REGISTERED_ONLY = {"batch_isend_irecv_gloo", "batch_isend_irecv_gloo_tags"}
-
 
 def ported(fn: Callable[[Any, int, int], None]) -> Callable[[Any, int, int], None]:
     CASES[fn.__name__.removeprefix("case_")] = fn
@@ -83,13 +77,8 @@ def peer(pg: Any, key: str, rank: int) -> dict[str, Any]:
 
 
 def recv(pg: Any, tensor: Any, src: int, tag: int = 0) -> None:
-    """Upstream's ``dist.recv(t, src)``.  On a group torch did not make (``group=pg`` of a
-    ``pccl.torch.ProcessGroup(comm)``) ``dist.recv`` fails after receiving, in torch's own
-    ``get_global_rank`` ("not registered"), so there the port waits on ``dist.irecv``."""
-    if dist.is_initialized() and _get_default_group() is pg:
-        dist.recv(tensor, src, tag=tag)
-    else:
-        dist.irecv(tensor, group=pg, group_src=src, tag=tag).wait()
+    """Upstream's ``dist.recv(t, src)``; ``group=pg, group_src=src`` on a group of ours."""
+    dist.recv(tensor, tag=tag, **peer(pg, "src", src))
 
 
 def p2p_op(pg: Any, op: Any, tensor: Any, rank: int, tag: int = 0) -> Any:
@@ -366,8 +355,6 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
 
 def _test(name: str, case: Callable[[Any, int, int], None]) -> Callable[[World], None]:
     def test(world: World) -> None:
-        if name in REGISTERED_ONLY:
-            pytest.skip("torch's P2POp needs a group in torch's world: run by test_under_init_process_group")
         world.run(case)
 
     test.__name__ = test.__qualname__ = f"test_{name}"

@@ -143,9 +143,15 @@ def test_a_group_leaves_torchs_registry_at_shutdown() -> None:
         pg = pccl.torch.ProcessGroup(comm)
         name = pg.group_name
         assert name.startswith("pccl:0:") and _resolve_process_group(name) is pg
+        # in torch's world's rank table as new_group's groups are: its ranks are global ranks
+        assert dist.get_process_group_ranks(pg) == [0] and dist.get_global_rank(pg, 0) == 0
+        with pytest.raises(ValueError, match="not part of group"):
+            dist.get_global_rank(pg, 1)
         pg.shutdown()
         with pytest.raises(Exception, match="Could not resolve|not found|unknown"):
             _resolve_process_group(name)
+        with pytest.raises(ValueError, match="not registered"):
+            dist.get_global_rank(pg, 0)
 
 
 def test_sparse_gradients_under_torchs_ddp_are_refused_not_a_crash(world: World) -> None:

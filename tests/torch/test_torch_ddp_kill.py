@@ -1,0 +1,74 @@
+"""torch's own ``torch.nn.parallel.DistributedDataParallel`` over ``init_process_group("pccl")``
+(issue 44's acceptance): three processes train (torch_ddp_peer.py), the one that passed rank 2
+is SIGKILLed mid-backward, a new process passing rank 2 replaces it, and the two survivors and
+the replacement end with bit-identical parameters.  pccl's own DDP wrapper meets the same
+scenario in tests/e2e/test_torch_ddp.py (slow)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+
+from pccl_torch_world import CFG, master_in_thread  # noqa: E402
+
+HERE = pathlib.Path(__file__).resolve().parent
+PEER = HERE / "torch_ddp_peer.py"
+STEPS = 12
+DIE_AT = 4
+BOUND = 180.0  # four processes importing torch on a loaded 2-core runner
+
+
+def _start(master: str, port: int, rank: int, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-X", "faulthandler", str(PEER), master, str(port), str(rank), str(STEPS), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _report(proc: subprocess.Popen[str], deadline: float) -> tuple[dict[str, Any], str]:
+    out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    assert proc.returncode == 0, out
+    return json.loads(out.strip().splitlines()[-1]), out
+
+
+def test_torchs_ddp_survives_a_kill_mid_backward_and_a_replacement() -> None:
+    deadline = time.monotonic() + BOUND
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    with master_in_thread(CFG) as master:
+        procs = [_start(master.address, store.port, 0), _start(master.address, store.port, 1),
+                 _start(master.address, store.port, 2, "--die-at", str(DIE_AT))]
+        replacement = None
+        try:
+            victim = procs[2]
+            victim_out, _ = victim.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            assert victim.returncode == -signal.SIGKILL, victim_out
+            assert f"step {DIE_AT} world 3" in victim_out and f"step {DIE_AT + 1} " not in victim_out, victim_out
+            replacement = _start(master.address, store.port, 2)
+            reports = [_report(p, deadline) for p in (procs[0], procs[1], replacement)]
+        finally:
+            for p in [*procs, *([replacement] if replacement else [])]:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+    outputs = "\n\n".join(out for _, out in reports)
+    assert [r["step"] for r, _ in reports] == [STEPS] * 3, outputs
+    # the survivors' step DIE_AT + 1 failed with the victim; they built their DDP anew once the
+    # replacement was in, as it built its own (torch broadcasts rank 0's module then)
+    for report, out in reports[:2]:
+        assert f"step {DIE_AT} failed" in out, out
+        assert report["first_step"] == 1 and report["rebuilds"] == 2, outputs
+    assert reports[2][0]["rebuilds"] == 1, outputs
+    newcomer = reports[2][0]
+    assert newcomer["first_step"] == DIE_AT + 1, outputs  # it went on from the survivors' step
+    # it replaced the last rank, passing it: it is rank 2 again, the survivors ranks 0 and 1
+    assert [r["final_rank"] for r, _ in reports] == [0, 1, 2], outputs
+    assert len({r["digest"] for r, _ in reports}) == 1, outputs  # bit-identical parameters
