@@ -13,7 +13,7 @@ in two ways, as test_c10d_ported.py's do: threads of this process, each with a
 ``ReducerTest`` and ``TestDDPWith*`` build a group of one rank; the port runs them on the worlds
 of 2 and 3 (every rank does the same; DDP's gradients are averaged over equal ones).
 
-Ported (13): test_c10d_gloo.py's ``ReducerTest`` — ``test_single_dtype_single_bucket``,
+Ported (17): test_c10d_gloo.py's ``ReducerTest`` — ``test_single_dtype_single_bucket``,
 ``test_multi_dtype_single_bucket``, ``test_multi_dtype_multi_bucket``,
 ``test_forward_backward``, ``test_forward_backward_unused_parameters``,
 ``test_forward_backward_optimizer`` —; ``CommTest.test_broadcast_coalesced_gloo_cpu``;
