@@ -534,7 +534,6 @@ def case_ddp_no_init_sync(pg: Any, rank: int, world: int) -> None:
 
     for p in model.parameters():
         assert_equal(torch.full_like(p, float(rank + 1)), p.detach())
-    dist.barrier(**_kw(pg))
 
 
 @ported
