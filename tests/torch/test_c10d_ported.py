@@ -39,8 +39,8 @@ Upstream cases looked at that cannot apply to a CPU pccl group, and why:
   Python group has not: "No backend type associated with device type cpu");
   ``test_coalescing_manager`` (torch's start/end_coalescing hooks, which pccl does not
   implement); ``test_reconfigure_*`` and ``test_window_delegation`` (torch hooks pccl does not
-  implement); ``test_block_current_stream*`` (CUDA streams); ``TestDDPWith*`` (a one-rank
-  Python group of the test's own).
+  implement); ``test_block_current_stream*`` (CUDA streams).  Its ``AbstractDDPSingleRank``
+  (``TestDDPWith*``) and ``TestBatchSendRecv`` cases: test_c10d_gloo_more.py.
 
 The list forms: ``test_c10d_gloo.py``'s ``test_allgather_coalesced_checks`` and
 ``test_allgather_coalesced_async``, and torch 2.13's
@@ -52,8 +52,8 @@ and all-to-all: test_c10d_ported_p2p.py.
 
 test_ported_common_torchft.py has ``test_c10d_gloo.py``'s ``test_reduce_scatter`` and CPU
 ``DistributedDataParallelTest`` cases, ``test_c10d_common.py`` and torchft's process-group
-tests.  Not yet ported: ``test_c10d_gloo.py``'s ``ReducerTest`` and ``CommTest``,
-``test_functional_api.py`` (functional collectives: see test_pccl_torch_api.py for pccl's own
+tests; test_c10d_gloo_more.py the rest of ``test_c10d_gloo.py`` (``ReducerTest``, ``CommTest``
+and more).  Not yet ported: ``test_functional_api.py`` (functional collectives: see test_pccl_torch_api.py for pccl's own
 cases).
 """
 

@@ -53,8 +53,8 @@ Looked at, not applicable to a CPU pccl group, and why:
   and ``test_default_process_group`` (gloo's and NCCL's defaults; a check that a C++-wrapped
   plugin is named ``"custom"``, where pccl's group is the Python group itself, named ``"pccl"``:
   test_c10d_ported.py's ``case_attr_overrides``).
-* ``test_c10d_gloo.py``'s other ``DistributedDataParallelTest`` cases use GPUs
-  (``@skip_if_lt_x_gpu``), ``_test_global_local_unused_params_grad`` among them.
+* ``test_c10d_gloo.py``'s other ``DistributedDataParallelTest`` cases: test_c10d_gloo_more.py
+  (the CPU ones ported, the others listed with the reason).
 * torchft: ``_run_with_resiliency`` (torchft's ``configure`` / ``set_timeout`` / ``errored``
   reconfiguration API; pccl recovers by membership votes: test_torch_ddp_kill.py,
   tests/e2e/test_torch_ddp.py); ``test_nccl_*``, ``test_baby_*`` (torchft's subprocess groups),
