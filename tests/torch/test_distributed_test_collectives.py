@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import operator
+import os
 import pathlib
+import tempfile
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from functools import reduce
 from typing import Any
@@ -14,6 +19,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
+import torch.distributed.algorithms.model_averaging.averagers as averagers  # noqa: E402
+import torch.distributed.algorithms.model_averaging.hierarchical_model_averager as hierarchicalSGD  # noqa: E402,N812
+import torch.distributed.algorithms.model_averaging.utils as model_averaging_utils  # noqa: E402
+from torch import nn  # noqa: E402
 from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
 
 import pccl  # noqa: E402
@@ -507,6 +516,350 @@ def case_barrier_full_group(pg: Any, rank: int, world: int) -> None:
     """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_barrier_full_group"""
     with _FullGroup(pg) as (group, group_id, rank):
         _test_barrier_helper(pg, group, group_id, rank)
+
+
+
+# --- ranks, backend and groups ---------------------------------------------------------------------------
+
+
+@ported
+def case_get_rank(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_get_rank (each
+    rank writes its rank to a file of a shared directory, and every rank reads them all back:
+    ``world`` distinct ranks.  Upstream names the directory by ``$TEMP_DIR`` and the files by
+    process id; here rank 0 names a fresh directory and broadcasts it, and the files are named
+    by process and thread, the thread world's peers sharing a process)"""
+    g = {} if default(pg) else {"group": pg}
+    holder = [tempfile.mkdtemp(prefix="pccl-get-rank-") if rank == 0 else None]
+    dist.broadcast_object_list(holder, src=0, **g)
+    test_dir = str(holder[0])
+    num_processes = dist.get_world_size(**g)
+    with open(os.path.join(test_dir, f"{os.getpid()}-{threading.get_ident()}"), "w") as f:
+        f.write(str(dist.get_rank() if default(pg) else pg.rank()))
+
+    _barrier(pg)
+
+    all_ranks = set()
+    for f_name in os.listdir(test_dir):
+        with open(os.path.join(test_dir, f_name)) as f:
+            all_ranks.add(int(f.read()))
+    assert len(all_ranks) == num_processes
+
+    _barrier(pg)
+
+    if rank == 0:
+        for f_name in os.listdir(test_dir):
+            os.unlink(os.path.join(test_dir, f_name))
+        os.rmdir(test_dir)
+
+    _barrier(pg)
+
+
+@ported
+def case_get_backend(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_get_backend
+    ("pccl" for upstream's ``BACKEND``).  Upstream's ``new_group([0, 1])`` (``[1, 2]`` in larger
+    worlds) is run where it is the whole world (a world of 2 under init_process_group); a pccl
+    group over a subset of the ranks raises ``InvalidUsage``; on a thread world (no default
+    group, and torch's ``get_backend`` reads only the map of groups ``init_process_group`` and
+    ``new_group`` made) the check is on ``pg``'s backend name"""
+    backend_str = "pccl"
+    if not default(pg):
+        assert pg.name() == backend_str
+        return
+    assert dist.get_backend() == backend_str
+    if world == 2:
+        group_id = dist.new_group([0, 1])
+        assert dist.get_backend(group_id) == backend_str
+        dist.destroy_process_group(group_id)
+
+
+@ported
+def case_Backend_enum_class(pg: Any, rank: int, world: int) -> None:  # noqa: N802 - upstream's name
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_Backend_enum_class
+    ("PCCL"/"pccl" for upstream's ``BACKEND``)"""
+    backend = "pccl"
+    assert dist.Backend("PCCL") == backend
+    assert dist.Backend("pccl") == backend
+    with pytest.raises(ValueError):
+        dist.Backend(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        dist.Backend(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        dist.Backend(["gloo"])  # type: ignore[arg-type]
+
+
+@ported
+def case_destroy_full_group(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_destroy_full_group
+    (on a thread world, where torch has no default group, the group's own ``shutdown``), then
+    the default group still runs"""
+    full = _FullGroup(pg)
+    _, group_id, _ = full.__enter__()
+    _barrier(pg)
+    if default(pg):
+        dist.destroy_process_group(group_id)
+    else:
+        full.__exit__()
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert_equal(torch.full((1,), float(world)), t)
+
+
+@ported
+def case_get_rank_size_full_group(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_get_rank_size_full_group
+    (without a default group, the thread world compares with ``pg``'s rank and size)"""
+    with _FullGroup(pg) as (_, group_id, _):
+        if default(pg):
+            assert dist.get_world_size(group_id) == dist.get_world_size()
+            assert dist.get_rank(group_id) == dist.get_rank()
+        else:
+            assert dist.get_world_size(group_id) == dist.get_world_size(pg)
+            assert group_id.rank() == pg.rank()
+
+
+
+# --- objects ----------------------------------------------------------------------------------------------
+
+
+class Foo:
+    """distributed_test.py::Foo."""
+
+    def __init__(self, x: Any) -> None:
+        # Can be tensor or int
+        self.x = x
+
+    def __eq__(self, other: object) -> bool:
+        def eq(value: Any, other: Any) -> bool:
+            if isinstance(value, torch.Tensor):
+                return bool(torch.equal(value, other))
+            return bool(value == other)
+
+        for attr, value in self.__dict__.items():
+            other_value = other.__dict__[attr]
+            if not eq(value, other_value):
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+f = Foo(10)
+f.bar = 1  # type: ignore[attr-defined]
+
+
+def create_collectives_object_test_list() -> list[Any]:
+    """distributed_test.py::create_collectives_object_test_list.  Upstream's harness seeds every
+    process alike before the ``randn``; the thread world's peers share torch's generator, so
+    the tensor comes from a generator of its own, seeded alike at every rank."""
+    return [
+        {"key1": 3, "key2": 4, "key3": {"nested": True}},
+        f,
+        Foo(torch.randn(3, 3, generator=torch.Generator().manual_seed(0))),
+        "foo",
+        [1, 2, True, "string", [4, 5, "nested"]],
+    ]
+
+
+def _test_allgather_object(rank: int, world: int, subgroup: Any) -> None:
+    """_DistTestBase._test_allgather_object (gloo)."""
+    gather_objects = create_collectives_object_test_list()
+    output_gathered = [None for _ in range(world)]
+    dist.all_gather_object(output_gathered, gather_objects[rank % len(gather_objects)], group=subgroup)
+    for i, val in enumerate(output_gathered):
+        expected = gather_objects[i % len(gather_objects)]
+        assert val == expected
+
+
+@ported
+def case_all_gather_object_default_pg(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_all_gather_object_default_pg
+    (``group=pg``: ``None`` upstream; upstream runs it at debug levels OFF, INFO and DETAIL,
+    which only torch's C++ groups' wrappers read)"""
+    _test_allgather_object(rank, world, None if default(pg) else pg)
+
+
+@ported
+def case_all_gather_object_subgroup(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_all_gather_object_subgroup
+    (``new_group(backend=...)`` over every rank)"""
+    with _FullGroup(pg) as (_, subgroup, _):
+        _test_allgather_object(rank, world, subgroup)
+
+
+def _test_gather_object(pg: Any, rank: int, world: int, group: Any) -> None:
+    """_DistTestBase._test_gather_object (gloo; ``dist.get_rank(pg)``: the group's rank)."""
+    # Ensure stateful objects can be gathered
+    gather_objects = create_collectives_object_test_list()
+    my_rank = group.rank() if group is not None else dist.get_rank()
+    output_gathered = [None for _ in range(world)]
+    gather_on_rank = 0
+    dist.gather_object(gather_objects[rank % len(gather_objects)],
+                       object_gather_list=output_gathered if my_rank == gather_on_rank else None,
+                       dst=gather_on_rank, group=group)
+    if my_rank != gather_on_rank:
+        assert output_gathered == [None for _ in range(world)]
+    else:
+        for i, val in enumerate(output_gathered):
+            expected = gather_objects[i % len(gather_objects)]
+            assert val == expected
+
+    # Validate errors when objects can't be pickled.
+    class Bar:
+        pass
+
+    b = Bar()
+    gather_objects = [b for _ in range(world)]
+    with pytest.raises(AttributeError):
+        dist.all_gather_object([None for _ in range(world)], gather_objects[rank], group=group)
+
+
+@ported
+def case_gather_object(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_gather_object
+    (upstream requires a world of exactly 4; nothing in it depends on that)"""
+    _test_gather_object(pg, rank, world, None if default(pg) else pg)
+
+
+@ported
+def case_gather_object_subgroup(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_gather_object_subgroup
+    (``new_group(backend=...)`` over every rank; upstream requires a world of exactly 4)"""
+    with _FullGroup(pg) as (_, subgroup, _):
+        _test_gather_object(pg, rank, world, subgroup)
+
+
+@ported
+def case_scatter_object_list(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_scatter_object_list
+    (``group=pg`` where ``pg`` is not the default group)"""
+    g = {} if default(pg) else {"group": pg}
+    src_rank = 0
+    collectives_object_test_list = create_collectives_object_test_list()
+    scatter_list = (collectives_object_test_list if rank == src_rank
+                    else [None for _ in collectives_object_test_list])
+    world_size = world
+    scatter_list = scatter_list[:world_size]
+    i = 0
+    while len(scatter_list) < world_size:
+        scatter_list.append(scatter_list[i])
+        i += 1
+
+    output_obj_list = [None]
+    dist.scatter_object_list(output_obj_list, scatter_list, src=src_rank, **g)
+    assert output_obj_list[0] == collectives_object_test_list[rank % len(collectives_object_test_list)]
+
+    # Ensure errors are raised upon incorrect arguments.
+    with pytest.raises(ValueError,
+                       match="Expected argument scatter_object_output_list to be a list of size at least 1."):
+        dist.scatter_object_list([], scatter_list, src=src_rank, **g)
+
+
+# --- model averaging -------------------------------------------------------------------------------------
+
+
+@ported
+def case_average_parameters(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_average_parameters
+    (the model on the CPU; ``process_group=pg``: ``None`` upstream.  Its second half, partial
+    averaging over ``new_group(ranks=[0, 1], backend="nccl")``, needs NCCL and a subset of the
+    ranks: not ported)"""
+    model = nn.Sequential(nn.Conv2d(3, 3, kernel_size=3, padding=1), nn.ReLU(), nn.Linear(1, 5, bias=False))
+    # Test global model averaging
+    for p in model.parameters():
+        p.data = torch.ones_like(p.data)
+    model_averaging_utils.average_parameters(params=model.parameters(), process_group=None if default(pg) else pg)
+    # Every element will be the same as the input.
+    for p in model.parameters():
+        assert_equal(torch.ones_like(p.data), p.data)
+
+
+def _periodic_model_averager(pg: Any, rank: int, world_size: int, make: Callable[[int, int], Any]) -> None:
+    """The body of test_periodic_model_averager (and of the 1-level hierarchical one)."""
+    model = nn.Linear(1, 5, bias=False)
+    param = next(model.parameters())
+    tensor = torch.ones_like(param.data) * rank
+    expected_avg_tensor = torch.ones_like(param.data) * sum(range(world_size)) / world_size
+    period = 4
+    for warmup_steps in [12, 13, 14, 15]:
+        averager = make(period, warmup_steps)
+        for step in range(20):
+            # Reset the parameters at every step.
+            param.data = copy.deepcopy(tensor)
+            for params in model.parameters():
+                # mock grad
+                params.grad = torch.ones_like(param.data)
+            averager.average_parameters(model.parameters())
+            if step >= warmup_steps and (step - warmup_steps) % period == 0:
+                assert_equal(expected_avg_tensor, param.data)
+            else:
+                # No model averaging, so the parameters are not updated.
+                assert_equal(tensor, param.data)
+
+
+@ported
+def case_periodic_model_averager(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_periodic_model_averager
+    (the model on the CPU; ``process_group=pg``: ``None`` upstream)"""
+    group = None if default(pg) else pg
+    _periodic_model_averager(pg, rank, world, lambda period, warmup_steps: averagers.PeriodicModelAverager(
+        period=period, warmup_steps=warmup_steps, process_group=group))
+
+
+@ported
+def case_periodic_model_averager_param_group(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_periodic_model_averager_param_group
+    (the model on the CPU; ``process_group=pg``: ``None`` upstream)"""
+    world_size = world
+    model = nn.Linear(1, 5, bias=False)
+    param = next(model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    period = 4
+    for warmup_steps in [12, 13, 14, 15]:
+        averager = averagers.PeriodicModelAverager(period=period, warmup_steps=warmup_steps,
+                                                   process_group=None if default(pg) else pg)
+        for step in range(20):
+            # Reset the parameters at every step.
+            for param_group in opt.param_groups:
+                for params in param_group["params"]:
+                    # mock grad
+                    params.grad = torch.ones_like(param.data) * rank
+                    params.data = torch.ones_like(param.data) * rank
+            averager.average_parameters(opt.param_groups)
+            if step >= warmup_steps and (step - warmup_steps) % period == 0:
+                for param_group in opt.param_groups:
+                    for params in param_group["params"]:
+                        if params.grad is None:
+                            continue
+                        assert_equal(torch.ones_like(param.data) * sum(range(world_size)) / world_size, param.data)
+            else:
+                # No model averaging, so the parameters are not updated.
+                for param_group in opt.param_groups:
+                    for params in param_group["params"]:
+                        if params.grad is None:
+                            continue
+                        assert_equal(torch.ones_like(param.data) * rank, param.data)
+
+
+@ported
+def case_1_level_hierarchical_model_averager_equivalent_to_periodic_model_averager(
+        pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_1_level_hierarchical_model_averager_equivalent_to_periodic_model_averager
+    (the model on the CPU).  Upstream builds a ``HierarchicalModelAverager`` over
+    ``{period: world_size}`` (``new_subgroups(world_size)``: one group of every rank) and then
+    replaces it by a ``PeriodicModelAverager`` before use; the port does the same — the
+    hierarchical averager's construction runs under init_process_group only, as
+    ``new_subgroups`` needs torch's default group"""
+    group = None if default(pg) else pg
+
+    def make(period: int, warmup_steps: int) -> Any:
+        if default(pg):
+            hierarchicalSGD.HierarchicalModelAverager(period_group_size_dict=OrderedDict([(period, world)]),
+                                                      warmup_steps=warmup_steps)
+        return averagers.PeriodicModelAverager(period=period, warmup_steps=warmup_steps, process_group=group)
+
+    _periodic_model_averager(pg, rank, world, make)
 
 
 # --- running them -------------------------------------------------------------------------------------------
