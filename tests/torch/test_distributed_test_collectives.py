@@ -32,7 +32,7 @@ the thread world's peers share torch's generator).  ``test_get_rank``'s shared d
 made by rank 0 and broadcast (upstream: ``$TEMP_DIR``).  ``@require_exact_world_size(4)`` of
 the ``gather_object`` tests is not kept (nothing in them depends on it).
 
-Ported (62 upstream tests in 44 cases): ``test_get_rank``, ``test_get_backend`` (its
+Ported (64 upstream tests in 46 cases): ``test_get_rank``, ``test_get_backend`` (its
 ``new_group([0, 1])`` on a world of 2 under init_process_group), ``test_Backend_enum_class``,
 ``test_destroy_group`` and ``test_get_rank_size_group`` (a world of 2, where ``[0, 1]`` is every
 rank), ``test_destroy_full_group``, ``test_get_rank_size_full_group``, ``test_new_subgroups`` (a
@@ -43,7 +43,7 @@ global half), ``test_periodic_model_averager``, ``test_periodic_model_averager_p
 ``test_broadcast``, ``test_broadcast_full_group``, ``test_reduce_{sum,product,min,max}``,
 ``test_reduce_full_group_{sum,product,min,max}``, ``test_reduce_sum_twice``,
 ``test_all_reduce_{sum,product,min,max}``, ``test_all_reduce_sum_async``,
-``test_all_reduce_sum_complex``, ``test_all_reduce_complex_unsupported_ops``,
+``test_all_reduce_sum_complex``, ``test_all_reduce_complex_unsupported_ops``, ``test_get_future``,
 ``test_all_reduce_full_group_{sum,product,min,max}``,
 ``test_all_reduce_coalesced_{sum,product,min,max}``,
 ``test_all_reduce_coalesced_full_group_{sum,product,min,max}``,
@@ -52,7 +52,8 @@ global half), ``test_periodic_model_averager``, ``test_periodic_model_averager_p
 ``test_gather``, ``test_gather_full_group``, ``test_all_gather``, ``test_all_gather_complex``,
 ``test_all_gather_full_group``, ``test_barrier``, ``test_barrier_full_group``,
 ``test_all_gather_object_default_pg``, ``test_all_gather_object_subgroup``,
-``test_gather_object``, ``test_gather_object_subgroup``, ``test_scatter_object_list``.
+``test_gather_object``, ``test_gather_object_subgroup``, ``test_scatter_object_list``,
+``test_DistributedSampler_padding``.
 
 Ported in other files: the point-to-point and all-to-all tests (``test_send_recv``,
 ``test_send_recv_with_tag``, ``test_isend``, ``test_irecv``, ``test_batch_isend_irecv_gloo``,
@@ -95,6 +96,8 @@ Looked at, not applicable to a CPU pccl group, and why:
   ``test_3_level_hierarchical_model_averager`` (a world of 4, subgroups of 2);
   ``test_average_parameters``' partial half (an NCCL ``new_group([0, 1])``);
   ``test_all_gather_coalesced_full_group`` (test_c10d_ported.py has the coalesced all_gather).
+  ``test_SyncBatchNorm_process_group`` (``new_group([0])``, and torchvision's resnet50, not
+  installed: it checks torch's ``convert_sync_batchnorm`` hands the group down, no collective).
 * ``monitored_barrier`` (torch raises "monitored_barrier is only implemented for GLOO backend"
   for any other backend): ``test_monitored_barrier_gloo``, ``_gloo_subgroup``,
   ``_allreduce_hang``, ``_allreduce_hang_wait_all_ranks``, ``_gloo_rank_0_timeout``,
@@ -115,19 +118,22 @@ Looked at, not applicable to a CPU pccl group, and why:
   asserts the wall-clock time it took; ``_group`` is over a subset of the ranks).  Whether
   pccl's group honours ``init_process_group``'s ``timeout`` for a collective is not checked
   here.
-* DistributedDataParallel and torch's DDP helpers under other names than
-  ``test_DistributedDataParallel*``/``test_ddp_*`` (the DDP port's scope; most also need 2 GPUs):
+* DistributedDataParallel under other names than ``test_DistributedDataParallel*`` and
+  ``test_ddp_*``: left to the DDP port (another file).  Most need GPUs upstream
+  (``@skip_if_lt_x_gpu``); these run DDP on CPU modules under gloo and so apply to pccl, not
+  ported here: ``test_accumulate_gradients_no_sync`` and its three variants below,
+  ``test_static_graph_api_cpu``, ``test_grads_same_across_ranks_with_no_sync``.  The list:
   ``test_dump_DDP_relevant_env_vars`` (torch's env logging, no backend),
   ``test_get_data_parallel_params``, ``test_accumulate_gradients_no_sync``,
   ``test_accumulate_gradients_no_sync_grad_is_view``,
   ``test_accumulate_gradients_no_sync_allreduce_hook``,
-  ``test_accumulate_gradients_no_sync_allreduce_with_then_hook``, ``test_get_future``,
+  ``test_accumulate_gradients_no_sync_allreduce_with_then_hook``,
   ``test_post_localSGD_optimizer_parity``, ``test_post_localSGD_optimizer_parity_grad_is_view``,
   ``test_post_localSGD_optimizer_parity_with_hierarchical_sgd``,
   ``test_post_localSGD_optimizer_parity_with_hierarchical_sgd_grad_is_view`` and
   ``test_post_localSGD_optimizer_step_reload`` (DDP with post-localSGD hooks on GPUs),
-  ``test_static_graph_api_cpu``, ``test_SyncBatchNorm_process_group`` (torchvision),
-  ``test_DistributedSampler_padding``, ``test_grads_same_across_ranks_with_no_sync``,
+  ``test_static_graph_api_cpu``,
+  ``test_grads_same_across_ranks_with_no_sync``,
   ``test_invalid_static_graph``, ``test_compute_bucket_assignment_by_size_sparse_error_*``,
   ``test_verify_model_across_rank_*``, ``test_output_unused_in_loss_{tuple,dict}_module``,
   ``test_undefined_grad_parity_unused_parameters``, ``test_different_graph_across_ranks``,
@@ -139,6 +145,7 @@ Looked at, not applicable to a CPU pccl group, and why:
 from __future__ import annotations
 
 import copy
+import math
 import operator
 import os
 import pathlib
@@ -159,6 +166,7 @@ import torch.distributed.algorithms.model_averaging.averagers as averagers  # no
 import torch.distributed.algorithms.model_averaging.hierarchical_model_averager as hierarchicalSGD  # noqa: E402,N812
 import torch.distributed.algorithms.model_averaging.utils as model_averaging_utils  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
 
 import pccl  # noqa: E402
@@ -416,6 +424,25 @@ def case_all_reduce_full_group(pg: Any, rank: int, world: int) -> None:
     with _FullGroup(pg) as (group, group_id, rank):
         for _, op, master, worker, expected in _reduce_rows(len(group)):
             _test_all_reduce_helper(pg, group, group_id, rank, op, master, worker, expected)
+
+
+
+@ported
+def case_get_future(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_get_future
+    (the group's ``allreduce`` future, chained with ``then``)"""
+    def mult(fut: Any) -> Any:
+        return [t * 3 for t in fut.wait()]
+
+    def add(fut: Any) -> Any:
+        return [t + 1 for t in fut.wait()]
+
+    group, group_id, rank = _init_global_test(pg)
+    input = _build_tensor(3, 2)  # noqa: A001 - upstream's name
+    fut = group_id.allreduce([input]).get_future()
+    res = fut.then(mult).then(add).wait()
+    expected = _build_tensor(3, 2 * len(group) * 3 + 1)
+    assert_equal(expected, res[0])
 
 
 # --- all_reduce_coalesced ------------------------------------------------------------------------------------
@@ -962,6 +989,74 @@ def case_scatter_object_list(pg: Any, rank: int, world: int) -> None:
     with pytest.raises(ValueError,
                        match="Expected argument scatter_object_output_list to be a list of size at least 1."):
         dist.scatter_object_list([], scatter_list, src=src_rank, **g)
+
+
+
+@ported
+def case_DistributedSampler_padding(pg: Any, rank: int, world: int) -> None:  # noqa: N802 - upstream's name
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_DistributedSampler_padding
+    (CPU tensors: upstream moves them to GPU ``self.rank``; on a thread world, where torch has
+    no default group, the samplers are given ``num_replicas=world, rank=rank`` — what they read
+    from the default group — and ``all_gather`` is given ``group=pg``)"""
+    world_size = world
+    g = {} if default(pg) else {"group": pg}
+    where = {} if default(pg) else {"num_replicas": world, "rank": rank}
+
+    # Simulates the 'casual' dataset size
+    dataset_size = 100 + world_size + 1
+    dataset = [torch.ones(1) * i for i in range(dataset_size)]
+
+    # Simulates the 'tiny' dataset size
+    dataset_tiny_size = max(world_size // 2 - 1, 1)
+    dataset_tiny = [torch.ones(1) * i for i in range(dataset_tiny_size)]
+
+    # Specifying drop_last=True will cause the tail of the data to be dropped.
+    dist_sampler = DistributedSampler(dataset=dataset, drop_last=True, **where)
+    local_num_samples, local_dataset_size = (dist_sampler.num_samples, dist_sampler.total_size)
+    # The effective dataset size should be the greatest integer that is <=
+    # dataset_size that is divisible by the world_size. This is to ensure each
+    # rank processes the same number of samples.
+    effective_dataset_size = (math.ceil((dataset_size - world_size) / world_size)
+                              if dataset_size % world_size != 0 else dataset_size / world_size)
+    assert local_num_samples == effective_dataset_size
+    assert local_dataset_size == local_num_samples * world_size
+    indices_list = list(iter(dist_sampler))
+    assert len(indices_list) == local_num_samples
+
+    def validate_global_samples(local_num_samples: int) -> None:
+        # Ensure that each rank processes the same number of samples.
+        world_samples = [torch.LongTensor([0]) for _ in range(world_size)]
+        dist.all_gather(world_samples, torch.tensor([local_num_samples]), **g)
+        samples = [sample.item() for sample in world_samples]
+        assert len(set(samples)) == 1
+
+    validate_global_samples(local_num_samples)
+
+    # drop_last=False is the default and will add additional indices to be sampled,
+    # increasing the effective dataset size.
+    dist_sampler_added_samples = DistributedSampler(dataset=dataset, **where)
+    local_num_samples, local_dataset_size = (dist_sampler_added_samples.num_samples,
+                                             dist_sampler_added_samples.total_size)
+    # The effective dataset size is the smallest integer that is >= dataset_size
+    # and divisible by the world size.
+    assert local_num_samples == math.ceil(dataset_size / world_size)
+    assert local_dataset_size == local_num_samples * world_size
+    indices_list = list(iter(dist_sampler_added_samples))
+    assert len(indices_list) == local_num_samples
+
+    # Ensure that each rank processes the same number of samples.
+    validate_global_samples(local_num_samples)
+
+    # Ensure additional samples are padded even when
+    # the extremely small dataset is given.
+    dist_sampler_added_samples_tiny = DistributedSampler(dataset=dataset_tiny, **where)
+    local_num_samples, local_dataset_size = (dist_sampler_added_samples_tiny.num_samples,
+                                             dist_sampler_added_samples_tiny.total_size)
+    assert local_num_samples == math.ceil(dataset_tiny_size / world_size)
+    assert local_dataset_size == local_num_samples * world_size
+    indices_list = list(iter(dist_sampler_added_samples_tiny))
+    assert len(indices_list) == local_num_samples
+    validate_global_samples(local_num_samples)
 
 
 # --- model averaging -------------------------------------------------------------------------------------
