@@ -32,7 +32,7 @@ the thread world's peers share torch's generator).  ``test_get_rank``'s shared d
 made by rank 0 and broadcast (upstream: ``$TEMP_DIR``).  ``@require_exact_world_size(4)`` of
 the ``gather_object`` tests is not kept (nothing in them depends on it).
 
-Ported (64 upstream tests in 46 cases): ``test_get_rank``, ``test_get_backend`` (its
+Ported (68 upstream tests in 48 cases): ``test_get_rank``, ``test_get_backend`` (its
 ``new_group([0, 1])`` on a world of 2 under init_process_group), ``test_Backend_enum_class``,
 ``test_destroy_group`` and ``test_get_rank_size_group`` (a world of 2, where ``[0, 1]`` is every
 rank), ``test_destroy_full_group``, ``test_get_rank_size_full_group``, ``test_new_subgroups`` (a
@@ -50,7 +50,8 @@ global half), ``test_periodic_model_averager``, ``test_periodic_model_averager_p
 ``test_all_reduce_coalesced_max_complex_unsupported``, ``test_scatter_checks``,
 ``test_scatter``, ``test_scatter_complex``, ``test_scatter_full_group``, ``test_gather_checks``,
 ``test_gather``, ``test_gather_full_group``, ``test_all_gather``, ``test_all_gather_complex``,
-``test_all_gather_full_group``, ``test_barrier``, ``test_barrier_full_group``,
+``test_all_gather_full_group``, ``test_all_gather_coalesced_full_group``,
+``test_all_to_all_single_{equal,unequal}_split_full_group``, ``test_all_to_all_full_group``, ``test_barrier``, ``test_barrier_full_group``,
 ``test_all_gather_object_default_pg``, ``test_all_gather_object_subgroup``,
 ``test_gather_object``, ``test_gather_object_subgroup``, ``test_scatter_object_list``,
 ``test_DistributedSampler_padding``.
@@ -87,15 +88,14 @@ Looked at, not applicable to a CPU pccl group, and why:
   ``test_reduce_group_{sum,product,min,max}``, ``test_all_reduce_group_{sum,product,min,max}``,
   ``test_all_reduce_coalesced_group_{sum,product,min,max}``, ``test_scatter_group``,
   ``test_gather_group``, ``test_all_gather_group``, ``test_all_gather_coalesced_group``,
-  ``test_barrier_group``, ``test_all_to_all*_group`` (and ``*_full_group``: the plain cases
-  over every rank, in test_c10d_ported_p2p.py); ``test_get_backend``'s, ``test_destroy_group``'s
+  ``test_barrier_group``, ``test_all_to_all_single_equal_split_group``,
+  ``test_all_to_all_single_unequal_split_group``, ``test_all_to_all_group``; ``test_get_backend``'s, ``test_destroy_group``'s
   and ``test_get_rank_size_group``'s groups on a world of 3; ``test_new_subgroups`` on a world of
   3, ``test_new_subgroups_with_group_param``, ``_world_size_not_divisible_by_group_size``,
   ``test_new_subgroups_by_enumeration``, ``_input_rank_exceeds_world_size``,
   ``test_new_subgroups_overlap_not_allowed`` (worlds of 4 and GPUs; subsets of the ranks);
   ``test_3_level_hierarchical_model_averager`` (a world of 4, subgroups of 2);
   ``test_average_parameters``' partial half (an NCCL ``new_group([0, 1])``);
-  ``test_all_gather_coalesced_full_group`` (test_c10d_ported.py has the coalesced all_gather).
   ``test_SyncBatchNorm_process_group`` (``new_group([0])``, and torchvision's resnet50, not
   installed: it checks torch's ``convert_sync_batchnorm`` hands the group down, no collective).
 * ``monitored_barrier`` (torch raises "monitored_barrier is only implemented for GLOO backend"
@@ -653,6 +653,91 @@ def case_all_gather_full_group(pg: Any, rank: int, world: int) -> None:
     """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_all_gather_full_group"""
     with _FullGroup(pg) as (group, group_id, rank):
         _test_all_gather_helper(pg, group, group_id, rank)
+
+
+
+def _build_multidim_tensor(dim: int, dim_size: int, value: Any = None, dtype: Any = None) -> Any:
+    """distributed_test.py::_build_multidim_tensor."""
+    if value is None:
+        value = dim
+    return torch.empty(size=[dim_size for _ in range(dim)], dtype=dtype or torch.float).fill_(value)
+
+
+def _test_all_gather_coalesced_helper(pg: Any, group: list[int], group_id: Any, rank: int) -> None:
+    """_DistTestBase._test_all_gather_coalesced_helper with _run_all_gather_coalesced_and_verify."""
+    for test_case_id in range(2, 5):
+        # Make sure we create tensors of incompatible sizes, e.g.
+        # [1], [2x2], [3x3x3] ... to be sent in one batch
+        input_tensors = [_build_multidim_tensor(tensor_id, tensor_id, rank + tensor_id)
+                         for tensor_id in range(1, test_case_id)]
+        output_tensor_lists = [[_build_multidim_tensor(tensor_id, tensor_id, -1)
+                                for tensor_id in range(1, test_case_id)] for _ in group]
+        expected_tensors = [[_build_multidim_tensor(tensor_id, tensor_id, rank_iter + tensor_id)
+                             for tensor_id in range(1, test_case_id)] for rank_iter in group]
+        dist.all_gather_coalesced(output_tensor_lists, input_tensors, group_id)
+        for l1, l2 in zip(output_tensor_lists, expected_tensors, strict=True):
+            for t1, t2 in zip(l1, l2, strict=True):
+                assert torch.equal(t1, t2), "output tensors do not match expected outputs"
+    _barrier(pg)
+
+
+@ported
+def case_all_gather_coalesced_full_group(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_all_gather_coalesced_full_group"""
+    with _FullGroup(pg) as (group, group_id, rank):
+        _test_all_gather_coalesced_helper(pg, group, group_id, rank)
+
+
+
+# --- all_to_all over a new_group of every rank (the plain cases: test_c10d_ported_p2p.py) ------------------
+
+
+def _test_all_to_all_single_equal_split_helper(pg: Any, group: list[int], group_id: Any, rank: int) -> None:
+    """_DistTestBase._test_all_to_all_single_equal_split_helper (CPU)."""
+    size = len(group)
+    in_tensor = torch.ones([size, size]) * rank
+    expected_tensor = torch.cat([torch.ones([1, size]) * i for i in group])
+    out_tensor = torch.ones([size, size]) * -1
+    dist.all_to_all_single(out_tensor, in_tensor, group=group_id)
+    assert_equal(expected_tensor, out_tensor)
+    _barrier(pg)
+
+
+def _test_all_to_all_single_unequal_split_helper(pg: Any, group: list[int], group_id: Any, rank: int) -> None:
+    """_DistTestBase._test_all_to_all_single_unequal_split_helper (CPU)."""
+    size = len(group)
+    in_splits = [i + 1 for i in group]
+    out_splits = [rank + 1 for _ in group]
+    in_tensor = torch.ones([sum(in_splits), size]) * rank
+    out_tensor = torch.ones([(rank + 1) * size, size])
+    expected_tensor = torch.cat([torch.ones([rank + 1, size]) * i for i in group])
+    dist.all_to_all_single(out_tensor, in_tensor, out_splits, in_splits, group=group_id)
+    assert_equal(expected_tensor, out_tensor)
+    _barrier(pg)
+
+
+def _test_all_to_all_helper(pg: Any, group: list[int], group_id: Any, rank: int) -> None:
+    """_DistTestBase._test_all_to_all_helper (CPU)."""
+    size = len(group)
+    in_splits = [i + 1 for i in group]
+    in_tensors = [torch.ones([in_splits[i], size]) * rank for i, _ in enumerate(group)]
+    out_tensors = [torch.ones([(rank + 1), size]) for _ in group]
+    expected_tensors = [torch.ones([rank + 1, size]) * i for i in group]
+    dist.all_to_all(out_tensors, in_tensors, group=group_id)
+    for t1, t2 in zip(out_tensors, expected_tensors, strict=True):
+        assert_equal(t2, t1)
+    _barrier(pg)
+
+
+@ported
+def case_all_to_all_full_group(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_all_to_all_single_equal_split_full_group,
+    test_all_to_all_single_unequal_split_full_group and test_all_to_all_full_group (MPI only
+    upstream, where gloo skips them; pccl runs all-to-all on the CPU)"""
+    with _FullGroup(pg) as (group, group_id, rank):
+        _test_all_to_all_single_equal_split_helper(pg, group, group_id, rank)
+        _test_all_to_all_single_unequal_split_helper(pg, group, group_id, rank)
+        _test_all_to_all_helper(pg, group, group_id, rank)
 
 
 # --- barrier -----------------------------------------------------------------------------------------------
