@@ -32,7 +32,7 @@ the thread world's peers share torch's generator).  ``test_get_rank``'s shared d
 made by rank 0 and broadcast (upstream: ``$TEMP_DIR``).  ``@require_exact_world_size(4)`` of
 the ``gather_object`` tests is not kept (nothing in them depends on it).
 
-Ported (68 upstream tests in 48 cases): ``test_get_rank``, ``test_get_backend`` (its
+Ported (69 upstream tests in 49 cases): ``test_get_rank``, ``test_get_backend`` (its
 ``new_group([0, 1])`` on a world of 2 under init_process_group), ``test_Backend_enum_class``,
 ``test_destroy_group`` and ``test_get_rank_size_group`` (a world of 2, where ``[0, 1]`` is every
 rank), ``test_destroy_full_group``, ``test_get_rank_size_full_group``, ``test_new_subgroups`` (a
@@ -54,7 +54,7 @@ global half), ``test_periodic_model_averager``, ``test_periodic_model_averager_p
 ``test_all_to_all_single_{equal,unequal}_split_full_group``, ``test_all_to_all_full_group``, ``test_barrier``, ``test_barrier_full_group``,
 ``test_all_gather_object_default_pg``, ``test_all_gather_object_subgroup``,
 ``test_gather_object``, ``test_gather_object_subgroup``, ``test_scatter_object_list``,
-``test_DistributedSampler_padding``.
+``test_DistributedSampler_padding``, ``test_grads_same_across_ranks_with_no_sync``.
 
 Ported in other files: the point-to-point and all-to-all tests (``test_send_recv``,
 ``test_send_recv_with_tag``, ``test_isend``, ``test_irecv``, ``test_batch_isend_irecv_gloo``,
@@ -122,7 +122,8 @@ Looked at, not applicable to a CPU pccl group, and why:
   ``test_ddp_*``: left to the DDP port (another file).  Most need GPUs upstream
   (``@skip_if_lt_x_gpu``); these run DDP on CPU modules under gloo and so apply to pccl, not
   ported here: ``test_accumulate_gradients_no_sync`` and its three variants below,
-  ``test_static_graph_api_cpu``, ``test_grads_same_across_ranks_with_no_sync``.  The list:
+  ``test_static_graph_api_cpu`` (``test_grads_same_across_ranks_with_no_sync``, self-contained,
+  is ported above).  The list:
   ``test_dump_DDP_relevant_env_vars`` (torch's env logging, no backend),
   ``test_get_data_parallel_params``, ``test_accumulate_gradients_no_sync``,
   ``test_accumulate_gradients_no_sync_grad_is_view``,
@@ -133,7 +134,6 @@ Looked at, not applicable to a CPU pccl group, and why:
   ``test_post_localSGD_optimizer_parity_with_hierarchical_sgd_grad_is_view`` and
   ``test_post_localSGD_optimizer_step_reload`` (DDP with post-localSGD hooks on GPUs),
   ``test_static_graph_api_cpu``,
-  ``test_grads_same_across_ranks_with_no_sync``,
   ``test_invalid_static_graph``, ``test_compute_bucket_assignment_by_size_sparse_error_*``,
   ``test_verify_model_across_rank_*``, ``test_output_unused_in_loss_{tuple,dict}_module``,
   ``test_undefined_grad_parity_unused_parameters``, ``test_different_graph_across_ranks``,
@@ -144,6 +144,7 @@ Looked at, not applicable to a CPU pccl group, and why:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import operator
@@ -1248,6 +1249,74 @@ def case_1_level_hierarchical_model_averager_equivalent_to_periodic_model_averag
         return averagers.PeriodicModelAverager(period=period, warmup_steps=warmup_steps, process_group=group)
 
     _periodic_model_averager(pg, rank, world, make)
+
+
+
+# --- DistributedDataParallel under another name -------------------------------------------------------------
+
+
+@ported
+def case_grads_same_across_ranks_with_no_sync(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_grads_same_across_ranks_with_no_sync
+    (``process_group=pg`` to DDP and ``group=pg`` to ``gather`` where ``pg`` is not the
+    default group)"""
+    g = {} if default(pg) else {"group": pg}
+    world_size = world
+
+    class SimpleConditionalModel(nn.Module):
+        # if rank is 0, uses nn1 on the first pass and nn2 on the second pass.
+        # else, uses nn3 on the first pass and nn4 on the second pass.
+
+        def __init__(self, rank: int) -> None:
+            super().__init__()
+
+            self.rank = rank
+            self.nn1 = nn.Linear(1, 1)
+            self.nn2 = nn.Linear(1, 1)
+            self.nn3 = nn.Linear(1, 1)
+            self.nn4 = nn.Linear(1, 1)
+            self.state = 0
+
+        def forward(self, input: Any) -> Any:  # noqa: A002 - upstream's name
+            if self.state == 0:
+                self.state = 1
+                if self.rank == 0:
+                    return self.nn1(input)
+                else:
+                    return self.nn3(input)
+            else:
+                self.state = 0
+                if self.rank == 0:
+                    return self.nn2(input)
+                else:
+                    return self.nn4(input)
+
+    model = torch.nn.parallel.DistributedDataParallel(SimpleConditionalModel(rank), find_unused_parameters=True,
+                                                      process_group=None if default(pg) else pg)
+    mse_loss = nn.MSELoss()
+    grad_accumulation = 2
+
+    for microbatch_idx in range(grad_accumulation):
+        context: Any = model.no_sync if microbatch_idx < grad_accumulation - 1 else contextlib.nullcontext
+
+        with context():
+            input = torch.rand((1,))  # noqa: A001 - upstream's name
+            output = model.forward(input)
+            target = torch.rand((1,))
+
+            loss = mse_loss(output, target)
+            loss.backward()
+
+    assert not any(p.grad is None for p in model.parameters()), "Gradients can't be None for any model parameter."
+    grads = torch.cat([p.grad.view(-1) for p in model.parameters()])
+
+    # Gather all gradients to rank 0.
+    gathered_grads = [torch.zeros_like(grads) for _ in range(world_size)] if rank == 0 else []
+
+    dist.gather(grads, gather_list=gathered_grads, dst=0, **g)
+    if rank == 0:
+        for grad in gathered_grads[1:]:
+            assert torch.allclose(gathered_grads[0], grad), "Gradients are not the same for all ranks."
 
 
 # --- running them -------------------------------------------------------------------------------------------
