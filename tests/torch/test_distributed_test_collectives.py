@@ -32,7 +32,7 @@ the thread world's peers share torch's generator).  ``test_get_rank``'s shared d
 made by rank 0 and broadcast (upstream: ``$TEMP_DIR``).  ``@require_exact_world_size(4)`` of
 the ``gather_object`` tests is not kept (nothing in them depends on it).
 
-Ported (73 upstream tests in 52 cases): ``test_get_rank``, ``test_get_backend`` (its
+Ported (74 upstream tests in 53 cases): ``test_get_rank``, ``test_get_backend`` (its
 ``new_group([0, 1])`` on a world of 2 under init_process_group), ``test_Backend_enum_class``,
 ``test_destroy_group`` and ``test_get_rank_size_group`` (a world of 2, where ``[0, 1]`` is every
 rank), ``test_destroy_full_group``, ``test_get_rank_size_full_group``, ``test_new_subgroups`` (a
@@ -56,7 +56,8 @@ global half), ``test_periodic_model_averager``, ``test_periodic_model_averager_p
 ``test_gather_object``, ``test_gather_object_subgroup``, ``test_scatter_object_list``,
 ``test_DistributedSampler_padding``, ``test_grads_same_across_ranks_with_no_sync``,
 ``test_accumulate_gradients_no_sync`` (and ``_grad_is_view``, ``_allreduce_hook``,
-``_allreduce_with_then_hook``; DDP on CPU modules: the gloo branch of the helper).
+``_allreduce_with_then_hook``; DDP on CPU modules: the gloo branch of the helper),
+``test_static_graph_api_cpu``.
 
 Ported in other files: the point-to-point and all-to-all tests (``test_send_recv``,
 ``test_send_recv_with_tag``, ``test_isend``, ``test_irecv``, ``test_batch_isend_irecv_gloo``,
@@ -122,17 +123,15 @@ Looked at, not applicable to a CPU pccl group, and why:
   here.
 * DistributedDataParallel under other names than ``test_DistributedDataParallel*`` and
   ``test_ddp_*``: left to the DDP port (another file).  Most need GPUs upstream
-  (``@skip_if_lt_x_gpu``); ``test_static_graph_api_cpu`` runs DDP on a CPU module under gloo
-  and so applies to pccl, not ported here (the ones of that kind ported above:
-  ``test_grads_same_across_ranks_with_no_sync`` and the four ``test_accumulate_gradients_no_sync*``).
-  The list:
+  (``@skip_if_lt_x_gpu``); the ones that run DDP on CPU modules under gloo are ported above
+  (``test_grads_same_across_ranks_with_no_sync``, the four ``test_accumulate_gradients_no_sync*``,
+  ``test_static_graph_api_cpu``).  The list:
   ``test_dump_DDP_relevant_env_vars`` (torch's env logging, no backend),
   ``test_get_data_parallel_params``,
   ``test_post_localSGD_optimizer_parity``, ``test_post_localSGD_optimizer_parity_grad_is_view``,
   ``test_post_localSGD_optimizer_parity_with_hierarchical_sgd``,
   ``test_post_localSGD_optimizer_parity_with_hierarchical_sgd_grad_is_view`` and
   ``test_post_localSGD_optimizer_step_reload`` (DDP with post-localSGD hooks on GPUs),
-  ``test_static_graph_api_cpu``,
   ``test_invalid_static_graph``, ``test_compute_bucket_assignment_by_size_sparse_error_*``,
   ``test_verify_model_across_rank_*``, ``test_output_unused_in_loss_{tuple,dict}_module``,
   ``test_undefined_grad_parity_unused_parameters``, ``test_different_graph_across_ranks``,
@@ -1461,6 +1460,47 @@ def case_accumulate_gradients_no_sync_allreduce_with_then_hook(pg: Any, rank: in
         return fut.then(mult).then(div)
 
     _test_accumulate_gradients_no_sync(pg, rank, world, num_iters=4, ddp_comm_hook=allreduce_with_then_hook)
+
+
+
+def verify_ddp_error_logged(model_ddp: Any, err_substr: str) -> None:
+    """torch/testing/_internal/common_distributed.py::verify_ddp_error_logged."""
+    ddp_logging_data = model_ddp._get_ddp_logging_data()
+    assert "iteration" in ddp_logging_data
+    assert "has_error" in ddp_logging_data
+    assert "error" in ddp_logging_data
+    logging_err = ddp_logging_data["error"]
+    # Remove C++ stacktrace if needed.
+    actual = (err_substr if err_substr.find("\nException raised from ") == -1
+              else err_substr.split("\nException raised from ")[0])
+    assert actual in logging_err, f"Did not find expected {actual} in ddp logging data error: {logging_err}"
+
+
+@ported
+def case_static_graph_api_cpu(pg: Any, rank: int, world: int) -> None:
+    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_static_graph_api_cpu
+    (with ``_prepare_dummy_data`` and ``_test_DDP_helper``; ``process_group=pg`` where ``pg`` is
+    not the default group)"""
+    model_ddp = nn.parallel.DistributedDataParallel(Net(), process_group=None if default(pg) else pg)
+    expected_err = "should be called before training loop starts"
+    with pytest.raises(RuntimeError, match=expected_err):
+        local_bs = 2
+        # _prepare_dummy_data: global_bs for DDP should be divisible by WORLD_SIZE
+        global_bs = world * local_bs
+        input = torch.randn(global_bs, 2)  # noqa: A001 - upstream's name
+        target = torch.randn(global_bs, 4)
+        loss = nn.MSELoss()
+        offset = rank * local_bs
+
+        # DDP training, DDP scatters subsets of input to nodes/GPUs (_test_DDP_helper)
+        model_ddp.train()
+        output = model_ddp(input[offset: offset + local_bs])
+        step_loss = loss(output, target[offset: offset + local_bs]) * 1
+        step_loss.backward()
+        model_ddp._set_static_graph()
+
+    # Verify error was logged in ddp_logging_data.
+    verify_ddp_error_logged(model_ddp, expected_err)
 
 
 # --- running them -------------------------------------------------------------------------------------------
