@@ -14,8 +14,10 @@ import json
 import pathlib
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
+
+import pytest
 
 import pccl
 import pccl.blocking
@@ -112,3 +114,59 @@ def run_peer_processes(script: pathlib.Path, args: list[list[str]], timeout: flo
                 proc.kill()
                 proc.communicate()
     return reports
+
+
+# --- ported upstream cases: the two ways every case module runs them ------------------------------
+
+#: The world sizes every ported case runs on.
+WORLDS = (2, 3)
+#: One ported upstream case: ``case(pg, rank, world_size)``.
+Case = Callable[[Any, int, int], None]
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module", params=WORLDS, ids=[f"world{n}" for n in WORLDS])
+def world(request: pytest.FixtureRequest) -> Iterator[World]:
+    """A :func:`pccl_world` of each size of :data:`WORLDS`, shared by a module's cases (a case
+    module imports this fixture)."""
+    with pccl_world(request.param) as w:
+        yield w
+
+
+def thread_world_tests(cases: dict[str, Case], *, leave_out: Collection[str] = ()) -> dict[str, Callable[..., None]]:
+    """``test_<name>`` for each case (but those in ``leave_out``): the case on the test module's
+    ``world`` fixture (a :func:`pccl_world` of threads).  A module adds them with
+    ``globals().update(thread_world_tests(CASES))``."""
+    tests: dict[str, Callable[..., None]] = {}
+    for name, case in cases.items():
+        if name in leave_out:
+            continue
+
+        def test(world: World, case: Case = case) -> None:
+            world.run(case)
+
+        test.__name__ = test.__qualname__ = f"test_{name}"
+        test.__doc__ = case.__doc__
+        tests[test.__name__] = test
+    return tests
+
+
+def run_cases_in_processes(module: str, world_size: int, store: pathlib.Path, expected: list[str],
+                           *extra: str, timeout: float = 150) -> list[dict[str, Any]]:
+    """Every case of test module ``module``, in order, in ``world_size`` processes whose default
+    group ``init_process_group("pccl")`` made (c10d_ported_peer.py, ``extra``: its further
+    arguments); fails unless each process reports the ``expected`` cases, all ``"ok"``.  The
+    processes' reports, in rank order."""
+    with master_in_thread(CFG) as master:
+        reports = run_peer_processes(HERE / "c10d_ported_peer.py", [
+            [master.address, str(world_size), str(rank), str(store), "0", module, *extra]
+            for rank in range(world_size)], timeout=timeout)
+    assert sorted(r["rank"] for r in reports) == list(range(world_size))
+    failed = {}
+    for report in reports:
+        assert report["backend"] == "pccl" and report["world"] == world_size
+        assert list(report["cases"]) == expected
+        failed.update({f"{name} (rank {report['rank']})": outcome for name, outcome in report["cases"].items()
+                       if outcome != "ok"})
+    assert not failed, "\n".join(f"{name}:\n{outcome}" for name, outcome in failed.items())
+    return sorted(reports, key=lambda r: r["rank"])

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 import pathlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -71,13 +71,11 @@ torch = pytest.importorskip("torch")
 import torch.distributed as c10d  # noqa: E402
 
 import pccl  # noqa: E402
-from pccl_torch_world import CFG, World, master_in_thread, pccl_world, run_peer_processes  # noqa: E402
+from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world  # noqa: E402,F401
 
 # torch 2.13 calls all_reduce_coalesced deprecated
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
-HERE = pathlib.Path(__file__).resolve().parent
-WORLDS = (2, 3)
 #: The stress cases' iterations: 1000 upstream, where a gloo op is a few microseconds; a pccl
 #: collective is a round the master coordinates (milliseconds), and 1000 x world rounds took
 #: half a minute per case.
@@ -893,38 +891,11 @@ def case_reduce_scatter_single(pg: Any, rank: int, world: int) -> None:
 # --- running them -------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=WORLDS, ids=[f"world{n}" for n in WORLDS])
-def world(request: pytest.FixtureRequest) -> Iterator[World]:
-    with pccl_world(request.param) as w:
-        yield w
-
-
-def _test(name: str, case: Callable[[Any, int, int], None]) -> Callable[[World], None]:
-    def test(world: World) -> None:
-        world.run(case)
-
-    test.__name__ = test.__qualname__ = f"test_{name}"
-    test.__doc__ = case.__doc__
-    return test
-
-
-for _name, _case in CASES.items():
-    globals()[f"test_{_name}"] = _test(_name, _case)
+globals().update(thread_world_tests(CASES))
 
 
 @pytest.mark.parametrize("world_size", WORLDS)
 def test_under_init_process_group(tmp_path: pathlib.Path, world_size: int) -> None:
-    """Every ported case, in order, in ``world_size`` processes whose default group
-    ``init_process_group("pccl")`` made (c10d_ported_peer.py); each reports every case."""
-    with master_in_thread(CFG) as master:
-        reports = run_peer_processes(HERE / "c10d_ported_peer.py", [
-            [master.address, str(world_size), str(rank), str(tmp_path / "store"), "0"] for rank in range(world_size)],
-            timeout=150)
-    assert sorted(r["rank"] for r in reports) == list(range(world_size))
-    failed = {}
-    for report in reports:
-        assert report["backend"] == "pccl" and report["world"] == world_size
-        assert list(report["cases"]) == [name for name in CASES if not name.endswith("_stress")]
-        failed.update({f"{name} (rank {report['rank']})": outcome for name, outcome in report["cases"].items()
-                       if outcome != "ok"})
-    assert not failed, "\n".join(f"{name}:\n{outcome}" for name, outcome in failed.items())
+    """Every ported case but the ``*_stress`` ones, in order, in ``world_size`` processes whose default group
+    ``init_process_group("pccl")`` made (c10d_ported_peer.py), with upstream's global ranks."""
+    run_cases_in_processes("test_c10d_ported", world_size, tmp_path / "store", [name for name in CASES if not name.endswith("_stress")])
