@@ -1,0 +1,649 @@
+"""torch 2.13's own ``torch/testing/_internal/distributed/distributed_test.py`` (the copy installed
+with torch 2.13.0), class ``DistributedTest._DistTestBase``: its DDP, module and optimizer tests,
+ported to ``pccl.torch`` with upstream's CPU backend taken as ``"gloo"``.
+
+Each ``case_*`` function is one upstream test (its docstring names the function), with the same
+inputs and assertions; ``case(pg, rank, world)`` takes the place of upstream's ``self.rank``,
+``dist.get_world_size()`` and the default group (``dist.group.WORLD``): ``process_group=pg`` /
+``group=pg`` is passed where upstream leaves the group out.  The ``CASES`` run on worlds of 2
+and 3 peers in two ways, as test_c10d_ported.py's do: threads of this process, each with a
+``pccl.torch.ProcessGroup(comm)``, and processes whose default group
+``init_process_group("pccl")`` made (c10d_ported_peer.py).  Upstream's processes all start from
+one seed (``TestCase.setUp``); here each case seeds torch before its draws, under a lock in the
+thread worlds (torch's generator is one per process).  Upstream's ``self._barrier()`` (a barrier
+of files, no backend) is a barrier of the group.
+
+Ported (11): ``test_DistributedDataParallelCPU``, ``test_DistributedDataParallelCPU_grad_is_view``,
+``test_DistributedDataParallel_requires_grad``, ``test_ddp_create_graph``,
+``test_accumulate_gradients_no_sync``, ``test_accumulate_gradients_no_sync_grad_is_view``,
+``test_accumulate_gradients_no_sync_allreduce_hook``,
+``test_accumulate_gradients_no_sync_allreduce_with_then_hook``, ``test_ddp_logging_data_cpu``,
+``test_static_graph_api_cpu``, ``test_grads_same_across_ranks_with_no_sync``.
+
+Differences, each forced by torch itself: torch pickles a DDP module only over the default group
+(``DistributedDataParallel.__getstate__`` asserts it), so ``_test_DDP_niter``'s save and reload
+runs in the ``init_process_group`` runs only; ``test_ddp_logging_data_cpu`` compares
+``backend_name`` with ``pg.name()`` in the thread worlds, where there is no default group for
+``dist.get_backend`` to look at, and skips its ``gloo_*`` fields as upstream does for any
+backend but gloo.
+
+Looked at, not applicable to a CPU pccl group, and why:
+
+* GPU-only (``@skip_if_lt_x_gpu`` / ``@skip_if_no_gpu``, models on ``cuda(rank)``,
+  ``device_ids=[rank]``): ``test_average_parameters``, ``test_periodic_model_averager``,
+  ``test_periodic_model_averager_param_group``,
+  ``test_1_level_hierarchical_model_averager_equivalent_to_periodic_model_averager``,
+  ``test_3_level_hierarchical_model_averager``, ``test_ddp_zero_output_features``,
+  ``test_DistributedDataParallel_non_default_stream``, ``test_ddp_comm_hook_logging``,
+  ``test_ddp_hook_with_optimizer_parity_adamw`` / ``_adam`` / ``_sgd``,
+  ``test_get_data_parallel_params``, ``test_ddp_apply_optim_in_backward`` and its
+  ``_grad_as_bucket_view_false`` / ``_ignored_params``, ``test_ddp_native_mixed_precision_*``
+  (5), ``test_ddp_hook_parity_allreduce`` / ``_allreduce_process_group`` / ``_powerSGD`` /
+  ``_post_localSGD``, ``test_DistributedDataParallel``,
+  ``test_DistributedDataParallel_with_amp_and_grad_is_view``, ``test_post_localSGD_optimizer_*``
+  (5), ``test_DistributedDataParallel_SyncBatchNorm*`` (8; SyncBatchNorm runs on CUDA only),
+  ``test_ddp_logging_data_gpu``, ``test_ddp_bucket_cap_mb_list``, ``test_DistributedSampler_padding``,
+  ``test_ddp_sync_module_states``, ``test_ddp_grad_div_uneven_inputs``,
+  ``test_ddp_profiling_autograd_profiler`` / ``_torch_profiler`` / ``_execution_trace`` (the last
+  NCCL's metadata), ``test_ddp_join_model_equivalence``,
+  ``test_ddp_uneven_inputs_stop_iteration_sync_bn``, ``test_ddp_uneven_inputs``,
+  ``test_ddp_uneven_input_join_disable``, ``test_ddp_uneven_input_exception``,
+  ``test_ddp_ignore_params_arg``, ``test_ddp_unused_params_rebuild_buckets_exception``,
+  ``test_ddp_shared_grad_acc_unused_params``, ``test_ddp_device``, ``test_ddp_namedtuple``,
+  ``test_ddp_control_flow_same_across_ranks``, ``test_invalid_static_graph``,
+  ``test_ddp_control_flow_different_across_ranks``,
+  ``test_compute_bucket_assignment_by_size_sparse_error_with(out)_logger``,
+  ``test_verify_model_across_rank_with(out)_logger``, ``test_ddp_model_diff_shape_across_ranks``,
+  ``test_ddp_model_diff_num_params_across_ranks``, ``test_output_unused_in_loss_tuple_module`` /
+  ``_dict_module``, ``test_undefined_grad_parity_unused_parameters``,
+  ``test_different_graph_across_ranks``, ``test_ddp_build_debug_param_to_name_mapping`` and
+  ``_requires_grad``, ``test_ddp_multiple_nested_unused_params_error`` /
+  ``_err_ignore_params``, ``test_ddp_inference``, ``test_ddp_sync_bn_training_vs_eval``,
+  ``test_ddp_python_error_logged``, ``test_ddp_static_graph_nested_types``,
+  ``test_ddp_returns_tensor_with_no_grad``, ``test_detect_ddp_is_actually_static``,
+  ``test_ddp_new_tensor_in_fwd`` and ``_static_graph``, ``test_ddp_buffer_hook_allreduce`` and
+  ``_return_future``, ``test_ddp_broadcast_buffer_via_hook``, ``test_ddp_remove_autograd_hooks``,
+  ``test_ddp_has_finalized``, ``test_ddp_update_process_group_*`` (4; also 4 GPUs),
+  ``test_ddp_broadcast_buffer``, ``test_ddp_join_respects_forward_sync_buffers_false``,
+  ``test_ddp_init_sync_buffers_with_forward_sync_buffers_false``,
+  ``test_ddp_broadcast_buffers_deprecation_warning``, ``test_static_graph_multi_forward``,
+  ``test_sync_bn_logged``, ``test_stateless_api_with_ddp``, ``test_ddp_forward_backward_hook``,
+  ``test_ddp_hook_pickling_powerSGD`` (also skipped upstream as flaky),
+  ``test_ddp_device_mesh_initialization``, ``test_ddp_compile_static_graph``,
+  ``test_ddp_sink_noclone``, ``test_skip_all_reduce_unused_parameters``.
+* ``test_SyncBatchNorm_process_group``: ``new_group([0])``, a subset of the ranks (a pccl group
+  is a whole peer group: ``InvalidUsage`` at once), and torchvision's resnet50.
+* ``test_dump_DDP_relevant_env_vars``: torch's formatting of environment variables, no process
+  group takes part.
+* ``test_monitored_barrier_*``, the collectives and the point-to-point tests: ported with the
+  collectives (not DDP) of this file elsewhere.
+"""
+
+# No ``from __future__ import annotations``: DDP checks a comm hook's ``bucket`` annotation is
+# ``dist.GradBucket`` itself, not a string.
+import contextlib
+import copy
+import os
+import pathlib
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
+
+from pccl_torch_world import CFG, World, master_in_thread, pccl_world, run_peer_processes  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+HERE = pathlib.Path(__file__).resolve().parent
+WORLDS = (2, 3)
+#: torch.testing._internal.common_utils.SEED: what upstream's ``setUp`` seeds every process with.
+SEED = 1234
+
+#: name -> case, in the order they are defined (the peer processes run them in this order).
+CASES: dict[str, Callable[[Any, int, int], None]] = {}
+
+#: torch's global random generator is one per process: the thread-world peers draw their
+#: models and inputs under this lock, each after seeding, as upstream's processes do.
+_RNG = threading.Lock()
+
+
+def ported(fn: Callable[[Any, int, int], None]) -> Callable[[Any, int, int], None]:
+    CASES[fn.__name__.removeprefix("case_")] = fn
+    return fn
+
+
+def assert_equal(expected: Any, actual: Any) -> None:
+    """torch's ``TestCase.assertEqual`` for tensors and lists of them."""
+    torch.testing.assert_close(actual, expected)
+
+
+def default(pg: Any) -> bool:
+    """Whether ``pg`` is the default group (the init_process_group runs)."""
+    return dist.is_initialized() and _get_default_group() is pg
+
+
+def _ddp(pg: Any) -> dict[str, Any]:
+    """Upstream builds DDP on the default group; ``process_group=pg`` on a group of ours."""
+    return {} if default(pg) else {"process_group": pg}
+
+
+def _kw(pg: Any) -> dict[str, Any]:
+    """Upstream's collectives on the default group; ``group=pg`` on a group of ours."""
+    return {} if default(pg) else {"group": pg}
+
+
+@contextlib.contextmanager
+def _seeded(seed: int = SEED) -> Iterator[None]:
+    """Draws as from a process seeded with ``seed`` (upstream's ``setUp``)."""
+    with _RNG:
+        torch.manual_seed(seed)
+        yield
+
+
+_DEBUG = threading.Lock()
+_debug_users: list[Any] = []  # the level before the first user, once per user
+
+
+@contextlib.contextmanager
+def _debug_level_info() -> Iterator[None]:
+    """``dist.set_debug_level(INFO)`` (upstream's process ends with the test; this one goes on:
+    the level before comes back once the last peer thread is done)."""
+    with _DEBUG:
+        _debug_users.append(dist.get_debug_level())
+        dist.set_debug_level(dist.DebugLevel.INFO)
+    try:
+        yield
+    finally:
+        with _DEBUG:
+            previous = _debug_users.pop(0) if len(_debug_users) == 1 else _debug_users.pop()
+            if not _debug_users:
+                dist.set_debug_level(previous)
+
+
+# --- upstream's models and helpers (distributed_test.py) -------------------------------------------
+
+
+class _FC2(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(10, 50, bias=True)
+        self.fc.bias.requires_grad = False
+
+    def forward(self, x: Any) -> Any:
+        return self.fc(x)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(2, 10, bias=False)
+        self.fc2 = _FC2()
+        self.fc3 = nn.Linear(50, 4, bias=False)
+        self.relu = nn.ReLU()
+        self.no_grad_param = nn.Parameter(torch.tensor([2, 2]).long(), requires_grad=False)
+
+    def forward(self, x: Any) -> Any:
+        x = self.relu(self.fc1(x))
+        x = self.relu(self.fc2(x))
+        x = self.fc3(x)
+        return F.softmax(x, dim=1)
+
+
+class LargeNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(1000, 2000, bias=False)
+        self.fc2 = nn.Linear(2000, 500, bias=False)
+
+    def forward(self, x: Any) -> Any:
+        return self.fc2(self.fc1(x))
+
+
+def _model_step(model: Any) -> None:
+    for param in model.parameters():
+        if param.grad is not None:
+            with torch.no_grad():
+                param += param.grad
+            param.grad = None
+
+
+def _model_step_with_zero_grad(model: Any) -> None:
+    for param in model.parameters():
+        if param.grad is not None:
+            with torch.no_grad():
+                param += param.grad
+            param.grad.requires_grad_(False)
+            param.grad.zero_()
+
+
+def _prepare_dummy_data(local_bs: int, world: int) -> tuple[int, Any, Any, Any]:
+    global_bs = world * local_bs
+    input_cpu = torch.randn(global_bs, 2)
+    target = torch.randn(global_bs, 4)
+    loss = nn.MSELoss()
+    return global_bs, input_cpu, target, loss
+
+
+def _test_DDP_helper(model: Any, input_var: Any, target: Any, loss: Any, scale_factor: float = 1.0) -> None:
+    model.train()
+    output = model(input_var)
+    loss_value = loss(output, target) * scale_factor
+    loss_value.backward()
+
+
+def _assert_equal_param(param_gpu: list[Any], param_DDP: list[Any]) -> None:
+    assert len(param_gpu) == len(param_DDP)
+    for p_gpu, p_DDP in zip(param_gpu, param_DDP, strict=True):
+        assert_equal(p_gpu, p_DDP)
+
+
+def _save_and_load(pg: Any, model_DDP: Any) -> Any:
+    """``torch.save`` / ``torch.load`` of a DDP module: torch allows it over the default group only."""
+    if not default(pg):
+        return model_DDP
+    with tempfile.TemporaryFile() as tmp_file:
+        torch.save(model_DDP, tmp_file)
+        tmp_file.seek(0)
+        return torch.load(tmp_file, weights_only=False)
+
+
+def _test_DDP_niter(pg: Any, model_base: Any, model_DDP: Any, input: Any, target: Any,  # noqa: A002
+                    loss: Any, local_bs: int, rank: int, batch_size: int, zero_grad: bool = False,
+                    n_iter: int = 5) -> None:
+    """distributed_test.py::_DistTestBase._test_DDP_niter (``test_save=False``, ``offset=None``,
+    ``world_size=0``: the CPU test's arguments); the permutations drawn as from upstream's seeded
+    generator, one of this peer's own."""
+    perms = torch.Generator().manual_seed(SEED)
+    offset = rank * local_bs
+    for _ in range(n_iter):
+        _test_DDP_helper(model_base, input, target, loss)
+        _test_DDP_helper(model_DDP, input[offset: offset + local_bs], target[offset: offset + local_bs], loss, 1)
+        if zero_grad:
+            _model_step_with_zero_grad(model_base)
+            _model_step_with_zero_grad(model_DDP)
+        else:
+            _model_step(model_base)
+            _model_step(model_DDP)
+        _assert_equal_param(list(model_base.parameters()), list(model_DDP.module.parameters()))
+        input = input[torch.randperm(batch_size, generator=perms)]  # noqa: A001
+    saved_model = _save_and_load(pg, model_DDP)
+    for k in model_DDP.state_dict():
+        assert_equal(model_DDP.state_dict()[k], saved_model.state_dict()[k])
+
+
+def verify_ddp_error_logged(model_DDP: Any, err_substr: str) -> None:
+    """torch/testing/_internal/common_distributed.py::verify_ddp_error_logged"""
+    ddp_logging_data = model_DDP._get_ddp_logging_data()
+    assert "iteration" in ddp_logging_data
+    assert "has_error" in ddp_logging_data
+    assert "error" in ddp_logging_data
+    logging_err = ddp_logging_data["error"]
+    actual = err_substr.split("\nException raised from ")[0]
+    assert actual in logging_err, f"Did not find expected {actual} in ddp logging data error: {logging_err}"
+
+
+# --- the cases -----------------------------------------------------------------------------------------
+
+
+def _test_DistributedDataParallelCPU(pg: Any, rank: int, world: int, gradient_as_bucket_view: bool) -> None:
+    """distributed_test.py::_DistTestBase._test_DistributedDataParallelCPU"""
+    with _seeded():
+        model_base = Net()
+        model_DDP = copy.deepcopy(model_base)
+        local_bs = 2
+        global_bs, input_cpu, target, loss = _prepare_dummy_data(local_bs, world)
+    model_DDP = nn.parallel.DistributedDataParallel(model_DDP, gradient_as_bucket_view=gradient_as_bucket_view,
+                                                    **_ddp(pg))
+    _test_DDP_niter(pg, model_base, model_DDP, input_cpu, target, loss, local_bs, rank, global_bs, zero_grad=True)
+    dist.barrier(**_kw(pg))
+
+
+@ported
+def case_DistributedDataParallelCPU(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_DistributedDataParallelCPU"""
+    _test_DistributedDataParallelCPU(pg, rank, world, gradient_as_bucket_view=False)
+
+
+@ported
+def case_DistributedDataParallelCPU_grad_is_view(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_DistributedDataParallelCPU_grad_is_view"""
+    _test_DistributedDataParallelCPU(pg, rank, world, gradient_as_bucket_view=True)
+
+
+@ported
+def case_DistributedDataParallel_requires_grad(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_DistributedDataParallel_requires_grad"""
+    with pytest.raises(RuntimeError):
+        nn.parallel.DistributedDataParallel(nn.Module(), **_ddp(pg))
+    dist.barrier(**_kw(pg))
+
+
+@ported
+def case_ddp_create_graph(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_create_graph"""
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p = nn.Parameter(torch.tensor(1.0))
+
+        def forward(self) -> Any:
+            return self.p.pow(2)
+
+    model = Model()
+    ddp_model = torch.nn.parallel.DistributedDataParallel(model, **_ddp(pg))
+    for _ in range(6):
+        # DDP doesn't throw when run with create_graph=True (it warns: pytorch issue 63929)
+        ddp_model().backward(create_graph=True)
+        assert all(param.requires_grad for param in ddp_model.parameters())
+
+
+def _test_accumulate_gradients_no_sync(pg: Any, rank: int, world: int, num_iters: int = 2,
+                                       ddp_comm_hook: Any = None, gradient_as_bucket_view: bool = False) -> None:
+    """distributed_test.py::_DistTestBase._test_accumulate_gradients_no_sync (upstream's gloo
+    branch: ``_prepare_cpu_module``)"""
+    global_batch_size = world
+    local_batch_size = 1
+    with _seeded():  # _prepare_cpu_module's draws (building the DDP draws nothing)
+        model = Net()
+        input = torch.randn(global_batch_size, 2)  # noqa: A001
+        target = torch.randn(global_batch_size, 4)
+    ddp_model = nn.parallel.DistributedDataParallel(copy.deepcopy(model), process_group=pg, bucket_cap_mb=0.001,
+                                                    gradient_as_bucket_view=gradient_as_bucket_view)
+    if ddp_comm_hook is not None:
+        ddp_model.register_comm_hook(pg, ddp_comm_hook)
+
+    def step_model(model: Any, input: Any, target: Any) -> None:  # noqa: A002
+        model.train()
+        output = model(input)
+        loss = F.mse_loss(output, target.to(output.device))
+        loss.backward()
+
+    # accumulating grads works with no_grad: no grads are accumulated
+    with torch.no_grad():
+        with ddp_model.no_sync():
+            ddp_model.train()
+            ddp_model(input)
+
+    for iteration in range(num_iters):
+        step_model(model, input, target)
+        ddp_input = input[rank * local_batch_size: (rank + 1) * local_batch_size]
+        ddp_target = target[rank * local_batch_size: (rank + 1) * local_batch_size]
+        if iteration % 2 == 0:
+            with ddp_model.no_sync():  # accumulate grads locally
+                step_model(ddp_model, ddp_input, ddp_target)
+        else:
+            step_model(ddp_model, ddp_input, ddp_target)  # sync grads
+        for i, j in zip(model.parameters(), ddp_model.parameters(), strict=True):
+            if not i.requires_grad:
+                continue
+            if iteration % 2 == 0:
+                assert not torch.equal(i.grad, j.grad)
+            else:
+                assert_equal(i.grad, j.grad)
+        with _RNG:  # shuffle the input so that DDP's input is different
+            torch.manual_seed(1337 + iteration)
+            input = input[torch.randperm(global_batch_size)]  # noqa: A001
+
+
+@ported
+def case_accumulate_gradients_no_sync(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_accumulate_gradients_no_sync"""
+    _test_accumulate_gradients_no_sync(pg, rank, world)
+
+
+@ported
+def case_accumulate_gradients_no_sync_grad_is_view(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_accumulate_gradients_no_sync_grad_is_view"""
+    _test_accumulate_gradients_no_sync(pg, rank, world, gradient_as_bucket_view=True)
+
+
+@ported
+def case_accumulate_gradients_no_sync_allreduce_hook(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_accumulate_gradients_no_sync_allreduce_hook (the
+    hook's ``group_id.allreduce`` on pccl's group: ``dist.group.WORLD`` upstream)"""
+
+    def allreduce_hook(group_id: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        tensors = [bucket.buffer() / world]
+        return group_id.allreduce(tensors).get_future().then(lambda fut: fut.value()[0])
+
+    _test_accumulate_gradients_no_sync(pg, rank, world, num_iters=4, ddp_comm_hook=allreduce_hook)
+
+
+@ported
+def case_accumulate_gradients_no_sync_allreduce_with_then_hook(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_accumulate_gradients_no_sync_allreduce_with_then_hook"""
+
+    def allreduce_with_then_hook(group_id: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        fut = group_id.allreduce([bucket.buffer()]).get_future()
+
+        def mult(fut: Any) -> Any:
+            return 2 * fut.wait()[0]  # multiply the result by 2
+
+        def div(fut: Any) -> Any:
+            return fut.wait() / (2 * world)  # divide the result by 2 * world_size
+
+        return fut.then(mult).then(div)
+
+    _test_accumulate_gradients_no_sync(pg, rank, world, num_iters=4, ddp_comm_hook=allreduce_with_then_hook)
+
+
+def _test_ddp_logging_data(pg: Any, rank: int, world: int) -> Any:
+    """distributed_test.py::_DistTestBase._test_ddp_logging_data (``is_gpu=False``)"""
+    with _seeded():
+        model_DDP = Net()
+        local_bs = 2
+        batch_size, input, target, loss = _prepare_dummy_data(local_bs, world)  # noqa: A001
+    perms = torch.Generator().manual_seed(SEED)
+    model_DDP = nn.parallel.DistributedDataParallel(model_DDP, **_ddp(pg))
+    model_DDP._set_ddp_runtime_logging_sample_rate(2)
+    for idx in range(20):
+        offset = rank * local_bs
+        _test_DDP_helper(model_DDP, input[offset: offset + local_bs], target[offset: offset + local_bs], loss, 1)
+        _model_step_with_zero_grad(model_DDP)
+        # past 10 iterations, only the sampled ones set the run time stats
+        ddp_logging_data = model_DDP._get_ddp_logging_data()
+        if idx > 0 and (idx < 10 or idx % 2 == 0):
+            assert ddp_logging_data.get("forward_compute_time") >= 1
+            assert ddp_logging_data.get("backward_compute_time") >= 1
+            assert ddp_logging_data.get("backward_comm_time") >= 1
+            assert (ddp_logging_data.get("backward_compute_time")
+                    >= ddp_logging_data.get("backward_compute_comm_overlap_time"))
+            assert (ddp_logging_data.get("backward_comm_time")
+                    >= ddp_logging_data.get("backward_compute_comm_overlap_time"))
+            assert ddp_logging_data.get("iteration") == idx
+        elif idx > 0:
+            assert ddp_logging_data.get("iteration") != idx
+        input = input[torch.randperm(batch_size, generator=perms)]  # noqa: A001
+    return model_DDP
+
+
+@ported
+def case_ddp_logging_data_cpu(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_logging_data_cpu"""
+
+    def parse_env(var: str) -> str:
+        return os.environ.get(var, "N/A")
+
+    with _debug_level_info():
+        model_DDP = _test_ddp_logging_data(pg, rank, world)
+    ddp_logging_data = model_DDP._get_ddp_logging_data()
+    assert ddp_logging_data.get("world_size") == world
+    assert ddp_logging_data.get("rank") == rank
+    assert ddp_logging_data.get("module_name") == "Net"
+    assert ddp_logging_data.get("device_ids") == ""
+    assert ddp_logging_data.get("output_device") == -1  # CPU training's default
+    assert ddp_logging_data.get("broadcast_buffers") == 1
+    assert ddp_logging_data.get("bucket_cap_bytes") == 25 * 1024 * 1024
+    assert ddp_logging_data.get("find_unused_parameters") == 0
+    assert ddp_logging_data.get("gradient_as_bucket_view") == 0
+    assert ddp_logging_data.get("backend_name") == (dist.get_backend() if default(pg) else pg.name())
+    assert ddp_logging_data.get("backend_name") == "pccl"
+    assert ddp_logging_data.get("iteration") == 18
+    params = [p for p in model_DDP.parameters() if p.requires_grad]
+    num_params = len(params)
+    param_size = sum(p.numel() * p.element_size() for p in params)
+    assert ddp_logging_data.get("dtypes") == "float"
+    assert ddp_logging_data.get("total_parameter_size_bytes") == param_size
+    assert ddp_logging_data.get("num_parameter_tensors") == num_params
+    assert ddp_logging_data.get("bucket_sizes") == str(param_size)
+    assert ddp_logging_data.get("master_port") == parse_env("MASTER_PORT")
+    assert ddp_logging_data.get("master_addr") == parse_env("MASTER_ADDR")
+    assert ddp_logging_data.get("torch_distributed_debug") == parse_env("TORCH_DISTRIBUTED_DEBUG")
+    assert ddp_logging_data.get("cuda_visible_devices") == parse_env("CUDA_VISIBLE_DEVICES")
+    for nccl_field in ("nccl_socket_ifname", "nccl_blocking_wait", "nccl_async_error_handling", "nccl_debug",
+                       "nccl_nthreads", "nccl_ib_timeout"):
+        assert ddp_logging_data.get(nccl_field) is None
+    # runtime logging fields
+    assert ddp_logging_data.get("unused_parameter_size", 0) == 0
+    assert ddp_logging_data.get("has_rebuilt_buckets") == 1
+    assert ddp_logging_data.get("rebuilt_bucket_sizes") == str(param_size)
+    expected_order = list(reversed([str(x) for x in range(3)]))
+    assert ddp_logging_data.get("prev_iteration_grad_ready_order_indices") == ", ".join(expected_order)
+    assert ddp_logging_data.get("rebuilt_per_bucket_param_indices") == " ".join(expected_order)
+    # the latencies are valid values in the expected range (not how fast)
+    assert ddp_logging_data.get("avg_forward_compute_time") >= 1
+    assert ddp_logging_data.get("avg_backward_compute_time") >= 1
+    assert ddp_logging_data.get("avg_backward_comm_time") >= 1
+    assert (ddp_logging_data.get("avg_backward_compute_time")
+            >= ddp_logging_data.get("avg_backward_compute_comm_overlap_time"))
+    assert (ddp_logging_data.get("avg_backward_comm_time")
+            >= ddp_logging_data.get("avg_backward_compute_comm_overlap_time"))
+    # host-side times are in the order expected
+    fwd_host_side_time = ddp_logging_data.get("forward_compute_time_start")
+    bwd_comp_start = ddp_logging_data.get("backward_compute_time_start")
+    bwd_comp_end = ddp_logging_data.get("backward_compute_time_end")
+    bwd_comm_start = ddp_logging_data.get("backward_comm_time_start")
+    bwd_comm_end = ddp_logging_data.get("backward_comm_time_end")
+    assert bwd_comm_end >= bwd_comm_start
+    assert bwd_comm_start >= bwd_comp_start
+    assert bwd_comp_end >= bwd_comp_start
+    assert bwd_comp_start >= fwd_host_side_time
+
+    # a larger net with mixed data types: several bucket sizes
+    with _seeded():
+        model = LargeNet()
+    model.float()
+    model.fc1.double()
+    model_DDP = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1.5, **_ddp(pg))
+    ddp_logging_data = model_DDP._get_ddp_logging_data()
+    params = list(model_DDP.parameters())
+    assert ddp_logging_data.get("bucket_cap_bytes") == int(1.5 * 1024 * 1024)
+    bucket_sizes = [params[1].numel() * params[1].element_size(), params[0].numel() * params[0].element_size()]
+    assert ddp_logging_data.get("bucket_sizes") == ", ".join(str(x) for x in bucket_sizes)
+    assert ddp_logging_data.get("dtypes") == "double, float"
+
+
+@ported
+def case_static_graph_api_cpu(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_static_graph_api_cpu"""
+    with _seeded():
+        model = Net()
+        local_bs = 2
+        _batch_size, input, target, loss = _prepare_dummy_data(local_bs, world)  # noqa: A001
+    model_DDP = nn.parallel.DistributedDataParallel(model, **_ddp(pg))
+    expected_err = "should be called before training loop starts"
+    with pytest.raises(RuntimeError, match=expected_err):
+        offset = rank * local_bs
+        _test_DDP_helper(model_DDP, input[offset: offset + local_bs], target[offset: offset + local_bs], loss, 1)
+        model_DDP._set_static_graph()
+    verify_ddp_error_logged(model_DDP, expected_err)
+
+
+@ported
+def case_grads_same_across_ranks_with_no_sync(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_grads_same_across_ranks_with_no_sync"""
+
+    class SimpleConditionalModel(nn.Module):
+        # rank 0 uses nn1 on the first pass and nn2 on the second, the others nn3 then nn4
+
+        def __init__(self, rank: int) -> None:
+            super().__init__()
+            self.rank = rank
+            self.nn1 = nn.Linear(1, 1)
+            self.nn2 = nn.Linear(1, 1)
+            self.nn3 = nn.Linear(1, 1)
+            self.nn4 = nn.Linear(1, 1)
+            self.state = 0
+
+        def forward(self, input: Any) -> Any:  # noqa: A002
+            if self.state == 0:
+                self.state = 1
+                return self.nn1(input) if self.rank == 0 else self.nn3(input)
+            self.state = 0
+            return self.nn2(input) if self.rank == 0 else self.nn4(input)
+
+    with _seeded():
+        module = SimpleConditionalModel(rank)
+    model = torch.nn.parallel.DistributedDataParallel(module, find_unused_parameters=True, **_ddp(pg))
+    mse_loss = nn.MSELoss()
+    grad_accumulation = 2
+    for microbatch_idx in range(grad_accumulation):
+        context = model.no_sync if microbatch_idx < grad_accumulation - 1 else contextlib.nullcontext
+        with context():
+            with _RNG:
+                input = torch.rand((1,))  # noqa: A001
+            output = model.forward(input)
+            with _RNG:
+                target = torch.rand((1,))
+            loss = mse_loss(output, target)
+            loss.backward()
+    assert not any(p.grad is None for p in model.parameters()), "Gradients can't be None for any model parameter."
+    grads = torch.cat([p.grad.view(-1) for p in model.parameters()])
+    gathered_grads = [torch.zeros_like(grads) for _ in range(world)] if rank == 0 else []
+    if default(pg):
+        dist.gather(grads, gather_list=gathered_grads, dst=0)
+    else:
+        dist.gather(grads, gather_list=gathered_grads, group_dst=0, group=pg)
+    if rank == 0:
+        for g in gathered_grads[1:]:
+            assert torch.allclose(gathered_grads[0], g), "Gradients are not the same for all ranks."
+
+
+# --- running them -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=WORLDS, ids=[f"world{n}" for n in WORLDS])
+def world(request: pytest.FixtureRequest) -> Iterator[World]:
+    with pccl_world(request.param) as w:
+        yield w
+
+
+def _test(name: str, case: Callable[[Any, int, int], None]) -> Callable[[World], None]:
+    def test(world: World) -> None:
+        world.run(case)
+
+    test.__name__ = test.__qualname__ = f"test_{name}"
+    test.__doc__ = case.__doc__
+    return test
+
+
+for _name, _case in CASES.items():
+    globals()[f"test_{_name}"] = _test(_name, _case)
+
+
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_under_init_process_group(tmp_path: pathlib.Path, world_size: int) -> None:
+    """Every case, in order, in ``world_size`` processes whose default group
+    ``init_process_group("pccl")`` made (c10d_ported_peer.py), with upstream's global ranks."""
+    with master_in_thread(CFG) as master:
+        reports = run_peer_processes(HERE / "c10d_ported_peer.py", [
+            [master.address, str(world_size), str(rank), str(tmp_path / "store"), "0", "test_distributed_test_ddp"]
+            for rank in range(world_size)], timeout=150)
+    assert sorted(r["rank"] for r in reports) == list(range(world_size))
+    failed = {}
+    for report in reports:
+        assert report["backend"] == "pccl" and report["world"] == world_size
+        assert list(report["cases"]) == list(CASES)
+        failed.update({f"{name} (rank {report['rank']})": outcome for name, outcome in report["cases"].items()
+                       if outcome != "ok"})
+    assert not failed, "\n".join(f"{name}:\n{outcome}" for name, outcome in failed.items())
