@@ -609,6 +609,197 @@ def case_grads_same_across_ranks_with_no_sync(pg: Any, rank: int, world: int) ->
             assert torch.allclose(gathered_grads[0], g), "Gradients are not the same for all ranks."
 
 
+# --- upstream on cuda(rank) behind @skip_if_lt_x_gpu(2), nothing in them needing a GPU: on the CPU ---
+
+
+class UnusedParamTwoLinLayerNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(10, 10, bias=False)
+        self.b = nn.Linear(10, 10, bias=False)
+        self.c = nn.Linear(5, 5, bias=False)
+
+    def forward(self, x: Any) -> Any:
+        return (self.a(x), self.b(x))
+
+
+class DictOutputModule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = UnusedParamTwoLinLayerNet()
+
+    def forward(self, x: Any) -> Any:
+        predictions = self.module(x)
+        loss = (predictions[0] + predictions[1]).sum()
+        return {"predictions": predictions, "loss": loss}
+
+
+def _test_output_unused_in_loss(pg: Any, module_cls: Any, gradient_as_bucket_view: bool) -> None:
+    """distributed_test.py::_DistTestBase._test_output_unused_in_loss (on the CPU: no
+    ``cuda(rank)``, ``device_ids=None``)"""
+    with _seeded():
+        model = module_cls()
+        inp = torch.randn(10, 10)
+    local_net = copy.deepcopy(model)
+    net = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model), find_unused_parameters=True,
+                                                    gradient_as_bucket_view=gradient_as_bucket_view, **_ddp(pg))
+    dict_output = module_cls == DictOutputModule
+
+    def outputs(model: Any) -> Any:
+        return model(inp)["predictions"] if dict_output else model(inp)
+
+    def a_grad(model: Any) -> Any:
+        return model.module.a.weight.grad if dict_output else model.a.weight.grad
+
+    # a parameter not used in the loss keeps its gradient untouched: None before, None after
+    a, b = outputs(local_net)
+    a_dist, b_dist = outputs(net)
+    loss_dist = b_dist.sum()
+    loss_dist.backward()
+    assert a_grad(net.module) is None
+    assert a_grad(local_net) is None
+    saved_a_local_grad = None
+    saved_a_dist_grad = None
+    net.zero_grad()
+    local_net.zero_grad()
+    for i in range(6):
+        a, b = outputs(local_net)
+        a_dist, b_dist = outputs(net)
+        if i < 2:  # both outputs in the loss; later "a" goes unused
+            loss = (a @ b).sum()
+            loss_dist = (a_dist @ b_dist).sum()
+        else:
+            loss = b.sum()
+            loss_dist = b_dist.sum()
+        loss.backward()
+        loss_dist.backward()
+        if i == 1:
+            saved_a_local_grad = a_grad(local_net)
+            saved_a_dist_grad = a_grad(net.module)
+            assert_equal(saved_a_local_grad, saved_a_dist_grad)
+        elif i >= 2:  # "a"'s gradient stays as it was
+            assert_equal(a_grad(net.module), saved_a_dist_grad)
+            assert_equal(a_grad(local_net), saved_a_local_grad)
+        for local_param, dist_param in zip(local_net.parameters(), net.parameters(), strict=True):
+            torch.testing.assert_close(dist_param.grad, local_param.grad)
+    dist.barrier(**_kw(pg))
+
+
+@ported
+def case_output_unused_in_loss_tuple_module(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_output_unused_in_loss_tuple_module"""
+    for grad_as_bucket_view in [True, False]:
+        _test_output_unused_in_loss(pg, UnusedParamTwoLinLayerNet, grad_as_bucket_view)
+
+
+@ported
+def case_output_unused_in_loss_dict_module(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_output_unused_in_loss_dict_module"""
+    for grad_as_bucket_view in [True, False]:
+        _test_output_unused_in_loss(pg, DictOutputModule, grad_as_bucket_view)
+
+
+@ported
+def case_undefined_grad_parity_unused_parameters(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_undefined_grad_parity_unused_parameters (on the CPU)"""
+    x = torch.ones(1, 2)
+    with _seeded():
+        net = Net()
+    local_net = copy.deepcopy(net)
+    net = torch.nn.parallel.DistributedDataParallel(net, find_unused_parameters=True, **_ddp(pg))
+    out = net(x).sum()
+    local_out = local_net(x).sum()
+    # simulates undefined gradients
+    torch._C._functions.UndefinedGrad()(out).backward()
+    torch._C._functions.UndefinedGrad()(local_out).backward()
+    for (dist_param_name, dist_param), (local_param_name, local_param) in zip(
+            net.named_parameters(), local_net.named_parameters(), strict=True):
+        torch.testing.assert_close(
+            dist_param.grad, local_param.grad,
+            msg=f"DDP param {dist_param_name} with grad {dist_param.grad} does not match local param "
+                f"{local_param_name} with grad {local_param.grad}")
+
+
+def _test_different_graph_across_ranks(pg: Any, rank: int, find_unused_parameters: bool = False,
+                                       static_graph: bool = False) -> Any:
+    """distributed_test.py::_DistTestBase._test_different_graph_across_ranks (on the CPU)"""
+
+    class ToyModel(nn.Module):
+        def __init__(self, rank: int) -> None:
+            super().__init__()
+            self.lin1 = nn.Linear(10, 10, bias=False)
+            self.lin2 = nn.Linear(10, 10, bias=False)
+            self.rank = rank
+
+        def forward(self, x: Any) -> Any:
+            if self.rank == 0:
+                return self.lin2(F.relu(self.lin1(x)))
+            return F.relu(self.lin1(x))
+
+    with _seeded(31415):
+        model = ToyModel(rank)
+        random_input = torch.randn(20, 10)
+    ddp_model = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused_parameters,
+                                                          gradient_as_bucket_view=True, static_graph=static_graph,
+                                                          **_ddp(pg))
+    for _ in range(10):
+        out = ddp_model(random_input)
+        loss = out.sum()
+        loss.backward()
+    return ddp_model
+
+
+@ported
+def case_different_graph_across_ranks(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_different_graph_across_ranks"""
+    base_model = _test_different_graph_across_ranks(pg, rank, find_unused_parameters=True)
+    assert not base_model._get_ddp_logging_data().get("has_rebuilt_buckets", 0)
+    static_model = _test_different_graph_across_ranks(pg, rank, static_graph=True)
+    assert static_model._get_ddp_logging_data().get("has_rebuilt_buckets", 0)
+    for i, j in zip(base_model.parameters(), static_model.parameters(), strict=True):
+        assert_equal(i, j)
+
+
+@ported
+def case_detect_ddp_is_actually_static(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_detect_ddp_is_actually_static (on the CPU)"""
+
+    class ToyModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net1 = nn.Linear(10, 10, bias=False)
+            self.net2 = nn.Linear(10, 10)
+
+        def forward(self, x: Any, find_unused: bool, dynamic: bool) -> Any:
+            if find_unused:
+                if dynamic:
+                    return self.net2(self.net1(x))
+                return self.net2(x)
+            return self.net2(self.net1(x))
+
+    # the set of unused parameters does not change across iterations
+    with _seeded():
+        model = ToyModel()
+    for find_unused in [True, False]:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused, **_ddp(pg))
+        with _RNG:
+            inp = torch.randn(1, 10)
+        for _ in range(6):
+            out = ddp(inp, find_unused=find_unused, dynamic=False)
+            loss = out.sum()
+            loss.backward()
+            assert ddp.reducer._ddp_graph_static()
+    # the set of unused parameters changes
+    ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True, **_ddp(pg))
+    with _RNG:
+        inp = torch.randn(1, 10)
+    for i in range(6):
+        out = ddp(inp, find_unused=True, dynamic=i % 2 == 0)
+        loss = out.sum()
+        loss.backward()
+    assert not ddp.reducer._ddp_graph_static()
+
+
 # --- running them -------------------------------------------------------------------------------------------
 
 
