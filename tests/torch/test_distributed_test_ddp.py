@@ -13,12 +13,22 @@ one seed (``TestCase.setUp``); here each case seeds torch before its draws, unde
 thread worlds (torch's generator is one per process).  Upstream's ``self._barrier()`` (a barrier
 of files, no backend) is a barrier of the group.
 
-Ported (11): ``test_DistributedDataParallelCPU``, ``test_DistributedDataParallelCPU_grad_is_view``,
-``test_DistributedDataParallel_requires_grad``, ``test_ddp_create_graph``,
-``test_accumulate_gradients_no_sync``, ``test_accumulate_gradients_no_sync_grad_is_view``,
+Ported (22).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
+``test_DistributedDataParallelCPU_grad_is_view``, ``test_DistributedDataParallel_requires_grad``,
+``test_ddp_create_graph``, ``test_accumulate_gradients_no_sync``,
+``test_accumulate_gradients_no_sync_grad_is_view``,
 ``test_accumulate_gradients_no_sync_allreduce_hook``,
 ``test_accumulate_gradients_no_sync_allreduce_with_then_hook``, ``test_ddp_logging_data_cpu``,
-``test_static_graph_api_cpu``, ``test_grads_same_across_ranks_with_no_sync``.
+``test_static_graph_api_cpu``, ``test_grads_same_across_ranks_with_no_sync``.  Upstream on
+``cuda(rank)`` behind ``@skip_if_lt_x_gpu(2)``, nothing in them needing a GPU, here on the CPU
+(no ``.cuda``, ``device_ids=None``): ``test_output_unused_in_loss_tuple_module``,
+``test_output_unused_in_loss_dict_module``, ``test_undefined_grad_parity_unused_parameters``,
+``test_different_graph_across_ranks``, ``test_detect_ddp_is_actually_static``,
+``test_static_graph_multi_forward``, ``test_periodic_model_averager``,
+``test_periodic_model_averager_param_group``, ``test_ddp_join_model_equivalence``,
+``test_ddp_uneven_input_join_disable``, ``test_ddp_uneven_input_exception``.  The last three run
+under ``init_process_group`` only (``NEEDS_DEFAULT_GROUP``): torch's ``Join`` calls
+``dist.get_rank(group)``, which looks the default group up first.
 
 Differences, each forced by torch itself: torch pickles a DDP module only over the default group
 (``DistributedDataParallel.__getstate__`` asserts it), so ``_test_DDP_niter``'s save and reload
@@ -27,50 +37,48 @@ runs in the ``init_process_group`` runs only; ``test_ddp_logging_data_cpu`` comp
 ``dist.get_backend`` to look at, and skips its ``gloo_*`` fields as upstream does for any
 backend but gloo.
 
-Looked at, not applicable to a CPU pccl group, and why:
+Looked at, not ported, and why:
 
-* GPU-only (``@skip_if_lt_x_gpu`` / ``@skip_if_no_gpu``, models on ``cuda(rank)``,
-  ``device_ids=[rank]``): ``test_average_parameters``, ``test_periodic_model_averager``,
-  ``test_periodic_model_averager_param_group``,
-  ``test_1_level_hierarchical_model_averager_equivalent_to_periodic_model_averager``,
-  ``test_3_level_hierarchical_model_averager``, ``test_ddp_zero_output_features``,
-  ``test_DistributedDataParallel_non_default_stream``, ``test_ddp_comm_hook_logging``,
-  ``test_ddp_hook_with_optimizer_parity_adamw`` / ``_adam`` / ``_sgd``,
-  ``test_get_data_parallel_params``, ``test_ddp_apply_optim_in_backward`` and its
-  ``_grad_as_bucket_view_false`` / ``_ignored_params``, ``test_ddp_native_mixed_precision_*``
-  (5), ``test_ddp_hook_parity_allreduce`` / ``_allreduce_process_group`` / ``_powerSGD`` /
-  ``_post_localSGD``, ``test_DistributedDataParallel``,
-  ``test_DistributedDataParallel_with_amp_and_grad_is_view``, ``test_post_localSGD_optimizer_*``
-  (5), ``test_DistributedDataParallel_SyncBatchNorm*`` (8; SyncBatchNorm runs on CUDA only),
-  ``test_ddp_logging_data_gpu``, ``test_ddp_bucket_cap_mb_list``, ``test_DistributedSampler_padding``,
-  ``test_ddp_sync_module_states``, ``test_ddp_grad_div_uneven_inputs``,
-  ``test_ddp_profiling_autograd_profiler`` / ``_torch_profiler`` / ``_execution_trace`` (the last
-  NCCL's metadata), ``test_ddp_join_model_equivalence``,
-  ``test_ddp_uneven_inputs_stop_iteration_sync_bn``, ``test_ddp_uneven_inputs``,
-  ``test_ddp_uneven_input_join_disable``, ``test_ddp_uneven_input_exception``,
-  ``test_ddp_ignore_params_arg``, ``test_ddp_unused_params_rebuild_buckets_exception``,
-  ``test_ddp_shared_grad_acc_unused_params``, ``test_ddp_device``, ``test_ddp_namedtuple``,
-  ``test_ddp_control_flow_same_across_ranks``, ``test_invalid_static_graph``,
-  ``test_ddp_control_flow_different_across_ranks``,
-  ``test_compute_bucket_assignment_by_size_sparse_error_with(out)_logger``,
-  ``test_verify_model_across_rank_with(out)_logger``, ``test_ddp_model_diff_shape_across_ranks``,
-  ``test_ddp_model_diff_num_params_across_ranks``, ``test_output_unused_in_loss_tuple_module`` /
-  ``_dict_module``, ``test_undefined_grad_parity_unused_parameters``,
-  ``test_different_graph_across_ranks``, ``test_ddp_build_debug_param_to_name_mapping`` and
-  ``_requires_grad``, ``test_ddp_multiple_nested_unused_params_error`` /
-  ``_err_ignore_params``, ``test_ddp_inference``, ``test_ddp_sync_bn_training_vs_eval``,
-  ``test_ddp_python_error_logged``, ``test_ddp_static_graph_nested_types``,
-  ``test_ddp_returns_tensor_with_no_grad``, ``test_detect_ddp_is_actually_static``,
-  ``test_ddp_new_tensor_in_fwd`` and ``_static_graph``, ``test_ddp_buffer_hook_allreduce`` and
-  ``_return_future``, ``test_ddp_broadcast_buffer_via_hook``, ``test_ddp_remove_autograd_hooks``,
-  ``test_ddp_has_finalized``, ``test_ddp_update_process_group_*`` (4; also 4 GPUs),
-  ``test_ddp_broadcast_buffer``, ``test_ddp_join_respects_forward_sync_buffers_false``,
-  ``test_ddp_init_sync_buffers_with_forward_sync_buffers_false``,
-  ``test_ddp_broadcast_buffers_deprecation_warning``, ``test_static_graph_multi_forward``,
-  ``test_sync_bn_logged``, ``test_stateless_api_with_ddp``, ``test_ddp_forward_backward_hook``,
-  ``test_ddp_hook_pickling_powerSGD`` (also skipped upstream as flaky),
-  ``test_ddp_device_mesh_initialization``, ``test_ddp_compile_static_graph``,
-  ``test_ddp_sink_noclone``, ``test_skip_all_reduce_unused_parameters``.
+* GPU-only (``@skip_if_lt_x_gpu`` / ``@skip_if_no_gpu`` on models on ``cuda(rank)``,
+  ``device_ids=[rank]``, and what they test is about the GPU: streams, AMP/half precision,
+  SyncBatchNorm (CUDA only), device placement, NCCL profiling; or subgroups of a subset of the
+  ranks, ``new_group([0, 1], backend="nccl")``, 4 GPUs; or not yet ported on the CPU for lack of
+  time, marked *): ``test_average_parameters`` (subset), ``test_1_level_hierarchical_model_averager_equivalent_to_periodic_model_averager``
+  and ``test_3_level_hierarchical_model_averager`` (subgroups), ``test_ddp_zero_output_features`` *,
+  ``test_DistributedDataParallel_non_default_stream``, ``test_ddp_comm_hook_logging`` *,
+  ``test_ddp_hook_with_optimizer_parity_adamw`` / ``_adam`` / ``_sgd`` *,
+  ``test_get_data_parallel_params`` (device placement), ``test_ddp_apply_optim_in_backward`` and its
+  ``_grad_as_bucket_view_false`` / ``_ignored_params`` *, ``test_ddp_native_mixed_precision_*``
+  (5; GPU mixed precision), ``test_ddp_hook_parity_allreduce`` / ``_allreduce_process_group`` /
+  ``_powerSGD`` / ``_post_localSGD`` *, ``test_DistributedDataParallel`` (multi-GPU modules),
+  ``test_DistributedDataParallel_with_amp_and_grad_is_view`` (AMP), ``test_post_localSGD_optimizer_*``
+  (5; intra-node subgroups, hierarchical ones 4 GPUs), ``test_DistributedDataParallel_SyncBatchNorm*``
+  (8), ``test_ddp_logging_data_gpu``, ``test_ddp_bucket_cap_mb_list`` *,
+  ``test_DistributedSampler_padding`` *, ``test_ddp_sync_module_states`` *,
+  ``test_ddp_grad_div_uneven_inputs`` *, ``test_ddp_profiling_autograd_profiler`` /
+  ``_torch_profiler`` / ``_execution_trace`` (skipped on Linux upstream / Kineto / NCCL metadata),
+  ``test_ddp_uneven_inputs_stop_iteration_sync_bn`` (SyncBatchNorm), ``test_ddp_uneven_inputs`` *,
+  ``test_ddp_ignore_params_arg`` *, ``test_ddp_unused_params_rebuild_buckets_exception`` *,
+  ``test_ddp_shared_grad_acc_unused_params`` *, ``test_ddp_device`` (device placement),
+  ``test_ddp_namedtuple`` *, ``test_ddp_control_flow_same_across_ranks`` *,
+  ``test_invalid_static_graph`` *, ``test_ddp_control_flow_different_across_ranks`` *,
+  ``test_compute_bucket_assignment_by_size_sparse_error_with(out)_logger`` (skipped on Linux
+  upstream; torch's bucketing, no backend), ``test_verify_model_across_rank_with(out)_logger`` and
+  ``test_ddp_model_diff_shape_across_ranks`` / ``_num_params_across_ranks`` (a second
+  ``new_group(backend="gloo")`` next to the group under test) *, ``test_ddp_build_debug_param_to_name_mapping``
+  and ``_requires_grad`` *, ``test_ddp_multiple_nested_unused_params_error`` /
+  ``_err_ignore_params`` *, ``test_ddp_inference`` (SyncBatchNorm), ``test_ddp_sync_bn_training_vs_eval``
+  (SyncBatchNorm), ``test_ddp_python_error_logged`` *, ``test_ddp_static_graph_nested_types`` *,
+  ``test_ddp_returns_tensor_with_no_grad`` *, ``test_ddp_new_tensor_in_fwd`` and ``_static_graph`` *,
+  ``test_ddp_buffer_hook_allreduce`` and ``_return_future`` *, ``test_ddp_broadcast_buffer_via_hook`` *,
+  ``test_ddp_remove_autograd_hooks`` *, ``test_ddp_has_finalized`` *, ``test_ddp_update_process_group_*``
+  (4; 4 GPUs), ``test_ddp_broadcast_buffer`` *, ``test_ddp_join_respects_forward_sync_buffers_false`` *,
+  ``test_ddp_init_sync_buffers_with_forward_sync_buffers_false`` *,
+  ``test_ddp_broadcast_buffers_deprecation_warning`` *, ``test_sync_bn_logged`` (SyncBatchNorm),
+  ``test_stateless_api_with_ddp`` *, ``test_ddp_forward_backward_hook`` *,
+  ``test_ddp_hook_pickling_powerSGD`` (skipped upstream as flaky), ``test_ddp_device_mesh_initialization``
+  (a CUDA device mesh), ``test_ddp_compile_static_graph`` (torch.compile on CUDA),
+  ``test_ddp_sink_noclone`` *, ``test_skip_all_reduce_unused_parameters`` *.
 * ``test_SyncBatchNorm_process_group``: ``new_group([0])``, a subset of the ranks (a pccl group
   is a whole peer group: ``InvalidUsage`` at once), and torchvision's resnet50.
 * ``test_dump_DDP_relevant_env_vars``: torch's formatting of environment variables, no process
@@ -800,6 +808,202 @@ def case_detect_ddp_is_actually_static(pg: Any, rank: int, world: int) -> None:
     assert not ddp.reducer._ddp_graph_static()
 
 
+@ported
+def case_static_graph_multi_forward(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_static_graph_multi_forward (on the CPU)"""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(10, 10)
+            self.relu = nn.ReLU()
+
+        def forward(self, x: Any) -> Any:
+            return self.relu(self.lin(x))
+
+    with _seeded(42 << 1337 % (rank + 1)):
+        model = Net()
+    local_model = copy.deepcopy(model)
+    model = torch.nn.parallel.DistributedDataParallel(model, static_graph=True, **_ddp(pg))
+    inp = torch.ones(2, 10)
+    for _ in range(3):
+        model.zero_grad()
+        local_model.zero_grad()
+        a = model(inp)
+        b = model(inp)
+        loss = a.sum() + b.sum()
+        loss.backward()
+        # the grads are those of a local model that ran through inp world_size times, averaged
+        if rank == 0:
+            inp_clone = inp.clone()
+            iters = world
+            for _ in range(iters):
+                a = local_model(inp_clone)
+                b = local_model(inp_clone)
+                loss = a.sum() + b.sum()
+                loss.backward()
+            for p in local_model.parameters():
+                p.grad.data = p.grad / iters
+            for p_ddp, p_local in zip(model.parameters(), local_model.parameters(), strict=True):
+                assert torch.allclose(p_ddp.grad, p_local.grad), f"{p_ddp.grad} vs {p_local.grad}"
+    dist.barrier(**_kw(pg))
+
+
+def _averager(pg: Any, period: int, warmup_steps: int) -> Any:
+    """``PeriodicModelAverager`` on upstream's default group (``process_group=None``) or ours."""
+    from torch.distributed.algorithms.model_averaging import averagers
+    return averagers.PeriodicModelAverager(period=period, warmup_steps=warmup_steps,
+                                           process_group=None if default(pg) else pg)
+
+
+@ported
+def case_periodic_model_averager(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_periodic_model_averager (on the CPU)"""
+    with _seeded():
+        model = nn.Linear(1, 5, bias=False)
+    param = next(model.parameters())
+    tensor = torch.ones_like(param.data) * rank
+    expected_avg_tensor = torch.ones_like(param.data) * sum(range(world)) / world
+    period = 4
+    for warmup_steps in [12, 13, 14, 15]:
+        averager = _averager(pg, period, warmup_steps)
+        for step in range(20):
+            param.data = copy.deepcopy(tensor)  # reset the parameters at every step
+            for params in model.parameters():
+                params.grad = torch.ones_like(param.data)  # mock grad
+            averager.average_parameters(model.parameters())
+            if step >= warmup_steps and (step - warmup_steps) % period == 0:
+                assert_equal(expected_avg_tensor, param.data)
+            else:  # no model averaging: the parameters are not updated
+                assert_equal(tensor, param.data)
+
+
+@ported
+def case_periodic_model_averager_param_group(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_periodic_model_averager_param_group (on the CPU)"""
+    with _seeded():
+        model = nn.Linear(1, 5, bias=False)
+    param = next(model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    period = 4
+    for warmup_steps in [12, 13, 14, 15]:
+        averager = _averager(pg, period, warmup_steps)
+        for step in range(20):
+            for param_group in opt.param_groups:  # reset the parameters at every step
+                for params in param_group["params"]:
+                    params.grad = torch.ones_like(param.data) * rank  # mock grad
+                    params.data = torch.ones_like(param.data) * rank
+            averager.average_parameters(opt.param_groups)
+            averaged = step >= warmup_steps and (step - warmup_steps) % period == 0
+            for param_group in opt.param_groups:
+                for params in param_group["params"]:
+                    if params.grad is None:
+                        continue
+                    if averaged:
+                        assert_equal(torch.ones_like(param.data) * sum(range(world)) / world, param.data)
+                    else:  # no model averaging: the parameters are not updated
+                        assert_equal(torch.ones_like(param.data) * rank, param.data)
+
+
+#: Cases that run under ``init_process_group`` only: torch's ``Join`` (``net.join()``) asks
+#: ``dist.get_rank(group)``, which looks the default group up first, and a thread world has none.
+NEEDS_DEFAULT_GROUP = {"ddp_join_model_equivalence", "ddp_uneven_input_join_disable", "ddp_uneven_input_exception"}
+
+
+def _validate_net_equivalence(pg: Any, net: Any, world: int) -> None:
+    """distributed_test.py::_DistTestBase.validate_net_equivalence: every tensor of the module's
+    state dict is the same on every rank"""
+    for t in net.module.state_dict().values():
+        tensor_list = [torch.zeros_like(t) for _ in range(world)]
+        dist.all_gather(tensor_list, t, **_kw(pg))
+        for tensor in tensor_list:
+            assert_equal(t, tensor)
+
+
+@ported
+def case_ddp_join_model_equivalence(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_join_model_equivalence (on the CPU; no
+    ``torch.cuda.synchronize``)"""
+    batch = 3
+    dim = 10
+    learning_rate = 0.03
+    with _seeded():
+        model = nn.Linear(dim, dim, bias=False)
+        inp = torch.rand(batch, dim)
+    local_model = copy.deepcopy(model)
+    rank_to_iter_mapping = {r: 2 * (r + 1) for r in range(world)}
+    # the local model
+    local_iters = sum(rank_to_iter_mapping.values())
+    local_optim = torch.optim.SGD(local_model.parameters(), lr=learning_rate)
+    for _ in range(local_iters):
+        local_optim.zero_grad()
+        out = local_model(inp)
+        loss = out.sum()
+        loss.backward()
+        local_optim.step()
+    # the DDP model with the join API: ranks run different numbers of iterations
+    num_iters = rank_to_iter_mapping[rank]
+    net = torch.nn.parallel.DistributedDataParallel(model, **_ddp(pg))
+    ddp_optim = torch.optim.SGD(model.parameters(), lr=learning_rate * world)
+    with net.join():
+        for _ in range(num_iters):
+            ddp_optim.zero_grad()
+            out = net(inp)
+            loss = out.sum()
+            loss.backward()
+            ddp_optim.step()
+    for (_, local_tensor), (_, dist_tensor) in zip(local_model.state_dict().items(),
+                                                   net.module.state_dict().items(), strict=True):
+        assert_equal(local_tensor, dist_tensor)
+
+
+@ported
+def case_ddp_uneven_input_join_disable(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_uneven_input_join_disable (on the CPU)"""
+    with _seeded(rank):
+        module = torch.nn.Linear(1, 1)
+    net = torch.nn.parallel.DistributedDataParallel(module, **_ddp(pg))
+    inp = torch.ones(1) * rank
+    n_iters = 5
+    with net.join(enable=False):
+        for _ in range(n_iters):
+            grad = net.module.weight.grad  # clear grads
+            if grad is not None:
+                grad.requires_grad_(False)
+                grad.zero_()
+            out = net(inp)
+            loss = out.sum()
+            loss.backward()
+            # with join disabled, DDP divides by the whole world size
+            expected_grad = sum(i for i in range(world)) / world
+            assert net.module.weight.grad.item() == pytest.approx(expected_grad)
+    join_config = net._join_config
+    assert not join_config.enable
+    _validate_net_equivalence(pg, net, world)
+
+
+@ported
+def case_ddp_uneven_input_exception(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_uneven_input_exception (on the CPU)"""
+    error_str = "Intentional error"
+
+    class ExceptionModule(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.param = nn.Parameter(torch.ones(1, requires_grad=True))
+
+        def forward(self, _: Any) -> Any:
+            raise ValueError(error_str)
+
+    net = torch.nn.parallel.DistributedDataParallel(ExceptionModule(), **_ddp(pg))
+    inp = torch.ones(1)
+    with pytest.raises(ValueError, match=error_str):
+        with net.join():
+            out = net(inp)
+            loss = out.sum()
+            loss.backward()
+
+
 # --- running them -------------------------------------------------------------------------------------------
 
 
@@ -819,7 +1023,8 @@ def _test(name: str, case: Callable[[Any, int, int], None]) -> Callable[[World],
 
 
 for _name, _case in CASES.items():
-    globals()[f"test_{_name}"] = _test(_name, _case)
+    if _name not in NEEDS_DEFAULT_GROUP:
+        globals()[f"test_{_name}"] = _test(_name, _case)
 
 
 @pytest.mark.parametrize("world_size", WORLDS)
