@@ -13,7 +13,7 @@ one seed (``TestCase.setUp``); here each case seeds torch before its draws, unde
 thread worlds (torch's generator is one per process).  Upstream's ``self._barrier()`` (a barrier
 of files, no backend) is a barrier of the group.
 
-Ported (22).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
+Ported (27).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
 ``test_DistributedDataParallelCPU_grad_is_view``, ``test_DistributedDataParallel_requires_grad``,
 ``test_ddp_create_graph``, ``test_accumulate_gradients_no_sync``,
 ``test_accumulate_gradients_no_sync_grad_is_view``,
@@ -26,7 +26,9 @@ Ported (22).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
 ``test_different_graph_across_ranks``, ``test_detect_ddp_is_actually_static``,
 ``test_static_graph_multi_forward``, ``test_periodic_model_averager``,
 ``test_periodic_model_averager_param_group``, ``test_ddp_join_model_equivalence``,
-``test_ddp_uneven_input_join_disable``, ``test_ddp_uneven_input_exception``.  The last three run
+``test_ddp_uneven_input_join_disable``, ``test_ddp_uneven_input_exception``,
+``test_ddp_new_tensor_in_fwd`` and ``_static_graph``, ``test_ddp_buffer_hook_allreduce`` and
+``_return_future``, ``test_ddp_broadcast_buffer_via_hook``.  The three join ones run
 under ``init_process_group`` only (``NEEDS_DEFAULT_GROUP``): torch's ``Join`` calls
 ``dist.get_rank(group)``, which looks the default group up first.
 
@@ -69,8 +71,7 @@ Looked at, not ported, and why:
   and ``_requires_grad`` *, ``test_ddp_multiple_nested_unused_params_error`` /
   ``_err_ignore_params`` *, ``test_ddp_inference`` (SyncBatchNorm), ``test_ddp_sync_bn_training_vs_eval``
   (SyncBatchNorm), ``test_ddp_python_error_logged`` *, ``test_ddp_static_graph_nested_types`` *,
-  ``test_ddp_returns_tensor_with_no_grad`` *, ``test_ddp_new_tensor_in_fwd`` and ``_static_graph`` *,
-  ``test_ddp_buffer_hook_allreduce`` and ``_return_future`` *, ``test_ddp_broadcast_buffer_via_hook`` *,
+  ``test_ddp_returns_tensor_with_no_grad`` *,
   ``test_ddp_remove_autograd_hooks`` *, ``test_ddp_has_finalized`` *, ``test_ddp_update_process_group_*``
   (4; 4 GPUs), ``test_ddp_broadcast_buffer`` *, ``test_ddp_join_respects_forward_sync_buffers_false`` *,
   ``test_ddp_init_sync_buffers_with_forward_sync_buffers_false`` *,
@@ -105,6 +106,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
 
 from pccl_torch_world import CFG, World, master_in_thread, pccl_world, run_peer_processes  # noqa: E402
@@ -1002,6 +1004,169 @@ def case_ddp_uneven_input_exception(pg: Any, rank: int, world: int) -> None:
             out = net(inp)
             loss = out.sum()
             loss.backward()
+
+
+def _test_ddp_new_tensor_in_fwd(pg: Any, static_graph: bool) -> None:
+    """distributed_test.py::_DistTestBase._test_ddp_new_tensor_in_fwd (on the CPU; pytorch issue 60733)"""
+
+    class MyModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(10, 10, bias=False)
+            self.fc2 = nn.Linear(10, 10, bias=False)
+            self.device = self.fc1.weight.device
+
+        def __init_opt(self) -> Any:
+            with _RNG:
+                return torch.randn(1, 10, device=self.device)
+
+        def forward(self, x: Any, opt_1: Any, opt_2: Any, opt_nested: Any) -> Any:
+            x = F.relu(self.fc1(x))
+            x = self.fc2(x)
+            if opt_1 is None:
+                opt_1 = self.__init_opt()
+            if opt_2 is None:
+                opt_2 = self.__init_opt()
+            if opt_nested is None or not torch.is_tensor(opt_nested):
+                opt_nested = self.__init_opt()
+            # several tensors, and new tensors within a struct
+            return x, opt_1, opt_2, {"tensor": opt_nested}
+
+    with _seeded():
+        model = MyModel()
+    for find_unused in [True, False]:
+        ddp = DistributedDataParallel(model, broadcast_buffers=False, find_unused_parameters=find_unused,
+                                      static_graph=static_graph, **_ddp(pg))
+        opt: list[Any] = [None for _ in range(3)]
+        for _ in range(2):
+            ddp.zero_grad()
+            with _RNG:
+                x = torch.randn(1, 10)
+            out, opt[0], opt[1], opt[2] = ddp(x, opt_1=opt[0], opt_2=opt[1], opt_nested=opt[2])
+            for i in range(len(opt)):
+                if torch.is_tensor(opt[i]):
+                    assert opt[i].grad_fn is None
+                else:
+                    assert opt[i]["tensor"].grad_fn is None
+            out.mean().backward()
+
+
+@ported
+def case_ddp_new_tensor_in_fwd(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_new_tensor_in_fwd"""
+    _test_ddp_new_tensor_in_fwd(pg, static_graph=False)
+
+
+@ported
+def case_ddp_new_tensor_in_fwd_static_graph(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_new_tensor_in_fwd_static_graph"""
+    _test_ddp_new_tensor_in_fwd(pg, static_graph=True)
+
+
+class NetWithBuffers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(10, 10, bias=False)
+        self.b = nn.Linear(10, 1, bias=False)
+        self.register_buffer("buffer", torch.randn(1, 2))
+
+    def forward(self, x: Any) -> Any:
+        self.buffer.add_(1)
+        return self.b(self.a(x))
+
+
+def _verify_buffers_equal(pg: Any, world: int, m1: Any, m2: Any) -> None:
+    """distributed_test.py::_DistTestBase._verify_buffers_equal: across the models, then across
+    the ranks"""
+    m1_buf_dict = dict(m1.module.named_buffers())
+    for name, buf in m2.module.named_buffers():
+        assert_equal(m1_buf_dict[name], buf)
+    for buf1, buf2 in zip(list(m1.buffers()), list(m2.buffers()), strict=True):
+        gathered_bufs = [torch.empty_like(buf1) for _ in range(world)]
+        dist.all_gather(gathered_bufs, buf1, **_kw(pg))
+        gathered_bufs_m2 = [torch.empty_like(buf2) for _ in range(world)]
+        for b in gathered_bufs:
+            assert_equal(buf1, b)
+        dist.all_gather(gathered_bufs_m2, buf2, **_kw(pg))
+        for b in gathered_bufs_m2:
+            assert_equal(buf2, b)
+
+
+def _test_ddp_buffer_hook_allreduce(pg: Any, rank: int, world: int, return_futures: bool) -> None:
+    """distributed_test.py::_DistTestBase._test_ddp_buffer_hook_allreduce (on the CPU)"""
+
+    def buffer_comm_hook(ddp: Any, named_buffers: Any) -> Any:
+        buffers = list(named_buffers.values())
+        futs = [dist.all_reduce(buffer, group=ddp.process_group, async_op=True).get_future() for buffer in buffers]
+        if return_futures:
+            return futs
+        torch.futures.collect_all(futs).wait()
+        return None
+
+    hook_pre_fwd = torch.nn.parallel.distributed._BufferCommHookLocation.PRE_FORWARD
+    hook_post_fwd = torch.nn.parallel.distributed._BufferCommHookLocation.POST_FORWARD
+    with _RNG:
+        torch.manual_seed(rank)
+        models_and_inputs = [(NetWithBuffers(), torch.randn(2, 10)) for _ in range(2)]
+    for hook_run_location, (model, inp) in zip([hook_pre_fwd, hook_post_fwd], models_and_inputs, strict=True):
+        model_ddp = DistributedDataParallel(model, **_ddp(pg))
+        model_ddp._register_buffer_comm_hook(model_ddp, buffer_comm_hook, hook_run_location)
+        model_ddp_no_hook = DistributedDataParallel(copy.deepcopy(model), broadcast_buffers=False, **_ddp(pg))
+        for _ in range(2):
+            loss_hook = model_ddp(inp).sum()
+            # the no-hook model's buffers all-reduced where the hook runs
+            if hook_run_location == hook_pre_fwd:
+                for tensor in list(model_ddp_no_hook.module.buffers()):
+                    dist.all_reduce(tensor, **_kw(pg))
+            loss_no_hook = model_ddp_no_hook(inp).sum()
+            if hook_run_location == hook_post_fwd:
+                for tensor in list(model_ddp_no_hook.module.buffers()):
+                    dist.all_reduce(tensor, **_kw(pg))
+            # returned futures are awaited by DDP only at the end of the backward pass
+            if not return_futures:
+                _verify_buffers_equal(pg, world, model_ddp, model_ddp_no_hook)
+            loss_hook.backward()
+            loss_no_hook.backward()
+            # returned futures and a pre-forward hook: the forward pass changes the buffer while
+            # the all-reduce runs, so upstream compares post-forward only
+            if return_futures and hook_run_location == hook_post_fwd:
+                _verify_buffers_equal(pg, world, model_ddp, model_ddp_no_hook)
+        dist.barrier(**_kw(pg))
+
+
+@ported
+def case_ddp_buffer_hook_allreduce_return_future(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_buffer_hook_allreduce_return_future"""
+    _test_ddp_buffer_hook_allreduce(pg, rank, world, return_futures=True)
+
+
+@ported
+def case_ddp_buffer_hook_allreduce(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_buffer_hook_allreduce"""
+    _test_ddp_buffer_hook_allreduce(pg, rank, world, return_futures=False)
+
+
+@ported
+def case_ddp_broadcast_buffer_via_hook(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_broadcast_buffer_via_hook (on the CPU):
+    ``_default_broadcast_coalesced`` in a registered hook is DDP's default buffer broadcast"""
+
+    def buffer_comm_hook(ddp: Any, named_buffers: Any) -> None:
+        buffers = list(named_buffers.values())
+        ddp._default_broadcast_coalesced(buffers)
+
+    with _seeded(rank):
+        model = NetWithBuffers()
+        inp = torch.randn(2, 10)
+    model_ddp = DistributedDataParallel(model, **_ddp(pg))
+    model_ddp._register_buffer_comm_hook(model_ddp, buffer_comm_hook)
+    model_ddp_no_hook = DistributedDataParallel(copy.deepcopy(model), **_ddp(pg))
+    for _ in range(2):
+        loss_hook = model_ddp(inp).sum()
+        loss_no_hook = model_ddp_no_hook(inp).sum()
+        _verify_buffers_equal(pg, world, model_ddp, model_ddp_no_hook)
+        loss_hook.backward()
+        loss_no_hook.backward()
 
 
 # --- running them -------------------------------------------------------------------------------------------
