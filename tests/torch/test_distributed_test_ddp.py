@@ -13,7 +13,7 @@ one seed (``TestCase.setUp``); here each case seeds torch before its draws, unde
 thread worlds (torch's generator is one per process).  Upstream's ``self._barrier()`` (a barrier
 of files, no backend) is a barrier of the group.
 
-Ported (27).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
+Ported (29).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
 ``test_DistributedDataParallelCPU_grad_is_view``, ``test_DistributedDataParallel_requires_grad``,
 ``test_ddp_create_graph``, ``test_accumulate_gradients_no_sync``,
 ``test_accumulate_gradients_no_sync_grad_is_view``,
@@ -28,7 +28,8 @@ Ported (27).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
 ``test_periodic_model_averager_param_group``, ``test_ddp_join_model_equivalence``,
 ``test_ddp_uneven_input_join_disable``, ``test_ddp_uneven_input_exception``,
 ``test_ddp_new_tensor_in_fwd`` and ``_static_graph``, ``test_ddp_buffer_hook_allreduce`` and
-``_return_future``, ``test_ddp_broadcast_buffer_via_hook``.  The three join ones run
+``_return_future``, ``test_ddp_broadcast_buffer_via_hook``, ``test_ddp_returns_tensor_with_no_grad``,
+``test_ddp_broadcast_buffer``.  The three join ones run
 under ``init_process_group`` only (``NEEDS_DEFAULT_GROUP``): torch's ``Join`` calls
 ``dist.get_rank(group)``, which looks the default group up first.
 
@@ -71,9 +72,9 @@ Looked at, not ported, and why:
   and ``_requires_grad`` *, ``test_ddp_multiple_nested_unused_params_error`` /
   ``_err_ignore_params`` *, ``test_ddp_inference`` (SyncBatchNorm), ``test_ddp_sync_bn_training_vs_eval``
   (SyncBatchNorm), ``test_ddp_python_error_logged`` *, ``test_ddp_static_graph_nested_types`` *,
-  ``test_ddp_returns_tensor_with_no_grad`` *,
-  ``test_ddp_remove_autograd_hooks`` *, ``test_ddp_has_finalized`` *, ``test_ddp_update_process_group_*``
-  (4; 4 GPUs), ``test_ddp_broadcast_buffer`` *, ``test_ddp_join_respects_forward_sync_buffers_false`` *,
+  ``test_ddp_remove_autograd_hooks`` *, ``test_ddp_has_finalized`` (rank 0 leaves a reduction unfinished while the others' all-reduce
+  runs on: NCCL's waits are on a CUDA stream, a CPU backend's block on the missing rank), ``test_ddp_update_process_group_*``
+  (4; 4 GPUs), ``test_ddp_join_respects_forward_sync_buffers_false`` *,
   ``test_ddp_init_sync_buffers_with_forward_sync_buffers_false`` *,
   ``test_ddp_broadcast_buffers_deprecation_warning`` *, ``test_sync_bn_logged`` (SyncBatchNorm),
   ``test_stateless_api_with_ddp`` *, ``test_ddp_forward_backward_hook`` *,
@@ -1167,6 +1168,70 @@ def case_ddp_broadcast_buffer_via_hook(pg: Any, rank: int, world: int) -> None:
         _verify_buffers_equal(pg, world, model_ddp, model_ddp_no_hook)
         loss_hook.backward()
         loss_no_hook.backward()
+
+
+@ported
+def case_ddp_returns_tensor_with_no_grad(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_returns_tensor_with_no_grad (on the CPU): the
+    module returns a tensor that does not require grad"""
+
+    class MyModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(10, 10, bias=False)
+            self.fc2 = nn.Linear(10, 10, bias=False)
+
+        def forward(self, x: Any) -> Any:
+            x = self.fc2(F.relu(self.fc1(x)))
+            y = x.clone()
+            x = x.detach()
+            if x.requires_grad:
+                raise AssertionError("Expected x.requires_grad to be False")
+            return (x, y)
+
+    with _seeded():
+        model = MyModel()
+        inp = torch.randn(1, 10)
+    for find_unused, static_graph in [(True, True), (True, False), (False, True), (False, False)]:
+        ddp = DistributedDataParallel(model, find_unused_parameters=find_unused, static_graph=static_graph,
+                                      **_ddp(pg))
+        for _ in range(6):
+            out = ddp(inp)
+            assert not out[0].requires_grad
+            o = (out[0] + out[1]).sum()
+            o.backward()
+
+
+@ported
+def case_ddp_broadcast_buffer(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_broadcast_buffer (on the CPU): rank 0's
+    changed buffer reaches every rank"""
+
+    class NetWithBuffers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(10, 10, bias=False)
+            self.b = nn.Linear(10, 1, bias=False)
+            self.register_buffer("buffer", torch.randn(1, 2))
+
+        def forward(self, x: Any) -> Any:
+            return self.b(self.a(x))
+
+    with _seeded(rank):
+        model = NetWithBuffers()
+        inp = torch.randn(2, 10)
+    model_ddp = DistributedDataParallel(model, **_ddp(pg))
+    for _ in range(2):
+        if rank == 0:
+            model_ddp.module.buffer = model_ddp.module.buffer + 1
+        loss = model_ddp(inp).sum()
+        loss.backward()
+        # every buffer is in sync
+        bufs = [torch.empty_like(model_ddp.module.buffer) for _ in range(world)]
+        dist.all_gather(bufs, model_ddp.module.buffer, **_kw(pg))
+        rank_0_buf = bufs[0]
+        for buf in bufs[1:]:
+            assert_equal(rank_0_buf, buf)
 
 
 # --- running them -------------------------------------------------------------------------------------------
