@@ -13,7 +13,7 @@ one seed (``TestCase.setUp``); here each case seeds torch before its draws, unde
 thread worlds (torch's generator is one per process).  Upstream's ``self._barrier()`` (a barrier
 of files, no backend) is a barrier of the group.
 
-Ported (29).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
+Ported (31).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
 ``test_DistributedDataParallelCPU_grad_is_view``, ``test_DistributedDataParallel_requires_grad``,
 ``test_ddp_create_graph``, ``test_accumulate_gradients_no_sync``,
 ``test_accumulate_gradients_no_sync_grad_is_view``,
@@ -29,7 +29,9 @@ Ported (29).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
 ``test_ddp_uneven_input_join_disable``, ``test_ddp_uneven_input_exception``,
 ``test_ddp_new_tensor_in_fwd`` and ``_static_graph``, ``test_ddp_buffer_hook_allreduce`` and
 ``_return_future``, ``test_ddp_broadcast_buffer_via_hook``, ``test_ddp_returns_tensor_with_no_grad``,
-``test_ddp_broadcast_buffer``.  The three join ones run
+``test_ddp_broadcast_buffer``, ``test_ddp_control_flow_same_across_ranks`` (at the debug levels
+OFF, INFO and DETAIL, as upstream's ``with_dist_debug_levels``), ``test_invalid_static_graph``.
+The three join ones run
 under ``init_process_group`` only (``NEEDS_DEFAULT_GROUP``): torch's ``Join`` calls
 ``dist.get_rank(group)``, which looks the default group up first.
 
@@ -63,8 +65,7 @@ Looked at, not ported, and why:
   ``test_ddp_uneven_inputs_stop_iteration_sync_bn`` (SyncBatchNorm), ``test_ddp_uneven_inputs`` *,
   ``test_ddp_ignore_params_arg`` *, ``test_ddp_unused_params_rebuild_buckets_exception`` *,
   ``test_ddp_shared_grad_acc_unused_params`` *, ``test_ddp_device`` (device placement),
-  ``test_ddp_namedtuple`` *, ``test_ddp_control_flow_same_across_ranks`` *,
-  ``test_invalid_static_graph`` *, ``test_ddp_control_flow_different_across_ranks`` *,
+  ``test_ddp_namedtuple`` *, ``test_ddp_control_flow_different_across_ranks`` *,
   ``test_compute_bucket_assignment_by_size_sparse_error_with(out)_logger`` (skipped on Linux
   upstream; torch's bucketing, no backend), ``test_verify_model_across_rank_with(out)_logger`` and
   ``test_ddp_model_diff_shape_across_ranks`` / ``_num_params_across_ranks`` (a second
@@ -95,6 +96,7 @@ import contextlib
 import copy
 import os
 import pathlib
+import re
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -161,7 +163,7 @@ def _seeded(seed: int = SEED) -> Iterator[None]:
 
 
 _DEBUG = threading.Lock()
-_debug_users: list[Any] = []  # the level before the first user, once per user
+_debug_users: list[Any] = []  # what the level was before the first user, once per user
 
 
 @contextlib.contextmanager
@@ -175,7 +177,7 @@ def _debug_level_info() -> Iterator[None]:
         yield
     finally:
         with _DEBUG:
-            previous = _debug_users.pop(0) if len(_debug_users) == 1 else _debug_users.pop()
+            previous = _debug_users.pop()
             if not _debug_users:
                 dist.set_debug_level(previous)
 
@@ -1232,6 +1234,149 @@ def case_ddp_broadcast_buffer(pg: Any, rank: int, world: int) -> None:
         rank_0_buf = bufs[0]
         for buf in bufs[1:]:
             assert_equal(rank_0_buf, buf)
+
+
+class ControlFlowToyModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(10, 10, bias=False)
+        self.lin2 = nn.Linear(10, 10, bias=False)
+
+    def forward(self, x: Any) -> Any:
+        # the second layer is used depending on x
+        use_second_layer = torch.equal(x, torch.ones(20, 10, device=x.device))
+        if use_second_layer:
+            return self.lin2(F.relu(self.lin1(x)))
+        return F.relu(self.lin1(x))
+
+
+# distributed_test.py's DDP error message substrings
+ddp_prev_reduction_unfinished_str = "Expected to have finished reduction in the prior iteration"
+ddp_recommend_find_unused_params_str = "passing the keyword argument `find_unused_parameters=True`"
+ddp_find_unused_params_enabled_str = "Since `find_unused_parameters=True` is enabled"
+ddp_outputs_not_used_in_loss_str = "`forward` function outputs participate in calculating loss"
+ddp_suggest_debug_mode_str = "set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL"
+
+
+_debug_env_users: list[Any] = []  # (env, level) before the first user, once per user
+
+
+def _with_dist_debug_levels(pg: Any, levels: list[str], fn: Callable[[], None]) -> None:
+    """torch/testing/_internal/common_distributed.py::with_dist_debug_levels: ``fn`` once per
+    debug level, a barrier after each.  The level is one per process: the thread-world peers set
+    the same one at the same step, and the last one out puts the level before back."""
+    with _DEBUG:
+        _debug_env_users.append((os.environ.get("TORCH_DISTRIBUTED_DEBUG"), dist.get_debug_level()))
+    try:
+        for level in levels:
+            with _DEBUG:
+                os.environ["TORCH_DISTRIBUTED_DEBUG"] = level
+                dist.set_debug_level_from_env()
+            fn()
+            dist.barrier(**_kw(pg))
+    finally:
+        with _DEBUG:
+            old_env, old_level = _debug_env_users.pop()
+            if not _debug_env_users:
+                if old_env is None:
+                    os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+                else:
+                    os.environ["TORCH_DISTRIBUTED_DEBUG"] = old_env
+                dist.set_debug_level(old_level)
+
+
+@ported
+def case_ddp_control_flow_same_across_ranks(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_ddp_control_flow_same_across_ranks (on the CPU,
+    at the debug levels OFF, INFO and DETAIL as upstream)"""
+
+    def test() -> None:
+        batch = 20
+        dim = 10
+        with _seeded():
+            module = ControlFlowToyModel()
+            random_input = torch.randn(batch, dim)
+        model = DistributedDataParallel(module, find_unused_parameters=True, **_ddp(pg))
+        ones_input = torch.ones(batch, dim)
+        for i in range(6):
+            out = model(random_input) if i % 2 == 0 else model(ones_input)
+            loss = out.sum()
+            loss.backward()
+            # the second parameter goes unused on even iterations, is used on odd ones
+            local_used_map = model.reducer._get_local_used_map()
+            if i % 2 == 0:
+                expected = torch.tensor([world, 0], dtype=torch.int32)
+            else:
+                expected = torch.tensor([world, world], dtype=torch.int32)
+            assert_equal(expected, local_used_map)
+        # the error message when DDP runs with find_unused_parameters=False
+        with _seeded():
+            module = ControlFlowToyModel()
+        model = DistributedDataParallel(module, find_unused_parameters=False, **_ddp(pg))
+        for i in range(2):
+            if i == 0:
+                loss = model(random_input).sum()
+                loss.backward()
+            else:
+                try:
+                    loss = model(random_input).sum()
+                    loss.backward()
+                except RuntimeError as e:
+                    msg = str(e)
+                    verify_ddp_error_logged(model, msg)
+                    unused_param_index = 1  # the 2nd linear layer is unused
+                    expected_strs = [
+                        ddp_prev_reduction_unfinished_str,
+                        ddp_recommend_find_unused_params_str,
+                        ddp_outputs_not_used_in_loss_str,
+                        f"Parameter indices which did not receive grad for rank {rank}: {unused_param_index}",
+                    ]
+                    # in debug mode, the parameters that were not reduced; otherwise, advice to use it
+                    if dist.get_debug_level() == dist.DebugLevel.OFF:
+                        expected_strs.append(ddp_suggest_debug_mode_str)
+                    else:
+                        unreduced_params = ", ".join(["lin2.weight"])
+                        expected_strs.append(f"did not receive grad for rank {rank}: {unreduced_params}")
+                    for expected_str in expected_strs:
+                        assert expected_str in msg, f"Expected {expected_str} to be in {msg}"
+                    assert ddp_find_unused_params_enabled_str not in msg
+                else:
+                    raise AssertionError("DDP error not raised")
+        dist.barrier(**_kw(pg))
+
+    _with_dist_debug_levels(pg, ["OFF", "INFO", "DETAIL"], test)
+
+
+@ported
+def case_invalid_static_graph(pg: Any, rank: int, world: int) -> None:
+    """distributed_test.py::_DistTestBase.test_invalid_static_graph (on the CPU)"""
+    with _seeded():
+        module = ControlFlowToyModel()
+        random_input = torch.randn(20, 10)
+    model = DistributedDataParallel(module, static_graph=True, **_ddp(pg))
+    ones_input = torch.ones(20, 10)
+    # a parameter unused in the first iteration is used in the second
+    expected_err = "Your training graph has changed in this iteration"
+    with pytest.raises(RuntimeError, match=expected_err):
+        for i in range(2):
+            out = model(random_input) if i % 2 == 0 else model(ones_input)
+            loss = out.sum()
+            loss.backward()
+    verify_ddp_error_logged(model, expected_err)
+    # a parameter used in the first iteration goes unused in the second
+    with pytest.raises(RuntimeError, match=re.escape(
+            "Expected to have finished reduction in the prior iteration "
+            "before starting a new one. This error indicates that your "
+            "training graph has changed in this iteration, "
+            "e.g., one parameter is used in first iteration, "
+            "but then got unused in the second iteration. "
+            "this is not compatible with static_graph set to True.\n"
+            "Parameter indices which did not receive grad for")):
+        for i in range(2):
+            out = model(random_input) if i % 2 != 0 else model(ones_input)
+            loss = out.sum()
+            loss.backward()
+    verify_ddp_error_logged(model, "Expected to have finished reduction")
 
 
 # --- running them -------------------------------------------------------------------------------------------
