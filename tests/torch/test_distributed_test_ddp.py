@@ -308,28 +308,28 @@ def _test_DDP_niter(pg: Any, model_base: Any, model_DDP: Any, input: Any, target
 
 class _torch_ddp_private:  # noqa: N801 - read as a function
     """torch's private DDP API that upstream's tests call (``model._get_ddp_logging_data()`` and
-    the like), each name reached once, here: torch's insides, not pccl's."""
+    the like), each name reached once, here, through torch's classes: torch's insides, not pccl's."""
 
     def __init__(self, ddp: Any) -> None:
         self.ddp = ddp
 
     def logging_data(self) -> Any:
-        return self.ddp._get_ddp_logging_data()
+        return DistributedDataParallel._get_ddp_logging_data(self.ddp)
 
     def set_ddp_runtime_logging_sample_rate(self, rate: int) -> None:
-        self.ddp._set_ddp_runtime_logging_sample_rate(rate)
+        DistributedDataParallel._set_ddp_runtime_logging_sample_rate(self.ddp, rate)
 
     def set_static_graph(self) -> None:
-        self.ddp._set_static_graph()
+        DistributedDataParallel._set_static_graph(self.ddp)
 
     def register_buffer_comm_hook(self, state: Any, hook: Any, *location: Any) -> None:
-        self.ddp._register_buffer_comm_hook(state, hook, *location)
+        DistributedDataParallel._register_buffer_comm_hook(self.ddp, state, hook, *location)
 
     def ddp_graph_static(self) -> bool:
-        return bool(self.ddp.reducer._ddp_graph_static())
+        return bool(dist.Reducer._ddp_graph_static(self.ddp.reducer))
 
     def get_local_used_map(self) -> Any:
-        return self.ddp.reducer._get_local_used_map()
+        return dist.Reducer._get_local_used_map(self.ddp.reducer)
 
 
 def verify_ddp_error_logged(model_DDP: Any, err_substr: str) -> None:
