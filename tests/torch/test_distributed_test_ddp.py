@@ -125,12 +125,10 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.nn.parallel.distributed import _BufferCommHookLocation  # noqa: E402
 from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
 
-from pccl_torch_world import CFG, World, master_in_thread, pccl_world, run_peer_processes  # noqa: E402
+from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world  # noqa: E402,F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
-HERE = pathlib.Path(__file__).resolve().parent
-WORLDS = (2, 3)
 #: torch.testing._internal.common_utils.SEED: what upstream's ``setUp`` seeds every process with.
 SEED = 1234
 
@@ -1464,39 +1462,11 @@ def case_ddp_hook_parity_allreduce(pg: Any, rank: int, world: int) -> None:
 # --- running them -------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=WORLDS, ids=[f"world{n}" for n in WORLDS])
-def world(request: pytest.FixtureRequest) -> Iterator[World]:
-    with pccl_world(request.param) as w:
-        yield w
-
-
-def _test(name: str, case: Callable[[Any, int, int], None]) -> Callable[[World], None]:
-    def test(world: World) -> None:
-        world.run(case)
-
-    test.__name__ = test.__qualname__ = f"test_{name}"
-    test.__doc__ = case.__doc__
-    return test
-
-
-for _name, _case in CASES.items():
-    if _name not in NEEDS_DEFAULT_GROUP:
-        globals()[f"test_{_name}"] = _test(_name, _case)
+globals().update(thread_world_tests(CASES, leave_out=NEEDS_DEFAULT_GROUP))
 
 
 @pytest.mark.parametrize("world_size", WORLDS)
 def test_under_init_process_group(tmp_path: pathlib.Path, world_size: int) -> None:
     """Every case, in order, in ``world_size`` processes whose default group
     ``init_process_group("pccl")`` made (c10d_ported_peer.py), with upstream's global ranks."""
-    with master_in_thread(CFG) as master:
-        reports = run_peer_processes(HERE / "c10d_ported_peer.py", [
-            [master.address, str(world_size), str(rank), str(tmp_path / "store"), "0", "test_distributed_test_ddp"]
-            for rank in range(world_size)], timeout=150)
-    assert sorted(r["rank"] for r in reports) == list(range(world_size))
-    failed = {}
-    for report in reports:
-        assert report["backend"] == "pccl" and report["world"] == world_size
-        assert list(report["cases"]) == list(CASES)
-        failed.update({f"{name} (rank {report['rank']})": outcome for name, outcome in report["cases"].items()
-                       if outcome != "ok"})
-    assert not failed, "\n".join(f"{name}:\n{outcome}" for name, outcome in failed.items())
+    run_cases_in_processes("test_distributed_test_ddp", world_size, tmp_path / "store", list(CASES))

@@ -315,15 +315,6 @@ def test_no_object_in_pccl_touches_another_objects_private_members() -> None:
     assert private_accesses(KNOWN, NO_FOREIGN_PRIVATES) == []
 
 
-def test_tests_reach_private_members_rarely() -> None:
-    # Tests reach pccl's insides through pccl.testing and the machines' read-only views; what is
-    # left (trio's own scheduling hooks, a counting dict planted in the master, a mutant calling
-    # its base class) stays under 20.
-    tests = modules(ROOT, ("tests",))
-    found = private_accesses(tests, ("tests",))
-    assert len(found) <= 20, "\n".join(found)
-
-
 def test_the_simulation_engine_never_imports_pccl_or_a_workload() -> None:
     assert [n for n in KNOWN if _within(n, SIM_WITHOUT_PCCL)], "no generic sim modules found"
     assert forbidden_imports(KNOWN, SIM_WITHOUT_PCCL, ("pccl", "sim.workloads")) == []
