@@ -41,6 +41,7 @@ so a newcomer's ``ProcessGroup`` counts in step with the veterans' from its firs
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import queue
@@ -63,7 +64,7 @@ from ._args import (LOCAL_REDUCE, bool_reduce_op, check_alike, checked_root, con
 from .lists import ListForms
 from .point import PointToPoint
 from .ranks import GroupRanks, by_rank, peers_by_rank
-from .work import PendingOp, Work
+from .work import PendingOp, Settler, Work
 
 __all__ = ["ProcessGroup", "Work", "BACKEND", "FIRST_TAG", "SHARED_TAGS"]
 
@@ -117,6 +118,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
         self._running = 0
         self._closed = False
         self._queue: queue.SimpleQueue[PendingOp | None] = queue.SimpleQueue()
+        self._settler = Settler(f"pccl-torch-{id(self):x}")  # runs the futures' callbacks
         self._completer = threading.Thread(target=self._complete, name=f"pccl-torch-{id(self):x}", daemon=True)
         self._completer.start()
         # A name in torch's registry of groups, as torch's own groups have: functional
@@ -604,6 +606,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
         if self._owns:
             self._comm.close()  # cancels what still runs; the completion threads then finish
         self._completer.join(30)
+        self._settler.close()
         self._stop_points()
 
     def abort(self) -> None:
@@ -652,7 +655,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
                 self._settle(op, lambda: self._alone(op, exc))
             except Exception as exc:  # noqa: BLE001 - delivered through the future
                 self._done()
-                op.fail(exc)
+                self._settler.submit(functools.partial(op.fail, exc))
             else:
                 self._settle(op, lambda: op.finish(result))
 
@@ -669,10 +672,10 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
                 value = compute()
         except Exception as exc:  # noqa: BLE001 - delivered through the future
             self._done()
-            op.fail(exc)
+            self._settler.submit(functools.partial(op.fail, exc))
             return
         self._done()
-        op.succeed(value)
+        self._settler.submit(functools.partial(op.succeed, value))
 
     def _done(self) -> None:
         with self._lock:

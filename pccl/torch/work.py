@@ -1,9 +1,13 @@
 """The torch side of one :class:`pccl.torch.ProcessGroup` collective: the :class:`Work` a call
-returns, and the :class:`PendingOp` the group's completion thread finishes."""
+returns, the :class:`PendingOp` the group's completion thread finishes, and the
+:class:`Settler` that completes its torch futures (and so runs their callbacks)."""
 
 from __future__ import annotations
 
+import collections
 import datetime
+import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +17,9 @@ import torch.distributed as dist
 from .. import blocking
 from ._args import timeout_seconds
 
-__all__ = ["Work", "PendingOp"]
+__all__ = ["Work", "PendingOp", "Settler"]
+
+log = logging.getLogger(__name__)
 
 class Work(dist.Work):
     """One collective of a :class:`ProcessGroup`: what torch's collectives return with
@@ -115,3 +121,65 @@ class PendingOp:
 
 def _settled(outcome: torch.futures.Future[list[torch.Tensor]]) -> list[torch.Tensor]:
     return outcome.value()  # raises the op's error: torch fails the future with it
+
+
+class Settler:
+    """Completes finished ops' torch futures off the group's completion thread.
+
+    ``set_result`` runs the future's ``then`` callbacks in the thread that calls it, and a
+    callback may start another collective of the group and wait for it (torch's PowerSGD hook
+    all-reduces inside its callback): on the completion thread, that wait would block the only
+    thread that finishes the inner collective.  Here a task runs on an idle settling thread, in
+    the order submitted; when every settling thread is busy (a callback waiting, say) a new one
+    starts, so a later op's settling never queues behind an earlier op's callback.  Threads that
+    are not needed any more stay idle until :meth:`close`."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._tasks: collections.deque[Callable[[], None]] = collections.deque()
+        self._idle = 0
+        self._busy = 0
+        self._threads = 0
+        self._closed = False
+
+    def submit(self, task: Callable[[], None]) -> None:
+        with self._lock:
+            self._tasks.append(task)
+            if self._idle > len(self._tasks) - 1:
+                self._wake.notify_all()  # all: close() waits on the same condition
+                return
+            self._threads += 1
+            n = self._threads
+        threading.Thread(target=self._run, name=f"{self._name}-settle-{n}", daemon=True).start()
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Let the settling threads end once the submitted tasks are done, and wait up to
+        ``timeout`` seconds for those tasks (a process must not exit while a thread runs a torch
+        callback); whether they were done in time."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+            return self._wake.wait_for(lambda: not self._tasks and not self._busy, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._tasks:
+                    if self._closed:
+                        return
+                    self._idle += 1
+                    self._wake.wait()
+                    self._idle -= 1
+                task = self._tasks.popleft()
+                self._busy += 1
+            try:
+                task()
+            except Exception:  # noqa: BLE001 - a torch callback's own error is its future's
+                log.exception("settling a collective's torch future failed")
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    self._wake.notify_all()
+

@@ -32,7 +32,9 @@ Ported (32).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
 ``test_ddp_broadcast_buffer``, ``test_ddp_control_flow_same_across_ranks`` (at the debug levels
 OFF, INFO and DETAIL, as upstream's ``with_dist_debug_levels``), ``test_invalid_static_graph``,
 ``test_ddp_zero_output_features``, ``test_ddp_sync_module_states``, ``test_ddp_hook_parity_allreduce``
-(the hook's state upstream's ``None`` in the processes, ``pg`` in the thread worlds).
+and ``test_ddp_hook_parity_powerSGD`` (the hook's state upstream's ``None`` in the processes,
+``pg`` in the thread worlds; PowerSGD hung until pccl.torch ran futures' callbacks off its
+completion thread).
 The two join ones run
 under ``init_process_group`` only (``NEEDS_DEFAULT_GROUP``): torch's ``Join`` calls
 ``dist.get_rank(group)``, which looks the default group up first.
@@ -57,7 +59,7 @@ Looked at, not ported, and why:
   ``test_get_data_parallel_params`` (device placement), ``test_ddp_apply_optim_in_backward`` and its
   ``_grad_as_bucket_view_false`` / ``_ignored_params`` *, ``test_ddp_native_mixed_precision_*``
   (5; GPU mixed precision), ``test_ddp_hook_parity_allreduce`` / ``_allreduce_process_group`` /
-  ``_post_localSGD`` *, ``_powerSGD`` (hangs on pccl: see below), ``test_DistributedDataParallel`` (multi-GPU modules),
+  ``_post_localSGD`` *, ``test_DistributedDataParallel`` (multi-GPU modules),
   ``test_DistributedDataParallel_with_amp_and_grad_is_view`` (AMP), ``test_post_localSGD_optimizer_*``
   (5; intra-node subgroups, hierarchical ones 4 GPUs), ``test_DistributedDataParallel_SyncBatchNorm*``
   (8), ``test_ddp_logging_data_gpu``, ``test_ddp_bucket_cap_mb_list`` *,
@@ -85,7 +87,6 @@ Looked at, not ported, and why:
   (a CUDA device mesh), ``test_ddp_compile_static_graph`` (torch.compile on CUDA),
   ``test_ddp_sink_noclone`` *, ``test_skip_all_reduce_unused_parameters`` *.
 * Ported on the CPU and found to hang on pccl, left out until fixed (not yet investigated):
-  ``test_ddp_hook_parity_powerSGD`` (thread world of 2: no progress in 360 s) and
   ``test_ddp_grad_div_uneven_inputs`` (``init_process_group`` world of 2: hangs after
   ``test_ddp_sync_module_states``, in the first ``join(divide_by_initial_world_size=False)``
   context or the second).
@@ -1457,6 +1458,23 @@ def case_ddp_hook_parity_allreduce(pg: Any, rank: int, world: int) -> None:
     is upstream's ``None``, the default group, or ours)"""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     _test_ddp_hook_parity(pg, rank, world, state=None if default(pg) else pg, hook=default_hooks.allreduce_hook)
+
+
+@ported
+def case_ddp_hook_parity_powerSGD(pg: Any, rank: int, world: int) -> None:  # noqa: N802 - upstream's name
+    """distributed_test.py::_DistTestBase.test_ddp_hook_parity_powerSGD (on the CPU; the state's
+    group is upstream's ``None``, the default group, or ours).  PowerSGD's hook all-reduces inside
+    a future's callback and waits: it hung while pccl.torch ran the callbacks on its completion
+    thread."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+    for warm_start in [True, False]:
+        powersgd_state = powerSGD.PowerSGDState(
+            process_group=None if default(pg) else pg,
+            matrix_approximation_rank=1,
+            start_powerSGD_iter=2,
+            warm_start=warm_start,
+        )
+        _test_ddp_hook_parity(pg, rank, world, state=powersgd_state, hook=powerSGD.powerSGD_hook)
 
 
 # --- running them -------------------------------------------------------------------------------------------

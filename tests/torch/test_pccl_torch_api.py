@@ -210,3 +210,22 @@ def test_bool_tensors_reduce_with_min_max_as_and_or(world: World) -> None:
 
     for got in world.run(case):
         assert got == [[True, False, False]] * 2 + [[True, True, False]] * 2 + [[[True, True]] * 2]
+
+
+def test_a_future_callback_may_run_a_collective_and_wait_for_it(world: World) -> None:
+    """torch's PowerSGD DDP hook all-reduces inside a future's ``then`` callback and waits for
+    it: the group completes that inner collective meanwhile (the callbacks run off its
+    completion thread; on it, the wait blocked the only thread that could finish the inner op)."""
+    def case(pg: Any, rank: int, n: int) -> list[float]:
+        x = torch.full((4,), float(rank + 1))
+
+        def then(fut: Any) -> Any:
+            y = fut.value()[0] * 2
+            dist.all_reduce(y, group=pg)  # synchronous: waits for the inner collective
+            return y
+
+        return pg.allreduce(x).get_future().then(then).wait().tolist()  # type: ignore[no-any-return]
+
+    for got in world.run(case, timeout=60):
+        n = world.size
+        assert got == [float(n * 2 * n * (n + 1) // 2)] * 4, got
