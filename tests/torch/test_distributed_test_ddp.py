@@ -13,7 +13,7 @@ one seed (``TestCase.setUp``); here each case seeds torch before its draws, unde
 thread worlds (torch's generator is one per process).  Upstream's ``self._barrier()`` (a barrier
 of files, no backend) is a barrier of the group.
 
-Ported (32).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
+Ported (33).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
 ``test_DistributedDataParallelCPU_grad_is_view``, ``test_DistributedDataParallel_requires_grad``,
 ``test_ddp_create_graph``, ``test_accumulate_gradients_no_sync``,
 ``test_accumulate_gradients_no_sync_grad_is_view``,
