@@ -54,10 +54,7 @@ global half), ``test_periodic_model_averager``, ``test_periodic_model_averager_p
 ``test_all_to_all_single_{equal,unequal}_split_full_group``, ``test_all_to_all_full_group``, ``test_barrier``, ``test_barrier_full_group``,
 ``test_all_gather_object_default_pg``, ``test_all_gather_object_subgroup``,
 ``test_gather_object``, ``test_gather_object_subgroup``, ``test_scatter_object_list``,
-``test_DistributedSampler_padding``, ``test_grads_same_across_ranks_with_no_sync``,
-``test_accumulate_gradients_no_sync`` (and ``_grad_is_view``, ``_allreduce_hook``,
-``_allreduce_with_then_hook``; DDP on CPU modules: the gloo branch of the helper),
-``test_static_graph_api_cpu``.
+``test_DistributedSampler_padding``.
 
 Ported in other files: the point-to-point and all-to-all tests (``test_send_recv``,
 ``test_send_recv_with_tag``, ``test_isend``, ``test_irecv``, ``test_batch_isend_irecv_gloo``,
@@ -123,9 +120,9 @@ Looked at, not applicable to a CPU pccl group, and why:
   here.
 * DistributedDataParallel under other names than ``test_DistributedDataParallel*`` and
   ``test_ddp_*``: left to the DDP port (another file).  Most need GPUs upstream
-  (``@skip_if_lt_x_gpu``); the ones that run DDP on CPU modules under gloo are ported above
-  (``test_grads_same_across_ranks_with_no_sync``, the four ``test_accumulate_gradients_no_sync*``,
-  ``test_static_graph_api_cpu``).  The list:
+  (``@skip_if_lt_x_gpu``); the ones that run DDP on CPU modules under gloo are ported in
+  test_distributed_test_ddp.py (``test_grads_same_across_ranks_with_no_sync``, the four
+  ``test_accumulate_gradients_no_sync*``, ``test_static_graph_api_cpu``).  The list:
   ``test_dump_DDP_relevant_env_vars`` (torch's env logging, no backend),
   ``test_get_data_parallel_params``,
   ``test_post_localSGD_optimizer_parity``, ``test_post_localSGD_optimizer_parity_grad_is_view``,
@@ -142,7 +139,6 @@ Looked at, not applicable to a CPU pccl group, and why:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import operator
@@ -164,7 +160,6 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed.algorithms.model_averaging.averagers as averagers  # noqa: E402
 import torch.distributed.algorithms.model_averaging.hierarchical_model_averager as hierarchicalSGD  # noqa: E402,N812
 import torch.distributed.algorithms.model_averaging.utils as model_averaging_utils  # noqa: E402
-import torch.nn.functional as F  # noqa: E402,N812
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
@@ -1248,257 +1243,6 @@ def case_1_level_hierarchical_model_averager_equivalent_to_periodic_model_averag
 
     _periodic_model_averager(pg, rank, world, make)
 
-
-
-# --- DistributedDataParallel under another name -------------------------------------------------------------
-
-
-@ported
-def case_grads_same_across_ranks_with_no_sync(pg: Any, rank: int, world: int) -> None:
-    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_grads_same_across_ranks_with_no_sync
-    (``process_group=pg`` to DDP and ``group=pg`` to ``gather`` where ``pg`` is not the
-    default group)"""
-    g = {} if default(pg) else {"group": pg}
-    world_size = world
-
-    class SimpleConditionalModel(nn.Module):
-        # if rank is 0, uses nn1 on the first pass and nn2 on the second pass.
-        # else, uses nn3 on the first pass and nn4 on the second pass.
-
-        def __init__(self, rank: int) -> None:
-            super().__init__()
-
-            self.rank = rank
-            self.nn1 = nn.Linear(1, 1)
-            self.nn2 = nn.Linear(1, 1)
-            self.nn3 = nn.Linear(1, 1)
-            self.nn4 = nn.Linear(1, 1)
-            self.state = 0
-
-        def forward(self, input: Any) -> Any:  # noqa: A002 - upstream's name
-            if self.state == 0:
-                self.state = 1
-                if self.rank == 0:
-                    return self.nn1(input)
-                else:
-                    return self.nn3(input)
-            else:
-                self.state = 0
-                if self.rank == 0:
-                    return self.nn2(input)
-                else:
-                    return self.nn4(input)
-
-    model = torch.nn.parallel.DistributedDataParallel(SimpleConditionalModel(rank), find_unused_parameters=True,
-                                                      process_group=None if default(pg) else pg)
-    mse_loss = nn.MSELoss()
-    grad_accumulation = 2
-
-    for microbatch_idx in range(grad_accumulation):
-        context: Any = model.no_sync if microbatch_idx < grad_accumulation - 1 else contextlib.nullcontext
-
-        with context():
-            input = torch.rand((1,))  # noqa: A001 - upstream's name
-            output = model.forward(input)
-            target = torch.rand((1,))
-
-            loss = mse_loss(output, target)
-            loss.backward()
-
-    assert not any(p.grad is None for p in model.parameters()), "Gradients can't be None for any model parameter."
-    grads = torch.cat([p.grad.view(-1) for p in model.parameters()])
-
-    # Gather all gradients to rank 0.
-    gathered_grads = [torch.zeros_like(grads) for _ in range(world_size)] if rank == 0 else []
-
-    dist.gather(grads, gather_list=gathered_grads, dst=0, **g)
-    if rank == 0:
-        for grad in gathered_grads[1:]:
-            assert torch.allclose(gathered_grads[0], grad), "Gradients are not the same for all ranks."
-
-
-
-class _FC2(nn.Module):
-    """distributed_test.py::_FC2."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(10, 50, bias=True)
-        self.fc.bias.requires_grad = False
-
-    def forward(self, x: Any) -> Any:
-        x = self.fc(x)
-        return x
-
-
-class Net(nn.Module):
-    """distributed_test.py::Net."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(2, 10, bias=False)
-        self.fc2 = _FC2()
-        self.fc3 = nn.Linear(50, 4, bias=False)
-        self.relu = nn.ReLU()
-        self.no_grad_param = nn.Parameter(torch.tensor([2, 2]).long(), requires_grad=False)
-
-    def forward(self, x: Any) -> Any:
-        x = self.relu(self.fc1(x))
-        x = self.relu(self.fc2(x))
-        x = self.fc3(x)
-        return F.softmax(x, dim=1)
-
-
-#: The thread world's peers share torch's generator: one seeds and draws at a time.
-_SEEDED = threading.Lock()
-
-
-def _test_accumulate_gradients_no_sync(pg: Any, rank: int, world: int, num_iters: int = 2,
-                                       ddp_comm_hook: Any = None, gradient_as_bucket_view: bool = False) -> None:
-    """_DistTestBase._test_accumulate_gradients_no_sync (its gloo branch, with
-    _prepare_cpu_module).  Upstream's harness seeds every process alike, so the local model,
-    DDP's and the global batch are the same at every rank; here each rank draws the model and
-    the batch (upstream's order: model, DDP's copy, input, target) under
-    ``torch.random.fork_rng`` seeded alike (one rank at a time), and the shuffles use a
-    generator seeded as upstream's ``torch.manual_seed(1337 + iteration)``."""
-    _group, group_id, rank = _init_global_test(pg)
-    world_size = world
-
-    global_batch_size = world_size
-    local_batch_size = 1
-    with _SEEDED, torch.random.fork_rng():  # no collective inside: the ranks take turns
-        torch.manual_seed(0)
-        model = Net()
-        input = torch.randn(global_batch_size, 2)  # noqa: A001 - upstream's name
-        target = torch.randn(global_batch_size, 4)
-    ddp_model = DistributedDataParallel(copy.deepcopy(model), process_group=None if default(pg) else pg,
-                                        bucket_cap_mb=0.001, gradient_as_bucket_view=gradient_as_bucket_view)
-
-    if ddp_comm_hook is not None:
-        ddp_model.register_comm_hook(group_id, ddp_comm_hook)
-
-    def step_model(model: Any, input: Any, target: Any) -> None:  # noqa: A002 - upstream's name
-        model.train()
-        output = model(input)
-        loss = F.mse_loss(output, target.to(output.device))
-        loss.backward()
-
-    # ensure accumulate grads works with no_grad => no grads are accumulated.
-    with torch.no_grad():
-        with ddp_model.no_sync():
-            ddp_model.train()
-            ddp_model(input)
-
-    # check two model parameters over num_iters iterations
-    for iteration in range(num_iters):
-        step_model(model, input, target)
-
-        ddp_input = input[rank * local_batch_size: (rank + 1) * local_batch_size]
-        ddp_target = target[rank * local_batch_size: (rank + 1) * local_batch_size]
-
-        if iteration % 2 == 0:
-            # accumulate grads locally
-            with ddp_model.no_sync():
-                step_model(ddp_model, ddp_input, ddp_target)
-        else:
-            # sync grads
-            step_model(ddp_model, ddp_input, ddp_target)
-
-        for i, j in zip(model.parameters(), ddp_model.parameters(), strict=True):
-            if not i.requires_grad:
-                continue
-            if iteration % 2 == 0:
-                assert not torch.equal(i.grad, j.grad)  # assertNotEqual
-            else:
-                assert_equal(i.grad, j.grad)
-
-        # Shuffle the input so that DDP input is different
-        input = input[torch.randperm(global_batch_size, generator=torch.Generator().manual_seed(1337 + iteration))]
-
-
-@ported
-def case_accumulate_gradients_no_sync(pg: Any, rank: int, world: int) -> None:
-    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_accumulate_gradients_no_sync
-    and test_accumulate_gradients_no_sync_grad_is_view"""
-    _test_accumulate_gradients_no_sync(pg, rank, world)
-    _test_accumulate_gradients_no_sync(pg, rank, world, gradient_as_bucket_view=True)
-
-
-@ported
-def case_accumulate_gradients_no_sync_allreduce_hook(pg: Any, rank: int, world: int) -> None:
-    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_accumulate_gradients_no_sync_allreduce_hook
-    (the hook calls the group's ``allreduce`` and chains its future)"""
-    world_size = world
-
-    # unannotated: DDP checks the annotations, which this module's postponed ones (strings) fail
-    def allreduce_hook(group_id, bucket):  # type: ignore[no-untyped-def]
-        tensors = [bucket.buffer() / world_size]
-        return group_id.allreduce(tensors).get_future().then(lambda fut: fut.value()[0])
-
-    _test_accumulate_gradients_no_sync(pg, rank, world, num_iters=4, ddp_comm_hook=allreduce_hook)
-
-
-@ported
-def case_accumulate_gradients_no_sync_allreduce_with_then_hook(pg: Any, rank: int, world: int) -> None:
-    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_accumulate_gradients_no_sync_allreduce_with_then_hook"""
-    world_size = world
-
-    # unannotated: DDP checks the annotations, which this module's postponed ones (strings) fail
-    def allreduce_with_then_hook(group_id, bucket):  # type: ignore[no-untyped-def]
-        fut = group_id.allreduce([bucket.buffer()]).get_future()
-
-        def mult(fut: Any) -> Any:
-            # Multiply the result by 2.
-            return 2 * fut.wait()[0]
-
-        def div(fut: Any) -> Any:
-            # Divide the result by 2 * world_size.
-            return fut.wait() / (2 * world_size)
-
-        return fut.then(mult).then(div)
-
-    _test_accumulate_gradients_no_sync(pg, rank, world, num_iters=4, ddp_comm_hook=allreduce_with_then_hook)
-
-
-
-def verify_ddp_error_logged(model_ddp: Any, err_substr: str) -> None:
-    """torch/testing/_internal/common_distributed.py::verify_ddp_error_logged."""
-    ddp_logging_data = model_ddp._get_ddp_logging_data()
-    assert "iteration" in ddp_logging_data
-    assert "has_error" in ddp_logging_data
-    assert "error" in ddp_logging_data
-    logging_err = ddp_logging_data["error"]
-    # Remove C++ stacktrace if needed.
-    actual = (err_substr if err_substr.find("\nException raised from ") == -1
-              else err_substr.split("\nException raised from ")[0])
-    assert actual in logging_err, f"Did not find expected {actual} in ddp logging data error: {logging_err}"
-
-
-@ported
-def case_static_graph_api_cpu(pg: Any, rank: int, world: int) -> None:
-    """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_static_graph_api_cpu
-    (with ``_prepare_dummy_data`` and ``_test_DDP_helper``; ``process_group=pg`` where ``pg`` is
-    not the default group)"""
-    model_ddp = nn.parallel.DistributedDataParallel(Net(), process_group=None if default(pg) else pg)
-    expected_err = "should be called before training loop starts"
-    with pytest.raises(RuntimeError, match=expected_err):
-        local_bs = 2
-        # _prepare_dummy_data: global_bs for DDP should be divisible by WORLD_SIZE
-        global_bs = world * local_bs
-        input = torch.randn(global_bs, 2)  # noqa: A001 - upstream's name
-        target = torch.randn(global_bs, 4)
-        loss = nn.MSELoss()
-        offset = rank * local_bs
-
-        # DDP training, DDP scatters subsets of input to nodes/GPUs (_test_DDP_helper)
-        model_ddp.train()
-        output = model_ddp(input[offset: offset + local_bs])
-        step_loss = loss(output, target[offset: offset + local_bs]) * 1
-        step_loss.backward()
-        model_ddp._set_static_graph()
-
-    # Verify error was logged in ddp_logging_data.
-    verify_ddp_error_logged(model_ddp, expected_err)
 
 
 # --- running them -------------------------------------------------------------------------------------------

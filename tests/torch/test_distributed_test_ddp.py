@@ -13,7 +13,8 @@ one seed (``TestCase.setUp``); here each case seeds torch before its draws, unde
 thread worlds (torch's generator is one per process).  Upstream's ``self._barrier()`` (a barrier
 of files, no backend) is a barrier of the group.
 
-Ported (33).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
+Ported (31; ``test_periodic_model_averager`` and ``_param_group`` are in
+test_distributed_test_collectives.py, beside the hierarchical averager that shares their body).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
 ``test_DistributedDataParallelCPU_grad_is_view``, ``test_DistributedDataParallel_requires_grad``,
 ``test_ddp_create_graph``, ``test_accumulate_gradients_no_sync``,
 ``test_accumulate_gradients_no_sync_grad_is_view``,
@@ -24,8 +25,7 @@ Ported (33).  CPU tests upstream: ``test_DistributedDataParallelCPU``,
 (no ``.cuda``, ``device_ids=None``): ``test_output_unused_in_loss_tuple_module``,
 ``test_output_unused_in_loss_dict_module``, ``test_undefined_grad_parity_unused_parameters``,
 ``test_different_graph_across_ranks``, ``test_detect_ddp_is_actually_static``,
-``test_static_graph_multi_forward``, ``test_periodic_model_averager``,
-``test_periodic_model_averager_param_group``, ``test_ddp_join_model_equivalence``,
+``test_static_graph_multi_forward``, ``test_ddp_join_model_equivalence``,
 ``test_ddp_uneven_input_exception``,
 ``test_ddp_new_tensor_in_fwd`` and ``_static_graph``, ``test_ddp_buffer_hook_allreduce`` and
 ``_return_future``, ``test_ddp_returns_tensor_with_no_grad``,
@@ -890,62 +890,6 @@ def case_static_graph_multi_forward(pg: Any, rank: int, world: int) -> None:
             for p_ddp, p_local in zip(model.parameters(), local_model.parameters(), strict=True):
                 assert torch.allclose(p_ddp.grad, p_local.grad), f"{p_ddp.grad} vs {p_local.grad}"
     dist.barrier(**_kw(pg))
-
-
-def _averager(pg: Any, period: int, warmup_steps: int) -> Any:
-    """``PeriodicModelAverager`` on upstream's default group (``process_group=None``) or ours."""
-    from torch.distributed.algorithms.model_averaging import averagers
-    return averagers.PeriodicModelAverager(period=period, warmup_steps=warmup_steps,
-                                           process_group=None if default(pg) else pg)
-
-
-@ported
-def case_periodic_model_averager(pg: Any, rank: int, world: int) -> None:
-    """distributed_test.py::_DistTestBase.test_periodic_model_averager (on the CPU)"""
-    with _seeded():
-        model = nn.Linear(1, 5, bias=False)
-    param = next(model.parameters())
-    tensor = torch.ones_like(param.data) * rank
-    expected_avg_tensor = torch.ones_like(param.data) * sum(range(world)) / world
-    period = 4
-    for warmup_steps in [12, 13, 14, 15]:
-        averager = _averager(pg, period, warmup_steps)
-        for step in range(20):
-            param.data = copy.deepcopy(tensor)  # reset the parameters at every step
-            for params in model.parameters():
-                params.grad = torch.ones_like(param.data)  # mock grad
-            averager.average_parameters(model.parameters())
-            if step >= warmup_steps and (step - warmup_steps) % period == 0:
-                assert_equal(expected_avg_tensor, param.data)
-            else:  # no model averaging: the parameters are not updated
-                assert_equal(tensor, param.data)
-
-
-@ported
-def case_periodic_model_averager_param_group(pg: Any, rank: int, world: int) -> None:
-    """distributed_test.py::_DistTestBase.test_periodic_model_averager_param_group (on the CPU)"""
-    with _seeded():
-        model = nn.Linear(1, 5, bias=False)
-    param = next(model.parameters())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    period = 4
-    for warmup_steps in [12, 13, 14, 15]:
-        averager = _averager(pg, period, warmup_steps)
-        for step in range(20):
-            for param_group in opt.param_groups:  # reset the parameters at every step
-                for params in param_group["params"]:
-                    params.grad = torch.ones_like(param.data) * rank  # mock grad
-                    params.data = torch.ones_like(param.data) * rank
-            averager.average_parameters(opt.param_groups)
-            averaged = step >= warmup_steps and (step - warmup_steps) % period == 0
-            for param_group in opt.param_groups:
-                for params in param_group["params"]:
-                    if params.grad is None:
-                        continue
-                    if averaged:
-                        assert_equal(torch.ones_like(param.data) * sum(range(world)) / world, param.data)
-                    else:  # no model averaging: the parameters are not updated
-                        assert_equal(torch.ones_like(param.data) * rank, param.data)
 
 
 #: Cases that run under ``init_process_group`` only: torch's ``Join`` (``net.join()``) asks
