@@ -159,7 +159,7 @@ async def test_large_and_small_ops_of_every_kind_run_concurrently() -> None:
 
 async def test_a_large_op_cancelled_while_it_waits_for_its_turn_aborts_alone() -> None:
     """40 all-reduces of 1 MiB at once; once three have finished, peer 0 cancels its call on
-    the last tag the master has commenced and peer 0 has not finished (waiting for its turn
+    the tag the master commenced last of those peer 0 has not finished (waiting for its turn
     behind the others: turns go in commence order, which need not be tag order).  That call
     raises Cancelled with its input restored, peer 1's ends CollectiveAborted, every other
     tag is reduced exactly, and no turn is lost (the others all finish)."""
@@ -187,10 +187,13 @@ async def test_a_large_op_cancelled_while_it_waits_for_its_turn_aborts_alone() -
         async def cancel_victim() -> None:
             while True:
                 if finished[0] >= 3:
-                    waiting = [op.tag - 1 for op in pccl.testing.master_snapshot(master).ops
+                    # the last commenced (largest seq) of peer 0's unfinished ops: the one that
+                    # waits longest for its turn (turns go in commence order; the largest *tag*
+                    # may have commenced early and be moving data when it is cancelled)
+                    waiting = [(op.seq, op.tag - 1) for op in pccl.testing.master_snapshot(master).ops
                                if op.seq is not None and 0 < op.tag <= tags and out[op.tag - 1][0] is None]
                     if waiting:
-                        chosen.append(max(waiting))
+                        chosen.append(max(waiting)[1])
                         scopes[chosen[0]].cancel()
                         return
                 await trio.sleep(0.001)
