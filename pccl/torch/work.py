@@ -179,6 +179,7 @@ class Settler:
             except Exception:  # noqa: BLE001 - a torch callback's own error is its future's
                 log.exception("settling a collective's torch future failed")
             finally:
+                del task  # the op's tensors and futures: not held by an idle thread
                 with self._lock:
                     self._busy -= 1
                     self._wake.notify_all()
