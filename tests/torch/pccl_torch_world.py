@@ -26,6 +26,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "e2e"))
 from pccl.testing import MasterThread, master_in_thread  # noqa: E402
 
 import pccl.torch  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
 from pccl.torch.backend import wait_for_peers  # noqa: E402
 from pccl.torch.process_group import FIRST_TAG  # noqa: E402
 
@@ -131,6 +134,34 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
     module imports this fixture)."""
     with pccl_world(request.param) as w:
         yield w
+
+
+def case_table() -> tuple[dict[str, Case], Callable[[Case], Case]]:
+    """A case module's ``CASES`` and its ``@ported`` decorator, which enters a ``case_<name>``
+    function into them as ``<name>``."""
+    cases: dict[str, Case] = {}
+
+    def ported(fn: Case) -> Case:
+        cases[fn.__name__.removeprefix("case_")] = fn
+        return fn
+
+    return cases, ported
+
+
+def assert_equal(expected: Any, actual: Any, msg: str | None = None) -> None:
+    """torch's ``TestCase.assertEqual`` for tensors and (nested) lists of them: the same dtype,
+    shape and values (to the dtype's default tolerance)."""
+    torch.testing.assert_close(actual, expected, msg=msg)
+
+
+def default(pg: Any) -> bool:
+    """Whether ``pg`` is torch's default group (the runs under ``init_process_group``)."""
+    return dist.is_initialized() and _get_default_group() is pg
+
+
+def group_kw(pg: Any) -> dict[str, Any]:
+    """Upstream leaves the group out (the default group); ``group=pg`` on a group of ours."""
+    return {} if default(pg) else {"group": pg}
 
 
 def thread_world_tests(cases: dict[str, Case], *, leave_out: Collection[str] = ()) -> dict[str, Callable[..., None]]:

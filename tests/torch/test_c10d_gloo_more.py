@@ -66,7 +66,6 @@ Looked at, not applicable to a CPU pccl group, and why (besides test_c10d_ported
 import pathlib
 import random
 import threading
-from collections.abc import Callable
 from itertools import groupby
 from typing import Any
 
@@ -77,40 +76,19 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world  # noqa: E402,F401
+from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world, case_table, assert_equal, default, group_kw as _kw  # noqa: E402,F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
 #: name -> case, in the order they are defined (the peer processes run them in this order).
-CASES: dict[str, Callable[[Any, int, int], None]] = {}
+CASES, ported = case_table()
 
 #: torch's global random generator is one per process: the thread-world peers that need the
 #: same draws as their peers seed and draw under this lock, as upstream's processes do.
 _RNG = threading.Lock()
-
-
-def ported(fn: Callable[[Any, int, int], None]) -> Callable[[Any, int, int], None]:
-    CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
-
-
-def assert_equal(expected: Any, actual: Any) -> None:
-    """torch's ``TestCase.assertEqual`` for tensors and lists of them."""
-    torch.testing.assert_close(actual, expected)
-
-
-def default(pg: Any) -> bool:
-    """Whether ``pg`` is the default group (the init_process_group runs)."""
-    return dist.is_initialized() and _get_default_group() is pg
-
-
-def _kw(pg: Any) -> dict[str, Any]:
-    """Upstream leaves the group out (the default group); ``group=pg`` on a group of ours."""
-    return {} if default(pg) else {"group": pg}
 
 
 # --- test_c10d_gloo.py::ReducerTest -------------------------------------------------------------------

@@ -71,7 +71,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as c10d  # noqa: E402
 
 import pccl  # noqa: E402
-from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world  # noqa: E402,F401
+from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world, case_table, assert_equal  # noqa: E402,F401
 
 # torch 2.13 calls all_reduce_coalesced deprecated
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -82,18 +82,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 STRESS = 100
 
 #: name -> case, in the order they are defined (the peer processes run them in this order).
-CASES: dict[str, Callable[[Any, int, int], None]] = {}
-
-
-def ported(fn: Callable[[Any, int, int], None]) -> Callable[[Any, int, int], None]:
-    CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
-
-
-def assert_equal(expected: Any, actual: Any, msg: str | None = None) -> None:
-    """torch's ``TestCase.assertEqual`` for tensors and (nested) lists of them: the same dtype,
-    shape and values (to the dtype's default tolerance)."""
-    torch.testing.assert_close(actual, expected, msg=msg)
+CASES, ported = case_table()
 
 
 def raises(match: str) -> Any:

@@ -45,18 +45,10 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
 
 import pccl  # noqa: E402
-from pccl_torch_world import WORLDS, pccl_world, run_cases_in_processes, thread_world_tests, world  # noqa: E402,F401
+from pccl_torch_world import WORLDS, pccl_world, run_cases_in_processes, thread_world_tests, world, case_table, assert_equal  # noqa: E402,F401
 
 
-CASES: dict[str, Callable[[Any, int, int], None]] = {}
-
-def ported(fn: Callable[[Any, int, int], None]) -> Callable[[Any, int, int], None]:
-    CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
-
-
-def assert_equal(expected: Any, actual: Any) -> None:
-    torch.testing.assert_close(actual, expected)
+CASES, ported = case_table()
 
 
 def _build_tensor(size: int, value: Any = None, dtype: Any = torch.float) -> Any:

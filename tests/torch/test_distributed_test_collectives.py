@@ -163,18 +163,17 @@ import torch.distributed.algorithms.model_averaging.utils as model_averaging_uti
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
-from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
 
 import pccl  # noqa: E402
 import pccl.torch  # noqa: E402
-from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world  # noqa: E402,F401
+from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world, case_table, assert_equal, default  # noqa: E402,F401
 
 # torch 2.13 calls all_reduce_coalesced deprecated
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
 #: name -> case, in the order they are defined (the peer processes run them in this order).
-CASES: dict[str, Callable[[Any, int, int], None]] = {}
+CASES, ported = case_table()
 
 
 #: the cases that need torch's default group (``new_group``, ``new_subgroups``): they run under
@@ -182,24 +181,9 @@ CASES: dict[str, Callable[[Any, int, int], None]] = {}
 DEFAULT_GROUP_ONLY: set[str] = set()
 
 
-def ported(fn: Callable[[Any, int, int], None]) -> Callable[[Any, int, int], None]:
-    CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
-
-
 def default_group_only(fn: Callable[[Any, int, int], None]) -> Callable[[Any, int, int], None]:
     DEFAULT_GROUP_ONLY.add(fn.__name__.removeprefix("case_"))
     return ported(fn)
-
-
-def assert_equal(expected: Any, actual: Any, msg: str | None = None) -> None:
-    """torch's ``TestCase.assertEqual`` for tensors and lists of them."""
-    torch.testing.assert_close(actual, expected, msg=msg)
-
-
-def default(pg: Any) -> bool:
-    """Whether ``pg`` is the default group (the init_process_group runs)."""
-    return dist.is_initialized() and _get_default_group() is pg
 
 
 # --- upstream's module-level helpers and _DistTestBase's group set-ups ---------------------------------
@@ -418,7 +402,6 @@ def case_all_reduce_full_group(pg: Any, rank: int, world: int) -> None:
     with _FullGroup(pg) as (group, group_id, rank):
         for _, op, master, worker, expected in _reduce_rows(len(group)):
             _test_all_reduce_helper(pg, group, group_id, rank, op, master, worker, expected)
-
 
 
 @ported
@@ -649,7 +632,6 @@ def case_all_gather_full_group(pg: Any, rank: int, world: int) -> None:
         _test_all_gather_helper(pg, group, group_id, rank)
 
 
-
 def _build_multidim_tensor(dim: int, dim_size: int, value: Any = None, dtype: Any = None) -> Any:
     """distributed_test.py::_build_multidim_tensor."""
     if value is None:
@@ -680,7 +662,6 @@ def case_all_gather_coalesced_full_group(pg: Any, rank: int, world: int) -> None
     """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_all_gather_coalesced_full_group"""
     with _FullGroup(pg) as (group, group_id, rank):
         _test_all_gather_coalesced_helper(pg, group, group_id, rank)
-
 
 
 # --- all_to_all over a new_group of every rank (the plain cases: test_c10d_ported_p2p.py) ------------------
@@ -768,7 +749,6 @@ def case_barrier_full_group(pg: Any, rank: int, world: int) -> None:
     """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_barrier_full_group"""
     with _FullGroup(pg) as (group, group_id, rank):
         _test_barrier_helper(pg, group, group_id, rank)
-
 
 
 # --- ranks, backend and groups ---------------------------------------------------------------------------
@@ -869,8 +849,6 @@ def case_get_rank_size_full_group(pg: Any, rank: int, world: int) -> None:
         else:
             assert dist.get_world_size(group_id) == dist.get_world_size(pg)
             assert group_id.rank() == pg.rank()
-
-
 
 
 @default_group_only
@@ -1070,7 +1048,6 @@ def case_scatter_object_list(pg: Any, rank: int, world: int) -> None:
         dist.scatter_object_list([], scatter_list, src=src_rank, **g)
 
 
-
 @ported
 def case_DistributedSampler_padding(pg: Any, rank: int, world: int) -> None:  # noqa: N802 - upstream's name
     """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_DistributedSampler_padding
@@ -1242,7 +1219,6 @@ def case_1_level_hierarchical_model_averager_equivalent_to_periodic_model_averag
         return averagers.PeriodicModelAverager(period=period, warmup_steps=warmup_steps, process_group=group)
 
     _periodic_model_averager(pg, rank, world, make)
-
 
 
 # --- running them -------------------------------------------------------------------------------------------

@@ -124,9 +124,8 @@ from torch import nn  # noqa: E402
 from torch._C import _functions as torch_functions  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.nn.parallel.distributed import _BufferCommHookLocation  # noqa: E402
-from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
 
-from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world  # noqa: E402,F401
+from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world, case_table, assert_equal, default, group_kw as _kw  # noqa: E402,F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -134,36 +133,16 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 SEED = 1234
 
 #: name -> case, in the order they are defined (the peer processes run them in this order).
-CASES: dict[str, Callable[[Any, int, int], None]] = {}
+CASES, ported = case_table()
 
 #: torch's global random generator is one per process: the thread-world peers draw their
 #: models and inputs under this lock, each after seeding, as upstream's processes do.
 _RNG = threading.Lock()
 
 
-def ported(fn: Callable[[Any, int, int], None]) -> Callable[[Any, int, int], None]:
-    CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
-
-
-def assert_equal(expected: Any, actual: Any) -> None:
-    """torch's ``TestCase.assertEqual`` for tensors and lists of them."""
-    torch.testing.assert_close(actual, expected)
-
-
-def default(pg: Any) -> bool:
-    """Whether ``pg`` is the default group (the init_process_group runs)."""
-    return dist.is_initialized() and _get_default_group() is pg
-
-
 def _ddp(pg: Any) -> dict[str, Any]:
     """Upstream builds DDP on the default group; ``process_group=pg`` on a group of ours."""
     return {} if default(pg) else {"process_group": pg}
-
-
-def _kw(pg: Any) -> dict[str, Any]:
-    """Upstream's collectives on the default group; ``group=pg`` on a group of ours."""
-    return {} if default(pg) else {"group": pg}
 
 
 @contextlib.contextmanager

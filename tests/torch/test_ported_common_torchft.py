@@ -82,42 +82,21 @@ from torch import nn  # noqa: E402
 from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOptions, AllreduceOptions,  # noqa: E402
                                        AllToAllOptions, BarrierOptions, BroadcastOptions, ReduceOp,
                                        ReduceScatterOptions)
-from torch.distributed.distributed_c10d import _get_default_group  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import pccl  # noqa: E402
 import pccl.torch  # noqa: E402
-from pccl_torch_world import CFG, WORLDS, master_in_thread, pccl_world, run_cases_in_processes, run_peer_processes, thread_world_tests, world  # noqa: E402,F401
+from pccl_torch_world import CFG, WORLDS, master_in_thread, pccl_world, run_cases_in_processes, run_peer_processes, thread_world_tests, world, case_table, assert_equal, default, group_kw as _kw  # noqa: E402,F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 HERE = pathlib.Path(__file__).resolve().parent
 
 #: name -> case, in the order they are defined (the peer processes run them in this order).
-CASES: dict[str, Callable[[Any, int, int], None]] = {}
-
-
-def ported(fn: Callable[[Any, int, int], None]) -> Callable[[Any, int, int], None]:
-    CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
-
-
-def assert_equal(expected: Any, actual: Any) -> None:
-    """torch's ``TestCase.assertEqual`` for tensors and lists of them."""
-    torch.testing.assert_close(actual, expected)
-
-
-def default(pg: Any) -> bool:
-    """Whether ``pg`` is the default group (the init_process_group runs)."""
-    return dist.is_initialized() and _get_default_group() is pg
+CASES, ported = case_table()
 
 
 # --- test/distributed/test_c10d_common.py -------------------------------------------------------------
-
-
-def _kw(pg: Any) -> dict[str, Any]:
-    """Upstream leaves the group out (the default group); ``group=pg`` on a group of ours."""
-    return {} if default(pg) else {"group": pg}
 
 
 @ported
