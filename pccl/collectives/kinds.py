@@ -173,7 +173,11 @@ def _check_broadcast(x: Any, root: Any, tag: Any, quantization: Any) -> Call:
 
 
 def _broadcast_op(call: Call, commence: m.CollectiveCommence, place: Place) -> LaneOp:
-    return broadcast_op(_keep(call), place, root=tuple(commence.ring).index(call.own))
+    ring = tuple(commence.ring)
+    if call.own not in ring:
+        raise ProtocolError(f"the master commenced broadcast tag {call.tag} from root {call.own} on ring "
+                            f"{list(ring)}, which does not hold it")
+    return broadcast_op(_keep(call), place, root=ring.index(call.own))
 
 
 def _broadcast_info(call: Call, commence: m.CollectiveCommence, rank: int, tx: int, rx: int,

@@ -107,3 +107,23 @@ async def test_a_kinds_own_check_failing_in_make_op_retires_the_seq_and_keeps_th
     assert (place.rank, place.world, place.seq) == (1, 2, 5)
     assert place.backup is not None  # in place and no backup of the caller's: the call keeps the input
     assert np.array_equal(x, np.ones(8, np.float32))
+
+
+def test_a_commence_that_does_not_fit_the_call_is_a_protocol_error() -> None:
+    """A (lying or buggy) master's Commence whose ring lacks the broadcast's root, or whose
+    all-gather counts disagree with this peer's input, is refused as the master's fault."""
+    from pccl.collectives.kinds import KIND_OPS
+    from pccl.errors import ProtocolError
+    from pccl.protocol import messages as m
+    from pccl.protocol.messages import CollectiveKind
+
+    links, _ = memory_ring(2)
+    place = Place(links=links[0], rank=0, world=2, seq=1, runner=None, backup=None)  # type: ignore[arg-type]
+    row = KIND_OPS[CollectiveKind.BROADCAST]
+    call = row.check(np.ones(8, np.float32), 7, 1, None)
+    with pytest.raises(ProtocolError, match="from root 7 on ring \\[3, 4\\]"):
+        row.make_op(call, m.CollectiveCommence(tag=1, seq=1, ring=(3, 4)), place)
+    gather = KIND_OPS[CollectiveKind.ALL_GATHER]
+    call = gather.check(np.ones(8, np.float32), 1, None)
+    with pytest.raises(ProtocolError, match="with counts \\[9, 9\\]"):
+        gather.make_op(call, m.CollectiveCommence(tag=1, seq=1, ring=(3, 4), counts=(9, 9)), place)
