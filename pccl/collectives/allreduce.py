@@ -201,8 +201,10 @@ def all_reduce_op(args: ReduceArgs, place: Place, *, max_subchunk_bytes: int = D
                   exchange_max_bytes: int = EXCHANGE_MAX_BYTES,
                   algorithm: AllReduceAlgorithm | None = None) -> RingOp | HalvingDoublingOp:
     """The all-reduce of ``args`` at ``place``, ready to run (its scratch memory taken), on the
-    algorithm :func:`algorithm_for` picks (``algorithm``: forced where it can run)."""
-    chosen = algorithm_for(args, place, exchange_max_bytes=exchange_max_bytes, forced=algorithm)
+    algorithm :func:`algorithm_for` picks (``algorithm``, else the links' own
+    :attr:`~pccl.collectives.links.RingLinks.algorithm`: forced where it can run)."""
+    forced = algorithm if algorithm is not None else place.links.algorithm
+    chosen = algorithm_for(args, place, exchange_max_bytes=exchange_max_bytes, forced=forced)
     bufs = OpBuffers.for_args(args)
     try:
         if chosen is not AllReduceAlgorithm.RING:

@@ -59,6 +59,7 @@ from ..errors import InvalidArgument, ProtocolError
 from ..net.framed import FramedConnection
 from ..net.framed_threads import BlockingDataChannel, thread_channel
 from ..net.thread_io import ThreadCancel
+from ..protocol.algorithms import AllReduceAlgorithm
 from ..protocol.codec import DataHeader
 from .lane_sends import LaneSends
 from .turns import ThreadTurns
@@ -433,6 +434,7 @@ class RingLinks:
         registry: SeqRegistry | None = None,
         threaded: bool | None = None,
         partners: Mapping[int, FramedConnection] | None = None,
+        algorithm: AllReduceAlgorithm | None = None,
     ) -> None:
         if not to_next or len(to_next) != len(from_prev):
             raise InvalidArgument(
@@ -461,6 +463,10 @@ class RingLinks:
         self.partners: dict[int, Inbox] = {
             position: Inbox(connection, self.registry) for position, connection in sorted((partners or {}).items())
         }
+
+        #: The all-reduce algorithm every op on these links is forced to (``None``: chosen per
+        #: op; ``Config.all_reduce_algorithm``).
+        self.algorithm = algorithm
 
     def has_partners(self, positions: Sequence[int]) -> bool:
         """Whether there is a partner link to every ring position in ``positions``."""

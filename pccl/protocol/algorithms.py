@@ -42,7 +42,7 @@ import enum
 __all__ = [
     "AllReduceAlgorithm", "NOMINAL_LATENCY_BYTES", "UNPIPELINED_PENALTY", "MIN_WORLD", "HALVING_MAX_BYTES",
     "power_of_two_below", "virtual_rank", "position_of", "fold_partner", "partner_positions",
-    "choose_all_reduce", "parse_algorithm",
+    "choose_all_reduce", "parse_algorithm", "wants_partner_links",
 ]
 
 
@@ -77,6 +77,14 @@ def parse_algorithm(value: object) -> AllReduceAlgorithm | None:
     except ValueError:
         names = ", ".join(repr(a.value) for a in AllReduceAlgorithm)
         raise ValueError(f"all-reduce algorithm must be 'auto' or one of {names}, got {value!r}") from None
+
+
+def wants_partner_links(world: int, forced: AllReduceAlgorithm | None) -> bool:
+    """Whether a ring of ``world`` peers is wired with partner links: whenever an all-reduce on
+    it may take the halving-doubling family (never when the ring is forced)."""
+    if forced is AllReduceAlgorithm.RING or world < 2:
+        return False
+    return forced is not None or world >= MIN_WORLD
 
 
 def power_of_two_below(world: int) -> int:
