@@ -59,8 +59,10 @@ class AllReduceAlgorithm(enum.Enum):
 NOMINAL_LATENCY_BYTES = 256 * 1024
 #: How much more a byte of the halving-doubling family costs than a byte of the pipelined ring.
 UNPIPELINED_PENALTY = 1.5
-#: Below this world the ring (or its exchange) is never slower by more than a step.
-MIN_WORLD = 4
+#: Below this world the automatic choice keeps the ring and no partner links are wired: the
+#: ring's exchange takes ``N - 1 <= 6`` steps there, recursive doubling 2 to 4 (with the fold),
+#: so at most a few link latencies are to be won, against a connection per partner per round.
+MIN_WORLD = 8
 #: Largest buffer the automatic choice gives the halving-doubling family (bytes); above it the
 #: ring's lane threads and striping move bulk bytes faster on real TCP than one frame per step.
 HALVING_MAX_BYTES = 64 * 1024 * 1024

@@ -64,8 +64,8 @@ async def test_forced_algorithm_runs_over_partner_links_bit_identical(world: int
         assert set(by_id) == set(ring)
 
 
-async def test_auto_picks_recursive_doubling_for_a_small_op_at_four_peers() -> None:
-    async with open_test_cluster(4, token=TOKEN, config=_config("auto"), soon=SOON) as (_, comms, _):
+async def test_auto_picks_recursive_doubling_for_a_small_op_at_eight_peers() -> None:
+    async with open_test_cluster(8, token=TOKEN, config=_config("auto"), soon=SOON) as (_, comms, _):
         ring = comms[0].ring
         inputs = {c.peer_id: np.full(1024, float(i + 1), np.float32) for i, c in enumerate(comms)}
 
@@ -74,7 +74,20 @@ async def test_auto_picks_recursive_doubling_for_a_small_op_at_four_peers() -> N
 
         infos = await each(comms, reduce)
         for info in infos:
-            assert info.tx_bytes == 2 * 4096  # two doubling steps; the exchange would send 3 x 4096
+            assert info.tx_bytes == 3 * 4096  # three doubling steps; the exchange would send 7 x 4096
         for x in inputs.values():
-            assert np.array_equal(x, np.full(1024, 10.0, np.float32))
-        assert len(ring) == 4
+            assert np.array_equal(x, np.full(1024, 36.0, np.float32))
+        assert len(ring) == 8
+
+
+async def test_auto_wires_no_partner_links_below_eight_peers() -> None:
+    async with open_test_cluster(4, token=TOKEN, config=_config("auto"), soon=SOON) as (_, comms, _):
+        inputs = {c.peer_id: np.full(1024, float(i + 1), np.float32) for i, c in enumerate(comms)}
+
+        async def reduce(i: int, comm: pccl.Communicator) -> Any:
+            return await comm.all_reduce(inputs[comm.peer_id])
+
+        infos = await each(comms, reduce)
+        for info, comm in zip(infos, comms):
+            assert info.tx_bytes == 3 * 4096  # the ring's exchange
+            assert comm.statistics().p2p_connections == 2  # a lane out, a lane in: no partner links

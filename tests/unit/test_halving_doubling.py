@@ -21,6 +21,7 @@ from pccl.collectives.reference import halving_reference, ring_reference
 from pccl.errors import PCCLError, PeerDisconnected
 from pccl.protocol.algorithms import (
     HALVING_MAX_BYTES,
+    MIN_WORLD,
     AllReduceAlgorithm,
     choose_all_reduce,
     fold_partner,
@@ -260,12 +261,15 @@ def _choose(nbytes: int, world: int, **kw: Any) -> AllReduceAlgorithm:
 
 def test_the_choice_follows_the_documented_table() -> None:
     # docs/collectives.rst shows this table
-    assert _choose(4096, 2) is RING and _choose(4096, 3) is RING
-    assert _choose(4096, 4) is RD and _choose(4096, 16) is RD and _choose(4096, 64) is RD
-    assert _choose(4096, 5) is RING  # the fold costs two steps: no fewer than the exchange's four
-    assert _choose(1 << 20, 16) is HD and _choose(16 << 20, 64) is HD
-    assert _choose(16 << 20, 4) is RING and _choose(16 << 20, 16) is RING
+    for world in range(2, MIN_WORLD):
+        assert _choose(4096, world) is RING and _choose(1 << 20, world) is RING
+    assert _choose(4096, 8) is RD and _choose(4096, 16) is RD and _choose(4096, 64) is RD
+    assert _choose(256 << 10, 9) is RD and _choose(1 << 20, 9) is RING  # the fold moves the buffer twice more
+    assert _choose(1 << 20, 8) is HD and _choose(1 << 20, 16) is HD and _choose(16 << 20, 64) is HD
+    assert _choose(16 << 20, 8) is RING and _choose(16 << 20, 16) is RING
     assert _choose(HALVING_MAX_BYTES + 4, 256) is RING
+    # f16/bf16 partials travel as f32: recursive doubling stops earlier
+    assert _choose(128 << 10, 64) is RD and _choose(128 << 10, 64, itemsize=2, acc_itemsize=4) is HD
 
 
 def test_the_choice_never_takes_what_cannot_run() -> None:
