@@ -19,11 +19,17 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..protocol.algorithms import AllReduceAlgorithm, position_of, power_of_two_below
+from ..protocol.algorithms import (
+    AllReduceAlgorithm,
+    choose_all_reduce,
+    position_of,
+    power_of_two_below,
+    wants_partner_links,
+)
 from ..protocol.ring import EXCHANGE_MAX_BYTES, chunk_bounds, uses_exchange
 from ..types import DType, ReduceOp, dtype_of
 
-__all__ = ["ring_reference", "halving_reference"]
+__all__ = ["ring_reference", "halving_reference", "all_reduce_reference"]
 
 _NP_OP: dict[ReduceOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     ReduceOp.SUM: np.add,
@@ -108,3 +114,24 @@ def halving_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp,
         if np.issubdtype(acc_t, np.floating):
             acc[np.isnan(acc)] = np.nan
         return acc.astype(dtype)
+
+
+def all_reduce_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp, *,
+                         algorithm: AllReduceAlgorithm | None = None, partner_links: bool | None = None,
+                         exchange_max_bytes: int = EXCHANGE_MAX_BYTES) -> np.ndarray:
+    """The unquantized all-reduce of a whole :class:`~pccl.Communicator` (one flat, unsegmented
+    buffer per participant, in ring order): the model of the algorithm the data path chooses
+    (:func:`~pccl.protocol.algorithms.choose_all_reduce`).  ``algorithm``: what
+    ``Config.all_reduce_algorithm`` forces (``None``: auto); ``partner_links``: whether the ring
+    has them (default: as the topology round wires them,
+    :func:`~pccl.protocol.algorithms.wants_partner_links`)."""
+    world = len(inputs_in_ring_order)
+    first = np.ascontiguousarray(inputs_in_ring_order[0])
+    half = dtype_of(first.dtype) in (DType.FLOAT16, DType.BFLOAT16)
+    links = wants_partner_links(world, algorithm) if partner_links is None else partner_links
+    chosen = choose_all_reduce(first.nbytes, world, itemsize=first.itemsize, acc_itemsize=4 if half else first.itemsize,
+                               quantized=False, segmented=False, partner_links=links,
+                               exchange_max_bytes=exchange_max_bytes, forced=algorithm)
+    if chosen is AllReduceAlgorithm.RING:
+        return ring_reference(inputs_in_ring_order, op, exchange_max_bytes=exchange_max_bytes)
+    return halving_reference(inputs_in_ring_order, op, chosen)
