@@ -272,6 +272,25 @@ def test_the_choice_follows_the_documented_table() -> None:
     assert _choose(128 << 10, 64) is RD and _choose(128 << 10, 64, itemsize=2, acc_itemsize=4) is HD
 
 
+#: docs/collectives.rst's table: per world, the sizes (KiB, float32) from which the choice moves
+#: to Rabenseifner and then to the ring.
+DOCUMENTED = {8: (412, 2344), 9: (412, 536), 12: (412, 948), 15: (412, 1364), 16: (324, 6008),
+              64: (256, 29648), 256: (228, 65540)}
+
+
+@pytest.mark.parametrize("world", DOCUMENTED)
+def test_the_thresholds_are_the_documented_ones(world: int) -> None:
+    changes = []
+    previous = None
+    for kib in range(4, 70_000, 4):
+        algorithm = _choose(kib * 1024, world)
+        if algorithm is not previous:
+            changes.append((kib, algorithm))
+            previous = algorithm
+    halving, ring = DOCUMENTED[world]
+    assert changes == [(4, RD), (halving, HD), (ring, RING)]
+
+
 def test_the_choice_never_takes_what_cannot_run() -> None:
     for forced in (None, RD, HD):
         assert _choose(4096, 64, quantized=True, forced=forced) is RING
