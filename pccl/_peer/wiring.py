@@ -135,50 +135,71 @@ class RingWiring:
             ok = True
             unreachable: tuple[int, ...] = ()
             detail = ""
-            succ = links.successor
-            if succ != host.peer_id:
-                try:
-                    endpoint = endpoints.get(succ)
-                    if endpoint is None:
-                        raise ProtocolError(f"the master sent no endpoint for ring successor {succ:x}")
-                    try:
-                        async with trio.open_nursery() as nursery:
-                            for lane in range(links.lanes):
-                                nursery.start_soon(self._connect_lane, endpoint, links, lane, dialled)
-                    except BaseExceptionGroup as group:
-                        raise single_exception(group) from None
-                except PCCLError as error:
-                    for conn in dialled:
-                        if conn is not None:
-                            conn.abort()
-                    log.info("peer %x: cannot connect to ring successor %x in round %d: %s",
-                             host.peer_id, succ, links.round, error)
-                    ok, unreachable, detail = False, (succ,), clip_text(str(error), MAX_DETAIL)
-                except BaseException:
-                    for conn in dialled:
-                        if conn is not None:
-                            conn.abort()
-                    raise
-                else:
-                    if links is not self.links:
-                        for conn in dialled:
-                            conn.abort()  # type: ignore[union-attr]
-                        return
-                    links.add_outgoing(succ, tuple(dialled))  # type: ignore[arg-type]
-            if ok:
-                try:
-                    await self._connect_partners(links, endpoints)
-                except _PartnerUnreachable as failure:
-                    log.info("peer %x: cannot connect to partner %x in round %d: %s",
-                             host.peer_id, failure.peer_id, links.round, failure.error)
-                    ok, unreachable = False, (failure.peer_id,)
-                    detail = clip_text(str(failure.error), MAX_DETAIL)
-                if links is not self.links:
-                    return
+            partners: list[_PartnerUnreachable] = []
+            try:
+                async with trio.open_nursery() as nursery:
+                    # The partner links are dialled beside the lanes: a round waits for one dial.
+                    nursery.start_soon(self._partners_outcome, links, endpoints, partners)
+                    lanes = await self._connect_successor(links, endpoints, dialled)
+            except BaseExceptionGroup as group:
+                raise single_exception(group) from None
+            if links is not self.links:
+                return
+            if lanes is not None:
+                ok, unreachable, detail = False, *lanes
+            elif partners:
+                failure = partners[0]
+                log.info("peer %x: cannot connect to partner %x in round %d: %s",
+                         host.peer_id, failure.peer_id, links.round, failure.error)
+                ok, unreachable, detail = False, (failure.peer_id,), clip_text(str(failure.error), MAX_DETAIL)
             try:
                 await host.send(m.P2PReport(links.round, ok, unreachable, detail), epoch=epoch, schedule_point=False)
             except PCCLError:
                 pass  # the communicator failed, or the master of this round is gone
+
+    async def _connect_successor(self, links: P2PLinks, endpoints: dict[int, m.PeerEndpoint],
+                                 dialled: list[FramedConnection | None]) -> tuple[tuple[int, ...], str] | None:
+        """Connect the round's lanes to the successor (the kept ones in ``dialled``); ``None``
+        when done (or alone, or the round is over), else what the report says is unreachable."""
+        host = self._host
+        succ = links.successor
+        if succ == host.peer_id:
+            return None
+        try:
+            endpoint = endpoints.get(succ)
+            if endpoint is None:
+                raise ProtocolError(f"the master sent no endpoint for ring successor {succ:x}")
+            try:
+                async with trio.open_nursery() as nursery:
+                    for lane in range(links.lanes):
+                        nursery.start_soon(self._connect_lane, endpoint, links, lane, dialled)
+            except BaseExceptionGroup as group:
+                raise single_exception(group) from None
+        except PCCLError as error:
+            for conn in dialled:
+                if conn is not None:
+                    conn.abort()
+            log.info("peer %x: cannot connect to ring successor %x in round %d: %s",
+                     host.peer_id, succ, links.round, error)
+            return (succ,), clip_text(str(error), MAX_DETAIL)
+        except BaseException:
+            for conn in dialled:
+                if conn is not None:
+                    conn.abort()
+            raise
+        if links is not self.links:
+            for conn in dialled:
+                conn.abort()  # type: ignore[union-attr]
+            return None
+        links.add_outgoing(succ, tuple(dialled))  # type: ignore[arg-type]
+        return None
+
+    async def _partners_outcome(self, links: P2PLinks, endpoints: dict[int, m.PeerEndpoint],
+                                failures: list[_PartnerUnreachable]) -> None:
+        try:
+            await self._connect_partners(links, endpoints)
+        except _PartnerUnreachable as failure:
+            failures.append(failure)
 
     async def _connect_partners(self, links: P2PLinks, endpoints: dict[int, m.PeerEndpoint]) -> None:
         """Dial the round's partner links this peer owes (to its partners at higher ring
