@@ -39,6 +39,18 @@ through the op's seq; the partner links carry bare data frames with no handshake
 step costs one latency, and they live and die with the ring's wiring (a re-wire after an abort
 rebuilds them with the lanes).
 
+Turns
+-----
+Ops on the partner links run one at a time, in commence order (a
+:class:`~pccl.collectives.turns.ThreadTurns` with one slot,
+:attr:`~pccl.collectives.links.RingLinks.partner_turns`).  A link is read in the order its
+frames come, a frame of another op waiting for its owner; with ops whose partners come in
+different orders (recursive doubling at distance 1 first, Rabenseifner at ``P/2`` first) and
+peers that went through them in different orders, each op could wait behind a frame of the
+other.  In commence order every peer runs the lowest unfinished op, whose frames precede every
+later op's on every link.  Concurrent small ops therefore queue (each takes ``log2 N`` link
+latencies) while ring ops run beside them on the lanes.
+
 Aborts
 ------
 A step sends in a child task while the calling task receives, both inside one nursery: a
@@ -135,12 +147,19 @@ class HalvingDoublingOp:
     # --- the run ----------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Run the op (see the module docstring for errors and cancellation)."""
+        """Run the op (see the module docstring for errors and cancellation), once its turn on
+        the partner links came (cancellable while it waits)."""
+        turns = self.links.partner_turns
+        taken = turns is not None and await turns.take(self.seq)
         self.links.registry.started(self.seq)
         try:
             await self._run()
         except BaseExceptionGroup as group:
             raise single_exception(group) from None
+        finally:
+            if taken:
+                assert turns is not None
+                turns.give_back()
 
     async def _run(self) -> None:
         bufs, work = self.bufs, self.work

@@ -467,6 +467,10 @@ class RingLinks:
         #: The all-reduce algorithm every op on these links is forced to (``None``: chosen per
         #: op; ``Config.all_reduce_algorithm``).
         self.algorithm = algorithm
+        #: Ops on the partner links take turns one at a time, in commence order: a partner link
+        #: is read in its frames' order, and two ops whose peers went through them in different
+        #: orders could each wait behind a frame of the other (:mod:`pccl.collectives.halving`).
+        self.partner_turns: ThreadTurns | None = ThreadTurns(self.registry, slots=1) if self.partners else None
 
     def has_partners(self, positions: Sequence[int]) -> bool:
         """Whether there is a partner link to every ring position in ``positions``."""

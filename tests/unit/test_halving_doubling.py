@@ -244,6 +244,47 @@ async def test_concurrent_ops_share_the_links() -> None:
     assert len(results) == 2 * len(cases)
 
 
+async def test_commenced_ops_take_turns_in_seq_order_whatever_order_each_peer_starts_them() -> None:
+    # As the communicator does: every peer records the Commences in seq order; each peer then
+    # reaches the data path of the ops in its own order, and the two algorithms (partners in
+    # opposite orders) alternate.  Every op completes, one at a time on each peer's partner links.
+    world, ops = 8, 6
+    links, _, _ = memory_mesh(world)
+    for peer in links:
+        for seq in range(1, ops + 1):
+            peer.registry.commenced(seq)
+    inputs = {seq: make_inputs(world, 3000, np.float32, ReduceOp.SUM, seed=seq) for seq in range(1, ops + 1)}
+    outputs = {seq: [x.copy() for x in xs] for seq, xs in inputs.items()}
+    most = [0] * world
+
+    async def one(r: int, seq: int) -> None:
+        await ring_all_reduce(outputs[seq][r], op=ReduceOp.SUM, links=links[r], rank=r, world=world, seq=seq,
+                              algorithm=RD if seq % 2 else HD)
+
+    async def watch() -> None:
+        while True:
+            for r, peer in enumerate(links):
+                assert peer.partner_turns is not None
+                most[r] = max(most[r], peer.partner_turns.running)
+            await trio.sleep(0)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            async with trio.open_nursery() as peers:
+                for r in range(world):
+                    order = list(range(1, ops + 1))
+                    order = order[r % ops:] + order[: r % ops]  # each peer its own order
+                    for seq in order:
+                        peers.start_soon(one, r, seq)
+            nursery.cancel_scope.cancel()
+    assert most == [1] * world
+    for seq in range(1, ops + 1):
+        assert_bit_identical(outputs[seq])
+        expected = halving_reference(inputs[seq], ReduceOp.SUM, RD if seq % 2 else HD)
+        assert outputs[seq][0].view(np.uint8).tobytes() == expected.view(np.uint8).tobytes()
+
+
 async def test_empty_buffer_moves_nothing() -> None:
     outputs, sizes = await run_op([np.zeros(0, np.float32)] * 5, ReduceOp.SUM, HD)
     assert sizes == [(0, 0)] * 5
