@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from .errors import InvalidArgument
+from .protocol.algorithms import parse_algorithm
 from .protocol.paths import parse_advertise
 from .protocol.topology import MAX_LANES, lanes_for_link
 
@@ -86,6 +87,12 @@ class Config:
     #: connection's window (``p2p_lane_window``) does not cap the edge
     #: (:func:`pccl.protocol.topology.lanes_for_link`); one lane on an edge not measured yet.
     p2p_lanes: int | Literal["auto"] = 1
+    #: Which algorithm every all-reduce runs: ``"auto"`` (chosen per op from its size, the world
+    #: and the links: :func:`pccl.protocol.algorithms.choose_all_reduce`, see
+    #: ``docs/collectives.rst``), or ``"ring"``, ``"recursive_doubling"``, ``"halving_doubling"``
+    #: (forced wherever it can run; quantized and segmented ops always take the ring).  With
+    #: ``"ring"`` no partner links are wired.  Must be the same on every peer of a run.
+    all_reduce_algorithm: str = "auto"
     #: The bytes one connection keeps in flight (its TCP window), which caps it at
     #: ``window / RTT``; used only by ``p2p_lanes="auto"``.  Linux autotunes receive windows up
     #: to ``net.ipv4.tcp_rmem``'s maximum (6 MiB by default, of which about 4 MiB is window);
@@ -126,6 +133,10 @@ class Config:
             raise InvalidArgument("timeouts and intervals must be positive")
         if self.advertise is not None:
             parse_advertise(self.advertise)  # InvalidArgument naming what is wrong
+        try:
+            parse_algorithm(self.all_reduce_algorithm)
+        except ValueError as exc:
+            raise InvalidArgument(f"Config.{exc}") from None
         if self.master_reconnect_timeout < 0:
             raise InvalidArgument("master_reconnect_timeout must be 0 (no reconnection) or positive")
         if self.master_wait_timeout < 0:

@@ -6,6 +6,7 @@ import trio
 
 from ..errors import PeerDisconnected
 from ..net.framed import FramedConnection
+from ..protocol.algorithms import AllReduceAlgorithm
 from ..protocol.ring import ring_predecessor, ring_successor
 
 __all__ = ["P2PLinks"]
@@ -21,13 +22,20 @@ class P2PLinks:
     reads these connections between collectives; the all-reduce owns them while it runs.
     """
 
-    def __init__(self, round_id: int, ring: tuple[int, ...], me: int, lanes: int) -> None:
+    def __init__(self, round_id: int, ring: tuple[int, ...], me: int, lanes: int, *,
+                 algorithm: AllReduceAlgorithm | None = None) -> None:
         self.round = round_id
+        #: The all-reduce algorithm ``Config.all_reduce_algorithm`` forces (``None``: auto):
+        #: whether the round has partner links (:func:`~pccl.protocol.algorithms.wants_partner_links`).
+        self.algorithm = algorithm
         self.ring = ring
         self.me = me
         self.lanes = lanes
         self.outgoing: dict[int, tuple[FramedConnection, ...]] = {}
         self.incoming: dict[int, dict[int, FramedConnection]] = {}
+        #: The round's partner links (halving-doubling), by the partner's peer id: dialled by
+        #: the lower ring position of each pair, carrying data both ways.
+        self.partners: dict[int, FramedConnection] = {}
         self.closed = False
         self._changed = trio.Event()
 
@@ -41,7 +49,7 @@ class P2PLinks:
 
     def connections(self) -> list[FramedConnection]:
         out = [c for lanes in self.outgoing.values() for c in lanes]
-        return out + [c for lanes in self.incoming.values() for c in lanes.values()]
+        return out + [c for lanes in self.incoming.values() for c in lanes.values()] + list(self.partners.values())
 
     def bytes_moved(self) -> int:
         """Bytes sent and received so far on this round's connections (the all-reduce's
@@ -103,6 +111,28 @@ class P2PLinks:
         lanes[lane] = conn
         self._notify()
 
+    def add_partner(self, peer_id: int, conn: FramedConnection) -> None:
+        """The partner link with ``peer_id`` (replacing an earlier one)."""
+        old = self.partners.pop(peer_id, None)
+        if old is not None and old is not conn:
+            old.abort()
+        self.partners[peer_id] = conn
+        self._notify()
+
+    def remove_partner(self, peer_id: int, conn: FramedConnection) -> None:
+        """Forget the partner link with ``peer_id`` if it is still ``conn``."""
+        if self.partners.get(peer_id) is conn:
+            del self.partners[peer_id]
+
+    async def partner_links(self, peer_ids: tuple[int, ...]) -> dict[int, FramedConnection]:
+        """The partner links with ``peer_ids``, waiting for handshakes still running (as
+        :meth:`incoming_from`)."""
+        while not all(p in self.partners for p in peer_ids):
+            if self.closed:
+                raise PeerDisconnected(f"the ring connections of round {self.round} are closed")
+            await self._changed.wait()
+        return {p: self.partners[p] for p in peer_ids}
+
     def remove_incoming(self, peer_id: int, lane: int, conn: FramedConnection) -> None:
         """Forget lane ``lane`` from ``peer_id`` if it is still ``conn``."""
         lanes = self.incoming.get(peer_id, {})
@@ -133,5 +163,6 @@ class P2PLinks:
             conn.abort()
         self.outgoing.clear()
         self.incoming.clear()
+        self.partners.clear()
         self.closed = True
         self._notify()

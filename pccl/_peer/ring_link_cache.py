@@ -7,6 +7,8 @@ import trio
 
 from ..collectives.links import RingLinks, SeqRegistry
 from ..errors import PeerDisconnected
+from ..net.framed import FramedConnection
+from ..protocol.algorithms import partner_positions, wants_partner_links
 from .ring_connections import P2PLinks
 
 __all__ = ["RingLinkCache"]
@@ -51,6 +53,13 @@ class RingLinkCache:
                 if not outgoing:
                     raise PeerDisconnected(f"no connection to ring successor {p2p.successor:x} in round {p2p.round}")
                 incoming = await p2p.from_predecessor()
-                self._links = RingLinks(outgoing, incoming, registry=self.registry)
+                ring = p2p.ring
+                partners: dict[int, FramedConnection] = {}
+                if wants_partner_links(len(ring), p2p.algorithm):
+                    positions = partner_positions(ring.index(p2p.me), len(ring))
+                    by_id = await p2p.partner_links(tuple(ring[p] for p in positions))
+                    partners = {p: by_id[ring[p]] for p in positions}
+                self._links = RingLinks(outgoing, incoming, registry=self.registry, partners=partners,
+                                        algorithm=p2p.algorithm)
                 self._round = p2p
             return self._links

@@ -35,6 +35,7 @@ from ..net.base import Listener, Stream
 from ..net.framed import FramedConnection
 from ..net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for, serve_listener
 from ..protocol import messages as m
+from ..protocol.algorithms import parse_algorithm, partner_positions, wants_partner_links
 from ..protocol.paths import Port
 from .host import PeerHost
 from .ring_connections import P2PLinks
@@ -42,6 +43,15 @@ from .ring_connections import P2PLinks
 __all__ = ["RingWiring"]
 
 log = logging.getLogger(__name__)
+
+
+class _PartnerUnreachable(Exception):
+    """A partner link of the round could not be opened (reported to the master as unreachable)."""
+
+    def __init__(self, peer_id: int, error: PCCLError) -> None:
+        super().__init__(peer_id, error)
+        self.peer_id = peer_id
+        self.error = error
 
 
 class RingWiring:
@@ -82,7 +92,8 @@ class RingWiring:
             self._round_scope.cancel()
         old = self.links
         lanes = host.config.ring_lanes((f.bandwidth, f.rtt) for f in msg.ring_links)
-        links = self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, lanes)
+        links = self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, lanes,
+                                      algorithm=parse_algorithm(host.config.all_reduce_algorithm))
         # Lanes whose ends stay neighbours carry on (module docstring); the rest close.
         outgoing: list[FramedConnection | None] = []
         incoming: dict[int, FramedConnection] = {}
@@ -124,40 +135,120 @@ class RingWiring:
             ok = True
             unreachable: tuple[int, ...] = ()
             detail = ""
-            succ = links.successor
-            if succ != host.peer_id:
-                try:
-                    endpoint = endpoints.get(succ)
-                    if endpoint is None:
-                        raise ProtocolError(f"the master sent no endpoint for ring successor {succ:x}")
-                    try:
-                        async with trio.open_nursery() as nursery:
-                            for lane in range(links.lanes):
-                                nursery.start_soon(self._connect_lane, endpoint, links, lane, dialled)
-                    except BaseExceptionGroup as group:
-                        raise single_exception(group) from None
-                except PCCLError as error:
-                    for conn in dialled:
-                        if conn is not None:
-                            conn.abort()
-                    log.info("peer %x: cannot connect to ring successor %x in round %d: %s",
-                             host.peer_id, succ, links.round, error)
-                    ok, unreachable, detail = False, (succ,), clip_text(str(error), MAX_DETAIL)
-                except BaseException:
-                    for conn in dialled:
-                        if conn is not None:
-                            conn.abort()
-                    raise
-                else:
-                    if links is not self.links:
-                        for conn in dialled:
-                            conn.abort()  # type: ignore[union-attr]
-                        return
-                    links.add_outgoing(succ, tuple(dialled))  # type: ignore[arg-type]
+            partners: list[_PartnerUnreachable] = []
+            try:
+                async with trio.open_nursery() as nursery:
+                    # The partner links are dialled beside the lanes: a round waits for one dial.
+                    nursery.start_soon(self._partners_outcome, links, endpoints, partners)
+                    lanes = await self._connect_successor(links, endpoints, dialled)
+            except BaseExceptionGroup as group:
+                raise single_exception(group) from None
+            if links is not self.links:
+                return
+            if lanes is not None:
+                ok, unreachable, detail = False, *lanes
+            elif partners:
+                failure = partners[0]
+                log.info("peer %x: cannot connect to partner %x in round %d: %s",
+                         host.peer_id, failure.peer_id, links.round, failure.error)
+                ok, unreachable, detail = False, (failure.peer_id,), clip_text(str(failure.error), MAX_DETAIL)
             try:
                 await host.send(m.P2PReport(links.round, ok, unreachable, detail), epoch=epoch, schedule_point=False)
             except PCCLError:
                 pass  # the communicator failed, or the master of this round is gone
+
+    async def _connect_successor(self, links: P2PLinks, endpoints: dict[int, m.PeerEndpoint],
+                                 dialled: list[FramedConnection | None]) -> tuple[tuple[int, ...], str] | None:
+        """Connect the round's lanes to the successor (the kept ones in ``dialled``); ``None``
+        when done (or alone, or the round is over), else what the report says is unreachable."""
+        host = self._host
+        succ = links.successor
+        if succ == host.peer_id:
+            return None
+        try:
+            endpoint = endpoints.get(succ)
+            if endpoint is None:
+                raise ProtocolError(f"the master sent no endpoint for ring successor {succ:x}")
+            try:
+                async with trio.open_nursery() as nursery:
+                    for lane in range(links.lanes):
+                        nursery.start_soon(self._connect_lane, endpoint, links, lane, dialled)
+            except BaseExceptionGroup as group:
+                raise single_exception(group) from None
+        except PCCLError as error:
+            for conn in dialled:
+                if conn is not None:
+                    conn.abort()
+            log.info("peer %x: cannot connect to ring successor %x in round %d: %s",
+                     host.peer_id, succ, links.round, error)
+            return (succ,), clip_text(str(error), MAX_DETAIL)
+        except BaseException:
+            for conn in dialled:
+                if conn is not None:
+                    conn.abort()
+            raise
+        if links is not self.links:
+            for conn in dialled:
+                conn.abort()  # type: ignore[union-attr]
+            return None
+        links.add_outgoing(succ, tuple(dialled))  # type: ignore[arg-type]
+        return None
+
+    async def _partners_outcome(self, links: P2PLinks, endpoints: dict[int, m.PeerEndpoint],
+                                failures: list[_PartnerUnreachable]) -> None:
+        try:
+            await self._connect_partners(links, endpoints)
+        except _PartnerUnreachable as failure:
+            failures.append(failure)
+
+    async def _connect_partners(self, links: P2PLinks, endpoints: dict[int, m.PeerEndpoint]) -> None:
+        """Dial the round's partner links this peer owes (to its partners at higher ring
+        positions; the lower position of each pair dials), all at once.  Partner links are not
+        kept across rounds.  ``_PartnerUnreachable`` names the first partner that failed."""
+        host = self._host
+        ring = links.ring
+        if not wants_partner_links(len(ring), links.algorithm):
+            return
+        me = ring.index(host.peer_id)
+        owed = [ring[p] for p in partner_positions(me, len(ring)) if p > me]
+        dialled: dict[int, FramedConnection] = {}
+
+        async def dial(peer_id: int) -> None:
+            try:
+                endpoint = endpoints.get(peer_id)
+                if endpoint is None:
+                    raise ProtocolError(f"the master sent no endpoint for partner {peer_id:x}")
+                conn = await host.open_peer(endpoint, Port.P2P)
+                host.counters.p2p_dials += 1
+                dialled[peer_id] = conn
+                with trio.fail_after(host.config.connect_timeout):
+                    await conn.send(m.P2PHello(host.peer_id, links.round, 0, links.lanes, host.master_instance,
+                                               partner=True))
+                    ack = await conn.receive()
+                if not isinstance(ack, m.P2PHelloAck) or ack.peer_id != peer_id or ack.round != links.round:
+                    raise ProtocolError(f"partner {peer_id:x} answered the p2p hello with {ack!r}")
+            except trio.TooSlowError:
+                raise _PartnerUnreachable(peer_id, ProtocolError("no answer to the partner hello")) from None
+            except PCCLError as error:
+                raise _PartnerUnreachable(peer_id, error) from None
+
+        try:
+            try:
+                async with trio.open_nursery() as nursery:
+                    for peer_id in owed:
+                        nursery.start_soon(dial, peer_id)
+            except BaseExceptionGroup as group:
+                raise single_exception(group) from None
+        except BaseException:
+            for conn in dialled.values():
+                conn.abort()
+            raise
+        if links is not self.links:
+            for conn in dialled.values():
+                conn.abort()
+            return
+        for peer_id, conn in dialled.items():
+            links.add_partner(peer_id, conn)
 
     async def _connect_lane(self, endpoint: m.PeerEndpoint, links: P2PLinks, lane: int,
                             dialled: list[FramedConnection | None]) -> None:
@@ -267,6 +358,12 @@ class RingWiring:
                 held = None
                 await host.serve_point(conn, hello)
                 return
+            if hello.partner:
+                links = self._check_partner_hello(hello)
+                if slot is not None:
+                    slot.release()
+                await self._add_partner(links, conn, hello)
+                return
             links = self._check_hello(hello)
             if slot is not None:
                 slot.release()
@@ -331,6 +428,30 @@ class RingWiring:
             raise ProtocolError(f"peer {hello.peer_id:x} dials lane {hello.lane} of {hello.lanes}, this peer "
                                 f"uses {links.lanes} lanes (Config.p2p_lanes must match)")
         return links
+
+    def _check_partner_hello(self, hello: m.P2PHello) -> P2PLinks:
+        """The current round's links if ``hello`` is a partner link this peer expects in it (from
+        a partner at a lower ring position), else ``ProtocolError``."""
+        self._check_instance(hello)
+        links = self.links
+        ring, me = links.ring, self._host.peer_id
+        expected: tuple[int, ...] = ()
+        if hello.round == links.round and me in ring and hello.peer_id in ring and wants_partner_links(
+                len(ring), links.algorithm):
+            mine = ring.index(me)
+            expected = tuple(ring[p] for p in partner_positions(mine, len(ring)) if p < mine)
+        if hello.peer_id not in expected:
+            raise ProtocolError(f"unexpected partner hello from peer {hello.peer_id:x} for round {hello.round} "
+                                f"(current round {links.round})")
+        return links
+
+    async def _add_partner(self, links: P2PLinks, conn: FramedConnection, hello: m.P2PHello) -> None:
+        links.add_partner(hello.peer_id, conn)  # before the ack, as a lane (_add_lane)
+        try:
+            await conn.send(m.P2PHelloAck(self._host.peer_id, hello.round))
+        except BaseException:
+            links.remove_partner(hello.peer_id, conn)
+            raise
 
     async def _add_lane(self, links: P2PLinks, conn: FramedConnection, hello: m.P2PHello) -> None:
         # Register before acknowledging: once the dialler has its ack it reports success, and

@@ -90,16 +90,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..protocol.algorithms import AllReduceAlgorithm, choose_all_reduce, partner_positions
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, EXCHANGE_MAX_BYTES
 from ..types import Quantization, ReduceOp
 from .backup import InputBackup
 from .buffers import KernelRunner, OpBuffers, ReduceArgs
 from .execute import Place, execute
+from .halving import HalvingDoublingOp
 from .links import RingLinks
 from .ring_op import RingOp
 from .segments import Segments
 
-__all__ = ["ring_all_reduce", "reduce_checked", "all_reduce_op"]
+__all__ = ["ring_all_reduce", "reduce_checked", "all_reduce_op", "algorithm_for"]
 
 
 async def ring_all_reduce(
@@ -116,6 +118,7 @@ async def ring_all_reduce(
     runner: KernelRunner | None = None,
     max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
     exchange_max_bytes: int = EXCHANGE_MAX_BYTES,
+    algorithm: AllReduceAlgorithm | None = None,
 ) -> tuple[int, int]:
     """All-reduce ``send`` into ``recv`` (``None`` or ``send`` itself: in place) over the ring.
 
@@ -134,7 +137,7 @@ async def ring_all_reduce(
         raise
     return await reduce_checked(
         args, links=links, rank=rank, world=world, seq=seq, backup=backup, runner=runner,
-        max_subchunk_bytes=max_subchunk_bytes, exchange_max_bytes=exchange_max_bytes,
+        max_subchunk_bytes=max_subchunk_bytes, exchange_max_bytes=exchange_max_bytes, algorithm=algorithm,
     )
 
 
@@ -149,6 +152,7 @@ async def reduce_checked(
     runner: KernelRunner | None = None,
     max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
     exchange_max_bytes: int = EXCHANGE_MAX_BYTES,
+    algorithm: AllReduceAlgorithm | None = None,
 ) -> tuple[int, int]:
     """Run the all-reduce of ``args`` (checked by :meth:`ReduceArgs.check
     <pccl.collectives.buffers.ReduceArgs.check>`) over the ring: what the communicator calls,
@@ -159,8 +163,9 @@ async def reduce_checked(
     master's sequence number of this op (unique per group, the same on every peer).  Every peer
     must pass the same ``count``, dtype, ``op``, ``quantization``, ``max_subchunk_bytes``,
     ``exchange_max_bytes`` (which small ops run as an exchange,
-    :func:`~pccl.protocol.ring.uses_exchange`; 0: none) and number of lanes (the master checks
-    the first four; the others are configuration).
+    :func:`~pccl.protocol.ring.uses_exchange`; 0: none), ``algorithm`` (``None``: chosen per op
+    by :func:`algorithm_for`; else forced where it can run) and number of lanes (the master
+    checks the first four; the others are configuration).
 
     Returns ``(tx_bytes, rx_bytes)``: payload bytes sent and received (quantization metadata
     included, frame headers not).  Errors: see the module docstring; ``InvalidArgument`` for a
@@ -169,17 +174,42 @@ async def reduce_checked(
     """
     op = await execute(
         lambda place: all_reduce_op(args, place, max_subchunk_bytes=max_subchunk_bytes,
-                                    exchange_max_bytes=exchange_max_bytes),
+                                    exchange_max_bytes=exchange_max_bytes, algorithm=algorithm),
         links=links, rank=rank, world=world, seq=seq, keep=args, backup=backup, runner=runner,
     )
     return op.tx_bytes, op.rx_bytes
 
 
+def algorithm_for(args: ReduceArgs, place: Place, *, exchange_max_bytes: int = EXCHANGE_MAX_BYTES,
+                  forced: AllReduceAlgorithm | None = None) -> AllReduceAlgorithm:
+    """The algorithm the all-reduce of ``args`` runs at ``place``
+    (:func:`~pccl.protocol.algorithms.choose_all_reduce`; the same on every peer): the
+    halving-doubling family needs partner links to every partner of this ring position."""
+    src = args.src
+    return choose_all_reduce(
+        src.nbytes, place.world, itemsize=src.itemsize, acc_itemsize=4 if args.dtype.name in _HALF_NAMES else src.itemsize,
+        quantized=args.quant is not None, segmented=isinstance(src, Segments),
+        partner_links=place.links.has_partners(partner_positions(place.rank, place.world)),
+        exchange_max_bytes=exchange_max_bytes, forced=forced,
+    )
+
+
+_HALF_NAMES = ("FLOAT16", "BFLOAT16")
+
+
 def all_reduce_op(args: ReduceArgs, place: Place, *, max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
-                  exchange_max_bytes: int = EXCHANGE_MAX_BYTES) -> RingOp:
-    """The all-reduce of ``args`` at ``place``, ready to run (its scratch memory taken)."""
+                  exchange_max_bytes: int = EXCHANGE_MAX_BYTES,
+                  algorithm: AllReduceAlgorithm | None = None) -> RingOp | HalvingDoublingOp:
+    """The all-reduce of ``args`` at ``place``, ready to run (its scratch memory taken), on the
+    algorithm :func:`algorithm_for` picks (``algorithm``, else the links' own
+    :attr:`~pccl.collectives.links.RingLinks.algorithm`: forced where it can run)."""
+    forced = algorithm if algorithm is not None else place.links.algorithm
+    chosen = algorithm_for(args, place, exchange_max_bytes=exchange_max_bytes, forced=forced)
     bufs = OpBuffers.for_args(args)
     try:
+        if chosen is not AllReduceAlgorithm.RING:
+            return HalvingDoublingOp(bufs, algorithm=chosen, links=place.links, rank=place.rank, world=place.world,
+                                     seq=place.seq, backup=place.backup, runner=place.runner)
         return RingOp(
             bufs, links=place.links, rank=place.rank, world=place.world, seq=place.seq, backup=place.backup,
             runner=place.runner, max_subchunk_bytes=max_subchunk_bytes, exchange_max_bytes=exchange_max_bytes,

@@ -29,16 +29,20 @@ import trio
 from ..errors import InvalidArgument
 from .backup import InputBackup, InputGuard
 from .buffers import KernelRunner, ReduceArgs
+from .halving import HalvingDoublingOp
 from .inline import InlineRing, suits_inline
 from .lane_op import LaneOp
 from .links import RingLinks
 from .threaded import LaneThreads
 from .trio_ring import TrioRing
 
-__all__ = ["Place", "check_ring", "execute", "execute_op"]
+__all__ = ["AnyOp", "Place", "check_ring", "execute", "execute_op"]
 
-#: The op :func:`execute` makes and runs (any kind's).
-OpT = TypeVar("OpT", bound=LaneOp)
+#: An op :func:`execute` runs (any kind's): one the three ring paths drive (:class:`LaneOp`),
+#: or one that runs itself over partner links (:class:`HalvingDoublingOp`).
+AnyOp = LaneOp | HalvingDoublingOp
+#: The op :func:`execute` makes and runs.
+OpT = TypeVar("OpT", bound=AnyOp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +101,7 @@ async def execute(make_op: Callable[[Place], OpT], *, links: RingLinks, rank: in
         links.retire(seq)
 
 
-async def execute_op(op: LaneOp) -> None:
+async def execute_op(op: AnyOp) -> None:
     """Run ``op`` (any collective's) on the path its links offer; connections it left broken (a
     torn frame, a bad header) are aborted when it ends, whichever path ran.
 
@@ -106,7 +110,13 @@ async def execute_op(op: LaneOp) -> None:
     other op leaves the commence order at once."""
     links = op.links
     try:
-        if op.moves_nothing():
+        if isinstance(op, HalvingDoublingOp):
+            if op.moves_nothing():
+                links.registry.started(op.seq)
+                await trio.lowlevel.checkpoint()
+            else:
+                await op.run()
+        elif op.moves_nothing():
             links.registry.started(op.seq)
             await trio.lowlevel.checkpoint()
         elif not links.threaded:

@@ -51,7 +51,7 @@ from .allreduce import all_reduce_op
 from .broadcast import broadcast_op
 from .buffers import ReduceArgs, check_op
 from .chain_op import ChainOp
-from .execute import Place
+from .execute import AnyOp, Place
 from .lane_op import LaneOp
 from .reduce_scatter import reduce_scatter_op, shard_bounds
 from .segments import Segments
@@ -95,7 +95,7 @@ class Call:
     own: Any = None
 
 
-def _no_output(op: LaneOp) -> np.ndarray | None:
+def _no_output(op: AnyOp) -> np.ndarray | None:
     return None
 
 
@@ -117,12 +117,12 @@ class KindOps:
     #: the vote announcing a checked call
     init: Callable[[Call], m.CollectiveInit]
     #: the op, once the master commenced it (``ProtocolError`` if the Commence does not fit the call)
-    make_op: Callable[[Call, m.CollectiveCommence, Place], LaneOp]
+    make_op: Callable[[Call, m.CollectiveCommence, Place], AnyOp]
     #: what the caller gets once the master completed the op: from the call, the Commence, this
     #: peer's ring position, the payload bytes sent and received and the op's :attr:`output`
     result: Callable[[Call, m.CollectiveCommence, int, int, int, np.ndarray | None], Any]
     #: the array an op made its result in (``None``: the caller's own buffer holds it)
-    output: Callable[[LaneOp], np.ndarray | None] = _no_output
+    output: Callable[[AnyOp], np.ndarray | None] = _no_output
     #: what errors add to ``<name> tag <tag>`` to name one call (a broadcast's root)
     detail: Callable[[Call], str] = _no_detail
 
@@ -216,7 +216,7 @@ def _all_gather_op(call: Call, commence: m.CollectiveCommence, place: Place) -> 
     return all_gather_op(gather, np.empty(sum(counts), gather.src.dtype), place, counts=counts)
 
 
-def _gathered_output(op: LaneOp) -> np.ndarray | None:
+def _gathered_output(op: AnyOp) -> np.ndarray | None:
     assert isinstance(op, ChainOp) and isinstance(op.out, np.ndarray)
     return op.out
 

@@ -51,7 +51,7 @@ import heapq
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import trio
 
@@ -59,6 +59,7 @@ from ..errors import InvalidArgument, ProtocolError
 from ..net.framed import FramedConnection
 from ..net.framed_threads import BlockingDataChannel, thread_channel
 from ..net.thread_io import ThreadCancel
+from ..protocol.algorithms import AllReduceAlgorithm
 from ..protocol.codec import DataHeader
 from .lane_sends import LaneSends
 from .turns import ThreadTurns
@@ -432,6 +433,8 @@ class RingLinks:
         *,
         registry: SeqRegistry | None = None,
         threaded: bool | None = None,
+        partners: Mapping[int, FramedConnection] | None = None,
+        algorithm: AllReduceAlgorithm | None = None,
     ) -> None:
         if not to_next or len(to_next) != len(from_prev):
             raise InvalidArgument(
@@ -454,6 +457,24 @@ class RingLinks:
             self.send_channels = tuple(ch for ch in channels if ch is not None)
             self.send_queues = tuple(LaneSends() for _ in self.send_channels)
             self.turns = ThreadTurns(self.registry)
+        #: Partner links (halving-doubling, :mod:`pccl.collectives.halving`): one connection per
+        #: partner's ring position, carrying data frames both ways; its inbox demultiplexes them
+        #: by seq like a lane's.  Empty: the ring has none, and every all-reduce takes the ring.
+        self.partners: dict[int, Inbox] = {
+            position: Inbox(connection, self.registry) for position, connection in sorted((partners or {}).items())
+        }
+
+        #: The all-reduce algorithm every op on these links is forced to (``None``: chosen per
+        #: op; ``Config.all_reduce_algorithm``).
+        self.algorithm = algorithm
+        #: Ops on the partner links take turns one at a time, in commence order: a partner link
+        #: is read in its frames' order, and two ops whose peers went through them in different
+        #: orders could each wait behind a frame of the other (:mod:`pccl.collectives.halving`).
+        self.partner_turns: ThreadTurns | None = ThreadTurns(self.registry, slots=1) if self.partners else None
+
+    def has_partners(self, positions: Sequence[int]) -> bool:
+        """Whether there is a partner link to every ring position in ``positions``."""
+        return all(p in self.partners for p in positions)
 
     @property
     def threaded(self) -> bool:
@@ -470,7 +491,8 @@ class RingLinks:
         self.registry.retire(seq)
 
     def connections(self) -> tuple[FramedConnection, ...]:
-        return (*self.to_next, *(inbox.connection for inbox in self.inboxes))
+        return (*self.to_next, *(inbox.connection for inbox in self.inboxes),
+                *(inbox.connection for inbox in self.partners.values()))
 
     def abort_broken(self) -> None:
         """Abort the connections a torn frame or a bad header left unusable (Trio thread, once
@@ -484,12 +506,12 @@ class RingLinks:
         """Abort every connection (RST): used when a ring is torn down after a failure."""
         for c in self.to_next:
             c.abort()
-        for inbox in self.inboxes:
+        for inbox in (*self.inboxes, *self.partners.values()):
             inbox.connection.abort()
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
             for c in self.to_next:
                 await c.aclose()
-            for inbox in self.inboxes:
+            for inbox in (*self.inboxes, *self.partners.values()):
                 await inbox.connection.aclose()

@@ -8,6 +8,9 @@ would not match bit for bit; this one does (unquantized).  Chunk boundaries are 
 :func:`pccl.protocol.ring.chunk_bounds`.  Small ops run as an exchange
 (:func:`pccl.protocol.ring.uses_exchange`): every element is ``x[0] op x[1] op … op x[N-1]``
 folded left (in f32 for f16/bf16, rounded once), and a NaN result is the canonical quiet NaN.
+
+:func:`halving_reference` models the halving-doubling family (:mod:`pccl.collectives.halving`):
+the fold's ``x[2i] op x[2i+1]``, then a fixed tree over the virtual ranks, NaN made canonical.
 """
 
 from __future__ import annotations
@@ -16,10 +19,17 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..protocol.algorithms import (
+    AllReduceAlgorithm,
+    choose_all_reduce,
+    position_of,
+    power_of_two_below,
+    wants_partner_links,
+)
 from ..protocol.ring import EXCHANGE_MAX_BYTES, chunk_bounds, uses_exchange
 from ..types import DType, ReduceOp, dtype_of
 
-__all__ = ["ring_reference"]
+__all__ = ["ring_reference", "halving_reference", "all_reduce_reference"]
 
 _NP_OP: dict[ReduceOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     ReduceOp.SUM: np.add,
@@ -62,3 +72,66 @@ def ring_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp, *,
                 acc = acc // divisor if np.issubdtype(acc_t, np.integer) else acc / divisor
             out[start:stop] = acc.astype(dtype)
     return out
+
+
+def halving_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp,
+                      algorithm: AllReduceAlgorithm) -> np.ndarray:
+    """The all-reduce of ``inputs_in_ring_order`` as ``algorithm`` (recursive doubling or
+    halving-doubling) computes it, as a new flat array.  Every combination is
+    ``lower op upper`` (``lower``: the partial of the lower ring positions).  Recursive
+    doubling pairs virtual ranks at distance 1 first (``v[2i] op v[2i+1]``, then pairs of
+    those...); Rabenseifner's halving pairs them at distance ``P/2`` first (``v[i] op
+    v[i+P/2]``, then at ``P/4``...).  Then AVG's division, canonical NaN, one rounding."""
+    world = len(inputs_in_ring_order)
+    if world == 0:
+        raise ValueError("need at least one input")
+    op = ReduceOp(op)
+    flat = [np.ascontiguousarray(x).reshape(-1) for x in inputs_in_ring_order]
+    dtype = flat[0].dtype
+    half = dtype_of(dtype) in (DType.FLOAT16, DType.BFLOAT16)
+    acc_t = np.dtype(np.float32) if half else dtype
+    size = power_of_two_below(world)
+    extra = world - size
+    fn = _NP_OP[op]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        vals = []
+        for v in range(size):
+            position = position_of(v, world)
+            val = flat[position].astype(acc_t)
+            if v < extra:  # the fold: the peer before it sent its input
+                val = fn(flat[position - 1].astype(acc_t), val)
+            vals.append(val)
+        while len(vals) > 1:
+            d = len(vals) // 2
+            if algorithm is AllReduceAlgorithm.RECURSIVE_DOUBLING:
+                vals = [fn(vals[2 * i], vals[2 * i + 1]) for i in range(d)]
+            else:
+                vals = [fn(vals[i], vals[i + d]) for i in range(d)]
+        acc = vals[0]
+        if op is ReduceOp.AVG:
+            divisor = acc_t.type(world)
+            acc = acc // divisor if np.issubdtype(acc_t, np.integer) else acc / divisor
+        if np.issubdtype(acc_t, np.floating):
+            acc[np.isnan(acc)] = np.nan
+        return acc.astype(dtype)
+
+
+def all_reduce_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp, *,
+                         algorithm: AllReduceAlgorithm | None = None, partner_links: bool | None = None,
+                         exchange_max_bytes: int = EXCHANGE_MAX_BYTES) -> np.ndarray:
+    """The unquantized all-reduce of a whole :class:`~pccl.Communicator` (one flat, unsegmented
+    buffer per participant, in ring order): the model of the algorithm the data path chooses
+    (:func:`~pccl.protocol.algorithms.choose_all_reduce`).  ``algorithm``: what
+    ``Config.all_reduce_algorithm`` forces (``None``: auto); ``partner_links``: whether the ring
+    has them (default: as the topology round wires them,
+    :func:`~pccl.protocol.algorithms.wants_partner_links`)."""
+    world = len(inputs_in_ring_order)
+    first = np.ascontiguousarray(inputs_in_ring_order[0])
+    half = dtype_of(first.dtype) in (DType.FLOAT16, DType.BFLOAT16)
+    links = wants_partner_links(world, algorithm) if partner_links is None else partner_links
+    chosen = choose_all_reduce(first.nbytes, world, itemsize=first.itemsize, acc_itemsize=4 if half else first.itemsize,
+                               quantized=False, segmented=False, partner_links=links,
+                               exchange_max_bytes=exchange_max_bytes, forced=algorithm)
+    if chosen is AllReduceAlgorithm.RING:
+        return ring_reference(inputs_in_ring_order, op, exchange_max_bytes=exchange_max_bytes)
+    return halving_reference(inputs_in_ring_order, op, chosen)

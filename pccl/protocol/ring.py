@@ -48,9 +48,12 @@ import functools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from .algorithms import partner_positions
+
 __all__ = [
     "build_ring",
     "ring_neighbours",
+    "ring_contacts",
     "ring_successor",
     "ring_predecessor",
     "Phase",
@@ -118,6 +121,17 @@ def ring_neighbours(ring: Sequence[int], peer_id: int) -> tuple[int, ...]:
     for other in (ring_predecessor(ring, peer_id), ring_successor(ring, peer_id)):
         if other != peer_id and other not in out:
             out.append(other)
+    return tuple(out)
+
+
+def ring_contacts(ring: Sequence[int], peer_id: int) -> tuple[int, ...]:
+    """The peers whose endpoints ``peer_id`` gets for a topology round: its ring neighbours,
+    then its halving-doubling partners (:func:`~pccl.protocol.algorithms.partner_positions`),
+    each once."""
+    out = list(ring_neighbours(ring, peer_id))
+    for position in partner_positions(list(ring).index(peer_id), len(ring)):
+        if ring[position] not in out:
+            out.append(ring[position])
     return tuple(out)
 
 

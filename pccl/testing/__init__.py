@@ -2,7 +2,7 @@
 simulator) use instead of private names.  Not part of the public face (``import pccl`` does
 not import it) and without any compatibility promise.
 
-- Transports: :class:`MemoryNetwork`, :func:`memory_stream_pair`, :func:`memory_ring`
+- Transports: :class:`MemoryNetwork`, :func:`memory_stream_pair`, :func:`memory_ring`, :func:`memory_mesh`
   (:mod:`pccl.testing.streams`); the transport contract every :class:`~pccl.net.base.Network`
   must pass, :mod:`pccl.testing.conformance`.
 - Whole runs in the test's process: :func:`open_test_cluster`, :func:`admit`, :func:`each`,
@@ -59,11 +59,11 @@ from .hooks import (
     send_raw,
 )
 from .master_hooks import MasterSnapshot, install_master_state, master_snapshot, master_state
-from .streams import MemoryListener, MemoryNetwork, MemoryStream, memory_ring, memory_stream_pair
+from .streams import MemoryListener, MemoryNetwork, MemoryStream, memory_mesh, memory_ring, memory_stream_pair
 
 __all__ = [
     "conformance",
-    "MemoryStream", "MemoryListener", "MemoryNetwork", "memory_stream_pair", "memory_ring",
+    "MemoryStream", "MemoryListener", "MemoryNetwork", "memory_stream_pair", "memory_ring", "memory_mesh",
     "TestCluster", "open_test_cluster", "admit", "each", "MasterThread", "master_in_thread",
     "PhaseSnapshot", "phase_of", "failure_of", "force_rewire",
     "RingLanes", "ring_lanes", "send_on_lane", "send_data_on_lane", "receive_on_lane", "lanes_from_predecessor",

@@ -15,7 +15,8 @@ one JSON command per stdin line and prints one JSON line per command:
   ``CollectiveAborted`` records whether the in-place buffer equals its input again and, with
   ``retry``, calls again until it succeeds or fails otherwise.  ``fault`` makes *this* process
   SIGKILL/SIGSTOP itself once a fraction ``f`` of its ring's receive bytes has arrived (so the
-  fault lands inside the reduce-scatter for ``f < 0.5``, inside the all-gather above).
+  fault lands inside the reduce-scatter for ``f < 0.5``, inside the all-gather above; partner
+  links' bytes count too, when ``$PCCL_TEST_ALL_REDUCE_ALGORITHM`` forces halving-doubling).
   Prints ``{"event": "ops", "results": [...], "ring": [...]}``.
 * ``{"cmd": "many", "arrays": [spec…], "max_in_flight": k, "bucket_bytes": b, "fault": …}`` — ``all_reduce_many``
   over in-place arrays (bucket_bytes 0 unless given: one op per array); prints the ReduceInfo and
@@ -38,6 +39,8 @@ import pccl
 import pccl.testing
 from allreduce_cases import digest, make_input, matrix_cases, quantization, reduce_op
 
+#: The environment variable that sets ``Config.all_reduce_algorithm`` (default ``"auto"``).
+ALGORITHM_ENV = "PCCL_TEST_ALL_REDUCE_ALGORITHM"
 #: Cases whose whole output the matrix saves (the others only report a digest).
 _SAVE_UP_TO = 1025
 
@@ -63,7 +66,7 @@ def install_fault(kind: str, at: float) -> None:
     def wrap(real: Any) -> Any:
         async def faulty(make_op: Any, *, keep: Any, links: Any, world: int, **kw: Any) -> Any:
             args = keep
-            conns = [inbox.connection for inbox in links.inboxes]
+            conns = [inbox.connection for inbox in (*links.inboxes, *links.partners.values())]
             base = sum(c.statistics().data_bytes_received for c in conns)
             expected = args.src.nbytes * 2 * (world - 1) / world
 
@@ -161,7 +164,7 @@ async def run_many(comm: pccl.Communicator, cmd: dict[str, Any], index: int) -> 
 
 async def main(master: str, token: str, peer_timeout: float, heartbeat: float, index: int, world: int) -> None:
     config = pccl.Config(peer_timeout=peer_timeout, heartbeat_interval=heartbeat, connect_timeout=5.0,
-                         p2p_base_port=0)
+                         p2p_base_port=0, all_reduce_algorithm=os.environ.get(ALGORITHM_ENV, "auto"))
     stdin = trio.wrap_file(sys.stdin)
     async with pccl.open_communicator(master, token=token or None, config=config) as comm:
         await admit(comm, world)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from ...errors import KickReason
 from .. import messages as m
-from ..ring import ring_neighbours
+from ..ring import ring_contacts
 from .events import PeerFault
 from .peers import RoundRecord
 
@@ -90,7 +90,7 @@ class Rounds:
             figures = self._host.ring_links(ring)
             for pid in ring:
                 self._host.enter(pid, scope)
-                ends = tuple(self._host.endpoint(n) for n in ring_neighbours(ring, pid))
+                ends = tuple(self._host.endpoint(n) for n in ring_contacts(ring, pid))
                 self._host.send(pid, m.ConnectToPeers(rnd.round_id, ring, ends, figures))
         log.debug("round %d (scope %d) started with %d peers", rnd.round_id, scope, len(rnd.participants))
 

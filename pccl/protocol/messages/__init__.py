@@ -207,13 +207,16 @@ class TopologyRejected(Message, tag=25):
 class P2PHello(Message, tag=40):
     """Peer → peer, first message on a ring connection after the framed handshake: lane ``lane``
     of ``lanes`` from ring predecessor ``peer_id`` in topology round ``round`` of the master
-    ``instance`` (round ids start again at 1 when the master restarts)."""
+    ``instance`` (round ids start again at 1 when the master restarts).  With ``partner``: not
+    a lane but the round's partner link from ``peer_id`` (a halving-doubling partner at a lower
+    ring position, :func:`pccl.protocol.algorithms.partner_positions`; ``lane`` is 0)."""
 
     peer_id: U64
     round: U64
     lane: U32 = 0
     lanes: U32 = 1
     instance: U64 = 0
+    partner: bool = False
 
 
 class P2PHelloAck(Message, tag=41):

@@ -18,7 +18,7 @@ which follows its ``all_reduce_call``).  Then, for every peer that completed an 
 * its ``ring`` and ``world_size`` are exactly the op's participants (the Commence ring);
 * its result is bit-identical to every other completer's of the same ``seq`` (with and without
   quantization);
-* unquantized, it equals :func:`pccl.collectives.reference.ring_reference` over the inputs of
+* unquantized, it equals :func:`pccl.collectives.reference.all_reduce_reference` over the inputs of
   exactly those participants, in ring order (AVG divided by their number) — a participant that
   died after every byte moved still counts, one that never commenced never does;
 * an aborted call left its in-place buffer holding its input.
@@ -35,7 +35,7 @@ import trio
 import xxhash
 
 import pccl
-from pccl.collectives.reference import ring_reference
+from pccl.collectives.reference import all_reduce_reference
 from pccl.protocol.ring import EXCHANGE_MAX_BYTES
 
 from ...engine.runner import Checker, Simulation
@@ -301,7 +301,7 @@ class AllReduceAgreement(Checker):
             return
         tag = calls[ring[0]][0]
         inputs = [_shared_input(p, *calls[p], self.phase.size_of(tag), self.phase.dtype) for p in ring]
-        expected = digest(ring_reference(inputs, self.phase.op))
+        expected = digest(all_reduce_reference(inputs, self.phase.op))
         if expected != data["digest"]:
             self._fail(sim, f"{host}: all-reduce seq {seq} over {_ids(ring)} differs from the numpy reference")
             return

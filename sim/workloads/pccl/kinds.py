@@ -32,7 +32,7 @@ import numpy as np
 import trio
 
 import pccl
-from pccl.collectives.reference import ring_reference
+from pccl.collectives.reference import all_reduce_reference
 
 from ...engine.runner import Checker, Simulation
 from ...engine.trace import TraceEvent
@@ -255,7 +255,7 @@ class CollectivesAgreement(Checker):
                   calls: dict[int, tuple[int, int]]) -> np.ndarray:
         inputs = self._inputs(ring, calls, kind)
         if kind == "all_reduce":
-            return ring_reference(inputs, pccl.ReduceOp.SUM)
+            return all_reduce_reference(inputs, pccl.ReduceOp.SUM)
         if kind == "broadcast":
             return inputs[list(ring).index(self.roots[op])]
         return np.concatenate(inputs)

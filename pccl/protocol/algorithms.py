@@ -1,0 +1,183 @@
+"""Which algorithm an all-reduce runs, and who exchanges with whom in the halving-doubling family.
+
+Pure functions of agreed parameters only (the buffer's size in bytes, the world, the dtype's
+width, quantization, segmentation, and whether partner links exist): every peer of an op
+computes the same answer, so no message is needed to agree on it.
+
+The algorithms
+--------------
+``RING``
+    The ring schedule of :mod:`pccl.protocol.ring` (or, for tiny ops at small worlds, its
+    exchange schedule, which :func:`~pccl.protocol.ring.uses_exchange` picks): ``2 (N - 1)`` (or
+    ``N - 1``) link latencies.
+``RECURSIVE_DOUBLING``
+    ``log2 P`` steps (``P`` the largest power of two ``<= N``); at step ``k`` each peer swaps
+    its whole working buffer with the peer whose virtual rank differs in bit ``k``.
+``HALVING_DOUBLING``
+    Rabenseifner: a recursive-halving reduce-scatter (distance ``P/2`` down to 1, each step
+    swapping half of what is left), then a recursive-doubling all-gather (distance 1 up to
+    ``P/2``): ``2 log2 P`` steps, each peer sending ``2 (P - 1) / P`` of the buffer in all.
+
+Non-powers of two: the standard fold.  With ``r = N - P`` extra peers, the peers at ring
+positions ``0, 2, .., 2r - 2`` send their input to the next position (``1, 3, .., 2r - 1``)
+first, take no part in the ``P``-peer algorithm, and receive the final result from that
+partner last.  The others take virtual ranks ``0 .. P - 1`` in ring order
+(:func:`virtual_rank`), so the reduction tree — and the bits of the result — depend on the
+ring order and the algorithm only.
+
+Choice (:func:`choose_all_reduce`): a cost model in "bytes a link moves in one latency"
+(:data:`NOMINAL_LATENCY_BYTES`), each algorithm's steps times that plus the bytes it moves on its
+critical path; halving-doubling's bytes count :data:`UNPIPELINED_PENALTY` times (a step
+receives a whole block before reducing it, where the ring overlaps receiving, reducing and
+sending sub-chunk by sub-chunk).  Ties go to the ring.  Quantized or segmented ops, worlds
+below :data:`MIN_WORLD` and rings without partner links always take the ring.  The constants
+are nominal, not measured per run: a run on a network far from them may force an algorithm
+(``Config.all_reduce_algorithm``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "AllReduceAlgorithm", "NOMINAL_LATENCY_BYTES", "UNPIPELINED_PENALTY", "MIN_WORLD", "HALVING_MAX_BYTES",
+    "power_of_two_below", "virtual_rank", "position_of", "fold_partner", "partner_positions",
+    "choose_all_reduce", "parse_algorithm", "wants_partner_links",
+]
+
+
+class AllReduceAlgorithm(enum.Enum):
+    """How an all-reduce moves its data (see the module docstring)."""
+
+    RING = "ring"
+    RECURSIVE_DOUBLING = "recursive_doubling"
+    HALVING_DOUBLING = "halving_doubling"
+
+
+#: Bytes one link moves in the time of one link latency, nominally (5 ms at ~400 Mbit/s, 1 ms
+#: at 2 Gbit/s): the exchange rate between steps and bytes in :func:`choose_all_reduce`.
+NOMINAL_LATENCY_BYTES = 256 * 1024
+#: How much more a byte of the halving-doubling family costs than a byte of the pipelined ring.
+UNPIPELINED_PENALTY = 1.5
+#: Below this world the automatic choice keeps the ring and no partner links are wired: the
+#: ring's exchange takes ``N - 1 <= 6`` steps there, recursive doubling 2 to 4 (with the fold),
+#: so at most a few link latencies are to be won, against a connection per partner per round.
+MIN_WORLD = 8
+#: Largest buffer the automatic choice gives the halving-doubling family (bytes); above it the
+#: ring's lane threads and striping move bulk bytes faster on real TCP than one frame per step.
+HALVING_MAX_BYTES = 64 * 1024 * 1024
+
+
+def parse_algorithm(value: object) -> AllReduceAlgorithm | None:
+    """``None`` for ``"auto"`` (or ``None``), else the algorithm named; ``ValueError`` otherwise."""
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, AllReduceAlgorithm):
+        return value
+    try:
+        return AllReduceAlgorithm(value)
+    except ValueError:
+        names = ", ".join(repr(a.value) for a in AllReduceAlgorithm)
+        raise ValueError(f"all-reduce algorithm must be 'auto' or one of {names}, got {value!r}") from None
+
+
+def wants_partner_links(world: int, forced: AllReduceAlgorithm | None) -> bool:
+    """Whether a ring of ``world`` peers is wired with partner links: whenever an all-reduce on
+    it may take the halving-doubling family (never when the ring is forced)."""
+    if forced is AllReduceAlgorithm.RING or world < 2:
+        return False
+    return forced is not None or world >= MIN_WORLD
+
+
+def power_of_two_below(world: int) -> int:
+    """The largest power of two ``<= world`` (``world >= 1``)."""
+    return 1 << (world.bit_length() - 1)
+
+
+def virtual_rank(position: int, world: int) -> int | None:
+    """The rank of ring ``position`` among the ``P`` peers that run the power-of-two algorithm;
+    ``None`` for a peer that folds its input into its partner (see the module docstring)."""
+    extra = world - power_of_two_below(world)
+    if position < 2 * extra:
+        return position // 2 if position % 2 else None
+    return position - extra
+
+
+def position_of(vrank: int, world: int) -> int:
+    """The ring position of virtual rank ``vrank`` (the inverse of :func:`virtual_rank`)."""
+    extra = world - power_of_two_below(world)
+    return 2 * vrank + 1 if vrank < extra else vrank + extra
+
+
+def fold_partner(position: int, world: int) -> int | None:
+    """The peer ``position`` exchanges with in the fold (its input in, the result out), if any."""
+    extra = world - power_of_two_below(world)
+    if position >= 2 * extra:
+        return None
+    return position + 1 if position % 2 == 0 else position - 1
+
+
+def partner_positions(position: int, world: int) -> tuple[int, ...]:
+    """Every ring position ``position`` exchanges data with in either algorithm, ascending: the
+    partner links a ring position needs."""
+    partners: set[int] = set()
+    fold = fold_partner(position, world)
+    if fold is not None:
+        partners.add(fold)
+    vrank = virtual_rank(position, world)
+    if vrank is not None:
+        size = power_of_two_below(world)
+        distance = 1
+        while distance < size:
+            partners.add(position_of(vrank ^ distance, world))
+            distance <<= 1
+    return tuple(sorted(partners))
+
+
+def _log2(size: int) -> int:
+    return size.bit_length() - 1
+
+
+def costs(nbytes: int, world: int, *, itemsize: int, acc_itemsize: int,
+          exchange_max_bytes: int) -> dict[AllReduceAlgorithm, float]:
+    """Each algorithm's nominal cost for an op of ``nbytes`` (see the module docstring), in bytes."""
+    latency = NOMINAL_LATENCY_BYTES
+    wide = nbytes * acc_itemsize / itemsize  # partial results travel in the accumulator's dtype
+    ring: float
+    if world >= 2 and (world - 1) * nbytes <= exchange_max_bytes:
+        ring = (world - 1) * (latency + nbytes)
+    else:
+        ring = 2 * (world - 1) * latency + (world - 1) / world * (wide + nbytes)
+    size = power_of_two_below(world)
+    steps = _log2(size)
+    fold = 0 if size == world else 1
+    doubling = (steps + 2 * fold) * latency + UNPIPELINED_PENALTY * (steps * wide + fold * (wide + nbytes))
+    halving = (2 * steps + 2 * fold) * latency + UNPIPELINED_PENALTY * (
+        (size - 1) / size * (wide + nbytes) + fold * (wide + nbytes))
+    return {AllReduceAlgorithm.RING: ring, AllReduceAlgorithm.RECURSIVE_DOUBLING: doubling,
+            AllReduceAlgorithm.HALVING_DOUBLING: halving}
+
+
+def choose_all_reduce(nbytes: int, world: int, *, itemsize: int, acc_itemsize: int, quantized: bool,
+                      segmented: bool, partner_links: bool, exchange_max_bytes: int,
+                      forced: AllReduceAlgorithm | None = None) -> AllReduceAlgorithm:
+    """The algorithm an all-reduce of ``nbytes`` (the caller's buffer) runs on ``world`` peers.
+
+    ``itemsize``/``acc_itemsize``: bytes per element of the buffer and of its accumulator (4
+    for float16/bfloat16); ``partner_links``: whether the ring's links include the partner
+    links :func:`partner_positions` names.  ``forced`` (every peer passes the same) wins
+    whenever it can run: quantized and segmented ops, and rings without partner links, always
+    take the ring, as do empty ops and worlds below 2.
+    """
+    if quantized or segmented or not partner_links or world < 2 or nbytes == 0:
+        return AllReduceAlgorithm.RING
+    if forced is not None:
+        return forced
+    if world < MIN_WORLD or nbytes > HALVING_MAX_BYTES:
+        return AllReduceAlgorithm.RING
+    table = costs(nbytes, world, itemsize=itemsize, acc_itemsize=acc_itemsize, exchange_max_bytes=exchange_max_bytes)
+    best = AllReduceAlgorithm.RING
+    for algorithm in (AllReduceAlgorithm.RECURSIVE_DOUBLING, AllReduceAlgorithm.HALVING_DOUBLING):
+        if table[algorithm] < table[best]:
+            best = algorithm
+    return best

@@ -1,0 +1,93 @@
+"""The halving-doubling all-reduce in a real TCP cluster (peers as Trio tasks in this process):
+the topology round wires the partner links, ``Config.all_reduce_algorithm`` forces an algorithm
+(or ``"auto"`` picks one per op), results are bit-identical and equal to the algorithm's model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pccl
+from pccl import Config, ReduceOp
+from pccl.collectives.reference import halving_reference
+from pccl.protocol.algorithms import AllReduceAlgorithm, fold_partner, power_of_two_below, virtual_rank
+from pccl.testing import each, open_test_cluster
+
+TOKEN = "halving-inproc"
+SOON = 30.0
+
+
+def _config(algorithm: str) -> Config:
+    return Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
+                  shared_state_base_port=0, all_reduce_algorithm=algorithm)
+
+
+def _expected_tx(algorithm: AllReduceAlgorithm, world: int, position: int, nbytes: int) -> int:
+    """Payload bytes a peer sends (f32: the wire's dtype is the buffer's)."""
+    size = power_of_two_below(world)
+    steps = size.bit_length() - 1
+    if virtual_rank(position, world) is None:
+        return nbytes
+    fold = nbytes if fold_partner(position, world) is not None else 0
+    if algorithm is AllReduceAlgorithm.RECURSIVE_DOUBLING:
+        return steps * nbytes + fold
+    return 2 * (size - 1) * nbytes // size + fold
+
+
+@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("algorithm", [AllReduceAlgorithm.RECURSIVE_DOUBLING, AllReduceAlgorithm.HALVING_DOUBLING],
+                         ids=lambda a: a.value)
+async def test_forced_algorithm_runs_over_partner_links_bit_identical(world: int,
+                                                                      algorithm: AllReduceAlgorithm) -> None:
+    async with open_test_cluster(world, token=TOKEN, config=_config(algorithm.value), soon=SOON) as (_, comms, _):
+        ring = comms[0].ring
+        by_id = {c.peer_id: c for c in comms}
+        rng = np.random.default_rng(world)
+        for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX):
+            for dtype in (np.float32, np.float16):
+                inputs = {pid: (rng.standard_normal(1024) * 10).astype(dtype) for pid in ring}
+                buffers = {pid: x.copy() for pid, x in inputs.items()}
+
+                async def reduce(i: int, comm: pccl.Communicator) -> Any:
+                    return await comm.all_reduce(buffers[comm.peer_id], op=op, tag=7)
+
+                infos = await each(comms, reduce)
+                expected = halving_reference([inputs[pid] for pid in ring], op, algorithm)
+                for pid in ring:
+                    assert buffers[pid].view(np.uint8).tobytes() == expected.view(np.uint8).tobytes(), (op, dtype)
+                if dtype is np.float32:  # the bytes say which algorithm ran
+                    for info, comm in zip(infos, comms):
+                        position = ring.index(comm.peer_id)
+                        assert info.tx_bytes == _expected_tx(algorithm, world, position, 4096), (position, info)
+        assert set(by_id) == set(ring)
+
+
+async def test_auto_picks_recursive_doubling_for_a_small_op_at_eight_peers() -> None:
+    async with open_test_cluster(8, token=TOKEN, config=_config("auto"), soon=SOON) as (_, comms, _):
+        ring = comms[0].ring
+        inputs = {c.peer_id: np.full(1024, float(i + 1), np.float32) for i, c in enumerate(comms)}
+
+        async def reduce(i: int, comm: pccl.Communicator) -> Any:
+            return await comm.all_reduce(inputs[comm.peer_id])
+
+        infos = await each(comms, reduce)
+        for info in infos:
+            assert info.tx_bytes == 3 * 4096  # three doubling steps; the exchange would send 7 x 4096
+        for x in inputs.values():
+            assert np.array_equal(x, np.full(1024, 36.0, np.float32))
+        assert len(ring) == 8
+
+
+async def test_auto_wires_no_partner_links_below_eight_peers() -> None:
+    async with open_test_cluster(4, token=TOKEN, config=_config("auto"), soon=SOON) as (_, comms, _):
+        inputs = {c.peer_id: np.full(1024, float(i + 1), np.float32) for i, c in enumerate(comms)}
+
+        async def reduce(i: int, comm: pccl.Communicator) -> Any:
+            return await comm.all_reduce(inputs[comm.peer_id])
+
+        infos = await each(comms, reduce)
+        for info, comm in zip(infos, comms):
+            assert info.tx_bytes == 3 * 4096  # the ring's exchange
+            assert comm.statistics().p2p_connections == 2  # a lane out, a lane in: no partner links

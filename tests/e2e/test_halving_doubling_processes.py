@@ -1,0 +1,61 @@
+"""The halving-doubling all-reduce with peers as OS processes (``allreduce_peer.py``, the
+algorithm forced through ``$PCCL_TEST_ALL_REDUCE_ALGORITHM``): a peer SIGKILLs itself inside
+the op; the survivors' calls raise ``CollectiveAborted`` with their input restored, and the retry
+runs over the survivors, bit-identical and equal to the algorithm's model."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pccl import ReduceOp
+from pccl.collectives.reference import all_reduce_reference
+from pccl.protocol.algorithms import AllReduceAlgorithm
+from allreduce_cases import digest, make_input
+from allreduce_peer import ALGORITHM_ENV
+from test_allreduce import BOUND, Cluster
+
+
+@pytest.fixture
+def forced_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    clusters: list[Cluster] = []
+
+    def make(world: int, algorithm: AllReduceAlgorithm) -> Cluster:
+        monkeypatch.setenv(ALGORITHM_ENV, algorithm.value)  # the peer processes inherit it
+        cluster = Cluster(world)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield make
+    for c in clusters:
+        c.close()
+
+
+@pytest.mark.parametrize(("world", "algorithm", "at"), [
+    (4, AllReduceAlgorithm.RECURSIVE_DOUBLING, 0.2),  # inside the first doubling step
+    (5, AllReduceAlgorithm.HALVING_DOUBLING, 0.6),  # past the fold, inside the halving
+], ids=["doubling-4", "halving-5"])
+def test_a_peer_sigkilled_inside_the_op(forced_cluster: Any, world: int, algorithm: AllReduceAlgorithm,
+                                        at: float) -> None:
+    cluster = forced_cluster(world, algorithm)
+    victim = cluster.peers[-1]
+    spec = {"tag": 7, "seed": 78, "n": 3_000_000, "dtype": "float32", "op": "AVG"}  # 12 MB
+    for p in cluster.peers:
+        p.send({"cmd": "ops", "ops": [spec], "retry": True,
+                **({"fault": {"kind": "kill", "at": at}} if p is victim else {})})
+    reports = [p.next() for p in cluster.peers[:-1]]
+    victim_pid = cluster.peer_ids[-1]
+    for r in reports:
+        res = r["results"][0]
+        assert res["first_error"] == "CollectiveAborted" and res["restored"] is True, json.dumps(res)
+        assert res.get("ok") and res["world"] == world - 1 and res["attempts"] >= 2, json.dumps(res)
+        assert victim_pid not in r["ring"] and len(r["ring"]) == world - 1
+    ring = reports[0]["ring"]
+    inputs = [make_input(spec["seed"], cluster.index_of(pid), spec["n"], "float32", "AVG") for pid in ring]
+    expected = all_reduce_reference(inputs, ReduceOp.AVG, algorithm=algorithm)
+    assert {r["results"][0]["digest"] for r in reports} == {digest(expected)}
+    assert victim.popen.wait(timeout=BOUND) == -signal.SIGKILL
