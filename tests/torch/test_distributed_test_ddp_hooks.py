@@ -215,8 +215,6 @@ def _test_ddp_hook_parity(pg: Any, rank: int, world: int, state: Any, hook: Any,
         process_group = state.process_group
     except AttributeError:
         process_group = state
-    if process_group is None and not default_group(pg):
-        process_group = pg  # upstream's None: the default group, which a thread world has not
     net_with_hook = DistributedDataParallel(copy.deepcopy(m), process_group=process_group)
     net_with_hook.register_comm_hook(state=state, hook=hook)
     net_without_hook = DistributedDataParallel(copy.deepcopy(m), process_group=process_group)
