@@ -20,6 +20,7 @@ import sys
 import traceback
 import warnings
 
+import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_group
 
@@ -28,6 +29,10 @@ import pccl.torch
 
 def main() -> None:
     warnings.simplefilter("ignore", FutureWarning)  # all_reduce_coalesced & co. are deprecated names
+    # The peers of a world share the machine's cores: torch's intra-op pool in every process
+    # oversubscribed them (3 peers on 2 loaded cores: a (6, 2) Linear's forward took 22 ms, and
+    # distributed_test's post-localSGD parity 21 s instead of 2.5, on gloo as on pccl).
+    torch.set_num_threads(1)
     master, world, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     store_file, peer_group = sys.argv[4], sys.argv[5]
     module = importlib.import_module(sys.argv[6] if len(sys.argv) > 6 else "test_c10d_ported")
