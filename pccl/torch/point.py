@@ -56,6 +56,10 @@ class HandleGroup:
     def done(self) -> bool:
         return all(h.done() for h in self.handles)
 
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
     def wait(self, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         error: BaseException | None = None

@@ -113,11 +113,8 @@ Looked at, not applicable to a CPU pccl group, and why:
 * Skipped upstream on every backend: ``test_broadcast_object_list`` (``@unittest.skip``,
   pytorch#113620; its ``_test_broadcast_object_list_subgroup`` is not a test);
   ``test_barrier_timeout_arg`` (skipped on Linux, pytorch#179691).
-* Not ported, open: ``test_barrier_timeout_global``, ``_group`` and ``_full_group`` (gloo
-  only upstream: a lone rank's barrier fails after the group's ``timeout`` and the test
-  asserts the wall-clock time it took; ``_group`` is over a subset of the ranks).  Whether
-  pccl's group honours ``init_process_group``'s ``timeout`` for a collective is not checked
-  here.
+* ``test_barrier_timeout_global``, ``_group`` and ``_full_group``: ported in
+  test_distributed_test_timeouts.py.
 * DistributedDataParallel under other names than ``test_DistributedDataParallel*`` and
   ``test_ddp_*``: left to the DDP port (another file).  Most need GPUs upstream
   (``@skip_if_lt_x_gpu``); the ones that run DDP on CPU modules under gloo are ported in
