@@ -13,7 +13,8 @@ it), a ``torch.distributed.DistBackendError`` (so a ``RuntimeError``, what Gloo 
 runs, as long as every peer issued the same collectives (torch's rule) — the peers' calls of
 a collective that timed out end on every peer, so their counts of the group's collectives
 (and so their tags) stay in step.  Point-to-point calls are not timed here (a pccl ``send``
-and ``recv`` end when the peer dies).
+and ``recv`` end when the peer dies).  The group's ``abort()`` cancels its collectives still
+running the same way (:meth:`Timeouts.cancel_running`).
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ def _timed(what: str, method: Callable[..., Work]) -> Callable[..., Work]:
     def call(self: Timeouts, *args: Any, **kwargs: Any) -> Work:
         started = time.monotonic()
         work = method(self, *args, **kwargs)
+        self.note_running(work)
         seconds = call_timeout(args, kwargs)
         if seconds is None:
             seconds = self.timeout_seconds
@@ -150,10 +152,13 @@ def _timed(what: str, method: Callable[..., Work]) -> Callable[..., Work]:
 
 class Timeouts:
     """The timeouts of :class:`pccl.torch.ProcessGroup` (a mixin): the group's own timeout,
-    and every collective method of the :data:`TIMED` names (the subclass's) timed."""
+    every collective method of the :data:`TIMED` names (the subclass's) timed, and the works of
+    those calls still running, which :meth:`cancel_running` ends (the group's ``abort()``)."""
 
     _deadlines: Deadlines | None = None
     _deadlines_lock = threading.Lock()
+    _running_works: dict[int, Work] | None = None
+    _running_keys = itertools.count()
     #: The group's own timeout in seconds (None: none).
     timeout_seconds: float | None = None
 
@@ -182,6 +187,29 @@ class Timeouts:
                 self._deadlines = Deadlines(f"pccl-torch-deadlines-{id(self):x}")
             deadlines = self._deadlines
         deadlines.watch(work, deadline, what, seconds)
+
+    def note_running(self, work: Work) -> None:
+        """Keep ``work`` among the running works until it ends."""
+        key = next(self._running_keys)
+        with self._deadlines_lock:
+            if self._running_works is None:
+                self._running_works = {}
+            self._running_works[key] = work
+        work.get_future().add_done_callback(lambda _: self._work_ended(key))
+
+    def cancel_running(self, why: str) -> None:
+        """Cancel every collective of the group still running (pccl's cancellation: the other
+        peers' calls of it abort, an in-place tensor holds its input again); each fails with
+        ``CollectiveAborted(why)``."""
+        with self._deadlines_lock:
+            running = list((self._running_works or {}).values())
+        for work in running:
+            work.expire(CollectiveAborted(why))
+
+    def _work_ended(self, key: int) -> None:
+        with self._deadlines_lock:
+            if self._running_works is not None:
+                self._running_works.pop(key, None)
 
     def _stop_deadlines(self) -> None:
         with self._deadlines_lock:

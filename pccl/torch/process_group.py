@@ -614,7 +614,9 @@ class ProcessGroup(Timeouts, PointToPoint, ListForms, dist.ProcessGroup):  # typ
         self._stop_deadlines()
 
     def abort(self) -> None:
-        """As :meth:`shutdown`."""
+        """Cancel the group's collectives still running (they fail with ``CollectiveAborted``),
+        then :meth:`shutdown`."""
+        self.cancel_running("the process group was aborted")
         self.shutdown()
 
     def wait_for_pending_works(self, timeout: float | None = None) -> bool:
