@@ -299,7 +299,8 @@ class PointCompleter:
                 return
             self._stopped = True
             self._queue.put(None)
-        self._thread.join(30)
+        if threading.current_thread() is not self._thread:  # a callback of a work it settled: it ends after
+            self._thread.join(30)
 
     def _ended(self, op: PendingOp) -> None:
         with self._lock:

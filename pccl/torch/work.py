@@ -165,6 +165,7 @@ class Settler:
         self._busy = 0
         self._threads = 0
         self._closed = False
+        self._local = threading.local()  # ``settling``: set on the settling threads
 
     def submit(self, task: Callable[[], None]) -> None:
         with self._lock:
@@ -179,13 +180,16 @@ class Settler:
     def close(self, timeout: float = 30.0) -> bool:
         """Let the settling threads end once the submitted tasks are done, and wait up to
         ``timeout`` seconds for those tasks (a process must not exit while a thread runs a torch
-        callback); whether they were done in time."""
+        callback); whether they were done in time.  Called from a task (a callback that shuts
+        its group down), it waits for the other tasks, not for that one."""
+        own = 1 if getattr(self._local, "settling", False) else 0
         with self._lock:
             self._closed = True
             self._wake.notify_all()
-            return self._wake.wait_for(lambda: not self._tasks and not self._busy, timeout)
+            return self._wake.wait_for(lambda: not self._tasks and self._busy <= own, timeout)
 
     def _run(self) -> None:
+        self._local.settling = True
         while True:
             with self._lock:
                 while not self._tasks:
