@@ -262,3 +262,49 @@ def test_a_call_s_own_timeout_overrides_the_group_s(world: World) -> None:
             group.shutdown()
 
     world.run(case)
+
+
+def test_a_timeout_mid_transfer_aborts_the_collective_on_every_peer(world: World) -> None:
+    """Every rank calls a 64 MiB all-reduce whose timeout is half the time the same all-reduce
+    took just before (measured on every rank, the smallest taken), so that the timeouts cancel
+    it while its data moves.  All or nothing: it aborts on every peer (a peer whose own timeout
+    had not passed yet gets ``CollectiveAborted`` from the others' cancellation) and each tensor
+    holds its input again, bit for bit — or, had it been quicker this time, it completed on
+    every peer, right; then the timeout is halved and it runs again (at most 5 times).  After an
+    abort the group's next all-reduce, without a timeout, is right."""
+
+    def case(pg: Any, rank: int, size: int) -> list[str]:
+        x = torch.full((16 << 20,), float(rank + 1))
+        x[::4097] = torch.arange(x[::4097].numel(), dtype=torch.float32) * (rank + 1)
+        total = sum(range(1, size + 1))
+        started = time.monotonic()
+        dist.all_reduce(x, group=pg)
+        took = torch.tensor([time.monotonic() - started], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MIN, group=pg)
+        x.div_(total).mul_(rank + 1)  # this rank's input again
+        outcomes = []
+        for attempt in range(5):
+            before = x.clone()
+            opts = dist.AllreduceOptions()
+            opts.timeout = datetime.timedelta(seconds=float(took) / 2 ** (attempt + 1))
+            try:
+                pg.allreduce([x], opts).wait()
+            except pccl.CollectiveAborted as exc:
+                outcomes.append(type(exc).__name__)
+                assert torch.equal(x, before), "the aborted all-reduce's input was not restored"
+            else:
+                outcomes.append("ok")
+                torch.testing.assert_close(x, before / (rank + 1) * total)
+                x.div_(total).mul_(rank + 1)
+            aborted = torch.tensor([outcomes[-1] != "ok"], dtype=torch.uint8)
+            both = torch.cat([aborted, 1 - aborted])
+            dist.all_reduce(both, op=dist.ReduceOp.MAX, group=pg)
+            assert int(both.sum()) == 1, f"the all-reduce aborted on some peers only: {outcomes}"  # all or nothing
+            if outcomes[-1] != "ok":
+                break
+        dist.all_reduce(x, group=pg)
+        torch.testing.assert_close(x, before / (rank + 1) * total)
+        return outcomes
+
+    outcomes = world.run(case, timeout=120)
+    assert "CollectiveTimeout" in {o[-1] for o in outcomes}, outcomes
