@@ -67,9 +67,11 @@ class CollectiveHandle(Generic[_T]):
     ``all_reduce_many_async``)."""
 
     def __init__(self, future: concurrent.futures.Future[_T],
-                 wait: Callable[[concurrent.futures.Future[_T], float | None], _T]) -> None:
+                 wait: Callable[[concurrent.futures.Future[_T], float | None], _T],
+                 cancel: Callable[[concurrent.futures.Future[_T]], None] | None = None) -> None:
         self._future = future
         self._wait_for = wait  # the communicator's: waits, and cancels the operation if interrupted
+        self._cancel_call = cancel  # the communicator's: cancels the operation's task
 
     def done(self) -> bool:
         """Whether the operation has finished (successfully or not)."""
@@ -86,6 +88,14 @@ class CollectiveHandle(Generic[_T]):
         ``TimeoutError`` if it is still running after ``timeout`` seconds (it keeps running; wait
         again).  Interrupted (Ctrl-C), the operation is cancelled."""
         return self._wait_for(self._future, timeout)
+
+    def cancel(self) -> None:
+        """Cancel the operation, as an interrupted :meth:`wait` does (the async call's
+        cancellation: an in-place buffer holds its input again, the other participants' calls
+        of a collective abort; a cancelled vote is withdrawn).  :meth:`wait` then raises the
+        operation's error.  Returns at once; nothing happens once the operation has finished."""
+        if self._cancel_call is not None and not self._future.done():
+            self._cancel_call(self._future)
 
 
 #: The handle of an all-reduce (the name earlier releases gave it).
@@ -351,7 +361,8 @@ class Communicator:
         checks included) come from the handle's ``wait``."""
         comm = self._live()
         return CollectiveHandle(self._submit(lambda: comm.all_reduce(send, recv, op=op, tag=tag,
-                                                                     quantization=quantization)), self._wait)
+                                                                     quantization=quantization)),
+                                self._wait, self._cancel)
 
     def broadcast(self, x: Any, *, root: int, tag: int = 0,
                   quantization: Quantization | None = None) -> CollectiveInfo:
@@ -365,7 +376,7 @@ class Communicator:
         """Start :meth:`pccl.Communicator.broadcast` and return at once with its handle."""
         comm = self._live()
         return CollectiveHandle(self._submit(lambda: comm.broadcast(x, root=root, tag=tag, quantization=quantization)),
-                                self._wait)
+                                self._wait, self._cancel)
 
     def all_gather(self, x: Any, *, tag: int = 0, quantization: Quantization | None = None) -> Gathered:
         """Gather every participant's ``x`` (counts may differ) on every participant; blocks until
@@ -377,7 +388,7 @@ class Communicator:
         """Start :meth:`pccl.Communicator.all_gather` and return at once with its handle."""
         comm = self._live()
         return CollectiveHandle(self._submit(lambda: comm.all_gather(x, tag=tag, quantization=quantization)),
-                                self._wait)
+                                self._wait, self._cancel)
 
     def reduce_scatter(self, x: Any, *, op: ReduceOp = ReduceOp.SUM, tag: int = 0,
                        quantization: Quantization | None = None) -> Shard:
@@ -390,7 +401,8 @@ class Communicator:
         """Start :meth:`pccl.Communicator.reduce_scatter` and return at once with its handle."""
         comm = self._live()
         return CollectiveHandle(self._submit(lambda: comm.reduce_scatter(x, op=op, tag=tag,
-                                                                         quantization=quantization)), self._wait)
+                                                                         quantization=quantization)),
+                                self._wait, self._cancel)
 
     def all_reduce_many(self, arrays: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,
                         quantization: Quantization | None = None, max_in_flight: int = 4,
@@ -417,7 +429,7 @@ class Communicator:
         arrays = list(arrays)
         return CollectiveHandle(self._submit(lambda: comm.all_reduce_many(
             arrays, op=op, quantization=quantization, max_in_flight=max_in_flight, first_tag=first_tag,
-            bucket_bytes=bucket_bytes)), self._wait)
+            bucket_bytes=bucket_bytes)), self._wait, self._cancel)
 
     def send(self, x: Any, *, to: int, tag: int = 0, timeout: float | None = None,
              quantization: Quantization | None = None) -> None:
@@ -432,7 +444,7 @@ class Communicator:
         belongs to pccl until the handle is done)."""
         comm = self._live()
         return CollectiveHandle(self._submit(lambda: comm.send(x, to=to, tag=tag, timeout=timeout,
-                                                               quantization=quantization)), self._wait)
+                                                               quantization=quantization)), self._wait, self._cancel)
 
     def recv(self, x: Any, *, from_: int, tag: int = 0, timeout: float | None = None,
              quantization: Quantization | None = None) -> None:
@@ -446,7 +458,7 @@ class Communicator:
         belongs to pccl until the handle is done; on an error it holds its old values)."""
         comm = self._live()
         return CollectiveHandle(self._submit(lambda: comm.recv(x, from_=from_, tag=tag, timeout=timeout,
-                                                               quantization=quantization)), self._wait)
+                                                               quantization=quantization)), self._wait, self._cancel)
 
     def steps(self, state: SharedState, *,
               strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> Iterator[SyncInfo]:

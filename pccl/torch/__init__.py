@@ -15,12 +15,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["CommHookState", "DDP_FIRST_TAG", "DistributedDataParallel", "ProcessGroup", "Work", "ddp_comm_hook",
-           "register"]
+__all__ = ["CollectiveTimeout", "CommHookState", "DDP_FIRST_TAG", "DistributedDataParallel", "ProcessGroup", "Work",
+           "ddp_comm_hook", "register"]
 
 #: Public name -> the submodule that defines it (imported, with torch, on first use).
-_WHERE = {"CommHookState": "ddp", "DDP_FIRST_TAG": "ddp", "DistributedDataParallel": "ddp", "ddp_comm_hook": "ddp",
-          "ProcessGroup": "process_group", "Work": "work", "register": "backend"}
+_WHERE = {"CollectiveTimeout": "deadlines", "CommHookState": "ddp", "DDP_FIRST_TAG": "ddp", "DistributedDataParallel": "ddp",
+          "ddp_comm_hook": "ddp", "ProcessGroup": "process_group", "Work": "work", "register": "backend"}
 
 
 def __getattr__(name: str) -> Any:

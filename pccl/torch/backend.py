@@ -32,7 +32,8 @@ def register() -> None:
     by ``$PCCL_MASTER`` (``host:port``; ``pccl run`` sets it), in the peer group
     ``$PCCL_PEER_GROUP`` (default 0), with the token of ``$PCCL_TOKEN``, waits until the group
     has ``n`` peers (voting them in; the group's timeout bounds the wait: ``TooFewPeers``), and
-    returns a :class:`ProcessGroup` that owns the communicator.  Its ranks are the ones the
+    returns a :class:`ProcessGroup` that owns the communicator, with the group's timeout as its
+    own (collectives still running after it are cancelled: :mod:`pccl.torch.deadlines`).  Its ranks are the ones the
     processes passed (``rank=r``: ``get_rank()`` is ``r``, ``broadcast(t, src=0)`` comes from the
     process that passed 0, ``all_gather`` lists in that order) while the group's members are the
     processes that started it; when one leaves, the ones after it move down, and newcomers
@@ -59,7 +60,7 @@ _BACKEND_GROUPS: list[ProcessGroup] = []
 def _create(store: Any, rank: int, world_size: int, timeout: datetime.timedelta | None) -> ProcessGroup:
     _BACKEND_GROUPS[:] = [g for g in _BACKEND_GROUPS if not g.closed]
     if _BACKEND_GROUPS:
-        return _share(_BACKEND_GROUPS[0], rank, world_size)
+        return _share(_BACKEND_GROUPS[0], rank, world_size, timeout)
     master = os.environ.get(MASTER_ENV, "")
     if not master:
         raise InvalidUsage(f"the pccl backend connects to the master named by ${MASTER_ENV} (host:port): set it "
@@ -83,21 +84,23 @@ def _create(store: Any, rank: int, world_size: int, timeout: datetime.timedelta 
         comm.close()
         raise
     log.info("pccl backend: peer %x in a group of %d (rank %d)", comm.peer_id, comm.world_size, rank)
-    group = ProcessGroup(comm, owns_communicator=True, ranks=ranks)
+    group = ProcessGroup(comm, owns_communicator=True, ranks=ranks, timeout=timeout)
     _BACKEND_GROUPS.append(group)
     return group
 
 
-def _share(base: ProcessGroup, rank: int, world_size: int) -> ProcessGroup:
+def _share(base: ProcessGroup, rank: int, world_size: int, timeout: datetime.timedelta | None) -> ProcessGroup:
     """A further group of the backend (``new_group``) in a process that has one: over the same
     ranks, a group over the same communicator with tags of its own; over other ranks,
-    ``InvalidUsage`` at once (a pccl group is a whole peer group)."""
+    ``InvalidUsage`` at once (a pccl group is a whole peer group).  ``timeout``: the new
+    group's own (``new_group(timeout=...)``)."""
     if (world_size, rank) != (base.size(), base.rank()):
         raise InvalidUsage(f"a pccl group spans its whole peer group ({base.size()} peers): new_group over "
                            f"{world_size} of them (this one as rank {rank}) cannot run on pccl; make that group "
                            "with another backend (new_group(ranks, backend=\"gloo\")), or run it as a peer group "
                            f"of its own (${PEER_GROUP_ENV})")
-    return ProcessGroup(base.communicator, first_tag=base.next_shared_first_tag(), ranks=base.given_ranks)
+    return ProcessGroup(base.communicator, first_tag=base.next_shared_first_tag(), ranks=base.given_ranks,
+                        timeout=timeout)
 
 
 def open_within(master: str, peer_group: int, timeout: float | None) -> blocking.Communicator:

@@ -56,6 +56,10 @@ class HandleGroup:
     def done(self) -> bool:
         return all(h.done() for h in self.handles)
 
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
     def wait(self, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         error: BaseException | None = None
@@ -295,7 +299,8 @@ class PointCompleter:
                 return
             self._stopped = True
             self._queue.put(None)
-        self._thread.join(30)
+        if threading.current_thread() is not self._thread:  # a callback of a work it settled: it ends after
+            self._thread.join(30)
 
     def _ended(self, op: PendingOp) -> None:
         with self._lock:

@@ -60,7 +60,8 @@ from .. import blocking
 from ..errors import CollectiveAborted, InvalidArgument, InvalidUsage, TooFewPeers
 from ..types import DType, ReduceOp
 from ._args import (LOCAL_REDUCE, bool_reduce_op, check_alike, checked_root, contiguous_buffer, dense,
-                    root_list, split_columns, tensor_list, torch_reduce_op, wire_view)
+                    root_list, split_columns, tensor_list, timeout_seconds, torch_reduce_op, wire_view)
+from .deadlines import Timeouts
 from .lists import ListForms
 from .point import PointToPoint
 from .ranks import GroupRanks, by_rank, peers_by_rank
@@ -90,7 +91,7 @@ DType.BFLOAT16.numpy_dtype()
 _GROUP_NUMBERS = itertools.count()
 
 
-class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[misc]  # torch's overloads
+class ProcessGroup(Timeouts, PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[misc]  # torch's overloads
     """``comm``'s peer group as a ``torch.distributed.ProcessGroup``: ``size()`` is its world
     size now, ``rank()`` this peer's rank now (its ring position, or the rank
     ``init_process_group`` gave it); each collective starts the
@@ -101,12 +102,14 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
     of the group's first collective (op ``k`` uses ``first_tag + k``).  ``ranks``: the peer ids
     of ranks ``0, 1, ...`` as ``init_process_group`` gave them (:mod:`pccl.torch.ranks`: those
     still in the group keep that order, newcomers follow in ring order); ring positions when
-    ``None``.
+    ``None``.  ``timeout`` (a ``timedelta`` or seconds): a collective whose options set no
+    timeout of their own is cancelled after it (:mod:`pccl.torch.deadlines`); None: no limit.
     """
 
-    def __init__(self, comm: blocking.Communicator, *, first_tag: int = FIRST_TAG,
-                 owns_communicator: bool = False, ranks: Sequence[int] | None = None) -> None:
+    def __init__(self, comm: blocking.Communicator, *, first_tag: int = FIRST_TAG, owns_communicator: bool = False,
+                 ranks: Sequence[int] | None = None, timeout: Any = None) -> None:
         super().__init__(0, 1)  # type: ignore[call-arg]  # static rank and size; getRank/getSize answer
+        self.timeout_seconds = timeout_seconds(timeout)
         self._comm = comm
         self._first_tag = first_tag
         self._owns = owns_communicator
@@ -608,9 +611,12 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
         self._completer.join(30)
         self._settler.close()
         self._stop_points()
+        self._stop_deadlines()
 
     def abort(self) -> None:
-        """As :meth:`shutdown`."""
+        """Cancel the group's collectives still running (they fail with ``CollectiveAborted``),
+        then :meth:`shutdown`."""
+        self.cancel_running("the process group was aborted")
         self.shutdown()
 
     def wait_for_pending_works(self, timeout: float | None = None) -> bool:
@@ -641,7 +647,7 @@ class ProcessGroup(PointToPoint, ListForms, dist.ProcessGroup):  # type: ignore[
             self._seq += 1
             self._running += 1
             self._queue.put(op)  # under the lock: in the order started, and never after shutdown's None
-        return Work(op.handle, op.future, op.outcome)
+        return Work(op.handle, op.future, op.outcome, op)
 
     def _complete(self) -> None:
         """The completion thread: finish each op in the order they started."""

@@ -35,11 +35,12 @@ class Work(dist.Work):
     """
 
     def __init__(self, handle: blocking.CollectiveHandle[Any], future: torch.futures.Future[Any],
-                 outcome: torch.futures.Future[Any]) -> None:
+                 outcome: torch.futures.Future[Any], op: PendingOp | None = None) -> None:
         super().__init__()
         self._handle = handle
         self._future = future
         self._outcome = outcome
+        self._op = op
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Wait for the collective; return ``True`` or raise its error (a pccl error, or
@@ -92,6 +93,13 @@ class Work(dist.Work):
     def synchronize(self) -> None:
         """Nothing to do on CPU: results are in the tensors once the work is completed."""
 
+    def expire(self, error: BaseException) -> None:
+        """The op outlived its timeout: cancel it (pccl's cancellation: the other peers' calls of
+        it abort, an in-place tensor holds its input again), and if that ends it, fail it with
+        ``error`` (its cause: the cancelled call's own error).  Nothing once it has ended."""
+        if self._op is not None:
+            self._op.expire(error)
+
 
 class PendingOp:
     """A started collective: its handle, how to finish it, and the trivial result when alone."""
@@ -111,12 +119,26 @@ class PendingOp:
         #: took for the bucket's tensors and crashed on (SIGSEGV); an error raised in a ``then``
         #: callback fails the future itself.
         self.future: torch.futures.Future[list[torch.Tensor]] = self.outcome.then(_settled)
+        #: The error the op fails with if it fails after :meth:`expire` (its timeout passed).
+        self.expired: BaseException | None = None
 
     def succeed(self, value: list[torch.Tensor]) -> None:
         self.outcome.set_result(value)
 
     def fail(self, exc: BaseException) -> None:
+        expired = self.expired
+        if expired is not None and expired is not exc:
+            expired.__cause__ = exc
+            exc = expired
         self.outcome.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: any exception
+
+    def expire(self, error: BaseException) -> None:
+        """Cancel the op (its timeout passed); if that ends it, it fails with ``error``.  An op
+        that has finished already keeps its outcome."""
+        if self.handle.done():
+            return
+        self.expired = error
+        self.handle.cancel()
 
 
 def _settled(outcome: torch.futures.Future[list[torch.Tensor]]) -> list[torch.Tensor]:
@@ -143,6 +165,7 @@ class Settler:
         self._busy = 0
         self._threads = 0
         self._closed = False
+        self._local = threading.local()  # ``settling``: set on the settling threads
 
     def submit(self, task: Callable[[], None]) -> None:
         with self._lock:
@@ -157,13 +180,16 @@ class Settler:
     def close(self, timeout: float = 30.0) -> bool:
         """Let the settling threads end once the submitted tasks are done, and wait up to
         ``timeout`` seconds for those tasks (a process must not exit while a thread runs a torch
-        callback); whether they were done in time."""
+        callback); whether they were done in time.  Called from a task (a callback that shuts
+        its group down), it waits for the other tasks, not for that one."""
+        own = 1 if getattr(self._local, "settling", False) else 0
         with self._lock:
             self._closed = True
             self._wake.notify_all()
-            return self._wake.wait_for(lambda: not self._tasks and not self._busy, timeout)
+            return self._wake.wait_for(lambda: not self._tasks and self._busy <= own, timeout)
 
     def _run(self) -> None:
+        self._local.settling = True
         while True:
             with self._lock:
                 while not self._tasks:

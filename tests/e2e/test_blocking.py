@@ -115,6 +115,24 @@ def test_a_handle_is_pending_until_every_peer_called_and_wait_can_time_out(pair)
     assert handle.wait(timeout=30).world_size == 2 and float(x[0]) == 3.0
 
 
+def test_a_cancelled_handle_ends_its_call_and_frees_its_tag(pair) -> None:  # noqa: ANN001
+    """``handle.cancel()`` cancels as an interrupted ``wait()`` does: the call ends with an error
+    (here its vote was still open: withdrawn), the input keeps its values, and the tag can be
+    used again by both peers."""
+    _, a, b = pair
+    x, y = np.ones(8, np.float32), np.full(8, 2.0, np.float32)
+    handle = a.all_reduce_async(x, tag=5)
+    with pytest.raises(TimeoutError):
+        handle.wait(timeout=0.3)
+    handle.cancel()
+    with pytest.raises(InvalidUsage, match="cancelled"):
+        handle.wait(timeout=30)
+    assert handle.done() and float(x[0]) == 1.0
+    handle.cancel()  # nothing once it has ended
+    infos = _both(lambda: a.all_reduce(x, tag=5), lambda: b.all_reduce(y, tag=5))
+    assert [i.world_size for i in infos] == [2, 2] and float(x[0]) == float(y[0]) == 3.0
+
+
 def test_errors_are_the_same_pccl_types_in_the_callers_thread(pair) -> None:  # noqa: ANN001
     master, a, b = pair
     with pytest.raises(InvalidArgument, match=r"pass tensor\.contiguous\(\)"):

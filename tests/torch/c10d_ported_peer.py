@@ -7,7 +7,8 @@ group ``torch.distributed.init_process_group("pccl")`` made.
 MODULE: the test module whose ``CASES`` run (test_c10d_ported by default; test_c10d_ported_p2p);
 CASES: the name of another dict of that module to run instead (``WORLD1_CASES``).
 
-Prints one JSON line: ``{"rank", "world", "backend", "cases": {name: "ok" or the traceback}}``.
+Prints one JSON line: ``{"rank", "world", "backend", "cases": {name: "ok" or the traceback}}``;
+at the first case that fails, prints the cases so far and exits with status 1.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ def main() -> None:
             report["cases"][name] = "ok"
         except BaseException:  # noqa: BLE001 - reported to the test
             report["cases"][name] = traceback.format_exc()
+            # The others may wait for this process in a collective of the failed case: stop
+            # here (run_peer_processes then kills them and shows this report).
+            print(json.dumps(report), flush=True)
+            sys.stderr.flush()
+            os._exit(1)
     dist.destroy_process_group()
     # test_c10d_common.py::PythonProcessGroupExtensionTest.test_shutdown: destroy_process_group
     # shuts the group down

@@ -14,6 +14,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
@@ -52,23 +53,32 @@ class World:
     def run(self, fn: Callable[[Any, int, int], Any], timeout: float = 60.0,
             ranks: tuple[int, ...] | None = None) -> list[Any]:
         """``fn(pg, rank, world_size)`` on every peer at once; the results in rank order.  The
-        first peer's exception (in rank order) is raised once all have finished.  ``ranks``: the
-        peer ids of ranks 0, 1, ... as ``init_process_group`` would give them (ring positions
-        by default)."""
+        first peer to raise ends the run: the others' groups are aborted (their collectives
+        still running fail, so a peer waiting for the failed one ends too) and that first error
+        is raised (the lowest rank's, if several failed at once).  ``ranks``: the peer ids of
+        ranks 0, 1, ... as ``init_process_group`` would give them (ring positions by default)."""
         self._runs += 1
         first_tag = FIRST_TAG + self._runs * RUN_TAGS
         pgs = [pccl.torch.ProcessGroup(c, first_tag=first_tag, ranks=ranks) for c in self.comms]
+        pool = concurrent.futures.ThreadPoolExecutor(len(pgs))
+        ended = True
         try:
-            with concurrent.futures.ThreadPoolExecutor(len(pgs)) as pool:
-                futures = [pool.submit(fn, pg, pg.rank(), pg.size()) for pg in pgs]
-                concurrent.futures.wait(futures, timeout)
-                by_rank = sorted(zip((pg.rank() for pg in pgs), futures), key=lambda x: x[0])
-                for _, f in by_rank:
-                    if not f.done():
-                        raise TimeoutError(f"a peer is still running after {timeout:g} s")
-                    f.result()
-                return [f.result() for _, f in by_rank]
+            futures = [pool.submit(fn, pg, pg.rank(), pg.size()) for pg in pgs]
+            by_rank = [f for _, f in sorted(zip((pg.rank() for pg in pgs), futures), key=lambda x: x[0])]
+            done, _ = concurrent.futures.wait(futures, timeout, return_when=concurrent.futures.FIRST_EXCEPTION)
+            failed = [f for f in by_rank if f in done and f.exception() is not None]
+            if failed or len(done) < len(futures):
+                for pg in pgs:
+                    pg.abort()
+                _, left = concurrent.futures.wait(futures, 30)
+                ended = not left
+                if failed:
+                    raise failed[0].exception()  # type: ignore[misc]
+                raise TimeoutError(f"ranks {[r for r, f in enumerate(by_rank) if f not in done]} were still "
+                                   f"running after {timeout:g} s")
+            return [f.result() for f in by_rank]
         finally:
+            pool.shutdown(wait=ended)
             for pg in pgs:
                 pg.shutdown()
 
@@ -101,22 +111,43 @@ def pccl_world(n: int) -> Iterator[World]:
 
 def run_peer_processes(script: pathlib.Path, args: list[list[str]], timeout: float) -> list[dict[str, Any]]:
     """Start ``script`` once per argument list (``python script *args[i]``), wait for all, and
-    return each one's last stdout line as JSON; a peer that fails fails the test with its
-    output.  Peers still running when this fails are killed."""
+    return each one's last stdout line as JSON.  The first peer to fail (exit non-zero) fails
+    the test at once with its output (a JSON report on its last stdout line: the tracebacks of
+    its failed cases) and its stderr; the others are killed then, and at ``timeout``."""
     procs = [subprocess.Popen([sys.executable, str(script), *a], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for a in args]
-    reports = []
+    with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:
+        outputs = [pool.submit(proc.communicate) for proc in procs]
+        try:
+            pending, deadline = set(outputs), time.monotonic() + timeout
+            while pending:
+                done, pending = concurrent.futures.wait(pending, max(0.0, deadline - time.monotonic()),
+                                                        return_when=concurrent.futures.FIRST_COMPLETED)
+                if not done:
+                    running = [i for i, f in enumerate(outputs) if f in pending]
+                    raise AssertionError(f"peers {running} still running after {timeout:g} s")
+                for f in done:
+                    index = outputs.index(f)
+                    if procs[index].returncode != 0:
+                        raise AssertionError(f"peer {index} failed (exit {procs[index].returncode}):\n"
+                                             f"{_failure(*f.result())}")
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+    return [json.loads(f.result()[0].strip().splitlines()[-1]) for f in outputs]
+
+
+def _failure(out: str, err: str) -> str:
+    """A failed peer's output: the failed cases of its JSON report (if it printed one), else its
+    stdout; then its stderr's end."""
+    lines = out.strip().splitlines()
     try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=timeout)
-            assert proc.returncode == 0, f"a peer failed:\n{out}\n{err}"
-            reports.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    return reports
+        report = json.loads(lines[-1])
+        shown = "\n".join(f"{name}:\n{outcome}" for name, outcome in report["cases"].items() if outcome != "ok")
+    except (IndexError, ValueError, KeyError, TypeError):
+        shown = out
+    return f"{shown}\n--- stderr ---\n{err[-4000:]}"
 
 
 # --- ported upstream cases: the two ways every case module runs them ------------------------------

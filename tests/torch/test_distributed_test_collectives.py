@@ -33,10 +33,12 @@ made by rank 0 and broadcast (upstream: ``$TEMP_DIR``).  ``@require_exact_world_
 the ``gather_object`` tests is not kept (nothing in them depends on it).
 
 Ported (74 upstream tests in 53 cases): ``test_get_rank``, ``test_get_backend`` (its
-``new_group([0, 1])`` on a world of 2 under init_process_group), ``test_Backend_enum_class``,
-``test_destroy_group`` and ``test_get_rank_size_group`` (a world of 2, where ``[0, 1]`` is every
-rank), ``test_destroy_full_group``, ``test_get_rank_size_full_group``, ``test_new_subgroups`` (a
-world of 2), ``test_new_subgroups_group_size_exceeds_world_size``,
+``new_group([0, 1])`` on a world of 2 under init_process_group; on a world of 3 its
+``new_group([1, 2])`` raises ``InvalidUsage`` at once on ranks 1 and 2, which is checked, and
+rank 0 checks upstream's non-member errors), ``test_Backend_enum_class``,
+``test_destroy_group`` and ``test_get_rank_size_group`` (the same way), ``test_destroy_full_group``,
+``test_get_rank_size_full_group``, ``test_new_subgroups`` (a world of 2; on a world of 3
+torch's refusal of the size is checked), ``test_new_subgroups_group_size_exceeds_world_size``,
 ``test_new_subgroups_by_enumeration_negative_input_rank``, ``test_average_parameters`` (its
 global half), ``test_periodic_model_averager``, ``test_periodic_model_averager_param_group``,
 ``test_1_level_hierarchical_model_averager_equivalent_to_periodic_model_averager``,
@@ -89,9 +91,8 @@ Looked at, not applicable to a CPU pccl group, and why:
   ``test_all_reduce_coalesced_group_{sum,product,min,max}``, ``test_scatter_group``,
   ``test_gather_group``, ``test_all_gather_group``, ``test_all_gather_coalesced_group``,
   ``test_barrier_group``, ``test_all_to_all_single_equal_split_group``,
-  ``test_all_to_all_single_unequal_split_group``, ``test_all_to_all_group``; ``test_get_backend``'s, ``test_destroy_group``'s
-  and ``test_get_rank_size_group``'s groups on a world of 3; ``test_new_subgroups`` on a world of
-  3, ``test_new_subgroups_with_group_param``, ``_world_size_not_divisible_by_group_size``,
+  ``test_all_to_all_single_unequal_split_group``, ``test_all_to_all_group``;
+  ``test_new_subgroups_with_group_param``, ``_world_size_not_divisible_by_group_size``,
   ``test_new_subgroups_by_enumeration``, ``_input_rank_exceeds_world_size``,
   ``test_new_subgroups_overlap_not_allowed`` (worlds of 4 and GPUs; subsets of the ranks);
   ``test_3_level_hierarchical_model_averager`` (a world of 4, subgroups of 2);
@@ -113,11 +114,8 @@ Looked at, not applicable to a CPU pccl group, and why:
 * Skipped upstream on every backend: ``test_broadcast_object_list`` (``@unittest.skip``,
   pytorch#113620; its ``_test_broadcast_object_list_subgroup`` is not a test);
   ``test_barrier_timeout_arg`` (skipped on Linux, pytorch#179691).
-* Not ported, open: ``test_barrier_timeout_global``, ``_group`` and ``_full_group`` (gloo
-  only upstream: a lone rank's barrier fails after the group's ``timeout`` and the test
-  asserts the wall-clock time it took; ``_group`` is over a subset of the ranks).  Whether
-  pccl's group honours ``init_process_group``'s ``timeout`` for a collective is not checked
-  here.
+* ``test_barrier_timeout_global``, ``_group`` and ``_full_group``: ported in
+  test_distributed_test_timeouts.py.
 * DistributedDataParallel under other names than ``test_DistributedDataParallel*`` and
   ``test_ddp_*``: left to the DDP port (another file).  Most need GPUs upstream
   (``@skip_if_lt_x_gpu``); the ones that run DDP on CPU modules under gloo are ported in
@@ -144,6 +142,7 @@ import math
 import operator
 import os
 import pathlib
+import re
 import tempfile
 import threading
 import time
@@ -790,20 +789,42 @@ def case_get_rank(pg: Any, rank: int, world: int) -> None:
 @ported
 def case_get_backend(pg: Any, rank: int, world: int) -> None:
     """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_get_backend
-    ("pccl" for upstream's ``BACKEND``).  Upstream's ``new_group([0, 1])`` (``[1, 2]`` in larger
-    worlds) is run where it is the whole world (a world of 2 under init_process_group); a pccl
-    group over a subset of the ranks raises ``InvalidUsage``; on a thread world (no default
-    group, and torch's ``get_backend`` reads only the map of groups ``init_process_group`` and
-    ``new_group`` made) the check is on ``pg``'s backend name"""
+    ("pccl" for upstream's ``BACKEND``).  Upstream's ``new_group([0, 1])`` on a world of 2 is
+    every rank; on a world of 3 its ``new_group([1, 2])`` is a subset of the ranks, which a
+    pccl group cannot be: ``InvalidUsage`` at once on ranks 1 and 2 (:func:`_subset_group`),
+    while rank 0, not a member, checks upstream's ``ValueError``.  On a thread world (no
+    default group, and torch's ``get_backend`` reads only the map of groups
+    ``init_process_group`` and ``new_group`` made) the check is on ``pg``'s backend name"""
     backend_str = "pccl"
     if not default(pg):
         assert pg.name() == backend_str
         return
+    group = [1, 2] if world > 2 else [0, 1]
+    group_id = _subset_group(group, rank, world)
     assert dist.get_backend() == backend_str
-    if world == 2:
-        group_id = dist.new_group([0, 1])
-        assert dist.get_backend(group_id) == backend_str
-        dist.destroy_process_group(group_id)
+    if rank in group:
+        if group_id is not None:
+            assert dist.get_backend(group_id) == backend_str
+            dist.destroy_process_group(group_id)
+    else:
+        with pytest.raises(ValueError, match="Invalid process group specified"):
+            dist.get_backend(group_id)
+
+
+def _subset_group(group: list[int], rank: int, world: int) -> Any:
+    """Upstream's ``dist.new_group(group)`` for ``group`` ``[0, 1]`` on a world of 2 (every
+    rank: the group) or ``[1, 2]`` on a larger one: a pccl group spans its whole peer group, so
+    there its members get ``InvalidUsage`` at once (checked here; ``None``), and the others
+    torch's ``NON_GROUP_MEMBER``."""
+    if len(group) < world and rank in group:
+        started = time.monotonic()
+        with pytest.raises(pccl.InvalidUsage, match="spans its whole peer group"):
+            dist.new_group(group)
+        assert time.monotonic() - started < 30, "InvalidUsage came only after a timeout"
+        return None
+    group_id = dist.new_group(group)
+    assert (rank in group) == (group_id is not dist.GroupMember.NON_GROUP_MEMBER)
+    return group_id
 
 
 @ported
@@ -854,39 +875,48 @@ def case_get_rank_size_full_group(pg: Any, rank: int, world: int) -> None:
 @default_group_only
 def case_destroy_group(pg: Any, rank: int, world: int) -> None:
     """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_destroy_group
-    (upstream's ``new_group([0, 1])`` on a world of 2; on larger worlds it is ``[1, 2]``, a
-    subset of the ranks: a pccl group raises ``InvalidUsage``, not ported)"""
-    if world != 2:
-        return
-    group = [0, 1]
-    group_id = dist.new_group(group)
+    (upstream's ``new_group([0, 1])`` on a world of 2; on a world of 3 its ``[1, 2]`` raises
+    ``InvalidUsage`` at once on its members, :func:`_subset_group`, and the others destroy
+    their ``NON_GROUP_MEMBER`` as upstream does)"""
+    group = [1, 2] if world > 2 else [0, 1]
+    group_id = _subset_group(group, rank, world)
     _barrier(pg)
-    dist.destroy_process_group(group_id)
+    if group_id is not None:
+        dist.destroy_process_group(group_id)
 
 
 @default_group_only
 def case_get_rank_size_group(pg: Any, rank: int, world: int) -> None:
     """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_get_rank_size_group
-    (a world of 2, as case_destroy_group)"""
-    if world != 2:
-        return
-    group = [0, 1]
-    group_id = dist.new_group(group)
-    assert dist.get_rank() in group
-    assert dist.get_world_size(group_id) == 2
-    assert dist.get_rank(group_id) in list(range(2))
-    dist.destroy_process_group(group_id)
+    (on a world of 3, as case_destroy_group: ``InvalidUsage`` on ranks 1 and 2; rank 0, not a
+    member, checks upstream's -1 rank and size)"""
+    group = [1, 2] if world > 2 else [0, 1]
+    group_id = _subset_group(group, rank, world)
+    if rank in group:
+        if group_id is not None:
+            assert dist.get_world_size(group_id) == 2
+            assert dist.get_rank(group_id) in list(range(2))
+    else:
+        assert dist.get_world_size(group_id) == -1
+        assert dist.get_rank(group_id) == -1
+    if group_id is not None and rank in group:
+        dist.destroy_process_group(group_id)
 
 
 @default_group_only
 def case_new_subgroups(pg: Any, rank: int, world: int) -> None:
     """torch/testing/_internal/distributed/distributed_test.py::_DistTestBase.test_new_subgroups
     (subgroups of 2 ranks: on a world of 2, one subgroup of every rank.  Upstream requires a
-    world of 4 and is skipped on Linux, pytorch#164195; on a world of 3 torch refuses the
-    size, not ported)"""
-    if world != 2:
-        return
+    world of 4 and is skipped on Linux, pytorch#164195.  On a world of 3 torch refuses the
+    size before any backend runs — the check of upstream's
+    ``test_new_subgroups_world_size_not_divisible_by_group_size`` — which is what is checked
+    there)"""
     subgroup_size = 2
+    if world % subgroup_size:
+        with pytest.raises(ValueError, match=re.escape(f"The world size ({world}) must be divisible by "
+                                                       f"'group_size={subgroup_size}'")):
+            dist.new_subgroups(subgroup_size)
+        return
     cur_subgroup, subgroups = dist.new_subgroups(subgroup_size)
     world_size = dist.get_world_size()
     assert cur_subgroup.size() == subgroup_size

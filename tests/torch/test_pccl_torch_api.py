@@ -6,6 +6,7 @@ pccl world.  PyTorch's own cases are test_c10d_ported.py."""
 from __future__ import annotations
 
 import pathlib
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -229,3 +230,47 @@ def test_a_future_callback_may_run_a_collective_and_wait_for_it(world: World) ->
     for got in world.run(case, timeout=60):
         n = world.size
         assert got == [float(n * 2 * n * (n + 1) // 2)] * 4, got
+
+
+def test_a_future_callback_may_shut_its_own_group_down(world: World) -> None:
+    """A ``then`` callback that calls ``shutdown()`` on the group whose work it follows: the
+    shutdown waits for the group's other callbacks, not for the one it runs in (it waited its
+    whole 30 s for itself), and a point-to-point work's callback, run on the group's
+    point-to-point thread, may do the same (that thread joined itself: ``RuntimeError``)."""
+    def collective(pg: Any, rank: int, n: int) -> list[float]:
+        shut = threading.Event()
+
+        def then(fut: Any) -> Any:
+            pg.shutdown()
+            shut.set()
+            return fut.value()[0]
+
+        future = pg.allreduce(torch.ones(2)).get_future().then(then)
+        assert shut.wait(20), "shutdown() in a callback did not return"
+        with pytest.raises(pccl.InvalidUsage, match="shut down"):
+            pg.allreduce(torch.ones(1))
+        return future.wait().tolist()  # type: ignore[no-any-return]
+
+    for got in world.run(collective, timeout=60):
+        assert got == [float(world.size)] * 2
+
+    def point(pg: Any, rank: int, n: int) -> list[float]:
+        shut = threading.Event()
+        if rank == 0:
+            pg.send([torch.full((2,), 7.0)], 1, 0).wait()
+            return []
+        if rank != 1:
+            return []
+        t = torch.zeros(2)
+
+        def then(fut: Any) -> Any:
+            pg.shutdown()
+            shut.set()
+            return fut.value()
+
+        future = pg.recv([t], 0, 0).get_future().then(then)
+        assert shut.wait(20), "shutdown() in a point-to-point callback did not return"
+        future.wait()
+        return t.tolist()  # type: ignore[no-any-return]
+
+    assert world.run(point, timeout=60)[1] == [7.0, 7.0]

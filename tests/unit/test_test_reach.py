@@ -58,7 +58,7 @@ TORCH_PRIVATES = frozenset({
     "_build_debug_param_to_name_mapping", "_module_copies", "_delay_all_reduce_params",
     "_register_fused_optim", "_remove_autograd_hooks", "_get_data_parallel_params",
     "_check_default_group", "_distributed_broadcast_coalesced", "_sync_module_states",
-    "_set_params_and_buffers_to_ignore_for_model", "_set_ddp_runtime_logging_sample_rate",
+    "_set_params_and_buffers_to_ignore_for_model", "_set_ddp_runtime_logging_sample_rate", "_get_default_store",
     "_register_builtin_comm_hook", "_register_buffer_comm_hook", "_set_ddp_sink_clone", "_overloadpacket",
 })
 PRIVATE_PATH = re.compile(r"\bpccl(\.[A-Za-z0-9_]+)*\._[A-Za-z][A-Za-z0-9_]*")
