@@ -1,28 +1,25 @@
 """pccl and torch Gloo all-reducing the same buffer, op by op in turn, in the same processes.
 
-    PYTHONPATH=/tmp/torch311/lib/python3.11/site-packages \\
-        .venv/bin/python benchmarks/interleaved_gloo.py --peers 3 --sizes 64M 256M [--iters 10]
+    .venv/bin/python benchmarks/interleaved_gloo.py --peers 3 --sizes 64M 256M [--iters 10]
 
-(``/tmp/torch311`` is the torch environment ``../shared/bench/setup_envs.sh`` builds; any torch
-with Gloo works.)
+(Any torch with Gloo works: the test extra's, or one put on ``PYTHONPATH``.)
 
 Why: on this shared 2-core machine, runs of the same code minutes apart differ by 10-20%, so two
-implementations measured in separate runs — as ``../shared/bench`` does — can swap places from
+implementations measured in separate runs (as an external harness does) can swap places from
 one run to the next when they are close.  Here each peer process holds both a pccl communicator
 and a Gloo process group over one float32 buffer, and every iteration times one call of each
 configuration in turn (Gloo, pccl in place, pccl out of place, in an order shuffled afresh each
 iteration, the same on every rank), so drift hits all of them alike.  Before each timed call the
-buffer is refreshed from the input and the peers meet at a barrier (a small pccl all-reduce), as
-in ``../shared/bench``; the untimed first iteration also checks that the configurations' results
-agree (to float tolerance: the summation orders differ).  A call's time is the slowest rank's; the
+buffer is refreshed from the input and the peers meet at a barrier (a small pccl all-reduce); the
+untimed first iteration also checks that the configurations' results agree (to float tolerance:
+the summation orders differ).  A call's time is the slowest rank's; the
 table shows the median and the minimum over iterations, bus bandwidth from the median, the ratio
 of Gloo's median to each configuration's (above 1: faster than Gloo), and the CPU time (user +
 system, summed over the ranks) per call.
 
-The figure for the issue's acceptance is the shared harness's; this one says how close a row
-really is.  For bandwidth sizes only: at 16 KiB Gloo's calls here take several times what they
-take in a process of their own (measured: a median of 6.8 ms against 0.5-1.6 ms at N = 3), so
-latency is compared in ``../shared/bench`` alone.
+For bandwidth sizes: a small call's time here includes the skew with which the ranks leave the
+barrier; ``latency.py`` times the fixed cost of small calls without it (from the last rank's
+call to the last return).
 """
 
 from __future__ import annotations
@@ -263,8 +260,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{r['N']:>3} {format_size(r['bytes']):>8} {r['cfg']:>13} {r['median'] * 1e3:>10.1f} "
                      f"{r['min'] * 1e3:>9.1f} {busbw / 1e9:>11.3f} {ratio:>10} {r['cpu'] * 1e3:>8.0f}")
     if any(r["bytes"] < _SMALL for r in rows):
-        lines.append(f"(sizes under {format_size(_SMALL)}: Gloo here is slower than on its own; compare latency in "
-                     "../shared/bench)")
+        lines.append(f"(sizes under {format_size(_SMALL)}: the barrier's skew counts here; compare latency with "
+                     "benchmarks/latency.py)")
     return "\n".join(lines)
 
 
