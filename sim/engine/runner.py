@@ -520,14 +520,16 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 @contextlib.contextmanager
-def _rare_collection() -> Iterator[None]:
+def _rare_collection(*, collect_first: bool = True) -> Iterator[None]:
     """The cyclic collector, rarely, for the length of a run.  It cost ~3% of a run: with the
     default threshold (700) a young pass ran every few hundred scheduler steps (trio allocates
     and frees many containers per step, few survive), and full passes walked the whole heap.
     During the run: young passes per 20,000 net allocations, and what is alive now (modules, the
     caller's earlier results; it outlives the run) is frozen out of full passes.  Restored
-    afterwards."""
-    gc.collect()
+    afterwards.  ``collect_first`` collects before freezing (a full pass: tens of milliseconds
+    in a large process, too much for the many short runs of :func:`simulate` in a test run)."""
+    if collect_first:
+        gc.collect()
     gc.freeze()
     thresholds = gc.get_threshold()
     gc.set_threshold(_GC_YOUNG_THRESHOLD, *thresholds[1:])
@@ -596,7 +598,7 @@ def simulate(
         with trio.fail_at(deadline):
             return await fn(world)
 
-    with _rare_collection(), deterministic_trio(seed):
+    with _rare_collection(collect_first=False), deterministic_trio(seed):
         return trio.run(main, clock=sim_clock(world.queue))
 
 
