@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/latency.py [--peers 2 3 4] [--sizes 4 64 1K 16K 64K 256K 1M]
                                            [--iters 50] [--collectives all_reduce broadcast]
+                                           [--clock group|slowest]
 
 Each peer process holds a pccl communicator and a Gloo process group (the cluster of
 ``interleaved_gloo.py``).  For every size, each iteration times one call of each configuration
@@ -18,6 +19,8 @@ counted, for either library, and the ranks that arrive early wait in the call as
 a training loop.  Gloo's call runs in a worker thread (the Trio loop keeps serving pccl's
 connections meanwhile) and notes its times there, so the hand-off to the thread is not counted
 either.  pccl's call goes through the public API: the master's round trips are included.
+``--clock slowest`` times instead as ``pccl bench`` and ``interleaved_gloo.py`` do: each rank's
+own call, the slowest rank's per iteration (the barrier's skew included).
 
 The table shows, per group size, size and collective, the median and the minimum over
 iterations of Gloo and of pccl, and Gloo's over pccl's (above 1: pccl faster).
@@ -121,16 +124,25 @@ def _check_agree(warm: dict[str, np.ndarray], nbytes: int) -> None:
 
 
 def group_times(per_rank: list[list[tuple[float, float]]]) -> list[float]:
-    """Per iteration, from the last rank's start to the last rank's end."""
+    """Per iteration, from the last rank's start to the last rank's end (``--clock group``)."""
     return [max(end for _, end in calls) - max(start for start, _ in calls) for calls in zip(*per_rank)]
 
 
-def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float) -> list[dict[str, Any]]:
+def slowest_times(per_rank: list[list[tuple[float, float]]]) -> list[float]:
+    """Per iteration, the slowest rank's own call (``--clock slowest``)."""
+    return [max(end - start for start, end in calls) for calls in zip(*per_rank)]
+
+
+CLOCKS = {"group": group_times, "slowest": slowest_times}
+
+
+def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float,
+            clock: str = "group") -> list[dict[str, Any]]:
     per_rank = run_cluster(world, _peer_main, (sizes, iters, configs), timeout, "pccl-latency-")
     rows = []
     for nbytes in sizes:
         for cfg in configs:
-            times = group_times([per_rank[r][(nbytes, cfg)] for r in range(world)])
+            times = CLOCKS[clock]([per_rank[r][(nbytes, cfg)] for r in range(world)])
             rows.append({"N": world, "bytes": nbytes, "cfg": cfg, "median": statistics.median(times),
                          "min": min(times)})
     return rows
@@ -164,6 +176,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], l
     parser.add_argument("--sizes", nargs="+", default=list(DEFAULT_SIZES), help="buffer sizes (4, 16K, 1M, ...)")
     parser.add_argument("--iters", type=int, default=50, help="timed calls per configuration and size")
     parser.add_argument("--collectives", nargs="+", default=list(COLLECTIVES), choices=COLLECTIVES)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="group",
+                        help="group: last rank's call to last return; slowest: the slowest rank's own call")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one group size may take")
     args = parser.parse_args(argv)
     sizes = checked_sizes(parser, args)
@@ -180,10 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # SIGTERM unwinds like Ctrl-C does, so that run_cluster stops the master and the peers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    print(f"# fixed cost per collective, float32 on loopback, last call to last return; "
-          f"{args.iters} iterations, interleaved", flush=True)
+    clock = "last call to last return" if args.clock == "group" else "the slowest rank's own call"
+    print(f"# fixed cost per collective, float32 on loopback, {clock}; {args.iters} iterations, interleaved",
+          flush=True)
     for world in dict.fromkeys(args.peers):
-        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout)), flush=True)
+        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout, args.clock)), flush=True)
     return 0
 
 

@@ -28,7 +28,7 @@ def latency() -> ModuleType:
 
 def test_the_defaults_are_the_issues_sizes_and_groups(latency: ModuleType) -> None:
     args, sizes, configs = latency.parse_args([])
-    assert args.peers == [2, 3, 4]
+    assert args.peers == [2, 3, 4] and args.clock == "group"
     assert sizes == [4, 64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
     assert configs == ["gloo:all_reduce", "pccl:all_reduce", "gloo:broadcast", "pccl:broadcast"]
 
@@ -39,6 +39,7 @@ def test_the_defaults_are_the_issues_sizes_and_groups(latency: ModuleType) -> No
     (["--peers", "1"], "every --peers at least 2"),
     (["--iters", "0"], "--iters must be at least 1"),
     (["--collectives", "all_gather"], "invalid choice: 'all_gather'"),
+    (["--clock", "wall"], "invalid choice: 'wall'"),
     (["--sizes", "lots"], "invalid literal"),
 ])
 def test_bad_options_are_usage_errors(latency: ModuleType, argv: list[str], message: str,
@@ -54,6 +55,7 @@ def test_a_call_is_timed_from_the_last_start_to_the_last_end(latency: ModuleType
     rank0 = [(0.0, 7.0), (20.0, 29.0)]
     rank1 = [(5.0, 8.0), (21.0, 24.0)]
     assert latency.group_times([rank0, rank1]) == [3.0, 8.0]
+    assert latency.slowest_times([rank0, rank1]) == [7.0, 9.0]  # --clock slowest: each rank's own call
 
 
 def test_the_table_puts_gloo_beside_pccl(latency: ModuleType) -> None:
