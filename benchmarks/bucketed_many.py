@@ -31,8 +31,6 @@ import random
 import statistics
 import sys
 import time
-import traceback
-from typing import Any
 
 import numpy as np
 
@@ -50,15 +48,6 @@ def gpt2_shapes(width: int = 768, layers: int = 12, vocab: int = 50257, context:
         shapes += [(width,), (width,), (width, 3 * width), (3 * width,), (width, width), (width,),
                    (width,), (width,), (width, 4 * width), (4 * width,), (4 * width, width), (width,)]
     return shapes + [(width,), (width,)]
-
-
-def _run_peer(rank: int, world: int, port: int, gloo_file: str, width: int, iters: int, bucket_bytes: int | None,
-              results: Any) -> None:
-    try:
-        results.put((rank, _peer_main(rank, world, port, gloo_file, width, iters, bucket_bytes), None))
-    except BaseException:
-        results.put((rank, None, traceback.format_exc()))
-        raise
 
 
 def _peer_main(rank: int, world: int, port: int, gloo_file: str, width: int, iters: int,
@@ -134,7 +123,7 @@ def _peer_main(rank: int, world: int, port: int, gloo_file: str, width: int, ite
 
 def measure(world: int, width: int, iters: int, timeout: float,
             bucket_bytes: int | None = None) -> dict[str, list[float]]:
-    per_rank = run_cluster(world, _run_peer, (width, iters, bucket_bytes), timeout, "pccl-bucketed-")
+    per_rank = run_cluster(world, _peer_main, (width, iters, bucket_bytes), timeout, "pccl-bucketed-")
     return {cfg: [max(per_rank[r][cfg][i] for r in range(world)) for i in range(iters)] for cfg in CONFIGS}
 
 

@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import time
-import traceback
 from typing import Any
 
 import numpy as np
@@ -38,20 +37,10 @@ import numpy as np
 from pccl.tools.bench import admit, bus_bandwidth, format_size, parse_size
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from interleaved_gloo import run_cluster  # noqa: E402
+from interleaved_gloo import gloo_rank_of, pccl_barrier, run_cluster  # noqa: E402
 
 CONFIGS = ("gloo:broadcast", "pccl:broadcast", "gloo:all_gather", "pccl:all_gather",
            "gloo:reduce_scatter", "pccl:reduce_scatter", "pccl:all_reduce")
-_BARRIER_TAG = 1 << 30
-
-
-def _run_peer(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
-              configs: list[str], results: Any) -> None:
-    try:
-        results.put((rank, _peer_main(rank, world, master_port, gloo_file, sizes, iters, configs), None))
-    except BaseException:
-        results.put((rank, None, traceback.format_exc()))
-        raise
 
 
 def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
@@ -70,20 +59,9 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
             await admit(comm, world)
             root = min(comm.ring)
             position = comm.ring.index(comm.peer_id)
-            # Gloo's ranks in pccl's ring order: rank r of Gloo is process r; pccl's root is the
-            # process holding the smallest peer id, so Gloo broadcasts from that process too.
-            ids = [0] * world
-            ids_t = torch.zeros(world, dtype=torch.int64)
-            ids_t[rank] = comm.peer_id & 0x7FFFFFFFFFFFFFFF
-            dist.all_reduce(ids_t)
-            ids = ids_t.tolist()
-            gloo_root = ids.index(root & 0x7FFFFFFFFFFFFFFF)
-            small = np.ones(4, np.float32)
-
-            async def barrier() -> None:
-                small[:] = 1
-                await comm.all_reduce(small, tag=_BARRIER_TAG)
-
+            # pccl's root is the process holding the smallest peer id: Gloo broadcasts from it too.
+            gloo_root = gloo_rank_of(comm, root, rank, world)
+            barrier = pccl_barrier(comm)
             for nbytes in sizes:
                 count = nbytes // 4
                 count -= count % world
@@ -164,7 +142,7 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
 
 
 def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float) -> list[dict[str, Any]]:
-    per_rank = run_cluster(world, _run_peer, (sizes, iters, configs), timeout, "pccl-collectives-")
+    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs), timeout, "pccl-collectives-")
     rows = []
     for nbytes in sizes:
         for cfg in configs:

@@ -1,28 +1,25 @@
 """pccl and torch Gloo all-reducing the same buffer, op by op in turn, in the same processes.
 
-    PYTHONPATH=/tmp/torch311/lib/python3.11/site-packages \\
-        .venv/bin/python benchmarks/interleaved_gloo.py --peers 3 --sizes 64M 256M [--iters 10]
+    .venv/bin/python benchmarks/interleaved_gloo.py --peers 3 --sizes 64M 256M [--iters 10]
 
-(``/tmp/torch311`` is the torch environment ``../shared/bench/setup_envs.sh`` builds; any torch
-with Gloo works.)
+(Any torch with Gloo works: the test extra's, or one put on ``PYTHONPATH``.)
 
 Why: on this shared 2-core machine, runs of the same code minutes apart differ by 10-20%, so two
-implementations measured in separate runs — as ``../shared/bench`` does — can swap places from
+implementations measured in separate runs (as an external harness does) can swap places from
 one run to the next when they are close.  Here each peer process holds both a pccl communicator
 and a Gloo process group over one float32 buffer, and every iteration times one call of each
 configuration in turn (Gloo, pccl in place, pccl out of place, in an order shuffled afresh each
 iteration, the same on every rank), so drift hits all of them alike.  Before each timed call the
-buffer is refreshed from the input and the peers meet at a barrier (a small pccl all-reduce), as
-in ``../shared/bench``; the untimed first iteration also checks that the configurations' results
-agree (to float tolerance: the summation orders differ).  A call's time is the slowest rank's; the
+buffer is refreshed from the input and the peers meet at a barrier (a small pccl all-reduce); the
+untimed first iteration also checks that the configurations' results agree (to float tolerance:
+the summation orders differ).  A call's time is the slowest rank's; the
 table shows the median and the minimum over iterations, bus bandwidth from the median, the ratio
 of Gloo's median to each configuration's (above 1: faster than Gloo), and the CPU time (user +
 system, summed over the ranks) per call.
 
-The figure for the issue's acceptance is the shared harness's; this one says how close a row
-really is.  For bandwidth sizes only: at 16 KiB Gloo's calls here take several times what they
-take in a process of their own (measured: a median of 6.8 ms against 0.5-1.6 ms at N = 3), so
-latency is compared in ``../shared/bench`` alone.
+For bandwidth sizes: a small call's time here includes the skew with which the ranks leave the
+barrier; ``latency.py`` times the fixed cost of small calls without it (from the last rank's
+call to the last return).
 """
 
 from __future__ import annotations
@@ -39,6 +36,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -46,7 +44,8 @@ import numpy as np
 from pccl.tools.bench import admit, bus_bandwidth, format_size, free_port, parse_size
 
 CONFIGS = ("gloo", "in-place", "out-of-place")
-_BARRIER_TAG = 1 << 30
+#: The barriers' tag: one the timed calls never use.
+BARRIER_TAG = 1 << 30
 #: Below this size a row's Gloo figure is not Gloo's standalone latency (see the docstring).
 _SMALL = 1 << 20
 
@@ -62,15 +61,6 @@ def _run_master(port: int, ready: Any) -> None:
             await trio.sleep_forever()
 
     trio.run(serve)
-
-
-def _run_peer(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
-              configs: list[str], results: Any) -> None:
-    try:
-        results.put((rank, _peer_main(rank, world, master_port, gloo_file, sizes, iters, configs), None))
-    except BaseException:
-        results.put((rank, None, traceback.format_exc()))
-        raise
 
 
 def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
@@ -101,12 +91,7 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
         out: dict[tuple[int, str], list[tuple[float, float]]] = {}
         async with pccl.open_communicator(f"127.0.0.1:{master_port}") as comm:
             await admit(comm, world)
-            small = np.ones(4, np.float32)
-
-            async def barrier() -> None:
-                small[:] = 1
-                await comm.all_reduce(small, tag=_BARRIER_TAG)
-
+            barrier = pccl_barrier(comm)
             for nbytes in sizes:
                 src = await trio.to_thread.run_sync(
                     lambda n=nbytes: np.random.default_rng(rank).standard_normal(n // 4, dtype=np.float32))
@@ -148,11 +133,60 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
         dist.destroy_process_group()
 
 
-def run_cluster(world: int, peer_target: Any, peer_args: Any, timeout: float, prefix: str) -> dict[int, Any]:
+def checked_sizes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+    """The common options checked (``--iters``, ``--peers``, ``--timeout``; a usage error
+    otherwise) and ``--sizes`` in bytes, each once, in the order given."""
+    if args.iters < 1 or any(n < 2 for n in args.peers) or not args.timeout > 0:
+        parser.error("--iters must be at least 1, every --peers at least 2 and --timeout positive")
+    try:
+        sizes = list(dict.fromkeys(parse_size(s) for s in args.sizes))
+    except ValueError as exc:
+        parser.error(str(exc))
+    if any(s < 4 or s % 4 for s in sizes):
+        parser.error("sizes must be positive multiples of 4 bytes (float32 elements)")
+    return sizes
+
+
+def pccl_barrier(comm: Any) -> Callable[[], Awaitable[object]]:
+    """A barrier for the timed calls: a 16-byte all-reduce on :data:`BARRIER_TAG`."""
+    small = np.ones(4, np.float32)
+
+    async def barrier() -> object:
+        small[:] = 1
+        return await comm.all_reduce(small, tag=BARRIER_TAG)
+
+    return barrier
+
+
+def gloo_rank_of(comm: Any, peer_id: int, rank: int, world: int) -> int:
+    """The Gloo rank of the process whose communicator is pccl's ``peer_id`` (a broadcast's
+    root, for Gloo to broadcast from the same process).  Collective: every rank calls it, after
+    the Gloo group is up (the ranks trade their peer ids in a Gloo all-reduce)."""
+    import torch
+    import torch.distributed as dist
+
+    ids = torch.zeros(world, dtype=torch.int64)
+    ids[rank] = comm.peer_id & 0x7FFFFFFFFFFFFFFF  # peer ids are unsigned 64-bit
+    dist.all_reduce(ids)
+    return int(ids.tolist().index(peer_id & 0x7FFFFFFFFFFFFFFF))
+
+
+def _run_peer(peer_main: Any, rank: int, world: int, master_port: int, gloo_file: str, *args: Any) -> None:
+    """A peer process: ``peer_main``'s result, or the traceback it raised, on the results queue
+    (``args``' last item)."""
+    *peer_args, results = args
+    try:
+        results.put((rank, peer_main(rank, world, master_port, gloo_file, *peer_args), None))
+    except BaseException:
+        results.put((rank, None, traceback.format_exc()))
+        raise
+
+
+def run_cluster(world: int, peer_main: Any, peer_args: Any, timeout: float, prefix: str) -> dict[int, Any]:
     """Start a master process and ``world`` peer processes (spawn), each running
-    ``peer_target(rank, world, master_port, gloo_file, *peer_args, results)``, which puts
-    ``(rank, out, error)`` on ``results``; return every rank's ``out``.  The first peer to fail
-    (or die without reporting) raises, naming it; every process is stopped on the way out."""
+    ``peer_main(rank, world, master_port, gloo_file, *peer_args)`` (a module-level function);
+    return every rank's result.  The first peer to fail (or die without reporting) raises,
+    naming it; every process is stopped on the way out."""
     ctx = mp.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
     master_port = free_port()
@@ -168,7 +202,8 @@ def run_cluster(world: int, peer_target: Any, peer_args: Any, timeout: float, pr
                 if time.monotonic() - started > 30:
                     raise RuntimeError("the master did not start within 30 s")
             gloo_file = os.path.join(tmp, "gloo-rendezvous")
-            peers = [ctx.Process(target=peer_target, args=(r, world, master_port, gloo_file, *peer_args, results))
+            peers = [ctx.Process(target=_run_peer,
+                                 args=(peer_main, r, world, master_port, gloo_file, *peer_args, results))
                      for r in range(world)]
             for p in peers:
                 p.start()
@@ -202,7 +237,7 @@ def run_cluster(world: int, peer_target: Any, peer_args: Any, timeout: float, pr
 
 
 def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float) -> list[dict[str, Any]]:
-    per_rank = run_cluster(world, _run_peer, (sizes, iters, configs), timeout, "pccl-interleaved-")
+    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs), timeout, "pccl-interleaved-")
     rows = []
     for nbytes in sizes:
         for cfg in configs:
@@ -225,8 +260,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{r['N']:>3} {format_size(r['bytes']):>8} {r['cfg']:>13} {r['median'] * 1e3:>10.1f} "
                      f"{r['min'] * 1e3:>9.1f} {busbw / 1e9:>11.3f} {ratio:>10} {r['cpu'] * 1e3:>8.0f}")
     if any(r["bytes"] < _SMALL for r in rows):
-        lines.append(f"(sizes under {format_size(_SMALL)}: Gloo here is slower than on its own; compare latency in "
-                     "../shared/bench)")
+        lines.append(f"(sizes under {format_size(_SMALL)}: the barrier's skew counts here; compare latency with "
+                     "benchmarks/latency.py)")
     return "\n".join(lines)
 
 
@@ -246,14 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(configs) - set(CONFIGS)
     if unknown:
         parser.error(f"unknown configs {sorted(unknown)}; choose from {CONFIGS}")
-    if args.iters < 1 or any(n < 2 for n in args.peers) or not args.timeout > 0:
-        parser.error("--iters must be at least 1, every --peers at least 2 and --timeout positive")
-    try:
-        sizes = list(dict.fromkeys(parse_size(s) for s in args.sizes))
-    except ValueError as exc:
-        parser.error(str(exc))
-    if any(s < 4 or s % 4 for s in sizes):
-        parser.error("sizes must be positive multiples of 4 bytes (float32 elements)")
+    sizes = checked_sizes(parser, args)
     # SIGTERM unwinds like Ctrl-C does, so that measure() stops the master and the peers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     rows = []

@@ -1,17 +1,28 @@
 """How pccl's step grows with the number of peers, in the simulator (virtual seconds).
 
     python benchmarks/sim_scale.py [--peers 4 16 64] [--steps 5] [--latency-ms 5]
-                                   [--gbit 1] [--state-mib 4] [--mib 16] [--seed 0]
+                                   [--master-latency-ms 50] [--gbit 1] [--state-mib 4]
+                                   [--mib 16] [--collectives all_reduce broadcast] [--seed 0]
 
-Every link is ``--latency-ms`` one way and ``--gbit`` Gbit/s (4 MiB windows); reductions take
-no virtual time (``kernel_cost`` unset), so the figures are the protocol's and the network's.
-The peers start together; then each step is, phase by phase with a barrier between phases:
+Every link is ``--latency-ms`` one way and ``--gbit`` Gbit/s (4 MiB windows), except the
+master's to each peer, ``--master-latency-ms`` one way (default: ``--latency-ms``), so that the
+table shows what the master's round trips cost a collective; reductions take no virtual time
+(``kernel_cost`` unset), so the figures are the protocol's and the network's.  The peers start
+together; then each step is, phase by phase with a barrier between phases:
 
 * ``vote``: ``update_topology()`` with nobody pending (one unanimous micro-vote with the master);
 * ``sync``: ``sync_shared_state()`` of a ``--state-mib`` MiB state that every peer holds
   already (hashes to the master, its verdict back; nothing moves);
 * ``all-reduce 4 KiB``: the ring's latency (``2(N-1)`` hops of one frame each);
-* ``all-reduce MiB``: a ``--mib`` MiB float32 all-reduce (bandwidth plus latency).
+* ``all-reduce MiB``: a ``--mib`` MiB float32 all-reduce (bandwidth plus latency);
+* ``broadcast 4 KiB`` and ``broadcast MiB``: the same sizes broadcast from the peer with the
+  smallest id (``--collectives`` picks all-reduce, broadcast or both).
+
+Nothing checks the results (the tests do), so the peers share their buffers: the MiB all-reduce
+reduces one input array into one output array (out of place: no input backup), the broadcasts
+overwrite one array, the state is one array: 256 peers need no more memory than one — only
+pccl's per-op scratch (a broadcast receiver's backup) is per peer.  The values are garbage; the
+bytes on the wire, and so the virtual times, are those of separate buffers.
 
 ``join`` is from the first peer's ``open_communicator()`` to every peer seeing ``world_size ==
 N`` (the master admits pending peers at its votes, so a crowd joins in a few rounds).  A phase's
@@ -24,6 +35,7 @@ Deterministic: the same arguments print the same virtual figures (the wall time 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import random
 import statistics
@@ -38,7 +50,18 @@ from pccl_sim.engine.runner import simulate
 from pccl_sim.engine.topology import LinkSpec
 from pccl_sim.workloads.pccl.network import PcclSimNetwork
 
-PHASES = ("vote", "sync", "all-reduce 4 KiB", "all-reduce MiB")
+PHASES = ("vote", "sync", "all-reduce 4 KiB", "all-reduce MiB", "broadcast 4 KiB", "broadcast MiB")
+COLLECTIVES = ("all_reduce", "broadcast")
+
+
+#: The collective a phase runs (the others, the vote and the sync, always run).
+_COLLECTIVE_OF = {"all-reduce 4 KiB": "all_reduce", "all-reduce MiB": "all_reduce",
+                  "broadcast 4 KiB": "broadcast", "broadcast MiB": "broadcast"}
+
+
+def phases_of(args: argparse.Namespace) -> list[str]:
+    """The phases a run times: the vote, the sync and the chosen collectives'."""
+    return [p for p in PHASES if _COLLECTIVE_OF.get(p, args.collectives[0]) in args.collectives]
 
 
 def run(n: int, args: argparse.Namespace) -> dict[str, float]:
@@ -46,8 +69,11 @@ def run(n: int, args: argparse.Namespace) -> dict[str, float]:
                          shared_state_base_port=0, kernel_threads=False)
     small = np.ones(1024, np.float32)
     big_count = args.mib * (1 << 20) // 4
-    state_count = args.state_mib * (1 << 20) // 4
-    times: dict[str, list[float]] = {name: [] for name in PHASES}
+    # Shared by every peer (see the module docstring): one input, one output, one state.
+    big, big_out = np.ones(big_count, np.float32), np.empty(big_count, np.float32)
+    state_array = np.full(args.state_mib * (1 << 20) // 4, 0.5, np.float32)
+    phases = phases_of(args)
+    times: dict[str, list[float]] = {name: [] for name in phases}
     out: dict[str, float] = {}
 
     async def body(world) -> None:  # type: ignore[no-untyped-def]
@@ -79,13 +105,17 @@ def run(n: int, args: argparse.Namespace) -> dict[str, float]:
                         await trio.sleep(0.01)
                 await barrier()
                 out["join"] = max(out.get("join", 0.0), trio.current_time() - started)
-                state = pccl.SharedState({"w": np.full(state_count, 0.5, np.float32)})
-                big = np.ones(big_count, np.float32)
+                state = pccl.SharedState({"w": state_array})
+                root = min(comm.ring)
                 for step in range(args.steps):
                     await timed(f"vote/{step}", comm.update_topology)
                     await timed(f"sync/{step}", lambda: comm.sync_shared_state(state))
-                    await timed(f"all-reduce 4 KiB/{step}", lambda: comm.all_reduce(small.copy()))
-                    await timed(f"all-reduce MiB/{step}", lambda: comm.all_reduce(big))
+                    if "all-reduce MiB" in phases:
+                        await timed(f"all-reduce 4 KiB/{step}", lambda: comm.all_reduce(small.copy()))
+                        await timed(f"all-reduce MiB/{step}", lambda: comm.all_reduce(big, big_out))
+                    if "broadcast MiB" in phases:
+                        await timed(f"broadcast 4 KiB/{step}", lambda: comm.broadcast(small.copy(), root=root))
+                        await timed(f"broadcast MiB/{step}", lambda: comm.broadcast(big_out, root=root))
                     state.revision += 1
 
         async with pccl.open_master("master:48148", config=config, network=world.boot("master"),
@@ -99,7 +129,15 @@ def run(n: int, args: argparse.Namespace) -> dict[str, float]:
             times[name].append(max(e for _, e in pairs) - min(s for s, _ in pairs))
 
     link = LinkSpec(latency=args.latency_ms / 1000, bandwidth=args.gbit * 1e9 / 8, window=4 << 20)
-    simulate(body, seed=args.seed, default_link=link, deadline=36000.0, network_class=PcclSimNetwork)
+    master_ms = args.latency_ms if args.master_latency_ms is None else args.master_latency_ms
+    master_link = dataclasses.replace(link, latency=master_ms / 1000)
+
+    async def placed(world):  # type: ignore[no-untyped-def]
+        for index in range(n):
+            world.set_link("master", f"peer{index}", master_link)
+        await body(world)
+
+    simulate(placed, seed=args.seed, default_link=link, deadline=36000.0, network_class=PcclSimNetwork)
     return {"join": out["join"], **{name: statistics.median(values) for name, values in times.items()}}
 
 
@@ -108,29 +146,39 @@ def main() -> None:
     parser.add_argument("--peers", type=int, nargs="+", default=[4, 16, 64])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--latency-ms", type=float, default=5.0)
+    parser.add_argument("--master-latency-ms", type=float, default=None,
+                        help="one way between the master and each peer (default: --latency-ms)")
     parser.add_argument("--gbit", type=float, default=1.0)
     parser.add_argument("--state-mib", type=int, default=4)
     parser.add_argument("--mib", type=int, default=16)
+    parser.add_argument("--collectives", nargs="+", default=list(COLLECTIVES), choices=COLLECTIVES)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if any(n < 2 for n in args.peers) or args.steps < 1 or args.mib < 1 or args.state_mib < 1:
+        parser.error("every --peers must be at least 2, and --steps, --mib and --state-mib at least 1")
+    if not args.latency_ms >= 0 or not (args.master_latency_ms is None or args.master_latency_ms >= 0) \
+            or not args.gbit > 0:
+        parser.error("latencies must not be negative and --gbit must be positive")
+    phases = phases_of(args)
     logging.disable(logging.CRITICAL)
     rows = []
     for n in args.peers:
         wall = time.perf_counter()
         figures = run(n, args)
         rows.append((n, figures, time.perf_counter() - wall))
-    columns = ["join", *PHASES]
-    labels = [c if c != "all-reduce MiB" else f"all-reduce {args.mib} MiB" for c in columns]
-    print(f"{args.latency_ms:g} ms one way, {args.gbit:g} Gbit/s links; state {args.state_mib} MiB; "
-          f"median of {args.steps} steps, virtual seconds")
+    columns = ["join", *phases]
+    labels = [c.replace(" MiB", f" {args.mib} MiB") for c in columns]
+    master_ms = args.latency_ms if args.master_latency_ms is None else args.master_latency_ms
+    print(f"{args.latency_ms:g} ms one way, {args.gbit:g} Gbit/s links, the master {master_ms:g} ms from each peer; "
+          f"state {args.state_mib} MiB; median of {args.steps} steps, virtual seconds")
     print(f"{'peers':>6} " + " ".join(f"{label:>18}" for label in labels) + f" {'step':>9} {'wall s':>8}")
     for n, figures, wall in rows:
-        step = sum(figures[p] for p in PHASES)
+        step = sum(figures[p] for p in phases)
         print(f"{n:>6} " + " ".join(f"{figures[c]:>18.4f}" for c in columns) + f" {step:>9.4f} {wall:>8.1f}")
     if len(rows) > 1:
         (n0, first, _), (n1, last, _) = rows[0], rows[-1]
         ratios = " ".join(f"{last[c] / first[c]:>18.2f}" if first[c] else f"{'-':>18}" for c in columns)
-        step_ratio = sum(last[p] for p in PHASES) / sum(first[p] for p in PHASES)
+        step_ratio = sum(last[p] for p in phases) / sum(first[p] for p in phases)
         print(f"{f'{n1}/{n0}':>6} {ratios} {step_ratio:>9.2f}")
 
 

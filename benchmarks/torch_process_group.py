@@ -21,7 +21,6 @@ import random
 import statistics
 import sys
 import time
-import traceback
 from typing import Any
 
 from pccl.tools.bench import format_size, parse_size
@@ -34,16 +33,8 @@ _BARRIER_TAG = 1 << 30
 _DIRECT_TAG = 7
 
 
-def _run_peer(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
-              results: Any) -> None:
-    try:
-        results.put((rank, _peer_main(world, master_port, sizes, iters), None))
-    except BaseException:
-        results.put((rank, None, traceback.format_exc()))
-        raise
-
-
-def _peer_main(world: int, master_port: int, sizes: list[int], iters: int) -> dict[tuple[int, str], list[float]]:
+def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int],
+               iters: int) -> dict[tuple[int, str], list[float]]:
     import torch
     import torch.distributed as dist
 
@@ -88,7 +79,7 @@ def _peer_main(world: int, master_port: int, sizes: list[int], iters: int) -> di
 
 
 def measure(world: int, sizes: list[int], iters: int, timeout: float) -> list[dict[str, Any]]:
-    per_rank = run_cluster(world, _run_peer, (sizes, iters), timeout, "pccl-torch-pg-")
+    per_rank = run_cluster(world, _peer_main, (sizes, iters), timeout, "pccl-torch-pg-")
     rows = []
     for nbytes in sizes:
         for cfg in CONFIGS:

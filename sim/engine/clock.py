@@ -4,8 +4,8 @@ Everything the simulated network does later — a segment arriving, an acknowled
 a link becoming free, a host's simulated work ending — is a callback in one :class:`EventQueue`,
 a heap ordered by ``(time, sequence)``: equal times run in the order they were queued, so a run
 is a function of its seed alone.  The clock itself is trio's: :func:`pccl_sim.engine.determinism.sim_clock`
-delivers the queue whenever the run goes idle, before virtual time moves on (a simulated run), or
-:meth:`EventQueue.run` does as a task (:func:`pccl_sim.engine.runner.simulate`).  Nothing polls.
+delivers the queue whenever the run goes idle, before virtual time moves on (a scenario's run and
+:func:`pccl_sim.engine.runner.simulate` alike).  Nothing polls.
 
 Rules:
 
@@ -33,7 +33,6 @@ class EventQueue:
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
-        self._wait_scope: trio.CancelScope | None = None
         #: Callbacks run so far (the run's statistics).
         self.events_processed = 0
 
@@ -41,9 +40,6 @@ class EventQueue:
         """Call ``fn(*args)`` at virtual time ``when`` (FIFO among equal times)."""
         self._seq += 1
         heapq.heappush(self._heap, (when, self._seq, fn, args))
-        scope = self._wait_scope
-        if scope is not None and when < scope.deadline:  # only while run() waits (simulate())
-            scope.deadline = when
 
     async def sleep_until(self, when: float) -> None:
         """Sleep until virtual time ``when``, for simulated work (a workload's compute), woken by
@@ -52,9 +48,8 @@ class EventQueue:
         Cancellation works as for ``trio.sleep_until`` (the event then finds nobody to wake).
 
         Unlike ``trio.sleep_until``, the wake-up is this queue's event: at its instant it comes
-        before trio's deadlines when :func:`~pccl_sim.engine.determinism.sim_clock` delivers the events
-        (a simulated run), after them under :func:`~pccl_sim.engine.runner.simulate`, and a ``when``
-        already past waits until the current instant goes idle.  Deterministic either way.
+        before trio's deadlines (:func:`~pccl_sim.engine.determinism.sim_clock` delivers the
+        events), and a ``when`` already past waits until the current instant goes idle.
         ``ValueError`` for NaN."""
         if math.isnan(when):
             raise ValueError("sleep_until: when is NaN")
@@ -86,15 +81,3 @@ class EventQueue:
             _, _, fn, args = heapq.heappop(heap)
             self.events_processed += 1
             fn(*args)
-
-    async def run(self) -> None:
-        """Deliver events forever, as a task (for :func:`pccl_sim.engine.runner.simulate`; the
-        runner's clock delivers them itself, :func:`pccl_sim.engine.determinism.sim_clock`); cancel
-        it to stop."""
-        heap = self._heap
-        while True:
-            self.deliver(trio.current_time())
-            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as scope:
-                self._wait_scope = scope
-                await trio.sleep_forever()
-            self._wait_scope = None

@@ -29,8 +29,7 @@ as Linux does); ``abort`` and data arriving at a closed or dead endpoint answer 
 Every network operation checks the caller's incarnation: an operation of a dead incarnation at a
 later virtual instant than its death is recorded as a **zombie** failure (something outlived the
 kill).  Nothing polls: the event queue is delivered by the runner's clock when the run goes idle
-(:func:`pccl_sim.engine.determinism.sim_clock`) or by its :meth:`~pccl_sim.engine.clock.EventQueue.run`
-task.
+(:func:`pccl_sim.engine.determinism.sim_clock`).
 """
 
 from __future__ import annotations

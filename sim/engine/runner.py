@@ -36,6 +36,7 @@ so removing an unrelated fault leaves the other hosts' randomness alone), and th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -43,7 +44,7 @@ import math
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Self, TypeVar
 
 import trio
@@ -518,6 +519,27 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
+@contextlib.contextmanager
+def _rare_collection(*, collect_first: bool = True) -> Iterator[None]:
+    """The cyclic collector, rarely, for the length of a run.  It cost ~3% of a run: with the
+    default threshold (700) a young pass ran every few hundred scheduler steps (trio allocates
+    and frees many containers per step, few survive), and full passes walked the whole heap.
+    During the run: young passes per 20,000 net allocations, and what is alive now (modules, the
+    caller's earlier results; it outlives the run) is frozen out of full passes.  Restored
+    afterwards.  ``collect_first`` collects before freezing (a full pass: tens of milliseconds
+    in a large process, too much for the many short runs of :func:`simulate` in a test run)."""
+    if collect_first:
+        gc.collect()
+    gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(_GC_YOUNG_THRESHOLD, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
 def run(scenario: Scenario, schedule: Schedule, *, options: RunOptions | None = None) -> Trace:
     """Run ``scenario`` under ``schedule`` deterministically; return the trace (``trace.ok``,
     ``trace.failures``, ``trace.hash()``, ``trace.stats``).
@@ -528,27 +550,15 @@ def run(scenario: Scenario, schedule: Schedule, *, options: RunOptions | None = 
     sim = Simulation(scenario, schedule, options)
     clock = sim_clock(sim.world.queue)  # delivers the network's events when the run goes idle
     instrument = _LoopInstrument(sim, clock, options.livelock_iterations, options.count_task_steps)
-    gc.collect()
-    # The cyclic collector cost ~3% of a run: with the default threshold (700) a young pass ran
-    # every few hundred scheduler steps (trio allocates and frees many containers per step, few
-    # survive), and full passes walked the whole heap.  During the run: young passes per 20,000
-    # net allocations, and what is alive now (modules, the caller's earlier results; it outlives
-    # the run) is frozen out of full passes.  Restored afterwards.
-    gc.freeze()
-    thresholds = gc.get_threshold()
-    gc.set_threshold(_GC_YOUNG_THRESHOLD, *thresholds[1:])
-    wall = time.perf_counter()  # outside the simulated run: statistics only, never hashed
 
     async def main() -> None:
         poll_only_when_idle(instrument.iteration)
         await sim.main()
 
-    try:
+    with _rare_collection():
+        wall = time.perf_counter()  # outside the simulated run: statistics only, never hashed
         with deterministic_trio(schedule.seed):
             trio.run(main, clock=clock, instruments=[instrument] if options.count_task_steps else [])
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*thresholds)
     elapsed = time.perf_counter() - wall
     trace = sim.trace
     trace.stats.update(
@@ -574,20 +584,23 @@ def simulate(
     network_class: type[SimNetwork] = SimNetwork,
 ) -> T:
     """Run ``await fn(world)`` in a deterministic simulated ``trio.run`` over a fresh
-    :class:`World` (its delivery loop running); return its result.  For tests and tools that
-    drive hosts themselves (``world.boot(name)`` gives a host's network, a ``network_class``).
-    ``trio.TooSlowError`` if ``fn`` has not finished by virtual time ``deadline`` (a deadlock
-    never hangs)."""
+    :class:`World`; return its result.  For tests and tools that drive hosts themselves
+    (``world.boot(name)`` gives a host's network, a ``network_class``).  ``trio.TooSlowError``
+    if ``fn`` has not finished by virtual time ``deadline`` (a deadlock never hangs).
+
+    The loop is :func:`run`'s: the clock delivers the world's events when the run goes idle
+    (no task wakes for them), I/O is polled only then, and the cyclic collector runs rarely."""
+    world = World(seed=seed, network_class=network_class, trace=trace, default_link=default_link,
+                  send_buffer=send_buffer)
 
     async def main() -> T:
-        world = World(seed=seed, network_class=network_class, trace=trace, default_link=default_link,
-                      send_buffer=send_buffer)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(world.queue.run)
-            with trio.fail_at(deadline):
-                result = await fn(world)
-            nursery.cancel_scope.cancel()
-        return result
+        poll_only_when_idle(_no_watchdog)
+        with trio.fail_at(deadline):
+            return await fn(world)
 
-    with deterministic_trio(seed):
-        return trio.run(main, clock=sim_clock())
+    with _rare_collection(collect_first=False), deterministic_trio(seed):
+        return trio.run(main, clock=sim_clock(world.queue))
+
+
+def _no_watchdog() -> None:
+    """:func:`simulate`'s per-iteration hook: its deadline is the only watchdog."""
