@@ -61,14 +61,21 @@ def test_torchs_ddp_survives_a_kill_mid_backward_and_a_replacement() -> None:
                     p.communicate()
     outputs = "\n\n".join(out for _, out in reports)
     assert [r["step"] for r, _ in reports] == [STEPS] * 3, outputs
-    # the survivors' step DIE_AT + 1 failed with the victim; they built their DDP anew once the
-    # replacement was in, as it built its own (torch broadcasts rank 0's module then)
+    # The survivors' step DIE_AT + 1 failed with the victim (their buckets' all-reduces were
+    # commenced with it), or, if the victim died before they voted for any of that step's
+    # buckets, the master had dropped it by then and the step ran on the two of them.  Either
+    # way both survivors saw the same (all-or-nothing), and they built their DDP anew once the
+    # replacement was in, as it built its own (torch broadcasts rank 0's module then).
+    failed = [f"step {DIE_AT} failed" in out for _, out in reports[:2]]
+    assert failed[0] == failed[1], outputs
+    if not failed[0]:
+        assert all(f"step {DIE_AT + 1} world 2" in out for _, out in reports[:2]), outputs
     for report, out in reports[:2]:
-        assert f"step {DIE_AT} failed" in out, out
         assert report["first_step"] == 1 and report["rebuilds"] == 2, outputs
     assert reports[2][0]["rebuilds"] == 1, outputs
     newcomer = reports[2][0]
-    assert newcomer["first_step"] == DIE_AT + 1, outputs  # it went on from the survivors' step
+    # it went on from the survivors' step
+    assert newcomer["first_step"] == (DIE_AT + 1 if failed[0] else DIE_AT + 2), outputs
     # it replaced the last rank, passing it: it is rank 2 again, the survivors ranks 0 and 1
     assert [r["final_rank"] for r, _ in reports] == [0, 1, 2], outputs
     assert len({r["digest"] for r, _ in reports}) == 1, outputs  # bit-identical parameters
