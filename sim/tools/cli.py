@@ -83,6 +83,10 @@ def _report(schedule: Schedule, trace: Trace, spec: CampaignSpec | None) -> None
         f"  {stats['virtual_seconds']:.1f} virtual s in {stats['wall_seconds']:.2f} wall s "
         f"({stats['virtual_seconds'] / max(stats['wall_seconds'], 1e-9):.0f}x), {stats['loop_iterations']} loop iterations"
     )
+    trips = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in stats.items() if k.startswith("master_round_trips_"))
+    if trips:
+        print("  master round trips per successful collective call: "
+              + ", ".join(f"{n}: {calls} call{'s' * (calls != 1)}" for n, calls in trips))
     if trace.ok:
         print("  PASS")
     for failure in trace.failures:
