@@ -40,7 +40,9 @@ a disagreement aborts it (``CollectiveAbort.code`` PARAMETER_MISMATCH or ROOT_AB
 everyone who began it.  Once every participant is in, the beginners get a one-way
 ``CollectiveCommence`` (it arms their watchdogs; nobody waits for it).  Done, Complete and
 Abort are as above, except that an abort reaches only those who began the op (the others'
-Begin finds the group stale), a second Begin or one for another seq of a tag in flight is
+Begin finds the group stale), a failure reported before every participant began aborts the op
+only once the last one has (its Begin may show a disagreement: that is what everyone hears
+then, since a ring run on disagreeing parameters fails for that reason), a second Begin or one for another seq of a tag in flight is
 OUT_OF_PHASE, and a begun op that waits for members who wait elsewhere is a wait in a collective
 for the phase-mismatch machine, aborted with PHASE_MISMATCH at the end of the grace.
 
@@ -317,6 +319,9 @@ class _Op:
     began: set[int] = dataclasses.field(default_factory=set)
     beginners: set[int] = dataclasses.field(default_factory=set)  # began by a Begin (not a vote)
     armed: bool = False
+    #: a participant's failure reported before everyone began: the abort waits for the last
+    #: Begin, which may show a disagreement (the cause to report: the same error everywhere)
+    failure: str | None = None
 
 
 class CollectiveOps:
@@ -393,6 +398,9 @@ class CollectiveOps:
         if not begun:
             self._host.send(peer_id, commence)
         if not op.armed and op.began.issuperset(op.participants):
+            if op.failure is not None:
+                self._abort(op, op.failure)
+                return
             op.armed = True
             for pid in op.participants:
                 if pid in op.beginners:  # (the voters' Commence was their start)
@@ -418,9 +426,11 @@ class CollectiveOps:
         if op is None or op.seq != msg.seq or peer_id not in op.participants:
             log.debug("ignoring late done of peer %x for tag %d seq %d", peer_id, msg.tag, msg.seq)
             return
-        if peer_id in op.done:
+        if peer_id in op.done or (op.failure is not None and msg.aborted):
             raise PeerFault(KickReason.OUT_OF_PHASE, f"second done for collective tag {msg.tag}")
-        if msg.aborted:
+        if msg.aborted and op.fast and not op.armed:
+            op.failure = f"peer {peer_id:x} reported failure"
+        elif msg.aborted:
             self._abort(op, f"peer {peer_id:x} reported failure")
         else:
             op.done.add(peer_id)
