@@ -134,7 +134,8 @@ class OneVerdict(_PeerWire):
     participant's own successful ``Done`` (module docstring)."""
 
     name = "one-verdict"
-    NAMES = frozenset({"CollectiveCommence", "CollectiveDone", "CollectiveComplete", "CollectiveAbort"})
+    NAMES = frozenset({"CollectiveCommence", "CollectiveBegin", "CollectiveDone", "CollectiveComplete",
+                       "CollectiveAbort"})
 
     def __init__(self) -> None:
         super().__init__()
@@ -145,8 +146,8 @@ class OneVerdict(_PeerWire):
 
     def message(self, host: str, direction: str, name: str, msg: Any, op: Op) -> None:
         state = self.state(host)
-        if name == "CollectiveCommence":
-            if direction == "recv":
+        if name in ("CollectiveCommence", "CollectiveBegin"):
+            if direction == ("recv" if name == "CollectiveCommence" else "send"):
                 state.commenced.add(op)
             return
         if name == "CollectiveDone":
@@ -177,7 +178,7 @@ class AgreedParameters(_PeerWire):
     docstring)."""
 
     name = "agreed-parameters"
-    NAMES = frozenset({"CollectiveInit", "CollectiveCommence"})
+    NAMES = frozenset({"CollectiveInit", "CollectiveCommence", "CollectiveBegin"})
 
     def __init__(self) -> None:
         super().__init__()
@@ -192,7 +193,11 @@ class AgreedParameters(_PeerWire):
             if direction == "send":
                 inits[msg.tag] = msg
             return
-        if direction != "recv":
+        if name == "CollectiveBegin":  # a vote and a commence in one (the fast path)
+            if direction != "send":
+                return
+            inits[msg.tag] = msg.as_init()
+        elif direction != "recv":
             return
         init = inits.get(msg.tag)
         if init is None:
@@ -227,7 +232,8 @@ class PhaseRule(_PeerWire):
     name = "phase-rule"
     NAMES = frozenset({"VoteTopology", "VoteOptimize", "ConnectToPeers", "TopologyComplete", "TopologyRejected",
                        "SyncVote", "SyncPlan", "SyncComplete", "SyncRejected",
-                       "CollectiveCommence", "CollectiveComplete", "CollectiveAbort"})
+                       "CollectiveCommence", "CollectiveBegin", "CollectiveComplete", "CollectiveAbort",
+                       "CollectiveRejected"})
 
     def _fresh(self) -> _Phases:
         return _Phases()
@@ -241,6 +247,9 @@ class PhaseRule(_PeerWire):
         elif name == "SyncVote":
             if sent:
                 state.sync = True
+        elif name == "CollectiveBegin":
+            if sent:
+                self._commenced(host, state, msg, op, "began")
         elif sent:
             return
         elif name in ("TopologyComplete", "TopologyRejected"):
@@ -255,12 +264,19 @@ class PhaseRule(_PeerWire):
             if name == "ConnectToPeers":
                 state.topology = True
         elif name == "CollectiveCommence":
-            if state.topology or state.sync:
-                why = "topology vote or round" if state.topology else "shared-state sync"
-                self._fail(f"{host} was commenced on tag {msg.tag} seq {msg.seq} while its {why} was outstanding")
-            state.open_ops[op] = msg.tag
+            if op not in state.open_ops:  # (a begun op's Commence only says everyone began)
+                self._commenced(host, state, msg, op, "was commenced on")
+        elif name == "CollectiveRejected":  # (a Begin the master refused: that op never ran)
+            for key in [key for key, tag in state.open_ops.items() if tag == msg.tag]:
+                del state.open_ops[key]
         else:  # CollectiveComplete / CollectiveAbort
             state.open_ops.pop(op, None)
+
+    def _commenced(self, host: str, state: _Phases, msg: Any, op: Op, verb: str) -> None:
+        if state.topology or state.sync:
+            why = "topology vote or round" if state.topology else "shared-state sync"
+            self._fail(f"{host} {verb} tag {msg.tag} seq {msg.seq} while its {why} was outstanding")
+        state.open_ops[op] = msg.tag
 
 
 # --- the calls: rule 2, rule 6 and the round trips ----------------------------------------------------
@@ -292,8 +308,8 @@ class _Calls(Checker):
         if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
             raise RuntimeError(f"{type(self).__name__} needs the wire (Scenario.sniff)")
         self.sim = sim
-        sim.tap.watch(self._wire, names=("Welcome", "CollectiveCommence", "CollectiveRejected", "CollectiveComplete",
-                                         "CollectiveAbort"))
+        sim.tap.watch(self._wire, names=("Welcome", "CollectiveCommence", "CollectiveBegin", "CollectiveRejected",
+                                         "CollectiveComplete", "CollectiveAbort"))
 
     def _fail(self, kind: str, message: str) -> None:
         if not self.failed and self.sim is not None:
@@ -301,7 +317,7 @@ class _Calls(Checker):
             self.sim.fail(kind, message, self.name)
 
     def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
-        if direction != "recv" or msg is None:
+        if msg is None or direction != ("send" if name == "CollectiveBegin" else "recv"):
             return
         if name == "Welcome":
             self.instance[host] = msg.instance
@@ -309,11 +325,16 @@ class _Calls(Checker):
         call = self.calls.get((host, msg.tag))
         if call is None:
             return
+        if name == "CollectiveBegin":  # began without waiting for an answer
+            call.op, call.verdict = (self.instance.get(host, 0), msg.seq), None
+            return
         if name == "CollectiveRejected":
             call.answers += 1
             return
         op = (self.instance.get(host, 0), msg.seq)
         if name == "CollectiveCommence":
+            if op == call.op and call.verdict is None:
+                return  # a begun op's Commence: every participant began; nobody waited for it
             call.op, call.verdict = op, None  # a new attempt
             call.answers += 1
         elif op == call.op and call.verdict is None:

@@ -192,7 +192,8 @@ class PcclScenario(Scenario):
     need (:mod:`pccl_sim.workloads.pccl.reachability`); ``direct_connect_timeout``: the
     :class:`pccl.Config`'s (``None``: pccl's default).  ``max_master_round_trips``: a successful
     collective call that waited for more of the master's answers fails the run
-    (:class:`~pccl_sim.workloads.pccl.op_checkers.MasterRoundTrips`; ``None``: only counted).
+    (:class:`~pccl_sim.workloads.pccl.op_checkers.MasterRoundTrips`; ``None``: only counted);
+    ``fast_commit``: the peers' :attr:`pccl.Config.fast_commit`.
     """
 
     name = "pccl"
@@ -226,6 +227,7 @@ class PcclScenario(Scenario):
         master_relay: bool = False,
         direct_connect_timeout: float | None = None,
         max_master_round_trips: int | None = None,
+        fast_commit: bool = False,
     ) -> None:
         params: dict[str, Any] = dict(
             peers=peers, groups=groups, peer_timeout=peer_timeout, heartbeat_interval=heartbeat_interval,
@@ -258,6 +260,8 @@ class PcclScenario(Scenario):
             params["direct_connect_timeout"] = direct_connect_timeout
         if max_master_round_trips is not None:
             params["max_master_round_trips"] = max_master_round_trips
+        if fast_commit:
+            params["fast_commit"] = True
         super().__init__(**params)
         self.max_master_round_trips = max_master_round_trips
         if relays < 0:
@@ -278,7 +282,7 @@ class PcclScenario(Scenario):
             kernel_threads=False,  # a simulated run starts no real threads
             # Short, narrow probes (the "optimize" phase): a chaos run needs the protocol's
             # timing, not a faithful figure, and every probed byte is copied in the simulator.
-            probe_seconds=0.05, probe_streams=2,
+            probe_seconds=0.05, probe_streams=2, fast_commit=fast_commit,
         )
         if direct_connect_timeout is not None:
             self.config = dataclasses.replace(self.config, direct_connect_timeout=direct_connect_timeout)
