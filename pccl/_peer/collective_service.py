@@ -175,7 +175,7 @@ class CollectiveService:
         #: Fast path (``Config.fast_commit``): the ring connections an op failed on (no op
         #: begins on them again), and the uses of each tag since the round of ``_uses_round``.
         self._spoiled: P2PLinks | None = None
-        self._uses_round = -1
+        self._uses_links: P2PLinks | None = None
         self._uses: dict[int, int] = {}
 
     @property
@@ -362,9 +362,9 @@ class CollectiveService:
     def _count_use(self, tag: int) -> int:
         """Count a use of ``tag`` on the current ring (an op that got a seq, whichever path):
         the number of earlier ones since the round."""
-        rnd = self._host.links.round
-        if rnd != self._uses_round:
-            self._uses_round, self._uses = rnd, {}
+        links = self._host.links
+        if links is not self._uses_links:  # a new round (round ids restart with a new master)
+            self._uses_links, self._uses = links, {}
         n = self._uses.get(tag, 0)
         self._uses[tag] = n + 1
         return n

@@ -149,3 +149,21 @@ def test_begins_the_master_cannot_take_are_protocol_errors() -> None:
     assert h.kicks == {a: KickReason.PROTOCOL_ERROR}
     _begin(h, b, seq=5)  # not a derived seq
     assert h.kicks[b] == KickReason.PROTOCOL_ERROR
+
+
+def test_begins_of_different_uses_of_a_tag_abort_and_re_wire_instead_of_a_kick() -> None:
+    # (A peer that lost its master counted on; a new round restarts every count.)
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    seq = _begin(h, a, n=0)
+    _begin(h, b, n=1)
+    abort = _abort(h, a)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.STALE_RING
+    refused = h.last(b, m.CollectiveRejected)
+    assert isinstance(refused, m.CollectiveRejected) and refused.code == m.RejectCode.STALE_RING
+    assert not h.kicks and not h.ms.ops() and h.ms.stale_groups() == frozenset({0})
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    _begin(h, a)
+    _begin(h, a)  # the same op twice: a broken peer
+    assert h.kicks == {a: KickReason.OUT_OF_PHASE}

@@ -40,10 +40,11 @@ a disagreement aborts it (``CollectiveAbort.code`` PARAMETER_MISMATCH or ROOT_AB
 everyone who began it.  Once every participant is in, the beginners get a one-way
 ``CollectiveCommence`` (it arms their watchdogs; nobody waits for it).  Done, Complete and
 Abort are as above, except that an abort reaches only those who began the op (the others'
-Begin finds the group stale), a failure reported before every participant began aborts the op
-only once the last one has (its Begin may show a disagreement: that is what everyone hears
-then, since a ring run on disagreeing parameters fails for that reason), a second Begin or one for another seq of a tag in flight is
-OUT_OF_PHASE, and a begun op that waits for members who wait elsewhere is a wait in a collective
+Begin finds the group stale), a Begin of another use of a tag whose op is open aborts that op
+with STALE_RING and is refused as stale (the peers' counts differ: a new round restarts them),
+a failure reported before every participant began aborts the op only once the last one has
+(its Begin may show a disagreement: that is what everyone hears then, since a ring run on
+disagreeing parameters fails for that reason), a second Begin is OUT_OF_PHASE, and a begun op that waits for members who wait elsewhere is a wait in a collective
 for the phase-mismatch machine, aborted with PHASE_MISMATCH at the end of the grace.
 
 Kinds.  What an op computes is its kind (:class:`CollectiveKind`, ``CollectiveInit.kind``: a
@@ -360,9 +361,14 @@ class CollectiveOps:
         key = (group, msg.tag)
         op = self._ops.get(key)
         ring = self._host.ring(group)
-        if op is not None and (op.seq != msg.seq if op.seq is not None else not op.inits) or (
-                op is not None and peer_id in op.began):
-            raise PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} begun while it is in flight")
+        if op is not None and peer_id in op.began:
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} begun twice")
+        if op is not None and op.seq is not None and op.seq != msg.seq:
+            # The peers count this tag's uses differently (a peer that lost its master may
+            # have counted on): no use of it can run together on this ring.  Re-wire: a new
+            # round starts every count afresh.
+            self._abort(op, f"peers began different uses of tag {msg.tag}; re-wire before retrying",
+                        code=m.RejectCode.STALE_RING)
         if self._host.is_stale(group) or ring is None or msg.round != self._host.round_of(group):
             # Its ring is not the group's (any more): the op cannot run.  (A Begin after the
             # op's abort lands here too: an abort makes the group stale.)
