@@ -167,3 +167,19 @@ def test_begins_of_different_uses_of_a_tag_abort_and_re_wire_instead_of_a_kick()
     _begin(h, a)
     _begin(h, a)  # the same op twice: a broken peer
     assert h.kicks == {a: KickReason.OUT_OF_PHASE}
+
+
+def test_failures_reported_before_everyone_began_wait_for_the_last_begin() -> None:
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a)
+    _begin(h, b)
+    h.send(a, m.CollectiveDone(TAG, seq, aborted=True))
+    h.send(b, m.CollectiveDone(TAG, seq, aborted=True))  # both rings failed: two reports, no kick
+    assert _abort(h, a) is None and not h.kicks  # c may still show a disagreement
+    _begin(h, c)
+    for conn in (a, b, c):
+        abort = _abort(h, conn)
+        assert abort is not None and abort.seq == seq and abort.code == 0 and "reported failure" in abort.detail
+    h.send(a, m.CollectiveDone(TAG, seq, aborted=True))  # a late one for the ended op: ignored
+    assert not h.kicks

@@ -323,6 +323,7 @@ class _Op:
     #: a participant's failure reported before everyone began: the abort waits for the last
     #: Begin, which may show a disagreement (the cause to report: the same error everywhere)
     failure: str | None = None
+    failed: set[int] = dataclasses.field(default_factory=set)  # who reported it
 
 
 class CollectiveOps:
@@ -432,10 +433,11 @@ class CollectiveOps:
         if op is None or op.seq != msg.seq or peer_id not in op.participants:
             log.debug("ignoring late done of peer %x for tag %d seq %d", peer_id, msg.tag, msg.seq)
             return
-        if peer_id in op.done or (op.failure is not None and msg.aborted):
+        if peer_id in op.done or peer_id in op.failed:
             raise PeerFault(KickReason.OUT_OF_PHASE, f"second done for collective tag {msg.tag}")
         if msg.aborted and op.fast and not op.armed:
-            op.failure = f"peer {peer_id:x} reported failure"
+            op.failed.add(peer_id)
+            op.failure = op.failure or f"peer {peer_id:x} reported failure"
         elif msg.aborted:
             self._abort(op, f"peer {peer_id:x} reported failure")
         else:
