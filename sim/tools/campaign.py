@@ -74,6 +74,8 @@ class CampaignSpec:
                 parts.append(f"--groups {value}")
             elif key == "alone":
                 parts.append(f"--alone {value}")
+            elif key == "fast_commit" and value:
+                parts.append("--fast-commit")
         return " ".join(parts)
 
 
