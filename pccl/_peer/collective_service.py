@@ -36,6 +36,16 @@ holds for every kind.  One call is one or more *attempts*:
    one's input backup) is kept until then, so an ``Abort`` that arrives after this peer finished
    its ring still restores the input.
 
+**The fast path** (``Config.fast_commit``; docs/protocol.rst, "Design: one master round trip per
+collective").  An attempt that starts with no other collective of this peer in flight, on ring
+connections no op failed on since their round, of a kind that needs no count from the master,
+skips the vote: it sends ``CollectiveBegin`` with the seq every peer derives alike (the round,
+the tag, the tag's uses since the round: every attempt that got a seq counts, whichever path)
+and runs the ring at once, unwatched until the master's one-way ``Commence`` says everyone
+began.  Its ``Done`` and the verdict are as above, except that a ring failure waits for the
+verdict too (it may be a disagreement, which the master names: ``CollectiveAbort.code``), and a
+Begin the master refuses (``CollectiveRejected(STALE_RING)``) re-wires and votes again.
+
 What each of these steps means for one attempt — which message or ring end leads where, and
 what the service must do then (cancel the ring, report ``Done``, restore the input, hand the
 tag to a background task) — is the sans-IO machine :mod:`pccl.protocol.op_lifecycle`; this
@@ -87,6 +97,7 @@ import trio
 from .collective_plans import Plan, StaleRing, phase_mismatch_abort
 from .reduce_many import MANY_FIRST_TAG, reduce_many
 from .host import CollectiveRoute, MasterLost, PeerHost
+from .ring_connections import P2PLinks
 from .ring_link_cache import RingLinkCache
 from .ring_watchdog import RingWatchdog
 from ..errors import (
@@ -135,8 +146,14 @@ class _Op:
     ring_scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
     #: Set by the machine's ``SETTLE``: the master's final word (or its loss) is in.
     settled: trio.Event = dataclasses.field(default_factory=trio.Event)
-    #: The master's final word (its detail goes into the caller's error).
-    final: m.CollectiveComplete | m.CollectiveAbort | None = None
+    #: The master's final word (its detail goes into the caller's error); a begun op's may be
+    #: the rejection of its Begin.
+    final: m.CollectiveComplete | m.CollectiveAbort | m.CollectiveRejected | None = None
+    #: Begun without a vote (``Config.fast_commit``): its ring is watched once armed.
+    fast: bool = False
+    #: A begun op's ring connections while its ring runs unwatched, and its watch once armed.
+    unwatched: P2PLinks | None = None
+    watch: Any = None
     #: (tx, rx) payload bytes and an all-gather's output once this peer's ring finished.
     traffic: tuple[int, int, np.ndarray | None] | None = None
     ring_error: PCCLError | None = None
@@ -155,6 +172,11 @@ class CollectiveService:
         self._watchdog = RingWatchdog(host)
         self._holding = 0  # attempts of this service that hold a tag route
         self._holding_changed = trio.Event()
+        #: Fast path (``Config.fast_commit``): the ring connections an op failed on (no op
+        #: begins on them again), and the uses of each tag since the round of ``_uses_round``.
+        self._spoiled: P2PLinks | None = None
+        self._uses_links: P2PLinks | None = None
+        self._uses: dict[int, int] = {}
 
     @property
     def host(self) -> PeerHost:
@@ -273,6 +295,7 @@ class CollectiveService:
             # A call never spans two masters: its peers' loops may stand anywhere after a restart.
             raise MasterLost(f"the master changed during {plan.what}")
         await self._host.settled(plan.tag)  # a cancelled call's vote on this tag is withdrawn first
+        begin = self._begin(plan)  # before this attempt holds a tag
         route = self._host.open_route(plan.tag)
         # Large ops take their lane threads in the order the master commenced them (the same on
         # every peer): a Commence is recorded the moment it arrives, before any later op can run.
@@ -282,17 +305,26 @@ class CollectiveService:
         op = _Op(plan, epoch)
         keep_route = False
         try:
-            await self._host.send_shielded(plan.init, epoch=epoch)
-            try:
-                answer = await self._await_answer(op, route.inbox)
-            except trio.Cancelled:
-                # The Init stands at the master; the others may commence without us.  Leave a
-                # task behind to withdraw it (and to release the tag).
-                self._step(op, Event.CANCEL)
-                keep_route = self._abandon(op, route.inbox)
-                raise
-            if isinstance(answer, m.CollectiveRejected):
-                raise self._rejection(plan, answer)
+            if begin is not None:
+                # The fast path: no answer to wait for (docs/protocol.rst).
+                op.machine, op.fast, op.seq = OpLifecycle(State.BEGUN), True, begin.seq
+                registry.commenced(begin.seq)
+                await self._host.send_shielded(begin, epoch=epoch)
+                answer = m.CollectiveCommence(plan.tag, begin.seq, self._host.links.ring)
+            else:
+                await self._host.send_shielded(plan.init, epoch=epoch)
+                try:
+                    reply = await self._await_answer(op, route.inbox)
+                except trio.Cancelled:
+                    # The Init stands at the master; the others may commence without us.  Leave a
+                    # task behind to withdraw it (and to release the tag).
+                    self._step(op, Event.CANCEL)
+                    keep_route = self._abandon(op, route.inbox)
+                    raise
+                if isinstance(reply, m.CollectiveRejected):
+                    raise self._rejection(plan, reply)
+                answer = reply
+                self._count_use(plan.tag)
             op.seq = answer.seq
             try:
                 return await self._run(op, answer, route)
@@ -310,6 +342,32 @@ class CollectiveService:
         finally:
             if not keep_route:
                 self._release(plan.tag)
+
+    def _begin(self, plan: Plan) -> m.CollectiveBegin | None:
+        """The Begin of ``plan``'s op if it takes the fast path (``Config.fast_commit``; this
+        peer has no other collective in flight, no op failed on its ring since the round, and
+        the kind needs no vote), counting the tag's use; ``None``: it votes."""
+        p2p = self._host.links
+        init = plan.init
+        if (not self._host.config.fast_commit or self._holding or p2p is self._spoiled or p2p.round == 0
+                or len(p2p.ring) < 2 or self._host.peer_id not in p2p.ring
+                or init.kind == m.CollectiveKind.ALL_GATHER
+                or (init.kind == m.CollectiveKind.BROADCAST and init.root not in p2p.ring)):
+            return None
+        n = self._count_use(plan.tag)
+        return m.CollectiveBegin(plan.tag, m.derived_seq(p2p.round, plan.tag, n), p2p.round, init.count, init.dtype,
+                                 init.op, init.quant_kind, init.quant_dtype, init.layout, init.kind, init.root,
+                                 init.quant_bits, init.quant_block)
+
+    def _count_use(self, tag: int) -> int:
+        """Count a use of ``tag`` on the current ring (an op that got a seq, whichever path):
+        the number of earlier ones since the round."""
+        links = self._host.links
+        if links is not self._uses_links:  # a new round (round ids restart with a new master)
+            self._uses_links, self._uses = links, {}
+        n = self._uses.get(tag, 0)
+        self._uses[tag] = n + 1
+        return n
 
     async def _await_answer(
         self, op: _Op, inbox: trio.MemoryReceiveChannel[m.Message]
@@ -355,7 +413,8 @@ class CollectiveService:
 
     # --- the machine's effects -------------------------------------------------------------------
 
-    def _step(self, op: _Op, event: Event, word: m.CollectiveComplete | m.CollectiveAbort | None = None
+    def _step(self, op: _Op, event: Event,
+              word: m.CollectiveComplete | m.CollectiveAbort | m.CollectiveRejected | None = None
               ) -> tuple[Effect, ...]:
         """Feed ``event`` to ``op``'s machine and run its synchronous effects; return all of
         them (the caller sends the reports: :meth:`_report`).  ``word`` is the master's message
@@ -369,6 +428,8 @@ class CollectiveService:
                 op.settled.set()
             elif effect is Effect.WITHDRAW or effect is Effect.AWAIT_FINAL:
                 op.handoff = effect
+            elif effect is Effect.ARM_WATCHDOG and op.unwatched is not None:
+                op.watch = self._watchdog.watch(op.unwatched, lambda: self._stalled(op))
         # Last: the only effect that touches the caller's memory, so that one raising cannot
         # leave a settle or a hand-off undone.
         if Effect.RESTORE_INPUT in effects and op.guard is not None:
@@ -391,6 +452,10 @@ class CollectiveService:
             self._step(op, Event.COMPLETE, msg)
         elif isinstance(msg, m.CollectiveAbort) and msg.seq == op.seq:
             self._step(op, Event.ABORT, msg)
+        elif op.fast and isinstance(msg, m.CollectiveCommence) and msg.seq == op.seq:
+            self._step(op, Event.COMMENCE)  # every participant began: the watchdog may watch
+        elif op.fast and isinstance(msg, m.CollectiveRejected) and msg.code != m.RejectCode.WITHDRAWN:
+            self._step(op, Event.REJECT, msg)  # the Begin met a stale ring
         else:
             log.debug("ignoring %s for tag %d during seq %d", type(msg).__name__, op.plan.tag, op.seq)
 
@@ -422,6 +487,9 @@ class CollectiveService:
                 async for msg in inbox:
                     if isinstance(msg, (m.CollectiveComplete, m.CollectiveAbort)) and msg.seq == op.seq:
                         self._step(op, Event.COMPLETE if isinstance(msg, m.CollectiveComplete) else Event.ABORT)
+                        return
+                    if op.fast and isinstance(msg, m.CollectiveRejected):
+                        self._step(op, Event.REJECT)
                         return
                 self._step(op, Event.MASTER_LOST)
                 return
@@ -460,6 +528,7 @@ class CollectiveService:
                 await self._ring_and_settle(op, commence, route)
             except BaseException as exc:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
+                self._spoiled = host.links  # the others abort: the master marks the ring stale
                 effects = self._step(op, Event.CANCEL if isinstance(exc, trio.Cancelled) else Event.FAIL)
                 try:
                     await self._report(op, effects)
@@ -482,7 +551,7 @@ class CollectiveService:
         route.intercept = lambda msg: self._word(op, msg)
         try:
             # Messages that arrived between the Commence and now (an Abort already, say).
-            while op.machine.state is State.RUNNING:
+            while op.machine.state is State.RUNNING or op.machine.state is State.BEGUN:
                 try:
                     msg: m.Message | None = route.inbox.receive_nowait()
                 except trio.WouldBlock:
@@ -498,8 +567,8 @@ class CollectiveService:
             finished = op.traffic is not None and op.ring_error is None
             effects = self._step(op, Event.RING_DONE if finished else Event.RING_FAILED)
             await self._report(op, effects)
-            if Effect.REPORT_DONE in effects:
-                await op.settled.wait()
+            if Effect.REPORT_DONE in effects or op.machine.state is State.FAILING:
+                await op.settled.wait()  # (a begun op's failure waits too: the master may name a mismatch)
         finally:
             route.intercept = None
 
@@ -518,6 +587,12 @@ class CollectiveService:
         if guard is not None:
             guard.restore()
         host.counters.collectives_aborted += 1
+        self._spoiled = host.links  # an op failed on this ring: the next one votes
+        final = op.final
+        if isinstance(final, m.CollectiveRejected):  # a Begin the master refused
+            raise self._rejection(plan, final)
+        if isinstance(final, m.CollectiveAbort) and final.code:  # a begun op: why, as a rejection says
+            raise self._rejection(plan, m.CollectiveRejected(final.tag, final.code, final.detail))
         if op.machine.state is State.LOST:
             host.raise_if_failed(op.epoch)
             raise MasterUnreachable(f"lost the master during {plan.what}")
@@ -547,7 +622,10 @@ class CollectiveService:
             self._links.registry.retire(seq)
             raise ProtocolError(f"the master commenced seq {seq} on ring {[f'{p:x}' for p in ring]}, but this "
                                 f"peer is wired for {[f'{p:x}' for p in p2p.ring]}")
-        watch = self._watchdog.watch(p2p, lambda: self._stalled(op))
+        if op.machine.state is State.BEGUN:
+            watch, op.unwatched = None, p2p  # armed by the master's Commence (every participant began)
+        else:
+            watch = self._watchdog.watch(p2p, lambda: self._stalled(op))
         try:
             try:
                 links = await self._links.links(p2p)
@@ -556,4 +634,7 @@ class CollectiveService:
                 raise
             return await plan.run(guard, commence, links=links, rank=ring.index(peer_id), runner=self._runner)
         finally:
-            self._watchdog.unwatch(p2p, watch)
+            op.unwatched = None
+            for w in (watch, op.watch):
+                if w is not None:
+                    self._watchdog.unwatch(p2p, w)

@@ -13,6 +13,8 @@ States
 ``REFUSED``      final: the master rejected the vote (the shell raises what the code means)
 ``WITHDRAWING``  the caller was cancelled during the vote; a background task withdraws it
 ``RUNNING``      commenced: this peer's ring runs and nothing has stopped it
+``BEGUN``        begun without a vote (the fast path: a ``CollectiveBegin`` is out): the ring runs,
+                 unwatched, until the master's one-way ``Commence`` says every participant began
 ``STALLED``      the watchdog stopped the ring (no byte moved on its connections); it unwinds, and
                  this peer will report the abort
 ``ABORTING``     the master's ``Abort`` (or a ``Complete`` the watchdog overruled) came while the
@@ -24,6 +26,8 @@ States
                  awaited
 ``GAVE_UP``      this peer's ring failed (or stalled) and it reported the abort; the call ends
                  without waiting, but the master's word or its loss may still come in meanwhile
+``FAILING``      a begun op's ring failed and this peer reported the abort; the master's word is
+                 awaited (the peers may have disagreed: every one must raise the same error)
 ``COMPLETED``    final: the master completed the op and this peer's ring finished (the result)
 ``ABORTED``      final: the op aborted (by the master, the watchdog or this peer's ring)
 ``LOST``         final: the master was lost before its final word
@@ -38,8 +42,8 @@ Events
 ======
 
 ================  ===================================================================================
-``COMMENCE``      the master's ``Commence`` for this vote arrived
-``REJECT``        the master's ``Rejected`` for this vote arrived (also ``WITHDRAWN``)
+``COMMENCE``      the master's ``Commence`` for this vote arrived (for a begun op: every participant began)
+``REJECT``        the master's ``Rejected`` for this vote (also ``WITHDRAWN``) or Begin arrived
 ``COMPLETE``      the master's ``Complete`` for this op's seq arrived
 ``ABORT``         the master's ``Abort`` for this op's seq arrived
 ``MASTER_LOST``   the tag's message route closed: the master is gone or the communicator failed
@@ -63,6 +67,7 @@ The shell runs them in order, after the transition.
 ``RESTORE_INPUT``  restore an in-place input (the op's ``InputGuard``)
 ``WITHDRAW``       hand the tag to a background task that withdraws the vote
 ``AWAIT_FINAL``    hand the tag to a background task that waits for the master's final word
+``ARM_WATCHDOG``   put a begun op's ring under the watchdog
 =================  ==================================================================================
 
 Rules
@@ -76,6 +81,9 @@ Rules
 * Only the master's final word on an op that reported success is worth waiting for in the
   background (``REPORTED`` + ``CANCEL``); before the ``Done`` the call reports the abort itself.
 * Once the master spoke (or is gone), its later messages for the op are ignored.
+* A begun op is a running one with two differences: its ring is watched only once every
+  participant began (nobody waits on a neighbour that is still computing), and a ring failure
+  waits for the master's word, which may name a disagreement rather than a fault.
 * A pair missing from :data:`TRANSITIONS` is a bug in the shell: :meth:`OpLifecycle.handle`
   raises :class:`OpLifecycleError` rather than guess.
 """
@@ -93,12 +101,14 @@ class State(enum.Enum):
     REFUSED = "refused"
     WITHDRAWING = "withdrawing"
     RUNNING = "running"
+    BEGUN = "begun"
     STALLED = "stalled"
     ABORTING = "aborting"
     COMPLETING = "completing"
     CUT_OFF = "cut off"
     REPORTED = "reported"
     GAVE_UP = "gave up"
+    FAILING = "failing"
     COMPLETED = "completed"
     ABORTED = "aborted"
     LOST = "lost"
@@ -128,6 +138,7 @@ class Effect(enum.Enum):
     RESTORE_INPUT = "restore input"
     WITHDRAW = "withdraw"
     AWAIT_FINAL = "await final"
+    ARM_WATCHDOG = "arm watchdog"
 
 
 S, E, X = State, Event, Effect
@@ -154,6 +165,18 @@ TRANSITIONS: dict[tuple[State, Event], tuple[State, tuple[Effect, ...]]] = {
     (S.RUNNING, E.STALL): (S.STALLED, (X.CANCEL_RING,)),
     (S.RUNNING, E.RING_DONE): (S.REPORTED, (X.REPORT_DONE,)),
     (S.RUNNING, E.RING_FAILED): (S.GAVE_UP, (X.REPORT_ABORT,)),
+
+    (S.BEGUN, E.COMMENCE): (S.RUNNING, (X.ARM_WATCHDOG,)),  # every participant began
+    (S.BEGUN, E.REJECT): (S.ABORTING, (X.CANCEL_RING, X.SETTLE)),  # the Begin met a stale ring
+    (S.BEGUN, E.ABORT): (S.ABORTING, (X.CANCEL_RING, X.SETTLE)),
+    (S.BEGUN, E.MASTER_LOST): (S.CUT_OFF, (X.CANCEL_RING, X.SETTLE)),
+    (S.BEGUN, E.RING_DONE): (S.REPORTED, (X.REPORT_DONE,)),
+    (S.BEGUN, E.RING_FAILED): (S.FAILING, (X.REPORT_ABORT,)),
+
+    (S.FAILING, E.ABORT): (S.ABORTED, (X.SETTLE,)),
+    (S.FAILING, E.REJECT): (S.ABORTED, (X.SETTLE,)),
+    (S.FAILING, E.MASTER_LOST): (S.LOST, (X.SETTLE,)),
+    (S.FAILING, E.COMMENCE): (S.FAILING, ()),  # the last participant began as this ring failed
 
     (S.STALLED, E.COMPLETE): (S.ABORTING, (X.SETTLE,)),  # the stall overrules it
     (S.STALLED, E.ABORT): (S.ABORTING, (X.SETTLE,)),
@@ -183,10 +206,16 @@ TRANSITIONS: dict[tuple[State, Event], tuple[State, tuple[Effect, ...]]] = {
     (S.REPORTED, E.ABORT): (S.ABORTED, (X.SETTLE,)),
     (S.REPORTED, E.MASTER_LOST): (S.LOST, (X.SETTLE,)),
     (S.REPORTED, E.CANCEL): (S.ABANDONED, (X.RESTORE_INPUT, X.AWAIT_FINAL)),
+    # A begun op: the last participant began after this ring ended (a broadcast's root can
+    # finish into socket buffers), or the Begin was refused after it ended.
+    (S.REPORTED, E.COMMENCE): (S.REPORTED, _NONE),
+    (S.REPORTED, E.REJECT): (S.ABORTED, (X.SETTLE,)),
 
     (S.ABANDONED, E.COMPLETE): (S.RELEASED, _NONE),
     (S.ABANDONED, E.ABORT): (S.RELEASED, _NONE),
     (S.ABANDONED, E.MASTER_LOST): (S.RELEASED, _NONE),
+    (S.ABANDONED, E.COMMENCE): (S.ABANDONED, _NONE),
+    (S.ABANDONED, E.REJECT): (S.RELEASED, _NONE),
 }
 # The master's word after it spoke (or was lost) changes nothing.
 for _state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.COMPLETED, S.ABORTED, S.LOST):
@@ -194,10 +223,10 @@ for _state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.COMPLETED, S.ABORTED, S.LO
         TRANSITIONS[(_state, _event)] = (_state, _NONE)
 # Leaving the call after the commence: the input is restored; the abort is reported unless the
 # master has its Done already, spoke first, or is gone.
-for _state in (S.RUNNING, S.STALLED):
+for _state in (S.RUNNING, S.BEGUN, S.STALLED):
     for _event in (E.CANCEL, E.FAIL):
         TRANSITIONS[(_state, _event)] = (S.LEFT, (X.RESTORE_INPUT, X.REPORT_ABORT))
-for _state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.GAVE_UP, S.COMPLETED, S.ABORTED, S.LOST):
+for _state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.GAVE_UP, S.FAILING, S.COMPLETED, S.ABORTED, S.LOST):
     for _event in (E.CANCEL, E.FAIL):
         TRANSITIONS[(_state, _event)] = (S.LEFT, (X.RESTORE_INPUT,))
 TRANSITIONS[(S.REPORTED, E.FAIL)] = (S.LEFT, (X.RESTORE_INPUT,))

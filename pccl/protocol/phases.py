@@ -101,5 +101,6 @@ CALL_OF_MESSAGE: Mapping[type[m.Message], Call] = {
     m.VoteOptimize: Call.OPTIMIZE_VOTE,
     m.VotePeersPending: Call.PENDING_QUERY,
     m.CollectiveInit: Call.COLLECTIVE,
+    m.CollectiveBegin: Call.COLLECTIVE,
     m.SyncVote: Call.SYNC,
 }

@@ -74,6 +74,8 @@ class CampaignSpec:
                 parts.append(f"--groups {value}")
             elif key == "alone":
                 parts.append(f"--alone {value}")
+            elif key == "fast_commit" and value:
+                parts.append("--fast-commit")
         return " ".join(parts)
 
 
@@ -99,7 +101,8 @@ class SeedResult:
     fault_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
     #: The step body the seed ran (the scenario's ``phases`` parameter; None: it has none).
     phases: list[Any] | None = None
-    #: Integer statistics the checkers left (``all_reduce_completed``, ``collectives_aborted``, ...).
+    #: Integer statistics the checkers left (``all_reduce_completed``, ``collectives_aborted``,
+    #: ``master_round_trips_2`` (successful calls that waited for 2 master answers), ...).
     counters: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
@@ -157,7 +160,9 @@ def run_seed(spec: CampaignSpec, seed: int, options: RunOptions | None = None) -
         converged_after=stats.get("converged_after"),
         fault_kinds=dict(Counter(e.kind for e in schedule.events)),
         phases=scenario.params.get("phases"),
-        counters={k: v for k, v in stats.items() if k.endswith(("_completed", "_aborted")) and isinstance(v, int)},
+        counters={k: v for k, v in stats.items()
+                  if (k.endswith(("_completed", "_aborted")) or k.startswith("master_round_trips_"))
+                  and isinstance(v, int)},
     )
 
 

@@ -61,6 +61,8 @@ def _spec(args: argparse.Namespace) -> CampaignSpec:
         params.append(("groups", args.groups))
     if args.alone != "update":
         params.append(("alone", args.alone))
+    if args.fast_commit:
+        params.append(("fast_commit", True))
     return CampaignSpec(
         scenario=args.scenario, profile=args.profile, peers=args.peers, duration=args.duration, quiet=args.quiet,
         params=tuple(params),
@@ -83,6 +85,10 @@ def _report(schedule: Schedule, trace: Trace, spec: CampaignSpec | None) -> None
         f"  {stats['virtual_seconds']:.1f} virtual s in {stats['wall_seconds']:.2f} wall s "
         f"({stats['virtual_seconds'] / max(stats['wall_seconds'], 1e-9):.0f}x), {stats['loop_iterations']} loop iterations"
     )
+    trips = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in stats.items() if k.startswith("master_round_trips_"))
+    if trips:
+        print("  master round trips per successful collective call: "
+              + ", ".join(f"{n}: {calls} call{'s' * (calls != 1)}" for n, calls in trips))
     if trace.ok:
         print("  PASS")
     for failure in trace.failures:
@@ -318,6 +324,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--groups", type=int, default=1, help="peer groups (peerN joins group N %% groups)")
         p.add_argument("--alone", default="update", choices=("update", "pending"),
                        help="a lone peer's loop: update_topology (as steps() does) or are_peers_pending first")
+        p.add_argument("--fast-commit", action="store_true",
+                       help="peers begin collectives without the master's vote (pccl.Config.fast_commit)")
         p.add_argument("-v", "--verbose", action="store_true")
 
     helps = {

@@ -5,11 +5,13 @@ from __future__ import annotations
 import builtins
 import json
 import pathlib
+import re
 from typing import Any
 
 import pytest
 
 from pccl_sim.engine.schedule import Schedule
+from pccl_sim.tools.campaign import CampaignSpec
 from pccl_sim.tools.cli import main
 
 
@@ -89,3 +91,15 @@ def test_trace_out_is_plain_json(tmp_path: pathlib.Path, capsys: pytest.CaptureF
     data = json.loads(path.read_text())
     assert data["hash"] in capsys.readouterr().out
     assert {e["kind"] for e in data["events"]} >= {"accepted", "step", "probe"}
+
+
+def test_run_prints_the_master_round_trips_and_fast_commit_halves_them(capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["run", "--seed", "1", "--profile", "none", "--peers", "3", "--duration", "2", "--phases",
+              "compute,all_reduce"]
+    assert main(common) == 0
+    assert "master round trips per successful collective call: 2: " in capsys.readouterr().out
+    assert main([*common, "--fast-commit"]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if "master round trips" in line]
+    assert len(lines) == 1 and re.fullmatch(r"master round trips per successful collective call: 1: \d+ calls", lines[0])
+    spec = CampaignSpec(params=(("fast_commit", True),))
+    assert spec.command(4) == "pccl-sim replay --seed 4 --fast-commit"

@@ -41,6 +41,18 @@ EXPECTED: dict[tuple[State, Event], tuple[State, tuple[Effect, ...]]] = {
     (S.RUNNING, E.RING_FAILED): (S.GAVE_UP, (X.REPORT_ABORT,)),
     (S.RUNNING, E.CANCEL): (S.LEFT, (X.RESTORE_INPUT, X.REPORT_ABORT)),
     (S.RUNNING, E.FAIL): (S.LEFT, (X.RESTORE_INPUT, X.REPORT_ABORT)),
+    (S.BEGUN, E.COMMENCE): (S.RUNNING, (X.ARM_WATCHDOG,)),
+    (S.BEGUN, E.REJECT): (S.ABORTING, (X.CANCEL_RING, X.SETTLE)),
+    (S.BEGUN, E.ABORT): (S.ABORTING, (X.CANCEL_RING, X.SETTLE)),
+    (S.BEGUN, E.MASTER_LOST): (S.CUT_OFF, (X.CANCEL_RING, X.SETTLE)),
+    (S.BEGUN, E.RING_DONE): (S.REPORTED, (X.REPORT_DONE,)),
+    (S.BEGUN, E.RING_FAILED): (S.FAILING, (X.REPORT_ABORT,)),
+    (S.BEGUN, E.CANCEL): (S.LEFT, (X.RESTORE_INPUT, X.REPORT_ABORT)),
+    (S.BEGUN, E.FAIL): (S.LEFT, (X.RESTORE_INPUT, X.REPORT_ABORT)),
+    (S.FAILING, E.ABORT): (S.ABORTED, (X.SETTLE,)),
+    (S.FAILING, E.REJECT): (S.ABORTED, (X.SETTLE,)),
+    (S.FAILING, E.MASTER_LOST): (S.LOST, (X.SETTLE,)),
+    (S.FAILING, E.COMMENCE): (S.FAILING, ()),
     (S.STALLED, E.COMPLETE): (S.ABORTING, (X.SETTLE,)),
     (S.STALLED, E.ABORT): (S.ABORTING, (X.SETTLE,)),
     (S.STALLED, E.MASTER_LOST): (S.CUT_OFF, (X.SETTLE,)),
@@ -62,16 +74,20 @@ EXPECTED: dict[tuple[State, Event], tuple[State, tuple[Effect, ...]]] = {
     (S.REPORTED, E.MASTER_LOST): (S.LOST, (X.SETTLE,)),
     (S.REPORTED, E.CANCEL): (S.ABANDONED, (X.RESTORE_INPUT, X.AWAIT_FINAL)),
     (S.REPORTED, E.FAIL): (S.LEFT, (X.RESTORE_INPUT,)),
+    (S.REPORTED, E.COMMENCE): (S.REPORTED, ()),
+    (S.REPORTED, E.REJECT): (S.ABORTED, (X.SETTLE,)),
     (S.GAVE_UP, E.COMPLETE): (S.ABORTED, ()),
     (S.GAVE_UP, E.ABORT): (S.ABORTED, ()),
     (S.GAVE_UP, E.MASTER_LOST): (S.LOST, ()),
     (S.ABANDONED, E.COMPLETE): (S.RELEASED, ()),
     (S.ABANDONED, E.ABORT): (S.RELEASED, ()),
     (S.ABANDONED, E.MASTER_LOST): (S.RELEASED, ()),
+    (S.ABANDONED, E.COMMENCE): (S.ABANDONED, ()),
+    (S.ABANDONED, E.REJECT): (S.RELEASED, ()),
 }
 for _s in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.COMPLETED, S.ABORTED, S.LOST):
     EXPECTED.update({(_s, e): (_s, ()) for e in LATE})
-for _s in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.GAVE_UP, S.COMPLETED, S.ABORTED, S.LOST):
+for _s in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.GAVE_UP, S.FAILING, S.COMPLETED, S.ABORTED, S.LOST):
     EXPECTED.update({(_s, e): (S.LEFT, (X.RESTORE_INPUT,)) for e in LEAVE})
 
 ALL_PAIRS = list(itertools.product(State, Event))
@@ -106,12 +122,13 @@ def test_every_refused_transition(pair: tuple[State, Event]) -> None:
 
 def test_counts_and_terminal_states() -> None:
     assert len(ALLOWED) + len(REFUSED) == len(State) * len(Event)
-    assert len(ALLOWED) == 75
+    assert len(ALLOWED) == 93
     assert TERMINAL_STATES == {S.REFUSED, S.LEFT, S.RELEASED}
 
 
-def test_every_state_is_reachable_from_voting() -> None:
-    seen, frontier = {S.VOTING}, [S.VOTING]
+def test_every_state_is_reachable_from_a_start() -> None:
+    # The two ways a call starts: a vote, or a Begin on the fast path.
+    seen, frontier = {S.VOTING, S.BEGUN}, [S.VOTING, S.BEGUN]
     while frontier:
         state = frontier.pop()
         for (s, _), (nxt, _) in TRANSITIONS.items():
@@ -139,14 +156,16 @@ def test_at_most_one_done_on_every_path() -> None:
 
     walk(S.RUNNING, 0, 6)
     walk(S.VOTING, 0, 6)
+    walk(S.BEGUN, 0, 6)
 
 
 def test_a_done_is_owed_until_the_master_spoke() -> None:
     # Leaving the call before any Done while the master waits reports the abort; after the
     # master's final word (or its loss) nothing is sent.
-    for state in (S.RUNNING, S.STALLED):
+    for state in (S.RUNNING, S.BEGUN, S.STALLED):
         assert X.REPORT_ABORT in TRANSITIONS[(state, E.CANCEL)][1]
-    for state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.REPORTED, S.GAVE_UP, S.COMPLETED, S.ABORTED, S.LOST):
+    for state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.REPORTED, S.GAVE_UP, S.FAILING, S.COMPLETED, S.ABORTED,
+                  S.LOST):
         for event in LEAVE:
             assert _done_reports(TRANSITIONS[(state, event)][1]) == 0
             assert X.RESTORE_INPUT in TRANSITIONS[(state, event)][1]
@@ -163,6 +182,22 @@ def test_a_typical_life_and_an_abort() -> None:
     assert machine.handle(E.RING_FAILED) == ()
     assert machine.state is S.ABORTED
     assert repr(machine) == "OpLifecycle(ABORTED)"
+
+
+def test_a_begun_op_is_armed_by_the_commence_and_its_failure_waits_for_the_verdict() -> None:
+    machine = OpLifecycle(S.BEGUN)
+    assert [machine.handle(e) for e in (E.COMMENCE, E.RING_DONE, E.COMPLETE)] == [
+        (X.ARM_WATCHDOG,), (X.REPORT_DONE,), (X.SETTLE,)]
+    assert machine.state is S.COMPLETED
+    machine = OpLifecycle(S.BEGUN)
+    assert machine.handle(E.RING_FAILED) == (X.REPORT_ABORT,)
+    assert machine.state is S.FAILING  # not GAVE_UP: the master may name a disagreement
+    assert machine.handle(E.ABORT) == (X.SETTLE,)
+    assert machine.state is S.ABORTED
+    machine = OpLifecycle(S.BEGUN)
+    assert machine.handle(E.REJECT) == (X.CANCEL_RING, X.SETTLE)  # a Begin on a stale ring
+    with pytest.raises(OpLifecycleError):
+        OpLifecycle(S.BEGUN).handle(E.STALL)  # unwatched until armed
 
 
 @pytest.mark.parametrize("fmt", ["rst", "markdown"])

@@ -28,6 +28,25 @@ a commenced op, or one already answered, it is ignored (that answer is on its wa
 mismatch withdraws a peer's Inits the same way, answering ``PHASE_MISMATCH`` — also when every
 member waits only in Inits and no tag has every member's vote (different tags, :mod:`.mismatch`).
 
+Begins.  A peer may begin an op without a vote (docs/protocol.rst, "Design: one master round
+trip per collective"): ``CollectiveBegin(tag, seq, round, <the Init's fields>)`` with a derived
+``seq`` (:func:`~pccl.protocol.messages.derived_seq`, top bit set; an all-gather, which needs
+every count first, or another seq is a PROTOCOL_ERROR).  On a stale group, or for another round
+than the group's ring's, it is answered ``CollectiveRejected(STALE_RING)``; otherwise the first
+Begin opens the op on the group's ring, and each Begin — and each member's ``CollectiveInit``
+for the tag, held or arriving later, which is answered ``CollectiveCommence`` with the derived
+seq — is checked against the others (kind, agreed fields, a broadcast's root in the ring):
+a disagreement aborts it (``CollectiveAbort.code`` PARAMETER_MISMATCH or ROOT_ABSENT) on
+everyone who began it.  Once every participant is in, the beginners get a one-way
+``CollectiveCommence`` (it arms their watchdogs; nobody waits for it).  Done, Complete and
+Abort are as above, except that an abort reaches only those who began the op (the others'
+Begin finds the group stale), a Begin of another use of a tag whose op is open aborts that op
+with STALE_RING and is refused as stale (the peers' counts differ: a new round restarts them),
+a failure reported before every participant began aborts the op only once the last one has
+(its Begin may show a disagreement: that is what everyone hears then, since a ring run on
+disagreeing parameters fails for that reason), a second Begin is OUT_OF_PHASE, and a begun op that waits for members who wait elsewhere is a wait in a collective
+for the phase-mismatch machine, aborted with PHASE_MISMATCH at the end of the grace.
+
 Kinds.  What an op computes is its kind (:class:`CollectiveKind`, ``CollectiveInit.kind``: a
 trailing field, so an Init without it is an all-reduce; an unknown value is a PROTOCOL_ERROR);
 everything the handlers do differently per kind is one row of :data:`KINDS` (:class:`KindRow`):
@@ -267,6 +286,8 @@ class OpsHost:
     report: Callable[[OpEnded], None]
     #: the peer has a topology vote standing (it votes no collective before that round)
     in_topology_vote: Callable[[int], bool]
+    #: the id of the topology round that installed a group's ring (``None`` before its first)
+    round_of: Callable[[int], int | None] = lambda group: None
 
 
 class OpInfo(NamedTuple):
@@ -293,6 +314,16 @@ class _Op:
     seq: int | None = None  # set once commenced
     participants: tuple[int, ...] = ()
     done: set[int] = dataclasses.field(default_factory=set)
+    #: begun on the fast path (a derived seq, see "Begins"): who began it or joined it by a
+    #: vote, and whether every participant has (the one-way Commence that arms the watchdogs)
+    fast: bool = False
+    began: set[int] = dataclasses.field(default_factory=set)
+    beginners: set[int] = dataclasses.field(default_factory=set)  # began by a Begin (not a vote)
+    armed: bool = False
+    #: a participant's failure reported before everyone began: the abort waits for the last
+    #: Begin, which may show a disagreement (the cause to report: the same error everywhere)
+    failure: str | None = None
+    failed: set[int] = dataclasses.field(default_factory=set)  # who reported it
 
 
 class CollectiveOps:
@@ -307,6 +338,9 @@ class CollectiveOps:
 
     def on_init(self, group: int, peer_id: int, msg: m.CollectiveInit) -> None:
         op = self._ops.get((group, msg.tag))
+        if op is not None and op.fast and peer_id in op.participants and peer_id not in op.began:
+            self._join(op, peer_id, msg, begun=False)  # the others began this use of the tag
+            return
         if op is not None and (op.seq is not None or peer_id in op.inits):
             self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.TAG_IN_USE,
                                                           f"tag {msg.tag} is already in flight for this peer"))
@@ -317,16 +351,94 @@ class CollectiveOps:
             op.other_kind = True
         op.inits[peer_id] = msg
 
+    def on_begin(self, group: int, peer_id: int, msg: m.CollectiveBegin) -> None:
+        """A peer began an op on the fast path (see "Begins")."""
+        init = msg.as_init()
+        row = KINDS[kind_of(init)]
+        if row.sends_counts:
+            raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective tag {msg.tag}: {row.call} cannot begin without a vote")
+        if not msg.seq >> 63:
+            raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective tag {msg.tag} begun with seq {msg.seq}, not a derived one")
+        key = (group, msg.tag)
+        op = self._ops.get(key)
+        ring = self._host.ring(group)
+        if op is not None and peer_id in op.began:
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} begun twice")
+        if op is not None and op.seq is not None and op.seq != msg.seq:
+            # The peers count this tag's uses differently (a peer that lost its master may
+            # have counted on): no use of it can run together on this ring.  Re-wire: a new
+            # round starts every count afresh.
+            self._abort(op, f"peers began different uses of tag {msg.tag}; re-wire before retrying",
+                        code=m.RejectCode.STALE_RING)
+        if self._host.is_stale(group) or ring is None or msg.round != self._host.round_of(group):
+            # Its ring is not the group's (any more): the op cannot run.  (A Begin after the
+            # op's abort lands here too: an abort makes the group stale.)
+            self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.STALE_RING,
+                                                          f"group {group} lost a member or an op since round "
+                                                          f"{msg.round}; re-wire before retrying"))
+            return
+        if op is None:
+            op = self._ops[key] = _Op(group, msg.tag, row)
+        op.seq, op.fast = msg.seq, True
+        op.participants = op.row.order(ring, op.inits)
+        self._join(op, peer_id, init, begun=True)
+        for pid, vote in list(op.inits.items()):  # votes held for this use of the tag join it
+            if pid not in op.began and op.seq is not None:
+                self._join(op, pid, vote, begun=False)
+
+    def _join(self, op: _Op, peer_id: int, init: m.CollectiveInit, *, begun: bool) -> None:
+        """``peer_id`` began ``op`` (or voted it, ``begun=False``: it is told the seq now);
+        disagreeing votes abort it; once everyone is in, the beginners' watchdogs are armed."""
+        assert op.seq is not None
+        op.inits[peer_id] = init
+        op.began.add(peer_id)
+        if begun:
+            op.beginners.add(peer_id)
+        if peer_id not in op.participants:
+            self._abort(op, f"peer {peer_id:x} is not in the ring of group {op.group}", code=m.RejectCode.STALE_RING)
+            return
+        refusal = self._fast_refusal(op)
+        if refusal is not None:
+            self._abort(op, refusal[1], code=refusal[0])
+            return
+        commence = m.CollectiveCommence(op.tag, op.seq, op.participants)
+        if not begun:
+            self._host.send(peer_id, commence)
+        if not op.armed and op.began.issuperset(op.participants):
+            if op.failure is not None:
+                self._abort(op, op.failure)
+                return
+            op.armed = True
+            for pid in op.participants:
+                if pid in op.beginners:  # (the voters' Commence was their start)
+                    self._host.send(pid, commence)
+
+    def _fast_refusal(self, op: _Op) -> tuple[m.RejectCode, str] | None:
+        """Why the votes and Begins of a begun op cannot run together, if they cannot."""
+        kinds = {kind_of(i) for i in op.inits.values()}
+        if len(kinds) > 1:
+            listing = "; ".join(f"peer {pid:x}: {kind_of(i).name.lower()}" for pid, i in sorted(op.inits.items()))
+            return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on the kind of tag {op.tag}: {listing}"
+        refusal = agreed_alike(op.row, op.tag, op.inits)
+        if refusal is None and op.row.kind is CollectiveKind.BROADCAST:
+            root = next(iter(op.inits.values())).root
+            if root not in op.participants:
+                return m.RejectCode.ROOT_ABSENT, f"broadcast tag {op.tag}: root {root:x} is not a member of the ring"
+        return refusal
+
     def on_done(self, group: int, peer_id: int, msg: m.CollectiveDone) -> None:
-        if msg.seq >= self._next_seq:
+        if not msg.seq >> 63 and msg.seq >= self._next_seq:
             raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective done for seq {msg.seq}, never commenced")
         op = self._ops.get((group, msg.tag))
         if op is None or op.seq != msg.seq or peer_id not in op.participants:
             log.debug("ignoring late done of peer %x for tag %d seq %d", peer_id, msg.tag, msg.seq)
             return
-        if peer_id in op.done:
+        if peer_id in op.done or peer_id in op.failed:
             raise PeerFault(KickReason.OUT_OF_PHASE, f"second done for collective tag {msg.tag}")
-        if msg.aborted:
+        if msg.aborted and op.fast and not op.armed:
+            op.failed.add(peer_id)
+            op.failure = op.failure or f"peer {peer_id:x} reported failure"
+        elif msg.aborted:
             self._abort(op, f"peer {peer_id:x} reported failure")
         else:
             op.done.add(peer_id)
@@ -348,8 +460,13 @@ class CollectiveOps:
                 op.inits.pop(peer_id, None)
 
     def withdraw_all(self, group: int, peer_id: int, code: m.RejectCode, detail: str) -> None:
-        """End every vote of the peer that has not commenced, answering ``code`` (a phase mismatch)."""
+        """End every vote of the peer that has not commenced, answering ``code`` (a phase mismatch);
+        an op it began that waits for the others to begin aborts with ``code``."""
         for op in self.of_peer(group, peer_id):
+            if op.seq is not None:
+                if op.fast and not op.armed and (op.group, op.tag) in self._ops:
+                    self._abort(op, detail, code=code)
+                continue
             del op.inits[peer_id]
             if not op.inits:
                 del self._ops[(op.group, op.tag)]
@@ -451,29 +568,31 @@ class CollectiveOps:
             return refusal
         return None, ""
 
-    def _abort(self, op: _Op, why: str) -> None:
+    def _abort(self, op: _Op, why: str, code: int = 0) -> None:
         del self._ops[(op.group, op.tag)]
         self._host.mark_stale(op.group)  # the ring failed once: the next topology vote re-wires it
         log.debug("aborting collective tag %d seq %s: %s", op.tag, op.seq, why)
-        live = [pid for pid in op.participants if self._host.is_live(pid)]
+        # A begun op's participants that have not begun it hear nothing: their Begin will find
+        # the group stale.
+        live = [pid for pid in op.participants if self._host.is_live(pid) and (not op.fast or pid in op.began)]
         if live:
             self._host.report(OpEnded(op.group, op.tag, op.seq or 0, True, live[0]))
         for pid in live:
-            self._host.send(pid, m.CollectiveAbort(op.tag, op.seq or 0, why))
+            self._host.send(pid, m.CollectiveAbort(op.tag, op.seq or 0, why, code=code))
 
     # --- views --------------------------------------------------------------------------------
 
     def of_peer(self, group: int, peer_id: int) -> list[_Op]:
         """The ops of ``group`` the peer voted for or takes part in."""
-        return [op for op in self._ops.values()
-                if op.group == group and (peer_id in op.inits or peer_id in op.participants)]
+        return [op for op in self._ops.values()  # (a begun op's participant is in it once it began)
+                if op.group == group and (peer_id in op.inits or (not op.fast and peer_id in op.participants))]
 
     def waiting_call(self, group: int, peer_id: int) -> str | None:
         """The calls the peer waits in for the others of ``group``, as the caller knows them
         (``all_reduce (tag 1, 2)``), when every op it is in still votes; ``None`` when it is in
         none, or in one that runs (it can still go on)."""
         ops = self.of_peer(group, peer_id)
-        if not ops or any(op.seq is not None for op in ops):
+        if not ops or any(op.seq is not None and (op.armed or not op.fast) for op in ops):
             return None
         return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
                          for row in KINDS.values() if any(op.row is row for op in ops))

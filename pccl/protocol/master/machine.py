@@ -160,6 +160,7 @@ class MasterState:
         # others (no phase mismatch); whether any peer asked VotePeersPending since the last
         # check found none asking.
         self._rings: dict[int, tuple[int, ...]] = {}  # group -> established ring
+        self._ring_rounds: dict[int, int] = {}  # group -> the round that installed its ring
         self._stale_groups: set[int] = set()
         host = SyncHost(
             is_live=lambda pid: pid in self._roster.by_id,
@@ -213,6 +214,7 @@ class MasterState:
             send=lambda pid, msg: self._send(self._roster.peer(pid), msg),
             report=self._report,
             in_topology_vote=lambda pid: self._roster.peer(pid).topology_vote is not None,
+            round_of=self._ring_rounds.get,
         ))
         self._paths = Paths(PathsHost(
             is_live=lambda pid: pid in self._roster.by_id,
@@ -237,6 +239,7 @@ class MasterState:
             m.CollectiveInit: lambda p, msg: self._collectives.on_init(p.group, p.peer_id, msg),
             m.CollectiveDone: lambda p, msg: self._collectives.on_done(p.group, p.peer_id, msg),
             m.CollectiveWithdraw: lambda p, msg: self._collectives.on_withdraw(p.group, p.peer_id, msg),
+            m.CollectiveBegin: lambda p, msg: self._collectives.on_begin(p.group, p.peer_id, msg),
             m.SyncVote: lambda p, msg: self._sync_state.on_vote(p.group, p.peer_id, msg),
             m.SyncReport: lambda p, msg: self._sync_state.on_report(p.group, p.peer_id, msg),
             m.PathRequest: lambda p, msg: self._paths.on_request(p.peer_id, msg),
@@ -599,6 +602,7 @@ class MasterState:
         groups = {self._roster.peer(pid).group for pid in live}
         for g in groups:
             self._rings[g] = self._optimizer.ring_order(g, [p.peer_id for p in self._roster.accepted(g)])
+            self._ring_rounds[g] = rnd.round_id
             self._stale_groups.discard(g)
         if rnd.scope == GLOBAL_SCOPE:  # forget groups that have no members any more
             alive = {p.group for p in self._roster.accepted()}

@@ -20,6 +20,8 @@ use.  Add every new message class to ``ALL_MESSAGES`` at the bottom.
 from __future__ import annotations
 
 import enum
+import hashlib
+import struct
 from typing import Annotated
 
 import msgspec
@@ -317,6 +319,9 @@ class CollectiveAbort(Message, tag=54):
     seq: U64
     #: Why, as the master saw it (``participant 1a2b left before finishing``); may be empty.
     detail: str = ""
+    #: A RejectCode when the abort means what that rejection means (a begun op whose peers
+    #: disagree, a Begin on a stale ring, a phase mismatch); 0: the op failed.
+    code: U32 = 0
 
 
 class CollectiveRejected(Message, tag=55):
@@ -333,6 +338,39 @@ class CollectiveWithdraw(Message, tag=56):
     tag: U64
 
 
+class CollectiveBegin(Message, tag=57):
+    """Peer → master, one-way: this peer began op ``seq`` on its group's ring of topology round
+    ``round`` without a vote (the fast path; ``seq`` is :func:`derived_seq`); the rest are the
+    fields of the ``CollectiveInit`` it would have sent, checked against the others' Begins."""
+
+    tag: U64
+    seq: U64
+    round: U64
+    count: U64
+    dtype: U32
+    op: U32
+    quant_kind: U32 = 0
+    quant_dtype: U32 = 0
+    layout: U64 = 0
+    kind: U32 = 0
+    root: U64 = 0
+    quant_bits: U32 = 0
+    quant_block: U32 = 0
+
+    def as_init(self) -> CollectiveInit:
+        """The vote this Begin stands for."""
+        return CollectiveInit(self.tag, self.count, self.dtype, self.op, self.quant_kind, self.quant_dtype,
+                              self.layout, self.kind, self.root, self.quant_bits, self.quant_block)
+
+
+def derived_seq(round_id: int, tag: int, n: int) -> int:
+    """The seq of the ``n``-th use (from 0) of ``tag`` since topology round ``round_id`` on the
+    fast path: the same on every peer, and apart from the master's seqs (which count up from 1)
+    by its top bit."""
+    digest = hashlib.blake2b(struct.pack(">QQQ", round_id, tag, n), digest_size=8, person=b"pccl-seq").digest()
+    return (1 << 63) | (int.from_bytes(digest, "big") >> 1)
+
+
 MEMBERSHIP_MESSAGES: tuple[type[Message], ...] = (
     Register, VoteTopology, P2PReport, VotePeersPending, Heartbeat, Leave,
     Welcome, ConnectToPeers, TopologyComplete, PeersPendingResult, KickNotice, TopologyRejected,
@@ -340,7 +378,7 @@ MEMBERSHIP_MESSAGES: tuple[type[Message], ...] = (
 )
 COLLECTIVE_MESSAGES: tuple[type[Message], ...] = (
     CollectiveInit, CollectiveCommence, CollectiveDone, CollectiveComplete, CollectiveAbort,
-    CollectiveRejected, CollectiveWithdraw,
+    CollectiveRejected, CollectiveWithdraw, CollectiveBegin,
 )
 
 # --- 80–109: shared state (election in master/election.py, votes in master/sync.py, transfer in

@@ -232,7 +232,7 @@ class AllReduceAgreement(Checker):
     def attach(self, sim: Simulation) -> None:
         if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
             raise RuntimeError("AllReduceAgreement needs the wire (Scenario.sniff)")
-        sim.tap.watch(lambda *args: self._wire(*args), names=("Welcome", "CollectiveCommence"))
+        sim.tap.watch(lambda *args: self._wire(*args), names=("Welcome", "CollectiveCommence", "CollectiveBegin"))
 
     def _fail(self, sim: Simulation, message: str) -> None:
         if not self.failed:
@@ -240,7 +240,9 @@ class AllReduceAgreement(Checker):
             sim.fail("safety", message, self.name)
 
     def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
-        if direction != "recv" or msg is None:
+        # A call is bound to its op by the Commence it reads, or by the Begin it sends (the fast
+        # path: a participant may die before it reads the Commence that follows).
+        if msg is None or direction != ("send" if name == "CollectiveBegin" else "recv"):
             return
         if name == "Welcome":
             self.peer_of_host[host] = msg.peer_id
@@ -251,7 +253,8 @@ class AllReduceAgreement(Checker):
         pid = self.peer_of_host[host]
         op = (self.epoch, msg.seq)
         self.calls.setdefault(op, {})[pid] = (msg.tag, k)
-        self.rings[op] = tuple(msg.ring)
+        if name == "CollectiveCommence":
+            self.rings[op] = tuple(msg.ring)
         self.seq_of[(pid, msg.tag, k)] = op
 
     def on_event(self, sim: Simulation, event: TraceEvent) -> None:
@@ -283,7 +286,10 @@ class AllReduceAgreement(Checker):
             self._fail(sim, f"{host} (peer {pid:x}) completed all-reduce #{data['k']} without a Commence")
             return
         seq = op[1]
-        ring = self.rings[op]
+        ring = self.rings.get(op)
+        if ring is None:  # bound by its Begin, but the Commence that says everyone began never came
+            self._fail(sim, f"{host}: seq {op[1]} completed without the Commence that arms it")
+            return
         if tuple(data["ring"]) != ring or data["world_size"] != len(ring):
             self._fail(sim, f"{host}: all-reduce seq {seq} commenced on {len(ring)} peers {_ids(ring)} but reports "
                             f"world_size {data['world_size']} and ring {_ids(data['ring'])}")

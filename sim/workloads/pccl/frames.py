@@ -56,8 +56,8 @@ class AllReduceParts:
     #: The parts it names (each one a phase of the tap and a message trigger can name).
     PARTS = ("data:exchange", "data:reduce-scatter", "data:all-gather", "data:broadcast")
     #: The control messages it follows (decoded).
-    MESSAGES = frozenset({"CollectiveInit", "CollectiveCommence", "CollectiveDone", "CollectiveComplete",
-                          "CollectiveAbort", "Register"})
+    MESSAGES = frozenset({"CollectiveInit", "CollectiveBegin", "CollectiveCommence", "CollectiveDone",
+                          "CollectiveComplete", "CollectiveAbort", "Register"})
 
     def __init__(self) -> None:
         self._incarnation: dict[str, int] = {}
@@ -81,6 +81,9 @@ class AllReduceParts:
             self._ops[host].clear()
         elif name == "CollectiveInit" and direction == "send":
             self._inits[host][message.tag] = message
+        elif name == "CollectiveBegin" and direction == "send":
+            # Begun without a vote: its frames are named once the Commence gives the ring.
+            self._inits[host][message.tag] = message.as_init()
         elif name == "CollectiveCommence" and direction == "recv":
             init = self._inits[host].get(message.tag)
             if init is None:

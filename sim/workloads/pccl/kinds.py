@@ -170,7 +170,7 @@ class CollectivesAgreement(Checker):
     def attach(self, sim: Simulation) -> None:
         if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
             raise RuntimeError("CollectivesAgreement needs the wire (Scenario.sniff)")
-        sim.tap.watch(lambda *args: self._wire(*args), names=("Welcome", "CollectiveCommence"))
+        sim.tap.watch(lambda *args: self._wire(*args), names=("Welcome", "CollectiveCommence", "CollectiveBegin"))
 
     def _fail(self, sim: Simulation, message: str) -> None:
         if not self.failed:
@@ -178,7 +178,9 @@ class CollectivesAgreement(Checker):
             sim.fail("safety", message, self.name)
 
     def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
-        if direction != "recv" or msg is None:
+        # A call is bound to its op by the Commence it reads, or by the Begin it sends (the fast
+        # path: a participant may die before it reads the Commence that follows).
+        if msg is None or direction != ("send" if name == "CollectiveBegin" else "recv"):
             return
         if name == "Welcome":
             self.peer_of_host[host] = msg.peer_id
@@ -189,7 +191,8 @@ class CollectivesAgreement(Checker):
         pid = self.peer_of_host[host]
         op = (self.epoch, msg.seq)
         self.calls.setdefault(op, {})[pid] = (msg.tag, running[0])
-        self.rings[op] = tuple(msg.ring)
+        if name == "CollectiveCommence":
+            self.rings[op] = tuple(msg.ring)
         self.roots[op] = running[1]
         self.seq_of[(pid, msg.tag, running[0])] = op
 
@@ -221,7 +224,10 @@ class CollectivesAgreement(Checker):
         if op is None:
             self._fail(sim, f"{host} (peer {pid:x}) completed {what} without a Commence")
             return
-        ring = self.rings[op]
+        ring = self.rings.get(op)
+        if ring is None:  # bound by its Begin, but the Commence that says everyone began never came
+            self._fail(sim, f"{host}: seq {op[1]} completed without the Commence that arms it")
+            return
         if tuple(data["ring"]) != ring or data["world_size"] != len(ring):
             self._fail(sim, f"{host}: {what} (seq {op[1]}) commenced on {_ids(ring)} but reports world_size "
                             f"{data['world_size']} and ring {_ids(data['ring'])}")

@@ -27,6 +27,7 @@ __all__ = [
     "CrashesOnP2PReport",
     "NewcomerRevisionWins",
     "LineageBlind",
+    "SplitVerdict",
     "register_master_variant",
     "make_master_state",
 ]
@@ -90,12 +91,33 @@ class LineageBlind(ms.MasterState):
         return super().handle(event, now)
 
 
+class SplitVerdict(ms.MasterState):
+    """All-or-nothing broken: the first collective that completes is completed on every
+    participant but the last in its ring, which is told it aborted (a master that decides per
+    participant instead of once per op)."""
+
+    _split = False
+
+    def handle(self, event: ms.Event, now: float) -> list[ms.Effect]:
+        effects = super().handle(event, now)
+        if self._split:
+            return effects
+        completes = [i for i, e in enumerate(effects) if isinstance(e, ms.Send) and isinstance(e.msg, m.CollectiveComplete)]
+        if len(completes) >= 2:
+            self._split = True
+            last = effects[completes[-1]]
+            assert isinstance(last, ms.Send) and isinstance(last.msg, m.CollectiveComplete)
+            effects[completes[-1]] = ms.Send(last.conn_id, m.CollectiveAbort(last.msg.tag, last.msg.seq, "planted split"))
+        return effects
+
+
 MASTER_VARIANTS: dict[str, MasterFactory] = {
     "real": ms.MasterState,
     "no-recheck-on-disconnect": NoRecheckOnDisconnect,
     "crashes-on-p2p-report": CrashesOnP2PReport,
     "newcomer-revision-wins": NewcomerRevisionWins,
     "lineage-blind": LineageBlind,
+    "split-verdict": SplitVerdict,
 }
 
 

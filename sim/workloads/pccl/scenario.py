@@ -56,6 +56,7 @@ from ...engine.schedule import Schedule
 from ...observe.coverage import CoverageProbe
 from ...engine.tap import FrameFormat
 from .checkers import membership_checkers
+from .op_checkers import op_checkers
 from .frames import IDLE_MESSAGES, AllReduceParts, PcclFrames
 from .mutants import MASTER_VARIANTS, make_master_state
 from .network import KernelCost, PcclSimNetwork
@@ -189,7 +190,10 @@ class PcclScenario(Scenario):
     ``"isolated"``, ``"isolated-refuse"``, ``"mapped"``), ``relays`` (relay hosts ``relay0``...)
     and ``master_relay`` (the master relays too): peers behind NAT and the relays their pairs
     need (:mod:`pccl_sim.workloads.pccl.reachability`); ``direct_connect_timeout``: the
-    :class:`pccl.Config`'s (``None``: pccl's default).
+    :class:`pccl.Config`'s (``None``: pccl's default).  ``max_master_round_trips``: a successful
+    collective call that waited for more of the master's answers fails the run
+    (:class:`~pccl_sim.workloads.pccl.op_checkers.MasterRoundTrips`; ``None``: only counted);
+    ``fast_commit``: the peers' :attr:`pccl.Config.fast_commit`.
     """
 
     name = "pccl"
@@ -222,6 +226,8 @@ class PcclScenario(Scenario):
         relays: int = 0,
         master_relay: bool = False,
         direct_connect_timeout: float | None = None,
+        max_master_round_trips: int | None = None,
+        fast_commit: bool = False,
     ) -> None:
         params: dict[str, Any] = dict(
             peers=peers, groups=groups, peer_timeout=peer_timeout, heartbeat_interval=heartbeat_interval,
@@ -252,7 +258,12 @@ class PcclScenario(Scenario):
             params["master_relay"] = True
         if direct_connect_timeout is not None:
             params["direct_connect_timeout"] = direct_connect_timeout
+        if max_master_round_trips is not None:
+            params["max_master_round_trips"] = max_master_round_trips
+        if fast_commit:
+            params["fast_commit"] = True
         super().__init__(**params)
+        self.max_master_round_trips = max_master_round_trips
         if relays < 0:
             raise ValueError("need relays >= 0")
         self.layout = NatLayout(dict(nat or {}))
@@ -271,7 +282,7 @@ class PcclScenario(Scenario):
             kernel_threads=False,  # a simulated run starts no real threads
             # Short, narrow probes (the "optimize" phase): a chaos run needs the protocol's
             # timing, not a faithful figure, and every probed byte is copied in the simulator.
-            probe_seconds=0.05, probe_streams=2,
+            probe_seconds=0.05, probe_streams=2, fast_commit=fast_commit,
         )
         if direct_connect_timeout is not None:
             self.config = dataclasses.replace(self.config, direct_connect_timeout=direct_connect_timeout)
@@ -334,7 +345,8 @@ class PcclScenario(Scenario):
         return PcclFrames()
 
     def checkers(self) -> list[Checker]:
-        out: list[Checker] = [*membership_checkers(self), CoverageProbe(idle=IDLE_MESSAGES)]
+        out: list[Checker] = [*membership_checkers(self), CoverageProbe(idle=IDLE_MESSAGES),
+                              *op_checkers(self.liveness_bound, max_round_trips=self.max_master_round_trips)]
         for phase in self.phases:
             out.extend(phase.checkers(self))
         return out

@@ -1,0 +1,70 @@
+"""``Config.fast_commit`` (docs/protocol.rst, "Design: one master round trip per collective")
+with peers as Trio tasks in this process (real TCP): calls begin without the master's vote, give
+the results the vote gives, and a disagreement still raises ``InvalidUsage`` on every peer with
+the input restored — the master checks the Begins while the rings run — after which the same
+tag, agreed, runs again (on a re-wired ring)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pccl
+from pccl import Config, InvalidUsage, Quantization, ReduceOp
+from pccl.testing import each, open_test_cluster
+
+TOKEN = "fast-commit"
+CFG = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
+             shared_state_base_port=0, fast_commit=True)
+SOON = 30.0
+
+
+async def test_begun_calls_give_the_voted_results_one_after_the_other() -> None:
+    async with open_test_cluster(3, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        ids = [c.peer_id for c in comms]
+        for k in range(4):  # the same tags again: each use of a tag is a new derived seq
+            xs = [np.arange(1000, dtype=np.float32) * (i + 1 + k) for i in range(3)]
+            infos = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=1))
+            assert all(isinstance(info, pccl.ReduceInfo) and info.world_size == 3 for info in infos), infos
+            want = np.arange(1000, dtype=np.float32) * (6 + 3 * k)
+            assert all(np.array_equal(x, want) for x in xs)
+            ys = [np.full(7, i + 1.0, np.float32) for i in range(3)]
+            await each(comms, lambda i, c: c.broadcast(ys[i], root=ids[2], tag=2))
+            assert all(np.array_equal(y, np.full(7, 3.0, np.float32)) for y in ys)
+            zs = [np.arange(9, dtype=np.float32) + i for i in range(3)]
+            shards = await each(comms, lambda i, c: c.reduce_scatter(zs[i], tag=3))
+            total = sum(np.arange(9, dtype=np.float32) + i for i in range(3))
+            assert sorted((s.start, s.stop) for s in shards) == [(0, 3), (3, 6), (6, 9)]
+            assert all(np.array_equal(zs[i][s.start:s.stop], total[s.start:s.stop]) for i, s in enumerate(shards))
+        assert pccl.testing.master_snapshot(master).ops == ()
+
+
+@pytest.mark.parametrize("case", ["dtype", "op", "count", "bits", "root"])
+async def test_a_disagreement_is_invalid_usage_on_every_peer_with_the_input_restored(case: str) -> None:
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        ids = [c.peer_id for c in comms]
+        inputs = [np.arange(11 if case == "count" and i else 10, dtype=np.float64 if case == "dtype" and i
+                            else np.float32) * (i + 2) for i in range(2)]
+        xs = [x.copy() for x in inputs]
+
+        async def call(i: int, comm: pccl.Communicator) -> Any:
+            x = xs[i]
+            if case == "op":
+                return await comm.all_reduce(x, op=ReduceOp.MAX if i else ReduceOp.SUM, tag=5)
+            if case == "bits":
+                return await comm.all_reduce(x, tag=5, quantization=Quantization(dtype="uint4" if i else np.uint8))
+            if case == "root":
+                return await comm.broadcast(x, root=ids[i], tag=5)
+            return await comm.all_reduce(x, tag=5)
+
+        outcome = await each(comms, call)
+        assert all(isinstance(o, InvalidUsage) for o in outcome), outcome
+        text = str(outcome[0])
+        assert "disagree" in text and f"peer {ids[0]:x}" in text and f"peer {ids[1]:x}" in text, text
+        assert all(np.array_equal(x, want) for x, want in zip(xs, inputs))  # restored
+        agreed = [np.arange(10, dtype=np.float32) * (i + 2) for i in range(2)]
+        infos = await each(comms, lambda i, c: c.all_reduce(agreed[i], tag=5))
+        assert all(isinstance(info, pccl.ReduceInfo) for info in infos), infos
+        assert all(np.array_equal(a, np.arange(10, dtype=np.float32) * 5) for a in agreed)

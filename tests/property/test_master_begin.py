@@ -1,0 +1,185 @@
+"""The master's side of the one-round-trip design (docs/protocol.rst, "Design: one master round
+trip per collective"): peers that begin an op with ``CollectiveBegin`` (a derived seq) get no
+answer to wait for — only the one-way Commence that arms their watchdogs and the verdict — and
+the master still aborts disagreeing, stale, orphaned and phase-conflicting ops, and lets voters
+join a begun op."""
+
+from __future__ import annotations
+
+from pccl.errors import KickReason
+from pccl.protocol import messages as m
+
+from test_master_state import Harness, accepted_cluster, let_grace_pass
+
+TAG = 3
+
+
+def _round(h: Harness, conn: int) -> int:
+    done = h.last(conn, m.TopologyComplete)
+    assert isinstance(done, m.TopologyComplete)
+    return done.round
+
+
+def _begin(h: Harness, conn: int, *, count: int = 4, n: int = 0, kind: int = 0, round_id: int | None = None,
+           seq: int | None = None) -> int:
+    """``conn`` begins the ``n``-th use of TAG on its ring; returns the seq."""
+    rnd = _round(h, conn) if round_id is None else round_id
+    seq = m.derived_seq(rnd, TAG, n) if seq is None else seq
+    h.send(conn, m.CollectiveBegin(TAG, seq, rnd, count, 10, 0, kind=kind))
+    return seq
+
+
+def _abort(h: Harness, conn: int) -> m.CollectiveAbort | None:
+    msg = h.last(conn, m.CollectiveAbort)
+    assert msg is None or isinstance(msg, m.CollectiveAbort)
+    return msg
+
+
+def test_derived_seqs_are_the_same_everywhere_distinct_per_use_and_apart_from_the_masters() -> None:
+    seqs = {m.derived_seq(r, t, n) for r in (1, 2) for t in (0, 1, 2**64 - 1) for n in range(3)}
+    assert len(seqs) == 18 and all(s >> 63 == 1 for s in seqs)
+    assert m.derived_seq(7, 3, 1) == m.derived_seq(7, 3, 1)
+
+
+def test_begun_ops_run_without_an_answer_and_complete_on_every_done() -> None:
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a)
+    assert h.last(a, m.CollectiveCommence) is None  # nothing to wait for
+    _begin(h, b)
+    assert h.last(a, m.CollectiveCommence) is None
+    _begin(h, c)
+    for conn in (a, b, c):  # every participant began: the one-way Commence arms the watchdogs
+        commence = h.last(conn, m.CollectiveCommence)
+        assert isinstance(commence, m.CollectiveCommence) and commence.seq == seq
+    for conn in (a, b, c):
+        h.send(conn, m.CollectiveDone(TAG, seq))
+    assert all(h.last(conn, m.CollectiveComplete) == m.CollectiveComplete(TAG, seq) for conn in (a, b, c))
+    # The next use of the tag has the next derived seq and needs no round either.
+    seq2 = _begin(h, a, n=1)
+    assert seq2 != seq and h.ms.ops()[0].seq == seq2
+    assert not h.kicks and h.ms.stale_groups() == frozenset()
+
+
+def test_disagreeing_begins_abort_on_everyone_who_began_with_the_mismatch() -> None:
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a, count=4)
+    _begin(h, b, count=5)
+    for conn in (a, b):
+        abort = _abort(h, conn)
+        assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.PARAMETER_MISMATCH
+        assert "count=4" in abort.detail and "count=5" in abort.detail
+    assert _abort(h, c) is None  # it had not begun: its Begin finds the group stale
+    _begin(h, c, count=4)
+    late = h.last(c, m.CollectiveRejected)
+    assert isinstance(late, m.CollectiveRejected) and late.tag == TAG and late.code == m.RejectCode.STALE_RING
+    assert not h.ms.ops() and not h.kicks
+
+
+def test_a_voter_joins_a_begun_op_before_or_after_the_first_begin() -> None:
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    h.send(b, m.CollectiveInit(TAG, 4, 10, 0))  # b had another op in flight: it votes
+    assert h.last(b, m.CollectiveCommence) is None
+    seq = _begin(h, a)
+    joined = h.last(b, m.CollectiveCommence)
+    assert isinstance(joined, m.CollectiveCommence) and joined.seq == seq  # told the derived seq
+    assert h.last(a, m.CollectiveCommence) is None  # c has not begun
+    h.send(c, m.CollectiveInit(TAG, 4, 10, 0))  # after the Begin
+    assert h.last(c, m.CollectiveCommence).seq == seq
+    assert h.last(a, m.CollectiveCommence).seq == seq  # armed: everyone is in
+    assert len([x for x in h.inbox[b] if isinstance(x, m.CollectiveCommence)]) == 1
+    for conn in (a, b, c):
+        h.send(conn, m.CollectiveDone(TAG, seq))
+    assert all(h.last(conn, m.CollectiveComplete) == m.CollectiveComplete(TAG, seq) for conn in (a, b, c))
+
+
+def test_a_participant_that_dies_before_it_begins_aborts_the_op() -> None:
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a)
+    _begin(h, b)
+    h.kill(c)
+    for conn in (a, b):
+        abort = _abort(h, conn)
+        assert abort is not None and abort.seq == seq and abort.code == 0 and "left before finishing" in abort.detail
+    assert h.ms.stale_groups() == frozenset({0})
+
+
+def test_a_begin_on_a_stale_ring_or_an_old_round_is_rejected_at_once() -> None:
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    _begin(h, a, round_id=_round(h, a) + 1)
+    stale = h.last(a, m.CollectiveRejected)
+    assert isinstance(stale, m.CollectiveRejected) and stale.code == m.RejectCode.STALE_RING and "re-wire" in stale.detail
+    assert not h.ms.ops() and not h.kicks
+
+
+def test_a_phase_conflict_aborts_the_begun_op_and_rejects_the_topology_vote() -> None:
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a)
+    _begin(h, b)
+    h.send(c, m.VoteTopology(True))  # c will never begin: it waits in update_topology()
+    assert _abort(h, a) is None
+    let_grace_pass(h)
+    for conn in (a, b):
+        abort = _abort(h, conn)
+        assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.PHASE_MISMATCH
+        assert "update_topology()" in abort.detail
+    assert isinstance(h.last(c, m.TopologyRejected), m.TopologyRejected)
+    assert not h.ms.ops() and not h.kicks
+
+
+def test_a_participant_computing_while_the_others_began_is_no_phase_mismatch() -> None:
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    _begin(h, a)
+    _begin(h, b)
+    let_grace_pass(h)
+    let_grace_pass(h)
+    assert _abort(h, a) is None and _abort(h, b) is None and len(h.ms.ops()) == 1
+
+
+def test_begins_the_master_cannot_take_are_protocol_errors() -> None:
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    _begin(h, a, kind=int(m.CollectiveKind.ALL_GATHER))  # needs every count before it runs
+    assert h.kicks == {a: KickReason.PROTOCOL_ERROR}
+    _begin(h, b, seq=5)  # not a derived seq
+    assert h.kicks[b] == KickReason.PROTOCOL_ERROR
+
+
+def test_begins_of_different_uses_of_a_tag_abort_and_re_wire_instead_of_a_kick() -> None:
+    # (A peer that lost its master counted on; a new round restarts every count.)
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    seq = _begin(h, a, n=0)
+    _begin(h, b, n=1)
+    abort = _abort(h, a)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.STALE_RING
+    refused = h.last(b, m.CollectiveRejected)
+    assert isinstance(refused, m.CollectiveRejected) and refused.code == m.RejectCode.STALE_RING
+    assert not h.kicks and not h.ms.ops() and h.ms.stale_groups() == frozenset({0})
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    _begin(h, a)
+    _begin(h, a)  # the same op twice: a broken peer
+    assert h.kicks == {a: KickReason.OUT_OF_PHASE}
+
+
+def test_failures_reported_before_everyone_began_wait_for_the_last_begin() -> None:
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a)
+    _begin(h, b)
+    h.send(a, m.CollectiveDone(TAG, seq, aborted=True))
+    h.send(b, m.CollectiveDone(TAG, seq, aborted=True))  # both rings failed: two reports, no kick
+    assert _abort(h, a) is None and not h.kicks  # c may still show a disagreement
+    _begin(h, c)
+    for conn in (a, b, c):
+        abort = _abort(h, conn)
+        assert abort is not None and abort.seq == seq and abort.code == 0 and "reported failure" in abort.detail
+    h.send(a, m.CollectiveDone(TAG, seq, aborted=True))  # a late one for the ended op: ignored
+    assert not h.kicks

@@ -1,0 +1,64 @@
+"""``Config.fast_commit`` in the simulator: calls made one after the other wait for one master
+round trip each (the verdict) instead of two, concurrent ones fall back to the vote or join a
+begun op, and a peer killed at the awkward moments of a begun op (right after its Begin, inside
+the ring before everyone began, right after its Done) leaves every checker of one collective's
+guarantees satisfied and the survivors running."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pccl_sim.engine.runner import run
+from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
+from pccl_sim.engine.trace import Trace
+from pccl_sim.tools.campaign import CampaignSpec
+from pccl_sim.workloads.pccl.scenario import PcclScenario
+
+SEQUENTIAL = ("compute", "all_reduce",
+              {"name": "collectives", "kinds": ["broadcast", "reduce_scatter", "all_reduce"], "concurrent": 3,
+               "in_flight": 1, "tag": 200})
+
+
+def _trips(trace: Trace) -> dict[str, int]:
+    return {k: v for k, v in trace.stats.items() if k.startswith("master_round_trips_")}
+
+
+def test_calls_one_after_the_other_wait_for_one_master_round_trip() -> None:
+    scenario = PcclScenario(peers=4, phases=SEQUENTIAL, fast_commit=True, max_master_round_trips=1)
+    trace = run(scenario, Schedule(seed=1, duration=2.0, quiet=3.0, scenario=scenario.to_json()))
+    assert trace.ok, [f.message for f in trace.failures]
+    calls = trace.stats["all_reduce_completed"] + trace.stats["collectives_completed"]
+    assert calls > 50 and _trips(trace) == {"master_round_trips_1": calls}
+
+
+def test_concurrent_calls_vote_or_join_and_all_complete() -> None:
+    phases: Any = ("compute", {"name": "collectives", "concurrent": 4})  # every kind, all at once
+    scenario = PcclScenario(peers=3, phases=phases, fast_commit=True)
+    trace = run(scenario, Schedule(seed=2, duration=2.0, quiet=3.0, scenario=scenario.to_json()))
+    assert trace.ok, [f.message for f in trace.failures]
+    trips = _trips(trace)
+    assert set(trips) == {"master_round_trips_1", "master_round_trips_2"}  # the first begins, the rest vote
+    assert sum(trips.values()) == trace.stats["collectives_completed"] and trace.stats["collectives_aborted"] == 0
+
+
+@pytest.mark.parametrize(("part", "direction"), [
+    ("CollectiveBegin", "send"),  # it began: the others' rings wait for it
+    ("data:reduce-scatter", "send"),  # inside its ring
+    ("CollectiveDone", "send"),  # its part done, the verdict not yet in
+])
+def test_a_peer_killed_in_a_begun_op_hangs_nobody(part: str, direction: str) -> None:
+    phase = {"name": "all_reduce", "n": 70_000}  # a ring op (reduce-scatter + all-gather) at 4 peers
+    spec = CampaignSpec(scenario="pccl", profile="none", peers=4, duration=8.0, quiet=None,
+                        params=(("phases", ("compute", phase)), ("fast_commit", True)))
+    scenario, schedule = spec.build(0)
+    trigger = Trigger("message", host="peer1", direction=direction, message=part, nth=3)
+    schedule = schedule.with_events([*schedule.events, FaultEvent(1.0, "kill", host="peer1", trigger=trigger)])
+    trace = run(scenario, schedule)
+    assert trace.ok, [f.message for f in trace.failures]
+    assert [e.data["trigger"] for e in trace.of_kind("triggered")] == [trigger.describe()]
+    after = trace.of_kind("triggered")[0].t
+    worlds = {e.data["world_size"] for e in trace.of_kind("all_reduce") if e.t > after + 1}
+    assert worlds == {3}  # the survivors went on, re-wired
+    assert trace.stats["master_round_trips_1"] > trace.stats.get("master_round_trips_2", 0)

@@ -1,0 +1,235 @@
+"""The checkers of one collective's guarantees (docs/protocol.rst, "One collective: the
+guarantees as messages"): each stays quiet on a legal exchange and fails on a planted violation
+of its rule; on a real run they all pass and the round trips per call are counted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pccl.protocol import messages as m
+from pccl_sim.engine.runner import Checker, run
+from pccl_sim.engine.schedule import Schedule
+from pccl_sim.engine.trace import Trace, TraceEvent
+from pccl_sim.workloads.pccl.op_checkers import (AgreedParameters, MasterRoundTrips, NoHungCall, OneVerdict,
+                                                  OutcomeFollowsVerdict, PhaseRule, op_checkers)
+from pccl_sim.workloads.pccl.scenario import PcclScenario
+
+
+class _Tap:
+    def __init__(self) -> None:
+        self.watchers: list[tuple[Any, frozenset[str] | None]] = []
+
+    def watch(self, callback: Any, names: Any = None, *, decode: bool = True) -> None:
+        self.watchers.append((callback, None if names is None else frozenset(names)))
+
+
+class _Sim:
+    """What the checkers use of a simulation: the wire (fed by hand), the trace, the time."""
+
+    def __init__(self, *checkers: Checker) -> None:
+        self.trace = Trace()
+        self.tap = _Tap()
+        self.now = 0.0
+        self.checkers = checkers
+        self.events = 0
+        for checker in checkers:
+            checker.attach(self)  # type: ignore[arg-type]
+
+    def fail(self, kind: str, message: str, source: str = "runner") -> None:
+        self.trace.fail(kind, source, message, t=self.now)
+
+    def wire(self, host: str, direction: str, msg: m.Message) -> None:
+        name = type(msg).__name__
+        for callback, names in self.tap.watchers:
+            if names is None or name in names:
+                callback(host, direction, name, "master", msg)
+
+    def event(self, source: str, kind: str, **data: Any) -> None:
+        self.events += 1
+        for checker in self.checkers:
+            checker.on_event(self, TraceEvent(self.events, self.now, source, kind, data))  # type: ignore[arg-type]
+
+    def failures(self) -> list[tuple[str, str, str]]:
+        return [(f.kind, f.source, f.message) for f in self.trace.failures]
+
+
+def _init(tag: int = 7, count: int = 4, kind: int = 0) -> m.CollectiveInit:
+    return m.CollectiveInit(tag, count, 1, 0, kind=kind)
+
+
+def _op(sim: _Sim, hosts: tuple[str, ...] = ("peer0", "peer1"), *, verdicts: tuple[str, ...] = ("Complete", "Complete"),
+        inits: tuple[m.CollectiveInit, ...] | None = None, seq: int = 1) -> None:
+    """A whole op on ``hosts``: calls, Inits, one Commence each, Dones, the final words given."""
+    for i, host in enumerate(hosts):
+        sim.wire(host, "recv", m.Welcome(i + 1, instance=5))
+    for i, host in enumerate(hosts):
+        init = inits[i] if inits else _init()
+        sim.event(host, "collective_call", tag=init.tag, k=1)
+        sim.wire(host, "send", init)
+    for host in hosts:
+        sim.wire(host, "recv", m.CollectiveCommence(7, seq, (1, 2)))
+    for host, verdict in zip(hosts, verdicts):
+        sim.wire(host, "send", m.CollectiveDone(7, seq, aborted=verdict != "Complete"))
+    for host, verdict in zip(hosts, verdicts):
+        sim.wire(host, "recv", m.CollectiveComplete(7, seq) if verdict == "Complete" else m.CollectiveAbort(7, seq))
+        sim.event(host, "collective" if verdict == "Complete" else "collective_aborted", tag=7, k=1)
+
+
+def test_a_legal_op_passes_every_checker_and_waits_for_two_answers() -> None:
+    trips = MasterRoundTrips(limit=2)
+    sim = _Sim(*op_checkers(30.0)[:-1], trips)
+    _op(sim)
+    _op(sim, verdicts=("Abort", "Abort"), seq=2)
+    sim.now = 100.0
+    sim.event("monitor", "probe")
+    assert sim.failures() == []
+    assert trips.histogram == {2: 2}  # only successful calls count: Commence + Complete each
+
+
+def test_one_verdict_fails_on_a_split_a_second_word_and_an_early_complete() -> None:
+    sim = _Sim(OneVerdict())
+    _op(sim, verdicts=("Complete", "Abort"))
+    assert sim.failures() == [("safety", "one-verdict", "tag 7 seq 1 split: peer0 read Complete, peer1 read Abort")]
+
+    sim = _Sim(OneVerdict())
+    _op(sim)
+    sim.wire("peer0", "recv", m.CollectiveAbort(7, 1))
+    assert [f[2] for f in sim.failures()] == ["peer0 read a second final word for tag 7 seq 1: Complete, then Abort"]
+
+    sim = _Sim(OneVerdict())
+    sim.wire("peer0", "recv", m.Welcome(1, instance=5))
+    sim.wire("peer0", "recv", m.CollectiveAbort(7, 3))
+    sim.wire("peer0", "recv", m.CollectiveCommence(7, 4, (1, 2)))
+    sim.wire("peer0", "recv", m.CollectiveComplete(7, 4))
+    assert [f[2] for f in sim.failures()] == ["peer0 read Abort for tag 7 seq 3, an op it was never commenced on"]
+    sim = _Sim(OneVerdict())
+    sim.wire("peer0", "recv", m.CollectiveCommence(7, 4, (1, 2)))
+    sim.wire("peer0", "recv", m.CollectiveComplete(7, 4))
+    assert [f[2] for f in sim.failures()] == ["peer0 read Complete for tag 7 seq 4 before it reported its own success"]
+
+
+def test_one_verdict_keeps_the_ops_of_master_instances_apart() -> None:
+    sim = _Sim(OneVerdict())
+    _op(sim)
+    for host in ("peer0", "peer1"):  # a restarted master numbers ops from 1 again
+        sim.wire(host, "send", m.Register(0, 5000, 0, 0))
+        sim.wire(host, "recv", m.Welcome(3, instance=6))
+        sim.wire(host, "recv", m.CollectiveCommence(7, 1, (1, 2)))
+        sim.wire(host, "send", m.CollectiveDone(7, 1, aborted=True))
+        sim.wire(host, "recv", m.CollectiveAbort(7, 1))
+    assert sim.failures() == []
+
+
+def test_agreed_parameters_fails_when_disagreeing_votes_commence() -> None:
+    sim = _Sim(AgreedParameters())
+    _op(sim, inits=(_init(count=4), _init(count=5)))
+    assert sim.failures() == [("safety", "agreed-parameters", "tag 7 seq 1 commenced on votes that disagree: "
+                               "peer0 voted all_reduce count=4 dtype=int8 op=sum quant=none/- layout=0, "
+                               "peer1 voted all_reduce count=5 dtype=int8 op=sum quant=none/- layout=0")]
+    sim = _Sim(AgreedParameters())
+    _op(sim, inits=(_init(kind=m.CollectiveKind.ALL_GATHER), _init(kind=m.CollectiveKind.BROADCAST)))
+    assert "disagree" in sim.failures()[0][2]
+    sim = _Sim(AgreedParameters())  # all-gather contributions may differ in length: agreed
+    _op(sim, inits=(_init(count=4, kind=m.CollectiveKind.ALL_GATHER), _init(count=0, kind=m.CollectiveKind.ALL_GATHER)))
+    assert sim.failures() == []
+    sim = _Sim(AgreedParameters())
+    sim.wire("peer0", "recv", m.CollectiveCommence(7, 1, (1, 2)))
+    assert sim.failures()[0][2] == "peer0 was commenced on tag 7 seq 1 without having voted it"
+
+
+def test_phase_rule_fails_on_a_commence_inside_a_topology_vote_and_a_round_over_a_running_op() -> None:
+    sim = _Sim(PhaseRule())
+    sim.wire("peer0", "send", m.VoteTopology(True))
+    sim.wire("peer0", "recv", m.CollectiveCommence(7, 1, (1, 2)))
+    assert sim.failures()[0][1:] == ("phase-rule", "peer0 was commenced on tag 7 seq 1 while its topology vote or "
+                                                   "round was outstanding")
+    sim = _Sim(PhaseRule())
+    sim.wire("peer0", "recv", m.CollectiveCommence(7, 1, (1, 2)))
+    sim.wire("peer0", "recv", m.ConnectToPeers(3, (1, 2), ()))
+    assert sim.failures()[0][2] == ("peer0 was drawn into a topology round (ConnectToPeers) while its collectives "
+                                    "ran: tag 7 seq 1")
+    sim = _Sim(PhaseRule())
+    sim.wire("peer0", "send", m.SyncVote(1, 0, ()))
+    sim.wire("peer0", "recv", m.CollectiveCommence(7, 1, (1, 2)))
+    assert "shared-state sync" in sim.failures()[0][2]
+    # Legal: a vote after the op's final word, a commence after the round's end or a sync's.
+    sim = _Sim(PhaseRule())
+    _op(sim)
+    sim.wire("peer0", "send", m.VoteTopology(True))
+    sim.wire("peer0", "recv", m.ConnectToPeers(3, (1, 2), ()))
+    sim.wire("peer0", "recv", m.TopologyRejected("phase mismatch"))
+    sim.wire("peer0", "send", m.SyncVote(1, 0, ()))
+    sim.wire("peer0", "recv", m.SyncRejected(4))
+    sim.wire("peer0", "recv", m.CollectiveCommence(7, 2, (1, 2)))
+    assert sim.failures() == []
+
+
+def test_outcome_follows_verdict_fails_when_a_call_ends_against_its_final_word() -> None:
+    sim = _Sim(OutcomeFollowsVerdict())
+    sim.event("peer0", "all_reduce_call", tag=7, k=3)
+    sim.wire("peer0", "recv", m.CollectiveCommence(7, 1, (1, 2)))
+    sim.wire("peer0", "recv", m.CollectiveAbort(7, 1))
+    sim.event("peer0", "all_reduce", tag=7, k=3)
+    assert sim.failures() == [("safety", "outcome-follows-verdict",
+                               "peer0: call #3 on tag 7 (seq 1) returned a result after reading Abort for its op")]
+    sim = _Sim(OutcomeFollowsVerdict())
+    _op(sim, verdicts=("Complete", "Complete"))
+    sim.event("peer0", "collective_call", tag=7, k=2)
+    sim.wire("peer0", "recv", m.CollectiveCommence(7, 2, (1, 2)))
+    sim.wire("peer0", "recv", m.CollectiveComplete(7, 2))
+    sim.event("peer0", "collective_aborted", tag=7, k=2, error="boom")
+    assert sim.failures()[0][2] == "peer0: call #2 on tag 7 (seq 2) read Complete for its op but ended aborted: boom"
+    sim = _Sim(OutcomeFollowsVerdict())
+    sim.event("peer0", "collective_call", tag=7, k=1)
+    sim.event("peer0", "collective", tag=7, k=1)
+    assert "returned a result after reading no final word" in sim.failures()[0][2]
+
+
+def test_no_hung_call_fails_a_call_that_outlives_the_bound_unless_the_master_restarted() -> None:
+    sim = _Sim(NoHungCall(10.0))
+    sim.event("peer0", "collective_call", tag=7, k=1)
+    sim.event("peer1", "collective_call", tag=7, k=1)
+    sim.now = 8.0
+    sim.event("master", "start")  # the calls wait for the new master: their clocks start again
+    sim.event("net", "kill", host="peer1")  # a killed host's call hangs nobody
+    sim.now = 17.0
+    sim.event("monitor", "probe")
+    assert sim.failures() == []
+    sim.now = 18.5
+    sim.event("monitor", "probe")
+    assert sim.failures() == [("liveness", "no-hung-call", "peer0: call #1 on tag 7 still runs 10.5 s after it began "
+                                                         "(bound 10.0 s; without a Commence)")]
+
+
+def test_round_trips_limit_fails_a_call_that_waited_for_more() -> None:
+    sim = _Sim(MasterRoundTrips(limit=1))
+    _op(sim)
+    assert sim.failures()[0][:2] == ("liveness", "master-round-trips")
+    assert "waited for 2 master round trips (at most 1)" in sim.failures()[0][2]
+
+
+_PHASES = ("compute", {"name": "all_reduce", "concurrent": 2}, {"name": "collectives", "concurrent": 4})
+
+
+def _run(**params: Any) -> Trace:
+    scenario = PcclScenario(peers=3, phases=_PHASES, **params)
+    return run(scenario, Schedule(seed=3, duration=2.0, quiet=3.0, scenario=scenario.to_json()))
+
+
+def test_a_fault_free_run_passes_and_every_successful_call_took_two_round_trips() -> None:
+    trace = _run()
+    assert trace.ok, trace.failures
+    calls = trace.stats["all_reduce_completed"] + trace.stats["collectives_completed"]
+    assert calls > 50
+    assert {k: v for k, v in trace.stats.items() if k.startswith("master_round_trips_")} == {"master_round_trips_2": calls}
+
+
+@pytest.mark.parametrize(("params", "source"), [
+    ({"max_master_round_trips": 1}, "master-round-trips"),  # today's protocol: Commence and Complete
+    ({"master": "split-verdict"}, "one-verdict"),  # a master that decides per participant
+])
+def test_a_real_run_fails_on_the_claim_it_breaks(params: dict[str, Any], source: str) -> None:
+    trace = _run(**params)
+    assert [f.source for f in trace.failures] == [source], trace.failures
