@@ -25,8 +25,8 @@ class Work(dist.Work):
     """One collective of a :class:`ProcessGroup`: what torch's collectives return with
     ``async_op=True`` (and wait on otherwise).
 
-    :meth:`wait` blocks until the collective and its finishing copies are done and raises the
-    collective's pccl error; interrupted (Ctrl-C) it cancels the collective, as
+    :meth:`wait` blocks until the collective, its finishing copies and its future are done
+    and raises the collective's pccl error; interrupted (Ctrl-C) it cancels the collective, as
     :meth:`pccl.blocking.CollectiveHandle.wait` does.  :meth:`get_future` is a
     ``torch.futures.Future`` of the op's output tensors (``[tensor]``; ``[]`` for a barrier),
     completed by the group's completion thread; on failure it fails (torch raises a
@@ -69,6 +69,9 @@ class Work(dist.Work):
         except Exception:  # noqa: BLE001 - the future holds the final word (alone: the identity)
             pass
         self._outcome.wait()  # raises the op's pccl error; the finishing copies are quick
+        # torch's future completes in a callback just after the outcome, on a settling thread;
+        # torch's C++ reads its value as soon as wait() returns (DDP's reducer, under join()).
+        self._future.wait()
         return True
 
     def get_future(self) -> torch.futures.Future[Any]:
