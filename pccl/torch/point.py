@@ -37,7 +37,7 @@ import torch
 from .. import blocking
 from ..errors import InvalidArgument, InvalidUsage
 from ._args import contiguous_buffer, dense, tensor_list, wire_view
-from .work import PendingOp, Work
+from .work import PendingOp, UnobservedWorks, Work
 
 __all__ = ["PointToPoint", "HandleGroup", "POINT_TAGS"]
 
@@ -112,6 +112,7 @@ class PointToPoint:
     _first_tag: int
     _lock: threading.Lock
     _closed: bool
+    _unobserved: UnobservedWorks
     _points: PointCompleter | None = None
 
     def _start(self, call: Callable[[int], Any], finish: Callable[[Any], list[torch.Tensor]],
@@ -266,7 +267,7 @@ class PointToPoint:
                 self._points = PointCompleter(f"pccl-torch-p2p-{id(self):x}")
             points = self._points
         points.watch(op)
-        return Work(handle, op.future, op.outcome)
+        return Work(handle, op.future, op.outcome, unobserved=self._unobserved)
 
     def _check_open(self) -> None:
         if self._closed:

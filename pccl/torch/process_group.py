@@ -65,7 +65,7 @@ from .deadlines import Timeouts
 from .lists import ListForms
 from .point import PointToPoint
 from .ranks import GroupRanks, by_rank, peers_by_rank
-from .work import PendingOp, Settler, Work
+from .work import PendingOp, Settler, UnobservedWorks, Work
 
 __all__ = ["ProcessGroup", "Work", "BACKEND", "FIRST_TAG", "SHARED_TAGS"]
 
@@ -122,6 +122,7 @@ class ProcessGroup(Timeouts, PointToPoint, ListForms, dist.ProcessGroup):  # typ
         self._closed = False
         self._queue: queue.SimpleQueue[PendingOp | None] = queue.SimpleQueue()
         self._settler = Settler(f"pccl-torch-{id(self):x}")  # runs the futures' callbacks
+        self._unobserved = UnobservedWorks()  # works torch's C++ may still wait on
         self._completer = threading.Thread(target=self._complete, name=f"pccl-torch-{id(self):x}", daemon=True)
         self._completer.start()
         # A name in torch's registry of groups, as torch's own groups have: functional
@@ -610,6 +611,7 @@ class ProcessGroup(Timeouts, PointToPoint, ListForms, dist.ProcessGroup):  # typ
             self._comm.close()  # cancels what still runs; the completion threads then finish
         self._completer.join(30)
         self._settler.close()
+        self._unobserved.clear()
         self._stop_points()
         self._stop_deadlines()
 
@@ -647,7 +649,7 @@ class ProcessGroup(Timeouts, PointToPoint, ListForms, dist.ProcessGroup):  # typ
             self._seq += 1
             self._running += 1
             self._queue.put(op)  # under the lock: in the order started, and never after shutdown's None
-        return Work(op.handle, op.future, op.outcome, op)
+        return Work(op.handle, op.future, op.outcome, op, self._unobserved)
 
     def _complete(self) -> None:
         """The completion thread: finish each op in the order they started."""

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from .. import blocking
 from ._args import timeout_seconds
 
-__all__ = ["Work", "PendingOp", "Settler"]
+__all__ = ["Work", "PendingOp", "Settler", "UnobservedWorks"]
 
 log = logging.getLogger(__name__)
 
@@ -25,26 +25,43 @@ class Work(dist.Work):
     """One collective of a :class:`ProcessGroup`: what torch's collectives return with
     ``async_op=True`` (and wait on otherwise).
 
-    :meth:`wait` blocks until the collective and its finishing copies are done and raises the
-    collective's pccl error; interrupted (Ctrl-C) it cancels the collective, as
+    :meth:`wait` blocks until the collective, its finishing copies and its future are done
+    and raises the collective's pccl error; interrupted (Ctrl-C) it cancels the collective, as
     :meth:`pccl.blocking.CollectiveHandle.wait` does.  :meth:`get_future` is a
     ``torch.futures.Future`` of the op's output tensors (``[tensor]``; ``[]`` for a barrier),
     completed by the group's completion thread; on failure it fails (torch raises a
     ``RuntimeError`` naming the pccl error from it), as a C++ backend's does — torch's DDP
     reducer reads it.  :meth:`exception` is the pccl error itself.
+
+    torch's C++ may hold the work after Python dropped it (DDP's ``join()`` keeps its forward
+    pass's all-reduce and waits on it in the backward): a work dropped before anyone waited on
+    it or took its future is kept by its group's :class:`UnobservedWorks`, so that C++ still
+    reaches these methods.
     """
 
     def __init__(self, handle: blocking.CollectiveHandle[Any], future: torch.futures.Future[Any],
-                 outcome: torch.futures.Future[Any], op: PendingOp | None = None) -> None:
+                 outcome: torch.futures.Future[Any], op: PendingOp | None = None,
+                 unobserved: UnobservedWorks | None = None) -> None:
         super().__init__()
         self._handle = handle
         self._future = future
         self._outcome = outcome
         self._op = op
+        self._unobserved = unobserved
+        self._observed = False
+
+    def __del__(self) -> None:
+        # torch's C++ reaches a Python work's methods only while its Python object lives (pybind's
+        # trampoline); once it is gone, C++'s wait() is torch's base class's, which never returns.
+        # Nobody waited on this one nor took its future: C++ may still, so it lives on a while.
+        if not self._observed and self._unobserved is not None:
+            self._observed = True
+            self._unobserved.keep(self)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Wait for the collective; return ``True`` or raise its error (a pccl error, or
         ``TimeoutError`` when ``timeout`` — a ``timedelta`` — passed first; the op goes on)."""
+        self._observed = True
         seconds = timeout_seconds(timeout)
         try:
             self._handle.wait(seconds)
@@ -54,10 +71,14 @@ class Work(dist.Work):
         except Exception:  # noqa: BLE001 - the future holds the final word (alone: the identity)
             pass
         self._outcome.wait()  # raises the op's pccl error; the finishing copies are quick
+        # torch's future completes in a callback just after the outcome, on a settling thread;
+        # torch's C++ reads its value as soon as wait() returns (DDP's reducer, under join()).
+        self._future.wait()
         return True
 
     def get_future(self) -> torch.futures.Future[Any]:
         """The future of the op's output tensors (see the class)."""
+        self._observed = True
         return self._future
 
     def is_completed(self) -> bool:
@@ -99,6 +120,31 @@ class Work(dist.Work):
         ``error`` (its cause: the cancelled call's own error).  Nothing once it has ended."""
         if self._op is not None:
             self._op.expire(error)
+
+
+class UnobservedWorks:
+    """A group's most recent :class:`Work` objects that Python dropped before anyone waited on
+    them or took their future (the last :data:`KEPT`; the group's ``shutdown`` drops them all).
+
+    torch hands a work to C++ as a pointer to its C++ part alone: DDP's ``join()`` gives the
+    all-reduce that counts the processes still training to its reducer, which waits on it and
+    reads its future in the backward pass, after the Python object was dropped; through a
+    Python work whose object is gone that wait blocks forever (pybind's trampoline finds no
+    Python method to call, and torch's base class waits for a completion that no one marks).
+    Such a consumer waits on a work soon after the op, before :data:`KEPT` later unobserved
+    works were dropped."""
+
+    #: How many dropped, unobserved works a group keeps alive.
+    KEPT = 64
+
+    def __init__(self) -> None:
+        self._works: collections.deque[Work] = collections.deque(maxlen=self.KEPT)
+
+    def keep(self, work: Work) -> None:
+        self._works.append(work)  # atomic: a finalizer may run on any thread
+
+    def clear(self) -> None:
+        self._works.clear()
 
 
 class PendingOp:

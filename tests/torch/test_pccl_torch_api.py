@@ -5,6 +5,7 @@ pccl world.  PyTorch's own cases are test_c10d_ported.py."""
 
 from __future__ import annotations
 
+import gc
 import pathlib
 import threading
 import time
@@ -274,3 +275,25 @@ def test_a_future_callback_may_shut_its_own_group_down(world: World) -> None:
         return t.tolist()  # type: ignore[no-any-return]
 
     assert world.run(point, timeout=60)[1] == [7.0, 7.0]
+
+
+def test_a_work_python_dropped_unwaited_still_answers_torchs_cpp(world: World) -> None:
+    """torch's DDP ``join()`` hands the forward pass's all-reduce to its C++ reducer and drops
+    it; the reducer waits on it and reads its future in the backward.  A Python work whose
+    Python object is gone answers C++ from torch's base class, whose ``wait`` never returns (DDP's
+    ``join(divide_by_initial_world_size=False)`` hung in the backward): the work, reached again
+    from its C++ part after Python dropped it, is still pccl's and waits as pccl's does."""
+
+    def case(pg: Any, rank: int, n: int) -> list[Any]:
+        t = torch.ones(1)
+        work = dist.all_reduce(t, group=pg, async_op=True)
+        boxed = work.boxed()  # torch's C++ holds the work, as DDP's reducer does
+        del work
+        gc.collect()
+        again = dist.Work.unbox(boxed)  # the C++ part, as C++ sees it
+        # torch's base class's wait would never return: fail, not hang
+        assert isinstance(again, pccl.torch.Work), f"C++ reaches a {type(again)}"
+        assert again.wait()
+        return again.get_future().wait()[0].item()
+
+    assert world.run(case) == [float(world.size)] * world.size
