@@ -46,60 +46,63 @@ runs in the ``init_process_group`` runs only; ``test_ddp_logging_data_cpu`` comp
 ``dist.get_backend`` to look at, and skips its ``gloo_*`` fields as upstream does for any
 backend but gloo.
 
-Looked at, not ported, and why:
+Looked at, not ported here, and why:
 
+* Ported in the two sister modules (each lists its own cases): the communication-hook, optimizer,
+  logging and buffer tests in test_distributed_test_ddp_hooks.py (20: ``test_ddp_comm_hook_logging``,
+  ``test_ddp_python_error_logged``, ``test_ddp_hook_with_optimizer_parity_adamw`` / ``_adam`` /
+  ``_sgd``, ``test_ddp_hook_parity_allreduce_process_group``, ``test_ddp_hook_parity_post_localSGD``,
+  ``test_post_localSGD_optimizer_parity`` and its ``_grad_is_view``, ``_with_hierarchical_sgd``
+  (two) and ``_step_reload``, ``test_ddp_bucket_cap_mb_list``,
+  ``test_ddp_join_respects_forward_sync_buffers_false``,
+  ``test_ddp_init_sync_buffers_with_forward_sync_buffers_false``,
+  ``test_ddp_broadcast_buffers_deprecation_warning``, ``test_ddp_broadcast_buffer_via_hook``,
+  ``test_stateless_api_with_ddp``, ``test_ddp_forward_backward_hook``, ``test_ddp_sink_noclone``);
+  the graph, unused-parameter, uneven-input and model-check tests in
+  test_distributed_test_ddp_graphs.py (18: ``test_ddp_grad_div_uneven_inputs`` — it hung on
+  pccl.torch until a work Python dropped unwaited stayed alive for torch's C++ —,
+  ``test_ddp_uneven_inputs``, ``test_ddp_uneven_input_join_disable``, ``test_ddp_ignore_params_arg``,
+  ``test_ddp_unused_params_rebuild_buckets_exception``, ``test_ddp_shared_grad_acc_unused_params``,
+  ``test_ddp_namedtuple``, ``test_ddp_control_flow_different_across_ranks``,
+  ``test_verify_model_across_rank_with_logger`` / ``_without_logger``,
+  ``test_ddp_model_diff_num_params_across_ranks``, ``test_ddp_build_debug_param_to_name_mapping``
+  and ``_requires_grad``, ``test_ddp_multiple_nested_unused_params_error`` and
+  ``_err_ignore_params``, ``test_ddp_static_graph_nested_types``, ``test_ddp_remove_autograd_hooks``,
+  ``test_skip_all_reduce_unused_parameters``).  ``test_DistributedSampler_padding`` is in
+  test_distributed_test_collectives.py.
+* Not applicable on a CPU group (the sister modules give the detail):
+  ``test_ddp_apply_optim_in_backward`` and its ``_grad_as_bucket_view_false`` /
+  ``_ignored_params`` (torch's hook asks for an accelerator's stream whatever the backend);
+  ``test_ddp_model_diff_shape_across_ranks`` (skipped on Linux upstream; its ranks leave the
+  test at different collectives, and a blocking CPU backend waits for the missing ones).
 * GPU-only (``@skip_if_lt_x_gpu`` / ``@skip_if_no_gpu`` on models on ``cuda(rank)``,
   ``device_ids=[rank]``, and what they test is about the GPU: streams, AMP/half precision,
   SyncBatchNorm (CUDA only), device placement, NCCL profiling; or subgroups of a subset of the
-  ranks, ``new_group([0, 1], backend="nccl")``, 4 GPUs; or not yet ported on the CPU for lack of
-  time, marked *): ``test_average_parameters`` (subset), ``test_1_level_hierarchical_model_averager_equivalent_to_periodic_model_averager``
-  and ``test_3_level_hierarchical_model_averager`` (subgroups), 
-  ``test_DistributedDataParallel_non_default_stream``, ``test_ddp_comm_hook_logging`` *,
-  ``test_ddp_hook_with_optimizer_parity_adamw`` / ``_adam`` / ``_sgd`` *,
-  ``test_get_data_parallel_params`` (device placement), ``test_ddp_apply_optim_in_backward`` and its
-  ``_grad_as_bucket_view_false`` / ``_ignored_params`` *, ``test_ddp_native_mixed_precision_*``
-  (5; GPU mixed precision), ``test_ddp_hook_parity_allreduce`` / ``_allreduce_process_group`` /
-  ``_post_localSGD`` *, ``test_DistributedDataParallel`` (multi-GPU modules),
-  ``test_DistributedDataParallel_with_amp_and_grad_is_view`` (AMP), ``test_post_localSGD_optimizer_*``
-  (5; intra-node subgroups, hierarchical ones 4 GPUs), ``test_DistributedDataParallel_SyncBatchNorm*``
-  (8), ``test_ddp_logging_data_gpu``, ``test_ddp_bucket_cap_mb_list`` *,
-  ``test_DistributedSampler_padding`` *, 
-  ``test_ddp_grad_div_uneven_inputs`` (hangs on pccl: see below), ``test_ddp_profiling_autograd_profiler`` /
-  ``_torch_profiler`` / ``_execution_trace`` (skipped on Linux upstream / Kineto / NCCL metadata),
-  ``test_ddp_uneven_inputs_stop_iteration_sync_bn`` (SyncBatchNorm), ``test_ddp_uneven_inputs`` *,
-  ``test_ddp_ignore_params_arg`` *, ``test_ddp_unused_params_rebuild_buckets_exception`` *,
-  ``test_ddp_shared_grad_acc_unused_params`` *, ``test_ddp_device`` (device placement),
-  ``test_ddp_namedtuple`` *, ``test_ddp_control_flow_different_across_ranks`` *,
+  ranks, ``new_group([0, 1], backend="nccl")``, 4 GPUs): ``test_average_parameters`` (subset),
+  ``test_1_level_hierarchical_model_averager_equivalent_to_periodic_model_averager`` and
+  ``test_3_level_hierarchical_model_averager`` (subgroups),
+  ``test_DistributedDataParallel_non_default_stream``, ``test_get_data_parallel_params`` (device
+  placement), ``test_ddp_native_mixed_precision_*`` (5; GPU mixed precision),
+  ``test_DistributedDataParallel`` (multi-GPU
+  modules), ``test_DistributedDataParallel_with_amp_and_grad_is_view`` (AMP),
+  ``test_DistributedDataParallel_SyncBatchNorm*`` (8), ``test_ddp_logging_data_gpu``,
+  ``test_ddp_profiling_autograd_profiler`` / ``_torch_profiler`` / ``_execution_trace`` (skipped
+  on Linux upstream / Kineto / NCCL metadata), ``test_ddp_uneven_inputs_stop_iteration_sync_bn``
+  (SyncBatchNorm), ``test_ddp_device`` (device placement),
   ``test_compute_bucket_assignment_by_size_sparse_error_with(out)_logger`` (skipped on Linux
-  upstream; torch's bucketing, no backend), ``test_verify_model_across_rank_with(out)_logger`` and
-  ``test_ddp_model_diff_shape_across_ranks`` / ``_num_params_across_ranks`` (a second
-  ``new_group(backend="gloo")`` next to the group under test) *, ``test_ddp_build_debug_param_to_name_mapping``
-  and ``_requires_grad`` *, ``test_ddp_multiple_nested_unused_params_error`` /
-  ``_err_ignore_params`` *, ``test_ddp_inference`` (SyncBatchNorm), ``test_ddp_sync_bn_training_vs_eval``
-  (SyncBatchNorm), ``test_ddp_python_error_logged`` *, ``test_ddp_static_graph_nested_types`` *,
-  ``test_ddp_remove_autograd_hooks`` *, ``test_ddp_has_finalized`` (rank 0 leaves a reduction unfinished while the others' all-reduce
-  runs on: NCCL's waits are on a CUDA stream, a CPU backend's block on the missing rank), ``test_ddp_update_process_group_*``
-  (4; 4 GPUs), ``test_ddp_join_respects_forward_sync_buffers_false`` *,
-  ``test_ddp_init_sync_buffers_with_forward_sync_buffers_false`` *,
-  ``test_ddp_broadcast_buffers_deprecation_warning`` *, ``test_sync_bn_logged`` (SyncBatchNorm),
-  ``test_stateless_api_with_ddp`` *, ``test_ddp_forward_backward_hook`` *,
-  ``test_ddp_hook_pickling_powerSGD`` (skipped upstream as flaky), ``test_ddp_device_mesh_initialization``
-  (a CUDA device mesh), ``test_ddp_compile_static_graph`` (torch.compile on CUDA),
-  ``test_ddp_sink_noclone`` *, ``test_skip_all_reduce_unused_parameters`` *.
-* Ported on the CPU and found to hang on pccl, left out until fixed (not yet investigated):
-  ``test_ddp_grad_div_uneven_inputs`` (``init_process_group`` world of 2: hangs after
-  ``test_ddp_sync_module_states``, in the first ``join(divide_by_initial_world_size=False)``
-  context or the second).
-* Ported on the CPU, passing on pccl, and left out: ``test_ddp_uneven_input_join_disable`` (reads
-  ``net._join_config``) and ``test_ddp_broadcast_buffer_via_hook`` (calls
-  ``ddp._default_broadcast_coalesced``): each would be one more private attribute reach past
-  tests/unit/test_layering.py's budget of 20 for all the tests.
+  upstream; torch's bucketing, no backend), ``test_ddp_inference`` (SyncBatchNorm),
+  ``test_ddp_sync_bn_training_vs_eval`` (SyncBatchNorm), ``test_ddp_has_finalized`` (rank 0
+  leaves a reduction unfinished while the others' all-reduce runs on: NCCL's waits are on a CUDA
+  stream, a CPU backend's block on the missing rank), ``test_ddp_update_process_group_*`` (4; 4
+  GPUs), ``test_sync_bn_logged`` (SyncBatchNorm), ``test_ddp_hook_pickling_powerSGD`` (skipped
+  upstream as flaky), ``test_ddp_device_mesh_initialization`` (a CUDA device mesh),
+  ``test_ddp_compile_static_graph`` (torch.compile on CUDA).
 * ``test_SyncBatchNorm_process_group``: ``new_group([0])``, a subset of the ranks (a pccl group
   is a whole peer group: ``InvalidUsage`` at once), and torchvision's resnet50.
 * ``test_dump_DDP_relevant_env_vars``: torch's formatting of environment variables, no process
   group takes part.
 * ``test_monitored_barrier_*``, the collectives and the point-to-point tests: ported with the
-  collectives (not DDP) of this file elsewhere.
+  collectives (not DDP) of this file in test_distributed_test_collectives.py.
 """
 
 # No ``from __future__ import annotations``: DDP checks a comm hook's ``bucket`` annotation is
