@@ -25,11 +25,13 @@ from pccl.protocol.algorithms import (
     AllReduceAlgorithm,
     choose_all_reduce,
     fold_partner,
+    largest_frame,
     parse_algorithm,
     partner_positions,
     position_of,
     virtual_rank,
 )
+from pccl.protocol.codec import MAX_DATA_PAYLOAD
 from pccl.types import Quantization, ReduceOp
 
 from fp_mode import flush_denormals, needs_sse_modes
@@ -340,6 +342,26 @@ def test_the_choice_never_takes_what_cannot_run() -> None:
         assert _choose(0, 64, forced=forced) is RING
     assert _choose(4096, 2, forced=HD) is HD and _choose(64 << 20, 3, forced=RD) is RD
     assert _choose(4096, 64, forced=RING) is RING
+
+
+def test_a_forced_algorithm_whose_frames_would_not_fit_the_wire_takes_the_ring() -> None:
+    # halving.py sends each step's range as one data frame, whose payload is at most
+    # MAX_DATA_PAYLOAD (just under 4 GiB): the choice gives such ops to the ring (a pure
+    # function of the size, so every peer agrees; nothing is allocated here).
+    gib = 1 << 30
+    assert _choose(5 * gib, 8, forced=RD) is RING  # recursive doubling swaps the whole buffer
+    assert _choose(4 * gib - 4096, 8, forced=RD) is RD
+    assert _choose(5 * gib, 8, forced=HD) is HD  # its largest frame is half the buffer
+    assert largest_frame(5 * gib, 8, HD, itemsize=4, acc_itemsize=4) == 5 * gib // 2
+    assert _choose(9 * gib, 8, forced=HD) is RING
+    assert _choose(5 * gib, 9, forced=HD) is RING  # the fold sends the whole buffer
+    # f16/bf16 partials travel as f32: 2.5 GiB of f16 input is a 5 GiB frame
+    assert _choose(5 * gib // 2, 8, forced=RD, itemsize=2, acc_itemsize=4) is RING
+    assert _choose(3 * gib // 2, 8, forced=RD, itemsize=2, acc_itemsize=4) is RD
+    for forced in (RD, HD):
+        huge = _choose(64 * gib, 64, forced=forced)
+        assert huge is RING
+        assert largest_frame(64 * gib, 64, forced, itemsize=4, acc_itemsize=4) > MAX_DATA_PAYLOAD
 
 
 def test_parse_algorithm() -> None:
