@@ -8,12 +8,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 
 import pccl
 from pccl import Config, ReduceOp
 from pccl.collectives.reference import halving_reference
 from pccl.protocol.algorithms import AllReduceAlgorithm, fold_partner, power_of_two_below, virtual_rank
-from pccl.testing import each, open_test_cluster
+from pccl.master import open_master
+from pccl.testing import admit, each, open_test_cluster
 
 TOKEN = "halving-inproc"
 SOON = 30.0
@@ -91,3 +93,36 @@ async def test_auto_wires_no_partner_links_below_eight_peers() -> None:
         for info, comm in zip(infos, comms):
             assert info.tx_bytes == 3 * 4096  # the ring's exchange
             assert comm.statistics().p2p_connections == 2  # a lane out, a lane in: no partner links
+
+
+async def test_peers_with_different_algorithm_settings_both_fail_at_once_naming_both() -> None:
+    # Config.all_reduce_algorithm must be the same on every peer (different settings run
+    # different schedules, and a "ring" peer dials no partner links): the ring hello carries it
+    # and a peer meeting another setting refuses the connection; both leave the run with
+    # InvalidUsage instead of retrying the round (or, at 8 peers and more, hanging).
+    async with open_master("127.0.0.1:0", token=TOKEN, config=_config("auto")) as master:
+        async with trio.open_nursery() as nursery:
+            first, scope = await admit(nursery, master, [],
+                                       lambda: pccl.open_communicator(master.address, token=TOKEN,
+                                                                      config=_config("auto")))
+            errors: dict[str, BaseException] = {}
+
+            async def second() -> None:
+                try:
+                    async with pccl.open_communicator(master.address, token=TOKEN, config=_config("ring")):
+                        await trio.sleep_forever()
+                except pccl.PCCLError as error:
+                    errors["second"] = error
+
+            with trio.fail_after(8):  # well below the master's retries of a failing round
+                nursery.start_soon(second)
+                while master.statistics().registered_peers == 0:  # the second is pending
+                    await trio.sleep(0.01)
+                with pytest.raises(pccl.InvalidUsage) as vote:
+                    await first.update_topology()
+                while "second" not in errors:
+                    await trio.sleep(0.01)
+            scope.cancel()
+    for error in (vote.value, errors["second"]):
+        assert isinstance(error, pccl.InvalidUsage), repr(error)
+        assert "Config.all_reduce_algorithm" in str(error) and "'ring'" in str(error) and "'auto'" in str(error)
