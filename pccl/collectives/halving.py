@@ -49,7 +49,11 @@ different orders (recursive doubling at distance 1 first, Rabenseifner at ``P/2`
 peers that went through them in different orders, each op could wait behind a frame of the
 other.  In commence order every peer runs the lowest unfinished op, whose frames precede every
 later op's on every link.  Concurrent small ops therefore queue (each takes ``log2 N`` link
-latencies) while ring ops run beside them on the lanes.
+latencies) while ring ops run beside them on the lanes.  An op whose seq was not recorded as
+commenced (:meth:`~pccl.collectives.links.SeqRegistry.commenced`; the collectives called
+directly, without a communicator) has no order known to be the same on every peer: it takes
+the turn only if it is free, and raises ``InvalidUsage`` when another op holds or awaits it
+(record the seqs as commenced, in the same order on every peer, to run such ops at once).
 
 Aborts
 ------
@@ -72,6 +76,7 @@ import trio
 
 from .. import kernels
 from .._groups import single_exception
+from ..errors import InvalidUsage
 from ..protocol.algorithms import (
     AllReduceAlgorithm,
     fold_partner,
@@ -150,7 +155,17 @@ class HalvingDoublingOp:
         """Run the op (see the module docstring for errors and cancellation), once its turn on
         the partner links came (cancellable while it waits)."""
         turns = self.links.partner_turns
-        taken = turns is not None and await turns.take(self.seq)
+        taken = False
+        if turns is not None:
+            if self.links.registry.is_commenced(self.seq):
+                taken = await turns.take(self.seq)
+            elif turns.try_take():
+                taken = True
+            else:
+                raise InvalidUsage(
+                    f"all-reduce seq {self.seq} would run over the partner links beside another op, but it was not "
+                    "recorded as commenced: record every concurrent op's seq (RingLinks.registry.commenced, in "
+                    "the same order on every peer, as the communicator does) or run them one at a time")
         self.links.registry.started(self.seq)
         try:
             await self._run()

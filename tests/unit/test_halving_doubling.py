@@ -18,7 +18,7 @@ import trio
 
 from pccl.collectives import RingLinks, ring_all_reduce
 from pccl.collectives.reference import halving_reference, ring_reference
-from pccl.errors import PCCLError, PeerDisconnected
+from pccl.errors import InvalidUsage, PCCLError, PeerDisconnected
 from pccl.protocol.algorithms import (
     HALVING_MAX_BYTES,
     MIN_WORLD,
@@ -227,11 +227,16 @@ async def test_bytes_moved(world: int) -> None:
 
 
 async def test_concurrent_ops_share_the_links() -> None:
+    # Concurrent ops over the partner links need their order: recorded as commenced (as the
+    # communicator does), whatever order the tasks start in, they take turns by seq.
     world = 6
     links, _, _ = memory_mesh(world)
     cases = [(RD, ReduceOp.SUM, np.float32), (HD, ReduceOp.MAX, np.int32), (RD, ReduceOp.AVG, np.float16),
              (HD, ReduceOp.SUM, np.float64)]
     results: dict[int, list[np.ndarray]] = {}
+    for peer in links:
+        for seq in range(1, 2 * len(cases) + 1):
+            peer.registry.commenced(seq)
 
     async def one(seq: int, algorithm: AllReduceAlgorithm, op: ReduceOp, dtype: Any) -> None:
         inputs = make_inputs(world, 500, dtype, op, seed=seq)
@@ -240,10 +245,36 @@ async def test_concurrent_ops_share_the_links() -> None:
         assert np.array_equal(outputs[0].view(np.uint8), halving_reference(inputs, op, algorithm).view(np.uint8))
         results[seq] = outputs
 
-    async with trio.open_nursery() as nursery:
-        for seq, case in enumerate(cases * 2, 1):
-            nursery.start_soon(one, seq, *case)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for seq, case in reversed(list(enumerate(cases * 2, 1))):  # started highest seq first
+                nursery.start_soon(one, seq, *case)
     assert len(results) == 2 * len(cases)
+
+
+async def test_an_uncommenced_op_beside_another_on_the_partner_links_is_refused() -> None:
+    # Ops nobody recorded as commenced have no order known to be the same on every peer: run
+    # beside each other on the partner links they could each wait behind the other's frames
+    # (4 of 30 random-order runs hung).  The second one is refused at once instead.
+    world = 4
+    links, _, _ = memory_mesh(world)
+    first = np.ones(64, np.float32)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            # peer 0's op 1 holds the partner turn, waiting for partners that never come
+            nursery.start_soon(lambda: ring_all_reduce(first, op=ReduceOp.SUM, links=links[0], rank=0, world=world,
+                                                       seq=1, algorithm=RD))
+            turns = links[0].partner_turns
+            assert turns is not None
+            while not turns.running:
+                await trio.sleep(0)
+            second = np.arange(64, dtype=np.float32)
+            with pytest.raises(InvalidUsage, match="seq 2 .* not recorded as commenced"):
+                await ring_all_reduce(second, op=ReduceOp.SUM, links=links[0], rank=0, world=world, seq=2,
+                                      algorithm=RD)
+            assert np.array_equal(second, np.arange(64, dtype=np.float32))  # untouched
+            nursery.cancel_scope.cancel()
+    assert turns.running == 0 and np.array_equal(first, np.ones(64, np.float32))  # restored on cancel
 
 
 async def test_commenced_ops_take_turns_in_seq_order_whatever_order_each_peer_starts_them() -> None:
