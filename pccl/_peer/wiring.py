@@ -229,7 +229,7 @@ class RingWiring:
                 if endpoint is None:
                     raise ProtocolError(f"the master sent no endpoint for partner {peer_id:x}")
                 conn = await host.open_peer(endpoint, Port.P2P)
-                host.counters.p2p_dials += 1
+                host.counters.p2p_partner_dials += 1
                 dialled[peer_id] = conn
                 with trio.fail_after(host.config.connect_timeout):
                     await conn.send(m.P2PHello(host.peer_id, links.round, 0, links.lanes, host.master_instance,

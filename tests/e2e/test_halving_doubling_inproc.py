@@ -13,7 +13,13 @@ import trio
 import pccl
 from pccl import Config, ReduceOp
 from pccl.collectives.reference import halving_reference
-from pccl.protocol.algorithms import AllReduceAlgorithm, fold_partner, power_of_two_below, virtual_rank
+from pccl.protocol.algorithms import (
+    AllReduceAlgorithm,
+    fold_partner,
+    partner_positions,
+    power_of_two_below,
+    virtual_rank,
+)
 from pccl.master import open_master
 from pccl.testing import admit, each, open_test_cluster
 
@@ -126,3 +132,26 @@ async def test_peers_with_different_algorithm_settings_both_fail_at_once_naming_
     for error in (vote.value, errors["second"]):
         assert isinstance(error, pccl.InvalidUsage), repr(error)
         assert "Config.all_reduce_algorithm" in str(error) and "'ring'" in str(error) and "'auto'" in str(error)
+
+
+async def test_partner_dials_are_counted_apart_from_ring_lane_dials() -> None:
+    # A re-wire of the same ring keeps every lane (p2p_dials unchanged, p2p_lanes_kept + lanes)
+    # and dials the partner links afresh: each peer its partners at higher ring positions.
+    world = 4
+    config = _config(AllReduceAlgorithm.RECURSIVE_DOUBLING.value)
+    async with open_test_cluster(world, token=TOKEN, config=config, soon=SOON) as (_, comms, _):
+        ring = comms[0].ring
+        before = {c.peer_id: c.statistics() for c in comms}
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as voters:
+                for comm in comms:
+                    voters.start_soon(pccl.testing.force_rewire, comm)
+        assert comms[0].ring == ring
+        for comm in comms:
+            now, then = comm.statistics(), before[comm.peer_id]
+            me = ring.index(comm.peer_id)
+            owed = sum(p > me for p in partner_positions(me, world))
+            assert now.p2p_dials - then.p2p_dials == 0, comm.peer_id
+            assert now.p2p_lanes_kept - then.p2p_lanes_kept == config.lanes_for(), comm.peer_id
+            assert now.p2p_partner_dials - then.p2p_partner_dials == owed, comm.peer_id
+        assert [sum(p > me for p in partner_positions(me, world)) for me in range(world)] == [2, 1, 1, 0]
