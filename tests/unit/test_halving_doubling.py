@@ -9,6 +9,7 @@ every peer, for every dtype and op, powers of two and not (the fold).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -346,14 +347,23 @@ def test_the_choice_follows_the_documented_table() -> None:
     assert _choose(128 << 10, 64) is RD and _choose(128 << 10, 64, itemsize=2, acc_itemsize=4) is HD
 
 
-#: docs/collectives.rst's table: per world, the sizes (KiB, float32) from which the choice moves
-#: to Rabenseifner and then to the ring.
-DOCUMENTED = {8: (412, 2344), 9: (412, 536), 12: (412, 948), 15: (412, 1364), 16: (324, 6008),
-              64: (256, 29648), 256: (228, 65540)}
+#: The worlds docs/collectives.rst's table has a row for.
+DOCUMENTED = [8, 9, 12, 15, 16, 64, 256]
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "collectives.rst"
+
+
+def _first_size_taking(world: int, algorithm: AllReduceAlgorithm, lo: int, hi: int) -> int:
+    """The smallest float32 size in bytes in ``(lo, hi]`` the choice gives ``algorithm`` (it
+    gives it at ``hi`` and not at ``lo``, and the choice changes once in between)."""
+    while hi - lo > 4:
+        mid = (lo + hi) // 8 * 4
+        lo, hi = (lo, mid) if _choose(mid, world) is algorithm else (mid, hi)
+    return hi
 
 
 @pytest.mark.parametrize("world", DOCUMENTED)
 def test_the_thresholds_are_the_documented_ones(world: int) -> None:
+    # The choice moves once from recursive doubling to Rabenseifner, then once to the ring ...
     changes = []
     previous = None
     for kib in range(4, 70_000, 4):
@@ -361,8 +371,17 @@ def test_the_thresholds_are_the_documented_ones(world: int) -> None:
         if algorithm is not previous:
             changes.append((kib, algorithm))
             previous = algorithm
-    halving, ring = DOCUMENTED[world]
-    assert changes == [(4, RD), (halving, HD), (ring, RING)]
+    assert [a for _, a in changes] == [RD, HD, RING]
+    # ... at the byte sizes docs/collectives.rst's table states (KiB to one decimal).
+    halving = _first_size_taking(world, HD, (changes[1][0] - 4) * 1024, changes[1][0] * 1024)
+    ring = _first_size_taking(world, RING, (changes[2][0] - 4) * 1024, changes[2][0] * 1024)
+    assert _choose(halving - 4, world) is RD and _choose(ring - 4, world) is HD
+    if ring - 4 == HALVING_MAX_BYTES:
+        upper = "Rabenseifner up to 64 MiB"
+    else:
+        upper = f"Rabenseifner below {ring / 1024:.1f} KiB"
+    row = f"* - {world}\n     - recursive doubling below {halving / 1024:.1f} KiB, {upper}, the ring above"
+    assert row in DOCS.read_text(), row
 
 
 def test_the_choice_never_takes_what_cannot_run() -> None:
