@@ -12,9 +12,15 @@ a 4 KiB all-reduce waits for 126 hops.  :class:`HalvingDoublingOp` runs the two 
 
 Bit-identical results
 ---------------------
-Every combination of two partial results is formed as ``lower op upper``, ``lower`` the partial
-of the lower ring positions, whichever peer computes it (the kernel's ``dst op= src`` with
-``dst`` the lower one: MIN/MAX of +0 and -0 and float sums depend on the operand order).  In
+Every combination of two partial results is formed as ``lower op upper``, whichever peer
+computes it (the kernel's ``dst op= src`` with ``dst`` the lower one: MIN/MAX of +0 and -0 and
+float sums depend on the operand order).  ``lower`` is the partial of the partner with the lower
+virtual rank, and in the fold the folded peer's input (it sits at the lower ring position).  In
+recursive doubling that partial covers a run of virtual ranks just below the other's; in
+Rabenseifner's halving, at distance ``d`` each partial covers the virtual ranks of one residue
+class modulo ``2d`` (``r`` and ``r + d``, ``r`` the smaller), so the two interleave and ``lower``
+is the one whose smallest virtual rank is lower (:func:`~pccl.collectives.reference.halving_reference`
+spells the tree out).  In
 recursive doubling both partners compute the same combination of the same bits, so after step
 ``k`` every peer of an aligned block of ``2^(k+1)`` virtual ranks holds the same bits, and after
 the last step everyone does.  In Rabenseifner each element is combined at one place per level
@@ -269,7 +275,8 @@ class HalvingDoublingOp:
         self.tx_bytes += header.nbytes
 
     async def _combine(self, a: int, b: int, *, own_is_lower: bool) -> None:
-        """``work[a:b]`` becomes ``lower op upper`` of it and the partner's partial in :attr:`stage`."""
+        """``work[a:b]`` becomes ``lower op upper`` of it and the partner's partial in :attr:`stage`
+        (``own_is_lower``: this peer's partial is the lower one, module docstring)."""
         if b <= a:
             return
         own, other = self.work[a:b], self.stage[: b - a]
