@@ -36,7 +36,15 @@ import logging
 import trio
 
 from .._groups import single_exception
-from ..errors import InvalidUsage, PCCLError, ProtocolError, StreamClosed, TopologyUpdateFailed, TransportError
+from ..errors import (
+    InvalidUsage,
+    PCCLError,
+    PeerUnreachable,
+    ProtocolError,
+    StreamClosed,
+    TopologyUpdateFailed,
+    TransportError,
+)
 from ..protocol.codec import MAX_DETAIL, clip_text
 from ..net.base import Listener, Stream
 from ..net.framed import FramedConnection
@@ -52,11 +60,13 @@ __all__ = ["RingWiring"]
 log = logging.getLogger(__name__)
 
 
-class _PartnerUnreachable(Exception):
-    """A partner link of the round could not be opened (reported to the master as unreachable)."""
+class _PartnerUnreachable(PeerUnreachable):
+    """A partner link of the round could not be opened (reported to the master as unreachable).
+    A pccl error, so that several partners failing at once make no ERROR log line
+    (:func:`~pccl._groups.single_exception` logs the leaves it does not raise)."""
 
     def __init__(self, peer_id: int, error: PCCLError) -> None:
-        super().__init__(peer_id, error)
+        super().__init__(f"cannot open the partner link to peer {peer_id:x}: {error}")
         self.peer_id = peer_id
         self.error = error
 

@@ -4,6 +4,7 @@ the topology round wires the partner links, ``Config.all_reduce_algorithm`` forc
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,10 @@ from pccl.protocol.algorithms import (
     power_of_two_below,
     virtual_rank,
 )
+from pccl.errors import ConnectionRefused
 from pccl.master import open_master
+from pccl.net.base import Listener, Network, Stream
+from pccl.net.tcp import TcpNetwork
 from pccl.testing import admit, each, open_test_cluster
 
 TOKEN = "halving-inproc"
@@ -155,3 +159,56 @@ async def test_partner_dials_are_counted_apart_from_ring_lane_dials() -> None:
             assert now.p2p_lanes_kept - then.p2p_lanes_kept == config.lanes_for(), comm.peer_id
             assert now.p2p_partner_dials - then.p2p_partner_dials == owed, comm.peer_id
         assert [sum(p > me for p in partner_positions(me, world)) for me in range(world)] == [2, 1, 1, 0]
+
+
+class _RefusingNetwork(Network):
+    """Real TCP whose dials to anything but the master are refused while ``refusing`` is set."""
+
+    def __init__(self, master: str, refusing: list[bool]) -> None:
+        self._tcp = TcpNetwork(_config("auto"))
+        self._master = master
+        self._refusing = refusing
+        self.refused = 0
+
+    async def connect(self, address: str, *, timeout: float | None = None) -> Stream:
+        if self._refusing[0] and address != self._master:
+            self.refused += 1
+            raise ConnectionRefused(f"refused by the test: {address}")
+        return await self._tcp.connect(address, timeout=timeout)
+
+    async def listen(self, address: str, *, port_range: int = 1) -> Listener:
+        return await self._tcp.listen(address, port_range=port_range)
+
+    def local_addresses(self, family: str = "ipv4") -> list[str]:
+        return self._tcp.local_addresses(family)
+
+
+async def test_partner_links_failing_together_fail_the_round_quietly_and_it_is_retried(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Position 0 dials two partners; when both dials fail at once the round fails (reported to
+    # the master, retried) with a pccl error, not an ERROR traceback of the one not raised.
+    world = 4
+    refusing = [False]
+    nets: dict[int, _RefusingNetwork] = {}
+
+    def make(i: int) -> Any:
+        def factory(master: str) -> Network:
+            nets[i] = _RefusingNetwork(master, refusing)
+            return nets[i]
+        return factory
+
+    config = _config(AllReduceAlgorithm.RECURSIVE_DOUBLING.value)
+    network = {i: make(i) for i in range(world)}
+    async with open_test_cluster(world, token=TOKEN, config=config, network=network, soon=SOON) as (_, comms, _):
+        refusing[0] = True
+        with caplog.at_level(logging.INFO), trio.fail_after(SOON):
+            async with trio.open_nursery() as voters:
+                for comm in comms:
+                    voters.start_soon(pccl.testing.force_rewire, comm)
+                while sum(n.refused for n in nets.values()) < world + 4:  # every lane and partner dial once
+                    await trio.sleep(0.01)
+                refusing[0] = False  # the master's retry of the round succeeds
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records
+                                                                              if r.levelno >= logging.ERROR]
+        assert any("cannot connect to partner" in r.getMessage() for r in caplog.records)
+        await each(comms, lambda i, comm: comm.all_reduce(np.ones(256, np.float32)))
