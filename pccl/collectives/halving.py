@@ -189,7 +189,7 @@ class HalvingDoublingOp:
             assert self.fold is not None
             await self._exchange(self.fold, send=(0, self.count), receive=None, wire=work)
             self._step = self._last_step()
-            self._save_dst()
+            await self._save_dst()
             await self._exchange(self.fold, send=None, receive=(0, self.count), wire=self.dst)
             return
         if self.fold is not None:  # the folded peer is at the lower ring position
@@ -217,7 +217,7 @@ class HalvingDoublingOp:
                                  wire=self.work)
             await self._combine(0, self.count, own_is_lower=self.vrank < partner)
             distance <<= 1
-        self._save_dst()
+        await self._save_dst()
         await self._finalize(0, self.count)
 
     async def _rabenseifner(self) -> None:
@@ -234,7 +234,7 @@ class HalvingDoublingOp:
             lo, hi = keep
             distance >>= 1
         assert (lo, hi) == (v, v + 1)
-        self._save_dst()
+        await self._save_dst()
         await self._finalize(*self._blocks(v, v + 1))
         distance = 1
         while distance < size:
@@ -289,10 +289,11 @@ class HalvingDoublingOp:
             await self._kernel(self.work[a:b].nbytes * 2, _finalize, self.work[a:b], self.dst[a:b], self.bufs.op,
                                self.world, self.bufs.half)
 
-    def _save_dst(self) -> None:
-        """In place, the caller's buffer is about to be written first: save it whole."""
+    async def _save_dst(self) -> None:
+        """In place, the caller's buffer is about to be written first: save it whole (a copy of
+        up to the whole buffer, so through the runner: a worker thread when large)."""
         if self.backup is not None and not self._dst_saved and self.bufs.in_place:
-            self.backup.save(0, self.count)
+            await self._kernel(self.dst.nbytes, self.backup.save, 0, self.count)
         self._dst_saved = True
 
     async def _kernel(self, nbytes: int, fn: Callable[..., None], *args: Any) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import trio
 
-from pccl.collectives import RingLinks, ring_all_reduce
+from pccl.collectives import InputBackup, KernelRunner, RingLinks, ring_all_reduce
 from pccl.collectives.reference import halving_reference, ring_reference
 from pccl.errors import InvalidUsage, PCCLError, PeerDisconnected
 from pccl.protocol.algorithms import (
@@ -547,3 +547,36 @@ async def test_cancelling_one_peer_mid_op_restores_every_input(algorithm: AllRed
             continue
         assert outcomes[r] is CANCELLED or isinstance(outcomes[r], PCCLError), (r, outcomes[r])
         assert np.array_equal(inputs[r].view(np.uint8), originals[r].view(np.uint8)), f"peer {r} not restored"
+
+
+async def test_saving_the_callers_buffer_runs_through_the_kernel_runner() -> None:
+    # In place, the caller's buffer is saved whole before its first write (up to 64 MiB in
+    # auto): work for the runner (a worker thread when large), as the ring's saves are, not a
+    # copy on the Trio thread.
+    class Recording(KernelRunner):
+        def __init__(self) -> None:
+            super().__init__(thread_threshold=0)  # every kernel to a worker thread
+            self.ran: list[Callable[..., Any]] = []
+
+        async def run(self, nbytes: int, fn: Callable[..., Any], *args: Any) -> Any:
+            self.ran.append(fn)
+            return await super().run(nbytes, fn, *args)
+
+    for algorithm, world in ((RD, 4), (HD, 4), (RD, 5)):
+        links, _, _ = memory_mesh(world)
+        inputs = make_inputs(world, 1000, np.float32, ReduceOp.SUM, seed=world)
+        outputs = [x.copy() for x in inputs]
+        runners = [Recording() for _ in range(world)]
+
+        async def peer(r: int) -> None:
+            await ring_all_reduce(outputs[r], op=ReduceOp.SUM, links=links[r], rank=r, world=world, seq=1,
+                                  algorithm=algorithm, runner=runners[r])
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for r in range(world):
+                    nursery.start_soon(peer, r)
+        assert_bit_identical(outputs)
+        for r, runner in enumerate(runners):
+            saves = [fn for fn in runner.ran if isinstance(getattr(fn, "__self__", None), InputBackup)]
+            assert [fn.__name__ for fn in saves] == ["save"], (algorithm.value, world, r, runner.ran)
