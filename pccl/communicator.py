@@ -59,9 +59,13 @@ class CommunicatorStatistics:
     topology_updates: int
     p2p_rounds: int
     #: Ring lanes this peer dialled afresh, and lanes it kept from the previous round (same
-    #: successor, connection at rest) by sending the new round's hello on them.
+    #: successor, connection at rest) by sending the new round's hello on them.  Partner links
+    #: are not counted here but in ``p2p_partner_dials``.
     p2p_dials: int
     p2p_lanes_kept: int
+    #: Halving-doubling partner links this peer dialled (to its partners at higher ring
+    #: positions, every topology round from 8 peers up or with an algorithm forced; never kept).
+    p2p_partner_dials: int
     p2p_connections: int
     collectives_completed: int
     collectives_aborted: int

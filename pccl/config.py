@@ -91,7 +91,8 @@ class Config:
     #: and the links: :func:`pccl.protocol.algorithms.choose_all_reduce`, see
     #: ``docs/collectives.rst``), or ``"ring"``, ``"recursive_doubling"``, ``"halving_doubling"``
     #: (forced wherever it can run; quantized and segmented ops always take the ring).  With
-    #: ``"ring"`` no partner links are wired.  Must be the same on every peer of a run.
+    #: ``"ring"`` no partner links are wired.  Must be the same on every peer of a run: ring
+    #: neighbours whose settings differ both fail with ``InvalidUsage`` when they connect.
     all_reduce_algorithm: str = "auto"
     #: The bytes one connection keeps in flight (its TCP window), which caps it at
     #: ``window / RTT``; used only by ``p2p_lanes="auto"``.  Linux autotunes receive windows up

@@ -44,6 +44,8 @@ class Counters:
     #: connection at rest: only a ``P2PHello`` on it, no new connection).
     p2p_dials: int = 0
     p2p_lanes_kept: int = 0
+    #: Halving-doubling partner links dialled (never kept: every round dials them afresh).
+    p2p_partner_dials: int = 0
     collectives_completed: int = 0
     collectives_aborted: int = 0
     #: All-reduce attempts repeated after an abort or a stale ring.

@@ -20,6 +20,13 @@ other learns it at once from the closed connection: the acceptor's read of a kep
 the dialler, whose hello got no ack but a closed connection, dials that lane afresh.  A kept lane
 whose successor does not answer within ``connect_timeout`` fails the round as a dial would.
 Nothing is kept across masters (:meth:`RingWiring.reset`).
+
+Settings both ends must share.  Every hello carries the dialler's ``Config.all_reduce_algorithm``:
+peers with different settings would run different schedules (and a ``"ring"`` peer dials no
+partner links that an ``"auto"`` partner would wait for).  The acceptor of a hello that differs
+answers ``P2PHelloAck(refused=...)`` naming both settings, and both peers leave the run with
+that ``InvalidUsage`` at once (:meth:`PeerHost.leave_lockstep`) instead of failing the round
+again and again.  ``Config.p2p_lanes`` differing is a ``ProtocolError`` that fails the round.
 """
 
 from __future__ import annotations
@@ -29,7 +36,15 @@ import logging
 import trio
 
 from .._groups import single_exception
-from ..errors import PCCLError, ProtocolError, StreamClosed, TopologyUpdateFailed, TransportError
+from ..errors import (
+    InvalidUsage,
+    PCCLError,
+    PeerUnreachable,
+    ProtocolError,
+    StreamClosed,
+    TopologyUpdateFailed,
+    TransportError,
+)
 from ..protocol.codec import MAX_DETAIL, clip_text
 from ..net.base import Listener, Stream
 from ..net.framed import FramedConnection
@@ -45,11 +60,13 @@ __all__ = ["RingWiring"]
 log = logging.getLogger(__name__)
 
 
-class _PartnerUnreachable(Exception):
-    """A partner link of the round could not be opened (reported to the master as unreachable)."""
+class _PartnerUnreachable(PeerUnreachable):
+    """A partner link of the round could not be opened (reported to the master as unreachable).
+    A pccl error, so that several partners failing at once make no ERROR log line
+    (:func:`~pccl._groups.single_exception` logs the leaves it does not raise)."""
 
     def __init__(self, peer_id: int, error: PCCLError) -> None:
-        super().__init__(peer_id, error)
+        super().__init__(f"cannot open the partner link to peer {peer_id:x}: {error}")
         self.peer_id = peer_id
         self.error = error
 
@@ -61,6 +78,9 @@ class RingWiring:
         self._host = host
         self.listener = listener
         self.links = P2PLinks(0, (0,), 0, host.config.lanes_for())
+        algorithm = parse_algorithm(host.config.all_reduce_algorithm)
+        #: ``Config.all_reduce_algorithm`` as the hellos carry it (module docstring).
+        self._algorithm = "auto" if algorithm is None else algorithm.value
         self._round_scope: trio.CancelScope | None = None
         self._round_changed = trio.Event()
         #: Kept lanes on their way into a round (taken from the old round, not yet in the new
@@ -219,12 +239,13 @@ class RingWiring:
                 if endpoint is None:
                     raise ProtocolError(f"the master sent no endpoint for partner {peer_id:x}")
                 conn = await host.open_peer(endpoint, Port.P2P)
-                host.counters.p2p_dials += 1
+                host.counters.p2p_partner_dials += 1
                 dialled[peer_id] = conn
                 with trio.fail_after(host.config.connect_timeout):
                     await conn.send(m.P2PHello(host.peer_id, links.round, 0, links.lanes, host.master_instance,
-                                               partner=True))
+                                               partner=True, algorithm=self._algorithm))
                     ack = await conn.receive()
+                self._raise_if_refused(ack, peer_id)
                 if not isinstance(ack, m.P2PHelloAck) or ack.peer_id != peer_id or ack.round != links.round:
                     raise ProtocolError(f"partner {peer_id:x} answered the p2p hello with {ack!r}")
             except trio.TooSlowError:
@@ -271,7 +292,8 @@ class RingWiring:
         host = self._host
         try:
             with trio.fail_after(host.config.connect_timeout):
-                await conn.send(m.P2PHello(host.peer_id, links.round, lane, links.lanes, host.master_instance))
+                await conn.send(m.P2PHello(host.peer_id, links.round, lane, links.lanes, host.master_instance,
+                                           algorithm=self._algorithm))
                 ack = await conn.receive()
         except trio.TooSlowError:
             conn.abort()
@@ -285,8 +307,10 @@ class RingWiring:
         except BaseException:
             conn.abort()
             raise
-        if not isinstance(ack, m.P2PHelloAck) or ack.peer_id != endpoint.peer_id or ack.round != links.round:
+        if not isinstance(ack, m.P2PHelloAck) or ack.peer_id != endpoint.peer_id or ack.round != links.round \
+                or ack.refused:
             conn.abort()
+            self._raise_if_refused(ack, endpoint.peer_id)
             raise ProtocolError(f"ring successor {endpoint.peer_id:x} answered the p2p hello on kept lane {lane} "
                                 f"with {ack!r}")
         return True
@@ -299,10 +323,12 @@ class RingWiring:
         dialled[lane] = conn
         try:
             with trio.fail_after(host.config.connect_timeout):
-                await conn.send(m.P2PHello(host.peer_id, links.round, lane, links.lanes, host.master_instance))
+                await conn.send(m.P2PHello(host.peer_id, links.round, lane, links.lanes, host.master_instance,
+                                           algorithm=self._algorithm))
                 ack = await conn.receive()
         except trio.TooSlowError:
             raise ProtocolError(f"ring successor {endpoint.peer_id:x} did not acknowledge the p2p hello") from None
+        self._raise_if_refused(ack, endpoint.peer_id)
         if not isinstance(ack, m.P2PHelloAck) or ack.peer_id != endpoint.peer_id or ack.round != links.round:
             raise ProtocolError(f"ring successor {endpoint.peer_id:x} answered the p2p hello with {ack!r}")
 
@@ -358,6 +384,8 @@ class RingWiring:
                 held = None
                 await host.serve_point(conn, hello)
                 return
+            self._check_instance(hello)
+            await self._refuse_if_mismatched(conn, hello)
             if hello.partner:
                 links = self._check_partner_hello(hello)
                 if slot is not None:
@@ -396,6 +424,7 @@ class RingWiring:
                     await self._round_changed.wait()
             if self._kept.pop(conn, False) is False:
                 raise ProtocolError("the lane was dropped meanwhile")  # a later round closed it
+            await self._refuse_if_mismatched(conn, hello)
             await self._add_lane(self._check_hello(hello), conn, hello)
         except (PCCLError, trio.TooSlowError) as exc:
             # A closed connection is the dialler dialling afresh: expected.  Anything else (a
@@ -415,6 +444,32 @@ class RingWiring:
         if hello.instance != host.master_instance:
             raise ProtocolError(f"p2p hello from peer {hello.peer_id:x} for a round of another master "
                                 f"(instance {hello.instance:x}, this peer's master is {host.master_instance:x})")
+
+    async def _refuse_if_mismatched(self, conn: FramedConnection, hello: m.P2PHello) -> None:
+        """A hello whose ``Config.all_reduce_algorithm`` differs from this peer's: answer with the
+        refusal and leave the run with ``InvalidUsage`` naming both settings (module docstring)."""
+        if hello.algorithm == self._algorithm:
+            return
+        host = self._host
+        text = (f"peer {hello.peer_id:x} uses Config.all_reduce_algorithm={clip_text(hello.algorithm, 40)!r} and peer "
+                f"{host.peer_id:x} uses {self._algorithm!r}: every peer of a run must use the same setting")
+        with trio.move_on_after(host.config.connect_timeout):
+            try:
+                await conn.send(m.P2PHelloAck(host.peer_id, hello.round, refused=text))
+            except PCCLError:
+                pass  # the dialler learns it from the closed connection's failed rounds
+        error = InvalidUsage(text)
+        host.leave_lockstep(error)
+        raise error
+
+    def _raise_if_refused(self, ack: m.Message, peer_id: int) -> None:
+        """The acceptor refused the hello for a setting the two peers do not share: leave the
+        run with ``InvalidUsage`` saying why (module docstring)."""
+        if isinstance(ack, m.P2PHelloAck) and ack.refused:
+            error = InvalidUsage(f"peer {peer_id:x} refused this peer's ring connection: "
+                                 f"{clip_text(ack.refused, MAX_DETAIL)}")
+            self._host.leave_lockstep(error)
+            raise error
 
     def _check_hello(self, hello: m.P2PHello) -> P2PLinks:
         """The current round's links if ``hello`` is a lane this peer expects in it, else

@@ -12,9 +12,15 @@ a 4 KiB all-reduce waits for 126 hops.  :class:`HalvingDoublingOp` runs the two 
 
 Bit-identical results
 ---------------------
-Every combination of two partial results is formed as ``lower op upper``, ``lower`` the partial
-of the lower ring positions, whichever peer computes it (the kernel's ``dst op= src`` with
-``dst`` the lower one: MIN/MAX of +0 and -0 and float sums depend on the operand order).  In
+Every combination of two partial results is formed as ``lower op upper``, whichever peer
+computes it (the kernel's ``dst op= src`` with ``dst`` the lower one: MIN/MAX of +0 and -0 and
+float sums depend on the operand order).  ``lower`` is the partial of the partner with the lower
+virtual rank, and in the fold the folded peer's input (it sits at the lower ring position).  In
+recursive doubling that partial covers a run of virtual ranks just below the other's; in
+Rabenseifner's halving, at distance ``d`` each partial covers the virtual ranks of one residue
+class modulo ``2d`` (``r`` and ``r + d``, ``r`` the smaller), so the two interleave and ``lower``
+is the one whose smallest virtual rank is lower (:func:`~pccl.collectives.reference.halving_reference`
+spells the tree out).  In
 recursive doubling both partners compute the same combination of the same bits, so after step
 ``k`` every peer of an aligned block of ``2^(k+1)`` virtual ranks holds the same bits, and after
 the last step everyone does.  In Rabenseifner each element is combined at one place per level
@@ -49,7 +55,11 @@ different orders (recursive doubling at distance 1 first, Rabenseifner at ``P/2`
 peers that went through them in different orders, each op could wait behind a frame of the
 other.  In commence order every peer runs the lowest unfinished op, whose frames precede every
 later op's on every link.  Concurrent small ops therefore queue (each takes ``log2 N`` link
-latencies) while ring ops run beside them on the lanes.
+latencies) while ring ops run beside them on the lanes.  An op whose seq was not recorded as
+commenced (:meth:`~pccl.collectives.links.SeqRegistry.commenced`; the collectives called
+directly, without a communicator) has no order known to be the same on every peer: it takes
+the turn only if it is free, and raises ``InvalidUsage`` when another op holds or awaits it
+(record the seqs as commenced, in the same order on every peer, to run such ops at once).
 
 Aborts
 ------
@@ -72,6 +82,7 @@ import trio
 
 from .. import kernels
 from .._groups import single_exception
+from ..errors import InvalidUsage
 from ..protocol.algorithms import (
     AllReduceAlgorithm,
     fold_partner,
@@ -150,7 +161,17 @@ class HalvingDoublingOp:
         """Run the op (see the module docstring for errors and cancellation), once its turn on
         the partner links came (cancellable while it waits)."""
         turns = self.links.partner_turns
-        taken = turns is not None and await turns.take(self.seq)
+        taken = False
+        if turns is not None:
+            if self.links.registry.is_commenced(self.seq):
+                taken = await turns.take(self.seq)
+            elif turns.try_take():
+                taken = True
+            else:
+                raise InvalidUsage(
+                    f"all-reduce seq {self.seq} would run over the partner links beside another op, but it was not "
+                    "recorded as commenced: record every concurrent op's seq (RingLinks.registry.commenced, in "
+                    "the same order on every peer, as the communicator does) or run them one at a time")
         self.links.registry.started(self.seq)
         try:
             await self._run()
@@ -168,7 +189,7 @@ class HalvingDoublingOp:
             assert self.fold is not None
             await self._exchange(self.fold, send=(0, self.count), receive=None, wire=work)
             self._step = self._last_step()
-            self._save_dst()
+            await self._save_dst()
             await self._exchange(self.fold, send=None, receive=(0, self.count), wire=self.dst)
             return
         if self.fold is not None:  # the folded peer is at the lower ring position
@@ -196,7 +217,7 @@ class HalvingDoublingOp:
                                  wire=self.work)
             await self._combine(0, self.count, own_is_lower=self.vrank < partner)
             distance <<= 1
-        self._save_dst()
+        await self._save_dst()
         await self._finalize(0, self.count)
 
     async def _rabenseifner(self) -> None:
@@ -213,7 +234,7 @@ class HalvingDoublingOp:
             lo, hi = keep
             distance >>= 1
         assert (lo, hi) == (v, v + 1)
-        self._save_dst()
+        await self._save_dst()
         await self._finalize(*self._blocks(v, v + 1))
         distance = 1
         while distance < size:
@@ -254,7 +275,8 @@ class HalvingDoublingOp:
         self.tx_bytes += header.nbytes
 
     async def _combine(self, a: int, b: int, *, own_is_lower: bool) -> None:
-        """``work[a:b]`` becomes ``lower op upper`` of it and the partner's partial in :attr:`stage`."""
+        """``work[a:b]`` becomes ``lower op upper`` of it and the partner's partial in :attr:`stage`
+        (``own_is_lower``: this peer's partial is the lower one, module docstring)."""
         if b <= a:
             return
         own, other = self.work[a:b], self.stage[: b - a]
@@ -267,10 +289,11 @@ class HalvingDoublingOp:
             await self._kernel(self.work[a:b].nbytes * 2, _finalize, self.work[a:b], self.dst[a:b], self.bufs.op,
                                self.world, self.bufs.half)
 
-    def _save_dst(self) -> None:
-        """In place, the caller's buffer is about to be written first: save it whole."""
+    async def _save_dst(self) -> None:
+        """In place, the caller's buffer is about to be written first: save it whole (a copy of
+        up to the whole buffer, so through the runner: a worker thread when large)."""
         if self.backup is not None and not self._dst_saved and self.bufs.in_place:
-            self.backup.save(0, self.count)
+            await self._kernel(self.dst.nbytes, self.backup.save, 0, self.count)
         self._dst_saved = True
 
     async def _kernel(self, nbytes: int, fn: Callable[..., None], *args: Any) -> None:

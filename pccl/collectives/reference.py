@@ -78,10 +78,11 @@ def halving_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp,
                       algorithm: AllReduceAlgorithm) -> np.ndarray:
     """The all-reduce of ``inputs_in_ring_order`` as ``algorithm`` (recursive doubling or
     halving-doubling) computes it, as a new flat array.  Every combination is
-    ``lower op upper`` (``lower``: the partial of the lower ring positions).  Recursive
-    doubling pairs virtual ranks at distance 1 first (``v[2i] op v[2i+1]``, then pairs of
-    those...); Rabenseifner's halving pairs them at distance ``P/2`` first (``v[i] op
-    v[i+P/2]``, then at ``P/4``...).  Then AVG's division, canonical NaN, one rounding."""
+    ``lower op upper``, ``lower`` the partial of the lower virtual rank (the fold: the folded
+    peer's input, at the lower ring position).  Recursive doubling pairs virtual ranks at
+    distance 1 first (``v[2i] op v[2i+1]``, then pairs of those...); Rabenseifner's halving
+    pairs them at distance ``P/2`` first (``v[i] op v[i+P/2]``, then at ``P/4``: partials of
+    interleaved virtual ranks...).  Then AVG's division, canonical NaN, one rounding."""
     world = len(inputs_in_ring_order)
     if world == 0:
         raise ValueError("need at least one input")

@@ -20,7 +20,9 @@ waiting for B, B running 9-12 while waiting for A.  In commence order the lowest
 gets its turn on every participant, so the run always progresses.  An op that ends or is
 cancelled before its turn (its seq retired, or its wait cancelled) leaves the order at once.
 Ops whose seq nobody recorded as commenced (the collectives called directly, without a
-communicator) have no known order: they run at once, without a turn, as they always did.
+communicator) have no known order: they run at once, without a turn, as they always did —
+except on the partner links, where such an op takes the one turn only when it is free
+(:meth:`ThreadTurns.try_take`; :mod:`pccl.collectives.halving`).
 
 A single op, or the first of a batch, is admitted without waiting: the fast path costs one
 comparison.
@@ -104,6 +106,15 @@ class ThreadTurns:
                 heapq.heapify(self._waiting)
                 self._admit()  # it may have held back the next one
             raise
+
+    def try_take(self) -> bool:
+        """Take a turn at once if one is free and no op waits for one (to be given back with
+        :meth:`give_back`); else False.  For an op outside the commence order that must not run
+        beside others (:mod:`pccl.collectives.halving`)."""
+        if self._running >= self._slots or self._waiting:
+            return False
+        self._running += 1
+        return True
 
     def give_back(self) -> None:
         """An admitted op's threads have all returned: the next op may take its turn."""

@@ -30,7 +30,11 @@ Choice (:func:`choose_all_reduce`): a cost model in "bytes a link moves in one l
 critical path; halving-doubling's bytes count :data:`UNPIPELINED_PENALTY` times (a step
 receives a whole block before reducing it, where the ring overlaps receiving, reducing and
 sending sub-chunk by sub-chunk).  Ties go to the ring.  Quantized or segmented ops, worlds
-below :data:`MIN_WORLD` and rings without partner links always take the ring.  The constants
+below :data:`MIN_WORLD` and rings without partner links always take the ring, and so does an op
+whose halving-doubling schedule would need a data frame over the wire's limit
+(:data:`~pccl.protocol.codec.MAX_DATA_PAYLOAD`, just under 4 GiB; :func:`largest_frame`) — even
+when an algorithm is forced: the family sends each step's range as one frame, where the ring's
+chunks and sub-chunks stay far below it.  The constants
 are nominal, not measured per run: a run on a network far from them may force an algorithm
 (``Config.all_reduce_algorithm``).
 """
@@ -39,10 +43,12 @@ from __future__ import annotations
 
 import enum
 
+from .codec import MAX_DATA_PAYLOAD
+
 __all__ = [
     "AllReduceAlgorithm", "NOMINAL_LATENCY_BYTES", "UNPIPELINED_PENALTY", "MIN_WORLD", "HALVING_MAX_BYTES",
     "power_of_two_below", "virtual_rank", "position_of", "fold_partner", "partner_positions",
-    "choose_all_reduce", "parse_algorithm", "wants_partner_links",
+    "choose_all_reduce", "parse_algorithm", "wants_partner_links", "largest_frame",
 ]
 
 
@@ -158,6 +164,26 @@ def costs(nbytes: int, world: int, *, itemsize: int, acc_itemsize: int,
             AllReduceAlgorithm.HALVING_DOUBLING: halving}
 
 
+def largest_frame(nbytes: int, world: int, algorithm: AllReduceAlgorithm, *, itemsize: int,
+                  acc_itemsize: int) -> int:
+    """The payload of the largest data frame ``algorithm`` sends (bytes) for an all-reduce of
+    ``nbytes`` on ``world >= 2`` peers, as :mod:`pccl.collectives.halving` frames it: one frame
+    per step and partner.  Recursive doubling and the fold move the whole partial result (in the
+    accumulator's dtype, ``acc_itemsize`` bytes an element); Rabenseifner's first step moves
+    half of the blocks (the first ``count % P`` blocks one element longer), its other steps
+    less.  ``RING``: 0 (its frames are chunks and sub-chunks, split below the limit)."""
+    if algorithm is AllReduceAlgorithm.RING:
+        return 0
+    count = nbytes // itemsize
+    wide = count * acc_itemsize
+    size = power_of_two_below(world)
+    if algorithm is AllReduceAlgorithm.RECURSIVE_DOUBLING or size != world:
+        return wide
+    base, extra = divmod(count, size)
+    half = size // 2
+    return (half * base + min(half, extra)) * acc_itemsize
+
+
 def choose_all_reduce(nbytes: int, world: int, *, itemsize: int, acc_itemsize: int, quantized: bool,
                       segmented: bool, partner_links: bool, exchange_max_bytes: int,
                       forced: AllReduceAlgorithm | None = None) -> AllReduceAlgorithm:
@@ -167,11 +193,14 @@ def choose_all_reduce(nbytes: int, world: int, *, itemsize: int, acc_itemsize: i
     for float16/bfloat16); ``partner_links``: whether the ring's links include the partner
     links :func:`partner_positions` names.  ``forced`` (every peer passes the same) wins
     whenever it can run: quantized and segmented ops, and rings without partner links, always
-    take the ring, as do empty ops and worlds below 2.
+    take the ring, as do empty ops, worlds below 2 and ops whose :func:`largest_frame` in the
+    forced algorithm would exceed :data:`~pccl.protocol.codec.MAX_DATA_PAYLOAD`.
     """
     if quantized or segmented or not partner_links or world < 2 or nbytes == 0:
         return AllReduceAlgorithm.RING
     if forced is not None:
+        if largest_frame(nbytes, world, forced, itemsize=itemsize, acc_itemsize=acc_itemsize) > MAX_DATA_PAYLOAD:
+            return AllReduceAlgorithm.RING
         return forced
     if world < MIN_WORLD or nbytes > HALVING_MAX_BYTES:
         return AllReduceAlgorithm.RING

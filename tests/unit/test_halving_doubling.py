@@ -9,6 +9,7 @@ every peer, for every dtype and op, powers of two and not (the fold).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -16,20 +17,22 @@ import numpy as np
 import pytest
 import trio
 
-from pccl.collectives import RingLinks, ring_all_reduce
+from pccl.collectives import InputBackup, KernelRunner, RingLinks, ring_all_reduce
 from pccl.collectives.reference import halving_reference, ring_reference
-from pccl.errors import PCCLError, PeerDisconnected
+from pccl.errors import InvalidUsage, PCCLError, PeerDisconnected
 from pccl.protocol.algorithms import (
     HALVING_MAX_BYTES,
     MIN_WORLD,
     AllReduceAlgorithm,
     choose_all_reduce,
     fold_partner,
+    largest_frame,
     parse_algorithm,
     partner_positions,
     position_of,
     virtual_rank,
 )
+from pccl.protocol.codec import MAX_DATA_PAYLOAD
 from pccl.types import Quantization, ReduceOp
 
 from fp_mode import flush_denormals, needs_sse_modes
@@ -225,11 +228,16 @@ async def test_bytes_moved(world: int) -> None:
 
 
 async def test_concurrent_ops_share_the_links() -> None:
+    # Concurrent ops over the partner links need their order: recorded as commenced (as the
+    # communicator does), whatever order the tasks start in, they take turns by seq.
     world = 6
     links, _, _ = memory_mesh(world)
     cases = [(RD, ReduceOp.SUM, np.float32), (HD, ReduceOp.MAX, np.int32), (RD, ReduceOp.AVG, np.float16),
              (HD, ReduceOp.SUM, np.float64)]
     results: dict[int, list[np.ndarray]] = {}
+    for peer in links:
+        for seq in range(1, 2 * len(cases) + 1):
+            peer.registry.commenced(seq)
 
     async def one(seq: int, algorithm: AllReduceAlgorithm, op: ReduceOp, dtype: Any) -> None:
         inputs = make_inputs(world, 500, dtype, op, seed=seq)
@@ -238,10 +246,36 @@ async def test_concurrent_ops_share_the_links() -> None:
         assert np.array_equal(outputs[0].view(np.uint8), halving_reference(inputs, op, algorithm).view(np.uint8))
         results[seq] = outputs
 
-    async with trio.open_nursery() as nursery:
-        for seq, case in enumerate(cases * 2, 1):
-            nursery.start_soon(one, seq, *case)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for seq, case in reversed(list(enumerate(cases * 2, 1))):  # started highest seq first
+                nursery.start_soon(one, seq, *case)
     assert len(results) == 2 * len(cases)
+
+
+async def test_an_uncommenced_op_beside_another_on_the_partner_links_is_refused() -> None:
+    # Ops nobody recorded as commenced have no order known to be the same on every peer: run
+    # beside each other on the partner links they could each wait behind the other's frames
+    # (4 of 30 random-order runs hung).  The second one is refused at once instead.
+    world = 4
+    links, _, _ = memory_mesh(world)
+    first = np.ones(64, np.float32)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            # peer 0's op 1 holds the partner turn, waiting for partners that never come
+            nursery.start_soon(lambda: ring_all_reduce(first, op=ReduceOp.SUM, links=links[0], rank=0, world=world,
+                                                       seq=1, algorithm=RD))
+            turns = links[0].partner_turns
+            assert turns is not None
+            while not turns.running:
+                await trio.sleep(0)
+            second = np.arange(64, dtype=np.float32)
+            with pytest.raises(InvalidUsage, match="seq 2 .* not recorded as commenced"):
+                await ring_all_reduce(second, op=ReduceOp.SUM, links=links[0], rank=0, world=world, seq=2,
+                                      algorithm=RD)
+            assert np.array_equal(second, np.arange(64, dtype=np.float32))  # untouched
+            nursery.cancel_scope.cancel()
+    assert turns.running == 0 and np.array_equal(first, np.ones(64, np.float32))  # restored on cancel
 
 
 async def test_commenced_ops_take_turns_in_seq_order_whatever_order_each_peer_starts_them() -> None:
@@ -313,14 +347,23 @@ def test_the_choice_follows_the_documented_table() -> None:
     assert _choose(128 << 10, 64) is RD and _choose(128 << 10, 64, itemsize=2, acc_itemsize=4) is HD
 
 
-#: docs/collectives.rst's table: per world, the sizes (KiB, float32) from which the choice moves
-#: to Rabenseifner and then to the ring.
-DOCUMENTED = {8: (412, 2344), 9: (412, 536), 12: (412, 948), 15: (412, 1364), 16: (324, 6008),
-              64: (256, 29648), 256: (228, 65540)}
+#: The worlds docs/collectives.rst's table has a row for.
+DOCUMENTED = [8, 9, 12, 15, 16, 64, 256]
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "collectives.rst"
+
+
+def _first_size_taking(world: int, algorithm: AllReduceAlgorithm, lo: int, hi: int) -> int:
+    """The smallest float32 size in bytes in ``(lo, hi]`` the choice gives ``algorithm`` (it
+    gives it at ``hi`` and not at ``lo``, and the choice changes once in between)."""
+    while hi - lo > 4:
+        mid = (lo + hi) // 8 * 4
+        lo, hi = (lo, mid) if _choose(mid, world) is algorithm else (mid, hi)
+    return hi
 
 
 @pytest.mark.parametrize("world", DOCUMENTED)
 def test_the_thresholds_are_the_documented_ones(world: int) -> None:
+    # The choice moves once from recursive doubling to Rabenseifner, then once to the ring ...
     changes = []
     previous = None
     for kib in range(4, 70_000, 4):
@@ -328,8 +371,17 @@ def test_the_thresholds_are_the_documented_ones(world: int) -> None:
         if algorithm is not previous:
             changes.append((kib, algorithm))
             previous = algorithm
-    halving, ring = DOCUMENTED[world]
-    assert changes == [(4, RD), (halving, HD), (ring, RING)]
+    assert [a for _, a in changes] == [RD, HD, RING]
+    # ... at the byte sizes docs/collectives.rst's table states (KiB to one decimal).
+    halving = _first_size_taking(world, HD, (changes[1][0] - 4) * 1024, changes[1][0] * 1024)
+    ring = _first_size_taking(world, RING, (changes[2][0] - 4) * 1024, changes[2][0] * 1024)
+    assert _choose(halving - 4, world) is RD and _choose(ring - 4, world) is HD
+    if ring - 4 == HALVING_MAX_BYTES:
+        upper = "Rabenseifner up to 64 MiB"
+    else:
+        upper = f"Rabenseifner below {ring / 1024:.1f} KiB"
+    row = f"* - {world}\n     - recursive doubling below {halving / 1024:.1f} KiB, {upper}, the ring above"
+    assert row in DOCS.read_text(), row
 
 
 def test_the_choice_never_takes_what_cannot_run() -> None:
@@ -340,6 +392,26 @@ def test_the_choice_never_takes_what_cannot_run() -> None:
         assert _choose(0, 64, forced=forced) is RING
     assert _choose(4096, 2, forced=HD) is HD and _choose(64 << 20, 3, forced=RD) is RD
     assert _choose(4096, 64, forced=RING) is RING
+
+
+def test_a_forced_algorithm_whose_frames_would_not_fit_the_wire_takes_the_ring() -> None:
+    # halving.py sends each step's range as one data frame, whose payload is at most
+    # MAX_DATA_PAYLOAD (just under 4 GiB): the choice gives such ops to the ring (a pure
+    # function of the size, so every peer agrees; nothing is allocated here).
+    gib = 1 << 30
+    assert _choose(5 * gib, 8, forced=RD) is RING  # recursive doubling swaps the whole buffer
+    assert _choose(4 * gib - 4096, 8, forced=RD) is RD
+    assert _choose(5 * gib, 8, forced=HD) is HD  # its largest frame is half the buffer
+    assert largest_frame(5 * gib, 8, HD, itemsize=4, acc_itemsize=4) == 5 * gib // 2
+    assert _choose(9 * gib, 8, forced=HD) is RING
+    assert _choose(5 * gib, 9, forced=HD) is RING  # the fold sends the whole buffer
+    # f16/bf16 partials travel as f32: 2.5 GiB of f16 input is a 5 GiB frame
+    assert _choose(5 * gib // 2, 8, forced=RD, itemsize=2, acc_itemsize=4) is RING
+    assert _choose(3 * gib // 2, 8, forced=RD, itemsize=2, acc_itemsize=4) is RD
+    for forced in (RD, HD):
+        huge = _choose(64 * gib, 64, forced=forced)
+        assert huge is RING
+        assert largest_frame(64 * gib, 64, forced, itemsize=4, acc_itemsize=4) > MAX_DATA_PAYLOAD
 
 
 def test_parse_algorithm() -> None:
@@ -475,3 +547,36 @@ async def test_cancelling_one_peer_mid_op_restores_every_input(algorithm: AllRed
             continue
         assert outcomes[r] is CANCELLED or isinstance(outcomes[r], PCCLError), (r, outcomes[r])
         assert np.array_equal(inputs[r].view(np.uint8), originals[r].view(np.uint8)), f"peer {r} not restored"
+
+
+async def test_saving_the_callers_buffer_runs_through_the_kernel_runner() -> None:
+    # In place, the caller's buffer is saved whole before its first write (up to 64 MiB in
+    # auto): work for the runner (a worker thread when large), as the ring's saves are, not a
+    # copy on the Trio thread.
+    class Recording(KernelRunner):
+        def __init__(self) -> None:
+            super().__init__(thread_threshold=0)  # every kernel to a worker thread
+            self.ran: list[Callable[..., Any]] = []
+
+        async def run(self, nbytes: int, fn: Callable[..., Any], *args: Any) -> Any:
+            self.ran.append(fn)
+            return await super().run(nbytes, fn, *args)
+
+    for algorithm, world in ((RD, 4), (HD, 4), (RD, 5)):
+        links, _, _ = memory_mesh(world)
+        inputs = make_inputs(world, 1000, np.float32, ReduceOp.SUM, seed=world)
+        outputs = [x.copy() for x in inputs]
+        runners = [Recording() for _ in range(world)]
+
+        async def peer(r: int) -> None:
+            await ring_all_reduce(outputs[r], op=ReduceOp.SUM, links=links[r], rank=r, world=world, seq=1,
+                                  algorithm=algorithm, runner=runners[r])
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for r in range(world):
+                    nursery.start_soon(peer, r)
+        assert_bit_identical(outputs)
+        for r, runner in enumerate(runners):
+            saves = [fn for fn in runner.ran if isinstance(getattr(fn, "__self__", None), InputBackup)]
+            assert [fn.__name__ for fn in saves] == ["save"], (algorithm.value, world, r, runner.ran)

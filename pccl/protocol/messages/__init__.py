@@ -163,7 +163,9 @@ class ConnectToPeers(Message, tag=21):
     """Master → participant of a topology round: (re)connect to your ring neighbours.
 
     ``ring`` is this peer's group ring (peer ids, in order) for the round; ``neighbours`` the
-    endpoints of its predecessor and successor (one entry for a ring of two, none when alone).
+    endpoints of the peers it may connect to, each once (:func:`pccl.protocol.ring.ring_contacts`):
+    its predecessor and successor (one entry for a ring of two, none when alone), then its
+    halving-doubling partners (:func:`pccl.protocol.algorithms.partner_positions`).
     A newer round supersedes an older one: drop the older attempt's connections.
     ``ring_links[i]`` is the master's measurement of the edge ``ring[i] -> ring[i + 1]`` (empty
     when nothing is measured): with ``Config.p2p_lanes="auto"`` every peer sizes the round's
@@ -211,7 +213,10 @@ class P2PHello(Message, tag=40):
     of ``lanes`` from ring predecessor ``peer_id`` in topology round ``round`` of the master
     ``instance`` (round ids start again at 1 when the master restarts).  With ``partner``: not
     a lane but the round's partner link from ``peer_id`` (a halving-doubling partner at a lower
-    ring position, :func:`pccl.protocol.algorithms.partner_positions`; ``lane`` is 0)."""
+    ring position, :func:`pccl.protocol.algorithms.partner_positions`; ``lane`` is 0).
+    ``algorithm``: the dialler's ``Config.all_reduce_algorithm`` (``"auto"`` or an
+    :class:`~pccl.protocol.algorithms.AllReduceAlgorithm` value), which must be the acceptor's:
+    peers with different settings would run different schedules."""
 
     peer_id: U64
     round: U64
@@ -219,13 +224,18 @@ class P2PHello(Message, tag=40):
     lanes: U32 = 1
     instance: U64 = 0
     partner: bool = False
+    algorithm: str = "auto"
 
 
 class P2PHelloAck(Message, tag=41):
-    """Peer → peer: the acceptor expects this connection (it is a ring neighbour in ``round``)."""
+    """Peer → peer: the acceptor expects this connection (it is a ring neighbour in ``round``).
+    A non-empty ``refused`` instead says why it never will (a setting that differs between the
+    two peers, such as ``Config.all_reduce_algorithm``): both peers leave the run with
+    ``InvalidUsage`` saying so, rather than retry the round."""
 
     peer_id: U64
     round: U64
+    refused: str = ""
 
 
 # --- 50–79: collective votes (master side in pccl/protocol/master/collectives.py; data path in
