@@ -74,7 +74,7 @@ class Deadlines:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._heap: list[tuple[float, int]] = []
-        self._works: dict[int, tuple[Work, str, float]] = {}
+        self._works: dict[int, tuple[Callable[[BaseException], None], str, float]] = {}
         self._keys = itertools.count()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -87,10 +87,10 @@ class Deadlines:
         with self._lock:
             if self._closed:
                 return
-            self._works[key] = (work, what, seconds)
+            self._works[key] = (work.expiry(), what, seconds)
             heapq.heappush(self._heap, (deadline, key))
             self._wake.notify()
-        work.get_future().add_done_callback(lambda _: self._forget(key))
+        work.when_done(lambda: self._forget(key))
 
     def close(self) -> None:
         """Stop the thread (the works still watched are not expired any more)."""
@@ -120,14 +120,14 @@ class Deadlines:
                         heapq.heappop(self._heap)
                     now = time.monotonic()
                     if self._heap and self._heap[0][0] <= now:
-                        work, what, seconds = self._works.pop(heapq.heappop(self._heap)[1])
+                        expire, what, seconds = self._works.pop(heapq.heappop(self._heap)[1])
                         break
                     self._wake.wait(self._heap[0][0] - now if self._heap else None)
-            work.expire(CollectiveTimeout(
+            expire(CollectiveTimeout(
                 f"pccl {what}: Timed out waiting {seconds * 1000:.0f}ms for the collective to complete; it was "
                 "cancelled on this peer (the other peers' calls of it abort, an in-place tensor holds its input "
                 "again) and the group goes on with its next collective"))
-            del work
+            del expire
 
 
 _WRAPPED: set[Callable[..., Any]] = set()
@@ -157,7 +157,8 @@ class Timeouts:
 
     _deadlines: Deadlines | None = None
     _deadlines_lock = threading.Lock()
-    _running_works: dict[int, Work] | None = None
+    #: how to expire each work still running (never the work itself: see ``Work.expiry``)
+    _running_works: dict[int, Callable[[BaseException], None]] | None = None
     _running_keys = itertools.count()
     #: The group's own timeout in seconds (None: none).
     timeout_seconds: float | None = None
@@ -194,8 +195,8 @@ class Timeouts:
         with self._deadlines_lock:
             if self._running_works is None:
                 self._running_works = {}
-            self._running_works[key] = work
-        work.get_future().add_done_callback(lambda _: self._work_ended(key))
+            self._running_works[key] = work.expiry()
+        work.when_done(lambda: self._work_ended(key))
 
     def cancel_running(self, why: str) -> None:
         """Cancel every collective of the group still running (pccl's cancellation: the other
@@ -203,8 +204,8 @@ class Timeouts:
         ``CollectiveAborted(why)``."""
         with self._deadlines_lock:
             running = list((self._running_works or {}).values())
-        for work in running:
-            work.expire(CollectiveAborted(why))
+        for expire in running:
+            expire(CollectiveAborted(why))
 
     def _work_ended(self, key: int) -> None:
         with self._deadlines_lock:

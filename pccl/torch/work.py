@@ -81,6 +81,18 @@ class Work(dist.Work):
         self._observed = True
         return self._future
 
+    def expiry(self) -> Callable[[BaseException], None]:
+        """:meth:`expire` without the work: what the group's timeouts hold while the op runs.
+        They must not keep the work itself alive: torch's C++ reaches a Python work's methods
+        only through the Python object's own life (see :class:`UnobservedWorks`), and a work
+        held elsewhere when Python drops it is never kept for C++ (DDP's ``join()`` hung)."""
+        return self._op.expire if self._op is not None else _never_expires
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the op's torch future is done: pccl.torch's own bookkeeping
+        (its timeouts), which unlike :meth:`get_future` does not count as observing the work."""
+        self._future.add_done_callback(lambda _: callback())
+
     def is_completed(self) -> bool:
         """Whether the collective and its finishing copies are done (successfully or not)."""
         return self._outcome.done()  # torch's future completes in a callback just after it
@@ -120,6 +132,10 @@ class Work(dist.Work):
         ``error`` (its cause: the cancelled call's own error).  Nothing once it has ended."""
         if self._op is not None:
             self._op.expire(error)
+
+
+def _never_expires(error: BaseException) -> None:
+    """A work without a pending op (a point-to-point one) has nothing to expire."""
 
 
 class UnobservedWorks:
