@@ -14,6 +14,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
@@ -193,6 +194,27 @@ def default(pg: Any) -> bool:
 def group_kw(pg: Any) -> dict[str, Any]:
     """Upstream leaves the group out (the default group); ``group=pg`` on a group of ours."""
     return {} if default(pg) else {"group": pg}
+
+
+def ddp_kw(pg: Any) -> dict[str, Any]:
+    """Upstream builds DDP on the default group; ``process_group=pg`` on a group of ours."""
+    return {} if default(pg) else {"process_group": pg}
+
+
+#: torch.testing._internal.common_utils.SEED: what upstream's ``setUp`` seeds every process with.
+SEED = 1234
+
+#: torch's global random generator is one per process: the thread-world peers draw their
+#: models and inputs under this lock, each after seeding, as upstream's processes do.
+RNG = threading.Lock()
+
+
+@contextlib.contextmanager
+def seeded(seed: int = SEED) -> Iterator[None]:
+    """Draws as from a process seeded with ``seed`` (upstream's ``setUp``), under :data:`RNG`."""
+    with RNG:
+        torch.manual_seed(seed)
+        yield
 
 
 def thread_world_tests(cases: dict[str, Case], *, leave_out: Collection[str] = ()) -> dict[str, Callable[..., None]]:

@@ -96,34 +96,14 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import pccl.torch  # noqa: E402
 from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world, case_table, assert_equal  # noqa: E402,F401
+from pccl_torch_world import RNG as _RNG, SEED, ddp_kw as _ddp, seeded as _seeded  # noqa: E402
 from pccl_torch_world import default as is_default  # noqa: E402
 from pccl_torch_world import group_kw as _kw  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
-#: torch.testing._internal.common_utils.SEED: what upstream's ``setUp`` seeds every process with.
-SEED = 1234
-
 #: name -> case, in the order they are defined (the peer processes run them in this order).
 CASES, ported = case_table()
-
-#: torch's global random generator is one per process: the thread-world peers draw their
-#: models and inputs under this lock, each after seeding, as upstream's processes do.
-_RNG = threading.Lock()
-
-
-def _ddp(pg: Any) -> dict[str, Any]:
-    """Upstream builds DDP on the default group; ``process_group=pg`` on a group of ours."""
-    return {} if is_default(pg) else {"process_group": pg}
-
-
-@contextlib.contextmanager
-def _seeded(seed: int = SEED) -> Iterator[None]:
-    """Draws as from a process seeded with ``seed`` (upstream's ``setUp``)."""
-    with _RNG:
-        torch.manual_seed(seed)
-        yield
-
 
 _DEBUG = threading.Lock()
 _debug_env_users: list[Any] = []  # (env, level) before the first user, once per user

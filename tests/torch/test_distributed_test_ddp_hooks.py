@@ -98,33 +98,13 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import pccl.torch  # noqa: E402
 from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world, case_table, assert_equal, default as default_group, group_kw as _kw  # noqa: E402,F401
+from pccl_torch_world import RNG as _RNG, SEED, ddp_kw as _ddp, seeded as _seeded  # noqa: E402
 from test_distributed_test_ddp import LargeNet, Net, NetWithBuffers, verify_ddp_error_logged  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
-#: torch.testing._internal.common_utils.SEED: what upstream's ``setUp`` seeds every process with.
-SEED = 1234
-
 #: name -> case, in the order they are defined (the peer processes run them in this order).
 CASES, ported = case_table()
-
-#: torch's global random generator is one per process: the thread-world peers draw their
-#: models and inputs under this lock, each after seeding, as upstream's processes do.
-_RNG = threading.Lock()
-
-
-@contextlib.contextmanager
-def _seeded(seed: int = SEED) -> Iterator[None]:
-    """Draws as from a process seeded with ``seed``."""
-    with _RNG:
-        torch.manual_seed(seed)
-        yield
-
-
-def _ddp(pg: Any) -> dict[str, Any]:
-    """Upstream builds DDP on the default group; ``process_group=pg`` on a group of ours."""
-    return {} if default_group(pg) else {"process_group": pg}
-
 
 def _assert_not_equal(x: Any, y: Any) -> None:
     """torch's ``TestCase.assertNotEqual``: ``assertEqual`` fails."""
