@@ -13,6 +13,7 @@ import contextlib
 import json
 import pathlib
 import subprocess
+import os
 import sys
 import threading
 import time
@@ -215,6 +216,34 @@ def seeded(seed: int = SEED) -> Iterator[None]:
     with RNG:
         torch.manual_seed(seed)
         yield
+
+
+_DEBUG_ENV = threading.Lock()
+_DEBUG_ENV_USERS: list[Any] = []  # (env, level) before the first user, once per user
+
+
+def with_dist_debug_levels(pg: Any, levels: list[str], fn: Callable[[], None]) -> None:
+    """torch/testing/_internal/common_distributed.py::with_dist_debug_levels: ``fn`` once per
+    debug level, a barrier after each.  The level is one per process: the thread-world peers set
+    the same one at the same step, and the last one out puts the level before back."""
+    with _DEBUG_ENV:
+        _DEBUG_ENV_USERS.append((os.environ.get("TORCH_DISTRIBUTED_DEBUG"), dist.get_debug_level()))
+    try:
+        for level in levels:
+            with _DEBUG_ENV:
+                os.environ["TORCH_DISTRIBUTED_DEBUG"] = level
+                dist.set_debug_level_from_env()
+            fn()
+            dist.barrier(**group_kw(pg))
+    finally:
+        with _DEBUG_ENV:
+            old_env, old_level = _DEBUG_ENV_USERS.pop()
+            if not _DEBUG_ENV_USERS:
+                if old_env is None:
+                    os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+                else:
+                    os.environ["TORCH_DISTRIBUTED_DEBUG"] = old_env
+                dist.set_debug_level(old_level)
 
 
 def thread_world_tests(cases: dict[str, Case], *, leave_out: Collection[str] = ()) -> dict[str, Callable[..., None]]:

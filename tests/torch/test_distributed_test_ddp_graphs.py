@@ -97,6 +97,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 import pccl.torch  # noqa: E402
 from pccl_torch_world import WORLDS, run_cases_in_processes, thread_world_tests, world, case_table, assert_equal  # noqa: E402,F401
 from pccl_torch_world import RNG as _RNG, SEED, ddp_kw as _ddp, seeded as _seeded  # noqa: E402
+from pccl_torch_world import with_dist_debug_levels as _with_dist_debug_levels  # noqa: E402
 from pccl_torch_world import default as is_default  # noqa: E402
 from pccl_torch_world import group_kw as _kw  # noqa: E402
 
@@ -105,32 +106,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 #: name -> case, in the order they are defined (the peer processes run them in this order).
 CASES, ported = case_table()
 
-_DEBUG = threading.Lock()
-_debug_env_users: list[Any] = []  # (env, level) before the first user, once per user
-
-
-def _with_dist_debug_levels(pg: Any, levels: list[str], fn: Callable[[], None]) -> None:
-    """torch/testing/_internal/common_distributed.py::with_dist_debug_levels: ``fn`` once per
-    debug level, a barrier after each.  The level is one per process: the thread-world peers set
-    the same one at the same step, and the last one out puts the level before back."""
-    with _DEBUG:
-        _debug_env_users.append((os.environ.get("TORCH_DISTRIBUTED_DEBUG"), dist.get_debug_level()))
-    try:
-        for level in levels:
-            with _DEBUG:
-                os.environ["TORCH_DISTRIBUTED_DEBUG"] = level
-                dist.set_debug_level_from_env()
-            fn()
-            dist.barrier(**_kw(pg))
-    finally:
-        with _DEBUG:
-            old_env, old_level = _debug_env_users.pop()
-            if not _debug_env_users:
-                if old_env is None:
-                    os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
-                else:
-                    os.environ["TORCH_DISTRIBUTED_DEBUG"] = old_env
-                dist.set_debug_level(old_level)
 
 
 class _torch_ddp_private:  # noqa: N801 - read as a function
