@@ -296,6 +296,10 @@ class Communicator:
     def ring(self) -> tuple[int, ...]:
         return self._read(lambda c: c.ring)
 
+    @property
+    def sites(self) -> tuple[int, ...]:
+        return self._read(lambda c: c.sites)
+
     def statistics(self) -> _async.CommunicatorStatistics:
         return self._read(lambda c: c.statistics())
 

@@ -176,6 +176,13 @@ class Communicator:
         return tuple(e.peer_id for e in self._session.ring_endpoints)
 
     @property
+    def sites(self) -> tuple[int, ...]:
+        """The site (datacenter) of each position of this peer's current ring, as the master's
+        link measurements show them (``optimize_topology``; :mod:`pccl.protocol.sites`): sites
+        numbered along the ring from 0, ``()`` when unknown (links unmeasured or alike)."""
+        return self._session.links.sites
+
+    @property
     def ring_endpoints(self) -> tuple[m.PeerEndpoint, ...]:
         return self._session.ring_endpoints
 

@@ -23,8 +23,11 @@ class P2PLinks:
     """
 
     def __init__(self, round_id: int, ring: tuple[int, ...], me: int, lanes: int, *,
-                 algorithm: AllReduceAlgorithm | None = None) -> None:
+                 algorithm: AllReduceAlgorithm | None = None, sites: tuple[int, ...] = ()) -> None:
         self.round = round_id
+        #: The site of each ring position as the master measured it (``ConnectToPeers.sites``;
+        #: ``()``: unknown).
+        self.sites = sites
         #: The all-reduce algorithm ``Config.all_reduce_algorithm`` forces (``None``: auto):
         #: whether the round has partner links (:func:`~pccl.protocol.algorithms.wants_partner_links`).
         self.algorithm = algorithm

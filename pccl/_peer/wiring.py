@@ -52,6 +52,7 @@ from ..net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for,
 from ..protocol import messages as m
 from ..protocol.algorithms import parse_algorithm, partner_positions, wants_partner_links
 from ..protocol.paths import Port
+from ..protocol.sites import check_ring_sites
 from .host import PeerHost
 from .ring_connections import P2PLinks
 
@@ -108,12 +109,17 @@ class RingWiring:
         host = self._host
         if msg.round <= self.links.round or host.peer_id not in msg.ring:
             raise ProtocolError(f"the master sent a bad ConnectToPeers (round {msg.round})")
+        try:
+            check_ring_sites(msg.ring, msg.sites)
+        except ValueError as exc:
+            raise ProtocolError(f"the master sent a bad ConnectToPeers (round {msg.round}): {exc}") from None
         if self._round_scope is not None:
             self._round_scope.cancel()
         old = self.links
         lanes = host.config.ring_lanes((f.bandwidth, f.rtt) for f in msg.ring_links)
         links = self.links = P2PLinks(msg.round, tuple(msg.ring), host.peer_id, lanes,
-                                      algorithm=parse_algorithm(host.config.all_reduce_algorithm))
+                                      algorithm=parse_algorithm(host.config.all_reduce_algorithm),
+                                      sites=tuple(msg.sites))
         # Lanes whose ends stay neighbours carry on (module docstring); the rest close.
         outgoing: list[FramedConnection | None] = []
         incoming: dict[int, FramedConnection] = {}

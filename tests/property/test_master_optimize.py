@@ -74,6 +74,9 @@ def test_optimise_probes_every_missing_link_then_installs_the_solved_ring():
         assert tuple(e.peer_id for e in done.ring) == ring
         assert h.info(c).topology_vote is None
     assert len(h.ms.measured_links()) == 12
+    # The round carries the two sites the probes show, numbered along the ring (none before).
+    expected = tuple(0 if site[pid] == site[ring[0]] else 1 for pid in ring)
+    assert {h.last(c, m.ConnectToPeers).sites for c in conns} == {expected}
 
 
 def test_measurements_are_kept_so_a_newcomer_costs_only_its_own_links():

@@ -1,4 +1,5 @@
 """optimize_topology in the simulator: over sites the installed ring leaves each site once, and
+every peer holds the sites the master found (``Communicator.sites``), and
 ``p2p_lanes="auto"`` sizes the lanes from the probed bandwidth-delay product.  Deterministic."""
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ def group_run(n: int, config: pccl.Config, *, layout: SiteLayout | None = None, 
                 x = np.full(1000, float(int(host[4:]) + 1), np.float32)
                 await barrier(0)
                 out["rings"].setdefault("before", comm.ring)
+                out.setdefault("sites_before", comm.sites)
                 out["lanes"].setdefault("before", len(pccl.testing.ring_lanes(comm).to_successor))
                 await comm.all_reduce(x)
                 await barrier(1)
                 await comm.optimize_topology()
                 out["rings"].setdefault("after", comm.ring)
                 assert comm.ring == out["rings"]["after"]
+                out.setdefault("sites", {})[host] = comm.sites
                 out["lanes"][host] = len(pccl.testing.ring_lanes(comm).to_successor)
                 await comm.all_reduce(x)
                 out["sums"].append(float(x[0]))
@@ -87,6 +90,14 @@ def test_the_optimised_ring_leaves_each_site_once():
     assert crossings(out["rings"]["before"], site_of) > 3      # this seed's join order scatters the sites
     assert crossings(out["rings"]["after"], site_of) == 3
     assert len(out["measured"]) == 30
+    # The master found the three sites from the probes and every peer holds them, along the ring.
+    assert out["sites_before"] == ()
+    ring = out["rings"]["after"]
+    assert all(sites == out["sites"]["peer0"] for sites in out["sites"].values())
+    named = [f"site{k}" for k in range(3)]
+    seen = list(dict.fromkeys(site_of[pid] for pid in ring))   # sites in the order the ring enters them
+    assert out["sites"]["peer0"] == tuple(seen.index(site_of[pid]) for pid in ring)
+    assert sorted(seen) == named
     # Right results on both rings: 'peerN' starts from N + 1; 21 after the first all-reduce
     # (in place), 6 * 21 after the second.
     assert out["sums"] == [126.0] * 6

@@ -179,6 +179,7 @@ class MasterState:
             kick=lambda pid, reason, detail: self._remove(self._roster.by_id[pid], reason, detail),
             ring_order=lambda group, ids: self._optimizer.ring_order(group, ids),
             ring_links=lambda ring: self._optimizer.ring_links(ring),
+            ring_sites=lambda ring: self._optimizer.ring_sites(ring),
             enter=self._enter_round,
             complete=self._complete_round,
         ), max_attempts=max_p2p_attempts)

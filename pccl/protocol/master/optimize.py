@@ -11,7 +11,8 @@ stay) and answers one ``ProbeReport`` naming exactly those targets (PROTOCOL_ERR
 second report, or one for a probe it was not asked for, is OUT_OF_PHASE; a report of an older
 probe is ignored).  With every live member's report in, the master solves the ring
 (:mod:`pccl.protocol.topology`), keeps that order for the group, and installs it with a group
-round, which ends the votes.  Rings of later rounds keep the optimised order for the members
+round, which ends the votes.  Every round's ``ConnectToPeers`` carries the sites the measured links
+show among the ring's members (:mod:`pccl.protocol.sites`; none while a pair is unmeasured).  Rings of later rounds keep the optimised order for the members
 that stay; newcomers follow in id order (:meth:`Optimizer.ring_order`).
 
 The machine sees the master only through :class:`OptimizeHost` (peers named by peer id).
@@ -27,6 +28,7 @@ from ...errors import KickReason
 from .. import messages as m
 from .link_store import LinkStore
 from ..ring import build_ring
+from ..sites import find_sites, ring_sites
 from .events import PeerFault
 
 __all__ = ["Optimizer", "OptimizeHost"]
@@ -135,6 +137,11 @@ class Optimizer:
         if all(e is None for e in edges):
             return ()
         return tuple(m.LinkFigure(e.bandwidth, e.rtt) if e is not None else m.LinkFigure(0.0, 0.0) for e in edges)
+
+    def ring_sites(self, ring: tuple[int, ...]) -> tuple[int, ...]:
+        """The site of each of ``ring``'s positions from the measured links
+        (:mod:`pccl.protocol.sites`), ``()`` while any pair is unmeasured or no gap shows."""
+        return ring_sites(ring, find_sites(ring, self.links.edges(ring)))
 
     # --- views --------------------------------------------------------------------------------
 

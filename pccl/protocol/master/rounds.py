@@ -55,6 +55,8 @@ class RoundsHost:
     ring_order: Callable[[int, list[int]], tuple[int, ...]]
     #: the measured figures of a ring's links
     ring_links: Callable[[tuple[int, ...]], tuple[m.LinkFigure, ...]]
+    #: the site index of each ring position (:func:`pccl.protocol.sites.ring_sites`), ``()`` if unknown
+    ring_sites: Callable[[tuple[int, ...]], tuple[int, ...]]
     #: a peer takes part in the round of this scope from now on (``None``: in none any more)
     enter: Callable[[int, int | None], None]
     #: every live participant reported success: complete the round with them
@@ -88,10 +90,11 @@ class Rounds:
         for group, ids in by_group.items():
             ring = self._host.ring_order(group, ids)
             figures = self._host.ring_links(ring)
+            sites = self._host.ring_sites(ring)
             for pid in ring:
                 self._host.enter(pid, scope)
                 ends = tuple(self._host.endpoint(n) for n in ring_contacts(ring, pid))
-                self._host.send(pid, m.ConnectToPeers(rnd.round_id, ring, ends, figures))
+                self._host.send(pid, m.ConnectToPeers(rnd.round_id, ring, ends, figures, sites))
         log.debug("round %d (scope %d) started with %d peers", rnd.round_id, scope, len(rnd.participants))
 
     def on_report(self, peer_id: int, scope: int | None, msg: m.P2PReport) -> None:

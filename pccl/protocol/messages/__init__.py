@@ -170,12 +170,16 @@ class ConnectToPeers(Message, tag=21):
     ``ring_links[i]`` is the master's measurement of the edge ``ring[i] -> ring[i + 1]`` (empty
     when nothing is measured): with ``Config.p2p_lanes="auto"`` every peer sizes the round's
     lanes from them alike.
+    ``sites[i]`` is the site (datacenter) of ``ring[i]`` as the master's measurements show it
+    (:mod:`pccl.protocol.sites`: sites numbered along the ring from 0), empty when unknown;
+    an older peer ignores it (trailing field).
     """
 
     round: U64
     ring: tuple[U64, ...]
     neighbours: tuple[PeerEndpoint, ...]
     ring_links: tuple[LinkFigure, ...] = ()
+    sites: tuple[U32, ...] = ()
 
 
 class TopologyComplete(Message, tag=22):
