@@ -63,8 +63,9 @@ class CommunicatorStatistics:
     #: are not counted here but in ``p2p_partner_dials``.
     p2p_dials: int
     p2p_lanes_kept: int
-    #: Halving-doubling partner links this peer dialled (to its partners at higher ring
-    #: positions, every topology round from 8 peers up or with an algorithm forced; never kept).
+    #: Partner links this peer dialled (to its partners at higher ring positions; never kept):
+    #: halving-doubling partners, every topology round from 8 peers up or with an algorithm
+    #: forced, and the hierarchical all-reduce's site partners when the round has sites.
     p2p_partner_dials: int
     p2p_connections: int
     collectives_completed: int

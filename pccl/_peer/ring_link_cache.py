@@ -8,7 +8,7 @@ import trio
 from ..collectives.links import RingLinks, SeqRegistry
 from ..errors import PeerDisconnected
 from ..net.framed import FramedConnection
-from ..protocol.algorithms import partner_positions, wants_partner_links
+from ..protocol.algorithms import link_partner_positions
 from .ring_connections import P2PLinks
 
 __all__ = ["RingLinkCache"]
@@ -55,11 +55,11 @@ class RingLinkCache:
                 incoming = await p2p.from_predecessor()
                 ring = p2p.ring
                 partners: dict[int, FramedConnection] = {}
-                if wants_partner_links(len(ring), p2p.algorithm):
-                    positions = partner_positions(ring.index(p2p.me), len(ring))
+                positions = link_partner_positions(ring.index(p2p.me), len(ring), p2p.algorithm, p2p.sites)
+                if positions:
                     by_id = await p2p.partner_links(tuple(ring[p] for p in positions))
                     partners = {p: by_id[ring[p]] for p in positions}
                 self._links = RingLinks(outgoing, incoming, registry=self.registry, partners=partners,
-                                        algorithm=p2p.algorithm)
+                                        algorithm=p2p.algorithm, sites=p2p.sites)
                 self._round = p2p
             return self._links

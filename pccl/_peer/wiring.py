@@ -50,7 +50,7 @@ from ..net.base import Listener, Stream
 from ..net.framed import FramedConnection
 from ..net.serving import PEER_LIMITS, HandshakeSlot, RefusalLog, admission_for, serve_listener
 from ..protocol import messages as m
-from ..protocol.algorithms import parse_algorithm, partner_positions, wants_partner_links
+from ..protocol.algorithms import link_partner_positions, parse_algorithm
 from ..protocol.paths import Port
 from ..protocol.sites import check_ring_sites
 from .host import PeerHost
@@ -233,10 +233,10 @@ class RingWiring:
         kept across rounds.  ``_PartnerUnreachable`` names the first partner that failed."""
         host = self._host
         ring = links.ring
-        if not wants_partner_links(len(ring), links.algorithm):
-            return
         me = ring.index(host.peer_id)
-        owed = [ring[p] for p in partner_positions(me, len(ring)) if p > me]
+        owed = [ring[p] for p in link_partner_positions(me, len(ring), links.algorithm, links.sites) if p > me]
+        if not owed:
+            return
         dialled: dict[int, FramedConnection] = {}
 
         async def dial(peer_id: int) -> None:
@@ -497,10 +497,10 @@ class RingWiring:
         links = self.links
         ring, me = links.ring, self._host.peer_id
         expected: tuple[int, ...] = ()
-        if hello.round == links.round and me in ring and hello.peer_id in ring and wants_partner_links(
-                len(ring), links.algorithm):
+        if hello.round == links.round and me in ring and hello.peer_id in ring:
             mine = ring.index(me)
-            expected = tuple(ring[p] for p in partner_positions(mine, len(ring)) if p < mine)
+            expected = tuple(ring[p] for p in link_partner_positions(mine, len(ring), links.algorithm, links.sites)
+                             if p < mine)
         if hello.peer_id not in expected:
             raise ProtocolError(f"unexpected partner hello from peer {hello.peer_id:x} for round {hello.round} "
                                 f"(current round {links.round})")

@@ -90,13 +90,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol.algorithms import AllReduceAlgorithm, choose_all_reduce, partner_positions
+from ..protocol.algorithms import AllReduceAlgorithm, choose_all_reduce, partner_positions, site_partners
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, EXCHANGE_MAX_BYTES
 from ..types import Quantization, ReduceOp
 from .backup import InputBackup
 from .buffers import KernelRunner, OpBuffers, ReduceArgs
 from .execute import Place, execute
 from .halving import HalvingDoublingOp
+from .hierarchical import HierarchicalOp
 from .links import RingLinks
 from .ring_op import RingOp
 from .segments import Segments
@@ -190,7 +191,9 @@ def algorithm_for(args: ReduceArgs, place: Place, *, exchange_max_bytes: int = E
         src.nbytes, place.world, itemsize=src.itemsize, acc_itemsize=4 if args.dtype.name in _HALF_NAMES else src.itemsize,
         quantized=args.quant is not None, segmented=isinstance(src, Segments),
         partner_links=place.links.has_partners(partner_positions(place.rank, place.world)),
-        exchange_max_bytes=exchange_max_bytes, forced=forced,
+        exchange_max_bytes=exchange_max_bytes, forced=forced, sites=place.links.sites,
+        site_links=len(place.links.sites) == place.world
+        and place.links.has_partners(site_partners(place.rank, place.links.sites)),
     )
 
 
@@ -207,6 +210,9 @@ def all_reduce_op(args: ReduceArgs, place: Place, *, max_subchunk_bytes: int = D
     chosen = algorithm_for(args, place, exchange_max_bytes=exchange_max_bytes, forced=forced)
     bufs = OpBuffers.for_args(args)
     try:
+        if chosen is AllReduceAlgorithm.HIERARCHICAL:
+            return HierarchicalOp(bufs, links=place.links, rank=place.rank, world=place.world, seq=place.seq,
+                                  backup=place.backup, runner=place.runner)
         if chosen is not AllReduceAlgorithm.RING:
             return HalvingDoublingOp(bufs, algorithm=chosen, links=place.links, rank=place.rank, world=place.world,
                                      seq=place.seq, backup=place.backup, runner=place.runner)

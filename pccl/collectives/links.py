@@ -435,6 +435,7 @@ class RingLinks:
         threaded: bool | None = None,
         partners: Mapping[int, FramedConnection] | None = None,
         algorithm: AllReduceAlgorithm | None = None,
+        sites: tuple[int, ...] = (),
     ) -> None:
         if not to_next or len(to_next) != len(from_prev):
             raise InvalidArgument(
@@ -467,6 +468,9 @@ class RingLinks:
         #: The all-reduce algorithm every op on these links is forced to (``None``: chosen per
         #: op; ``Config.all_reduce_algorithm``).
         self.algorithm = algorithm
+        #: The site of each ring position (``ConnectToPeers.sites``; ``()`` unknown): whether
+        #: all-reduces may run :mod:`pccl.collectives.hierarchical`.
+        self.sites = tuple(sites)
         #: Ops on the partner links take turns one at a time, in commence order: a partner link
         #: is read in its frames' order, and two ops whose peers went through them in different
         #: orders could each wait behind a frame of the other (:mod:`pccl.collectives.halving`).

@@ -10,7 +10,8 @@ would not match bit for bit; this one does (unquantized).  Chunk boundaries are 
 folded left (in f32 for f16/bf16, rounded once), and a NaN result is the canonical quiet NaN.
 
 :func:`halving_reference` models the halving-doubling family (:mod:`pccl.collectives.halving`):
-the fold's ``x[2i] op x[2i+1]``, then a fixed tree over the virtual ranks, NaN made canonical.
+the fold's ``x[2i] op x[2i+1]``, then a fixed tree over the virtual ranks, NaN made canonical;
+:func:`hierarchical_reference` the hierarchical schedule (:mod:`pccl.collectives.hierarchical`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from ..protocol.algorithms import (
     power_of_two_below,
     wants_partner_links,
 )
+from ..protocol.sites import even_sites
 from ..protocol.ring import EXCHANGE_MAX_BYTES, chunk_bounds, uses_exchange
 from ..types import DType, ReduceOp, dtype_of
 
-__all__ = ["ring_reference", "halving_reference", "all_reduce_reference"]
+__all__ = ["ring_reference", "halving_reference", "hierarchical_reference", "all_reduce_reference"]
 
 _NP_OP: dict[ReduceOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     ReduceOp.SUM: np.add,
@@ -117,22 +119,60 @@ def halving_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp,
         return acc.astype(dtype)
 
 
+def hierarchical_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp,
+                           sites: tuple[int, ...]) -> np.ndarray:
+    """The all-reduce of ``inputs_in_ring_order`` as the hierarchical schedule computes it
+    (:mod:`pccl.collectives.hierarchical`; ``sites``: the site of each ring position, even), as a
+    new flat array: each site's inputs folded in ring order (``x[0] op x[1] op ..``, the site's
+    peers), then the site partials folded in site order, in the accumulator type; then AVG's
+    division, canonical NaN, one rounding."""
+    table = even_sites(sites)
+    if table is None or len(sites) != len(inputs_in_ring_order):
+        raise ValueError(f"sites {sites!r} are not even sites of the {len(inputs_in_ring_order)} inputs")
+    op = ReduceOp(op)
+    flat = [np.ascontiguousarray(x).reshape(-1) for x in inputs_in_ring_order]
+    dtype = flat[0].dtype
+    half = dtype_of(dtype) in (DType.FLOAT16, DType.BFLOAT16)
+    acc_t = np.dtype(np.float32) if half else dtype
+    fn = _NP_OP[op]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        partials = []
+        for positions in table:
+            part = flat[positions[0]].astype(acc_t)
+            for p in positions[1:]:
+                part = fn(part, flat[p].astype(acc_t))
+            partials.append(part)
+        acc = partials[0]
+        for part in partials[1:]:
+            acc = fn(acc, part)
+        if op is ReduceOp.AVG:
+            divisor = acc_t.type(len(flat))
+            acc = acc // divisor if np.issubdtype(acc_t, np.integer) else acc / divisor
+        if np.issubdtype(acc_t, np.floating):
+            acc[np.isnan(acc)] = np.nan
+        return acc.astype(dtype)
+
+
 def all_reduce_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp, *,
                          algorithm: AllReduceAlgorithm | None = None, partner_links: bool | None = None,
-                         exchange_max_bytes: int = EXCHANGE_MAX_BYTES) -> np.ndarray:
+                         exchange_max_bytes: int = EXCHANGE_MAX_BYTES, sites: tuple[int, ...] = ()) -> np.ndarray:
     """The unquantized all-reduce of a whole :class:`~pccl.Communicator` (one flat, unsegmented
     buffer per participant, in ring order): the model of the algorithm the data path chooses
     (:func:`~pccl.protocol.algorithms.choose_all_reduce`).  ``algorithm``: what
     ``Config.all_reduce_algorithm`` forces (``None``: auto); ``partner_links``: whether the ring
     has them (default: as the topology round wires them,
-    :func:`~pccl.protocol.algorithms.wants_partner_links`)."""
+    :func:`~pccl.protocol.algorithms.wants_partner_links`); ``sites``: the round's sites
+    (``Communicator.sites``; the hierarchical schedule runs when they are even)."""
     world = len(inputs_in_ring_order)
     first = np.ascontiguousarray(inputs_in_ring_order[0])
     half = dtype_of(first.dtype) in (DType.FLOAT16, DType.BFLOAT16)
     links = wants_partner_links(world, algorithm) if partner_links is None else partner_links
     chosen = choose_all_reduce(first.nbytes, world, itemsize=first.itemsize, acc_itemsize=4 if half else first.itemsize,
                                quantized=False, segmented=False, partner_links=links,
-                               exchange_max_bytes=exchange_max_bytes, forced=algorithm)
+                               exchange_max_bytes=exchange_max_bytes, forced=algorithm, sites=sites,
+                               site_links=True)
+    if chosen is AllReduceAlgorithm.HIERARCHICAL:
+        return hierarchical_reference(inputs_in_ring_order, op, sites)
     if chosen is AllReduceAlgorithm.RING:
         return ring_reference(inputs_in_ring_order, op, exchange_max_bytes=exchange_max_bytes)
     return halving_reference(inputs_in_ring_order, op, chosen)

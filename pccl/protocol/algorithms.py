@@ -17,6 +17,14 @@ The algorithms
     Rabenseifner: a recursive-halving reduce-scatter (distance ``P/2`` down to 1, each step
     swapping half of what is left), then a recursive-doubling all-gather (distance 1 up to
     ``P/2``): ``2 log2 P`` steps, each peer sending ``2 (P - 1) / P`` of the buffer in all.
+``HIERARCHICAL``
+    Only when the master found sites (:mod:`pccl.protocol.sites`, ``ConnectToPeers.sites``)
+    and they are even (:func:`~pccl.protocol.sites.even_sites`: ``S >= 2`` sites of ``L >= 2``
+    peers): a reduce-scatter inside each site, an all-reduce of each of the ``L`` shards across
+    the sites (between the peers holding that shard), an all-gather inside each site; four
+    steps, two of them across sites (:mod:`pccl.collectives.hierarchical`).  With sites known,
+    the automatic choice takes it for every op it can run: every other algorithm crosses sites
+    on most of its steps.
 
 Non-powers of two: the standard fold.  With ``r = N - P`` extra peers, the peers at ring
 positions ``0, 2, .., 2r - 2`` send their input to the next position (``1, 3, .., 2r - 1``)
@@ -44,11 +52,13 @@ from __future__ import annotations
 import enum
 
 from .codec import MAX_DATA_PAYLOAD
+from .sites import even_sites
 
 __all__ = [
     "AllReduceAlgorithm", "NOMINAL_LATENCY_BYTES", "UNPIPELINED_PENALTY", "MIN_WORLD", "HALVING_MAX_BYTES",
     "power_of_two_below", "virtual_rank", "position_of", "fold_partner", "partner_positions",
-    "choose_all_reduce", "parse_algorithm", "wants_partner_links", "largest_frame",
+    "choose_all_reduce", "parse_algorithm", "wants_partner_links", "largest_frame", "site_partners",
+    "link_partner_positions",
 ]
 
 
@@ -58,6 +68,7 @@ class AllReduceAlgorithm(enum.Enum):
     RING = "ring"
     RECURSIVE_DOUBLING = "recursive_doubling"
     HALVING_DOUBLING = "halving_doubling"
+    HIERARCHICAL = "hierarchical"
 
 
 #: Bytes one link moves in the time of one link latency, nominally (5 ms at ~400 Mbit/s, 1 ms
@@ -93,6 +104,31 @@ def wants_partner_links(world: int, forced: AllReduceAlgorithm | None) -> bool:
     if forced is AllReduceAlgorithm.RING or world < 2:
         return False
     return forced is not None or world >= MIN_WORLD
+
+
+def site_partners(position: int, sites: tuple[int, ...]) -> tuple[int, ...]:
+    """The ring positions ``position`` exchanges with in the hierarchical all-reduce, ascending:
+    the rest of its site and the peers of the same rank in their sites (ranks in ring order);
+    ``()`` unless ``sites`` (a site per ring position) is even."""
+    table = even_sites(sites)
+    if table is None:
+        return ()
+    site = sites[position]
+    rank = table[site].index(position)
+    return tuple(sorted({p for p in table[site] if p != position} | {t[rank] for t in table if t[rank] != position}))
+
+
+def link_partner_positions(position: int, world: int, forced: AllReduceAlgorithm | None,
+                           sites: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """Every ring position ``position`` has a partner link to in a round (ascending): its
+    halving-doubling partners when :func:`wants_partner_links`, and its :func:`site_partners`
+    unless an algorithm other than ``HIERARCHICAL`` is forced."""
+    out: set[int] = set()
+    if wants_partner_links(world, forced) and forced is not AllReduceAlgorithm.HIERARCHICAL:
+        out.update(partner_positions(position, world))
+    if forced is None or forced is AllReduceAlgorithm.HIERARCHICAL:
+        out.update(site_partners(position, sites))
+    return tuple(sorted(out))
 
 
 def power_of_two_below(world: int) -> int:
@@ -176,6 +212,8 @@ def largest_frame(nbytes: int, world: int, algorithm: AllReduceAlgorithm, *, ite
         return 0
     count = nbytes // itemsize
     wide = count * acc_itemsize
+    if algorithm is AllReduceAlgorithm.HIERARCHICAL:
+        return wide                          # at most: a site's shard, or the whole for sites of one
     size = power_of_two_below(world)
     if algorithm is AllReduceAlgorithm.RECURSIVE_DOUBLING or size != world:
         return wide
@@ -186,7 +224,8 @@ def largest_frame(nbytes: int, world: int, algorithm: AllReduceAlgorithm, *, ite
 
 def choose_all_reduce(nbytes: int, world: int, *, itemsize: int, acc_itemsize: int, quantized: bool,
                       segmented: bool, partner_links: bool, exchange_max_bytes: int,
-                      forced: AllReduceAlgorithm | None = None) -> AllReduceAlgorithm:
+                      forced: AllReduceAlgorithm | None = None, sites: tuple[int, ...] = (),
+                      site_links: bool = False) -> AllReduceAlgorithm:
     """The algorithm an all-reduce of ``nbytes`` (the caller's buffer) runs on ``world`` peers.
 
     ``itemsize``/``acc_itemsize``: bytes per element of the buffer and of its accumulator (4
@@ -195,8 +234,23 @@ def choose_all_reduce(nbytes: int, world: int, *, itemsize: int, acc_itemsize: i
     whenever it can run: quantized and segmented ops, and rings without partner links, always
     take the ring, as do empty ops, worlds below 2 and ops whose :func:`largest_frame` in the
     forced algorithm would exceed :data:`~pccl.protocol.codec.MAX_DATA_PAYLOAD`.
+
+    ``sites``: the site of each ring position (``ConnectToPeers.sites``, ``()`` unknown) and
+    ``site_links``: whether the links include every :func:`site_partners` of this position.
+    ``HIERARCHICAL`` runs when the sites are even and linked, chosen automatically then or
+    forced; forced without such sites, the op takes the ring.
     """
-    if quantized or segmented or not partner_links or world < 2 or nbytes == 0:
+    if quantized or segmented or world < 2 or nbytes == 0:
+        return AllReduceAlgorithm.RING
+    if forced in (None, AllReduceAlgorithm.HIERARCHICAL):
+        hierarchical = site_links and len(sites) == world and even_sites(sites) is not None and largest_frame(
+            nbytes, world, AllReduceAlgorithm.HIERARCHICAL, itemsize=itemsize, acc_itemsize=acc_itemsize,
+        ) <= MAX_DATA_PAYLOAD
+        if hierarchical:
+            return AllReduceAlgorithm.HIERARCHICAL
+        if forced is not None:
+            return AllReduceAlgorithm.RING
+    if not partner_links:
         return AllReduceAlgorithm.RING
     if forced is not None:
         if largest_frame(nbytes, world, forced, itemsize=itemsize, acc_itemsize=acc_itemsize) > MAX_DATA_PAYLOAD:

@@ -48,7 +48,7 @@ import functools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .algorithms import partner_positions
+from .algorithms import partner_positions, site_partners
 
 __all__ = [
     "build_ring",
@@ -124,12 +124,14 @@ def ring_neighbours(ring: Sequence[int], peer_id: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def ring_contacts(ring: Sequence[int], peer_id: int) -> tuple[int, ...]:
+def ring_contacts(ring: Sequence[int], peer_id: int, sites: tuple[int, ...] = ()) -> tuple[int, ...]:
     """The peers whose endpoints ``peer_id`` gets for a topology round: its ring neighbours,
     then its halving-doubling partners (:func:`~pccl.protocol.algorithms.partner_positions`),
-    each once."""
+    then its hierarchical partners (:func:`~pccl.protocol.algorithms.site_partners`, when the
+    round has ``sites``), each once."""
     out = list(ring_neighbours(ring, peer_id))
-    for position in partner_positions(list(ring).index(peer_id), len(ring)):
+    me = list(ring).index(peer_id)
+    for position in partner_positions(me, len(ring)) + site_partners(me, sites):
         if ring[position] not in out:
             out.append(ring[position])
     return tuple(out)

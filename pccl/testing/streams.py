@@ -23,7 +23,7 @@ from ..config import Config
 from ..errors import AddressInUse, ConnectionRefused, PeerDisconnected, StreamClosed
 from ..net.base import Listener, Network, Stream, parse_address, receive_view, send_view
 from ..net.framed import FramedConnection
-from ..protocol.algorithms import partner_positions
+from ..protocol.algorithms import partner_positions, site_partners
 from ..protocol.messages import HandshakeRole
 
 __all__ = ["MemoryStream", "MemoryListener", "MemoryNetwork", "memory_stream_pair", "memory_ring", "memory_mesh"]
@@ -175,19 +175,20 @@ def memory_ring(world: int, lanes: int = 1, *, config: Config | None = None,
     return [RingLinks(out[r], inc[r]) for r in range(world)], raw
 
 
-def memory_mesh(world: int, lanes: int = 1, *, config: Config | None = None,
+def memory_mesh(world: int, lanes: int = 1, *, config: Config | None = None, sites: tuple[int, ...] = (),
                 ) -> tuple[list[RingLinks], list[list[MemoryStream]], list[dict[int, MemoryStream]]]:
     """:func:`memory_ring` with partner links: every ring position also gets one connection to
     each position :func:`~pccl.protocol.algorithms.partner_positions` names (the
-    halving-doubling all-reduce's partners).  Returns the links, each peer's lane streams and,
-    per peer, its sending stream to each partner (by ring position), where a test plants a
-    fault."""
+    halving-doubling all-reduce's partners) and, with ``sites`` (a site per ring position, as
+    ``ConnectToPeers.sites``), each :func:`~pccl.protocol.algorithms.site_partners` (the
+    hierarchical all-reduce's).  Returns the links, each peer's lane streams and, per peer, its
+    sending stream to each partner (by ring position), where a test plants a fault."""
     config = config or Config()
     ring, raw = memory_ring(world, lanes, config=config)
     conns: list[dict[int, FramedConnection]] = [{} for _ in range(world)]
     streams: list[dict[int, MemoryStream]] = [{} for _ in range(world)]
     for r in range(world):
-        for p in partner_positions(r, world):
+        for p in sorted(set(partner_positions(r, world)) | set(site_partners(r, sites))):
             if p < r:
                 continue  # the pair was made from the lower side
             a, b = trio.testing.memory_stream_pair()
@@ -196,6 +197,6 @@ def memory_mesh(world: int, lanes: int = 1, *, config: Config | None = None,
             streams[r][p], streams[p][r] = sa, sb
             conns[r][p] = FramedConnection(sa, role=HandshakeRole.CLIENT, config=config)
             conns[p][r] = FramedConnection(sb, role=HandshakeRole.SERVER, config=config)
-    links = [RingLinks(ring[r].to_next, [inbox.connection for inbox in ring[r].inboxes], partners=conns[r])
-             for r in range(world)]
+    links = [RingLinks(ring[r].to_next, [inbox.connection for inbox in ring[r].inboxes], partners=conns[r],
+                       sites=sites) for r in range(world)]
     return links, raw, streams

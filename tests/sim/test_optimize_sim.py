@@ -11,6 +11,7 @@ import trio
 
 import pccl
 import pccl.testing
+from pccl.collectives.reference import hierarchical_reference, ring_reference
 from pccl_sim.engine.network import LinkSpec
 from pccl_sim.engine.runner import simulate
 from pccl_sim.workloads.pccl.network import PcclSimNetwork
@@ -62,6 +63,12 @@ def group_run(n: int, config: pccl.Config, *, layout: SiteLayout | None = None, 
                 out["lanes"][host] = len(pccl.testing.ring_lanes(comm).to_successor)
                 await comm.all_reduce(x)
                 out["sums"].append(float(x[0]))
+                out.setdefault("partner_dials", []).append(comm.statistics().p2p_partner_dials)
+                # Order-sensitive floats: which reduction order ran shows in the bits.
+                y = (np.random.default_rng(int(host[4:])).standard_normal(1000) * 1e4).astype(np.float32)
+                out.setdefault("inputs", {})[comm.peer_id] = y.copy()
+                await comm.all_reduce(y)
+                out.setdefault("floats", []).append(y.tobytes())
                 await barrier(2)
 
         async with pccl.open_master("master:48148", config=config, network=world.boot("master"),
@@ -98,6 +105,13 @@ def test_the_optimised_ring_leaves_each_site_once():
     seen = list(dict.fromkeys(site_of[pid] for pid in ring))   # sites in the order the ring enters them
     assert out["sites"]["peer0"] == tuple(seen.index(site_of[pid]) for pid in ring)
     assert sorted(seen) == named
+    # After it, all-reduces run hierarchically over the site partner links (each peer has one
+    # partner in its site and one in each other site: 9 links), in that schedule's order.
+    assert sum(out["partner_dials"]) == 9
+    inputs = [out["inputs"][pid] for pid in ring]
+    assert len(set(out["floats"])) == 1
+    assert out["floats"][0] == hierarchical_reference(inputs, pccl.ReduceOp.SUM, out["sites"]["peer0"]).tobytes()
+    assert out["floats"][0] != ring_reference(inputs, pccl.ReduceOp.SUM).tobytes()
     # Right results on both rings: 'peerN' starts from N + 1; 21 after the first all-reduce
     # (in place), 6 * 21 after the second.
     assert out["sums"] == [126.0] * 6

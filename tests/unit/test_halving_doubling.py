@@ -450,7 +450,7 @@ class _Cancelled:
 CANCELLED = _Cancelled()
 
 
-async def _run_with_master_abort(inputs: Sequence[np.ndarray], links: Sequence[RingLinks],
+async def run_with_master_abort(inputs: Sequence[np.ndarray], links: Sequence[RingLinks],
                                  algorithm: AllReduceAlgorithm,
                                  trigger: Callable[[list[trio.CancelScope]], Any]) -> list[Any]:
     """Run an in-place op on every peer; the first failure cancels every other peer's scope
@@ -501,7 +501,7 @@ async def test_a_partner_link_dying_mid_op_aborts_everyone_and_restores_inputs(
     async def no_trigger(scopes: list[trio.CancelScope]) -> None:
         await trio.sleep(0)
 
-    outcomes = await _run_with_master_abort(inputs, links, algorithm, no_trigger)
+    outcomes = await run_with_master_abort(inputs, links, algorithm, no_trigger)
     assert stream.broke.is_set()
     assert isinstance(outcomes[breaker], PeerDisconnected), outcomes[breaker]
     for r in range(world):
@@ -537,7 +537,7 @@ async def test_cancelling_one_peer_mid_op_restores_every_input(algorithm: AllRed
             await trio.sleep(0)
         scopes[victim].cancel()
 
-    outcomes = await _run_with_master_abort(inputs, links, algorithm, cancel_victim_when_busy)
+    outcomes = await run_with_master_abort(inputs, links, algorithm, cancel_victim_when_busy)
     assert outcomes[victim] is CANCELLED
     for r in range(world):
         if isinstance(outcomes[r], tuple):  # finished before the abort reached it (see above)

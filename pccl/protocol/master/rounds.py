@@ -93,7 +93,7 @@ class Rounds:
             sites = self._host.ring_sites(ring)
             for pid in ring:
                 self._host.enter(pid, scope)
-                ends = tuple(self._host.endpoint(n) for n in ring_contacts(ring, pid))
+                ends = tuple(self._host.endpoint(n) for n in ring_contacts(ring, pid, sites))
                 self._host.send(pid, m.ConnectToPeers(rnd.round_id, ring, ends, figures, sites))
         log.debug("round %d (scope %d) started with %d peers", rnd.round_id, scope, len(rnd.participants))
 

@@ -165,7 +165,8 @@ class ConnectToPeers(Message, tag=21):
     ``ring`` is this peer's group ring (peer ids, in order) for the round; ``neighbours`` the
     endpoints of the peers it may connect to, each once (:func:`pccl.protocol.ring.ring_contacts`):
     its predecessor and successor (one entry for a ring of two, none when alone), then its
-    halving-doubling partners (:func:`pccl.protocol.algorithms.partner_positions`).
+    halving-doubling partners (:func:`pccl.protocol.algorithms.partner_positions`), then its
+    hierarchical partners (:func:`pccl.protocol.algorithms.site_partners`).
     A newer round supersedes an older one: drop the older attempt's connections.
     ``ring_links[i]`` is the master's measurement of the edge ``ring[i] -> ring[i + 1]`` (empty
     when nothing is measured): with ``Config.p2p_lanes="auto"`` every peer sizes the round's

@@ -199,7 +199,7 @@ class AllReducePhase(Phase):
             step.record("all_reduce_alone", k=k, tag=tag)
             return
         step.record("all_reduce", k=k, tag=tag, world_size=info.world_size, ring=list(comm.ring), digest=digest(x),
-                    tx=info.tx_bytes, rx=info.rx_bytes)
+                    tx=info.tx_bytes, rx=info.rx_bytes, sites=list(comm.sites))
 
     def checkers(self, scenario: StepScenario) -> Sequence[Checker]:
         return [AllReduceAgreement(self)]
@@ -307,7 +307,7 @@ class AllReduceAgreement(Checker):
             return
         tag = calls[ring[0]][0]
         inputs = [_shared_input(p, *calls[p], self.phase.size_of(tag), self.phase.dtype) for p in ring]
-        expected = digest(all_reduce_reference(inputs, self.phase.op))
+        expected = digest(all_reduce_reference(inputs, self.phase.op, sites=tuple(data.get("sites", ()))))
         if expected != data["digest"]:
             self._fail(sim, f"{host}: all-reduce seq {seq} over {_ids(ring)} differs from the numpy reference")
             return

@@ -138,7 +138,7 @@ class CollectivesPhase(Phase):
             step.record("collective_alone", op=kind, tag=tag, k=k)
             return
         step.record("collective", op=kind, tag=tag, k=k, world_size=info.world_size, ring=list(comm.ring),
-                    digest=digest(result), **extra)
+                    digest=digest(result), sites=list(comm.sites), **extra)
 
     def checkers(self, scenario: StepScenario) -> Sequence[Checker]:
         return [CollectivesAgreement(self)]
@@ -250,7 +250,7 @@ class CollectivesAgreement(Checker):
         if self.phase.quantization is not None or op in self.verified:
             return  # checked against numpy once per op
         self.verified.add(op)
-        expected = digest(self._expected(data["op"], op, ring, calls))
+        expected = digest(self._expected(data["op"], op, ring, calls, tuple(data.get("sites", ()))))
         if expected != data["digest"]:
             self._fail(sim, f"{host}: {what} (seq {op[1]}) over {_ids(ring)} differs from the numpy reference")
 
@@ -258,10 +258,10 @@ class CollectivesAgreement(Checker):
         return [_shared_input(p, *calls[p], _count(kind, self.phase.n, p, *calls[p]), self.phase.dtype) for p in ring]
 
     def _expected(self, kind: str, op: tuple[int, int], ring: Sequence[int],
-                  calls: dict[int, tuple[int, int]]) -> np.ndarray:
+                  calls: dict[int, tuple[int, int]], sites: tuple[int, ...] = ()) -> np.ndarray:
         inputs = self._inputs(ring, calls, kind)
         if kind == "all_reduce":
-            return all_reduce_reference(inputs, pccl.ReduceOp.SUM)
+            return all_reduce_reference(inputs, pccl.ReduceOp.SUM, sites=sites)
         if kind == "broadcast":
             return inputs[list(ring).index(self.roots[op])]
         return np.concatenate(inputs)
