@@ -3,7 +3,7 @@
 :class:`OptimizePhase` (phase name ``"optimize"``) makes every peer call
 ``comm.optimize_topology()`` every ``every``-th step (default: every step), so that faults land
 inside the vote, the probes (the p2p probe connections and the reports) and the install round.
-It records ``optimize`` (``ring``, ``world_size``) when the call returns.  The membership
+It records ``optimize`` (``ring``, ``world_size``, ``sites``) when the call returns.  The membership
 checkers already hold the install round to the rules of every topology round (one ring per
 round, attributes that agree); the all-reduce checker, run after it, holds the next op to the
 ring the master installed.
@@ -42,4 +42,5 @@ class OptimizePhase(Phase):
         if step.step % self.every:
             return
         await step.comm.optimize_topology()
-        step.record("optimize", ring=list(step.comm.ring), world_size=step.comm.world_size)
+        step.record("optimize", ring=list(step.comm.ring), world_size=step.comm.world_size,
+                    sites=list(step.comm.sites))
