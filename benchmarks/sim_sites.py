@@ -1,19 +1,23 @@
 """Topology optimisation across datacenters, in the simulator (issue 20's first figure).
 
-    python benchmarks/sim_sites.py [--sites 3] [--per-site 4] [--mib 256] [--lanes 4]
+    python benchmarks/sim_sites.py [--sites 3] [--per-site 4] [--mib 256 | --kib 4] [--lanes 4]
                                    [--seed 0] [--probe-seconds 0.1]
 
 Peers in ``--sites`` sites (10 Gbit/s, 0.1 ms inside a site; each site's traffic to the others
 shares one 1 Gbit/s uplink; 15-40 ms one way between sites; 4 MiB per-connection windows) join
 one by one in a random order, so the first ring (peer-id order) crosses between sites often.
-Each run times one ``--mib`` MiB float32 all-reduce (virtual seconds: from the first peer's
-call to the last peer's return):
+Each run times one ``--mib`` MiB (or ``--kib`` KiB) float32 all-reduce (virtual seconds: from
+the first peer's call to the last peer's return):
 
 * ``join order``: the ring as the peers joined;
-* ``optimised``: after ``optimize_topology()`` (real probes through the simulated network);
-* ``best``: after ``optimize_topology()`` with the master's link store filled with the true
-  link parameters instead of probes: the exact solver (Held-Karp, which the property tests
-  check against brute force) over the truth, i.e. the best ring under the model.
+* ``optimised``: after ``optimize_topology()`` (real probes through the simulated network), the
+  ring forced (``Config.all_reduce_algorithm="ring"``);
+* ``best``: the same with the master's link store filled with the true link parameters instead
+  of probes: the exact solver (Held-Karp, which the property tests check against brute force)
+  over the truth, i.e. the best ring under the model;
+* ``hierarchical``: after ``optimize_topology()`` with the automatic choice, which runs the
+  hierarchical all-reduce once the master found the sites (:mod:`pccl.protocol.sites`;
+  :mod:`pccl.collectives.hierarchical`).
 
 Deterministic: the same arguments print the same figures.
 """
@@ -57,13 +61,13 @@ def crossings(ring: tuple[int, ...], site_of_peer: dict[int, str]) -> int:
     return sum(site_of_peer[ring[k]] != site_of_peer[ring[(k + 1) % len(ring)]] for k in range(len(ring)))
 
 
-def run(mode: str, args: argparse.Namespace) -> dict[str, object]:
+def run(mode: str, args: argparse.Namespace, algorithm: str = "ring") -> dict[str, object]:
     sites = layout(args.sites)
     n = args.sites * args.per_site
     config = pccl.Config(peer_timeout=30.0, heartbeat_interval=1.0, connect_timeout=10.0, p2p_base_port=0,
                          shared_state_base_port=0, kernel_threads=False, p2p_lanes=args.lanes,
-                         probe_seconds=args.probe_seconds, probe_streams=8)
-    count = args.mib * (1 << 20) // 4
+                         probe_seconds=args.probe_seconds, probe_streams=8, all_reduce_algorithm=algorithm)
+    count = (args.kib << 10 if args.kib else args.mib << 20) // 4
     out: dict[str, object] = {}
 
     async def body(world) -> None:  # type: ignore[no-untyped-def]
@@ -102,6 +106,7 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, object]:
                         await comm.optimize_topology()
                         out.setdefault("optimise_s", trio.current_time() - t)
                         out["ring_after"] = comm.ring
+                        out["sites"] = comm.sites
 
         def fill_truth() -> None:
             if out.get("filled"):
@@ -138,6 +143,7 @@ def main() -> None:
     parser.add_argument("--sites", type=int, default=3)
     parser.add_argument("--per-site", type=int, default=4)
     parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--kib", type=int, default=0, help="the buffer in KiB instead (a latency case)")
     parser.add_argument("--lanes", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--probe-seconds", type=float, default=0.1)
@@ -146,18 +152,23 @@ def main() -> None:
     wall = time.perf_counter()
     probed = run("probe", args)
     best = run("best", args)
+    hier = run("probe", args, algorithm="auto")
     wall = time.perf_counter() - wall
     sites = probed["site_of_peer"]
     rows = [("join order", probed["ring_before"], probed["before_s"]),
             ("optimised (probes)", probed["ring_after"], probed["after_s"]),
-            ("best (exact solver over the true links)", best["ring_after"], best["after_s"])]
-    print(f"{args.sites} sites x {args.per_site} peers, {args.mib} MiB float32 all-reduce, {args.lanes} lanes, "
+            ("best (exact solver over the true links)", best["ring_after"], best["after_s"]),
+            ("hierarchical (probes, sites found)", hier["ring_after"], hier["after_s"])]
+    size = f"{args.kib} KiB" if args.kib else f"{args.mib} MiB"
+    print(f"{args.sites} sites x {args.per_site} peers, {size} float32 all-reduce, {args.lanes} lanes, "
           f"seed {args.seed} (virtual seconds; {wall:.0f} s wall)")
     for name, ring, seconds in rows:
         print(f"  {name:42s} {seconds:8.3f} s   ring crosses sites {crossings(ring, sites):2d} times")  # type: ignore[arg-type]
-    print(f"  optimize_topology() took {probed['optimise_s']:.2f} virtual s (probes + solve + re-wire)")
+    print(f"  optimize_topology() took {probed['optimise_s']:.2f} virtual s (probes + solve + re-wire); "
+          f"sites found along the ring: {hier['sites'] or 'none'}")
     print(f"  join order / optimised = {probed['before_s'] / probed['after_s']:.2f}x;"  # type: ignore[operator]
-          f"  optimised / best = {probed['after_s'] / best['after_s']:.3f}")  # type: ignore[operator]
+          f"  optimised / best = {probed['after_s'] / best['after_s']:.3f};"  # type: ignore[operator]
+          f"  optimised / hierarchical = {probed['after_s'] / hier['after_s']:.2f}x")  # type: ignore[operator]
 
 
 if __name__ == "__main__":

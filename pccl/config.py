@@ -89,8 +89,9 @@ class Config:
     p2p_lanes: int | Literal["auto"] = 1
     #: Which algorithm every all-reduce runs: ``"auto"`` (chosen per op from its size, the world
     #: and the links: :func:`pccl.protocol.algorithms.choose_all_reduce`, see
-    #: ``docs/collectives.rst``), or ``"ring"``, ``"recursive_doubling"``, ``"halving_doubling"``
-    #: (forced wherever it can run; quantized and segmented ops always take the ring).  With
+    #: ``docs/collectives.rst``), or ``"ring"``, ``"recursive_doubling"``, ``"halving_doubling"``,
+    #: ``"hierarchical"`` (forced wherever it can run; quantized and segmented ops always take
+    #: the ring, and so does ``"hierarchical"`` on a ring without even sites).  With
     #: ``"ring"`` no partner links are wired.  Must be the same on every peer of a run: ring
     #: neighbours whose settings differ both fail with ``InvalidUsage`` when they connect.
     all_reduce_algorithm: str = "auto"
