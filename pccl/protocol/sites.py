@@ -10,7 +10,9 @@ The rule
 1. **Link cost.**  A measured directed link ``a -> b`` costs what a reference message of
    :data:`REFERENCE_BYTES` takes on it, ``rtt / 2 + REFERENCE_BYTES / bandwidth``, but never less
    than :data:`COST_FLOOR` (below it, differences are measurement noise: on one host every link
-   costs the floor).  A pair ``{a, b}`` costs the larger of its two directions.
+   costs the floor).  A pair ``{a, b}`` costs the smaller of its two directions: a probe
+   disturbed in one direction (a fault, a burst of other traffic on a short probe) does not
+   split a site, and links between datacenters are slow both ways.
 2. **Unknown.**  If any pair lacks a measurement in either direction, or a probe of it failed
    (:data:`~pccl.protocol.topology.UNREACHABLE`), there are no sites (``None``): a newcomer not
    yet probed, or a link that could not be measured, never splits a site by accident.
@@ -64,7 +66,7 @@ def _pair_costs(ids: list[int], edges: Mapping[tuple[int, int], Edge]) -> list[l
             there, back = edges.get((ids[i], ids[j])), edges.get((ids[j], ids[i]))
             if there is None or back is None or there == UNREACHABLE or back == UNREACHABLE:
                 return None
-            cost[i][j] = cost[j][i] = max(link_cost(there), link_cost(back))
+            cost[i][j] = cost[j][i] = min(link_cost(there), link_cost(back))
     return cost
 
 
