@@ -1,15 +1,16 @@
 """Hierarchical all-reduce across sites: reduce-scatter in each site, all-reduce of each shard
 across the sites, all-gather in each site.
 
-When the master's link measurements show sites (:mod:`pccl.protocol.sites`) and they are even
-(``S >= 2`` sites of ``L >= 2`` peers each; ``rank`` below is a peer's index in its site, in
-ring order), an all-reduce runs in four steps over partner links
-(:func:`~pccl.protocol.algorithms.site_partners`):
+When the master's link measurements show sites (:mod:`pccl.protocol.sites`) that suit it
+(:func:`~pccl.protocol.sites.site_table`: ``S >= 2`` sites of at least two peers; ``rank`` below
+is a peer's index in its site, in ring order; ``K`` the smallest site's size), an all-reduce
+runs in four steps over partner links (:func:`~pccl.protocol.algorithms.site_partners`):
 
-1. **Reduce-scatter in the site.**  The buffer is cut into ``L`` shards
+1. **Reduce-scatter in the site.**  The buffer is cut into ``K`` shards
    (:func:`~pccl.collectives.halving.block_bounds`); every peer sends shard ``j`` of its input to
-   the peer of rank ``j`` of its site, which folds the ``L`` contributions in rank order:
-   ``x[0] op x[1] op .. op x[L-1]``.
+   the peer of rank ``j`` of its site, which folds the ``L`` contributions of its site in rank
+   order: ``x[0] op x[1] op .. op x[L-1]``.  Ranks from ``K`` up own no shard: they send in this
+   step and receive in the last one only.
 2. **Reduce-scatter across sites.**  Shard ``j`` is cut into ``S`` pieces; the peer of rank
    ``j`` in site ``s`` sends piece ``t`` of its site's partial to the peer of rank ``j`` in site
    ``t``, which folds the ``S`` site partials in site order: ``p[0] op p[1] op .. op p[S-1]``,
@@ -44,7 +45,7 @@ import trio
 from .. import kernels
 from ..protocol.algorithms import AllReduceAlgorithm
 from ..protocol.codec import DataHeader
-from ..protocol.sites import even_sites
+from ..protocol.sites import site_table
 from .backup import InputBackup
 from .buffers import KernelRunner, OpBuffers
 from .halving import HalvingDoublingOp, block_bounds
@@ -60,25 +61,33 @@ class HierarchicalOp(HalvingDoublingOp):
                  backup: InputBackup | None, runner: KernelRunner) -> None:
         super().__init__(bufs, algorithm=AllReduceAlgorithm.HIERARCHICAL, links=links, rank=rank, world=world,
                          seq=seq, backup=backup, runner=runner)
-        table = even_sites(links.sites)
+        table = site_table(links.sites)
         assert table is not None and len(links.sites) == world
         #: Ring positions by site, each site's in rank order.
         self.table = table
         self.site = links.sites[rank]
         self.site_rank = table[self.site].index(rank)
+        #: Shards: the smallest site's size (the ranks below it own one each, in every site).
+        self.shards = min(len(t) for t in table)
         #: Where a fold accumulates (one shard at most, in the accumulator's dtype).
-        shard = block_bounds(self.count, len(table[0]), 0)
+        shard = block_bounds(self.count, self.shards, 0)
         self.fold_into = bufs.take((shard[1] - shard[0]) * self.work.itemsize).view(self.work.dtype)
 
     async def _run(self) -> None:
         bufs, work = self.bufs, self.work
         await self._kernel(work.nbytes, kernels.widen if bufs.half else np.copyto, work, self.src)
-        site, me, table = self.site, self.site_rank, self.table
-        peers, sites = len(table[0]), len(table)
-        mine = block_bounds(self.count, peers, me)
-        # 1: shards to their owners in the site, fold mine in rank order.
-        sends = [(table[site][j], block_bounds(self.count, peers, j)) for j in range(peers) if j != me]
-        await self._fold(1, sends, self.work, [table[site][k] for k in range(peers)], me, mine)
+        site, me, table, shards = self.site, self.site_rank, self.table, self.shards
+        peers, sites = len(table[site]), len(table)
+        owner = me < shards
+        mine = block_bounds(self.count, shards, me) if owner else (0, 0)
+        # 1: shards to their owners in the site, fold mine (if any) in rank order.
+        sends = [(table[site][j], block_bounds(self.count, shards, j)) for j in range(shards) if j != me]
+        await self._fold(1, sends, self.work, list(table[site]), me, mine)
+        if not owner:
+            await self._save_dst()
+            await self._gather(4, [(table[site][j], block_bounds(self.count, shards, j)) for j in range(shards)],
+                               (0, 0))
+            return
         await self._kernel(self.fold_into.nbytes, np.copyto, work[mine[0]:mine[1]],
                            self.fold_into[: mine[1] - mine[0]])
         # 2: pieces of my site's partial to their owners across sites, fold mine in site order.
@@ -91,8 +100,8 @@ class HierarchicalOp(HalvingDoublingOp):
         await self._finalize(*piece)
         # 3 and 4: the final values back, across sites, then in the site.
         await self._gather(3, [(table[t][me], _piece(mine, sites, t)) for t in range(sites) if t != site], piece)
-        await self._gather(4, [(table[site][j], block_bounds(self.count, peers, j)) for j in range(peers) if j != me],
-                           mine)
+        await self._gather(4, [(table[site][j], block_bounds(self.count, shards, j) if j < shards else (0, 0))
+                               for j in range(peers) if j != me], mine)
 
     async def _fold(self, step: int, sends: list[tuple[int, tuple[int, int]]], wire: np.ndarray,
                     order: list[int], own: int, kept: tuple[int, int]) -> None:
@@ -125,7 +134,7 @@ class HierarchicalOp(HalvingDoublingOp):
 
     async def _gather(self, step: int, peers: list[tuple[int, tuple[int, int]]], mine: tuple[int, int]) -> None:
         """Send the final ``dst[mine]`` to every peer of ``peers``, and receive each one's
-        range of the result into ``dst``."""
+        range of the result into ``dst`` (an empty range: nothing either way)."""
         dst, item = self.dst, self.dst.itemsize
         a, b = mine
         async with trio.open_nursery() as nursery:

@@ -27,7 +27,7 @@ from ..protocol.algorithms import (
     power_of_two_below,
     wants_partner_links,
 )
-from ..protocol.sites import even_sites
+from ..protocol.sites import site_table
 from ..protocol.ring import EXCHANGE_MAX_BYTES, chunk_bounds, uses_exchange
 from ..types import DType, ReduceOp, dtype_of
 
@@ -122,13 +122,13 @@ def halving_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp,
 def hierarchical_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceOp,
                            sites: tuple[int, ...]) -> np.ndarray:
     """The all-reduce of ``inputs_in_ring_order`` as the hierarchical schedule computes it
-    (:mod:`pccl.collectives.hierarchical`; ``sites``: the site of each ring position, even), as a
+    (:mod:`pccl.collectives.hierarchical`; ``sites``: the site of each ring position), as a
     new flat array: each site's inputs folded in ring order (``x[0] op x[1] op ..``, the site's
     peers), then the site partials folded in site order, in the accumulator type; then AVG's
     division, canonical NaN, one rounding."""
-    table = even_sites(sites)
+    table = site_table(sites)
     if table is None or len(sites) != len(inputs_in_ring_order):
-        raise ValueError(f"sites {sites!r} are not even sites of the {len(inputs_in_ring_order)} inputs")
+        raise ValueError(f"sites {sites!r} do not suit the hierarchical schedule of {len(inputs_in_ring_order)} inputs")
     op = ReduceOp(op)
     flat = [np.ascontiguousarray(x).reshape(-1) for x in inputs_in_ring_order]
     dtype = flat[0].dtype
@@ -162,7 +162,7 @@ def all_reduce_reference(inputs_in_ring_order: Sequence[np.ndarray], op: ReduceO
     ``Config.all_reduce_algorithm`` forces (``None``: auto); ``partner_links``: whether the ring
     has them (default: as the topology round wires them,
     :func:`~pccl.protocol.algorithms.wants_partner_links`); ``sites``: the round's sites
-    (``Communicator.sites``; the hierarchical schedule runs when they are even)."""
+    (``Communicator.sites``; the hierarchical schedule runs when they suit it)."""
     world = len(inputs_in_ring_order)
     first = np.ascontiguousarray(inputs_in_ring_order[0])
     half = dtype_of(first.dtype) in (DType.FLOAT16, DType.BFLOAT16)

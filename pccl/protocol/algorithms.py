@@ -19,9 +19,10 @@ The algorithms
     ``P/2``): ``2 log2 P`` steps, each peer sending ``2 (P - 1) / P`` of the buffer in all.
 ``HIERARCHICAL``
     Only when the master found sites (:mod:`pccl.protocol.sites`, ``ConnectToPeers.sites``)
-    and they are even (:func:`~pccl.protocol.sites.even_sites`: ``S >= 2`` sites of ``L >= 2``
-    peers): a reduce-scatter inside each site, an all-reduce of each of the ``L`` shards across
-    the sites (between the peers holding that shard), an all-gather inside each site; four
+    and they suit it (:func:`~pccl.protocol.sites.site_table`: ``S >= 2`` sites of at least two
+    peers each; ``K`` the smallest site's size): a reduce-scatter inside each site onto its first
+    ``K`` peers, an all-reduce of each of the ``K`` shards across the sites (between the peers
+    holding that shard), an all-gather inside each site; four
     steps, two of them across sites (:mod:`pccl.collectives.hierarchical`).  With sites known,
     the automatic choice takes it for every op it can run: every other algorithm crosses sites
     on most of its steps.
@@ -52,7 +53,7 @@ from __future__ import annotations
 import enum
 
 from .codec import MAX_DATA_PAYLOAD
-from .sites import even_sites
+from .sites import site_table
 
 __all__ = [
     "AllReduceAlgorithm", "NOMINAL_LATENCY_BYTES", "UNPIPELINED_PENALTY", "MIN_WORLD", "HALVING_MAX_BYTES",
@@ -108,14 +109,16 @@ def wants_partner_links(world: int, forced: AllReduceAlgorithm | None) -> bool:
 
 def site_partners(position: int, sites: tuple[int, ...]) -> tuple[int, ...]:
     """The ring positions ``position`` exchanges with in the hierarchical all-reduce, ascending:
-    the rest of its site and the peers of the same rank in their sites (ranks in ring order);
-    ``()`` unless ``sites`` (a site per ring position) is even."""
-    table = even_sites(sites)
+    the rest of its site and, for the first ``K`` ranks of a site (ranks in ring order, ``K``
+    the smallest site's size), the peers of the same rank in the other sites; ``()`` unless
+    ``sites`` (a site per ring position) suit it (:func:`~pccl.protocol.sites.site_table`)."""
+    table = site_table(sites)
     if table is None:
         return ()
     site = sites[position]
     rank = table[site].index(position)
-    return tuple(sorted({p for p in table[site] if p != position} | {t[rank] for t in table if t[rank] != position}))
+    across = {t[rank] for t in table if t[rank] != position} if rank < min(len(t) for t in table) else set()
+    return tuple(sorted({p for p in table[site] if p != position} | across))
 
 
 def link_partner_positions(position: int, world: int, forced: AllReduceAlgorithm | None,
@@ -237,13 +240,13 @@ def choose_all_reduce(nbytes: int, world: int, *, itemsize: int, acc_itemsize: i
 
     ``sites``: the site of each ring position (``ConnectToPeers.sites``, ``()`` unknown) and
     ``site_links``: whether the links include every :func:`site_partners` of this position.
-    ``HIERARCHICAL`` runs when the sites are even and linked, chosen automatically then or
+    ``HIERARCHICAL`` runs when the sites suit it and are linked, chosen automatically then or
     forced; forced without such sites, the op takes the ring.
     """
     if quantized or segmented or world < 2 or nbytes == 0:
         return AllReduceAlgorithm.RING
     if forced in (None, AllReduceAlgorithm.HIERARCHICAL):
-        hierarchical = site_links and len(sites) == world and even_sites(sites) is not None and largest_frame(
+        hierarchical = site_links and len(sites) == world and site_table(sites) is not None and largest_frame(
             nbytes, world, AllReduceAlgorithm.HIERARCHICAL, itemsize=itemsize, acc_itemsize=acc_itemsize,
         ) <= MAX_DATA_PAYLOAD
         if hierarchical:

@@ -41,7 +41,7 @@ from .topology import UNREACHABLE, Edge
 
 __all__ = [
     "REFERENCE_BYTES", "COST_FLOOR", "SITE_RATIO", "link_cost", "find_sites", "ring_sites",
-    "check_ring_sites", "even_sites",
+    "check_ring_sites", "site_table",
 ]
 
 #: The message size the link cost is taken at: 1 MiB, where a 10 Gbit/s LAN link costs ~1 ms
@@ -163,17 +163,16 @@ def check_ring_sites(ring: Sequence[int], sites: Sequence[int]) -> None:
         seen = max(seen, s)
 
 
-def even_sites(sites: Sequence[int]) -> tuple[tuple[int, ...], ...] | None:
+def site_table(sites: Sequence[int]) -> tuple[tuple[int, ...], ...] | None:
     """The ring positions of each site, if the sites suit the hierarchical all-reduce: at least
-    two sites, all of the same size, at least two peers each; else ``None`` (the op falls back
-    to the ring).  Each site's positions ascend (the ring's order inside the site)."""
+    two sites, each of at least two peers (sizes may differ); else ``None`` (the op takes the
+    flat algorithms).  Each site's positions ascend (the ring's order inside the site)."""
     if not sites:
         return None
     count = max(sites) + 1
     positions: list[list[int]] = [[] for _ in range(count)]
     for pos, s in enumerate(sites):
         positions[s].append(pos)
-    size = len(positions[0])
-    if count < 2 or size < 2 or any(len(p) != size for p in positions):
+    if count < 2 or any(len(p) < 2 for p in positions):
         return None
     return tuple(tuple(p) for p in positions)

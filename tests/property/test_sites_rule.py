@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pccl.protocol.sites import (
     COST_FLOOR,
     SITE_RATIO,
-    even_sites,
+    site_table,
     check_ring_sites,
     find_sites,
     link_cost,
@@ -183,9 +183,10 @@ def test_ring_sites_number_the_sites_along_the_ring():
         check_ring_sites((1, 2, 3), (0, 2, 1))
 
 
-def test_even_sites_takes_equal_sites_of_two_or_more():
-    assert even_sites((0, 1, 1, 0, 2, 2)) == ((0, 3), (1, 2), (4, 5))
-    assert even_sites(()) is None
-    assert even_sites((0, 0, 0, 0)) is None                      # one site
-    assert even_sites((0, 1, 2)) is None                         # every peer alone
-    assert even_sites((0, 0, 1, 1, 1)) is None                   # uneven
+def test_site_table_takes_two_sites_or_more_of_two_peers_or_more():
+    assert site_table((0, 1, 1, 0, 2, 2)) == ((0, 3), (1, 2), (4, 5))
+    assert site_table((0, 0, 1, 1, 1)) == ((0, 1), (2, 3, 4))       # sizes may differ
+    assert site_table(()) is None
+    assert site_table((0, 0, 0, 0)) is None                         # one site
+    assert site_table((0, 1, 2)) is None                            # every peer alone
+    assert site_table((0, 0, 1, 1, 2)) is None                      # a peer alone in its site

@@ -41,7 +41,7 @@ def test_a_peer_killed_inside_a_hierarchical_op() -> None:
     # Inside the transfer: every peer's op aborted (each restored its input, or the checkers fail).
     kinds = collections.Counter(e.kind for e in trace.events)
     assert kinds["all_reduce_aborted"] == 6
-    # The survivors retry and go on: 5 peers in sites of 2, 2 and 1 (uneven: the ring runs),
+    # The survivors retry and go on: 5 peers in sites of 2, 2 and 1 (a peer alone: the ring runs),
     # bit-identical on every peer and equal to the model (checked by the workload).
     after = [e for e in trace.of_kind("all_reduce") if e.t > killed]
     assert after and {e.data["world_size"] for e in after} == {5}

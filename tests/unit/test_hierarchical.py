@@ -40,9 +40,11 @@ from test_halving_doubling import (
 
 HIER, RING, HD = AllReduceAlgorithm.HIERARCHICAL, AllReduceAlgorithm.RING, AllReduceAlgorithm.HALVING_DOUBLING
 #: Site shapes, as ConnectToPeers.sites (a site per ring position, numbered along the ring):
-#: 2x2, 2x3, 3x2, sites scattered along the ring, 3x4, 4x2 interleaved.
+#: 2x2, 2x3, 3x2, sites scattered along the ring, 3x4, 4x2 interleaved; uneven: 2+3, 4+2+3
+#: (scattered), 3+3+2.
 SHAPES = [(0, 0, 1, 1), (0, 0, 0, 1, 1, 1), (0, 0, 1, 1, 2, 2), (0, 1, 1, 0, 2, 2),
-          (0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2), (0, 1, 2, 3, 0, 1, 2, 3)]
+          (0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2), (0, 1, 2, 3, 0, 1, 2, 3),
+          (0, 0, 1, 1, 1), (0, 0, 1, 1, 2, 0, 2, 2, 0), (0, 0, 0, 1, 1, 1, 2, 2)]
 
 
 def _choose(nbytes: int, sites: tuple[int, ...], *, forced: AllReduceAlgorithm | None = None, quantized: bool = False,
@@ -81,7 +83,7 @@ def test_the_model_folds_each_site_then_the_sites() -> None:
     got = hierarchical_reference(x, ReduceOp.SUM, (0, 1, 1, 0, 2, 2))
     f = np.float32
     assert got[0] == ((f(1e8) + f(1.0)) + (f(1.0) + f(-1e8))) + (f(1.0) + f(1.0))
-    with pytest.raises(ValueError, match="not even sites"):
+    with pytest.raises(ValueError, match="do not suit"):
         hierarchical_reference(x, ReduceOp.SUM, (0, 0, 0, 1, 1, 2))
 
 
@@ -123,6 +125,20 @@ async def test_bytes_moved_are_the_schedules(sites: tuple[int, ...]) -> None:
     assert sizes == [(inside + across, inside + across)] * world
 
 
+async def test_uneven_sites_shard_by_the_smallest() -> None:
+    # Sites of 2 and 3: two shards; rank 2 of the larger site owns none, sends its two shards
+    # and receives the whole result; the owners take its shard too and send it the result.
+    sites = (0, 0, 1, 1, 1)
+    n = 12 * 1024
+    inputs = make_inputs(5, n, np.float32, ReduceOp.SUM, seed=3)
+    _, sizes = await run_op(inputs, ReduceOp.SUM, None, links=memory_mesh(5, sites=sites)[0])
+    shard, b = n // 2 * 4, n * 4
+    across = 2 * (shard // 2)       # half a shard each way to the other site's owner
+    assert sizes[4] == (b, b)       # the owner-less rank
+    assert sizes[0] == sizes[1] == (shard + across + shard, shard + across + shard)
+    assert sizes[2] == sizes[3] == (shard + across + 2 * shard, 2 * shard + across + shard)
+
+
 def test_site_partners_are_symmetric_and_the_wiring_takes_them() -> None:
     for sites in SHAPES:
         world = len(sites)
@@ -133,7 +149,8 @@ def test_site_partners_are_symmetric_and_the_wiring_takes_them() -> None:
             assert link_partner_positions(p, world, RING, sites) == ()
             assert link_partner_positions(p, world, HIER, sites) == site_partners(p, sites)
     assert site_partners(0, (0, 1, 1, 0, 2, 2)) == (1, 3, 4)        # its site's peer, rank 0 of the others
-    assert site_partners(0, (0, 0, 0, 1, 1)) == ()                   # uneven: none
+    assert site_partners(2, (0, 0, 0, 1, 1)) == (0, 1)               # rank 2 of 3, 2 shards: its site only
+    assert site_partners(0, (0, 0, 0, 1, 2)) == ()                   # peers alone in their sites: none
     assert link_partner_positions(0, 8, None, ()) == partner_positions(0, 8)
 
 
@@ -145,20 +162,21 @@ def test_the_choice_is_a_pure_function_of_the_sites() -> None:
         assert _choose(nbytes, even, forced=HD) is HD                 # another forced algorithm wins
         assert _choose(nbytes, even, quantized=True) is RING
         assert _choose(nbytes, even, site_links=False) is not HIER     # links missing
-    uneven = (0, 0, 0, 1, 1, 2, 2, 2)
+    assert _choose(4096, (0, 0, 0, 1, 1, 2, 2, 2)) is HIER           # sizes may differ
+    lone = (0, 0, 0, 1, 1, 1, 1, 2)                                   # a peer alone in its site
     flat = _choose(4096, ())                                          # 8 peers, no sites
     assert flat is not HIER
-    assert _choose(4096, uneven) is flat                              # the flat choice, as without sites
-    assert _choose(4096, uneven, forced=HIER) is RING                # forced without even sites: the ring
+    assert _choose(4096, lone) is flat                                # the flat choice, as without sites
+    assert _choose(4096, lone, forced=HIER) is RING                  # forced without such sites: the ring
     assert _choose(4096, (), forced=HIER) is RING
     assert _choose(4096, (0, 0, 0, 0, 0, 0, 0, 0)) is flat            # one site
     assert _choose(0, even) is RING                                   # empty
 
 
-async def test_uneven_sites_run_the_flat_algorithm() -> None:
-    sites = (0, 0, 0, 1, 1)
-    inputs = make_inputs(5, 1000, np.float32, ReduceOp.SUM, seed=4)
-    outputs, _ = await run_op(inputs, ReduceOp.SUM, None, links=memory_mesh(5, sites=sites)[0])
+async def test_a_peer_alone_in_its_site_makes_the_flat_algorithm_run() -> None:
+    sites = (0, 0, 0, 1, 1, 1, 2)
+    inputs = make_inputs(7, 1000, np.float32, ReduceOp.SUM, seed=4)
+    outputs, _ = await run_op(inputs, ReduceOp.SUM, None, links=memory_mesh(7, sites=sites)[0])
     assert_bit_identical(outputs)
     assert np.array_equal(outputs[0], ring_reference(inputs, ReduceOp.SUM))
 
@@ -173,8 +191,9 @@ async def test_quantized_ops_take_the_ring_even_with_sites() -> None:
 
 
 @pytest.mark.parametrize(("sites", "breaker", "partner"),
-                         [((0, 0, 1, 1), 0, 2), ((0, 0, 1, 1, 2, 2), 3, 2), ((0, 0, 0, 1, 1, 1), 4, 1)],
-                         ids=["across-2x2", "in-site-3x2", "across-2x3"])
+                         [((0, 0, 1, 1), 0, 2), ((0, 0, 1, 1, 2, 2), 3, 2), ((0, 0, 0, 1, 1, 1), 4, 1),
+                          ((0, 0, 1, 1, 1), 4, 2)],
+                         ids=["across-2x2", "in-site-3x2", "across-2x3", "owner-less-2+3"])
 async def test_a_partner_link_dying_mid_op_aborts_everyone_and_restores_inputs(
         sites: tuple[int, ...], breaker: int, partner: int) -> None:
     world = len(sites)
