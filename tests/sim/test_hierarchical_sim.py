@@ -1,8 +1,9 @@
 """The hierarchical all-reduce in the simulator: peers in three sites optimise their topology,
 the master finds the sites from the probes, and the production peer runs its all-reduces across
 sites hierarchically over the site partner links; a peer killed inside such an op makes every
-survivor abort and restore its input, and the retry on the survivors is bit-identical to the
-model of the algorithm that ran (the workload's checkers: pccl.collectives.reference)."""
+survivor abort and restore its input, and the retry on the survivors (sites of 3, 3 and 2: still
+hierarchical) is bit-identical on every peer and equal to the model of the algorithm that ran
+(the workload's checkers: pccl.collectives.reference)."""
 
 from __future__ import annotations
 
@@ -17,32 +18,34 @@ SITES = {"count": 3, "uplink": 125e6, "latency": 0.015, "inside_latency": 0.0001
 
 
 def test_a_peer_killed_inside_a_hierarchical_op() -> None:
-    # 200,000 f32 (800 KB).  Every step optimises (the first one probes, later ones find every
-    # link measured), then all-reduces.  The kill is armed once the first optimise has returned
-    # (2.15 s on this seed) and fires right after peer1 sent its 2nd data frame from then on: its
-    # step-2 frame across sites (one frame per step to each partner; the tap names every step
-    # below N - 1 "reduce-scatter").
+    # 9 peers, 200,000 f32 (800 KB).  Every step optimises (the first one probes, later ones
+    # find every link measured), then all-reduces.  The kill is armed once the first optimise
+    # has returned (2.975 s on this seed) and fires right after peer1 sent its 3rd data frame
+    # from then on: two went to its site mates (step 1), the third is its first across sites
+    # (step 2; the tap names every step below N - 1 "reduce-scatter").
     phase = {"name": "all_reduce", "n": 200_000}
-    spec = CampaignSpec(scenario="pccl", profile="none", peers=6, duration=6.0, quiet=None,
+    spec = CampaignSpec(scenario="pccl", profile="none", peers=9, duration=6.0, quiet=None,
                         params=(("phases", ("compute", "optimize", phase)), ("sites", SITES)))
     scenario, schedule = spec.build(0)
-    trigger = Trigger("message", host="peer1", direction="send", message="data:reduce-scatter", nth=2)
-    schedule = schedule.with_events([*schedule.events, FaultEvent(2.16, "kill", host="peer1", trigger=trigger)])
+    trigger = Trigger("message", host="peer1", direction="send", message="data:reduce-scatter", nth=3)
+    schedule = schedule.with_events([*schedule.events, FaultEvent(2.98, "kill", host="peer1", trigger=trigger)])
     trace = run(scenario, schedule)
     assert trace.ok, [f.message for f in trace.failures]
     assert [e.data["trigger"] for e in trace.of_kind("triggered")] == [trigger.describe()]
     killed = trace.of_kind("triggered")[0].t
-    # Before the kill every peer holds the three sites of two (numbered along its ring), so the
-    # op peer1 died in ran hierarchically (the unit tests pin the choice).
+    # Before the kill every peer holds the three sites of three (numbered along its ring), so
+    # the op peer1 died in ran hierarchically (the unit tests pin the choice).
     before = [e for e in trace.of_kind("optimize") if e.t < killed]
-    assert len(before) == 6
-    assert {tuple(e.data["sites"]) for e in before} == {(0, 1, 1, 2, 2, 0)}
+    assert len(before) == 9
+    assert len({tuple(e.data["sites"]) for e in before}) == 1
+    assert sorted(collections.Counter(before[0].data["sites"]).values()) == [3, 3, 3]
     assert not [e for e in trace.of_kind("all_reduce") if e.t < killed]
     # Inside the transfer: every peer's op aborted (each restored its input, or the checkers fail).
     kinds = collections.Counter(e.kind for e in trace.events)
-    assert kinds["all_reduce_aborted"] == 6
-    # The survivors retry and go on: 5 peers in sites of 2, 2 and 1 (a peer alone: the ring runs),
-    # bit-identical on every peer and equal to the model (checked by the workload).
+    assert kinds["all_reduce_aborted"] == 9
+    # The survivors retry and go on hierarchically: 8 peers in sites of 3, 3 and 2 (the peers
+    # of rank 2 in the full sites own no shard and send their whole buffer in step 1).
     after = [e for e in trace.of_kind("all_reduce") if e.t > killed]
-    assert after and {e.data["world_size"] for e in after} == {5}
-    assert {len(e.data["sites"]) for e in after} == {5}
+    assert after and {e.data["world_size"] for e in after} == {8}
+    assert {tuple(sorted(collections.Counter(e.data["sites"]).values())) for e in after} == {(2, 3, 3)}
+    assert {e.data["tx"] for e in after if e.data["k"] == 2} >= {800_000}
