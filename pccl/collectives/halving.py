@@ -115,7 +115,8 @@ class HalvingDoublingOp:
     """
 
     def __init__(self, bufs: OpBuffers, *, algorithm: AllReduceAlgorithm, links: RingLinks, rank: int,
-                 world: int, seq: int, backup: InputBackup | None, runner: KernelRunner) -> None:
+                 world: int, seq: int, backup: InputBackup | None, runner: KernelRunner,
+                 stage_count: int | None = None) -> None:
         assert algorithm is not AllReduceAlgorithm.RING and not bufs.quantized
         assert isinstance(bufs.src, np.ndarray) and isinstance(bufs.dst, np.ndarray)
         self.bufs = bufs
@@ -139,8 +140,9 @@ class HalvingDoublingOp:
             self.work = bufs.acc
         else:
             self.work = bufs.take(count * acc.itemsize).view(acc)
-        #: Where a partner's partial lands before it is combined with :attr:`work`.
-        self.stage = bufs.take(count * acc.itemsize).view(acc)
+        #: Where a partner's partial lands before it is combined with :attr:`work` (``stage_count``
+        #: elements: the whole buffer unless a schedule receives less at a time).
+        self.stage = bufs.take((count if stage_count is None else stage_count) * acc.itemsize).view(acc)
         self.size = power_of_two_below(world)
         self.vrank = virtual_rank(rank, world)
         self.fold = fold_partner(rank, world)

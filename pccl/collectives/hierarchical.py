@@ -32,7 +32,8 @@ inside; and the leaders' ring takes ``2 (S - 1)`` steps across sites where this 
 docs/collectives.rst gives the cost model.
 
 The op is a :class:`~pccl.collectives.halving.HalvingDoublingOp` in everything but its
-schedule: the same partner links and turns, the same scratch memory (working copy and stage),
+schedule: the same partner links and turns, the same scratch memory (working copy, and a stage of one
+shard),
 the same whole-buffer save before the first write of the caller's buffer (restored by
 :func:`~pccl.collectives.execute.execute` on an abort), the same single exception.
 """
@@ -59,10 +60,12 @@ class HierarchicalOp(HalvingDoublingOp):
 
     def __init__(self, bufs: OpBuffers, *, links: RingLinks, rank: int, world: int, seq: int,
                  backup: InputBackup | None, runner: KernelRunner) -> None:
-        super().__init__(bufs, algorithm=AllReduceAlgorithm.HIERARCHICAL, links=links, rank=rank, world=world,
-                         seq=seq, backup=backup, runner=runner)
         table = site_table(links.sites)
         assert table is not None and len(links.sites) == world
+        count = bufs.src.size
+        largest = block_bounds(count, min(len(t) for t in table), 0)   # shard 0 is the longest
+        super().__init__(bufs, algorithm=AllReduceAlgorithm.HIERARCHICAL, links=links, rank=rank, world=world,
+                         seq=seq, backup=backup, runner=runner, stage_count=largest[1] - largest[0])
         #: Ring positions by site, each site's in rank order.
         self.table = table
         self.site = links.sites[rank]
@@ -70,8 +73,7 @@ class HierarchicalOp(HalvingDoublingOp):
         #: Shards: the smallest site's size (the ranks below it own one each, in every site).
         self.shards = min(len(t) for t in table)
         #: Where a fold accumulates (one shard at most, in the accumulator's dtype).
-        shard = block_bounds(self.count, self.shards, 0)
-        self.fold_into = bufs.take((shard[1] - shard[0]) * self.work.itemsize).view(self.work.dtype)
+        self.fold_into = bufs.take((largest[1] - largest[0]) * self.work.itemsize).view(self.work.dtype)
 
     async def _run(self) -> None:
         bufs, work = self.bufs, self.work
