@@ -28,8 +28,9 @@ class P2PLinks:
         #: The site of each ring position as the master measured it (``ConnectToPeers.sites``;
         #: ``()``: unknown).
         self.sites = sites
-        #: The all-reduce algorithm ``Config.all_reduce_algorithm`` forces (``None``: auto):
-        #: whether the round has partner links (:func:`~pccl.protocol.algorithms.wants_partner_links`).
+        #: The all-reduce algorithm ``Config.all_reduce_algorithm`` forces (``None``: auto): with
+        #: the sites, which partner links the round has
+        #: (:func:`~pccl.protocol.algorithms.link_partner_positions`).
         self.algorithm = algorithm
         self.ring = ring
         self.me = me
