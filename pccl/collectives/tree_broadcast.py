@@ -118,8 +118,8 @@ class TreeBroadcastOp:
         if self.parent is None:
             if not self.in_place:
                 await self._kernel(self.dst.nbytes, np.copyto, self.dst, self.src)
-            for event in self._arrived:
-                event.set()
+            for k in range(len(self.segments)):
+                self.arrived(k, 0)
             return
         if self.in_place and self.backup is not None:
             await self._kernel(self.dst.nbytes, self.backup.save, 0, self.count)
@@ -127,9 +127,19 @@ class TreeBroadcastOp:
         inbox = self.links.partners[parent]
         item = self.dst.itemsize
         for k, (a, b) in enumerate(self.segments):
-            self.rx_bytes += await inbox.receive_into(seq=self.seq, stream=k, step=step, offset=a * item,
-                                                      destination=self.dst[a:b].view(np.uint8).data)
-            self._arrived[k].set()
+            nbytes = await inbox.receive_into(seq=self.seq, stream=k, step=step, offset=a * item,
+                                              destination=self.dst[a:b].view(np.uint8).data)
+            self.arrived(k, nbytes)
+
+    def arrived(self, k: int, nbytes: int) -> None:
+        """Segment ``k`` is in ``dst`` (``nbytes`` received from the parent; 0 at the root): the
+        children's senders may forward it."""
+        self.rx_bytes += nbytes
+        self._arrived[k].set()
+
+    def sent(self, k: int, nbytes: int) -> None:
+        """Segment ``k`` (``nbytes``) went to one child."""
+        self.tx_bytes += nbytes
 
     async def _feed(self, child: int, step: int) -> None:
         """Every segment to ``child``, each as soon as this peer has it."""
@@ -139,7 +149,7 @@ class TreeBroadcastOp:
             await self._arrived[k].wait()
             header = DataHeader(op_seq=self.seq, stream=k, step=step, offset=a * item, nbytes=(b - a) * item)
             await connection.send_data(header, self.dst[a:b].view(np.uint8).data)
-            self.tx_bytes += header.nbytes
+            self.sent(k, header.nbytes)
 
     async def _kernel(self, nbytes: int, fn: Callable[..., Any], *args: Any) -> None:
         if self.runner.inline(nbytes):
