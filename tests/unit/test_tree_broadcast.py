@@ -10,6 +10,7 @@ input.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -243,3 +244,23 @@ async def test_a_partner_link_dying_mid_broadcast_aborts_and_restores_inputs(wor
             assert _bits(inputs[r]) == _bits(originals[root])
             continue
         assert _bits(inputs[r]) == _bits(originals[r]), f"peer {r} not restored ({outcomes[r]!r})"
+
+
+#: The worlds docs/collectives.rst's broadcast table has a row for.
+DOCUMENTED = [8, 9, 16, 64, 256]
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "collectives.rst"
+
+
+@pytest.mark.parametrize("world", DOCUMENTED)
+def test_the_thresholds_are_the_documented_ones(world: int) -> None:
+    def chain_at(nbytes: int) -> bool:
+        return choose_broadcast(nbytes, world, quantized=False, segmented=False, partner_links=True) is CHAIN
+
+    lo, hi = 1, 1 << 34  # the tree at lo, the chain at hi: the smallest size the chain takes
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if chain_at(mid) else (mid, hi)
+    row = f"* - {world}\n     - the tree below {hi / 1024:.1f} KiB, the chain above"
+    assert row in DOCS.read_text(), row
+    for world_below in range(2, MIN_WORLD):
+        assert choose_broadcast(4, world_below, quantized=False, segmented=False, partner_links=True) is CHAIN
