@@ -38,3 +38,19 @@ def test_a_peer_killed_inside_a_tree_broadcast(peers: int, direction: str, host:
     after = trace.of_kind("triggered")[0].t
     done = [e for e in trace.of_kind("collective") if e.t > after + 1]
     assert done and {e.data["world_size"] for e in done} == {peers - 1}
+
+
+def test_tree_broadcasts_under_chaos_pass_the_checker() -> None:
+    # 8 peers (the tree for 4 KB), concurrent broadcasts and all-reduces (the tree and recursive
+    # doubling share the partner links, one op at a time in commence order) under the chaos
+    # profile's faults (seed 3: some of them land inside broadcasts).
+    phase = {"name": "collectives", "kinds": ["broadcast", "all_reduce"], "concurrent": 4, "in_flight": 3, "n": 1000}
+    spec = CampaignSpec(scenario="pccl", profile="chaos", peers=8, duration=8.0, quiet=None,
+                        params=(("phases", ("compute", phase)),))
+    trace = run(*spec.build(3))
+    assert trace.ok, [f.message for f in trace.failures]
+    counts = collections.Counter(e.data["op"] for e in trace.of_kind("collective"))
+    assert counts["broadcast"] > 20 and counts["all_reduce"] > 20, counts
+    aborted = collections.Counter(e.data["op"] for e in trace.of_kind("collective_aborted"))
+    assert aborted["broadcast"] > 0, aborted
+    assert all(e.data["restored"] for e in trace.of_kind("collective_aborted"))
