@@ -1,7 +1,10 @@
 """Broadcast along the ring: a pipelined chain from the root, on the all-reduce's lanes.
 
 :func:`broadcast_checked` sends the root's buffer to every participant and returns the payload
-bytes this peer sent and received.
+bytes this peer sent and received.  Where the ring has partner links and the buffer is small for
+the group, :func:`broadcast_op` makes a :class:`~pccl.collectives.tree_broadcast.TreeBroadcastOp`
+instead (``log2 N`` hops; :func:`~pccl.protocol.algorithms.choose_broadcast`, a pure function of
+agreed parameters, picks per op).  What follows is the chain.
 
 Design
 ------
