@@ -119,7 +119,7 @@ def test_the_tree_is_binomial_at_powers_of_two() -> None:
 @pytest.mark.parametrize("world", WORLDS)
 async def test_every_peer_ends_with_the_roots_bytes_from_any_root(world: int) -> None:
     inputs = inputs_for(world, 1000 + world, np.float32, seed=world)
-    for root in sorted({0, 1, world // 2, world - 1}):
+    for root in range(world) if world <= 9 else (0, 1, 5, 8, 15):  # every root, folded or not
         links, _, _ = memory_mesh(world)
         outs, sizes = await broadcast(inputs, root, links)
         for r in range(world):
