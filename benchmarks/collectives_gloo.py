@@ -19,6 +19,10 @@ and the in-place input backup pccl adds, so the comparison is one of CPU work on
 with few cores.  ``--rate`` (needs root) runs the whole cluster in a fresh network namespace whose
 loopback device is shaped by ``tc tbf`` to ``RATE``: every byte of every peer shares that one
 link, as a link-bound group does, and the comparison becomes one of bytes on the wire.
+
+``--phases`` also prints where each pccl call's time went, per ring position (medians, ms):
+from the call to its data path (the master's vote), the data path itself (``execute``: the
+bytes), and from there to the return (the completion round trip through the master).
 """
 
 from __future__ import annotations
@@ -44,14 +48,27 @@ CONFIGS = ("gloo:broadcast", "pccl:broadcast", "gloo:all_gather", "pccl:all_gath
 
 
 def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
-               configs: list[str]) -> dict[tuple[int, str], list[float]]:
+               configs: list[str], phases: bool = False) -> dict[tuple[int, str], list[float]]:
     import torch
     import torch.distributed as dist
     import trio
 
     import pccl
+    import pccl.testing
 
     dist.init_process_group("gloo", init_method=f"file://{gloo_file}", rank=rank, world_size=world)
+    #: When the data path of the pccl call being timed started and ended (``--phases``).
+    marks: list[float] = []
+
+    def marking(real: Any) -> Any:
+        async def execute(*args: Any, **kwargs: Any) -> Any:
+            marks.append(time.perf_counter())
+            try:
+                return await real(*args, **kwargs)
+            finally:
+                marks.append(time.perf_counter())
+
+        return execute
 
     async def run() -> dict[tuple[int, str], list[float]]:
         out: dict[tuple[int, str], list[float]] = {}
@@ -90,6 +107,7 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
                         np.copyto(buf, src)
                         await barrier()
                         who, kind = cfg.split(":")
+                        marks.clear()
                         t0 = time.perf_counter()
                         if who == "gloo":
                             elapsed = await trio.to_thread.run_sync(gloo, kind)
@@ -116,6 +134,10 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
                                 result = None
                         if i:
                             out.setdefault((nbytes, cfg), []).append(elapsed)
+                            if who == "pccl" and len(marks) == 2:  # one data path: vote, data, completion
+                                spans = (marks[0] - t0, marks[1] - marks[0], t0 + elapsed - marks[1])
+                                for name, span in zip(("vote", "data", "done"), spans):
+                                    out.setdefault((nbytes, f"{cfg}|{name}|{position}"), []).append(span)
                         elif result is not None:
                             warm[cfg] = result
                     if i == 0:
@@ -136,13 +158,19 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
         return out
 
     try:
+        if phases:
+            with pccl.testing.plant_execute_fault(marking):
+                return trio.run(run)
         return trio.run(run)
     finally:
         dist.destroy_process_group()
 
 
-def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float) -> list[dict[str, Any]]:
-    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs), timeout, "pccl-collectives-")
+def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float,
+            phases: bool = False) -> list[dict[str, Any]]:
+    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, phases), timeout, "pccl-collectives-")
+    if phases:
+        print(format_phases(world, per_rank), flush=True)
     rows = []
     for nbytes in sizes:
         for cfg in configs:
@@ -169,6 +197,22 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_phases(world: int, per_rank: dict[int, dict[tuple[int, str], list[float]]]) -> str:
+    """``--phases``: per pccl config, size and ring position, the median vote, data and
+    completion spans (ms) of its calls."""
+    spans: dict[tuple[int, str, int], dict[str, float]] = {}
+    for out in per_rank.values():
+        for (nbytes, key), values in out.items():
+            if "|" in key:
+                cfg, name, at = key.split("|")
+                spans.setdefault((nbytes, cfg, int(at)), {})[name] = statistics.median(values)
+    lines = [f"{'N':>3} {'size':>8} {'config':>20} {'position':>8} {'vote ms':>8} {'data ms':>8} {'done ms':>8}"]
+    for (nbytes, cfg, position), got in sorted(spans.items()):
+        lines.append(f"{world:>3} {format_size(nbytes):>8} {cfg:>20} {position:>8} {got['vote'] * 1e3:>8.2f} "
+                     f"{got['data'] * 1e3:>8.2f} {got['done'] * 1e3:>8.2f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peers", type=int, nargs="+", default=[2, 3])
@@ -178,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one group size may take")
     parser.add_argument("--rate", help="shape the loopback to RATE (tc tbf, e.g. 4gbit) in a fresh network "
                                        "namespace the run happens in; needs root")
+    parser.add_argument("--phases", action="store_true",
+                        help="also print each pccl call's vote, data path and completion (median ms per ring position)")
     args = parser.parse_args(argv)
     if args.rate and os.environ.get(_NETNS_ENV) != args.rate:
         return _rerun_shaped(args.rate, sys.argv[1:] if argv is None else argv)
@@ -186,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     link = f"loopback shaped to {args.rate} (tbf)" if args.rate else "loopback"
     print(f"# pccl vs Gloo, float32, {link}, interleaved; {args.iters} iterations", flush=True)
     for world in args.peers:
-        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout)), flush=True)
+        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout, args.phases)), flush=True)
     return 0
 
 

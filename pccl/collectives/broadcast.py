@@ -1,7 +1,10 @@
 """Broadcast along the ring: a pipelined chain from the root, on the all-reduce's lanes.
 
 :func:`broadcast_checked` sends the root's buffer to every participant and returns the payload
-bytes this peer sent and received.
+bytes this peer sent and received.  Where the ring has partner links and the buffer is small for
+the group, :func:`broadcast_op` makes a :class:`~pccl.collectives.tree_broadcast.TreeBroadcastOp`
+instead (``log2 N`` hops; :func:`~pccl.protocol.algorithms.choose_broadcast`, a pure function of
+agreed parameters, picks per op).  What follows is the chain.
 
 Design
 ------
@@ -32,6 +35,7 @@ moves 16 frames of 4 MiB, so the chain is full after one frame.
 from __future__ import annotations
 
 from ..errors import InvalidArgument
+from ..protocol.algorithms import BroadcastAlgorithm, choose_broadcast, partner_positions
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, BroadcastSchedule, subchunk_elements
 from .backup import InputBackup
 from .buffers import KernelRunner, ReduceArgs
@@ -39,8 +43,9 @@ from .chain_op import ChainOp
 from .execute import Place, execute
 from .links import RingLinks
 from .segments import Segments
+from .tree_broadcast import TreeBroadcastOp
 
-__all__ = ["broadcast_checked", "broadcast_op"]
+__all__ = ["broadcast_checked", "broadcast_op", "broadcast_algorithm_for"]
 
 
 async def broadcast_checked(
@@ -54,29 +59,48 @@ async def broadcast_checked(
     backup: InputBackup | None = None,
     runner: KernelRunner | None = None,
     max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
+    algorithm: BroadcastAlgorithm | None = None,
 ) -> tuple[int, int]:
     """Broadcast the buffer of ring position ``root`` into ``args.dst`` on every peer.
 
     ``args`` is :meth:`ReduceArgs.check(x, None or dst, ReduceOp.SUM, quantization)
     <pccl.collectives.buffers.ReduceArgs.check>` (the op is not used); every peer must pass the
-    same ``root``, count, dtype, quantization, ``max_subchunk_bytes`` and number of lanes.
+    same ``root``, count, dtype, quantization, ``max_subchunk_bytes``, ``algorithm`` (``None``:
+    chosen per op by :func:`broadcast_algorithm_for`; else forced where it can run) and number
+    of lanes.
     ``rank``/``world``/``links``/``seq`` as for :func:`~pccl.collectives.allreduce.reduce_checked`.
     Returns ``(tx_bytes, rx_bytes)`` (payload bytes, quantization headers included).
     ``InvalidArgument`` for a bad ``root``/``rank``/``world`` before anything is sent; other
     errors as the all-reduce's.  The seq is retired on exit, whatever the outcome.
     """
-    op = await execute(lambda place: broadcast_op(args, place, root=root, max_subchunk_bytes=max_subchunk_bytes),
+    op = await execute(lambda place: broadcast_op(args, place, root=root, max_subchunk_bytes=max_subchunk_bytes,
+                                                  algorithm=algorithm),
                        links=links, rank=rank, world=world, seq=seq, keep=args, backup=backup, runner=runner)
     return op.tx_bytes, op.rx_bytes
 
 
-def broadcast_op(args: ReduceArgs, place: Place, *, root: int,
-                 max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES) -> ChainOp:
-    """The broadcast from ring position ``root`` of ``args`` at ``place``, ready to run
+def broadcast_algorithm_for(args: ReduceArgs, place: Place,
+                            forced: BroadcastAlgorithm | None = None) -> BroadcastAlgorithm:
+    """The algorithm the broadcast of ``args`` runs at ``place``
+    (:func:`~pccl.protocol.algorithms.choose_broadcast`; the same on every peer: the partner
+    links are wired on every peer of a round or on none)."""
+    return choose_broadcast(int(args.src.nbytes), place.world, quantized=args.quant is not None,
+                            segmented=isinstance(args.src, Segments),
+                            partner_links=place.links.has_partners(partner_positions(place.rank, place.world)),
+                            forced=forced)
+
+
+def broadcast_op(args: ReduceArgs, place: Place, *, root: int, max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
+                 algorithm: BroadcastAlgorithm | None = None) -> ChainOp | TreeBroadcastOp:
+    """The broadcast from ring position ``root`` of ``args`` at ``place``, ready to run, by the
+    algorithm :func:`broadcast_algorithm_for` picks (``algorithm`` forces one where it can run)
     (``InvalidArgument`` for a ``root`` outside the ring)."""
     if not 0 <= root < place.world:
         raise InvalidArgument(f"root {root} / world {place.world}: the root must be a ring position, "
                               f"0 <= root < world")
+    if broadcast_algorithm_for(args, place, algorithm) is BroadcastAlgorithm.TREE:
+        return TreeBroadcastOp(args, root=root, links=place.links, rank=place.rank, world=place.world,
+                               seq=place.seq, backup=place.backup, runner=place.runner)
     count = args.src.size
     sub = subchunk_elements(count, place.world, args.dtype.itemsize, max_bytes=max_subchunk_bytes)
     breaks = args.src.breaks if isinstance(args.src, Segments) else ()

@@ -34,13 +34,14 @@ from .inline import InlineRing, suits_inline
 from .lane_op import LaneOp
 from .links import RingLinks
 from .threaded import LaneThreads
+from .tree_broadcast import TreeBroadcastOp
 from .trio_ring import TrioRing
 
 __all__ = ["AnyOp", "Place", "check_ring", "execute", "execute_op"]
 
 #: An op :func:`execute` runs (any kind's): one the three ring paths drive (:class:`LaneOp`),
-#: or one that runs itself over partner links (:class:`HalvingDoublingOp`).
-AnyOp = LaneOp | HalvingDoublingOp
+#: or one that runs itself over partner links (:class:`HalvingDoublingOp`, :class:`TreeBroadcastOp`).
+AnyOp = LaneOp | HalvingDoublingOp | TreeBroadcastOp
 #: The op :func:`execute` makes and runs.
 OpT = TypeVar("OpT", bound=AnyOp)
 
@@ -110,7 +111,7 @@ async def execute_op(op: AnyOp) -> None:
     other op leaves the commence order at once."""
     links = op.links
     try:
-        if isinstance(op, HalvingDoublingOp):
+        if isinstance(op, (HalvingDoublingOp, TreeBroadcastOp)):
             if op.moves_nothing():
                 links.registry.started(op.seq)
                 await trio.lowlevel.checkpoint()

@@ -10,7 +10,7 @@ commenced it, settle, retry on a stale ring — and reads what differs from the 
 kind                check (before the vote)          make op (on ``Commence``)   result
 ==================  ===============================  ==========================  =====================
 ``ALL_REDUCE``      op, tag, ``ReduceArgs``          ring all-reduce             ``ReduceInfo``
-``BROADCAST``       root (a peer id), tag, buffer    chain from the root         ``CollectiveInfo``
+``BROADCAST``       root (a peer id), tag, buffer    chain or tree from root     ``CollectiveInfo``
 ``ALL_GATHER``      tag, ``GatherArgs``              all-gather over the         ``Gathered``
                                                      Commence's counts
 ``REDUCE_SCATTER``  op, tag, ``ReduceArgs``          first half of the ring      ``Shard``
@@ -172,7 +172,7 @@ def _check_broadcast(x: Any, root: Any, tag: Any, quantization: Any) -> Call:
     return Call(tag, ReduceArgs.check(x, None, ReduceOp.SUM, quantization), own=root)
 
 
-def _broadcast_op(call: Call, commence: m.CollectiveCommence, place: Place) -> LaneOp:
+def _broadcast_op(call: Call, commence: m.CollectiveCommence, place: Place) -> AnyOp:
     ring = tuple(commence.ring)
     if call.own not in ring:
         raise ProtocolError(f"the master commenced broadcast tag {call.tag} from root {call.own} on ring "

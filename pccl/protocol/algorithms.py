@@ -60,6 +60,8 @@ __all__ = [
     "power_of_two_below", "virtual_rank", "position_of", "fold_partner", "partner_positions",
     "choose_all_reduce", "parse_algorithm", "wants_partner_links", "largest_frame", "site_partners",
     "link_partner_positions",
+    "BroadcastAlgorithm", "TREE_SEGMENT_BYTES", "tree_segment_elements", "broadcast_tree", "broadcast_costs",
+    "choose_broadcast",
 ]
 
 
@@ -267,3 +269,114 @@ def choose_all_reduce(nbytes: int, world: int, *, itemsize: int, acc_itemsize: i
         if table[algorithm] < table[best]:
             best = algorithm
     return best
+
+
+# --- broadcast -----------------------------------------------------------------------------------
+
+
+class BroadcastAlgorithm(enum.Enum):
+    """How a broadcast moves its data (:func:`choose_broadcast`)."""
+
+    #: The pipelined chain along the ring from the root (:class:`~pccl.protocol.ring.BroadcastSchedule`):
+    #: ``N - 1`` hops, each link carrying the buffer once.
+    CHAIN = "chain"
+    #: A pipelined binomial tree over the partner links (:func:`broadcast_tree`): ``log2 P`` hops
+    #: (one more on each side of the fold), the root sending the buffer ``log2 P`` times.
+    TREE = "tree"
+
+
+#: Largest frame (bytes of payload) of the tree broadcast: the buffer travels in segments of this
+#: size, each forwarded as soon as it is in, so the tree's hops overlap on large buffers.
+TREE_SEGMENT_BYTES = 1 << 20
+
+
+def tree_segment_elements(itemsize: int) -> int:
+    """Elements per segment (frame) of the tree broadcast: :data:`TREE_SEGMENT_BYTES` of data."""
+    return max(1, TREE_SEGMENT_BYTES // itemsize)
+
+
+def broadcast_tree(position: int, world: int, root: int) -> tuple[tuple[int, int] | None, tuple[tuple[int, int], ...]]:
+    """Ring position ``position``'s place in the tree broadcast from ring position ``root`` on
+    ``world >= 2`` peers: ``(parent, step)`` it receives from (``None`` at the root) and the
+    ``(child, step)`` it sends to, in send order.  Every edge is a partner link
+    (:func:`partner_positions`).
+
+    The binomial tree over the ``P`` virtual ranks, rooted at the root's virtual rank ``t`` (a
+    folded root's is its fold partner's, which receives the buffer from it first, at step 0):
+    with ``rel = v XOR t``, at step ``s = 1 .. log2 P`` (distance ``d = P >> s``) every peer
+    with ``rel % 2d == 0`` sends to virtual rank ``v XOR d``.  At step ``log2 P + 1`` every
+    peer with a folded partner sends it the buffer (except to the root).  ``ValueError`` for
+    positions outside the ring."""
+    if world < 2 or not 0 <= position < world or not 0 <= root < world:
+        raise ValueError(f"position {position} / root {root} / world {world}: not a ring of 2+ peers")
+    size = power_of_two_below(world)
+    steps = _log2(size)
+
+    def step_of(distance: int) -> int:
+        return steps - _log2(distance)
+
+    root_v = virtual_rank(root, world)
+    root_folded = root_v is None
+    if root_folded:
+        fold = fold_partner(root, world)
+        assert fold is not None
+        root_v = virtual_rank(fold, world)
+    assert root_v is not None
+    v = virtual_rank(position, world)
+    if v is None:  # a folded peer: the root itself (sends first), or it receives last
+        partner = fold_partner(position, world)
+        assert partner is not None
+        if position == root:
+            return None, ((partner, 0),)
+        return (partner, steps + 1), ()
+    rel = v ^ root_v
+    parent: tuple[int, int] | None
+    if rel == 0:
+        parent = (root, 0) if root_folded else None
+        low = size
+    else:
+        low = rel & -rel
+        parent = (position_of(v ^ low, world), step_of(low))
+    children = []
+    distance = low >> 1
+    while distance:
+        children.append((position_of(v ^ distance, world), step_of(distance)))
+        distance >>= 1
+    fold = fold_partner(position, world)
+    if fold is not None and fold != root:
+        children.append((fold, steps + 1))
+    return parent, tuple(children)
+
+
+def broadcast_costs(nbytes: int, world: int) -> dict[BroadcastAlgorithm, float]:
+    """Each broadcast algorithm's nominal cost for a buffer of ``nbytes`` on ``world >= 2``
+    peers, in bytes (the unit of :func:`costs`): the chain ``(N - 1)`` latencies plus the
+    buffer plus ``N - 2`` of its sub-chunks (a hop forwards a sub-chunk once it is whole); the
+    tree its depth in latencies and segments plus ``log2 P`` buffers (its root sends the buffer
+    to every child over one uplink)."""
+    latency = NOMINAL_LATENCY_BYTES
+    size = power_of_two_below(world)
+    steps = _log2(size)
+    sub = min(4 << 20, max(64 * 1024, -(-nbytes // (2 * world))))  # the ring's sub-chunk (ring.py)
+    chain = (world - 1) * latency + nbytes + max(0, world - 2) * min(sub, nbytes)
+    depth = steps + (2 if size != world else 0)  # the fold in (a folded root) and out
+    tree = depth * (latency + min(nbytes, TREE_SEGMENT_BYTES)) + max(1, steps) * nbytes
+    return {BroadcastAlgorithm.CHAIN: chain, BroadcastAlgorithm.TREE: tree}
+
+
+def choose_broadcast(nbytes: int, world: int, *, quantized: bool, segmented: bool, partner_links: bool,
+                     forced: BroadcastAlgorithm | None = None) -> BroadcastAlgorithm:
+    """The algorithm a broadcast of ``nbytes`` runs on ``world`` peers: the cheaper of
+    :func:`broadcast_costs` (ties to the chain), or ``forced`` (every peer passes the same).
+    Quantized and segmented ops, rings without partner links and empty ops always take the
+    chain; so does the automatic choice below :data:`MIN_WORLD` (where the chain has at most 6
+    hops and no partner links are wired)."""
+    if quantized or segmented or not partner_links or world < 2 or nbytes == 0:
+        return BroadcastAlgorithm.CHAIN
+    if forced is not None:
+        return forced
+    if world < MIN_WORLD:
+        return BroadcastAlgorithm.CHAIN
+    table = broadcast_costs(nbytes, world)
+    return BroadcastAlgorithm.TREE if table[BroadcastAlgorithm.TREE] < table[BroadcastAlgorithm.CHAIN] \
+        else BroadcastAlgorithm.CHAIN

@@ -32,6 +32,7 @@ import trio
 
 import pccl
 import pccl.testing
+from pccl.collectives.tree_broadcast import TreeBroadcastOp
 from allreduce_cases import digest, make_input, quantization, reduce_op
 from allreduce_peer import admit, emit
 
@@ -59,9 +60,21 @@ def install_fault(kind: str, at: float) -> None:
             expected = call.keep.src.nbytes * (world - 1) / world
         else:
             expected = call.keep.src.nbytes
+        moved = [0]
+        if isinstance(op, TreeBroadcastOp):  # counted per segment: sent to a child (the root), or in
+            tree_method = "sent" if sender else "arrived"
+            tree_original = getattr(op, tree_method)
+
+            def tree_counting(k: int, nbytes: int) -> None:
+                moved[0] += nbytes
+                if moved[0] >= at * expected:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                tree_original(k, nbytes)
+
+            setattr(op, tree_method, tree_counting)  # this op only
+            return op
         method = "prepare_payload" if sender else "received"
         original = getattr(op, method)
-        moved = [0]
 
         def counting(frame: Any, buffer: Any) -> Any:
             moved[0] += op.frame_nbytes(frame)

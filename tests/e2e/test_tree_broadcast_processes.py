@@ -1,0 +1,76 @@
+"""The tree broadcast with peers as OS processes (``kinds_peer.py``) under a ``pccl master``
+process, on real TCP: 8 peers (partner links wired) and a 200 KB buffer, which
+:func:`~pccl.protocol.algorithms.choose_broadcast` sends down the binomial tree.
+
+A process SIGKILLs itself inside the op at an awkward moment — the root after its first child
+has the buffer and before the others do; the root's first child (the largest subtree's root)
+once the buffer is in, before it forwards it — and every survivor's call raises
+``CollectiveAborted`` with its input intact; the retry runs on the 7 survivors and everyone
+ends with the (new) root's bytes.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+from pccl.protocol.algorithms import BroadcastAlgorithm, broadcast_tree, choose_broadcast
+from allreduce_cases import digest, make_input
+from test_allreduce import BOUND
+from test_collective_kinds_processes import KindsCluster
+
+WORLD = 8
+N = 50_000  # float32: 200 KB, one segment
+
+
+@pytest.fixture
+def kinds_cluster() -> Any:
+    clusters: list[KindsCluster] = []
+
+    def make(world: int) -> KindsCluster:
+        cluster = KindsCluster(world)
+        clusters.append(cluster)
+        cluster.start()
+        return cluster
+
+    yield make
+    for c in clusters:
+        c.close()
+
+
+def test_the_buffer_takes_the_tree() -> None:
+    # What the processes below run (partner links are wired at 8 peers): the tree, not the chain.
+    assert choose_broadcast(N * 4, WORLD, quantized=False, segmented=False,
+                            partner_links=True) is BroadcastAlgorithm.TREE
+    assert choose_broadcast(N * 4, WORLD - 1, quantized=False, segmented=False,
+                            partner_links=True) is BroadcastAlgorithm.CHAIN  # the retry's 7: the chain
+
+
+@pytest.mark.parametrize("kill", ["root", "inner"])
+def test_a_peer_sigkilled_inside_the_tree_broadcast(kinds_cluster: Any, kill: str) -> None:
+    cluster = kinds_cluster(WORLD)
+    root = min(cluster.peer_ids)
+    root_pos = cluster.ring.index(root)
+    first_child = broadcast_tree(root_pos, WORLD, root_pos)[1][0][0]
+    victim_id = root if kill == "root" else cluster.ring[first_child]
+    victim = cluster.peers[cluster.index_of(victim_id)]
+    survivors = [p for p in cluster.peers if p is not victim]
+    spec = {"kind": "broadcast", "tag": 31, "seed": 31, "n": N, "dtype": "float32", "op": "SUM", "quant": None}
+    # The root sends the buffer to 3 children: past a third of it, it dies once the first has it
+    # (before its commit; the others may have it too, from the socket buffers).
+    at = 0.34 if kill == "root" else 1.0
+    for p in cluster.peers:
+        p.send({"cmd": "ops", "ops": [spec], "retry": True,
+                **({"fault": {"kind": "kill", "on": "broadcast", "at": at}} if p is victim else {})})
+    results = [p.next(timeout=BOUND)["results"][0] for p in survivors]
+    for res in results:
+        assert res.get("first_error") == "CollectiveAborted", f"{res}"
+        assert res["restored"] is True, "the input is intact after the abort"
+        assert res.get("ok") and res["world"] == WORLD - 1 and victim_id not in res["peers"], res
+    new_root = min(pid for pid in cluster.peer_ids if pid != victim_id)
+    assert {res["root"] for res in results} == {new_root}
+    expected = make_input(spec["seed"], cluster.index_of(new_root), N, "float32", "SUM")
+    assert {res["digest"] for res in results} == {digest(expected)}
+    assert victim.popen.wait(timeout=BOUND) == -signal.SIGKILL
