@@ -35,7 +35,7 @@ moves 16 frames of 4 MiB, so the chain is full after one frame.
 from __future__ import annotations
 
 from ..errors import InvalidArgument
-from ..protocol.algorithms import BroadcastAlgorithm, choose_broadcast, partner_positions
+from ..protocol.algorithms import AllReduceAlgorithm, BroadcastAlgorithm, choose_broadcast, partner_positions
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, BroadcastSchedule, subchunk_elements
 from .backup import InputBackup
 from .buffers import KernelRunner, ReduceArgs
@@ -83,10 +83,13 @@ def broadcast_algorithm_for(args: ReduceArgs, place: Place,
                             forced: BroadcastAlgorithm | None = None) -> BroadcastAlgorithm:
     """The algorithm the broadcast of ``args`` runs at ``place``
     (:func:`~pccl.protocol.algorithms.choose_broadcast`; the same on every peer: the partner
-    links are wired on every peer of a round or on none)."""
+    links are wired on every peer of a round or on none).  A round forced to the hierarchical
+    all-reduce wires site partners only, some of which may happen to be a peer's
+    halving-doubling partners: the tree never runs there."""
     return choose_broadcast(int(args.src.nbytes), place.world, quantized=args.quant is not None,
                             segmented=isinstance(args.src, Segments),
-                            partner_links=place.links.has_partners(partner_positions(place.rank, place.world)),
+                            partner_links=place.links.algorithm is not AllReduceAlgorithm.HIERARCHICAL
+                            and place.links.has_partners(partner_positions(place.rank, place.world)),
                             forced=forced)
 
 

@@ -19,15 +19,19 @@ import pytest
 import trio
 
 from pccl.collectives import RingLinks, broadcast_checked
+from pccl.collectives.broadcast import broadcast_algorithm_for
 from pccl.collectives.buffers import ReduceArgs
+from pccl.collectives.execute import Place
 from pccl.errors import PCCLError, PeerDisconnected
 from pccl.protocol.algorithms import (
     MIN_WORLD,
+    AllReduceAlgorithm,
     TREE_SEGMENT_BYTES,
     BroadcastAlgorithm,
     broadcast_costs,
     broadcast_tree,
     choose_broadcast,
+    link_partner_positions,
     partner_positions,
     power_of_two_below,
 )
@@ -264,3 +268,25 @@ def test_the_thresholds_are_the_documented_ones(world: int) -> None:
     assert row in DOCS.read_text(), row
     for world_below in range(2, MIN_WORLD):
         assert choose_broadcast(4, world_below, quantized=False, segmented=False, partner_links=True) is CHAIN
+
+
+@pytest.mark.parametrize("sites", [(0, 0, 0, 0, 0, 1, 1, 1, 1), (0, 1, 0, 1, 0, 1, 0, 1, 0), (0, 0, 0, 1, 1, 1, 2, 2, 2)])
+def test_a_forced_hierarchical_round_chooses_one_broadcast_algorithm_on_every_peer(sites: tuple[int, ...]) -> None:
+    """With ``Config.all_reduce_algorithm="hierarchical"`` a round wires the site partners only
+    (:func:`link_partner_positions`); at 9 peers position 0's one halving-doubling partner (its
+    fold partner) is a site mate, the others' are not.  The broadcast's choice must not follow
+    which halving partners happen to be linked at this peer: every peer takes the chain."""
+    world = len(sites)
+    mesh, _, _ = memory_mesh(world, sites=sites)
+    chosen = []
+    for r in range(world):
+        wired = set(link_partner_positions(r, world, AllReduceAlgorithm.HIERARCHICAL, sites))
+        links = RingLinks(mesh[r].to_next, [inbox.connection for inbox in mesh[r].inboxes],
+                          partners={p: inbox.connection for p, inbox in mesh[r].partners.items() if p in wired},
+                          algorithm=AllReduceAlgorithm.HIERARCHICAL, sites=sites)
+        place = Place(links, r, world, 1, runner=None, backup=None)  # type: ignore[arg-type]
+        args = ReduceArgs.check(np.zeros(16, np.float32), None, ReduceOp.SUM, None)
+        chosen.append(broadcast_algorithm_for(args, place))
+    assert any(set(partner_positions(r, world)) <= set(link_partner_positions(
+        r, world, AllReduceAlgorithm.HIERARCHICAL, sites)) for r in range(world))  # the trap is there
+    assert chosen == [CHAIN] * world, chosen
