@@ -13,6 +13,7 @@ unknown to them; campaigns of such things use ``workers=1`` (in-process).
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import dataclasses
 import json
@@ -30,7 +31,7 @@ from ..engine.schedule import Schedule
 from .scenarios import scenario_class
 
 __all__ = ["CampaignSpec", "SeedResult", "run_seed", "run_campaign", "peer_seconds", "ProgressBar", "parse_seeds",
-           "parse_phases", "format_phases"]
+           "parse_phases", "format_phases", "parse_sites"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +77,8 @@ class CampaignSpec:
                 parts.append(f"--alone {value}")
             elif key == "fast_commit" and value:
                 parts.append("--fast-commit")
+            elif key == "sites":
+                parts.append(f"--sites {shlex.quote(json.dumps(value, separators=(',', ':')))}")
         return " ".join(parts)
 
 
@@ -115,6 +118,18 @@ def parse_phases(text: str) -> tuple[Any, ...]:
     if not isinstance(phases, list) or not all(isinstance(p, (str, dict)) for p in phases):
         raise ValueError("--phases JSON must be a list of phase names and objects")
     return tuple(phases)
+
+
+def parse_sites(text: str) -> dict[str, Any]:
+    """``--sites``: a JSON object of :class:`~pccl_sim.workloads.pccl.scenario.PcclScenario`'s
+    ``sites`` parameter (``count`` and ``uplink`` at least)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--sites: not JSON: {exc}") from None
+    if not isinstance(value, dict) or "count" not in value or "uplink" not in value:
+        raise argparse.ArgumentTypeError('--sites: need a JSON object with "count" and "uplink"')
+    return value
 
 
 def format_phases(phases: Sequence[Any]) -> str:

@@ -40,7 +40,7 @@ from ..faults.generate import PROFILES
 from ..engine.schedule import Schedule
 from ..faults.shrink import NotFailing, same_failure, shrink
 from ..observe.coverage import coverage_table
-from .campaign import CampaignSpec, ProgressBar, SeedResult, parse_phases, parse_seeds, run_campaign, summary_table
+from .campaign import CampaignSpec, ProgressBar, SeedResult, parse_phases, parse_seeds, parse_sites, run_campaign, summary_table
 from .cluster import ClusterError, parse_cluster, run_on_cluster
 from .results import ResultsError, document, from_record
 from .results import load as load_results
@@ -63,6 +63,8 @@ def _spec(args: argparse.Namespace) -> CampaignSpec:
         params.append(("alone", args.alone))
     if args.fast_commit:
         params.append(("fast_commit", True))
+    if args.sites is not None:
+        params.append(("sites", args.sites))
     return CampaignSpec(
         scenario=args.scenario, profile=args.profile, peers=args.peers, duration=args.duration, quiet=args.quiet,
         params=tuple(params),
@@ -326,6 +328,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="a lone peer's loop: update_topology (as steps() does) or are_peers_pending first")
         p.add_argument("--fast-commit", action="store_true",
                        help="peers begin collectives without the master's vote (pccl.Config.fast_commit)")
+        p.add_argument("--sites", type=parse_sites, default=None,
+                       help="peers in datacenters: a JSON object of the scenario's sites parameter, e.g. "
+                            "'{\"count\": 2, \"uplink\": 125e6}' (peerN in site N %% count; see docs/simulator.rst)")
         p.add_argument("-v", "--verbose", action="store_true")
 
     helps = {

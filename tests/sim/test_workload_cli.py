@@ -103,3 +103,22 @@ def test_run_prints_the_master_round_trips_and_fast_commit_halves_them(capsys: p
     assert len(lines) == 1 and re.fullmatch(r"master round trips per successful collective call: 1: \d+ calls", lines[0])
     spec = CampaignSpec(params=(("fast_commit", True),))
     assert spec.command(4) == "pccl-sim replay --seed 4 --fast-commit"
+
+
+def test_sites_reach_the_scenario_and_the_replay_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--sites`` puts the peers in datacenters (the hierarchical all-reduce's ground): a run
+    with it passes, its seeds replay with it, and a malformed value is an argument error."""
+    sites = '{"count": 2, "uplink": 125e6}'
+    common = ["--seed", "2", "--profile", "none", "--peers", "4", "--duration", "2", "--sites", sites,
+              "--phases", "optimize,all_reduce"]
+    assert main(["run", *common]) == 0
+    assert "PASS" in capsys.readouterr().out
+    spec = CampaignSpec(params=(("sites", {"count": 2, "uplink": 125e6}),))
+    command = spec.command(2)
+    assert command == """pccl-sim replay --seed 2 --sites '{"count":2,"uplink":125000000.0}'"""
+    scenario, _ = spec.build(2)
+    assert scenario.sites is not None and scenario.sites.count == 2  # type: ignore[attr-defined]
+    for bad in ("[2]", '{"count": 2}', "sites"):
+        with pytest.raises(SystemExit):
+            main(["run", "--seed", "1", "--sites", bad])
+    assert "--sites" in capsys.readouterr().err
