@@ -364,9 +364,9 @@ async def test_a_cancel_after_a_frames_header_keeps_the_lane(path: str, moment: 
                 scope = trio.CancelScope()
                 real = accepted.receive_data_into
 
-                async def cancelled_first(buffer: Any) -> None:
+                async def cancelled_first(buffer: Any, **kwargs: Any) -> None:
                     scope.cancel()
-                    await real(buffer)
+                    await real(buffer, **kwargs)
 
                 accepted.receive_data_into = cancelled_first  # type: ignore[method-assign]
                 with scope:
