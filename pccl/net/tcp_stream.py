@@ -102,6 +102,9 @@ class TcpStream(Stream):
         self._dead: set[str] = set()
         #: The OS error of a reset seen by a receive; Linux reports ECONNRESET once and EOF after.
         self._receive_error: OSError | None = None
+        #: The last receive on the Trio thread got fewer bytes than it asked for: the socket was
+        #: empty then, so the next one waits for data before asking (see :meth:`receive_into`).
+        self._drained = False
         # Threads inside a syscall on the socket (Trio workers and BlockingIO callers).  The
         # socket is closed by whoever brings this to zero after _closed is set; the lock makes
         # "close now or leave it to the last worker" race-free.
@@ -209,6 +212,14 @@ class TcpStream(Stream):
         try:
             await trio.lowlevel.checkpoint_if_cancelled()
             waited = False
+            if self._drained:
+                # The socket was empty after the last receive: wait until it is readable rather
+                # than ask first — a receive that finds nothing costs a syscall and a raised
+                # BlockingIOError, once per message on a latency-bound connection.  If data came
+                # meanwhile the wait returns at the next pass of the run loop, which is the
+                # schedule point a receive that finds data makes anyway.
+                await self._wait(trio.lowlevel.wait_readable)  # cancellable: nothing consumed yet
+                waited = True
             while True:
                 if self._closed:
                     raise StreamClosed(f"stream from {self.remote_address} was closed during a receive")
@@ -221,6 +232,7 @@ class TcpStream(Stream):
                     continue
                 except OSError as exc:
                     raise self.receive_failure(exc) from exc
+                self._drained = 0 < n < len(view)
                 if not waited:
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 return n
