@@ -91,6 +91,10 @@ def dtype_of(dtype: object) -> DType:
     """
     if isinstance(dtype, DType):
         return dtype
+    if isinstance(dtype, np.dtype):  # the common case (an array's dtype): one lookup
+        found = _BY_NUMPY.get(dtype)  # a native-order dtype equals its key; others go on below
+        if found is not None:
+            return found
     kind = type(dtype)
     if kind.__module__ == "torch" and kind.__name__ == "dtype":  # torch.float32 is "torch.float32"
         name = str(dtype).removeprefix("torch.")

@@ -96,7 +96,7 @@ import trio
 
 from .collective_plans import Plan, StaleRing, phase_mismatch_abort
 from .reduce_many import MANY_FIRST_TAG, reduce_many
-from .host import CollectiveRoute, MasterLost, PeerHost
+from .host import CollectiveRoute, MasterLost, PeerHost, RouteInbox
 from .ring_connections import P2PLinks
 from .ring_link_cache import RingLinkCache
 from .ring_watchdog import RingWatchdog
@@ -370,7 +370,7 @@ class CollectiveService:
         return n
 
     async def _await_answer(
-        self, op: _Op, inbox: trio.MemoryReceiveChannel[m.Message]
+        self, op: _Op, inbox: RouteInbox
     ) -> m.CollectiveCommence | m.CollectiveRejected:
         while True:
             try:
@@ -467,7 +467,7 @@ class CollectiveService:
 
     # --- a cancelled call's tag -----------------------------------------------------------------
 
-    def _abandon(self, op: _Op, inbox: trio.MemoryReceiveChannel[m.Message]) -> bool:
+    def _abandon(self, op: _Op, inbox: RouteInbox) -> bool:
         """Start the task that settles the tag of a call that was cancelled before the master's
         answer to its vote (``WITHDRAW``) or to its ``Done`` (``AWAIT_FINAL``); True if it runs
         (not when the communicator is shutting down: nobody will commence anything then)."""
@@ -476,7 +476,7 @@ class CollectiveService:
         self._host.abandon_route(op.plan.tag)
         return True
 
-    async def _settle_abandoned(self, op: _Op, inbox: trio.MemoryReceiveChannel[m.Message]) -> None:
+    async def _settle_abandoned(self, op: _Op, inbox: RouteInbox) -> None:
         """Settle a cancelled call's tag with the master, then free it.  Before the answer to
         the vote: withdraw it — ``Rejected(WITHDRAWN)`` (or another rejection that crossed the
         withdrawal) ends it, a ``Commence`` that crossed it is reported as this peer's abort.

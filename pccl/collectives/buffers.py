@@ -170,9 +170,10 @@ class ReduceArgs:
         if not recv.flags.writeable:
             raise InvalidArgument("recv (or the in-place buffer) is read-only")
         src = send.reshape(-1)
-        dst = recv.reshape(-1)
-        in_place = np.shares_memory(src, dst)
-        if in_place and not (
+        dst = src if same else recv.reshape(-1)
+        in_place = same or np.shares_memory(src, dst)
+        # (``__array_interface__`` builds a dict: asked only of two arrays that do overlap.)
+        if in_place and not same and not (
             src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
         ):
             raise InvalidArgument("send and recv overlap partially; pass the same array (in place) or disjoint ones")

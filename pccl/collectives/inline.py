@@ -114,7 +114,7 @@ class InlineRing:
         op = self.op
         received = await op.links.inboxes[lane].receive_into(
             seq=op.seq, stream=frame.index, step=frame.step, offset=frame.start * op.itemsize,
-            destination=op.destination(frame, stage),
+            destination=op.destination(frame, stage), schedule_point=False,  # the op yields soon enough
         )
         op.rx_bytes += received
         op.received(frame, stage)

@@ -365,7 +365,7 @@ class Inbox:
                 self._parked = header
 
     async def receive_into(
-        self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview
+        self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview, schedule_point: bool = True
     ) -> int:
         """Receive this op's next frame, which must be exactly ``(seq, stream, step, offset)``
         with ``destination.nbytes`` payload bytes, straight into ``destination``.
@@ -374,7 +374,8 @@ class Inbox:
         then broken) if the frame of this op that arrives is not the expected one (peers
         disagree on the schedule, or a peer misbehaves), transport errors if the lane is
         broken.  Cancellation while waiting for the frame loses nothing; cancellation during
-        the payload aborts the lane.
+        the payload aborts the lane.  ``schedule_point``: as for
+        :meth:`~pccl.net.framed.FramedConnection.receive_data_into`.
         """
         nbytes = destination.nbytes
         header = await self._take_read_role(seq)
@@ -389,7 +390,7 @@ class Inbox:
                         self._parked = None
                     self._check_own(header, stream, step, offset, nbytes)
                     try:
-                        await self.connection.receive_data_into(destination)
+                        await self.connection.receive_data_into(destination, schedule_point=schedule_point)
                     except BaseException:
                         self._repark_unread(header)
                         raise

@@ -328,7 +328,7 @@ class FramedConnection:
         finally:
             frames.end_receive()
 
-    async def receive_data_into(self, buffer: memoryview | bytearray) -> None:
+    async def receive_data_into(self, buffer: memoryview | bytearray, *, schedule_point: bool = True) -> None:
         """Receive the next ``len(buffer)`` payload bytes of the current data frame into
         ``buffer`` (writable, C-contiguous; e.g. ``memoryview(array)[a:b]``).
 
@@ -336,6 +336,10 @@ class FramedConnection:
         than what remains (validate the header first) or no data frame is current.
         ``PeerDisconnected`` on EOF.  Cancellation (or any failure) once the payload is arriving
         aborts the connection: the amount received is unknown.
+
+        ``schedule_point=False``: a payload that was read ahead with its header whole is taken
+        without yielding to the scheduler (it stays a cancellation point), for a caller that
+        yields soon anyway — a small op's ring, where each yield is a pass of the run loop.
         """
         view = byte_view(buffer, writable=True)
         frames = self.frames
@@ -346,7 +350,8 @@ class FramedConnection:
             await trio.lowlevel.checkpoint_if_cancelled()
             rest = view[frames.take_payload(view) :]
             if not rest.nbytes:
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                if schedule_point:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 return
             try:
                 await self._stream.receive_exactly_into(rest)

@@ -34,8 +34,11 @@ logger = logging.getLogger("pccl.net.tcp")
 
 #: ``socket.socket`` under a name no class member shadows (annotations in class bodies).
 _Socket = socket.socket
-_MSG_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)  # EPIPE instead of SIGPIPE, even if embedded
-_MSG_DONTWAIT = socket.MSG_DONTWAIT
+_MSG_NOSIGNAL = int(getattr(socket, "MSG_NOSIGNAL", 0))  # EPIPE instead of SIGPIPE, even if embedded
+_MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
+#: A non-blocking send's flags, combined once: or-ing the ``socket.MsgFlag`` members goes through
+#: ``enum`` on every call (a few microseconds per small send on a loaded host).
+_SEND_NOWAIT = _MSG_DONTWAIT | _MSG_NOSIGNAL
 _MSG_WAITALL = getattr(socket, "MSG_WAITALL", 0)
 _SEND, _RECEIVE = "send", "receive"
 
@@ -99,6 +102,9 @@ class TcpStream(Stream):
         self._dead: set[str] = set()
         #: The OS error of a reset seen by a receive; Linux reports ECONNRESET once and EOF after.
         self._receive_error: OSError | None = None
+        #: The last receive on the Trio thread got fewer bytes than it asked for: the socket was
+        #: empty then, so the next one waits for data before asking (see :meth:`receive_into`).
+        self._drained = False
         # Threads inside a syscall on the socket (Trio workers and BlockingIO callers).  The
         # socket is closed by whoever brings this to zero after _closed is set; the lock makes
         # "close now or leave it to the last worker" race-free.
@@ -143,7 +149,7 @@ class TcpStream(Stream):
         if self._closed or self._eof_sent or self._sending or _SEND in self._dead:
             return 0
         try:
-            return self._sock.send(data, _MSG_DONTWAIT | _MSG_NOSIGNAL)
+            return self._sock.send(data, _SEND_NOWAIT)
         except OSError:  # BlockingIOError included
             return 0
 
@@ -155,7 +161,7 @@ class TcpStream(Stream):
             if self._closed:
                 raise StreamClosed(f"stream to {self.remote_address} was closed during a send")
             try:
-                sent += self._sock.send(view[sent:], _MSG_DONTWAIT | _MSG_NOSIGNAL)
+                sent += self._sock.send(view[sent:], _SEND_NOWAIT)
             except BlockingIOError:
                 await self._wait(trio.lowlevel.wait_writable)
                 waited = True
@@ -206,6 +212,14 @@ class TcpStream(Stream):
         try:
             await trio.lowlevel.checkpoint_if_cancelled()
             waited = False
+            if self._drained:
+                # The socket was empty after the last receive: wait until it is readable rather
+                # than ask first — a receive that finds nothing costs a syscall and a raised
+                # BlockingIOError, once per message on a latency-bound connection.  If data came
+                # meanwhile the wait returns at the next pass of the run loop, which is the
+                # schedule point a receive that finds data makes anyway.
+                await self._wait(trio.lowlevel.wait_readable)  # cancellable: nothing consumed yet
+                waited = True
             while True:
                 if self._closed:
                     raise StreamClosed(f"stream from {self.remote_address} was closed during a receive")
@@ -218,6 +232,7 @@ class TcpStream(Stream):
                     continue
                 except OSError as exc:
                     raise self.receive_failure(exc) from exc
+                self._drained = 0 < n < len(view)
                 if not waited:
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 return n
@@ -414,7 +429,7 @@ class TcpBlockingIO(BlockingIO):
         stream = self._stream
         with stream.thread_in_socket() as sock:
             try:
-                return sock.send(data, _MSG_DONTWAIT | _MSG_NOSIGNAL)
+                return sock.send(data, _SEND_NOWAIT)
             except BlockingIOError:
                 return 0
             except OSError as exc:

@@ -19,6 +19,7 @@ import trio
 
 from .._peer import sync as _sync_module
 from .._peer import wiring as _wiring_module
+from .._peer.host import RouteInbox
 from .._peer.probes import ProbeService, probe_bound
 from .._peer.session import PeerSession
 from ..collectives.kinds import KindOps
@@ -160,9 +161,10 @@ async def send_raw(comm: Communicator, message: m.Message) -> None:
     await _session(comm).send(message)
 
 
-def open_route(comm: Communicator, tag: int) -> trio.MemoryReceiveChannel[m.Message]:
+def open_route(comm: Communicator, tag: int) -> RouteInbox:
     """Claim collective tag ``tag`` on ``comm`` (as a collective call does) and return the
-    channel the master's replies for it arrive on.  ``InvalidUsage`` if the tag is in flight."""
+    inbox the master's replies for it arrive on (``await inbox.receive()``, as a memory
+    channel's).  ``InvalidUsage`` if the tag is in flight."""
     return _session(comm).open_route(tag).inbox
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 import pccl
 import pccl.testing
@@ -85,3 +86,39 @@ def test_a_planted_kind_fault_replaces_the_row_and_restores_it() -> None:
     with pccl.testing.plant_kind_fault("broadcast", lambda row: dataclasses.replace(row, result=lambda *a: "planted")):
         assert KIND_OPS[CollectiveKind.BROADCAST].result(None, None, 0, 0, 0, None) == "planted"
     assert KIND_OPS[CollectiveKind.BROADCAST] is real
+
+
+async def test_a_route_inbox_loses_nothing_to_a_cancelled_wait_and_ends_when_closed() -> None:
+    """The inbox a collective call waits on for the master's answers (``open_route``): a wait
+    cancelled before anything came takes nothing, the Commence that comes next is received,
+    ``async for`` drains what is queued, and closing the route ends a wait with
+    ``EndOfChannel``."""
+    with trio.fail_after(30):
+        async with pccl.testing.open_test_cluster(2, network=pccl.testing.MemoryNetwork()) as (_, comms, _):
+            inboxes = [pccl.testing.open_route(c, 9) for c in comms]
+            with trio.move_on_after(0.05) as waited:
+                await inboxes[0].receive()
+            assert waited.cancelled_caught
+            for comm in comms:
+                await pccl.testing.send_raw(comm, m.CollectiveInit(9, 4, int(pccl.DType.FLOAT32), int(pccl.ReduceOp.SUM)))
+            commences = [await inbox.receive() for inbox in inboxes]
+            assert all(isinstance(c, m.CollectiveCommence) and c.tag == 9 for c in commences), commences
+            assert commences[0].seq == commences[1].seq
+            with pytest.raises(trio.WouldBlock):
+                inboxes[0].receive_nowait()
+
+            ended: list[bool] = []
+
+            async def wait_for_more() -> None:
+                try:
+                    await inboxes[0].receive()
+                except trio.EndOfChannel:
+                    ended.append(True)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait_for_more)
+                await trio.testing.wait_all_tasks_blocked()
+                pccl.testing.close_route(comms[0], 9)
+            assert ended == [True]
+            assert [msg async for msg in inboxes[0]] == []
+            pccl.testing.close_route(comms[1], 9)
