@@ -20,9 +20,10 @@ The algorithms
 ``HIERARCHICAL``
     Only when the master found sites (:mod:`pccl.protocol.sites`, ``ConnectToPeers.sites``)
     and they suit it (:func:`~pccl.protocol.sites.site_table`: ``S >= 2`` sites of at least two
-    peers each; ``K`` the smallest site's size): a reduce-scatter inside each site onto its first
-    ``K`` peers, an all-reduce of each of the ``K`` shards across the sites (between the peers
-    holding that shard), an all-gather inside each site; four
+    peers each; ``K`` the largest site's size): a reduce-scatter inside each site onto its
+    peers (``K`` shards, every peer owning a run of one or more,
+    :func:`site_shards`), an all-reduce of each shard across the sites (between the peers
+    holding it), an all-gather inside each site; four
     steps, two of them across sites (:mod:`pccl.collectives.hierarchical`).  With sites known,
     the automatic choice takes it for every op it can run: every other algorithm crosses sites
     on most of its steps.
@@ -59,7 +60,7 @@ __all__ = [
     "AllReduceAlgorithm", "NOMINAL_LATENCY_BYTES", "UNPIPELINED_PENALTY", "MIN_WORLD", "HALVING_MAX_BYTES",
     "power_of_two_below", "virtual_rank", "position_of", "fold_partner", "partner_positions",
     "choose_all_reduce", "parse_algorithm", "wants_partner_links", "largest_frame", "site_partners",
-    "link_partner_positions",
+    "site_shards", "link_partner_positions",
     "BroadcastAlgorithm", "TREE_SEGMENT_BYTES", "tree_segment_elements", "broadcast_tree", "broadcast_costs",
     "choose_broadcast",
 ]
@@ -111,16 +112,31 @@ def wants_partner_links(world: int, forced: AllReduceAlgorithm | None) -> bool:
 
 def site_partners(position: int, sites: tuple[int, ...]) -> tuple[int, ...]:
     """The ring positions ``position`` exchanges with in the hierarchical all-reduce, ascending:
-    the rest of its site and, for the first ``K`` ranks of a site (ranks in ring order, ``K``
-    the smallest site's size), the peers of the same rank in the other sites; ``()`` unless
-    ``sites`` (a site per ring position) suit it (:func:`~pccl.protocol.sites.site_table`)."""
+    the rest of its site and, in every other site, the peers owning a shard it owns too
+    (:func:`site_shards`); ``()`` unless ``sites`` (a site per ring position) suit it
+    (:func:`~pccl.protocol.sites.site_table`)."""
     table = site_table(sites)
     if table is None:
         return ()
     site = sites[position]
-    rank = table[site].index(position)
-    across = {t[rank] for t in table if t[rank] != position} if rank < min(len(t) for t in table) else set()
+    lo, hi = site_shards(table, site, table[site].index(position))
+    across = {p for t, members in enumerate(table) if t != site for r, p in enumerate(members)
+              if _overlap((lo, hi), site_shards(table, t, r))}
     return tuple(sorted({p for p in table[site] if p != position} | across))
+
+
+def site_shards(table: tuple[tuple[int, ...], ...], site: int, rank: int) -> tuple[int, int]:
+    """The shards ``[first, stop)`` that rank ``rank`` of site ``site`` owns in the hierarchical
+    all-reduce: ``K`` shards (``K`` the largest site's size), each site's ranks owning
+    consecutive runs of them, one shard or more each (the first ``K % L`` runs one longer)."""
+    shards, peers = max(len(t) for t in table), len(table[site])
+    base, extra = divmod(shards, peers)
+    first = rank * base + min(rank, extra)
+    return first, first + base + (1 if rank < extra else 0)
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def link_partner_positions(position: int, world: int, forced: AllReduceAlgorithm | None,

@@ -43,9 +43,28 @@ def test_a_peer_killed_inside_a_hierarchical_op() -> None:
     # Inside the transfer: every peer's op aborted (each restored its input, or the checkers fail).
     kinds = collections.Counter(e.kind for e in trace.events)
     assert kinds["all_reduce_aborted"] == 9
-    # The survivors retry and go on hierarchically: 8 peers in sites of 3, 3 and 2 (the peers
-    # of rank 2 in the full sites own no shard and send their whole buffer in step 1).
+    # The survivors retry and go on hierarchically: 8 peers in sites of 3, 3 and 2 (three
+    # shards: each peer of the site of 2 owns one or two, and every peer sends more than its
+    # whole buffer, 800 KB: its part across sites on top of its site's steps).
     after = [e for e in trace.of_kind("all_reduce") if e.t > killed]
     assert after and {e.data["world_size"] for e in after} == {8}
     assert {tuple(sorted(collections.Counter(e.data["sites"]).values())) for e in after} == {(2, 3, 3)}
-    assert {e.data["tx"] for e in after if e.data["k"] == 2} >= {800_000}
+    assert min(e.data["tx"] for e in after if e.data["k"] == 2) > 800_000
+
+
+def test_uneven_sites_and_a_slow_uplink_leave_no_peer_idle_past_the_watchdog() -> None:
+    # 5 peers in sites of 2 and 3 (peerN in site N % 2) behind a 10 MB/s uplink, all-reducing
+    # 32 MB.  The steps across sites last longer than peer_timeout (2 s here); a peer that took
+    # no part in them (rank 2 of the site of 3 while shards followed the smallest site) moved no
+    # byte meanwhile, its transfer watchdog aborted every op, and every retry again: none ever
+    # completed.  Sharded by the largest site, every peer moves bytes across sites throughout.
+    uneven = {**SITES, "count": 2, "uplink": 10e6}
+    phase = {"name": "all_reduce", "n": 8_000_000}
+    spec = CampaignSpec(scenario="pccl", profile="none", peers=5, duration=8.0, quiet=None,
+                        params=(("phases", ("compute", "optimize", phase)), ("sites", uneven)))
+    trace = run(*spec.build(0))
+    assert trace.ok, [f.message for f in trace.failures]
+    done = trace.of_kind("all_reduce")
+    assert len(done) >= 5 and not trace.of_kind("all_reduce_aborted"), [
+        e.data["error"] for e in trace.of_kind("all_reduce_aborted")][:3]
+    assert {tuple(e.data["sites"]) for e in done} == {(0, 1, 1, 1, 0)}, "not hierarchical across sites of 2 and 3"

@@ -125,18 +125,22 @@ async def test_bytes_moved_are_the_schedules(sites: tuple[int, ...]) -> None:
     assert sizes == [(inside + across, inside + across)] * world
 
 
-async def test_uneven_sites_shard_by_the_smallest() -> None:
-    # Sites of 2 and 3: two shards; rank 2 of the larger site owns none, sends its two shards
-    # and receives the whole result; the owners take its shard too and send it the result.
+async def test_uneven_sites_shard_by_the_largest_and_every_peer_owns_a_run() -> None:
+    # Sites of 2 and 3: three shards (s = 4096 f32); in the site of 2, rank 0 owns shards 0-1
+    # and rank 1 shard 2; in the site of 3 each rank owns one.  Every peer takes part in the
+    # steps across sites (a peer that only waited there would see no byte move on its own
+    # connections for as long as they last, and its transfer watchdog would end the op).
     sites = (0, 0, 1, 1, 1)
     n = 12 * 1024
     inputs = make_inputs(5, n, np.float32, ReduceOp.SUM, seed=3)
     _, sizes = await run_op(inputs, ReduceOp.SUM, None, links=memory_mesh(5, sites=sites)[0])
-    shard, b = n // 2 * 4, n * 4
-    across = 2 * (shard // 2)       # half a shard each way to the other site's owner
-    assert sizes[4] == (b, b)       # the owner-less rank
-    assert sizes[0] == sizes[1] == (shard + across + shard, shard + across + shard)
-    assert sizes[2] == sizes[3] == (shard + across + 2 * shard, 2 * shard + across + shard)
+    s = n // 3 * 4
+    half = s // 2                   # a segment's piece: each shard is one segment here, cut in 2
+    # rank 0 of the site of 2: step 1 sends shard 2, takes 2 shards; two segments across; step 4
+    two_shards = s + 2 * half + 2 * half + 2 * s
+    one_shard = 2 * s + half + half + s   # its site mate: sends shards 0-1 and gets them back
+    site_of_3 = 2 * s + half + half + 2 * s
+    assert sizes == [(two_shards, two_shards), (one_shard, one_shard)] + [(site_of_3, site_of_3)] * 3
 
 
 def test_site_partners_are_symmetric_and_the_wiring_takes_them() -> None:
@@ -149,7 +153,10 @@ def test_site_partners_are_symmetric_and_the_wiring_takes_them() -> None:
             assert link_partner_positions(p, world, RING, sites) == ()
             assert link_partner_positions(p, world, HIER, sites) == site_partners(p, sites)
     assert site_partners(0, (0, 1, 1, 0, 2, 2)) == (1, 3, 4)        # its site's peer, rank 0 of the others
-    assert site_partners(2, (0, 0, 0, 1, 1)) == (0, 1)               # rank 2 of 3, 2 shards: its site only
+    # sites of 3 and 2, three shards: rank 2 of the site of 3 owns shard 2, as rank 1 of the
+    # site of 2 does; rank 0 of the site of 2 owns shards 0-1, as ranks 0 and 1 of the other
+    assert site_partners(2, (0, 0, 0, 1, 1)) == (0, 1, 4)
+    assert site_partners(3, (0, 0, 0, 1, 1)) == (0, 1, 4)
     assert site_partners(0, (0, 0, 0, 1, 2)) == ()                   # peers alone in their sites: none
     assert link_partner_positions(0, 8, None, ()) == partner_positions(0, 8)
 
