@@ -200,7 +200,7 @@ async def test_quantized_ops_take_the_ring_even_with_sites() -> None:
 @pytest.mark.parametrize(("sites", "breaker", "partner"),
                          [((0, 0, 1, 1), 0, 2), ((0, 0, 1, 1, 2, 2), 3, 2), ((0, 0, 0, 1, 1, 1), 4, 1),
                           ((0, 0, 1, 1, 1), 4, 2)],
-                         ids=["across-2x2", "in-site-3x2", "across-2x3", "owner-less-2+3"])
+                         ids=["across-2x2", "in-site-3x2", "across-2x3", "uneven-2+3"])
 async def test_a_partner_link_dying_mid_op_aborts_everyone_and_restores_inputs(
         sites: tuple[int, ...], breaker: int, partner: int) -> None:
     world = len(sites)
