@@ -47,7 +47,11 @@ another use of a tag whose op is open aborts that op with STALE_RING and is refu
 a failure reported before every participant began aborts the op only once the last one has
 (its Begin may show a disagreement: that is what everyone hears then, since a ring run on
 disagreeing parameters fails for that reason), a second Begin is OUT_OF_PHASE, and a begun op that waits for members who wait elsewhere is a wait in a collective
-for the phase-mismatch machine, aborted with PHASE_MISMATCH at the end of the grace.
+for the phase-mismatch machine, aborted with PHASE_MISMATCH at the end of the grace.  A
+crossing — a voter commenced on an op while it runs an unarmed begun op of at most
+``CROSSING_ABORT_MAX_BYTES`` (two peers called the two in opposite orders) — aborts that begun
+op with STALE_RING on every live participant, those that had not begun it included (they
+retire its seq).
 
 Kinds.  What an op computes is its kind (:class:`CollectiveKind`, ``CollectiveInit.kind``: a
 trailing field, so an Init without it is an all-reduce; an unknown value is a PROTOCOL_ERROR);
@@ -305,6 +309,22 @@ class OpInfo(NamedTuple):
     kind: CollectiveKind = CollectiveKind.ALL_REDUCE
 
 
+#: The largest begun op (bytes of a participant's input) aborted to end a crossing (see
+#: ``CollectiveOps._crossing``): ops up to this size run inline on the peers
+#: (``pccl.collectives.inline.INLINE_MAX_BYTES``), so cancelling one tears no frame.
+CROSSING_ABORT_MAX_BYTES = 256 * 1024
+
+
+def _op_bytes(op: _Op) -> int:
+    init = next(iter(op.inits.values()), None)
+    if init is None:
+        return 0
+    try:
+        return init.count * DType(init.dtype).itemsize
+    except ValueError:
+        return init.count
+
+
 @dataclasses.dataclass(eq=False)
 class _Op:
     group: int
@@ -415,6 +435,9 @@ class CollectiveOps:
         commence = m.CollectiveCommence(op.tag, op.seq, op.participants)
         if not begun:
             self._host.send(peer_id, commence)
+            self._crossing(op, peer_id)
+            if (op.group, op.tag) not in self._ops:
+                return
         if not op.armed and op.began.issuperset(op.participants):
             if op.failure is not None:
                 self._abort(op, op.failure)
@@ -556,7 +579,28 @@ class CollectiveOps:
         counts = tuple(op.inits[pid].count for pid in op.participants) if op.row.sends_counts else ()
         for pid in op.participants:
             self._host.send(pid, m.CollectiveCommence(op.tag, op.seq, op.participants, counts))
+        for pid in op.participants:
+            self._crossing(op, pid)
         return True
+
+    def _crossing(self, op: _Op, peer_id: int) -> None:
+        """``peer_id`` was just commenced on ``op`` (a vote: it has another op in flight).  A
+        begun op it runs, which some participant has not begun yet, was called after ``op``
+        there: the two peers run the pair in opposite orders, and over the partner links (one op
+        at a time) or large ops' lane threads each would wait for the other's turn until the
+        watchdog fired.  That begun op, when small (its frames are sent whole, so cancelling
+        it tears no lane that ``op`` shares; a large ring op has a turn of its own beside it),
+        aborts with STALE_RING (its callers re-wire and run it
+        again, a transparent retry), as if its ring had gone stale; the participants that had not
+        begun it hear the abort too, and retire its seq (its frames may stand on their links
+        before those of the op they run)."""
+        for other in list(self._ops.values()):
+            if (other is not op and other.group == op.group and other.fast and not other.armed
+                    and peer_id in other.began and (other.group, other.tag) in self._ops
+                    and _op_bytes(other) <= CROSSING_ABORT_MAX_BYTES):
+                self._abort(other, f"tags {other.tag} and {op.tag} were called in different orders on peers of "
+                                   f"group {op.group}; re-wire before retrying", code=m.RejectCode.STALE_RING,
+                            everyone=True)
 
     def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
         if op.other_kind:  # (the voter that asked for it may have gone since)
@@ -580,13 +624,15 @@ class CollectiveOps:
             return refusal
         return None, ""
 
-    def _abort(self, op: _Op, why: str, code: int = 0) -> None:
+    def _abort(self, op: _Op, why: str, code: int = 0, *, everyone: bool = False) -> None:
         del self._ops[(op.group, op.tag)]
         self._host.mark_stale(op.group)  # the ring failed once: the next topology vote re-wires it
         log.debug("aborting collective tag %d seq %s: %s", op.tag, op.seq, why)
-        # A begun op's participants that have not begun it hear nothing: their Begin will find
-        # the group stale.
-        live = [pid for pid in op.participants if self._host.is_live(pid) and (not op.fast or pid in op.began)]
+        # A begun op's participants that have not begun it hear nothing (their Begin will find
+        # the group stale), unless ``everyone``: they retire its seq, whose frames may already
+        # stand before those of an op they run (a crossing, see _crossing).
+        live = [pid for pid in op.participants
+                if self._host.is_live(pid) and (not op.fast or everyone or pid in op.began)]
         if live:
             self._host.report(OpEnded(op.group, op.tag, op.seq or 0, True, live[0]))
         for pid in live:
