@@ -168,6 +168,21 @@ def test_a_large_begun_op_is_not_aborted_to_end_a_crossing() -> None:
     assert _abort(h, a) is None and _abort(h, b) is None and len(h.ms.ops()) == 2
 
 
+def test_a_topology_vote_after_giving_up_a_lone_begun_op_aborts_it_instead_of_a_kick() -> None:
+    # a began alone and was cancelled (Done aborted): the failure is held for the others' Begins,
+    # but a's call has ended.  Its topology vote (the vote path's withdrawal had freed it) ends
+    # the op; it used to be OUT_OF_PHASE ("topology vote with collective tag 3 in flight").
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    seq = _begin(h, a)
+    h.send(a, m.CollectiveDone(TAG, seq, aborted=True))
+    assert _abort(h, a) is None
+    h.send(a, m.VoteTopology(True))
+    abort = _abort(h, a)
+    assert abort is not None and abort.seq == seq and "reported failure" in abort.detail
+    assert not h.kicks and not h.ms.ops() and h.ms.stale_groups() == frozenset({0})
+
+
 def test_a_begin_on_a_stale_ring_or_an_old_round_is_rejected_at_once() -> None:
     h = Harness()
     a, b = accepted_cluster(h, [0, 0])

@@ -488,6 +488,17 @@ class CollectiveOps:
         del op.inits[peer_id]
         self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
 
+    def release(self, group: int, peer_id: int) -> None:
+        """``peer_id`` starts a call the phase table refuses beside a collective (a topology
+        vote, a sync): a begun op it reported failure on before everyone began has no call of
+        it waiting any more (a peer that waits for such an op's verdict starts nothing else; it
+        was cancelled, the vote path's withdrawal), so that op aborts now with the failure held
+        for the others, instead of the vote being OUT_OF_PHASE."""
+        for op in list(self._ops.values()):
+            if (op.group == group and op.fast and not op.armed and peer_id in op.failed
+                    and (op.group, op.tag) in self._ops):
+                self._abort(op, op.failure or f"peer {peer_id:x} reported failure")
+
     def forget(self, group: int, peer_id: int) -> None:
         """A peer of ``group`` was removed: its votes go (its running ops abort at the next check)."""
         for op in self._ops.values():
