@@ -7,9 +7,9 @@
 
 Every link is ``--latency-ms`` one way and ``--gbit`` Gbit/s (4 MiB windows), except the
 master's to each peer, ``--master-latency-ms`` one way (default: ``--latency-ms``), so that the
-table shows what the master's round trips cost a collective (``--fast-commit``, pccl's default:
-with ``pccl.Config.fast_commit``, one round trip per collective instead of two; ``--no-fast-commit``:
-the vote); reductions take no virtual time
+table shows what the master's round trips cost a collective (``--fast-commit``: with
+``pccl.Config.fast_commit``, one round trip per collective instead of two; ``--no-fast-commit``:
+the vote; the default is pccl's); reductions take no virtual time
 (``kernel_cost`` unset), so the figures are the protocol's and the network's.  The peers start
 together; then each step is, phase by phase with a barrier between phases:
 

@@ -127,13 +127,13 @@ class Config:
     #: released, so reduction overlaps the transfers).  The simulator sets False: a simulated
     #: run must not start real threads.
     kernel_threads: bool = True
-    #: A collective that this peer starts with no other in flight, on a ring no op failed on
-    #: since its topology round, begins at once with a one-way ``CollectiveBegin`` instead of
-    #: waiting for the master's vote (one master round trip per collective instead of two;
-    #: docs/protocol.rst, "Design: one master round trip per collective").  Concurrent calls,
-    #: all-gathers and large all-reduces on rings with partner links still vote.  Off: every
-    #: collective is voted.  Peers of one run may differ.
-    fast_commit: bool = True
+    #: Experimental: a collective that this peer starts with no other in flight, on a ring no
+    #: op failed on since its topology round, begins at once with a one-way ``CollectiveBegin``
+    #: instead of waiting for the master's vote (one master round trip per collective instead
+    #: of two; docs/protocol.rst, "Design: one master round trip per collective").  Concurrent
+    #: calls, all-gathers and large all-reduces on rings with partner links still vote.  Off:
+    #: every collective is voted.  Peers of one run may differ.
+    fast_commit: bool = False
 
     def __post_init__(self) -> None:
         if (self.peer_timeout <= 0 or self.heartbeat_interval <= 0 or self.connect_timeout <= 0

@@ -355,6 +355,9 @@ class CollectiveOps:
     def __init__(self, host: OpsHost) -> None:
         self._host = host
         self._ops: dict[tuple[int, int], _Op] = {}  # (group, tag)
+        #: Keys of ops begun on the fast path and perhaps not armed yet (a superset, pruned as
+        #: it is read): a crossing or a release looks at these only, not at every vote.
+        self._begun: set[tuple[int, int]] = set()
         self._next_seq = 1
 
     # --- messages -----------------------------------------------------------------------------
@@ -411,6 +414,7 @@ class CollectiveOps:
         if not joining:
             assert ring is not None
             op.seq, op.fast, op.round = msg.seq, True, msg.round
+            self._begun.add(key)
             op.participants = op.row.order(ring, op.inits)
         self._join(op, peer_id, init, begun=True)
         for pid, vote in list(op.inits.items()):  # votes held for this use of the tag join it
@@ -488,15 +492,25 @@ class CollectiveOps:
         del op.inits[peer_id]
         self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
 
+    def _unarmed(self) -> list[_Op]:
+        """The ops begun on the fast path that are not armed yet."""
+        out = []
+        for key in list(self._begun):
+            op = self._ops.get(key)
+            if op is None or not op.fast or op.armed:
+                self._begun.discard(key)
+            else:
+                out.append(op)
+        return out
+
     def release(self, group: int, peer_id: int) -> None:
         """``peer_id`` starts a call the phase table refuses beside a collective (a topology
         vote, a sync): a begun op it reported failure on before everyone began has no call of
         it waiting any more (a peer that waits for such an op's verdict starts nothing else; it
         was cancelled, the vote path's withdrawal), so that op aborts now with the failure held
         for the others, instead of the vote being OUT_OF_PHASE."""
-        for op in list(self._ops.values()):
-            if (op.group == group and op.fast and not op.armed and peer_id in op.failed
-                    and (op.group, op.tag) in self._ops):
+        for op in self._unarmed():
+            if op.group == group and peer_id in op.failed and (op.group, op.tag) in self._ops:
                 self._abort(op, op.failure or f"peer {peer_id:x} reported failure")
 
     def forget(self, group: int, peer_id: int) -> None:
@@ -605,8 +619,8 @@ class CollectiveOps:
         again, a transparent retry), as if its ring had gone stale; the participants that had not
         begun it hear the abort too, and retire its seq (its frames may stand on their links
         before those of the op they run)."""
-        for other in list(self._ops.values()):
-            if (other is not op and other.group == op.group and other.fast and not other.armed
+        for other in self._unarmed():
+            if (other is not op and other.group == op.group
                     and peer_id in other.began and (other.group, other.tag) in self._ops
                     and _op_bytes(other) <= CROSSING_ABORT_MAX_BYTES):
                 self._abort(other, f"tags {other.tag} and {op.tag} were called in different orders on peers of "
