@@ -112,11 +112,9 @@ from ..errors import (
     TooFewPeers,
 )
 from ..protocol import messages as m
-from ..protocol.algorithms import parse_algorithm, wants_partner_links
-from ..protocol.master.collectives import CROSSING_ABORT_MAX_BYTES
 from ..protocol.op_lifecycle import Effect, Event, OpLifecycle, State
 from ..protocol.phases import TopologyVote
-from ..types import CollectiveInfo, DType, Gathered, ReduceInfo, ReduceOp, Shard
+from ..types import CollectiveInfo, Gathered, ReduceInfo, ReduceOp, Shard
 from ..collectives.backup import InputGuard
 from ..collectives.buffers import KernelRunner
 from ..collectives.kinds import KindOps
@@ -179,11 +177,6 @@ class CollectiveService:
         self._spoiled: P2PLinks | None = None
         self._uses_links: P2PLinks | None = None
         self._uses: dict[int, int] = {}
-        host.on_unrouted_abort(self._retire_foreign)
-
-    def _retire_foreign(self, seq: int) -> None:
-        """The master aborted a begun op this peer had not begun (a crossing): its frames go."""
-        self._links.registry.retire(seq)
 
     @property
     def host(self) -> PeerHost:
@@ -361,23 +354,12 @@ class CollectiveService:
         if (not self._host.config.fast_commit or self._holding or p2p is self._spoiled or p2p.round == 0
                 or len(p2p.ring) < 2 or self._host.peer_id not in p2p.ring
                 or init.kind == m.CollectiveKind.ALL_GATHER
-                or (init.kind == m.CollectiveKind.BROADCAST and init.root not in p2p.ring)
-                or self._large_on_partner_links(init, len(p2p.ring))):
+                or (init.kind == m.CollectiveKind.BROADCAST and init.root not in p2p.ring)):
             return None
         n = self._count_use(plan.tag)
         return m.CollectiveBegin(plan.tag, m.derived_seq(p2p.round, plan.tag, n), p2p.round, init.count, init.dtype,
                                  init.op, init.quant_kind, init.quant_dtype, init.layout, init.kind, init.root,
                                  init.quant_bits, init.quant_block)
-
-    def _large_on_partner_links(self, init: m.CollectiveInit, world: int) -> bool:
-        """Whether an all-reduce too large for the master to end a crossing (two peers that
-        began two ops in opposite orders; ``CROSSING_ABORT_MAX_BYTES``) may run on the partner
-        links, one op at a time: begun, two such ops could wait for each other's turn.  It votes."""
-        if init.kind != m.CollectiveKind.ALL_REDUCE:
-            return False
-        if not wants_partner_links(world, parse_algorithm(self._host.config.all_reduce_algorithm)):
-            return False
-        return init.count * DType(init.dtype).itemsize > CROSSING_ABORT_MAX_BYTES
 
     def _count_use(self, tag: int) -> int:
         """Count a use of ``tag`` on the current ring (an op that got a seq, whichever path):
@@ -405,8 +387,6 @@ class CollectiveService:
             if isinstance(msg, m.CollectiveRejected):
                 self._step(op, Event.REJECT)
                 return msg
-            if isinstance(msg, m.CollectiveAbort) and msg.seq >> 63:
-                self._retire_foreign(msg.seq)  # a begun op this peer had not begun aborted
             # The final message of an earlier op on this tag, released before it arrived.
             log.debug("ignoring %s for tag %d seq %d: not for this op", type(msg).__name__,
                       getattr(msg, "tag", -1), getattr(msg, "seq", -1))
@@ -479,8 +459,6 @@ class CollectiveService:
         elif op.fast and isinstance(msg, m.CollectiveRejected) and msg.code != m.RejectCode.WITHDRAWN:
             self._step(op, Event.REJECT, msg)  # the Begin met a stale ring
         else:
-            if isinstance(msg, m.CollectiveAbort) and msg.seq >> 63:
-                self._retire_foreign(msg.seq)  # a begun op this peer had not begun aborted
             log.debug("ignoring %s for tag %d during seq %d", type(msg).__name__, op.plan.tag, op.seq)
 
     def _stalled(self, op: _Op) -> None:

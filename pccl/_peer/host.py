@@ -209,11 +209,6 @@ class PeerHost(Protocol):
         """Collective ``tag``'s caller is gone: a background task settles it with the master and
         then closes the route (:meth:`settled` waits for that)."""
 
-    def on_unrouted_abort(self, retire: Callable[[int], None]) -> None:
-        """Call ``retire(seq)`` for each ``CollectiveAbort`` of a begun op (a derived seq) that
-        arrives for a tag no collective of this peer waits on: an op this peer had not begun
-        aborted (a crossing, docs/protocol.rst), and its frames must not stand on the links."""
-
     async def settled(self, tag: int | None = None) -> None:
         """Return once no abandoned collective (on ``tag``, when given) is in flight any more;
         a later call on that tag, a topology vote or a sync waits for this first."""

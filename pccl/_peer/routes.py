@@ -15,7 +15,6 @@ before the master answered its vote) keeps its tag until its route closes, and
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import trio
 
@@ -47,8 +46,6 @@ class Routes:
         self._collectives: dict[int, CollectiveRoute] = {}
         self._abandoned_settled = trio.Event()  # set (and replaced) when an abandoned route closes
         self._sync: trio.MemorySendChannel[m.Message] | None = None
-        #: Told the seq of a begun op's Abort that no collective waits for (PeerHost.on_unrouted_abort).
-        self.retire_unrouted: Callable[[int], None] | None = None
 
     # --- collectives ---------------------------------------------------------------------------
 
@@ -77,8 +74,6 @@ class Routes:
     def deliver_collective(self, msg: m.CollectiveCommence | m.CollectiveComplete | m.CollectiveAbort
                            | m.CollectiveRejected) -> None:
         route = self._collectives.get(msg.tag)
-        if route is None and isinstance(msg, m.CollectiveAbort) and msg.seq >> 63 and self.retire_unrouted:
-            self.retire_unrouted(msg.seq)  # an op this peer had not begun: its frames go
         if route is None:
             log.debug("dropping %s for tag %d: no collective waits for it", type(msg).__name__, msg.tag)
             return

@@ -324,9 +324,6 @@ class PeerSession:
     def abandon_route(self, tag: int) -> None:
         self._routes.abandon(tag)
 
-    def on_unrouted_abort(self, retire: Callable[[int], None]) -> None:
-        self._routes.retire_unrouted = retire
-
     async def settled(self, tag: int | None = None) -> None:
         await self._routes.settled(tag)
 

@@ -15,7 +15,6 @@ their ring, a ring that stalls while every peer still answers the master.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import pathlib
 import queue
@@ -821,10 +820,8 @@ async def _until(predicate: Callable[[], bool]) -> None:
 
 async def test_a_call_cancelled_during_the_vote_is_withdrawn_and_frees_its_tag() -> None:
     """Issue 19 item 7: a lone all_reduce(tag=0) cancelled before the others vote withdraws its
-    vote; the next tag-0 call works on both peers (it used to be refused here and aborted there).
-    On the vote path (``fast_commit=False``): a begun call has no vote to withdraw (its case is
-    the next test's)."""
-    async with _in_process_group(2, config=dataclasses.replace(CFG, fast_commit=False)) as (master, comms, _):
+    vote; the next tag-0 call works on both peers (it used to be refused here and aborted there)."""
+    async with _in_process_group(2) as (master, comms, _):
         inputs = _f32_inputs(2, 100_000, 3)
         bufs = [x.copy() for x in inputs]
         with trio.fail_after(SOON):
@@ -841,8 +838,7 @@ async def test_a_call_cancelled_during_the_vote_is_withdrawn_and_frees_its_tag()
 
 async def test_a_call_cancelled_during_the_vote_does_not_block_the_next_step() -> None:
     """Right after cancelling a lone all-reduce, update_topology and a reuse of the tag work at
-    once: each waits for the withdrawal (one round trip) instead of being refused; on the fast
-    path (the default) the master aborts the begun op the topology vote's sender gave up on."""
+    once: each waits for the withdrawal (one round trip) instead of being refused."""
     async with _in_process_group(2) as (master, comms, _):
         inputs = _f32_inputs(2, 1000, 4)
         with trio.fail_after(SOON):

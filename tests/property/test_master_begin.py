@@ -130,59 +130,6 @@ def test_a_late_begin_joins_its_op_after_a_finished_participant_left() -> None:
     assert not h.ms.ops() and not h.kicks
 
 
-def test_ops_begun_in_opposite_orders_end_the_crossing_with_a_retryable_abort() -> None:
-    # a began TAG, b began TAG + 1 (each with nothing in flight); a then votes TAG + 1 (it has
-    # TAG in flight) and joins b's op.  Each peer now runs the two ops in the other's order:
-    # over the partner links (one op at a time) each would wait for the other.  The master ends
-    # the crossing: a's unarmed op aborts with STALE_RING (a transparent retry after a re-wire),
-    # told to b as well, which never began it, so that b drops its frames.
-    h = Harness()
-    a, b = accepted_cluster(h, [0, 0])
-    first = _begin(h, a)
-    rnd = _round(h, b)
-    other = m.derived_seq(rnd, TAG + 1, 0)
-    h.send(b, m.CollectiveBegin(TAG + 1, other, rnd, 4, 10, 0))
-    h.send(a, m.CollectiveInit(TAG + 1, 4, 10, 0))
-    joined = h.last(a, m.CollectiveCommence)
-    assert isinstance(joined, m.CollectiveCommence) and joined.seq == other
-    for conn in (a, b):
-        abort = _abort(h, conn)
-        assert abort is not None and abort.seq == first and abort.code == m.RejectCode.STALE_RING
-        assert "different orders" in abort.detail
-    assert [op.seq for op in h.ms.ops()] == [other] and h.ms.stale_groups() == frozenset({0})
-    for conn in (a, b):  # the op a joined runs on
-        h.send(conn, m.CollectiveDone(TAG + 1, other))
-    assert all(h.last(conn, m.CollectiveComplete) == m.CollectiveComplete(TAG + 1, other) for conn in (a, b))
-    assert not h.kicks
-
-
-def test_a_large_begun_op_is_not_aborted_to_end_a_crossing() -> None:
-    # Cancelling a large op (lane threads) could tear a frame on the lanes the other op uses;
-    # peers begin large ops only where no crossing can wait forever (docs/protocol.rst).
-    h = Harness()
-    a, b = accepted_cluster(h, [0, 0])
-    _begin(h, a, count=1 << 20)  # 4 MiB of float32
-    rnd = _round(h, b)
-    h.send(b, m.CollectiveBegin(TAG + 1, m.derived_seq(rnd, TAG + 1, 0), rnd, 4, 10, 0))
-    h.send(a, m.CollectiveInit(TAG + 1, 4, 10, 0))
-    assert _abort(h, a) is None and _abort(h, b) is None and len(h.ms.ops()) == 2
-
-
-def test_a_topology_vote_after_giving_up_a_lone_begun_op_aborts_it_instead_of_a_kick() -> None:
-    # a began alone and was cancelled (Done aborted): the failure is held for the others' Begins,
-    # but a's call has ended.  Its topology vote (the vote path's withdrawal had freed it) ends
-    # the op; it used to be OUT_OF_PHASE ("topology vote with collective tag 3 in flight").
-    h = Harness()
-    a, b = accepted_cluster(h, [0, 0])
-    seq = _begin(h, a)
-    h.send(a, m.CollectiveDone(TAG, seq, aborted=True))
-    assert _abort(h, a) is None
-    h.send(a, m.VoteTopology(True))
-    abort = _abort(h, a)
-    assert abort is not None and abort.seq == seq and "reported failure" in abort.detail
-    assert not h.kicks and not h.ms.ops() and h.ms.stale_groups() == frozenset({0})
-
-
 def test_a_begin_on_a_stale_ring_or_an_old_round_is_rejected_at_once() -> None:
     h = Harness()
     a, b = accepted_cluster(h, [0, 0])

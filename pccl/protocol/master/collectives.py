@@ -47,11 +47,7 @@ another use of a tag whose op is open aborts that op with STALE_RING and is refu
 a failure reported before every participant began aborts the op only once the last one has
 (its Begin may show a disagreement: that is what everyone hears then, since a ring run on
 disagreeing parameters fails for that reason), a second Begin is OUT_OF_PHASE, and a begun op that waits for members who wait elsewhere is a wait in a collective
-for the phase-mismatch machine, aborted with PHASE_MISMATCH at the end of the grace.  A
-crossing — a voter commenced on an op while it runs an unarmed begun op of at most
-``CROSSING_ABORT_MAX_BYTES`` (two peers called the two in opposite orders) — aborts that begun
-op with STALE_RING on every live participant, those that had not begun it included (they
-retire its seq).
+for the phase-mismatch machine, aborted with PHASE_MISMATCH at the end of the grace.
 
 Kinds.  What an op computes is its kind (:class:`CollectiveKind`, ``CollectiveInit.kind``: a
 trailing field, so an Init without it is an all-reduce; an unknown value is a PROTOCOL_ERROR);
@@ -309,22 +305,6 @@ class OpInfo(NamedTuple):
     kind: CollectiveKind = CollectiveKind.ALL_REDUCE
 
 
-#: The largest begun op (bytes of a participant's input) aborted to end a crossing (see
-#: ``CollectiveOps._crossing``): ops up to this size run inline on the peers
-#: (``pccl.collectives.inline.INLINE_MAX_BYTES``), so cancelling one tears no frame.
-CROSSING_ABORT_MAX_BYTES = 256 * 1024
-
-
-def _op_bytes(op: _Op) -> int:
-    init = next(iter(op.inits.values()), None)
-    if init is None:
-        return 0
-    try:
-        return init.count * DType(init.dtype).itemsize
-    except ValueError:
-        return init.count
-
-
 @dataclasses.dataclass(eq=False)
 class _Op:
     group: int
@@ -355,9 +335,6 @@ class CollectiveOps:
     def __init__(self, host: OpsHost) -> None:
         self._host = host
         self._ops: dict[tuple[int, int], _Op] = {}  # (group, tag)
-        #: Keys of ops begun on the fast path and perhaps not armed yet (a superset, pruned as
-        #: it is read): a crossing or a release looks at these only, not at every vote.
-        self._begun: set[tuple[int, int]] = set()
         self._next_seq = 1
 
     # --- messages -----------------------------------------------------------------------------
@@ -414,7 +391,6 @@ class CollectiveOps:
         if not joining:
             assert ring is not None
             op.seq, op.fast, op.round = msg.seq, True, msg.round
-            self._begun.add(key)
             op.participants = op.row.order(ring, op.inits)
         self._join(op, peer_id, init, begun=True)
         for pid, vote in list(op.inits.items()):  # votes held for this use of the tag join it
@@ -439,9 +415,6 @@ class CollectiveOps:
         commence = m.CollectiveCommence(op.tag, op.seq, op.participants)
         if not begun:
             self._host.send(peer_id, commence)
-            self._crossing(op, peer_id)
-            if (op.group, op.tag) not in self._ops:
-                return
         if not op.armed and op.began.issuperset(op.participants):
             if op.failure is not None:
                 self._abort(op, op.failure)
@@ -491,27 +464,6 @@ class CollectiveOps:
             return
         del op.inits[peer_id]
         self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
-
-    def _unarmed(self) -> list[_Op]:
-        """The ops begun on the fast path that are not armed yet."""
-        out = []
-        for key in list(self._begun):
-            op = self._ops.get(key)
-            if op is None or not op.fast or op.armed:
-                self._begun.discard(key)
-            else:
-                out.append(op)
-        return out
-
-    def release(self, group: int, peer_id: int) -> None:
-        """``peer_id`` starts a call the phase table refuses beside a collective (a topology
-        vote, a sync): a begun op it reported failure on before everyone began has no call of
-        it waiting any more (a peer that waits for such an op's verdict starts nothing else; it
-        was cancelled, the vote path's withdrawal), so that op aborts now with the failure held
-        for the others, instead of the vote being OUT_OF_PHASE."""
-        for op in self._unarmed():
-            if op.group == group and peer_id in op.failed and (op.group, op.tag) in self._ops:
-                self._abort(op, op.failure or f"peer {peer_id:x} reported failure")
 
     def forget(self, group: int, peer_id: int) -> None:
         """A peer of ``group`` was removed: its votes go (its running ops abort at the next check)."""
@@ -604,28 +556,7 @@ class CollectiveOps:
         counts = tuple(op.inits[pid].count for pid in op.participants) if op.row.sends_counts else ()
         for pid in op.participants:
             self._host.send(pid, m.CollectiveCommence(op.tag, op.seq, op.participants, counts))
-        for pid in op.participants:
-            self._crossing(op, pid)
         return True
-
-    def _crossing(self, op: _Op, peer_id: int) -> None:
-        """``peer_id`` was just commenced on ``op`` (a vote: it has another op in flight).  A
-        begun op it runs, which some participant has not begun yet, was called after ``op``
-        there: the two peers run the pair in opposite orders, and over the partner links (one op
-        at a time) or large ops' lane threads each would wait for the other's turn until the
-        watchdog fired.  That begun op, when small (its frames are sent whole, so cancelling
-        it tears no lane that ``op`` shares; a large ring op has a turn of its own beside it),
-        aborts with STALE_RING (its callers re-wire and run it
-        again, a transparent retry), as if its ring had gone stale; the participants that had not
-        begun it hear the abort too, and retire its seq (its frames may stand on their links
-        before those of the op they run)."""
-        for other in self._unarmed():
-            if (other is not op and other.group == op.group
-                    and peer_id in other.began and (other.group, other.tag) in self._ops
-                    and _op_bytes(other) <= CROSSING_ABORT_MAX_BYTES):
-                self._abort(other, f"tags {other.tag} and {op.tag} were called in different orders on peers of "
-                                   f"group {op.group}; re-wire before retrying", code=m.RejectCode.STALE_RING,
-                            everyone=True)
 
     def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
         if op.other_kind:  # (the voter that asked for it may have gone since)
@@ -649,15 +580,13 @@ class CollectiveOps:
             return refusal
         return None, ""
 
-    def _abort(self, op: _Op, why: str, code: int = 0, *, everyone: bool = False) -> None:
+    def _abort(self, op: _Op, why: str, code: int = 0) -> None:
         del self._ops[(op.group, op.tag)]
         self._host.mark_stale(op.group)  # the ring failed once: the next topology vote re-wires it
         log.debug("aborting collective tag %d seq %s: %s", op.tag, op.seq, why)
-        # A begun op's participants that have not begun it hear nothing (their Begin will find
-        # the group stale), unless ``everyone``: they retire its seq, whose frames may already
-        # stand before those of an op they run (a crossing, see _crossing).
-        live = [pid for pid in op.participants
-                if self._host.is_live(pid) and (not op.fast or everyone or pid in op.began)]
+        # A begun op's participants that have not begun it hear nothing: their Begin will find
+        # the group stale.
+        live = [pid for pid in op.participants if self._host.is_live(pid) and (not op.fast or pid in op.began)]
         if live:
             self._host.report(OpEnded(op.group, op.tag, op.seq or 0, True, live[0]))
         for pid in live:

@@ -457,8 +457,6 @@ class MasterState:
                             f"{type(msg).__name__} is not a message peers send to the master")
         if peer.status not in phase.senders:
             raise PeerFault(KickReason.OUT_OF_PHASE, f"{type(msg).__name__} while {peer.status.value}")
-        if any(activity is ph.Activity.COLLECTIVE for activity, _ in phase.refused_while):
-            self._collectives.release(peer.group, peer.peer_id)  # begun ops whose call it left
         for activity, detail in phase.refused_while:
             busy = self._busy_with(peer, activity)
             if busy:

@@ -9,8 +9,7 @@ read the old one's last messages).  A peer's view starts afresh when the host st
 it registers again (its ops ended with the old master connection).
 
 * **safety** — :class:`OneVerdict`: each peer reads at most one final word per op, only for an
-  op it was commenced on (or an ``Abort`` of a begun op it had not begun: a crossing's, which
-  retires the seq there), a ``Complete`` only after its own ``Done(aborted=False)``; and no op
+  op it was commenced on, a ``Complete`` only after its own ``Done(aborted=False)``; and no op
   completes on one peer and aborts on another.
 * **safety** — :class:`AgreedParameters`: every participant of a commenced op voted the same
   kind with the same agreed fields (the kind's row of
@@ -159,13 +158,6 @@ class OneVerdict(_PeerWire):
             return
         verdict = "Complete" if name == "CollectiveComplete" else "Abort"
         what = f"tag {msg.tag} seq {msg.seq}"
-        if verdict == "Abort" and op not in state.commenced and msg.seq >> 63:
-            # A begun op this peer had not begun, aborted to end a crossing: it only retires
-            # the seq here (no call of this peer is bound to it).  Still one verdict per op.
-            first = self.verdicts.setdefault(op, (verdict, host))
-            if first[0] != verdict:
-                self._fail(f"{what} split: {first[1]} read {first[0]}, {host} read {verdict}")
-            return
         if op not in state.commenced:
             self._fail(f"{host} read {verdict} for {what}, an op it was never commenced on")
         elif op in state.read:
