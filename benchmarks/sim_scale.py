@@ -3,12 +3,13 @@
     python benchmarks/sim_scale.py [--peers 4 16 64] [--steps 5] [--latency-ms 5]
                                    [--master-latency-ms 50] [--gbit 1] [--state-mib 4]
                                    [--mib 16] [--collectives all_reduce broadcast] [--seed 0]
-                                   [--fast-commit]
+                                   [--fast-commit | --no-fast-commit]
 
 Every link is ``--latency-ms`` one way and ``--gbit`` Gbit/s (4 MiB windows), except the
 master's to each peer, ``--master-latency-ms`` one way (default: ``--latency-ms``), so that the
 table shows what the master's round trips cost a collective (``--fast-commit``: with
-``pccl.Config.fast_commit``, one round trip per collective instead of two); reductions take no virtual time
+``pccl.Config.fast_commit``, one round trip per collective instead of two; ``--no-fast-commit``:
+the vote; the default is pccl's); reductions take no virtual time
 (``kernel_cost`` unset), so the figures are the protocol's and the network's.  The peers start
 together; then each step is, phase by phase with a barrier between phases:
 
@@ -155,8 +156,9 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=16)
     parser.add_argument("--collectives", nargs="+", default=list(COLLECTIVES), choices=COLLECTIVES)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--fast-commit", action="store_true",
-                        help="peers begin collectives without the master's vote (pccl.Config.fast_commit)")
+    parser.add_argument("--fast-commit", action=argparse.BooleanOptionalAction, default=pccl.Config.fast_commit,
+                        help="peers begin collectives without the master's vote (pccl.Config.fast_commit; "
+                             "default: pccl's default)")
     args = parser.parse_args()
     if any(n < 2 for n in args.peers) or args.steps < 1 or args.mib < 1 or args.state_mib < 1:
         parser.error("every --peers must be at least 2, and --steps, --mib and --state-mib at least 1")

@@ -131,8 +131,9 @@ class Config:
     #: Experimental: a collective that this peer starts with no other in flight, on a ring no
     #: op failed on since its topology round, begins at once with a one-way ``CollectiveBegin``
     #: instead of waiting for the master's vote (one master round trip per collective instead
-    #: of two; docs/protocol.rst, "Design: one master round trip per collective").  Off: every
-    #: collective is voted.
+    #: of two; docs/protocol.rst, "Design: one master round trip per collective").  Concurrent
+    #: calls and all-gathers still vote.  Off: every collective is voted.  Peers of one run may
+    #: differ.
     fast_commit: bool = False
 
     def __post_init__(self) -> None:

@@ -300,7 +300,9 @@ class CollectiveService:
         # Large ops take their lane threads in the order the master commenced them (the same on
         # every peer): a Commence is recorded the moment it arrives, before any later op can run.
         registry = self._links.registry
-        route.on_commence = registry.commenced
+        # (Not a begun op's: its one-way Commence comes once it may be on its data path already,
+        # and would record the seq as waiting again, holding every later large op back.)
+        route.on_commence = registry.commenced if begin is None else None
         self._hold()
         op = _Op(plan, epoch)
         keep_route = False

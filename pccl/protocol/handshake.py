@@ -54,7 +54,9 @@ MAGIC = b"\x89PCCL\r\n\x1a"
 #: 6: ``optimize_topology``: ``VoteOptimize``, probes (``ProbeRequest`` ... ``ProbeEndAck``).
 #: 7: every peer connection begins with ``Knock`` (or a dial-back's ``ReverseHello``); candidates,
 #:    dial-backs and relays (``pccl.protocol.paths``).
-PROTOCOL_VERSION = 7
+#: 8: peers may begin collectives without a vote (``CollectiveBegin``, ``CollectiveAbort.code``;
+#:    ``Config.fast_commit``): an older master would not understand them.
+PROTOCOL_VERSION = 8
 
 _PREAMBLE = struct.Struct(">8sI")
 PREAMBLE_SIZE = _PREAMBLE.size

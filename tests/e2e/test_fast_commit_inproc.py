@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 
 import pccl
 from pccl import Config, InvalidUsage, Quantization, ReduceOp
@@ -68,3 +69,40 @@ async def test_a_disagreement_is_invalid_usage_on_every_peer_with_the_input_rest
         infos = await each(comms, lambda i, c: c.all_reduce(agreed[i], tag=5))
         assert all(isinstance(info, pccl.ReduceInfo) for info in infos), infos
         assert all(np.array_equal(a, np.arange(10, dtype=np.float32) * 5) for a in agreed)
+
+
+async def test_ring_calls_in_different_orders_on_each_peer_all_complete() -> None:
+    # Each peer's first call begins (nothing else in flight) and its second votes, joining the
+    # op the other peer began: peer 0 begins tag 1's op, peer 1 tag 2's, and each runs the two
+    # in the other's order.  Large ring ops waited for each other until the watchdog aborted
+    # both (a begun op's own arming Commence recorded its seq as waiting again, holding the
+    # later op's lane threads back).  (Over the partner links such a crossing still stalls:
+    # docs/protocol.rst, "Crossings".)
+    algorithm = "ring"
+
+    config = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
+                    shared_state_base_port=0, fast_commit=True, all_reduce_algorithm=algorithm)
+    async with open_test_cluster(2, token=TOKEN, config=config, soon=SOON) as (master, comms, _):
+        for size in (1000, 600_000):  # small (inline), and large (lane threads)
+            xs = {(i, tag): np.full(size, float(i + 1) * tag, np.float32) for i in range(2) for tag in (1, 2)}
+            infos: list[Any] = []
+
+            async def call(i: int, comm: pccl.Communicator) -> None:
+                async with trio.open_nursery() as nursery:
+                    for tag in ((1, 2) if i == 0 else (2, 1)):
+                        nursery.start_soon(lambda t=tag: _reduce(comm, xs[(i, t)], t, infos))
+                        await trio.sleep(0.05)
+
+            with trio.fail_after(20):
+                await each(comms, call)
+            assert all(isinstance(info, pccl.ReduceInfo) for info in infos), infos
+            for (i, tag), x in xs.items():
+                assert np.array_equal(x, np.full(size, 3.0 * tag, np.float32)), (i, tag)
+        assert pccl.testing.master_snapshot(master).ops == ()
+
+
+async def _reduce(comm: pccl.Communicator, x: np.ndarray, tag: int, infos: list[Any]) -> None:
+    try:
+        infos.append(await comm.all_reduce(x, tag=tag))
+    except pccl.PCCLError as exc:
+        infos.append(exc)

@@ -107,6 +107,29 @@ def test_a_participant_that_dies_before_it_begins_aborts_the_op() -> None:
     assert h.ms.stale_groups() == frozenset({0})
 
 
+def test_a_late_begin_joins_its_op_after_a_finished_participant_left() -> None:
+    # Sim seed 377: the last Begin was held up on its way while a participant that had already
+    # reported success died (the group is stale).  The late Begin must join its op, which arms
+    # it and completes it on everyone; refusing it as stale completed the op unarmed on the
+    # others' Dones while the late peer, told STALE_RING, aborted: a split verdict.
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, b)
+    _begin(h, c)
+    for conn in (b, c):
+        h.send(conn, m.CollectiveDone(TAG, seq))
+    h.kill(c)  # it finished: it still counts, but the group is stale now
+    assert h.ms.stale_groups() == frozenset({0})
+    _begin(h, a)
+    h.send(a, m.CollectiveDone(TAG, seq))
+    assert h.last(a, m.CollectiveRejected) is None
+    for conn in (a, b):
+        commence = h.last(conn, m.CollectiveCommence)
+        assert isinstance(commence, m.CollectiveCommence) and commence.seq == seq
+        assert h.last(conn, m.CollectiveComplete) == m.CollectiveComplete(TAG, seq) and _abort(h, conn) is None
+    assert not h.ms.ops() and not h.kicks
+
+
 def test_a_begin_on_a_stale_ring_or_an_old_round_is_rejected_at_once() -> None:
     h = Harness()
     a, b = accepted_cluster(h, [0, 0])

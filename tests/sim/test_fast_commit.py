@@ -6,16 +6,19 @@ guarantees satisfied and the survivors running."""
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import pytest
 
-from pccl_sim.engine.runner import run
+from pccl_sim.engine.runner import Checker, Simulation, run
 from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
 from pccl_sim.engine.trace import Trace
 from pccl_sim.tools.campaign import CampaignSpec
+from pccl_sim.tools.scenarios import scenario_from_json
 from pccl_sim.workloads.pccl.scenario import PcclScenario
 
+SCHEDULES = pathlib.Path(__file__).parent / "schedules"
 SEQUENTIAL = ("compute", "all_reduce",
               {"name": "collectives", "kinds": ["broadcast", "reduce_scatter", "all_reduce"], "concurrent": 3,
                "in_flight": 1, "tag": 200})
@@ -62,3 +65,49 @@ def test_a_peer_killed_in_a_begun_op_hangs_nobody(part: str, direction: str) -> 
     worlds = {e.data["world_size"] for e in trace.of_kind("all_reduce") if e.t > after + 1}
     assert worlds == {3}  # the survivors went on, re-wired
     assert trace.stats["master_round_trips_1"] > trace.stats.get("master_round_trips_2", 0)
+
+
+class _LateBegins(Checker):
+    """Records the Begins the master read after ``after`` and the Commences the peers read (the
+    moment the replay below must reach)."""
+
+    name = "late-begins"
+
+    def __init__(self, after: float) -> None:
+        self.after = after
+        self.late: list[tuple[int, int]] = []  # (tag, seq) of Begins the master read late
+        self.read: list[tuple[str, int, int]] = []  # (message, tag, seq) a peer read
+        self.sim: Simulation | None = None
+
+    def attach(self, sim: Simulation) -> None:
+        assert sim.tap is not None
+        self.sim = sim
+        sim.tap.watch(self._wire, names=("CollectiveBegin", "CollectiveCommence"))
+
+    def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
+        if msg is None or direction != "recv" or self.sim is None:
+            return
+        if name == "CollectiveBegin" and host == "master" and self.sim.now > self.after:
+            self.late.append((msg.tag, msg.seq))
+        elif host.startswith("peer"):
+            self.read.append((name, msg.tag, msg.seq))
+
+
+def test_a_begin_held_up_while_a_finished_participant_dies_joins_its_op() -> None:
+    """``fast_commit_late_begin_shrunk.json`` (seed 377 of the 8-peer chaos campaign, shrunk):
+    peer0's link to the master is clogged as it sends its Begin of an all-reduce whose ring runs
+    to the end on all 8 peers; peer7, finished, is killed; then the clog lifts.  The master used
+    to refuse peer0's late Begin as STALE_RING (peer7's death made the group stale) yet complete
+    the op, never armed, on the Dones: all-reduce-agreement failed ("seq ... completed without
+    the Commence that arms it") and peer0 alone would have raised CollectiveAborted."""
+    schedule = Schedule.load(SCHEDULES / "fast_commit_late_begin_shrunk.json")
+    assert [e.kind for e in schedule.events] == ["clog", "kill"]
+    scenario = scenario_from_json(schedule.scenario)
+    late = _LateBegins(after=schedule.events[1].t)
+    checkers = scenario.checkers
+    scenario.checkers = lambda: [late, *checkers()]  # type: ignore[method-assign]
+    trace = run(scenario, schedule)
+    assert trace.ok, [str(f) for f in trace.failures]
+    assert late.late, "the replay no longer holds a Begin up past the kill"
+    tag, seq = late.late[0]  # peer0's, held up: it armed its op on the 7 survivors
+    assert late.read.count(("CollectiveCommence", tag, seq)) == 7

@@ -40,8 +40,10 @@ a disagreement aborts it (``CollectiveAbort.code`` PARAMETER_MISMATCH or ROOT_AB
 everyone who began it.  Once every participant is in, the beginners get a one-way
 ``CollectiveCommence`` (it arms their watchdogs; nobody waits for it).  Done, Complete and
 Abort are as above, except that an abort reaches only those who began the op (the others'
-Begin finds the group stale), a Begin of another use of a tag whose op is open aborts that op
-with STALE_RING and is refused as stale (the peers' counts differ: a new round restarts them),
+Begin finds the group stale; a Begin of the open op itself joins it even on a stale group: a
+participant that left after its Done made it stale, and the op still completes), a Begin of
+another use of a tag whose op is open aborts that op with STALE_RING and is refused as stale
+(the peers' counts differ: a new round restarts them),
 a failure reported before every participant began aborts the op only once the last one has
 (its Begin may show a disagreement: that is what everyone hears then, since a ring run on
 disagreeing parameters fails for that reason), a second Begin is OUT_OF_PHASE, and a begun op that waits for members who wait elsewhere is a wait in a collective
@@ -317,6 +319,7 @@ class _Op:
     #: begun on the fast path (a derived seq, see "Begins"): who began it or joined it by a
     #: vote, and whether every participant has (the one-way Commence that arms the watchdogs)
     fast: bool = False
+    round: int = 0  # the topology round a begun op's Begins named
     began: set[int] = dataclasses.field(default_factory=set)
     beginners: set[int] = dataclasses.field(default_factory=set)  # began by a Begin (not a vote)
     armed: bool = False
@@ -370,7 +373,13 @@ class CollectiveOps:
             # round starts every count afresh.
             self._abort(op, f"peers began different uses of tag {msg.tag}; re-wire before retrying",
                         code=m.RejectCode.STALE_RING)
-        if self._host.is_stale(group) or ring is None or msg.round != self._host.round_of(group):
+        # A Begin of the open begun op joins it whatever happened to the group since it opened:
+        # the op's own checks decide its fate (a participant that left after its Done still
+        # counts).  Refusing it would leave the op to complete on the others' Dones unarmed
+        # while this peer, told STALE_RING, aborts: a split verdict (sim seed 377).
+        joining = (op is not None and op.fast and op.seq == msg.seq and op.round == msg.round
+                   and peer_id in op.participants)
+        if not joining and (self._host.is_stale(group) or ring is None or msg.round != self._host.round_of(group)):
             # Its ring is not the group's (any more): the op cannot run.  (A Begin after the
             # op's abort lands here too: an abort makes the group stale.)
             self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.STALE_RING,
@@ -379,8 +388,10 @@ class CollectiveOps:
             return
         if op is None:
             op = self._ops[key] = _Op(group, msg.tag, row)
-        op.seq, op.fast = msg.seq, True
-        op.participants = op.row.order(ring, op.inits)
+        if not joining:
+            assert ring is not None
+            op.seq, op.fast, op.round = msg.seq, True, msg.round
+            op.participants = op.row.order(ring, op.inits)
         self._join(op, peer_id, init, begun=True)
         for pid, vote in list(op.inits.items()):  # votes held for this use of the tag join it
             if pid not in op.began and op.seq is not None:
@@ -410,7 +421,8 @@ class CollectiveOps:
                 return
             op.armed = True
             for pid in op.participants:
-                if pid in op.beginners:  # (the voters' Commence was their start)
+                # (the voters' Commence was their start; one that left after its Done hears nothing)
+                if pid in op.beginners and self._host.is_live(pid):
                     self._host.send(pid, commence)
 
     def _fast_refusal(self, op: _Op) -> tuple[m.RejectCode, str] | None:
