@@ -111,3 +111,25 @@ def test_a_begin_held_up_while_a_finished_participant_dies_joins_its_op() -> Non
     assert late.late, "the replay no longer holds a Begin up past the kill"
     tag, seq = late.late[0]  # peer0's, held up: it armed its op on the 7 survivors
     assert late.read.count(("CollectiveCommence", tag, seq)) == 7
+
+
+def test_a_begin_that_arrives_after_its_op_aborted_hears_the_abort() -> None:
+    """Seed 37 of the 8-peer chaos campaign with sites and the optimize phase: peer1 is killed
+    as it begins an all-reduce (tag 100) that three peers began before it and three begin at the
+    same instant; the master aborts the op on the first three ("participant left before
+    finishing") before the last three's Begins arrive.  It used to refuse those as STALE_RING:
+    their calls re-wired and voted again, alone, while the first three returned
+    CollectiveAborted and went on to update_topology — a phase mismatch crashed the run at
+    t=9.98.  Now the late beginners hear the same abort: all six abort tag 100's first use."""
+    spec = CampaignSpec(peers=8, duration=10, params=(
+        ("phases", ("compute", "optimize", {"name": "all_reduce", "n": [33, 65537, 250000]}, "collectives")),
+        ("fast_commit", True), ("sites", {"count": 2, "uplink": 125e6}),
+    ))
+    scenario, schedule = spec.build(37)
+    trace = run(scenario, schedule)
+    assert trace.ok, [str(f) for f in trace.failures]
+    first_use = [e for e in trace.events if e.kind == "collective_aborted" and e.data["tag"] == 100
+                 and 9.0 <= e.t <= 9.1]
+    assert len({e.source for e in first_use}) == 6, [(e.source, e.data["error"]) for e in first_use]
+    assert len({e.data["error"].split("(seq ")[1].split(")")[0] for e in first_use}) == 1  # one op
+    assert not [e for e in trace.events if "phase mismatch" in str(e.data.get("error", ""))]

@@ -39,8 +39,10 @@ seq — is checked against the others (kind, agreed fields, a broadcast's root i
 a disagreement aborts it (``CollectiveAbort.code`` PARAMETER_MISMATCH or ROOT_ABSENT) on
 everyone who began it.  Once every participant is in, the beginners get a one-way
 ``CollectiveCommence`` (it arms their watchdogs; nobody waits for it).  Done, Complete and
-Abort are as above, except that an abort reaches only those who began the op (the others'
-Begin finds the group stale; a Begin of the open op itself joins it even on a stale group: a
+Abort are as above, except that an abort reaches those who began the op at once and the
+other participants when their Begin of it arrives (the same ``CollectiveAbort``, remembered
+for the group's round: refused as stale, a late beginner would re-wire and vote again alone
+while the others returned ``CollectiveAborted``); a Begin of the open op itself joins it even on a stale group: a
 participant that left after its Done made it stale, and the op still completes), a Begin of
 another use of a tag whose op is open aborts that op with STALE_RING and is refused as stale
 (the peers' counts differ: a new round restarts them),
@@ -329,6 +331,17 @@ class _Op:
     failed: set[int] = dataclasses.field(default_factory=set)  # who reported it
 
 
+@dataclasses.dataclass(frozen=True)
+class _Aborted:
+    """A begun op's abort, as its participants heard it."""
+
+    seq: int
+    round: int
+    participants: frozenset[int]
+    why: str
+    code: int
+
+
 class CollectiveOps:
     """Every group's collective ops (see the module docstring)."""
 
@@ -336,6 +349,9 @@ class CollectiveOps:
         self._host = host
         self._ops: dict[tuple[int, int], _Op] = {}  # (group, tag)
         self._next_seq = 1
+        #: The begun ops aborted in their group's current round, by (group, tag): a participant
+        #: whose Begin arrives after the abort hears the same abort (see ``on_begin``).
+        self._aborted: dict[tuple[int, int], _Aborted] = {}
 
     # --- messages -----------------------------------------------------------------------------
 
@@ -379,9 +395,19 @@ class CollectiveOps:
         # while this peer, told STALE_RING, aborts: a split verdict (sim seed 377).
         joining = (op is not None and op.fast and op.seq == msg.seq and op.round == msg.round
                    and peer_id in op.participants)
+        aborted = self._aborted.get(key)
+        if (op is None and aborted is not None and aborted.seq == msg.seq and aborted.round == msg.round
+                and peer_id in aborted.participants):
+            # The op this Begin names was aborted before this participant began it (a
+            # participant died as the others began): the others heard the abort and return
+            # CollectiveAborted, so this peer must too.  Refused as STALE_RING it would re-wire
+            # and vote again, alone: its loop would wait in this tag while theirs went on (a
+            # phase mismatch; sim seed 37, fast commit, 8 peers in two sites).
+            self._host.send(peer_id, m.CollectiveAbort(msg.tag, msg.seq, aborted.why, code=aborted.code))
+            return
         if not joining and (self._host.is_stale(group) or ring is None or msg.round != self._host.round_of(group)):
-            # Its ring is not the group's (any more): the op cannot run.  (A Begin after the
-            # op's abort lands here too: an abort makes the group stale.)
+            # Its ring is not the group's (any more): the op cannot run.  (A Begin of another
+            # use of the tag after an abort lands here too: an abort makes the group stale.)
             self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.STALE_RING,
                                                           f"group {group} lost a member or an op since round "
                                                           f"{msg.round}; re-wire before retrying"))
@@ -583,6 +609,10 @@ class CollectiveOps:
     def _abort(self, op: _Op, why: str, code: int = 0) -> None:
         del self._ops[(op.group, op.tag)]
         self._host.mark_stale(op.group)  # the ring failed once: the next topology vote re-wires it
+        if op.fast and op.seq is not None:
+            for key in [k for k, a in self._aborted.items() if k[0] == op.group and a.round != op.round]:
+                del self._aborted[key]  # an earlier round's: no Begin can name it any more
+            self._aborted[(op.group, op.tag)] = _Aborted(op.seq, op.round, frozenset(op.participants), why, code)
         log.debug("aborting collective tag %d seq %s: %s", op.tag, op.seq, why)
         # A begun op's participants that have not begun it hear nothing: their Begin will find
         # the group stale.
