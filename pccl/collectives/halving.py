@@ -82,7 +82,6 @@ import trio
 
 from .. import kernels
 from .._groups import single_exception
-from ..errors import InvalidUsage
 from ..protocol.algorithms import (
     AllReduceAlgorithm,
     fold_partner,
@@ -162,27 +161,11 @@ class HalvingDoublingOp:
     async def run(self) -> None:
         """Run the op (see the module docstring for errors and cancellation), once its turn on
         the partner links came (cancellable while it waits)."""
-        turns = self.links.partner_turns
-        taken = False
-        if turns is not None:
-            if self.links.registry.is_commenced(self.seq):
-                taken = await turns.take(self.seq)
-            elif turns.try_take():
-                taken = True
-            else:
-                raise InvalidUsage(
-                    f"all-reduce seq {self.seq} would run over the partner links beside another op, but it was not "
-                    "recorded as commenced: record every concurrent op's seq (RingLinks.registry.commenced, in "
-                    "the same order on every peer, as the communicator does) or run them one at a time")
-        self.links.registry.started(self.seq)
-        try:
-            await self._run()
-        except BaseExceptionGroup as group:
-            raise single_exception(group) from None
-        finally:
-            if taken:
-                assert turns is not None
-                turns.give_back()
+        async with self.links.partner_turn(self.seq, f"all-reduce seq {self.seq}"):
+            try:
+                await self._run()
+            except BaseExceptionGroup as group:
+                raise single_exception(group) from None
 
     async def _run(self) -> None:
         bufs, work = self.bufs, self.work

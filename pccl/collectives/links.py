@@ -46,16 +46,17 @@ the lane intact.
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
 import heapq
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import trio
 
-from ..errors import InvalidArgument, ProtocolError
+from ..errors import InvalidArgument, InvalidUsage, ProtocolError
 from ..net.framed import FramedConnection
 from ..net.framed_threads import BlockingDataChannel, thread_channel
 from ..net.thread_io import ThreadCancel
@@ -480,6 +481,33 @@ class RingLinks:
     def has_partners(self, positions: Sequence[int]) -> bool:
         """Whether there is a partner link to every ring position in ``positions``."""
         return all(p in self.partners for p in positions)
+
+    @contextlib.asynccontextmanager
+    async def partner_turn(self, seq: int, what: str) -> AsyncIterator[None]:
+        """Run op ``seq`` (``what``, for the error) on the partner links in its turn: ops take
+        them one at a time in commence order (:attr:`partner_turns`; cancellable while it
+        waits).  An op not recorded as commenced runs only when the links are free, else
+        ``InvalidUsage``: two such ops beside each other could each wait behind the other's
+        frames."""
+        turns = self.partner_turns
+        taken = False
+        if turns is not None:
+            if self.registry.is_commenced(seq):
+                taken = await turns.take(seq)
+            elif turns.try_take():
+                taken = True
+            else:
+                raise InvalidUsage(
+                    f"{what} would run over the partner links beside another op, but it was not recorded as "
+                    "commenced: record every concurrent op's seq (RingLinks.registry.commenced, in the same order "
+                    "on every peer, as the communicator does) or run them one at a time")
+        self.registry.started(seq)
+        try:
+            yield
+        finally:
+            if taken:
+                assert turns is not None
+                turns.give_back()
 
     @property
     def threaded(self) -> bool:

@@ -36,7 +36,6 @@ import numpy as np
 import trio
 
 from .._groups import single_exception
-from ..errors import InvalidUsage
 from ..protocol.algorithms import broadcast_tree, tree_segment_elements
 from ..protocol.codec import DataHeader
 from .backup import InputBackup
@@ -88,30 +87,14 @@ class TreeBroadcastOp:
     async def run(self) -> None:
         """Run the op once its turn on the partner links came (cancellable while it waits);
         raises one exception on failure (module docstring)."""
-        turns = self.links.partner_turns
-        taken = False
-        if turns is not None:
-            if self.links.registry.is_commenced(self.seq):
-                taken = await turns.take(self.seq)
-            elif turns.try_take():
-                taken = True
-            else:
-                raise InvalidUsage(
-                    f"broadcast seq {self.seq} would run over the partner links beside another op, but it was not "
-                    "recorded as commenced: record every concurrent op's seq (RingLinks.registry.commenced, in "
-                    "the same order on every peer, as the communicator does) or run them one at a time")
-        self.links.registry.started(self.seq)
-        try:
-            async with trio.open_nursery() as nursery:
-                for child, step in self.children:
-                    nursery.start_soon(self._feed, child, step)
-                await self._take_in()
-        except BaseExceptionGroup as group:
-            raise single_exception(group) from None
-        finally:
-            if taken:
-                assert turns is not None
-                turns.give_back()
+        async with self.links.partner_turn(self.seq, f"broadcast seq {self.seq}"):
+            try:
+                async with trio.open_nursery() as nursery:
+                    for child, step in self.children:
+                        nursery.start_soon(self._feed, child, step)
+                    await self._take_in()
+            except BaseExceptionGroup as group:
+                raise single_exception(group) from None
 
     async def _take_in(self) -> None:
         """The root's buffer into ``dst`` (its own input, or every segment from the parent)."""
