@@ -19,25 +19,10 @@ import pytest
 from pccl.protocol.algorithms import BroadcastAlgorithm, broadcast_tree, choose_broadcast
 from allreduce_cases import digest, make_input
 from test_allreduce import BOUND
-from test_collective_kinds_processes import KindsCluster
+from test_collective_kinds_processes import KindsCluster, kinds_cluster  # noqa: F401 (the fixture)
 
 WORLD = 8
 N = 50_000  # float32: 200 KB, one segment
-
-
-@pytest.fixture
-def kinds_cluster() -> Any:
-    clusters: list[KindsCluster] = []
-
-    def make(world: int) -> KindsCluster:
-        cluster = KindsCluster(world)
-        clusters.append(cluster)
-        cluster.start()
-        return cluster
-
-    yield make
-    for c in clusters:
-        c.close()
 
 
 def test_the_buffer_takes_the_tree() -> None:
