@@ -59,33 +59,56 @@ def link_cost(edge: Edge) -> float:
 
 
 def _pair_costs(ids: list[int], edges: Mapping[tuple[int, int], Edge]) -> list[list[float]] | None:
+    """The cost of every pair (the cheaper direction), ``None`` if any direction is unmeasured
+    or unreachable.  One pass over ``edges`` fills the directed costs (a missing one stays
+    ``inf``; an unreachable one is ``nan``, which no comparison passes)."""
     n = len(ids)
+    index = {pid: i for i, pid in enumerate(ids)}
+    directed = [[math.inf] * n for _ in range(n)]
+    floor, ref = COST_FLOOR, REFERENCE_BYTES
+    unreachable = (UNREACHABLE.bandwidth, UNREACHABLE.rtt)
+    for (a, b), edge in edges.items():
+        i, j = index.get(a), index.get(b)
+        if i is None or j is None or i == j:
+            continue
+        if edge is UNREACHABLE or (edge.bandwidth, edge.rtt) == unreachable:
+            directed[i][j] = math.nan
+        else:
+            c = edge.rtt / 2 + ref / edge.bandwidth
+            directed[i][j] = c if c > floor else floor
     cost = [[0.0] * n for _ in range(n)]
     for i in range(n):
+        row, out = cost[i], directed[i]
         for j in range(i + 1, n):
-            there, back = edges.get((ids[i], ids[j])), edges.get((ids[j], ids[i]))
-            if there is None or back is None or there == UNREACHABLE or back == UNREACHABLE:
+            there, back = out[j], directed[j][i]
+            if not (there < math.inf and back < math.inf):      # missing (inf) or unreachable (nan)
                 return None
-            cost[i][j] = cost[j][i] = min(link_cost(there), link_cost(back))
+            row[j] = cost[j][i] = there if there < back else back
     return cost
 
 
 def _spanning_tree(cost: list[list[float]]) -> list[tuple[float, int, int]]:
-    """Prim's minimum spanning tree from vertex 0 (ties to the lower index): ``(cost, i, j)``."""
+    """Prim's minimum spanning tree from vertex 0 (ties to the lower index): ``(cost, i, j)``.
+
+    ``O(n^2)`` over the dense matrix; the vertices outside the tree are kept in ascending order,
+    so ``min`` (which keeps the first of equal keys) breaks ties to the lower index."""
     n = len(cost)
     best = [math.inf] * n
     via = [-1] * n
-    inside = [False] * n
     best[0] = 0.0
+    outside = list(range(n))
     tree: list[tuple[float, int, int]] = []
-    for _ in range(n):
-        v = min((i for i in range(n) if not inside[i]), key=lambda i: (best[i], i))
-        inside[v] = True
+    while outside:
+        v = min(outside, key=best.__getitem__)
+        outside.remove(v)
         if via[v] >= 0:
             tree.append((best[v], via[v], v))
-        for u in range(n):
-            if not inside[u] and cost[v][u] < best[u]:
-                best[u], via[u] = cost[v][u], v
+        row = cost[v]
+        for u in outside:
+            c = row[u]
+            if c < best[u]:
+                best[u] = c
+                via[u] = v
     return tree
 
 
@@ -105,7 +128,8 @@ def find_sites(peers: Sequence[int], edges: Mapping[tuple[int, int], Edge], *,
     cost = _pair_costs(ids, edges)
     if cost is None:
         return None
-    heights = sorted(c for c, _, _ in _spanning_tree(cost))
+    tree = _spanning_tree(cost)
+    heights = sorted(c for c, _, _ in tree)
     gap, cut = 0.0, -1
     for k in range(len(heights) - 1):
         g = heights[k + 1] / heights[k]
@@ -114,7 +138,10 @@ def find_sites(peers: Sequence[int], edges: Mapping[tuple[int, int], Edge], *,
     if gap < ratio:
         return None
     threshold = heights[cut]
-    site = list(range(len(ids)))            # union-find over the pairs within the threshold
+    # Two peers are joined by a chain of pairs costing at most the threshold exactly when the
+    # spanning tree joins them by such a chain (a minimum spanning tree holds a minimax path
+    # between every two vertices), so the tree's edges alone give the components.
+    site = list(range(len(ids)))            # union-find over the tree edges within the threshold
 
     def root(i: int) -> int:
         while site[i] != i:
@@ -122,12 +149,11 @@ def find_sites(peers: Sequence[int], edges: Mapping[tuple[int, int], Edge], *,
             i = site[i]
         return i
 
-    for i in range(len(ids)):
-        for j in range(i + 1, len(ids)):
-            if cost[i][j] <= threshold:
-                a, b = root(i), root(j)
-                if a != b:
-                    site[max(a, b)] = min(a, b)
+    for c, i, j in tree:
+        if c <= threshold:
+            a, b = root(i), root(j)
+            if a != b:
+                site[max(a, b)] = min(a, b)
     groups: dict[int, list[int]] = {}
     for i, pid in enumerate(ids):
         groups.setdefault(root(i), []).append(pid)
