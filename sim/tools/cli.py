@@ -162,10 +162,16 @@ def _cmd_campaign(args: argparse.Namespace, *, coverage: bool = False) -> int:
     seeds = parse_seeds(args.seeds)
     bar = ProgressBar(len(seeds))
     done: list[SeedResult] = []
+    saved_at = time.monotonic()
 
     def progress(result: SeedResult) -> None:
+        nonlocal saved_at
         done.append(result)
         bar.update(result)
+        if args.json and len(done) < len(seeds) and time.monotonic() - saved_at >= args.save_every:
+            write_results(args.json, document(spec, done, ran_on=ran_on, complete=False,
+                                              elapsed_seconds=round(time.perf_counter() - started, 3)))
+            saved_at = time.monotonic()
 
     if args.cluster:
         ran_on = f"cluster {args.cluster}"
@@ -369,6 +375,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="with --cluster: seeds per task (default: up to 8, 16+ tasks per worker)")
         p.add_argument("--json", metavar="FILE", help="write every seed's result and a summary to FILE (JSON)")
         p.add_argument("--save-failing", help="directory for the failing seeds' schedules")
+        p.add_argument("--save-every", type=float, default=60.0, metavar="SECONDS",
+                       help="with --json: rewrite FILE with the seeds finished so far (marked incomplete) at "
+                            "most this often while the campaign runs, so a campaign killed outright (SIGKILL, "
+                            "a lost machine, SIGTERM with --workers 1) keeps them (default %(default)s; 0: "
+                            "after every seed)")
         generation(p)
     p = sub.add_parser("merge", help=helps["merge"], description=helps["merge"])
     p.add_argument("files", nargs="+", help="results files written by campaign --json")

@@ -45,3 +45,30 @@ def test_sigterm_stops_a_campaign_and_keeps_the_finished_seeds(tmp_path: pathlib
     assert document["summary"]["complete"] is False
     finished = [r["seed"] for r in document["seeds"]]
     assert 1 <= len(finished) < 50 and all(r["passed"] for r in document["seeds"])
+
+
+def test_a_campaign_killed_outright_keeps_the_seeds_saved_while_it_ran(tmp_path: pathlib.Path) -> None:
+    """``--save-every``: the JSON is rewritten while the campaign runs, so SIGKILL (nothing of the
+    campaign runs after it) of a campaign in this process (``--workers 1``, where SIGTERM keeps its
+    default action too) leaves the seeds finished before the last save, marked incomplete."""
+    out = tmp_path / "campaign.json"
+    proc = subprocess.Popen([sys.executable, "-c", PROGRAM, "campaign", "--seeds", "0..199", "--workers", "1",
+                             "--scenario", "toy-echo", "--json", str(out), "--save-every", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists():
+            assert proc.poll() is None, "the campaign ended before it saved"
+            assert time.monotonic() < deadline, "no results saved while the campaign ran"
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL
+    document = json.loads(out.read_text())
+    assert document["summary"]["complete"] is False
+    finished = [r["seed"] for r in document["seeds"]]
+    assert 1 <= len(finished) < 200 and finished == sorted(finished) and all(r["passed"] for r in document["seeds"])
