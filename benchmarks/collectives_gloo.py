@@ -28,6 +28,7 @@ bytes), and from there to the return (the completion round trip through the mast
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import statistics
@@ -41,7 +42,7 @@ import numpy as np
 from pccl.tools.bench import admit, bus_bandwidth, format_size, parse_size
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from interleaved_gloo import gloo_rank_of, pccl_barrier, run_cluster  # noqa: E402
+from interleaved_gloo import gloo_rank_of, pccl_barrier, random_floats, run_cluster  # noqa: E402
 
 CONFIGS = ("gloo:broadcast", "pccl:broadcast", "gloo:all_gather", "pccl:all_gather",
            "gloo:reduce_scatter", "pccl:reduce_scatter", "pccl:all_reduce")
@@ -82,8 +83,7 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
             for nbytes in sizes:
                 count = nbytes // 4
                 count -= count % world
-                src = await trio.to_thread.run_sync(
-                    lambda n=count: np.random.default_rng(rank).standard_normal(n, dtype=np.float32))
+                src = await trio.to_thread.run_sync(functools.partial(random_floats, rank, count))
                 buf = src.copy()
                 part = buf[: count // world]  # an all-gather's contribution
                 gathered = torch.empty(count, dtype=torch.float32)

@@ -25,6 +25,7 @@ call to the last return).
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import os
 import queue
@@ -93,8 +94,7 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
             await admit(comm, world)
             barrier = pccl_barrier(comm)
             for nbytes in sizes:
-                src = await trio.to_thread.run_sync(
-                    lambda n=nbytes: np.random.default_rng(rank).standard_normal(n // 4, dtype=np.float32))
+                src = await trio.to_thread.run_sync(functools.partial(random_floats, rank, nbytes // 4))
                 buf = src.copy()
                 dst = np.empty_like(buf)
                 tensor = torch.from_numpy(buf)  # shares buf's memory
@@ -145,6 +145,11 @@ def checked_sizes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     if any(s < 4 or s % 4 for s in sizes):
         parser.error("sizes must be positive multiples of 4 bytes (float32 elements)")
     return sizes
+
+
+def random_floats(seed: int, count: int) -> np.ndarray:
+    """``count`` float32 normals from ``seed`` (the rank): every run's inputs alike."""
+    return np.random.default_rng(seed).standard_normal(count, dtype=np.float32)
 
 
 def pccl_barrier(comm: Any) -> Callable[[], Awaitable[object]]:
