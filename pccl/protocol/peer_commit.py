@@ -211,7 +211,8 @@ def step(phase: Phase, known: frozenset[int], me: int, participants: frozenset[i
     try:
         nxt, effects = table[(phase, event)]
     except KeyError:
-        raise PeerCommitError(f"{event.value!r} cannot happen to a participant that is {phase.value}") from None
+        raise PeerCommitError(
+            f"{event.value!r} cannot happen to a participant that is {phase.value}") from None
     if event is E.RESULT_HELD and phase is P.RUNNING:
         known = known | {me}
     if nxt is P.READY and known == participants:  # the last to be ready: commit at once
@@ -292,8 +293,8 @@ def resolve(participants: Collection[int], answers: Mapping[int, Answer],
     3. a live participant has not answered -> ``None`` (wait for it, or for its death);
     4. the answers' known sets together cover every participant -> ``COMMIT``, else ``ABORT``: a
        dead participant whose readiness no live one heard of may have died running, and "a
-       participant that dies mid-op aborts the op" (SPEC §3); nobody live can have committed
-       without its id.
+       participant that dies mid-op aborts the op" (the fault model); nobody live can have
+       committed without its id.
 
     Rules 1 and 2 together are a split that already happened: :class:`PeerCommitError`.  An
     answer from a non-participant, or naming one, is a :class:`pccl.ProtocolError`.

@@ -224,7 +224,8 @@ def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
             if not world.survivor(src):
                 yield f"{msg[:3]} is lost", rest
         if kind == "known":
-            yield f"{msg[2]} gets {sorted(msg[3])} from {msg[1]}", _apply(rest, msg[2], E.ALL_KNOWN, rules, msg[3])
+            yield (f"{msg[2]} gets {sorted(msg[3])} from {msg[1]}",
+                   _apply(rest, msg[2], E.ALL_KNOWN, rules, msg[3]))
         elif kind == "nack":
             yield f"{msg[2]} gets a nack from {msg[1]}", _apply(rest, msg[2], E.NACK, rules)
         elif kind == "lost":

@@ -191,8 +191,8 @@ def _with(**rows: tuple[Phase, tuple[Effect, ...]]) -> Rules:
 
 WRONG = {
     # commit as soon as I hold my result: another participant may still fail
-    "commit when I hold my result": (_with(RUNNING__RESULT_HELD=(P.COMMITTED, (X.RETURN_RESULT, X.SEND_KNOWN))),
-                                     ("agreement", "validity")),
+    "commit when I hold my result": (
+        _with(RUNNING__RESULT_HELD=(P.COMMITTED, (X.RETURN_RESULT, X.SEND_KNOWN))), ("agreement", "validity")),
     # abort when in doubt (or when the master goes): another may hold every id and have committed
     "abort when in doubt": (_with(READY__PEER_LOST=(P.ABORTED, (X.RESTORE_INPUT,))), ("agreement",)),
     "abort when the master is lost": (_with(READY__MASTER_LOST=(P.ABORTED, (X.RESTORE_INPUT,))),
