@@ -44,8 +44,9 @@ Events
 ``PEER_LOST``     a link to a participant broke, or the master said a participant is dead
 ``MASTER_LOST``   the master connection closed (a restart, or this peer was cut off)
 ``QUERY``         the master asks this participant's state for the op
-``COMMIT``        the master's verdict: commit
-``ABORT``         the master's verdict: abort
+``PEER_QUERY``    a participant in doubt asks this one's state (no master needed; nothing freezes)
+``COMMIT``        the master's verdict, or a participant's answer ``committed``: commit
+``ABORT``         the master's verdict, or a participant's answer ``aborted``: abort
 ``CANCEL``        the caller was cancelled
 ================  =================================================================================
 
@@ -60,7 +61,8 @@ Effects
 ``RESTORE_INPUT``  restore an in-place input; the call raises ``CollectiveAborted`` (or the error)
 ``RETIRE``         tell the master, one-way, that the op committed here (nobody waits for it)
 ``ASK_MASTER``     ask the master (the one connected now, or the next) to resolve, with the answer
-``ANSWER``         answer the master's query with :meth:`PeerCommit.answer`
+``ANSWER``         answer the query (the master's, or the asking participant's) with
+                   :meth:`PeerCommit.answer`
 ``DETACH``         the call ends (cancelled, input restored); the op lives on in the background
 =================  ================================================================================
 
@@ -75,6 +77,8 @@ Rules
   that nobody can commit, and any participant may abort on it without the master.
 * Once a ready participant has asked or answered the master it is frozen: known sets it receives
   afterwards never commit it (the master may be deciding on the answer it gave).
+* A participant in doubt may ask the others (``PEER_QUERY``) and abort on an answer ``aborted``;
+  it never commits on one (:func:`learned_from_peer` says why).
 * A ready participant never aborts on its own: a lost link, a lost master or a cancelled caller
   leave it ready (or in doubt); only a ``NACK`` or the master's ``ABORT`` end it aborted.
 * A pair missing from :data:`TRANSITIONS` cannot happen if the rules hold (a ``NACK`` reaching a
@@ -90,8 +94,8 @@ from typing import NamedTuple
 from ..errors import InvalidArgument, ProtocolError
 
 __all__ = ["Answer", "DECIDED", "Effect", "Event", "Phase", "PeerCommit", "PeerCommitError",
-           "TRANSITIONS", "Verdict", "ack_partners", "ack_rounds", "merge", "resolve", "step",
-           "render_table"]
+           "TRANSITIONS", "Verdict", "ack_partners", "ack_rounds", "learned_from_peer", "merge",
+           "outcome_of", "render_table", "resolve", "step"]
 
 
 class Phase(enum.Enum):
@@ -110,6 +114,7 @@ class Event(enum.Enum):
     PEER_LOST = "peer lost"
     MASTER_LOST = "master lost"
     QUERY = "query"
+    PEER_QUERY = "peer query"
     COMMIT = "commit"
     ABORT = "abort"
     CANCEL = "cancel"
@@ -144,6 +149,7 @@ TRANSITIONS: dict[tuple[Phase, Event], tuple[Phase, tuple[Effect, ...]]] = {
     (P.RUNNING, E.PEER_LOST): (P.ABORTED, _FAIL),  # the ring cannot finish: never ready
     (P.RUNNING, E.MASTER_LOST): (P.RUNNING, _NONE),  # the steady state needs no master
     (P.RUNNING, E.QUERY): (P.ABORTED, (*_FAIL, X.ANSWER)),  # frozen running: never ready
+    (P.RUNNING, E.PEER_QUERY): (P.ABORTED, (*_FAIL, X.ANSWER)),  # so the asker can abort
     (P.RUNNING, E.ABORT): (P.ABORTED, (X.CANCEL_RING, X.RESTORE_INPUT)),
     (P.RUNNING, E.CANCEL): (P.ABORTED, _FAIL),
 
@@ -152,6 +158,7 @@ TRANSITIONS: dict[tuple[Phase, Event], tuple[Phase, tuple[Effect, ...]]] = {
     (P.READY, E.PEER_LOST): (P.IN_DOUBT, (X.ASK_MASTER,)),
     (P.READY, E.MASTER_LOST): (P.READY, _NONE),
     (P.READY, E.QUERY): (P.IN_DOUBT, (X.ANSWER,)),
+    (P.READY, E.PEER_QUERY): (P.READY, (X.ANSWER,)),  # "ready" decides nothing for the asker
     (P.READY, E.COMMIT): (P.COMMITTED, (X.RETURN_RESULT,)),
     (P.READY, E.ABORT): (P.ABORTED, (X.RESTORE_INPUT,)),
     (P.READY, E.CANCEL): (P.READY, (X.DETACH,)),
@@ -161,6 +168,7 @@ TRANSITIONS: dict[tuple[Phase, Event], tuple[Phase, tuple[Effect, ...]]] = {
     (P.IN_DOUBT, E.PEER_LOST): (P.IN_DOUBT, _NONE),
     (P.IN_DOUBT, E.MASTER_LOST): (P.IN_DOUBT, (X.ASK_MASTER,)),  # ask the next master
     (P.IN_DOUBT, E.QUERY): (P.IN_DOUBT, (X.ANSWER,)),
+    (P.IN_DOUBT, E.PEER_QUERY): (P.IN_DOUBT, (X.ANSWER,)),
     (P.IN_DOUBT, E.COMMIT): (P.COMMITTED, (X.RETURN_RESULT,)),
     (P.IN_DOUBT, E.ABORT): (P.ABORTED, (X.RESTORE_INPUT,)),
     (P.IN_DOUBT, E.CANCEL): (P.IN_DOUBT, (X.DETACH,)),
@@ -171,6 +179,7 @@ for _event in (E.NACK, E.PEER_LOST, E.MASTER_LOST, E.ABORT, E.CANCEL):
     TRANSITIONS[(P.ABORTED, _event)] = (P.ABORTED, _NONE)
 for _phase in (P.COMMITTED, P.ABORTED):
     TRANSITIONS[(_phase, E.QUERY)] = (_phase, (X.ANSWER,))
+    TRANSITIONS[(_phase, E.PEER_QUERY)] = (_phase, (X.ANSWER,))
 # A result held after the abort (the ring finished as it was stopped) changes nothing; nor does
 # a full known set reaching a participant the master aborted (a crashed participant collected
 # every id and died before anyone live heard of one of them: it is no survivor).
@@ -279,6 +288,38 @@ class PeerCommit:
         return f"PeerCommit(me={self.me}, {self.phase.name}, known={sorted(self.known)})"
 
 
+def outcome_of(answers: Mapping[int, Answer]) -> Verdict | None:
+    """What some answers alone prove, without the master: an answer ``committed`` -> ``COMMIT``,
+    an answer ``aborted`` -> ``ABORT``, else ``None``.  Sound for anyone who asks (the master's
+    rules 1-2, and a participant in doubt that asks the others while no master answers): a
+    committed one held every id, an aborted one either never was ready or heard an abort that
+    was itself sound.  Both at once is a split that already happened: :class:`PeerCommitError`.
+    """
+    committed = sorted(p for p, ans in answers.items() if ans.phase is P.COMMITTED)
+    aborted = sorted(p for p, ans in answers.items() if ans.phase is P.ABORTED)
+    if committed and aborted:
+        raise PeerCommitError(f"op split: {committed} committed, {aborted} aborted")
+    if committed:
+        return Verdict.COMMIT
+    if aborted:
+        return Verdict.ABORT
+    return None
+
+
+def learned_from_peer(answer: Answer) -> Verdict | None:
+    """What a participant in doubt may conclude from another participant's answer to its
+    ``PEER_QUERY``, with or without a master: ``ABORT`` from an answer ``aborted``, nothing else.
+
+    An aborted participant never was ready (so nobody can ever commit) or heard a sound abort.  A
+    *committed* answer proves that every participant was ready, but it may come from a
+    participant the master already declared dead and fenced (cut off from the master only, it
+    still talks to its peers), while the master aborts the survivors on the ids it could see:
+    adopting it would split the survivors (the model's walk shows it).  So peers can abort among
+    themselves but not commit; the commit of an op in doubt is the master's.
+    """
+    return Verdict.ABORT if answer.phase is P.ABORTED else None
+
+
 def resolve(participants: Collection[int], answers: Mapping[int, Answer],
             dead: Collection[int] = ()) -> Verdict | None:
     """The master's rule for an op someone is in doubt about; ``None``: not decided yet.
@@ -306,15 +347,9 @@ def resolve(participants: Collection[int], answers: Mapping[int, Answer],
     for peer, ans in answers.items():
         if not ans.known <= group:
             raise ProtocolError(f"peer {peer}'s answer names {sorted(ans.known - group)}, not participants")
-    phases = {peer: ans.phase for peer, ans in answers.items()}
-    committed = sorted(p for p, ph in phases.items() if ph is P.COMMITTED)
-    aborted = sorted(p for p, ph in phases.items() if ph is P.ABORTED)
-    if committed and aborted:
-        raise PeerCommitError(f"op split: {committed} committed, {aborted} aborted")
-    if committed:
-        return Verdict.COMMIT
-    if aborted:
-        return Verdict.ABORT
+    known_outcome = outcome_of(answers)
+    if known_outcome is not None:
+        return known_outcome
     if group - set(dead) - set(answers):
         return None
     union = frozenset().union(*(ans.known for ans in answers.values()))

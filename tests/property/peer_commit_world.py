@@ -4,17 +4,19 @@ A *world* is every participant's (phase, known set, health), the messages in fli
 master's resolution.  :func:`explore` walks every interleaving the adversary can choose within a
 fault budget — a known set or a nack delivered late (in any order) or, from a participant that
 crashed or was cut off, never; a participant's data path finishing or failing; a crash, a
-partition, a cancelled caller, a master restart or a master query out of the blue (the phase
-rule's) at every step — and checks the invariants in every world it reaches:
+partition (from everyone, or from the master alone), a cancelled caller, a master restart or a
+master query out of the blue (the phase rule's) at every step; a participant in doubt may also
+ask the others — and checks the invariants in every world it reaches:
 
 * ``agreement``: no two survivors (alive, not cut off) with different outcomes;
 * ``validity``: nobody committed unless every participant held its full result;
 * ``liveness``: in a world where nothing can happen any more, every survivor decided;
 * ``no-error``: no transition the rules exclude, no split the master's rule sees.
 
-Survivors and the rest: a crashed or cut-off participant is no survivor (the master declares it
-dead and fences it); what it decided binds nobody, and :func:`explore` counts the worlds where a
-non-survivor decided otherwise than the survivors (``non_survivor_splits``).
+Survivors and the rest: a crashed or cut-off participant, or one that lost the master for good,
+is no survivor (the master declares it dead and fences it); what it decided binds nobody, and
+:func:`explore` counts the final worlds where a non-survivor decided otherwise than the
+survivors (``non_survivor_splits``).
 
 Known sets travel all-to-all (each participant floods its set when it grows); the dissemination
 pattern is a subset of these deliveries, so the safety shown here holds for it too.  One
@@ -28,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from pccl.protocol.peer_commit import (DECIDED, TRANSITIONS, Answer, Effect, Event, Phase, Verdict,
-                                       merge, resolve, step)
+                                       learned_from_peer, merge, resolve, step)
 
 P, E, X = Phase, Event, Effect
 Table = Mapping[tuple[Phase, Event], tuple[Phase, tuple[Effect, ...]]]
@@ -41,6 +43,8 @@ class Part:
     known: frozenset[int]
     alive: bool = True
     cut: bool = False  # alive, but partitioned from everyone (the master too)
+    masterless: bool = False  # alive, talks to its peers, but has lost the master for good
+    asked_peers: bool = False  # in doubt, it asked the other participants
     held: bool = False  # it held its full result at some point
     waited: bool = False  # it waited for the master (it was in doubt)
 
@@ -58,6 +62,7 @@ class Master:
 #           ("ask"|"answer", src, epoch, answer) ("query", dst, epoch) ("verdict", dst, epoch, v)
 Msg = tuple
 MASTER_WORDS = ("ask", "answer", "query", "verdict")
+PEER_WORDS = ("known", "nack", "pquery", "preply")  # ("pquery", src, dst) ("preply", src, dst, answer)
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,11 @@ class World:
 
     def survivor(self, i: int) -> bool:
         part = self.parts[i]
+        return part.alive and not part.cut and not part.masterless
+
+    def reachable(self, i: int) -> bool:
+        """Its peers can reach it."""
+        part = self.parts[i]
         return part.alive and not part.cut
 
 
@@ -85,6 +95,7 @@ def start(n: int, budget: int) -> World:
 class Rules:
     table: Table = field(default_factory=lambda: TRANSITIONS)
     resolver: Resolver = resolve
+    learn: Callable[[Answer], "Verdict | None"] = learned_from_peer
 
 
 class Violation(AssertionError):
@@ -100,21 +111,20 @@ def _canon(world: World) -> World:
     keep = []
     for m in world.msgs:
         kind = m[0]
-        if kind in ("known", "nack"):
-            dst = m[2]
+        if kind in PEER_WORDS:
+            if not world.reachable(m[2]):
+                continue
         elif kind in ("lost", "query", "verdict"):
-            dst = m[1]
-        else:
-            dst = None
-        if dst is not None and not world.survivor(dst):
-            continue
+            if not world.survivor(m[1]):
+                continue
         if kind in MASTER_WORDS and m[2] != world.master.epoch:
             continue
         keep.append(m)
     return replace(world, msgs=frozenset(keep))
 
 
-def _apply(world: World, i: int, event: Event, rules: Rules, bits: frozenset[int] | None = None) -> World:
+def _apply(world: World, i: int, event: Event, rules: Rules, bits: frozenset[int] | None = None,
+           reply_to: int | None = None) -> World:
     part = world.parts[i]
     group = world.group
     if bits is None:
@@ -137,7 +147,9 @@ def _apply(world: World, i: int, event: Event, rules: Rules, bits: frozenset[int
             msgs.update(("known", i, j, known) for j in group if j != i)
         elif effect is X.SEND_NACK:
             msgs.update(("nack", i, j) for j in group if j != i)
-        elif effect in (X.ASK_MASTER, X.ANSWER):
+        elif effect is X.ANSWER and reply_to is not None:
+            msgs.add(("preply", i, reply_to, Answer(phase, known)))
+        elif effect in (X.ASK_MASTER, X.ANSWER) and not part.masterless:
             msgs.add(("ask" if effect is X.ASK_MASTER else "answer", i, epoch, Answer(phase, known)))
             words = True
     return replace(world, msgs=frozenset(msgs), master_words=words)
@@ -175,7 +187,7 @@ def _master_hears(world: World, i: int, answer: Answer, asked: bool, rules: Rule
 def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
     """Every step the adversary (or the system) can take from ``world``, named for a trace."""
     n = len(world.parts)
-    faulty = any(not world.survivor(j) for j in range(n))
+    faulty = any(not world.reachable(j) for j in range(n))
     for i, part in enumerate(world.parts):
         if not part.alive:
             continue
@@ -198,6 +210,10 @@ def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
             cut = _canon(replace(spent, parts=tuple(parts)))
             cut = _apply(cut, i, E.MASTER_LOST, rules)
             yield f"{i} is cut off", _apply(cut, i, E.PEER_LOST, rules)
+            if not part.masterless:
+                parts[i] = replace(part, masterless=True)
+                alone = _canon(replace(spent, parts=tuple(parts)))
+                yield f"{i} loses the master for good", _apply(alone, i, E.MASTER_LOST, rules)
     if world.budget > 0:
         spent = replace(world, budget=world.budget - 1)
         restarted = _canon(replace(spent, master=Master(epoch=world.master.epoch + 1)))
@@ -210,6 +226,12 @@ def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
             msgs = set(spent.msgs) | {("query", j, m.epoch) for j in range(n) if j not in m.dead}
             yield "the master queries (phase rule)", _canon(replace(
                 spent, master=replace(m, resolving=True), msgs=frozenset(msgs), master_words=True))
+    for i, part in enumerate(world.parts):
+        if world.reachable(i) and part.phase is P.IN_DOUBT and not part.asked_peers:
+            parts = list(world.parts)
+            parts[i] = replace(part, asked_peers=True)
+            msgs = set(world.msgs) | {("pquery", i, j) for j in range(n) if j != i}
+            yield f"{i} asks the others", _canon(replace(world, parts=tuple(parts), msgs=frozenset(msgs)))
     for i in range(n):
         if not world.survivor(i) and i not in world.master.dead:
             m = world.master
@@ -219,10 +241,8 @@ def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
     for msg in sorted(world.msgs, key=repr):
         rest = replace(world, msgs=world.msgs - {msg})
         kind = msg[0]
-        if kind in ("known", "nack"):
-            src = msg[1]
-            if not world.survivor(src):
-                yield f"{msg[:3]} is lost", rest
+        if kind in PEER_WORDS and not world.reachable(msg[1]):
+            yield f"{msg[:3]} is lost", rest
         if kind == "known":
             yield (f"{msg[2]} gets {sorted(msg[3])} from {msg[1]}",
                    _apply(rest, msg[2], E.ALL_KNOWN, rules, msg[3]))
@@ -235,6 +255,15 @@ def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
         elif kind == "verdict":
             event = E.COMMIT if msg[3] is Verdict.COMMIT else E.ABORT
             yield f"{msg[1]} hears {msg[3].value}", _apply(rest, msg[1], event, rules)
+        elif kind == "pquery":
+            yield f"{msg[2]} is asked by {msg[1]}", _apply(rest, msg[2], E.PEER_QUERY, rules, reply_to=msg[1])
+        elif kind == "preply":
+            learned = rules.learn(msg[3])
+            label = f"{msg[2]} hears from {msg[1]} that it is {msg[3].phase.value}"
+            if learned is None:
+                yield label, rest
+            else:
+                yield label, _apply(rest, msg[2], E.COMMIT if learned is Verdict.COMMIT else E.ABORT, rules)
         elif kind in ("ask", "answer"):
             yield f"the master hears {msg[1]} {msg[3].phase.value}", _master_hears(
                 rest, msg[1], msg[3], kind == "ask", rules)
