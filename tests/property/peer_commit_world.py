@@ -18,6 +18,10 @@ is no survivor (the master declares it dead and fences it); what it decided bind
 :func:`explore` counts the final worlds where a non-survivor decided otherwise than the
 survivors (``non_survivor_splits``).
 
+The master may declare dead any participant that crashed or was cut off, also after a restart
+(the design has every peer report its undecided ops when it registers again); partitions never
+heal here, so a fence that must survive a master restart is not walked.
+
 Known sets travel all-to-all (each participant floods its set when it grows); the dissemination
 pattern is a subset of these deliveries, so the safety shown here holds for it too.  One
 reduction keeps the walk small: a channel carries only the newest set its sender sent (sets only
