@@ -155,6 +155,19 @@ def test_dissemination_spreads_every_id_in_ceil_log2_rounds(n: int) -> None:
     assert ack_rounds(256) == 8
 
 
+@pytest.mark.parametrize("n", [2, 3, 5, 64, 256])
+def test_the_machines_commit_after_ceil_log2_rounds_of_the_dissemination_pattern(n: int) -> None:
+    ops = [PeerCommit(1000 + pos, range(1000, 1000 + n)) for pos in range(n)]  # ids are not positions
+    for op in ops:
+        op.handle(E.RESULT_HELD)
+    for rnd in range(ack_rounds(n)):
+        assert not any(op.decided for op in ops)  # nobody commits a round early
+        sent = [op.known for op in ops]
+        for pos, op in enumerate(ops):
+            op.receive_known(sent[ack_partners(pos, n, rnd)[1]])
+    assert all(op.phase is P.COMMITTED for op in ops)
+
+
 # --- every interleaving ---------------------------------------------------------------------
 
 def test_the_steady_state_never_waits_for_the_master() -> None:
