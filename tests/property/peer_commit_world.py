@@ -264,7 +264,7 @@ def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
         elif kind == "preply":
             learned = rules.learn(msg[3])
             label = f"{msg[2]} hears from {msg[1]} that it is {msg[3].phase.value}"
-            if learned is None:
+            if learned is None or world.parts[msg[2]].phase in DECIDED:  # nothing, or stale
                 yield label, rest
             else:
                 yield label, _apply(rest, msg[2], E.COMMIT if learned is Verdict.COMMIT else E.ABORT, rules)
