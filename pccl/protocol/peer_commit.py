@@ -315,7 +315,8 @@ def learned_from_peer(answer: Answer) -> Verdict | None:
     participant the master already declared dead and fenced (cut off from the master only, it
     still talks to its peers), while the master aborts the survivors on the ids it could see:
     adopting it would split the survivors (the model's walk shows it).  So peers can abort among
-    themselves but not commit; the commit of an op in doubt is the master's.
+    themselves but not commit; the commit of an op in doubt is the master's.  An answer that
+    reaches a participant which has decided meanwhile is stale: the shell drops it.
     """
     return Verdict.ABORT if answer.phase is P.ABORTED else None
 
