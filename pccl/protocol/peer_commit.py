@@ -80,7 +80,8 @@ Rules
 * A participant in doubt may ask the others (``PEER_QUERY``) and abort on an answer ``aborted``;
   it never commits on one (:func:`learned_from_peer` says why).
 * A ready participant never aborts on its own: a lost link, a lost master or a cancelled caller
-  leave it ready (or in doubt); only a ``NACK`` or the master's ``ABORT`` end it aborted.
+  leave it ready (or in doubt); only a ``NACK`` or an ``ABORT`` (the master's, or learned from
+  another participant's answer) end it aborted.
 * A pair missing from :data:`TRANSITIONS` cannot happen if the rules hold (a ``NACK`` reaching a
   committed participant, say): :func:`step` raises :class:`PeerCommitError` rather than guess.
 """

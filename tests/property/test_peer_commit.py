@@ -185,7 +185,7 @@ def test_every_interleaving_keeps_the_invariants(n: int, budget: int, least: int
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n,budget", [(2, 2), (4, 0), (2, 3), (3, 1)])
+@pytest.mark.parametrize("n,budget", [(2, 2), (4, 0), (2, 3)])
 def test_every_interleaving_keeps_the_invariants_longer(n: int, budget: int) -> None:
     explore(n, budget, limit=20_000_000)
 
