@@ -8,7 +8,9 @@
 * ``.. pccl-changelog::`` — ``CHANGELOG.md`` of the repository, its Markdown subset (headings,
   bullets, bold, inline code) turned into reST;
 * ``.. pccl-op-lifecycle::`` — the transition table of one collective's machine, from
-  ``pccl.protocol.op_lifecycle.render_table()``.
+  ``pccl.protocol.op_lifecycle.render_table()``;
+* ``.. pccl-peer-commit::`` — the table of peer-agreed completion's participant, from
+  ``pccl.protocol.peer_commit.render_table()``.
 """
 
 from __future__ import annotations
@@ -171,9 +173,19 @@ class OpLifecycleDirective(_RstDirective):
         return render_table("rst").splitlines()
 
 
+class PeerCommitDirective(_RstDirective):
+    """Peer-agreed completion's participant table, rendered by its own module."""
+
+    def rst(self) -> list[str]:
+        from pccl.protocol.peer_commit import render_table
+
+        return render_table("rst").splitlines()
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("pccl-messages", MessagesDirective)
     app.add_directive("pccl-argparse", ArgparseDirective)
     app.add_directive("pccl-changelog", ChangelogDirective)
     app.add_directive("pccl-op-lifecycle", OpLifecycleDirective)
+    app.add_directive("pccl-peer-commit", PeerCommitDirective)
     return {"parallel_read_safe": True, "version": "1"}

@@ -1,0 +1,362 @@
+"""An exhaustive model of peer-agreed completion (pccl.protocol.peer_commit) for 2-4 participants.
+
+A *world* is every participant's (phase, known set, health), the messages in flight and the
+master's resolution.  :func:`explore` walks every interleaving the adversary can choose within a
+fault budget — a known set or a nack delivered late (in any order) or, from a participant that
+crashed or was cut off, never; a participant's data path finishing or failing; a crash, a
+partition (from everyone, or from the master alone), a cancelled caller, a master restart or a
+master query out of the blue (the phase rule's) at every step; a participant in doubt may also
+ask the others — and checks the invariants in every world it reaches:
+
+* ``agreement``: no two survivors (alive, not cut off) with different outcomes;
+* ``validity``: nobody committed unless every participant held its full result;
+* ``liveness``: in a world where nothing can happen any more, every survivor decided;
+* ``no-error``: no transition the rules exclude, no split the master's rule sees.
+
+Survivors and the rest: a crashed or cut-off participant, or one that lost the master for good,
+is no survivor (the master declares it dead and fences it); what it decided binds nobody, and
+:func:`explore` counts the final worlds where a non-survivor decided otherwise than the
+survivors (``non_survivor_splits``).
+
+The master may declare dead any participant that crashed or was cut off, also after a restart
+(the design has every peer report its undecided ops when it registers again); partitions never
+heal here, so a fence that must survive a master restart is not walked.
+
+Known sets travel all-to-all (each participant floods its set when it grows); the dissemination
+pattern is a subset of these deliveries, so the safety shown here holds for it too.  One
+reduction keeps the walk small: a channel carries only the newest set its sender sent (sets only
+grow, and a FIFO connection delivers the older first; reading both at once is one of the orders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+
+from pccl.protocol.peer_commit import (DECIDED, TRANSITIONS, Answer, Effect, Event, Phase, Verdict,
+                                       learned_from_peer, merge, resolve, step)
+
+P, E, X = Phase, Event, Effect
+Table = Mapping[tuple[Phase, Event], tuple[Phase, tuple[Effect, ...]]]
+Resolver = Callable[..., "Verdict | None"]
+
+
+@dataclass(frozen=True)
+class Part:
+    phase: Phase
+    known: frozenset[int]
+    alive: bool = True
+    cut: bool = False  # alive, but partitioned from everyone (the master too)
+    masterless: bool = False  # alive, talks to its peers, but has lost the master for good
+    asked_peers: bool = False  # in doubt, it asked the other participants
+    held: bool = False  # it held its full result at some point
+    waited: bool = False  # it waited for the master (it was in doubt)
+
+
+@dataclass(frozen=True)
+class Master:
+    epoch: int = 0
+    resolving: bool = False
+    answers: frozenset[tuple[int, Answer]] = frozenset()
+    dead: frozenset[int] = frozenset()
+    verdict: Verdict | None = None
+
+
+# messages: ("known", src, dst, bits) ("nack", src, dst) ("lost", dst, about)
+#           ("ask"|"answer", src, epoch, answer) ("query", dst, epoch) ("verdict", dst, epoch, v)
+Msg = tuple
+MASTER_WORDS = ("ask", "answer", "query", "verdict")
+PEER_WORDS = ("known", "nack", "pquery", "preply")  # ("pquery", src, dst) ("preply", src, dst, answer)
+
+
+@dataclass(frozen=True)
+class World:
+    parts: tuple[Part, ...]
+    msgs: frozenset[Msg]
+    master: Master
+    budget: int
+    master_words: bool = False  # a message to or from the master was ever sent (besides retire)
+
+    @property
+    def group(self) -> frozenset[int]:
+        return frozenset(range(len(self.parts)))
+
+    def survivor(self, i: int) -> bool:
+        part = self.parts[i]
+        return part.alive and not part.cut and not part.masterless
+
+    def reachable(self, i: int) -> bool:
+        """Its peers can reach it."""
+        part = self.parts[i]
+        return part.alive and not part.cut
+
+
+def start(n: int, budget: int) -> World:
+    return World(tuple(Part(P.RUNNING, frozenset()) for _ in range(n)), frozenset(), Master(), budget)
+
+
+@dataclass
+class Rules:
+    table: Table = field(default_factory=lambda: TRANSITIONS)
+    resolver: Resolver = resolve
+    learn: Callable[[Answer], "Verdict | None"] = learned_from_peer
+
+
+class Violation(AssertionError):
+    def __init__(self, what: str, trace: list[str]) -> None:
+        super().__init__(f"{what} after: " + " ; ".join(trace))
+        self.what = what
+        self.trace = trace
+
+
+def _canon(world: World) -> World:
+    """Drop what can never be delivered: messages to a crashed or cut-off participant, and a
+    master's words to or from an epoch that is over."""
+    keep = []
+    for m in world.msgs:
+        kind = m[0]
+        if kind in PEER_WORDS:
+            if not world.reachable(m[2]):
+                continue
+        elif kind in ("lost", "query", "verdict"):
+            if not world.survivor(m[1]):
+                continue
+        if kind in MASTER_WORDS and m[2] != world.master.epoch:
+            continue
+        keep.append(m)
+    return replace(world, msgs=frozenset(keep))
+
+
+def _apply(world: World, i: int, event: Event, rules: Rules, bits: frozenset[int] | None = None,
+           reply_to: int | None = None) -> World:
+    part = world.parts[i]
+    group = world.group
+    if bits is None:
+        phase, known, effects = step(part.phase, part.known, i, group, event, table=rules.table)
+    else:
+        phase, known, effects = merge(part.phase, part.known, i, group, bits, table=rules.table)
+    held = part.held or (event is E.RESULT_HELD and part.phase is P.RUNNING)
+    waited = part.waited or (phase is P.IN_DOUBT)
+    parts = list(world.parts)
+    parts[i] = replace(part, phase=phase, known=known, held=held, waited=waited)
+    world = replace(world, parts=tuple(parts))
+    msgs = set(world.msgs)
+    epoch = world.master.epoch
+    words = world.master_words
+    for effect in effects:
+        if part.cut:
+            continue  # nothing it sends gets anywhere
+        if effect is X.SEND_KNOWN:  # a newer set replaces the undelivered one on its channel
+            msgs.difference_update(m for m in world.msgs if m[0] == "known" and m[1] == i)
+            msgs.update(("known", i, j, known) for j in group if j != i)
+        elif effect is X.SEND_NACK:
+            msgs.update(("nack", i, j) for j in group if j != i)
+        elif effect is X.ANSWER and reply_to is not None:
+            msgs.add(("preply", i, reply_to, Answer(phase, known)))
+        elif effect in (X.ASK_MASTER, X.ANSWER) and not part.masterless:
+            msgs.add(("ask" if effect is X.ASK_MASTER else "answer", i, epoch, Answer(phase, known)))
+            words = True
+    return replace(world, msgs=frozenset(msgs), master_words=words)
+
+
+def _master_decide(world: World, rules: Rules) -> World:
+    m = world.master
+    if not m.resolving or m.verdict is not None:
+        return world
+    verdict = rules.resolver(world.group, dict(m.answers), m.dead)
+    if verdict is None:
+        return world
+    msgs = set(world.msgs)
+    msgs.update(("verdict", j, m.epoch, verdict) for j in world.group if j not in m.dead)
+    return replace(world, master=replace(m, verdict=verdict), msgs=frozenset(msgs))
+
+
+def _master_hears(world: World, i: int, answer: Answer, asked: bool, rules: Rules) -> World:
+    m = world.master
+    msgs = set(world.msgs)
+    if m.verdict is not None:
+        msgs.add(("verdict", i, m.epoch, m.verdict))
+        return replace(world, msgs=frozenset(msgs))
+    answers = dict(m.answers)
+    answers[i] = answer
+    resolving = m.resolving
+    if asked and not resolving:
+        resolving = True
+        msgs.update(("query", j, m.epoch) for j in world.group if j not in m.dead and j not in answers)
+    world = replace(world, master=replace(m, resolving=resolving, answers=frozenset(answers.items())),
+                           msgs=frozenset(msgs), master_words=True)
+    return _master_decide(world, rules)
+
+
+def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
+    """Every step the adversary (or the system) can take from ``world``, named for a trace."""
+    n = len(world.parts)
+    faulty = any(not world.reachable(j) for j in range(n))
+    for i, part in enumerate(world.parts):
+        if not part.alive:
+            continue
+        if part.phase is P.RUNNING and not part.held:
+            yield f"{i} holds its result", _apply(world, i, E.RESULT_HELD, rules)
+            if faulty:  # a ring that loses a participant fails (no budget: the fault was paid)
+                yield f"{i}'s ring fails", _apply(world, i, E.RING_FAILED, rules)
+        if world.budget <= 0:
+            continue
+        spent = replace(world, budget=world.budget - 1)
+        if part.phase is P.RUNNING and not part.held and not faulty:
+            yield f"{i}'s ring fails", _apply(spent, i, E.RING_FAILED, rules)
+        if part.phase not in DECIDED:
+            yield f"{i} is cancelled", _apply(spent, i, E.CANCEL, rules)
+        parts = list(spent.parts)
+        parts[i] = replace(part, alive=False)
+        yield f"{i} crashes", _canon(replace(spent, parts=tuple(parts)))
+        if not part.cut:
+            parts[i] = replace(part, cut=True)
+            cut = _canon(replace(spent, parts=tuple(parts)))
+            cut = _apply(cut, i, E.MASTER_LOST, rules)
+            yield f"{i} is cut off", _apply(cut, i, E.PEER_LOST, rules)
+            if not part.masterless:
+                parts[i] = replace(part, masterless=True)
+                alone = _canon(replace(spent, parts=tuple(parts)))
+                yield f"{i} loses the master for good", _apply(alone, i, E.MASTER_LOST, rules)
+    if world.budget > 0:
+        spent = replace(world, budget=world.budget - 1)
+        restarted = _canon(replace(spent, master=Master(epoch=world.master.epoch + 1)))
+        for i in range(n):
+            if restarted.survivor(i):
+                restarted = _apply(restarted, i, E.MASTER_LOST, rules)
+        yield "the master restarts", restarted
+        if not world.master.resolving:
+            m = spent.master
+            msgs = set(spent.msgs) | {("query", j, m.epoch) for j in range(n) if j not in m.dead}
+            yield "the master queries (phase rule)", _canon(replace(
+                spent, master=replace(m, resolving=True), msgs=frozenset(msgs), master_words=True))
+    for i, part in enumerate(world.parts):
+        if world.reachable(i) and part.phase is P.IN_DOUBT and not part.asked_peers:
+            parts = list(world.parts)
+            parts[i] = replace(part, asked_peers=True)
+            msgs = set(world.msgs) | {("pquery", i, j) for j in range(n) if j != i}
+            yield f"{i} asks the others", _canon(replace(world, parts=tuple(parts), msgs=frozenset(msgs)))
+    for i in range(n):
+        if not world.survivor(i) and i not in world.master.dead:
+            m = world.master
+            msgs = set(world.msgs) | {("lost", j, i) for j in range(n) if j != i}
+            declared = _canon(replace(world, master=replace(m, dead=m.dead | {i}), msgs=frozenset(msgs)))
+            yield f"the master declares {i} dead", _master_decide(declared, rules)
+    for msg in sorted(world.msgs, key=repr):
+        rest = replace(world, msgs=world.msgs - {msg})
+        kind = msg[0]
+        if kind in PEER_WORDS and not world.reachable(msg[1]):
+            yield f"{msg[:3]} is lost", rest
+        if kind == "known":
+            yield (f"{msg[2]} gets {sorted(msg[3])} from {msg[1]}",
+                   _apply(rest, msg[2], E.ALL_KNOWN, rules, msg[3]))
+        elif kind == "nack":
+            yield f"{msg[2]} gets a nack from {msg[1]}", _apply(rest, msg[2], E.NACK, rules)
+        elif kind == "lost":
+            yield f"{msg[1]} hears {msg[2]} is dead", _apply(rest, msg[1], E.PEER_LOST, rules)
+        elif kind == "query":
+            yield f"{msg[1]} is queried", _apply(rest, msg[1], E.QUERY, rules)
+        elif kind == "verdict":
+            event = E.COMMIT if msg[3] is Verdict.COMMIT else E.ABORT
+            yield f"{msg[1]} hears {msg[3].value}", _apply(rest, msg[1], event, rules)
+        elif kind == "pquery":
+            yield f"{msg[2]} is asked by {msg[1]}", _apply(rest, msg[2], E.PEER_QUERY, rules, reply_to=msg[1])
+        elif kind == "preply":
+            learned = rules.learn(msg[3])
+            label = f"{msg[2]} hears from {msg[1]} that it is {msg[3].phase.value}"
+            if learned is None or world.parts[msg[2]].phase in DECIDED:  # nothing, or stale
+                yield label, rest
+            else:
+                yield label, _apply(rest, msg[2], E.COMMIT if learned is Verdict.COMMIT else E.ABORT, rules)
+        elif kind in ("ask", "answer"):
+            yield f"the master hears {msg[1]} {msg[3].phase.value}", _master_hears(
+                rest, msg[1], msg[3], kind == "ask", rules)
+
+
+def check(world: World) -> str | None:
+    """The invariant ``world`` breaks, or ``None``."""
+    n = len(world.parts)
+    outcomes = {world.parts[i].phase for i in range(n) if world.survivor(i)} & DECIDED
+    if len(outcomes) > 1:
+        return "agreement"
+    if any(p.phase is P.COMMITTED for p in world.parts) and not all(p.held for p in world.parts):
+        return "validity"
+    return None
+
+
+@dataclass
+class Report:
+    worlds: int = 0
+    terminal: int = 0
+    non_survivor_splits: int = 0
+    master_words: int = 0  # terminal worlds where the master was asked or answered
+
+
+def explore(n: int, budget: int, rules: Rules | None = None, limit: int = 2_000_000) -> Report:
+    """Walk every world reachable from :func:`start`; raise :class:`Violation` (with a trace) at
+    the first broken invariant, an excluded transition, or a live survivor left undecided."""
+    rules = rules or Rules()
+    report = Report()
+    first = start(n, budget)
+    seen: dict[World, tuple[World | None, str]] = {first: (None, "start")}
+    todo = [first]
+
+    def trace(world: World) -> list[str]:
+        steps = []
+        at: World | None = world
+        while at is not None:
+            parent, label = seen[at]
+            steps.append(label)
+            at = parent
+        return steps[::-1]
+
+    while todo:
+        world = todo.pop()
+        report.worlds += 1
+        if report.worlds > limit:
+            raise RuntimeError(f"more than {limit} worlds: lower the budget")
+        broken = check(world)
+        if broken:
+            raise Violation(broken, trace(world))
+        nexts = 0
+        try:
+            for label, nxt in successors(world, rules):
+                nxt = _canon(nxt)
+                nexts += 1
+                if nxt not in seen:
+                    seen[nxt] = (world, label)
+                    todo.append(nxt)
+        except Exception as exc:  # an excluded transition, or a split the master saw
+            raise Violation(f"{type(exc).__name__}: {exc}", trace(world)) from exc
+        if nexts == 0:
+            report.terminal += 1
+            if any(world.survivor(i) and world.parts[i].phase not in DECIDED for i in range(n)):
+                raise Violation("liveness", trace(world))
+            survivors = {world.parts[i].phase for i in range(n) if world.survivor(i)}
+            others = {p.phase for i, p in enumerate(world.parts) if not world.survivor(i)} & DECIDED
+            if survivors and others - survivors:
+                report.non_survivor_splits += 1
+            report.master_words += world.master_words
+    return report
+
+
+def walk(n: int, budget: int, choose: Callable[[int], int], rules: Rules | None = None,
+         max_steps: int = 400) -> World:
+    """One interleaving, each step picked by ``choose(number of choices)`` (Hypothesis draws it
+    for 4 participants, where :func:`explore` would take too long); checks as :func:`explore` does
+    and returns the world it ended in."""
+    rules = rules or Rules()
+    world = start(n, budget)
+    trace = ["start"]
+    for _ in range(max_steps):
+        broken = check(world)
+        if broken:
+            raise Violation(broken, trace)
+        options = [(label, _canon(nxt)) for label, nxt in successors(world, rules)]
+        if not options:
+            if any(world.survivor(i) and world.parts[i].phase not in DECIDED for i in range(n)):
+                raise Violation("liveness", trace)
+            return world
+        label, world = options[choose(len(options))]
+        trace.append(label)
+    raise Violation("no end within max_steps", trace)
