@@ -45,7 +45,7 @@ Events
 ``MASTER_LOST``   the master connection closed (a restart, or this peer was cut off)
 ``QUERY``         the master asks this participant's state for the op
 ``PEER_QUERY``    a participant in doubt asks this one's state (no master needed; nothing freezes)
-``COMMIT``        the master's verdict, or a participant's answer ``committed``: commit
+``COMMIT``        the master's verdict (which an answer ``committed`` decides): commit
 ``ABORT``         the master's verdict, or a participant's answer ``aborted``: abort
 ``CANCEL``        the caller was cancelled
 ================  =================================================================================
@@ -291,10 +291,10 @@ class PeerCommit:
 
 def outcome_of(answers: Mapping[int, Answer]) -> Verdict | None:
     """What some answers alone prove, without the master: an answer ``committed`` -> ``COMMIT``,
-    an answer ``aborted`` -> ``ABORT``, else ``None``.  Sound for anyone who asks (the master's
-    rules 1-2, and a participant in doubt that asks the others while no master answers): a
+    an answer ``aborted`` -> ``ABORT``, else ``None``.  Sound for the master (rules 1-2): a
     committed one held every id, an aborted one either never was ready or heard an abort that
-    was itself sound.  Both at once is a split that already happened: :class:`PeerCommitError`.
+    was itself sound.  A participant asking the others takes less from them
+    (:func:`learned_from_peer`).  Both at once is a split that already happened: :class:`PeerCommitError`.
     """
     committed = sorted(p for p, ans in answers.items() if ans.phase is P.COMMITTED)
     aborted = sorted(p for p, ans in answers.items() if ans.phase is P.ABORTED)
