@@ -16,6 +16,13 @@ master's CPU is on the peers' critical path).
 collective).  ``--profile FILE`` runs the master's calls under cProfile and writes its stats to
 ``FILE`` (read them with ``python -m pstats FILE``; the CPU figure then includes the profiler's
 overhead).
+
+``--machine`` times the master's state machine alone instead, no processes and no I/O
+(:class:`pccl.protocol.master.machine.MasterState`, as ``master_votes.py`` does for topology
+votes): ``N`` accepted peers, then ``--iters`` all-reduces, each every peer's vote (or, with
+``--fast-commit``, its ``CollectiveBegin``) and its ``CollectiveDone``, every frame decoded from
+its bytes and every message the machine sends encoded; it prints the CPU per op.  Groups of up
+to hundreds of peers fit (``--peers 2 64 256``).
 """
 
 from __future__ import annotations
@@ -146,6 +153,80 @@ def measure(world: int, nbytes: int, iters: int, fast_commit: bool, profile: str
             "wall": wall / iters}
 
 
+def _quiet_cluster(n: int) -> tuple[Any, list[int], int]:
+    """A machine with ``n`` accepted peers (connections 1..n) in one group, no vote standing,
+    and the id of the round that installed their ring (what a ``CollectiveBegin`` names)."""
+    import random
+
+    from pccl.protocol import messages as m
+    from pccl.protocol.master.machine import MasterState, MessageReceived, PeerConnected, Send
+
+    machine = MasterState(rng=random.Random(0), peer_timeout=1e9)
+    conns = list(range(1, n + 1))
+    wired = [0]
+
+    def handle(conn: int, msg: Any) -> None:
+        todo = [(conn, msg)]
+        while todo:
+            effects = machine.handle(MessageReceived(*todo.pop()), 0.0)
+            for e in effects:  # every peer wires the ring it is told to at once
+                if isinstance(e, Send) and isinstance(e.msg, m.ConnectToPeers):
+                    wired.append(e.msg.round)
+                    todo.append((e.conn_id, m.P2PReport(e.msg.round, True)))
+
+    for c in conns:
+        machine.handle(PeerConnected(c, "10.0.0.1"), 0.0)
+        handle(c, m.Register(0, 4000, 5000))
+    for _ in range(3):  # the first peer was accepted alone; votes let the others in and end
+        for p in machine.peers():
+            if p.topology_vote is None:
+                handle(p.conn_id, m.VoteTopology(True))
+        if all(p.topology_vote is None and not p.in_round for p in machine.peers()):
+            break
+    if sum(p.status.value == "accepted" for p in machine.peers()) != n or any(
+            p.topology_vote is not None or p.in_round for p in machine.peers()):
+        raise RuntimeError("the cluster did not settle")
+    return machine, conns, max(wired)
+
+
+def measure_machine(world: int, iters: int, fast_commit: bool) -> float:
+    """The machine's CPU per all-reduce (s), frames decoded and encoded."""
+    from pccl.protocol import codec
+    from pccl.protocol import messages as m
+    from pccl.protocol.master.machine import MessageReceived, Send
+
+    machine, conns, round_id = _quiet_cluster(world)
+    prefix = codec.PREFIX_SIZE
+
+    def feed(conn: int, frame: bytes) -> list[Any]:
+        effects = machine.handle(MessageReceived(conn, codec.decode_message(frame[prefix:])), 0.0)
+        for effect in effects:
+            if isinstance(effect, Send):
+                codec.encode_message(effect.msg)
+        return effects
+
+    init = codec.encode_message(m.CollectiveInit(_TAG, 4096, 1, 0))
+    started = 0.0
+    for i in range(iters + _WARMUP):
+        if i == _WARMUP:
+            started = time.process_time()
+        if fast_commit:
+            seq = m.derived_seq(round_id, _TAG, i)
+            begin = codec.encode_message(m.CollectiveBegin(_TAG, seq, round_id, 4096, 1, 0))
+            for conn in conns:
+                feed(conn, begin)
+        else:
+            for conn in conns:
+                effects = feed(conn, init)
+            seq = next(e.msg.seq for e in effects if isinstance(e, Send) and isinstance(e.msg, m.CollectiveCommence))
+        done = codec.encode_message(m.CollectiveDone(_TAG, seq))
+        for conn in conns:
+            effects = feed(conn, done)
+        if sum(isinstance(e, Send) and isinstance(e.msg, m.CollectiveComplete) for e in effects) != world:
+            raise RuntimeError(f"all-reduce {i} did not complete: {effects}")
+    return (time.process_time() - started) / iters
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peers", type=int, nargs="+", default=[2, 3])
@@ -153,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=1000)
     parser.add_argument("--fast-commit", action="store_true", help="peers run with Config.fast_commit")
     parser.add_argument("--profile", help="write the master's cProfile stats to this file (N appended)")
+    parser.add_argument("--machine", action="store_true", help="time the master's state machine alone (no I/O)")
     args = parser.parse_args(argv)
     try:
         nbytes = parse_size(args.size)
@@ -160,6 +242,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.iters < 1 or min(args.peers) < 2:
         parser.error("--iters must be at least 1 and --peers at least 2")
+    if args.machine:
+        print(f"# the master's state machine alone, CPU per all-reduce, {args.iters} calls, "
+              f"fast_commit={'on' if args.fast_commit else 'off'}")
+        for world in dict.fromkeys(args.peers):
+            print(f"{world:>4} peers: {measure_machine(world, args.iters, args.fast_commit) * 1e6:10.1f} us/op",
+                  flush=True)
+        return 0
     print(f"# master CPU per all-reduce of {format_size(nbytes)}, {args.iters} calls back to back, "
           f"fast_commit={'on' if args.fast_commit else 'off'}")
     print(f"{'N':>3} {'master us/op':>13} {'(user':>7} {'sys)':>6} {'peer us/op':>11} {'wall us/op':>11}")

@@ -428,6 +428,10 @@ class CollectiveOps:
             op.seq, op.fast, op.round = msg.seq, True, msg.round
             op.participants = op.row.order(ring, op.inits)
         self._join(op, peer_id, init, begun=True)
+        if joining:
+            # Nothing is held: once the op is open, a participant's vote joins it on arrival
+            # (``on_init``).  So only the opening Begin looks (once per op, not per Begin).
+            return
         for pid, vote in list(op.inits.items()):  # votes held for this use of the tag join it
             if pid not in op.began and op.seq is not None:
                 self._join(op, pid, vote, begun=False)
