@@ -361,6 +361,8 @@ class CollectiveOps:
         self._aborted: dict[tuple[int, int], _Aborted] = {}
         #: Peers removed so far (``forget``): a peer stops being live only there.
         self.departures = 0
+        #: Ops aborted so far (an abort makes its group stale: the master re-checks every vote).
+        self.aborts = 0
 
     # --- messages -----------------------------------------------------------------------------
 
@@ -633,6 +635,7 @@ class CollectiveOps:
         return None, ""
 
     def _abort(self, op: _Op, why: str, code: int = 0) -> None:
+        self.aborts += 1
         del self._ops[(op.group, op.tag)]
         self._host.mark_stale(op.group)  # the ring failed once: the next topology vote re-wires it
         if op.fast and op.seq is not None:

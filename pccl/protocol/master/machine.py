@@ -69,9 +69,10 @@ descriptor of the master for ever.
 Re-checks.  Every consensus above is a predicate over the current state, and *all* of them are
 re-evaluated (to a fixed point) after every event — so a disconnect, kick or timeout in any phase
 lets every vote it was blocking complete (PCCL forgets some of these re-checks, reference §3.5).
-One exception keeps the per-op cost flat: a ``CollectiveInit`` or a successful
-``CollectiveDone`` handled without a fault (and no timeout on the same event) changes only its
-own op, and nothing else waits for ops (topology votes and syncs *refuse* a peer with an op in
+One exception keeps the per-op cost flat: a ``CollectiveInit``, a successful
+``CollectiveDone`` or a ``CollectiveBegin`` that aborted nothing (an abort makes the group stale,
+which other votes read), handled without a fault (and no timeout on the same event), changes
+only its own op, and nothing else waits for ops (topology votes and syncs *refuse* a peer with an op in
 flight instead of waiting for it), so only that op is re-checked.  A ``Heartbeat`` handled
 without a fault changes nothing any consensus reads (only ``last_heard``, which the timer
 covers: an event at or past the deadline always re-checks everything), so it re-checks nothing.
@@ -268,12 +269,13 @@ class MasterState:
             if peer is not None:  # messages still queued from a removed peer are dropped
                 if peer.status is not _C or isinstance(event.msg, m.Register):
                     self._roster.heard(peer, now)
+                aborts = self._collectives.aborts
                 try:
                     self._dispatch(peer, event.msg)
                 except PeerFault as fault:
                     self._remove(peer.conn_id, fault.reason, fault.detail)
                 else:
-                    only_op = self._own_op_only(peer, event.msg)
+                    only_op = self._own_op_only(peer, event.msg, aborts)
                     recheck = type(event.msg) is not m.Heartbeat
         elif isinstance(event, PeerDisconnected):
             if event.conn_id in self._roster.by_conn:
@@ -554,12 +556,13 @@ class MasterState:
 
     # --- consensus (re-evaluated after every event) ---------------------------------------------
 
-    @staticmethod
-    def _own_op_only(peer: PeerRecord, msg: m.Message) -> tuple[int, int] | None:
+    def _own_op_only(self, peer: PeerRecord, msg: m.Message, aborts: int) -> tuple[int, int] | None:
         """The op whose re-check is all that ``msg`` (just handled without a fault) needs, or
-        ``None`` for a full re-check (see "Re-checks" in the module docstring)."""
+        ``None`` for a full re-check (see "Re-checks" in the module docstring); ``aborts`` is
+        the collectives' abort count before it was handled."""
         if isinstance(msg, (m.CollectiveInit, m.CollectiveWithdraw)) or (
-                isinstance(msg, m.CollectiveDone) and not msg.aborted):
+                isinstance(msg, m.CollectiveDone) and not msg.aborted) or (
+                isinstance(msg, m.CollectiveBegin) and self._collectives.aborts == aborts):
             return (peer.group, msg.tag)
         return None
 
