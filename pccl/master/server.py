@@ -198,15 +198,19 @@ class _MasterServer:
 
     def feed(self, event: ms.Event) -> None:
         """Hand ``event`` to the machine and execute its effects (synchronously)."""
-        self.events.append(event)
-        if self.feeding:  # an effect produced a follow-up event: the outer loop handles it
-            return
+        if self.feeding or self.events:  # after the events queued before it (follow-ups, or a
+            self.events.append(event)   # heartbeat's full outbox), in order
+            if self.feeding:  # an effect produced a follow-up event: the outer loop handles it
+                return
+            event = self.events.popleft()
         self.feeding = True
         try:
-            while self.events:
-                effects = self.state.handle(self.events.popleft(), self.clock())
-                for effect in effects:
+            while True:  # (a message usually comes alone: no trip through the queue)
+                for effect in self.state.handle(event, self.clock()):
                     self._execute(effect)
+                if not self.events:
+                    break
+                event = self.events.popleft()
         finally:
             self.feeding = False
 
