@@ -458,14 +458,16 @@ class CollectiveOps:
                 self._abort(op, refusal[1], code=refusal[0])
                 return
             op.agreed = init
-        commence = m.CollectiveCommence(op.tag, op.seq, op.participants)
-        if not begun:
+        commence = None if begun else m.CollectiveCommence(op.tag, op.seq, op.participants)
+        if commence is not None:
             self._host.send(peer_id, commence)
-        if not op.armed and op.began.issuperset(op.participants):
+        # (the count first: the last joiner alone compares the sets, not every one)
+        if not op.armed and len(op.began) >= len(op.participants) and op.began.issuperset(op.participants):
             if op.failure is not None:
                 self._abort(op, op.failure)
                 return
             op.armed = True
+            commence = commence or m.CollectiveCommence(op.tag, op.seq, op.participants)
             for pid in op.participants:
                 # (the voters' Commence was their start; one that left after its Done hears nothing)
                 if pid in op.beginners and self._host.is_live(pid):
@@ -662,8 +664,13 @@ class CollectiveOps:
         """The calls the peer waits in for the others of ``group``, as the caller knows them
         (``all_reduce (tag 1, 2)``), when every op it is in still votes; ``None`` when it is in
         none, or in one that runs (it can still go on)."""
-        ops = self.of_peer(group, peer_id)
-        if not ops or any(op.seq is not None and (op.armed or not op.fast) for op in ops):
+        ops = []  # (of_peer's ops, in one pass: asked after every collective message)
+        for op in self._ops.values():
+            if op.group == group and (peer_id in op.inits or (not op.fast and peer_id in op.participants)):
+                if op.seq is not None and (op.armed or not op.fast):
+                    return None  # it runs one: it can still go on
+                ops.append(op)
+        if not ops:
             return None
         return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
                          for row in KINDS.values() if any(op.row is row for op in ops))

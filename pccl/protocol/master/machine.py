@@ -88,6 +88,7 @@ before it sends.  It is checked once, before any handler runs.  A message type p
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -638,10 +639,11 @@ class MasterState:
         ring = tuple(self._roster.peer(pid).endpoint() for pid in self._rings[group])
         return m.TopologyComplete(round_id, ring, self.membership_of(group))
 
-    def _waits_in(self, peer: PeerRecord, sync_waiting: frozenset[int]) -> tuple[ph.Call, str] | None:
-        """The call ``peer`` waits in for the others of its group, and its name as the
+    def _waits_in(self, sync_waiting: frozenset[int], peer_id: int) -> tuple[ph.Call, str] | None:
+        """The call peer ``peer_id`` waits in for the others of its group, and its name as the
         caller knows it; ``None`` when it is not known to wait for them (idle as far as the
         master knows, in a round, or with a collective running: each can still go on)."""
+        peer = self._roster.by_conn[self._roster.by_id[peer_id]]
         if peer.round_scope is not None:
             return None
         if peer.topology_vote is TopologyVote.ACCEPT:
@@ -659,8 +661,8 @@ class MasterState:
         return self._collectives.full_vote(group)
 
     def _waiting_calls(self, group: int) -> Callable[[int], tuple[ph.Call, str] | None]:
-        sync_waiting = self._sync_state.waiting_voters(group)
-        return lambda pid: self._waits_in(self._roster.peer(pid), sync_waiting)
+        # (asked after every collective message: a partial, not a lambda calling a method)
+        return functools.partial(self._waits_in, self._sync_state.waiting_voters(group))
 
     def _end_waiting(self, group: int, detail: str) -> None:
         """Withdraw every waiting vote of ``group`` (a phase mismatch, ``detail`` says where):
