@@ -63,9 +63,9 @@ class Connection:
     group: int = 0
     removed: bool = False  # kicked or left: its end is already in the events
 
-    def enqueue(self, msg: m.Message | Flush) -> bool:
+    def enqueue(self, msg: m.Message | Flush, now: float | None = None) -> bool:
         """Send ``msg`` after everything queued before it; False when the outbox is full (the
-        peer is not reading)."""
+        peer is not reading).  ``now``: Trio's time, if the caller just read it."""
         if not self.queued and not isinstance(msg, Flush):
             # Nothing queued: write it right here if the socket takes it at once (the common
             # case), which spares the writer task's wake-up — the master answers every vote of
@@ -75,7 +75,7 @@ class Connection:
             except PCCLError:
                 sent = False  # the writer meets the same error and closes the connection
             if sent:
-                self.last_sent = trio.current_time()
+                self.last_sent = trio.current_time() if now is None else now
                 if self.framed.needs_flush:
                     return self.enqueue(Flush())
                 return True

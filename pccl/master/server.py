@@ -184,6 +184,7 @@ class _MasterServer:
         self.timer_changed = trio.Event()
         self.events: collections.deque[ms.Event] = collections.deque()
         self.feeding = False
+        self.fed_at = 0.0  # Trio's time when the current feed began
         self.kicks = 0
         self.handshake_failures = 0
         self.internal_errors = 0
@@ -198,24 +199,31 @@ class _MasterServer:
 
     def feed(self, event: ms.Event) -> None:
         """Hand ``event`` to the machine and execute its effects (synchronously)."""
-        self.events.append(event)
-        if self.feeding:  # an effect produced a follow-up event: the outer loop handles it
-            return
+        if self.feeding or self.events:  # after the events queued before it (follow-ups, or a
+            self.events.append(event)   # heartbeat's full outbox), in order
+            if self.feeding:  # an effect produced a follow-up event: the outer loop handles it
+                return
+            event = self.events.popleft()
         self.feeding = True
+        self.fed_at = now = trio.current_time()  # (read once: the sends note it too)
         try:
-            while self.events:
-                effects = self.state.handle(self.events.popleft(), self.clock())
-                for effect in effects:
+            while True:  # (a message usually comes alone: no trip through the queue)
+                for effect in self.state.handle(event, self.clock(now)):
                     self._execute(effect)
+                if not self.events:
+                    break
+                event = self.events.popleft()
         finally:
             self.feeding = False
 
-    def clock(self) -> float:
+    def clock(self, now: float | None = None) -> float:
         """The machine's time: Trio's, less the time this loop was seen not to run.  The
         heartbeat task runs every quarter interval; a longer gap between two readings means the
         loop was blocked or starved of CPU (a busy host), and the peers' messages waited unread
-        meanwhile: that time is not their silence, so no deadline counts it."""
-        now = trio.current_time()
+        meanwhile: that time is not their silence, so no deadline counts it.  ``now``: Trio's
+        time, if the caller just read it."""
+        if now is None:
+            now = trio.current_time()
         stalled = now - self.loop_seen - self.config.heartbeat_interval
         if stalled > 0:
             self.lost += stalled
@@ -295,7 +303,7 @@ class _MasterServer:
                            tls=self.config.tls_server_context is not None)
 
     def _enqueue(self, conn: Connection, msg: m.Message) -> None:
-        if not conn.enqueue(msg):
+        if not conn.enqueue(msg, self.fed_at if self.feeding else None):
             self.events.append(ms.ProtocolViolation(conn.conn_id, KickReason.TIMEOUT,
                                                     f"not reading: {OUTBOX_LIMIT} messages queued"))
 

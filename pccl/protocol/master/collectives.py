@@ -329,6 +329,13 @@ class _Op:
     #: Begin, which may show a disagreement (the cause to report: the same error everywhere)
     failure: str | None = None
     failed: set[int] = dataclasses.field(default_factory=set)  # who reported it
+    #: A begun op's vote every other one was found to agree with (a later one that agrees with
+    #: it too changes no verdict: see ``_join``).
+    agreed: m.CollectiveInit | None = None
+    #: A commenced op's live participants as last counted, and ``CollectiveOps.departures`` then
+    #: (no participant can have gone while it is unchanged: see ``check``).
+    live: list[int] | None = None
+    departures: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,6 +359,10 @@ class CollectiveOps:
         #: The begun ops aborted in their group's current round, by (group, tag): a participant
         #: whose Begin arrives after the abort hears the same abort (see ``on_begin``).
         self._aborted: dict[tuple[int, int], _Aborted] = {}
+        #: Peers removed so far (``forget``): a peer stops being live only there.
+        self.departures = 0
+        #: Ops aborted so far (an abort makes its group stale: the master re-checks every vote).
+        self.aborts = 0
 
     # --- messages -----------------------------------------------------------------------------
 
@@ -419,6 +430,10 @@ class CollectiveOps:
             op.seq, op.fast, op.round = msg.seq, True, msg.round
             op.participants = op.row.order(ring, op.inits)
         self._join(op, peer_id, init, begun=True)
+        if joining:
+            # Nothing is held: once the op is open, a participant's vote joins it on arrival
+            # (``on_init``).  So only the opening Begin looks (once per op, not per Begin).
+            return
         for pid, vote in list(op.inits.items()):  # votes held for this use of the tag join it
             if pid not in op.began and op.seq is not None:
                 self._join(op, pid, vote, begun=False)
@@ -434,18 +449,25 @@ class CollectiveOps:
         if peer_id not in op.participants:
             self._abort(op, f"peer {peer_id:x} is not in the ring of group {op.group}", code=m.RejectCode.STALE_RING)
             return
-        refusal = self._fast_refusal(op)
-        if refusal is not None:
-            self._abort(op, refusal[1], code=refusal[0])
-            return
-        commence = m.CollectiveCommence(op.tag, op.seq, op.participants)
-        if not begun:
+        # A vote that agrees with one every other vote agreed with changes no verdict (the
+        # kinds, the agreed fields and so a broadcast's root are as they were): compared with
+        # that one alone, each Begin costs O(1), not O(participants).
+        if op.agreed is None or kind_of(init) is not kind_of(op.agreed) or op.row.key(init) != op.row.key(op.agreed):
+            refusal = self._fast_refusal(op)
+            if refusal is not None:
+                self._abort(op, refusal[1], code=refusal[0])
+                return
+            op.agreed = init
+        commence = None if begun else m.CollectiveCommence(op.tag, op.seq, op.participants)
+        if commence is not None:
             self._host.send(peer_id, commence)
-        if not op.armed and op.began.issuperset(op.participants):
+        # (the count first: the last joiner alone compares the sets, not every one)
+        if not op.armed and len(op.began) >= len(op.participants) and op.began.issuperset(op.participants):
             if op.failure is not None:
                 self._abort(op, op.failure)
                 return
             op.armed = True
+            commence = commence or m.CollectiveCommence(op.tag, op.seq, op.participants)
             for pid in op.participants:
                 # (the voters' Commence was their start; one that left after its Done hears nothing)
                 if pid in op.beginners and self._host.is_live(pid):
@@ -493,6 +515,7 @@ class CollectiveOps:
 
     def forget(self, group: int, peer_id: int) -> None:
         """A peer of ``group`` was removed: its votes go (its running ops abort at the next check)."""
+        self.departures += 1
         for op in self._ops.values():
             if op.group == group:
                 op.inits.pop(peer_id, None)
@@ -526,21 +549,27 @@ class CollectiveOps:
             return False
         if op.seq is None:
             return self._check_vote(op)
-        live = [pid for pid in op.participants if self._host.is_live(pid)]
-        gone_early = [pid for pid in op.participants if not self._host.is_live(pid) and pid not in op.done]
-        if gone_early:
-            root = next(iter(op.inits.values())).root if op.row.kind is CollectiveKind.BROADCAST and op.inits else None
-            if root in gone_early:
-                self._abort(op, f"the root {root:x} left before finishing")
-            else:
-                self._abort(op, f"participant {gone_early[0]:x} left before finishing")
-            return True
-        if all(pid in op.done for pid in live):
+        live = op.live
+        if live is None or op.departures != self.departures:
+            # Someone left since the last count (or this is the first): count again.  Otherwise
+            # only ``done`` grew, and each Done costs O(1) below, not O(participants).
+            live = [pid for pid in op.participants if self._host.is_live(pid)]
+            gone_early = [pid for pid in op.participants if not self._host.is_live(pid) and pid not in op.done]
+            if gone_early:
+                root = next(iter(op.inits.values())).root if op.row.kind is CollectiveKind.BROADCAST and op.inits else None
+                if root in gone_early:
+                    self._abort(op, f"the root {root:x} left before finishing")
+                else:
+                    self._abort(op, f"participant {gone_early[0]:x} left before finishing")
+                return True
+            op.live, op.departures = live, self.departures
+        if len(op.done) >= len(live) and all(pid in op.done for pid in live):
             del self._ops[key]
             if live:
                 self._host.report(OpEnded(op.group, op.tag, op.seq, False, live[0]))
+            complete = m.CollectiveComplete(op.tag, op.seq)  # one message: the shell encodes it once
             for pid in live:
-                self._host.send(pid, m.CollectiveComplete(op.tag, op.seq))
+                self._host.send(pid, complete)
             return True
         return False
 
@@ -550,7 +579,7 @@ class CollectiveOps:
             del self._ops[key]
             return True
         voters = self._host.members(op.group)
-        if not all(pid in op.inits for pid in voters):
+        if len(op.inits) < len(voters) or not all(pid in op.inits for pid in voters):
             if not self._host.is_stale(op.group):
                 return False
             absent = [pid for pid in voters if pid not in op.inits and self._host.in_topology_vote(pid)]
@@ -580,8 +609,9 @@ class CollectiveOps:
         op.participants = op.row.order(ring, op.inits)
         self._ops[key] = op
         counts = tuple(op.inits[pid].count for pid in op.participants) if op.row.sends_counts else ()
+        commence = m.CollectiveCommence(op.tag, op.seq, op.participants, counts)  # encoded once
         for pid in op.participants:
-            self._host.send(pid, m.CollectiveCommence(op.tag, op.seq, op.participants, counts))
+            self._host.send(pid, commence)
         return True
 
     def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
@@ -607,6 +637,7 @@ class CollectiveOps:
         return None, ""
 
     def _abort(self, op: _Op, why: str, code: int = 0) -> None:
+        self.aborts += 1
         del self._ops[(op.group, op.tag)]
         self._host.mark_stale(op.group)  # the ring failed once: the next topology vote re-wires it
         if op.fast and op.seq is not None:
@@ -633,8 +664,13 @@ class CollectiveOps:
         """The calls the peer waits in for the others of ``group``, as the caller knows them
         (``all_reduce (tag 1, 2)``), when every op it is in still votes; ``None`` when it is in
         none, or in one that runs (it can still go on)."""
-        ops = self.of_peer(group, peer_id)
-        if not ops or any(op.seq is not None and (op.armed or not op.fast) for op in ops):
+        ops = []  # (of_peer's ops, in one pass: asked after every collective message)
+        for op in self._ops.values():
+            if op.group == group and (peer_id in op.inits or (not op.fast and peer_id in op.participants)):
+                if op.seq is not None and (op.armed or not op.fast):
+                    return None  # it runs one: it can still go on
+                ops.append(op)
+        if not ops:
             return None
         return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
                          for row in KINDS.values() if any(op.row is row for op in ops))

@@ -69,9 +69,10 @@ descriptor of the master for ever.
 Re-checks.  Every consensus above is a predicate over the current state, and *all* of them are
 re-evaluated (to a fixed point) after every event — so a disconnect, kick or timeout in any phase
 lets every vote it was blocking complete (PCCL forgets some of these re-checks, reference §3.5).
-One exception keeps the per-op cost flat: a ``CollectiveInit`` or a successful
-``CollectiveDone`` handled without a fault (and no timeout on the same event) changes only its
-own op, and nothing else waits for ops (topology votes and syncs *refuse* a peer with an op in
+One exception keeps the per-op cost flat: a ``CollectiveInit``, a successful
+``CollectiveDone`` or a ``CollectiveBegin`` that aborted nothing (an abort makes the group stale,
+which other votes read), handled without a fault (and no timeout on the same event), changes
+only its own op, and nothing else waits for ops (topology votes and syncs *refuse* a peer with an op in
 flight instead of waiting for it), so only that op is re-checked.  A ``Heartbeat`` handled
 without a fault changes nothing any consensus reads (only ``last_heard``, which the timer
 covers: an event at or past the deadline always re-checks everything), so it re-checks nothing.
@@ -87,6 +88,7 @@ before it sends.  It is checked once, before any handler runs.  A message type p
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -268,12 +270,13 @@ class MasterState:
             if peer is not None:  # messages still queued from a removed peer are dropped
                 if peer.status is not _C or isinstance(event.msg, m.Register):
                     self._roster.heard(peer, now)
+                aborts = self._collectives.aborts
                 try:
                     self._dispatch(peer, event.msg)
                 except PeerFault as fault:
                     self._remove(peer.conn_id, fault.reason, fault.detail)
                 else:
-                    only_op = self._own_op_only(peer, event.msg)
+                    only_op = self._own_op_only(peer, event.msg, aborts)
                     recheck = type(event.msg) is not m.Heartbeat
         elif isinstance(event, PeerDisconnected):
             if event.conn_id in self._roster.by_conn:
@@ -554,12 +557,13 @@ class MasterState:
 
     # --- consensus (re-evaluated after every event) ---------------------------------------------
 
-    @staticmethod
-    def _own_op_only(peer: PeerRecord, msg: m.Message) -> tuple[int, int] | None:
+    def _own_op_only(self, peer: PeerRecord, msg: m.Message, aborts: int) -> tuple[int, int] | None:
         """The op whose re-check is all that ``msg`` (just handled without a fault) needs, or
-        ``None`` for a full re-check (see "Re-checks" in the module docstring)."""
+        ``None`` for a full re-check (see "Re-checks" in the module docstring); ``aborts`` is
+        the collectives' abort count before it was handled."""
         if isinstance(msg, (m.CollectiveInit, m.CollectiveWithdraw)) or (
-                isinstance(msg, m.CollectiveDone) and not msg.aborted):
+                isinstance(msg, m.CollectiveDone) and not msg.aborted) or (
+                isinstance(msg, m.CollectiveBegin) and self._collectives.aborts == aborts):
             return (peer.group, msg.tag)
         return None
 
@@ -635,10 +639,11 @@ class MasterState:
         ring = tuple(self._roster.peer(pid).endpoint() for pid in self._rings[group])
         return m.TopologyComplete(round_id, ring, self.membership_of(group))
 
-    def _waits_in(self, peer: PeerRecord, sync_waiting: frozenset[int]) -> tuple[ph.Call, str] | None:
-        """The call ``peer`` waits in for the others of its group, and its name as the
+    def _waits_in(self, sync_waiting: frozenset[int], peer_id: int) -> tuple[ph.Call, str] | None:
+        """The call peer ``peer_id`` waits in for the others of its group, and its name as the
         caller knows it; ``None`` when it is not known to wait for them (idle as far as the
         master knows, in a round, or with a collective running: each can still go on)."""
+        peer = self._roster.by_conn[self._roster.by_id[peer_id]]
         if peer.round_scope is not None:
             return None
         if peer.topology_vote is TopologyVote.ACCEPT:
@@ -656,8 +661,8 @@ class MasterState:
         return self._collectives.full_vote(group)
 
     def _waiting_calls(self, group: int) -> Callable[[int], tuple[ph.Call, str] | None]:
-        sync_waiting = self._sync_state.waiting_voters(group)
-        return lambda pid: self._waits_in(self._roster.peer(pid), sync_waiting)
+        # (asked after every collective message: a partial, not a lambda calling a method)
+        return functools.partial(self._waits_in, self._sync_state.waiting_voters(group))
 
     def _end_waiting(self, group: int, detail: str) -> None:
         """Withdraw every waiting vote of ``group`` (a phase mismatch, ``detail`` says where):

@@ -39,7 +39,8 @@ class PeerStatus(enum.Enum):
 class PhaseRow:
     """One row of :data:`PHASES`: when peers may send one message type."""
 
-    senders: frozenset[PeerStatus]
+    #: (a tuple: ``in`` finds a status by identity, without the Enum's Python-level hash)
+    senders: tuple[PeerStatus, ...]
     refused_while: tuple[tuple[ph.Activity, str], ...] = ()
 
 
@@ -71,20 +72,20 @@ REFUSAL_DETAIL: dict[tuple[ph.Call, ph.Activity], str] = {
 #: what the message names (a round, a seq, a sync or an attempt, a reused tag) stay in the
 #: handlers.
 PHASES: dict[type[m.Message], PhaseRow] = {
-    m.Register: PhaseRow(frozenset({_C})),
-    m.Heartbeat: PhaseRow(frozenset({_C, _R, _A, _RELAY})),
-    m.Leave: PhaseRow(frozenset({_C, _R, _A, _RELAY})),
-    m.P2PReport: PhaseRow(frozenset({_R, _A})),
-    m.PathRequest: PhaseRow(frozenset({_R, _A})),
-    m.DialFailed: PhaseRow(frozenset({_R, _A})),
-    m.PathReport: PhaseRow(frozenset({_R, _A})),
-    m.RelayRegister: PhaseRow(frozenset({_C})),
-    m.RelayStats: PhaseRow(frozenset({_RELAY})),
-    m.ProbeReport: PhaseRow(frozenset({_A})),
-    m.CollectiveDone: PhaseRow(frozenset({_A})),
-    m.CollectiveWithdraw: PhaseRow(frozenset({_A})),
-    m.SyncReport: PhaseRow(frozenset({_A})),
-    **{kind: PhaseRow(frozenset({_A}), tuple((a, REFUSAL_DETAIL[call, a]) for a in ph.RULES[call].refused_while))
+    m.Register: PhaseRow((_C,)),
+    m.Heartbeat: PhaseRow((_C, _R, _A, _RELAY)),
+    m.Leave: PhaseRow((_C, _R, _A, _RELAY)),
+    m.P2PReport: PhaseRow((_R, _A)),
+    m.PathRequest: PhaseRow((_R, _A)),
+    m.DialFailed: PhaseRow((_R, _A)),
+    m.PathReport: PhaseRow((_R, _A)),
+    m.RelayRegister: PhaseRow((_C,)),
+    m.RelayStats: PhaseRow((_RELAY,)),
+    m.ProbeReport: PhaseRow((_A,)),
+    m.CollectiveDone: PhaseRow((_A,)),
+    m.CollectiveWithdraw: PhaseRow((_A,)),
+    m.SyncReport: PhaseRow((_A,)),
+    **{kind: PhaseRow((_A,), tuple((a, REFUSAL_DETAIL[call, a]) for a in ph.RULES[call].refused_while))
        for kind, call in ph.CALL_OF_MESSAGE.items()},
 }
 
