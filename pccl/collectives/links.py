@@ -495,7 +495,10 @@ class RingLinks:
 
     def has_partners(self, positions: Sequence[int]) -> bool:
         """Whether there is a partner link to every ring position in ``positions``."""
-        return all(p in self.partners for p in positions)
+        partners = self.partners
+        if not partners:
+            return not positions
+        return all(p in partners for p in positions)
 
     @contextlib.asynccontextmanager
     async def partner_turn(self, seq: int, what: str) -> AsyncIterator[None]:
