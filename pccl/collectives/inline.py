@@ -54,6 +54,9 @@ INLINE_MAX_BYTES = 256 * 1024
 INLINE_MAX_FRAME_BYTES = 64 * 1024
 
 
+#: The staging buffer of an op whose frames all land where they belong.
+_NO_STAGE = np.empty(0, np.uint8)
+
 #: Per step of a schedule, its (lane, frame) pairs.
 _Steps = tuple[tuple[tuple[int, Frame], ...], ...]
 
@@ -95,7 +98,8 @@ class InlineRing:
     async def run(self) -> None:
         op = self.op
         sends, receives = _step_frames(op.schedule, op.lanes)
-        stage = op.take(op.stage_nbytes)
+        stage_nbytes = op.stage_nbytes
+        stage = op.take(stage_nbytes) if stage_nbytes else _NO_STAGE
         try:
             for step in range(len(sends)):
                 for lane, frame in sends[step]:
