@@ -104,7 +104,7 @@ class Plan:
         """This peer's part of the data path once the master commenced it: ``(tx, rx, output)``
         (``output``: the array the op made its result in, if not the caller's).  The data path
         retires the seq on every way out (:func:`~pccl.collectives.execute.execute`)."""
-        call = self.call if guard is None else dataclasses.replace(self.call, keep=guard.args)
+        call = self.call if guard is None else Call(self.call.tag, guard.args, self.call.own)  # (not replace(): per op)
         op = await execute(lambda place: self.row.make_op(call, commence, place), links=links, rank=rank,
                            world=len(commence.ring), seq=commence.seq, keep=call.keep,
                            backup=guard.backup if guard is not None else None, runner=runner)

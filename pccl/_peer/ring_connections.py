@@ -60,8 +60,8 @@ class P2PLinks:
         watchdog compares it over time)."""
         total = 0
         for conn in self.connections():
-            stats = conn.statistics()
-            total += stats.bytes_sent + stats.bytes_received
+            counters = conn.frames.counters  # live counters: no statistics() snapshot per look
+            total += counters["bytes_sent"] + counters["bytes_received"]
         return total
 
     def to_successor(self) -> tuple[FramedConnection, ...]:

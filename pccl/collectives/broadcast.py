@@ -34,6 +34,8 @@ moves 16 frames of 4 MiB, so the chain is full after one frame.
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import InvalidArgument
 from ..protocol.algorithms import AllReduceAlgorithm, BroadcastAlgorithm, choose_broadcast, partner_positions
 from ..protocol.ring import DEFAULT_SUBCHUNK_BYTES, BroadcastSchedule, subchunk_elements
@@ -93,6 +95,16 @@ def broadcast_algorithm_for(args: ReduceArgs, place: Place,
                             forced=forced)
 
 
+@functools.lru_cache(maxsize=64)
+def shared_broadcast_schedule(count: int, world: int, rank: int, subchunk_elements: int, breaks: tuple[int, ...],
+                              root: int) -> BroadcastSchedule:
+    """The (immutable) chain schedule of a broadcast with these parameters, shared by every op
+    that has them, as the all-reduce's are (:func:`~pccl.protocol.ring.shared_schedule`): a loop
+    broadcasts the same buffers every step, and building a schedule and its frame lists per op
+    costs more than a small op's own work."""
+    return BroadcastSchedule(count, world, rank, subchunk_elements, breaks, root=root)
+
+
 def broadcast_op(args: ReduceArgs, place: Place, *, root: int, max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
                  algorithm: BroadcastAlgorithm | None = None) -> ChainOp | TreeBroadcastOp:
     """The broadcast from ring position ``root`` of ``args`` at ``place``, ready to run, by the
@@ -106,7 +118,7 @@ def broadcast_op(args: ReduceArgs, place: Place, *, root: int, max_subchunk_byte
                                seq=place.seq, backup=place.backup, runner=place.runner)
     count = args.src.size
     sub = subchunk_elements(count, place.world, args.dtype.itemsize, max_bytes=max_subchunk_bytes)
-    breaks = args.src.breaks if isinstance(args.src, Segments) else ()
-    schedule = BroadcastSchedule(count, place.world, place.rank, sub, breaks, root=root)
+    breaks = tuple(args.src.breaks) if isinstance(args.src, Segments) else ()
+    schedule = shared_broadcast_schedule(count, place.world, place.rank, sub, breaks, root)
     return ChainOp(schedule, src=args.src, out=args.dst, base=0, quant=args.quant, links=place.links,
                    world=place.world, seq=place.seq, backup=place.backup, runner=place.runner)

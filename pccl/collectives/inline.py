@@ -29,15 +29,17 @@ nothing touches the caller's buffers after the op has returned.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import trio
 
 from ..net.framed_threads import FrameTail
 from ..net.thread_io import ThreadCancel
-from ..protocol.ring import Frame
+from ..protocol.ring import Frame, RingSchedule
 from .lane_op import LaneOp
 
 
@@ -50,6 +52,27 @@ logger = logging.getLogger(__name__)
 INLINE_MAX_BYTES = 256 * 1024
 #: Largest frame payload run inline: every frame must be one non-blocking send attempt.
 INLINE_MAX_FRAME_BYTES = 64 * 1024
+
+
+#: The staging buffer of an op whose frames all land where they belong.
+_NO_STAGE = np.empty(0, np.uint8)
+
+#: Per step of a schedule, its (lane, frame) pairs.
+_Steps = tuple[tuple[tuple[int, Frame], ...], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _step_frames(schedule: RingSchedule, lanes: int) -> tuple[_Steps, _Steps]:
+    """Per step, the frames this peer sends and receives there, with their lanes: the same
+    for every op of a (shared, immutable) schedule, so worked out once, not per op."""
+    def per_step(frames: Callable[[int, int], tuple[Frame, ...]]) -> _Steps:
+        steps: list[list[tuple[int, Frame]]] = [[] for _ in range(schedule.num_steps)]
+        for lane in range(lanes):
+            for frame in frames(lane, lanes):
+                steps[frame.step].append((lane, frame))
+        return tuple(tuple(step) for step in steps)
+
+    return per_step(schedule.send_frames), per_step(schedule.recv_frames)
 
 
 def suits_inline(op: LaneOp) -> bool:
@@ -74,28 +97,29 @@ class InlineRing:
 
     async def run(self) -> None:
         op = self.op
-        schedule = op.schedule
-        sends: list[list[tuple[int, Frame]]] = [[] for _ in range(schedule.num_steps)]
-        receives: list[list[tuple[int, Frame]]] = [[] for _ in range(schedule.num_steps)]
-        for lane in range(op.lanes):
-            for frame in schedule.send_frames(lane, op.lanes):
-                sends[frame.step].append((lane, frame))
-            for frame in schedule.recv_frames(lane, op.lanes):
-                receives[frame.step].append((lane, frame))
-        stage = op.take(op.stage_nbytes)
+        sends, receives = _step_frames(op.schedule, op.lanes)
+        stage_nbytes = op.stage_nbytes
+        stage = op.take(stage_nbytes) if stage_nbytes else _NO_STAGE
         try:
-            with trio.CancelScope() as self._scope:
-                for step in range(schedule.num_steps):
-                    for lane, frame in sends[step]:
-                        scratch = None
-                        if op.sends_from_scratch(frame):
-                            scratch = op.take(op.frame_nbytes(frame))  # owned until release
-                        payload = op.prepare_payload(frame, scratch)
-                        self._send(lane, frame, payload.view(np.uint8).data)
-                        op.tx_bytes += op.frame_nbytes(frame)
-                    for lane, frame in receives[step]:
-                        await self._receive(lane, frame, stage)
-                await self._wait_workers()
+            for step in range(len(sends)):
+                for lane, frame in sends[step]:
+                    scratch = None
+                    if op.sends_from_scratch(frame):
+                        scratch = op.take(op.frame_nbytes(frame))  # owned until release
+                    payload = op.prepare_payload(frame, scratch)
+                    self._send(lane, frame, payload.view(np.uint8).data)
+                    op.tx_bytes += op.frame_nbytes(frame)
+                if self._pending or self._errors:
+                    # A send went to a lane's worker: the rest of the op runs under a scope
+                    # that a failed send cancels (:meth:`_failed`).  A small op's sends almost
+                    # always complete in the kernel at once: it needs no scope.
+                    with trio.CancelScope() as self._scope:
+                        if self._errors:
+                            self._scope.cancel()
+                        await self._receive_from(step, sends, receives, stage)
+                    break
+                for lane, frame in receives[step]:
+                    await self._receive(lane, frame, stage)
             if self._errors:
                 raise self._errors[0]
         except BaseException:
@@ -107,6 +131,24 @@ class InlineRing:
             raise
         finally:
             self.cancel.close()
+
+    async def _receive_from(self, step: int, sends: _Steps, receives: _Steps, stage: np.ndarray) -> None:
+        """The rest of the op from ``step``'s receives on (its sends are out), then the wait for
+        its queued sends."""
+        op = self.op
+        for lane, frame in receives[step]:
+            await self._receive(lane, frame, stage)
+        for later in range(step + 1, len(sends)):
+            for lane, frame in sends[later]:
+                scratch = None
+                if op.sends_from_scratch(frame):
+                    scratch = op.take(op.frame_nbytes(frame))
+                payload = op.prepare_payload(frame, scratch)
+                self._send(lane, frame, payload.view(np.uint8).data)
+                op.tx_bytes += op.frame_nbytes(frame)
+            for lane, frame in receives[later]:
+                await self._receive(lane, frame, stage)
+        await self._wait_workers()
 
     # --- receiving (this task) -----------------------------------------------------------------
 

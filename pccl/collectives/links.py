@@ -190,6 +190,10 @@ class Inbox:
         # (_reading) reads headers and payloads; the state is guarded by _cond.
         self._cond = threading.Condition()
         self._reading = False
+        #: Worker threads inside a wait loop of :meth:`receive_blocking` (guarded by _cond; each
+        #: counts itself *before* checking its condition, so a waker that reads 0 without the
+        #: lock, after changing what they check, has no thread to wake).
+        self._thread_waiters = 0
         #: Trio tasks waiting for the read role, in arrival order: (their op's seq, their event).
         #: Only a task that may read now is woken (:meth:`_wake_trio`): with thousands of ops
         #: waiting on one lane, waking them all at every frame cost quadratic time.
@@ -202,10 +206,13 @@ class Inbox:
     def wake_threads(self) -> None:
         """Wake the readers waiting for the lane (Trio thread): threads waiting in
         :meth:`receive_blocking` re-check their condition, and the Trio task waiting in
-        :meth:`receive_into` that may read now, if any, is woken."""
-        with self._cond:
-            self._cond.notify_all()
-        self._wake_trio()
+        :meth:`receive_into` that may read now, if any, is woken.  Nothing to do (no lock
+        taken) when nobody waits: every small op ends here."""
+        if self._thread_waiters:
+            with self._cond:
+                self._cond.notify_all()
+        if self._trio_waiters:  # only the Trio thread adds to it
+            self._wake_trio()
 
     def _wake_trio(self) -> None:
         """Wake the Trio waiter that may take the read role now (Trio thread): the owner of the
@@ -301,13 +308,17 @@ class Inbox:
         nbytes = destination.nbytes
         cond = self._cond
         with cond:
-            while True:
-                cancel.check()
-                if self._can_read(seq):
-                    self._reading = True
-                    header = self._parked
-                    break
-                cond.wait()  # another reader, or another op's frame: its owner takes it (or a retire wakes us)
+            self._thread_waiters += 1
+            try:
+                while True:
+                    cancel.check()
+                    if self._can_read(seq):
+                        self._reading = True
+                        header = self._parked
+                        break
+                    cond.wait()  # another reader, or another op's frame: its owner takes it (or a retire wakes us)
+            finally:
+                self._thread_waiters -= 1
         reading = True  # whether this thread holds the lane's read role (self._reading)
         try:
             while True:
@@ -340,13 +351,17 @@ class Inbox:
                     self._reading = reading = False
                     cond.notify_all()
                     self._wake_from_thread()
-                    while True:
-                        cancel.check()
-                        if self._can_read(seq):
-                            self._reading = reading = True
-                            header = self._parked
-                            break
-                        cond.wait()
+                    self._thread_waiters += 1
+                    try:
+                        while True:
+                            cancel.check()
+                            if self._can_read(seq):
+                                self._reading = reading = True
+                                header = self._parked
+                                break
+                            cond.wait()
+                    finally:
+                        self._thread_waiters -= 1
         finally:
             with cond:
                 if reading:
@@ -480,7 +495,10 @@ class RingLinks:
 
     def has_partners(self, positions: Sequence[int]) -> bool:
         """Whether there is a partner link to every ring position in ``positions``."""
-        return all(p in self.partners for p in positions)
+        partners = self.partners
+        if not partners:
+            return not positions
+        return all(p in partners for p in positions)
 
     @contextlib.asynccontextmanager
     async def partner_turn(self, seq: int, what: str) -> AsyncIterator[None]:

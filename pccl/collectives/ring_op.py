@@ -115,6 +115,8 @@ class RingOp:
 
     @property
     def stage_nbytes(self) -> int:
+        if self.exchange:
+            return 0  # every input lands in exchange_inputs (destination): nothing is staged
         return self.max_reduce_scatter_nbytes
 
     @property

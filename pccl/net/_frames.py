@@ -384,8 +384,8 @@ class FrameCore:
             bigger = bytearray(min(READ_AHEAD, size * 4))
             bigger[:pending] = self._rbuf[self._rpos : self._rend]
             self._rbuf, self._rpos, self._rend = bigger, 0, pending
-        elif self._rpos + self._need > size or self._rend == size:
-            pending = self._rend - self._rpos
+        elif self._rpos + self._need > size or self._rend == size or (pending == 0 and self._rpos):
+            # (Nothing unread: start over at no cost, so a whole small frame lands in one receive.)
             self._rbuf[:pending] = self._rbuf[self._rpos : self._rend]
             self._rpos, self._rend = 0, pending
         self._grow = False

@@ -282,14 +282,23 @@ class TcpStream(Stream):
     def thread_in_socket(self) -> Iterator[_Socket]:
         """Count a worker thread in a syscall on the socket (any thread; for the blocking I/O
         of :meth:`blocking_io`)."""
+        sock = self.enter_socket()
+        try:
+            yield sock
+        finally:
+            self._worker_left()
+
+    def enter_socket(self) -> _Socket:
+        """:meth:`thread_in_socket` without the context manager (a small op's every send goes
+        through it): the socket, counted in until :meth:`leave_socket`."""
         with self._workers_lock:
             if self._closed:
                 raise StreamClosed(f"stream to {self.remote_address} is closed")
             self._workers_active += 1
-        try:
-            yield self._sock
-        finally:
-            self._worker_left()
+        return self._sock
+
+    def leave_socket(self) -> None:
+        self._worker_left()
 
     def _worker_left(self) -> None:
         with self._workers_lock:
@@ -427,13 +436,15 @@ class TcpBlockingIO(BlockingIO):
 
     def send_nowait(self, data: memoryview) -> int:
         stream = self._stream
-        with stream.thread_in_socket() as sock:
-            try:
-                return sock.send(data, _SEND_NOWAIT)
-            except BlockingIOError:
-                return 0
-            except OSError as exc:
-                raise stream.failure(exc, "send") from exc
+        sock = stream.enter_socket()
+        try:
+            return sock.send(data, _SEND_NOWAIT)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise stream.failure(exc, "send") from exc
+        finally:
+            stream.leave_socket()
 
     def receive_into(self, buffer: memoryview, *, fill: bool = False) -> int:
         stream = self._stream

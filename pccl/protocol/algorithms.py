@@ -52,6 +52,7 @@ are nominal, not measured per run: a run on a network far from them may force an
 from __future__ import annotations
 
 import enum
+import functools
 
 from .codec import MAX_DATA_PAYLOAD
 from .sites import site_table
@@ -180,9 +181,10 @@ def fold_partner(position: int, world: int) -> int | None:
     return position + 1 if position % 2 == 0 else position - 1
 
 
+@functools.lru_cache(maxsize=256)
 def partner_positions(position: int, world: int) -> tuple[int, ...]:
     """Every ring position ``position`` exchanges data with in either algorithm, ascending: the
-    partner links a ring position needs."""
+    partner links a ring position needs (asked by every all-reduce: remembered)."""
     partners: set[int] = set()
     fold = fold_partner(position, world)
     if fold is not None:

@@ -115,3 +115,20 @@ def test_the_budget_holds_two_of_the_largest_configured_frames() -> None:
     FrameCore(max_frame_size=100 * MIB, remote_address="x:1", budget=budget)
     assert budget.limit == 200 * MIB
     assert PROCESS_BUDGET.limit >= 2 * 16 * MIB
+
+
+def test_an_emptied_read_ahead_buffer_takes_the_next_frame_in_one_receive() -> None:
+    # Back-to-back small frames (a small op's each way), each read whole and consumed before the
+    # next arrives: the room offered for the next one starts at the buffer's start again, so
+    # one receive takes it, not the end of the buffer and then the rest.
+    core = FrameCore(max_frame_size=16 * MIB, remote_address="peer:1")
+    message = StateRefused("x" * 16_000)
+    frame = codec.encode_message(message, max_frame_size=16 * MIB)
+    assert feed(core, frame * 2) == [message, message]  # the buffer grows to READ_AHEAD
+    for _ in range(3 * READ_AHEAD // len(frame)):
+        room = core.read_buffer()
+        assert room.nbytes >= len(frame)
+        room[: len(frame)] = frame
+        room.release()
+        core.received(len(frame))
+        assert core.next_frame() == message

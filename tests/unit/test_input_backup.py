@@ -9,6 +9,7 @@ backup (or stages a small op's result instead), restores, commits and drops it.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -139,6 +140,14 @@ async def test_in_place_ring_saves_reduce_scatter_slices_in_the_reduction(
         assert backups[r].saved_elements == n
         backups[r].restore()
         np.testing.assert_array_equal(bufs[r], inputs[r])
+
+
+def test_staged_args_keep_every_argument_but_the_output() -> None:
+    # ReduceArgs.into builds the staged op's arguments field by field: none may be lost.
+    buf = np.linspace(-1, 1, 64, dtype=np.float32)
+    args = ReduceArgs.check(buf, None, ReduceOp.MAX, Quantization(QuantKind.MIN_MAX, "uint8"))
+    out = np.empty_like(buf)
+    assert args.into(out) == dataclasses.replace(args, dst=out, in_place=False)
 
 
 def test_guard_stages_a_small_in_place_op_and_backs_up_the_others() -> None:

@@ -228,6 +228,47 @@ async def test_small_ops_finish_sends_in_a_worker_when_the_socket_takes_too_litt
         await b.aclose()
 
 
+@pytest.mark.parametrize("when", ["before the receive", "during the receive"])
+async def test_a_small_op_whose_queued_send_fails_stops_waiting_for_its_frame(
+    monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A frame the socket did not take goes to a send worker; when that send fails (at once, or
+    while the op already waits for its neighbour's frame, which never comes: the neighbour runs
+    no op), the op stops waiting, raises the send's error and restores its input."""
+    from pccl.net import tcp
+
+    release = threading.Event()
+    monkeypatch.setattr(tcp.TcpBlockingIO, "send_nowait", lambda self, data: 0)
+
+    def failing_send_all(self: Any, data: memoryview) -> None:
+        if when == "during the receive":
+            release.wait(10)
+        raise StreamClosed("the send worker's socket broke")
+
+    monkeypatch.setattr(tcp.TcpBlockingIO, "send_all", failing_send_all)
+    a, b = await tcp_pair()
+    try:
+        x = np.arange(4096, dtype=np.float32)
+        # Without the worker's error the op would wait for the frame until cancelled (and then
+        # raise the send's error all the same): the deadline must not be what ended it.
+        with trio.move_on_after(3) as deadline:
+            async with trio.open_nursery() as nursery:
+                if when == "during the receive":
+                    async def fail_later() -> None:
+                        await trio.sleep(0.2)  # the op is waiting for b's frame by then
+                        release.set()
+
+                    nursery.start_soon(fail_later)
+                with pytest.raises(StreamClosed, match="send worker"):
+                    await ring_all_reduce(x, op=ReduceOp.SUM, links=a, rank=0, world=2, seq=1)
+        assert not deadline.cancel_called
+        assert np.array_equal(x, np.arange(4096, dtype=np.float32))
+    finally:
+        release.set()
+        await a.aclose()
+        await b.aclose()
+
+
 def test_cancelling_a_small_op_stops_its_send_worker_and_restores_the_input(monkeypatch: pytest.MonkeyPatch) -> None:
     from pccl.net import tcp
 
