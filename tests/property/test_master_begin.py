@@ -209,3 +209,23 @@ def test_failures_reported_before_everyone_began_wait_for_the_last_begin() -> No
         assert abort is not None and abort.seq == seq and abort.code == 0 and "reported failure" in abort.detail
     h.send(a, m.CollectiveDone(TAG, seq, aborted=True))  # a late one for the ended op: ignored
     assert not h.kicks
+
+
+def test_a_begin_that_disagrees_with_held_votes_aborts_once_and_rejects_every_voter() -> None:
+    """Two votes held for a tag (their voters had other ops in flight) disagree with the Begin
+    that opens it: the op aborts on its beginner, and each voter, never told a seq, is rejected
+    with the same mismatch, as at consensus — not joined to the aborted op (the master crashed
+    with a KeyError there: tests/e2e's kind disagreement with fast commit on)."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    h.send(b, m.CollectiveInit(TAG, 5, 10, 0))
+    h.send(c, m.CollectiveInit(TAG, 5, 10, 0))
+    seq = _begin(h, a, count=4)
+    abort = _abort(h, a)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.PARAMETER_MISMATCH
+    for conn in (b, c):
+        rejected = h.last(conn, m.CollectiveRejected)
+        assert isinstance(rejected, m.CollectiveRejected) and rejected.code == m.RejectCode.PARAMETER_MISMATCH
+        assert "count=4" in rejected.detail and "count=5" in rejected.detail
+        assert h.last(conn, m.CollectiveCommence) is None and _abort(h, conn) is None
+    assert not h.ms.ops() and not h.kicks

@@ -420,8 +420,16 @@ class CollectiveOps:
             op.participants = op.row.order(ring, op.inits)
         self._join(op, peer_id, init, begun=True)
         for pid, vote in list(op.inits.items()):  # votes held for this use of the tag join it
-            if pid not in op.began and op.seq is not None:
+            if pid in op.began or op.seq is None:
+                continue
+            if self._ops.get(key) is op:
                 self._join(op, pid, vote, begun=False)
+            else:
+                # A vote joined before it (or this Begin) aborted the op: the votes still held
+                # hear the abort's reason as a rejection (they know no seq), as at consensus.
+                ended = self._aborted.get(key)
+                code, why = (ended.code, ended.why) if ended is not None else (m.RejectCode.STALE_RING, "aborted")
+                self._host.send(pid, m.CollectiveRejected(op.tag, code, why))
 
     def _join(self, op: _Op, peer_id: int, init: m.CollectiveInit, *, begun: bool) -> None:
         """``peer_id`` began ``op`` (or voted it, ``begun=False``: it is told the seq now);
