@@ -229,3 +229,21 @@ def test_a_begin_that_disagrees_with_held_votes_aborts_once_and_rejects_every_vo
         assert "count=4" in rejected.detail and "count=5" in rejected.detail
         assert h.last(conn, m.CollectiveCommence) is None and _abort(h, conn) is None
     assert not h.ms.ops() and not h.kicks
+
+
+def test_a_vote_that_disagrees_with_a_begun_op_is_rejected_and_aborts_it_on_the_beginner() -> None:
+    """A voter (another op in flight, or an all-gather, which always votes) that disagrees with
+    the op its peers began waits for an answer to its vote: it is rejected with the mismatch,
+    while the beginner's op aborts with it (an Abort alone left the voter waiting forever:
+    tests/e2e's disagreement[kind], a reduce-scatter begun against an all-gather voted)."""
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    seq = _begin(h, a, count=4)
+    h.send(b, m.CollectiveInit(TAG, 5, 10, 0))
+    abort = _abort(h, a)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.PARAMETER_MISMATCH
+    rejected = h.last(b, m.CollectiveRejected)
+    assert isinstance(rejected, m.CollectiveRejected) and rejected.code == m.RejectCode.PARAMETER_MISMATCH
+    assert "count=4" in rejected.detail and "count=5" in rejected.detail
+    assert h.last(b, m.CollectiveCommence) is None and _abort(h, b) is None
+    assert not h.ms.ops() and not h.kicks

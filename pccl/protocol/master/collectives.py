@@ -444,7 +444,15 @@ class CollectiveOps:
             return
         refusal = self._fast_refusal(op)
         if refusal is not None:
+            if refusal[0] is m.RejectCode.PARAMETER_MISMATCH:
+                log.warning("refusing collective: %s", refusal[1])  # as at consensus
+            if not begun:
+                # A voter not told the seq yet waits for an answer to its vote, not for a verdict:
+                # it hears the abort's reason as a rejection, as at consensus.
+                op.began.discard(peer_id)
             self._abort(op, refusal[1], code=refusal[0])
+            if not begun:
+                self._host.send(peer_id, m.CollectiveRejected(op.tag, refusal[0], refusal[1]))
             return
         commence = m.CollectiveCommence(op.tag, op.seq, op.participants)
         if not begun:
