@@ -255,3 +255,23 @@ def test_a_vote_that_disagrees_with_a_begun_op_is_rejected_and_aborts_it_on_the_
     assert "count=4" in rejected.detail and "count=5" in rejected.detail
     assert h.last(b, m.CollectiveCommence) is None and _abort(h, b) is None
     assert not h.ms.ops() and not h.kicks
+
+
+def test_a_vote_for_a_begun_op_aborted_before_it_came_ends_as_the_others_did() -> None:
+    """A participant that votes (it had another op in flight) for the use of a tag its peers
+    began and aborted before its vote arrived hears that op's Commence and its Abort, so it
+    ends as they did (refused as stale, it re-wired and retried alone while they raised
+    CollectiveAborted: sim seed 37's phase mismatch); its next vote on the tag is a new use."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a, count=4)
+    _begin(h, b, count=5)  # a disagreement: aborted on a and b
+    h.send(c, m.CollectiveInit(TAG, 4, 10, 0))
+    commence = h.last(c, m.CollectiveCommence)
+    assert isinstance(commence, m.CollectiveCommence) and commence.seq == seq
+    abort = _abort(h, c)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.PARAMETER_MISMATCH
+    assert h.last(c, m.CollectiveRejected) is None and not h.ms.ops() and not h.kicks
+    h.send(c, m.CollectiveInit(TAG, 4, 10, 0))  # the next use: an ordinary vote, held
+    assert len([x for x in h.inbox[c] if isinstance(x, m.CollectiveAbort)]) == 1
+    assert [op.tag for op in h.ms.ops()] == [TAG]

@@ -327,15 +327,18 @@ class _Op:
     armed: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Aborted:
     """A begun op's abort, as its participants heard it."""
 
     seq: int
     round: int
-    participants: frozenset[int]
+    participants: tuple[int, ...]
     why: str
     code: int
+    #: Participants that had neither begun nor voted it: the first vote of each on the tag is
+    #: that op's (see ``on_init``).
+    untold: set[int]
 
 
 class CollectiveOps:
@@ -353,6 +356,20 @@ class CollectiveOps:
 
     def on_init(self, group: int, peer_id: int, msg: m.CollectiveInit) -> None:
         op = self._ops.get((group, msg.tag))
+        aborted = self._aborted.get((group, msg.tag))
+        if (op is None and aborted is not None and peer_id in aborted.untold
+                and aborted.round == self._host.round_of(group)):
+            # The vote of a participant that had another op in flight, for the use of the tag
+            # its peers began and aborted before it voted: it ends as theirs did (refused as
+            # stale, it re-wired and retried alone while they raised CollectiveAborted: a phase
+            # mismatch, sim seed 37 with calls started together voting).
+            aborted.untold.discard(peer_id)
+            if aborted.code == m.RejectCode.STALE_RING:  # theirs is a retry: so is this one
+                self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.STALE_RING, aborted.why))
+            else:
+                self._host.send(peer_id, m.CollectiveCommence(msg.tag, aborted.seq, aborted.participants))
+                self._host.send(peer_id, m.CollectiveAbort(msg.tag, aborted.seq, aborted.why, code=aborted.code))
+            return
         if op is not None and op.fast and peer_id in op.participants and peer_id not in op.began:
             self._join(op, peer_id, msg, begun=False)  # the others began this use of the tag
             return
@@ -626,7 +643,8 @@ class CollectiveOps:
         if op.fast and op.seq is not None:
             for key in [k for k, a in self._aborted.items() if k[0] == op.group and a.round != op.round]:
                 del self._aborted[key]  # an earlier round's: no Begin can name it any more
-            self._aborted[(op.group, op.tag)] = _Aborted(op.seq, op.round, frozenset(op.participants), why, code)
+            self._aborted[(op.group, op.tag)] = _Aborted(op.seq, op.round, tuple(op.participants), why, code,
+                                                         set(op.participants) - op.began)
         log.debug("aborting collective tag %d seq %s: %s", op.tag, op.seq, why)
         # A begun op's participants that have not begun it hear nothing: their Begin will find
         # the group stale.
