@@ -37,7 +37,8 @@ holds for every kind.  One call is one or more *attempts*:
    its ring still restores the input.
 
 **The fast path** (``Config.fast_commit``; docs/protocol.rst, "Design: one master round trip per
-collective").  An attempt that starts with no other collective of this peer in flight, on ring
+collective").  An attempt that starts with no other collective of this peer in flight or
+starting (calls started together all vote: :meth:`CollectiveService._alone`), on ring
 connections no op failed on since their round, of a kind that needs no count from the master,
 skips the vote: it sends ``CollectiveBegin`` with the seq every peer derives alike (the round,
 the tag, the tag's uses since the round: every attempt that got a seq counts, whichever path)
