@@ -550,16 +550,12 @@ class CollectiveService:
             except BaseException as exc:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
                 self._spoiled = host.links  # the others abort: the master marks the ring stale
-                # (A begun op left before everyone began is withdrawn, as a vote would be: the
-                # master ends it as a stale ring, the others retry; no abort to count.)
-                withdrawn = op.machine.state is State.BEGUN
                 effects = self._step(op, Event.CANCEL if isinstance(exc, trio.Cancelled) else Event.FAIL)
                 try:
                     await self._report(op, effects)
                 except PCCLError:
                     pass  # already failing; the caller sees the original exception
-                if not withdrawn:
-                    host.counters.collectives_aborted += 1
+                host.counters.collectives_aborted += 1
                 raise
             return self._outcome(op, commence)
         finally:
@@ -611,11 +607,11 @@ class CollectiveService:
             return plan.result(commence, tuple(commence.ring).index(host.peer_id), tx, rx, output)
         if guard is not None:
             guard.restore()
+        host.counters.collectives_aborted += 1
         self._spoiled = host.links  # an op failed on this ring: the next one votes
         final = op.final
-        if isinstance(final, m.CollectiveRejected):  # a Begin the master refused (as a vote's refusal: no abort)
+        if isinstance(final, m.CollectiveRejected):  # a Begin the master refused
             raise self._rejection(plan, final)
-        host.counters.collectives_aborted += 1
         if isinstance(final, m.CollectiveAbort) and final.code:  # a begun op: why, as a rejection says
             raise self._rejection(plan, m.CollectiveRejected(final.tag, final.code, final.detail))
         if op.machine.state is State.LOST:

@@ -46,9 +46,9 @@ while the others returned ``CollectiveAborted``); a Begin of the open op itself 
 participant that left after its Done made it stale, and the op still completes), a Begin of
 another use of a tag whose op is open aborts that op with STALE_RING and is refused as stale
 (the peers' counts differ: a new round restarts them),
-a failure reported before every participant began (a cancelled call, a ring that failed)
-aborts the op at once as STALE_RING, a transparent retry after a re-wire for everyone (a late
-Begin of it is refused as stale; a disagreement shows on the retry), a second Begin is OUT_OF_PHASE, and a begun op that waits for members who wait elsewhere is a wait in a collective
+a failure reported before every participant began aborts the op only once the last one has
+(its Begin may show a disagreement: that is what everyone hears then, since a ring run on
+disagreeing parameters fails for that reason), a second Begin is OUT_OF_PHASE, and a begun op that waits for members who wait elsewhere is a wait in a collective
 for the phase-mismatch machine, aborted with PHASE_MISMATCH at the end of the grace.
 
 Kinds.  What an op computes is its kind (:class:`CollectiveKind`, ``CollectiveInit.kind``: a
@@ -325,6 +325,10 @@ class _Op:
     began: set[int] = dataclasses.field(default_factory=set)
     beginners: set[int] = dataclasses.field(default_factory=set)  # began by a Begin (not a vote)
     armed: bool = False
+    #: a participant's failure reported before everyone began: the abort waits for the last
+    #: Begin, which may show a disagreement (the cause to report: the same error everywhere)
+    failure: str | None = None
+    failed: set[int] = dataclasses.field(default_factory=set)  # who reported it
 
 
 @dataclasses.dataclass
@@ -410,7 +414,7 @@ class CollectiveOps:
                    and peer_id in op.participants)
         aborted = self._aborted.get(key)
         if (op is None and aborted is not None and aborted.seq == msg.seq and aborted.round == msg.round
-                and peer_id in aborted.participants and aborted.code != m.RejectCode.STALE_RING):
+                and peer_id in aborted.participants):
             # The op this Begin names was aborted before this participant began it (a
             # participant died as the others began): the others heard the abort and return
             # CollectiveAborted, so this peer must too.  Refused as STALE_RING it would re-wire
@@ -471,6 +475,9 @@ class CollectiveOps:
         if not begun:
             self._host.send(peer_id, commence)
         if not op.armed and op.began.issuperset(op.participants):
+            if op.failure is not None:
+                self._abort(op, op.failure)
+                return
             op.armed = True
             for pid in op.participants:
                 # (the voters' Commence was their start; one that left after its Done hears nothing)
@@ -497,16 +504,11 @@ class CollectiveOps:
         if op is None or op.seq != msg.seq or peer_id not in op.participants:
             log.debug("ignoring late done of peer %x for tag %d seq %d", peer_id, msg.tag, msg.seq)
             return
-        if peer_id in op.done:
+        if peer_id in op.done or peer_id in op.failed:
             raise PeerFault(KickReason.OUT_OF_PHASE, f"second done for collective tag {msg.tag}")
         if msg.aborted and op.fast and not op.armed:
-            # A beginner gave up before every participant began (its call was cancelled, or its
-            # ring failed: a disagreement shows again on the retry).  The op ends now as a stale
-            # ring, a transparent retry for everyone after a re-wire (which restarts the tags'
-            # counts), as a withdrawn vote lets the next call run: held for the last Begin, it
-            # kept the giver-up's next topology vote OUT_OF_PHASE and aborted the others' calls.
-            self._abort(op, f"peer {peer_id:x} gave up on tag {msg.tag} before every participant began it; "
-                            "re-wire before retrying", code=m.RejectCode.STALE_RING)
+            op.failed.add(peer_id)
+            op.failure = op.failure or f"peer {peer_id:x} reported failure"
         elif msg.aborted:
             self._abort(op, f"peer {peer_id:x} reported failure")
         else:
