@@ -37,7 +37,8 @@ holds for every kind.  One call is one or more *attempts*:
    its ring still restores the input.
 
 **The fast path** (``Config.fast_commit``; docs/protocol.rst, "Design: one master round trip per
-collective").  An attempt that starts with no other collective of this peer in flight, on ring
+collective").  An attempt that starts with no other collective of this peer in flight or
+starting (calls started together all vote: :meth:`CollectiveService._alone`), on ring
 connections no op failed on since their round, of a kind that needs no count from the master,
 skips the vote: it sends ``CollectiveBegin`` with the seq every peer derives alike (the round,
 the tag, the tag's uses since the round: every attempt that got a seq counts, whichever path)
@@ -177,6 +178,8 @@ class CollectiveService:
         self._spoiled: P2PLinks | None = None
         self._uses_links: P2PLinks | None = None
         self._uses: dict[int, int] = {}
+        #: Calls between their start and their choice of path (see :meth:`_alone`).
+        self._starting = 0
 
     @property
     def host(self) -> PeerHost:
@@ -281,9 +284,10 @@ class CollectiveService:
         self._holding_changed.set()
         self._holding_changed = trio.Event()
 
-    async def _attempt(self, plan: Plan) -> Result:
-        """One attempt: vote, and run the op if the master commences it.  Raises ``StaleRing``
-        on a stale ring (the caller re-wires)."""
+    async def _attempt(self, plan: Plan, *, fast: bool = True) -> Result:
+        """One attempt: vote, and run the op if the master commences it (or begin it at once,
+        when ``fast`` and :meth:`_begin` allow).  Raises ``StaleRing`` on a stale ring (the
+        caller re-wires)."""
         while self._host.phase.topology_vote is TopologyVote.REWIRE:
             # Another call of this peer met a stale ring and re-wires the group (an internal
             # vote, which refuses collectives while it stands): this legal call joins that vote
@@ -295,7 +299,7 @@ class CollectiveService:
             # A call never spans two masters: its peers' loops may stand anywhere after a restart.
             raise MasterLost(f"the master changed during {plan.what}")
         await self._host.settled(plan.tag)  # a cancelled call's vote on this tag is withdrawn first
-        begin = self._begin(plan)  # before this attempt holds a tag
+        begin = self._begin(plan) if fast and await self._alone() else None  # before this attempt holds a tag
         route = self._host.open_route(plan.tag)
         # Large ops take their lane threads in the order the master commenced them (the same on
         # every peer): a Commence is recorded the moment it arrives, before any later op can run.
@@ -345,13 +349,28 @@ class CollectiveService:
             if not keep_route:
                 self._release(plan.tag)
 
+    async def _alone(self) -> bool:
+        """Whether this call is the only collective of this peer, both in flight and starting:
+        calls started together (a nursery's tasks, which Trio runs in an order that differs per
+        peer) all see each other here after one checkpoint, so none of them begins and none can
+        cross another peer's begun op (docs/protocol.rst, "Crossings")."""
+        if not self._host.config.fast_commit or self._holding:
+            return False
+        self._starting += 1
+        try:
+            await trio.lowlevel.checkpoint()
+        finally:
+            self._starting -= 1
+        return not self._starting
+
     def _begin(self, plan: Plan) -> m.CollectiveBegin | None:
         """The Begin of ``plan``'s op if it takes the fast path (``Config.fast_commit``; this
         peer has no other collective in flight, no op failed on its ring since the round, and
         the kind needs no vote), counting the tag's use; ``None``: it votes."""
         p2p = self._host.links
         init = plan.init
-        if (not self._host.config.fast_commit or self._holding or p2p is self._spoiled or p2p.round == 0
+        if (not self._host.config.fast_commit or self._holding or self._starting or p2p is self._spoiled
+                or p2p.round == 0
                 or len(p2p.ring) < 2 or self._host.peer_id not in p2p.ring
                 or init.kind == m.CollectiveKind.ALL_GATHER
                 or (init.kind == m.CollectiveKind.BROADCAST and init.root not in p2p.ring)):

@@ -1,6 +1,6 @@
 """What each kind of collective is on a peer: one row per kind, beside the master's.
 
-The master runs every kind from one row of :data:`pccl.protocol.master.collectives.KINDS` (what
+The master runs every kind from one row of :data:`pccl.protocol.master.kinds.KINDS` (what
 the voters must send alike, how the votes are checked, who runs the op in which order).  A peer
 runs every kind the same way too — check the arguments, vote, run the op once the master
 commenced it, settle, retry on a stale ring — and reads what differs from the kind's row here

@@ -106,3 +106,24 @@ async def _reduce(comm: pccl.Communicator, x: np.ndarray, tag: int, infos: list[
         infos.append(await comm.all_reduce(x, tag=tag))
     except pccl.PCCLError as exc:
         infos.append(exc)
+
+
+@pytest.mark.parametrize("size", [1000, 300_000])  # small (inline), and large (lane threads)
+async def test_calls_started_together_all_complete(size: int) -> None:
+    # Every peer starts the same tags at once (one nursery; Trio runs them in an order of its
+    # own on each peer).  Had each peer's first-run call begun, two peers would begin different
+    # tags and run the rest in different orders (large ops waited for each other's lane turns
+    # until the watchdog aborted them); calls started together all see each other and vote.
+    tags = 40
+    xs = {(i, tag): np.full(size, float(i + 1) * tag, np.float32) for i in range(2) for tag in range(1, tags + 1)}
+    infos: list[Any] = []
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for tag in range(1, tags + 1):
+                    for i in range(2):
+                        nursery.start_soon(_reduce, comms[i], xs[(i, tag)], tag, infos)
+        assert all(isinstance(info, pccl.ReduceInfo) for info in infos), [i for i in infos if not isinstance(i, pccl.ReduceInfo)][:3]
+        for (i, tag), x in xs.items():
+            assert np.array_equal(x, np.full(size, 3.0 * tag, np.float32)), (i, tag)
+        assert pccl.testing.master_snapshot(master).ops == ()

@@ -24,7 +24,7 @@ from pccl.collectives.execute import Place
 from pccl.collectives.kinds import KIND_OPS, Call, KindOps, check_tag, quant_fields
 from pccl.collectives.lane_op import LaneOp
 from pccl.protocol import messages as m
-from pccl.protocol.master.collectives import KINDS
+from pccl.protocol.master.kinds import KINDS
 from pccl.protocol.messages import CollectiveKind
 from pccl.testing import each, open_test_cluster, run_kind
 

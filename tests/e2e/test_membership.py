@@ -688,17 +688,21 @@ async def test_a_collective_called_while_an_internal_rewire_stands_waits_for_it_
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("fast_commit", [False, True])
 async def test_a_call_waiting_for_a_peer_that_re_wires_first_is_ended_so_both_meet_on_the_new_ring(
-        master: pccl.Master) -> None:
+        master: pccl.Master, fast_commit: bool) -> None:
     # After a failure, concurrent calls of two peers cross: b votes tag 7 before it learns the
     # ring is stale, a meets the stale ring first and re-wires, and its own call on tag 7 waits
     # for that re-wire.  b's held tag kept it from ever voting the re-wire (a silent wait across
     # tags until the phase-mismatch grace ended it); the master now ends b's vote as STALE_RING,
-    # b re-wires too, and both run tag 7 on the new ring.
+    # b re-wires too, and both run tag 7 on the new ring.  (With fast commit b's lone call
+    # begins instead of voting; the master refuses the Begin as STALE_RING at once, and b
+    # re-wires with a all the same.)
+    config = dataclasses.replace(CFG, fast_commit=fast_commit)
     with trio.fail_after(BOUND):
-        async with _open(master.address) as a, trio.open_nursery() as nursery:
-            b, _ = await _admit(nursery, master, [a])
-            c, c_scope = await _admit(nursery, master, [a, b])
+        async with _open(master.address, config=config) as a, trio.open_nursery() as nursery:
+            b, _ = await _admit(nursery, master, [a], config=config)
+            c, c_scope = await _admit(nursery, master, [a, b], config=config)
             c_scope.cancel()  # c leaves: the group's ring is stale
             await _wait_until(lambda: master.statistics().accepted_peers == 2, "c left")
             results: dict[str, np.ndarray] = {}
@@ -710,7 +714,8 @@ async def test_a_call_waiting_for_a_peer_that_re_wires_first_is_ended_so_both_me
 
             async with trio.open_nursery() as calls:
                 calls.start_soon(reduce, b, "b", 2.0)  # b's vote waits for a's
-                await _wait_until(lambda: pccl.testing.phase_of(b).collectives == {7}, "b votes tag 7")
+                if not fast_commit:
+                    await _wait_until(lambda: pccl.testing.phase_of(b).collectives == {7}, "b votes tag 7")
                 await trio.sleep(0.1)
                 calls.start_soon(pccl.testing.force_rewire, a)  # a met the stale ring on another tag
                 while pccl.testing.phase_of(a).topology_vote is not TopologyVote.REWIRE:

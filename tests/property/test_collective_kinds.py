@@ -1,4 +1,4 @@
-"""The collective kinds as data: every row of pccl.protocol.master.collectives.KINDS, walked.
+"""The collective kinds as data: every row of pccl.protocol.master.kinds.KINDS, walked.
 
 Each row names real things (the peer's call, ``CollectiveInit`` fields, the data path's
 schedules), and the collective-ops machine does what the row says and nothing kind-specific
@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 import pccl
 from pccl.protocol import messages as m
 from pccl.protocol.master import collectives as co
+from pccl.protocol.master import kinds as ko
 
-ROWS = list(co.KINDS.values())
+ROWS = list(ko.KINDS.values())
 FIELDS = {f for f in m.CollectiveInit.__struct_fields__}
 #: a value of each agreeable field that a real Init may carry (the wire's bounds)
 VALUES = {
@@ -58,28 +59,28 @@ class _Group:
         self.ops.check((0, init.tag))
 
 
-def _init(row: co.KindRow, tag: int = 7, **fields: int) -> m.CollectiveInit:
+def _init(row: ko.KindRow, tag: int = 7, **fields: int) -> m.CollectiveInit:
     base = m.CollectiveInit(tag, 100, 10, 0, kind=row.kind, root=1)
-    assert co.kind_of(base) is row.kind
+    assert ko.kind_of(base) is row.kind
     return msgspec.structs.replace(base, **fields)
 
 
 def test_an_init_without_a_kind_is_an_all_reduce_and_an_unknown_kind_a_protocol_error() -> None:
-    assert co.kind_of(m.CollectiveInit(1, 100, 10, 0)) is co.CollectiveKind.ALL_REDUCE
-    with pytest.raises(co.PeerFault) as caught:
-        co.kind_of(m.CollectiveInit(1, 100, 10, 0, kind=99))
+    assert ko.kind_of(m.CollectiveInit(1, 100, 10, 0)) is ko.CollectiveKind.ALL_REDUCE
+    with pytest.raises(ko.PeerFault) as caught:
+        ko.kind_of(m.CollectiveInit(1, 100, 10, 0, kind=99))
     assert caught.value.reason is pccl.KickReason.PROTOCOL_ERROR
 
 
 def test_every_kind_has_one_row_and_the_docstring_shows_it() -> None:
-    assert list(co.KINDS) == list(co.CollectiveKind)
-    for kind, row in co.KINDS.items():
+    assert list(ko.KINDS) == list(ko.CollectiveKind)
+    for kind, row in ko.KINDS.items():
         assert row.kind is kind
-        assert f"``{kind.name}``" in (co.__doc__ or "")
+        assert f"``{kind.name}``" in (ko.__doc__ or "")
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.kind.name)
-def test_a_row_names_real_things(row: co.KindRow) -> None:
+def test_a_row_names_real_things(row: ko.KindRow) -> None:
     assert callable(getattr(pccl.Communicator, row.call))  # the call its voters wait in
     assert row.agreed and set(row.agreed) <= FIELDS and "tag" not in row.agreed
     shown = [name for _, name, _, _ in string.Formatter().parse(row.shown) if name]
@@ -98,7 +99,7 @@ def test_a_row_names_real_things(row: co.KindRow) -> None:
 @settings(max_examples=150)
 @given(data=st.data())
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.kind.name)
-def test_the_machine_does_what_the_row_says(row: co.KindRow, data: st.DataObject) -> None:
+def test_the_machine_does_what_the_row_says(row: ko.KindRow, data: st.DataObject) -> None:
     n = data.draw(st.integers(2, 5), label="voters")
     ring = tuple(data.draw(st.permutations(range(1, n + 1)), label="ring"))
     group = _Group(n, ring)
@@ -134,7 +135,7 @@ def test_the_machine_does_what_the_row_says(row: co.KindRow, data: st.DataObject
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.kind.name)
-def test_below_the_rows_minimum_is_too_few_peers(row: co.KindRow) -> None:
+def test_below_the_rows_minimum_is_too_few_peers(row: ko.KindRow) -> None:
     group = _Group(row.min_voters - 1 or 1)
     for pid in range(1, group.n + 1):
         group.vote(pid, _init(row))
@@ -142,7 +143,7 @@ def test_below_the_rows_minimum_is_too_few_peers(row: co.KindRow) -> None:
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.kind.name)
-def test_a_waiting_voter_waits_in_the_rows_call(row: co.KindRow) -> None:
+def test_a_waiting_voter_waits_in_the_rows_call(row: ko.KindRow) -> None:
     group = _Group(3)
     for tag in (4, 2):
         group.vote(1, _init(row, tag=tag))
@@ -161,11 +162,11 @@ class _Other(enum.Enum):
 
 def test_voters_must_agree_on_the_kind_and_the_rest_commence_once_the_odd_one_withdraws(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    all_reduce = co.KINDS[co.CollectiveKind.ALL_REDUCE]
+    all_reduce = ko.KINDS[ko.CollectiveKind.ALL_REDUCE]
     other = dataclasses.replace(all_reduce, kind=_Other.GATHER, call="all_gather",  # type: ignore[arg-type]
                                 order=lambda ring, inits: ring[::-1])
-    monkeypatch.setattr(co, "KINDS", {co.CollectiveKind.ALL_REDUCE: all_reduce, _Other.GATHER: other})
-    monkeypatch.setattr(co, "kind_of", lambda init: _Other.GATHER if init.layout == 1 else co.CollectiveKind.ALL_REDUCE)
+    monkeypatch.setattr(co, "KINDS", {ko.CollectiveKind.ALL_REDUCE: all_reduce, _Other.GATHER: other})
+    monkeypatch.setattr(co, "kind_of", lambda init: _Other.GATHER if init.layout == 1 else ko.CollectiveKind.ALL_REDUCE)
     group = _Group(3)
     group.vote(1, _init(all_reduce, layout=1))
     group.vote(2, _init(all_reduce))
@@ -184,4 +185,4 @@ def test_voters_must_agree_on_the_kind_and_the_rest_commence_once_the_odd_one_wi
     assert [(pid, type(msg)) for pid, msg in group.sent] == [
         (2, m.CollectiveRejected), (1, m.CollectiveCommence), (2, m.CollectiveCommence), (3, m.CollectiveCommence)]
     assert group.sent[1][1].ring == (1, 2, 3)  # type: ignore[attr-defined]
-    assert [op.kind for op in group.ops.views()] == [co.CollectiveKind.ALL_REDUCE]
+    assert [op.kind for op in group.ops.views()] == [ko.CollectiveKind.ALL_REDUCE]

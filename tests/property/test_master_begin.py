@@ -209,3 +209,61 @@ def test_failures_reported_before_everyone_began_wait_for_the_last_begin() -> No
         assert abort is not None and abort.seq == seq and abort.code == 0 and "reported failure" in abort.detail
     h.send(a, m.CollectiveDone(TAG, seq, aborted=True))  # a late one for the ended op: ignored
     assert not h.kicks
+
+
+def test_a_begin_that_disagrees_with_held_votes_aborts_once_and_rejects_every_voter() -> None:
+    """Two votes held for a tag (their voters had other ops in flight) disagree with the Begin
+    that opens it: the op aborts on its beginner, and each voter, never told a seq, is rejected
+    with the same mismatch, as at consensus — not joined to the aborted op (the master crashed
+    with a KeyError there: tests/e2e's kind disagreement with fast commit on)."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    h.send(b, m.CollectiveInit(TAG, 5, 10, 0))
+    h.send(c, m.CollectiveInit(TAG, 5, 10, 0))
+    seq = _begin(h, a, count=4)
+    abort = _abort(h, a)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.PARAMETER_MISMATCH
+    for conn in (b, c):
+        rejected = h.last(conn, m.CollectiveRejected)
+        assert isinstance(rejected, m.CollectiveRejected) and rejected.code == m.RejectCode.PARAMETER_MISMATCH
+        assert "count=4" in rejected.detail and "count=5" in rejected.detail
+        assert h.last(conn, m.CollectiveCommence) is None and _abort(h, conn) is None
+    assert not h.ms.ops() and not h.kicks
+
+
+def test_a_vote_that_disagrees_with_a_begun_op_is_rejected_and_aborts_it_on_the_beginner() -> None:
+    """A voter (another op in flight, or an all-gather, which always votes) that disagrees with
+    the op its peers began waits for an answer to its vote: it is rejected with the mismatch,
+    while the beginner's op aborts with it (an Abort alone left the voter waiting forever:
+    tests/e2e's disagreement[kind], a reduce-scatter begun against an all-gather voted)."""
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    seq = _begin(h, a, count=4)
+    h.send(b, m.CollectiveInit(TAG, 5, 10, 0))
+    abort = _abort(h, a)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.PARAMETER_MISMATCH
+    rejected = h.last(b, m.CollectiveRejected)
+    assert isinstance(rejected, m.CollectiveRejected) and rejected.code == m.RejectCode.PARAMETER_MISMATCH
+    assert "count=4" in rejected.detail and "count=5" in rejected.detail
+    assert h.last(b, m.CollectiveCommence) is None and _abort(h, b) is None
+    assert not h.ms.ops() and not h.kicks
+
+
+def test_a_vote_for_a_begun_op_aborted_before_it_came_ends_as_the_others_did() -> None:
+    """A participant that votes (it had another op in flight) for the use of a tag its peers
+    began and aborted before its vote arrived hears that op's Commence and its Abort, so it
+    ends as they did (refused as stale, it re-wired and retried alone while they raised
+    CollectiveAborted: sim seed 37's phase mismatch); its next vote on the tag is a new use."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a, count=4)
+    _begin(h, b, count=5)  # a disagreement: aborted on a and b
+    h.send(c, m.CollectiveInit(TAG, 4, 10, 0))
+    commence = h.last(c, m.CollectiveCommence)
+    assert isinstance(commence, m.CollectiveCommence) and commence.seq == seq
+    abort = _abort(h, c)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.PARAMETER_MISMATCH
+    assert h.last(c, m.CollectiveRejected) is None and not h.ms.ops() and not h.kicks
+    h.send(c, m.CollectiveInit(TAG, 4, 10, 0))  # the next use: an ordinary vote, held
+    assert len([x for x in h.inbox[c] if isinstance(x, m.CollectiveAbort)]) == 1
+    assert [op.tag for op in h.ms.ops()] == [TAG]

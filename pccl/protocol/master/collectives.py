@@ -51,41 +51,8 @@ a failure reported before every participant began aborts the op only once the la
 disagreeing parameters fails for that reason), a second Begin is OUT_OF_PHASE, and a begun op that waits for members who wait elsewhere is a wait in a collective
 for the phase-mismatch machine, aborted with PHASE_MISMATCH at the end of the grace.
 
-Kinds.  What an op computes is its kind (:class:`CollectiveKind`, ``CollectiveInit.kind``: a
-trailing field, so an Init without it is an all-reduce; an unknown value is a PROTOCOL_ERROR);
-everything the handlers do differently per kind is one row of :data:`KINDS` (:class:`KindRow`):
-the call its voters wait in, the ``CollectiveInit`` fields every voter must send alike and how
-each is shown when they do not (as the caller named them: ``dtype=float32 op=sum``), how the
-votes are checked, the fewest voters it runs with, the order its participants run it in (sent in
-``CollectiveCommence``), whether the Commence carries every participant's element count, and the
-data path's schedules (:mod:`pccl.protocol.ring`) each participant derives from the agreed
-fields.  The rules above hold for every kind: a new kind is a row and a schedule, not new
-handlers.  Every voter of a tag must ask for the same kind (checked at consensus over the voters
-then present; PARAMETER_MISMATCH listing each one's otherwise), and the op runs as that kind's
-row says.  The peers run each kind from their own row of it, keyed by the same
-:class:`CollectiveKind` (``pccl.collectives.kinds.KIND_OPS``: the arguments' check, the vote, the
-op, the result).
-
-The table as it reads:
-
-* ``ALL_REDUCE``: call ``all_reduce``; agreed: ``count dtype op quant_* layout``;
-  runs on the group's ring, in its order; schedule ``RingSchedule``, or ``ExchangeSchedule`` for
-  a small unquantized op (``uses_exchange``).
-* ``BROADCAST``: call ``broadcast``; agreed: ``count dtype quant_* root``; the root
-  (a peer id) must be one of the voters, else ROOT_ABSENT naming it — checked after STALE_RING,
-  so voters whose ring lost the root re-wire first and then learn it is gone (the peers' error
-  is retry-safe: the root may be accepted by the next topology round); an abort because the root
-  left says so in ``CollectiveAbort.detail``; the group's ring, a chain from the root along it
-  (``BroadcastSchedule``).
-* ``ALL_GATHER``: call ``all_gather``; agreed: ``dtype quant_*`` (element counts
-  may differ, 0 included); the Commence carries each participant's count in ring order, so every
-  participant knows the layout of the result before a byte moves; the group's ring
-  (``AllGatherSchedule``).
-* ``REDUCE_SCATTER``: call ``reduce_scatter``; agreed: ``count dtype op quant_*``;
-  the group's ring (ring position ``i`` owns the ``i``-th slice; ``ReduceScatterSchedule``).
-
-``quant_*`` is ``quant_kind quant_dtype quant_bits quant_block``: how the frames are quantized
-(shown together, ``quant=min_max/uint4 block=128``).  Every row needs at least 2 voters.
+Kinds.  What an op computes is its kind; everything the handlers here do differently per kind is
+one row of :data:`~pccl.protocol.master.kinds.KINDS` (:mod:`pccl.protocol.master.kinds`).
 
 The machine sees the master only through :class:`OpsHost` (peers named by peer id); the
 master's dispatch has checked the phase rules before a handler here runs.
@@ -94,177 +61,19 @@ master's dispatch has checked the phase rules before a handler here runs.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
-import operator
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from ...errors import KickReason
-from ...types import DType, QuantKind, ReduceOp
 from .. import messages as m
 from ..messages import CollectiveKind
-from ..ring import AllGatherSchedule, BroadcastSchedule, ExchangeSchedule, ReduceScatterSchedule, RingSchedule
 from .events import OpEnded, PeerFault
+from .kinds import KINDS, KindRow, agreed_alike, kind_of
 
-__all__ = ["CollectiveOps", "OpsHost", "OpInfo", "CollectiveKind", "KindRow", "KINDS", "kind_of", "agreed_alike",
-           "root_among_voters"]
+__all__ = ["CollectiveOps", "OpsHost", "OpInfo"]
 
 log = logging.getLogger("pccl.protocol.master.machine")
-
-
-# --- the kinds ---------------------------------------------------------------------------------
-
-
-def kind_of(init: m.CollectiveInit) -> CollectiveKind:
-    """The kind a vote asks for (the one place that reads the kind off the wire).  An Init
-    without the trailing field is an all-reduce; an unknown kind is the peer's protocol error."""
-    try:
-        return CollectiveKind(init.kind)
-    except ValueError:
-        raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective tag {init.tag} asks for unknown kind {init.kind}") from None
-
-
-def _name_of(enum_type: Any, value: int) -> str:
-    try:
-        return str(enum_type(value).name.lower())
-    except ValueError:
-        return f"?{value}"
-
-
-#: How a PARAMETER_MISMATCH detail shows each agreeable field's value (the names a caller passed).
-_SHOW: Mapping[str, Callable[[int], str]] = {
-    "count": str,
-    "dtype": lambda v: _name_of(DType, v),
-    "op": lambda v: _name_of(ReduceOp, v),
-    "quant_kind": lambda v: _name_of(QuantKind, v),
-    "quant_dtype": lambda v: _name_of(DType, v),
-    "quant_bits": lambda v: f"uint{v}" if v else "",
-    "quant_block": lambda v: f" block={v}" if v else "",
-    "layout": lambda v: f"{v:x}",
-    "root": lambda v: f"{v:x}",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class KindRow:
-    """How the master runs one kind of collective (see "Kinds" in the module docstring)."""
-
-    kind: CollectiveKind
-    #: the peer's call that votes it (named where the master says who waits where)
-    call: str
-    #: the ``CollectiveInit`` fields every voter must send for the op to commence
-    agreed: tuple[str, ...]
-    #: one voter's agreed fields in a PARAMETER_MISMATCH detail (a format naming each of them;
-    #: the values are filled in as the caller named them: ``dtype=float32 op=sum``)
-    shown: str
-    #: whether the voters can run it: ``None``, or the rejection's code and detail (given the
-    #: row, the tag and every voter's Init)
-    check: Callable[[KindRow, int, Mapping[int, m.CollectiveInit]], tuple[m.RejectCode, str] | None]
-    #: who runs the op, in which order (``CollectiveCommence.ring``), from the group's ring
-    #: (whose members are exactly the voters) and the votes
-    order: Callable[[tuple[int, ...], Mapping[int, m.CollectiveInit]], tuple[int, ...]]
-    #: the data path's plans (:mod:`pccl.protocol.ring`): every participant picks one from the
-    #: agreed fields and the order alone, so all pick the same
-    schedules: tuple[type[Any], ...]
-    #: fewest voters it commences with (TOO_FEW_PEERS below)
-    min_voters: int = 2
-    #: ``CollectiveCommence.counts`` carries every participant's element count (in ring order)
-    sends_counts: bool = False
-    #: the agreed fields of an Init as one tuple (built from ``agreed``)
-    key: Callable[[m.CollectiveInit], Any] = dataclasses.field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        getter = operator.attrgetter(*self.agreed)
-        key = getter if len(self.agreed) > 1 else (lambda init: (getter(init),))
-        object.__setattr__(self, "key", key)
-
-    def describe(self, init: m.CollectiveInit) -> str:
-        """``init``'s agreed fields as a PARAMETER_MISMATCH detail shows them."""
-        shown = {f: _SHOW.get(f, str)(v) for f, v in zip(self.agreed, self.key(init))}
-        if "quant_dtype" in shown and not init.quant_kind:
-            shown["quant_dtype"] = "-"  # unquantized: no wire type
-        if shown.get("quant_bits"):  # 4 bits: shown as the target the caller named (uint4), not its storage
-            shown["quant_dtype"], shown["quant_bits"] = shown["quant_bits"], ""
-        return self.shown.format(**shown)
-
-
-def agreed_alike(row: KindRow, tag: int, inits: Mapping[int, m.CollectiveInit]) -> tuple[m.RejectCode, str] | None:
-    """The voters agree when every one sent the same value of each of ``row.agreed``; otherwise
-    PARAMETER_MISMATCH, its detail listing every voter's."""
-    key = row.key
-    first = None
-    for init in inits.values():
-        value = key(init)
-        if first is None:
-            first = value
-        elif value != first:
-            listing = "; ".join(f"peer {pid:x}: {row.describe(i)}" for pid, i in sorted(inits.items()))
-            return m.RejectCode.PARAMETER_MISMATCH, f"peers disagree on {row.call} tag {tag}: {listing}"
-    return None
-
-
-def root_among_voters(row: KindRow, tag: int, inits: Mapping[int, m.CollectiveInit]) -> tuple[m.RejectCode, str] | None:
-    """A broadcast: the voters agree (:func:`agreed_alike`), and the root they name is one of
-    them (else ROOT_ABSENT, naming it)."""
-    disagreement = agreed_alike(row, tag, inits)
-    if disagreement is not None:
-        return disagreement
-    root = next(iter(inits.values())).root
-    if root not in inits:
-        members = ", ".join(f"{pid:x}" for pid in sorted(inits))
-        return m.RejectCode.ROOT_ABSENT, (f"broadcast tag {tag}: root {root:x} is not an accepted member of the "
-                                          f"group (members: {members})")
-    return None
-
-
-def _group_ring(ring_order: tuple[int, ...], inits: Mapping[int, m.CollectiveInit]) -> tuple[int, ...]:
-    return ring_order
-
-
-_QUANT = ("quant_kind", "quant_dtype", "quant_bits", "quant_block")
-_QUANT_SHOWN = "quant={quant_kind}/{quant_dtype}{quant_bits}{quant_block}"
-
-#: Every kind's row (the module docstring shows the table as it reads).
-KINDS: Mapping[CollectiveKind, KindRow] = {
-    CollectiveKind.ALL_REDUCE: KindRow(
-        CollectiveKind.ALL_REDUCE,
-        call="all_reduce",
-        agreed=("count", "dtype", "op", *_QUANT, "layout"),
-        shown="count={count} dtype={dtype} op={op} " + _QUANT_SHOWN + " layout={layout}",
-        check=agreed_alike,
-        order=_group_ring,
-        schedules=(RingSchedule, ExchangeSchedule),
-    ),
-    CollectiveKind.BROADCAST: KindRow(
-        CollectiveKind.BROADCAST,
-        call="broadcast",
-        agreed=("count", "dtype", *_QUANT, "root"),
-        shown="count={count} dtype={dtype} " + _QUANT_SHOWN + " root={root}",
-        check=root_among_voters,
-        order=_group_ring,
-        schedules=(BroadcastSchedule,),
-    ),
-    CollectiveKind.ALL_GATHER: KindRow(
-        CollectiveKind.ALL_GATHER,
-        call="all_gather",
-        agreed=("dtype", *_QUANT),
-        shown="dtype={dtype} " + _QUANT_SHOWN,
-        check=agreed_alike,
-        order=_group_ring,
-        schedules=(AllGatherSchedule,),
-        sends_counts=True,
-    ),
-    CollectiveKind.REDUCE_SCATTER: KindRow(
-        CollectiveKind.REDUCE_SCATTER,
-        call="reduce_scatter",
-        agreed=("count", "dtype", "op", *_QUANT),
-        shown="count={count} dtype={dtype} op={op} " + _QUANT_SHOWN,
-        check=agreed_alike,
-        order=_group_ring,
-        schedules=(ReduceScatterSchedule,),
-    ),
-}
 
 
 # --- the machine -------------------------------------------------------------------------------
@@ -338,15 +147,18 @@ class _Op:
     departures: int = -1
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Aborted:
     """A begun op's abort, as its participants heard it."""
 
     seq: int
     round: int
-    participants: frozenset[int]
+    participants: tuple[int, ...]
     why: str
     code: int
+    #: Participants that had neither begun nor voted it: the first vote of each on the tag is
+    #: that op's (see ``on_init``).
+    untold: set[int]
 
 
 class CollectiveOps:
@@ -368,6 +180,20 @@ class CollectiveOps:
 
     def on_init(self, group: int, peer_id: int, msg: m.CollectiveInit) -> None:
         op = self._ops.get((group, msg.tag))
+        aborted = self._aborted.get((group, msg.tag))
+        if (op is None and aborted is not None and peer_id in aborted.untold
+                and aborted.round == self._host.round_of(group)):
+            # The vote of a participant that had another op in flight, for the use of the tag
+            # its peers began and aborted before it voted: it ends as theirs did (refused as
+            # stale, it re-wired and retried alone while they raised CollectiveAborted: a phase
+            # mismatch, sim seed 37 with calls started together voting).
+            aborted.untold.discard(peer_id)
+            if aborted.code == m.RejectCode.STALE_RING:  # theirs is a retry: so is this one
+                self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.STALE_RING, aborted.why))
+            else:
+                self._host.send(peer_id, m.CollectiveCommence(msg.tag, aborted.seq, aborted.participants))
+                self._host.send(peer_id, m.CollectiveAbort(msg.tag, aborted.seq, aborted.why, code=aborted.code))
+            return
         if op is not None and op.fast and peer_id in op.participants and peer_id not in op.began:
             self._join(op, peer_id, msg, begun=False)  # the others began this use of the tag
             return
@@ -435,8 +261,16 @@ class CollectiveOps:
             # (``on_init``).  So only the opening Begin looks (once per op, not per Begin).
             return
         for pid, vote in list(op.inits.items()):  # votes held for this use of the tag join it
-            if pid not in op.began and op.seq is not None:
+            if pid in op.began or op.seq is None:
+                continue
+            if self._ops.get(key) is op:
                 self._join(op, pid, vote, begun=False)
+            else:
+                # A vote joined before it (or this Begin) aborted the op: the votes still held
+                # hear the abort's reason as a rejection (they know no seq), as at consensus.
+                ended = self._aborted.get(key)
+                code, why = (ended.code, ended.why) if ended is not None else (m.RejectCode.STALE_RING, "aborted")
+                self._host.send(pid, m.CollectiveRejected(op.tag, code, why))
 
     def _join(self, op: _Op, peer_id: int, init: m.CollectiveInit, *, begun: bool) -> None:
         """``peer_id`` began ``op`` (or voted it, ``begun=False``: it is told the seq now);
@@ -455,7 +289,15 @@ class CollectiveOps:
         if op.agreed is None or kind_of(init) is not kind_of(op.agreed) or op.row.key(init) != op.row.key(op.agreed):
             refusal = self._fast_refusal(op)
             if refusal is not None:
+                if refusal[0] is m.RejectCode.PARAMETER_MISMATCH:
+                    log.warning("refusing collective: %s", refusal[1])  # as at consensus
+                if not begun:
+                    # A voter not told the seq yet waits for an answer to its vote, not for a
+                    # verdict: it hears the abort's reason as a rejection, as at consensus.
+                    op.began.discard(peer_id)
                 self._abort(op, refusal[1], code=refusal[0])
+                if not begun:
+                    self._host.send(peer_id, m.CollectiveRejected(op.tag, refusal[0], refusal[1]))
                 return
             op.agreed = init
         commence = None if begun else m.CollectiveCommence(op.tag, op.seq, op.participants)
@@ -643,7 +485,8 @@ class CollectiveOps:
         if op.fast and op.seq is not None:
             for key in [k for k, a in self._aborted.items() if k[0] == op.group and a.round != op.round]:
                 del self._aborted[key]  # an earlier round's: no Begin can name it any more
-            self._aborted[(op.group, op.tag)] = _Aborted(op.seq, op.round, frozenset(op.participants), why, code)
+            self._aborted[(op.group, op.tag)] = _Aborted(op.seq, op.round, tuple(op.participants), why, code,
+                                                         set(op.participants) - op.began)
         log.debug("aborting collective tag %d seq %s: %s", op.tag, op.seq, why)
         # A begun op's participants that have not begun it hear nothing: their Begin will find
         # the group stale.

@@ -271,7 +271,7 @@ class RejectCode(enum.IntEnum):
 
 class CollectiveKind(enum.IntEnum):
     """What a collective computes (``CollectiveInit.kind``; the master runs each from its row in
-    pccl.protocol.master.collectives, a peer from its row in pccl.collectives.kinds)."""
+    pccl.protocol.master.kinds, a peer from its row in pccl.collectives.kinds)."""
 
     ALL_REDUCE = 0
     BROADCAST = 1

@@ -13,7 +13,7 @@ it registers again (its ops ended with the old master connection).
   completes on one peer and aborts on another.
 * **safety** — :class:`AgreedParameters`: every participant of a commenced op voted the same
   kind with the same agreed fields (the kind's row of
-  :data:`pccl.protocol.master.collectives.KINDS`).
+  :data:`pccl.protocol.master.kinds.KINDS`).
 * **safety** — :class:`PhaseRule`: no peer is commenced while its topology vote or round, or its
   sync, is outstanding, and none is drawn into a topology round or a sync plan with an op that
   has no final word.
@@ -38,7 +38,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from pccl.protocol.master.collectives import KINDS
+from pccl.protocol.master.kinds import KINDS
 from pccl.protocol.messages import CollectiveKind
 
 from ...engine.runner import Checker, Simulation
