@@ -267,3 +267,47 @@ def test_a_vote_for_a_begun_op_aborted_before_it_came_ends_as_the_others_did() -
     h.send(c, m.CollectiveInit(TAG, 4, 10, 0))  # the next use: an ordinary vote, held
     assert len([x for x in h.inbox[c] if isinstance(x, m.CollectiveAbort)]) == 1
     assert [op.tag for op in h.ms.ops()] == [TAG]
+
+
+def test_a_voter_rejected_for_a_disagreement_is_not_answered_the_old_op_on_its_next_call() -> None:
+    """A voter rejected with the mismatch (it disagreed with the op its peers began) was told:
+    its next call on the tag — a vote with mended arguments, or a Begin of the seq it derives
+    again (a rejected vote counts no use) — is a new use that finds the group stale, not the
+    aborted op's Commence and Abort (which named a mismatch its arguments no longer have)."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    rnd = _round(h, c)
+    seq = _begin(h, a, count=4)
+    _begin(h, b, count=4)
+    h.send(c, m.CollectiveInit(TAG, 5, 10, 0))  # disagrees: rejected, the op aborts on a and b
+    rejected = h.last(c, m.CollectiveRejected)
+    assert isinstance(rejected, m.CollectiveRejected) and rejected.code == m.RejectCode.PARAMETER_MISMATCH
+    h.inbox[c].clear()
+    h.send(c, m.CollectiveInit(TAG, 4, 10, 0))  # mended, same round
+    assert h.last(c, m.CollectiveCommence) is None and _abort(h, c) is None
+    h.inbox[c].clear()
+    h.send(c, m.CollectiveWithdraw(TAG))
+    h.inbox[c].clear()
+    _begin(h, c, count=4, round_id=rnd, seq=seq)  # or it begins, with the seq it derives again
+    assert _abort(h, c) is None
+    again = h.last(c, m.CollectiveRejected)
+    assert isinstance(again, m.CollectiveRejected) and again.code == m.RejectCode.STALE_RING
+    assert not h.kicks
+
+
+def test_held_votes_rejected_when_the_opening_begin_aborts_are_not_answered_the_old_op() -> None:
+    """Votes held for a tag, one agreeing with the Begin that opens it and one not: the op
+    aborts, both voters are rejected, and the agreeing one's next vote on the tag is a new use
+    (it was answered the old op's Commence and Abort)."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    h.send(b, m.CollectiveInit(TAG, 4, 10, 0))
+    h.send(c, m.CollectiveInit(TAG, 5, 10, 0))
+    _begin(h, a, count=4)
+    for conn in (b, c):
+        assert isinstance(h.last(conn, m.CollectiveRejected), m.CollectiveRejected)
+        h.inbox[conn].clear()
+    h.send(b, m.CollectiveInit(TAG, 4, 10, 0))
+    assert h.last(b, m.CollectiveCommence) is None and _abort(h, b) is None
+    assert not h.kicks
+

@@ -156,8 +156,8 @@ class _Aborted:
     participants: tuple[int, ...]
     why: str
     code: int
-    #: Participants that had neither begun nor voted it: the first vote of each on the tag is
-    #: that op's (see ``on_init``).
+    #: Participants never told of it (they had neither begun nor voted it): the first vote or
+    #: Begin of each on the tag is that op's (see ``on_init``, ``on_begin``).
     untold: set[int]
 
 
@@ -234,12 +234,13 @@ class CollectiveOps:
                    and peer_id in op.participants)
         aborted = self._aborted.get(key)
         if (op is None and aborted is not None and aborted.seq == msg.seq and aborted.round == msg.round
-                and peer_id in aborted.participants):
+                and peer_id in aborted.untold):
             # The op this Begin names was aborted before this participant began it (a
             # participant died as the others began): the others heard the abort and return
             # CollectiveAborted, so this peer must too.  Refused as STALE_RING it would re-wire
             # and vote again, alone: its loop would wait in this tag while theirs went on (a
             # phase mismatch; sim seed 37, fast commit, 8 peers in two sites).
+            aborted.untold.discard(peer_id)
             self._host.send(peer_id, m.CollectiveAbort(msg.tag, msg.seq, aborted.why, code=aborted.code))
             return
         if not joining and (self._host.is_stale(group) or ring is None or msg.round != self._host.round_of(group)):
@@ -270,6 +271,7 @@ class CollectiveOps:
                 # hear the abort's reason as a rejection (they know no seq), as at consensus.
                 ended = self._aborted.get(key)
                 code, why = (ended.code, ended.why) if ended is not None else (m.RejectCode.STALE_RING, "aborted")
+                self._rejected_after_abort(op, pid)
                 self._host.send(pid, m.CollectiveRejected(op.tag, code, why))
 
     def _join(self, op: _Op, peer_id: int, init: m.CollectiveInit, *, begun: bool) -> None:
@@ -297,6 +299,7 @@ class CollectiveOps:
                     op.began.discard(peer_id)
                 self._abort(op, refusal[1], code=refusal[0])
                 if not begun:
+                    self._rejected_after_abort(op, peer_id)
                     self._host.send(peer_id, m.CollectiveRejected(op.tag, refusal[0], refusal[1]))
                 return
             op.agreed = init
@@ -314,6 +317,14 @@ class CollectiveOps:
                 # (the voters' Commence was their start; one that left after its Done hears nothing)
                 if pid in op.beginners and self._host.is_live(pid):
                     self._host.send(pid, commence)
+
+    def _rejected_after_abort(self, op: _Op, peer_id: int) -> None:
+        """A voter of ``op`` is told the abort as a rejection of its vote: the abort is not kept
+        for it (its next call on the tag is a new use: a vote or a Begin that finds the group
+        stale, not the old op's Commence and Abort)."""
+        aborted = self._aborted.get((op.group, op.tag))
+        if aborted is not None and aborted.seq == op.seq:
+            aborted.untold.discard(peer_id)
 
     def _fast_refusal(self, op: _Op) -> tuple[m.RejectCode, str] | None:
         """Why the votes and Begins of a begun op cannot run together, if they cannot."""
