@@ -311,3 +311,20 @@ def test_held_votes_rejected_when_the_opening_begin_aborts_are_not_answered_the_
     assert h.last(b, m.CollectiveCommence) is None and _abort(h, b) is None
     assert not h.kicks
 
+
+def test_a_vote_that_aborts_a_begun_op_re_checks_the_other_votes_of_its_group() -> None:
+    """A vote can abort a begun op (it disagrees), which makes the group stale: another tag's
+    vote waiting on a member whose topology vote stands is then rejected STALE_RING at once,
+    in the same event (the harness asserts after every event that a full re-check finds
+    nothing more to do; a vote was re-checked as touching its own op only)."""
+    h = Harness()
+    a, b, c, d = accepted_cluster(h, [0, 0, 0, 0])
+    h.send(d, m.VoteTopology(True))
+    h.send(c, m.CollectiveInit(TAG + 1, 4, 10, 0))  # held: a, b and d have not voted it
+    assert h.last(c, m.CollectiveRejected) is None
+    _begin(h, a, count=4)
+    h.send(b, m.CollectiveInit(TAG, 5, 10, 0))  # disagrees: the begun op aborts, the group is stale
+    assert isinstance(_abort(h, a), m.CollectiveAbort)
+    rejected = h.last(c, m.CollectiveRejected)
+    assert isinstance(rejected, m.CollectiveRejected) and rejected.tag == TAG + 1
+    assert rejected.code == m.RejectCode.STALE_RING
