@@ -92,6 +92,8 @@ from __future__ import annotations
 
 import enum
 
+from . import transition_table
+
 __all__ = ["Effect", "Event", "OpLifecycle", "OpLifecycleError", "State", "TRANSITIONS",
            "TERMINAL_STATES", "render_table"]
 
@@ -272,19 +274,4 @@ def render_table(fmt: str = "rst") -> str:
     ``fmt`` is ``"rst"`` (a ``list-table`` directive) or ``"markdown"``; anything else is a
     ``ValueError``.
     """
-    if fmt not in ("rst", "markdown"):
-        raise ValueError(f"render_table: fmt must be 'rst' or 'markdown', got {fmt!r}")
-    order = {pair: i for i, pair in enumerate((s, e) for s in State for e in Event)}
-    header = ("State", "Event", "Next state", "Effects")
-    cells = [(s.name, e.name, nxt.name, ", ".join(x.name for x in effects))
-             for (s, e), (nxt, effects) in sorted(TRANSITIONS.items(), key=lambda item: order[item[0]])]
-    if fmt == "markdown":
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(f"`{c}`" if c else "-" for c in row) + " |" for row in cells]
-    else:
-        lines = [".. list-table::", "   :header-rows: 1", ""]
-        for row in (header, *((f"``{c}``" if c else "-" for c in cells_row) for cells_row in cells)):
-            first, *rest = row
-            lines.append(f"   * - {first}")
-            lines += [f"     - {c}" for c in rest]
-    return "\n".join(lines) + "\n"
+    return transition_table.render(TRANSITIONS, State, Event, ("State", "Event", "Next state", "Effects"), fmt)

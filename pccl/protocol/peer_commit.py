@@ -93,6 +93,7 @@ from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from ..errors import InvalidArgument, ProtocolError
+from . import transition_table
 
 __all__ = ["Answer", "DECIDED", "Effect", "Event", "Phase", "PeerCommit", "PeerCommitError",
            "TRANSITIONS", "Verdict", "ack_partners", "ack_rounds", "learned_from_peer", "merge",
@@ -380,19 +381,4 @@ def ack_partners(position: int, n: int, rnd: int) -> tuple[int, int]:
 
 def render_table(fmt: str = "rst") -> str:
     """:data:`TRANSITIONS` as an rst ``list-table`` (``fmt="rst"``) or a markdown table."""
-    if fmt not in ("rst", "markdown"):
-        raise ValueError(f"render_table: fmt must be 'rst' or 'markdown', got {fmt!r}")
-    order = {pair: i for i, pair in enumerate((p, e) for p in Phase for e in Event)}
-    header = ("Phase", "Event", "Next phase", "Effects")
-    cells = [(p.name, e.name, nxt.name, ", ".join(x.name for x in effects))
-             for (p, e), (nxt, effects) in sorted(TRANSITIONS.items(), key=lambda item: order[item[0]])]
-    if fmt == "markdown":
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(f"`{c}`" if c else "-" for c in row) + " |" for row in cells]
-    else:
-        lines = [".. list-table::", "   :header-rows: 1", ""]
-        for row in (header, *((f"``{c}``" if c else "-" for c in r) for r in cells)):
-            first, *rest = row
-            lines.append(f"   * - {first}")
-            lines += [f"     - {c}" for c in rest]
-    return "\n".join(lines) + "\n"
+    return transition_table.render(TRANSITIONS, Phase, Event, ("Phase", "Event", "Next phase", "Effects"), fmt)
