@@ -64,6 +64,15 @@ def _reset_scans() -> None:
     _Members.scanned = 0
 
 
+def _every_done(ops: CollectiveOps, host: _Host, seq: int) -> None:
+    """Every participant reports success, one check after each: all of them hear Complete."""
+    for pid in range(1, N + 1):
+        ops.on_done(0, pid, m.CollectiveDone(TAG, seq))
+        while ops.check((0, TAG)):
+            pass
+    assert host.finals(m.CollectiveComplete) == set(range(1, N + 1))
+
+
 def test_a_voted_all_reduce_costs_linear_work_in_its_participants() -> None:
     host = _Host(N)
     ops = CollectiveOps(host.ops_host())
@@ -74,11 +83,7 @@ def test_a_voted_all_reduce_costs_linear_work_in_its_participants() -> None:
     commenced = host.finals(m.CollectiveCommence)
     assert commenced == set(range(1, N + 1))
     seq = next(msg.seq for _, msg in host.sent if isinstance(msg, m.CollectiveCommence))
-    for pid in range(1, N + 1):
-        ops.on_done(0, pid, m.CollectiveDone(TAG, seq))
-        while ops.check((0, TAG)):
-            pass
-    assert host.finals(m.CollectiveComplete) == set(range(1, N + 1))
+    _every_done(ops, host, seq)
     # Each message looks at O(1) members; the vote that completes scans the N members, the
     # first Done counts the N live participants and the last one checks them: a few N in all
     # (N² = 4096 here).
@@ -96,11 +101,7 @@ def test_a_begun_all_reduce_costs_linear_work_in_its_participants() -> None:
             pass
     armed = host.finals(m.CollectiveCommence)  # the one-way Commence once everyone began
     assert armed == set(range(1, N + 1))
-    for pid in range(1, N + 1):
-        ops.on_done(0, pid, m.CollectiveDone(TAG, seq))
-        while ops.check((0, TAG)):
-            pass
-    assert host.finals(m.CollectiveComplete) == set(range(1, N + 1))
+    _every_done(ops, host, seq)
     assert host.work() <= 6 * N, host.work()
 
 
