@@ -144,3 +144,35 @@ async def test_a_call_cancelled_after_its_done_restores_its_input_when_the_op_ab
         assert scope.cancelled_caught and out[0] is None, out
         assert isinstance(out[1], pccl.CollectiveAborted), out
         assert np.array_equal(bufs[0], inputs[0]) and np.array_equal(bufs[1], inputs[1])
+
+
+async def test_an_all_reduce_many_cancelled_after_its_done_holds_the_reduction_every_peer_holds() -> None:
+    """``all_reduce_many`` of two small arrays (one packed bucket, one op): peer 0's call is
+    cancelled as that op's ``Done(ok)`` goes out and the master completes it, so peer 0's arrays
+    take the reduction as the others' do (the unpacking of a completed op's bucket is not cut
+    short), whether or not its call itself then ends ``Cancelled``."""
+    async with open_test_cluster(3, token=TOKEN, config=_config(False), soon=SOON) as (master, comms, _):
+        arrays = [[np.arange(100, dtype=np.float32) * (i + 1), np.full(50, i + 1.0, np.float32)] for i in range(3)]
+        want = [sum(a[k] for a in arrays) for k in range(2)]
+        bufs = [[a.copy() for a in peer] for peer in arrays]
+        scope, cancelled = trio.CancelScope(), trio.Event()
+
+        async def hold_done(msg: m.Message) -> None:  # peer 1
+            if isinstance(msg, m.CollectiveDone):
+                await cancelled.wait()
+                await trio.sleep(0.2)
+
+        async def call(i: int) -> None:
+            with scope if i == 0 else contextlib.nullcontext():
+                await comms[i].all_reduce_many(bufs[i])
+
+        with contextlib.ExitStack() as faults:
+            faults.enter_context(pccl.testing.intercept_master_sends(comms[0], _cancel_at_done(scope, cancelled)))
+            faults.enter_context(pccl.testing.intercept_master_sends(comms[1], hold_done))
+            with trio.fail_after(SOON):
+                async with trio.open_nursery() as nursery:
+                    for i in range(3):
+                        nursery.start_soon(call, i)
+        assert cancelled.is_set()
+        for i in range(3):
+            assert all(np.array_equal(b, w) for b, w in zip(bufs[i], want)), f"peer {i}'s arrays: all or nothing"
