@@ -25,7 +25,8 @@ async call).  ``send_async`` and ``recv_async`` (point to point) return the same
 
 Ctrl-C: a ``KeyboardInterrupt`` (or any exception) in the caller's thread while it waits for a
 call cancels that call (an in-place all-reduce gets its input back and the other peers abort
-it); leaving the ``with`` block, :meth:`Communicator.close`, or interpreter exit then leaves the
+it; once its peer reported its success to the master, it ends as the master says instead, with
+the others: ``CollectiveHandle.cancel``); leaving the ``with`` block, :meth:`Communicator.close`, or interpreter exit then leaves the
 run cleanly (the master sees a leave, not a timeout).  Closing cancels every call still running.
 """
 
@@ -93,7 +94,10 @@ class CollectiveHandle(Generic[_T]):
         """Cancel the operation, as an interrupted :meth:`wait` does (the async call's
         cancellation: an in-place buffer holds its input again, the other participants' calls
         of a collective abort; a cancelled vote is withdrawn).  :meth:`wait` then raises the
-        operation's error.  Returns at once; nothing happens once the operation has finished."""
+        operation's error — except for a collective whose peer had reported its success to the
+        master already: that one ends as the master says, the others' calls alike, so
+        :meth:`wait` returns its result if it completed (docs/reference/errors.rst).  Returns at
+        once; nothing happens once the operation has finished."""
         if self._cancel_call is not None and not self._future.done():
             self._cancel_call(self._future)
 

@@ -65,9 +65,16 @@ sends ``CollectiveWithdraw(tag)`` and waits for the master's answer: ``Rejected(
 frees the tag (one round trip); a ``Commence`` that crossed the withdrawal is reported as this
 peer's abort.  Until then the tag is *abandoned* (:mod:`pccl._peer.phase`): a new call on it, a
 topology vote or a sync waits for the answer instead of being refused.
-Once this peer has reported success the op's fate is the master's: a cancelled call restores the
-input even if the others go on to complete, and its tag stays abandoned until the master's final
-word on the op (a new Init on the tag before that would be refused as ``TAG_IN_USE``).
+Once this peer has reported success the op's fate is the master's, and a cancellation does not
+decide it: the call waits for the master's final word (shielded, for at most ``peer_timeout``,
+the master's own heartbeat timeout and the watchdog's bound on a stalled ring) and ends as the
+others do — ``Complete``: it returns its result (the cancellation came too late; the caller's
+cancel scope catches nothing), ``Abort`` or a lost master: the input is restored and the
+``Cancelled`` goes on.  Only if the master says nothing within that bound (another participant's
+ring still moves, or the master is unreachable without the connection having failed) does the
+call give up undecided: the input restored, ``Cancelled``, while the others may still complete;
+its tag then stays abandoned until the master's final word on the op (a new Init on the tag
+before that would be refused as ``TAG_IN_USE``).  The fast path's begun ops follow the same rule.
 
 Every control message to the master is sent shielded: a send cut mid-frame would break the
 master connection (and with it the communicator).
@@ -588,10 +595,40 @@ class CollectiveService:
             finished = op.traffic is not None and op.ring_error is None
             effects = self._step(op, Event.RING_DONE if finished else Event.RING_FAILED)
             await self._report(op, effects)
-            if Effect.REPORT_DONE in effects or op.machine.state is State.FAILING:
-                await op.settled.wait()  # (a begun op's failure waits too: the master may name a mismatch)
+            if Effect.REPORT_DONE in effects:
+                await self._await_verdict(op)
+            elif op.machine.state is State.FAILING:
+                await op.settled.wait()  # a begun op's failure waits too: the master may name a mismatch
         finally:
             route.intercept = None
+
+    async def _await_verdict(self, op: _Op) -> None:
+        """Wait for the master's final word on an op this peer reported a success for.
+
+        Cancelled meanwhile, the call still waits for that word (shielded, for at most
+        ``config.peer_timeout``): the op's fate is the master's now, and the others end as it
+        says.  ``Complete``: returns (the call returns its result; the cancellation, too late, is
+        not raised here).  ``Abort`` or a lost master: the ``Cancelled`` goes on (the input is
+        restored).  No word within the bound: the ``Cancelled`` goes on with the op undecided,
+        and a background task awaits the word (``ABANDONED``) — the one case where this call
+        may end otherwise than the others' (module docstring).
+        """
+        try:
+            await op.settled.wait()
+        except trio.Cancelled:
+            bound = self._host.config.peer_timeout
+            with trio.move_on_after(bound) as waited:
+                waited.shield = True
+                await op.settled.wait()
+            if op.machine.state is State.COMPLETED:
+                log.info("peer %x: %s seq %d was cancelled after its success was reported; the master "
+                         "completed it, so the call returns its result", self._host.peer_id, op.plan.what, op.seq)
+                return
+            if waited.cancelled_caught:
+                log.warning("peer %x: %s seq %d was cancelled after its success was reported and the master "
+                            "said nothing within %g s (peer_timeout): giving up on it undecided",
+                            self._host.peer_id, op.plan.what, op.seq, bound)
+            raise
 
     def _outcome(self, op: _Op, commence: m.CollectiveCommence) -> Result:
         """The op's result for the caller once the master has spoken (or this peer gave up)."""

@@ -33,8 +33,9 @@ States
 ``LOST``         final: the master was lost before its final word
 ``LEFT``         final: the call ended with an exception (cancelled, or the communicator failed);
                  the input is restored
-``ABANDONED``    the caller was cancelled after reporting success; a background task awaits the
-                 master's final word, so that the tag is free for the next call
+``ABANDONED``    the caller was cancelled after reporting success and the master said nothing
+                 within the shell's bounded wait for its word; a background task awaits that
+                 word, so that the tag is free for the next call
 ``RELEASED``     final: a background task settled the op with the master (or lost the master)
 ===============  ====================================================================================
 
@@ -78,8 +79,12 @@ Rules
   its ``Done`` each report, exactly once.
 * An ``Abort``, a lost master and a stall cancel the ring at once; a ``Complete`` never does
   (the ring's own end decides, and a stall after it overrules it).
-* Only the master's final word on an op that reported success is worth waiting for in the
-  background (``REPORTED`` + ``CANCEL``); before the ``Done`` the call reports the abort itself.
+* A cancellation after this peer reported success does not decide the op: the shell first
+  waits for the master's final word, shielded and bounded (``peer_timeout``), and the call ends
+  as that word says (``COMPLETED``: the result; ``ABORTED``/``LOST``: ``CANCEL`` leaves with the
+  input restored).  Only if the bound runs out first does the shell feed ``CANCEL`` in
+  ``REPORTED``, the one case whose final word is awaited in the background (``ABANDONED``);
+  before the ``Done`` the call reports the abort itself.
 * Once the master spoke (or is gone), its later messages for the op are ignored.
 * A begun op is a running one with two differences: its ring is watched only once every
   participant began (nobody waits on a neighbour that is still computing), and a ring failure

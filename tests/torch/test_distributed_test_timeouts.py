@@ -270,7 +270,9 @@ def test_a_timeout_mid_transfer_aborts_the_collective_on_every_peer(world: World
     it while its data moves.  All or nothing: it aborts on every peer (a peer whose own timeout
     had not passed yet gets ``CollectiveAborted`` from the others' cancellation) and each tensor
     holds its input again, bit for bit — or, had it been quicker this time, it completed on
-    every peer, right; then the timeout is halved and it runs again (at most 5 times).  After an
+    every peer, right (a peer whose timeout passed after it reported its part done waits for
+    the master's verdict and succeeds with the others: once, before that wait, it restored its
+    input while they completed); then the timeout is halved and it runs again (at most 5 times).  After an
     abort the group's next all-reduce, without a timeout, is right."""
 
     def case(pg: Any, rank: int, size: int) -> list[str]:
