@@ -221,7 +221,8 @@ WRONG = {
         _with(RUNNING__RESULT_HELD=(P.COMMITTED, (X.RETURN_RESULT, X.SEND_KNOWN))),
         ("agreement", "validity")),
     # abort when in doubt (or when the master goes): another may hold every id and have committed
-    "abort when in doubt": (_with(READY__PEER_LOST=(P.ABORTED, (X.RESTORE_INPUT,))), ("agreement",)),
+    "abort when in doubt": (_with(READY__PEER_LOST=(P.ABORTED, (X.RESTORE_INPUT,))),
+                            ("agreement", "PeerCommitError")),
     "abort when the master is lost": (_with(READY__MASTER_LOST=(P.ABORTED, (X.RESTORE_INPUT,))),
                                       ("agreement",)),
     # commit on a late ack after answering the master: the master may abort on the answer
@@ -234,8 +235,8 @@ WRONG = {
 }
 
 
-def _every_live_one_ready(participants, answers, dead=()):  # type: ignore[no-untyped-def]
-    verdict = resolve(participants, answers, dead)
+def _every_live_one_ready(participants, answers, dead=(), ready=()):  # type: ignore[no-untyped-def]
+    verdict = resolve(participants, answers, dead, ready)
     if verdict is Verdict.ABORT and not any(a.phase is P.ABORTED for a in answers.values()):
         return Verdict.COMMIT  # wrong: a dead participant may never have held its result
     return verdict

@@ -1,13 +1,20 @@
 """The master's resolution of one op under completion agreed among peers
-(pccl.protocol.master.peer_resolve): its rules one by one."""
+(pccl.protocol.master.peer_resolve): its rules one by one, then as the master of the model's
+every interleaving (tests/property/peer_commit_world.py runs it), with fast commit's one-way
+``Done`` reports in the model — and fast commit's abort on a death before ``Done``, shown wrong
+once participants commit among themselves."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
 from pccl.errors import ProtocolError
 from pccl.protocol.master.peer_resolve import Resolution, Send, Word
 from pccl.protocol.peer_commit import Answer, Phase, Verdict, resolve
+
+from peer_commit_world import Rules, Violation, explore, walk
 
 P = Phase
 ALL = frozenset({0, 1, 2})
@@ -84,3 +91,37 @@ def test_bad_input_is_a_protocol_error_and_changes_nothing() -> None:
     with pytest.raises(ProtocolError, match="distinct"):
         Resolution.open([1, 1])
     assert res.ready == {0} and not res.querying and res.answers == frozenset()
+
+
+# --- as the model's master ------------------------------------------------------------------
+
+@pytest.mark.parametrize("reads", [True, False])
+def test_the_model_with_done_reports_keeps_every_invariant(reads: bool) -> None:
+    """Done(ok) sent as a participant becomes ready, before its acks, and the master's verdict
+    on every Done(ok) racing the acks (read by a ready participant, or ignored: both hold)."""
+    rules = Rules(ready_reads_verdict=reads)
+    steady = explore(3, 0, rules=rules)
+    assert steady.master_words == 0  # nobody asked and nobody was queried
+    faulty = explore(2, 1, rules=rules)
+    assert faulty.worlds >= 3_000 and faulty.master_words > 0
+    rng = random.Random(47)
+    for _ in range(300):
+        walk(rng.choice((3, 4)), rng.choice((1, 2)), rng.randrange, rules=rules)
+
+
+def test_fast_commits_abort_on_a_death_before_done_splits_the_survivors() -> None:
+    """Today's fast path aborts an op the moment a participant dies before its Done.  Once
+    participants commit on a full known set that is wrong: the dead one may have acked."""
+    found = None
+    try:
+        explore(2, 1, rules=Rules(abort_on_death=True))
+    except Violation as violation:
+        found = violation
+    rng = random.Random(46)
+    for _ in range(20_000 if found is None else 0):
+        try:
+            walk(3, rng.choice((1, 2)), rng.randrange, rules=Rules(abort_on_death=True))
+        except Violation as violation:
+            found = violation
+            break
+    assert found is not None and found.what.startswith(("agreement", "PeerCommitError")), found

@@ -11,7 +11,8 @@ the live participants for their state when it must (a death before ``Done``, a p
 doubt, a stuck phase vote) and decides with :func:`pccl.protocol.peer_commit.resolve`.
 
 Not wired: neither the master (:mod:`.collectives`, :mod:`.machine`) nor the peer runs it yet,
-and no message carries a query or an answer.
+and no message carries a query or an answer; ``tests/property/peer_commit_world.py`` runs it as
+the master of the model's every interleaving, with the one-way ``Done`` reports.
 
 Rules
 =====
