@@ -38,7 +38,11 @@ Rules
 
 1. every participant reported ``Done(ok)`` -> commit (all were ready; nobody can have aborted:
    a ready participant aborts only on a nack or the master's abort, and a nack is a
-   ``Done(aborted)``, which never follows ``Done(ok)``) — today's ``Complete`` rule;
+   ``Done(aborted)``, which never follows ``Done(ok)``) — today's ``Complete`` rule.  (With the
+   digest in the acks a ``Done(ok)`` does not prove equal parameters; the host's Begin checks
+   do: a participant's Begin precedes its Done on one connection, so a disagreement aborts the
+   op, as today, before the last ``Done(ok)``.  Such an abort needs no query: differing digests
+   never merge, so no participant can hold a full set);
 2. a ``Done(aborted)`` -> abort (a nack: nobody can commit);
 3. while querying: :func:`~pccl.protocol.peer_commit.resolve` over the answers and the dead,
    with the ``Done(ok)`` ids counted as known (each proves its sender was ready).
