@@ -185,9 +185,12 @@ def test_every_interleaving_keeps_the_invariants(n: int, budget: int, least: int
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n,budget", [(2, 2), (4, 0), (2, 3)])
-def test_every_interleaving_keeps_the_invariants_longer(n: int, budget: int) -> None:
-    explore(n, budget, limit=20_000_000)
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("n,budget,done", [(2, 2, True), (2, 2, False), (4, 0, False), (2, 3, False)])
+def test_every_interleaving_keeps_the_invariants_longer(n: int, budget: int, done: bool) -> None:
+    """The longest walks; fast commit's Done reports make a walk about ten times larger (2 with 2
+    faults: 820,534 worlds with them, 153,467 without), so the largest two go without them."""
+    explore(n, budget, rules=Rules(done_reports=done), limit=20_000_000)
 
 
 def test_a_crashed_or_cut_off_participant_may_have_decided_otherwise() -> None:
