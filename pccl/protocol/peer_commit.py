@@ -324,18 +324,21 @@ def learned_from_peer(answer: Answer) -> Verdict | None:
 
 
 def resolve(participants: Collection[int], answers: Mapping[int, Answer],
-            dead: Collection[int] = ()) -> Verdict | None:
+            dead: Collection[int] = (), ready: Collection[int] = ()) -> Verdict | None:
     """The master's rule for an op someone is in doubt about; ``None``: not decided yet.
 
     ``answers`` are the participants' answers to the query (each participant that answered is
     frozen); ``dead`` the participants the master declared dead (fenced: their outcome binds
-    nobody).  In order:
+    nobody); ``ready`` the participants the master knows were ready from a one-way report (fast
+    commit's ``Done(ok)``, sent as its sender became ready: :mod:`pccl.protocol.master.peer_resolve`),
+    which count as known in rule 4 (they are not frozen, so they do not count as answers).  In
+    order:
 
     1. an answer ``COMMITTED`` -> ``COMMIT`` (it held every id: all were ready);
     2. an answer ``ABORTED`` (it failed, nacked, answered running, or heard ``ABORT``) -> ``ABORT``
        (some participant is never ready, or the verdict was already abort);
     3. a live participant has not answered -> ``None`` (wait for it, or for its death);
-    4. the answers' known sets together cover every participant -> ``COMMIT``, else ``ABORT``: a
+    4. the answers' known sets (and ``ready``) together cover every participant -> ``COMMIT``, else ``ABORT``: a
        dead participant whose readiness no live one heard of may have died running, and "a
        participant that dies mid-op aborts the op" (the fault model); nobody live can have
        committed without its id.
@@ -344,7 +347,7 @@ def resolve(participants: Collection[int], answers: Mapping[int, Answer],
     answer from a non-participant, or naming one, is a :class:`pccl.ProtocolError`.
     """
     group = frozenset(participants)
-    strangers = sorted(set(answers) - group) + sorted(set(dead) - group)
+    strangers = sorted(set(answers) - group) + sorted(set(dead) - group) + sorted(set(ready) - group)
     if strangers:
         raise ProtocolError(f"answers or deaths from {strangers}, not participants of {sorted(group)}")
     for peer, ans in answers.items():
@@ -355,7 +358,7 @@ def resolve(participants: Collection[int], answers: Mapping[int, Answer],
         return known_outcome
     if group - set(dead) - set(answers):
         return None
-    union = frozenset().union(*(ans.known for ans in answers.values()))
+    union = frozenset(ready).union(*(ans.known for ans in answers.values()))
     return Verdict.COMMIT if union == group else Verdict.ABORT
 
 

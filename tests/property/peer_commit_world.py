@@ -22,6 +22,14 @@ The master may declare dead any participant that crashed or was cut off, also af
 (the design has every peer report its undecided ops when it registers again); partitions never
 heal here, so a fence that must survive a master restart is not walked.
 
+The master is :class:`pccl.protocol.master.peer_resolve.Resolution` (a new one per master
+epoch), fed fast commit's one-way ``Done`` reports as well as asks, answers and deaths: a
+participant sends ``Done(ok)`` as it becomes ready (in the same step as its first known set, the
+two delivered in any order) and ``Done(aborted)`` as it nacks; a ``Done`` from a participant that
+crashed or was cut off may be lost, and none arrives after the master declared its sender dead.
+The master's verdict on every ``Done(ok)`` races the known sets: :class:`Rules` lets a ready
+participant read it or ignore it.
+
 Known sets travel all-to-all (each participant floods its set when it grows); the dissemination
 pattern is a subset of these deliveries, so the safety shown here holds for it too.  One
 reduction keeps the walk small: a channel carries only the newest set its sender sent (sets only
@@ -33,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
+from pccl.protocol.master.peer_resolve import Resolution, Send, Word
 from pccl.protocol.peer_commit import (DECIDED, TRANSITIONS, Answer, Effect, Event, Phase, Verdict,
                                        learned_from_peer, merge, resolve, step)
 
@@ -55,17 +64,26 @@ class Part:
 
 @dataclass(frozen=True)
 class Master:
+    """The master of one epoch: its :class:`Resolution` of the op (a new master starts a new one)."""
+
+    res: Resolution
     epoch: int = 0
-    resolving: bool = False
-    answers: frozenset[tuple[int, Answer]] = frozenset()
-    dead: frozenset[int] = frozenset()
-    verdict: Verdict | None = None
+
+    @property
+    def dead(self) -> frozenset[int]:
+        return self.res.dead
+
+    @property
+    def resolving(self) -> bool:
+        return self.res.querying
 
 
 # messages: ("known", src, dst, bits) ("nack", src, dst) ("lost", dst, about)
 #           ("ask"|"answer", src, epoch, answer) ("query", dst, epoch) ("verdict", dst, epoch, v)
+#           ("done", src, epoch, ok): fast commit's one-way Done, sent as its sender becomes ready
+#           (ok) or nacks (not ok); no master word (nobody waits for an answer to it)
 Msg = tuple
-MASTER_WORDS = ("ask", "answer", "query", "verdict")
+MASTER_WORDS = ("ask", "answer", "query", "verdict", "done")
 PEER_WORDS = ("known", "nack", "pquery", "preply")  # ("pquery", src, dst) ("preply", src, dst, answer)
 
 
@@ -91,8 +109,9 @@ class World:
         return part.alive and not part.cut
 
 
-def start(n: int, budget: int) -> World:
-    return World(tuple(Part(P.RUNNING, frozenset()) for _ in range(n)), frozenset(), Master(), budget)
+def start(n: int, budget: int, rules: Rules | None = None) -> World:
+    res = Resolution.open(range(n), rule=(rules or Rules()).resolver)
+    return World(tuple(Part(P.RUNNING, frozenset()) for _ in range(n)), frozenset(), Master(res), budget)
 
 
 @dataclass
@@ -100,6 +119,15 @@ class Rules:
     table: Table = field(default_factory=lambda: TRANSITIONS)
     resolver: Resolver = resolve
     learn: Callable[[Answer], "Verdict | None"] = learned_from_peer
+    #: A participant that is ready (asked nothing) acts on the master's verdict; False: it ignores
+    #: it (the verdict that every ``Done(ok)`` decides races its acks) and commits on its set.
+    ready_reads_verdict: bool = True
+    #: The master aborts an op at once when a participant dies before its ``Done`` (fast
+    #: commit's rule today; a wrong one once participants commit on their own).
+    abort_on_death: bool = False
+    #: Participants send fast commit's one-way ``Done`` (False: the master hears only asks and
+    #: answers, a walk about ten times smaller, for the longest walks).
+    done_reports: bool = True
 
 
 class Violation(AssertionError):
@@ -121,6 +149,8 @@ def _canon(world: World) -> World:
         elif kind in ("lost", "query", "verdict"):
             if not world.survivor(m[1]):
                 continue
+        elif kind == "done" and m[1] in world.master.dead:
+            continue  # the master closed its connection when it declared it dead
         if kind in MASTER_WORDS and m[2] != world.master.epoch:
             continue
         keep.append(m)
@@ -146,6 +176,9 @@ def _apply(world: World, i: int, event: Event, rules: Rules, bits: frozenset[int
     for effect in effects:
         if part.cut:
             continue  # nothing it sends gets anywhere
+        if (rules.done_reports and effect in (X.SEND_KNOWN, X.SEND_NACK) and part.phase is P.RUNNING
+                and not part.masterless):
+            msgs.add(("done", i, epoch, effect is X.SEND_KNOWN))  # before its acks (any order here)
         if effect is X.SEND_KNOWN:  # a newer set replaces the undelivered one on its channel
             msgs.difference_update(m for m in world.msgs if m[0] == "known" and m[1] == i)
             msgs.update(("known", i, j, known) for j in group if j != i)
@@ -159,33 +192,31 @@ def _apply(world: World, i: int, event: Event, rules: Rules, bits: frozenset[int
     return replace(world, msgs=frozenset(msgs), master_words=words)
 
 
-def _master_decide(world: World, rules: Rules) -> World:
+def _master_sends(world: World, res: Resolution, sends: tuple[Send, ...]) -> World:
+    """The master's :class:`Resolution` moved to ``res``; its messages go out."""
     m = world.master
-    if not m.resolving or m.verdict is not None:
-        return world
-    verdict = rules.resolver(world.group, dict(m.answers), m.dead)
-    if verdict is None:
-        return world
     msgs = set(world.msgs)
-    msgs.update(("verdict", j, m.epoch, verdict) for j in world.group if j not in m.dead)
-    return replace(world, master=replace(m, verdict=verdict), msgs=frozenset(msgs))
+    words = world.master_words
+    for send in sends:
+        if send.word is Word.QUERY:
+            msgs.update(("query", j, m.epoch) for j in send.to)
+            words = True
+        else:
+            msgs.update(("verdict", j, m.epoch, send.verdict) for j in send.to)
+    return replace(world, master=replace(m, res=res), msgs=frozenset(msgs), master_words=words)
 
 
 def _master_hears(world: World, i: int, answer: Answer, asked: bool, rules: Rules) -> World:
-    m = world.master
-    msgs = set(world.msgs)
-    if m.verdict is not None:
-        msgs.add(("verdict", i, m.epoch, m.verdict))
-        return replace(world, msgs=frozenset(msgs))
-    answers = dict(m.answers)
-    answers[i] = answer
-    resolving = m.resolving
-    if asked and not resolving:
-        resolving = True
-        msgs.update(("query", j, m.epoch) for j in world.group if j not in m.dead and j not in answers)
-    world = replace(world, master=replace(m, resolving=resolving, answers=frozenset(answers.items())),
-                           msgs=frozenset(msgs), master_words=True)
-    return _master_decide(world, rules)
+    res = world.master.res
+    world = replace(world, master_words=True)
+    return _master_sends(world, *(res.ask(i, answer) if asked else res.answer(i, answer)))
+
+
+def _master_declares_dead(world: World, i: int, rules: Rules) -> World:
+    res = world.master.res
+    if rules.abort_on_death and res.verdict is None and i not in res.ready | res.nacked:
+        res = replace(res, nacked=res.nacked | {i})  # as if it had reported a failure
+    return _master_sends(world, *res.death(i))
 
 
 def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
@@ -220,16 +251,15 @@ def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
                 yield f"{i} loses the master for good", _apply(alone, i, E.MASTER_LOST, rules)
     if world.budget > 0:
         spent = replace(world, budget=world.budget - 1)
-        restarted = _canon(replace(spent, master=Master(epoch=world.master.epoch + 1)))
+        fresh = Resolution.open(range(n), rule=rules.resolver)
+        restarted = _canon(replace(spent, master=Master(fresh, epoch=world.master.epoch + 1)))
         for i in range(n):
             if restarted.survivor(i):
                 restarted = _apply(restarted, i, E.MASTER_LOST, rules)
         yield "the master restarts", restarted
-        if not world.master.resolving:
-            m = spent.master
-            msgs = set(spent.msgs) | {("query", j, m.epoch) for j in range(n) if j not in m.dead}
-            yield "the master queries (phase rule)", _canon(replace(
-                spent, master=replace(m, resolving=True), msgs=frozenset(msgs), master_words=True))
+        if not world.master.resolving and world.master.res.verdict is None:
+            yield "the master queries (phase rule)", _canon(
+                _master_sends(spent, *spent.master.res.query_all()))
     for i, part in enumerate(world.parts):
         if world.reachable(i) and part.phase is P.IN_DOUBT and not part.asked_peers:
             parts = list(world.parts)
@@ -238,14 +268,13 @@ def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
             yield f"{i} asks the others", _canon(replace(world, parts=tuple(parts), msgs=frozenset(msgs)))
     for i in range(n):
         if not world.survivor(i) and i not in world.master.dead:
-            m = world.master
             msgs = set(world.msgs) | {("lost", j, i) for j in range(n) if j != i}
-            declared = _canon(replace(world, master=replace(m, dead=m.dead | {i}), msgs=frozenset(msgs)))
-            yield f"the master declares {i} dead", _master_decide(declared, rules)
+            declared = replace(world, msgs=frozenset(msgs))
+            yield f"the master declares {i} dead", _canon(_master_declares_dead(declared, i, rules))
     for msg in sorted(world.msgs, key=repr):
         rest = replace(world, msgs=world.msgs - {msg})
         kind = msg[0]
-        if kind in PEER_WORDS and not world.reachable(msg[1]):
+        if (kind in PEER_WORDS or kind == "done") and not world.reachable(msg[1]):
             yield f"{msg[:3]} is lost", rest
         if kind == "known":
             yield (f"{msg[2]} gets {sorted(msg[3])} from {msg[1]}",
@@ -258,7 +287,14 @@ def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
             yield f"{msg[1]} is queried", _apply(rest, msg[1], E.QUERY, rules)
         elif kind == "verdict":
             event = E.COMMIT if msg[3] is Verdict.COMMIT else E.ABORT
-            yield f"{msg[1]} hears {msg[3].value}", _apply(rest, msg[1], event, rules)
+            if world.parts[msg[1]].phase is P.READY and not rules.ready_reads_verdict:
+                yield f"{msg[1]} ignores {msg[3].value}", rest
+            else:
+                yield f"{msg[1]} hears {msg[3].value}", _apply(rest, msg[1], event, rules)
+        elif kind == "done":
+            res, sends = world.master.res.done(msg[1], msg[3])
+            yield f"the master hears {msg[1]}'s Done({'ok' if msg[3] else 'aborted'})", _master_sends(
+                rest, res, sends)
         elif kind == "pquery":
             yield f"{msg[2]} is asked by {msg[1]}", _apply(rest, msg[2], E.PEER_QUERY, rules, reply_to=msg[1])
         elif kind == "preply":
@@ -297,7 +333,7 @@ def explore(n: int, budget: int, rules: Rules | None = None, limit: int = 2_000_
     the first broken invariant, an excluded transition, or a live survivor left undecided."""
     rules = rules or Rules()
     report = Report()
-    first = start(n, budget)
+    first = start(n, budget, rules)
     seen: dict[World, tuple[World | None, str]] = {first: (None, "start")}
     todo = [first]
 
@@ -346,7 +382,7 @@ def walk(n: int, budget: int, choose: Callable[[int], int], rules: Rules | None 
     for 4 participants, where :func:`explore` would take too long); checks as :func:`explore` does
     and returns the world it ended in."""
     rules = rules or Rules()
-    world = start(n, budget)
+    world = start(n, budget, rules)
     trace = ["start"]
     for _ in range(max_steps):
         broken = check(world)

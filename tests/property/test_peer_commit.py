@@ -185,9 +185,12 @@ def test_every_interleaving_keeps_the_invariants(n: int, budget: int, least: int
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n,budget", [(2, 2), (4, 0), (2, 3)])
-def test_every_interleaving_keeps_the_invariants_longer(n: int, budget: int) -> None:
-    explore(n, budget, limit=20_000_000)
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("n,budget,done", [(2, 2, True), (2, 2, False), (4, 0, False), (2, 3, False)])
+def test_every_interleaving_keeps_the_invariants_longer(n: int, budget: int, done: bool) -> None:
+    """The longest walks; fast commit's Done reports make a walk about ten times larger (2 with 2
+    faults: 820,534 worlds with them, 153,467 without), so the largest two go without them."""
+    explore(n, budget, rules=Rules(done_reports=done), limit=20_000_000)
 
 
 def test_a_crashed_or_cut_off_participant_may_have_decided_otherwise() -> None:
@@ -221,7 +224,8 @@ WRONG = {
         _with(RUNNING__RESULT_HELD=(P.COMMITTED, (X.RETURN_RESULT, X.SEND_KNOWN))),
         ("agreement", "validity")),
     # abort when in doubt (or when the master goes): another may hold every id and have committed
-    "abort when in doubt": (_with(READY__PEER_LOST=(P.ABORTED, (X.RESTORE_INPUT,))), ("agreement",)),
+    "abort when in doubt": (_with(READY__PEER_LOST=(P.ABORTED, (X.RESTORE_INPUT,))),
+                            ("agreement", "PeerCommitError")),
     "abort when the master is lost": (_with(READY__MASTER_LOST=(P.ABORTED, (X.RESTORE_INPUT,))),
                                       ("agreement",)),
     # commit on a late ack after answering the master: the master may abort on the answer
@@ -234,8 +238,8 @@ WRONG = {
 }
 
 
-def _every_live_one_ready(participants, answers, dead=()):  # type: ignore[no-untyped-def]
-    verdict = resolve(participants, answers, dead)
+def _every_live_one_ready(participants, answers, dead=(), ready=()):  # type: ignore[no-untyped-def]
+    verdict = resolve(participants, answers, dead, ready)
     if verdict is Verdict.ABORT and not any(a.phase is P.ABORTED for a in answers.values()):
         return Verdict.COMMIT  # wrong: a dead participant may never have held its result
     return verdict
