@@ -289,10 +289,9 @@ class RingOp:
             kernels.reduce_into(acc, operand, bufs.op)
         if bufs.op is ReduceOp.AVG:
             kernels.avg_finalize(acc, self.world)
-        if acc.dtype.kind == "f":
-            nan = np.isnan(acc)
-            if nan.any():
-                acc[nan] = np.nan
+        if acc.dtype.kind == "f" and acc.size and np.isnan(np.minimum.reduce(acc, axis=None)):
+            # (the minimum is NaN iff an element is: one pass, no mask, and no Python-level call)
+            acc[np.isnan(acc)] = np.nan
         if bufs.half:
             kernels.narrow(out, acc)
 
