@@ -2,6 +2,7 @@
 pccl's own all-reduce), call by call in turn, in the same processes.
 
     .venv/bin/python benchmarks/collectives_gloo.py --peers 2 3 --sizes 64M [--iters 10] [--rate 4gbit]
+                                                    [--phases] [--fast-commit]
 
 Each peer process holds a pccl communicator and a Gloo process group over float32 buffers of
 ``size`` bytes; every iteration times one call of each configuration in an order shuffled
@@ -23,6 +24,8 @@ link, as a link-bound group does, and the comparison becomes one of bytes on the
 ``--phases`` also prints where each pccl call's time went, per ring position (medians, ms):
 from the call to its data path (the master's vote), the data path itself (``execute``: the
 bytes), and from there to the return (the completion round trip through the master).
+``--fast-commit`` runs pccl's peers with ``Config.fast_commit`` (the call skips the vote; the
+``vote`` span is then the call's own cost).
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ CONFIGS = ("gloo:broadcast", "pccl:broadcast", "gloo:all_gather", "pccl:all_gath
 
 
 def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
-               configs: list[str], phases: bool = False) -> dict[tuple[int, str], list[float]]:
+               configs: list[str], phases: bool = False,
+               fast_commit: bool = False) -> dict[tuple[int, str], list[float]]:
     import torch
     import torch.distributed as dist
     import trio
@@ -73,7 +77,8 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
 
     async def run() -> dict[tuple[int, str], list[float]]:
         out: dict[tuple[int, str], list[float]] = {}
-        async with pccl.open_communicator(f"127.0.0.1:{master_port}") as comm:
+        config = pccl.Config(fast_commit=fast_commit)
+        async with pccl.open_communicator(f"127.0.0.1:{master_port}", config=config) as comm:
             await admit(comm, world)
             root = min(comm.ring)
             position = comm.ring.index(comm.peer_id)
@@ -167,8 +172,9 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
 
 
 def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float,
-            phases: bool = False) -> list[dict[str, Any]]:
-    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, phases), timeout, "pccl-collectives-")
+            phases: bool = False, fast_commit: bool = False) -> list[dict[str, Any]]:
+    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, phases, fast_commit), timeout,
+                           "pccl-collectives-")
     if phases:
         print(format_phases(world, per_rank), flush=True)
     rows = []
@@ -224,15 +230,19 @@ def main(argv: list[str] | None = None) -> int:
                                        "namespace the run happens in; needs root")
     parser.add_argument("--phases", action="store_true",
                         help="also print each pccl call's vote, data path and completion (median ms per ring position)")
+    parser.add_argument("--fast-commit", action="store_true",
+                        help="pccl's peers run with Config.fast_commit (the call skips the master's vote)")
     args = parser.parse_args(argv)
     if args.rate and os.environ.get(_NETNS_ENV) != args.rate:
         return _rerun_shaped(args.rate, sys.argv[1:] if argv is None else argv)
     sizes = [parse_size(s) for s in args.sizes]
     configs = args.configs.split(",")
     link = f"loopback shaped to {args.rate} (tbf)" if args.rate else "loopback"
-    print(f"# pccl vs Gloo, float32, {link}, interleaved; {args.iters} iterations", flush=True)
+    commit = "fast commit" if args.fast_commit else "voted commit"
+    print(f"# pccl vs Gloo, float32, {link}, pccl {commit}, interleaved; {args.iters} iterations", flush=True)
     for world in args.peers:
-        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout, args.phases)), flush=True)
+        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout, args.phases, args.fast_commit)),
+              flush=True)
     return 0
 
 

@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/latency.py [--peers 2 3 4] [--sizes 4 64 1K 16K 64K 256K 1M]
                                            [--iters 50] [--collectives all_reduce broadcast]
-                                           [--clock group|slowest]
+                                           [--clock group|slowest] [--fast-commit]
 
 Each peer process holds a pccl communicator and a Gloo process group (the cluster of
 ``interleaved_gloo.py``).  For every size, each iteration times one call of each configuration
@@ -20,7 +20,9 @@ a training loop.  Gloo's call runs in a worker thread (the Trio loop keeps servi
 connections meanwhile) and notes its times there, so the hand-off to the thread is not counted
 either.  pccl's call goes through the public API: the master's round trips are included.
 ``--clock slowest`` times instead as ``pccl bench`` and ``interleaved_gloo.py`` do: each rank's
-own call, the slowest rank's per iteration (the barrier's skew included).
+own call, the slowest rank's per iteration (the barrier's skew included).  ``--fast-commit`` runs
+pccl's peers with ``Config.fast_commit`` (the call skips the master's vote: one round trip per
+collective instead of two).
 
 The table shows, per group size, size and collective, the median and the minimum over
 iterations of Gloo and of pccl, and Gloo's over pccl's (above 1: pccl faster).
@@ -52,7 +54,7 @@ Spans = dict[tuple[int, str], list[tuple[float, float]]]
 
 
 def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
-               configs: list[str]) -> Spans:
+               configs: list[str], fast_commit: bool = False) -> Spans:
     import torch
     import torch.distributed as dist
     import trio
@@ -63,7 +65,8 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
 
     async def run() -> Spans:
         spans: Spans = {}
-        async with pccl.open_communicator(f"127.0.0.1:{master_port}") as comm:
+        config = pccl.Config(fast_commit=fast_commit)
+        async with pccl.open_communicator(f"127.0.0.1:{master_port}", config=config) as comm:
             await admit(comm, world)
             root = min(comm.ring)
             gloo_root = gloo_rank_of(comm, root, rank, world)
@@ -137,8 +140,8 @@ CLOCKS = {"group": group_times, "slowest": slowest_times}
 
 
 def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float,
-            clock: str = "group") -> list[dict[str, Any]]:
-    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs), timeout, "pccl-latency-")
+            clock: str = "group", fast_commit: bool = False) -> list[dict[str, Any]]:
+    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, fast_commit), timeout, "pccl-latency-")
     rows = []
     for nbytes in sizes:
         for cfg in configs:
@@ -179,6 +182,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], l
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="group",
                         help="group: last rank's call to last return; slowest: the slowest rank's own call")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one group size may take")
+    parser.add_argument("--fast-commit", action="store_true",
+                        help="pccl's peers run with Config.fast_commit (the call skips the master's vote)")
     args = parser.parse_args(argv)
     sizes = checked_sizes(parser, args)
     configs = [f"{who}:{kind}" for kind in dict.fromkeys(args.collectives) for who in ("gloo", "pccl")]
@@ -195,10 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C does, so that run_cluster stops the master and the peers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     clock = "last call to last return" if args.clock == "group" else "the slowest rank's own call"
-    print(f"# fixed cost per collective, float32 on loopback, {clock}; {args.iters} iterations, interleaved",
-          flush=True)
+    commit = "fast commit" if args.fast_commit else "voted commit"
+    print(f"# fixed cost per collective, float32 on loopback, {clock}, pccl {commit}; {args.iters} iterations, "
+          f"interleaved", flush=True)
     for world in dict.fromkeys(args.peers):
-        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout, args.clock)), flush=True)
+        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout, args.clock, args.fast_commit)),
+              flush=True)
     return 0
 
 

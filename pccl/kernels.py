@@ -207,6 +207,19 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp | int = ReduceOp.
     ``np.maximum``: NaN in either operand gives NaN, and on ties (+0 vs -0) src wins.  AVG
     accumulates like SUM; finish with :func:`avg_finalize`.  Raises InvalidArgument.
     """
+    if src_dtype is None and type(dst) is np.ndarray and type(src) is np.ndarray and type(op) is ReduceOp:
+        # The data path's call (a small op makes one or two per frame, where these checks cost
+        # several times the kernel): two aligned C-contiguous arrays of one supported dtype,
+        # not empty, not overlapping (for contiguous arrays the bounds test is exact), checked
+        # in one go; anything else takes the checks below, which name what is wrong.
+        dt = _DTYPE_CACHE.get(dst.dtype)
+        fd, fs = dst.flags, src.flags
+        if (dt is not None and dt not in _HALF and src.dtype == dst.dtype and dst.size == src.size and dst.size
+                and fd.c_contiguous and fd.writeable and fd.aligned and fs.c_contiguous and fs.aligned
+                and not np.may_share_memory(dst, src)):
+            _check(lib.pccl_reduce(op, dt, ffi.from_buffer(_CHAR_ARRAY, dst, True), ffi.from_buffer(_CHAR_ARRAY, src),
+                                   dst.size), "reduce")
+            return
     op = _op(op)
     dst = checked_array("dst", dst, writable=True)
     src = checked_array("src", src)

@@ -299,10 +299,9 @@ def _combine(own: np.ndarray, other: np.ndarray, op: ReduceOp, own_is_lower: boo
 def _finalize(acc: np.ndarray, out: np.ndarray, op: ReduceOp, world: int, half: bool) -> None:
     if op is ReduceOp.AVG:
         kernels.avg_finalize(acc, world)
-    if acc.dtype.kind == "f":
-        nan = np.isnan(acc)
-        if nan.any():
-            acc[nan] = np.nan
+    if acc.dtype.kind == "f" and acc.size and np.isnan(np.minimum.reduce(acc, axis=None)):
+        # (the minimum is NaN iff an element is: one pass, no mask, and no Python-level call)
+        acc[np.isnan(acc)] = np.nan
     if half:
         kernels.narrow(out, acc)
     else:

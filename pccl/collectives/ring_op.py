@@ -114,6 +114,10 @@ class RingOp:
         return self.bufs.src.nbytes
 
     @property
+    def saves_in_pieces(self) -> bool:
+        return False
+
+    @property
     def stage_nbytes(self) -> int:
         if self.exchange:
             return 0  # every input lands in exchange_inputs (destination): nothing is staged
@@ -232,8 +236,8 @@ class RingOp:
             return stage[: self.frame_nbytes(frame)].data
         if bufs.quantized:
             return self._gather_segment(frame).data
-        if self.backup is not None and not self.backup.is_saved(frame.start):
-            self.backup.save(frame.start, frame.stop)
+        if self.backup is not None and not self.backup.is_begun(frame.start):
+            self.backup.save(frame.start, frame.stop)  # (a slice begun is saved by its receiver, piece by piece)
         return _as_bytes(bufs.dst[frame.start : frame.stop]).data
 
     def received(self, frame: Frame, stage: np.ndarray) -> None:
@@ -289,10 +293,9 @@ class RingOp:
             kernels.reduce_into(acc, operand, bufs.op)
         if bufs.op is ReduceOp.AVG:
             kernels.avg_finalize(acc, self.world)
-        if acc.dtype.kind == "f":
-            nan = np.isnan(acc)
-            if nan.any():
-                acc[nan] = np.nan
+        if acc.dtype.kind == "f" and acc.size and np.isnan(np.minimum.reduce(acc, axis=None)):
+            # (the minimum is NaN iff an element is: one pass, no mask, and no Python-level call)
+            acc[np.isnan(acc)] = np.nan
         if bufs.half:
             kernels.narrow(out, acc)
 

@@ -64,3 +64,8 @@ def test_the_table_puts_gloo_beside_pccl(latency: ModuleType) -> None:
     header, line = latency.format_rows(rows).splitlines()
     assert header.split()[:3] == ["N", "size", "collective"]
     assert line.split() == ["2", "16K", "all_reduce", "2.000", "1.000", "1.000", "2.000", "2.00", "0.50"]
+
+
+def test_fast_commit_is_an_option_off_by_default(latency: ModuleType) -> None:
+    assert latency.parse_args([])[0].fast_commit is False
+    assert latency.parse_args(["--fast-commit"])[0].fast_commit is True
