@@ -301,8 +301,9 @@ class CollectiveService:
         await self._host.settled(plan.tag)  # a cancelled call's vote on this tag is withdrawn first
         begin = self._begin(plan) if fast and await self._alone() else None  # before this attempt holds a tag
         route = self._host.open_route(plan.tag)
-        # Large ops take their lane threads in the order the master commenced them (the same on
-        # every peer): a Commence is recorded the moment it arrives, before any later op can run.
+        # Large ops (and the partner links' ops) take their turns in the order they were
+        # commenced here (the same on every peer): a Commence is recorded the moment it arrives,
+        # a begun op as its Begin goes out, before any later op can run (links.SeqRegistry).
         registry = self._links.registry
         # (Not a begun op's: its one-way Commence comes once it may be on its data path already,
         # and would record the seq as waiting again, holding every later large op back.)

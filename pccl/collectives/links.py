@@ -29,7 +29,7 @@ Trio task (:mod:`pccl.collectives.inline`) and read through :meth:`Inbox.receive
 role and the parked header are shared by both kinds of reader, so the two kinds of operation
 run concurrently on one lane (a thread that gives the role up wakes waiting Trio tasks through
 the Trio token).  Large ops take their threads a few at a time, in commence order
-(:attr:`RingLinks.turns`): the lowest unfinished op gets its turn on every peer, so the run
+(:attr:`RingLinks.turns`): the earliest unfinished op gets its turn on every peer, so the run
 progresses (in arrival order two peers could run disjoint ops, each waiting behind a frame
 parked for an op the other has not admitted).
 
@@ -87,10 +87,11 @@ class SeqRegistry:
         self._order: collections.deque[int] = collections.deque()
         # Weak: inboxes of torn-down rings must not live as long as the communicator's registry.
         self._listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
-        #: Seqs commenced here that have not reached their data path, nor ended (a heap with
-        #: lazy deletion over the set).
-        self._commenced: set[int] = set()
-        self._commenced_heap: list[int] = []
+        #: Seqs commenced here that have not reached their data path, nor ended, with their rank
+        #: in the commence order (a heap of (rank, seq) with lazy deletion over the dict).
+        self._commenced: dict[int, int] = {}
+        self._commenced_heap: list[tuple[int, int]] = []
+        self._next_rank = 0
         self._turn_listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
 
     def add_listener(self, wake: Callable[[], None]) -> None:
@@ -110,19 +111,34 @@ class SeqRegistry:
         return seq in self._retired
 
     def commenced(self, seq: int) -> None:
-        """The master commenced ``seq`` with this peer (call in the order the Commences arrive,
-        before the op can reach its data path): until :meth:`started` or :meth:`retire`, large
-        ops of later seqs wait for it (:class:`~pccl.collectives.turns.ThreadTurns`)."""
+        """The master commenced ``seq`` with this peer, or this peer began it (call in the order
+        the Commences arrive and the Begins are sent, before the op can reach its data path):
+        until :meth:`started` or :meth:`retire`, large ops commenced *after* it wait for it
+        (:class:`~pccl.collectives.turns.ThreadTurns`).
+
+        The order is the order of these calls, not of the seqs: the master's seqs count up in
+        the order it sends the Commences, but a begun op's derived seq (top bit set) sorts after
+        all of them, although a peer that began it ran it before any later Commence arrived,
+        and a peer that voted for it was told it before any op its Begin preceded.  Ordered by
+        seq, the voter ran a later voted op first on the partner links while the beginner ran
+        the begun one: each waited for the other's frames until the watchdog aborted both."""
         if seq in self._retired or seq in self._commenced:
             return
-        self._commenced.add(seq)
-        heapq.heappush(self._commenced_heap, seq)
+        rank = self._next_rank
+        self._next_rank = rank + 1
+        self._commenced[seq] = rank
+        heapq.heappush(self._commenced_heap, (rank, seq))
+
+    def rank(self, seq: int) -> int | None:
+        """``seq``'s place in the commence order while it is commenced here (neither started
+        nor ended): lower ranks were commenced earlier."""
+        return self._commenced.get(seq)
 
     def started(self, seq: int) -> None:
         """``seq`` reached its data path (or never will): it no longer holds later ops back.
         Idempotent; unknown seqs are ignored."""
         if seq in self._commenced:
-            self._commenced.discard(seq)
+            del self._commenced[seq]
             if not self._commenced:
                 self._commenced_heap.clear()  # the lazily deleted entries go too
             else:
@@ -137,11 +153,12 @@ class SeqRegistry:
         return seq in self._commenced
 
     def first_commenced(self) -> int | None:
-        """The lowest seq commenced here that has neither started nor ended, if any."""
+        """The seq commenced here first of those that have neither started nor ended, if any."""
         heap = self._commenced_heap
-        while heap and heap[0] not in self._commenced:
+        commenced = self._commenced
+        while heap and commenced.get(heap[0][1]) != heap[0][0]:
             heapq.heappop(heap)
-        return heap[0] if heap else None
+        return heap[0][1] if heap else None
 
     def retire(self, seq: int) -> None:
         """Mark ``seq`` ended: its frames still in flight will be discarded.  Idempotent."""
