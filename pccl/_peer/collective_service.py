@@ -63,8 +63,10 @@ Cancellation restores an in-place buffer and reports ``Done(aborted=True)`` (shi
 is still open, the call returns at once and a background task in the communicator's nursery
 sends ``CollectiveWithdraw(tag)`` and waits for the master's answer: ``Rejected(WITHDRAWN)``
 frees the tag (one round trip); a ``Commence`` that crossed the withdrawal is reported as this
-peer's abort.  Until then the tag is *abandoned* (:mod:`pccl._peer.phase`): a new call on it, a
-topology vote or a sync waits for the answer instead of being refused.
+peer's abort.  So does a call cancelled in an op it began whose arming ``Commence`` has not come:
+the master ends the op (``Abort(WITHDRAWN)``: every participant retries the tag's next use, no
+re-wire; docs/protocol.rst, "Withdrawing a Begin").  Until then the tag is *abandoned*
+(:mod:`pccl._peer.phase`): a new call on it, a topology vote or a sync waits instead of failing.
 Once this peer has reported success the op's fate is the master's: a cancelled call restores the
 input even if the others go on to complete, and its tag stays abandoned until the master's final
 word on the op (a new Init on the tag before that would be refused as ``TAG_IN_USE``).
@@ -95,7 +97,7 @@ from typing import Any
 import numpy as np
 import trio
 
-from .collective_plans import Plan, StaleRing, phase_mismatch_abort
+from .collective_plans import Plan, StaleRing, Withdrawn, phase_mismatch_abort
 from .reduce_many import MANY_FIRST_TAG, reduce_many
 from .host import CollectiveRoute, MasterLost, PeerHost, RouteInbox
 from .ring_connections import P2PLinks
@@ -253,9 +255,10 @@ class CollectiveService:
         while True:
             try:
                 return await self._attempt(plan)
-            except StaleRing:
+            except StaleRing as exc:
                 self._host.counters.retries += 1
-                await self.rewire_when_idle()
+                if exc.rewire:
+                    await self.rewire_when_idle()
 
     async def rewire_when_idle(self) -> None:
         """Re-wire the group once no all-reduce of this peer holds a tag (the master refuses a
@@ -520,6 +523,9 @@ class CollectiveService:
             except PCCLError:
                 self._step(op, Event.FAIL)
                 return  # the master is gone (the route closes) or the communicator failed
+            if op.fast:
+                await self._recall(op, inbox)
+                return
             async for msg in inbox:
                 if isinstance(msg, m.CollectiveRejected):
                     self._step(op, Event.REJECT)
@@ -538,6 +544,28 @@ class CollectiveService:
         finally:
             self._release(tag)
 
+    async def _recall(self, op: _Op, inbox: RouteInbox) -> None:
+        """A begun op's withdrawal is out: wait for the master's end of the op — its ``Abort``
+        (``WITHDRAWN``: the others retry; any other: the withdrawal crossed the last Begin, or
+        another participant's failure was held, and counts as this peer's abort), or the
+        refusal of the Begin that crossed it."""
+        for_it = (m.CollectiveAbort, m.CollectiveCommence)
+        async for msg in inbox:
+            if isinstance(msg, for_it) and msg.seq != op.seq:
+                continue  # an earlier op's word on this tag
+            if isinstance(msg, m.CollectiveCommence):
+                self._step(op, Event.COMMENCE)  # armed as the withdrawal went out: its abort follows
+            elif isinstance(msg, m.CollectiveAbort):
+                if msg.code not in (m.RejectCode.WITHDRAWN, m.RejectCode.STALE_RING):
+                    self._host.counters.collectives_aborted += 1
+                    self._spoiled = self._host.links
+                self._step(op, Event.ABORT)
+                return
+            elif isinstance(msg, m.CollectiveRejected) and msg.code != m.RejectCode.WITHDRAWN:
+                self._step(op, Event.REJECT)
+                return
+        self._step(op, Event.MASTER_LOST)
+
     # --- a commenced op -----------------------------------------------------------------------
 
     async def _run(self, op: _Op, commence: m.CollectiveCommence, route: CollectiveRoute) -> Result:
@@ -550,8 +578,10 @@ class CollectiveService:
                 await self._ring_and_settle(op, commence, route)
             except BaseException as exc:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
-                self._spoiled = host.links  # the others abort: the master marks the ring stale
                 effects = self._step(op, Event.CANCEL if isinstance(exc, trio.Cancelled) else Event.FAIL)
+                if Effect.WITHDRAW in effects:
+                    raise  # a Begin not armed yet: withdrawn in the background (_settle_abandoned)
+                self._spoiled = host.links  # the others abort: the master marks the ring stale
                 try:
                     await self._report(op, effects)
                 except PCCLError:
@@ -608,9 +638,12 @@ class CollectiveService:
             return plan.result(commence, tuple(commence.ring).index(host.peer_id), tx, rx, output)
         if guard is not None:
             guard.restore()
+        final = op.final
+        if isinstance(final, m.CollectiveAbort) and final.code == m.RejectCode.WITHDRAWN:
+            # A participant withdrew its Begin: nothing failed, the call retries (not an abort).
+            raise Withdrawn()
         host.counters.collectives_aborted += 1
         self._spoiled = host.links  # an op failed on this ring: the next one votes
-        final = op.final
         if isinstance(final, m.CollectiveRejected):  # a Begin the master refused
             raise self._rejection(plan, final)
         if isinstance(final, m.CollectiveAbort) and final.code:  # a begun op: why, as a rejection says
