@@ -330,6 +330,22 @@ def test_a_vote_that_aborts_a_begun_op_re_checks_the_other_votes_of_its_group() 
     assert rejected.code == m.RejectCode.STALE_RING
 
 
+def test_a_member_told_a_phase_mismatch_is_not_answered_the_aborted_op_on_its_next_call() -> None:
+    """The phase mismatch told c (in update_topology) its own mismatch while a and b began: c's
+    next call on the tag is a new use.  Answered the aborted op's Commence and Abort, c raised
+    a second PhaseMismatch (tests/e2e/test_phase_mismatch.py's diverging loops, fast commit)."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    _begin(h, a)
+    _begin(h, b)
+    h.send(c, m.VoteTopology(True))
+    let_grace_pass(h)
+    assert isinstance(h.last(c, m.TopologyRejected), m.TopologyRejected)
+    h.send(c, m.CollectiveInit(TAG, 4, 10, 0))
+    assert h.last(c, m.CollectiveCommence) is None and _abort(h, c) is None
+    assert not h.kicks
+
+
 def test_a_withdrawn_begin_ends_the_op_at_once_and_everyone_retries_the_next_use() -> None:
     """a, cancelled before c began, withdraws its Begin: the op ends WITHDRAWN on a and b at
     once, the ring stays fresh, c's Begin of that use hears the same once, and the next use

@@ -405,8 +405,10 @@ class CollectiveOps:
         assert op.seq is not None
         for key in [k for k, a in self._aborted.items() if k[0] == op.group and a.round != op.round]:
             del self._aborted[key]  # an earlier round's: no Begin can name it any more
-        self._aborted[(op.group, op.tag)] = _Aborted(op.seq, op.round, tuple(op.participants), why, code,
-                                                     set(op.participants) - op.began)
+        # A phase mismatch told every member that had not begun the op its own mismatch (each
+        # waits elsewhere): the next call of each on the tag is a new use, after the re-wire.
+        untold = set() if code == m.RejectCode.PHASE_MISMATCH else set(op.participants) - op.began
+        self._aborted[(op.group, op.tag)] = _Aborted(op.seq, op.round, tuple(op.participants), why, code, untold)
 
     def forget(self, group: int, peer_id: int) -> None:
         """A peer of ``group`` was removed: its votes go (its running ops abort at the next check)."""
