@@ -182,3 +182,33 @@ async def test_a_withdrawn_begin_makes_the_others_retry_the_next_use_of_the_tag(
         assert comms[1].statistics().retries == 1 and comms[2].statistics().retries == 1
         assert comms[0].statistics().p2p_rounds == round_before  # the ring stayed fresh
 
+
+@pytest.mark.parametrize("size", [1000, 300_000])  # small (inline), and large (lane threads)
+async def test_a_peer_that_began_another_tag_first_does_not_block_the_link(size: int) -> None:
+    # Peer 0 begins tag 1 alone, then calls tag 2 (it votes: tag 1 is in flight); peer 1,
+    # sequential, begins tag 2 alone and calls tag 1 only after it.  Tag 1's frames reach
+    # peer 1 first: parked at the head of its link they blocked tag 2's behind them, which
+    # peer 1 waits for before it calls tag 1 (a crossing), until the watchdog aborted both.
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        xs = {(i, tag): np.full(size, float(i + 1) * tag, np.float32) for i in range(2) for tag in (1, 2)}
+        infos: list[Any] = []
+
+        async def first() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_reduce, comms[0], xs[(0, 1)], 1, infos)
+                await trio.sleep(0.05)
+                nursery.start_soon(_reduce, comms[0], xs[(0, 2)], 2, infos)
+
+        async def second() -> None:
+            await trio.sleep(0.02)
+            await _reduce(comms[1], xs[(1, 2)], 2, infos)
+            await _reduce(comms[1], xs[(1, 1)], 1, infos)
+
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(first)
+                nursery.start_soon(second)
+        assert all(isinstance(info, pccl.ReduceInfo) for info in infos) and len(infos) == 4, infos
+        for (i, tag), x in xs.items():
+            assert np.array_equal(x, np.full(size, 3.0 * tag, np.float32)), (i, tag)
+        assert [c.statistics().collectives_aborted for c in comms] == [0, 0]
