@@ -128,13 +128,13 @@ class Config:
     #: released, so reduction overlaps the transfers).  The simulator sets False: a simulated
     #: run must not start real threads.
     kernel_threads: bool = True
-    #: Experimental: a collective that this peer starts with no other in flight, on a ring no
-    #: op failed on since its topology round, begins at once with a one-way ``CollectiveBegin``
-    #: instead of waiting for the master's vote (one master round trip per collective instead
-    #: of two; docs/protocol.rst, "Design: one master round trip per collective").  Concurrent
-    #: calls and all-gathers still vote.  Off: every collective is voted.  Peers of one run may
-    #: differ.
-    fast_commit: bool = False
+    #: A collective that this peer starts with no other in flight, on a ring no op failed on
+    #: since its topology round, begins at once with a one-way ``CollectiveBegin`` instead of
+    #: waiting for the master's vote (one master round trip per collective instead of two;
+    #: docs/protocol.rst, "Design: one master round trip per collective").  Concurrent calls
+    #: and all-gathers still vote.  On by default; off: every collective is voted.  Peers of
+    #: one run may differ.
+    fast_commit: bool = True
 
     def __post_init__(self) -> None:
         if (self.peer_timeout <= 0 or self.heartbeat_interval <= 0 or self.connect_timeout <= 0

@@ -37,7 +37,7 @@ from ..errors import CollectiveAborted, PhaseMismatch
 from ..protocol import messages as m
 from ..protocol.messages import CollectiveKind
 
-__all__ = ["Plan", "TAG_LIMIT", "check_tag", "StaleRing", "phase_mismatch_abort"]
+__all__ = ["Plan", "TAG_LIMIT", "check_tag", "StaleRing", "Withdrawn", "phase_mismatch_abort"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +117,16 @@ class Plan:
 
 class StaleRing(Exception):
     """The master answered STALE_RING; re-wire and vote again."""
+
+    #: whether the ring must be re-wired before the retry
+    rewire = True
+
+
+class Withdrawn(StaleRing):
+    """A participant withdrew the begun op before every participant began (its caller was
+    cancelled): the ring is sound, retry the tag's next use at once."""
+
+    rewire = False
 
 
 def phase_mismatch_abort(what: str, mismatch: PhaseMismatch) -> CollectiveAborted:

@@ -63,8 +63,10 @@ Cancellation restores an in-place buffer and reports ``Done(aborted=True)`` (shi
 is still open, the call returns at once and a background task in the communicator's nursery
 sends ``CollectiveWithdraw(tag)`` and waits for the master's answer: ``Rejected(WITHDRAWN)``
 frees the tag (one round trip); a ``Commence`` that crossed the withdrawal is reported as this
-peer's abort.  Until then the tag is *abandoned* (:mod:`pccl._peer.phase`): a new call on it, a
-topology vote or a sync waits for the answer instead of being refused.
+peer's abort.  So does a call cancelled in an op it began whose arming ``Commence`` has not come:
+the master ends the op (``Abort(WITHDRAWN)``: every participant retries the tag's next use, no
+re-wire; docs/protocol.rst, "Withdrawing a Begin").  Until then the tag is *abandoned*
+(:mod:`pccl._peer.phase`): a new call on it, a topology vote or a sync waits instead of failing.
 Once this peer has reported success the op's fate is the master's, and a cancellation does not
 decide it: the call waits for the master's final word (shielded, for at most ``peer_timeout``,
 the master's own heartbeat timeout and the watchdog's bound on a stalled ring) and ends as the
@@ -102,7 +104,8 @@ from typing import Any
 import numpy as np
 import trio
 
-from .collective_plans import Plan, StaleRing, phase_mismatch_abort
+from .collective_plans import Plan, StaleRing, Withdrawn, phase_mismatch_abort
+from .op_attempt import OpAttempt, await_verdict
 from .reduce_many import MANY_FIRST_TAG, reduce_many
 from .host import CollectiveRoute, MasterLost, PeerHost, RouteInbox
 from .ring_connections import P2PLinks
@@ -138,36 +141,6 @@ Result = ReduceInfo | CollectiveInfo | Gathered | Shard
 #: array once the master confirms the op (cheaper for small ops than the input backup, which
 #: saves every slice before its first overwrite to be able to restore it).
 STAGED_IN_PLACE_BYTES = 256 * 1024
-
-
-@dataclasses.dataclass(eq=False)
-class _Op:
-    """One attempt of a collective: its machine, and what the machine's effects act on."""
-
-    plan: Plan
-    epoch: int
-    machine: OpLifecycle = dataclasses.field(default_factory=OpLifecycle)
-    seq: int = 0
-    #: A small in-place op's staged result or a larger one's input backup, kept until the
-    #: master's final word (an abort may come after this peer's ring ended).
-    guard: InputGuard | None = None
-    ring_scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
-    #: Set by the machine's ``SETTLE``: the master's final word (or its loss) is in.
-    settled: trio.Event = dataclasses.field(default_factory=trio.Event)
-    #: The master's final word (its detail goes into the caller's error); a begun op's may be
-    #: the rejection of its Begin.
-    final: m.CollectiveComplete | m.CollectiveAbort | m.CollectiveRejected | None = None
-    #: Begun without a vote (``Config.fast_commit``): its ring is watched once armed.
-    fast: bool = False
-    #: A begun op's ring connections while its ring runs unwatched, and its watch once armed.
-    unwatched: P2PLinks | None = None
-    watch: Any = None
-    #: (tx, rx) payload bytes and an all-gather's output once this peer's ring finished.
-    traffic: tuple[int, int, np.ndarray | None] | None = None
-    ring_error: PCCLError | None = None
-    stall_error: PeerDisconnected | None = None
-    #: ``WITHDRAW`` or ``AWAIT_FINAL`` once the machine hands the tag to a background task.
-    handoff: Effect | None = None
 
 
 class CollectiveService:
@@ -260,9 +233,10 @@ class CollectiveService:
         while True:
             try:
                 return await self._attempt(plan)
-            except StaleRing:
+            except StaleRing as exc:
                 self._host.counters.retries += 1
-                await self.rewire_when_idle()
+                if exc.rewire:
+                    await self.rewire_when_idle()
 
     async def rewire_when_idle(self) -> None:
         """Re-wire the group once no all-reduce of this peer holds a tag (the master refuses a
@@ -308,14 +282,15 @@ class CollectiveService:
         await self._host.settled(plan.tag)  # a cancelled call's vote on this tag is withdrawn first
         begin = self._begin(plan) if fast and await self._alone() else None  # before this attempt holds a tag
         route = self._host.open_route(plan.tag)
-        # Large ops take their lane threads in the order the master commenced them (the same on
-        # every peer): a Commence is recorded the moment it arrives, before any later op can run.
+        # Large ops (and the partner links' ops) take their turns in the order they were
+        # commenced here (the same on every peer): a Commence is recorded the moment it arrives,
+        # a begun op as its Begin goes out, before any later op can run (links.SeqRegistry).
         registry = self._links.registry
         # (Not a begun op's: its one-way Commence comes once it may be on its data path already,
         # and would record the seq as waiting again, holding every later large op back.)
         route.on_commence = registry.commenced if begin is None else None
         self._hold()
-        op = _Op(plan, epoch)
+        op = OpAttempt(plan, epoch)
         keep_route = False
         try:
             if begin is not None:
@@ -398,7 +373,7 @@ class CollectiveService:
         return n
 
     async def _await_answer(
-        self, op: _Op, inbox: RouteInbox
+        self, op: OpAttempt, inbox: RouteInbox
     ) -> m.CollectiveCommence | m.CollectiveRejected:
         while True:
             try:
@@ -441,7 +416,7 @@ class CollectiveService:
 
     # --- the machine's effects -------------------------------------------------------------------
 
-    def _step(self, op: _Op, event: Event,
+    def _step(self, op: OpAttempt, event: Event,
               word: m.CollectiveComplete | m.CollectiveAbort | m.CollectiveRejected | None = None
               ) -> tuple[Effect, ...]:
         """Feed ``event`` to ``op``'s machine and run its synchronous effects; return all of
@@ -464,14 +439,14 @@ class CollectiveService:
             op.guard.restore()
         return effects
 
-    async def _report(self, op: _Op, effects: tuple[Effect, ...]) -> None:
+    async def _report(self, op: OpAttempt, effects: tuple[Effect, ...]) -> None:
         """Send the ``Done`` that ``effects`` ask for, if any (shielded: see the module docstring)."""
         for effect in effects:
             if effect is Effect.REPORT_DONE or effect is Effect.REPORT_ABORT:
                 done = m.CollectiveDone(op.plan.tag, op.seq, aborted=effect is Effect.REPORT_ABORT)
                 await self._host.send_shielded(done, epoch=op.epoch)
 
-    def _word(self, op: _Op, msg: m.Message | None) -> None:
+    def _word(self, op: OpAttempt, msg: m.Message | None) -> None:
         """The master's message ``msg`` for ``op``'s tag (``None``: the route closed) while the op
         runs; the master's word on other seqs is ignored."""
         if msg is None:
@@ -487,7 +462,7 @@ class CollectiveService:
         else:
             log.debug("ignoring %s for tag %d during seq %d", type(msg).__name__, op.plan.tag, op.seq)
 
-    def _stalled(self, op: _Op) -> None:
+    def _stalled(self, op: OpAttempt) -> None:
         """The watchdog saw no byte move on ``op``'s ring connections."""
         op.stall_error = PeerDisconnected(
             f"no data moved on the ring connections for {self._host.config.peer_timeout:g} s")
@@ -495,7 +470,7 @@ class CollectiveService:
 
     # --- a cancelled call's tag -----------------------------------------------------------------
 
-    def _abandon(self, op: _Op, inbox: RouteInbox) -> bool:
+    def _abandon(self, op: OpAttempt, inbox: RouteInbox) -> bool:
         """Start the task that settles the tag of a call that was cancelled before the master's
         answer to its vote (``WITHDRAW``) or to its ``Done`` (``AWAIT_FINAL``); True if it runs
         (not when the communicator is shutting down: nobody will commence anything then)."""
@@ -504,7 +479,7 @@ class CollectiveService:
         self._host.abandon_route(op.plan.tag)
         return True
 
-    async def _settle_abandoned(self, op: _Op, inbox: RouteInbox) -> None:
+    async def _settle_abandoned(self, op: OpAttempt, inbox: RouteInbox) -> None:
         """Settle a cancelled call's tag with the master, then free it.  Before the answer to
         the vote: withdraw it — ``Rejected(WITHDRAWN)`` (or another rejection that crossed the
         withdrawal) ends it, a ``Commence`` that crossed it is reported as this peer's abort.
@@ -526,6 +501,9 @@ class CollectiveService:
             except PCCLError:
                 self._step(op, Event.FAIL)
                 return  # the master is gone (the route closes) or the communicator failed
+            if op.fast:
+                await self._recall(op, inbox)
+                return
             async for msg in inbox:
                 if isinstance(msg, m.CollectiveRejected):
                     self._step(op, Event.REJECT)
@@ -544,9 +522,31 @@ class CollectiveService:
         finally:
             self._release(tag)
 
+    async def _recall(self, op: OpAttempt, inbox: RouteInbox) -> None:
+        """A begun op's withdrawal is out: wait for the master's end of the op — its ``Abort``
+        (``WITHDRAWN``: the others retry; any other: the withdrawal crossed the last Begin, or
+        another participant's failure was held, and counts as this peer's abort), or the
+        refusal of the Begin that crossed it."""
+        for_it = (m.CollectiveAbort, m.CollectiveCommence)
+        async for msg in inbox:
+            if isinstance(msg, for_it) and msg.seq != op.seq:
+                continue  # an earlier op's word on this tag
+            if isinstance(msg, m.CollectiveCommence):
+                self._step(op, Event.COMMENCE)  # armed as the withdrawal went out: its abort follows
+            elif isinstance(msg, m.CollectiveAbort):
+                if msg.code not in (m.RejectCode.WITHDRAWN, m.RejectCode.STALE_RING):
+                    self._host.counters.collectives_aborted += 1
+                    self._spoiled = self._host.links
+                self._step(op, Event.ABORT)
+                return
+            elif isinstance(msg, m.CollectiveRejected) and msg.code != m.RejectCode.WITHDRAWN:
+                self._step(op, Event.REJECT)
+                return
+        self._step(op, Event.MASTER_LOST)
+
     # --- a commenced op -----------------------------------------------------------------------
 
-    async def _run(self, op: _Op, commence: m.CollectiveCommence, route: CollectiveRoute) -> Result:
+    async def _run(self, op: OpAttempt, commence: m.CollectiveCommence, route: CollectiveRoute) -> Result:
         host = self._host
         try:
             try:
@@ -556,8 +556,10 @@ class CollectiveService:
                 await self._ring_and_settle(op, commence, route)
             except BaseException as exc:
                 # Cancelled by the caller, or the communicator failed: the op is over for us.
-                self._spoiled = host.links  # the others abort: the master marks the ring stale
                 effects = self._step(op, Event.CANCEL if isinstance(exc, trio.Cancelled) else Event.FAIL)
+                if Effect.WITHDRAW in effects:
+                    raise  # a Begin not armed yet: withdrawn in the background (_settle_abandoned)
+                self._spoiled = host.links  # the others abort: the master marks the ring stale
                 try:
                     await self._report(op, effects)
                 except PCCLError:
@@ -569,7 +571,7 @@ class CollectiveService:
             if op.guard is not None:
                 op.guard.drop()
 
-    async def _ring_and_settle(self, op: _Op, commence: m.CollectiveCommence, route: CollectiveRoute) -> None:
+    async def _ring_and_settle(self, op: OpAttempt, commence: m.CollectiveCommence, route: CollectiveRoute) -> None:
         """Run the ring, report Done, wait for the master's final word.
 
         The tag's messages are intercepted meanwhile (:meth:`_word`, run synchronously by the
@@ -596,41 +598,14 @@ class CollectiveService:
             effects = self._step(op, Event.RING_DONE if finished else Event.RING_FAILED)
             await self._report(op, effects)
             if Effect.REPORT_DONE in effects:
-                await self._await_verdict(op)
+                await await_verdict(op, peer_timeout=self._host.config.peer_timeout,
+                                    peer_id=self._host.peer_id)
             elif op.machine.state is State.FAILING:
                 await op.settled.wait()  # a begun op's failure waits too: the master may name a mismatch
         finally:
             route.intercept = None
 
-    async def _await_verdict(self, op: _Op) -> None:
-        """Wait for the master's final word on an op this peer reported a success for.
-
-        Cancelled meanwhile, the call still waits for that word (shielded, for at most
-        ``config.peer_timeout``): the op's fate is the master's now, and the others end as it
-        says.  ``Complete``: returns (the call returns its result; the cancellation, too late, is
-        not raised here).  ``Abort`` or a lost master: the ``Cancelled`` goes on (the input is
-        restored).  No word within the bound: the ``Cancelled`` goes on with the op undecided,
-        and a background task awaits the word (``ABANDONED``) — the one case where this call
-        may end otherwise than the others' (module docstring).
-        """
-        try:
-            await op.settled.wait()
-        except trio.Cancelled:
-            bound = self._host.config.peer_timeout
-            with trio.move_on_after(bound) as waited:
-                waited.shield = True
-                await op.settled.wait()
-            if op.machine.state is State.COMPLETED:
-                log.info("peer %x: %s seq %d was cancelled after its success was reported; the master "
-                         "completed it, so the call returns its result", self._host.peer_id, op.plan.what, op.seq)
-                return
-            if waited.cancelled_caught:
-                log.warning("peer %x: %s seq %d was cancelled after its success was reported and the master "
-                            "said nothing within %g s (peer_timeout): giving up on it undecided",
-                            self._host.peer_id, op.plan.what, op.seq, bound)
-            raise
-
-    def _outcome(self, op: _Op, commence: m.CollectiveCommence) -> Result:
+    def _outcome(self, op: OpAttempt, commence: m.CollectiveCommence) -> Result:
         """The op's result for the caller once the master has spoken (or this peer gave up)."""
         host, plan, guard = self._host, op.plan, op.guard
         if op.machine.state is State.COMPLETED:
@@ -644,9 +619,12 @@ class CollectiveService:
             return plan.result(commence, tuple(commence.ring).index(host.peer_id), tx, rx, output)
         if guard is not None:
             guard.restore()
+        final = op.final
+        if isinstance(final, m.CollectiveAbort) and final.code == m.RejectCode.WITHDRAWN:
+            # A participant withdrew its Begin: nothing failed, the call retries (not an abort).
+            raise Withdrawn()
         host.counters.collectives_aborted += 1
         self._spoiled = host.links  # an op failed on this ring: the next one votes
-        final = op.final
         if isinstance(final, m.CollectiveRejected):  # a Begin the master refused
             raise self._rejection(plan, final)
         if isinstance(final, m.CollectiveAbort) and final.code:  # a begun op: why, as a rejection says
@@ -667,7 +645,7 @@ class CollectiveService:
         raise CollectiveAborted(f"{plan.what} (seq {op.seq}) aborted: {why}") from local_error
 
     async def run_ring(self, plan: Plan, commence: m.CollectiveCommence, guard: InputGuard | None,
-                       op: _Op) -> tuple[int, int, np.ndarray | None]:
+                       op: OpAttempt) -> tuple[int, int, np.ndarray | None]:
         """One attempt's data path, once the master commenced it; returns the (sent, received)
         payload bytes and an all-gather's output.  The data path retires the seq when its ring
         ends (its frames still in flight are discarded); if the op cannot reach it, the seq is

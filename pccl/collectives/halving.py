@@ -53,7 +53,7 @@ Ops on the partner links run one at a time, in commence order (a
 frames come, a frame of another op waiting for its owner; with ops whose partners come in
 different orders (recursive doubling at distance 1 first, Rabenseifner at ``P/2`` first) and
 peers that went through them in different orders, each op could wait behind a frame of the
-other.  In commence order every peer runs the lowest unfinished op, whose frames precede every
+other.  In commence order every peer runs the earliest unfinished op, whose frames precede every
 later op's on every link.  Concurrent small ops therefore queue (each takes ``log2 N`` link
 latencies) while ring ops run beside them on the lanes.  An op whose seq was not recorded as
 commenced (:meth:`~pccl.collectives.links.SeqRegistry.commenced`; the collectives called

@@ -17,6 +17,11 @@ demultiplexed by the frame header's ``op_seq`` without copies and without a read
   thousands of ops on a lane, waking all at every frame cost quadratic time); the owner picks
   it up when it asks for its next frame.  Because each lane carries every operation's frames
   in the senders' order and the master starts an operation on all peers, the owner will come.
+* A header of a begun op (a derived seq, fast commit) that this peer has neither commenced nor
+  started is *kept*: its payload is read into memory and the lane read on; the op takes its
+  kept frames first when it begins here, and a retirement drops them.  Parked, it could block
+  frames this peer needs before it begins that op (peers that began two ops in different
+  orders: docs/protocol.rst, "Crossings").
 * A header of an operation that ended here (:meth:`SeqRegistry.retire`, called when an op
   finishes or aborts, and by the communicator for seqs it never started) is a *late frame*: its
   payload is discarded.  A late frame can therefore never be taken for a later operation's.
@@ -29,7 +34,7 @@ Trio task (:mod:`pccl.collectives.inline`) and read through :meth:`Inbox.receive
 role and the parked header are shared by both kinds of reader, so the two kinds of operation
 run concurrently on one lane (a thread that gives the role up wakes waiting Trio tasks through
 the Trio token).  Large ops take their threads a few at a time, in commence order
-(:attr:`RingLinks.turns`): the lowest unfinished op gets its turn on every peer, so the run
+(:attr:`RingLinks.turns`): the earliest unfinished op gets its turn on every peer, so the run
 progresses (in arrival order two peers could run disjoint ops, each waiting behind a frame
 parked for an op the other has not admitted).
 
@@ -87,10 +92,14 @@ class SeqRegistry:
         self._order: collections.deque[int] = collections.deque()
         # Weak: inboxes of torn-down rings must not live as long as the communicator's registry.
         self._listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
-        #: Seqs commenced here that have not reached their data path, nor ended (a heap with
-        #: lazy deletion over the set).
-        self._commenced: set[int] = set()
-        self._commenced_heap: list[int] = []
+        #: Seqs commenced here that have not reached their data path, nor ended, with their rank
+        #: in the commence order (a heap of (rank, seq) with lazy deletion over the dict).
+        self._commenced: dict[int, int] = {}
+        self._commenced_heap: list[tuple[int, int]] = []
+        self._next_rank = 0
+        #: Seqs commenced or started here and not retired: a frame of any other begun op
+        #: (derived seq) is read off its lane into memory rather than parked (:class:`Inbox`).
+        self._known: set[int] = set()
         self._turn_listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
 
     def add_listener(self, wake: Callable[[], None]) -> None:
@@ -110,19 +119,37 @@ class SeqRegistry:
         return seq in self._retired
 
     def commenced(self, seq: int) -> None:
-        """The master commenced ``seq`` with this peer (call in the order the Commences arrive,
-        before the op can reach its data path): until :meth:`started` or :meth:`retire`, large
-        ops of later seqs wait for it (:class:`~pccl.collectives.turns.ThreadTurns`)."""
+        """The master commenced ``seq`` with this peer, or this peer began it (call in the order
+        the Commences arrive and the Begins are sent, before the op can reach its data path):
+        until :meth:`started` or :meth:`retire`, large ops commenced *after* it wait for it
+        (:class:`~pccl.collectives.turns.ThreadTurns`).
+
+        The order is the order of these calls, not of the seqs: the master's seqs count up in
+        the order it sends the Commences, but a begun op's derived seq (top bit set) sorts after
+        all of them, although a peer that began it ran it before any later Commence arrived,
+        and a peer that voted for it was told it before any op its Begin preceded.  Ordered by
+        seq, the voter ran a later voted op first on the partner links while the beginner ran
+        the begun one: each waited for the other's frames until the watchdog aborted both."""
         if seq in self._retired or seq in self._commenced:
             return
-        self._commenced.add(seq)
-        heapq.heappush(self._commenced_heap, seq)
+        self._known.add(seq)
+        rank = self._next_rank
+        self._next_rank = rank + 1
+        self._commenced[seq] = rank
+        heapq.heappush(self._commenced_heap, (rank, seq))
+
+    def rank(self, seq: int) -> int | None:
+        """``seq``'s place in the commence order while it is commenced here (neither started
+        nor ended): lower ranks were commenced earlier."""
+        return self._commenced.get(seq)
 
     def started(self, seq: int) -> None:
         """``seq`` reached its data path (or never will): it no longer holds later ops back.
-        Idempotent; unknown seqs are ignored."""
+        Idempotent."""
+        if seq not in self._retired:
+            self._known.add(seq)
         if seq in self._commenced:
-            self._commenced.discard(seq)
+            del self._commenced[seq]
             if not self._commenced:
                 self._commenced_heap.clear()  # the lazily deleted entries go too
             else:
@@ -132,22 +159,28 @@ class SeqRegistry:
                 if admit is not None:
                     admit()
 
+    def is_known(self, seq: int) -> bool:
+        """Whether ``seq`` was commenced or started here and has not ended."""
+        return seq in self._known
+
     def is_commenced(self, seq: int) -> bool:
         """Whether ``seq`` was commenced here and has neither started nor ended."""
         return seq in self._commenced
 
     def first_commenced(self) -> int | None:
-        """The lowest seq commenced here that has neither started nor ended, if any."""
+        """The seq commenced here first of those that have neither started nor ended, if any."""
         heap = self._commenced_heap
-        while heap and heap[0] not in self._commenced:
+        commenced = self._commenced
+        while heap and commenced.get(heap[0][1]) != heap[0][0]:
             heapq.heappop(heap)
-        return heap[0] if heap else None
+        return heap[0][1] if heap else None
 
     def retire(self, seq: int) -> None:
         """Mark ``seq`` ended: its frames still in flight will be discarded.  Idempotent."""
         if seq in self._retired:
             return
         self._retired.add(seq)
+        self._known.discard(seq)
         self._order.append(seq)
         while len(self._order) > _RETIRED_MEMORY:
             self._retired.discard(self._order.popleft())
@@ -198,6 +231,9 @@ class Inbox:
         #: Only a task that may read now is woken (:meth:`_wake_trio`): with thousands of ops
         #: waiting on one lane, waking them all at every frame cost quadratic time.
         self._trio_waiters: collections.deque[tuple[int, trio.Event]] = collections.deque()
+        #: Frames of begun ops not known here yet (:meth:`_stashable`), read off the lane in
+        #: arrival order, by seq (guarded by _cond; their owner takes them before the lane's).
+        self._stash: dict[int, collections.deque[tuple[DataHeader, bytearray]]] = {}
         self.channel: BlockingDataChannel | None = thread_channel(connection)
         # Threads wake Trio readers through the run's token (only lanes with threads need it).
         self._token = trio.lowlevel.current_trio_token() if self.channel is not None else None
@@ -207,7 +243,12 @@ class Inbox:
         """Wake the readers waiting for the lane (Trio thread): threads waiting in
         :meth:`receive_blocking` re-check their condition, and the Trio task waiting in
         :meth:`receive_into` that may read now, if any, is woken.  Nothing to do (no lock
-        taken) when nobody waits: every small op ends here."""
+        taken) when nobody waits: every small op ends here.  Frames kept for ops that ended
+        (:meth:`_stashable`) are dropped here too (a retirement notifies every inbox)."""
+        if self._stash:
+            with self._cond:
+                for seq in [q for q in self._stash if self._registry.is_retired(q)]:
+                    del self._stash[seq]
         if self._thread_waiters:
             with self._cond:
                 self._cond.notify_all()
@@ -290,6 +331,33 @@ class Inbox:
         self.connection.frames.mark_receive_broken(msg)
         raise ProtocolError(msg)
 
+    def _stashable(self, header: DataHeader) -> bool:
+        """Whether another op's frame is kept in memory instead of parked: a begun op's (derived
+        seq: top bit set) that this peer has neither commenced nor started.  Its owner may
+        start here only after ops whose frames come later on this lane (peers that began two
+        ops in different orders: docs/protocol.rst, "Crossings"); parked, its header would
+        block them.  A master's seq is never kept: the commence order settles its owner's
+        turn, and ops that are running or commenced here always come for their frames."""
+        return bool(header.op_seq >> 63) and not self._registry.is_known(header.op_seq)
+
+    def _keep(self, header: DataHeader, payload: bytearray) -> None:
+        with self._cond:
+            self._stash.setdefault(header.op_seq, collections.deque()).append((header, payload))
+
+    def _kept(self, seq: int, stream: int, step: int, offset: int, destination: memoryview) -> bool:
+        """Hand ``seq``'s oldest kept frame, if any, to its owner (it came before every frame
+        of ``seq`` still on the lane)."""
+        with self._cond:
+            frames = self._stash.get(seq)
+            if not frames:
+                return False
+            header, payload = frames.popleft()
+            if not frames:
+                del self._stash[seq]
+        self._check_own(header, stream, step, offset, destination.nbytes)
+        destination.cast("B")[:] = payload
+        return True
+
     def _late(self, header: DataHeader) -> None:
         logger.debug("discarding a late frame of ended op %d (%d bytes) from %s", header.op_seq, header.nbytes,
                      self.connection.remote_address)
@@ -309,6 +377,8 @@ class Inbox:
         channel = self.channel
         assert channel is not None
         nbytes = destination.nbytes
+        if self._stash and self._kept(seq, stream, step, offset, destination):
+            return nbytes
         cond = self._cond
         with cond:
             self._thread_waiters += 1
@@ -350,6 +420,18 @@ class Inbox:
                     except BaseException:
                         self._repark_unread(header)
                         raise
+                    header = None
+                    continue
+                if self._stashable(header):
+                    with cond:
+                        self._parked = None
+                    payload = bytearray(header.nbytes)
+                    try:
+                        channel.receive_data_into(memoryview(payload), cancel)
+                    except BaseException:
+                        self._repark_unread(header)
+                        raise
+                    self._keep(header, payload)
                     header = None
                     continue
                 with cond:  # PARK: leave it for its owner, wait until this op may read again
@@ -400,6 +482,10 @@ class Inbox:
         :meth:`~pccl.net.framed.FramedConnection.receive_data_into`.
         """
         nbytes = destination.nbytes
+        if self._stash and self._kept(seq, stream, step, offset, destination):
+            if schedule_point:
+                await trio.lowlevel.checkpoint()
+            return nbytes
         header = await self._take_read_role(seq)
         reading = True
         try:
@@ -426,6 +512,18 @@ class Inbox:
                     except BaseException:
                         self._repark_unread(header)
                         raise
+                    header = None
+                    continue
+                if self._stashable(header):
+                    with self._cond:
+                        self._parked = None
+                    payload = bytearray(header.nbytes)
+                    try:
+                        await self.connection.receive_data_into(memoryview(payload))
+                    except BaseException:
+                        self._repark_unread(header)
+                        raise
+                    self._keep(header, payload)
                     header = None
                     continue
                 with self._cond:  # PARK: leave it for its owner

@@ -11,13 +11,16 @@ way: ops running side by side only share it, so a few at a time move the same by
 
 How: :class:`ThreadTurns` gives at most :data:`THREAD_OPS` ops of a :class:`~pccl.collectives.links.RingLinks`
 a *turn* (their threads) at once; the others wait in Trio, which costs nothing while they wait.
-Turns are given in **commence order**: an op is admitted only when no op of a lower seq is
-still waiting for its turn here or commenced here without having reached its data path yet
+Turns are given in **commence order**: an op is admitted only when no op commenced before it
+is still waiting for its turn here or commenced here without having reached its data path yet
 (:meth:`SeqRegistry.commenced <pccl.collectives.links.SeqRegistry.commenced>`, recorded by the
 communicator as the master's Commences arrive, which every participant sees in the same
-order).  Admission in any other order could deadlock across peers: peer A running ops 5-8 while
-waiting for B, B running 9-12 while waiting for A.  In commence order the lowest unfinished op
-gets its turn on every participant, so the run always progresses.  An op that ends or is
+order, and as it sends a Begin on the fast path).  The order is that of the records, not of
+the seqs: the master's seqs count up as it commences, but a begun op's derived seq sorts after
+all of them although every participant commenced it before the ops voted after it.  Admission
+in any other order could deadlock across peers: peer A running ops 5-8 while waiting for B, B
+running 9-12 while waiting for A.  In commence order the earliest unfinished op gets its turn
+on every participant, so the run always progresses.  An op that ends or is
 cancelled before its turn (its seq retired, or its wait cancelled) leaves the order at once.
 Ops whose seq nobody recorded as commenced (the collectives called directly, without a
 communicator) have no known order: they run at once, without a turn, as they always did —
@@ -47,6 +50,7 @@ class CommenceOrder(Protocol):
     """What :class:`ThreadTurns` needs of the registry that records commenced seqs."""
 
     def is_commenced(self, seq: int) -> bool: ...
+    def rank(self, seq: int) -> int | None: ...
     def first_commenced(self) -> int | None: ...
     def started(self, seq: int) -> None: ...
     def add_turn_listener(self, admit: Callable[[], None]) -> None: ...
@@ -61,9 +65,9 @@ class ThreadTurns:
         self._order = order
         self._slots = slots
         self._running = 0
-        #: Ops waiting for their turn: (seq, event), a heap by seq.
+        #: Ops waiting for their turn: (rank in the commence order, counter, event), a heap.
         self._waiting: list[tuple[int, int, trio.Event]] = []
-        self._counter = 0  # ties between equal seqs (tests reuse one) keep arrival order
+        self._counter = 0  # ties (one seq used twice, as tests may) keep arrival order
         order.add_turn_listener(self._admit)
 
     @property
@@ -86,9 +90,10 @@ class ThreadTurns:
         ``Cancelled``; no turn is held then.  No other error escapes.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        if not self._order.is_commenced(seq):
+        rank = self._order.rank(seq)
+        if rank is None:
             return False
-        entry = (seq, self._counter, trio.Event())
+        entry = (rank, self._counter, trio.Event())
         self._counter += 1
         heapq.heappush(self._waiting, entry)
         self._order.started(seq)  # it waits here now: later ops wait for it through _waiting
@@ -122,12 +127,13 @@ class ThreadTurns:
         self._admit()
 
     def _admit(self) -> None:
-        """Give turns to waiting ops in seq order, while turns are free and no lower seq is
-        still to come to its data path."""
+        """Give turns to waiting ops in commence order, while turns are free and no op
+        commenced earlier is still to come to its data path."""
         while self._waiting and self._running < self._slots:
-            seq = self._waiting[0][0]
+            rank = self._waiting[0][0]
             first = self._order.first_commenced()
-            if first is not None and first < seq:
+            first_rank = None if first is None else self._order.rank(first)
+            if first_rank is not None and first_rank < rank:
                 return
             _, _, event = heapq.heappop(self._waiting)
             self._running += 1

@@ -12,6 +12,8 @@ States
 ``VOTING``       the ``CollectiveInit`` is out; the master's ``Commence`` or ``Rejected`` is awaited
 ``REFUSED``      final: the master rejected the vote (the shell raises what the code means)
 ``WITHDRAWING``  the caller was cancelled during the vote; a background task withdraws it
+``RECALLING``    the caller was cancelled in a begun op before the master's ``Commence`` said every
+                 participant began; a background task withdraws the Begin (the master ends the op)
 ``RUNNING``      commenced: this peer's ring runs and nothing has stopped it
 ``BEGUN``        begun without a vote (the fast path: a ``CollectiveBegin`` is out): the ring runs,
                  unwatched, until the master's one-way ``Commence`` says every participant began
@@ -66,7 +68,7 @@ The shell runs them in order, after the transition.
 ``REPORT_DONE``    send ``Done(seq, aborted=False)``
 ``REPORT_ABORT``   send ``Done(seq, aborted=True)``
 ``RESTORE_INPUT``  restore an in-place input (the op's ``InputGuard``)
-``WITHDRAW``       hand the tag to a background task that withdraws the vote
+``WITHDRAW``       hand the tag to a background task that withdraws the vote (or the Begin)
 ``AWAIT_FINAL``    hand the tag to a background task that waits for the master's final word
 ``ARM_WATCHDOG``   put a begun op's ring under the watchdog
 =================  ==================================================================================
@@ -89,6 +91,11 @@ Rules
 * A begun op is a running one with two differences: its ring is watched only once every
   participant began (nobody waits on a neighbour that is still computing), and a ring failure
   waits for the master's word, which may name a disagreement rather than a fault.
+* A caller cancelled in a begun op that is not known to be armed withdraws the Begin, as a
+  cancelled voter withdraws its vote: reported as a failure, it would be held until the last
+  participant began (a disagreement may still show) and keep the tag in flight meanwhile.  The
+  master ends the op (every participant retries the use: docs/protocol.rst), or, if every
+  participant had begun, takes the withdrawal as this peer's abort.
 * A pair missing from :data:`TRANSITIONS` is a bug in the shell: :meth:`OpLifecycle.handle`
   raises :class:`OpLifecycleError` rather than guess.
 """
@@ -107,6 +114,7 @@ class State(enum.Enum):
     VOTING = "voting"
     REFUSED = "refused"
     WITHDRAWING = "withdrawing"
+    RECALLING = "recalling"
     RUNNING = "running"
     BEGUN = "begun"
     STALLED = "stalled"
@@ -165,6 +173,12 @@ TRANSITIONS: dict[tuple[State, Event], tuple[State, tuple[Effect, ...]]] = {
     (S.WITHDRAWING, E.COMMENCE): (S.RELEASED, (X.REPORT_ABORT,)),  # crossed the withdrawal
     (S.WITHDRAWING, E.MASTER_LOST): (S.RELEASED, _NONE),
     (S.WITHDRAWING, E.FAIL): (S.RELEASED, _NONE),  # the withdrawal could not be sent
+
+    (S.RECALLING, E.ABORT): (S.RELEASED, _NONE),  # the master ended the op
+    (S.RECALLING, E.REJECT): (S.RELEASED, _NONE),  # the Begin met a stale ring (it crossed)
+    (S.RECALLING, E.COMMENCE): (S.RECALLING, _NONE),  # armed as it went out: an abort follows
+    (S.RECALLING, E.MASTER_LOST): (S.RELEASED, _NONE),
+    (S.RECALLING, E.FAIL): (S.RELEASED, _NONE),  # the withdrawal could not be sent
 
     (S.RUNNING, E.COMPLETE): (S.COMPLETING, (X.SETTLE,)),
     (S.RUNNING, E.ABORT): (S.ABORTING, (X.CANCEL_RING, X.SETTLE)),
@@ -233,6 +247,8 @@ for _state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.COMPLETED, S.ABORTED, S.LO
 for _state in (S.RUNNING, S.BEGUN, S.STALLED):
     for _event in (E.CANCEL, E.FAIL):
         TRANSITIONS[(_state, _event)] = (S.LEFT, (X.RESTORE_INPUT, X.REPORT_ABORT))
+# ... but a begun op not armed yet withdraws its Begin (see the rules).
+TRANSITIONS[(S.BEGUN, E.CANCEL)] = (S.RECALLING, (X.RESTORE_INPUT, X.WITHDRAW))
 for _state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.GAVE_UP, S.FAILING, S.COMPLETED, S.ABORTED, S.LOST):
     for _event in (E.CANCEL, E.FAIL):
         TRANSITIONS[(_state, _event)] = (S.LEFT, (X.RESTORE_INPUT,))

@@ -15,6 +15,7 @@ their ring, a ring that stalls while every peer still answers the master.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import pathlib
 import queue
@@ -855,18 +856,24 @@ async def test_a_call_cancelled_during_the_vote_does_not_block_the_next_step() -
         assert np.array_equal(bufs[0], bufs[1])
 
 
-async def test_a_withdrawal_that_crosses_the_commence_aborts_the_others_once() -> None:
-    """Peer 0 is cancelled during the vote, but peer 1's vote reaches the master before the
-    withdrawal: the op commenced, so peer 0 reports its abort and peer 1 sees CollectiveAborted
-    (input intact); both then reuse the tag normally."""
-    async with _in_process_group(2) as (master, comms, _):
+@pytest.mark.parametrize("fast_commit", [False, True])
+async def test_a_withdrawal_that_crosses_the_commence_aborts_the_others_once(fast_commit: bool) -> None:
+    """Peer 0 is cancelled during the vote (or, with fast commit, in the op it began alone),
+    but peer 1's vote (its Begin) reaches the master before the withdrawal: the op commenced
+    (every participant began), so peer 0's withdrawal is its abort and peer 1 sees
+    CollectiveAborted (input intact); both then reuse the tag normally."""
+    async with _in_process_group(2, config=dataclasses.replace(CFG, fast_commit=fast_commit)) as (master, comms, _):
         inputs = _f32_inputs(2, 10_000, 5)
         bufs = [x.copy() for x in inputs]
         faults = contextlib.ExitStack()
 
+        def crossed() -> bool:
+            return any(op.seq is not None and comms[1].peer_id in op.voters
+                       for op in pccl.testing.master_snapshot(master).ops)
+
         async def withdraw_late(msg: m.Message) -> None:
             if isinstance(msg, m.CollectiveWithdraw):
-                await _until(lambda: any(op.seq is not None for op in pccl.testing.master_snapshot(master).ops))
+                await _until(crossed)
 
         faults.enter_context(pccl.testing.intercept_master_sends(comms[0], withdraw_late))
         try:

@@ -127,3 +127,88 @@ async def test_calls_started_together_all_complete(size: int) -> None:
         for (i, tag), x in xs.items():
             assert np.array_equal(x, np.full(size, 3.0 * tag, np.float32)), (i, tag)
         assert pccl.testing.master_snapshot(master).ops == ()
+
+
+async def _until_no_ops(master: Any) -> None:
+    while pccl.testing.master_snapshot(master).ops:
+        await trio.sleep(0.005)
+
+
+async def test_a_lone_begun_call_cancelled_before_the_others_began_is_withdrawn() -> None:
+    # Peer 0 begins tag 4 alone and is cancelled: it withdraws its Begin as a voter withdraws
+    # its vote.  Reported as a failure instead, the op stayed open until peer 1's Begin (the
+    # failure is held for a disagreement that may still show), and peer 0's update_topology()
+    # was refused OUT_OF_PHASE meanwhile.
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        x = np.full(1000, 1.0, np.float32)
+        with trio.fail_after(SOON):
+            with trio.move_on_after(0.3) as waited:
+                await comms[0].all_reduce(x, tag=4)
+            assert waited.cancelled_caught and np.array_equal(x, np.full(1000, 1.0, np.float32))
+            await _until_no_ops(master)  # the op is over at the master at once
+            await each(comms, lambda i, c: c.update_topology())
+            xs = [np.full(1000, i + 1.0, np.float32) for i in range(2)]
+            infos = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=4))
+        assert all(isinstance(info, pccl.ReduceInfo) for info in infos), infos
+        assert all(np.array_equal(x, np.full(1000, 3.0, np.float32)) for x in xs)
+        assert [c.statistics().collectives_aborted for c in comms] == [0, 0]
+
+
+async def test_a_withdrawn_begin_makes_the_others_retry_the_next_use_of_the_tag() -> None:
+    # Peers 0 and 1 begin tag 4; peer 0 is cancelled before peer 2 began: the op ends
+    # WITHDRAWN, peer 1's call retries the tag's next use at once (no re-wire) and completes
+    # once the others call again; peer 2's Begin of the withdrawn use hears the withdrawal and
+    # retries too.
+    async with open_test_cluster(3, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        round_before = comms[0].statistics().p2p_rounds
+        xs = [np.full(1000, i + 1.0, np.float32) for i in range(3)]
+        infos: dict[int, Any] = {}
+
+        async def call(i: int) -> None:
+            infos[i] = await comms[i].all_reduce(xs[i], tag=4)
+
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call, 1)
+                with trio.move_on_after(0.3):
+                    await comms[0].all_reduce(xs[0], tag=4)
+                while comms[1].statistics().retries == 0:  # withdrawn: peer 1 retries (a new op)
+                    await trio.sleep(0.005)
+                nursery.start_soon(call, 0)
+                nursery.start_soon(call, 2)
+        assert all(isinstance(info, pccl.ReduceInfo) for info in infos.values()) and len(infos) == 3, infos
+        assert all(np.array_equal(x, np.full(1000, 6.0, np.float32)) for x in xs)
+        assert [c.statistics().collectives_aborted for c in comms] == [0, 0, 0]
+        assert comms[1].statistics().retries == 1 and comms[2].statistics().retries == 1
+        assert comms[0].statistics().p2p_rounds == round_before  # the ring stayed fresh
+
+
+@pytest.mark.parametrize("size", [1000, 300_000])  # small (inline), and large (lane threads)
+async def test_a_peer_that_began_another_tag_first_does_not_block_the_link(size: int) -> None:
+    # Peer 0 begins tag 1 alone, then calls tag 2 (it votes: tag 1 is in flight); peer 1,
+    # sequential, begins tag 2 alone and calls tag 1 only after it.  Tag 1's frames reach
+    # peer 1 first: parked at the head of its link they blocked tag 2's behind them, which
+    # peer 1 waits for before it calls tag 1 (a crossing), until the watchdog aborted both.
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        xs = {(i, tag): np.full(size, float(i + 1) * tag, np.float32) for i in range(2) for tag in (1, 2)}
+        infos: list[Any] = []
+
+        async def first() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_reduce, comms[0], xs[(0, 1)], 1, infos)
+                await trio.sleep(0.05)
+                nursery.start_soon(_reduce, comms[0], xs[(0, 2)], 2, infos)
+
+        async def second() -> None:
+            await trio.sleep(0.02)
+            await _reduce(comms[1], xs[(1, 2)], 2, infos)
+            await _reduce(comms[1], xs[(1, 1)], 1, infos)
+
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(first)
+                nursery.start_soon(second)
+        assert all(isinstance(info, pccl.ReduceInfo) for info in infos) and len(infos) == 4, infos
+        for (i, tag), x in xs.items():
+            assert np.array_equal(x, np.full(size, 3.0 * tag, np.float32)), (i, tag)
+        assert [c.statistics().collectives_aborted for c in comms] == [0, 0]

@@ -328,3 +328,85 @@ def test_a_vote_that_aborts_a_begun_op_re_checks_the_other_votes_of_its_group() 
     rejected = h.last(c, m.CollectiveRejected)
     assert isinstance(rejected, m.CollectiveRejected) and rejected.tag == TAG + 1
     assert rejected.code == m.RejectCode.STALE_RING
+
+
+def test_a_member_told_a_phase_mismatch_is_not_answered_the_aborted_op_on_its_next_call() -> None:
+    """The phase mismatch told c (in update_topology) its own mismatch while a and b began: c's
+    next call on the tag is a new use.  Answered the aborted op's Commence and Abort, c raised
+    a second PhaseMismatch (tests/e2e/test_phase_mismatch.py's diverging loops, fast commit)."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    _begin(h, a)
+    _begin(h, b)
+    h.send(c, m.VoteTopology(True))
+    let_grace_pass(h)
+    assert isinstance(h.last(c, m.TopologyRejected), m.TopologyRejected)
+    h.send(c, m.CollectiveInit(TAG, 4, 10, 0))
+    assert h.last(c, m.CollectiveCommence) is None and _abort(h, c) is None
+    assert not h.kicks
+
+
+def test_a_withdrawn_begin_ends_the_op_at_once_and_everyone_retries_the_next_use() -> None:
+    """a, cancelled before c began, withdraws its Begin: the op ends WITHDRAWN on a and b at
+    once, the ring stays fresh, c's Begin of that use hears the same once, and the next use
+    runs on the same ring."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a)
+    _begin(h, b)
+    h.send(a, m.CollectiveWithdraw(TAG))
+    for conn in (a, b):
+        abort = _abort(h, conn)
+        assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.WITHDRAWN
+    assert not h.ms.ops() and h.ms.stale_groups() == frozenset() and not h.kicks
+    _begin(h, c)
+    abort = _abort(h, c)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.WITHDRAWN
+    assert not h.ms.ops()
+    seq2 = _begin(h, b, n=1)  # b's retry first, then a's next call and c's retry
+    _begin(h, a, n=1)
+    h.send(c, m.CollectiveInit(TAG, 4, 10, 0))  # (or a vote: it joins)
+    for conn in (a, b, c):
+        commence = h.last(conn, m.CollectiveCommence)
+        assert isinstance(commence, m.CollectiveCommence) and commence.seq == seq2
+    assert len([x for x in h.inbox[c] if isinstance(x, m.CollectiveAbort)]) == 1
+    assert not h.kicks
+
+
+def test_a_vote_for_a_withdrawn_use_hears_the_withdrawal_even_with_the_next_use_open() -> None:
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a)
+    h.send(a, m.CollectiveWithdraw(TAG))
+    seq2 = _begin(h, a, n=1)  # a's next call, before b and c called the withdrawn use
+    h.send(b, m.CollectiveInit(TAG, 4, 10, 0))
+    commence = h.last(b, m.CollectiveCommence)
+    abort = _abort(h, b)
+    assert isinstance(commence, m.CollectiveCommence) and commence.seq == seq
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.WITHDRAWN
+    _begin(h, c)
+    abort = _abort(h, c)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.WITHDRAWN
+    assert [op.seq for op in h.ms.ops()] == [seq2] and not h.kicks
+
+
+def test_a_withdrawal_after_everyone_began_or_a_held_failure_is_an_abort() -> None:
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    seq = _begin(h, a)
+    _begin(h, b)  # armed: a's withdrawal crossed b's Begin
+    h.send(a, m.CollectiveWithdraw(TAG))
+    for conn in (a, b):
+        abort = _abort(h, conn)
+        assert abort is not None and abort.seq == seq and abort.code == 0 and "reported failure" in abort.detail
+    assert h.ms.stale_groups() == frozenset({0})
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a)
+    _begin(h, b)
+    h.send(b, m.CollectiveDone(TAG, seq, aborted=True))  # held for c's Begin
+    h.send(a, m.CollectiveWithdraw(TAG))
+    for conn in (a, b):
+        abort = _abort(h, conn)
+        assert abort is not None and abort.seq == seq and abort.code == 0 and "reported failure" in abort.detail
+    assert not h.ms.ops() and h.ms.stale_groups() == frozenset({0}) and not h.kicks

@@ -133,3 +133,20 @@ def test_a_begin_that_arrives_after_its_op_aborted_hears_the_abort() -> None:
     assert len({e.source for e in first_use}) == 6, [(e.source, e.data["error"]) for e in first_use]
     assert len({e.data["error"].split("(seq ")[1].split(")")[0] for e in first_use}) == 1  # one op
     assert not [e for e in trace.events if "phase mismatch" in str(e.data.get("error", ""))]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_begun_op_and_the_ops_voted_after_it_take_turns_alike_on_every_peer(seed: int) -> None:
+    """The collectives phase starts its tags one by one (each after a checkpoint): whether the
+    first still sees the next one starting differs per peer, so some peers begin it and the
+    others vote for it (they join the begun op).  Its derived seq sorts after the master's
+    seqs of the tags voted after it: ordered by seq, a voter gave the partner links to the next
+    tag's broadcast first while a beginner ran the begun all-reduce, and each waited for the
+    other's frames until the watchdog aborted both, on every step of a fault-free run."""
+    phases: Any = ("compute", {"name": "collectives", "n": 1000})
+    scenario = PcclScenario(peers=8, phases=phases, fast_commit=True)
+    trace = run(scenario, Schedule(seed=seed, duration=3.0, quiet=3.0, scenario=scenario.to_json()))
+    assert trace.ok, [f.message for f in trace.failures]
+    assert trace.stats["collectives_aborted"] == 0
+    assert trace.stats["collectives_completed"] > 100
+    assert trace.stats["master_round_trips_2"] > 0  # the later tags voted (a mix, not one path)

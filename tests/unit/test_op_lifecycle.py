@@ -33,6 +33,11 @@ EXPECTED: dict[tuple[State, Event], tuple[State, tuple[Effect, ...]]] = {
     (S.WITHDRAWING, E.COMMENCE): (S.RELEASED, (X.REPORT_ABORT,)),
     (S.WITHDRAWING, E.MASTER_LOST): (S.RELEASED, ()),
     (S.WITHDRAWING, E.FAIL): (S.RELEASED, ()),
+    (S.RECALLING, E.ABORT): (S.RELEASED, ()),
+    (S.RECALLING, E.REJECT): (S.RELEASED, ()),
+    (S.RECALLING, E.COMMENCE): (S.RECALLING, ()),
+    (S.RECALLING, E.MASTER_LOST): (S.RELEASED, ()),
+    (S.RECALLING, E.FAIL): (S.RELEASED, ()),
     (S.RUNNING, E.COMPLETE): (S.COMPLETING, (X.SETTLE,)),
     (S.RUNNING, E.ABORT): (S.ABORTING, (X.CANCEL_RING, X.SETTLE)),
     (S.RUNNING, E.MASTER_LOST): (S.CUT_OFF, (X.CANCEL_RING, X.SETTLE)),
@@ -47,7 +52,7 @@ EXPECTED: dict[tuple[State, Event], tuple[State, tuple[Effect, ...]]] = {
     (S.BEGUN, E.MASTER_LOST): (S.CUT_OFF, (X.CANCEL_RING, X.SETTLE)),
     (S.BEGUN, E.RING_DONE): (S.REPORTED, (X.REPORT_DONE,)),
     (S.BEGUN, E.RING_FAILED): (S.FAILING, (X.REPORT_ABORT,)),
-    (S.BEGUN, E.CANCEL): (S.LEFT, (X.RESTORE_INPUT, X.REPORT_ABORT)),
+    (S.BEGUN, E.CANCEL): (S.RECALLING, (X.RESTORE_INPUT, X.WITHDRAW)),
     (S.BEGUN, E.FAIL): (S.LEFT, (X.RESTORE_INPUT, X.REPORT_ABORT)),
     (S.FAILING, E.ABORT): (S.ABORTED, (X.SETTLE,)),
     (S.FAILING, E.REJECT): (S.ABORTED, (X.SETTLE,)),
@@ -122,7 +127,7 @@ def test_every_refused_transition(pair: tuple[State, Event]) -> None:
 
 def test_counts_and_terminal_states() -> None:
     assert len(ALLOWED) + len(REFUSED) == len(State) * len(Event)
-    assert len(ALLOWED) == 93
+    assert len(ALLOWED) == 98
     assert TERMINAL_STATES == {S.REFUSED, S.LEFT, S.RELEASED}
 
 
@@ -160,10 +165,13 @@ def test_at_most_one_done_on_every_path() -> None:
 
 
 def test_a_done_is_owed_until_the_master_spoke() -> None:
-    # Leaving the call before any Done while the master waits reports the abort; after the
-    # master's final word (or its loss) nothing is sent.
-    for state in (S.RUNNING, S.BEGUN, S.STALLED):
+    # Leaving the call before any Done while the master waits reports the abort (a cancelled
+    # begun op not armed yet withdraws its Begin instead); after the master's final word (or
+    # its loss) nothing is sent.
+    for state in (S.RUNNING, S.STALLED):
         assert X.REPORT_ABORT in TRANSITIONS[(state, E.CANCEL)][1]
+    assert X.REPORT_ABORT in TRANSITIONS[(S.BEGUN, E.FAIL)][1]
+    assert TRANSITIONS[(S.BEGUN, E.CANCEL)] == (S.RECALLING, (X.RESTORE_INPUT, X.WITHDRAW))
     for state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.REPORTED, S.GAVE_UP, S.FAILING, S.COMPLETED, S.ABORTED,
                   S.LOST):
         for event in LEAVE:

@@ -132,3 +132,26 @@ def test_the_commence_order_forgets_the_seqs_that_left_it() -> None:
     assert registry.first_commenced() is None and not registry.is_commenced(1)
     registry.commenced(1)  # a retired seq is never commenced again
     assert registry.first_commenced() is None
+
+
+async def test_turns_follow_the_order_of_commencing_not_the_seqs() -> None:
+    # A begun op's derived seq (top bit set) is commenced here before the master's seq 1 of a
+    # tag voted after it: every peer saw them in this order, so seq 1 waits for it.
+    registry = SeqRegistry()
+    turns = ThreadTurns(registry, slots=1)
+    ops = Ops(turns)
+    begun = 1 << 63 | 12345
+    registry.commenced(begun)
+    registry.commenced(1)
+    assert registry.first_commenced() == begun
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ops.op, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == []  # the begun op is still to come to its data path
+        nursery.start_soon(ops.op, begun)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [begun]
+        ops.finish[begun].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [begun, 1]
+        ops.finish[1].set()

@@ -27,6 +27,10 @@ peer's Init of an op that has not commenced and answers ``CollectiveRejected(WIT
 a commenced op, or one already answered, it is ignored (that answer is on its way).  A phase
 mismatch withdraws a peer's Inits the same way, answering ``PHASE_MISMATCH`` — also when every
 member waits only in Inits and no tag has every member's vote (different tags, :mod:`.mismatch`).
+A beginner's withdrawal (its caller was cancelled before the arming Commence reached it) ends a
+begun op: as that peer's abort once every participant began, with a held failure if there is
+one, otherwise ``CollectiveAbort(code=WITHDRAWN)`` to everyone who began it (and, remembered,
+to the others' Begin or vote of it), the ring left fresh: everyone retries the tag's next use.
 
 Begins.  A peer may begin an op without a vote (docs/protocol.rst, "Design: one master round
 trip per collective"): ``CollectiveBegin(tag, seq, round, <the Init's fields>)`` with a derived
@@ -181,12 +185,15 @@ class CollectiveOps:
     def on_init(self, group: int, peer_id: int, msg: m.CollectiveInit) -> None:
         op = self._ops.get((group, msg.tag))
         aborted = self._aborted.get((group, msg.tag))
-        if (op is None and aborted is not None and peer_id in aborted.untold
+        if ((op is None or (aborted is not None and aborted.code == m.RejectCode.WITHDRAWN))
+                and aborted is not None and peer_id in aborted.untold
                 and aborted.round == self._host.round_of(group)):
             # The vote of a participant that had another op in flight, for the use of the tag
             # its peers began and aborted before it voted: it ends as theirs did (refused as
             # stale, it re-wired and retried alone while they raised CollectiveAborted: a phase
-            # mismatch, sim seed 37 with calls started together voting).
+            # mismatch, sim seed 37 with calls started together voting).  A withdrawn op leaves
+            # the ring fresh: its beginners' retries may have opened the tag's next use already,
+            # which this vote is not (it hears the withdrawal, counts the use and retries).
             aborted.untold.discard(peer_id)
             if aborted.code == m.RejectCode.STALE_RING:  # theirs is a retry: so is this one
                 self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.STALE_RING, aborted.why))
@@ -220,6 +227,19 @@ class CollectiveOps:
         ring = self._host.ring(group)
         if op is not None and peer_id in op.began:
             raise PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} begun twice")
+        aborted = self._aborted.get(key)
+        if (aborted is not None and aborted.seq == msg.seq and aborted.round == msg.round
+                and peer_id in aborted.untold and (op is None or aborted.code == m.RejectCode.WITHDRAWN)):
+            # The op this Begin names was aborted before this participant began it (a
+            # participant died as the others began): the others heard the abort and return
+            # CollectiveAborted, so this peer must too.  Refused as STALE_RING it would re-wire
+            # and vote again, alone: its loop would wait in this tag while theirs went on (a
+            # phase mismatch; sim seed 37, fast commit, 8 peers in two sites).  Or it was
+            # withdrawn: the others may have begun the tag's next use already; this peer too
+            # retries it.
+            aborted.untold.discard(peer_id)
+            self._host.send(peer_id, m.CollectiveAbort(msg.tag, msg.seq, aborted.why, code=aborted.code))
+            return
         if op is not None and op.seq is not None and op.seq != msg.seq:
             # The peers count this tag's uses differently (a peer that lost its master may
             # have counted on): no use of it can run together on this ring.  Re-wire: a new
@@ -232,17 +252,6 @@ class CollectiveOps:
         # while this peer, told STALE_RING, aborts: a split verdict (sim seed 377).
         joining = (op is not None and op.fast and op.seq == msg.seq and op.round == msg.round
                    and peer_id in op.participants)
-        aborted = self._aborted.get(key)
-        if (op is None and aborted is not None and aborted.seq == msg.seq and aborted.round == msg.round
-                and peer_id in aborted.untold):
-            # The op this Begin names was aborted before this participant began it (a
-            # participant died as the others began): the others heard the abort and return
-            # CollectiveAborted, so this peer must too.  Refused as STALE_RING it would re-wire
-            # and vote again, alone: its loop would wait in this tag while theirs went on (a
-            # phase mismatch; sim seed 37, fast commit, 8 peers in two sites).
-            aborted.untold.discard(peer_id)
-            self._host.send(peer_id, m.CollectiveAbort(msg.tag, msg.seq, aborted.why, code=aborted.code))
-            return
         if not joining and (self._host.is_stale(group) or ring is None or msg.round != self._host.round_of(group)):
             # Its ring is not the group's (any more): the op cannot run.  (A Begin of another
             # use of the tag after an abort lands here too: an abort makes the group stale.)
@@ -358,6 +367,9 @@ class CollectiveOps:
 
     def on_withdraw(self, group: int, peer_id: int, msg: m.CollectiveWithdraw) -> None:
         op = self._ops.get((group, msg.tag))
+        if op is not None and op.fast and peer_id in op.beginners and peer_id not in op.done | op.failed:
+            self._withdraw_begun(op, peer_id)
+            return
         if op is None or op.seq is not None or peer_id not in op.inits:
             # Commenced (the Commence on its way is the answer: the peer reports an abort), or
             # already answered (a rejection crossed the withdrawal): nothing to withdraw.
@@ -365,6 +377,38 @@ class CollectiveOps:
             return
         del op.inits[peer_id]
         self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
+
+    def _withdraw_begun(self, op: _Op, peer_id: int) -> None:
+        """``peer_id``, cancelled, withdraws its Begin of ``op`` (see "Withdrawing a Begin"):
+        armed (the withdrawal crossed the last Begin), it is that peer's abort; with a failure
+        held, that failure ends the op; otherwise the op ends WITHDRAWN, without making the ring
+        stale — everyone who began it, and every other participant when its Begin or vote of
+        it arrives, retries the tag's next use at once."""
+        if op.armed:
+            self._abort(op, f"peer {peer_id:x} reported failure")
+            return
+        if op.failure is not None:
+            self._abort(op, op.failure)
+            return
+        assert op.seq is not None
+        why = f"peer {peer_id:x} withdrew its begin of tag {op.tag} before every participant began"
+        del self._ops[(op.group, op.tag)]
+        self._remember(op, why, m.RejectCode.WITHDRAWN)
+        log.debug("withdrawn collective tag %d seq %d: %s", op.tag, op.seq, why)
+        live = [pid for pid in op.participants if self._host.is_live(pid) and pid in op.began]
+        self._host.report(OpEnded(op.group, op.tag, op.seq, True, live[0] if live else peer_id))
+        for pid in live:
+            self._host.send(pid, m.CollectiveAbort(op.tag, op.seq, why, code=m.RejectCode.WITHDRAWN))
+
+    def _remember(self, op: _Op, why: str, code: int) -> None:
+        """Keep a begun op's end for the participants not told of it (``on_init``, ``on_begin``)."""
+        assert op.seq is not None
+        for key in [k for k, a in self._aborted.items() if k[0] == op.group and a.round != op.round]:
+            del self._aborted[key]  # an earlier round's: no Begin can name it any more
+        # A phase mismatch told every member that had not begun the op its own mismatch (each
+        # waits elsewhere): the next call of each on the tag is a new use, after the re-wire.
+        untold = set() if code == m.RejectCode.PHASE_MISMATCH else set(op.participants) - op.began
+        self._aborted[(op.group, op.tag)] = _Aborted(op.seq, op.round, tuple(op.participants), why, code, untold)
 
     def forget(self, group: int, peer_id: int) -> None:
         """A peer of ``group`` was removed: its votes go (its running ops abort at the next check)."""
@@ -494,10 +538,7 @@ class CollectiveOps:
         del self._ops[(op.group, op.tag)]
         self._host.mark_stale(op.group)  # the ring failed once: the next topology vote re-wires it
         if op.fast and op.seq is not None:
-            for key in [k for k, a in self._aborted.items() if k[0] == op.group and a.round != op.round]:
-                del self._aborted[key]  # an earlier round's: no Begin can name it any more
-            self._aborted[(op.group, op.tag)] = _Aborted(op.seq, op.round, tuple(op.participants), why, code,
-                                                         set(op.participants) - op.began)
+            self._remember(op, why, code)
         log.debug("aborting collective tag %d seq %s: %s", op.tag, op.seq, why)
         # A begun op's participants that have not begun it hear nothing: their Begin will find
         # the group stale.
