@@ -56,7 +56,11 @@ MAGIC = b"\x89PCCL\r\n\x1a"
 #:    dial-backs and relays (``pccl.protocol.paths``).
 #: 8: peers may begin collectives without a vote (``CollectiveBegin``, ``CollectiveAbort.code``;
 #:    ``Config.fast_commit``): an older master would not understand them.
-PROTOCOL_VERSION = 8
+#: 9: fast commit by default: a begun op may be withdrawn (``CollectiveWithdraw`` of a begun op,
+#:    ``CollectiveAbort`` code ``WITHDRAWN``), and the lane and partner-link turns of large ops
+#:    follow the order ops were commenced or begun on each peer, not their seqs: peers of
+#:    versions 8 and 9 would take turns in different orders and wait for each other.
+PROTOCOL_VERSION = 9
 
 _PREAMBLE = struct.Struct(">8sI")
 PREAMBLE_SIZE = _PREAMBLE.size
