@@ -35,6 +35,8 @@ class RingLinkCache:
         """The master epoch an op is about to start in (see the class docstring)."""
         if epoch != self._epoch:
             self._epoch = epoch
+            if self._links is not None:
+                self._links.drop_kept(f"a new master epoch ({epoch})")
             self.registry = SeqRegistry()
             self._round = None
             self._links = None
@@ -59,6 +61,8 @@ class RingLinkCache:
                 if positions:
                     by_id = await p2p.partner_links(tuple(ring[p] for p in positions))
                     partners = {p: by_id[ring[p]] for p in positions}
+                if self._links is not None:
+                    self._links.drop_kept(f"a new topology round ({p2p.round})")
                 self._links = RingLinks(outgoing, incoming, registry=self.registry, partners=partners,
                                         algorithm=p2p.algorithm, sites=p2p.sites)
                 self._round = p2p

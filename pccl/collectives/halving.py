@@ -56,7 +56,7 @@ peers that went through them in different orders, each op could wait behind a fr
 other.  In commence order every peer runs the earliest unfinished op, whose frames precede every
 later op's on every link.  Concurrent small ops therefore queue (each takes ``log2 N`` link
 latencies) while ring ops run beside them on the lanes.  An op whose seq was not recorded as
-commenced (:meth:`~pccl.collectives.links.SeqRegistry.commenced`; the collectives called
+commenced (:meth:`~pccl.collectives.seq_registry.SeqRegistry.commenced`; the collectives called
 directly, without a communicator) has no order known to be the same on every peer: it takes
 the turn only if it is free, and raises ``InvalidUsage`` when another op holds or awaits it
 (record the seqs as commenced, in the same order on every peer, to run such ops at once).

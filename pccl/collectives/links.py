@@ -21,7 +21,13 @@ demultiplexed by the frame header's ``op_seq`` without copies and without a read
   started is *kept*: its payload is read into memory and the lane read on; the op takes its
   kept frames first when it begins here, and a retirement drops them.  Parked, it could block
   frames this peer needs before it begins that op (peers that began two ops in different
-  orders: docs/protocol.rst, "Crossings").
+  orders: docs/protocol.rst, "Crossings").  What an inbox keeps is bounded
+  (:data:`KEPT_BYTES_LIMIT`): a frame that would take it over the bound is parked instead (the
+  sender is then held back by TCP, as before; a frame larger than the bound alone is never read
+  into memory), and is read into memory after all once kept frames were taken and it fits.
+  Kept frames are dropped when their seq retires and when the links are replaced or closed
+  (:meth:`RingLinks.drop_kept`: a new topology round, a new master epoch, an abort), since a
+  derived seq belongs to one round and can no longer start after it.
 * A header of an operation that ended here (:meth:`SeqRegistry.retire`, called when an op
   finishes or aborts, and by the communicator for seqs it never started) is a *late frame*: its
   payload is discarded.  A late frame can therefore never be taken for a later operation's.
@@ -52,11 +58,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import enum
-import heapq
 import logging
 import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import trio
@@ -68,155 +71,36 @@ from ..net.thread_io import ThreadCancel
 from ..protocol.algorithms import AllReduceAlgorithm
 from ..protocol.codec import DataHeader
 from .lane_sends import LaneSends
+from .seq_registry import FrameAction, SeqRegistry, classify
 from .turns import ThreadTurns
 
-__all__ = ["SeqRegistry", "FrameAction", "classify", "Inbox", "RingLinks"]
+__all__ = ["KEPT_BYTES_LIMIT", "SeqRegistry", "FrameAction", "classify", "Inbox", "RingLinks"]
 
 logger = logging.getLogger(__name__)
 
-#: How many retired seqs are remembered.  A late frame belongs to an op that ended moments ago;
-#: this only bounds memory over a long run.
-_RETIRED_MEMORY = 1 << 16
-
-
-class SeqRegistry:
-    """Which operation seqs have ended on this peer, shared by all inboxes of a communicator;
-    and which were commenced here but have not reached their data path yet (the order in which
-    :class:`~pccl.collectives.turns.ThreadTurns` admits large ops).
-
-    Every retirement wakes the operations waiting on a parked header so they re-check it.
-    """
-
-    def __init__(self) -> None:
-        self._retired: set[int] = set()
-        self._order: collections.deque[int] = collections.deque()
-        # Weak: inboxes of torn-down rings must not live as long as the communicator's registry.
-        self._listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
-        #: Seqs commenced here that have not reached their data path, nor ended, with their rank
-        #: in the commence order (a heap of (rank, seq) with lazy deletion over the dict).
-        self._commenced: dict[int, int] = {}
-        self._commenced_heap: list[tuple[int, int]] = []
-        self._next_rank = 0
-        #: Seqs commenced or started here and not retired: a frame of any other begun op
-        #: (derived seq) is read off its lane into memory rather than parked (:class:`Inbox`).
-        self._known: set[int] = set()
-        self._turn_listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
-
-    def add_listener(self, wake: Callable[[], None]) -> None:
-        """Call the bound method ``wake()`` (on the Trio thread) at every change while its
-        object lives: an Inbox wakes its waiting readers (tasks and threads) this way."""
-        self._listeners = [ref for ref in self._listeners if ref() is not None]
-        self._listeners.append(weakref.WeakMethod(wake))  # type: ignore[arg-type]
-
-    def add_turn_listener(self, admit: Callable[[], None]) -> None:
-        """Call the bound method ``admit()`` (Trio thread) whenever a commenced seq reaches its
-        data path or ends, while its object lives: a :class:`~pccl.collectives.turns.ThreadTurns`
-        may then admit the next op."""
-        self._turn_listeners = [ref for ref in self._turn_listeners if ref() is not None]
-        self._turn_listeners.append(weakref.WeakMethod(admit))  # type: ignore[arg-type]
-
-    def is_retired(self, seq: int) -> bool:
-        return seq in self._retired
-
-    def commenced(self, seq: int) -> None:
-        """The master commenced ``seq`` with this peer, or this peer began it (call in the order
-        the Commences arrive and the Begins are sent, before the op can reach its data path):
-        until :meth:`started` or :meth:`retire`, large ops commenced *after* it wait for it
-        (:class:`~pccl.collectives.turns.ThreadTurns`).
-
-        The order is the order of these calls, not of the seqs: the master's seqs count up in
-        the order it sends the Commences, but a begun op's derived seq (top bit set) sorts after
-        all of them, although a peer that began it ran it before any later Commence arrived,
-        and a peer that voted for it was told it before any op its Begin preceded.  Ordered by
-        seq, the voter ran a later voted op first on the partner links while the beginner ran
-        the begun one: each waited for the other's frames until the watchdog aborted both."""
-        if seq in self._retired or seq in self._commenced:
-            return
-        self._known.add(seq)
-        rank = self._next_rank
-        self._next_rank = rank + 1
-        self._commenced[seq] = rank
-        heapq.heappush(self._commenced_heap, (rank, seq))
-
-    def rank(self, seq: int) -> int | None:
-        """``seq``'s place in the commence order while it is commenced here (neither started
-        nor ended): lower ranks were commenced earlier."""
-        return self._commenced.get(seq)
-
-    def started(self, seq: int) -> None:
-        """``seq`` reached its data path (or never will): it no longer holds later ops back.
-        Idempotent."""
-        if seq not in self._retired:
-            self._known.add(seq)
-        if seq in self._commenced:
-            del self._commenced[seq]
-            if not self._commenced:
-                self._commenced_heap.clear()  # the lazily deleted entries go too
-            else:
-                self.first_commenced()  # drops those below the lowest one left
-            for ref in self._turn_listeners:
-                admit = ref()
-                if admit is not None:
-                    admit()
-
-    def is_known(self, seq: int) -> bool:
-        """Whether ``seq`` was commenced or started here and has not ended."""
-        return seq in self._known
-
-    def is_commenced(self, seq: int) -> bool:
-        """Whether ``seq`` was commenced here and has neither started nor ended."""
-        return seq in self._commenced
-
-    def first_commenced(self) -> int | None:
-        """The seq commenced here first of those that have neither started nor ended, if any."""
-        heap = self._commenced_heap
-        commenced = self._commenced
-        while heap and commenced.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)
-        return heap[0][1] if heap else None
-
-    def retire(self, seq: int) -> None:
-        """Mark ``seq`` ended: its frames still in flight will be discarded.  Idempotent."""
-        if seq in self._retired:
-            return
-        self._retired.add(seq)
-        self._known.discard(seq)
-        self._order.append(seq)
-        while len(self._order) > _RETIRED_MEMORY:
-            self._retired.discard(self._order.popleft())
-        self.started(seq)
-        self.notify()
-
-    def notify(self) -> None:
-        """Wake every waiter (they re-check their condition)."""
-        for ref in self._listeners:
-            wake = ref()
-            if wake is not None:
-                wake()
-
-
-class FrameAction(enum.Enum):
-    """What a reader does with the data frame whose header it just read."""
-
-    TAKE = "take"  # the reader's own frame: receive its payload
-    DISCARD = "discard"  # a late frame of an op that ended here: drop its payload
-    PARK = "park"  # another op's frame (running here, or about to start): leave it for its owner
-
-
-def classify(header: DataHeader, seq: int, registry: SeqRegistry) -> FrameAction:
-    """The one rule both kinds of reader (Trio task, worker thread) apply to a data frame."""
-    if header.op_seq == seq:
-        return FrameAction.TAKE
-    if registry.is_retired(header.op_seq):
-        return FrameAction.DISCARD
-    return FrameAction.PARK
+#: How many payload bytes one inbox keeps, at most, for begun ops not known here yet
+#: (:meth:`Inbox._stashable`).  A frame that would take it over this bound is parked at the head
+#: of the inbox instead (TCP then holds its sender back).  The trade-off: a crossing whose kept
+#: frames fit (small ops, and a step of a large op's frames) does not block the link; one larger
+#: than this still parks, and waits for its op to begin here (docs/protocol.rst, "Frames for an op
+#: a neighbour has not begun yet").  Without a bound, a broadcast root streaming 256 MiB to a
+#: peer that had not begun the op, or a peer sending frames of seqs that never start, made the
+#: receiver hold all of it in memory.
+KEPT_BYTES_LIMIT = 4 << 20
 
 
 class Inbox:
-    """The receiving side of one lane: demultiplexes data frames by ``op_seq``."""
+    """The receiving side of one lane: demultiplexes data frames by ``op_seq``.
 
-    def __init__(self, connection: FramedConnection, registry: SeqRegistry) -> None:
+    ``kept_limit``: the most payload bytes kept in memory for begun ops not known here yet
+    (default :data:`KEPT_BYTES_LIMIT`); beyond it their frames park."""
+
+    def __init__(self, connection: FramedConnection, registry: SeqRegistry, *,
+                 kept_limit: int = KEPT_BYTES_LIMIT) -> None:
+        if kept_limit < 0:
+            raise InvalidArgument(f"kept_limit must be >= 0, got {kept_limit}")
         self.connection = connection
+        self.kept_limit = kept_limit
         self._registry = registry
         self._parked: DataHeader | None = None
         # One reader at a time, a Trio task or a worker thread: whoever holds the read role
@@ -234,6 +118,8 @@ class Inbox:
         #: Frames of begun ops not known here yet (:meth:`_stashable`), read off the lane in
         #: arrival order, by seq (guarded by _cond; their owner takes them before the lane's).
         self._stash: dict[int, collections.deque[tuple[DataHeader, bytearray]]] = {}
+        self._kept_bytes = 0  # payload bytes in _stash (guarded by _cond)
+        self._capped_seq: int | None = None  # the last seq whose frame parked for the bound (logged once)
         self.channel: BlockingDataChannel | None = thread_channel(connection)
         # Threads wake Trio readers through the run's token (only lanes with threads need it).
         self._token = trio.lowlevel.current_trio_token() if self.channel is not None else None
@@ -248,7 +134,7 @@ class Inbox:
         if self._stash:
             with self._cond:
                 for seq in [q for q in self._stash if self._registry.is_retired(q)]:
-                    del self._stash[seq]
+                    self._drop_seq(seq, "it ended here")
         if self._thread_waiters:
             with self._cond:
                 self._cond.notify_all()
@@ -263,7 +149,7 @@ class Inbox:
             if self._reading or not self._trio_waiters:
                 return
             header = self._parked
-            if header is None or classify(header, -1, self._registry) is FrameAction.DISCARD:
+            if header is None or not self._blocks(header, -1):
                 chosen = [self._trio_waiters.popleft()]
             else:
                 chosen = [w for w in self._trio_waiters if w[0] == header.op_seq]
@@ -285,7 +171,13 @@ class Inbox:
         if self._reading:
             return False
         header = self._parked
-        return header is None or classify(header, seq, self._registry) is not FrameAction.PARK
+        return header is None or not self._blocks(header, seq)
+
+    def _blocks(self, header: DataHeader, seq: int) -> bool:
+        """Whether the parked ``header`` keeps ``seq``'s reader off the lane (call with _cond
+        held): another op's frame that may not be kept now (a parked frame of a begun op is read
+        into memory by the next reader once it fits)."""
+        return classify(header, seq, self._registry) is FrameAction.PARK and not self._stashable(header)
 
     async def _take_read_role(self, seq: int) -> DataHeader | None:
         """Take the read role for ``seq``'s reader; returns the parked header it must handle
@@ -337,16 +229,54 @@ class Inbox:
         start here only after ops whose frames come later on this lane (peers that began two
         ops in different orders: docs/protocol.rst, "Crossings"); parked, its header would
         block them.  A master's seq is never kept: the commence order settles its owner's
-        turn, and ops that are running or commenced here always come for their frames."""
-        return bool(header.op_seq >> 63) and not self._registry.is_known(header.op_seq)
+        turn, and ops that are running or commenced here always come for their frames.
+
+        Only while the kept bytes stay within :attr:`kept_limit`: beyond it the frame parks
+        (logged once per seq), and TCP holds its sender back."""
+        if not header.op_seq >> 63 or self._registry.is_known(header.op_seq):
+            return False
+        if self._kept_bytes + header.nbytes <= self.kept_limit:
+            return True
+        if self._capped_seq != header.op_seq:
+            self._capped_seq = header.op_seq
+            logger.info("parking a frame of begun op %d (%d bytes) from %s: %d of %d bytes already kept for ops "
+                        "not begun here", header.op_seq, header.nbytes, self.connection.remote_address,
+                        self._kept_bytes, self.kept_limit)
+        return False
+
+    @property
+    def kept_bytes(self) -> int:
+        """Payload bytes kept in memory now for begun ops not known here (at most
+        :attr:`kept_limit`)."""
+        return self._kept_bytes
 
     def _keep(self, header: DataHeader, payload: bytearray) -> None:
         with self._cond:
             self._stash.setdefault(header.op_seq, collections.deque()).append((header, payload))
+            self._kept_bytes += len(payload)
 
-    def _kept(self, seq: int, stream: int, step: int, offset: int, destination: memoryview) -> bool:
+    def _drop_seq(self, seq: int, why: str, level: int = logging.DEBUG) -> None:
+        """Drop ``seq``'s kept frames (call with _cond held)."""
+        frames = self._stash.pop(seq)
+        nbytes = sum(len(payload) for _, payload in frames)
+        self._kept_bytes -= nbytes
+        logger.log(level, "dropping %d kept frames (%d bytes) of op %d from %s: %s", len(frames), nbytes, seq,
+                   self.connection.remote_address, why)
+
+    def drop_kept(self, why: str) -> None:
+        """Drop every kept frame (Trio thread): their ops can no longer start on these links (a
+        new round, a new master epoch, the links closing).  Logged per seq at info, with ``why``."""
+        if not self._stash:
+            return
+        with self._cond:
+            for seq in list(self._stash):
+                self._drop_seq(seq, f"never begun here; {why}", logging.INFO)
+        self.wake_threads()  # a frame parked for the bound may be kept now
+
+    def _kept(self, seq: int, stream: int, step: int, offset: int, destination: memoryview, in_thread: bool) -> bool:
         """Hand ``seq``'s oldest kept frame, if any, to its owner (it came before every frame
-        of ``seq`` still on the lane)."""
+        of ``seq`` still on the lane).  ``in_thread``: called from a worker thread (else the Trio
+        thread), for the wake-up of a reader waiting behind a frame parked for the bound."""
         with self._cond:
             frames = self._stash.get(seq)
             if not frames:
@@ -354,6 +284,14 @@ class Inbox:
             header, payload = frames.popleft()
             if not frames:
                 del self._stash[seq]
+            self._kept_bytes -= len(payload)
+            # A frame parked for the bound may fit now: the reader waiting behind it may read it.
+            freed = self._parked is not None and not self._reading
+            if freed and in_thread:
+                self._cond.notify_all()
+                self._wake_from_thread()
+        if freed and not in_thread:
+            self.wake_threads()
         self._check_own(header, stream, step, offset, destination.nbytes)
         destination.cast("B")[:] = payload
         return True
@@ -377,7 +315,7 @@ class Inbox:
         channel = self.channel
         assert channel is not None
         nbytes = destination.nbytes
-        if self._stash and self._kept(seq, stream, step, offset, destination):
+        if self._stash and self._kept(seq, stream, step, offset, destination, True):
             return nbytes
         cond = self._cond
         with cond:
@@ -482,7 +420,7 @@ class Inbox:
         :meth:`~pccl.net.framed.FramedConnection.receive_data_into`.
         """
         nbytes = destination.nbytes
-        if self._stash and self._kept(seq, stream, step, offset, destination):
+        if self._stash and self._kept(seq, stream, step, offset, destination, False):
             if schedule_point:
                 await trio.lowlevel.checkpoint()
             return nbytes
@@ -557,6 +495,7 @@ class RingLinks:
         partners: Mapping[int, FramedConnection] | None = None,
         algorithm: AllReduceAlgorithm | None = None,
         sites: tuple[int, ...] = (),
+        kept_limit: int = KEPT_BYTES_LIMIT,
     ) -> None:
         if not to_next or len(to_next) != len(from_prev):
             raise InvalidArgument(
@@ -564,7 +503,7 @@ class RingLinks:
             )
         self.registry = registry if registry is not None else SeqRegistry()
         self.to_next = tuple(to_next)
-        self.inboxes = tuple(Inbox(c, self.registry) for c in from_prev)
+        self.inboxes = tuple(Inbox(c, self.registry, kept_limit=kept_limit) for c in from_prev)
         channels = [thread_channel(c) for c in self.to_next]
         #: Thread-side senders per lane, when every lane offers the fast path (else ``None``).
         self.send_channels: tuple[BlockingDataChannel, ...] | None = None
@@ -583,7 +522,8 @@ class RingLinks:
         #: partner's ring position, carrying data frames both ways; its inbox demultiplexes them
         #: by seq like a lane's.  Empty: the ring has none, and every all-reduce takes the ring.
         self.partners: dict[int, Inbox] = {
-            position: Inbox(connection, self.registry) for position, connection in sorted((partners or {}).items())
+            position: Inbox(connection, self.registry, kept_limit=kept_limit)
+            for position, connection in sorted((partners or {}).items())
         }
 
         #: The all-reduce algorithm every op on these links is forced to (``None``: chosen per
@@ -645,6 +585,19 @@ class RingLinks:
         """Discard any frame of ``seq`` still to come (the op ended or was never started here)."""
         self.registry.retire(seq)
 
+    def drop_kept(self, why: str) -> None:
+        """Drop the frames every inbox keeps for ops not begun here (:meth:`Inbox.drop_kept`):
+        called when these links are replaced (a new topology round or master epoch: a derived
+        seq belongs to one round, and an op of the old one never starts on the new links) and
+        when they are aborted or closed."""
+        for inbox in (*self.inboxes, *self.partners.values()):
+            inbox.drop_kept(why)
+
+    @property
+    def kept_bytes(self) -> int:
+        """Payload bytes kept now, over every inbox, for ops not begun here."""
+        return sum(inbox.kept_bytes for inbox in (*self.inboxes, *self.partners.values()))
+
     def connections(self) -> tuple[FramedConnection, ...]:
         return (*self.to_next, *(inbox.connection for inbox in self.inboxes),
                 *(inbox.connection for inbox in self.partners.values()))
@@ -659,12 +612,14 @@ class RingLinks:
 
     def abort(self) -> None:
         """Abort every connection (RST): used when a ring is torn down after a failure."""
+        self.drop_kept("the links were aborted")
         for c in self.to_next:
             c.abort()
         for inbox in (*self.inboxes, *self.partners.values()):
             inbox.connection.abort()
 
     async def aclose(self) -> None:
+        self.drop_kept("the links were closed")
         with trio.CancelScope(shield=True):
             for c in self.to_next:
                 await c.aclose()

@@ -13,7 +13,7 @@ How: :class:`ThreadTurns` gives at most :data:`THREAD_OPS` ops of a :class:`~pcc
 a *turn* (their threads) at once; the others wait in Trio, which costs nothing while they wait.
 Turns are given in **commence order**: an op is admitted only when no op commenced before it
 is still waiting for its turn here or commenced here without having reached its data path yet
-(:meth:`SeqRegistry.commenced <pccl.collectives.links.SeqRegistry.commenced>`, recorded by the
+(:meth:`SeqRegistry.commenced <pccl.collectives.seq_registry.SeqRegistry.commenced>`, recorded by the
 communicator as the master's Commences arrive, which every participant sees in the same
 order, and as it sends a Begin on the fast path).  The order is that of the records, not of
 the seqs: the master's seqs count up as it commences, but a begun op's derived seq sorts after
