@@ -2,7 +2,7 @@
 pccl's own all-reduce), call by call in turn, in the same processes.
 
     .venv/bin/python benchmarks/collectives_gloo.py --peers 2 3 --sizes 64M [--iters 10] [--rate 4gbit]
-                                                    [--phases] [--fast-commit]
+                                                    [--phases] [--[no-]fast-commit]
 
 Each peer process holds a pccl communicator and a Gloo process group over float32 buffers of
 ``size`` bytes; every iteration times one call of each configuration in an order shuffled
@@ -24,8 +24,8 @@ link, as a link-bound group does, and the comparison becomes one of bytes on the
 ``--phases`` also prints where each pccl call's time went, per ring position (medians, ms):
 from the call to its data path (the master's vote), the data path itself (``execute``: the
 bytes), and from there to the return (the completion round trip through the master).
-``--fast-commit`` runs pccl's peers with ``Config.fast_commit`` (the call skips the vote; the
-``vote`` span is then the call's own cost).
+``--fast-commit`` (the library's default) runs pccl's peers with ``Config.fast_commit`` (the
+call skips the vote; the ``vote`` span is then the call's own cost); ``--no-fast-commit`` votes.
 """
 
 from __future__ import annotations
@@ -219,6 +219,12 @@ def format_phases(world: int, per_rank: dict[int, dict[tuple[int, str], list[flo
     return "\n".join(lines)
 
 
+def _library_default() -> bool:
+    import pccl
+
+    return bool(pccl.Config().fast_commit)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peers", type=int, nargs="+", default=[2, 3])
@@ -230,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                                        "namespace the run happens in; needs root")
     parser.add_argument("--phases", action="store_true",
                         help="also print each pccl call's vote, data path and completion (median ms per ring position)")
-    parser.add_argument("--fast-commit", action="store_true",
-                        help="pccl's peers run with Config.fast_commit (the call skips the master's vote)")
+    parser.add_argument("--fast-commit", action=argparse.BooleanOptionalAction, default=_library_default(),
+                        help="pccl's peers run with Config.fast_commit (the call skips the master's vote; "
+                             "the library's default) or without it (every call votes)")
     args = parser.parse_args(argv)
     if args.rate and os.environ.get(_NETNS_ENV) != args.rate:
         return _rerun_shaped(args.rate, sys.argv[1:] if argv is None else argv)

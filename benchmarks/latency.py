@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/latency.py [--peers 2 3 4] [--sizes 4 64 1K 16K 64K 256K 1M]
                                            [--iters 50] [--collectives all_reduce broadcast]
-                                           [--clock group|slowest] [--fast-commit]
+                                           [--clock group|slowest] [--[no-]fast-commit]
 
 Each peer process holds a pccl communicator and a Gloo process group (the cluster of
 ``interleaved_gloo.py``).  For every size, each iteration times one call of each configuration
@@ -20,9 +20,9 @@ a training loop.  Gloo's call runs in a worker thread (the Trio loop keeps servi
 connections meanwhile) and notes its times there, so the hand-off to the thread is not counted
 either.  pccl's call goes through the public API: the master's round trips are included.
 ``--clock slowest`` times instead as ``pccl bench`` and ``interleaved_gloo.py`` do: each rank's
-own call, the slowest rank's per iteration (the barrier's skew included).  ``--fast-commit`` runs
-pccl's peers with ``Config.fast_commit`` (the call skips the master's vote: one round trip per
-collective instead of two).
+own call, the slowest rank's per iteration (the barrier's skew included).  ``--fast-commit``
+(the library's default) runs pccl's peers with ``Config.fast_commit`` (the call skips the
+master's vote: one round trip per collective instead of two); ``--no-fast-commit`` votes.
 
 The table shows, per group size, size and collective, the median and the minimum over
 iterations of Gloo and of pccl, and Gloo's over pccl's (above 1: pccl faster).
@@ -182,12 +182,19 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], l
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="group",
                         help="group: last rank's call to last return; slowest: the slowest rank's own call")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one group size may take")
-    parser.add_argument("--fast-commit", action="store_true",
-                        help="pccl's peers run with Config.fast_commit (the call skips the master's vote)")
+    parser.add_argument("--fast-commit", action=argparse.BooleanOptionalAction, default=_library_default(),
+                        help="pccl's peers run with Config.fast_commit (the call skips the master's vote; "
+                             "the library's default) or without it (every call votes)")
     args = parser.parse_args(argv)
     sizes = checked_sizes(parser, args)
     configs = [f"{who}:{kind}" for kind in dict.fromkeys(args.collectives) for who in ("gloo", "pccl")]
     return args, sizes, configs
+
+
+def _library_default() -> bool:
+    import pccl
+
+    return bool(pccl.Config().fast_commit)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,6 +66,9 @@ def test_the_table_puts_gloo_beside_pccl(latency: ModuleType) -> None:
     assert line.split() == ["2", "16K", "all_reduce", "2.000", "1.000", "1.000", "2.000", "2.00", "0.50"]
 
 
-def test_fast_commit_is_an_option_off_by_default(latency: ModuleType) -> None:
-    assert latency.parse_args([])[0].fast_commit is False
+def test_fast_commit_follows_the_library_default_unless_told(latency: ModuleType) -> None:
+    import pccl
+
+    assert latency.parse_args([])[0].fast_commit is pccl.Config().fast_commit is True
     assert latency.parse_args(["--fast-commit"])[0].fast_commit is True
+    assert latency.parse_args(["--no-fast-commit"])[0].fast_commit is False
