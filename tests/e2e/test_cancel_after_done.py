@@ -24,6 +24,8 @@ import trio
 
 import pccl
 from pccl import Config
+from pccl.collectives.buckets import DEFAULT_BUCKET_BYTES, PACKED_BUCKET_BYTES, plan_buckets
+from pccl.collectives.buffers import DEFAULT_THREAD_THRESHOLD
 from pccl.protocol import messages as m
 from pccl.testing import each, open_test_cluster
 
@@ -146,14 +148,28 @@ async def test_a_call_cancelled_after_its_done_restores_its_input_when_the_op_ab
         assert np.array_equal(bufs[0], inputs[0]) and np.array_equal(bufs[1], inputs[1])
 
 
-async def test_an_all_reduce_many_cancelled_after_its_done_holds_the_reduction_every_peer_holds() -> None:
-    """``all_reduce_many`` of two small arrays (one packed bucket, one op): peer 0's call is
-    cancelled as that op's ``Done(ok)`` goes out and the master completes it, so peer 0's arrays
-    take the reduction as the others' do (the unpacking of a completed op's bucket is not cut
-    short), whether or not its call itself then ends ``Cancelled``."""
+def _many_inputs(size: str) -> list[list[np.ndarray]]:
+    """Every peer's arrays: two small ones, or 20 of just under 1 MiB (float32) — one packed
+    bucket of about 20 MiB, whose unpacking runs in a worker thread (at least
+    ``DEFAULT_THREAD_THRESHOLD``, under ``PACKED_BUCKET_BYTES``)."""
+    if size == "small":
+        return [[np.arange(100, dtype=np.float32) * (i + 1), np.full(50, i + 1.0, np.float32)] for i in range(3)]
+    n = (1 << 18) - 16
+    arrays = [[np.full(n, i + 1.0 + k, np.float32) for k in range(20)] for i in range(3)]
+    assert len(plan_buckets(arrays[0], DEFAULT_BUCKET_BYTES)) == 1
+    assert DEFAULT_THREAD_THRESHOLD <= sum(a.nbytes for a in arrays[0]) <= PACKED_BUCKET_BYTES
+    return arrays
+
+
+@pytest.mark.parametrize("size", ["small", "threaded"])
+async def test_an_all_reduce_many_cancelled_after_its_done_holds_the_reduction_every_peer_holds(size: str) -> None:
+    """``all_reduce_many`` of one packed bucket (one op), unpacked inline or in a worker thread:
+    peer 0's call is cancelled as that op's ``Done(ok)`` goes out and the master completes it, so
+    peer 0's arrays take the reduction as the others' do (the unpacking of a completed op's bucket
+    is not cut short), whether or not its call itself then ends ``Cancelled``."""
     async with open_test_cluster(3, token=TOKEN, config=_config(False), soon=SOON) as (master, comms, _):
-        arrays = [[np.arange(100, dtype=np.float32) * (i + 1), np.full(50, i + 1.0, np.float32)] for i in range(3)]
-        want = [sum(a[k] for a in arrays) for k in range(2)]
+        arrays = _many_inputs(size)
+        want = [sum(a[k] for a in arrays) for k in range(len(arrays[0]))]
         bufs = [[a.copy() for a in peer] for peer in arrays]
         scope, cancelled = trio.CancelScope(), trio.Event()
 
