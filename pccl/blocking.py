@@ -27,7 +27,10 @@ Ctrl-C: a ``KeyboardInterrupt`` (or any exception) in the caller's thread while 
 call cancels that call (an in-place all-reduce gets its input back and the other peers abort
 it; once its peer reported its success to the master, it ends as the master says instead, with
 the others: ``CollectiveHandle.cancel``); leaving the ``with`` block, :meth:`Communicator.close`, or interpreter exit then leaves the
-run cleanly (the master sees a leave, not a timeout).  Closing cancels every call still running.
+run cleanly (the master sees a leave, not a timeout).  Closing cancels every call still running,
+including one waiting for the master's word on a success its peer reported: that one ends at
+once with its input restored, while the others may complete the op (closing stops the reading
+of the master's messages).
 """
 
 from __future__ import annotations
@@ -96,8 +99,10 @@ class CollectiveHandle(Generic[_T]):
         of a collective abort; a cancelled vote is withdrawn).  :meth:`wait` then raises the
         operation's error — except for a collective whose peer had reported its success to the
         master already: that one ends as the master says, the others' calls alike, so
-        :meth:`wait` returns its result if it completed (docs/reference/errors.rst).  Returns at
-        once; nothing happens once the operation has finished."""
+        :meth:`wait` returns its result if it completed (docs/reference/errors.rst).  Not so for
+        ``all_reduce_many``: cancelled, its :meth:`wait` raises ``InvalidUsage`` even when every
+        op completed (each array then holds its reduction if its op completed, else its input).
+        Returns at once; nothing happens once the operation has finished."""
         if self._cancel_call is not None and not self._future.done():
             self._cancel_call(self._future)
 

@@ -273,6 +273,14 @@ class Communicator:
         ``MasterUnreachable``.  Cancellation restores an in-place buffer and makes the other
         participants abort; cancelled before the master answered, the vote is withdrawn (the
         next call on the tag, or a topology update or sync, waits for that one round trip).
+        Cancelled after this peer reported its success to the master, the call ends as the
+        master says, as the others' do: the result if the op completed (the cancellation came
+        too late and is not raised), else the input restored and ``Cancelled``; it waits for
+        that word (shielded) for at most ``Config.peer_timeout``, past which it gives up
+        undecided (input restored, ``Cancelled``).  Closing the communicator (or cancelling a
+        scope around ``open_communicator``) meanwhile ends it at once the latter way, since the
+        master's word can no longer be read: the others may complete the op
+        (docs/reference/errors.rst).
         """
         return await self._all_reduce.all_reduce(send, recv, op=op, tag=tag, quantization=quantization)
 
@@ -297,7 +305,10 @@ class Communicator:
         others their inputs); ``CollectiveAborted`` only when the master was lost (it restarted)
         or the group's loops diverged (caused by ``PhaseMismatch``), not for a peer's death;
         and the other errors of :meth:`all_reduce`.  Every array is checked before any op
-        starts, and no op is left running when it raises.  Cancellation cancels every running op.
+        starts, and no op is left running when it raises.  Cancellation cancels every running op
+        and the call raises ``Cancelled``, even when every op ended by completing (an op whose
+        peer had reported its success ends as the master says, as in :meth:`all_reduce`): each
+        bucket's arrays hold either its reduction (its op completed) or their inputs.
         """
         return await self._all_reduce.all_reduce_many(arrays, op=op, quantization=quantization,
                                                       max_in_flight=max_in_flight, first_tag=first_tag,

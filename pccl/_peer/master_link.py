@@ -92,6 +92,8 @@ class LinkOwner(PeerFacts, Protocol):
 
     def is_current(self, link: MasterLink) -> bool: ...
 
+    def reader_cancelled(self, link: MasterLink) -> None: ...
+
 
 class MasterLink:
     """The master connection of one epoch: what :func:`~pccl._peer.heartbeat.run_heartbeat`
@@ -202,3 +204,10 @@ class MasterLink:
             error = MasterUnreachable(f"lost the connection to the master at {self.master_address}: {exc}")
             error.__cause__ = exc
             owner.connection_lost(self, error)
+        except trio.Cancelled:
+            if not self.scope.cancel_called and owner.is_current(self):
+                # Cancelled from outside, not given up: the communicator stops (close, or a
+                # scope around it was cancelled).  What it still waits for from the master
+                # cannot come any more.
+                owner.reader_cancelled(self)
+            raise

@@ -75,7 +75,11 @@ async def await_verdict(op: OpAttempt, *, peer_timeout: float, peer_id: int) -> 
             log.info("peer %x: %s seq %d was cancelled after its success was reported; the master "
                      "completed it, so the call returns its result", peer_id, op.plan.what, op.seq)
             return
-        if waited.cancelled_caught:
+        if op.machine.state is State.LOST and not waited.cancelled_caught:
+            log.info("peer %x: %s seq %d was cancelled after its success was reported and the master's word "
+                     "can no longer come (the communicator is closing, or the master is lost): its input is "
+                     "restored, whatever the master decides", peer_id, op.plan.what, op.seq)
+        elif waited.cancelled_caught:
             log.warning("peer %x: %s seq %d was cancelled after its success was reported and the master "
                         "said nothing within %g s (peer_timeout): giving up on it undecided",
                         peer_id, op.plan.what, op.seq, peer_timeout)

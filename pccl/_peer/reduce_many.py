@@ -148,7 +148,14 @@ async def _round(runner: KernelRunner, attempt: Attempt, many: _Many, pending: l
             many.results[i] = result
             if bucket.packed:
                 assert plan.args is not None and isinstance(plan.args.dst, np.ndarray)  # the packed result
-                await runner.run(bucket.nbytes, bucket.unpack, plan.args.dst)
+                # Shielded: the op completed on every peer, so its members take the result even
+                # when this call was cancelled meanwhile (a completed op's call may return after
+                # its cancellation, op_attempt.await_verdict).  A worker thread's start would
+                # otherwise raise the Cancelled before the copy ran, leaving the inputs here
+                # while the others unpacked the reduction.  Bounded CPU work; the cancellation
+                # is raised at the next checkpoint.
+                with trio.CancelScope(shield=True):
+                    await runner.run(bucket.nbytes, bucket.unpack, plan.args.dst)
             bucket.release()
         except (CollectiveAborted, StaleRing) as exc:
             if isinstance(exc, CollectiveAborted) and isinstance(exc.__cause__, PhaseMismatch):

@@ -520,6 +520,15 @@ class PeerSession:
         assert lost_at is not None
         await reconnect(self, why, lost_at, self._rng)
 
+    def reader_cancelled(self, link: MasterLink) -> None:
+        """The current link's reader was cancelled from outside: the communicator stops (its
+        close, or a cancelled scope around it).  The master's answers cannot come any more, so
+        the routes close — an op waiting for the master's final word on a success it reported
+        ends at once (``MASTER_LOST``) instead of waiting out ``peer_timeout`` for a word no
+        task would read."""
+        if link is self._link:
+            self._routes.end_all()
+
     def rejoined(self) -> None:
         """:func:`~pccl._peer.reconnect.reconnect` registered again: wait to be accepted."""
         if not self._votes.topology_outstanding:  # our first TopologyComplete is the acceptance

@@ -220,8 +220,9 @@ def ddp_comm_hook(state: CommHookState, bucket: dist.GradBucket) -> torch.future
 
     Cancellation: DDP waits for the buckets' futures inside torch's C++ code, so a Ctrl-C during
     the backward is seen once the buckets' ops have ended (they are not cancelled); closing the
-    communicator cancels them (each bucket then keeps its own gradients, and ``reduced()``
-    raises ``InvalidUsage``)."""
+    communicator cancels them (``reduced()`` then raises ``InvalidUsage``, and each bucket holds
+    either this peer's own gradients or, when its op had completed, the average: the close
+    does not say which, so the step is skipped)."""
     return state.start(bucket.buffer(), bucket.index())
 
 

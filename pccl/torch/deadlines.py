@@ -9,11 +9,13 @@ timeout has passed since the call is cancelled — pccl's cancellation: the othe
 calls of it abort (``CollectiveAborted``), an in-place tensor holds its input again — and its
 work fails with :class:`CollectiveTimeout` ("Timed out waiting 1000ms ...", as Gloo words
 it), a ``torch.distributed.DistBackendError`` (so a ``RuntimeError``, what Gloo raises) and a
-:class:`~pccl.CollectiveAborted`.  Unlike Gloo's, the group stays usable: its next collective
-runs, as long as every peer issued the same collectives (torch's rule) — the peers' calls of
-a collective that timed out end on every peer, so their counts of the group's collectives
-(and so their tags) stay in step.  Point-to-point calls are not timed here (a pccl ``send``
-and ``recv`` end when the peer dies).  The group's ``abort()`` cancels its collectives still
+:class:`~pccl.CollectiveAborted`.  A collective whose peer had already reported its success to
+the master when it was cancelled ends as the master says, on every peer alike: if the master
+completed it, its work succeeds with the result (the timeout came too late).  Unlike Gloo's,
+the group stays usable: its next collective runs, as long as every peer issued the same
+collectives (torch's rule) — the peers' calls of a collective that timed out end on every peer,
+so their counts of the group's collectives (and so their tags) stay in step.  Point-to-point
+calls are not timed here (a pccl ``send`` and ``recv`` end when the peer dies).  The group's ``abort()`` cancels its collectives still
 running the same way (:meth:`Timeouts.cancel_running`).
 """
 
@@ -39,7 +41,8 @@ __all__ = ["CollectiveTimeout", "Deadlines", "Timeouts", "TIMED", "call_timeout"
 
 class CollectiveTimeout(CollectiveAborted, dist.DistBackendError):  # type: ignore[misc]  # torch's pybind class
     """A collective of a :class:`pccl.torch.ProcessGroup` did not finish within its timeout and
-    was cancelled: the other peers' calls of it abort, an in-place tensor holds its input again.
+    was cancelled: the other peers' calls of it abort, an in-place tensor holds its input again
+    (a collective the master completed all the same succeeds instead: see the module doc).
     Retry-safe, as every ``CollectiveAborted``; a ``RuntimeError`` too, as Gloo's timeout is.
     ``__cause__``: the cancelled call's own error."""
 
@@ -200,8 +203,12 @@ class Timeouts:
 
     def cancel_running(self, why: str) -> None:
         """Cancel every collective of the group still running (pccl's cancellation: the other
-        peers' calls of it abort, an in-place tensor holds its input again); each fails with
-        ``CollectiveAborted(why)``."""
+        peers' calls of it abort, an in-place tensor holds its input again); each that this ends
+        fails with ``CollectiveAborted(why)``.  One whose peer had reported its success to the
+        master ends as the master says: if the master completed it, its work succeeds with the
+        result, as the other peers' do — unless the communicator closes first (the group's
+        ``abort()`` closes one it owns right after): closing ends it at once, failed, its input
+        restored."""
         with self._deadlines_lock:
             running = list((self._running_works or {}).values())
         for expire in running:

@@ -616,8 +616,9 @@ class ProcessGroup(Timeouts, PointToPoint, ListForms, dist.ProcessGroup):  # typ
         self._stop_deadlines()
 
     def abort(self) -> None:
-        """Cancel the group's collectives still running (they fail with ``CollectiveAborted``),
-        then :meth:`shutdown`."""
+        """Cancel the group's collectives still running (they fail with ``CollectiveAborted``;
+        one the master completes at once may succeed: :meth:`Timeouts.cancel_running`), then
+        :meth:`shutdown`."""
         self.cancel_running("the process group was aborted")
         self.shutdown()
 

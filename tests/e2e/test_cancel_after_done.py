@@ -16,6 +16,8 @@ master cannot have spoken before peer 0 is cancelled.  Voted and begun (``fast_c
 from __future__ import annotations
 
 import contextlib
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -24,8 +26,10 @@ import trio
 
 import pccl
 from pccl import Config
+from pccl.collectives.buckets import DEFAULT_BUCKET_BYTES, PACKED_BUCKET_BYTES, plan_buckets
+from pccl.collectives.buffers import DEFAULT_THREAD_THRESHOLD
 from pccl.protocol import messages as m
-from pccl.testing import each, open_test_cluster
+from pccl.testing import admit, each, open_test_cluster
 
 TOKEN = "cancel-after-done"
 SOON = 30.0
@@ -146,14 +150,28 @@ async def test_a_call_cancelled_after_its_done_restores_its_input_when_the_op_ab
         assert np.array_equal(bufs[0], inputs[0]) and np.array_equal(bufs[1], inputs[1])
 
 
-async def test_an_all_reduce_many_cancelled_after_its_done_holds_the_reduction_every_peer_holds() -> None:
-    """``all_reduce_many`` of two small arrays (one packed bucket, one op): peer 0's call is
-    cancelled as that op's ``Done(ok)`` goes out and the master completes it, so peer 0's arrays
-    take the reduction as the others' do (the unpacking of a completed op's bucket is not cut
-    short), whether or not its call itself then ends ``Cancelled``."""
+def _many_inputs(size: str) -> list[list[np.ndarray]]:
+    """Every peer's arrays: two small ones, or 20 of just under 1 MiB (float32) — one packed
+    bucket of about 20 MiB, whose unpacking runs in a worker thread (at least
+    ``DEFAULT_THREAD_THRESHOLD``, under ``PACKED_BUCKET_BYTES``)."""
+    if size == "small":
+        return [[np.arange(100, dtype=np.float32) * (i + 1), np.full(50, i + 1.0, np.float32)] for i in range(3)]
+    n = (1 << 18) - 16
+    arrays = [[np.full(n, i + 1.0 + k, np.float32) for k in range(20)] for i in range(3)]
+    assert len(plan_buckets(arrays[0], DEFAULT_BUCKET_BYTES)) == 1
+    assert DEFAULT_THREAD_THRESHOLD <= sum(a.nbytes for a in arrays[0]) <= PACKED_BUCKET_BYTES
+    return arrays
+
+
+@pytest.mark.parametrize("size", ["small", "threaded"])
+async def test_an_all_reduce_many_cancelled_after_its_done_holds_the_reduction_every_peer_holds(size: str) -> None:
+    """``all_reduce_many`` of one packed bucket (one op), unpacked inline or in a worker thread:
+    peer 0's call is cancelled as that op's ``Done(ok)`` goes out and the master completes it, so
+    peer 0's arrays take the reduction as the others' do (the unpacking of a completed op's bucket
+    is not cut short), whether or not its call itself then ends ``Cancelled``."""
     async with open_test_cluster(3, token=TOKEN, config=_config(False), soon=SOON) as (master, comms, _):
-        arrays = [[np.arange(100, dtype=np.float32) * (i + 1), np.full(50, i + 1.0, np.float32)] for i in range(3)]
-        want = [sum(a[k] for a in arrays) for k in range(2)]
+        arrays = _many_inputs(size)
+        want = [sum(a[k] for a in arrays) for k in range(len(arrays[0]))]
         bufs = [[a.copy() for a in peer] for peer in arrays]
         scope, cancelled = trio.CancelScope(), trio.Event()
 
@@ -176,3 +194,69 @@ async def test_an_all_reduce_many_cancelled_after_its_done_holds_the_reduction_e
         assert cancelled.is_set()
         for i in range(3):
             assert all(np.array_equal(b, w) for b, w in zip(bufs[i], want)), f"peer {i}'s arrays: all or nothing"
+
+
+async def test_a_communicator_closed_after_its_done_ends_the_call_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Peer 0's call runs inside the scope around its ``open_communicator`` (as the blocking
+    ``Communicator`` and the torch group run theirs); that scope is cancelled as the call's
+    ``Done(ok)`` goes out, which also cancels the task reading the master connection: the
+    master's word can no longer arrive.  The call ends at once (its input restored: the one case
+    where a call cancelled after its ``Done`` may end otherwise than the others'), not after
+    ``peer_timeout`` of waiting for a word that cannot come.  Peer 1 holds its own ``Done`` until
+    peer 0's communicator has closed, so no ``Complete`` can come before; waiting for one would
+    log the ``peer_timeout`` warning."""
+    caplog.set_level(logging.INFO, logger="pccl")
+    config = _config(False)
+    scope, cancelled, closed = trio.CancelScope(), trio.Event(), trio.Event()
+    calls: list[trio.Nursery] = []
+
+    @contextlib.asynccontextmanager
+    async def open_peer0() -> AsyncIterator[pccl.Communicator]:
+        try:
+            async with pccl.open_communicator(master.address, token=TOKEN, config=config) as comm:
+                async with trio.open_nursery() as nursery:  # its calls run inside its scope
+                    calls.append(nursery)
+                    yield comm
+        finally:
+            closed.set()
+
+    async def hold_done(msg: m.Message) -> None:  # peer 1: its Done only once peer 0 has closed
+        if isinstance(msg, m.CollectiveDone):
+            await closed.wait()
+
+    async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=config) as master:
+        async with trio.open_nursery() as peers:
+            comms: list[pccl.Communicator] = []
+            comm0, scope0 = await admit(peers, master, comms, open_peer0, soon=SOON)
+            comms.append(comm0)
+            for _ in range(2):
+                comm, _scope = await admit(peers, master, comms, lambda: pccl.open_communicator(
+                    master.address, token=TOKEN, config=config), soon=SOON)
+                comms.append(comm)
+            inputs = _inputs(200_000)
+            bufs = [x.copy() for x in inputs]
+            out: list[Any] = [None] * 3
+
+            async def call(i: int) -> None:
+                try:
+                    out[i] = await comms[i].all_reduce(bufs[i], tag=1)
+                except pccl.PCCLError as exc:
+                    out[i] = exc
+
+            with contextlib.ExitStack() as faults:
+                faults.enter_context(pccl.testing.intercept_master_sends(comms[0], _cancel_at_done(scope0, cancelled)))
+                faults.enter_context(pccl.testing.intercept_master_sends(comms[1], hold_done))
+                with trio.fail_after(SOON):
+                    async with trio.open_nursery() as others:
+                        calls[0].start_soon(call, 0)
+                        for i in (1, 2):
+                            others.start_soon(call, i)
+                        await closed.wait()
+            peers.cancel_scope.cancel()
+    assert cancelled.is_set() and scope0.cancelled_caught
+    assert out[0] is None, out  # peer 0's call ended Cancelled: the master's word could not come
+    assert np.array_equal(bufs[0], inputs[0])
+    assert all(isinstance(o, (pccl.ReduceInfo, pccl.PCCLError)) for o in out[1:]), out
+    waited = [r.getMessage() for r in caplog.records if "peer_timeout" in r.getMessage()]
+    assert not waited, waited
+    assert any("master's word can no longer come" in r.getMessage() for r in caplog.records)
