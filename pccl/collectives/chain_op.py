@@ -153,10 +153,6 @@ class ChainOp:
         return self.out.nbytes
 
     @property
-    def saves_in_pieces(self) -> bool:
-        return True
-
-    @property
     def stage_nbytes(self) -> int:
         return 0  # every frame lands where it belongs
 

@@ -54,13 +54,6 @@ class LaneOp(Protocol):
     @property
     def backup(self) -> InputBackup | None: ...
     @property
-    def saves_in_pieces(self) -> bool:
-        """Whether the lane threads save the in-place input a piece at a time (a receiver right
-        before each piece of a frame lands, the senders' saves ahead piece by piece): for an op
-        whose receivers would otherwise copy a whole large frame before its first byte (a
-        broadcast's chain), not for the all-reduce (whose slices the reduce-scatter mostly
-        saves in its own pass; the pieces' calls cost its large ops CPU)."""
-    @property
     def itemsize(self) -> int:
         """Bytes per element of the buffer the frames' offsets are in."""
     @property

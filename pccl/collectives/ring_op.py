@@ -114,10 +114,6 @@ class RingOp:
         return self.bufs.src.nbytes
 
     @property
-    def saves_in_pieces(self) -> bool:
-        return False
-
-    @property
     def stage_nbytes(self) -> int:
         if self.exchange:
             return 0  # every input lands in exchange_inputs (destination): nothing is staged

@@ -189,9 +189,6 @@ class LaneThreads:
         before it lands (:meth:`_saver`), never waits long for the backup's lock."""
         backup = self.op.backup
         assert backup is not None
-        if not self.op.saves_in_pieces:
-            backup.save(*idle_work.pop())
-            return
         start, stop = idle_work[-1]
         if backup.save_upto(start, stop, stop, most=max(1, RECEIVE_PIECE // self.op.itemsize)):
             idle_work.pop()
@@ -260,7 +257,7 @@ class LaneThreads:
         copy instead of a copy of the whole frame (a broadcast's are up to 4 MiB: a stall long
         enough to idle a rate-limited link, its bucket of tokens full, at an op's start)."""
         op = self.op
-        span = op.save_before_receive(frame) if op.saves_in_pieces else None
+        span = op.save_before_receive(frame)
         if span is None:
             return None
         backup = op.backup
