@@ -91,9 +91,7 @@ class InputBackup:
     and nothing for slices an aborted op never touched.  Where that first write is a reduction
     (the ring's reduce-scatter), :meth:`overwrite` lets a fused kernel store the copy in the same
     pass that reads the slice for the reduction, so the copy costs no pass of its own; elsewhere
-    :meth:`save` copies the slice (with streaming stores: the copy is read back only on abort), or
-    :meth:`save_upto` a piece of it at a time, right before each piece is overwritten (the lane
-    threads' receivers, which thus start receiving after one small copy).  :meth:`restore` puts the
+    :meth:`save` copies the slice (with streaming stores: the copy is read back only on abort).  :meth:`restore` puts the
     input back; the communicator keeps the backup until the master has confirmed the op, so an
     abort that arrives after this peer finished its ring still restores the input.
     Thread safety: :meth:`save` / :meth:`overwrite` may be called for one slice from several
@@ -112,8 +110,6 @@ class InputBackup:
         self._bytes = self._buffer.view(np.uint8) if self._buffer.nbytes else None
         self._itemsize = self._buffer.itemsize
         self._saved: dict[int, int] = {}
-        #: Slices saved piece by piece (:meth:`save_upto`): first element -> saved up to.
-        self._upto: dict[int, int] = {}
         # Slices whose copy a fused kernel is making right now (start -> stop); a save() of one
         # waits on _copied until it is in _saved.
         self._copying: dict[int, int] = {}
@@ -131,43 +127,9 @@ class InputBackup:
                 self._copied.wait()
             if start in self._saved:
                 return
-            begun = self._upto.pop(start, start)  # a slice begun piece by piece: the rest
-            a, b = begun * self._itemsize, stop * self._itemsize
-            if b > a:
-                kernels.save_copy(self._copy[a:b], self._bytes[a:b])
-            self._saved[start] = stop
-
-    def save_upto(self, start: int, stop: int, upto: int, most: int | None = None) -> bool:
-        """Remember the slice ``buffer[start:stop]`` up to ``upto`` (exclusive), continuing
-        where an earlier save of it stopped.  A slice overwritten piece by piece is saved a
-        piece at a time, right before each piece is written, by whichever thread gets there
-        first (the receiver right before the bytes land, a sender saving ahead), so no thread
-        holds the lock for a whole slice while another waits for its first bytes.  ``most``:
-        copy at most that many elements now.  Returns whether the slice is saved up to ``upto``.
-
-        A slice saved up to ``stop`` counts as saved (:meth:`is_saved`); one begun only counts
-        as begun (:meth:`is_begun`): whoever overwrites it must save each further piece first
-        (:meth:`save` saves the rest).  The copies land where a whole :meth:`save` puts them, so
-        :meth:`restore` puts back what was saved either way."""
-        if self._copy is None or self._bytes is None:
-            return True
-        with self._lock:
-            while start in self._copying:
-                self._copied.wait()
-            if start in self._saved:
-                return True
-            done = self._upto.get(start, start)
-            if upto <= done:
-                return True
-            end = upto if most is None else min(upto, done + most)
-            a, b = done * self._itemsize, end * self._itemsize
+            a, b = start * self._itemsize, stop * self._itemsize
             kernels.save_copy(self._copy[a:b], self._bytes[a:b])
-            if end >= stop:
-                self._upto.pop(start, None)
-                self._saved[start] = stop
-            else:
-                self._upto[start] = end
-            return end == upto
+            self._saved[start] = stop
 
     def overwrite(self, start: int, stop: int, fused: Callable[[np.ndarray], None],
                   plain: Callable[[], None]) -> None:
@@ -189,7 +151,6 @@ class InputBackup:
             claimed = start not in self._saved
             if claimed:
                 self._copying[start] = stop
-                self._upto.pop(start, None)  # the fused kernel copies the whole slice
         if not claimed:
             plain()
             return
@@ -208,19 +169,15 @@ class InputBackup:
     def is_saved(self, start: int) -> bool:
         return start in self._saved
 
-    def is_begun(self, start: int) -> bool:
-        """Whether the slice at ``start`` is saved, or begun piece by piece (:meth:`save_upto`)."""
-        return start in self._saved or start in self._upto
-
     @property
     def saved_elements(self) -> int:
-        return sum(b - a for a, b in self._saved.items()) + sum(b - a for a, b in self._upto.items())
+        return sum(b - a for a, b in self._saved.items())
 
     def restore(self) -> None:
         """Copy every saved slice back.  Idempotent (until :meth:`release`)."""
         if self._copy is None or self._bytes is None:
             return
-        for start, stop in [*self._saved.items(), *self._upto.items()]:
+        for start, stop in self._saved.items():
             a, b = start * self._itemsize, stop * self._itemsize
             np.copyto(self._bytes[a:b], self._copy[a:b])
 
@@ -230,4 +187,3 @@ class InputBackup:
             self._arena.give(self._storage)
         self._storage = self._copy = None
         self._saved.clear()
-        self._upto.clear()

@@ -301,12 +301,9 @@ class Inbox:
                      self.connection.remote_address)
 
     def receive_blocking(
-        self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview, cancel: ThreadCancel,
-        before: Callable[[int, int], None] | None = None,
+        self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview, cancel: ThreadCancel
     ) -> int:
-        """:meth:`receive_into` for worker threads (needs :attr:`channel`).  ``before``: called
-        with each span of ``destination`` (byte offsets) right before the payload is written
-        there (:meth:`~pccl.net.framed_threads.BlockingDataChannel.receive_data_into`).
+        """:meth:`receive_into` for worker threads (needs :attr:`channel`).
 
         ``Interrupted`` once ``cancel`` is cancelled while waiting (the lane stays intact; the
         canceller must call :meth:`wake_threads`); a cancellation during the payload is handled
@@ -341,10 +338,7 @@ class Inbox:
                         self._parked = None
                     self._check_own(header, stream, step, offset, nbytes)
                     try:
-                        if before is None:
-                            channel.receive_data_into(destination, cancel)
-                        else:
-                            channel.receive_data_into(destination, cancel, before)
+                        channel.receive_data_into(destination, cancel)
                     except BaseException:
                         self._repark_unread(header)
                         raise

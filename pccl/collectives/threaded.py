@@ -43,7 +43,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,9 +50,7 @@ import outcome
 import trio
 
 from ..errors import StreamClosed
-from ..net.framed_threads import RECEIVE_PIECE
 from ..net.thread_io import Interrupted, ThreadCancel
-from ..protocol.ring import Frame
 from .lane_op import LaneOp
 
 
@@ -177,21 +174,13 @@ class LaneThreads:
                 if key in self._ready:
                     return
             self.cancel.check()
-            self._save_piece(idle_work)
+            backup = self.op.backup
+            assert backup is not None
+            backup.save(*idle_work.pop())
         with self._cond:
             while key not in self._ready:
                 self.cancel.check()
                 self._cond.wait()
-
-    def _save_piece(self, idle_work: list[tuple[int, int]]) -> None:
-        """Save the next piece of the first pending slice of ``idle_work`` (dropped once saved
-        whole): a piece at a time, so the receiver, which saves each piece of a slice right
-        before it lands (:meth:`_saver`), never waits long for the backup's lock."""
-        backup = self.op.backup
-        assert backup is not None
-        start, stop = idle_work[-1]
-        if backup.save_upto(start, stop, stop, most=max(1, RECEIVE_PIECE // self.op.itemsize)):
-            idle_work.pop()
 
     def _mark_ready(self, key: tuple[int, int]) -> None:
         with self._cond:
@@ -219,9 +208,10 @@ class LaneThreads:
                 sent += op.frame_nbytes(frame)
             # Saves still pending once this lane sent everything (a broadcast's last peer sends
             # nothing at all): made here, alongside the receiver, rather than by it in turn.
-            while idle_work:
+            backup = op.backup
+            while idle_work and backup is not None:
                 self.cancel.check()
-                self._save_piece(idle_work)
+                backup.save(*idle_work.pop())
         finally:
             with self._lock:
                 self._tx += sent
@@ -232,44 +222,19 @@ class LaneThreads:
         received = 0
         try:
             for frame in op.schedule.recv_frames(lane, op.lanes):
-                before = self._saver(frame)
-                dest = op.destination(frame, stage)
                 received += inbox.receive_blocking(
                     seq=op.seq,
                     stream=frame.index,
                     step=frame.step,
                     offset=frame.start * op.itemsize,
-                    destination=dest,
+                    destination=op.destination(frame, stage),
                     cancel=self.cancel,
-                    before=before,
                 )
                 op.received(frame, stage)
                 self._mark_ready((frame.step, frame.index))
         finally:
             with self._lock:
                 self._rx += received
-
-    def _saver(self, frame: Frame) -> Callable[[int, int], None] | None:
-        """For a frame received in place into a slice not saved yet: the hook that saves each
-        span of the slice right before the payload lands there (the first span now, so that
-        :meth:`~pccl.collectives.lane_op.LaneOp.destination` finds the slice begun and does not
-        copy all of it first).  The receiver thus starts draining its socket after one small
-        copy instead of a copy of the whole frame (a broadcast's are up to 4 MiB: a stall long
-        enough to idle a rate-limited link, its bucket of tokens full, at an op's start)."""
-        op = self.op
-        span = op.save_before_receive(frame)
-        if span is None:
-            return None
-        backup = op.backup
-        assert backup is not None
-        start, stop = span
-        itemsize = op.itemsize
-        backup.save_upto(start, stop, min(stop, start + max(1, RECEIVE_PIECE // itemsize)))
-
-        def before(a: int, b: int) -> None:
-            backup.save_upto(start, stop, start + b // itemsize)  # spans end on whole elements
-
-        return before
 
 
 def _abort_all(connections: list[object]) -> None:

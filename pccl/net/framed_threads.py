@@ -20,14 +20,10 @@ from ..protocol.codec import DataHeader
 from ._frames import COALESCE_LIMIT, DISCARD_CHUNK, FrameCore, byte_view, data_frame_parts
 from .thread_io import BlockingIO, Interrupted, ThreadCancel
 
-__all__ = ["BlockingDataChannel", "RECEIVE_PIECE", "ThreadedConnection", "thread_channel"]
+__all__ = ["BlockingDataChannel", "ThreadedConnection", "thread_channel"]
 
 #: How often a thread waiting for a connection's send lock checks for cancellation (seconds).
 _LOCK_POLL = 0.05
-#: The span :meth:`BlockingDataChannel.receive_data_into` lets its ``before`` hook prepare at a
-#: time: small enough that saving it takes a fraction of what the socket buffers hold (a
-#: loopback connection's are 256 KiB, which Linux doubles), so the sender never stalls for it.
-RECEIVE_PIECE = 256 * 1024
 
 logger = logging.getLogger(__name__)
 
@@ -200,39 +196,22 @@ class BlockingDataChannel:
             raise frames.unexpected_frame(frame, "a data frame")
         return frame
 
-    def receive_data_into(self, buffer: memoryview, cancel: ThreadCancel,
-                          before: Callable[[int, int], None] | None = None) -> None:
+    def receive_data_into(self, buffer: memoryview, cancel: ThreadCancel) -> None:
         """The next ``len(buffer)`` payload bytes of the current frame (blocking).  A failure or
-        a cancellation midway leaves the connection unusable for receiving.
-
-        ``before(a, b)``, if given, is called before bytes ``a:b`` of ``buffer`` are written,
-        for consecutive spans of at most :data:`RECEIVE_PIECE` bytes (more for the first, if
-        the read-ahead buffer holds more), each ending at a multiple of 8 bytes or at the end of
-        ``buffer`` (so at a whole element of any dtype): an in-place receiver saves what each span
-        overwrites right before it, so the socket is drained while the rest is saved, not
-        after a copy of the whole frame."""
+        a cancellation midway leaves the connection unusable for receiving."""
         frames = self._frames
         view = byte_view(buffer, writable=True)
         if not frames.begin_payload(view.nbytes):
             return
         try:
-            total = view.nbytes
-            ready = total  # bytes of the buffer that may be written
-            if before is not None:
-                ready = min(total, max(RECEIVE_PIECE, -(-frames.buffered // 8) * 8))
-                before(0, ready)
             filled = taken = frames.take_payload(view)
+            total = view.nbytes
             if filled == total:
                 return
             with cancel.transfer(self.connection, "receive"):
                 try:
                     while filled < total:
-                        if filled == ready:
-                            assert before is not None
-                            end = min(total, ready + RECEIVE_PIECE)
-                            before(ready, end)
-                            ready = end
-                        n = self._io.receive_into(view[filled:ready], fill=True)
+                        n = self._io.receive_into(view[filled:], fill=True)
                         if n == 0:
                             raise frames.eof_error(f"after {filled} of {total} payload bytes")
                         filled += n

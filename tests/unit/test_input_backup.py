@@ -92,53 +92,6 @@ def test_a_concurrent_save_waits_for_the_fused_copy() -> None:
     np.testing.assert_array_equal(buf, original)
 
 
-def test_a_slice_saved_piece_by_piece_right_before_each_write_restores_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A receiver saves each piece of its slice right before writing it; a sender saving ahead
-    # takes the next pieces meanwhile.  Neither copies a piece twice nor a piece already written.
-    buf = np.arange(100, dtype=np.float32)
-    original = buf.copy()
-    copies: list[int] = []
-    real = K.save_copy
-
-    def counted(dst: np.ndarray, src: np.ndarray) -> None:
-        copies.append(src.nbytes // 4)
-        real(dst, src)
-
-    backup = InputBackup(buf, arena=ScratchArena())
-    monkeypatch.setattr(K, "save_copy", counted)
-    assert backup.save_upto(10, 50, 20)  # the receiver's first piece
-    assert backup.is_begun(10) and not backup.is_saved(10)
-    buf[10:20] = -1  # ... lands
-    assert not backup.save_upto(10, 50, 50, most=15)  # a sender ahead: 15 more, not the whole rest
-    assert backup.save_upto(10, 50, 30)  # the receiver's next piece: the sender saved it already
-    buf[20:30] = -2
-    assert backup.saved_elements == 25
-    backup.save(10, 50)  # a whole save finishes what is left (not what was written meanwhile)
-    assert backup.is_saved(10) and backup.saved_elements == 40
-    assert backup.save_upto(10, 50, 50)  # saved: nothing more to copy
-    buf[30:50] = -3
-    assert copies == [10, 15, 15]
-    backup.restore()
-    np.testing.assert_array_equal(buf, original)
-
-
-def test_a_slice_begun_piece_by_piece_restores_what_was_saved_and_the_fused_kernel_takes_the_rest() -> None:
-    buf = np.arange(64, dtype=np.float64)
-    original = buf.copy()
-    backup = InputBackup(buf, arena=ScratchArena())
-    backup.save_upto(0, 32, 8)
-    buf[0:8] = 0  # the receiver was torn after its first piece
-    backup.save_upto(32, 64, 40)
-    wire = np.ones(32)
-    # A reduction overwriting a begun slice saves all of it in its own pass (nothing of it was
-    # written yet by anyone else: whoever writes a begun slice saves each piece first).
-    backup.overwrite(32, 64, lambda saved: K.reduce_into_saving(buf[32:64], wire, saved),
-                     lambda: K.reduce_into(buf[32:64], wire))
-    assert backup.is_saved(32) and backup.saved_elements == 8 + 32
-    backup.restore()
-    np.testing.assert_array_equal(buf, original)
-
-
 @pytest.mark.parametrize("quantized", [False, True])
 async def test_in_place_ring_saves_reduce_scatter_slices_in_the_reduction(
         monkeypatch: pytest.MonkeyPatch, quantized: bool) -> None:

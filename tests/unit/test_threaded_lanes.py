@@ -24,7 +24,6 @@ from pccl.collectives.inline import suits_inline
 from pccl.collectives.links import Inbox, SeqRegistry
 from pccl.config import Config
 from pccl.errors import StreamClosed
-from pccl.net.framed_threads import RECEIVE_PIECE
 from pccl.net.thread_io import Interrupted, ThreadCancel
 from pccl.protocol.codec import DataHeader
 from pccl.protocol.ring import DEFAULT_SUBCHUNK_BYTES
@@ -108,45 +107,6 @@ def test_cancel_mid_transfer_aborts_the_lane_and_restores_the_input() -> None:
     # Every lane thread has returned (idle thread-cache workers of earlier tests may linger or
     # retire meanwhile, so the total thread count proves nothing either way).
     assert not [t for t in threading.enumerate() if t.name == "pccl-ring-lane"]
-
-
-async def test_a_receive_calls_before_for_each_span_ahead_of_its_bytes() -> None:
-    # An in-place receiver saves what each span overwrites right before it lands: the hook sees
-    # consecutive spans of at most RECEIVE_PIECE bytes (the first may take what the read-ahead
-    # holds), ending on 8-byte boundaries or at the end, and none of a span's bytes written yet.
-    a, b = await tcp_pair()
-    try:
-        sender = a.send_channels[0] if a.send_channels else None
-        receiver = b.inboxes[0].channel
-        assert sender is not None and receiver is not None
-        cancel = ThreadCancel()
-        payload = np.random.default_rng(5).integers(1, 256, 3 * RECEIVE_PIECE + 12, dtype=np.uint8)
-        out = np.zeros(payload.nbytes, np.uint8)
-        spans: list[tuple[int, int]] = []
-
-        def before(start: int, stop: int) -> None:
-            assert not out[start:stop].any(), "bytes of the span were written before its hook ran"
-            spans.append((start, stop))
-
-        def send() -> None:
-            sender.send_data(DataHeader(op_seq=7, stream=1, step=0, offset=0, nbytes=payload.nbytes),
-                             memoryview(payload), cancel)
-
-        def receive() -> None:
-            receiver.receive_data_header(cancel)
-            receiver.receive_data_into(memoryview(out), cancel, before)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.to_thread.run_sync, send)
-            await trio.to_thread.run_sync(receive)
-        assert np.array_equal(out, payload)
-        assert spans[0][0] == 0 and spans[-1][1] == payload.nbytes and len(spans) >= 3
-        assert all(x[1] == y[0] for x, y in zip(spans, spans[1:]))
-        assert all(stop - start <= RECEIVE_PIECE for start, stop in spans[1:])
-        assert all(stop % 8 == 0 for _, stop in spans[:-1])
-    finally:
-        await a.aclose()
-        await b.aclose()
 
 
 async def test_blocking_channel_frames_and_interrupted_wait() -> None:
