@@ -1,6 +1,7 @@
 """The halving-doubling all-reduce with peers as OS processes (``allreduce_peer.py``, the
 algorithm forced through ``$PCCL_TEST_ALL_REDUCE_ALGORITHM``): a peer SIGKILLs itself inside
-the op; the survivors' calls raise ``CollectiveAborted`` with their input restored, and the retry
+the op; the survivors' calls raise ``CollectiveAborted`` with their input restored (a survivor
+whose call comes after the group dropped the victim runs only the retry), and the retry
 runs over the survivors, bit-identical and equal to the algorithm's model."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from pccl import ReduceOp
 from pccl.collectives.reference import all_reduce_reference
-from pccl.protocol.algorithms import AllReduceAlgorithm
+from pccl.protocol.algorithms import AllReduceAlgorithm, partner_positions
 from allreduce_cases import digest, make_input
 from allreduce_peer import ALGORITHM_ENV
 from test_allreduce import BOUND, Cluster
@@ -51,12 +52,23 @@ def test_a_peer_sigkilled_inside_the_op(forced_cluster: Any, world: int, algorit
     for p in cluster.peers:
         p.send({"cmd": "ops", "ops": [spec], "retry": True,
                 **({"fault": {"kind": "kill", "at": at}} if p is victim else {})})
-    reports = [p.next() for p in cluster.peers if p is not victim]
+    survivors = [pid for pid in cluster.peer_ids if pid != victim_pid]
+    by_peer = dict(zip(survivors, (p.next() for p in cluster.peers if p is not victim)))
+    reports = list(by_peer.values())
     for r in reports:
         res = r["results"][0]
-        assert res["first_error"] == "CollectiveAborted" and res["restored"] is True, json.dumps(res)
-        assert res.get("ok") and res["world"] == world - 1 and res["attempts"] >= 2, json.dumps(res)
+        # A survivor that took part in the op the victim died in raises with its input intact;
+        # one whose call came after the group had dropped the victim (a process scheduled late
+        # on a loaded box) runs only the survivors' op, once.
+        if "first_error" in res:
+            assert res["first_error"] == "CollectiveAborted" and res["restored"] is True, json.dumps(res)
+        else:
+            assert res["attempts"] == 1, json.dumps(res)
+        assert res.get("ok") and res["world"] == world - 1, json.dumps(res)
         assert victim_pid not in r["ring"] and len(r["ring"]) == world - 1
+    # The victim died with bytes of its partners in: at least one of them was inside the op.
+    partners = [cluster.ring[p] for p in partner_positions(world - 1, world)]
+    assert any("first_error" in by_peer[pid]["results"][0] for pid in partners), by_peer
     ring = reports[0]["ring"]
     inputs = [make_input(spec["seed"], cluster.index_of(pid), spec["n"], "float32", "AVG") for pid in ring]
     expected = all_reduce_reference(inputs, ReduceOp.AVG, algorithm=algorithm)

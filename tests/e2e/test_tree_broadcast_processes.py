@@ -5,8 +5,9 @@ process, on real TCP: 8 peers (partner links wired) and a 200 KB buffer, which
 A process SIGKILLs itself inside the op at an awkward moment — the root after its first child
 has the buffer and before the others do; the root's first child (the largest subtree's root)
 once the buffer is in, before it forwards it — and every survivor's call raises
-``CollectiveAborted`` with its input intact; the retry runs on the 7 survivors and everyone
-ends with the (new) root's bytes.
+``CollectiveAborted`` with its input intact (a survivor whose call comes after the group
+dropped the victim runs only the retry); the retry runs on the 7 survivors and everyone ends
+with the (new) root's bytes.
 """
 
 from __future__ import annotations
@@ -51,9 +52,19 @@ def test_a_peer_sigkilled_inside_the_tree_broadcast(kinds_cluster: Any, kill: st
                 **({"fault": {"kind": "kill", "on": "broadcast", "at": at}} if p is victim else {})})
     results = [p.next(timeout=BOUND)["results"][0] for p in survivors]
     for res in results:
-        assert res.get("first_error") == "CollectiveAborted", f"{res}"
-        assert res["restored"] is True, "the input is intact after the abort"
+        # A survivor inside the op the victim died in raises with its input intact; one whose
+        # call came after the group had dropped the victim (a process scheduled late on a
+        # loaded box) runs only the survivors' op, once.
+        if "first_error" in res:
+            assert res["first_error"] == "CollectiveAborted", f"{res}"
+            assert res["restored"] is True, "the input is intact after the abort"
+        else:
+            assert res["attempts"] == 1, res
         assert res.get("ok") and res["world"] == WORLD - 1 and victim_id not in res["peers"], res
+    # The victim's peer on the tree's first edge was inside the op: it sent the buffer to the
+    # victim (an inner victim), or received a third of it (a root victim).
+    feeder = root if kill == "inner" else cluster.ring[first_child]
+    assert "first_error" in next(res for res in results if res["peer_id"] == feeder), results
     new_root = min(pid for pid in cluster.peer_ids if pid != victim_id)
     assert {res["root"] for res in results} == {new_root}
     expected = make_input(spec["seed"], cluster.index_of(new_root), N, "float32", "SUM")
