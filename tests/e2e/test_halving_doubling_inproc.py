@@ -162,16 +162,20 @@ async def test_partner_dials_are_counted_apart_from_ring_lane_dials() -> None:
 
 
 class _RefusingNetwork(Network):
-    """Real TCP whose dials to anything but the master are refused while ``refusing`` is set."""
+    """Real TCP whose dials to anything but the master are refused while ``refusals[0]`` (shared
+    by every peer's network) is above zero; each refusal counts it down.  The count, not a
+    task watching it, ends the refusals: a watcher could be late by the master's three attempts
+    at the round on a loaded box, and the peer would be kicked."""
 
-    def __init__(self, master: str, refusing: list[bool]) -> None:
+    def __init__(self, master: str, refusals: list[int]) -> None:
         self._tcp = TcpNetwork(_config("auto"))
         self._master = master
-        self._refusing = refusing
+        self._refusals = refusals
         self.refused = 0
 
     async def connect(self, address: str, *, timeout: float | None = None) -> Stream:
-        if self._refusing[0] and address != self._master:
+        if self._refusals[0] > 0 and address != self._master:
+            self._refusals[0] -= 1
             self.refused += 1
             raise ConnectionRefused(f"refused by the test: {address}")
         return await self._tcp.connect(address, timeout=timeout)
@@ -188,26 +192,24 @@ async def test_partner_links_failing_together_fail_the_round_quietly_and_it_is_r
     # Position 0 dials two partners; when both dials fail at once the round fails (reported to
     # the master, retried) with a pccl error, not an ERROR traceback of the one not raised.
     world = 4
-    refusing = [False]
+    refusals = [0]
     nets: dict[int, _RefusingNetwork] = {}
 
     def make(i: int) -> Any:
         def factory(master: str) -> Network:
-            nets[i] = _RefusingNetwork(master, refusing)
+            nets[i] = _RefusingNetwork(master, refusals)
             return nets[i]
         return factory
 
     config = _config(AllReduceAlgorithm.RECURSIVE_DOUBLING.value)
     network = {i: make(i) for i in range(world)}
     async with open_test_cluster(world, token=TOKEN, config=config, network=network, soon=SOON) as (_, comms, _):
-        refusing[0] = True
+        refusals[0] = world + 4  # every lane and partner dial of the round once; the retry succeeds
         with caplog.at_level(logging.INFO), trio.fail_after(SOON):
             async with trio.open_nursery() as voters:
                 for comm in comms:
                     voters.start_soon(pccl.testing.force_rewire, comm)
-                while sum(n.refused for n in nets.values()) < world + 4:  # every lane and partner dial once
-                    await trio.sleep(0.01)
-                refusing[0] = False  # the master's retry of the round succeeds
+        assert sum(n.refused for n in nets.values()) == world + 4
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records
                                                                               if r.levelno >= logging.ERROR]
         assert any("cannot connect to partner" in r.getMessage() for r in caplog.records)
