@@ -128,17 +128,25 @@ def _kill_and_retry(kinds_cluster: Any, spec: dict[str, Any], *, kill_root: bool
                    fault={"kind": "kill", "on": spec["kind"], "at": at})
     results = [r["results"][0] for r in reports]
     for res in results:
-        # In full (pytest would cut a dict short): attempts 1 with no error means the victim had
-        # left before the op (removed under load, say), not that the kill missed.
-        assert res.get("first_error") == "CollectiveAborted", f"{res}"
-        assert res["restored"] is True, "the input is intact after the abort"
+        # In full (pytest would cut a dict short).  A survivor inside the op the victim died in
+        # raises with its input intact; one whose call came after the group had dropped the
+        # victim (a process scheduled late on a loaded box) runs only the survivors' op, once.
+        if "first_error" in res:
+            assert res["first_error"] == "CollectiveAborted", f"{res}"
+            assert res["restored"] is True, "the input is intact after the abort"
+        else:
+            assert res["attempts"] == 1, f"{res}"
         assert res.get("ok") and res["world"] == 2 and victim_id not in res["peers"], res
+    # The victim died with bytes of the op in (or out): the peer it moved them with was inside
+    # the op and raised; attempts 1 with no error everywhere would mean the kill missed.
+    assert any("first_error" in res for res in results), results
     if kill_root:
         # Every error names the root; the master's word says it left or is no member (the
         # retry meets a group without it), and the next retry runs from the new root.
-        assert all(all(f"root {root:x}" in e for e in res["errors"]) for res in results), results
+        raised = [res for res in results if res["errors"]]
+        assert all(all(f"root {root:x}" in e for e in res["errors"]) for res in raised), results
         assert all(any(f"root {root:x} left" in e or f"root {root:x} is not an accepted member" in e
-                       for e in res["errors"]) for res in results), results
+                       for e in res["errors"]) for res in raised), results
         assert all(res["root"] != root for res in results)
     _check(cluster, spec, results)
     assert victim.popen.wait(timeout=BOUND) == -signal.SIGKILL
