@@ -244,6 +244,8 @@ class MasterState(MasterViews):
             m.CollectiveDone: lambda p, msg: self._collectives.on_done(p.group, p.peer_id, msg),
             m.CollectiveWithdraw: lambda p, msg: self._collectives.on_withdraw(p.group, p.peer_id, msg),
             m.CollectiveBegin: lambda p, msg: self._collectives.on_begin(p.group, p.peer_id, msg),
+            m.CollectiveAsk: lambda p, msg: self._collectives.on_ask(p.group, p.peer_id, msg),
+            m.CollectiveAnswer: lambda p, msg: self._collectives.on_answer(p.group, p.peer_id, msg),
             m.SyncVote: lambda p, msg: self._sync_state.on_vote(p.group, p.peer_id, msg),
             m.SyncReport: lambda p, msg: self._sync_state.on_report(p.group, p.peer_id, msg),
             m.PathRequest: lambda p, msg: self._paths.on_request(p.peer_id, msg),
@@ -386,7 +388,7 @@ class MasterState(MasterViews):
         peer.candidates = resolve_candidates(msg.candidates, peer.host)
         self._roster.by_id[peer_id] = peer.conn_id
         self._out.append(PeerJoined(peer.conn_id, peer_id, msg.peer_group, peer_id == msg.previous_peer_id))
-        self._send(peer, m.Welcome(peer_id, self.instance, peer.host))
+        self._send(peer, m.Welcome(peer_id, self.instance, peer.host, peer_commit=True))
         again = " again, keeping its id" if peer_id == msg.previous_peer_id else ""
         log.info("peer %x joined group %d from %s%s; waiting to be accepted", peer_id, msg.peer_group, peer.host,
                  again)
