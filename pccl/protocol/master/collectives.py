@@ -405,14 +405,12 @@ class CollectiveOps:
         self._act(op, res, sends)
 
     def _retell(self, group: int, peer_id: int, tag: int, seq: int) -> None:
-        """An ask or answer for an op that ended here: its verdict again (the asker waits for it)."""
+        """An ask or answer for an op that ended here needs nothing: every participant that
+        began it was told the verdict (its ask or answer crossed it), and one that had not
+        begun it hears the abort when its Begin of it arrives (``on_begin``), as the others did."""
         ended = self._aborted.get((group, tag))
-        if ended is not None and ended.seq == seq:
-            ended.untold.discard(peer_id)
-            self._host.send(peer_id, m.CollectiveAbort(tag, seq, ended.why, code=ended.code))
-        elif self._committed.get((group, tag)) == seq:
-            self._host.send(peer_id, m.CollectiveComplete(tag, seq))
-        else:  # (an op of a master before a restart: not resolved here yet)
+        if (ended is None or ended.seq != seq) and self._committed.get((group, tag)) != seq:
+            # (an op of a master before a restart: its resolution is not wired)
             log.warning("peer %x asks about collective tag %d seq %d, which this master does not know",
                         peer_id, tag, seq)
 
@@ -649,8 +647,8 @@ class CollectiveOps:
                    for op in self._ops.values())
 
     def views(self) -> list[OpInfo]:
-        return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done), o.row.kind)
-                for o in self._open()]
+        return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done), o.row.kind,
+                       *_resolving(o)) for o in self._open()]
 
 
 #: An answer's phase on the wire and in :mod:`pccl.protocol.peer_commit`.
@@ -669,6 +667,14 @@ def _why_aborted(res: Resolution) -> str:
         return f"participant {unknown[0]:x} left before finishing"
     running = sorted(pid for pid, ans in res.answers if ans.phase is Phase.RUNNING)
     return f"participant {running[0]:x} was not ready" if running else "a participant failed"
+
+
+def _resolving(op: Op) -> tuple[bool, frozenset[int]]:
+    """Whether ``op``'s resolution queries its participants, and who answered (or asked)."""
+    res = op.resolution
+    if res is None or not res.querying:
+        return False, frozenset()
+    return True, frozenset(res.answer_map)
 
 
 def _in_op(op: Op, peer_id: int) -> bool:

@@ -52,6 +52,10 @@ class OpInfo(NamedTuple):
     participants: tuple[int, ...]
     done: frozenset[int]
     kind: CollectiveKind = CollectiveKind.ALL_REDUCE
+    #: A peer-agreed op whose participants the master queries (a death before ``Done``, an ask),
+    #: and the participants that answered so far: it decides once every live one did.
+    resolving: bool = False
+    answered: frozenset[int] = frozenset()
 
 
 @dataclasses.dataclass(eq=False)
