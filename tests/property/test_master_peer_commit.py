@@ -125,6 +125,40 @@ def test_a_death_after_every_live_done_still_needs_the_answers() -> None:
     assert _verdict(h, a, seq) is m.CollectiveComplete and _verdict(h, b, seq) is m.CollectiveComplete
 
 
+def test_an_ask_after_a_death_the_master_counted_without_a_query_counts_that_death() -> None:
+    # c reported ready and died: no query (its readiness is known).  b then asks (it lost its
+    # link to c): the resolution made for the ask must count c as dead, or it waits for c's
+    # answer for ever once a and b answered (sim: "every live participant answered").
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    ia, ib, ic = _ids(h, a, b, c)
+    seq = 0
+    for conn in (a, b, c):
+        seq = _begin(h, conn)
+    h.send(c, m.CollectiveDone(TAG, seq))
+    h.kill(c)
+    assert _queries(h, a, seq) == 0
+    h.send(b, m.CollectiveDone(TAG, seq))
+    h.send(b, m.CollectiveAsk(TAG, seq, P.IN_DOUBT, (ib,)))
+    h.send(a, m.CollectiveAnswer(TAG, seq, P.ABORTED, ()))  # queried before it was ready
+    assert _verdict(h, a, seq) is m.CollectiveAbort and _verdict(h, b, seq) is m.CollectiveAbort
+
+
+def test_an_op_whose_participants_all_died_while_it_was_queried_ends() -> None:
+    # Decided with nobody left to tell: it must end all the same (sim: "every live participant
+    # answered, not concluded" with none live).
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = 0
+    for conn in (a, b, c):
+        seq = _begin(h, conn)
+    h.send(a, m.CollectiveDone(TAG, seq))
+    h.send(c, m.CollectiveDone(TAG, seq))
+    for conn in (b, a, c):
+        h.kill(conn)
+    assert not h.ms.ops()
+
+
 def test_without_peer_commit_a_death_before_done_still_aborts_at_once() -> None:
     h = Harness()
     a, b, c = accepted_cluster(h, [0, 0, 0])

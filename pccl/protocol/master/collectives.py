@@ -396,6 +396,8 @@ class CollectiveOps:
         if op is None or not op.peer_commit:
             self._retell(group, peer_id, msg.tag, msg.seq)
             return
+        if peer_id in op.participants and self._deaths(op) and self._find(group, msg.tag, msg.seq) is not op:
+            return  # the participants that left before (counted when nobody asked) decided it
         res = self._resolution(op)
         try:
             res, sends = res.ask(peer_id, answer) if asked else res.answer(peer_id, answer)
@@ -452,11 +454,13 @@ class CollectiveOps:
             if send.word is Word.QUERY:
                 query = m.CollectiveQuery(op.tag, op.seq)
                 for pid in sorted(send.to):
-                    self._host.send(pid, query)
-            elif send.verdict is Verdict.COMMIT:
-                self._complete(op, [pid for pid in op.participants if pid in send.to])
-            else:
-                self._abort(op, _why_aborted(res))
+                    if self._host.is_live(pid):  # (one that left too is counted dead next)
+                        self._host.send(pid, query)
+        # (Decided with nobody left to tell — every participant dead — it ends all the same.)
+        if res.verdict is Verdict.COMMIT and self._find(op.group, op.tag, op.seq) is op:
+            self._complete(op, [pid for pid in op.participants if self._host.is_live(pid)])
+        elif res.verdict is Verdict.ABORT and self._find(op.group, op.tag, op.seq) is op:
+            self._abort(op, _why_aborted(res))
 
     def _find(self, group: int, tag: int, seq: int) -> Op | None:
         op = self._ops.get((group, tag))
