@@ -1,9 +1,11 @@
 """Acks of completion agreed among peers: the op's digest, the ack's wire form, and whom a
-participant acks (sans-IO; not wired yet).
+participant acks (sans-IO).
 
 The participant's machine is :mod:`pccl.protocol.peer_commit`; docs/protocol.rst ("Design:
-completion agreed among peers") is the design.  This module is what its acks need and nothing
-else runs yet.
+completion agreed among peers") is the design; :mod:`pccl._peer.peer_commit_driver` sends and
+reads the acks (:func:`encode_ack`, :func:`decode_ack`, :func:`accept`, as frames of
+:func:`ack_seq`), so far to the ring successor only: :func:`ack_targets` and :func:`ack_hops`
+describe the shorter graphs over the partner links, which are not wired.
 
 The digest rides in the ack
 ===========================
