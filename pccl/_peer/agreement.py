@@ -27,6 +27,9 @@ class Agreement:
     digest: bytes
     machine: PeerCommit
     sent: int = 0  # acks sent (the next one's step)
+    #: The positions the last ack sent named: a growth by the successor's own id alone (which
+    #: comes last round the ring) tells it nothing, and is not sent.
+    told: frozenset[int] = frozenset()
     received: int = 0  # acks read from the predecessor
     #: The ack read in progress: cancelled by the master's word (``stop``).
     scope: trio.CancelScope | None = None
@@ -36,6 +39,11 @@ class Agreement:
     def of(cls, ring: tuple[int, ...], me: int, round_id: int, seq: int, init: m.CollectiveInit) -> Agreement:
         position = ring.index(me)
         return cls(ring, position, op_digest(round_id, seq, init), PeerCommit(position, range(len(ring))))
+
+    def news(self) -> bool:
+        """Whether the known set holds an id the successor has not been told, besides its own."""
+        successor = (self.position + 1) % len(self.ring)
+        return bool(self.machine.known - self.told - {successor})
 
     def ids(self, positions: frozenset[int]) -> tuple[int, ...]:
         return tuple(sorted(self.ring[p] for p in positions))

@@ -257,7 +257,10 @@ class PeerCommits:
     async def send_ack(self, op: OpAttempt, ag: Agreement, links: RingLinks) -> None:
         """Send ``ag``'s known set to the ring successor (lane 0).  (Public for
         :func:`pccl.testing.hooks.after_acks`, which plants a fault right after it.)"""
+        if not ag.news():
+            return
         n = len(ag.ring)
+        ag.told = ag.machine.known
         payload = encode_ack(Ack(op.seq, ag.digest, ag.machine.known), n)
         header = DataHeader(ack_seq(op.seq), 0, ag.sent, 0, len(payload))
         ag.sent += 1

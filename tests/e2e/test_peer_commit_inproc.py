@@ -157,23 +157,27 @@ async def test_a_query_before_this_peer_began_freezes_it_out_of_the_op() -> None
 
 
 async def test_a_silent_neighbour_puts_the_others_in_doubt_and_the_master_decides() -> None:
+    # One peer sends no acks (its successor never hears of it) and its Done is held up on the
+    # way to the master (no Complete either): the others fall in doubt after peer_timeout and
+    # ask; the master queries the silent one, which committed, and completes the op everywhere.
     cfg = Config(peer_timeout=1.0, heartbeat_interval=0.2, connect_timeout=5.0, p2p_base_port=0,
                  shared_state_base_port=0, fast_commit=True, peer_commit=True)
     async with open_test_cluster(3, token=TOKEN, config=cfg, soon=SOON) as (master, comms, _):
+        mute = comms[2]
         state = pccl.testing.master_state(master)
+        mute_conn = state.conn_of(mute.peer_id)
         real = state.handle
         asked: list[int] = []
 
         def handle(event: Any, now: float) -> list[Any]:
             if isinstance(event, MessageReceived) and isinstance(event.msg, m.CollectiveAsk):
                 asked.append(event.conn_id)
-            out = real(event, now)
-            if asked:  # the verdict of an op in doubt goes through
-                return out
-            return [e for e in out if not (isinstance(e, Send) and isinstance(e.msg, m.CollectiveComplete))]
+            if (isinstance(event, MessageReceived) and event.conn_id == mute_conn
+                    and isinstance(event.msg, m.CollectiveDone)):
+                return []  # held up
+            return real(event, now)
 
         state.handle = handle  # type: ignore[method-assign]
-        mute = comms[2]
         commits = internals_of(mute).all_reduce.peer_commits
 
         async def no_ack(*args: Any) -> None:
@@ -185,6 +189,7 @@ async def test_a_silent_neighbour_puts_the_others_in_doubt_and_the_master_decide
         assert all(isinstance(o, pccl.ReduceInfo) for o in outcome), outcome
         assert all(np.array_equal(x, np.full(10, 6.0, np.float32)) for x in xs)
         assert asked and sum(c.statistics().peer_commit_doubts for c in comms) >= 1
+        assert mute.statistics().peer_commits == 1  # it heard everyone: it committed on its own
 
 
 async def test_a_master_that_cannot_resolve_peer_agreed_ops_is_refused_at_registration() -> None:
