@@ -229,6 +229,30 @@ def test_a_participant_that_committed_may_begin_the_next_use_before_the_others_d
     assert not h.ms.ops() and not h.kicks and h.ms.stale_groups() == frozenset()
 
 
+def test_a_begin_of_a_lingering_op_joins_it() -> None:
+    # a ran use 1 with b (a's Begin and Done of it in, b's still on their way), committed on
+    # b's ack and began use 2; b's Begin of use 1 then arrives.  It must join use 1, not abort
+    # use 2 as counts that differ (the latency benchmark: an abort, then a refusal, on a).
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    seq0 = _begin(h, a)
+    _begin(h, b)
+    for conn in (a, b):
+        h.send(conn, m.CollectiveDone(TAG, seq0))
+    seq1 = _begin(h, a, n=1)
+    h.send(a, m.CollectiveDone(TAG, seq1))
+    seq2 = _begin(h, a, n=2)
+    _begin(h, b, n=1)  # late
+    assert _verdict(h, a, seq2) is None and h.last(b, m.CollectiveRejected) is None and not h.kicks
+    h.send(b, m.CollectiveDone(TAG, seq1))
+    assert _verdict(h, a, seq1) is m.CollectiveComplete and _verdict(h, b, seq1) is m.CollectiveComplete
+    _begin(h, b, n=2)
+    for conn in (a, b):
+        h.send(conn, m.CollectiveDone(TAG, seq2))
+    assert _verdict(h, a, seq2) is m.CollectiveComplete and _verdict(h, b, seq2) is m.CollectiveComplete
+    assert not h.ms.ops() and h.ms.stale_groups() == frozenset()
+
+
 def test_a_later_use_begun_before_the_openers_done_still_aborts_as_counts_that_differ() -> None:
     h = Harness()
     a, b = accepted_cluster(h, [0, 0])

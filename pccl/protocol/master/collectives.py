@@ -163,6 +163,12 @@ class CollectiveOps:
         key = (group, msg.tag)
         op = self._ops.get(key)
         ring = self._host.ring(group)
+        held = self._lingering.get(key, {}).get(msg.seq)
+        if held is not None and msg.round == held.round and peer_id in held.participants:
+            if peer_id in held.began:
+                raise PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} begun twice")
+            self._join(held, peer_id, init, begun=True)  # a late Begin of an op others went past
+            return
         if (op is not None and op.seq is not None and op.seq != msg.seq and op.peer_commit and msg.peer_commit
                 and peer_id in op.done):
             # It committed the open op among its peers and began the tag's next use before the
