@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/latency.py [--peers 2 3 4] [--sizes 4 64 1K 16K 64K 256K 1M]
                                            [--iters 50] [--collectives all_reduce broadcast]
-                                           [--clock group|slowest] [--[no-]fast-commit]
+                                           [--clock group|slowest] [--[no-]fast-commit] [--peer-commit]
 
 Each peer process holds a pccl communicator and a Gloo process group (the cluster of
 ``interleaved_gloo.py``).  For every size, each iteration times one call of each configuration
@@ -23,6 +23,8 @@ either.  pccl's call goes through the public API: the master's round trips are i
 own call, the slowest rank's per iteration (the barrier's skew included).  ``--fast-commit``
 (the library's default) runs pccl's peers with ``Config.fast_commit`` (the call skips the
 master's vote: one round trip per collective instead of two); ``--no-fast-commit`` votes.
+``--peer-commit`` adds ``Config.peer_commit`` (the participants agree on completion among
+themselves: no master round trip in the steady state; needs fast commit).
 
 The table shows, per group size, size and collective, the median and the minimum over
 iterations of Gloo and of pccl, and Gloo's over pccl's (above 1: pccl faster).
@@ -54,7 +56,7 @@ Spans = dict[tuple[int, str], list[tuple[float, float]]]
 
 
 def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
-               configs: list[str], fast_commit: bool = False) -> Spans:
+               configs: list[str], fast_commit: bool = False, peer_commit: bool = False) -> Spans:
     import torch
     import torch.distributed as dist
     import trio
@@ -65,7 +67,7 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
 
     async def run() -> Spans:
         spans: Spans = {}
-        config = pccl.Config(fast_commit=fast_commit)
+        config = pccl.Config(fast_commit=fast_commit, peer_commit=peer_commit)
         async with pccl.open_communicator(f"127.0.0.1:{master_port}", config=config) as comm:
             await admit(comm, world)
             root = min(comm.ring)
@@ -140,8 +142,9 @@ CLOCKS = {"group": group_times, "slowest": slowest_times}
 
 
 def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float,
-            clock: str = "group", fast_commit: bool = False) -> list[dict[str, Any]]:
-    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, fast_commit), timeout, "pccl-latency-")
+            clock: str = "group", fast_commit: bool = False, peer_commit: bool = False) -> list[dict[str, Any]]:
+    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, fast_commit, peer_commit), timeout,
+                           "pccl-latency-")
     rows = []
     for nbytes in sizes:
         for cfg in configs:
@@ -185,7 +188,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], l
     parser.add_argument("--fast-commit", action=argparse.BooleanOptionalAction, default=_library_default(),
                         help="pccl's peers run with Config.fast_commit (the call skips the master's vote; "
                              "the library's default) or without it (every call votes)")
+    parser.add_argument("--peer-commit", action="store_true",
+                        help="pccl's peers also run with Config.peer_commit (completion agreed among them, "
+                             "no master round trip in the steady state; needs fast commit)")
     args = parser.parse_args(argv)
+    if args.peer_commit and not args.fast_commit:
+        parser.error("--peer-commit needs fast commit")
     sizes = checked_sizes(parser, args)
     configs = [f"{who}:{kind}" for kind in dict.fromkeys(args.collectives) for who in ("gloo", "pccl")]
     return args, sizes, configs
@@ -207,12 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C does, so that run_cluster stops the master and the peers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     clock = "last call to last return" if args.clock == "group" else "the slowest rank's own call"
-    commit = "fast commit" if args.fast_commit else "voted commit"
+    commit = "peer commit" if args.peer_commit else "fast commit" if args.fast_commit else "voted commit"
     print(f"# fixed cost per collective, float32 on loopback, {clock}, pccl {commit}; {args.iters} iterations, "
           f"interleaved", flush=True)
     for world in dict.fromkeys(args.peers):
-        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout, args.clock, args.fast_commit)),
-              flush=True)
+        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout, args.clock, args.fast_commit,
+                                  args.peer_commit)), flush=True)
     return 0
 
 

@@ -3,12 +3,13 @@
     python benchmarks/sim_scale.py [--peers 4 16 64] [--steps 5] [--latency-ms 5]
                                    [--master-latency-ms 50] [--gbit 1] [--state-mib 4]
                                    [--mib 16] [--collectives all_reduce broadcast] [--seed 0]
-                                   [--fast-commit | --no-fast-commit]
+                                   [--fast-commit | --no-fast-commit] [--peer-commit]
 
 Every link is ``--latency-ms`` one way and ``--gbit`` Gbit/s (4 MiB windows), except the
 master's to each peer, ``--master-latency-ms`` one way (default: ``--latency-ms``), so that the
 table shows what the master's round trips cost a collective (``--fast-commit``: with
-``pccl.Config.fast_commit``, one round trip per collective instead of two; ``--no-fast-commit``:
+``pccl.Config.fast_commit``, one round trip per collective instead of two; ``--peer-commit``:
+with ``pccl.Config.peer_commit`` too, none in the steady state; ``--no-fast-commit``:
 the vote; the default is pccl's); reductions take no virtual time
 (``kernel_cost`` unset), so the figures are the protocol's and the network's.  The peers start
 together; then each step is, phase by phase with a barrier between phases:
@@ -69,7 +70,8 @@ def phases_of(args: argparse.Namespace) -> list[str]:
 
 def run(n: int, args: argparse.Namespace) -> dict[str, float]:
     config = pccl.Config(peer_timeout=60.0, heartbeat_interval=2.0, connect_timeout=30.0, p2p_base_port=0,
-                         shared_state_base_port=0, kernel_threads=False, fast_commit=args.fast_commit)
+                         shared_state_base_port=0, kernel_threads=False, fast_commit=args.fast_commit,
+                         peer_commit=args.peer_commit)
     small = np.ones(1024, np.float32)
     big_count = args.mib * (1 << 20) // 4
     # Shared by every peer (see the module docstring): one input, one output, one state.
@@ -159,7 +161,11 @@ def main() -> None:
     parser.add_argument("--fast-commit", action=argparse.BooleanOptionalAction, default=pccl.Config.fast_commit,
                         help="peers begin collectives without the master's vote (pccl.Config.fast_commit; "
                              "default: pccl's default)")
+    parser.add_argument("--peer-commit", action="store_true",
+                        help="begun collectives commit among their peers (pccl.Config.peer_commit; needs fast commit)")
     args = parser.parse_args()
+    if args.peer_commit and not args.fast_commit:
+        parser.error("--peer-commit needs fast commit")
     if any(n < 2 for n in args.peers) or args.steps < 1 or args.mib < 1 or args.state_mib < 1:
         parser.error("every --peers must be at least 2, and --steps, --mib and --state-mib at least 1")
     if not args.latency_ms >= 0 or not (args.master_latency_ms is None or args.master_latency_ms >= 0) \
@@ -176,7 +182,8 @@ def main() -> None:
     labels = [c.replace(" MiB", f" {args.mib} MiB") for c in columns]
     master_ms = args.latency_ms if args.master_latency_ms is None else args.master_latency_ms
     print(f"{args.latency_ms:g} ms one way, {args.gbit:g} Gbit/s links, the master {master_ms:g} ms from each peer; "
-          f"state {args.state_mib} MiB; median of {args.steps} steps, virtual seconds")
+          f"state {args.state_mib} MiB; median of {args.steps} steps, virtual seconds; "
+          f"{'peer' if args.peer_commit else 'fast' if args.fast_commit else 'voted'} commit")
     print(f"{'peers':>6} " + " ".join(f"{label:>18}" for label in labels) + f" {'step':>9} {'wall s':>8}")
     for n, figures, wall in rows:
         step = sum(figures[p] for p in phases)

@@ -97,6 +97,13 @@ class CommunicatorStatistics:
     #: Payload bytes of completed point-to-point sends and receives.
     p2p_tx_bytes: int = 0
     p2p_rx_bytes: int = 0
+    #: Collectives committed among their participants (``Config.peer_commit``: every participant
+    #: known ready, without waiting for the master's verdict; the master's own ``Complete`` may
+    #: beat the acks, which is as good), and those this peer fell in doubt about once ready (a
+    #: neighbour silent for ``peer_timeout``, a differing ack, the master's query after a death)
+    #: and so waited for the master's verdict.
+    peer_commits: int = 0
+    peer_commit_doubts: int = 0
     #: The paths this peer's connections to each other peer take now, as
     #: ``(peer_id, port, path, via)``: ``port`` one of ``"p2p"``, ``"shared_state"``,
     #: ``"benchmark"``; ``path`` one of ``"direct"``, ``"reversed"``, ``"relayed"``; ``via`` the

@@ -135,6 +135,14 @@ class Config:
     #: and all-gathers still vote.  On by default; off: every collective is voted.  Peers of
     #: one run may differ.
     fast_commit: bool = True
+    #: Completion agreed among peers (docs/protocol.rst, "Design: completion agreed among
+    #: peers"): a collective that takes the fast path (``fast_commit``) exchanges acks with its
+    #: ring neighbours once its result is in and returns as soon as every participant is known
+    #: ready, without waiting for the master's verdict; the master is asked only when this peer
+    #: is in doubt (a neighbour silent for ``peer_timeout``, a query).  The master must support
+    #: it (a master that does not is refused at registration, ``ProtocolError``).  Off by
+    #: default; needs ``fast_commit``.  Peers of one run may differ.
+    peer_commit: bool = False
 
     def __post_init__(self) -> None:
         if (self.peer_timeout <= 0 or self.heartbeat_interval <= 0 or self.connect_timeout <= 0
@@ -146,6 +154,8 @@ class Config:
             parse_algorithm(self.all_reduce_algorithm)
         except ValueError as exc:
             raise InvalidArgument(f"Config.{exc}") from None
+        if self.peer_commit and not self.fast_commit:
+            raise InvalidArgument("peer_commit needs fast_commit: only begun ops commit among their peers")
         if self.master_reconnect_timeout < 0:
             raise InvalidArgument("master_reconnect_timeout must be 0 (no reconnection) or positive")
         if self.master_wait_timeout < 0:

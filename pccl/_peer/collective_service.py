@@ -106,6 +106,8 @@ import trio
 
 from .collective_plans import Plan, StaleRing, Withdrawn, phase_mismatch_abort
 from .op_attempt import OpAttempt, await_verdict
+from .agreement import Agreement
+from .peer_commit_driver import PeerCommits
 from .reduce_many import MANY_FIRST_TAG, reduce_many
 from .host import CollectiveRoute, MasterLost, PeerHost, RouteInbox
 from .ring_connections import P2PLinks
@@ -124,6 +126,7 @@ from ..errors import (
 )
 from ..protocol import messages as m
 from ..protocol.op_lifecycle import Effect, Event, OpLifecycle, State
+from ..protocol.peer_commit import Phase
 from ..protocol.phases import TopologyVote
 from ..types import CollectiveInfo, Gathered, ReduceInfo, ReduceOp, Shard
 from ..collectives.backup import InputGuard
@@ -160,6 +163,7 @@ class CollectiveService:
         self._uses: dict[int, int] = {}
         #: Calls between their start and their choice of path (see :meth:`_alone`).
         self._starting = 0
+        self._commits = PeerCommits(host, self._step)  # Config.peer_commit, and the master's queries
 
     @property
     def host(self) -> PeerHost:
@@ -168,6 +172,11 @@ class CollectiveService:
     @property
     def runner(self) -> KernelRunner:
         return self._runner
+
+    @property
+    def peer_commits(self) -> PeerCommits:
+        """The agreements of ``Config.peer_commit`` and the answers to the master's queries."""
+        return self._commits
 
     @property
     def registry(self) -> SeqRegistry:
@@ -296,6 +305,9 @@ class CollectiveService:
             if begin is not None:
                 # The fast path: no answer to wait for (docs/protocol.rst).
                 op.machine, op.fast, op.seq = OpLifecycle(State.BEGUN), True, begin.seq
+                if begin.peer_commit:
+                    op.agreement = Agreement.of(self._host.links.ring, self._host.peer_id, begin.round, begin.seq,
+                                                plan.init)
                 registry.commenced(begin.seq)
                 await self._host.send_shielded(begin, epoch=epoch)
                 answer = m.CollectiveCommence(plan.tag, begin.seq, self._host.links.ring)
@@ -314,6 +326,7 @@ class CollectiveService:
                 answer = reply
                 self._count_use(plan.tag)
             op.seq = answer.seq
+            self._commits.track(op)
             try:
                 return await self._run(op, answer, route)
             except trio.Cancelled:
@@ -327,6 +340,7 @@ class CollectiveService:
                 # The data path retired the seq when its ring ended; an op that never reached
                 # it (its guard failed, say) must not hold later ops' lane threads back either.
                 registry.retire(answer.seq)
+                self._commits.untrack(op)
         finally:
             if not keep_route:
                 self._release(plan.tag)
@@ -360,7 +374,7 @@ class CollectiveService:
         n = self._count_use(plan.tag)
         return m.CollectiveBegin(plan.tag, m.derived_seq(p2p.round, plan.tag, n), p2p.round, init.count, init.dtype,
                                  init.op, init.quant_kind, init.quant_dtype, init.layout, init.kind, init.root,
-                                 init.quant_bits, init.quant_block)
+                                 init.quant_bits, init.quant_block, peer_commit=self._host.config.peer_commit)
 
     def _count_use(self, tag: int) -> int:
         """Count a use of ``tag`` on the current ring (an op that got a seq, whichever path):
@@ -429,6 +443,8 @@ class CollectiveService:
             elif effect is Effect.SETTLE:
                 op.final = word
                 op.settled.set()
+                if op.agreement is not None:
+                    op.agreement.stop()  # the ack exchange ends: the outcome is in
             elif effect is Effect.WITHDRAW or effect is Effect.AWAIT_FINAL:
                 op.handoff = effect
             elif effect is Effect.ARM_WATCHDOG and op.unwatched is not None:
@@ -450,9 +466,12 @@ class CollectiveService:
         """The master's message ``msg`` for ``op``'s tag (``None``: the route closed) while the op
         runs; the master's word on other seqs is ignored."""
         if msg is None:
-            self._step(op, Event.MASTER_LOST)
+            if op.agreement is not None and op.agreement.machine.phase is Phase.READY:
+                op.agreement.master_lost = True  # ready needs no master: the acks go on
+            else:
+                self._step(op, Event.MASTER_LOST)
         elif isinstance(msg, m.CollectiveComplete) and msg.seq == op.seq:
-            self._step(op, Event.COMPLETE, msg)
+            self._step(op, Event.COMPLETE, msg)  # (with peer commit it may beat the acks: as good)
         elif isinstance(msg, m.CollectiveAbort) and msg.seq == op.seq:
             self._step(op, Event.ABORT, msg)
         elif op.fast and isinstance(msg, m.CollectiveCommence) and msg.seq == op.seq:
@@ -520,6 +539,7 @@ class CollectiveService:
                     return
             self._step(op, Event.MASTER_LOST)
         finally:
+            self._commits.untrack(op)
             self._release(tag)
 
     async def _recall(self, op: OpAttempt, inbox: RouteInbox) -> None:
@@ -594,10 +614,13 @@ class CollectiveService:
                     op.traffic = await self.run_ring(op.plan, commence, op.guard, op)
                 except PCCLError as exc:
                     op.ring_error = exc
-            finished = op.traffic is not None and op.ring_error is None
+            # (A seq the master queried before this peer was ready is never ready here.)
+            finished = op.traffic is not None and op.ring_error is None and not self._commits.frozen(op.seq)
             effects = self._step(op, Event.RING_DONE if finished else Event.RING_FAILED)
             await self._report(op, effects)
-            if Effect.REPORT_DONE in effects:
+            if Effect.REPORT_DONE in effects and op.agreement is not None:
+                await self._commits.settle(op)  # the acks (docs/protocol.rst: completion agreed among peers)
+            elif Effect.REPORT_DONE in effects:
                 await await_verdict(op, peer_timeout=self._host.config.peer_timeout,
                                     peer_id=self._host.peer_id)
             elif op.machine.state is State.FAILING:
@@ -664,7 +687,7 @@ class CollectiveService:
             watch = self._watchdog.watch(p2p, lambda: self._stalled(op))
         try:
             try:
-                links = await self._links.links(p2p)
+                links = op.links = await self._links.links(p2p)
             except BaseException:
                 self._links.registry.retire(seq)
                 raise

@@ -77,6 +77,11 @@ class Counters:
     #: Payload bytes of completed point-to-point sends and receives (:mod:`pccl._peer.point`).
     p2p_tx_bytes: int = 0
     p2p_rx_bytes: int = 0
+    #: Collectives committed among their peers (``Config.peer_commit``: a full known set, no
+    #: master verdict waited for), and those this peer fell in doubt about once ready (it asked
+    #: the master, or the master queried it) and waited for the master's verdict.
+    peer_commits: int = 0
+    peer_commit_doubts: int = 0
 
 
 class RouteInbox:
@@ -304,6 +309,11 @@ class PeerHost(Protocol):
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
         """Run ``fn(*args)`` in the communicator's nursery; ``False`` if it is shutting down."""
+
+    #: Called with the master's ``CollectiveQuery`` and its connection's epoch (the collective
+    #: service answers it, whether or not an op of its tag runs here: docs/protocol.rst,
+    #: "Design: completion agreed among peers"); ``None``: queries are dropped.
+    on_query: Callable[[m.CollectiveQuery, int], None] | None
 
     async def dial(self, address: str) -> FramedConnection:
         """Connect to ``address`` (another peer's listener, a relay) and run the authenticated

@@ -11,9 +11,11 @@ from typing import Any
 import numpy as np
 import trio
 
+from .agreement import Agreement
 from .collective_plans import Plan
 from .ring_connections import P2PLinks
 from ..collectives.backup import InputGuard
+from ..collectives.links import RingLinks
 from ..errors import PCCLError, PeerDisconnected
 from ..protocol import messages as m
 from ..protocol.op_lifecycle import Effect, OpLifecycle, State
@@ -52,6 +54,10 @@ class OpAttempt:
     stall_error: PeerDisconnected | None = None
     #: ``WITHDRAW`` or ``AWAIT_FINAL`` once the machine hands the tag to a background task.
     handoff: Effect | None = None
+    #: Begun with ``Config.peer_commit``: its agreement with the other participants
+    #: (:mod:`pccl._peer.peer_commit_driver`), on the links its ring ran on.
+    agreement: Agreement | None = None
+    links: RingLinks | None = None
 
 
 async def await_verdict(op: OpAttempt, *, peer_timeout: float, peer_id: int) -> None:

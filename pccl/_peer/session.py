@@ -110,6 +110,7 @@ class PeerSession:
         self._routes = Routes(self._phase)
         self._votes = Votes(self)
         self._counters = Counters()
+        self.on_query: Callable[[m.CollectiveQuery, int], None] | None = None
         #: What the reader does with each message of the master, by type.
         self.dispatch: Dispatch = {
             m.Heartbeat: lambda link, msg: None,
@@ -123,6 +124,7 @@ class PeerSession:
             m.RelayOffer: lambda link, msg: self._connector.on_relay_offer(msg, link.epoch),  # type: ignore[arg-type]
             m.PathUnavailable: lambda link, msg: self._connector.on_path_unavailable(msg),  # type: ignore[arg-type]
             **{kind: self._on_collective_reply for kind in COLLECTIVE_REPLIES},
+            m.CollectiveQuery: self._on_collective_query,
             **{kind: self._on_sync_reply for kind in SYNC_REPLIES},
         }
 
@@ -434,6 +436,10 @@ class PeerSession:
                               previous_peer_id=self._peer_id, candidates=self._candidates())
         welcome = await handshake(connection, register, timeout=self._config.connect_timeout,
                                   master_address=self.master_address)
+        if self._config.peer_commit and not welcome.peer_commit:
+            raise ProtocolError(f"Config.peer_commit is on, but the master at {self.master_address} does not resolve "
+                                "ops whose peers commit among themselves (an older master): turn peer_commit off "
+                                "or upgrade the master")
         self._lifecycle.handle(Event.WELCOMED)
         self._peer_id = welcome.peer_id
         self._master_instance = welcome.instance
@@ -583,6 +589,11 @@ class PeerSession:
             self._routes.deliver_collective(msg)  # type: ignore[arg-type]
         except Flooded as exc:
             self.fail(exc)
+
+    def _on_collective_query(self, link: MasterLink, msg: m.Message) -> None:
+        assert isinstance(msg, m.CollectiveQuery)
+        if self.on_query is not None:
+            self.on_query(msg, link.epoch)
 
     def _on_sync_reply(self, link: MasterLink, msg: m.Message) -> None:
         try:

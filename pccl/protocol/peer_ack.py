@@ -1,9 +1,11 @@
 """Acks of completion agreed among peers: the op's digest, the ack's wire form, and whom a
-participant acks (sans-IO; not wired yet).
+participant acks (sans-IO).
 
 The participant's machine is :mod:`pccl.protocol.peer_commit`; docs/protocol.rst ("Design:
-completion agreed among peers") is the design.  This module is what its acks need and nothing
-else runs yet.
+completion agreed among peers") is the design; :mod:`pccl._peer.peer_commit_driver` sends and
+reads the acks (:func:`encode_ack`, :func:`decode_ack`, :func:`accept`, as frames of
+:func:`ack_seq`), so far to the ring successor only: :func:`ack_targets` and :func:`ack_hops`
+describe the shorter graphs over the partner links, which are not wired.
 
 The digest rides in the ack
 ===========================
@@ -47,8 +49,8 @@ from ..errors import InvalidArgument, ProtocolError
 from . import messages as m
 from .master.kinds import KINDS, kind_of
 
-__all__ = ["Ack", "Acceptance", "DIGEST_SIZE", "accept", "ack_hops", "ack_targets", "decode_ack", "encode_ack",
-           "op_digest"]
+__all__ = ["Ack", "Acceptance", "DIGEST_SIZE", "accept", "ack_hops", "ack_seq", "ack_size", "ack_targets", "decode_ack",
+           "encode_ack", "op_digest"]
 
 DIGEST_SIZE = 8
 _HEAD = struct.Struct(">Q8sI")  # seq, digest, participants
@@ -80,6 +82,19 @@ def op_digest(round_id: int, seq: int, init: m.CollectiveInit) -> bytes:
     fields = (round_id, seq, int(row.kind), *(int(v) for v in row.key(init)))
     packed = struct.pack(f">{len(fields)}Q", *fields)
     return hashlib.blake2b(packed, digest_size=DIGEST_SIZE, person=b"pccl-ack").digest()
+
+
+def ack_seq(seq: int) -> int:
+    """The data-frame seq that carries op ``seq``'s acks on the ring lanes: derived from it (top
+    bit set, like a begun op's, so that a receiver keeps the frames that arrive before it reads
+    them), the same on every peer, and apart from every op's seq but by a 2**-63 chance."""
+    digest = hashlib.blake2b(struct.pack(">Q", seq), digest_size=8, person=b"pccl-ack-seq").digest()
+    return (1 << 63) | (int.from_bytes(digest, "big") >> 1)
+
+
+def ack_size(n: int) -> int:
+    """The bytes of one ack of an op with ``n`` participants (:func:`encode_ack`)."""
+    return _HEAD.size + (n + 7) // 8
 
 
 def encode_ack(ack: Ack, n: int) -> bytes:

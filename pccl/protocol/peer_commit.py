@@ -1,10 +1,10 @@
-"""Completion agreed among an op's participants, as a state machine (sans-IO; a design model).
+"""Completion agreed among an op's participants, as a state machine (sans-IO).
 
-Not wired into the peer yet: this is the verified core of the design in :doc:`protocol`
-("Design: completion agreed among peers").  Today the verdict of every collective is the
-master's (``Done`` -> ``Complete``/``Abort``, :mod:`pccl.protocol.op_lifecycle`); here the
-participants decide it themselves in the steady state, and the master only resolves an op that
-someone is in doubt about.  The model is h11's ``_state.py``: rules first, transitions as data.
+The verified core of the design in :doc:`protocol` ("Design: completion agreed among peers"),
+run per begun op by :mod:`pccl._peer.peer_commit_driver` when ``Config.peer_commit`` is on.
+Otherwise the verdict of every collective is the master's (``Done`` -> ``Complete``/``Abort``,
+:mod:`pccl.protocol.op_lifecycle`); here the participants decide it themselves in the steady
+state, and the master only resolves an op that someone is in doubt about.  The model is h11's ``_state.py``: rules first, transitions as data.
 
 Terms
 =====

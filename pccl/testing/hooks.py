@@ -35,7 +35,7 @@ __all__ = [
     "PhaseSnapshot", "phase_of", "failure_of", "force_rewire",
     "RingLanes", "ring_lanes", "send_on_lane", "receive_on_lane", "send_data_on_lane", "break_lane",
     "send_raw", "open_route", "close_route", "drop_master_link", "intercept_master_sends",
-    "after_master_link_sends", "fail_master_send",
+    "after_master_link_sends", "fail_master_send", "after_acks", "crash",
     "Port", "AdmissionCounts", "listener_address", "admission_counts", "peer_admission_limits",
     "points_under_way", "probe", "probe_bound", "run_kind",
 ]
@@ -220,6 +220,28 @@ def fail_master_send(comm: Communicator, error: TransportError) -> None:
     """Report ``error`` as a failed send on ``comm``'s master connection (as a heartbeat's send
     that met a closed connection does); raises what the communicator makes of it."""
     _session(comm).master_send_failed(error)
+
+
+def after_acks(comm: Communicator, after: Callable[[], Awaitable[None]]) -> None:
+    """From now on, await ``after()`` right after each ack ``comm`` sends to its ring successor
+    (``Config.peer_commit``): a planted fault at the moment its readiness left it."""
+    commits = internals_of(comm).all_reduce.peer_commits
+    real = commits.send_ack
+
+    async def send_ack(*args: Any) -> None:
+        await real(*args)
+        await after()
+
+    commits.send_ack = send_ack  # type: ignore[method-assign,assignment]
+
+
+def crash(comm: Communicator) -> None:
+    """Abort every connection of ``comm`` — to the master and to its ring peers — as a crash of
+    its process looks to the others (the communicator then fails)."""
+    session = _session(comm)
+    for connection in session.links.connections():
+        connection.abort()
+    drop_master_link(comm)
 
 
 # --- ports facing the network ------------------------------------------------------------------

@@ -77,6 +77,8 @@ class CampaignSpec:
                 parts.append(f"--alone {value}")
             elif key == "fast_commit" and value:
                 parts.append("--fast-commit")
+            elif key == "peer_commit" and value:
+                parts.append("--peer-commit")
             elif key == "sites":
                 parts.append(f"--sites {shlex.quote(json.dumps(value, separators=(',', ':')))}")
         return " ".join(parts)

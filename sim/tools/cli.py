@@ -63,6 +63,8 @@ def _spec(args: argparse.Namespace) -> CampaignSpec:
         params.append(("alone", args.alone))
     if args.fast_commit:
         params.append(("fast_commit", True))
+    if args.peer_commit:
+        params.append(("peer_commit", True))
     if args.sites is not None:
         params.append(("sites", args.sites))
     return CampaignSpec(
@@ -334,6 +336,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="a lone peer's loop: update_topology (as steps() does) or are_peers_pending first")
         p.add_argument("--fast-commit", action="store_true",
                        help="peers begin collectives without the master's vote (pccl.Config.fast_commit)")
+        p.add_argument("--peer-commit", action="store_true",
+                       help="begun collectives commit among their peers, the master asked only in doubt "
+                            "(pccl.Config.peer_commit; needs --fast-commit)")
         p.add_argument("--sites", type=parse_sites, default=None,
                        help="peers in datacenters: a JSON object of the scenario's sites parameter, e.g. "
                             "'{\"count\": 2, \"uplink\": 125e6}' (peerN in site N %% count; see docs/simulator.rst)")

@@ -31,6 +31,8 @@ def test_the_defaults_are_the_issues_sizes_and_groups(latency: ModuleType) -> No
     assert args.peers == [2, 3, 4] and args.clock == "group"
     assert sizes == [4, 64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
     assert configs == ["gloo:all_reduce", "pccl:all_reduce", "gloo:broadcast", "pccl:broadcast"]
+    assert not args.peer_commit
+    assert latency.parse_args(["--peer-commit"])[0].peer_commit
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -41,6 +43,7 @@ def test_the_defaults_are_the_issues_sizes_and_groups(latency: ModuleType) -> No
     (["--collectives", "all_gather"], "invalid choice: 'all_gather'"),
     (["--clock", "wall"], "invalid choice: 'wall'"),
     (["--sizes", "lots"], "invalid literal"),
+    (["--peer-commit", "--no-fast-commit"], "--peer-commit needs fast commit"),
 ])
 def test_bad_options_are_usage_errors(latency: ModuleType, argv: list[str], message: str,
                                       capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,6 +55,20 @@ a failure reported before every participant began aborts the op only once the la
 disagreeing parameters fails for that reason), a second Begin is OUT_OF_PHASE, and a begun op that waits for members who wait elsewhere is a wait in a collective
 for the phase-mismatch machine, aborted with PHASE_MISMATCH at the end of the grace.
 
+Peer-agreed completion (docs/protocol.rst, "Design: completion agreed among peers").  An op
+begun with ``CollectiveBegin.peer_commit`` may commit among its participants without the
+verdict, so three rules above change for it.  A death before ``Done`` (or a held failure's) does
+not abort it: the op's :class:`~.peer_resolve.Resolution` (made on first need from the
+``Done(ok)`` reports) queries every live participant (``CollectiveQuery``), takes their
+``CollectiveAnswer`` and any participant's ``CollectiveAsk``, and its verdict is the usual
+``CollectiveComplete`` / ``CollectiveAbort``; an ask or answer for an op that ended hears its
+verdict again.  A held failure is a nack: a death then aborts at once.  A Begin of the tag's
+next use from a participant whose ``Done(ok)`` is in (it committed and went on) leaves the open
+op open, apart, for the others' reports instead of aborting it ``STALE_RING``.  And a
+participant whose ``Done(ok)`` is in is out of the op for the phase rules (it may vote
+``update_topology()`` or sync), though it still waits in an op that is not armed for the
+phase-mismatch machine (someone has not begun: nobody can have committed).
+
 Kinds.  What an op computes is its kind; everything the handlers here do differently per kind is
 one row of :data:`~pccl.protocol.master.kinds.KINDS` (:mod:`pccl.protocol.master.kinds`).
 
@@ -64,16 +78,17 @@ master's dispatch has checked the phase rules before a handler here runs.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
-from typing import NamedTuple
 
-from ...errors import KickReason
+from ...errors import KickReason, ProtocolError
 from .. import messages as m
 from ..messages import CollectiveKind
 from .events import OpEnded, PeerFault
-from .kinds import KINDS, KindRow, agreed_alike, kind_of
+from .kinds import KINDS, agreed_alike, kind_of
+from .op_records import Aborted, Op, OpInfo, OpsHost
+from .peer_resolve import Resolution, Send, Word
+from ..peer_commit import Answer, Phase, Verdict
 
 __all__ = ["CollectiveOps", "OpsHost", "OpInfo"]
 
@@ -83,102 +98,25 @@ log = logging.getLogger("pccl.protocol.master.machine")
 # --- the machine -------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class OpsHost:
-    """What the collective-ops machine needs from the master, as callables (peers named by id)."""
-
-    #: the accepted peers of a group, in arrival order
-    members: Callable[[int], list[int]]
-    #: a group's installed ring (``None`` before its first round)
-    ring: Callable[[int], tuple[int, ...] | None]
-    #: whether a group's ring lost a member or an op since it was installed
-    is_stale: Callable[[int], bool]
-    #: an op of the group aborted: its ring must be re-wired before the next op
-    mark_stale: Callable[[int], None]
-    #: the peer still has a connection (it was not removed)
-    is_live: Callable[[int], bool]
-    #: queue a message for a live peer
-    send: Callable[[int, m.Message], None]
-    #: tell the shell that an op ended (a fact, before the op's final messages)
-    report: Callable[[OpEnded], None]
-    #: the peer has a topology vote standing (it votes no collective before that round)
-    in_topology_vote: Callable[[int], bool]
-    #: the id of the topology round that installed a group's ring (``None`` before its first)
-    round_of: Callable[[int], int | None] = lambda group: None
-
-
-class OpInfo(NamedTuple):
-    """Read-only view of one collective op (a named tuple: the simulator's checkers build one
-    per op after every change of the master's state)."""
-
-    group: int
-    tag: int
-    voters: frozenset[int]
-    seq: int | None
-    participants: tuple[int, ...]
-    done: frozenset[int]
-    kind: CollectiveKind = CollectiveKind.ALL_REDUCE
-
-
-@dataclasses.dataclass(eq=False)
-class _Op:
-    group: int
-    tag: int
-    row: KindRow  # the kind its first voter asked for
-    #: a voter asked for another kind (checked again at consensus: that voter may have gone)
-    other_kind: bool = False
-    inits: dict[int, m.CollectiveInit] = dataclasses.field(default_factory=dict)  # voting phase
-    seq: int | None = None  # set once commenced
-    participants: tuple[int, ...] = ()
-    done: set[int] = dataclasses.field(default_factory=set)
-    #: begun on the fast path (a derived seq, see "Begins"): who began it or joined it by a
-    #: vote, and whether every participant has (the one-way Commence that arms the watchdogs)
-    fast: bool = False
-    round: int = 0  # the topology round a begun op's Begins named
-    began: set[int] = dataclasses.field(default_factory=set)
-    beginners: set[int] = dataclasses.field(default_factory=set)  # began by a Begin (not a vote)
-    armed: bool = False
-    #: a participant's failure reported before everyone began: the abort waits for the last
-    #: Begin, which may show a disagreement (the cause to report: the same error everywhere)
-    failure: str | None = None
-    failed: set[int] = dataclasses.field(default_factory=set)  # who reported it
-    #: A begun op's vote every other one was found to agree with (a later one that agrees with
-    #: it too changes no verdict: see ``_join``).
-    agreed: m.CollectiveInit | None = None
-    #: A commenced op's live participants as last counted, and ``CollectiveOps.departures`` then
-    #: (no participant can have gone while it is unchanged: see ``check``).
-    live: list[int] | None = None
-    departures: int = -1
-
-
-@dataclasses.dataclass
-class _Aborted:
-    """A begun op's abort, as its participants heard it."""
-
-    seq: int
-    round: int
-    participants: tuple[int, ...]
-    why: str
-    code: int
-    #: Participants never told of it (they had neither begun nor voted it): the first vote or
-    #: Begin of each on the tag is that op's (see ``on_init``, ``on_begin``).
-    untold: set[int]
-
-
 class CollectiveOps:
     """Every group's collective ops (see the module docstring)."""
 
     def __init__(self, host: OpsHost) -> None:
         self._host = host
-        self._ops: dict[tuple[int, int], _Op] = {}  # (group, tag)
+        self._ops: dict[tuple[int, int], Op] = {}  # (group, tag)
         self._next_seq = 1
         #: The begun ops aborted in their group's current round, by (group, tag): a participant
         #: whose Begin arrives after the abort hears the same abort (see ``on_begin``).
-        self._aborted: dict[tuple[int, int], _Aborted] = {}
+        self._aborted: dict[tuple[int, int], Aborted] = {}
         #: Peers removed so far (``forget``): a peer stops being live only there.
         self.departures = 0
         #: Ops aborted so far (an abort makes its group stale: the master re-checks every vote).
         self.aborts = 0
+        #: Peer-agreed ops still open after a participant that reported ``Done(ok)`` began the
+        #: tag's next use (it committed; see "Peer-agreed completion"), by (group, tag), then seq.
+        self._lingering: dict[tuple[int, int], dict[int, Op]] = {}
+        #: The seq of each (group, tag)'s last peer-agreed op that completed: a late ask hears it.
+        self._committed: dict[tuple[int, int], int] = {}
 
     # --- messages -----------------------------------------------------------------------------
 
@@ -209,7 +147,7 @@ class CollectiveOps:
                                                           f"tag {msg.tag} is already in flight for this peer"))
             return
         if op is None:
-            op = self._ops[(group, msg.tag)] = _Op(group, msg.tag, KINDS[kind_of(msg)])
+            op = self._ops[(group, msg.tag)] = Op(group, msg.tag, KINDS[kind_of(msg)])
         elif kind_of(msg) is not op.row.kind:
             op.other_kind = True
         op.inits[peer_id] = msg
@@ -225,6 +163,18 @@ class CollectiveOps:
         key = (group, msg.tag)
         op = self._ops.get(key)
         ring = self._host.ring(group)
+        held = self._lingering.get(key, {}).get(msg.seq)
+        if held is not None and msg.round == held.round and peer_id in held.participants:
+            if peer_id in held.began:
+                raise PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} begun twice")
+            self._join(held, peer_id, init, begun=True)  # a late Begin of an op others went past
+            return
+        if (op is not None and op.seq is not None and op.seq != msg.seq and op.peer_commit and msg.peer_commit
+                and peer_id in op.done):
+            # It committed the open op among its peers and began the tag's next use before the
+            # others' Done reached the master: the open op stays open for them, apart.
+            self._linger(op)
+            op = None
         if op is not None and peer_id in op.began:
             raise PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} begun twice")
         aborted = self._aborted.get(key)
@@ -260,7 +210,8 @@ class CollectiveOps:
                                                           f"{msg.round}; re-wire before retrying"))
             return
         if op is None:
-            op = self._ops[key] = _Op(group, msg.tag, row)
+            op = self._ops[key] = Op(group, msg.tag, row)
+        op.peer_commit = op.peer_commit or msg.peer_commit
         if not joining:
             assert ring is not None
             op.seq, op.fast, op.round = msg.seq, True, msg.round
@@ -283,7 +234,7 @@ class CollectiveOps:
                 self._rejected_after_abort(op, pid)
                 self._host.send(pid, m.CollectiveRejected(op.tag, code, why))
 
-    def _join(self, op: _Op, peer_id: int, init: m.CollectiveInit, *, begun: bool) -> None:
+    def _join(self, op: Op, peer_id: int, init: m.CollectiveInit, *, begun: bool) -> None:
         """``peer_id`` began ``op`` (or voted it, ``begun=False``: it is told the seq now);
         disagreeing votes abort it; once everyone is in, the beginners' watchdogs are armed."""
         assert op.seq is not None
@@ -327,7 +278,7 @@ class CollectiveOps:
                 if pid in op.beginners and self._host.is_live(pid):
                     self._host.send(pid, commence)
 
-    def _rejected_after_abort(self, op: _Op, peer_id: int) -> None:
+    def _rejected_after_abort(self, op: Op, peer_id: int) -> None:
         """A voter of ``op`` is told the abort as a rejection of its vote: the abort is not kept
         for it (its next call on the tag is a new use: a vote or a Begin that finds the group
         stale, not the old op's Commence and Abort)."""
@@ -335,7 +286,7 @@ class CollectiveOps:
         if aborted is not None and aborted.seq == op.seq:
             aborted.untold.discard(peer_id)
 
-    def _fast_refusal(self, op: _Op) -> tuple[m.RejectCode, str] | None:
+    def _fast_refusal(self, op: Op) -> tuple[m.RejectCode, str] | None:
         """Why the votes and Begins of a begun op cannot run together, if they cannot."""
         kinds = {kind_of(i) for i in op.inits.values()}
         if len(kinds) > 1:
@@ -351,8 +302,8 @@ class CollectiveOps:
     def on_done(self, group: int, peer_id: int, msg: m.CollectiveDone) -> None:
         if not msg.seq >> 63 and msg.seq >= self._next_seq:
             raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective done for seq {msg.seq}, never commenced")
-        op = self._ops.get((group, msg.tag))
-        if op is None or op.seq != msg.seq or peer_id not in op.participants:
+        op = self._find(group, msg.tag, msg.seq)
+        if op is None or peer_id not in op.participants:
             log.debug("ignoring late done of peer %x for tag %d seq %d", peer_id, msg.tag, msg.seq)
             return
         if peer_id in op.done or peer_id in op.failed:
@@ -364,6 +315,8 @@ class CollectiveOps:
             self._abort(op, f"peer {peer_id:x} reported failure")
         else:
             op.done.add(peer_id)
+            if op.resolution is not None:
+                self._act(op, *self._fold(op, lambda res: res.done(peer_id, True)))
 
     def on_withdraw(self, group: int, peer_id: int, msg: m.CollectiveWithdraw) -> None:
         op = self._ops.get((group, msg.tag))
@@ -378,7 +331,7 @@ class CollectiveOps:
         del op.inits[peer_id]
         self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
 
-    def _withdraw_begun(self, op: _Op, peer_id: int) -> None:
+    def _withdraw_begun(self, op: Op, peer_id: int) -> None:
         """``peer_id``, cancelled, withdraws its Begin of ``op`` (see "Withdrawing a Begin"):
         armed (the withdrawal crossed the last Begin), it is that peer's abort; with a failure
         held, that failure ends the op; otherwise the op ends WITHDRAWN, without making the ring
@@ -400,7 +353,7 @@ class CollectiveOps:
         for pid in live:
             self._host.send(pid, m.CollectiveAbort(op.tag, op.seq, why, code=m.RejectCode.WITHDRAWN))
 
-    def _remember(self, op: _Op, why: str, code: int) -> None:
+    def _remember(self, op: Op, why: str, code: int) -> None:
         """Keep a begun op's end for the participants not told of it (``on_init``, ``on_begin``)."""
         assert op.seq is not None
         for key in [k for k, a in self._aborted.items() if k[0] == op.group and a.round != op.round]:
@@ -408,7 +361,7 @@ class CollectiveOps:
         # A phase mismatch told every member that had not begun the op its own mismatch (each
         # waits elsewhere): the next call of each on the tag is a new use, after the re-wire.
         untold = set() if code == m.RejectCode.PHASE_MISMATCH else set(op.participants) - op.began
-        self._aborted[(op.group, op.tag)] = _Aborted(op.seq, op.round, tuple(op.participants), why, code, untold)
+        self._aborted[(op.group, op.tag)] = Aborted(op.seq, op.round, tuple(op.participants), why, code, untold)
 
     def forget(self, group: int, peer_id: int) -> None:
         """A peer of ``group`` was removed: its votes go (its running ops abort at the next check)."""
@@ -430,20 +383,134 @@ class CollectiveOps:
                 del self._ops[(op.group, op.tag)]
             self._host.send(peer_id, m.CollectiveRejected(op.tag, code, detail))
 
+    # --- peer-agreed completion (docs/protocol.rst, "Design: completion agreed among peers") ----
+
+    def on_ask(self, group: int, peer_id: int, msg: m.CollectiveAsk) -> None:
+        """A ready participant in doubt asks for the verdict (see "Peer-agreed completion")."""
+        self._answered(group, peer_id, msg, asked=True)
+
+    def on_answer(self, group: int, peer_id: int, msg: m.CollectiveAnswer) -> None:
+        """A participant's answer to ``CollectiveQuery``."""
+        self._answered(group, peer_id, msg, asked=False)
+
+    def _answered(self, group: int, peer_id: int, msg: m.CollectiveAsk | m.CollectiveAnswer, *, asked: bool) -> None:
+        try:
+            answer = Answer(_PHASES[m.CommitPhase(msg.phase)], frozenset(msg.known))
+        except ValueError:
+            raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective tag {msg.tag}: no phase {msg.phase}") from None
+        op = self._find(group, msg.tag, msg.seq)
+        if op is None or not op.peer_commit:
+            self._retell(group, peer_id, msg.tag, msg.seq)
+            return
+        if peer_id in op.participants and self._deaths(op) and self._find(group, msg.tag, msg.seq) is not op:
+            return  # the participants that left before (counted when nobody asked) decided it
+        res = self._resolution(op)
+        try:
+            res, sends = res.ask(peer_id, answer) if asked else res.answer(peer_id, answer)
+        except ProtocolError as exc:
+            raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective tag {msg.tag}: {exc}") from None
+        op.resolution = res
+        self._act(op, res, sends)
+
+    def _retell(self, group: int, peer_id: int, tag: int, seq: int) -> None:
+        """An ask or answer for an op that ended here needs nothing: every participant that
+        began it was told the verdict (its ask or answer crossed it), and one that had not
+        begun it hears the abort when its Begin of it arrives (``on_begin``), as the others did."""
+        ended = self._aborted.get((group, tag))
+        if (ended is None or ended.seq != seq) and self._committed.get((group, tag)) != seq:
+            # (an op of a master before a restart: its resolution is not wired)
+            log.warning("peer %x asks about collective tag %d seq %d, which this master does not know",
+                        peer_id, tag, seq)
+
+    def _resolution(self, op: Op) -> Resolution:
+        """``op``'s resolution, made on first need from the ``Done(ok)`` reports so far."""
+        if op.resolution is None:
+            res = Resolution.open(op.participants)
+            for pid in sorted(op.done):
+                res, sends = res.done(pid, True)
+                assert not sends  # (every Done(ok) in: the op completed before anyone asked)
+            op.resolution = res
+        return op.resolution
+
+    def _fold(self, op: Op, step: Callable[[Resolution], tuple[Resolution, tuple[Send, ...]]],
+              ) -> tuple[Resolution, tuple[Send, ...]]:
+        res, sends = step(self._resolution(op))
+        op.resolution = res
+        return res, sends
+
+    def _deaths(self, op: Op) -> bool:
+        """Participants of a peer-agreed op that left: a held failure (a nack) aborts it, each
+        other death goes to its resolution (before its Done: the others are queried)."""
+        if op.failure is not None:
+            self._abort(op, op.failure)
+            return True
+        changed = False
+        for pid in op.participants:
+            if not self._host.is_live(pid) and pid not in self._resolution(op).dead:
+                changed = True
+                self._act(op, *self._fold(op, lambda res: res.death(pid)))
+                if self._find(op.group, op.tag, op.seq or 0) is not op:
+                    break  # decided
+        return changed
+
+    def _act(self, op: Op, res: Resolution, sends: tuple[Send, ...]) -> None:
+        """Send a resolution's queries; its verdict ends the op (Complete, or Abort)."""
+        assert op.seq is not None
+        for send in sends:
+            if send.word is Word.QUERY:
+                query = m.CollectiveQuery(op.tag, op.seq)
+                for pid in sorted(send.to):
+                    if self._host.is_live(pid):  # (one that left too is counted dead next)
+                        self._host.send(pid, query)
+        # (Decided with nobody left to tell — every participant dead — it ends all the same.)
+        if res.verdict is Verdict.COMMIT and self._find(op.group, op.tag, op.seq) is op:
+            self._complete(op, [pid for pid in op.participants if self._host.is_live(pid)])
+        elif res.verdict is Verdict.ABORT and self._find(op.group, op.tag, op.seq) is op:
+            self._abort(op, _why_aborted(res))
+
+    def _find(self, group: int, tag: int, seq: int) -> Op | None:
+        op = self._ops.get((group, tag))
+        if op is not None and op.seq == seq:
+            return op
+        return self._lingering.get((group, tag), {}).get(seq)
+
+    def _linger(self, op: Op) -> None:
+        assert op.seq is not None
+        del self._ops[(op.group, op.tag)]
+        self._lingering.setdefault((op.group, op.tag), {})[op.seq] = op
+
+    def _drop(self, op: Op) -> None:
+        key = (op.group, op.tag)
+        if self._ops.get(key) is op:
+            del self._ops[key]
+            return
+        held = self._lingering[key]
+        del held[op.seq or 0]
+        if not held:
+            del self._lingering[key]
+
+    def _open(self) -> list[Op]:
+        return [*self._ops.values(), *(op for held in self._lingering.values() for op in held.values())]
+
     # --- consensus ----------------------------------------------------------------------------
 
     def settle(self) -> bool:
         """Check every op once; whether anything changed."""
         progressed = False
-        for key in list(self._ops):
+        for key in [*self._ops, *(k for k in self._lingering if k not in self._ops)]:
             progressed |= self.check(key)
         return progressed
 
     def check(self, key: tuple[int, int]) -> bool:
-        """Check the op of ``key`` (group, tag), if there is one; whether anything changed."""
+        """Check the ops of ``key`` (group, tag), if there are any; whether anything changed."""
+        progressed = False
+        for held in list(self._lingering.get(key, {}).values()):
+            progressed |= self._check_op(held)
         op = self._ops.get(key)
-        if op is None:
-            return False
+        return self._check_op(op) or progressed if op is not None else progressed
+
+    def _check_op(self, op: Op) -> bool:
+        key = (op.group, op.tag)
         if op.seq is None:
             return self._check_vote(op)
         live = op.live
@@ -452,6 +519,9 @@ class CollectiveOps:
             # only ``done`` grew, and each Done costs O(1) below, not O(participants).
             live = [pid for pid in op.participants if self._host.is_live(pid)]
             gone_early = [pid for pid in op.participants if not self._host.is_live(pid) and pid not in op.done]
+            if op.peer_commit and op.fast and (gone_early or op.resolution is not None):
+                op.live, op.departures = live, self.departures
+                return self._deaths(op)
             if gone_early:
                 root = next(iter(op.inits.values())).root if op.row.kind is CollectiveKind.BROADCAST and op.inits else None
                 if root in gone_early:
@@ -460,17 +530,23 @@ class CollectiveOps:
                     self._abort(op, f"participant {gone_early[0]:x} left before finishing")
                 return True
             op.live, op.departures = live, self.departures
-        if len(op.done) >= len(live) and all(pid in op.done for pid in live):
-            del self._ops[key]
-            if live:
-                self._host.report(OpEnded(op.group, op.tag, op.seq, False, live[0]))
-            complete = m.CollectiveComplete(op.tag, op.seq)  # one message: the shell encodes it once
-            for pid in live:
-                self._host.send(pid, complete)
+        if op.resolution is None and len(op.done) >= len(live) and all(pid in op.done for pid in live):
+            self._complete(op, live)
             return True
         return False
 
-    def _check_vote(self, op: _Op) -> bool:
+    def _complete(self, op: Op, live: list[int]) -> None:
+        assert op.seq is not None
+        self._drop(op)
+        if op.peer_commit:
+            self._committed[(op.group, op.tag)] = op.seq
+        if live:
+            self._host.report(OpEnded(op.group, op.tag, op.seq, False, live[0]))
+        complete = m.CollectiveComplete(op.tag, op.seq)  # one message: the shell encodes it once
+        for pid in live:
+            self._host.send(pid, complete)
+
+    def _check_vote(self, op: Op) -> bool:
         key = (op.group, op.tag)
         if not op.inits:
             del self._ops[key]
@@ -511,7 +587,7 @@ class CollectiveOps:
             self._host.send(pid, commence)
         return True
 
-    def _reject_reason(self, op: _Op) -> tuple[m.RejectCode | None, str]:
+    def _reject_reason(self, op: Op) -> tuple[m.RejectCode | None, str]:
         if op.other_kind:  # (the voter that asked for it may have gone since)
             kinds = {kind_of(i) for i in op.inits.values()}
             if len(kinds) > 1:
@@ -533,9 +609,9 @@ class CollectiveOps:
             return refusal
         return None, ""
 
-    def _abort(self, op: _Op, why: str, code: int = 0) -> None:
+    def _abort(self, op: Op, why: str, code: int = 0) -> None:
         self.aborts += 1
-        del self._ops[(op.group, op.tag)]
+        self._drop(op)
         self._host.mark_stale(op.group)  # the ring failed once: the next topology vote re-wires it
         if op.fast and op.seq is not None:
             self._remember(op, why, code)
@@ -550,17 +626,20 @@ class CollectiveOps:
 
     # --- views --------------------------------------------------------------------------------
 
-    def of_peer(self, group: int, peer_id: int) -> list[_Op]:
+    def of_peer(self, group: int, peer_id: int) -> list[Op]:
         """The ops of ``group`` the peer voted for or takes part in."""
-        return [op for op in self._ops.values()  # (a begun op's participant is in it once it began)
-                if op.group == group and (peer_id in op.inits or (not op.fast and peer_id in op.participants))]
+        # (A begun op's participant is in it once it began, and out of a peer-agreed one once
+        # its Done(ok) is in: it may have committed, and every other participant was ready.)
+        return [op for op in self._open() if op.group == group and _in_op(op, peer_id)]
 
     def waiting_call(self, group: int, peer_id: int) -> str | None:
         """The calls the peer waits in for the others of ``group``, as the caller knows them
         (``all_reduce (tag 1, 2)``), when every op it is in still votes; ``None`` when it is in
         none, or in one that runs (it can still go on)."""
         ops = []  # (of_peer's ops, in one pass: asked after every collective message)
-        for op in self._ops.values():
+        for op in self._open():
+            # (A peer-agreed op's participant whose Done(ok) is in waits in it while it is not
+            # armed: someone has not begun, so nobody can have committed.)
             if op.group == group and (peer_id in op.inits or (not op.fast and peer_id in op.participants)):
                 if op.seq is not None and (op.armed or not op.fast):
                     return None  # it runs one: it can still go on
@@ -578,5 +657,37 @@ class CollectiveOps:
                    for op in self._ops.values())
 
     def views(self) -> list[OpInfo]:
-        return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done), o.row.kind)
-                for o in self._ops.values()]
+        return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done), o.row.kind,
+                       *_resolving(o)) for o in self._open()]
+
+
+#: An answer's phase on the wire and in :mod:`pccl.protocol.peer_commit`.
+_PHASES = {m.CommitPhase.RUNNING: Phase.RUNNING, m.CommitPhase.READY: Phase.READY,
+           m.CommitPhase.IN_DOUBT: Phase.IN_DOUBT, m.CommitPhase.COMMITTED: Phase.COMMITTED,
+           m.CommitPhase.ABORTED: Phase.ABORTED}
+
+
+def _why_aborted(res: Resolution) -> str:
+    """The detail of a resolution's abort, as the callers' ``CollectiveAborted`` will say it."""
+    aborted = sorted(pid for pid, ans in res.answers if ans.phase is Phase.ABORTED)
+    if aborted:
+        return f"peer {aborted[0]:x} had aborted"
+    unknown = sorted(pid for pid in res.dead if pid not in res.ready)
+    if unknown:
+        return f"participant {unknown[0]:x} left before finishing"
+    running = sorted(pid for pid, ans in res.answers if ans.phase is Phase.RUNNING)
+    return f"participant {running[0]:x} was not ready" if running else "a participant failed"
+
+
+def _resolving(op: Op) -> tuple[bool, frozenset[int]]:
+    """Whether ``op``'s resolution queries its participants, and who answered (or asked)."""
+    res = op.resolution
+    if res is None or not res.querying:
+        return False, frozenset()
+    return True, frozenset(res.answer_map)
+
+
+def _in_op(op: Op, peer_id: int) -> bool:
+    if op.peer_commit and peer_id in op.done:
+        return False
+    return peer_id in op.inits or (not op.fast and peer_id in op.participants)

@@ -104,13 +104,14 @@ from .events import (Close, Effect, Event, Fact, Kick, MessageReceived, OpEnded,
 from .collectives import CollectiveOps, OpInfo, OpsHost
 from .mismatch import MismatchHost, PhaseMismatches
 from .optimize import OptimizeHost, Optimizer
-from .paths import Paths, PathsHost, PathView, RelayView
+from .paths import Paths, PathsHost
 from .rounds import Rounds, RoundsHost
 from .votes import TopologyVotes, VotesHost
 from .roster import Roster
 from .peers import GLOBAL_SCOPE, PHASES, PeerInfo, PeerRecord, PeerStatus, ReportedBytes, RoundRecord, TopologyVote
 from ..paths import CandidateOrigin, Port, format_host_port, resolve_candidates
 from .sync import SyncHost, SyncRoundInfo, SyncState
+from .views import MasterViews
 
 _C, _R, _A, _RELAY = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED, PeerStatus.RELAY
 #: Candidates a peer may register (a host with a handful of interfaces has a few per port).
@@ -130,7 +131,7 @@ class RandomSource(Protocol):
     def getrandbits(self, k: int, /) -> int: ...
 
 
-class MasterState:
+class MasterState(MasterViews):
     """The consensus machine.  See the module docstring for the rules.
 
     ``rng`` supplies peer ids; ``peer_timeout`` is ``Config.peer_timeout``; ``mismatch_grace``
@@ -243,6 +244,8 @@ class MasterState:
             m.CollectiveDone: lambda p, msg: self._collectives.on_done(p.group, p.peer_id, msg),
             m.CollectiveWithdraw: lambda p, msg: self._collectives.on_withdraw(p.group, p.peer_id, msg),
             m.CollectiveBegin: lambda p, msg: self._collectives.on_begin(p.group, p.peer_id, msg),
+            m.CollectiveAsk: lambda p, msg: self._collectives.on_ask(p.group, p.peer_id, msg),
+            m.CollectiveAnswer: lambda p, msg: self._collectives.on_answer(p.group, p.peer_id, msg),
             m.SyncVote: lambda p, msg: self._sync_state.on_vote(p.group, p.peer_id, msg),
             m.SyncReport: lambda p, msg: self._sync_state.on_report(p.group, p.peer_id, msg),
             m.PathRequest: lambda p, msg: self._paths.on_request(p.peer_id, msg),
@@ -324,99 +327,6 @@ class MasterState:
             deadline = min(deadline, grace_ends)
         return deadline
 
-    # --- read-only views ------------------------------------------------------------------------
-
-    def peers(self) -> list[PeerInfo]:
-        return [
-            PeerInfo(p.conn_id, p.peer_id, p.group, p.status, p.topology_vote, p.round_scope is not None,
-                     p.pending_vote, p.host, p.p2p_port)
-            for p in self._roster.by_conn.values()
-        ]
-
-    def last_heard(self) -> dict[int, float]:
-        """conn_id → when the master last heard from that connection.  Heartbeats move it, so
-        unlike the other views it is not covered by ``generation``."""
-        return {p.conn_id: p.last_heard for p in self._roster.by_conn.values()}
-
-    def reports(self) -> dict[int, m.Heartbeat]:
-        """conn_id → the last heartbeat of each connection that sent one (what the status page
-        shows of the peer), and below, the run's reported payload totals.  Not covered by
-        ``generation``, like ``last_heard``."""
-        return {p.conn_id: p.report for p in self._roster.by_conn.values() if p.report is not None}
-
-    def reported_bytes(self) -> tuple[int, int]:
-        """(tx, rx): the payload bytes every connection's heartbeats reported, summed."""
-        return self._reported.tx, self._reported.rx
-
-    def peer_id_of(self, conn_id: int) -> int | None:
-        p = self._roster.by_conn.get(conn_id)
-        return p.peer_id if p is not None and p.status is not _C and p.status is not _RELAY else None
-
-    def paths(self) -> list[PathView]:
-        """The paths peers reported (:mod:`pccl.protocol.master.paths`), by initiator and target."""
-        return self._paths.paths()
-
-    def relays(self) -> list[RelayView]:
-        """The relays that serve the run, by id."""
-        return self._paths.relays()
-
-    def candidates_of(self, peer_id: int) -> tuple[m.Candidate, ...]:
-        """The candidates ``peer_id`` registered (hosts resolved), ``()`` for an unknown peer."""
-        conn = self._roster.by_id.get(peer_id)
-        return self._roster.by_conn[conn].candidates if conn is not None else ()
-
-    def relay_forwarded(self, stats: m.RelayStats) -> None:
-        """What the master's own relay (``own_relay``) forwarded so far (the shell reports it)."""
-        self._paths.own_relay_stats(stats)
-
-    def path_counters(self) -> dict[str, int]:
-        """Path attempts by outcome since the start: ``dial_back``, ``relayed``, ``unavailable``."""
-        return dict(self._paths.counters)
-
-    def conn_of(self, peer_id: int) -> int | None:
-        return self._roster.by_id.get(peer_id)
-
-    def rings(self) -> dict[int, tuple[int, ...]]:
-        return dict(self._rings)
-
-    def measured_links(self) -> dict[tuple[int, int], float]:
-        """Bandwidth (bytes/s) of every measured directed link, by ``(sender, receiver)``."""
-        return {k: e.bandwidth for k, e in self._optimizer.links.snapshot().items()}
-
-    def record_link(self, sender: int, receiver: int, bandwidth: float, rtt: float) -> None:
-        """Take a link's figure as if a probe had measured it (links measured elsewhere, a
-        benchmark's known truth); kept, like a probe's, while both ends stay."""
-        self._optimizer.links.record(sender, receiver, bandwidth, rtt)
-
-    def probing_groups(self) -> frozenset[int]:
-        """Groups whose optimise vote waits for probe reports."""
-        return self._optimizer.probing_groups()
-
-    def stale_groups(self) -> frozenset[int]:
-        return frozenset(self._stale_groups)
-
-    def rounds_in_progress(self) -> dict[int, tuple[int, ...]]:
-        """scope → participants of each running round."""
-        return self._rounds.in_progress()
-
-    def round_reports(self) -> dict[int, frozenset[int]]:
-        """scope → the participants of each running round that have reported."""
-        return self._rounds.reports()
-
-    def probes(self) -> dict[int, tuple[dict[int, tuple[int, ...]], frozenset[int]]]:
-        """group → (member → the peers it was asked to probe, the members that reported), for
-        each optimise vote past consensus."""
-        return self._optimizer.probes()
-
-    def mismatches_in_grace(self) -> frozenset[int]:
-        """Groups in a phase mismatch whose grace period runs (ended when it is over)."""
-        return self._mismatches.in_grace()
-
-    @property
-    def mismatch_grace(self) -> float:
-        """How long a phase mismatch lasts before the master ends it."""
-        return self._mismatches.grace
-
     def recheck(self) -> list[Effect]:
         """Re-check every vote, round, op, sync and phase mismatch now, as an event at a
         deadline does, and return the effects that produced.  ``handle`` re-checks only what
@@ -426,31 +336,8 @@ class MasterState:
         out, self._out = self._out, []
         return out
 
-    def ops(self) -> list[OpInfo]:
-        return self._collectives.views()
-
-    def syncs(self) -> list[SyncRoundInfo]:
-        return self._sync_state.syncs()
-
-    def revision_of(self, group: int) -> int | None:
-        """The revision ``group`` adopted at its last sync (``None`` before its first)."""
-        return self._sync_state.revision_of(group)
-
-    def lineage_of(self, group: int) -> m.Lineage | None:
-        """The lineage of ``group`` after its last completed sync (``None`` before its first)."""
-        return self._sync_state.lineage_of(group)
-
     def _new_lineage_id(self) -> bytes:
         return self._rng.getrandbits(8 * election.LINEAGE_ID_SIZE).to_bytes(election.LINEAGE_ID_SIZE, "little")
-
-    def membership_of(self, group: int) -> m.Membership:
-        sizes = self._roster.world_sizes()
-        return m.Membership(
-            world_size=sizes.get(group, 0),
-            global_world_size=sum(sizes.values()),
-            num_peer_groups=len(sizes),
-            largest_peer_group_size=max(sizes.values(), default=0),
-        )
 
     # --- dispatch -------------------------------------------------------------------------------
 
@@ -501,7 +388,7 @@ class MasterState:
         peer.candidates = resolve_candidates(msg.candidates, peer.host)
         self._roster.by_id[peer_id] = peer.conn_id
         self._out.append(PeerJoined(peer.conn_id, peer_id, msg.peer_group, peer_id == msg.previous_peer_id))
-        self._send(peer, m.Welcome(peer_id, self.instance, peer.host))
+        self._send(peer, m.Welcome(peer_id, self.instance, peer.host, peer_commit=True))
         again = " again, keeping its id" if peer_id == msg.previous_peer_id else ""
         log.info("peer %x joined group %d from %s%s; waiting to be accepted", peer_id, msg.peer_group, peer.host,
                  again)

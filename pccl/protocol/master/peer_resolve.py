@@ -1,4 +1,4 @@
-"""The master's side of completion agreed among peers: resolving one op (sans-IO; not wired yet).
+"""The master's side of completion agreed among peers: resolving one op (sans-IO).
 
 With completion agreed among peers (docs/protocol.rst, "Design: completion agreed among peers";
 the participant's machine is :mod:`pccl.protocol.peer_commit`) the participants of a fast-path
@@ -10,9 +10,10 @@ instead, for one op: it folds in the one-way ``Done`` reports fast commit alread
 the live participants for their state when it must (a death before ``Done``, a participant in
 doubt, a stuck phase vote) and decides with :func:`pccl.protocol.peer_commit.resolve`.
 
-Not wired: neither the master (:mod:`.collectives`, :mod:`.machine`) nor the peer runs it yet,
-and no message carries a query or an answer; ``tests/property/peer_commit_world.py`` runs it as
-the master of the model's every interleaving, with the one-way ``Done`` reports.
+:mod:`.collectives` runs one per op begun with ``CollectiveBegin.peer_commit`` (the messages
+are ``CollectiveQuery``, ``CollectiveAnswer``, ``CollectiveAsk``);
+``tests/property/peer_commit_world.py`` runs it as the master of the model's every interleaving,
+with the one-way ``Done`` reports.
 
 Rules
 =====

@@ -12,7 +12,7 @@ without colliding:
 * 200–219 connection handshake and authentication
 
 The connectivity messages live in :mod:`._connectivity`, the point-to-point ones in
-:mod:`._point`, the base class and the shared field
+:mod:`._point`, peer-agreed completion's in :mod:`._peer_commit`, the base class and the shared field
 types in :mod:`._base`; this package re-exports both, so ``messages.Knock`` is the one name to
 use.  Add every new message class to ``ALL_MESSAGES`` at the bottom.
 """
@@ -45,6 +45,7 @@ from ._connectivity import (
     RelayWelcome,
     ReverseHello,
 )
+from ._peer_commit import PEER_COMMIT_MESSAGES, CollectiveAnswer, CollectiveAsk, CollectiveQuery, CommitPhase
 from ._point import (
     POINT_MESSAGES,
     PointAck,
@@ -157,6 +158,9 @@ class Welcome(Message, tag=20):
     peer_id: U64
     instance: U64 = 0
     observed_host: str = ""
+    #: This master runs ops begun with ``CollectiveBegin.peer_commit`` as peer-agreed (a master
+    #: without the field would ignore the flag: a peer that commits on its own set must not use it).
+    peer_commit: bool = False
 
 
 class ConnectToPeers(Message, tag=21):
@@ -371,6 +375,9 @@ class CollectiveBegin(Message, tag=57):
     root: U64 = 0
     quant_bits: U32 = 0
     quant_block: U32 = 0
+    #: The sender commits among the op's participants (docs/protocol.rst, "Design: completion
+    #: agreed among peers"): the master resolves the op by query instead of aborting it on a death.
+    peer_commit: bool = False
 
     def as_init(self) -> CollectiveInit:
         """The vote this Begin stands for."""
@@ -656,6 +663,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     *TOPOLOGY_MESSAGES,
     *CONNECTIVITY_MESSAGES,
     *POINT_MESSAGES,
+    *PEER_COMMIT_MESSAGES,
     Hello,
     AuthProof,
     AuthResult,

@@ -189,7 +189,10 @@ def stuck_votes(state: ms.MasterState) -> list[str]:
         else:
             alive = [pid for pid in op.participants if pid in live]
             gone = [pid for pid in op.participants if pid not in live and pid not in op.done]
-            if gone or all(pid in op.done for pid in alive):
+            if op.resolving:  # a peer-agreed op the master queries: decided once every live one answered
+                if op.answered.issuperset(alive):
+                    out.append(f"collective tag {op.tag} seq {op.seq}: every live participant answered, not concluded")
+            elif gone or all(pid in op.done for pid in alive):
                 out.append(f"collective tag {op.tag} seq {op.seq}: finished or lost a participant, not concluded")
     return out
 

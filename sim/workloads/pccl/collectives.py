@@ -220,6 +220,7 @@ class AllReduceAgreement(Checker):
         self.running: dict[tuple[str, int], int] = {}  # (host, tag) -> k of the call in progress
         self.calls: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}  # (epoch, seq) -> {peer: (tag, k)}
         self.rings: dict[tuple[int, int], tuple[int, ...]] = {}  # (epoch, seq) -> participants, ring order
+        self.peer_agreed: set[tuple[int, int]] = set()  # ops begun with peer_commit (Config.peer_commit)
         self.seq_of: dict[tuple[int, int, int], tuple[int, int]] = {}  # (peer id, tag, k) -> (epoch, seq)
         self.results: dict[tuple[int, int], str] = {}  # (epoch, seq) -> digest of the first completer
         # A restarted master numbers ops from 1 again: seqs are keyed by the master's epoch.
@@ -255,6 +256,8 @@ class AllReduceAgreement(Checker):
         self.calls.setdefault(op, {})[pid] = (msg.tag, k)
         if name == "CollectiveCommence":
             self.rings[op] = tuple(msg.ring)
+        elif msg.peer_commit:  # it may commit among its peers before the arming Commence comes
+            self.peer_agreed.add(op)
         self.seq_of[(pid, msg.tag, k)] = op
 
     def on_event(self, sim: Simulation, event: TraceEvent) -> None:
@@ -287,6 +290,8 @@ class AllReduceAgreement(Checker):
             return
         seq = op[1]
         ring = self.rings.get(op)
+        if ring is None and op in self.peer_agreed:  # committed among its peers: its ring is the host's
+            ring = self.rings[op] = tuple(data["ring"])
         if ring is None:  # bound by its Begin, but the Commence that says everyone began never came
             self._fail(sim, f"{host}: seq {op[1]} completed without the Commence that arms it")
             return

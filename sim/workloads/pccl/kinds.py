@@ -159,6 +159,7 @@ class CollectivesAgreement(Checker):
         self.running: dict[tuple[str, int], tuple[int, int]] = {}  # (host, tag) -> (k, root)
         self.calls: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}  # op -> {peer: (tag, k)}
         self.rings: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.peer_agreed: set[tuple[int, int]] = set()  # ops begun with peer_commit (Config.peer_commit)
         self.roots: dict[tuple[int, int], int] = {}
         self.seq_of: dict[tuple[int, int, int], tuple[int, int]] = {}
         self.results: dict[tuple[int, int], str] = {}
@@ -193,6 +194,8 @@ class CollectivesAgreement(Checker):
         self.calls.setdefault(op, {})[pid] = (msg.tag, running[0])
         if name == "CollectiveCommence":
             self.rings[op] = tuple(msg.ring)
+        elif msg.peer_commit:  # it may commit among its peers before the arming Commence comes
+            self.peer_agreed.add(op)
         self.roots[op] = running[1]
         self.seq_of[(pid, msg.tag, running[0])] = op
 
@@ -225,6 +228,8 @@ class CollectivesAgreement(Checker):
             self._fail(sim, f"{host} (peer {pid:x}) completed {what} without a Commence")
             return
         ring = self.rings.get(op)
+        if ring is None and op in self.peer_agreed:  # committed among its peers: its ring is the host's
+            ring = self.rings[op] = tuple(data["ring"])
         if ring is None:  # bound by its Begin, but the Commence that says everyone began never came
             self._fail(sim, f"{host}: seq {op[1]} completed without the Commence that arms it")
             return

@@ -16,10 +16,14 @@ it registers again (its ops ended with the old master connection).
   :data:`pccl.protocol.master.kinds.KINDS`).
 * **safety** — :class:`PhaseRule`: no peer is commenced while its topology vote or round, or its
   sync, is outstanding, and none is drawn into a topology round or a sync plan with an op that
-  has no final word.
+  has no final word (a peer-agreed op's call that returned its result has one: its commit).
 * **safety** — :class:`OutcomeFollowsVerdict`: a call that read ``Complete`` returns its result,
   one that read ``Abort`` raises ``CollectiveAborted``, and a call that returns a result read
-  its op's ``Complete``.
+  its op's ``Complete`` — or, begun with ``peer_commit`` (``Config.peer_commit``), committed
+  on a full known set, which needs every participant of its ring to have reported ready
+  (``Done(aborted=False)`` on the wire); and no op commits among its peers on one peer while
+  another reads its ``Abort``, unless the committer is no survivor (the master removed it: the
+  split docs/protocol.rst, "What it cannot give" (a), allows).
 * **liveness** — :class:`NoHungCall`: no collective call runs longer than ``bound`` (the
   scenario's liveness bound; a master restart starts every call's clock again: calls wait for
   it by design).
@@ -35,7 +39,7 @@ The call-level checkers read the phases' trace events: ``all_reduce_call`` / ``c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pccl.protocol.master.kinds import KINDS
@@ -223,6 +227,7 @@ class _Phases:
     topology: bool = False
     sync: bool = False
     open_ops: dict[Op, int] = dataclasses.field(default_factory=dict)  # commenced, no final word read -> tag
+    peer_agreed: set[Op] = dataclasses.field(default_factory=set)  # begun with peer_commit
 
 
 class PhaseRule(_PeerWire):
@@ -250,6 +255,8 @@ class PhaseRule(_PeerWire):
         elif name == "CollectiveBegin":
             if sent:
                 self._commenced(host, state, msg, op, "began")
+                if msg.peer_commit:
+                    state.peer_agreed.add(op)
         elif sent:
             return
         elif name in ("TopologyComplete", "TopologyRejected"):
@@ -272,6 +279,14 @@ class PhaseRule(_PeerWire):
         else:  # CollectiveComplete / CollectiveAbort
             state.open_ops.pop(op, None)
 
+    def on_event(self, sim: Simulation, event: TraceEvent) -> None:
+        super().on_event(sim, event)
+        if CALL_ENDS.get(event.kind) == "result" and event.source in self.hosts:
+            state = self.hosts[event.source]  # a peer-agreed op's call that returned committed it
+            for op in [op for op, tag in state.open_ops.items() if tag == event.data["tag"] and op in state.peer_agreed]:
+                del state.open_ops[op]
+                state.peer_agreed.discard(op)
+
     def _commenced(self, host: str, state: _Phases, msg: Any, op: Op, verb: str) -> None:
         if state.topology or state.sync:
             why = "topology vote or round" if state.topology else "shared-state sync"
@@ -289,6 +304,8 @@ class _Call:
     op: Op | None = None  # bound by the Commence it read
     verdict: str | None = None  # the final word it read for its op
     answers: int = 0  # the master's answers about its op it read
+    peer_commit: bool = False  # its op was begun with peer_commit
+    ring: tuple[int, ...] = ()  # its host's ring (peer ids) when it began its op
 
 
 class _Calls(Checker):
@@ -298,18 +315,22 @@ class _Calls(Checker):
 
     name = "calls"
 
+    #: Messages read besides the calls' own (subclasses add theirs).
+    EXTRA: tuple[str, ...] = ()
+
     def __init__(self) -> None:
         self.instance: dict[str, int] = {}
         self.calls: dict[tuple[str, int], _Call] = {}
         self.failed = False
         self.sim: Simulation | None = None
+        self.rings: dict[str, tuple[int, ...]] = {}  # host -> its ring's peer ids (its last TopologyComplete)
 
     def attach(self, sim: Simulation) -> None:
         if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
             raise RuntimeError(f"{type(self).__name__} needs the wire (Scenario.sniff)")
         self.sim = sim
         sim.tap.watch(self._wire, names=("Welcome", "CollectiveCommence", "CollectiveBegin", "CollectiveRejected",
-                                         "CollectiveComplete", "CollectiveAbort"))
+                                         "CollectiveComplete", "CollectiveAbort", "TopologyComplete", *self.EXTRA))
 
     def _fail(self, kind: str, message: str) -> None:
         if not self.failed and self.sim is not None:
@@ -317,16 +338,22 @@ class _Calls(Checker):
             self.sim.fail(kind, message, self.name)
 
     def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
-        if msg is None or direction != ("send" if name == "CollectiveBegin" else "recv"):
+        if msg is None or direction != ("send" if name in ("CollectiveBegin", "CollectiveDone") else "recv"):
             return
         if name == "Welcome":
             self.instance[host] = msg.instance
             return
+        if name == "TopologyComplete":
+            self.rings[host] = tuple(endpoint.peer_id for endpoint in msg.ring)
+            return
+        if name in self.EXTRA:
+            self.read(host, name, msg, (self.instance.get(host, 0), getattr(msg, "seq", 0)))
         call = self.calls.get((host, msg.tag))
-        if call is None:
+        if call is None or name == "CollectiveDone":
             return
         if name == "CollectiveBegin":  # began without waiting for an answer
             call.op, call.verdict = (self.instance.get(host, 0), msg.seq), None
+            call.peer_commit, call.ring = msg.peer_commit, self.rings.get(host, ())
             return
         if name == "CollectiveRejected":
             call.answers += 1
@@ -366,6 +393,9 @@ class _Calls(Checker):
     def ended(self, host: str, data: Mapping[str, Any], call: _Call, outcome: str) -> None:
         """A call ended: ``outcome`` is ``result``, ``aborted`` or ``alone``."""
 
+    def read(self, host: str, name: str, msg: Any, op: Op) -> None:
+        """A message of :attr:`EXTRA` on ``host``'s master connection (sent or read)."""
+
     def master_started(self, t: float) -> None:
         """A master (re)started at ``t``."""
 
@@ -374,20 +404,60 @@ class _Calls(Checker):
 
 
 class OutcomeFollowsVerdict(_Calls):
-    """A call ends as the master's final word it read says (module docstring)."""
+    """A call ends as the master's final word it read says, or as its peers agreed (module
+    docstring)."""
 
     name = "outcome-follows-verdict"
+    EXTRA = ("CollectiveDone",)
+
+    def __init__(self, master_state: Callable[[Simulation], Any] | None = None) -> None:
+        super().__init__()
+        self.master_state = master_state
+        self.ready: dict[Op, set[int]] = {}  # op -> peer ids that reported it done (the wire)
+        self.committed: dict[Op, tuple[str, int]] = {}  # op -> a host that committed it among peers, its id
+        self.aborts: dict[Op, str] = {}  # op -> a host whose call read its Abort
+        self.ids: dict[str, int] = {}  # host -> its peer id (its last Welcome)
+
+    def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
+        if msg is not None and name == "Welcome" and direction == "recv":
+            self.ids[host] = msg.peer_id
+        super()._wire(host, direction, name, peer, msg)
+
+    def read(self, host: str, name: str, msg: Any, op: Op) -> None:
+        if not msg.aborted and host in self.ids:
+            self.ready.setdefault(op, set()).add(self.ids[host])
 
     def ended(self, host: str, data: Mapping[str, Any], call: _Call, outcome: str) -> None:
         what = f"{host}: call #{call.k} on tag {data['tag']}"
         if call.op is not None:
             what += f" (seq {call.op[1]})"
-        if outcome == "result" and call.verdict != "Complete":
+        if outcome == "result" and call.verdict is None and call.peer_commit and call.op is not None:
+            reported = self.ready.get(call.op, set())
+            missing = sorted(pid for pid in call.ring if pid not in reported)
+            if missing or not call.ring:
+                self._fail("safety", f"{what} committed among its peers, but {', '.join(f'{p:x}' for p in missing)} "
+                                     "never reported ready")
+                return
+            self.committed.setdefault(call.op, (host, self.ids.get(host, 0)))
+            self._split(call.op)
+        elif outcome == "result" and call.verdict != "Complete":
             read = "no final word" if call.verdict is None else call.verdict
             self._fail("safety", f"{what} returned a result after reading {read} for its op")
         elif outcome != "result" and call.verdict == "Complete":
             self._fail("safety", f"{what} read Complete for its op but ended {outcome}: "
                                  f"{data.get('error', '')}".rstrip(": "))
+        elif call.verdict == "Abort" and call.op is not None:
+            self.aborts.setdefault(call.op, host)
+            self._split(call.op)
+
+    def _split(self, op: Op) -> None:
+        if op not in self.committed or op not in self.aborts:
+            return
+        host, pid = self.committed[op]
+        state = self.master_state(self.sim) if self.master_state is not None and self.sim is not None else None
+        if state is not None and state.conn_of(pid) is None:
+            return  # the committer is no survivor: the master removed it (docs/protocol.rst, (a))
+        self._fail("safety", f"seq {op[1]} split: {host} committed it among its peers, {self.aborts[op]} read Abort")
 
 
 class NoHungCall(_Calls):
@@ -440,7 +510,9 @@ class MasterRoundTrips(_Calls):
             sim.trace.stats[f"master_round_trips_{n}"] = calls
 
 
-def op_checkers(liveness_bound: float, *, max_round_trips: int | None = None) -> list[Checker]:
-    """The checkers of one collective's guarantees, for one run."""
-    return [OneVerdict(), AgreedParameters(), PhaseRule(), OutcomeFollowsVerdict(), NoHungCall(liveness_bound),
-            MasterRoundTrips(max_round_trips)]
+def op_checkers(liveness_bound: float, *, max_round_trips: int | None = None,
+                master_state: Callable[[Simulation], Any] | None = None) -> list[Checker]:
+    """The checkers of one collective's guarantees, for one run (``master_state``: the live
+    master's machine, or ``None`` while it is down)."""
+    return [OneVerdict(), AgreedParameters(), PhaseRule(), OutcomeFollowsVerdict(master_state),
+            NoHungCall(liveness_bound), MasterRoundTrips(max_round_trips)]

@@ -193,7 +193,8 @@ class PcclScenario(Scenario):
     :class:`pccl.Config`'s (``None``: pccl's default).  ``max_master_round_trips``: a successful
     collective call that waited for more of the master's answers fails the run
     (:class:`~pccl_sim.workloads.pccl.op_checkers.MasterRoundTrips`; ``None``: only counted);
-    ``fast_commit``: the peers' :attr:`pccl.Config.fast_commit`.
+    ``fast_commit``: the peers' :attr:`pccl.Config.fast_commit`; ``peer_commit``: their
+    :attr:`pccl.Config.peer_commit` (needs ``fast_commit``).
     """
 
     name = "pccl"
@@ -228,6 +229,7 @@ class PcclScenario(Scenario):
         direct_connect_timeout: float | None = None,
         max_master_round_trips: int | None = None,
         fast_commit: bool = False,
+        peer_commit: bool = False,
     ) -> None:
         params: dict[str, Any] = dict(
             peers=peers, groups=groups, peer_timeout=peer_timeout, heartbeat_interval=heartbeat_interval,
@@ -262,6 +264,8 @@ class PcclScenario(Scenario):
             params["max_master_round_trips"] = max_master_round_trips
         if fast_commit:
             params["fast_commit"] = True
+        if peer_commit:
+            params["peer_commit"] = True
         super().__init__(**params)
         self.max_master_round_trips = max_master_round_trips
         if relays < 0:
@@ -282,7 +286,7 @@ class PcclScenario(Scenario):
             kernel_threads=False,  # a simulated run starts no real threads
             # Short, narrow probes (the "optimize" phase): a chaos run needs the protocol's
             # timing, not a faithful figure, and every probed byte is copied in the simulator.
-            probe_seconds=0.05, probe_streams=2, fast_commit=fast_commit,
+            probe_seconds=0.05, probe_streams=2, fast_commit=fast_commit, peer_commit=peer_commit,
         )
         if direct_connect_timeout is not None:
             self.config = dataclasses.replace(self.config, direct_connect_timeout=direct_connect_timeout)
@@ -346,7 +350,8 @@ class PcclScenario(Scenario):
 
     def checkers(self) -> list[Checker]:
         out: list[Checker] = [*membership_checkers(self), CoverageProbe(idle=IDLE_MESSAGES),
-                              *op_checkers(self.liveness_bound, max_round_trips=self.max_master_round_trips)]
+                              *op_checkers(self.liveness_bound, max_round_trips=self.max_master_round_trips,
+                                          master_state=self.master_state)]
         for phase in self.phases:
             out.extend(phase.checkers(self))
         return out

@@ -1,0 +1,213 @@
+"""``Config.peer_commit`` (docs/protocol.rst, "Design: completion agreed among peers") with
+peers as Trio tasks in this process (real TCP loopback): steady-state collectives commit on a
+full known set of acks without waiting for the master's verdict, give the results the verdict
+gives, and a peer that dies at an awkward moment splits nobody."""
+
+from __future__ import annotations
+
+import msgspec
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+import pccl
+from pccl import Config
+from pccl.communicator import internals_of, open_communicator
+from pccl.master import open_master
+from pccl.protocol import messages as m
+from pccl.protocol.master.events import MessageReceived, Send
+from pccl.testing import each, hooks, open_test_cluster
+
+TOKEN = "peer-commit"
+CFG = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
+             shared_state_base_port=0, fast_commit=True, peer_commit=True)
+SOON = 30.0
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+async def test_steady_state_ops_commit_among_the_peers_with_the_verdicts_results(n: int) -> None:
+    async with open_test_cluster(n, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        ids = [c.peer_id for c in comms]
+        rounds = 4
+        for k in range(rounds):
+            xs = [np.arange(1000, dtype=np.float32) * (i + 1 + k) for i in range(n)]
+            infos = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=1))
+            assert all(isinstance(info, pccl.ReduceInfo) and info.world_size == n for info in infos), infos
+            want = sum(np.arange(1000, dtype=np.float32) * (i + 1 + k) for i in range(n))
+            assert all(np.array_equal(x, want) for x in xs)
+            ys = [np.full(7, i + 1.0, np.float32) for i in range(n)]
+            await each(comms, lambda i, c: c.broadcast(ys[i], root=ids[-1], tag=2))
+            assert all(np.array_equal(y, np.full(7, float(n), np.float32)) for y in ys)
+        stats = [c.statistics() for c in comms]
+        # No op waited for the master's verdict (none fell in doubt).  (Here the master's own
+        # Complete, which follows the last Done(ok), may beat the acks; with no Complete at all
+        # the acks commit every op: test_ops_commit_on_their_acks_without_any_verdict.)
+        assert [s.peer_commit_doubts for s in stats] == [0] * n, stats
+        assert [s.collectives_completed for s in stats] == [2 * rounds] * n
+
+
+def _without_completes(master: pccl.Master) -> None:
+    """Make ``master`` send no ``CollectiveComplete``: an op that still completes committed on
+    its participants' acks, without any verdict of the master."""
+    state = pccl.testing.master_state(master)
+    real = state.handle
+
+    def handle(event: Any, now: float) -> list[Any]:
+        return [e for e in real(event, now) if not (isinstance(e, Send) and isinstance(e.msg, m.CollectiveComplete))]
+
+    state.handle = handle  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+async def test_ops_commit_on_their_acks_without_any_verdict(n: int) -> None:
+    async with open_test_cluster(n, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        _without_completes(master)
+        for k in range(3):
+            xs = [np.full(5000, i + 1.0 + k, np.float32) for i in range(n)]
+            await each(comms, lambda i, c: c.all_reduce(xs[i], tag=7))
+            assert all(np.array_equal(x, sum(np.full(5000, i + 1.0 + k, np.float32) for i in range(n))) for x in xs)
+        stats = [c.statistics() for c in comms]
+        assert [(s.peer_commits, s.peer_commit_doubts) for s in stats] == [(3, 0)] * n, stats
+
+
+async def test_a_peer_that_dies_after_its_ack_with_its_done_lost_splits_nobody() -> None:
+    # The last ring position's Done never reaches the master (lost with the crash), and it dies
+    # right after its ack went out.  Its successor may have heard its readiness and a survivor
+    # may have committed: fast commit's master aborted the op at once on the death (a split);
+    # this one asks the survivors, whose answers decide for both.
+    async with open_test_cluster(3, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        ring = comms[0].ring
+        by_id = {c.peer_id: c for c in comms}
+        victim = by_id[ring[2]]
+        state = pccl.testing.master_state(master)
+        victim_conn = state.conn_of(victim.peer_id)
+        real = state.handle
+
+        def handle(event: Any, now: float) -> list[Any]:
+            if (isinstance(event, MessageReceived) and event.conn_id == victim_conn
+                    and isinstance(event.msg, m.CollectiveDone)):
+                return []  # lost with the crash
+            return real(event, now)
+
+        state.handle = handle  # type: ignore[method-assign]
+
+        async def die() -> None:
+            # The worst moment: once a survivor committed on its set (the victim's id reached
+            # it through the victim's successor), while the successor still waits for the id
+            # that would have come round through the victim.
+            with trio.fail_after(SOON):
+                while not any(c.statistics().peer_commits for c in comms if c is not victim):
+                    await trio.sleep(0.001)
+            hooks.crash(victim)
+
+        hooks.after_acks(victim, die)
+        inputs = [np.full(3000, i + 1.0, np.float32) for i in range(3)]
+        xs = [x.copy() for x in inputs]
+        survivors = [i for i, c in enumerate(comms) if c is not victim]
+
+        outcome = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=9))
+        # One survivor committed: the other, in doubt, must commit too (the master's answers).
+        assert all(isinstance(outcome[i], pccl.ReduceInfo) for i in survivors), outcome
+        assert all(np.array_equal(xs[i], np.full(3000, 6.0, np.float32)) for i in survivors)
+        assert sorted(comms[i].statistics().peer_commit_doubts for i in survivors) == [0, 1]
+
+
+async def test_a_call_cancelled_once_ready_still_commits_with_the_others() -> None:
+    # Ready is a vote: a caller cancelled after its ack went out does not abort on its own (the
+    # others may commit on it); it waits, shielded, and returns the committed result.
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        _without_completes(master)
+        scope = trio.CancelScope()
+        first = comms[0]
+
+        async def cancel() -> None:
+            scope.cancel()
+
+        hooks.after_acks(first, cancel)
+        xs = [np.full(100, i + 1.0, np.float32) for i in range(2)]
+
+        async def call(i: int, comm: pccl.Communicator) -> Any:
+            if comm is first:
+                with scope:
+                    return await comm.all_reduce(xs[i], tag=3)
+                return "cancelled"
+            return await comm.all_reduce(xs[i], tag=3)
+
+        outcome = await each(comms, call)
+        assert all(isinstance(o, pccl.ReduceInfo) for o in outcome), outcome
+        assert all(np.array_equal(x, np.full(100, 3.0, np.float32)) for x in xs)
+
+
+async def test_a_query_before_this_peer_began_freezes_it_out_of_the_op() -> None:
+    # The master's query reaches a participant that has not begun the op: it answers aborted and
+    # must never become ready for that seq (the master may abort the others on its answer).
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        session = internals_of(comms[0]).session
+        seq = m.derived_seq(session.links.round, 4, 0)
+        assert session.on_query is not None
+        session.on_query(m.CollectiveQuery(4, seq), session.master_epoch)
+        xs = [np.full(10, i + 1.0, np.float32) for i in range(2)]
+        outcome = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=4))
+        assert all(isinstance(o, pccl.CollectiveAborted) for o in outcome), outcome
+        assert all(np.array_equal(x, np.full(10, i + 1.0, np.float32)) for i, x in enumerate(xs))  # restored
+        again = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=4))  # the next use runs
+        assert all(isinstance(o, pccl.ReduceInfo) for o in again), again
+
+
+async def test_a_silent_neighbour_puts_the_others_in_doubt_and_the_master_decides() -> None:
+    # One peer sends no acks (its successor never hears of it) and its Done is held up on the
+    # way to the master (no Complete either): the others fall in doubt after peer_timeout and
+    # ask; the master queries the silent one, which committed, and completes the op everywhere.
+    cfg = Config(peer_timeout=1.0, heartbeat_interval=0.2, connect_timeout=5.0, p2p_base_port=0,
+                 shared_state_base_port=0, fast_commit=True, peer_commit=True)
+    async with open_test_cluster(3, token=TOKEN, config=cfg, soon=SOON) as (master, comms, _):
+        mute = comms[2]
+        state = pccl.testing.master_state(master)
+        mute_conn = state.conn_of(mute.peer_id)
+        real = state.handle
+        asked: list[int] = []
+
+        def handle(event: Any, now: float) -> list[Any]:
+            if isinstance(event, MessageReceived) and isinstance(event.msg, m.CollectiveAsk):
+                asked.append(event.conn_id)
+            if (isinstance(event, MessageReceived) and event.conn_id == mute_conn
+                    and isinstance(event.msg, m.CollectiveDone)):
+                return []  # held up
+            return real(event, now)
+
+        state.handle = handle  # type: ignore[method-assign]
+        commits = internals_of(mute).all_reduce.peer_commits
+
+        async def no_ack(*args: Any) -> None:
+            pass  # its acks are lost: its successor never hears of it
+
+        commits.send_ack = no_ack  # type: ignore[method-assign,assignment]
+        xs = [np.full(10, i + 1.0, np.float32) for i in range(3)]
+        outcome = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=6))
+        assert all(isinstance(o, pccl.ReduceInfo) for o in outcome), outcome
+        assert all(np.array_equal(x, np.full(10, 6.0, np.float32)) for x in xs)
+        assert asked and sum(c.statistics().peer_commit_doubts for c in comms) >= 1
+        assert mute.statistics().peer_commits == 1  # it heard everyone: it committed on its own
+
+
+async def test_a_master_that_cannot_resolve_peer_agreed_ops_is_refused_at_registration() -> None:
+    async with open_master("127.0.0.1:0", token=TOKEN, config=CFG) as master:
+        state = pccl.testing.master_state(master)
+        real = state.handle
+
+        def handle(event: Any, now: float) -> list[Any]:  # an older master: no peer_commit in Welcome
+            return [Send(e.conn_id, msgspec.structs.replace(e.msg, peer_commit=False))
+                    if isinstance(e, Send) and isinstance(e.msg, m.Welcome) else e for e in real(event, now)]
+
+        state.handle = handle  # type: ignore[method-assign]
+        with pytest.raises(pccl.ProtocolError, match="peer_commit"):
+            with trio.fail_after(SOON):
+                async with open_communicator(master.address, token=TOKEN, config=CFG):
+                    pass
+
+
+def test_peer_commit_needs_fast_commit() -> None:
+    with pytest.raises(pccl.InvalidArgument, match="fast_commit"):
+        Config(fast_commit=False, peer_commit=True)
