@@ -114,6 +114,12 @@ class Outgoing:
         self.answer = answer
         self.answered.set()
 
+    @property
+    def settled(self) -> bool:
+        """Whether the receiver's final answer came (PointAck or PointMismatch): the outcome is
+        known, and a failure of the link after it changes nothing."""
+        return isinstance(self.answer, (m.PointAck, m.PointMismatch))
+
 
 @dataclasses.dataclass(eq=False)
 class Incoming:
@@ -200,7 +206,7 @@ class PeerLink:
                 conn.abort()
         self.replies.close()
         for send in self.sends.values():
-            if send.error is None:
+            if send.error is None and not send.settled:  # an answer already read stands
                 send.error = fresh_error(error)
             send.answered.set()
         for queue in self.posted.values():

@@ -1,7 +1,8 @@
 """The point-to-point link's matching (pccl._peer.point.PeerLink.match), without connections:
 offers and receives pair per tag in arrival / call order, a mismatch answers the sender and
 fails only that receive, an empty message is acknowledged at once, and a failed link ends every
-pending receive and send with its own copy of the error."""
+pending receive and send with its own copy of the error — but not a send whose final answer
+had come."""
 
 from __future__ import annotations
 
@@ -83,3 +84,18 @@ def test_a_failed_link_ends_everything_pending_with_its_own_error() -> None:
     assert len({id(e) for e in errors}) == 3  # a fresh copy each: raised from several tasks
     assert send.answered.is_set() and waiting.done.is_set() and moving.done.is_set()
     link.reply(m.PointAck(1))  # after the failure: dropped, not raised
+
+
+def test_a_send_whose_ack_came_succeeds_though_the_link_fails_before_it_resumes() -> None:
+    """The reader took the PointAck, then the receiver's close (its EOF) failed the link
+    before the send's task ran: the send completed, the failure does not overwrite it."""
+    link = PeerLink(0xAB)
+    done = link.sends[5] = Outgoing(5, 0, DType.FLOAT32, 4)
+    done.answer_with(m.PointAck(5))
+    refused = link.sends[6] = Outgoing(6, 0, DType.FLOAT32, 4)
+    refused.answer_with(m.PointMismatch(6, int(DType.FLOAT32), 3))
+    moving = link.sends[7] = Outgoing(7, 0, DType.FLOAT32, 4)
+    moving.answer_with(m.PointReady(7))
+    link.fail(PeerDisconnected("peer ab closed the connection"))
+    assert done.error is None and refused.error is None
+    assert isinstance(moving.error, PeerDisconnected)
