@@ -16,7 +16,9 @@ frames of several messages may interleave: each names its ``seq``; a message's c
 which the receiver takes straight into the caller's array — each piece saved into a backup
 first, so that a failed receive can restore it (:mod:`pccl._peer.point_data` moves the bytes,
 in worker threads on real TCP) — then answers ``PointAck``: the send completes then
-(rendezvous).  A match that disagrees is answered
+(rendezvous).  The receive completes once that answer was handed to the connection (a link
+that fails before fails the receive too, its array restored), and a final answer the sender
+has read stands though the link fails right after (the receiver's close).  A match that disagrees is answered
 ``PointMismatch`` and both calls raise ``InvalidArgument`` naming both shapes; nothing is
 written into the receiver's array.
 
@@ -83,6 +85,9 @@ PIECE = 1 << 20
 #: ``LARGE_PIECE / peer_timeout`` or faster (:func:`pccl._peer.point_data.next_piece`): a sender
 #: whose rate then falls below ``LARGE_PIECE / peer_timeout`` within one piece counts as stalled.
 LARGE_PIECE = 4 << 20
+
+#: An answer to a peer's offer, and what to call once it was handed to the connection.
+Reply = tuple[m.Message, Callable[[], None] | None]
 
 
 def frame_bytes(sent: int, seconds: float) -> int:
@@ -192,8 +197,9 @@ class PeerLink:
         self.posted: dict[int, collections.deque[Incoming]] = {}
         #: Matched receives whose data is arriving, by seq.
         self.receiving: dict[int, Incoming] = {}
-        #: The answers to ``peer``'s offers, sent on :attr:`incoming` by its writer.
-        self.replies, self.outbox = trio.open_memory_channel[m.Message](math.inf)
+        #: The answers to ``peer``'s offers, sent on :attr:`incoming` by its writer, each with
+        #: what to do once it was handed to the connection.
+        self.replies, self.outbox = trio.open_memory_channel[Reply](math.inf)
         self.error: PCCLError | None = None
 
     def fail(self, error: PCCLError) -> None:
@@ -230,15 +236,27 @@ class PeerLink:
                                             f"{offered}, this receive takes {wanted}; nothing was received"))
                 continue
             recv.seq = offer.seq
+            self.receiving[offer.seq] = recv
             nbytes = recv.target.nbytes
             if nbytes == 0:
-                self.reply(m.PointAck(offer.seq))
-                recv.finish()
+                self.acknowledge(offer.seq)
                 continue
             recv.backup = SCRATCH.take(nbytes)  # reused memory: no page faults
-            self.receiving[offer.seq] = recv
             self.reply(m.PointReady(offer.seq))
         self.tidy(tag)
+
+    def acknowledge(self, seq: int) -> None:
+        """Message ``seq`` is all in: answer ``PointAck``, and complete its receive once the
+        answer was handed to the connection — not before, so that a receive that returned has
+        its sender's ``send`` succeed unless the sender's own side fails (a receiver that
+        returns and closes its communicator at once must not lose the answer).  If the link
+        fails first, the receive fails too and its array gets its old values back."""
+        def sent() -> None:
+            recv = self.receiving.pop(seq, None)
+            if recv is not None and not recv.done.is_set():
+                recv.release(restore=False)
+                recv.finish()
+        self.reply(m.PointAck(seq), sent)
 
     def tidy(self, tag: int) -> None:
         """Forget ``tag``'s empty queues (a loop may use a new tag every step)."""
@@ -247,9 +265,9 @@ class PeerLink:
         if not self.posted.get(tag, True):
             del self.posted[tag]
 
-    def reply(self, msg: m.Message) -> None:
+    def reply(self, msg: m.Message, sent: Callable[[], None] | None = None) -> None:
         try:
-            self.replies.send_nowait(msg)
+            self.replies.send_nowait((msg, sent))
         except trio.ClosedResourceError:
             pass  # the link failed: the receive that would be answered failed too
 
@@ -517,10 +535,13 @@ class PointService:
         """Send the answers to the peer's offers, and keepalives when there is nothing to say."""
         try:
             while True:
-                msg: m.Message = m.PointKeepalive()
+                reply: Reply = (m.PointKeepalive(), None)
                 with trio.move_on_after(self._interval()):
-                    msg = await link.outbox.receive()
+                    reply = await link.outbox.receive()
+                msg, sent = reply
                 await conn.send(msg)  # never under the timeout: a torn frame would break the connection
+                if sent is not None:
+                    sent()
         except (PCCLError, trio.EndOfChannel) as exc:
             link.fail(PeerDisconnected(f"the connection with peer {link.peer:x} failed: {exc}"))
 
@@ -557,7 +578,8 @@ class PointService:
             if not isinstance(frame, DataHeader):
                 raise ProtocolError(f"unexpected {type(frame).__name__} on a point-to-point connection")
             recv = link.receiving.get(frame.op_seq)
-            if recv is None or recv.backup is None or frame.offset != recv.received or frame.end > recv.target.nbytes:
+            if recv is None or recv.backup is None or recv.received >= recv.target.nbytes \
+                    or frame.offset != recv.received or frame.end > recv.target.nbytes:
                 raise ProtocolError(f"peer {link.peer:x} sent data for message {frame.op_seq} (bytes {frame.offset}"
                                     f"..{frame.end}), which no receive expects")
             # Straight into the target, each piece saved into the backup first: a failed
@@ -573,11 +595,7 @@ class PointService:
                 writer.set()
             recv.received += frame.nbytes
             if recv.received >= recv.target.nbytes:
-                if not recv.done.is_set():  # (a failed receive restores its target itself)
-                    recv.release(restore=False)
-                    recv.finish()
-                link.receiving.pop(frame.op_seq, None)
-                link.reply(m.PointAck(frame.op_seq))
+                link.acknowledge(frame.op_seq)
 
 
 @contextmanager
