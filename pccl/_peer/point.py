@@ -33,7 +33,8 @@ connections are aborted and every pending send to and receive from that peer rai
 A receiver's array then holds its old values.  The next call dials afresh.  Cancelling a call
 (or its ``timeout=``) before its message was announced/matched just withdraws it; once the
 message is under way the link fails the same way (a half-sent or half-read message is never
-left on a connection that is reused).
+left on a connection that is reused).  A communicator that closes ends its connections
+gracefully (:mod:`pccl._peer.point_close`), so that its last answers reach their senders.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from ..protocol.codec import DataHeader
 from ..protocol.paths import Port
 from ..types import DType, dtype_of
 from .host import PeerHost
+from .point_close import linger
 from .point_data import receive_payload, send_payload
 from .votes import fresh_error
 
@@ -201,15 +203,35 @@ class PeerLink:
         #: what to do once it was handed to the connection.
         self.replies, self.outbox = trio.open_memory_channel[Reply](math.inf)
         self.error: PCCLError | None = None
+        #: The cancel scopes of the connections' reader and writer tasks (:meth:`PointService._run`).
+        self.runs: set[trio.CancelScope] = set()
+        #: Set by :meth:`close`: the connections end gracefully (:func:`~pccl._peer.point_close.linger`).
+        self.lingering = False
+        #: Set once the task serving :attr:`incoming` has ended (and closed it).
+        self.incoming_closed = trio.Event()
 
     def fail(self, error: PCCLError) -> None:
         """End the link: abort both connections, fail everything pending with ``error``."""
         if self.error is not None:
             return
-        self.error = error
+        self._end(error)
         for conn in (self.outgoing, self.incoming):
             if conn is not None:
                 conn.abort()
+
+    def close(self, error: PCCLError) -> None:
+        """The communicator closes: fail everything pending with ``error`` as :meth:`fail` does,
+        but close the connections gracefully: their tasks stop and linger on them
+        (:func:`~pccl._peer.point_close.linger`), so that the answers already sent reach the peer."""
+        if self.error is not None:
+            return
+        self.lingering = True
+        self._end(error)
+        for scope in self.runs:
+            scope.cancel()
+
+    def _end(self, error: PCCLError) -> None:
+        self.error = error
         self.replies.close()
         for send in self.sends.values():
             if send.error is None and not send.settled:  # an answer already read stands
@@ -476,7 +498,7 @@ class PointService:
         except PCCLError as exc:
             link.fail(PeerDisconnected(f"the connection from peer {hello.peer_id:x} failed: {exc}"))
             return
-        await self._run(link, conn, self._read_incoming, self._write_incoming)
+        await self._run(link, conn, self._read_incoming, self._write_incoming, incoming=True)
 
     def under_way(self) -> int:
         """Messages whose data is moving: this peer's sends the receiver took, and its matched
@@ -485,39 +507,53 @@ class PointService:
         sends = sum(isinstance(s.answer, m.PointReady) for link in links for s in link.sends.values())
         return sends + sum(len(link.receiving) for link in links)
 
-    def fail_all(self, error: PCCLError) -> None:
+    def fail_all(self, error: PCCLError, *, graceful: bool = False) -> None:
         """The communicator failed or closes: every pending call raises ``error``, every
-        connection closes, later calls raise it too."""
+        connection closes (``graceful``: as :meth:`PeerLink.close` does, else aborted), later
+        calls raise it too."""
         if self._failure is None:
             self._failure = error
         for link in list(self._links.values()):
-            link.fail(error)
+            if graceful:
+                link.close(error)
+            else:
+                link.fail(error)
         self._links.clear()
 
     # --- the connections' tasks ------------------------------------------------------------------
 
     async def _run_outgoing(self, link: PeerLink, conn: FramedConnection) -> None:
-        await self._run(link, conn, self._read_outgoing, self._keepalive)
+        await self._run(link, conn, self._read_outgoing, self._keepalive, incoming=False)
 
-    async def _run(self, link: PeerLink, conn: FramedConnection, reader: Any, writer: Any) -> None:
+    async def _run(self, link: PeerLink, conn: FramedConnection, reader: Any, writer: Any, *,
+                   incoming: bool) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(writer, link, conn)
-                try:
-                    await reader(link, conn)
-                except (PCCLError, trio.TooSlowError) as exc:
-                    if isinstance(exc, trio.TooSlowError):
-                        why = f"peer {link.peer:x} was silent for {self._host.config.peer_timeout:g} s " \
-                              "(Config.peer_timeout)"
-                    else:
-                        why = f"the connection with peer {link.peer:x} failed: {exc}"
-                    if link.error is None:
-                        log.info("peer %x: point-to-point link to peer %x ends: %s", self._host.peer_id, link.peer,
-                                 why)
-                    link.fail(PeerDisconnected(why))
-                nursery.cancel_scope.cancel()
+            if link.error is None:
+                async with trio.open_nursery() as nursery:
+                    link.runs.add(nursery.cancel_scope)
+                    nursery.start_soon(writer, link, conn)
+                    try:
+                        await reader(link, conn)
+                    except (PCCLError, trio.TooSlowError) as exc:
+                        if isinstance(exc, trio.TooSlowError):
+                            why = f"peer {link.peer:x} was silent for {self._host.config.peer_timeout:g} s " \
+                                  "(Config.peer_timeout)"
+                        else:
+                            why = f"the connection with peer {link.peer:x} failed: {exc}"
+                        if link.error is None:
+                            log.info("peer %x: point-to-point link to peer %x ends: %s", self._host.peer_id,
+                                     link.peer, why)
+                        link.fail(PeerDisconnected(why))
+                    nursery.cancel_scope.cancel()
         finally:
+            # Cancelled from outside with the link intact: the communicator closes (its close
+            # then ends the link with PeerLink.close).
+            if link.lingering or (link.error is None and trio.current_effective_deadline() == -math.inf):
+                await linger(conn, incoming=incoming,
+                             after=None if incoming or link.incoming is None else link.incoming_closed)
             conn.abort()
+            if incoming:
+                link.incoming_closed.set()
 
     def _interval(self) -> float:
         config = self._host.config
