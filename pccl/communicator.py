@@ -245,8 +245,10 @@ class Communicator:
         return await self._session.are_peers_pending()
 
     async def aclose(self) -> None:
-        """Leave the run: tell the master (best effort, bounded), close every connection and stop
-        the background tasks.  Idempotent; closes even when cancelled."""
+        """Leave the run: tell the master (best effort, bounded), close every connection (the
+        point-to-point ones gracefully: up to 5 s for each peer to close its end, so that the
+        acknowledgements of receives that returned reach their senders) and stop the background
+        tasks.  Idempotent; closes even when cancelled."""
         if not self._session.begin_close():
             return
         with trio.CancelScope(shield=True):

@@ -16,7 +16,9 @@ frames of several messages may interleave: each names its ``seq``; a message's c
 which the receiver takes straight into the caller's array — each piece saved into a backup
 first, so that a failed receive can restore it (:mod:`pccl._peer.point_data` moves the bytes,
 in worker threads on real TCP) — then answers ``PointAck``: the send completes then
-(rendezvous).  A match that disagrees is answered
+(rendezvous).  The receive completes once that answer was handed to the connection (a link
+that fails before fails the receive too, its array restored), and a final answer the sender
+has read stands though the link fails right after (the receiver's close).  A match that disagrees is answered
 ``PointMismatch`` and both calls raise ``InvalidArgument`` naming both shapes; nothing is
 written into the receiver's array.
 
@@ -31,7 +33,8 @@ connections are aborted and every pending send to and receive from that peer rai
 A receiver's array then holds its old values.  The next call dials afresh.  Cancelling a call
 (or its ``timeout=``) before its message was announced/matched just withdraws it; once the
 message is under way the link fails the same way (a half-sent or half-read message is never
-left on a connection that is reused).
+left on a connection that is reused).  A communicator that closes ends its connections
+gracefully (:mod:`pccl._peer.point_close`), so that its last answers reach their senders.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from ..protocol.codec import DataHeader
 from ..protocol.paths import Port
 from ..types import DType, dtype_of
 from .host import PeerHost
+from .point_close import linger
 from .point_data import receive_payload, send_payload
 from .votes import fresh_error
 
@@ -83,6 +87,9 @@ PIECE = 1 << 20
 #: ``LARGE_PIECE / peer_timeout`` or faster (:func:`pccl._peer.point_data.next_piece`): a sender
 #: whose rate then falls below ``LARGE_PIECE / peer_timeout`` within one piece counts as stalled.
 LARGE_PIECE = 4 << 20
+
+#: An answer to a peer's offer, and what to call once it was handed to the connection.
+Reply = tuple[m.Message, Callable[[], None] | None]
 
 
 def frame_bytes(sent: int, seconds: float) -> int:
@@ -113,6 +120,12 @@ class Outgoing:
     def answer_with(self, answer: m.Message) -> None:
         self.answer = answer
         self.answered.set()
+
+    @property
+    def settled(self) -> bool:
+        """Whether the receiver's final answer came (PointAck or PointMismatch): the outcome is
+        known, and a failure of the link after it changes nothing."""
+        return isinstance(self.answer, (m.PointAck, m.PointMismatch))
 
 
 @dataclasses.dataclass(eq=False)
@@ -186,21 +199,42 @@ class PeerLink:
         self.posted: dict[int, collections.deque[Incoming]] = {}
         #: Matched receives whose data is arriving, by seq.
         self.receiving: dict[int, Incoming] = {}
-        #: The answers to ``peer``'s offers, sent on :attr:`incoming` by its writer.
-        self.replies, self.outbox = trio.open_memory_channel[m.Message](math.inf)
+        #: The answers to ``peer``'s offers, sent on :attr:`incoming` by its writer, each with
+        #: what to do once it was handed to the connection.
+        self.replies, self.outbox = trio.open_memory_channel[Reply](math.inf)
         self.error: PCCLError | None = None
+        #: The cancel scopes of the connections' reader and writer tasks (:meth:`PointService._run`).
+        self.runs: set[trio.CancelScope] = set()
+        #: Set by :meth:`close`: the connections end gracefully (:func:`~pccl._peer.point_close.linger`).
+        self.lingering = False
+        #: Set once the task serving :attr:`incoming` has ended (and closed it).
+        self.incoming_closed = trio.Event()
 
     def fail(self, error: PCCLError) -> None:
         """End the link: abort both connections, fail everything pending with ``error``."""
         if self.error is not None:
             return
-        self.error = error
+        self._end(error)
         for conn in (self.outgoing, self.incoming):
             if conn is not None:
                 conn.abort()
+
+    def close(self, error: PCCLError) -> None:
+        """The communicator closes: fail everything pending with ``error`` as :meth:`fail` does,
+        but close the connections gracefully: their tasks stop and linger on them
+        (:func:`~pccl._peer.point_close.linger`), so that the answers already sent reach the peer."""
+        if self.error is not None:
+            return
+        self.lingering = True
+        self._end(error)
+        for scope in self.runs:
+            scope.cancel()
+
+    def _end(self, error: PCCLError) -> None:
+        self.error = error
         self.replies.close()
         for send in self.sends.values():
-            if send.error is None:
+            if send.error is None and not send.settled:  # an answer already read stands
                 send.error = fresh_error(error)
             send.answered.set()
         for queue in self.posted.values():
@@ -224,15 +258,27 @@ class PeerLink:
                                             f"{offered}, this receive takes {wanted}; nothing was received"))
                 continue
             recv.seq = offer.seq
+            self.receiving[offer.seq] = recv
             nbytes = recv.target.nbytes
             if nbytes == 0:
-                self.reply(m.PointAck(offer.seq))
-                recv.finish()
+                self.acknowledge(offer.seq)
                 continue
             recv.backup = SCRATCH.take(nbytes)  # reused memory: no page faults
-            self.receiving[offer.seq] = recv
             self.reply(m.PointReady(offer.seq))
         self.tidy(tag)
+
+    def acknowledge(self, seq: int) -> None:
+        """Message ``seq`` is all in: answer ``PointAck``, and complete its receive once the
+        answer was handed to the connection — not before, so that a receive that returned has
+        its sender's ``send`` succeed unless the sender's own side fails (a receiver that
+        returns and closes its communicator at once must not lose the answer).  If the link
+        fails first, the receive fails too and its array gets its old values back."""
+        def sent() -> None:
+            recv = self.receiving.pop(seq, None)
+            if recv is not None and not recv.done.is_set():
+                recv.release(restore=False)
+                recv.finish()
+        self.reply(m.PointAck(seq), sent)
 
     def tidy(self, tag: int) -> None:
         """Forget ``tag``'s empty queues (a loop may use a new tag every step)."""
@@ -241,9 +287,9 @@ class PeerLink:
         if not self.posted.get(tag, True):
             del self.posted[tag]
 
-    def reply(self, msg: m.Message) -> None:
+    def reply(self, msg: m.Message, sent: Callable[[], None] | None = None) -> None:
         try:
-            self.replies.send_nowait(msg)
+            self.replies.send_nowait((msg, sent))
         except trio.ClosedResourceError:
             pass  # the link failed: the receive that would be answered failed too
 
@@ -452,7 +498,7 @@ class PointService:
         except PCCLError as exc:
             link.fail(PeerDisconnected(f"the connection from peer {hello.peer_id:x} failed: {exc}"))
             return
-        await self._run(link, conn, self._read_incoming, self._write_incoming)
+        await self._run(link, conn, self._read_incoming, self._write_incoming, incoming=True)
 
     def under_way(self) -> int:
         """Messages whose data is moving: this peer's sends the receiver took, and its matched
@@ -461,39 +507,53 @@ class PointService:
         sends = sum(isinstance(s.answer, m.PointReady) for link in links for s in link.sends.values())
         return sends + sum(len(link.receiving) for link in links)
 
-    def fail_all(self, error: PCCLError) -> None:
+    def fail_all(self, error: PCCLError, *, graceful: bool = False) -> None:
         """The communicator failed or closes: every pending call raises ``error``, every
-        connection closes, later calls raise it too."""
+        connection closes (``graceful``: as :meth:`PeerLink.close` does, else aborted), later
+        calls raise it too."""
         if self._failure is None:
             self._failure = error
         for link in list(self._links.values()):
-            link.fail(error)
+            if graceful:
+                link.close(error)
+            else:
+                link.fail(error)
         self._links.clear()
 
     # --- the connections' tasks ------------------------------------------------------------------
 
     async def _run_outgoing(self, link: PeerLink, conn: FramedConnection) -> None:
-        await self._run(link, conn, self._read_outgoing, self._keepalive)
+        await self._run(link, conn, self._read_outgoing, self._keepalive, incoming=False)
 
-    async def _run(self, link: PeerLink, conn: FramedConnection, reader: Any, writer: Any) -> None:
+    async def _run(self, link: PeerLink, conn: FramedConnection, reader: Any, writer: Any, *,
+                   incoming: bool) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(writer, link, conn)
-                try:
-                    await reader(link, conn)
-                except (PCCLError, trio.TooSlowError) as exc:
-                    if isinstance(exc, trio.TooSlowError):
-                        why = f"peer {link.peer:x} was silent for {self._host.config.peer_timeout:g} s " \
-                              "(Config.peer_timeout)"
-                    else:
-                        why = f"the connection with peer {link.peer:x} failed: {exc}"
-                    if link.error is None:
-                        log.info("peer %x: point-to-point link to peer %x ends: %s", self._host.peer_id, link.peer,
-                                 why)
-                    link.fail(PeerDisconnected(why))
-                nursery.cancel_scope.cancel()
+            if link.error is None:
+                async with trio.open_nursery() as nursery:
+                    link.runs.add(nursery.cancel_scope)
+                    nursery.start_soon(writer, link, conn)
+                    try:
+                        await reader(link, conn)
+                    except (PCCLError, trio.TooSlowError) as exc:
+                        if isinstance(exc, trio.TooSlowError):
+                            why = f"peer {link.peer:x} was silent for {self._host.config.peer_timeout:g} s " \
+                                  "(Config.peer_timeout)"
+                        else:
+                            why = f"the connection with peer {link.peer:x} failed: {exc}"
+                        if link.error is None:
+                            log.info("peer %x: point-to-point link to peer %x ends: %s", self._host.peer_id,
+                                     link.peer, why)
+                        link.fail(PeerDisconnected(why))
+                    nursery.cancel_scope.cancel()
         finally:
+            # Cancelled from outside with the link intact: the communicator closes (its close
+            # then ends the link with PeerLink.close).
+            if link.lingering or (link.error is None and trio.current_effective_deadline() == -math.inf):
+                await linger(conn, incoming=incoming,
+                             after=None if incoming or link.incoming is None else link.incoming_closed)
             conn.abort()
+            if incoming:
+                link.incoming_closed.set()
 
     def _interval(self) -> float:
         config = self._host.config
@@ -511,10 +571,13 @@ class PointService:
         """Send the answers to the peer's offers, and keepalives when there is nothing to say."""
         try:
             while True:
-                msg: m.Message = m.PointKeepalive()
+                reply: Reply = (m.PointKeepalive(), None)
                 with trio.move_on_after(self._interval()):
-                    msg = await link.outbox.receive()
+                    reply = await link.outbox.receive()
+                msg, sent = reply
                 await conn.send(msg)  # never under the timeout: a torn frame would break the connection
+                if sent is not None:
+                    sent()
         except (PCCLError, trio.EndOfChannel) as exc:
             link.fail(PeerDisconnected(f"the connection with peer {link.peer:x} failed: {exc}"))
 
@@ -551,7 +614,8 @@ class PointService:
             if not isinstance(frame, DataHeader):
                 raise ProtocolError(f"unexpected {type(frame).__name__} on a point-to-point connection")
             recv = link.receiving.get(frame.op_seq)
-            if recv is None or recv.backup is None or frame.offset != recv.received or frame.end > recv.target.nbytes:
+            if recv is None or recv.backup is None or recv.received >= recv.target.nbytes \
+                    or frame.offset != recv.received or frame.end > recv.target.nbytes:
                 raise ProtocolError(f"peer {link.peer:x} sent data for message {frame.op_seq} (bytes {frame.offset}"
                                     f"..{frame.end}), which no receive expects")
             # Straight into the target, each piece saved into the backup first: a failed
@@ -567,11 +631,7 @@ class PointService:
                 writer.set()
             recv.received += frame.nbytes
             if recv.received >= recv.target.nbytes:
-                if not recv.done.is_set():  # (a failed receive restores its target itself)
-                    recv.release(restore=False)
-                    recv.finish()
-                link.receiving.pop(frame.op_seq, None)
-                link.reply(m.PointAck(frame.op_seq))
+                link.acknowledge(frame.op_seq)
 
 
 @contextmanager

@@ -249,7 +249,8 @@ class PeerSession:
     def fail(self, error: PCCLError, *, cause: BaseException | None = None) -> None:
         if self._failure is not None:
             return
-        if self._lifecycle.closing and not isinstance(error, InvalidUsage):
+        closing = self._lifecycle.closing
+        if closing and not isinstance(error, InvalidUsage):
             # aclose() has begun: its Leave makes the master hang up, which the reader or a
             # heartbeat may meet first.  That is the end this peer asked for, not a failure.
             error, cause = InvalidUsage("the communicator is closed"), None
@@ -261,7 +262,9 @@ class PeerSession:
             log.warning("peer %x: %s", self._peer_id, error)
         self._votes.fail_all(error)
         self._routes.end_all()
-        self._points.fail_all(error)
+        # Closing: the p2p connections end gracefully, so that the answers this peer sent
+        # last (a receive's PointAck) reach their senders (PointService._linger).
+        self._points.fail_all(error, graceful=closing)
         if self._link is not None:
             self._link.scope.cancel()
         self._notify_ready()

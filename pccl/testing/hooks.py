@@ -29,6 +29,7 @@ from ..net.admission import AdmissionLimits
 from ..net.framed import FramedConnection
 from ..protocol import messages as m
 from ..protocol.codec import DataHeader
+from ..protocol.paths import Port as _Port
 from ..protocol.phases import TopologyVote
 
 __all__ = [
@@ -37,7 +38,7 @@ __all__ = [
     "send_raw", "open_route", "close_route", "drop_master_link", "intercept_master_sends",
     "after_master_link_sends", "fail_master_send", "after_acks", "crash",
     "Port", "AdmissionCounts", "listener_address", "admission_counts", "peer_admission_limits",
-    "points_under_way", "probe", "probe_bound", "run_kind",
+    "points_under_way", "hold_point_answers", "probe", "probe_bound", "run_kind",
 ]
 
 Port = Literal["ring", "sync"]
@@ -299,6 +300,39 @@ def peer_admission_limits(limits: AdmissionLimits) -> Iterator[None]:
 def points_under_way(comm: Communicator) -> int:
     """How many of ``comm``'s point-to-point messages are moving data right now."""
     return _session(comm).points.under_way()
+
+
+@contextlib.contextmanager
+def hold_point_answers(comm: Communicator) -> Iterator[trio.Event]:
+    """For the block, each connection ``comm`` dials (from now on) for its point-to-point sends
+    stops reading once it took a ``PointReady``, until the event this yields is set: what the
+    receiver sends after it (the message's ``PointAck``, an EOF, a reset) waits unread in the
+    kernel meanwhile, as behind a sender whose loop is slow to come round."""
+    session = _session(comm)
+    real = session.open_peer
+    release = trio.Event()
+
+    async def open_peer(target: m.PeerEndpoint, port: _Port) -> FramedConnection:
+        conn = await real(target, port)
+        if port == _Port.P2P:
+            receive, took_ready = conn.receive_frame, False
+
+            async def receive_frame() -> m.Message | DataHeader:
+                nonlocal took_ready
+                if took_ready:
+                    await release.wait()
+                frame = await receive()
+                took_ready = took_ready or isinstance(frame, m.PointReady)
+                return frame
+
+            conn.receive_frame = receive_frame  # type: ignore[method-assign]
+        return conn
+
+    session.open_peer = open_peer  # type: ignore[method-assign]
+    try:
+        yield release
+    finally:
+        session.open_peer = real  # type: ignore[method-assign]
 
 
 async def probe(comm: Communicator, request: m.ProbeRequest) -> m.ProbeReport:

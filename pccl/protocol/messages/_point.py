@@ -18,7 +18,9 @@ from ._base import U32, U64, Message
 # — then the sender streams data frames (op_seq = seq) — or PointMismatch(seq, its dtype and
 # count).  Once the whole payload is in, the receiver answers PointAck(seq) (at once, instead of
 # PointReady, for an empty message).  Both sides send PointKeepalive while the connection is
-# open, so a silent peer is noticed within Config.peer_timeout.
+# open, so a silent peer is noticed within Config.peer_timeout.  A peer whose communicator
+# closes half-closes its connections (EOF after its last answers; the one carrying its answers
+# first) and reads them until the other side closes them, rather than resetting them.
 
 
 class PointHello(Message, tag=160):
