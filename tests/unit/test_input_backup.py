@@ -92,6 +92,85 @@ def test_a_concurrent_save_waits_for_the_fused_copy() -> None:
     np.testing.assert_array_equal(buf, original)
 
 
+def test_a_slice_saved_piece_by_piece_right_before_each_write_restores_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A receiver saves each piece of its slice right before writing it (the first frame a lane
+    # receives in place); no piece is copied twice, nor one already written.
+    buf = np.arange(100, dtype=np.float32)
+    original = buf.copy()
+    copies: list[int] = []
+    real = K.save_copy
+
+    def counted(dst: np.ndarray, src: np.ndarray) -> None:
+        copies.append(src.nbytes // 4)
+        real(dst, src)
+
+    backup = InputBackup(buf, arena=ScratchArena())
+    monkeypatch.setattr(K, "save_copy", counted)
+    backup.save_upto(10, 50, 20)  # the receiver's first piece
+    assert backup.is_begun(10) and not backup.is_saved(10)
+    buf[10:20] = -1  # ... lands
+    backup.save_upto(10, 50, 30)
+    backup.save_upto(10, 50, 25)  # saved already: nothing to copy
+    buf[20:30] = -2
+    assert backup.saved_elements == 20
+    backup.save(10, 50)  # a whole save finishes what is left (not what was written meanwhile)
+    assert backup.is_saved(10) and backup.saved_elements == 40
+    backup.save_upto(10, 50, 50)  # saved: nothing more to copy
+    buf[30:50] = -3
+    assert copies == [10, 10, 20]
+    backup.restore()
+    np.testing.assert_array_equal(buf, original)
+
+
+def test_a_save_does_not_hold_the_lock_while_it_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sender saving a slice ahead must not make the receiver wait to save (a piece of) another
+    # slice: the copy runs outside the lock, only a save of the same slice waits for it.
+    buf = np.arange(64, dtype=np.float32)
+    original = buf.copy()
+    backup = InputBackup(buf, arena=ScratchArena())
+    real = K.save_copy
+    copying, release = threading.Event(), threading.Event()
+
+    def slow(dst: np.ndarray, src: np.ndarray) -> None:
+        if src.nbytes == 32 * 4:  # the sender's whole slice [32, 64)
+            copying.set()
+            assert release.wait(10)
+        real(dst, src)
+
+    monkeypatch.setattr(K, "save_copy", slow)
+    sender = threading.Thread(target=backup.save, args=(32, 64))
+    sender.start()
+    try:
+        assert copying.wait(10)
+        backup.save_upto(0, 32, 8)  # would wait for the sender's copy if the lock were held
+        assert backup.is_begun(0) and not backup.is_saved(32)
+    finally:
+        release.set()
+        sender.join(10)
+    assert backup.is_saved(32)
+    buf[:8] = 0
+    buf[32:] = 0
+    backup.restore()
+    np.testing.assert_array_equal(buf, original)
+
+
+def test_a_slice_begun_piece_by_piece_restores_what_was_saved_and_the_fused_kernel_takes_the_rest() -> None:
+    buf = np.arange(64, dtype=np.float64)
+    original = buf.copy()
+    backup = InputBackup(buf, arena=ScratchArena())
+    backup.save_upto(0, 32, 8)
+    buf[0:8] = 0  # the receiver was torn after its first piece
+    backup.save_upto(32, 64, 40)
+    wire = np.ones(32)
+    # A reduction overwriting a begun slice saves all of it in its own pass (nothing of it was
+    # written yet by anyone else: whoever writes a begun slice saves each piece first).
+    backup.overwrite(32, 64, lambda saved: K.reduce_into_saving(buf[32:64], wire, saved),
+                     lambda: K.reduce_into(buf[32:64], wire))
+    assert backup.is_saved(32) and backup.saved_elements == 8 + 32
+    backup.restore()
+    np.testing.assert_array_equal(buf, original)
+
+
 @pytest.mark.parametrize("quantized", [False, True])
 async def test_in_place_ring_saves_reduce_scatter_slices_in_the_reduction(
         monkeypatch: pytest.MonkeyPatch, quantized: bool) -> None:
