@@ -24,9 +24,7 @@ an op (:class:`~pccl.collectives.lane_op.LaneOp`), so they run it unchanged.
 * **In place** (a broadcast's buffer): every slice of the output is saved in the backup right
   before its first overwrite — before it is received into, before the dequantized values land
   in it (which includes a quantized root's own buffer).  The lane threads' senders save the
-  slices ahead while they would otherwise wait; the first frame a lane receives is saved a
-  piece at a time (``RECEIVE_PIECE``) by its receiver, each right before its bytes land, so it
-  drains its socket from the op's start instead of after a copy of the whole frame.
+  slices ahead while they would otherwise wait.
 """
 
 from __future__ import annotations
@@ -207,8 +205,8 @@ class ChainOp:
     def destination(self, frame: Frame, stage: np.ndarray) -> memoryview:
         if self.quant is not None:
             return self._segment(frame).data
-        if self.backup is not None and not self.backup.is_begun(frame.start):
-            self.backup.save(frame.start, frame.stop)  # (a slice begun is saved by its receiver, piece by piece)
+        if self.backup is not None and not self.backup.is_saved(frame.start):
+            self.backup.save(frame.start, frame.stop)
         return _as_bytes(self.out[frame.start : frame.stop]).data
 
     def receive_cost(self, frame: Frame) -> int:

@@ -273,12 +273,10 @@ class Inbox:
                 self._drop_seq(seq, f"never begun here; {why}", logging.INFO)
         self.wake_threads()  # a frame parked for the bound may be kept now
 
-    def _kept(self, seq: int, stream: int, step: int, offset: int, destination: memoryview, in_thread: bool,
-              before: Callable[[int, int], None] | None = None) -> bool:
+    def _kept(self, seq: int, stream: int, step: int, offset: int, destination: memoryview, in_thread: bool) -> bool:
         """Hand ``seq``'s oldest kept frame, if any, to its owner (it came before every frame
         of ``seq`` still on the lane).  ``in_thread``: called from a worker thread (else the Trio
-        thread), for the wake-up of a reader waiting behind a frame parked for the bound;
-        ``before`` as for :meth:`receive_blocking` (called once, for the whole payload)."""
+        thread), for the wake-up of a reader waiting behind a frame parked for the bound."""
         with self._cond:
             frames = self._stash.get(seq)
             if not frames:
@@ -295,8 +293,6 @@ class Inbox:
         if freed and not in_thread:
             self.wake_threads()
         self._check_own(header, stream, step, offset, destination.nbytes)
-        if before is not None:
-            before(0, destination.nbytes)
         destination.cast("B")[:] = payload
         return True
 
@@ -305,12 +301,9 @@ class Inbox:
                      self.connection.remote_address)
 
     def receive_blocking(
-        self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview, cancel: ThreadCancel,
-        before: Callable[[int, int], None] | None = None,
+        self, *, seq: int, stream: int, step: int, offset: int, destination: memoryview, cancel: ThreadCancel
     ) -> int:
-        """:meth:`receive_into` for worker threads (needs :attr:`channel`).  ``before``: called
-        with each span of ``destination`` (byte offsets) right before the payload is written
-        there (:meth:`~pccl.net.framed_threads.BlockingDataChannel.receive_data_into`).
+        """:meth:`receive_into` for worker threads (needs :attr:`channel`).
 
         ``Interrupted`` once ``cancel`` is cancelled while waiting (the lane stays intact; the
         canceller must call :meth:`wake_threads`); a cancellation during the payload is handled
@@ -319,7 +312,7 @@ class Inbox:
         channel = self.channel
         assert channel is not None
         nbytes = destination.nbytes
-        if self._stash and self._kept(seq, stream, step, offset, destination, True, before):
+        if self._stash and self._kept(seq, stream, step, offset, destination, True):
             return nbytes
         cond = self._cond
         with cond:
@@ -345,10 +338,7 @@ class Inbox:
                         self._parked = None
                     self._check_own(header, stream, step, offset, nbytes)
                     try:
-                        if before is None:
-                            channel.receive_data_into(destination, cancel)
-                        else:
-                            channel.receive_data_into(destination, cancel, before)
+                        channel.receive_data_into(destination, cancel)
                     except BaseException:
                         self._repark_unread(header)
                         raise

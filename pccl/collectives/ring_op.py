@@ -232,8 +232,8 @@ class RingOp:
             return stage[: self.frame_nbytes(frame)].data
         if bufs.quantized:
             return self._gather_segment(frame).data
-        if self.backup is not None and not self.backup.is_begun(frame.start):
-            self.backup.save(frame.start, frame.stop)  # (a slice begun is saved by its receiver, piece by piece)
+        if self.backup is not None and not self.backup.is_saved(frame.start):
+            self.backup.save(frame.start, frame.stop)
         return _as_bytes(bufs.dst[frame.start : frame.stop]).data
 
     def received(self, frame: Frame, stage: np.ndarray) -> None:

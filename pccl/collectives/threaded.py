@@ -20,16 +20,6 @@ bit-identical whichever path runs.  A lane with no frame of the op to send or re
 link of a broadcast's chain, an empty contribution to an all-gather) has threads that return
 at once.
 
-Starting: on a loaded host the op's threads take milliseconds to start, and a link whose bucket
-of tokens is full when the op starts (a shaped link's burst) wastes every millisecond it idles
-then.  So a lane's first frame, when it needs nothing received nor any kernel work (an
-all-reduce's or a broadcast root's step 0), is begun on the Trio thread before the threads
-start (:meth:`~pccl.net.framed_threads.BlockingDataChannel.begin_data`: what the socket takes at
-once), and the sender thread finishes it; and the first frame a lane receives in place is saved
-a piece at a time by its receiver, right before each piece lands, rather than whole before its
-first byte may land (the sender saves the other slices ahead, whole: saving every frame in
-pieces made plain-loopback broadcasts 0.74-0.81x).
-
 Many ops at once: each op's threads start only once it has its turn
 (:class:`~pccl.collectives.turns.ThreadTurns`, taken by
 :func:`~pccl.collectives.execute.execute_op`): a few ops of a set of links at a time, in the
@@ -53,7 +43,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -61,7 +50,6 @@ import outcome
 import trio
 
 from ..errors import StreamClosed
-from ..net.framed_threads import RECEIVE_PIECE, FrameTail
 from ..net.thread_io import Interrupted, ThreadCancel
 from .lane_op import LaneOp
 
@@ -99,14 +87,8 @@ class LaneThreads:
         for lane in range(op.lanes):
             # Scratch is taken here, on the Trio thread (the arena bookkeeping is not per-thread).
             send_buf = op.take(op.send_scratch_nbytes) if op.send_scratch_nbytes else None
-            # The slice the lane's first frame lands in, if it must be saved first: saved by
-            # the receiver a piece at a time (_receive_loop), so the sender leaves it alone.
-            recv_frames = op.schedule.recv_frames(lane, op.lanes)
-            first = op.save_before_receive(recv_frames[0]) if recv_frames else None
-            jobs.append((self._send_loop, lane, send_buf, first))
-            jobs.append((self._receive_loop, lane, op.take(op.stage_nbytes), first))
-        tails = self._begin_first_frames()
-        jobs = [(*job, tails[job[1]]) if job[0] == self._send_loop else job for job in jobs]
+            jobs.append((self._send_loop, lane, send_buf))
+            jobs.append((self._receive_loop, lane, op.take(op.stage_nbytes)))
         task = trio.lowlevel.current_task()
         token = trio.lowlevel.current_trio_token()
         self._token = token
@@ -131,9 +113,6 @@ class LaneThreads:
                         functools.partial(self._guarded, fn, *args), done, name="pccl-ring-lane"
                     )
                 except BaseException:  # no thread to be had: stop those already running
-                    for _fn, *unstarted in jobs[started:]:
-                        if _fn == self._send_loop and unstarted[3] is not None:
-                            unstarted[3].abandon()  # its frame is torn if it began: the lane is aborted
                     with self._lock:
                         self._running -= len(jobs) - started
                         still_running = self._running
@@ -152,33 +131,6 @@ class LaneThreads:
         if self._interrupted:
             await trio.lowlevel.checkpoint()  # raises the Cancelled that stopped the threads
             raise StreamClosed("the all-reduce was interrupted")  # only under a shield raised meanwhile
-
-    def _begin_first_frames(self) -> list[FrameTail | None]:
-        """Per lane, the first frame sent, begun here on the Trio thread when it needs nothing
-        received nor any kernel work (an all-reduce's or a broadcast root's step 0): what the
-        socket takes at once goes out before the lane's threads have started, which on a loaded
-        host takes milliseconds — time a link whose bucket of tokens is full (a shaped link's
-        burst, full when an op starts) would otherwise idle.  The lane's sender thread finishes
-        the frame (:class:`~pccl.net.framed_threads.FrameTail`) before its other frames."""
-        op = self.op
-        channels = op.links.send_channels
-        assert channels is not None
-        tails: list[FrameTail | None] = []
-        try:
-            for lane in range(op.lanes):
-                frames = op.schedule.send_frames(lane, op.lanes)
-                tail = None
-                if frames and frames[0].step == 0 and not op.sends_from_scratch(frames[0]) \
-                        and not op.payload_cost(frames[0]):
-                    payload = op.prepare_payload(frames[0], None)
-                    tail = channels[lane].begin_data(op.header(frames[0]), payload.view(np.uint8).data, self.cancel)
-                tails.append(tail)
-        except BaseException:
-            for tail in tails:
-                if tail is not None:
-                    tail.abandon()
-            raise
-        return tails
 
     def _stop(self) -> None:
         """Cancel every thread (Trio thread): wake the waiters, abort transfers under way."""
@@ -235,10 +187,7 @@ class LaneThreads:
             self._ready.add(key)
             self._cond.notify_all()
 
-    def _send_loop(self, lane: int, scratch: np.ndarray | None, pieced: tuple[int, int] | None = None,
-                   tail: FrameTail | None = None) -> None:
-        """``pieced``: the slice the lane's receiver saves piece by piece (not saved ahead here);
-        ``tail``: the lane's first frame, begun on the Trio thread (:meth:`_begin_first_frames`)."""
+    def _send_loop(self, lane: int, scratch: np.ndarray | None) -> None:
         op = self.op
         channels = op.links.send_channels
         assert channels is not None
@@ -249,15 +198,8 @@ class LaneThreads:
         # the op names (LaneOp.backup_ahead), in the order the receiver will need them,
         # whenever it would otherwise wait.
         idle_work = op.backup_ahead(lane)
-        if idle_work and pieced is not None:
-            idle_work = [work for work in idle_work if work != pieced]
         try:
             for frame in op.schedule.send_frames(lane, op.lanes):
-                if tail is not None:
-                    finish, tail = tail, None
-                    finish()  # releases the send lock, whatever happens
-                    sent += op.frame_nbytes(frame)
-                    continue
                 if frame.step > 0:
                     self._wait_ready((frame.step - 1, frame.index), idle_work)
                 self.cancel.check()
@@ -271,22 +213,15 @@ class LaneThreads:
                 self.cancel.check()
                 backup.save(*idle_work.pop())
         finally:
-            if tail is not None:  # stopped before the frame begun for it could be finished
-                tail.abandon()
             with self._lock:
                 self._tx += sent
 
-    def _receive_loop(self, lane: int, stage: np.ndarray, pieced: tuple[int, int] | None = None) -> None:
-        """``pieced``: the slice the lane's first frame lands in, to be saved a piece at a time
-        right before each piece of the payload lands (:meth:`_saver`)."""
+    def _receive_loop(self, lane: int, stage: np.ndarray) -> None:
         op = self.op
         inbox = op.links.inboxes[lane]
         received = 0
         try:
             for frame in op.schedule.recv_frames(lane, op.lanes):
-                before = None
-                if pieced is not None:
-                    before, pieced = self._saver(pieced), None
                 received += inbox.receive_blocking(
                     seq=op.seq,
                     stream=frame.index,
@@ -294,34 +229,12 @@ class LaneThreads:
                     offset=frame.start * op.itemsize,
                     destination=op.destination(frame, stage),
                     cancel=self.cancel,
-                    before=before,
                 )
                 op.received(frame, stage)
                 self._mark_ready((frame.step, frame.index))
         finally:
             with self._lock:
                 self._rx += received
-
-
-    def _saver(self, span: tuple[int, int]) -> Callable[[int, int], None]:
-        """For the first frame a lane receives in place, into a slice not saved yet: saves the
-        slice's first piece now (so :meth:`~pccl.collectives.lane_op.LaneOp.destination` finds
-        it begun and does not copy all of it first) and returns the hook that saves each further
-        span right before the payload lands there.  The receiver thus drains its socket after
-        one small copy rather than after a copy of the whole frame (up to 4 MiB: on a loaded
-        host, milliseconds at the op's start, when an idle shaped link wastes its full bucket).
-        Only the first frame: later ones are saved whole, ahead, by the lane's sender (piece by
-        piece throughout, plain loopback broadcasts were 0.74-0.81x)."""
-        backup = self.op.backup
-        assert backup is not None
-        start, stop = span
-        itemsize = self.op.itemsize
-        backup.save_upto(start, stop, min(stop, start + max(1, RECEIVE_PIECE // itemsize)))
-
-        def before(a: int, b: int) -> None:
-            backup.save_upto(start, stop, start + b // itemsize)  # spans end on whole elements
-
-        return before
 
 
 def _abort_all(connections: list[object]) -> None:

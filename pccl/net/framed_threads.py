@@ -20,14 +20,10 @@ from ..protocol.codec import DataHeader
 from ._frames import COALESCE_LIMIT, DISCARD_CHUNK, FrameCore, byte_view, data_frame_parts
 from .thread_io import BlockingIO, Interrupted, ThreadCancel
 
-__all__ = ["BlockingDataChannel", "RECEIVE_PIECE", "ThreadedConnection", "thread_channel"]
+__all__ = ["BlockingDataChannel", "ThreadedConnection", "thread_channel"]
 
 #: How often a thread waiting for a connection's send lock checks for cancellation (seconds).
 _LOCK_POLL = 0.05
-#: The span :meth:`BlockingDataChannel.receive_data_into` lets its ``before`` hook prepare at a
-#: time: small enough that saving it takes a fraction of what the socket buffers hold (a
-#: loopback connection's are 256 KiB, which Linux doubles), so the sender never stalls for it.
-RECEIVE_PIECE = 256 * 1024
 
 logger = logging.getLogger(__name__)
 
@@ -155,59 +151,19 @@ class BlockingDataChannel:
             self._frames.count_sent(len(frame), view.nbytes)
             self._send_lock.release()
             return None
-        return FrameTail(self, (frame,), sent, view.nbytes, cancel)
+        return FrameTail(self, frame, sent, view.nbytes, cancel)
 
-    def begin_data(self, header: DataHeader, payload: memoryview, cancel: ThreadCancel) -> FrameTail | None:
-        """Write what the socket takes at once of one data frame, of any size, without blocking
-        (the Trio thread may call it), and keep the send lock for the rest: returns the
-        :class:`FrameTail` that finishes the frame — to be run in a worker thread before any
-        other frame on the connection, or given up with its ``abandon()`` — or ``None`` (nothing
-        written) when another sender holds the lock.
-
-        For an op's first frame, which needs nothing received: it goes out while the op's worker
-        threads are still starting (on a loaded host, milliseconds), so a link with a bucket of
-        tokens (a shaped link's burst) starts at once rather than idling full."""
-        view = byte_view(payload, writable=False)
-        if header.nbytes != view.nbytes:
-            raise InvalidArgument(f"data header says {header.nbytes} payload bytes, the payload has {view.nbytes}")
-        if not self._send_lock.acquire(blocking=False):
-            return None
-        parts = tuple(memoryview(part) for part in data_frame_parts(header, view))
-        sent = 0
-        try:
-            self._frames.check_sendable()
-            cancel.check()
-            for part in parts:
-                n = self._io.send_nowait(part)
-                sent += n
-                if n < len(part):
-                    break
-        except BaseException:
-            if sent:
-                self._frames.mark_send_broken("a frame was interrupted as it began")
-            self._send_lock.release()
-            raise
-        return FrameTail(self, parts, sent, view.nbytes, cancel)
-
-    def finish_frame(self, parts: tuple[memoryview, ...], sent: int, payload_bytes: int,
-                     cancel: ThreadCancel) -> None:
-        """Send the rest of a frame (``parts``, in order) whose first ``sent`` bytes
-        :meth:`send_data_soon` or :meth:`begin_data` wrote (worker thread, the send lock held),
-        then release the lock."""
+    def finish_frame(self, frame: memoryview, sent: int, payload_bytes: int, cancel: ThreadCancel) -> None:
+        """Send the rest of a frame whose first ``sent`` bytes :meth:`send_data_soon` wrote
+        (worker thread, the send lock held), then release the lock."""
         try:
             with cancel.transfer(self.connection, "send"):
                 try:
-                    skip = sent
-                    for part in parts:
-                        if skip >= len(part):
-                            skip -= len(part)
-                            continue
-                        self._io.send_all(part[skip:])
-                        skip = 0
+                    self._io.send_all(frame[sent:])
                 except BaseException as exc:
                     self._frames.mark_send_broken(f"a send was interrupted mid-frame ({type(exc).__name__})")
                     raise
-            self._frames.count_sent(sum(len(part) for part in parts), payload_bytes)
+            self._frames.count_sent(len(frame), payload_bytes)
         except Interrupted:
             if sent:  # a torn frame: the peer must not take what follows for a header
                 self._frames.mark_send_broken("a send was interrupted mid-frame (Interrupted)")
@@ -215,13 +171,10 @@ class BlockingDataChannel:
         finally:
             self._send_lock.release()
 
-    def abandon_frame(self, sent: int, total: int, payload_bytes: int) -> None:
-        """Give up a frame :meth:`send_data_soon` or :meth:`begin_data` began (its job will not
-        run): release the send lock; a frame partly written is torn (one written whole counts
-        as sent)."""
-        if sent == total:
-            self._frames.count_sent(total, payload_bytes)
-        elif sent:
+    def abandon_frame(self, sent: int) -> None:
+        """Give up a frame :meth:`send_data_soon` began (its job will not run): release the
+        send lock; a frame partly written is torn."""
+        if sent:
             self._frames.mark_send_broken("a send was abandoned mid-frame")
         self._send_lock.release()
 
@@ -243,39 +196,22 @@ class BlockingDataChannel:
             raise frames.unexpected_frame(frame, "a data frame")
         return frame
 
-    def receive_data_into(self, buffer: memoryview, cancel: ThreadCancel,
-                          before: Callable[[int, int], None] | None = None) -> None:
+    def receive_data_into(self, buffer: memoryview, cancel: ThreadCancel) -> None:
         """The next ``len(buffer)`` payload bytes of the current frame (blocking).  A failure or
-        a cancellation midway leaves the connection unusable for receiving.
-
-        ``before(a, b)``, if given, is called before bytes ``a:b`` of ``buffer`` are written,
-        for consecutive spans of at most :data:`RECEIVE_PIECE` bytes (more for the first, if
-        the read-ahead buffer holds more), each ending at a multiple of 8 bytes or at the end of
-        ``buffer`` (so at a whole element of any dtype): an in-place receiver saves what each span
-        overwrites right before it, so the socket is drained while the rest is saved, not
-        after a copy of the whole frame."""
+        a cancellation midway leaves the connection unusable for receiving."""
         frames = self._frames
         view = byte_view(buffer, writable=True)
         if not frames.begin_payload(view.nbytes):
             return
         try:
-            total = view.nbytes
-            ready = total  # bytes of the buffer that may be written
-            if before is not None:
-                ready = min(total, max(RECEIVE_PIECE, -(-frames.buffered // 8) * 8))
-                before(0, ready)
             filled = taken = frames.take_payload(view)
+            total = view.nbytes
             if filled == total:
                 return
             with cancel.transfer(self.connection, "receive"):
                 try:
                     while filled < total:
-                        if filled == ready:
-                            assert before is not None
-                            end = min(total, ready + RECEIVE_PIECE)
-                            before(ready, end)
-                            ready = end
-                        n = self._io.receive_into(view[filled:ready], fill=True)
+                        n = self._io.receive_into(view[filled:], fill=True)
                         if n == 0:
                             raise frames.eof_error(f"after {filled} of {total} payload bytes")
                         filled += n
@@ -295,23 +231,17 @@ class BlockingDataChannel:
 
 
 class FrameTail:
-    """The rest of a frame :meth:`BlockingDataChannel.send_data_soon` or
-    :meth:`~BlockingDataChannel.begin_data` began while holding the send lock: calling it (in a
-    worker thread) sends the rest and releases the lock; :meth:`abandon` releases the lock
-    without sending (the frame is torn if it began and did not end)."""
+    """The rest of a frame :meth:`BlockingDataChannel.send_data_soon` began while holding the
+    send lock: calling it (in a worker thread) sends the rest and releases the lock;
+    :meth:`abandon` releases the lock without sending (the frame is torn if it began)."""
 
-    def __init__(self, channel: BlockingDataChannel, parts: tuple[memoryview, ...], sent: int, payload_bytes: int,
+    def __init__(self, channel: BlockingDataChannel, frame: memoryview, sent: int, payload_bytes: int,
                  cancel: ThreadCancel) -> None:
-        self._channel, self._parts, self._sent = channel, parts, sent
+        self._channel, self._frame, self._sent = channel, frame, sent
         self._payload_bytes, self._cancel = payload_bytes, cancel
 
-    @property
-    def sent(self) -> int:
-        """Bytes of the frame (header included) written when it began."""
-        return self._sent
-
     def __call__(self) -> None:
-        self._channel.finish_frame(self._parts, self._sent, self._payload_bytes, self._cancel)
+        self._channel.finish_frame(self._frame, self._sent, self._payload_bytes, self._cancel)
 
     def abandon(self) -> None:
-        self._channel.abandon_frame(self._sent, sum(len(part) for part in self._parts), self._payload_bytes)
+        self._channel.abandon_frame(self._sent)
