@@ -91,16 +91,12 @@ class InputBackup:
     and nothing for slices an aborted op never touched.  Where that first write is a reduction
     (the ring's reduce-scatter), :meth:`overwrite` lets a fused kernel store the copy in the same
     pass that reads the slice for the reduction, so the copy costs no pass of its own; elsewhere
-    :meth:`save` copies the slice (with streaming stores: the copy is read back only on abort), or
-    :meth:`save_upto` a piece of it at a time, right before each piece is overwritten (the first
-    frame a lane thread receives in place, which thus starts landing after one small copy).
-    :meth:`restore` puts the input back; the communicator keeps the backup until the master has
-    confirmed the op, so an abort that arrives after this peer finished its ring still restores
-    the input.  Thread safety: :meth:`save` / :meth:`save_upto` / :meth:`overwrite` may be called
-    for one slice from several threads (the first copies, the others wait for that copy and
-    return or run the plain kernel; no thread holds the lock while it copies, so saves of
-    different slices run side by side), and :meth:`restore` runs only after every writer has
-    stopped.
+    :meth:`save` copies the slice (with streaming stores: the copy is read back only on abort).  :meth:`restore` puts the
+    input back; the communicator keeps the backup until the master has confirmed the op, so an
+    abort that arrives after this peer finished its ring still restores the input.
+    Thread safety: :meth:`save` / :meth:`overwrite` may be called for one slice from several
+    threads (the first copies, the others wait for that copy and return or run the plain
+    kernel), and :meth:`restore` runs only after every writer has stopped.
     """
 
     def __init__(self, buffer: np.ndarray | Segments, *, arena: ScratchArena = SCRATCH) -> None:
@@ -114,8 +110,6 @@ class InputBackup:
         self._bytes = self._buffer.view(np.uint8) if self._buffer.nbytes else None
         self._itemsize = self._buffer.itemsize
         self._saved: dict[int, int] = {}
-        #: Slices saved piece by piece (:meth:`save_upto`): first element -> saved up to.
-        self._upto: dict[int, int] = {}
         # Slices whose copy a fused kernel is making right now (start -> stop); a save() of one
         # waits on _copied until it is in _saved.
         self._copying: dict[int, int] = {}
@@ -126,60 +120,16 @@ class InputBackup:
         """Remember ``buffer[start:stop]`` unless a save starting at ``start`` already happened."""
         if start in self._saved or stop <= start or self._copy is None or self._bytes is None:
             return
-        # Claimed under the lock, copied outside it: on the threaded path a lane's sender saves
-        # slices ahead of its receiver, which must not overwrite a slice while it is being
-        # copied — but need not wait for the copy of another slice either.
+        # Locked: on the threaded path a lane's sender saves slices ahead of its receiver, and
+        # the receiver must not start overwriting a slice while the sender is still copying it.
         with self._lock:
             while start in self._copying:
                 self._copied.wait()
             if start in self._saved:
                 return
-            begun = self._upto.pop(start, start)  # a slice begun piece by piece: the rest
-            self._copying[start] = stop
-        self._copy_claimed(start, stop, begun, stop)
-
-    def _copy_claimed(self, start: int, stop: int, begun: int, end: int) -> None:
-        """Copy elements ``begun:end`` of the slice at ``start`` (claimed in ``_copying`` by
-        the caller, its earlier elements saved), then record how far it is saved and drop the
-        claim.  A copy that raises leaves the slice saved up to ``begun``."""
-        assert self._copy is not None and self._bytes is not None
-        a, b = begun * self._itemsize, end * self._itemsize
-        done = begun
-        try:
-            if b > a:
-                kernels.save_copy(self._copy[a:b], self._bytes[a:b])
-            done = end
-        finally:
-            with self._lock:
-                del self._copying[start]
-                if done >= stop:
-                    self._saved[start] = stop
-                elif done > start:
-                    self._upto[start] = done
-                self._copied.notify_all()
-
-    def save_upto(self, start: int, stop: int, upto: int) -> None:
-        """Remember the slice ``buffer[start:stop]`` up to ``upto`` (exclusive), continuing
-        where an earlier save of it stopped: a slice overwritten piece by piece (the first
-        frame a lane receives in place) is saved a piece at a time, right before each piece is
-        written, so its receiver drains its socket after one small copy.
-
-        A slice saved up to ``stop`` counts as saved (:meth:`is_saved`); one begun only counts
-        as begun (:meth:`is_begun`): whoever overwrites it must save each further piece first
-        (:meth:`save` saves the rest).  The copies land where a whole :meth:`save` puts them, so
-        :meth:`restore` puts back what was saved either way."""
-        if self._copy is None or self._bytes is None:
-            return
-        with self._lock:
-            while start in self._copying:
-                self._copied.wait()
-            if start in self._saved:
-                return
-            done = self._upto.get(start, start)
-            if upto <= done:
-                return
-            self._copying[start] = stop
-        self._copy_claimed(start, stop, done, min(upto, stop))
+            a, b = start * self._itemsize, stop * self._itemsize
+            kernels.save_copy(self._copy[a:b], self._bytes[a:b])
+            self._saved[start] = stop
 
     def overwrite(self, start: int, stop: int, fused: Callable[[np.ndarray], None],
                   plain: Callable[[], None]) -> None:
@@ -201,7 +151,6 @@ class InputBackup:
             claimed = start not in self._saved
             if claimed:
                 self._copying[start] = stop
-                self._upto.pop(start, None)  # the fused kernel copies the whole slice
         if not claimed:
             plain()
             return
@@ -220,19 +169,15 @@ class InputBackup:
     def is_saved(self, start: int) -> bool:
         return start in self._saved
 
-    def is_begun(self, start: int) -> bool:
-        """Whether the slice at ``start`` is saved, or begun piece by piece (:meth:`save_upto`)."""
-        return start in self._saved or start in self._upto
-
     @property
     def saved_elements(self) -> int:
-        return sum(b - a for a, b in self._saved.items()) + sum(b - a for a, b in self._upto.items())
+        return sum(b - a for a, b in self._saved.items())
 
     def restore(self) -> None:
         """Copy every saved slice back.  Idempotent (until :meth:`release`)."""
         if self._copy is None or self._bytes is None:
             return
-        for start, stop in [*self._saved.items(), *self._upto.items()]:
+        for start, stop in self._saved.items():
             a, b = start * self._itemsize, stop * self._itemsize
             np.copyto(self._bytes[a:b], self._copy[a:b])
 
@@ -242,4 +187,3 @@ class InputBackup:
             self._arena.give(self._storage)
         self._storage = self._copy = None
         self._saved.clear()
-        self._upto.clear()
