@@ -2,7 +2,7 @@
 pccl's own all-reduce), call by call in turn, in the same processes.
 
     .venv/bin/python benchmarks/collectives_gloo.py --peers 2 3 --sizes 64M [--iters 10] [--rate 4gbit]
-                                                    [--phases] [--[no-]fast-commit]
+                                                    [--phases] [--[no-]fast-commit] [--peer-commit]
 
 Each peer process holds a pccl communicator and a Gloo process group over float32 buffers of
 ``size`` bytes; every iteration times one call of each configuration in an order shuffled
@@ -26,6 +26,8 @@ from the call to its data path (the master's vote), the data path itself (``exec
 bytes), and from there to the return (the completion round trip through the master).
 ``--fast-commit`` (the library's default) runs pccl's peers with ``Config.fast_commit`` (the
 call skips the vote; the ``vote`` span is then the call's own cost); ``--no-fast-commit`` votes.
+``--peer-commit`` adds ``Config.peer_commit`` (the participants agree on completion among
+themselves; the ``done`` span is then the acks' round; needs fast commit).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ CONFIGS = ("gloo:broadcast", "pccl:broadcast", "gloo:all_gather", "pccl:all_gath
 
 def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
                configs: list[str], phases: bool = False,
-               fast_commit: bool = False) -> dict[tuple[int, str], list[float]]:
+               fast_commit: bool = False, peer_commit: bool = False) -> dict[tuple[int, str], list[float]]:
     import torch
     import torch.distributed as dist
     import trio
@@ -77,7 +79,7 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
 
     async def run() -> dict[tuple[int, str], list[float]]:
         out: dict[tuple[int, str], list[float]] = {}
-        config = pccl.Config(fast_commit=fast_commit)
+        config = pccl.Config(fast_commit=fast_commit, peer_commit=peer_commit)
         async with pccl.open_communicator(f"127.0.0.1:{master_port}", config=config) as comm:
             await admit(comm, world)
             root = min(comm.ring)
@@ -172,8 +174,8 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
 
 
 def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float,
-            phases: bool = False, fast_commit: bool = False) -> list[dict[str, Any]]:
-    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, phases, fast_commit), timeout,
+            phases: bool = False, fast_commit: bool = False, peer_commit: bool = False) -> list[dict[str, Any]]:
+    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, phases, fast_commit, peer_commit), timeout,
                            "pccl-collectives-")
     if phases:
         print(format_phases(world, per_rank), flush=True)
@@ -239,16 +241,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast-commit", action=argparse.BooleanOptionalAction, default=_library_default(),
                         help="pccl's peers run with Config.fast_commit (the call skips the master's vote; "
                              "the library's default) or without it (every call votes)")
+    parser.add_argument("--peer-commit", action="store_true",
+                        help="pccl's peers also run with Config.peer_commit (completion agreed among them, "
+                             "no master round trip in the steady state; needs fast commit)")
     args = parser.parse_args(argv)
+    if args.peer_commit and not args.fast_commit:
+        parser.error("--peer-commit needs fast commit")
     if args.rate and os.environ.get(_NETNS_ENV) != args.rate:
         return _rerun_shaped(args.rate, sys.argv[1:] if argv is None else argv)
     sizes = [parse_size(s) for s in args.sizes]
     configs = args.configs.split(",")
     link = f"loopback shaped to {args.rate} (tbf)" if args.rate else "loopback"
-    commit = "fast commit" if args.fast_commit else "voted commit"
+    commit = "peer commit" if args.peer_commit else "fast commit" if args.fast_commit else "voted commit"
     print(f"# pccl vs Gloo, float32, {link}, pccl {commit}, interleaved; {args.iters} iterations", flush=True)
     for world in args.peers:
-        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout, args.phases, args.fast_commit)),
+        print(format_rows(measure(world, sizes, args.iters, configs, args.timeout, args.phases, args.fast_commit,
+                                  args.peer_commit)),
               flush=True)
     return 0
 
