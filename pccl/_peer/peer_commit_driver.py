@@ -25,7 +25,8 @@ The rules as run here
 
 * Ready (the machine's ``RESULT_HELD``) only after ``Done(ok)`` went out, and never for a seq
   the master queried before (:meth:`PeerCommits.frozen`): such a participant answered that it
-  will never be ready, and waits for the verdict.
+  will never be ready — or, queried once its ``Done(ok)`` was out but before :meth:`settle`
+  fed ``RESULT_HELD``, that it is in doubt — and waits for the verdict.
 * A full known set commits: the call returns its result without any master message (the
   master's own ``CollectiveComplete`` follows once every ``Done(ok)`` is in, and is ignored).
 * Doubt: an ack with another digest, a known set that breaks the rules, or no ack for
@@ -42,8 +43,9 @@ The rules as run here
   and hands the op to the background wait for the verdict (``ABANDONED``, as after a cancelled
   ``Done(ok)``).
 * Queries (:meth:`PeerCommits.on_query`) are answered whether or not the op still runs here: a
-  ready or decided op with its state, a running one — or one never begun — is frozen into
-  aborted (its ring stopped) and answers so.  Outcomes are remembered for a while for that.
+  ready or decided op with its state, one whose ``Done(ok)`` is out but not yet ready here as in
+  doubt (frozen: the rule above), a running one — or one never begun — is frozen into aborted
+  (its ring stopped) and answers so.  Outcomes are remembered for a while for that.
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ class PeerCommits:
             self._remember(op.seq, m.CommitPhase.ABORTED, ())
 
     def frozen(self, seq: int) -> bool:
-        """Whether the master queried ``seq`` here before this peer was ready (never ready now)."""
+        """Whether the master queried ``seq`` here before :meth:`settle` made it ready: never
+        ready now (it answered aborted), or in doubt if its ``Done(ok)`` was out (it answered in
+        doubt); either way only the master's verdict ends it."""
         return seq in self._frozen
 
     def _remember(self, seq: int, phase: m.CommitPhase, known: tuple[int, ...]) -> None:
@@ -136,7 +140,11 @@ class PeerCommits:
             ag.stop()
             answer = (_WIRE[ag.machine.phase], ag.ids(ag.machine.known))
         elif op is not None and op.machine.state in _REPORTED:
-            answer = (m.CommitPhase.IN_DOUBT, (self._host.peer_id,))  # it waits for the verdict anyway
+            # Its Done(ok) is (going) out but settle() has not made it ready yet: ready, and in
+            # doubt from now, as if ready (never committing on a full set: the master may decide
+            # on this answer without the ids it would learn); settle() waits for the verdict.
+            self._freeze(msg.seq)
+            answer = (m.CommitPhase.IN_DOUBT, (self._host.peer_id,))
         elif op is not None and op.machine.state in (State.COMPLETED, State.ABORTED):
             answer = ((m.CommitPhase.COMMITTED if op.machine.state is State.COMPLETED else m.CommitPhase.ABORTED), ())
         elif msg.seq in self._decided:
@@ -170,7 +178,7 @@ class PeerCommits:
         links, timeout = op.links, self._host.config.peer_timeout
         try:
             if self.frozen(op.seq) or op.settled.is_set():
-                await op.settled.wait()  # queried before it was ready: the verdict (an abort) decides
+                await op.settled.wait()  # queried before it was ready here: the verdict decides
                 return
             try:
                 await self._exchange(op, ag, links)

@@ -90,6 +90,10 @@ def test_bad_input_is_a_protocol_error_and_changes_nothing() -> None:
         res.answer(1, _a(P.IN_DOUBT, 1, 7))
     with pytest.raises(ProtocolError, match="distinct"):
         Resolution.open([1, 1])
+    with pytest.raises(ProtocolError, match="peer 1 answers a query it was never sent"):
+        res.answer(1, _a(P.ABORTED))  # not frozen: what it says may not decide
+    with pytest.raises(ProtocolError, match="peer 1 asks as committed"):
+        res.ask(1, _a(P.COMMITTED, 0, 1))  # a participant asks only in doubt
     assert res.ready == {0} and not res.querying and res.answers == frozenset()
 
 

@@ -87,8 +87,8 @@ from ..messages import CollectiveKind
 from .events import OpEnded, PeerFault
 from .kinds import KINDS, agreed_alike, kind_of
 from .op_records import Aborted, Op, OpInfo, OpsHost
-from .peer_resolve import Resolution, Send, Word
-from ..peer_commit import Answer, Phase, Verdict
+from .peer_resolve import PHASES, Resolution, Send, Word, why_aborted
+from ..peer_commit import Answer, PeerCommitError, Verdict
 
 __all__ = ["CollectiveOps", "OpsHost", "OpInfo"]
 
@@ -395,7 +395,7 @@ class CollectiveOps:
 
     def _answered(self, group: int, peer_id: int, msg: m.CollectiveAsk | m.CollectiveAnswer, *, asked: bool) -> None:
         try:
-            answer = Answer(_PHASES[m.CommitPhase(msg.phase)], frozenset(msg.known))
+            answer = Answer(PHASES[m.CommitPhase(msg.phase)], frozenset(msg.known))
         except ValueError:
             raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective tag {msg.tag}: no phase {msg.phase}") from None
         op = self._find(group, msg.tag, msg.seq)
@@ -404,12 +404,10 @@ class CollectiveOps:
             return
         if peer_id in op.participants and self._deaths(op) and self._find(group, msg.tag, msg.seq) is not op:
             return  # the participants that left before (counted when nobody asked) decided it
-        res = self._resolution(op)
-        try:
-            res, sends = res.ask(peer_id, answer) if asked else res.answer(peer_id, answer)
+        try:  # (bad input changes nothing: its sender is kicked, and counted dead next)
+            res, sends = self._fold(op, lambda res: res.ask(peer_id, answer) if asked else res.answer(peer_id, answer))
         except ProtocolError as exc:
             raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective tag {msg.tag}: {exc}") from None
-        op.resolution = res
         self._act(op, res, sends)
 
     def _retell(self, group: int, peer_id: int, tag: int, seq: int) -> None:
@@ -434,7 +432,14 @@ class CollectiveOps:
 
     def _fold(self, op: Op, step: Callable[[Resolution], tuple[Resolution, tuple[Send, ...]]],
               ) -> tuple[Resolution, tuple[Send, ...]]:
-        res, sends = step(self._resolution(op))
+        """Feed ``op``'s resolution one input.  A split it meets (:class:`PeerCommitError`: its
+        checks leave that to a pccl bug) aborts the op, logged, instead of failing the master."""
+        try:
+            res, sends = step(self._resolution(op))
+        except PeerCommitError as exc:
+            log.error("collective tag %d seq %s: %s: aborting it", op.tag, op.seq, exc)
+            self._abort(op, f"the participants' answers disagree ({exc})")
+            return self._resolution(op), ()
         op.resolution = res
         return res, sends
 
@@ -466,7 +471,7 @@ class CollectiveOps:
         if res.verdict is Verdict.COMMIT and self._find(op.group, op.tag, op.seq) is op:
             self._complete(op, [pid for pid in op.participants if self._host.is_live(pid)])
         elif res.verdict is Verdict.ABORT and self._find(op.group, op.tag, op.seq) is op:
-            self._abort(op, _why_aborted(res))
+            self._abort(op, why_aborted(res))
 
     def _find(self, group: int, tag: int, seq: int) -> Op | None:
         op = self._ops.get((group, tag))
@@ -659,24 +664,6 @@ class CollectiveOps:
     def views(self) -> list[OpInfo]:
         return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done), o.row.kind,
                        *_resolving(o)) for o in self._open()]
-
-
-#: An answer's phase on the wire and in :mod:`pccl.protocol.peer_commit`.
-_PHASES = {m.CommitPhase.RUNNING: Phase.RUNNING, m.CommitPhase.READY: Phase.READY,
-           m.CommitPhase.IN_DOUBT: Phase.IN_DOUBT, m.CommitPhase.COMMITTED: Phase.COMMITTED,
-           m.CommitPhase.ABORTED: Phase.ABORTED}
-
-
-def _why_aborted(res: Resolution) -> str:
-    """The detail of a resolution's abort, as the callers' ``CollectiveAborted`` will say it."""
-    aborted = sorted(pid for pid, ans in res.answers if ans.phase is Phase.ABORTED)
-    if aborted:
-        return f"peer {aborted[0]:x} had aborted"
-    unknown = sorted(pid for pid in res.dead if pid not in res.ready)
-    if unknown:
-        return f"participant {unknown[0]:x} left before finishing"
-    running = sorted(pid for pid, ans in res.answers if ans.phase is Phase.RUNNING)
-    return f"participant {running[0]:x} was not ready" if running else "a participant failed"
 
 
 def _resolving(op: Op) -> tuple[bool, frozenset[int]]:

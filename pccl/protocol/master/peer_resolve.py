@@ -57,8 +57,16 @@ their own ``Done`` (or ask) in any case.
 *Verdict*: sent once to every live participant that has not been told (a participant that
 answered or asked waits for it; a ready one takes a ``COMMIT`` as its full set; the dead are
 fenced and named with it).  A later ``ask`` or ``answer`` hears the same verdict again, and so
-does nobody else.  An input from a non-participant, an answer naming one, or a second ``Done``
-is a :class:`pccl.ProtocolError`, and changes nothing.  (A ``Done(ok)`` may come with, or in the
+does nobody else.
+
+*Bad input* is a :class:`pccl.ProtocolError` and changes nothing (the master kicks its sender,
+PROTOCOL_ERROR; the op goes on with that participant's death): an input from a
+non-participant, an answer naming one, a second ``Done``, an answer from a participant that was
+never queried (it is not frozen: nothing it says may decide), and an ask in any phase but
+``IN_DOUBT`` (a participant asks only in doubt).  So every answer the rule sees was asked for,
+and the first ``committed`` or ``aborted`` one decides at once: :func:`resolve` never meets both
+(a split, :class:`~pccl.protocol.peer_commit.PeerCommitError`).  Should it still (a pccl bug),
+the master logs it and aborts the op rather than fail (:mod:`.collectives`).  (A ``Done(ok)`` may come with, or in the
 model after, an answer ``aborted`` of its sender: it was ready, then heard a nack.)
 """
 
@@ -70,9 +78,10 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from ...errors import ProtocolError
-from ..peer_commit import Answer, Verdict, resolve
+from .. import messages as m
+from ..peer_commit import Answer, Phase, Verdict, resolve
 
-__all__ = ["Resolution", "Send", "Word"]
+__all__ = ["PHASES", "Resolution", "Send", "Word", "why_aborted"]
 
 #: The rule of step 3 (``resolve``; a test may try another).
 Rule = Callable[..., "Verdict | None"]
@@ -160,6 +169,10 @@ def _answered(res: Resolution, peer: int, answer: Answer, asked: bool) -> tuple[
     if not answer.known <= res.participants:
         raise ProtocolError(f"peer {peer}'s answer names {sorted(answer.known - res.participants)}, "
                             "not participants")
+    if asked and answer.phase is not Phase.IN_DOUBT:
+        raise ProtocolError(f"peer {peer} asks as {answer.phase.value}: a participant asks only in doubt")
+    if not asked and peer not in res.queried:
+        raise ProtocolError(f"peer {peer} answers a query it was never sent")
     if res.verdict is not None:  # it waits for the verdict: tell it (again)
         return (replace(res, told=res.told | {peer}),
                 (Send(Word.VERDICT, frozenset({peer}), res.verdict, res.dead),))
@@ -200,3 +213,21 @@ def _decide(res: Resolution) -> tuple[Resolution, tuple[Send, ...]]:
     tell = res.participants - res.dead - res.told
     return (replace(res, verdict=verdict, told=res.told | tell),
             (Send(Word.VERDICT, tell, verdict, res.dead),) if tell else ())
+
+
+#: An answer's phase on the wire and in :mod:`pccl.protocol.peer_commit`.
+PHASES = {m.CommitPhase.RUNNING: Phase.RUNNING, m.CommitPhase.READY: Phase.READY,
+          m.CommitPhase.IN_DOUBT: Phase.IN_DOUBT, m.CommitPhase.COMMITTED: Phase.COMMITTED,
+          m.CommitPhase.ABORTED: Phase.ABORTED}
+
+
+def why_aborted(res: Resolution) -> str:
+    """The detail of a resolution's abort, as the callers' ``CollectiveAborted`` will say it."""
+    aborted = sorted(pid for pid, ans in res.answers if ans.phase is Phase.ABORTED)
+    if aborted:
+        return f"peer {aborted[0]:x} had aborted"
+    unknown = sorted(pid for pid in res.dead if pid not in res.ready)
+    if unknown:
+        return f"participant {unknown[0]:x} left before finishing"
+    running = sorted(pid for pid, ans in res.answers if ans.phase is Phase.RUNNING)
+    return f"participant {running[0]:x} was not ready" if running else "a participant failed"

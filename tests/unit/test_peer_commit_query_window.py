@@ -1,0 +1,97 @@
+"""A master's query that reaches a peer between its ``Done(ok)`` and its agreement's
+``RESULT_HELD`` (pccl._peer.peer_commit_driver.PeerCommits.on_query, then settle).
+
+The peer answers in doubt with its own id alone, so the master may decide on that answer without
+the ids the peer is about to learn from its acks: it must wait for the verdict, not commit on a
+full set.  Ring X -> P -> Q: Q acked {Q} to X; X merged, acked {Q, X} to P and died with its
+Done lost; the master queries P and Q.  P, in the window, answers {P}; Q answers {Q}; the union
+lacks X, so the master aborts Q — and P, reading X's ack, committed (the review's split)."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import trio
+import trio.testing
+
+from pccl._peer.agreement import Agreement
+from pccl._peer.host import Counters
+from pccl._peer.peer_commit_driver import PeerCommits
+from pccl.protocol import messages as m
+from pccl.protocol.op_lifecycle import Event, OpLifecycle, State
+from pccl.protocol.peer_ack import Ack, encode_ack
+from pccl.protocol.peer_commit import Phase
+
+RING = (10, 11, 12)  # X, P, Q by peer id: P is position 1, its predecessor X position 0
+ME = 11
+SEQ = m.derived_seq(1, 1, 0)
+
+
+class _Inbox:
+    """Lane 0 from X: its ack naming X and Q ready is already in (it came before the query)."""
+
+    def __init__(self, ag: Agreement) -> None:
+        self.ack = encode_ack(Ack(SEQ, ag.digest, frozenset({0, 2})), len(RING))
+        self.reads = 0
+
+    async def receive_into(self, *, destination: memoryview, **kw: Any) -> int:
+        self.reads += 1
+        if self.reads > 1:
+            await trio.sleep_forever()
+        destination[:] = self.ack
+        return len(self.ack)
+
+
+class _Lane:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    async def send_data(self, header: Any, payload: bytes) -> None:
+        self.sent.append(bytes(payload))
+
+
+def _window() -> tuple[PeerCommits, Any, list[Any], list[Event]]:
+    answers: list[Any] = []
+    steps: list[Event] = []
+    host = types.SimpleNamespace(peer_id=ME, counters=Counters(), on_query=None,
+                                 config=types.SimpleNamespace(peer_timeout=3600.0),
+                                 spawn=lambda fn, *args: answers.append(args[0]) or True)
+    ag = Agreement.of(RING, ME, 1, SEQ, m.CollectiveInit(1, 4, 10, 0))
+    links = types.SimpleNamespace(to_next=(_Lane(),), inboxes=(_Inbox(ag),), retire=lambda seq: None)
+    op = types.SimpleNamespace(seq=SEQ, agreement=ag, links=links, epoch=0, settled=trio.Event(),
+                               ring_scope=trio.CancelScope(), machine=OpLifecycle(State.REPORTED),
+                               plan=types.SimpleNamespace(what="all_reduce", tag=1))
+
+    def step(op: Any, event: Event, word: object = None) -> None:
+        steps.append(event)
+
+    pcs = PeerCommits(host, step)  # type: ignore[arg-type]
+    pcs.track(op)
+    return pcs, op, answers, steps
+
+
+async def test_a_query_after_done_before_ready_waits_for_the_verdict_not_for_a_full_set() -> None:
+    pcs, op, answers, steps = _window()
+    pcs.on_query(m.CollectiveQuery(1, SEQ), 0)  # Done(ok) is out; settle() has not run yet
+    assert [(a.phase, a.known) for a in answers] == [(m.CommitPhase.IN_DOUBT, (ME,))]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pcs.settle, op)
+        await trio.testing.wait_all_tasks_blocked()
+        # X's ack would complete P's set {P} + {X, Q}: P must not commit on it, nor read it.
+        assert Event.COMPLETE not in steps and op.agreement.machine.phase is not Phase.COMMITTED
+        assert op.links.inboxes[0].reads == 0 and op.links.to_next[0].sent == []
+        op.settled.set()  # the master's verdict (an abort: Q's answer lacks X)
+    assert Event.COMPLETE not in steps and op.agreement.machine.phase is not Phase.COMMITTED
+    assert pcs.frozen(SEQ)
+
+
+async def test_without_a_query_the_same_peer_commits_on_the_full_set() -> None:
+    # The control: the same op and the same ack, with no query, commit on the acks alone.
+    pcs, op, answers, steps = _window()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pcs.settle, op)
+        await trio.testing.wait_all_tasks_blocked()
+        assert steps == [Event.COMPLETE] and op.agreement.machine.phase is Phase.COMMITTED
+        op.settled.set()  # (the step recorded above would have set it)
+    assert answers == [] and not pcs.frozen(SEQ)
