@@ -165,6 +165,9 @@ class Timeouts:
     _running_keys = itertools.count()
     #: The group's own timeout in seconds (None: none).
     timeout_seconds: float | None = None
+    #: Why :meth:`cancel_running` ended the group for good (``abort()``): a work noted from then
+    #: on is cancelled at once.
+    _aborted: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -193,23 +196,33 @@ class Timeouts:
         deadlines.watch(work, deadline, what, seconds)
 
     def note_running(self, work: Work) -> None:
-        """Keep ``work`` among the running works until it ends."""
+        """Keep ``work`` among the running works until it ends; after :meth:`cancel_running`
+        for good, cancel it at once instead."""
         key = next(self._running_keys)
         with self._deadlines_lock:
-            if self._running_works is None:
-                self._running_works = {}
-            self._running_works[key] = work.expiry()
+            aborted = self._aborted
+            if aborted is None:
+                if self._running_works is None:
+                    self._running_works = {}
+                self._running_works[key] = work.expiry()
+        if aborted is not None:
+            work.expire(CollectiveAborted(aborted))
+            return
         work.when_done(lambda: self._work_ended(key))
 
-    def cancel_running(self, why: str) -> None:
+    def cancel_running(self, why: str, *, for_good: bool = False) -> None:
         """Cancel every collective of the group still running (pccl's cancellation: the other
         peers' calls of it abort, an in-place tensor holds its input again); each that this ends
         fails with ``CollectiveAborted(why)``.  One whose peer had reported its success to the
         master ends as the master says: if the master completed it, its work succeeds with the
         result, as the other peers' do — unless the communicator closes first (the group's
         ``abort()`` closes one it owns right after): closing ends it at once, failed, its input
-        restored."""
+        restored.  ``for_good`` (the group's ``abort()``): a collective whose call was under way
+        meanwhile — its op started, its work not yet among the running ones — is cancelled as
+        its call returns, as is every later one."""
         with self._deadlines_lock:
+            if for_good:
+                self._aborted = why
             running = list((self._running_works or {}).values())
         for expire in running:
             expire(CollectiveAborted(why))

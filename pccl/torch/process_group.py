@@ -617,9 +617,9 @@ class ProcessGroup(Timeouts, PointToPoint, ListForms, dist.ProcessGroup):  # typ
 
     def abort(self) -> None:
         """Cancel the group's collectives still running (they fail with ``CollectiveAborted``;
-        one the master completes at once may succeed: :meth:`Timeouts.cancel_running`), then
-        :meth:`shutdown`."""
-        self.cancel_running("the process group was aborted")
+        one the master completes at once may succeed; one a call is starting meanwhile, as the
+        call returns: :meth:`Timeouts.cancel_running`), then :meth:`shutdown`."""
+        self.cancel_running("the process group was aborted", for_good=True)
         self.shutdown()
 
     def wait_for_pending_works(self, timeout: float | None = None) -> bool:

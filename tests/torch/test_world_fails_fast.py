@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+import pccl
+
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
@@ -34,10 +36,27 @@ FAILING_CASES = {"fails_on_rank_1": case_fails_on_rank_1}
 
 
 def test_a_failing_rank_ends_a_thread_world_run_with_its_error(world: World) -> None:
-    """Rank 1's error, not a ``TimeoutError`` after the run's 60 s: rank 0's all-reduce was
-    cancelled (its group aborted: ``CollectiveAborted``); the world then runs the next case."""
+    """Rank 1's error, not a ``TimeoutError`` after the run's 60 s: the other ranks' all-reduces
+    were cancelled (their groups aborted: ``CollectiveAborted``; or refused, a group shut down
+    before its call began) — each call ended, none was left running past the run (which waits
+    30 s for them); the world then runs the next case.  An abort while a rank's call was between
+    starting its op and noting its work left that call running for good."""
+    ended: dict[int, BaseException | None] = {}
+
+    def case(pg: Any, rank: int, size: int) -> None:
+        try:
+            case_fails_on_rank_1(pg, rank, size)
+        except BaseException as exc:
+            ended[rank] = exc
+            raise
+        ended[rank] = None
+
     with pytest.raises(AssertionError, match="rank 1 fails on purpose"):
-        world.run(case_fails_on_rank_1, timeout=60)
+        world.run(case, timeout=60)
+    waiting = [rank for rank in range(world.size) if rank != 1]
+    assert sorted(set(ended) - {1}) == waiting, f"ranks {sorted(set(waiting) - set(ended))} were left running"
+    for rank in waiting:
+        assert isinstance(ended[rank], (pccl.CollectiveAborted, pccl.InvalidUsage)), (rank, ended[rank])
 
     def all_reduce(pg: Any, rank: int, size: int) -> None:
         t = torch.ones(2)
