@@ -278,18 +278,19 @@ class CollectiveService:
         """One attempt: vote, and run the op if the master commences it (or begin it at once,
         when ``fast`` and :meth:`_begin` allow).  Raises ``StaleRing`` on a stale ring (the
         caller re-wires)."""
-        while self._host.phase.topology_vote is TopologyVote.REWIRE:
-            # Another call of this peer met a stale ring and re-wires the group (an internal
-            # vote, which refuses collectives while it stands): this legal call joins that vote
-            # and starts on the new ring, never refused (``InvalidUsage``).
-            await self._host.rewire()
-        epoch = self._host.master_epoch
-        self._links.follow(epoch)
-        if epoch != plan.epoch:
-            # A call never spans two masters: its peers' loops may stand anywhere after a restart.
-            raise MasterLost(f"the master changed during {plan.what}")
-        await self._host.settled(plan.tag)  # a cancelled call's vote on this tag is withdrawn first
-        begin = self._begin(plan) if fast and await self._alone() else None  # before this attempt holds a tag
+        # A re-wire of this peer (an internal vote that refuses collectives) standing before or begun
+        # during the awaits below: this legal call joins it and starts on the new ring, never refused.
+        alone: bool | None = None
+        while alone is None or self._host.phase.topology_vote is TopologyVote.REWIRE:
+            while self._host.phase.topology_vote is TopologyVote.REWIRE:
+                await self._host.rewire()
+            epoch = self._host.master_epoch
+            self._links.follow(epoch)
+            if epoch != plan.epoch:  # a call never spans two masters (loops stand anywhere after one)
+                raise MasterLost(f"the master changed during {plan.what}")
+            await self._host.settled(plan.tag)  # a cancelled call's vote on this tag is withdrawn first
+            alone = fast and await self._alone()
+        begin = self._begin(plan) if alone else None  # no checkpoint from here to open_route: holds a tag
         route = self._host.open_route(plan.tag)
         # Large ops (and the partner links' ops) take their turns in the order they were
         # commenced here (the same on every peer): a Commence is recorded the moment it arrives,
