@@ -90,7 +90,7 @@ def broadcast_algorithm_for(args: ReduceArgs, place: Place,
     (:func:`~pccl.protocol.algorithms.choose_broadcast`; the same on every peer: the partner
     links are wired on every peer of a round or on none).  A round forced to the hierarchical
     all-reduce wires site partners only, some of which may happen to be a peer's
-    halving-doubling partners: the tree never runs there."""
+    halving-doubling partners: neither the tree nor the scatter + all-gather runs there."""
     return choose_broadcast(int(args.src.nbytes), place.world, quantized=args.quant is not None,
                             segmented=isinstance(args.src, Segments),
                             partner_links=place.links.algorithm is not AllReduceAlgorithm.HIERARCHICAL
