@@ -23,6 +23,7 @@ from . import conformance
 from .cluster import MasterThread, TestCluster, admit, each, master_in_thread, open_test_cluster
 from .faults import (
     PlantedFault,
+    force_broadcast_algorithm,
     plant_attempt_fault,
     plant_backup_fault,
     plant_execute_fault,
@@ -74,6 +75,6 @@ __all__ = [
     "AdmissionCounts", "listener_address", "admission_counts", "peer_admission_limits",
     "points_under_way", "hold_point_answers", "probe", "probe_bound", "run_kind",
     "MasterSnapshot", "master_snapshot", "master_state", "install_master_state",
-    "PlantedFault", "plant_kind_fault", "plant_execute_fault", "plant_backup_fault", "plant_staging_fault", "plant_attempt_fault",
+    "PlantedFault", "force_broadcast_algorithm", "plant_kind_fault", "plant_execute_fault", "plant_backup_fault", "plant_staging_fault", "plant_attempt_fault",
     "plant_serving_fault",
 ]
