@@ -12,6 +12,8 @@ refuses a topology vote while this peer has a collective in flight.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import trio
 
 from .collective_plans import Plan
@@ -32,6 +34,9 @@ class CallGate:
         self._holding = 0  # attempts of this service that hold a tag route
         self._holding_changed = trio.Event()
         self._starting = 0  # calls between their start and their choice of path (see alone())
+        #: A test's pause (``pccl.testing.hold_call_before_route``): awaited with the tag at the
+        #: end of :meth:`enter`'s awaits, where a re-wire of this peer may have begun meanwhile.
+        self.before_route: Callable[[int], Awaitable[None]] | None = None
 
     @property
     def holding(self) -> int:
@@ -87,6 +92,8 @@ class CallGate:
                 raise MasterLost(f"the master changed during {plan.what}")
             await self._host.settled(plan.tag)  # a cancelled call's vote on this tag is withdrawn first
             alone = fast and await self.alone()
+            if self.before_route is not None:
+                await self.before_route(plan.tag)
         return epoch, alone
 
     async def alone(self) -> bool:

@@ -167,6 +167,11 @@ class CollectiveService:
         return self._host
 
     @property
+    def gate(self) -> CallGate:
+        """The attempts that hold a tag or are starting, and a call's way to its tag."""
+        return self._gate
+
+    @property
     def runner(self) -> KernelRunner:
         return self._runner
 
