@@ -46,6 +46,7 @@ async def test_a_rewire_begun_while_a_call_is_on_its_way_to_its_tag_is_joined_no
         inputs = [np.arange(1000, dtype=np.float32) * (i + 1) for i in range(3)]
         arrays = [a.copy() for a in inputs]
         infos: dict[int, pccl.ReduceInfo] = {}
+        before = [c.statistics() for c in comms]
 
         async def reduce(i: int) -> None:
             if many:
@@ -75,5 +76,52 @@ async def test_a_rewire_begun_while_a_call_is_on_its_way_to_its_tag_is_joined_no
         want = sum(inputs)
         assert all(np.array_equal(a, want) for a in arrays)
         assert sorted(infos) == [0, 1, 2] and all(info.world_size == 3 for info in infos.values()), infos
+        after = [c.statistics() for c in comms]
+        assert [a.p2p_rounds - b.p2p_rounds for a, b in zip(after, before)] == [1, 1, 1]  # the one re-wire
+        assert after[0].retries == before[0].retries  # x's call joined it: never refused, never retried
         assert master.statistics().kicks == 0
         assert pccl.testing.master_snapshot(master).ops == ()
+
+
+async def test_a_call_on_its_way_joins_the_rewire_another_call_of_its_peer_starts_after_a_stale_ring() -> None:
+    # The race as the stress pattern met it, with no forced vote: a member left, and while x's
+    # call on tag T is on its way to its tag, x's call on tag U meets the stale ring and re-wires
+    # the group (the held call holds no tag yet, so that re-wire does not wait for it).  On the
+    # fast path: x's Begin on U is refused STALE_RING at once, so x re-wires alone first (a
+    # voted U is refused only once the others voted it too, and they re-wire with x).
+    config = dataclasses.replace(CFG, fast_commit=True)
+    other_tag = TAG + 1
+    async with open_test_cluster(4, token=TOKEN, config=config, soon=SOON) as (master, comms, _):
+        await comms[3].aclose()  # the ring is stale for the other three from now on
+        x, y, z = comms[:3]
+        with trio.fail_after(BOUND):
+            while master.statistics().accepted_peers != 3:
+                await trio.sleep(0.01)
+            arrays = {(i, tag): np.full(100, float(i + 1) * (1 + tag), np.float32)
+                      for i in range(3) for tag in (TAG, other_tag)}
+            infos: dict[tuple[int, int], pccl.ReduceInfo] = {}
+            before = [c.statistics() for c in (x, y, z)]
+
+            async def reduce(i: int, tag: int) -> None:
+                infos[i, tag] = await comms[i].all_reduce(arrays[i, tag], tag=tag)
+
+            async with trio.open_nursery() as calls:
+                async with pccl.testing.hold_call_before_route(x, TAG) as reached:
+                    calls.start_soon(reduce, 0, TAG)
+                    await reached.wait()
+                    calls.start_soon(reduce, 0, other_tag)  # refused STALE_RING: x re-wires
+                    while pccl.testing.phase_of(x).topology_vote is not TopologyVote.REWIRE:
+                        await trio.sleep(0.001)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not infos and pccl.testing.phase_of(x).topology_vote is TopologyVote.REWIRE
+                for i in (1, 2):  # they meet the stale ring too, and their re-wires complete the round
+                    calls.start_soon(reduce, i, other_tag)
+                    calls.start_soon(reduce, i, TAG)
+        for tag in (TAG, other_tag):
+            want = np.full(100, 6.0 * (1 + tag), np.float32)
+            assert all(np.array_equal(arrays[i, tag], want) for i in range(3)), tag
+            assert all(infos[i, tag].world_size == 3 for i in range(3)), infos
+        after = [c.statistics() for c in (x, y, z)]
+        assert [a.p2p_rounds - b.p2p_rounds for a, b in zip(after, before)] == [1, 1, 1]  # the one re-wire
+        assert after[0].retries == before[0].retries + 1  # x's call on U met the stale ring; the one on T joined
+        assert master.statistics().kicks == 0
