@@ -96,7 +96,6 @@ ring rather than waiting on each other.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -224,7 +223,7 @@ class CollectiveService:
         on a stale ring."""
         try:
             await self._host.ready()
-            plan = dataclasses.replace(plan, epoch=self._host.master_epoch)
+            plan = plan.at(self._host.master_epoch)
             return await self.reduce(plan)
         except MasterLost as exc:
             raise CollectiveAborted(f"{plan.what} aborted: {exc}") from exc

@@ -64,7 +64,7 @@ from ..errors import PCCLError, ProtocolError
 from ..protocol import messages as m
 from ..protocol.codec import DataHeader
 from ..protocol.op_lifecycle import Event, State
-from ..protocol.peer_ack import Ack, Acceptance, accept, ack_seq, ack_size, decode_ack, encode_ack
+from ..protocol.peer_ack import Ack, Acceptance, accept, ack_size, decode_ack, encode_ack
 from ..protocol.peer_commit import Effect as X
 from ..protocol.peer_commit import Event as E
 from ..protocol.peer_commit import Phase
@@ -197,7 +197,7 @@ class PeerCommits:
                                 self._host.peer_id, op.plan.what, op.seq, timeout)
                 raise
         finally:
-            links.retire(ack_seq(op.seq))
+            links.retire(ag.seq)
 
     async def _exchange(self, op: OpAttempt, ag: Agreement, links: RingLinks) -> None:
         """Acks until a full set, the master's word or a doubt; then, in doubt, the verdict."""
@@ -205,16 +205,18 @@ class PeerCommits:
             await self._effects(op, ag, links, ag.machine.handle(E.RESULT_HELD))
         timeout = self._host.config.peer_timeout
         while ag.machine.phase is Phase.READY and not op.settled.is_set():
-            ag.scope = trio.CancelScope()
+            # One scope per read: its deadline is the silence bound, ``stop`` cancels it too.
+            scope = ag.scope = trio.CancelScope(deadline=trio.current_time() + timeout)
             ack: Ack | None = None
             lost = False
-            with trio.move_on_after(timeout) as silent, ag.scope:
+            with scope:
                 ack = await self._read_ack(op, ag, links)
                 lost = ack is None  # the link failed, or sent a malformed ack
             ag.scope = None
+            silent = scope.cancelled_caught and not ag.stopped
             if ack is not None:
                 await self._effects(op, ag, links, self._merge(op, ag, ack))
-            elif (lost or silent.cancelled_caught) and not op.settled.is_set():
+            elif (lost or silent) and not op.settled.is_set():
                 if not lost:
                     log.info("peer %x: no ack of %s seq %d for %g s: asking the master", self._host.peer_id,
                              op.plan.what, op.seq, timeout)
@@ -270,7 +272,7 @@ class PeerCommits:
         n = len(ag.ring)
         ag.told = ag.machine.known
         payload = encode_ack(Ack(op.seq, ag.digest, ag.machine.known), n)
-        header = DataHeader(ack_seq(op.seq), 0, ag.sent, 0, len(payload))
+        header = DataHeader(ag.seq, 0, ag.sent, 0, len(payload))
         ag.sent += 1
         with trio.CancelScope(shield=True):  # a frame cut midway would break the lane
             try:
@@ -283,7 +285,7 @@ class PeerCommits:
         n = len(ag.ring)
         buffer = bytearray(ack_size(n))
         try:
-            await links.inboxes[0].receive_into(seq=ack_seq(op.seq), stream=0, step=ag.received, offset=0,
+            await links.inboxes[0].receive_into(seq=ag.seq, stream=0, step=ag.received, offset=0,
                                                 destination=memoryview(buffer))
         except PCCLError as exc:
             log.info("peer %x: the ack link of %s seq %d failed: %s", self._host.peer_id, op.plan.what, op.seq, exc)

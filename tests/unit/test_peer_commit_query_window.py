@@ -9,9 +9,11 @@ lacks X, so the master aborts Q — and P, reading X's ack, committed (the revie
 
 from __future__ import annotations
 
+import logging
 import types
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -51,12 +53,19 @@ class _Lane:
         self.sent.append(bytes(payload))
 
 
-def _window() -> tuple[PeerCommits, Any, list[Any], list[Event]]:
+def _window(sent: list[m.Message] | None = None) -> tuple[PeerCommits, Any, list[Any], list[Event]]:
+    """P's service with its op reported (``sent``: what it sends the master on its own, such as
+    a ``CollectiveAsk``; the answers to queries are in the third item)."""
     answers: list[Any] = []
     steps: list[Event] = []
+
+    async def send_shielded(msg: m.Message, *, epoch: int | None = None) -> None:
+        (sent if sent is not None else answers).append(msg)
+
     host = types.SimpleNamespace(peer_id=ME, counters=Counters(), on_query=None,
                                  config=types.SimpleNamespace(peer_timeout=3600.0),
-                                 spawn=lambda fn, *args: answers.append(args[0]) or True)
+                                 spawn=lambda fn, *args: answers.append(args[0]) or True,
+                                 send_shielded=send_shielded)
     ag = Agreement.of(RING, ME, 1, SEQ, m.CollectiveInit(1, 4, 10, 0))
     links = types.SimpleNamespace(to_next=(_Lane(),), inboxes=(_Inbox(ag),), retire=lambda seq: None)
     op = types.SimpleNamespace(seq=SEQ, agreement=ag, links=links, epoch=0, settled=trio.Event(),
@@ -95,3 +104,37 @@ async def test_without_a_query_the_same_peer_commits_on_the_full_set() -> None:
         assert steps == [Event.COMPLETE] and op.agreement.machine.phase is Phase.COMMITTED
         op.settled.set()  # (the step recorded above would have set it)
     assert answers == [] and not pcs.frozen(SEQ)
+
+
+class _SilentInbox:
+    """Lane 0 from X: no ack comes."""
+
+    reads = 0
+
+    async def receive_into(self, **kw: Any) -> int:
+        self.reads += 1
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_a_query_that_ends_a_ready_peers_ack_read_is_no_silence_it_asks_nothing_more(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # P is ready and waits for X's ack when the master's query comes: it answers (in doubt) and
+    # its read stops.  That stop is not a silent neighbour: P must neither report one nor ask
+    # the master on top of the answer it gave (the master is deciding on it), only wait for the
+    # verdict.
+    caplog.set_level(logging.INFO)
+    asks: list[m.Message] = []
+    pcs, op, answers, steps = _window(asks)
+    op.links.inboxes = (_SilentInbox(),)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pcs.settle, op)
+        await trio.testing.wait_all_tasks_blocked()
+        assert op.links.inboxes[0].reads == 1 and op.agreement.machine.phase is Phase.READY
+        pcs.on_query(m.CollectiveQuery(1, SEQ), 0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [(a.phase, a.known) for a in answers] == [(m.CommitPhase.IN_DOUBT, (ME,))]
+        assert asks == [] and op.agreement.machine.phase is Phase.IN_DOUBT
+        op.settled.set()  # the master's verdict
+    assert asks == [] and Event.COMPLETE not in steps
+    assert not [r for r in caplog.records if "no ack" in r.getMessage()], caplog.text
