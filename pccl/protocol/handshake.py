@@ -60,7 +60,12 @@ MAGIC = b"\x89PCCL\r\n\x1a"
 #:    ``CollectiveAbort`` code ``WITHDRAWN``), and the lane and partner-link turns of large ops
 #:    follow the order ops were commenced or begun on each peer, not their seqs: peers of
 #:    versions 8 and 9 would take turns in different orders and wait for each other.
-PROTOCOL_VERSION = 9
+#: 10: the scatter + all-gather broadcast changes the automatic choice of broadcasts on partner
+#:    links (a peer of 9 would run the tree or the chain where one of 10 scatters: the tree
+#:    refuses the other's frames, the chain waits for the watchdog, every retry alike), and
+#:    peer-commit acks go to both ring neighbours and the partner links (a peer of 9 reads
+#:    them from its predecessor only and leaves the others in its inbox).
+PROTOCOL_VERSION = 10
 
 _PREAMBLE = struct.Struct(">8sI")
 PREAMBLE_SIZE = _PREAMBLE.size

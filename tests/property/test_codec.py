@@ -545,8 +545,8 @@ def test_decoder_refuses_data_frames_it_would_have_to_buffer_beyond_its_limit() 
 
 def test_preamble_round_trip_and_version_mismatch_names_both_versions() -> None:
     assert handshake.parse_preamble(handshake.encode_preamble()) == handshake.PROTOCOL_VERSION
-    with pytest.raises(ProtocolError, match="this side speaks version 1, the peer speaks version 9"):
-        handshake.parse_preamble(handshake.encode_preamble(9), local_version=1)
+    with pytest.raises(ProtocolError, match="this side speaks version 1, the peer speaks version 10"):
+        handshake.parse_preamble(handshake.encode_preamble(10), local_version=1)
     with pytest.raises(ProtocolError, match="not a pccl peer"):
         handshake.parse_preamble(b"GET / HTTP/1")
 
