@@ -21,6 +21,7 @@ from pccl.collectives import broadcast_checked
 from pccl.collectives.buffers import ReduceArgs
 from pccl.errors import InvalidArgument, PCCLError, PeerDisconnected
 from pccl.protocol.algorithms import (
+    HALVING_MAX_BYTES,
     MIN_WORLD,
     TREE_SEGMENT_BYTES,
     BroadcastAlgorithm,
@@ -85,17 +86,28 @@ async def test_without_partner_links_the_chain_runs_even_when_forced() -> None:
 
 def test_the_choice_takes_it_for_mid_size_and_large_buffers_in_large_groups() -> None:
     auto = dict(quantized=False, segmented=False, partner_links=True)
-    assert choose_broadcast(16 << 20, 64, **auto) is SAG
+    assert choose_broadcast(4 << 20, 64, **auto) is SAG
     assert choose_broadcast(16 << 20, 256, **auto) is SAG
+    # Its bytes count UNPIPELINED_PENALTY times (one task a step, no lane threads), as
+    # halving-doubling's do: 16 MiB at 64 peers goes down the chain.
+    assert choose_broadcast(16 << 20, 64, **auto) is CHAIN
+    # ... and, as for halving-doubling, never above HALVING_MAX_BYTES, even where cheaper on paper.
+    costs = broadcast_costs(HALVING_MAX_BYTES + 1, 512)
+    assert costs[SAG] < costs[CHAIN] < costs[TREE]
+    assert choose_broadcast(HALVING_MAX_BYTES, 512, **auto) is SAG
+    assert choose_broadcast(HALVING_MAX_BYTES + 1, 512, **auto) is CHAIN
+    assert choose_broadcast(HALVING_MAX_BYTES + 1, 512, **auto, forced=SAG) is SAG
     assert choose_broadcast(4096, 256, **auto) is TREE
     assert choose_broadcast(1 << 30, 256, **auto) is CHAIN  # the chain moves the buffer once, not twice
     assert choose_broadcast(16 << 20, MIN_WORLD - 1, **auto) is CHAIN
     assert choose_broadcast(16 << 20, 5, **auto, forced=SAG) is SAG
     for kw in ({"quantized": True}, {"segmented": True}, {"partner_links": False}):
         assert choose_broadcast(16 << 20, 64, **{**auto, **kw}, forced=SAG) is CHAIN  # type: ignore[arg-type]
-    for world in (8, 9, 16, 64, 100, 256):
+    for world in (8, 9, 16, 64, 100, 256, 512):
         for shift in range(2, 32):
             costs = broadcast_costs(1 << shift, world)
+            if 1 << shift > HALVING_MAX_BYTES:
+                del costs[SAG]
             assert choose_broadcast(1 << shift, world, **auto) is min(costs, key=lambda a: (costs[a], list(costs).index(a)))
 
 
