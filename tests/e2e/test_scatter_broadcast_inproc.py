@@ -3,10 +3,13 @@ forced (:func:`pccl.testing.force_broadcast_algorithm`) at 5 to 9 peers — the 
 6 fold — with partner links wired (``Config.all_reduce_algorithm`` forced, as below 8 peers
 nothing wires them otherwise): from a folded root and others, every peer ends with the root's
 bytes exactly, and the bytes each peer sends and receives say the scatter + all-gather ran (every
-peer but the root receives the buffer once; the chain's and the tree's counts differ)."""
+peer but the root receives the buffer once; the chain's and the tree's counts differ).  Forcing
+the algorithm keeps a fault planted on the broadcast's row before it, and the other way round."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -14,9 +17,10 @@ import pytest
 
 import pccl
 from pccl import Config
+from pccl.collectives.scatter_broadcast import ScatterAllGatherOp
 from pccl.protocol.algorithms import BroadcastAlgorithm
 from pccl.protocol.scatter_gather import scatter_all_gather_plan
-from pccl.testing import each, force_broadcast_algorithm, open_test_cluster
+from pccl.testing import each, force_broadcast_algorithm, open_test_cluster, plant_kind_fault
 
 TOKEN = "scatter-broadcast-inproc"
 SOON = 30.0
@@ -54,3 +58,35 @@ async def test_the_forced_scatter_all_gather_broadcast_is_exact(world: int) -> N
                         position = ring.index(comm.peer_id)
                         assert info.rx_bytes == (0 if position == root_pos else 4 * n), (position, info)
                         assert info.tx_bytes == _sent_blocks(position, world, root_pos) * 4 * n // size
+
+
+@pytest.mark.parametrize("fault_first", [True, False], ids=["fault-then-force", "force-then-fault"])
+async def test_forcing_the_algorithm_keeps_a_fault_planted_on_the_row(fault_first: bool) -> None:
+    made: list[type] = []
+
+    def recording(row: Any) -> Any:  # a fault that wraps the row's make_op (here: records the op)
+        real = row.make_op
+
+        def make_op(*args: Any) -> Any:
+            op = real(*args)
+            made.append(type(op))
+            return op
+
+        return dataclasses.replace(row, make_op=make_op)
+
+    world = 5
+    with contextlib.ExitStack() as planted:
+        plants = [lambda: plant_kind_fault("broadcast", recording),
+                  lambda: force_broadcast_algorithm(BroadcastAlgorithm.SCATTER_ALL_GATHER)]
+        for plant in plants if fault_first else reversed(plants):
+            planted.enter_context(plant())
+        async with open_test_cluster(world, token=TOKEN, config=_config(), soon=SOON) as (_, comms, _):
+            root = comms[0].ring[1]
+            buffers = {comm.peer_id: np.full(4000, comm.ring.index(comm.peer_id), np.float32) for comm in comms}
+
+            async def cast(i: int, comm: pccl.Communicator) -> Any:
+                return await comm.broadcast(buffers[comm.peer_id], root=root, tag=7)
+
+            await each(comms, cast)
+    assert all((b == 1).all() for b in buffers.values())
+    assert made == [ScatterAllGatherOp] * world  # the fault ran on every peer, and made the forced op
