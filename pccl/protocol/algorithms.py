@@ -85,8 +85,9 @@ UNPIPELINED_PENALTY = 1.5
 #: ring's exchange takes ``N - 1 <= 6`` steps there, recursive doubling 2 to 4 (with the fold),
 #: so at most a few link latencies are to be won, against a connection per partner per round.
 MIN_WORLD = 8
-#: Largest buffer the automatic choice gives the halving-doubling family (bytes); above it the
-#: ring's lane threads and striping move bulk bytes faster on real TCP than one frame per step.
+#: Largest buffer the automatic choice gives the halving-doubling family, and the scatter +
+#: all-gather broadcast (bytes); above it the ring's lane threads and striping move bulk bytes
+#: faster on real TCP than one frame per step.
 HALVING_MAX_BYTES = 64 * 1024 * 1024
 
 
