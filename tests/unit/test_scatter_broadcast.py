@@ -3,9 +3,9 @@ N peers as trio tasks over in-memory links (:func:`pccl.testing.memory_mesh`), a
 the choice (:func:`pccl.protocol.algorithms.choose_broadcast`).
 
 Every peer must end holding the root's bytes exactly, from any root, folded or not, whatever
-the count (blocks of one element, empty blocks, several frames per move); a peer receives the
-buffer once; a partner link breaking mid-op (in the scatter, the all-gather, the fold in or out)
-aborts the op and every input is restored.
+the count (blocks of one element, empty blocks: fewer elements than blocks, several frames per
+move); a peer receives the buffer once; a partner link breaking mid-op (in the scatter, the
+all-gather, the fold in or out) aborts the op and every input is restored.
 """
 
 from __future__ import annotations
@@ -52,6 +52,20 @@ async def test_every_peer_ends_with_the_roots_bytes_from_any_root(world: int, n:
         nbytes = inputs[root].nbytes
         assert all(rx == (0 if r == root else nbytes) for r, (_, rx) in enumerate(sizes)), sizes  # once each
         assert sum(tx for tx, _ in sizes) == (world - 1) * nbytes
+
+
+@pytest.mark.parametrize("world", [3, 5, 8, 9, 13, 16])
+async def test_counts_below_the_block_count_leave_blocks_empty(world: int) -> None:
+    size = 1 << (world.bit_length() - 1)
+    for count in sorted({c for c in (1, 2, size // 2 + 1, size - 1) if c < size}):  # fewer elements than blocks
+        inputs = inputs_for(world, count, np.float32, seed=count)
+        for root in sorted({0, 1, world // 2, world - 1}):  # folded roots and not
+            links, _, _ = memory_mesh(world)
+            outs, sizes = await broadcast(inputs, root, links, algorithm=SAG)
+            assert all(_bits(o) == _bits(inputs[root]) for o in outs), (world, count, root)
+            nbytes = inputs[root].nbytes
+            assert all(rx == (0 if r == root else nbytes) for r, (_, rx) in enumerate(sizes)), sizes
+            assert sum(tx for tx, _ in sizes) == (world - 1) * nbytes
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int64, np.float16, ml_dtypes.bfloat16, np.float64])
