@@ -333,8 +333,14 @@ class Communicator:
         ``CollectiveInfo(world_size, peers, tx_bytes, rx_bytes)`` (``peers``: the participants in
         ring order).
 
-        Runs as a pipelined chain along the ring from the root.  A root that is not an
-        accepted member of the group, or that dies during the op, ends the call on every other
+        Runs as a pipelined chain along the ring from the root, or, where partner links are
+        wired for the halving-doubling family (8 peers and more, unless
+        ``Config.all_reduce_algorithm`` is ``"ring"`` or ``"hierarchical"``) and the op is
+        unquantized, as a binomial tree (small buffers) or a scatter + all-gather (mid-size
+        ones) over them: a pure choice by size and world, the same on every peer
+        (docs/collectives.rst, "Which algorithm a broadcast runs"); unquantized, every one of
+        them leaves the root's bytes exactly.  A root that is not an accepted member of the
+        group, or that dies during the op, ends the call on every other
         participant with ``CollectiveAborted`` naming the root (retry-safe: a receiver's ``x``
         holds its input again).  Otherwise the errors, cancellation and the phase rule are
         those of :meth:`all_reduce`.

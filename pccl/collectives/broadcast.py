@@ -3,7 +3,7 @@
 :func:`broadcast_checked` sends the root's buffer to every participant and returns the payload
 bytes this peer sent and received.  Where the ring has partner links and the buffer is small for
 the group, :func:`broadcast_op` makes a :class:`~pccl.collectives.tree_broadcast.TreeBroadcastOp`
-instead (``log2 N`` hops), and for mid-size and large buffers in large groups a
+instead (``log2 N`` hops), and for mid-size buffers in large groups (never over 64 MiB) a
 :class:`~pccl.collectives.scatter_broadcast.ScatterAllGatherOp` (``2 log2 N`` hops, about twice
 the buffer per peer); :func:`~pccl.protocol.algorithms.choose_broadcast`, a pure function of
 agreed parameters, picks per op.  What follows is the chain.

@@ -35,8 +35,8 @@ the master's ``KINDS`` as well.  ``tests/e2e/test_kind_rows_inproc.py`` adds a t
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -174,21 +174,38 @@ def _check_broadcast(x: Any, root: Any, tag: Any, quantization: Any) -> Call:
     return Call(tag, ReduceArgs.check(x, None, ReduceOp.SUM, quantization), own=root)
 
 
-def _broadcast_op(call: Call, commence: m.CollectiveCommence, place: Place,
-                  algorithm: BroadcastAlgorithm | None = None) -> AnyOp:
-    """``algorithm``: forced where it can run (``None``: the automatic choice; a test forces one
-    with :func:`pccl.testing.force_broadcast_algorithm`)."""
+#: The broadcast algorithm :func:`with_broadcast_algorithm`'s row forces while its ``make_op``
+#: runs (``None``: the automatic choice).  Set only for that synchronous call, so it reaches the
+#: stock :func:`_broadcast_op` through whatever ``make_op`` a fault planted before wraps it.
+_FORCED_BROADCAST: contextvars.ContextVar[BroadcastAlgorithm | None] = contextvars.ContextVar(
+    "pccl_forced_broadcast", default=None)
+
+
+def _broadcast_op(call: Call, commence: m.CollectiveCommence, place: Place) -> AnyOp:
+    """The op by the automatic choice, or the one :func:`with_broadcast_algorithm` forces (a
+    test forces one with :func:`pccl.testing.force_broadcast_algorithm`)."""
     ring = tuple(commence.ring)
     if call.own not in ring:
         raise ProtocolError(f"the master commenced broadcast tag {call.tag} from root {call.own} on ring "
                             f"{list(ring)}, which does not hold it")
-    return broadcast_op(_keep(call), place, root=ring.index(call.own), algorithm=algorithm)
+    return broadcast_op(_keep(call), place, root=ring.index(call.own), algorithm=_FORCED_BROADCAST.get())
 
 
 def with_broadcast_algorithm(row: KindOps, algorithm: BroadcastAlgorithm) -> KindOps:
     """The broadcast's ``row`` with every op forcing ``algorithm`` where it can run
-    (:func:`pccl.testing.force_broadcast_algorithm` plants it)."""
-    return dataclasses.replace(row, make_op=functools.partial(_broadcast_op, algorithm=algorithm))
+    (:func:`pccl.testing.force_broadcast_algorithm` plants it).  It wraps ``row.make_op``, so a
+    fault planted on the row before (a ``make_op`` that wraps the stock one) still runs, and
+    its op is the forced algorithm's."""
+    inner = row.make_op
+
+    def make_op(call: Call, commence: m.CollectiveCommence, place: Place) -> AnyOp:
+        token = _FORCED_BROADCAST.set(algorithm)
+        try:
+            return inner(call, commence, place)
+        finally:
+            _FORCED_BROADCAST.reset(token)
+
+    return dataclasses.replace(row, make_op=make_op)
 
 
 def _broadcast_info(call: Call, commence: m.CollectiveCommence, rank: int, tx: int, rx: int,

@@ -85,8 +85,9 @@ UNPIPELINED_PENALTY = 1.5
 #: ring's exchange takes ``N - 1 <= 6`` steps there, recursive doubling 2 to 4 (with the fold),
 #: so at most a few link latencies are to be won, against a connection per partner per round.
 MIN_WORLD = 8
-#: Largest buffer the automatic choice gives the halving-doubling family (bytes); above it the
-#: ring's lane threads and striping move bulk bytes faster on real TCP than one frame per step.
+#: Largest buffer the automatic choice gives the halving-doubling family, and the scatter +
+#: all-gather broadcast (bytes); above it the ring's lane threads and striping move bulk bytes
+#: faster on real TCP than one frame per step.
 HALVING_MAX_BYTES = 64 * 1024 * 1024
 
 
@@ -379,7 +380,9 @@ def broadcast_costs(nbytes: int, world: int) -> dict[BroadcastAlgorithm, float]:
     ``2 (P - 1) / P`` buffers (its steps do not overlap: a step sends what the previous one
     brought), and with the fold two more latencies and two more buffers (a folded root's
     buffer to its partner first, the whole result to each folded peer last; counted whatever
-    the root, so the choice does not depend on it)."""
+    the root, so the choice does not depend on it).  Its bytes count
+    :data:`UNPIPELINED_PENALTY` times, as halving-doubling's do in :func:`costs`: a step sends
+    only what the previous one brought in whole, from one task without the ring's lane threads."""
     latency = NOMINAL_LATENCY_BYTES
     size = power_of_two_below(world)
     steps = _log2(size)
@@ -387,7 +390,7 @@ def broadcast_costs(nbytes: int, world: int) -> dict[BroadcastAlgorithm, float]:
     chain = (world - 1) * latency + nbytes + max(0, world - 2) * min(sub, nbytes)
     fold = 2 if size != world else 0  # the fold in (a folded root) and out
     tree = (steps + fold) * (latency + min(nbytes, TREE_SEGMENT_BYTES)) + max(1, steps) * nbytes
-    scatter = (2 * steps + fold) * latency + (2 * (size - 1) / size + fold) * nbytes
+    scatter = (2 * steps + fold) * latency + UNPIPELINED_PENALTY * (2 * (size - 1) / size + fold) * nbytes
     return {BroadcastAlgorithm.CHAIN: chain, BroadcastAlgorithm.TREE: tree,
             BroadcastAlgorithm.SCATTER_ALL_GATHER: scatter}
 
@@ -398,8 +401,11 @@ def choose_broadcast(nbytes: int, world: int, *, quantized: bool, segmented: boo
     :func:`broadcast_costs` (ties to the chain, then the tree), or ``forced`` (every peer passes
     the same).  Quantized and segmented ops, rings without partner links and empty ops always
     take the chain; so does the automatic choice below :data:`MIN_WORLD` (where the chain has
-    at most 6 hops and no partner links are wired).  The scatter + all-gather sends a run of
-    blocks in frames of at most :data:`TREE_SEGMENT_BYTES`, so it has no frame limit to check."""
+    at most 6 hops and no partner links are wired).  The automatic choice never gives the
+    scatter + all-gather a buffer over :data:`HALVING_MAX_BYTES` (as :func:`choose_all_reduce`
+    never gives halving-doubling one: the chain's lane threads move bulk bytes faster on real
+    TCP).  The scatter + all-gather sends a run of blocks in frames of at most
+    :data:`TREE_SEGMENT_BYTES`, so it has no frame limit to check."""
     if quantized or segmented or not partner_links or world < 2 or nbytes == 0:
         return BroadcastAlgorithm.CHAIN
     if forced is not None:
@@ -408,7 +414,10 @@ def choose_broadcast(nbytes: int, world: int, *, quantized: bool, segmented: boo
         return BroadcastAlgorithm.CHAIN
     table = broadcast_costs(nbytes, world)
     best = BroadcastAlgorithm.CHAIN
-    for algorithm in (BroadcastAlgorithm.TREE, BroadcastAlgorithm.SCATTER_ALL_GATHER):
+    candidates: tuple[BroadcastAlgorithm, ...] = (BroadcastAlgorithm.TREE, BroadcastAlgorithm.SCATTER_ALL_GATHER)
+    if nbytes > HALVING_MAX_BYTES:
+        candidates = (BroadcastAlgorithm.TREE,)
+    for algorithm in candidates:
         if table[algorithm] < table[best]:
             best = algorithm
     return best

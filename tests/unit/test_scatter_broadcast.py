@@ -3,9 +3,9 @@ N peers as trio tasks over in-memory links (:func:`pccl.testing.memory_mesh`), a
 the choice (:func:`pccl.protocol.algorithms.choose_broadcast`).
 
 Every peer must end holding the root's bytes exactly, from any root, folded or not, whatever
-the count (blocks of one element, empty blocks, several frames per move); a peer receives the
-buffer once; a partner link breaking mid-op (in the scatter, the all-gather, the fold in or out)
-aborts the op and every input is restored.
+the count (blocks of one element, empty blocks: fewer elements than blocks, several frames per
+move); a peer receives the buffer once; a partner link breaking mid-op (in the scatter, the
+all-gather, the fold in or out) aborts the op and every input is restored.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pccl.collectives import broadcast_checked
 from pccl.collectives.buffers import ReduceArgs
 from pccl.errors import InvalidArgument, PCCLError, PeerDisconnected
 from pccl.protocol.algorithms import (
+    HALVING_MAX_BYTES,
     MIN_WORLD,
     TREE_SEGMENT_BYTES,
     BroadcastAlgorithm,
@@ -51,6 +52,20 @@ async def test_every_peer_ends_with_the_roots_bytes_from_any_root(world: int, n:
         nbytes = inputs[root].nbytes
         assert all(rx == (0 if r == root else nbytes) for r, (_, rx) in enumerate(sizes)), sizes  # once each
         assert sum(tx for tx, _ in sizes) == (world - 1) * nbytes
+
+
+@pytest.mark.parametrize("world", [3, 5, 8, 9, 13, 16])
+async def test_counts_below_the_block_count_leave_blocks_empty(world: int) -> None:
+    size = 1 << (world.bit_length() - 1)
+    for count in sorted({c for c in (1, 2, size // 2 + 1, size - 1) if c < size}):  # fewer elements than blocks
+        inputs = inputs_for(world, count, np.float32, seed=count)
+        for root in sorted({0, 1, world // 2, world - 1}):  # folded roots and not
+            links, _, _ = memory_mesh(world)
+            outs, sizes = await broadcast(inputs, root, links, algorithm=SAG)
+            assert all(_bits(o) == _bits(inputs[root]) for o in outs), (world, count, root)
+            nbytes = inputs[root].nbytes
+            assert all(rx == (0 if r == root else nbytes) for r, (_, rx) in enumerate(sizes)), sizes
+            assert sum(tx for tx, _ in sizes) == (world - 1) * nbytes
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int64, np.float16, ml_dtypes.bfloat16, np.float64])
@@ -85,17 +100,28 @@ async def test_without_partner_links_the_chain_runs_even_when_forced() -> None:
 
 def test_the_choice_takes_it_for_mid_size_and_large_buffers_in_large_groups() -> None:
     auto = dict(quantized=False, segmented=False, partner_links=True)
-    assert choose_broadcast(16 << 20, 64, **auto) is SAG
+    assert choose_broadcast(4 << 20, 64, **auto) is SAG
     assert choose_broadcast(16 << 20, 256, **auto) is SAG
+    # Its bytes count UNPIPELINED_PENALTY times (one task a step, no lane threads), as
+    # halving-doubling's do: 16 MiB at 64 peers goes down the chain.
+    assert choose_broadcast(16 << 20, 64, **auto) is CHAIN
+    # ... and, as for halving-doubling, never above HALVING_MAX_BYTES, even where cheaper on paper.
+    costs = broadcast_costs(HALVING_MAX_BYTES + 1, 512)
+    assert costs[SAG] < costs[CHAIN] < costs[TREE]
+    assert choose_broadcast(HALVING_MAX_BYTES, 512, **auto) is SAG
+    assert choose_broadcast(HALVING_MAX_BYTES + 1, 512, **auto) is CHAIN
+    assert choose_broadcast(HALVING_MAX_BYTES + 1, 512, **auto, forced=SAG) is SAG
     assert choose_broadcast(4096, 256, **auto) is TREE
     assert choose_broadcast(1 << 30, 256, **auto) is CHAIN  # the chain moves the buffer once, not twice
     assert choose_broadcast(16 << 20, MIN_WORLD - 1, **auto) is CHAIN
     assert choose_broadcast(16 << 20, 5, **auto, forced=SAG) is SAG
     for kw in ({"quantized": True}, {"segmented": True}, {"partner_links": False}):
         assert choose_broadcast(16 << 20, 64, **{**auto, **kw}, forced=SAG) is CHAIN  # type: ignore[arg-type]
-    for world in (8, 9, 16, 64, 100, 256):
+    for world in (8, 9, 16, 64, 100, 256, 512):
         for shift in range(2, 32):
             costs = broadcast_costs(1 << shift, world)
+            if 1 << shift > HALVING_MAX_BYTES:
+                del costs[SAG]
             assert choose_broadcast(1 << shift, world, **auto) is min(costs, key=lambda a: (costs[a], list(costs).index(a)))
 
 
