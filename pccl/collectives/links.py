@@ -1,4 +1,5 @@
-"""The data connections of one ring position: lanes to the successor and from the predecessor.
+"""The data connections of one ring position: lanes to the successor and from the predecessor
+(and partner links).
 
 A :class:`RingLinks` bundles, for the current ring, ``lanes`` framed connections on which this
 peer *sends* to its successor and ``lanes`` on which it *receives* from its predecessor (with two
@@ -519,6 +520,11 @@ class RingLinks:
             position: Inbox(connection, self.registry, kept_limit=kept_limit)
             for position, connection in sorted((partners or {}).items())
         }
+        #: Lane 0 to the successor read backwards: what the successor sends back on it (peer
+        #: commit's acks, :mod:`pccl._peer.peer_commit_driver`; nothing else does).  The
+        #: predecessor's lane 0 inbox when both directions share one connection.
+        self.reverse = (self.inboxes[0] if self.to_next[0] is self.inboxes[0].connection
+                        else Inbox(self.to_next[0], self.registry, kept_limit=kept_limit))
 
         #: The all-reduce algorithm every op on these links is forced to (``None``: chosen per
         #: op; ``Config.all_reduce_algorithm``).
@@ -584,13 +590,17 @@ class RingLinks:
         called when these links are replaced (a new topology round or master epoch: a derived
         seq belongs to one round, and an op of the old one never starts on the new links) and
         when they are aborted or closed."""
-        for inbox in (*self.inboxes, *self.partners.values()):
+        for inbox in self._all_inboxes():
             inbox.drop_kept(why)
+
+    def _all_inboxes(self) -> tuple[Inbox, ...]:
+        extra = () if self.reverse in self.inboxes else (self.reverse,)
+        return (*self.inboxes, *self.partners.values(), *extra)
 
     @property
     def kept_bytes(self) -> int:
         """Payload bytes kept now, over every inbox, for ops not begun here."""
-        return sum(inbox.kept_bytes for inbox in (*self.inboxes, *self.partners.values()))
+        return sum(inbox.kept_bytes for inbox in self._all_inboxes())
 
     def connections(self) -> tuple[FramedConnection, ...]:
         return (*self.to_next, *(inbox.connection for inbox in self.inboxes),
