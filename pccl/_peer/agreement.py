@@ -1,6 +1,6 @@
 """One begun op's side of completion agreed among peers (``Config.peer_commit``): the
-participant's machine over ring positions and the count of its acks.  The driver that runs it
-is :mod:`pccl._peer.peer_commit_driver`; the op keeps it (``OpAttempt.agreement``)."""
+participant's machine over ring positions and its acks' counts per link.  The driver that runs
+it is :mod:`pccl._peer.peer_commit_driver`; the op keeps it (``OpAttempt.agreement``)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,13 @@ class Agreement:
     position: int
     digest: bytes
     machine: PeerCommit
-    sent: int = 0  # acks sent (the next one's step)
-    #: The positions the last ack sent named: a growth by the successor's own id alone (which
-    #: comes last round the ring) tells it nothing, and is not sent.
-    told: frozenset[int] = frozenset()
-    received: int = 0  # acks read from the predecessor
+    #: Per ack target (ring position): acks sent to it (the next one's step).
+    sent: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: Per ack target: the positions it knows to be ready, as far as this participant can tell
+    #: (what it was sent, and what its own acks named): a growth it knows already is not sent.
+    told: dict[int, frozenset[int]] = dataclasses.field(default_factory=dict)
+    #: Per ack source (ring position): acks read from it (the next one's step).
+    received: dict[int, int] = dataclasses.field(default_factory=dict)
     #: The ack read in progress: cancelled by the master's word (``stop``).
     scope: trio.CancelScope | None = None
     master_lost: bool = False
@@ -40,10 +42,14 @@ class Agreement:
         position = ring.index(me)
         return cls(ring, position, op_digest(round_id, seq, init), PeerCommit(position, range(len(ring))))
 
-    def news(self) -> bool:
-        """Whether the known set holds an id the successor has not been told, besides its own."""
-        successor = (self.position + 1) % len(self.ring)
-        return bool(self.machine.known - self.told - {successor})
+    def news(self, target: int) -> bool:
+        """Whether the known set holds an id that ``target`` (a ring position) is not known to
+        know: neither told it, nor named it in an ack, nor its own."""
+        return bool(self.machine.known - self.told.get(target, frozenset()) - {target})
+
+    def tell(self, target: int, known: frozenset[int]) -> None:
+        """``target`` knows ``known`` now (it was sent them, or its ack named them)."""
+        self.told[target] = self.told.get(target, frozenset()) | known
 
     def ids(self, positions: frozenset[int]) -> tuple[int, ...]:
         return tuple(sorted(self.ring[p] for p in positions))

@@ -32,13 +32,15 @@ class _Inbox:
     """Lane 0 from X: its ack naming X and Q ready is already in (it came before the query)."""
 
     def __init__(self, ag: Agreement) -> None:
-        self.ack = encode_ack(Ack(SEQ, ag.digest, frozenset({0, 2})), len(RING))
+        self.ack: bytes | None = encode_ack(Ack(SEQ, ag.digest, frozenset({0, 2})), len(RING))
         self.reads = 0
+        self.connection = _Lane()  # P's acks back to X
 
     async def receive_into(self, *, destination: memoryview, **kw: Any) -> int:
         self.reads += 1
-        if self.reads > 1:
+        if self.reads > 1 or self.ack is None:
             await trio.sleep_forever()
+        assert self.ack is not None
         destination[:] = self.ack
         return len(self.ack)
 
@@ -58,7 +60,10 @@ def _window() -> tuple[PeerCommits, Any, list[Any], list[Event]]:
                                  config=types.SimpleNamespace(peer_timeout=3600.0),
                                  spawn=lambda fn, *args: answers.append(args[0]) or True)
     ag = Agreement.of(RING, ME, 1, SEQ, m.CollectiveInit(1, 4, 10, 0))
-    links = types.SimpleNamespace(to_next=(_Lane(),), inboxes=(_Inbox(ag),), retire=lambda seq: None)
+    silent = _Inbox(ag)  # lane 0 to Q read backwards: Q's acks (none come)
+    silent.ack = None
+    links = types.SimpleNamespace(to_next=(_Lane(),), inboxes=(_Inbox(ag),), reverse=silent, partners={},
+                                  send_channels=None, retire=lambda seq: None)
     op = types.SimpleNamespace(seq=SEQ, agreement=ag, links=links, epoch=0, settled=trio.Event(),
                                ring_scope=trio.CancelScope(), machine=OpLifecycle(State.REPORTED),
                                plan=types.SimpleNamespace(what="all_reduce", tag=1))
@@ -81,6 +86,7 @@ async def test_a_query_after_done_before_ready_waits_for_the_verdict_not_for_a_f
         # X's ack would complete P's set {P} + {X, Q}: P must not commit on it, nor read it.
         assert Event.COMPLETE not in steps and op.agreement.machine.phase is not Phase.COMMITTED
         assert op.links.inboxes[0].reads == 0 and op.links.to_next[0].sent == []
+        assert op.links.inboxes[0].connection.sent == []
         op.settled.set()  # the master's verdict (an abort: Q's answer lacks X)
     assert Event.COMPLETE not in steps and op.agreement.machine.phase is not Phase.COMMITTED
     assert pcs.frozen(SEQ)
