@@ -18,9 +18,10 @@ once ready and whenever it grows, to every ack target it has a link to
 (:func:`~pccl.protocol.peer_ack.ack_targets`: its ring neighbours both ways and the round's
 partner links), skipping a target known to hold all of it (it was told, or its own ack named
 it), and reads acks from all of them, one reader task per link; what came meanwhile is merged
-before one relay.  Each pair uses one connection both ends pick alike (:func:`ack_routes`): the
-successor lane 0, a partner its partner link, the predecessor (unless a partner) lane 0 back
-the other way; ``step`` counts the acks on that connection.  So every id reaches everyone in
+before one relay.  Each pair uses one connection both ends pick alike
+(:meth:`~pccl.collectives.links.RingLinks.ack_links`): the successor lane 0, a partner its
+partner link, the predecessor (unless a partner) lane 0 back the other way; ``step`` counts
+the acks on that connection.  So every id reaches everyone in
 :func:`~pccl.protocol.peer_ack.ack_hops` hops after the last participant is ready: ``log2 N``
 or less with the partner links a round wires from 8 peers up (4 at 32, 5 at 64), ``N // 2``
 over the ring alone.  A frame that comes before its reader is kept by the inbox (its seq is a
@@ -77,12 +78,12 @@ from ..net.thread_io import ThreadCancel
 from ..protocol import messages as m
 from ..protocol.codec import DataHeader
 from ..protocol.op_lifecycle import Event, State
-from ..protocol.peer_ack import Ack, Acceptance, accept, ack_seq, ack_size, ack_targets, decode_ack, encode_ack
+from ..protocol.peer_ack import Ack, Acceptance, accept, ack_seq, ack_size, decode_ack, encode_ack
 from ..protocol.peer_commit import Effect as X
 from ..protocol.peer_commit import Event as E
 from ..protocol.peer_commit import Phase
 
-__all__ = ["Agreement", "PeerCommits", "ack_routes"]
+__all__ = ["Agreement", "PeerCommits"]
 
 log = logging.getLogger("pccl._peer.collective_service")
 
@@ -226,7 +227,7 @@ class PeerCommits:
         if ag.machine.phase is Phase.READY and not op.settled.is_set():
             try:
                 async with trio.open_nursery() as nursery:
-                    for source, (_, inbox) in ack_routes(ag, links).items():
+                    for source, (_, inbox) in links.ack_links(ag.position, len(ag.ring)).items():
                         nursery.start_soon(self._read_acks, op, ag, source, inbox, acks[0].clone())
                     try:
                         await self._agree(op, ag, links, acks[1])
@@ -309,11 +310,11 @@ class PeerCommits:
 
     async def send_ack(self, op: OpAttempt, ag: Agreement, links: RingLinks) -> None:
         """Send ``ag``'s known set to every ack target that may not know all of it yet
-        (:func:`ack_routes`).  (Public for :func:`pccl.testing.hooks.after_acks`, which plants a
+        (:meth:`~pccl.collectives.links.RingLinks.ack_links`).  (Public for :func:`pccl.testing.hooks.after_acks`, which plants a
         fault right after it.)"""
         n = len(ag.ring)
         with trio.CancelScope(shield=True):  # a frame cut midway would break the link
-            for target, (connection, _) in ack_routes(ag, links).items():
+            for target, (connection, _) in links.ack_links(ag.position, len(ag.ring)).items():
                 if not ag.news(target):
                     continue
                 known = ag.machine.known
@@ -352,24 +353,6 @@ class PeerCommits:
                     return
                 out.send_nowait((source, ack))
 
-
-def ack_routes(ag: Agreement, links: RingLinks) -> dict[int, tuple[FramedConnection, Inbox]]:
-    """Per ack target (:func:`~pccl.protocol.peer_ack.ack_targets`: the ring neighbours and the
-    round's partner links), the connection its acks go out on and the inbox its acks come in on,
-    chosen by one rule that both ends of a pair apply alike: the successor over lane 0, a
-    partner over its partner link, the predecessor (when no partner) back over its lane 0."""
-    n, me = len(ag.ring), ag.position
-    if n < 2:
-        return {}
-    successor, predecessor = (me + 1) % n, (me - 1) % n
-    routes: dict[int, tuple[FramedConnection, Inbox]] = {}
-    for target in ack_targets(me, n, links.partners):
-        partner = links.partners.get(target)
-        send = (links.to_next[0] if target == successor else partner.connection if partner is not None
-                else links.inboxes[0].connection)
-        inbox = (links.inboxes[0] if target == predecessor else partner if partner is not None else links.reverse)
-        routes[target] = (send, inbox)
-    return routes
 
 
 async def _send(links: RingLinks, connection: FramedConnection, header: DataHeader, payload: bytes) -> None:

@@ -71,6 +71,7 @@ from ..net.framed_threads import BlockingDataChannel, thread_channel
 from ..net.thread_io import ThreadCancel
 from ..protocol.algorithms import AllReduceAlgorithm
 from ..protocol.codec import DataHeader
+from ..protocol.peer_ack import ack_targets
 from .lane_sends import LaneSends
 from .seq_registry import FrameAction, SeqRegistry, classify
 from .turns import ThreadTurns
@@ -570,6 +571,24 @@ class RingLinks:
             if taken:
                 assert turns is not None
                 turns.give_back()
+
+    def ack_links(self, position: int, n: int) -> dict[int, tuple[FramedConnection, Inbox]]:
+        """Per ack target of ring ``position`` among ``n`` (:func:`~pccl.protocol.peer_ack.ack_targets`:
+        the ring neighbours and the partner links), the connection peer commit's acks to it go
+        out on and the inbox its acks come in on, by one rule both ends of a pair apply alike:
+        the successor over lane 0, a partner over its partner link, the predecessor (when no
+        partner) back over its lane 0 (:attr:`reverse` at the other end)."""
+        if n < 2:
+            return {}
+        successor, predecessor = (position + 1) % n, (position - 1) % n
+        out: dict[int, tuple[FramedConnection, Inbox]] = {}
+        for target in ack_targets(position, n, self.partners):
+            partner = self.partners.get(target)
+            send = (self.to_next[0] if target == successor else partner.connection if partner is not None
+                    else self.inboxes[0].connection)
+            inbox = self.inboxes[0] if target == predecessor else partner if partner is not None else self.reverse
+            out[target] = (send, inbox)
+        return out
 
     @property
     def threaded(self) -> bool:

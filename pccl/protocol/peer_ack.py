@@ -34,7 +34,7 @@ to everyone; the number of hops after the last participant is ready is the graph
 ``log2 N`` with the halving-doubling partner links a round wires from 8 peers up (a hypercube
 with the ring: 2 hops at 8, 5 at 64, 7 at 256), ``N // 2`` over the ring alone (4 to 7 peers,
 or a ring forced).
-The driver sends over all of them (:func:`pccl._peer.peer_commit_driver.ack_routes` picks the
+The driver sends over all of them (:meth:`pccl.collectives.links.RingLinks.ack_links` picks the
 connection of each pair); a participant relays what grew, so the last id arrives
 :func:`ack_hops` hops after the last participant is ready.
 """

@@ -1,5 +1,5 @@
 """``Config.peer_commit`` at scale in the simulator: acks go to every ring neighbour and partner
-link (pccl._peer.peer_commit_driver.ack_routes), so a peer-agreed op commits ``ack_hops`` link
+link (pccl.collectives.links.RingLinks.ack_links), so a peer-agreed op commits ``ack_hops`` link
 latencies after the last participant is ready (a log-diameter graph), well before the master's
 ``CollectiveComplete`` can arrive from 50 ms away; relayed round the ring alone they took
 ``N - 1`` hops and lost to it.  Virtual seconds: exact, no noise."""

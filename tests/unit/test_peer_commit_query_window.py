@@ -5,13 +5,17 @@ The peer answers in doubt with its own id alone, so the master may decide on tha
 the ids the peer is about to learn from its acks: it must wait for the verdict, not commit on a
 full set.  Ring X -> P -> Q: Q acked {Q} to X; X merged, acked {Q, X} to P and died with its
 Done lost; the master queries P and Q.  P, in the window, answers {P}; Q answers {Q}; the union
-lacks X, so the master aborts Q — and P, reading X's ack, committed (the review's split)."""
+lacks X, so the master aborts Q — and P, reading X's ack, committed (the review's split).
+
+Also the steady path on real (memory) links, ring lanes both ways and partner links: every
+participant commits on its acks alone, the last one ready late."""
 
 from __future__ import annotations
 
 import types
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -22,6 +26,8 @@ from pccl.protocol import messages as m
 from pccl.protocol.op_lifecycle import Event, OpLifecycle, State
 from pccl.protocol.peer_ack import Ack, encode_ack
 from pccl.protocol.peer_commit import Phase
+from pccl.collectives.links import RingLinks
+from pccl.testing.streams import memory_mesh, memory_ring
 
 RING = (10, 11, 12)  # X, P, Q by peer id: P is position 1, its predecessor X position 0
 ME = 11
@@ -62,8 +68,9 @@ def _window() -> tuple[PeerCommits, Any, list[Any], list[Event]]:
     ag = Agreement.of(RING, ME, 1, SEQ, m.CollectiveInit(1, 4, 10, 0))
     silent = _Inbox(ag)  # lane 0 to Q read backwards: Q's acks (none come)
     silent.ack = None
-    links = types.SimpleNamespace(to_next=(_Lane(),), inboxes=(_Inbox(ag),), reverse=silent, partners={},
-                                  send_channels=None, retire=lambda seq: None)
+    lane, inbox = _Lane(), _Inbox(ag)
+    links = types.SimpleNamespace(to_next=(lane,), inboxes=(inbox,), send_channels=None, retire=lambda seq: None,
+                                  ack_links=lambda position, n: {0: (inbox.connection, inbox), 2: (lane, silent)})
     op = types.SimpleNamespace(seq=SEQ, agreement=ag, links=links, epoch=0, settled=trio.Event(),
                                ring_scope=trio.CancelScope(), machine=OpLifecycle(State.REPORTED),
                                plan=types.SimpleNamespace(what="all_reduce", tag=1))
@@ -101,3 +108,42 @@ async def test_without_a_query_the_same_peer_commits_on_the_full_set() -> None:
         assert steps == [Event.COMPLETE] and op.agreement.machine.phase is Phase.COMMITTED
         op.settled.set()  # (the step recorded above would have set it)
     assert answers == [] and not pcs.frozen(SEQ)
+
+
+INIT = m.CollectiveInit(1, 4, 10, 0)
+
+
+def _links(n: int) -> list[RingLinks]:
+    return memory_mesh(n)[0] if n >= 8 else memory_ring(n)[0]
+
+
+def _participant(ring: tuple[int, ...], position: int,
+                 links: RingLinks) -> tuple[PeerCommits, Any, list[Event], Counters]:
+    steps: list[Event] = []
+    host = types.SimpleNamespace(peer_id=ring[position], counters=Counters(), on_query=None,
+                                 config=types.SimpleNamespace(peer_timeout=3600.0), spawn=lambda *a: True)
+    op = types.SimpleNamespace(seq=SEQ, agreement=Agreement.of(ring, ring[position], 1, SEQ, INIT), links=links,
+                               epoch=0, settled=trio.Event(), ring_scope=trio.CancelScope(),
+                               machine=OpLifecycle(State.REPORTED), plan=types.SimpleNamespace(what="all_reduce", tag=1))
+    pcs = PeerCommits(host, lambda op, event, word=None: steps.append(event))  # type: ignore[arg-type]
+    pcs.track(op)
+    return pcs, op, steps, host.counters
+
+
+@pytest.mark.parametrize("n", [3, 5, 8, 9, 16])
+async def test_every_participant_commits_on_its_acks_alone_over_memory_links(n: int) -> None:
+    links = _links(n)
+    ring = tuple(range(100, 100 + n))
+    parts = [_participant(ring, p, links[p]) for p in range(n)]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for p, (pcs, op, _, _) in enumerate(parts):
+                if p != n // 2:
+                    nursery.start_soon(pcs.settle, op)
+            await trio.testing.wait_all_tasks_blocked()  # everyone else is ready, waiting for one id
+            assert all(op.agreement.machine.phase is Phase.READY for _, op, _, _ in parts if op is not parts[n // 2][1])
+            pcs, op, _, _ = parts[n // 2]
+            nursery.start_soon(pcs.settle, op)
+    assert all(steps == [Event.COMPLETE] for _, _, steps, _ in parts)
+    assert all(op.agreement.machine.phase is Phase.COMMITTED for _, op, _, _ in parts)
+    assert sum(counters.peer_commit_doubts for _, _, _, counters in parts) == 0
