@@ -1,11 +1,12 @@
 """``Config.peer_commit`` at 8 peers on real TCP loopback, where every topology round wires the
 halving-doubling partner links: the acks go to both ring neighbours and over the partner links
-(pccl._peer.peer_commit_driver.ack_routes), an ack to the successor on a lane whose frames worker
+(pccl.collectives.links.RingLinks.ack_links), an ack to the successor on a lane whose frames worker
 threads send goes through the lane's thread channel, and a partner killed right after its acks
 went out splits nobody."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -100,3 +101,41 @@ async def test_a_partner_killed_right_after_its_acks_splits_nobody() -> None:
         else:
             assert all(isinstance(outcome[i], pccl.CollectiveAborted) for i in survivors), outcome
             assert all(np.array_equal(xs[i], np.full(1000, i + 1.0, np.float32)) for i in survivors)
+
+
+async def test_an_ack_to_the_successor_waits_for_the_lane_threads_send_lock() -> None:
+    # On real TCP a lane's frames are written by worker threads under the lane's thread-side
+    # send lock; an ack written with the connection's async send took another lock and could
+    # land inside a frame a thread was writing.  Held as a thread would hold it, from just
+    # before peer A's Done until B has had time to hear from A: B must not hear A's ack (and
+    # commit) before the lock is free; then it must.
+    cfg = Config(peer_timeout=30.0, heartbeat_interval=0.3, connect_timeout=10.0, p2p_base_port=0,
+                 shared_state_base_port=0, fast_commit=True, peer_commit=True)
+    async with open_test_cluster(2, token=TOKEN, config=cfg, soon=SOON) as (master, comms, _):
+        _without_completes(master)
+        a, b = comms
+        held: list[int] = []
+        stack = contextlib.ExitStack()
+
+        async def before(msg: m.Message) -> None:
+            if isinstance(msg, m.CollectiveDone) and not held:
+                stack.enter_context(hooks.hold_lane_send_lock(a, 0))
+                held.append(b.statistics().peer_commits)
+
+        async def release() -> None:
+            with trio.fail_after(SOON):
+                while not held:
+                    await trio.sleep(0.01)
+            await trio.sleep(0.5)  # ample for an ack on loopback
+            held.append(b.statistics().peer_commits)
+            stack.close()
+
+        xs = [np.full(100, i + 1.0, np.float32) for i in range(2)]
+        with hooks.intercept_master_sends(a, before):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(release)
+                outcome = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=4), within=SOON)
+        assert all(isinstance(o, pccl.ReduceInfo) for o in outcome), outcome
+        assert all(np.array_equal(x, np.full(100, 3.0, np.float32)) for x in xs)
+        assert held == [0, 0], held  # B had not committed while A's lane was held
+        assert [c.statistics().peer_commits for c in comms] == [1, 1]
