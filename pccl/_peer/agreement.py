@@ -36,6 +36,9 @@ class Agreement:
     #: The ack read in progress: cancelled by the master's word (``stop``).
     scope: trio.CancelScope | None = None
     master_lost: bool = False
+    #: Committed on a full set, the call's result not yet returned (the driver does that once
+    #: its ack readers stopped, with no checkpoint before the call returns).
+    result_due: bool = False
 
     @classmethod
     def of(cls, ring: tuple[int, ...], me: int, round_id: int, seq: int, init: m.CollectiveInit) -> Agreement:

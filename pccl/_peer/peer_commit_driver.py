@@ -39,6 +39,8 @@ The rules as run here
   fed ``RESULT_HELD``, that it is in doubt — and waits for the verdict.
 * A full known set commits: the call returns its result without any master message (the
   master's own ``CollectiveComplete`` follows once every ``Done(ok)`` is in, and is ignored).
+  The op completes once the ack readers stopped, with nothing left to yield on before the call
+  returns (while the op runs, the master's word on it reaches it as it comes).
 * Doubt: an ack with another digest, a known set that breaks the rules, a failed ack link, or
   no ack from any link for ``peer_timeout`` (a neighbour lost or stalled) asks the master
   (``CollectiveAsk`` with the known set) and waits for its verdict; so does a participant the
@@ -236,6 +238,10 @@ class PeerCommits:
             except BaseExceptionGroup as group:
                 raise single_exception(group) from None  # a Cancelled stays one (settle catches it)
         if ag.machine.phase is Phase.COMMITTED:
+            if ag.result_due:  # no checkpoint from here to the call's return: the op's last word
+                ag.result_due = False
+                self._host.counters.peer_commits += 1
+                self._step(op, Event.COMPLETE, m.CollectiveComplete(op.plan.tag, op.seq))
             return
         if ag.master_lost and not op.settled.is_set():
             self._step(op, Event.MASTER_LOST)  # in doubt, and no master to ask
@@ -291,8 +297,7 @@ class PeerCommits:
             if effect is X.SEND_KNOWN:
                 await self.send_ack(op, ag, links)
             elif effect is X.RETURN_RESULT:
-                self._host.counters.peer_commits += 1
-                self._step(op, Event.COMPLETE, m.CollectiveComplete(op.plan.tag, op.seq))
+                ag.result_due = True  # once the ack readers stopped (_exchange)
             elif effect is X.ASK_MASTER:
                 await self._ask(op, ag)
             # RETIRE: nothing (the master completes the op on the last Done(ok) anyway).

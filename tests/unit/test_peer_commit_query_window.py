@@ -40,12 +40,17 @@ class _Inbox:
     def __init__(self, ag: Agreement) -> None:
         self.ack: bytes | None = encode_ack(Ack(SEQ, ag.digest, frozenset({0, 2})), len(RING))
         self.reads = 0
+        self.stopped = False  # a read of it was cancelled
         self.connection = _Lane()  # P's acks back to X
 
     async def receive_into(self, *, destination: memoryview, **kw: Any) -> int:
         self.reads += 1
         if self.reads > 1 or self.ack is None:
-            await trio.sleep_forever()
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                self.stopped = True
+                raise
         assert self.ack is not None
         destination[:] = self.ack
         return len(self.ack)
@@ -77,6 +82,7 @@ def _window() -> tuple[PeerCommits, Any, list[Any], list[Event]]:
 
     def step(op: Any, event: Event, word: object = None) -> None:
         steps.append(event)
+        op.readers_stopped_at_step = silent.stopped
 
     pcs = PeerCommits(host, step)  # type: ignore[arg-type]
     pcs.track(op)
@@ -108,6 +114,10 @@ async def test_without_a_query_the_same_peer_commits_on_the_full_set() -> None:
         assert steps == [Event.COMPLETE] and op.agreement.machine.phase is Phase.COMMITTED
         op.settled.set()  # (the step recorded above would have set it)
     assert answers == [] and not pcs.frozen(SEQ)
+    # The op's COMPLETE came once its ack readers had stopped: from there no checkpoint is left
+    # before the call returns, where the master's word (its Commence, say) could still reach
+    # the op's intercept and meet a completed op.
+    assert op.readers_stopped_at_step
 
 
 INIT = m.CollectiveInit(1, 4, 10, 0)
