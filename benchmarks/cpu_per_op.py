@@ -1,7 +1,7 @@
 """A peer's CPU per small collective on loopback: back-to-back calls, no Gloo, no barrier.
 
     .venv/bin/python benchmarks/cpu_per_op.py [--peers 2] [--size 16K] [--calls 1000]
-                                              [--collective all_reduce|broadcast]
+                                              [--collective all_reduce|broadcast] [--peer-commit]
                                               [--profile [--sort tottime] [--top 25]]
 
 A master process and ``--peers`` peer processes (``interleaved_gloo.py``'s cluster); every peer
@@ -12,6 +12,9 @@ makes ``--calls`` calls of one collective on one float32 buffer of ``--size`` by
   system (kernel) part of it (``getrusage``);
 - the wall time per call, in µs (on a loaded machine: CPU that the others' processes took);
 - the passes of its Trio run loop per call (the times it waited for I/O, a Trio instrument).
+
+The peers run with the library's default ``Config`` (fast commit); ``--peer-commit`` adds
+``Config.peer_commit`` (completion agreed among the peers by acks round the ring).
 
 With ``--profile`` a second, shorter run (``--calls`` / 4) counts the Python function calls per
 collective under ``cProfile`` (timed on the process's CPU clock; the profiler inflates CPU four
@@ -43,7 +46,7 @@ WARMUP = 50
 
 
 def _peer_main(rank: int, world: int, master_port: int, _gloo_file: str, nbytes: int, calls: int,
-               collective: str, profile: bool, sort: str, top: int) -> dict[str, Any]:
+               collective: str, profile: bool, sort: str, top: int, peer_commit: bool = False) -> dict[str, Any]:
     import trio
 
     import pccl
@@ -55,7 +58,8 @@ def _peer_main(rank: int, world: int, master_port: int, _gloo_file: str, nbytes:
             Passes.count += 1
 
     async def run() -> dict[str, Any]:
-        async with pccl.open_communicator(f"127.0.0.1:{master_port}") as comm:
+        config = pccl.Config(peer_commit=peer_commit)
+        async with pccl.open_communicator(f"127.0.0.1:{master_port}", config=config) as comm:
             await admit(comm, world)
             root = min(comm.ring)
             buf = np.random.default_rng(rank).standard_normal(max(1, nbytes // 4), dtype=np.float32)
@@ -109,15 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="count Python calls per op (cProfile)")
     parser.add_argument("--sort", default="tottime", help="--profile: the order of the top functions (pstats key)")
     parser.add_argument("--top", type=int, default=25, help="--profile: how many top functions to print")
+    parser.add_argument("--peer-commit", action="store_true",
+                        help="the peers run with Config.peer_commit (completion agreed among them by acks)")
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args(argv)
     if args.peers < 2 or args.calls < 1:
         parser.error("--peers must be at least 2 and --calls at least 1")
     nbytes = parse_size(args.size)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    per_rank = run_cluster(args.peers, _peer_main, (nbytes, args.calls, args.collective, args.profile, args.sort, args.top),
+    per_rank = run_cluster(args.peers, _peer_main, (nbytes, args.calls, args.collective, args.profile, args.sort, args.top,
+                                                          args.peer_commit),
                            args.timeout, "pccl-cpu-per-op-")
-    print(f"# {args.collective} of {format_size(nbytes)} at N={args.peers}, {args.calls} back-to-back calls per peer")
+    commit = "peer commit" if args.peer_commit else "the default commit"
+    print(f"# {args.collective} of {format_size(nbytes)} at N={args.peers}, {args.calls} back-to-back calls per peer, "
+          f"{commit}")
     print(f"{'rank':>4} {'cpu µs/op':>10} {'of it sys':>10} {'wall µs/op':>11} {'passes/op':>10} {'py calls/op':>12}")
     for rank in sorted(per_rank):
         r = per_rank[rank]

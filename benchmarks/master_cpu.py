@@ -1,7 +1,7 @@
 """The master's CPU per collective on loopback (not a test: figures vary with load).
 
     .venv/bin/python benchmarks/master_cpu.py [--peers 2 3] [--size 16K] [--iters 1000]
-                                              [--fast-commit] [--profile FILE]
+                                              [--fast-commit [--peer-commit]] [--profile FILE]
 
 A master process and ``N`` peer processes (spawn) on loopback.  The peers join, warm up with a
 few all-reduces, then make ``--iters`` back-to-back all-reduces of ``--size`` bytes (one tag, no
@@ -13,7 +13,8 @@ time per call are printed beside it, for context (on a host with fewer cores tha
 master's CPU is on the peers' critical path).
 
 ``--fast-commit`` runs the peers with ``Config.fast_commit`` (one master round trip per
-collective).  ``--profile FILE`` runs the master's calls under cProfile and writes its stats to
+collective); ``--peer-commit`` adds ``Config.peer_commit`` (the peers commit on their acks, the
+master still reads every Begin and Done and sends its Commence and Complete).  ``--profile FILE`` runs the master's calls under cProfile and writes its stats to
 ``FILE`` (read them with ``python -m pstats FILE``; the CPU figure then includes the profiler's
 overhead).
 
@@ -72,14 +73,14 @@ def _master_main(port: int, ready: Any, control: Any, profile: str | None) -> No
 
 
 def _peer_main(rank: int, world: int, port: int, nbytes: int, iters: int, fast_commit: bool,
-               go: Any, results: Any) -> None:
+               go: Any, results: Any, peer_commit: bool = False) -> None:
     import numpy as np
     import trio
 
     import pccl
 
     async def run() -> tuple[float, float, float]:
-        config = pccl.Config(fast_commit=fast_commit)
+        config = pccl.Config(fast_commit=fast_commit, peer_commit=peer_commit)
         async with pccl.open_communicator(f"127.0.0.1:{port}", config=config) as comm:
             await admit(comm, world)
             buf = np.ones(max(nbytes // 4, 1), dtype=np.float32)
@@ -102,15 +103,15 @@ def _peer_main(rank: int, world: int, port: int, nbytes: int, iters: int, fast_c
 
 
 def measure(world: int, nbytes: int, iters: int, fast_commit: bool, profile: str | None,
-            timeout: float = 600) -> dict[str, float]:
+            timeout: float = 600, peer_commit: bool = False) -> dict[str, float]:
     """The master's CPU per call, the mean peer CPU per call and the wall time per call (s)."""
     ctx = mp.get_context("spawn")
     ready, go, results = ctx.Event(), ctx.Event(), ctx.Queue()
     control, master_end = ctx.Pipe()
     port = free_port()
     master = ctx.Process(target=_master_main, args=(port, ready, master_end, profile), daemon=True)
-    peers = [ctx.Process(target=_peer_main, args=(r, world, port, nbytes, iters, fast_commit, go, results),
-                         daemon=True) for r in range(world)]
+    peers = [ctx.Process(target=_peer_main, args=(r, world, port, nbytes, iters, fast_commit, go, results,
+                                                           peer_commit), daemon=True) for r in range(world)]
     deadline = time.monotonic() + timeout
 
     def wait_all(kind: str) -> dict[int, Any]:
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="16K", help="all-reduce buffer size (4, 16K, 1M, ...)")
     parser.add_argument("--iters", type=int, default=1000)
     parser.add_argument("--fast-commit", action="store_true", help="peers run with Config.fast_commit")
+    parser.add_argument("--peer-commit", action="store_true", help="peers also run with Config.peer_commit")
     parser.add_argument("--profile", help="write the master's cProfile stats to this file (N appended)")
     parser.add_argument("--machine", action="store_true", help="time the master's state machine alone (no I/O)")
     args = parser.parse_args(argv)
@@ -240,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         nbytes = parse_size(args.size)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.peer_commit and (args.machine or not args.fast_commit):
+        parser.error("--peer-commit needs --fast-commit (and is not for --machine)")
     if args.iters < 1 or min(args.peers) < 2:
         parser.error("--iters must be at least 1 and --peers at least 2")
     if args.machine:
@@ -250,11 +254,11 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         return 0
     print(f"# master CPU per all-reduce of {format_size(nbytes)}, {args.iters} calls back to back, "
-          f"fast_commit={'on' if args.fast_commit else 'off'}")
+          f"fast_commit={'on' if args.fast_commit else 'off'}, peer_commit={'on' if args.peer_commit else 'off'}")
     print(f"{'N':>3} {'master us/op':>13} {'(user':>7} {'sys)':>6} {'peer us/op':>11} {'wall us/op':>11}")
     for world in dict.fromkeys(args.peers):
         profile = f"{args.profile}.{world}" if args.profile else None
-        row = measure(world, nbytes, args.iters, args.fast_commit, profile)
+        row = measure(world, nbytes, args.iters, args.fast_commit, profile, peer_commit=args.peer_commit)
         print(f"{world:>3} {row['master'] * 1e6:>13.1f} {row['user'] * 1e6:>7.0f} {row['sys'] * 1e6:>6.0f} "
               f"{row['peer'] * 1e6:>11.1f} {row['wall'] * 1e6:>11.1f}",
               flush=True)

@@ -4,6 +4,7 @@
                                    [--master-latency-ms 50] [--gbit 1] [--state-mib 4]
                                    [--mib 16] [--collectives all_reduce broadcast] [--seed 0]
                                    [--fast-commit | --no-fast-commit] [--peer-commit]
+                                   [--broadcast-algorithm auto|chain|tree|scatter_all_gather]
 
 Every link is ``--latency-ms`` one way and ``--gbit`` Gbit/s (4 MiB windows), except the
 master's to each peer, ``--master-latency-ms`` one way (default: ``--latency-ms``), so that the
@@ -20,7 +21,9 @@ together; then each step is, phase by phase with a barrier between phases:
 * ``all-reduce 4 KiB``: the ring's latency (``2(N-1)`` hops of one frame each);
 * ``all-reduce MiB``: a ``--mib`` MiB float32 all-reduce (bandwidth plus latency);
 * ``broadcast 4 KiB`` and ``broadcast MiB``: the same sizes broadcast from the peer with the
-  smallest id (``--collectives`` picks all-reduce, broadcast or both).
+  smallest id (``--collectives`` picks all-reduce, broadcast or both; ``--broadcast-algorithm``
+  forces one where it can run, :func:`pccl.testing.force_broadcast_algorithm`: partner links
+  are wired from 8 peers up).
 
 Nothing checks the results (the tests do), so the peers share their buffers: the MiB all-reduce
 reduces one input array into one output array (out of place: no input backup), the broadcasts
@@ -50,6 +53,8 @@ import numpy as np
 import trio
 
 import pccl
+import pccl.testing
+from pccl.protocol.algorithms import BroadcastAlgorithm
 from pccl_sim.engine.runner import simulate
 from pccl_sim.engine.topology import LinkSpec
 from pccl_sim.workloads.pccl.network import PcclSimNetwork
@@ -161,6 +166,9 @@ def main() -> None:
     parser.add_argument("--fast-commit", action=argparse.BooleanOptionalAction, default=pccl.Config.fast_commit,
                         help="peers begin collectives without the master's vote (pccl.Config.fast_commit; "
                              "default: pccl's default)")
+    parser.add_argument("--broadcast-algorithm", default="auto",
+                        choices=["auto", *(a.value for a in BroadcastAlgorithm)],
+                        help="force the broadcasts' algorithm where it can run (default: pccl's choice per op)")
     parser.add_argument("--peer-commit", action="store_true",
                         help="begun collectives commit among their peers (pccl.Config.peer_commit; needs fast commit)")
     args = parser.parse_args()
@@ -173,6 +181,8 @@ def main() -> None:
         parser.error("latencies must not be negative and --gbit must be positive")
     phases = phases_of(args)
     logging.disable(logging.CRITICAL)
+    if args.broadcast_algorithm != "auto":
+        pccl.testing.force_broadcast_algorithm(args.broadcast_algorithm)  # for the whole process
     rows = []
     for n in args.peers:
         wall = time.perf_counter()
@@ -183,7 +193,8 @@ def main() -> None:
     master_ms = args.latency_ms if args.master_latency_ms is None else args.master_latency_ms
     print(f"{args.latency_ms:g} ms one way, {args.gbit:g} Gbit/s links, the master {master_ms:g} ms from each peer; "
           f"state {args.state_mib} MiB; median of {args.steps} steps, virtual seconds; "
-          f"{'peer' if args.peer_commit else 'fast' if args.fast_commit else 'voted'} commit")
+          f"{'peer' if args.peer_commit else 'fast' if args.fast_commit else 'voted'} commit; "
+          f"broadcast algorithm {args.broadcast_algorithm}")
     print(f"{'peers':>6} " + " ".join(f"{label:>18}" for label in labels) + f" {'step':>9} {'wall s':>8}")
     for n, figures, wall in rows:
         step = sum(figures[p] for p in phases)

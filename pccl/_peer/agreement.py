@@ -10,7 +10,7 @@ import trio
 
 from .host import Counters
 from ..protocol import messages as m
-from ..protocol.peer_ack import op_digest
+from ..protocol.peer_ack import ack_seq, op_digest
 from ..protocol.peer_commit import Effect as X
 from ..protocol.peer_commit import Event as E
 from ..protocol.peer_commit import Phase, PeerCommit
@@ -26,6 +26,9 @@ class Agreement:
     position: int
     digest: bytes
     machine: PeerCommit
+    #: The data-frame seq of the op's acks (:func:`~pccl.protocol.peer_ack.ack_seq`, a hash:
+    #: worked out once per op, not per ack sent, read and retired, on any link).
+    seq: int = 0
     #: Per ack target (ring position): acks sent to it (the next one's step).
     sent: dict[int, int] = dataclasses.field(default_factory=dict)
     #: Per ack target: the positions it knows to be ready, as far as this participant can tell
@@ -33,8 +36,10 @@ class Agreement:
     told: dict[int, frozenset[int]] = dataclasses.field(default_factory=dict)
     #: Per ack source (ring position): acks read from it (the next one's step).
     received: dict[int, int] = dataclasses.field(default_factory=dict)
-    #: The ack read in progress: cancelled by the master's word (``stop``).
+    #: The wait for the next ack from any link (its deadline: ``peer_timeout``): cancelled by the
+    #: master's word (``stop``, which also sets ``stopped``: a wait it ends is no silence).
     scope: trio.CancelScope | None = None
+    stopped: bool = False
     master_lost: bool = False
     #: Committed on a full set, the call's result not yet returned (the driver does that once
     #: its ack readers stopped, with no checkpoint before the call returns).
@@ -43,7 +48,8 @@ class Agreement:
     @classmethod
     def of(cls, ring: tuple[int, ...], me: int, round_id: int, seq: int, init: m.CollectiveInit) -> Agreement:
         position = ring.index(me)
-        return cls(ring, position, op_digest(round_id, seq, init), PeerCommit(position, range(len(ring))))
+        return cls(ring, position, op_digest(round_id, seq, init), PeerCommit(position, range(len(ring))),
+                   ack_seq(seq))
 
     def news(self, target: int) -> bool:
         """Whether the known set holds an id that ``target`` (a ring position) is not known to
@@ -66,5 +72,6 @@ class Agreement:
         return effects
 
     def stop(self) -> None:
+        self.stopped = True
         if self.scope is not None:
             self.scope.cancel()

@@ -73,6 +73,11 @@ class Plan:
     def reduce_scatter(cls, x: Any, op: Any, tag: Any, quantization: Any) -> Plan:
         return cls.of(KIND_OPS[CollectiveKind.REDUCE_SCATTER], x, op, tag, quantization)
 
+    def at(self, epoch: int) -> Plan:
+        """This call as begun in master epoch ``epoch`` (built directly: every call makes one,
+        and ``dataclasses.replace`` costs several times more)."""
+        return Plan(self.row, self.call, self.init, epoch)
+
     @property
     def kind(self) -> CollectiveKind:
         return self.row.kind

@@ -38,7 +38,7 @@ holds for every kind.  One call is one or more *attempts*:
 
 **The fast path** (``Config.fast_commit``; docs/protocol.rst, "Design: one master round trip per
 collective").  An attempt that starts with no other collective of this peer in flight or
-starting (calls started together all vote: :meth:`CollectiveService._alone`), on ring
+starting (calls started together all vote: :meth:`~pccl._peer.call_gate.CallGate.alone`), on ring
 connections no op failed on since their round, of a kind that needs no count from the master,
 skips the vote: it sends ``CollectiveBegin`` with the seq every peer derives alike (the round,
 the tag, the tag's uses since the round: every attempt that got a seq counts, whichever path)
@@ -96,7 +96,6 @@ ring rather than waiting on each other.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -107,6 +106,7 @@ import trio
 from .collective_plans import Plan, StaleRing, Withdrawn, phase_mismatch_abort
 from .op_attempt import OpAttempt, await_verdict
 from .agreement import Agreement
+from .call_gate import CallGate
 from .peer_commit_driver import PeerCommits
 from .reduce_many import MANY_FIRST_TAG, reduce_many
 from .host import CollectiveRoute, MasterLost, PeerHost, RouteInbox
@@ -127,7 +127,6 @@ from ..errors import (
 from ..protocol import messages as m
 from ..protocol.op_lifecycle import Effect, Event, OpLifecycle, State
 from ..protocol.peer_commit import Phase
-from ..protocol.phases import TopologyVote
 from ..types import CollectiveInfo, Gathered, ReduceInfo, ReduceOp, Shard
 from ..collectives.backup import InputGuard
 from ..collectives.buffers import KernelRunner
@@ -154,20 +153,22 @@ class CollectiveService:
         self._runner = KernelRunner(threads=host.config.kernel_threads, kernel_wait=host.network.kernel_wait())
         self._links = RingLinkCache(host.master_epoch)
         self._watchdog = RingWatchdog(host)
-        self._holding = 0  # attempts of this service that hold a tag route
-        self._holding_changed = trio.Event()
+        self._gate = CallGate(host, self._links)  # who holds a tag, and the way to one
         #: Fast path (``Config.fast_commit``): the ring connections an op failed on (no op
         #: begins on them again), and the uses of each tag since the round of ``_uses_round``.
         self._spoiled: P2PLinks | None = None
         self._uses_links: P2PLinks | None = None
         self._uses: dict[int, int] = {}
-        #: Calls between their start and their choice of path (see :meth:`_alone`).
-        self._starting = 0
         self._commits = PeerCommits(host, self._step)  # Config.peer_commit, and the master's queries
 
     @property
     def host(self) -> PeerHost:
         return self._host
+
+    @property
+    def gate(self) -> CallGate:
+        """The attempts that hold a tag or are starting, and a call's way to its tag."""
+        return self._gate
 
     @property
     def runner(self) -> KernelRunner:
@@ -222,7 +223,7 @@ class CollectiveService:
         on a stale ring."""
         try:
             await self._host.ready()
-            plan = dataclasses.replace(plan, epoch=self._host.master_epoch)
+            plan = plan.at(self._host.master_epoch)
             return await self.reduce(plan)
         except MasterLost as exc:
             raise CollectiveAborted(f"{plan.what} aborted: {exc}") from exc
@@ -251,45 +252,15 @@ class CollectiveService:
         """Re-wire the group once no all-reduce of this peer holds a tag (the master refuses a
         topology vote while this peer has a collective in flight).  Concurrent callers share
         the one vote."""
-        while True:
-            while self._holding:
-                await self._holding_changed.wait()
-            # A cancelled call's vote is withdrawn first (the vote waits for that anyway), and
-            # a call that started meanwhile holds its tag: wait for it too, or the vote would
-            # be refused with a collective in flight.
-            await self._host.settled()
-            if not self._holding:
-                break
+        await self._gate.idle()
         log.info("peer %x: ring is stale, re-wiring the group before retrying", self._host.peer_id)
         await self._host.rewire()
-
-    def _hold(self) -> None:
-        self._holding += 1
-        self._holding_changed.set()
-        self._holding_changed = trio.Event()
-
-    def _release(self, tag: int) -> None:
-        self._host.close_route(tag)
-        self._holding -= 1
-        self._holding_changed.set()
-        self._holding_changed = trio.Event()
 
     async def _attempt(self, plan: Plan, *, fast: bool = True) -> Result:
         """One attempt: vote, and run the op if the master commences it (or begin it at once,
         when ``fast`` and :meth:`_begin` allow).  Raises ``StaleRing`` on a stale ring (the
         caller re-wires)."""
-        # A re-wire of this peer (an internal vote that refuses collectives) standing before or begun
-        # during the awaits below: this legal call joins it and starts on the new ring, never refused.
-        alone: bool | None = None
-        while alone is None or self._host.phase.topology_vote is TopologyVote.REWIRE:
-            while self._host.phase.topology_vote is TopologyVote.REWIRE:
-                await self._host.rewire()
-            epoch = self._host.master_epoch
-            self._links.follow(epoch)
-            if epoch != plan.epoch:  # a call never spans two masters (loops stand anywhere after one)
-                raise MasterLost(f"the master changed during {plan.what}")
-            await self._host.settled(plan.tag)  # a cancelled call's vote on this tag is withdrawn first
-            alone = fast and await self._alone()
+        epoch, alone = await self._gate.enter(plan, fast=fast)  # joins a re-wire of this peer, never refused
         begin = self._begin(plan) if alone else None  # no checkpoint from here to open_route: holds a tag
         route = self._host.open_route(plan.tag)
         # Large ops (and the partner links' ops) take their turns in the order they were
@@ -299,7 +270,7 @@ class CollectiveService:
         # (Not a begun op's: its one-way Commence comes once it may be on its data path already,
         # and would record the seq as waiting again, holding every later large op back.)
         route.on_commence = registry.commenced if begin is None else None
-        self._hold()
+        self._gate.hold()
         op = OpAttempt(plan, epoch)
         keep_route = False
         try:
@@ -344,21 +315,7 @@ class CollectiveService:
                 self._commits.untrack(op)
         finally:
             if not keep_route:
-                self._release(plan.tag)
-
-    async def _alone(self) -> bool:
-        """Whether this call is the only collective of this peer, both in flight and starting:
-        calls started together (a nursery's tasks, which Trio runs in an order that differs per
-        peer) all see each other here after one checkpoint, so none of them begins and none can
-        cross another peer's begun op (docs/protocol.rst, "Crossings")."""
-        if not self._host.config.fast_commit or self._holding:
-            return False
-        self._starting += 1
-        try:
-            await trio.lowlevel.checkpoint()
-        finally:
-            self._starting -= 1
-        return not self._starting
+                self._gate.release(plan.tag)
 
     def _begin(self, plan: Plan) -> m.CollectiveBegin | None:
         """The Begin of ``plan``'s op if it takes the fast path (``Config.fast_commit``; this
@@ -366,7 +323,7 @@ class CollectiveService:
         the kind needs no vote), counting the tag's use; ``None``: it votes."""
         p2p = self._host.links
         init = plan.init
-        if (not self._host.config.fast_commit or self._holding or self._starting or p2p is self._spoiled
+        if (not self._host.config.fast_commit or self._gate.holding or self._gate.starting or p2p is self._spoiled
                 or p2p.round == 0
                 or len(p2p.ring) < 2 or self._host.peer_id not in p2p.ring
                 or init.kind == m.CollectiveKind.ALL_GATHER
@@ -541,7 +498,7 @@ class CollectiveService:
             self._step(op, Event.MASTER_LOST)
         finally:
             self._commits.untrack(op)
-            self._release(tag)
+            self._gate.release(tag)
 
     async def _recall(self, op: OpAttempt, inbox: RouteInbox) -> None:
         """A begun op's withdrawal is out: wait for the master's end of the op — its ``Abort``

@@ -80,7 +80,7 @@ from ..net.thread_io import ThreadCancel
 from ..protocol import messages as m
 from ..protocol.codec import DataHeader
 from ..protocol.op_lifecycle import Event, State
-from ..protocol.peer_ack import Ack, Acceptance, accept, ack_seq, ack_size, decode_ack, encode_ack
+from ..protocol.peer_ack import Ack, Acceptance, accept, ack_size, decode_ack, encode_ack
 from ..protocol.peer_commit import Effect as X
 from ..protocol.peer_commit import Event as E
 from ..protocol.peer_commit import Phase
@@ -218,7 +218,7 @@ class PeerCommits:
                 raise
         finally:
             acks[0].close()
-            links.retire(ack_seq(op.seq))
+            links.retire(ag.seq)
 
     async def _exchange(self, op: OpAttempt, ag: Agreement, links: RingLinks, acks: _Acks) -> None:
         """Acks until a full set, the master's word or a doubt; then, in doubt, the verdict.
@@ -253,11 +253,13 @@ class PeerCommits:
                      acks: trio.MemoryReceiveChannel[tuple[int, Ack | None]]) -> None:
         timeout = self._host.config.peer_timeout
         while ag.machine.phase is Phase.READY and not op.settled.is_set():
-            ag.scope = trio.CancelScope()
+            # One scope per wait: its deadline is the silence bound, ``stop`` cancels it too.
+            scope = ag.scope = trio.CancelScope(deadline=trio.current_time() + timeout)
             got: tuple[int, Ack | None] | None = None
-            with trio.move_on_after(timeout) as silent, ag.scope:
+            with scope:
                 got = await acks.receive()
             ag.scope = None
+            silent = scope.cancelled_caught and not ag.stopped  # the master's word is no silence
             source, ack = got if got is not None else (-1, None)
             if ack is not None:
                 effects = self._merge(op, ag, source, ack)
@@ -271,7 +273,7 @@ class PeerCommits:
                 relay = X.SEND_KNOWN in effects and ag.machine.phase in (Phase.READY, Phase.COMMITTED)
                 await self._effects(op, ag, links, ((X.SEND_KNOWN,) if relay else ())
                                     + tuple(x for x in effects if x is not X.SEND_KNOWN))
-            elif (got is not None or silent.cancelled_caught) and not op.settled.is_set():
+            elif (got is not None or silent) and not op.settled.is_set():
                 if got is None:
                     log.info("peer %x: no ack of %s seq %d for %g s: asking the master", self._host.peer_id,
                              op.plan.what, op.seq, timeout)
@@ -328,7 +330,7 @@ class PeerCommits:
                 ag.sent[target] = step + 1
                 ag.tell(target, known)
                 try:
-                    await _send(links, connection, DataHeader(ack_seq(op.seq), 0, step, 0, len(payload)), payload)
+                    await _send(links, connection, DataHeader(ag.seq, 0, step, 0, len(payload)), payload)
                 except PCCLError as exc:
                     log.info("peer %x: could not send an ack of %s seq %d to ring position %d: %s",
                              self._host.peer_id, op.plan.what, op.seq, target, exc)
@@ -342,7 +344,7 @@ class PeerCommits:
             while True:
                 buffer = bytearray(ack_size(n))
                 try:
-                    await inbox.receive_into(seq=ack_seq(op.seq), stream=0, step=ag.received.get(source, 0),
+                    await inbox.receive_into(seq=ag.seq, stream=0, step=ag.received.get(source, 0),
                                              offset=0, destination=memoryview(buffer))
                 except PCCLError as exc:
                     log.info("peer %x: the ack link of %s seq %d from ring position %d failed: %s",

@@ -141,8 +141,8 @@ async def _round(runner: KernelRunner, attempt: Attempt, many: _Many, pending: l
                     send, recv = await runner.run(bucket.nbytes, bucket.buffers)
                 else:
                     send, recv = bucket.buffers()
-                plan = many.plans[i] = dataclasses.replace(
-                    Plan.all_reduce(send, recv, many.op, many.first_tag + i, many.quantization), epoch=many.epoch)
+                plan = many.plans[i] = Plan.all_reduce(send, recv, many.op, many.first_tag + i,
+                                                       many.quantization).at(many.epoch)
             result = await attempt(plan)
             assert isinstance(result, ReduceInfo)
             many.results[i] = result

@@ -3,8 +3,10 @@
 :func:`broadcast_checked` sends the root's buffer to every participant and returns the payload
 bytes this peer sent and received.  Where the ring has partner links and the buffer is small for
 the group, :func:`broadcast_op` makes a :class:`~pccl.collectives.tree_broadcast.TreeBroadcastOp`
-instead (``log2 N`` hops; :func:`~pccl.protocol.algorithms.choose_broadcast`, a pure function of
-agreed parameters, picks per op).  What follows is the chain.
+instead (``log2 N`` hops), and for mid-size and large buffers in large groups a
+:class:`~pccl.collectives.scatter_broadcast.ScatterAllGatherOp` (``2 log2 N`` hops, about twice
+the buffer per peer); :func:`~pccl.protocol.algorithms.choose_broadcast`, a pure function of
+agreed parameters, picks per op.  What follows is the chain.
 
 Design
 ------
@@ -44,6 +46,7 @@ from .buffers import KernelRunner, ReduceArgs
 from .chain_op import ChainOp
 from .execute import Place, execute
 from .links import RingLinks
+from .scatter_broadcast import ScatterAllGatherOp
 from .segments import Segments
 from .tree_broadcast import TreeBroadcastOp
 
@@ -87,7 +90,7 @@ def broadcast_algorithm_for(args: ReduceArgs, place: Place,
     (:func:`~pccl.protocol.algorithms.choose_broadcast`; the same on every peer: the partner
     links are wired on every peer of a round or on none).  A round forced to the hierarchical
     all-reduce wires site partners only, some of which may happen to be a peer's
-    halving-doubling partners: the tree never runs there."""
+    halving-doubling partners: neither the tree nor the scatter + all-gather runs there."""
     return choose_broadcast(int(args.src.nbytes), place.world, quantized=args.quant is not None,
                             segmented=isinstance(args.src, Segments),
                             partner_links=place.links.algorithm is not AllReduceAlgorithm.HIERARCHICAL
@@ -106,16 +109,18 @@ def shared_broadcast_schedule(count: int, world: int, rank: int, subchunk_elemen
 
 
 def broadcast_op(args: ReduceArgs, place: Place, *, root: int, max_subchunk_bytes: int = DEFAULT_SUBCHUNK_BYTES,
-                 algorithm: BroadcastAlgorithm | None = None) -> ChainOp | TreeBroadcastOp:
+                 algorithm: BroadcastAlgorithm | None = None) -> ChainOp | TreeBroadcastOp | ScatterAllGatherOp:
     """The broadcast from ring position ``root`` of ``args`` at ``place``, ready to run, by the
     algorithm :func:`broadcast_algorithm_for` picks (``algorithm`` forces one where it can run)
     (``InvalidArgument`` for a ``root`` outside the ring)."""
     if not 0 <= root < place.world:
         raise InvalidArgument(f"root {root} / world {place.world}: the root must be a ring position, "
                               f"0 <= root < world")
-    if broadcast_algorithm_for(args, place, algorithm) is BroadcastAlgorithm.TREE:
-        return TreeBroadcastOp(args, root=root, links=place.links, rank=place.rank, world=place.world,
-                               seq=place.seq, backup=place.backup, runner=place.runner)
+    chosen = broadcast_algorithm_for(args, place, algorithm)
+    if chosen is not BroadcastAlgorithm.CHAIN:
+        kind = TreeBroadcastOp if chosen is BroadcastAlgorithm.TREE else ScatterAllGatherOp
+        return kind(args, root=root, links=place.links, rank=place.rank, world=place.world,
+                    seq=place.seq, backup=place.backup, runner=place.runner)
     count = args.src.size
     sub = subchunk_elements(count, place.world, args.dtype.itemsize, max_bytes=max_subchunk_bytes)
     breaks = tuple(args.src.breaks) if isinstance(args.src, Segments) else ()

@@ -33,6 +33,7 @@ from .halving import HalvingDoublingOp
 from .inline import InlineRing, suits_inline
 from .lane_op import LaneOp
 from .links import RingLinks
+from .scatter_broadcast import ScatterAllGatherOp
 from .threaded import LaneThreads
 from .tree_broadcast import TreeBroadcastOp
 from .trio_ring import TrioRing
@@ -40,8 +41,9 @@ from .trio_ring import TrioRing
 __all__ = ["AnyOp", "Place", "check_ring", "execute", "execute_op"]
 
 #: An op :func:`execute` runs (any kind's): one the three ring paths drive (:class:`LaneOp`),
-#: or one that runs itself over partner links (:class:`HalvingDoublingOp`, :class:`TreeBroadcastOp`).
-AnyOp = LaneOp | HalvingDoublingOp | TreeBroadcastOp
+#: or one that runs itself over partner links (:class:`HalvingDoublingOp`, :class:`TreeBroadcastOp`,
+#: :class:`ScatterAllGatherOp`).
+AnyOp = LaneOp | HalvingDoublingOp | TreeBroadcastOp | ScatterAllGatherOp
 #: The op :func:`execute` makes and runs.
 OpT = TypeVar("OpT", bound=AnyOp)
 
@@ -111,7 +113,7 @@ async def execute_op(op: AnyOp) -> None:
     other op leaves the commence order at once."""
     links = op.links
     try:
-        if isinstance(op, (HalvingDoublingOp, TreeBroadcastOp)):
+        if isinstance(op, (HalvingDoublingOp, TreeBroadcastOp, ScatterAllGatherOp)):
             if op.moves_nothing():
                 links.registry.started(op.seq)
                 await trio.lowlevel.checkpoint()

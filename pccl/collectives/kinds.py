@@ -36,6 +36,7 @@ the master's ``KINDS`` as well.  ``tests/e2e/test_kind_rows_inproc.py`` adds a t
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ import numpy as np
 from ..arrays import like_input
 from ..errors import InvalidArgument, ProtocolError
 from ..protocol import messages as m
+from ..protocol.algorithms import BroadcastAlgorithm
 from ..protocol.messages import CollectiveKind
 from ..types import CollectiveInfo, Gathered, QuantKind, ReduceInfo, ReduceOp, Shard
 from .all_gather import GatherArgs, all_gather_op
@@ -57,7 +59,7 @@ from .reduce_scatter import reduce_scatter_op, shard_bounds
 from .segments import Segments
 from .wire_quant import WireQuant
 
-__all__ = ["Call", "KindOps", "KIND_OPS", "TAG_LIMIT", "check_tag", "quant_fields"]
+__all__ = ["Call", "KindOps", "KIND_OPS", "TAG_LIMIT", "check_tag", "quant_fields", "with_broadcast_algorithm"]
 
 TAG_LIMIT = 1 << 64
 
@@ -172,12 +174,21 @@ def _check_broadcast(x: Any, root: Any, tag: Any, quantization: Any) -> Call:
     return Call(tag, ReduceArgs.check(x, None, ReduceOp.SUM, quantization), own=root)
 
 
-def _broadcast_op(call: Call, commence: m.CollectiveCommence, place: Place) -> AnyOp:
+def _broadcast_op(call: Call, commence: m.CollectiveCommence, place: Place,
+                  algorithm: BroadcastAlgorithm | None = None) -> AnyOp:
+    """``algorithm``: forced where it can run (``None``: the automatic choice; a test forces one
+    with :func:`pccl.testing.force_broadcast_algorithm`)."""
     ring = tuple(commence.ring)
     if call.own not in ring:
         raise ProtocolError(f"the master commenced broadcast tag {call.tag} from root {call.own} on ring "
                             f"{list(ring)}, which does not hold it")
-    return broadcast_op(_keep(call), place, root=ring.index(call.own))
+    return broadcast_op(_keep(call), place, root=ring.index(call.own), algorithm=algorithm)
+
+
+def with_broadcast_algorithm(row: KindOps, algorithm: BroadcastAlgorithm) -> KindOps:
+    """The broadcast's ``row`` with every op forcing ``algorithm`` where it can run
+    (:func:`pccl.testing.force_broadcast_algorithm` plants it)."""
+    return dataclasses.replace(row, make_op=functools.partial(_broadcast_op, algorithm=algorithm))
 
 
 def _broadcast_info(call: Call, commence: m.CollectiveCommence, rank: int, tx: int, rx: int,

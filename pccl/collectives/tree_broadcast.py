@@ -13,7 +13,7 @@ does not already have.
   segment's index, ``step`` = the tree level); a peer forwards each segment to each of its
   children as soon as it is in, one sending task per child, so the levels overlap on large
   buffers.  Which algorithm runs is :func:`~pccl.protocol.algorithms.choose_broadcast`'s pure
-  choice; both leave the root's bytes, bit for bit, on every peer.
+  choice; every algorithm leaves the root's bytes, bit for bit, on every peer.
 * **Buffers.**  Frames are received straight into the output (zero copy) and forwarded from
   it.  In place, a receiver's buffer is saved whole into the backup before its first frame is
   received (through the kernel runner: a worker thread when large); the root's is never

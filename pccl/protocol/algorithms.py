@@ -301,6 +301,10 @@ class BroadcastAlgorithm(enum.Enum):
     #: A pipelined binomial tree over the partner links (:func:`broadcast_tree`): ``log2 P`` hops
     #: (one more on each side of the fold), the root sending the buffer ``log2 P`` times.
     TREE = "tree"
+    #: A scatter (recursive halving from the root) then a recursive-doubling all-gather over the
+    #: partner links (:func:`~pccl.protocol.scatter_gather.scatter_all_gather_plan`): ``2 log2 P``
+    #: hops (one more on each side of the fold), no peer sending more than twice the buffer.
+    SCATTER_ALL_GATHER = "scatter_all_gather"
 
 
 #: Largest frame (bytes of payload) of the tree broadcast: the buffer travels in segments of this
@@ -371,24 +375,31 @@ def broadcast_costs(nbytes: int, world: int) -> dict[BroadcastAlgorithm, float]:
     peers, in bytes (the unit of :func:`costs`): the chain ``(N - 1)`` latencies plus the
     buffer plus ``N - 2`` of its sub-chunks (a hop forwards a sub-chunk once it is whole); the
     tree its depth in latencies and segments plus ``log2 P`` buffers (its root sends the buffer
-    to every child over one uplink)."""
+    to every child over one uplink); the scatter + all-gather ``2 log2 P`` latencies plus
+    ``2 (P - 1) / P`` buffers (its steps do not overlap: a step sends what the previous one
+    brought), and with the fold two more latencies and two more buffers (a folded root's
+    buffer to its partner first, the whole result to each folded peer last; counted whatever
+    the root, so the choice does not depend on it)."""
     latency = NOMINAL_LATENCY_BYTES
     size = power_of_two_below(world)
     steps = _log2(size)
     sub = min(4 << 20, max(64 * 1024, -(-nbytes // (2 * world))))  # the ring's sub-chunk (ring.py)
     chain = (world - 1) * latency + nbytes + max(0, world - 2) * min(sub, nbytes)
-    depth = steps + (2 if size != world else 0)  # the fold in (a folded root) and out
-    tree = depth * (latency + min(nbytes, TREE_SEGMENT_BYTES)) + max(1, steps) * nbytes
-    return {BroadcastAlgorithm.CHAIN: chain, BroadcastAlgorithm.TREE: tree}
+    fold = 2 if size != world else 0  # the fold in (a folded root) and out
+    tree = (steps + fold) * (latency + min(nbytes, TREE_SEGMENT_BYTES)) + max(1, steps) * nbytes
+    scatter = (2 * steps + fold) * latency + (2 * (size - 1) / size + fold) * nbytes
+    return {BroadcastAlgorithm.CHAIN: chain, BroadcastAlgorithm.TREE: tree,
+            BroadcastAlgorithm.SCATTER_ALL_GATHER: scatter}
 
 
 def choose_broadcast(nbytes: int, world: int, *, quantized: bool, segmented: bool, partner_links: bool,
                      forced: BroadcastAlgorithm | None = None) -> BroadcastAlgorithm:
-    """The algorithm a broadcast of ``nbytes`` runs on ``world`` peers: the cheaper of
-    :func:`broadcast_costs` (ties to the chain), or ``forced`` (every peer passes the same).
-    Quantized and segmented ops, rings without partner links and empty ops always take the
-    chain; so does the automatic choice below :data:`MIN_WORLD` (where the chain has at most 6
-    hops and no partner links are wired)."""
+    """The algorithm a broadcast of ``nbytes`` runs on ``world`` peers: the cheapest of
+    :func:`broadcast_costs` (ties to the chain, then the tree), or ``forced`` (every peer passes
+    the same).  Quantized and segmented ops, rings without partner links and empty ops always
+    take the chain; so does the automatic choice below :data:`MIN_WORLD` (where the chain has
+    at most 6 hops and no partner links are wired).  The scatter + all-gather sends a run of
+    blocks in frames of at most :data:`TREE_SEGMENT_BYTES`, so it has no frame limit to check."""
     if quantized or segmented or not partner_links or world < 2 or nbytes == 0:
         return BroadcastAlgorithm.CHAIN
     if forced is not None:
@@ -396,5 +407,8 @@ def choose_broadcast(nbytes: int, world: int, *, quantized: bool, segmented: boo
     if world < MIN_WORLD:
         return BroadcastAlgorithm.CHAIN
     table = broadcast_costs(nbytes, world)
-    return BroadcastAlgorithm.TREE if table[BroadcastAlgorithm.TREE] < table[BroadcastAlgorithm.CHAIN] \
-        else BroadcastAlgorithm.CHAIN
+    best = BroadcastAlgorithm.CHAIN
+    for algorithm in (BroadcastAlgorithm.TREE, BroadcastAlgorithm.SCATTER_ALL_GATHER):
+        if table[algorithm] < table[best]:
+            best = algorithm
+    return best

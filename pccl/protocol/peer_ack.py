@@ -103,12 +103,12 @@ def encode_ack(ack: Ack, n: int) -> bytes:
     (position ``p`` is bit ``p % 8`` of byte ``p // 8``)."""
     if len(ack.digest) != DIGEST_SIZE:
         raise InvalidArgument(f"a digest is {DIGEST_SIZE} bytes, got {len(ack.digest)}")
-    if any(not 0 <= p < n for p in ack.known):
-        raise InvalidArgument(f"known positions {sorted(ack.known)} are not all in 0..{n - 1}")
-    bits = bytearray((n + 7) // 8)
+    value = 0  # the bitset as one little-endian integer: bit p is position p
     for p in ack.known:
-        bits[p >> 3] |= 1 << (p & 7)
-    return _HEAD.pack(ack.seq, ack.digest, n) + bytes(bits)
+        if not 0 <= p < n:
+            raise InvalidArgument(f"known positions {sorted(ack.known)} are not all in 0..{n - 1}")
+        value |= 1 << p
+    return _HEAD.pack(ack.seq, ack.digest, n) + value.to_bytes((n + 7) // 8, "little")
 
 
 def decode_ack(payload: bytes, n: int) -> Ack:
@@ -123,10 +123,15 @@ def decode_ack(payload: bytes, n: int) -> Ack:
     bits = payload[_HEAD.size:]
     if len(bits) != (n + 7) // 8:
         raise ProtocolError(f"an ack for {n} participants has {len(bits)} bitset bytes, not {(n + 7) // 8}")
-    known = frozenset(i * 8 + b for i, byte in enumerate(bits) for b in range(8) if byte >> b & 1)
-    if known and max(known) >= n:
-        raise ProtocolError(f"an ack names position {max(known)} of an op with {n} participants")
-    return Ack(seq, digest, known)
+    value = int.from_bytes(bits, "little")  # bit p: position p (bit p % 8 of byte p // 8)
+    if value.bit_length() > n:
+        raise ProtocolError(f"an ack names position {value.bit_length() - 1} of an op with {n} participants")
+    positions = []
+    while value:  # (a loop, not a generator: one call per ack, not one per bit)
+        low = value & -value
+        positions.append(low.bit_length() - 1)
+        value ^= low
+    return Ack(seq, digest, frozenset(positions))
 
 
 def accept(ack: Ack, seq: int, digest: bytes) -> str:

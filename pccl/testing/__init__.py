@@ -8,7 +8,7 @@ not import it) and without any compatibility promise.
 - Whole runs in the test's process: :func:`open_test_cluster`, :func:`admit`, :func:`each`,
   :func:`master_in_thread` (:mod:`pccl.testing.cluster`).
 - Narrow hooks into a communicator (:mod:`pccl.testing.hooks`): its phase, ring lanes and ports
-  as frozen snapshots; a forced re-wire; raw messages to the master or on a lane; a broken
+  as frozen snapshots; a forced re-wire; a call held on its way to its tag; raw messages to the master or on a lane; a broken
   lane; faults planted on its master link.
 - Hooks into a master (:mod:`pccl.testing.master_hooks`): :func:`master_snapshot`, and for the
   simulator :func:`master_state` and :func:`install_master_state`.
@@ -23,6 +23,7 @@ from . import conformance
 from .cluster import MasterThread, TestCluster, admit, each, master_in_thread, open_test_cluster
 from .faults import (
     PlantedFault,
+    force_broadcast_algorithm,
     plant_attempt_fault,
     plant_backup_fault,
     plant_execute_fault,
@@ -42,6 +43,7 @@ from .hooks import (
     fail_master_send,
     failure_of,
     force_rewire,
+    hold_call_before_route,
     intercept_master_sends,
     lanes_from_predecessor,
     listener_address,
@@ -66,7 +68,7 @@ __all__ = [
     "conformance",
     "MemoryStream", "MemoryListener", "MemoryNetwork", "memory_stream_pair", "memory_ring", "memory_mesh",
     "TestCluster", "open_test_cluster", "admit", "each", "MasterThread", "master_in_thread",
-    "PhaseSnapshot", "phase_of", "failure_of", "force_rewire",
+    "PhaseSnapshot", "phase_of", "failure_of", "force_rewire", "hold_call_before_route",
     "RingLanes", "ring_lanes", "send_on_lane", "send_data_on_lane", "receive_on_lane", "lanes_from_predecessor",
     "break_lane",
     "send_raw", "open_route", "close_route", "drop_master_link", "intercept_master_sends",
@@ -74,6 +76,6 @@ __all__ = [
     "AdmissionCounts", "listener_address", "admission_counts", "peer_admission_limits",
     "points_under_way", "hold_point_answers", "probe", "probe_bound", "run_kind",
     "MasterSnapshot", "master_snapshot", "master_state", "install_master_state",
-    "PlantedFault", "plant_kind_fault", "plant_execute_fault", "plant_backup_fault", "plant_staging_fault", "plant_attempt_fault",
+    "PlantedFault", "force_broadcast_algorithm", "plant_kind_fault", "plant_execute_fault", "plant_backup_fault", "plant_staging_fault", "plant_attempt_fault",
     "plant_serving_fault",
 ]

@@ -4,7 +4,8 @@ caught) and for peer processes that die part-way through a ring.
 
 Each ``plant_*`` function installs its fault at once and returns a :class:`PlantedFault`:
 ``remove()`` it, or use it as a context manager (``with plant_kind_fault(...):``).  A peer
-process that dies with its fault never removes it.
+process that dies with its fault never removes it.  :func:`force_broadcast_algorithm` plants a
+choice the same way: every broadcast of the process runs the algorithm it names.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from typing import Any
 from .._peer import collective_plans as _plans
 from .._peer import collective_service as _service
 from .._peer import sync as _sync
-from ..collectives.kinds import KIND_OPS, KindOps
+from ..collectives.kinds import KIND_OPS, KindOps, with_broadcast_algorithm
 from ..errors import InvalidArgument
+from ..protocol.algorithms import BroadcastAlgorithm
 from ..protocol.messages import CollectiveKind
 
 __all__ = ["PlantedFault", "plant_kind_fault", "plant_execute_fault", "plant_backup_fault", "plant_staging_fault", "plant_attempt_fault",
-           "plant_serving_fault"]
+           "plant_serving_fault", "force_broadcast_algorithm"]
 
 RingEntry = Callable[..., Any]
 
@@ -67,6 +69,21 @@ def plant_kind_fault(kind: str, change: Callable[[KindOps], KindOps]) -> Planted
     if not isinstance(changed, KindOps) or changed.kind != row.kind:
         raise InvalidArgument(f"change must return a row of kind {row.kind.name} (dataclasses.replace(row, ...))")
     return PlantedFault(KIND_OPS, key, changed)
+
+
+def force_broadcast_algorithm(algorithm: BroadcastAlgorithm | str) -> PlantedFault:
+    """Every broadcast in this process runs ``algorithm`` (a :class:`BroadcastAlgorithm` or its
+    value) where it can run (:func:`~pccl.protocol.algorithms.choose_broadcast`'s ``forced``:
+    quantized ones and rings without partner links keep the chain).  Every peer of a run must
+    force the same one, as with ``Config.all_reduce_algorithm``; partner links are wired from 8
+    peers, or at any world with a forced ``Config.all_reduce_algorithm`` other than
+    ``"ring"``."""
+    try:
+        forced = BroadcastAlgorithm(algorithm)
+    except ValueError:
+        names = ", ".join(repr(a.value) for a in BroadcastAlgorithm)
+        raise InvalidArgument(f"broadcast algorithm must be one of {names}, got {algorithm!r}") from None
+    return plant_kind_fault("broadcast", lambda row: with_broadcast_algorithm(row, forced))
 
 
 def plant_execute_fault(wrap: Callable[[RingEntry], RingEntry]) -> PlantedFault:

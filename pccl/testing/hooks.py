@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import itertools
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, Literal
 
 import trio
@@ -34,7 +34,7 @@ from ..protocol.paths import Port as _Port
 from ..protocol.phases import TopologyVote
 
 __all__ = [
-    "PhaseSnapshot", "phase_of", "failure_of", "force_rewire",
+    "PhaseSnapshot", "phase_of", "failure_of", "force_rewire", "hold_call_before_route",
     "RingLanes", "ring_lanes", "send_on_lane", "receive_on_lane", "send_data_on_lane", "break_lane",
     "send_raw", "open_route", "close_route", "drop_master_link", "intercept_master_sends",
     "after_master_link_sends", "fail_master_send", "after_acks", "hold_lane_send_lock", "crash",
@@ -82,6 +82,32 @@ async def force_rewire(comm: Communicator) -> None:
     the same, its connections are checked and re-dialled where needed); return when the group's
     round is done."""
     await _session(comm).rewire()
+
+
+@contextlib.asynccontextmanager
+async def hold_call_before_route(comm: Communicator, tag: int) -> AsyncIterator[trio.Event]:
+    """For the block, the first collective call (or retry) of ``comm`` on ``tag`` that gets this
+    far pauses at the end of its way to the tag — after it joined a standing re-wire of this
+    peer, waited for the tag's cancelled call to be settled and chose its path — before it claims
+    the tag; the event this yields is set once it paused there.  Leaving the block lets it go on
+    (a re-wire of this peer begun meanwhile stands then: the call joins it).  One such block per
+    communicator at a time (``InvalidArgument``)."""
+    gate = internals_of(comm).all_reduce.gate
+    if gate.before_route is not None:
+        raise InvalidArgument("a collective call of this communicator is held already")
+    reached, release = trio.Event(), trio.Event()
+
+    async def before_route(call_tag: int) -> None:
+        if call_tag == tag and not reached.is_set():
+            reached.set()
+            await release.wait()
+
+    gate.before_route = before_route
+    try:
+        yield reached
+    finally:
+        release.set()
+        gate.before_route = None
 
 
 # --- ring lanes --------------------------------------------------------------------------------

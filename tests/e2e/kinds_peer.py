@@ -12,10 +12,14 @@ Then one JSON command per stdin line:
   again (a broadcast whose error names its root as gone picks the new smallest id).  ``fault``
   makes this process SIGKILL itself once a fraction ``f`` of the bytes its part of the next
   ``KIND`` op moves have arrived (a broadcast root: have been sent).  Prints ``{"event": "ops",
-  "results": [...], "ring": [...]}`` with per kind: broadcast ``digest`` of ``x`` and ``root``;
+  "results": [...], "ring": [...]}`` with per kind: broadcast ``digest`` of ``x``, ``root`` and
+  the last call's ``tx_bytes``/``rx_bytes``;
   all-gather ``peers`` and the ``digests`` of ``arrays``; reduce-scatter ``start``, ``stop`` and
   the ``digest`` of ``x[start:stop]``.
 * ``{"cmd": "exit"}``.
+
+``PCCL_TEST_ALL_REDUCE_ALGORITHM`` sets ``Config.all_reduce_algorithm`` (which partner links are
+wired) and ``PCCL_TEST_BROADCAST_ALGORITHM`` forces the broadcasts' algorithm.
 """
 
 from __future__ import annotations
@@ -32,9 +36,14 @@ import trio
 
 import pccl
 import pccl.testing
+from pccl.collectives.scatter_broadcast import ScatterAllGatherOp
 from pccl.collectives.tree_broadcast import TreeBroadcastOp
 from allreduce_cases import digest, make_input, quantization, reduce_op
-from allreduce_peer import admit, emit
+from allreduce_peer import ALGORITHM_ENV, admit, emit
+
+#: The environment variable that forces every broadcast's algorithm in this process
+#: (:func:`pccl.testing.force_broadcast_algorithm`; unset: the automatic choice).
+BROADCAST_ALGORITHM_ENV = "PCCL_TEST_BROADCAST_ALGORITHM"
 
 
 def install_fault(kind: str, at: float) -> None:
@@ -61,7 +70,7 @@ def install_fault(kind: str, at: float) -> None:
         else:
             expected = call.keep.src.nbytes
         moved = [0]
-        if isinstance(op, TreeBroadcastOp):  # counted per segment: sent to a child (the root), or in
+        if isinstance(op, (TreeBroadcastOp, ScatterAllGatherOp)):  # counted per frame: sent (the root), or in
             tree_method = "sent" if sender else "arrived"
             tree_original = getattr(op, tree_method)
 
@@ -105,7 +114,8 @@ async def run_one(comm: pccl.Communicator, spec: dict[str, Any], index: int, ret
         try:
             if kind == "broadcast":
                 info = await comm.broadcast(x, root=root, tag=spec["tag"], quantization=quant)
-                out.update(ok=True, root=root, world=info.world_size, peers=list(info.peers), digest=digest(x))
+                out.update(ok=True, root=root, world=info.world_size, peers=list(info.peers), digest=digest(x),
+                           tx_bytes=info.tx_bytes, rx_bytes=info.rx_bytes)
             elif kind == "all_gather":
                 gathered = await comm.all_gather(x, tag=spec["tag"], quantization=quant)
                 out.update(ok=True, world=gathered.world_size, peers=list(gathered.peers),
@@ -146,7 +156,9 @@ async def run_ops(comm: pccl.Communicator, cmd: dict[str, Any], index: int) -> N
 
 async def main(master: str, token: str, peer_timeout: float, heartbeat: float, index: int, world: int) -> None:
     config = pccl.Config(peer_timeout=peer_timeout, heartbeat_interval=heartbeat, connect_timeout=5.0,
-                         p2p_base_port=0)
+                         p2p_base_port=0, all_reduce_algorithm=os.environ.get(ALGORITHM_ENV, "auto"))
+    if os.environ.get(BROADCAST_ALGORITHM_ENV):
+        pccl.testing.force_broadcast_algorithm(os.environ[BROADCAST_ALGORITHM_ENV])
     stdin = trio.wrap_file(sys.stdin)
     async with pccl.open_communicator(master, token=token or None, config=config) as comm:
         await admit(comm, world)

@@ -1,5 +1,5 @@
 """The tree broadcast with peers as OS processes (``kinds_peer.py``) under a ``pccl master``
-process, on real TCP: 8 peers (partner links wired) and a 200 KB buffer, which
+process, on real TCP: 8 peers (partner links wired) and a 160 KB buffer, which
 :func:`~pccl.protocol.algorithms.choose_broadcast` sends down the binomial tree.
 
 A process SIGKILLs itself inside the op at an awkward moment — the root after its first child
@@ -23,7 +23,7 @@ from test_allreduce import BOUND
 from test_collective_kinds_processes import KindsCluster, kinds_cluster  # noqa: F401 (the fixture)
 
 WORLD = 8
-N = 50_000  # float32: 200 KB, one segment
+N = 40_000  # float32: 160 KB, one segment
 
 
 def test_the_buffer_takes_the_tree() -> None:

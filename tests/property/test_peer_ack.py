@@ -37,6 +37,13 @@ def test_an_ack_round_trips(n: int, seq: int, data: st.DataObject) -> None:
     assert decode_ack(payload, n) == ack
 
 
+def test_an_acks_bitset_is_position_p_at_bit_p_mod_8_of_byte_p_div_8() -> None:
+    # The wire form, byte for byte (a round trip alone would pass any self-consistent layout).
+    payload = encode_ack(Ack(7, b"d" * DIGEST_SIZE, frozenset({0, 3, 9, 16})), 17)
+    assert payload[20:] == bytes([0b1001, 0b10, 0b1])
+    assert decode_ack(payload[:20] + bytes([0b10000001, 0, 0b1]), 17).known == {0, 7, 16}
+
+
 def test_a_bad_ack_is_a_protocol_error() -> None:
     good = encode_ack(Ack(7, b"d" * DIGEST_SIZE, frozenset({0, 2})), 3)
     with pytest.raises(ProtocolError, match="shorter than its 20-byte header"):

@@ -12,6 +12,7 @@ participant commits on its acks alone, the last one ready late."""
 
 from __future__ import annotations
 
+import logging
 import types
 from typing import Any
 
@@ -64,12 +65,19 @@ class _Lane:
         self.sent.append(bytes(payload))
 
 
-def _window() -> tuple[PeerCommits, Any, list[Any], list[Event]]:
+def _window(sent: list[m.Message] | None = None) -> tuple[PeerCommits, Any, list[Any], list[Event]]:
+    """P's service with its op reported (``sent``: what it sends the master on its own, such as
+    a ``CollectiveAsk``; the answers to queries are in the third item)."""
     answers: list[Any] = []
     steps: list[Event] = []
+
+    async def send_shielded(msg: m.Message, *, epoch: int | None = None) -> None:
+        (sent if sent is not None else answers).append(msg)
+
     host = types.SimpleNamespace(peer_id=ME, counters=Counters(), on_query=None,
                                  config=types.SimpleNamespace(peer_timeout=3600.0),
-                                 spawn=lambda fn, *args: answers.append(args[0]) or True)
+                                 spawn=lambda fn, *args: answers.append(args[0]) or True,
+                                 send_shielded=send_shielded)
     ag = Agreement.of(RING, ME, 1, SEQ, m.CollectiveInit(1, 4, 10, 0))
     silent = _Inbox(ag)  # lane 0 to Q read backwards: Q's acks (none come)
     silent.ack = None
@@ -157,3 +165,39 @@ async def test_every_participant_commits_on_its_acks_alone_over_memory_links(n: 
     assert all(steps == [Event.COMPLETE] for _, _, steps, _ in parts)
     assert all(op.agreement.machine.phase is Phase.COMMITTED for _, op, _, _ in parts)
     assert sum(counters.peer_commit_doubts for _, _, _, counters in parts) == 0
+
+
+class _SilentInbox:
+    """An ack link on which no ack comes."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def receive_into(self, **kw: Any) -> int:
+        self.reads += 1
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_a_query_that_ends_a_ready_peers_ack_read_is_no_silence_it_asks_nothing_more(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # P is ready and waits for an ack from X or Q when the master's query comes: it answers (in
+    # doubt) and its wait for the next ack stops.  That stop is not a silent neighbour: P must
+    # neither report one nor ask the master on top of the answer it gave (the master is deciding
+    # on it), only wait for the verdict.
+    caplog.set_level(logging.INFO)
+    asks: list[m.Message] = []
+    pcs, op, answers, steps = _window(asks)
+    from_x, from_q = _SilentInbox(), _SilentInbox()
+    op.links.ack_links = lambda position, n: {0: (_Lane(), from_x), 2: (_Lane(), from_q)}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pcs.settle, op)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (from_x.reads, from_q.reads) == (1, 1) and op.agreement.machine.phase is Phase.READY
+        pcs.on_query(m.CollectiveQuery(1, SEQ), 0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [(a.phase, a.known) for a in answers] == [(m.CommitPhase.IN_DOUBT, (ME,))]
+        assert asks == [] and op.agreement.machine.phase is Phase.IN_DOUBT
+        op.settled.set()  # the master's verdict
+    assert asks == [] and Event.COMPLETE not in steps
+    assert not [r for r in caplog.records if "no ack" in r.getMessage()], caplog.text

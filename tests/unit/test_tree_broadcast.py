@@ -40,6 +40,7 @@ from pccl.types import Quantization, ReduceOp
 from pccl.testing import memory_mesh, memory_ring
 
 TREE, CHAIN = BroadcastAlgorithm.TREE, BroadcastAlgorithm.CHAIN
+SCATTER_ALL_GATHER = BroadcastAlgorithm.SCATTER_ALL_GATHER
 WORLDS = [2, 3, 4, 5, 6, 7, 8, 9, 16]
 
 
@@ -183,17 +184,18 @@ def test_the_choice() -> None:
         assert choose_broadcast(4096, 64, **{**auto, **kw}, forced=TREE) is CHAIN  # type: ignore[arg-type]
     assert choose_broadcast(0, 64, **auto, forced=TREE) is CHAIN
     assert choose_broadcast(64 << 20, 3, **auto, forced=TREE) is TREE
-    # The choice is the cheaper of the documented costs, and flips once as the buffer grows.
-    for world in (8, 16, 64, 256):
+    # The choice is the cheapest of the documented costs (ties in the enum's order), and as the
+    # buffer grows it goes from the tree to the scatter + all-gather (at some worlds) to the chain.
+    for world in (8, 9, 16, 64, 256):
         picks = []
-        for shift in range(2, 30):
+        for shift in range(2, 34):
             nbytes = 1 << shift
             costs = broadcast_costs(nbytes, world)
             pick = choose_broadcast(nbytes, world, **auto)
-            assert pick is (TREE if costs[TREE] < costs[CHAIN] else CHAIN)
+            assert pick is min(costs, key=lambda a: (costs[a], list(costs).index(a)))
             picks.append(pick)
-        flips = sum(a is not b for a, b in zip(picks, picks[1:]))
-        assert picks[0] is TREE and picks[-1] is CHAIN and flips == 1, (world, picks)
+        runs = [a for i, a in enumerate(picks) if i == 0 or a is not picks[i - 1]]
+        assert runs in ([TREE, CHAIN], [TREE, SCATTER_ALL_GATHER, CHAIN]), (world, runs)
 
 
 async def test_quantized_broadcast_takes_the_chain_even_when_forced() -> None:
@@ -255,16 +257,26 @@ DOCUMENTED = [8, 9, 16, 64, 256]
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "collectives.rst"
 
 
-@pytest.mark.parametrize("world", DOCUMENTED)
-def test_the_thresholds_are_the_documented_ones(world: int) -> None:
-    def chain_at(nbytes: int) -> bool:
-        return choose_broadcast(nbytes, world, quantized=False, segmented=False, partner_links=True) is CHAIN
-
-    lo, hi = 1, 1 << 34  # the tree at lo, the chain at hi: the smallest size the chain takes
+def smallest_size_not(world: int, algorithms: tuple[BroadcastAlgorithm, ...]) -> int:
+    """The smallest buffer (bytes) the automatic choice does not give one of ``algorithms``
+    (which it gives every smaller buffer)."""
+    lo, hi = 1, 1 << 34
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if chain_at(mid) else (mid, hi)
-    row = f"* - {world}\n     - the tree below {hi / 1024:.1f} KiB, the chain above"
+        taken = choose_broadcast(mid, world, quantized=False, segmented=False, partner_links=True) in algorithms
+        lo, hi = (mid, hi) if taken else (lo, mid)
+    return hi
+
+
+@pytest.mark.parametrize("world", DOCUMENTED)
+def test_the_thresholds_are_the_documented_ones(world: int) -> None:
+    tree_below = smallest_size_not(world, (TREE,))
+    chain_from = smallest_size_not(world, (TREE, SCATTER_ALL_GATHER))
+    if chain_from == tree_below:
+        row = f"* - {world}\n     - the tree below {tree_below / 1024:.1f} KiB, the chain above"
+    else:
+        row = (f"* - {world}\n     - the tree below {tree_below / 1024:.1f} KiB, scatter + all-gather "
+               f"below {chain_from / 1024:.1f} KiB, the chain above")
     assert row in DOCS.read_text(), row
     for world_below in range(2, MIN_WORLD):
         assert choose_broadcast(4, world_below, quantized=False, segmented=False, partner_links=True) is CHAIN

@@ -1,0 +1,148 @@
+"""Bandwidth-lean broadcast for large buffers in large groups: a scatter, then an all-gather.
+
+The chain broadcast (:mod:`.broadcast`) takes ``N - 1`` hops: at 256 peers a 16 MiB broadcast
+waits for 255 link latencies.  The binomial tree (:mod:`.tree_broadcast`) takes ``log2 P`` hops
+but its root sends the whole buffer ``log2 P`` times.  :class:`ScatterAllGatherOp` runs the plan
+of :func:`~pccl.protocol.scatter_gather.scatter_all_gather_plan` instead: the root scatters the
+buffer's ``P`` blocks by recursive halving (half of it, then a quarter, ...), then the peers
+gather them by recursive doubling, as the halving-doubling all-reduce's second half does
+(:mod:`.halving`): ``2 log2 P`` hops (one more on each side of the fold) and no peer sending
+more than about twice the buffer.  Every edge is a partner link
+(:attr:`~pccl.collectives.links.RingLinks.partners`).
+
+* **Frames.**  A move of the plan (a run of blocks to or from one partner at one step) travels
+  in frames of at most :data:`~pccl.protocol.algorithms.TREE_SEGMENT_BYTES` (``stream`` = the
+  frame's index in the move, ``step`` = the plan's step), so no frame nears the wire's limit.
+  A step's send runs in a child task while the calling task receives, as in :mod:`.halving`;
+  steps do not overlap.  Which algorithm runs is
+  :func:`~pccl.protocol.algorithms.choose_broadcast`'s pure choice; all of them leave the
+  root's bytes, bit for bit, on every peer (a copy: nothing is computed).
+* **Buffers.**  Frames are received straight into the output (zero copy) and sent from it.  In
+  place, a receiver's buffer is saved whole into the backup before its first frame is received
+  (through the kernel runner: a worker thread when large); the root's is never written (it
+  receives nothing).  Out of place the root copies its input into ``dst`` first.
+* **Turns** and **aborts** as for the tree (:mod:`.tree_broadcast`): one op at a time on the
+  partner links in commence order; the sending and receiving tasks share one nursery, the op
+  raises one exception, and the executor (:func:`~pccl.collectives.execute.execute`) restores
+  the input from the backup.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import trio
+
+from .._groups import single_exception
+from ..protocol.algorithms import power_of_two_below, tree_segment_elements
+from ..protocol.codec import DataHeader
+from ..protocol.scatter_gather import BlockMove, scatter_all_gather_plan
+from .backup import InputBackup
+from .buffers import KernelRunner, ReduceArgs
+from .halving import block_bounds
+from .links import RingLinks
+
+__all__ = ["ScatterAllGatherOp"]
+
+
+class ScatterAllGatherOp:
+    """One broadcast on this peer by scatter + all-gather (module docstring).
+
+    ``args`` as for :func:`~pccl.collectives.broadcast.broadcast_checked`, unquantized and
+    unsegmented (:func:`~pccl.protocol.algorithms.choose_broadcast` sends those along the chain).
+    """
+
+    def __init__(self, args: ReduceArgs, *, root: int, links: RingLinks, rank: int, world: int, seq: int,
+                 backup: InputBackup | None, runner: KernelRunner) -> None:
+        assert args.quant is None and isinstance(args.src, np.ndarray) and isinstance(args.dst, np.ndarray)
+        self.src: np.ndarray = args.src
+        self.dst: np.ndarray = args.dst
+        self.in_place = args.in_place
+        self.root = root
+        self.links = links
+        self.rank = rank
+        self.world = world
+        self.seq = seq
+        self.backup = backup
+        self.runner = runner
+        self.tx_bytes = 0
+        self.rx_bytes = 0
+        self.count = self.src.size
+        self.size = power_of_two_below(world)
+        self.plan = scatter_all_gather_plan(rank, world, root)
+        self._per = tree_segment_elements(self.src.itemsize)
+
+    # --- what the executor asks ---------------------------------------------------------------
+
+    def moves_nothing(self) -> bool:
+        return self.count == 0
+
+    def release(self) -> None:
+        """Nothing to give back: the op has no scratch memory."""
+
+    # --- the run --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run the op once its turn on the partner links came (cancellable while it waits);
+        raises one exception on failure (module docstring)."""
+        async with self.links.partner_turn(self.seq, f"broadcast seq {self.seq}"):
+            try:
+                await self._run()
+            except BaseExceptionGroup as group:
+                raise single_exception(group) from None
+
+    async def _run(self) -> None:
+        if self.rank == self.root:
+            if not self.in_place:
+                await self._kernel(self.dst.nbytes, np.copyto, self.dst, self.src)
+        elif self.in_place and self.backup is not None:
+            await self._kernel(self.dst.nbytes, self.backup.save, 0, self.count)
+        for _, moves in itertools.groupby(self.plan, key=lambda m: m.step):
+            async with trio.open_nursery() as nursery:
+                receive = None
+                for move in moves:
+                    if move.send:
+                        nursery.start_soon(self._send, move)
+                    else:
+                        receive = move
+                if receive is not None:
+                    await self._receive(receive)
+
+    def frames(self, move: BlockMove) -> list[tuple[int, int]]:
+        """The element ranges of ``move``'s frames, cut the same way on both ends."""
+        a = block_bounds(self.count, self.size, move.first)[0]
+        b = block_bounds(self.count, self.size, move.stop - 1)[1]
+        return [(x, min(x + self._per, b)) for x in range(a, b, self._per)]
+
+    async def _receive(self, move: BlockMove) -> None:
+        inbox = self.links.partners[move.partner]
+        item = self.dst.itemsize
+        for k, (a, b) in enumerate(self.frames(move)):
+            nbytes = await inbox.receive_into(seq=self.seq, stream=k, step=move.step, offset=a * item,
+                                              destination=self.dst[a:b].view(np.uint8).data)
+            self.arrived(k, nbytes)
+
+    async def _send(self, move: BlockMove) -> None:
+        connection = self.links.partners[move.partner].connection
+        item = self.dst.itemsize
+        for k, (a, b) in enumerate(self.frames(move)):
+            header = DataHeader(op_seq=self.seq, stream=k, step=move.step, offset=a * item, nbytes=(b - a) * item)
+            await connection.send_data(header, self.dst[a:b].view(np.uint8).data)
+            self.sent(k, header.nbytes)
+
+    def arrived(self, k: int, nbytes: int) -> None:
+        """Frame ``k`` of a move (``nbytes``) is in ``dst``."""
+        self.rx_bytes += nbytes
+
+    def sent(self, k: int, nbytes: int) -> None:
+        """Frame ``k`` of a move (``nbytes``) went to a partner."""
+        self.tx_bytes += nbytes
+
+    async def _kernel(self, nbytes: int, fn: Callable[..., Any], *args: Any) -> None:
+        if self.runner.inline(nbytes):
+            fn(*args)
+        else:
+            await self.runner.run(nbytes, fn, *args)
