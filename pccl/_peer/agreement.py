@@ -1,6 +1,6 @@
 """One begun op's side of completion agreed among peers (``Config.peer_commit``): the
-participant's machine over ring positions and the count of its acks.  The driver that runs it
-is :mod:`pccl._peer.peer_commit_driver`; the op keeps it (``OpAttempt.agreement``)."""
+participant's machine over ring positions and its acks' counts per link.  The driver that runs
+it is :mod:`pccl._peer.peer_commit_driver`; the op keeps it (``OpAttempt.agreement``)."""
 
 from __future__ import annotations
 
@@ -27,18 +27,23 @@ class Agreement:
     digest: bytes
     machine: PeerCommit
     #: The data-frame seq of the op's acks (:func:`~pccl.protocol.peer_ack.ack_seq`, a hash:
-    #: worked out once per op, not per ack sent, read and retired).
+    #: worked out once per op, not per ack sent, read and retired, on any link).
     seq: int = 0
-    sent: int = 0  # acks sent (the next one's step)
-    #: The positions the last ack sent named: a growth by the successor's own id alone (which
-    #: comes last round the ring) tells it nothing, and is not sent.
-    told: frozenset[int] = frozenset()
-    received: int = 0  # acks read from the predecessor
-    #: The ack read in progress (its deadline: ``peer_timeout``): cancelled by the master's word
-    #: (``stop``, which also sets ``stopped``: a read it ends is no silence).
+    #: Per ack target (ring position): acks sent to it (the next one's step).
+    sent: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: Per ack target: the positions it knows to be ready, as far as this participant can tell
+    #: (what it was sent, and what its own acks named): a growth it knows already is not sent.
+    told: dict[int, frozenset[int]] = dataclasses.field(default_factory=dict)
+    #: Per ack source (ring position): acks read from it (the next one's step).
+    received: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: The wait for the next ack from any link (its deadline: ``peer_timeout``): cancelled by the
+    #: master's word (``stop``, which also sets ``stopped``: a wait it ends is no silence).
     scope: trio.CancelScope | None = None
     stopped: bool = False
     master_lost: bool = False
+    #: Committed on a full set, the call's result not yet returned (the driver does that once
+    #: its ack readers stopped, with no checkpoint before the call returns).
+    result_due: bool = False
 
     @classmethod
     def of(cls, ring: tuple[int, ...], me: int, round_id: int, seq: int, init: m.CollectiveInit) -> Agreement:
@@ -46,10 +51,14 @@ class Agreement:
         return cls(ring, position, op_digest(round_id, seq, init), PeerCommit(position, range(len(ring))),
                    ack_seq(seq))
 
-    def news(self) -> bool:
-        """Whether the known set holds an id the successor has not been told, besides its own."""
-        successor = (self.position + 1) % len(self.ring)
-        return bool(self.machine.known - self.told - {successor})
+    def news(self, target: int) -> bool:
+        """Whether the known set holds an id that ``target`` (a ring position) is not known to
+        know: neither told it, nor named it in an ack, nor its own."""
+        return bool(self.machine.known - self.told.get(target, frozenset()) - {target})
+
+    def tell(self, target: int, known: frozenset[int]) -> None:
+        """``target`` knows ``known`` now (it was sent them, or its ack named them)."""
+        self.told[target] = self.told.get(target, frozenset()) | known
 
     def ids(self, positions: frozenset[int]) -> tuple[int, ...]:
         return tuple(sorted(self.ring[p] for p in positions))

@@ -9,16 +9,26 @@ to :meth:`PeerCommits.settle` once its ring ended with the result and its ``Done
 (so the master has it before anything this peer says of the op later), in place of the wait for
 the master's verdict.
 
-Acks ride the ring lanes
-========================
+Acks ride the ring lanes and the partner links
+=============================================
 
-An ack is a data frame of the op's :func:`~pccl.protocol.peer_ack.ack_seq` on lane 0 to the ring
-successor, ``step`` counting the sender's acks of the op: ``(seq, digest, known)`` with the known
-set as a bitset over ring positions.  So acks travel one way round the ring, each participant
-relaying its set whenever it grows: every id reaches everyone in at most ``N - 1`` hops, with no
-links besides the ring's (the design's shorter ack graphs over the partner links are not wired).
-A frame that comes before its reader is kept by the inbox (its seq is a derived one), and the
-seq retires when the op ends here, so later acks are discarded.
+An ack is a data frame of the op's :func:`~pccl.protocol.peer_ack.ack_seq`: ``(seq, digest,
+known)`` with the known set as a bitset over ring positions.  A participant sends its set,
+once ready and whenever it grows, to every ack target it has a link to
+(:func:`~pccl.protocol.peer_ack.ack_targets`: its ring neighbours both ways and the round's
+partner links), skipping a target known to hold all of it (it was told, or its own ack named
+it), and reads acks from all of them, one reader task per link; what came meanwhile is merged
+before one relay.  Each pair uses one connection both ends pick alike
+(:meth:`~pccl.collectives.links.RingLinks.ack_links`): the successor lane 0, a partner its
+partner link, the predecessor (unless a partner) lane 0 back the other way; ``step`` counts
+the acks on that connection.  So every id reaches everyone in
+:func:`~pccl.protocol.peer_ack.ack_hops` hops after the last participant is ready: ``log2 N``
+or less with the partner links a round wires from 8 peers up (4 at 32, 5 at 64), ``N // 2``
+over the ring alone.  A frame that comes before its reader is kept by the inbox (its seq is a
+derived one that never counts as begun, so it is read into memory, within the inbox's bound,
+rather than parked in front of the link's later frames), and the seq retires when the op ends here, so later acks are
+discarded.  On a lane whose frames worker threads send (real TCP), an ack goes through the
+lane's thread channel, whose lock keeps frames whole.
 
 The rules as run here
 =====================
@@ -29,11 +39,13 @@ The rules as run here
   fed ``RESULT_HELD``, that it is in doubt — and waits for the verdict.
 * A full known set commits: the call returns its result without any master message (the
   master's own ``CollectiveComplete`` follows once every ``Done(ok)`` is in, and is ignored).
-* Doubt: an ack with another digest, a known set that breaks the rules, or no ack for
-  ``peer_timeout`` (a neighbour lost or stalled) asks the master (``CollectiveAsk`` with the
-  known set) and waits for its verdict; so does a participant the master queries
-  (``CollectiveAnswer``).  A participant in doubt relays nothing more: its successor's doubt
-  follows, and the master decides for all.
+  The op completes once the ack readers stopped, with nothing left to yield on before the call
+  returns (while the op runs, the master's word on it reaches it as it comes).
+* Doubt: an ack with another digest, a known set that breaks the rules, a failed ack link, or
+  no ack from any link for ``peer_timeout`` (a neighbour lost or stalled) asks the master
+  (``CollectiveAsk`` with the known set) and waits for its verdict; so does a participant the
+  master queries (``CollectiveAnswer``).  A participant in doubt relays nothing more: those
+  that would hear only through it fall in doubt too, and the master decides for all.
 * A failure before ready is reported to the master (``Done(aborted)``), whose ``Abort`` ends the
   op on the others: no peer nack (a fault costs one master round trip).
 * A ready participant never aborts on its own: the master's ``Abort`` ends it, as does a lost
@@ -52,15 +64,19 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 from collections.abc import Callable
 
 import trio
 
+from .._groups import single_exception
 from .agreement import Agreement
 from .host import PeerHost
 from .op_attempt import OpAttempt
-from ..collectives.links import RingLinks
+from ..collectives.links import Inbox, RingLinks
 from ..errors import PCCLError, ProtocolError
+from ..net.framed import FramedConnection
+from ..net.thread_io import ThreadCancel
 from ..protocol import messages as m
 from ..protocol.codec import DataHeader
 from ..protocol.op_lifecycle import Event, State
@@ -73,6 +89,9 @@ __all__ = ["Agreement", "PeerCommits"]
 
 log = logging.getLogger("pccl._peer.collective_service")
 
+#: The acks the readers of an op's ack links read: ``(source position, ack)``; ``None``: that
+#: link failed, or sent a malformed ack.
+_Acks = tuple[trio.MemorySendChannel[tuple[int, "Ack | None"]], trio.MemoryReceiveChannel[tuple[int, "Ack | None"]]]
 #: Outcomes (and frozen seqs) remembered for the master's late queries.
 _MEMORY = 4096
 #: The lifecycle's states of an op whose Done(ok) is out and whose outcome is not known here.
@@ -176,16 +195,17 @@ class PeerCommits:
         ag = op.agreement
         assert ag is not None and op.links is not None
         links, timeout = op.links, self._host.config.peer_timeout
+        acks: _Acks = trio.open_memory_channel[tuple[int, Ack | None]](math.inf)
         try:
             if self.frozen(op.seq) or op.settled.is_set():
                 await op.settled.wait()  # queried before it was ready here: the verdict decides
                 return
             try:
-                await self._exchange(op, ag, links)
+                await self._exchange(op, ag, links, acks)
             except trio.Cancelled:
                 with trio.move_on_after(timeout) as waited:
                     waited.shield = True
-                    await self._exchange(op, ag, links)
+                    await self._exchange(op, ag, links, acks)
                 if op.machine.state is State.COMPLETED:
                     log.info("peer %x: %s seq %d was cancelled after it was ready; it committed, so the call "
                              "returns its result", self._host.peer_id, op.plan.what, op.seq)
@@ -197,31 +217,31 @@ class PeerCommits:
                                 self._host.peer_id, op.plan.what, op.seq, timeout)
                 raise
         finally:
+            acks[0].close()
             links.retire(ag.seq)
 
-    async def _exchange(self, op: OpAttempt, ag: Agreement, links: RingLinks) -> None:
-        """Acks until a full set, the master's word or a doubt; then, in doubt, the verdict."""
+    async def _exchange(self, op: OpAttempt, ag: Agreement, links: RingLinks, acks: _Acks) -> None:
+        """Acks until a full set, the master's word or a doubt; then, in doubt, the verdict.
+        ``acks``: the channel into which the readers of every ack link (one task each, here) put
+        what they read; it outlives a cancelled call of this (the shielded retry reads on)."""
         if ag.machine.phase is Phase.RUNNING:
             await self._effects(op, ag, links, ag.machine.handle(E.RESULT_HELD))
-        timeout = self._host.config.peer_timeout
-        while ag.machine.phase is Phase.READY and not op.settled.is_set():
-            # One scope per read: its deadline is the silence bound, ``stop`` cancels it too.
-            scope = ag.scope = trio.CancelScope(deadline=trio.current_time() + timeout)
-            ack: Ack | None = None
-            lost = False
-            with scope:
-                ack = await self._read_ack(op, ag, links)
-                lost = ack is None  # the link failed, or sent a malformed ack
-            ag.scope = None
-            silent = scope.cancelled_caught and not ag.stopped
-            if ack is not None:
-                await self._effects(op, ag, links, self._merge(op, ag, ack))
-            elif (lost or silent) and not op.settled.is_set():
-                if not lost:
-                    log.info("peer %x: no ack of %s seq %d for %g s: asking the master", self._host.peer_id,
-                             op.plan.what, op.seq, timeout)
-                await self._effects(op, ag, links, ag.doubt(E.PEER_LOST, self._host.counters))
+        if ag.machine.phase is Phase.READY and not op.settled.is_set():
+            try:
+                async with trio.open_nursery() as nursery:
+                    for source, (_, inbox) in links.ack_links(ag.position, len(ag.ring)).items():
+                        nursery.start_soon(self._read_acks, op, ag, source, inbox, acks[0].clone())
+                    try:
+                        await self._agree(op, ag, links, acks[1])
+                    finally:
+                        nursery.cancel_scope.cancel()  # a reader waiting for a header loses nothing
+            except BaseExceptionGroup as group:
+                raise single_exception(group) from None  # a Cancelled stays one (settle catches it)
         if ag.machine.phase is Phase.COMMITTED:
+            if ag.result_due:  # no checkpoint from here to the call's return: the op's last word
+                ag.result_due = False
+                self._host.counters.peer_commits += 1
+                self._step(op, Event.COMPLETE, m.CollectiveComplete(op.plan.tag, op.seq))
             return
         if ag.master_lost and not op.settled.is_set():
             self._step(op, Event.MASTER_LOST)  # in doubt, and no master to ask
@@ -229,11 +249,43 @@ class PeerCommits:
         if ag.machine.phase is Phase.READY or ag.machine.phase is Phase.IN_DOUBT:
             ag.machine.handle(E.COMMIT if op.machine.state is State.COMPLETED else E.ABORT)
 
-    def _merge(self, op: OpAttempt, ag: Agreement, ack: Ack) -> tuple[X, ...]:
+    async def _agree(self, op: OpAttempt, ag: Agreement, links: RingLinks,
+                     acks: trio.MemoryReceiveChannel[tuple[int, Ack | None]]) -> None:
+        timeout = self._host.config.peer_timeout
+        while ag.machine.phase is Phase.READY and not op.settled.is_set():
+            # One scope per wait: its deadline is the silence bound, ``stop`` cancels it too.
+            scope = ag.scope = trio.CancelScope(deadline=trio.current_time() + timeout)
+            got: tuple[int, Ack | None] | None = None
+            with scope:
+                got = await acks.receive()
+            ag.scope = None
+            silent = scope.cancelled_caught and not ag.stopped  # the master's word is no silence
+            source, ack = got if got is not None else (-1, None)
+            if ack is not None:
+                effects = self._merge(op, ag, source, ack)
+                while ag.machine.phase is Phase.READY:  # what else came: one relay for all of it
+                    try:
+                        source, ack = acks.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    effects += self._merge(op, ag, source, ack) if ack is not None else ag.doubt(
+                        E.PEER_LOST, self._host.counters)
+                relay = X.SEND_KNOWN in effects and ag.machine.phase in (Phase.READY, Phase.COMMITTED)
+                await self._effects(op, ag, links, ((X.SEND_KNOWN,) if relay else ())
+                                    + tuple(x for x in effects if x is not X.SEND_KNOWN))
+            elif (got is not None or silent) and not op.settled.is_set():
+                if got is None:
+                    log.info("peer %x: no ack of %s seq %d for %g s: asking the master", self._host.peer_id,
+                             op.plan.what, op.seq, timeout)
+                await self._effects(op, ag, links, ag.doubt(E.PEER_LOST, self._host.counters))
+
+    def _merge(self, op: OpAttempt, ag: Agreement, source: int, ack: Ack) -> tuple[X, ...]:
         acceptance = accept(ack, op.seq, ag.digest)
         if acceptance == Acceptance.MERGE:
             try:
-                return ag.machine.receive_known(ack.known)
+                effects = ag.machine.receive_known(ack.known)
+                ag.tell(source, ack.known)  # it knows what it acked: never sent back to it
+                return effects
             except ProtocolError as exc:
                 log.warning("peer %x: %s seq %d: %s; asking the master", self._host.peer_id, op.plan.what, op.seq,
                             exc)
@@ -247,8 +299,7 @@ class PeerCommits:
             if effect is X.SEND_KNOWN:
                 await self.send_ack(op, ag, links)
             elif effect is X.RETURN_RESULT:
-                self._host.counters.peer_commits += 1
-                self._step(op, Event.COMPLETE, m.CollectiveComplete(op.plan.tag, op.seq))
+                ag.result_due = True  # once the ack readers stopped (_exchange)
             elif effect is X.ASK_MASTER:
                 await self._ask(op, ag)
             # RETIRE: nothing (the master completes the op on the last Done(ok) anyway).
@@ -265,34 +316,64 @@ class PeerCommits:
             ag.master_lost = True
 
     async def send_ack(self, op: OpAttempt, ag: Agreement, links: RingLinks) -> None:
-        """Send ``ag``'s known set to the ring successor (lane 0).  (Public for
-        :func:`pccl.testing.hooks.after_acks`, which plants a fault right after it.)"""
-        if not ag.news():
-            return
+        """Send ``ag``'s known set to every ack target that may not know all of it yet
+        (:meth:`~pccl.collectives.links.RingLinks.ack_links`).  (Public for :func:`pccl.testing.hooks.after_acks`, which plants a
+        fault right after it.)"""
         n = len(ag.ring)
-        ag.told = ag.machine.known
-        payload = encode_ack(Ack(op.seq, ag.digest, ag.machine.known), n)
-        header = DataHeader(ag.seq, 0, ag.sent, 0, len(payload))
-        ag.sent += 1
-        with trio.CancelScope(shield=True):  # a frame cut midway would break the lane
-            try:
-                await links.to_next[0].send_data(header, payload)
-            except PCCLError as exc:
-                log.info("peer %x: could not send an ack of %s seq %d: %s", self._host.peer_id, op.plan.what,
-                         op.seq, exc)
+        with trio.CancelScope(shield=True):  # a frame cut midway would break the link
+            for target, (connection, _) in links.ack_links(ag.position, len(ag.ring)).items():
+                if not ag.news(target):
+                    continue
+                known = ag.machine.known
+                payload = encode_ack(Ack(op.seq, ag.digest, known), n)
+                step = ag.sent.get(target, 0)
+                ag.sent[target] = step + 1
+                ag.tell(target, known)
+                try:
+                    await _send(links, connection, DataHeader(ag.seq, 0, step, 0, len(payload)), payload)
+                except PCCLError as exc:
+                    log.info("peer %x: could not send an ack of %s seq %d to ring position %d: %s",
+                             self._host.peer_id, op.plan.what, op.seq, target, exc)
 
-    async def _read_ack(self, op: OpAttempt, ag: Agreement, links: RingLinks) -> Ack | None:
+    async def _read_acks(self, op: OpAttempt, ag: Agreement, source: int, inbox: Inbox,
+                         out: trio.MemorySendChannel[tuple[int, Ack | None]]) -> None:
+        """Read ``source``'s acks from ``inbox`` into ``out`` until cancelled; ``(source, None)``
+        and stop when the link fails or delivers a malformed ack."""
         n = len(ag.ring)
-        buffer = bytearray(ack_size(n))
-        try:
-            await links.inboxes[0].receive_into(seq=ag.seq, stream=0, step=ag.received, offset=0,
-                                                destination=memoryview(buffer))
-        except PCCLError as exc:
-            log.info("peer %x: the ack link of %s seq %d failed: %s", self._host.peer_id, op.plan.what, op.seq, exc)
-            return None
-        ag.received += 1
-        try:
-            return decode_ack(bytes(buffer), n)
-        except ProtocolError as exc:
-            log.warning("peer %x: %s seq %d: %s", self._host.peer_id, op.plan.what, op.seq, exc)
-            return None
+        with out:
+            while True:
+                buffer = bytearray(ack_size(n))
+                try:
+                    await inbox.receive_into(seq=ag.seq, stream=0, step=ag.received.get(source, 0),
+                                             offset=0, destination=memoryview(buffer))
+                except PCCLError as exc:
+                    log.info("peer %x: the ack link of %s seq %d from ring position %d failed: %s",
+                             self._host.peer_id, op.plan.what, op.seq, source, exc)
+                    out.send_nowait((source, None))
+                    return
+                ag.received[source] = ag.received.get(source, 0) + 1
+                try:
+                    ack = decode_ack(bytes(buffer), n)
+                except ProtocolError as exc:
+                    log.warning("peer %x: %s seq %d: %s", self._host.peer_id, op.plan.what, op.seq, exc)
+                    out.send_nowait((source, None))
+                    return
+                out.send_nowait((source, ack))
+
+
+
+async def _send(links: RingLinks, connection: FramedConnection, header: DataHeader, payload: bytes) -> None:
+    """One ack frame out on ``connection``: through lane 0's thread channel when worker threads
+    send on that lane (a connection's async sends and its thread sends do not share a lock), else
+    with the async send."""
+    channels = links.send_channels
+    if channels is None or connection is not links.to_next[0]:
+        await connection.send_data(header, payload)
+        return
+    cancel = ThreadCancel()
+    try:
+        job = channels[0].send_data_soon(header, memoryview(payload), cancel)
+        if job is not None:
+            await trio.to_thread.run_sync(job)
+    finally:
+        cancel.close()

@@ -1,4 +1,5 @@
-"""The data connections of one ring position: lanes to the successor and from the predecessor.
+"""The data connections of one ring position: lanes to the successor and from the predecessor
+(and partner links).
 
 A :class:`RingLinks` bundles, for the current ring, ``lanes`` framed connections on which this
 peer *sends* to its successor and ``lanes`` on which it *receives* from its predecessor (with two
@@ -70,6 +71,7 @@ from ..net.framed_threads import BlockingDataChannel, thread_channel
 from ..net.thread_io import ThreadCancel
 from ..protocol.algorithms import AllReduceAlgorithm
 from ..protocol.codec import DataHeader
+from ..protocol.peer_ack import ack_targets
 from .lane_sends import LaneSends
 from .seq_registry import FrameAction, SeqRegistry, classify
 from .turns import ThreadTurns
@@ -519,6 +521,11 @@ class RingLinks:
             position: Inbox(connection, self.registry, kept_limit=kept_limit)
             for position, connection in sorted((partners or {}).items())
         }
+        #: Lane 0 to the successor read backwards: what the successor sends back on it (peer
+        #: commit's acks, :mod:`pccl._peer.peer_commit_driver`; nothing else does).  The
+        #: predecessor's lane 0 inbox when both directions share one connection.
+        self.reverse = (self.inboxes[0] if self.to_next[0] is self.inboxes[0].connection
+                        else Inbox(self.to_next[0], self.registry, kept_limit=kept_limit))
 
         #: The all-reduce algorithm every op on these links is forced to (``None``: chosen per
         #: op; ``Config.all_reduce_algorithm``).
@@ -565,6 +572,24 @@ class RingLinks:
                 assert turns is not None
                 turns.give_back()
 
+    def ack_links(self, position: int, n: int) -> dict[int, tuple[FramedConnection, Inbox]]:
+        """Per ack target of ring ``position`` among ``n`` (:func:`~pccl.protocol.peer_ack.ack_targets`:
+        the ring neighbours and the partner links), the connection peer commit's acks to it go
+        out on and the inbox its acks come in on, by one rule both ends of a pair apply alike:
+        the successor over lane 0, a partner over its partner link, the predecessor (when no
+        partner) back over its lane 0 (:attr:`reverse` at the other end)."""
+        if n < 2:
+            return {}
+        successor, predecessor = (position + 1) % n, (position - 1) % n
+        out: dict[int, tuple[FramedConnection, Inbox]] = {}
+        for target in ack_targets(position, n, self.partners):
+            partner = self.partners.get(target)
+            send = (self.to_next[0] if target == successor else partner.connection if partner is not None
+                    else self.inboxes[0].connection)
+            inbox = self.inboxes[0] if target == predecessor else partner if partner is not None else self.reverse
+            out[target] = (send, inbox)
+        return out
+
     @property
     def threaded(self) -> bool:
         """Whether operations on these links run their lane loops in worker threads (every
@@ -584,13 +609,17 @@ class RingLinks:
         called when these links are replaced (a new topology round or master epoch: a derived
         seq belongs to one round, and an op of the old one never starts on the new links) and
         when they are aborted or closed."""
-        for inbox in (*self.inboxes, *self.partners.values()):
+        for inbox in self._all_inboxes():
             inbox.drop_kept(why)
+
+    def _all_inboxes(self) -> tuple[Inbox, ...]:
+        extra = () if self.reverse in self.inboxes else (self.reverse,)
+        return (*self.inboxes, *self.partners.values(), *extra)
 
     @property
     def kept_bytes(self) -> int:
         """Payload bytes kept now, over every inbox, for ops not begun here."""
-        return sum(inbox.kept_bytes for inbox in (*self.inboxes, *self.partners.values()))
+        return sum(inbox.kept_bytes for inbox in self._all_inboxes())
 
     def connections(self) -> tuple[FramedConnection, ...]:
         return (*self.to_next, *(inbox.connection for inbox in self.inboxes),

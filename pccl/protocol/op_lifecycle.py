@@ -87,7 +87,9 @@ Rules
   input restored).  Only if the bound runs out first does the shell feed ``CANCEL`` in
   ``REPORTED``, the one case whose final word is awaited in the background (``ABANDONED``);
   before the ``Done`` the call reports the abort itself.
-* Once the master spoke (or is gone), its later messages for the op are ignored.
+* Once the master spoke (or is gone), its later messages for the op are ignored.  So is its
+  ``Commence`` of a begun op that completed here first (``Config.peer_commit``: the acks can
+  commit it before the ``Commence``, sent once every ``Begin`` is in, reaches this peer).
 * A begun op is a running one with two differences: its ring is watched only once every
   participant began (nobody waits on a neighbour that is still computing), and a ring failure
   waits for the master's word, which may name a disagreement rather than a fault.
@@ -242,6 +244,8 @@ TRANSITIONS: dict[tuple[State, Event], tuple[State, tuple[Effect, ...]]] = {
 for _state in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.COMPLETED, S.ABORTED, S.LOST):
     for _event in _LATE_WORDS:
         TRANSITIONS[(_state, _event)] = (_state, _NONE)
+# A begun op committed on its acks (peer commit) before the master's Commence came: late too.
+TRANSITIONS[(S.COMPLETED, E.COMMENCE)] = (S.COMPLETED, _NONE)
 # Leaving the call after the commence: the input is restored; the abort is reported unless the
 # master has its Done already, spoke first, or is gone.
 for _state in (S.RUNNING, S.BEGUN, S.STALLED):

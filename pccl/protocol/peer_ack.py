@@ -4,8 +4,8 @@ participant acks (sans-IO).
 The participant's machine is :mod:`pccl.protocol.peer_commit`; docs/protocol.rst ("Design:
 completion agreed among peers") is the design; :mod:`pccl._peer.peer_commit_driver` sends and
 reads the acks (:func:`encode_ack`, :func:`decode_ack`, :func:`accept`, as frames of
-:func:`ack_seq`), so far to the ring successor only: :func:`ack_targets` and :func:`ack_hops`
-describe the shorter graphs over the partner links, which are not wired.
+:func:`ack_seq`) to every :func:`ack_targets` position it has a link to, so the op commits
+:func:`ack_hops` hops after its last participant is ready.
 
 The digest rides in the ack
 ===========================
@@ -34,8 +34,9 @@ to everyone; the number of hops after the last participant is ready is the graph
 ``log2 N`` with the halving-doubling partner links a round wires from 8 peers up (a hypercube
 with the ring: 2 hops at 8, 5 at 64, 7 at 256), ``N // 2`` over the ring alone (4 to 7 peers,
 or a ring forced).
-The shell decides from :func:`ack_hops` whether the op commits among its peers or waits for the
-master's verdict as today (a documented, deterministic rule, the same on every participant).
+The driver sends over all of them (:meth:`pccl.collectives.links.RingLinks.ack_links` picks the
+connection of each pair); a participant relays what grew, so the last id arrives
+:func:`ack_hops` hops after the last participant is ready.
 """
 
 from __future__ import annotations
@@ -85,9 +86,9 @@ def op_digest(round_id: int, seq: int, init: m.CollectiveInit) -> bytes:
 
 
 def ack_seq(seq: int) -> int:
-    """The data-frame seq that carries op ``seq``'s acks on the ring lanes: derived from it (top
-    bit set, like a begun op's, so that a receiver keeps the frames that arrive before it reads
-    them), the same on every peer, and apart from every op's seq but by a 2**-63 chance."""
+    """The data-frame seq that carries op ``seq``'s acks on the ring lanes and partner links:
+    derived from it (top bit set, like a begun op's, so that a receiver keeps the frames that
+    arrive before it reads them), the same on every peer, and apart from every op's seq but by a 2**-63 chance."""
     digest = hashlib.blake2b(struct.pack(">Q", seq), digest_size=8, person=b"pccl-ack-seq").digest()
     return (1 << 63) | (int.from_bytes(digest, "big") >> 1)
 

@@ -27,6 +27,7 @@ from ..communicator import Communicator, internals_of
 from ..errors import InvalidArgument, PCCLError, TransportError
 from ..net.admission import AdmissionLimits
 from ..net.framed import FramedConnection
+from ..net.framed_threads import thread_channel
 from ..protocol import messages as m
 from ..protocol.codec import DataHeader
 from ..protocol.paths import Port as _Port
@@ -36,7 +37,7 @@ __all__ = [
     "PhaseSnapshot", "phase_of", "failure_of", "force_rewire", "hold_call_before_route",
     "RingLanes", "ring_lanes", "send_on_lane", "receive_on_lane", "send_data_on_lane", "break_lane",
     "send_raw", "open_route", "close_route", "drop_master_link", "intercept_master_sends",
-    "after_master_link_sends", "fail_master_send", "after_acks", "crash",
+    "after_master_link_sends", "fail_master_send", "after_acks", "hold_lane_send_lock", "crash",
     "Port", "AdmissionCounts", "listener_address", "admission_counts", "peer_admission_limits",
     "points_under_way", "hold_point_answers", "probe", "probe_bound", "run_kind",
 ]
@@ -161,6 +162,22 @@ async def send_data_on_lane(comm: Communicator, lane: int, header: DataHeader, p
     """Send a raw data frame on ``comm``'s lane ``lane`` to its successor (a stray frame no
     op reads, say)."""
     await _outgoing_lane(comm, lane).send_data(header, payload)
+
+
+@contextlib.contextmanager
+def hold_lane_send_lock(comm: Communicator, lane: int) -> Iterator[None]:
+    """For the block, hold the thread-side send lock of ``comm``'s lane ``lane`` to its
+    successor, as a worker thread does while it writes a frame there (real TCP lanes only;
+    ``InvalidArgument`` otherwise): whatever keeps frames whole must wait for it."""
+    channel = thread_channel(_outgoing_lane(comm, lane))
+    if channel is None:
+        raise InvalidArgument(f"lane {lane} has no thread-side channel (not real TCP)")
+    if not channel.send_lock.acquire(timeout=10.0):
+        raise InvalidArgument(f"lane {lane}'s send lock stayed busy for 10 s")
+    try:
+        yield
+    finally:
+        channel.send_lock.release()
 
 
 async def receive_on_lane(comm: Communicator, lane: int) -> m.Message:

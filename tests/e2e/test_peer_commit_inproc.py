@@ -108,10 +108,13 @@ async def test_a_peer_that_dies_after_its_ack_with_its_done_lost_splits_nobody()
         survivors = [i for i, c in enumerate(comms) if c is not victim]
 
         outcome = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=9))
-        # One survivor committed: the other, in doubt, must commit too (the master's answers).
+        # One survivor committed: the other must commit too, on its acks or, in doubt, on the
+        # master's answers.  (The victim acks both ring neighbours, so the other often holds its
+        # id before the crash and is in doubt only if the master's query, on the death, comes
+        # first.)
         assert all(isinstance(outcome[i], pccl.ReduceInfo) for i in survivors), outcome
         assert all(np.array_equal(xs[i], np.full(3000, 6.0, np.float32)) for i in survivors)
-        assert sorted(comms[i].statistics().peer_commit_doubts for i in survivors) == [0, 1]
+        assert sorted(comms[i].statistics().peer_commit_doubts for i in survivors) in ([0, 0], [0, 1])
 
 
 async def test_a_call_cancelled_once_ready_still_commits_with_the_others() -> None:

@@ -89,6 +89,7 @@ EXPECTED: dict[tuple[State, Event], tuple[State, tuple[Effect, ...]]] = {
     (S.ABANDONED, E.MASTER_LOST): (S.RELEASED, ()),
     (S.ABANDONED, E.COMMENCE): (S.ABANDONED, ()),
     (S.ABANDONED, E.REJECT): (S.RELEASED, ()),
+    (S.COMPLETED, E.COMMENCE): (S.COMPLETED, ()),  # peer commit: the acks beat the Commence
 }
 for _s in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.COMPLETED, S.ABORTED, S.LOST):
     EXPECTED.update({(_s, e): (_s, ()) for e in LATE})
@@ -127,7 +128,7 @@ def test_every_refused_transition(pair: tuple[State, Event]) -> None:
 
 def test_counts_and_terminal_states() -> None:
     assert len(ALLOWED) + len(REFUSED) == len(State) * len(Event)
-    assert len(ALLOWED) == 98
+    assert len(ALLOWED) == 99
     assert TERMINAL_STATES == {S.REFUSED, S.LEFT, S.RELEASED}
 
 
@@ -225,3 +226,15 @@ def test_render_table_has_one_row_per_pair(fmt: str) -> None:
 def test_render_table_refuses_an_unknown_format() -> None:
     with pytest.raises(ValueError, match="fmt must be 'rst' or 'markdown', got 'html'"):
         render_table("html")
+
+
+def test_a_commence_after_a_peer_commit_changes_nothing() -> None:
+    # Config.peer_commit: a begun op (BEGUN -> RING_DONE -> REPORTED) commits on its acks
+    # (COMPLETE from the driver) before the master's Commence, which it sends once every Begin
+    # is in, reaches this peer.  The Commence then comes to a completed op: ignored, not an
+    # OpLifecycleError out of the task reading the master connection (which ended the
+    # communicator: benchmarks/latency.py --peers 3 --peer-commit, most runs).
+    machine = OpLifecycle(S.BEGUN)
+    assert machine.handle(E.RING_DONE) == (X.REPORT_DONE,)
+    assert machine.handle(E.COMPLETE) == (X.SETTLE,)
+    assert machine.handle(E.COMMENCE) == () and machine.state is S.COMPLETED

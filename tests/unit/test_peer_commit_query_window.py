@@ -5,7 +5,10 @@ The peer answers in doubt with its own id alone, so the master may decide on tha
 the ids the peer is about to learn from its acks: it must wait for the verdict, not commit on a
 full set.  Ring X -> P -> Q: Q acked {Q} to X; X merged, acked {Q, X} to P and died with its
 Done lost; the master queries P and Q.  P, in the window, answers {P}; Q answers {Q}; the union
-lacks X, so the master aborts Q — and P, reading X's ack, committed (the review's split)."""
+lacks X, so the master aborts Q — and P, reading X's ack, committed (the review's split).
+
+Also the steady path on real (memory) links, ring lanes both ways and partner links: every
+participant commits on its acks alone, the last one ready late."""
 
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from pccl.protocol import messages as m
 from pccl.protocol.op_lifecycle import Event, OpLifecycle, State
 from pccl.protocol.peer_ack import Ack, encode_ack
 from pccl.protocol.peer_commit import Phase
+from pccl.collectives.links import RingLinks
+from pccl.testing.streams import memory_mesh, memory_ring
 
 RING = (10, 11, 12)  # X, P, Q by peer id: P is position 1, its predecessor X position 0
 ME = 11
@@ -34,13 +39,20 @@ class _Inbox:
     """Lane 0 from X: its ack naming X and Q ready is already in (it came before the query)."""
 
     def __init__(self, ag: Agreement) -> None:
-        self.ack = encode_ack(Ack(SEQ, ag.digest, frozenset({0, 2})), len(RING))
+        self.ack: bytes | None = encode_ack(Ack(SEQ, ag.digest, frozenset({0, 2})), len(RING))
         self.reads = 0
+        self.stopped = False  # a read of it was cancelled
+        self.connection = _Lane()  # P's acks back to X
 
     async def receive_into(self, *, destination: memoryview, **kw: Any) -> int:
         self.reads += 1
-        if self.reads > 1:
-            await trio.sleep_forever()
+        if self.reads > 1 or self.ack is None:
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                self.stopped = True
+                raise
+        assert self.ack is not None
         destination[:] = self.ack
         return len(self.ack)
 
@@ -67,13 +79,18 @@ def _window(sent: list[m.Message] | None = None) -> tuple[PeerCommits, Any, list
                                  spawn=lambda fn, *args: answers.append(args[0]) or True,
                                  send_shielded=send_shielded)
     ag = Agreement.of(RING, ME, 1, SEQ, m.CollectiveInit(1, 4, 10, 0))
-    links = types.SimpleNamespace(to_next=(_Lane(),), inboxes=(_Inbox(ag),), retire=lambda seq: None)
+    silent = _Inbox(ag)  # lane 0 to Q read backwards: Q's acks (none come)
+    silent.ack = None
+    lane, inbox = _Lane(), _Inbox(ag)
+    links = types.SimpleNamespace(to_next=(lane,), inboxes=(inbox,), send_channels=None, retire=lambda seq: None,
+                                  ack_links=lambda position, n: {0: (inbox.connection, inbox), 2: (lane, silent)})
     op = types.SimpleNamespace(seq=SEQ, agreement=ag, links=links, epoch=0, settled=trio.Event(),
                                ring_scope=trio.CancelScope(), machine=OpLifecycle(State.REPORTED),
                                plan=types.SimpleNamespace(what="all_reduce", tag=1))
 
     def step(op: Any, event: Event, word: object = None) -> None:
         steps.append(event)
+        op.readers_stopped_at_step = silent.stopped
 
     pcs = PeerCommits(host, step)  # type: ignore[arg-type]
     pcs.track(op)
@@ -90,6 +107,7 @@ async def test_a_query_after_done_before_ready_waits_for_the_verdict_not_for_a_f
         # X's ack would complete P's set {P} + {X, Q}: P must not commit on it, nor read it.
         assert Event.COMPLETE not in steps and op.agreement.machine.phase is not Phase.COMMITTED
         assert op.links.inboxes[0].reads == 0 and op.links.to_next[0].sent == []
+        assert op.links.inboxes[0].connection.sent == []
         op.settled.set()  # the master's verdict (an abort: Q's answer lacks X)
     assert Event.COMPLETE not in steps and op.agreement.machine.phase is not Phase.COMMITTED
     assert pcs.frozen(SEQ)
@@ -104,12 +122,56 @@ async def test_without_a_query_the_same_peer_commits_on_the_full_set() -> None:
         assert steps == [Event.COMPLETE] and op.agreement.machine.phase is Phase.COMMITTED
         op.settled.set()  # (the step recorded above would have set it)
     assert answers == [] and not pcs.frozen(SEQ)
+    # The op's COMPLETE came once its ack readers had stopped: from there no checkpoint is left
+    # before the call returns, where the master's word (its Commence, say) could still reach
+    # the op's intercept and meet a completed op.
+    assert op.readers_stopped_at_step
+
+
+INIT = m.CollectiveInit(1, 4, 10, 0)
+
+
+def _links(n: int) -> list[RingLinks]:
+    return memory_mesh(n)[0] if n >= 8 else memory_ring(n)[0]
+
+
+def _participant(ring: tuple[int, ...], position: int,
+                 links: RingLinks) -> tuple[PeerCommits, Any, list[Event], Counters]:
+    steps: list[Event] = []
+    host = types.SimpleNamespace(peer_id=ring[position], counters=Counters(), on_query=None,
+                                 config=types.SimpleNamespace(peer_timeout=3600.0), spawn=lambda *a: True)
+    op = types.SimpleNamespace(seq=SEQ, agreement=Agreement.of(ring, ring[position], 1, SEQ, INIT), links=links,
+                               epoch=0, settled=trio.Event(), ring_scope=trio.CancelScope(),
+                               machine=OpLifecycle(State.REPORTED), plan=types.SimpleNamespace(what="all_reduce", tag=1))
+    pcs = PeerCommits(host, lambda op, event, word=None: steps.append(event))  # type: ignore[arg-type]
+    pcs.track(op)
+    return pcs, op, steps, host.counters
+
+
+@pytest.mark.parametrize("n", [3, 5, 8, 9, 16])
+async def test_every_participant_commits_on_its_acks_alone_over_memory_links(n: int) -> None:
+    links = _links(n)
+    ring = tuple(range(100, 100 + n))
+    parts = [_participant(ring, p, links[p]) for p in range(n)]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for p, (pcs, op, _, _) in enumerate(parts):
+                if p != n // 2:
+                    nursery.start_soon(pcs.settle, op)
+            await trio.testing.wait_all_tasks_blocked()  # everyone else is ready, waiting for one id
+            assert all(op.agreement.machine.phase is Phase.READY for _, op, _, _ in parts if op is not parts[n // 2][1])
+            pcs, op, _, _ = parts[n // 2]
+            nursery.start_soon(pcs.settle, op)
+    assert all(steps == [Event.COMPLETE] for _, _, steps, _ in parts)
+    assert all(op.agreement.machine.phase is Phase.COMMITTED for _, op, _, _ in parts)
+    assert sum(counters.peer_commit_doubts for _, _, _, counters in parts) == 0
 
 
 class _SilentInbox:
-    """Lane 0 from X: no ack comes."""
+    """An ack link on which no ack comes."""
 
-    reads = 0
+    def __init__(self) -> None:
+        self.reads = 0
 
     async def receive_into(self, **kw: Any) -> int:
         self.reads += 1
@@ -119,18 +181,19 @@ class _SilentInbox:
 
 async def test_a_query_that_ends_a_ready_peers_ack_read_is_no_silence_it_asks_nothing_more(
         caplog: pytest.LogCaptureFixture) -> None:
-    # P is ready and waits for X's ack when the master's query comes: it answers (in doubt) and
-    # its read stops.  That stop is not a silent neighbour: P must neither report one nor ask
-    # the master on top of the answer it gave (the master is deciding on it), only wait for the
-    # verdict.
+    # P is ready and waits for an ack from X or Q when the master's query comes: it answers (in
+    # doubt) and its wait for the next ack stops.  That stop is not a silent neighbour: P must
+    # neither report one nor ask the master on top of the answer it gave (the master is deciding
+    # on it), only wait for the verdict.
     caplog.set_level(logging.INFO)
     asks: list[m.Message] = []
     pcs, op, answers, steps = _window(asks)
-    op.links.inboxes = (_SilentInbox(),)
+    from_x, from_q = _SilentInbox(), _SilentInbox()
+    op.links.ack_links = lambda position, n: {0: (_Lane(), from_x), 2: (_Lane(), from_q)}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(pcs.settle, op)
         await trio.testing.wait_all_tasks_blocked()
-        assert op.links.inboxes[0].reads == 1 and op.agreement.machine.phase is Phase.READY
+        assert (from_x.reads, from_q.reads) == (1, 1) and op.agreement.machine.phase is Phase.READY
         pcs.on_query(m.CollectiveQuery(1, SEQ), 0)
         await trio.testing.wait_all_tasks_blocked()
         assert [(a.phase, a.known) for a in answers] == [(m.CommitPhase.IN_DOUBT, (ME,))]
