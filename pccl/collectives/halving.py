@@ -55,7 +55,11 @@ different orders (recursive doubling at distance 1 first, Rabenseifner at ``P/2`
 peers that went through them in different orders, each op could wait behind a frame of the
 other.  In commence order every peer runs the earliest unfinished op, whose frames precede every
 later op's on every link.  Concurrent small ops therefore queue (each takes ``log2 N`` link
-latencies) while ring ops run beside them on the lanes.  An op whose seq was not recorded as
+latencies) while ring ops run beside them on the lanes.  Except begun ops (fast commit's derived
+seqs), which run beside each other: two of them meet on a peer only in a crossing, whose
+commence order differs between peers (in turns each peer's first op waited for the other's
+frames until the watchdog), and a partner link keeps another running begun op's frames in
+memory rather than parking them (docs/protocol.rst, "Crossings").  An op whose seq was not recorded as
 commenced (:meth:`~pccl.collectives.seq_registry.SeqRegistry.commenced`; the collectives called
 directly, without a communicator) has no order known to be the same on every peer: it takes
 the turn only if it is free, and raises ``InvalidUsage`` when another op holds or awaits it

@@ -28,7 +28,9 @@ demultiplexed by the frame header's ``op_seq`` without copies and without a read
   into memory), and is read into memory after all once kept frames were taken and it fits.
   Kept frames are dropped when their seq retires and when the links are replaced or closed
   (:meth:`RingLinks.drop_kept`: a new topology round, a new master epoch, an abort), since a
-  derived seq belongs to one round and can no longer start after it.
+  derived seq belongs to one round and can no longer start after it.  A partner link's inbox
+  keeps a running begun op's frames too (``keep_running``): begun ops run beside each other
+  there, each reading several links in its own order.
 * A header of an operation that ended here (:meth:`SeqRegistry.retire`, called when an op
   finishes or aborts, and by the communicator for seqs it never started) is a *late frame*: its
   payload is discarded.  A late frame can therefore never be taken for a later operation's.
@@ -95,14 +97,18 @@ class Inbox:
     """The receiving side of one lane: demultiplexes data frames by ``op_seq``.
 
     ``kept_limit``: the most payload bytes kept in memory for begun ops not known here yet
-    (default :data:`KEPT_BYTES_LIMIT`); beyond it their frames park."""
+    (default :data:`KEPT_BYTES_LIMIT`); beyond it their frames park.  ``keep_running``: keep
+    the frames of begun ops running here too, not only of those not known here (a partner
+    link's, where begun ops run beside each other: :attr:`RingLinks.partner_turns`); Trio
+    readers only."""
 
     def __init__(self, connection: FramedConnection, registry: SeqRegistry, *,
-                 kept_limit: int = KEPT_BYTES_LIMIT) -> None:
+                 kept_limit: int = KEPT_BYTES_LIMIT, keep_running: bool = False) -> None:
         if kept_limit < 0:
             raise InvalidArgument(f"kept_limit must be >= 0, got {kept_limit}")
         self.connection = connection
         self.kept_limit = kept_limit
+        self.keep_running = keep_running
         self._registry = registry
         self._parked: DataHeader | None = None
         # One reader at a time, a Trio task or a worker thread: whoever holds the read role
@@ -181,15 +187,19 @@ class Inbox:
         into memory by the next reader once it fits)."""
         return classify(header, seq, self._registry) is FrameAction.PARK and not self._stashable(header)
 
-    async def _take_read_role(self, seq: int) -> DataHeader | None:
-        """Take the read role for ``seq``'s reader; returns the parked header it must handle
-        first (its own, or a late one to discard), or ``None``.  Cancellable while waiting (a
-        task woken and cancelled at once passes the wake-up on)."""
+    async def _take_read_role(self, seq: int) -> tuple[bool, DataHeader | None]:
+        """Take the read role for ``seq``'s reader; returns ``(True, header)`` with the parked
+        header it must handle first (its own, or a late one to discard), or ``None``; or
+        ``(False, None)`` without the role when a frame of ``seq`` was kept meanwhile (another
+        reader read it into memory: :attr:`keep_running`), to be taken first.  Cancellable
+        while waiting (a task woken and cancelled at once passes the wake-up on)."""
         while True:
             with self._cond:
+                if self._stash.get(seq):
+                    return False, None
                 if self._can_read(seq):
                     self._reading = True
-                    return self._parked
+                    return True, self._parked
                 entry = (seq, trio.Event())
                 self._trio_waiters.append(entry)
             try:
@@ -234,8 +244,14 @@ class Inbox:
         turn, and ops that are running or commenced here always come for their frames.
 
         Only while the kept bytes stay within :attr:`kept_limit`: beyond it the frame parks
-        (logged once per seq), and TCP holds its sender back."""
-        if not header.op_seq >> 63 or self._registry.is_known(header.op_seq):
+        (logged once per seq), and TCP holds its sender back.
+
+        With :attr:`keep_running` (a partner link), a frame of a begun op running here is kept
+        too: begun ops run beside each other on the partner links, each reading its partners
+        in its own order, so a frame parked for one of them while it waits on another link
+        would block the link for the op reading it (the owner takes it from memory, woken if
+        it waits for the link: :meth:`_wake_owner`)."""
+        if not header.op_seq >> 63 or (self._registry.is_known(header.op_seq) and not self.keep_running):
             return False
         if self._kept_bytes + header.nbytes <= self.kept_limit:
             return True
@@ -256,6 +272,16 @@ class Inbox:
         with self._cond:
             self._stash.setdefault(header.op_seq, collections.deque()).append((header, payload))
             self._kept_bytes += len(payload)
+
+    def _wake_owner(self, seq: int) -> None:
+        """A frame of ``seq`` was kept (Trio thread): if its reader waits for the read role, wake
+        it to take the frame from memory (:meth:`_take_read_role`)."""
+        with self._cond:
+            chosen = [w for w in self._trio_waiters if w[0] == seq]
+            if chosen:
+                self._trio_waiters = collections.deque(w for w in self._trio_waiters if w[0] != seq)
+        for _seq, event in chosen:
+            event.set()
 
     def _drop_seq(self, seq: int, why: str, level: int = logging.DEBUG) -> None:
         """Drop ``seq``'s kept frames (call with _cond held)."""
@@ -416,12 +442,14 @@ class Inbox:
         :meth:`~pccl.net.framed.FramedConnection.receive_data_into`.
         """
         nbytes = destination.nbytes
-        if self._stash and self._kept(seq, stream, step, offset, destination, False):
-            if schedule_point:
-                await trio.lowlevel.checkpoint()
-            return nbytes
-        header = await self._take_read_role(seq)
-        reading = True
+        while True:
+            if self._stash and self._kept(seq, stream, step, offset, destination, False):
+                if schedule_point:
+                    await trio.lowlevel.checkpoint()
+                return nbytes
+            reading, header = await self._take_read_role(seq)
+            if reading:
+                break
         try:
             while True:
                 if header is None:
@@ -458,17 +486,29 @@ class Inbox:
                         self._repark_unread(header)
                         raise
                     self._keep(header, payload)
+                    self._wake_owner(header.op_seq)
                     header = None
                     continue
                 with self._cond:  # PARK: leave it for its owner
                     self._parked = header
                 reading = False
                 self._release_read_role()
-                header = await self._take_read_role(seq)
-                reading = True
+                while True:  # (a frame of this op may be kept meanwhile: take it from memory)
+                    reading, header = await self._take_read_role(seq)
+                    if reading or self._kept(seq, stream, step, offset, destination, False):
+                        break
+                if not reading:
+                    if schedule_point:
+                        await trio.lowlevel.checkpoint()
+                    return nbytes
         finally:
             if reading:
                 self._release_read_role()
+
+
+def _begun(seq: int) -> bool:
+    """Whether ``seq`` is a begun op's (derived on the fast path: the top bit set)."""
+    return bool(seq >> 63)
 
 
 class RingLinks:
@@ -518,7 +558,7 @@ class RingLinks:
         #: partner's ring position, carrying data frames both ways; its inbox demultiplexes them
         #: by seq like a lane's.  Empty: the ring has none, and every all-reduce takes the ring.
         self.partners: dict[int, Inbox] = {
-            position: Inbox(connection, self.registry, kept_limit=kept_limit)
+            position: Inbox(connection, self.registry, kept_limit=kept_limit, keep_running=True)
             for position, connection in sorted((partners or {}).items())
         }
         #: Lane 0 to the successor read backwards: what the successor sends back on it (peer
@@ -536,7 +576,13 @@ class RingLinks:
         #: Ops on the partner links take turns one at a time, in commence order: a partner link
         #: is read in its frames' order, and two ops whose peers went through them in different
         #: orders could each wait behind a frame of the other (:mod:`pccl.collectives.halving`).
-        self.partner_turns: ThreadTurns | None = ThreadTurns(self.registry, slots=1) if self.partners else None
+        #: Except begun ops (derived seqs, fast commit) beside each other: two of them run here
+        #: at once only in a crossing, whose commence order differs between peers, so in turns
+        #: each peer's first waited for the other's frames until the watchdog; side by side,
+        #: each reads its frames, and the partner inboxes keep the others' in memory
+        #: (``keep_running``; docs/protocol.rst, "Crossings").
+        self.partner_turns: ThreadTurns | None = (
+            ThreadTurns(self.registry, slots=1, beside=_begun) if self.partners else None)
 
     def has_partners(self, positions: Sequence[int]) -> bool:
         """Whether there is a partner link to every ring position in ``positions``."""
@@ -570,7 +616,7 @@ class RingLinks:
         finally:
             if taken:
                 assert turns is not None
-                turns.give_back()
+                turns.give_back(seq)
 
     def ack_links(self, position: int, n: int) -> dict[int, tuple[FramedConnection, Inbox]]:
         """Per ack target of ring ``position`` among ``n`` (:func:`~pccl.protocol.peer_ack.ack_targets`:

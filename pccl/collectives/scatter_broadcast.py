@@ -22,7 +22,7 @@ more than about twice the buffer.  Every edge is a partner link
   (through the kernel runner: a worker thread when large); the root's is never written (it
   receives nothing).  Out of place the root copies its input into ``dst`` first.
 * **Turns** and **aborts** as for the tree (:mod:`.tree_broadcast`): one op at a time on the
-  partner links in commence order; the sending and receiving tasks share one nursery, the op
+  partner links in commence order (begun ops beside each other); the sending and receiving tasks share one nursery, the op
   raises one exception, and the executor (:func:`~pccl.collectives.execute.execute`) restores
   the input from the backup.
 """

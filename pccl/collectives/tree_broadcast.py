@@ -18,9 +18,9 @@ does not already have.
   it.  In place, a receiver's buffer is saved whole into the backup before its first frame is
   received (through the kernel runner: a worker thread when large); the root's is never
   written.  Out of place the root copies its input into ``dst`` first and sends from there.
-* **Turns.**  Ops on the partner links run one at a time in commence order
-  (:attr:`~pccl.collectives.links.RingLinks.partner_turns`), as the halving-doubling all-reduce
-  does (see :mod:`.halving`, "Turns", for why and for ops not recorded as commenced).
+* **Turns.**  Ops on the partner links run one at a time in commence order, begun ops beside
+  each other (:attr:`~pccl.collectives.links.RingLinks.partner_turns`), as the halving-doubling
+  all-reduce does (see :mod:`.halving`, "Turns", for why and for ops not recorded as commenced).
 * **Aborts.**  The receiving task and the sending tasks share one nursery: a cancellation or an
   error (a broken partner link, a frame that does not fit the tree) stops them all and the op
   raises one exception; the executor (:func:`~pccl.collectives.execute.execute`) restores the

@@ -27,6 +27,10 @@ communicator) have no known order: they run at once, without a turn, as they alw
 except on the partner links, where such an op takes the one turn only when it is free
 (:meth:`ThreadTurns.try_take`; :mod:`pccl.collectives.halving`).
 
+With ``beside`` (the partner links' turns: begun ops), an op for which it holds is admitted past
+the slots, in its commence-order place, while every op holding a turn is one for which it holds
+too (docs/protocol.rst, "Crossings").
+
 A single op, or the first of a batch, is admitted without waiting: the fast path costs one
 comparison.
 """
@@ -59,14 +63,18 @@ class CommenceOrder(Protocol):
 class ThreadTurns:
     """The turns of one set of ring links' large ops (see the module docstring).  Trio thread only."""
 
-    def __init__(self, order: CommenceOrder, slots: int = THREAD_OPS) -> None:
+    def __init__(self, order: CommenceOrder, slots: int = THREAD_OPS,
+                 beside: Callable[[int], bool] | None = None) -> None:
         if slots < 1:
             raise ValueError(f"need at least one turn at a time, got {slots}")
         self._order = order
         self._slots = slots
+        #: Which ops may run beside each other past the slots (see :meth:`_admit`).
+        self._beside = beside
         self._running = 0
-        #: Ops waiting for their turn: (rank in the commence order, counter, event), a heap.
-        self._waiting: list[tuple[int, int, trio.Event]] = []
+        self._running_beside = 0  # of _running, the ops admitted as ``beside``
+        #: Ops waiting for their turn: (rank in the commence order, counter, seq, event), a heap.
+        self._waiting: list[tuple[int, int, int, trio.Event]] = []
         self._counter = 0  # ties (one seq used twice, as tests may) keep arrival order
         order.add_turn_listener(self._admit)
 
@@ -93,19 +101,19 @@ class ThreadTurns:
         rank = self._order.rank(seq)
         if rank is None:
             return False
-        entry = (rank, self._counter, trio.Event())
+        entry = (rank, self._counter, seq, trio.Event())
         self._counter += 1
         heapq.heappush(self._waiting, entry)
         self._order.started(seq)  # it waits here now: later ops wait for it through _waiting
         self._admit()
-        if entry[2].is_set():
+        if entry[3].is_set():
             return True  # the fast path: nobody ahead
         try:
-            await entry[2].wait()
+            await entry[3].wait()
             return True
         except BaseException:
-            if entry[2].is_set():
-                self.give_back()  # admitted and cancelled at once: pass the turn on
+            if entry[3].is_set():
+                self.give_back(seq)  # admitted and cancelled at once: pass the turn on
             else:
                 self._waiting.remove(entry)
                 heapq.heapify(self._waiting)
@@ -121,20 +129,31 @@ class ThreadTurns:
         self._running += 1
         return True
 
-    def give_back(self) -> None:
-        """An admitted op's threads have all returned: the next op may take its turn."""
+    def give_back(self, seq: int | None = None) -> None:
+        """An admitted op's threads have all returned: the next op may take its turn.  ``seq``:
+        the op's, needed when these turns admit ops ``beside`` each other."""
         self._running -= 1
+        if self._beside is not None and seq is not None and self._beside(seq):
+            self._running_beside -= 1
         self._admit()
 
     def _admit(self) -> None:
         """Give turns to waiting ops in commence order, while turns are free and no op
-        commenced earlier is still to come to its data path."""
-        while self._waiting and self._running < self._slots:
-            rank = self._waiting[0][0]
+        commenced earlier is still to come to its data path.  With ``beside``, the next op in
+        that order for which it holds is also admitted past the slots while every op holding a
+        turn is one for which it holds (:mod:`pccl.collectives.links`: begun ops on the partner
+        links, whose commence order differs between peers only in a crossing)."""
+        while self._waiting:
+            rank, _, seq, event = self._waiting[0]
+            side = self._beside is not None and self._beside(seq)
+            if self._running >= self._slots and not (side and self._running == self._running_beside):
+                return
             first = self._order.first_commenced()
             first_rank = None if first is None else self._order.rank(first)
             if first_rank is not None and first_rank < rank:
                 return
-            _, _, event = heapq.heappop(self._waiting)
+            heapq.heappop(self._waiting)
             self._running += 1
+            if side:
+                self._running_beside += 1
             event.set()

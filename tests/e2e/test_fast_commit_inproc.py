@@ -76,8 +76,8 @@ async def test_ring_calls_in_different_orders_on_each_peer_all_complete() -> Non
     # op the other peer began: peer 0 begins tag 1's op, peer 1 tag 2's, and each runs the two
     # in the other's order.  Large ring ops waited for each other until the watchdog aborted
     # both (a begun op's own arming Commence recorded its seq as waiting again, holding the
-    # later op's lane threads back).  (Over the partner links such a crossing still stalls:
-    # docs/protocol.rst, "Crossings".)
+    # later op's lane threads back).  (Over the partner links:
+    # tests/e2e/test_partner_crossing_inproc.py.)
     algorithm = "ring"
 
     config = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,

@@ -32,7 +32,7 @@ class Ops:
                 await self.finish[seq].wait()
             finally:
                 if took:
-                    self.turns.give_back()
+                    self.turns.give_back(seq)
         if self.scopes[seq].cancelled_caught:
             self.cancelled.append(seq)
 
@@ -114,6 +114,49 @@ async def test_an_op_whose_seq_nobody_commenced_runs_at_once_without_a_turn() ->
         await trio.testing.wait_all_tasks_blocked()
         assert ops.admitted == [7] and ops.took == {7: False} and turns.running == 0
         ops.finish[7].set()
+
+
+async def test_begun_ops_run_beside_each_other_past_the_slot_and_a_master_op_waits_for_them() -> None:
+    # The partner links' turns (one slot): begun ops (derived seqs) run beside each other, since
+    # two of them run on one peer at once only in a crossing, whose commence order differs
+    # between peers (docs/protocol.rst, "Crossings"); an op the master commenced keeps the order.
+    begun_x, begun_y, voted = (1 << 63) | 11, (1 << 63) | 22, 5
+    registry = SeqRegistry()
+    turns = ThreadTurns(registry, slots=1, beside=lambda seq: bool(seq >> 63))
+    ops = Ops(turns)
+    for seq in (begun_x, voted, begun_y):
+        registry.commenced(seq)
+    async with trio.open_nursery() as nursery:
+        for seq in (begun_x, voted, begun_y):
+            nursery.start_soon(ops.op, seq)
+            await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [begun_x]  # the voted op comes next in commence order: it waits, so does Y
+        ops.finish[begun_x].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [begun_x, voted] and turns.running == 1
+        ops.finish[voted].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [begun_x, voted, begun_y]
+        ops.finish[begun_y].set()
+    assert turns.running == 0
+    registry = SeqRegistry()
+    turns = ThreadTurns(registry, slots=1, beside=lambda seq: bool(seq >> 63))
+    ops = Ops(turns)
+    for seq in (begun_x, begun_y, voted):
+        registry.commenced(seq)
+    async with trio.open_nursery() as nursery:
+        for seq in (begun_x, begun_y, voted):
+            nursery.start_soon(ops.op, seq)
+            await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [begun_x, begun_y] and turns.running == 2  # side by side
+        ops.finish[begun_x].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [begun_x, begun_y]  # the master's op waits for every begun one
+        ops.finish[begun_y].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [begun_x, begun_y, voted] and turns.running == 1
+        ops.finish[voted].set()
+    assert turns.running == 0 and turns.waiting == 0
 
 
 def test_at_least_one_turn() -> None:
