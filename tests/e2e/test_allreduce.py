@@ -338,9 +338,20 @@ def _abort_and_retry(cluster_factory: Any, world: int, fault: dict[str, Any]) ->
     victim_pid = cluster.peer_ids[-1]
     for r in reports:
         res = r["results"][0]
-        assert res["first_error"] == "CollectiveAborted" and res["restored"] is True, json.dumps(res)
-        assert res.get("ok") and res["world"] == world - 1 and res["attempts"] >= 2, json.dumps(res)
+        # A survivor that took part in the op the victim faulted in raises with its input
+        # intact; one whose call came after the group had dropped the victim (a process
+        # scheduled late on a loaded box) runs only the survivors' op, once.
+        if "first_error" in res:
+            assert res["first_error"] == "CollectiveAborted" and res["restored"] is True, json.dumps(res)
+            assert res["attempts"] >= 2, json.dumps(res)
+        else:
+            assert res["attempts"] == 1, json.dumps(res)
+        assert res.get("ok") and res["world"] == world - 1, json.dumps(res)
         assert victim_pid not in r["ring"] and len(r["ring"]) == world - 1
+    # The victim faulted with bytes of its ring predecessor in: that one was inside the op.
+    predecessor = cluster.ring[(cluster.ring.index(victim_pid) - 1) % world]
+    by_peer = dict(zip(cluster.peer_ids[:-1], reports))
+    assert "first_error" in by_peer[predecessor]["results"][0], by_peer
     ring = reports[0]["ring"]
     ref = ring_reference(_inputs_in_ring(cluster, ring, spec["seed"], spec["n"], "float32", "AVG"), ReduceOp.AVG)
     assert {r["results"][0]["digest"] for r in reports} == {digest(ref)}
