@@ -40,7 +40,9 @@ def _sent_elements(position: int, world: int, root: int, count: int) -> int:
                for m in scatter_all_gather_plan(position, world, root) if m.send)
 
 
-@pytest.mark.parametrize("world", [5, 6, 7, 8, 9])
+# 7: three folded peers (the most below 8), 8: no fold; worlds 2 to 9, 12 and 16 run on memory
+# links in tests/unit/test_scatter_broadcast.py, and 9 (a folded root) as processes.
+@pytest.mark.parametrize("world", [7, 8])
 async def test_the_forced_scatter_all_gather_broadcast_is_exact(world: int) -> None:
     with force_broadcast_algorithm(BroadcastAlgorithm.SCATTER_ALL_GATHER):
         async with open_test_cluster(world, token=TOKEN, config=_config(), soon=SOON) as (_, comms, _):
