@@ -354,7 +354,7 @@ class CollectiveService:
                 self._step(op, Event.MASTER_LOST)
                 self._host.raise_if_failed(op.epoch)
                 raise ProtocolError("the collective's message route closed unexpectedly") from None
-            if isinstance(msg, m.CollectiveCommence):
+            if isinstance(msg, m.CollectiveCommence) and not self._ended_here(msg):
                 self._step(op, Event.COMMENCE)
                 return msg
             if isinstance(msg, m.CollectiveRejected):
@@ -363,6 +363,15 @@ class CollectiveService:
             # The final message of an earlier op on this tag, released before it arrived.
             log.debug("ignoring %s for tag %d seq %d: not for this op", type(msg).__name__,
                       getattr(msg, "tag", -1), getattr(msg, "seq", -1))
+
+    def _ended_here(self, commence: m.CollectiveCommence) -> bool:
+        """Whether ``commence`` arms an op that already ended here: a begun op committed on its
+        acks (``Config.peer_commit``) before the master, which sends the arming ``Commence`` to
+        every participant once the last ``Begin`` is in, got it out.  It reaches the tag's next
+        call, which must not take it for the answer to its own vote (it would run the ended op's
+        seq while the others run the vote's op).  Seqs are unique in a master epoch, and a new
+        master starts a new registry."""
+        return self._links.registry.is_retired(commence.seq)
 
     def _rejection(self, plan: Plan, answer: m.CollectiveRejected) -> Exception:
         try:
@@ -485,7 +494,7 @@ class CollectiveService:
                 if isinstance(msg, m.CollectiveRejected):
                     self._step(op, Event.REJECT)
                     return
-                if isinstance(msg, m.CollectiveCommence):
+                if isinstance(msg, m.CollectiveCommence) and not self._ended_here(msg):
                     log.info("peer %x: reporting the abort of cancelled collective tag %d seq %d",
                              self._host.peer_id, tag, msg.seq)
                     self._links.registry.retire(msg.seq)

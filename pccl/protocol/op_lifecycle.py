@@ -87,7 +87,10 @@ Rules
   input restored).  Only if the bound runs out first does the shell feed ``CANCEL`` in
   ``REPORTED``, the one case whose final word is awaited in the background (``ABANDONED``);
   before the ``Done`` the call reports the abort itself.
-* Once the master spoke (or is gone), its later messages for the op are ignored.  So is its
+* Once the master spoke (or is gone), its later messages for the op are ignored, a
+  ``Rejected`` among them (it names no seq: a Begin refused on a stale ring whose op every
+  participant still committed on its acks has its refusal reach the tag's next begun op, which
+  it aborts; that op's own refusal then finds it over).  So is its
   ``Commence`` of a begun op that completed here first (``Config.peer_commit``: the acks can
   commit it before the ``Commence``, sent once every ``Begin`` is in, reaches this peer).
 * A begun op is a running one with two differences: its ring is watched only once every
@@ -160,8 +163,9 @@ class Effect(enum.Enum):
 
 S, E, X = State, Event, Effect
 _NONE: tuple[Effect, ...] = ()
-#: The master's word once it has spoken (or once it is gone): ignored.
-_LATE_WORDS = (E.COMPLETE, E.ABORT, E.MASTER_LOST)
+#: The master's word once it has spoken (or once it is gone): ignored.  A ``Rejected`` too: it
+#: carries no seq, and the refusal of an earlier begun op's Begin can reach the tag's next op.
+_LATE_WORDS = (E.COMPLETE, E.ABORT, E.MASTER_LOST, E.REJECT)
 
 #: (state, event) -> (next state, effects).  The ignored late words and the ways out of a call
 #: (``CANCEL``/``FAIL`` after the commence) are filled in below.

@@ -214,3 +214,93 @@ async def test_a_master_that_cannot_resolve_peer_agreed_ops_is_refused_at_regist
 def test_peer_commit_needs_fast_commit() -> None:
     with pytest.raises(pccl.InvalidArgument, match="fast_commit"):
         Config(fast_commit=False, peer_commit=True)
+
+
+
+def _hold_armed_commences(master: pccl.Master, peer: pccl.Communicator, tag: int,
+                          release: type[m.Message]) -> tuple[list[Send], list[int]]:
+    """Hold back the Commences of begun ops on ``tag`` that ``master`` sends to ``peer``, until it
+    handles ``peer``'s next ``release`` message on the tag; then send them ahead of whatever that
+    message makes it send.  Returns (the held Sends, the seqs released)."""
+    state = pccl.testing.master_state(master)
+    conn = state.conn_of(peer.peer_id)
+    real = state.handle
+    held: list[Send] = []
+    released: list[int] = []
+
+    def handle(event: Any, now: float) -> list[Any]:
+        out = real(event, now)
+        if not released:
+            late = [e for e in out if isinstance(e, Send) and e.conn_id == conn
+                    and isinstance(e.msg, m.CollectiveCommence) and e.msg.tag == tag and e.msg.seq >> 63]
+            held.extend(late)
+            out = [e for e in out if e not in late]
+            if (held and isinstance(event, MessageReceived) and event.conn_id == conn
+                    and isinstance(event.msg, release) and getattr(event.msg, "tag", None) == tag):
+                released.extend(e.msg.seq for e in held)
+                out = held + out  # ahead of the master's own answer, if it is out already
+        return out
+
+    state.handle = handle  # type: ignore[method-assign]
+    return held, released
+
+
+async def test_a_late_commence_of_an_op_committed_on_its_acks_is_not_taken_by_the_next_vote() -> None:
+    # The master sends the Commence that arms a begun op to every participant, also to one whose
+    # Done(ok) it already has; with peer commit that peer can commit on its acks, end the call
+    # and vote on the same tag before that Commence arrives.  Held back here until the master
+    # has the peer's next vote (an all-gather always votes), it reaches the vote's route first:
+    # taken as the vote's answer, the peer ran the ended op's seq and the others' real op
+    # stalled until the watchdog.  It must wait for its own Commence.
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        p = comms[0]
+        await each(comms, lambda i, c: c.all_reduce(np.ones(100, np.float32), tag=3))  # a round: X may begin
+        held, released = _hold_armed_commences(master, p, 3, m.CollectiveInit)
+        xs = [np.full(1000, i + 1.0, np.float32) for i in range(2)]
+        infos = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=3), within=SOON)
+        assert all(isinstance(info, pccl.ReduceInfo) for info in infos), infos
+        assert len(held) == 1, held  # X began on both and P's Commence was held
+        gathered = await each(comms, lambda i, c: c.all_gather(np.full(10, i + 1.0, np.float32), tag=3),
+                              within=SOON)
+        assert released, "the held Commence was never sent"
+        assert all(isinstance(g, pccl.Gathered) for g in gathered), gathered
+        for g in gathered:
+            assert [float(a[0]) for a in g.arrays] == [float(comms.index(
+                next(c for c in comms if c.peer_id == pid)) + 1) for pid in g.peers]
+        assert [c.statistics().collectives_aborted for c in comms] == [0, 0]
+
+
+async def test_a_late_commence_of_an_op_committed_on_its_acks_is_not_taken_for_a_withdrawn_votes() -> None:
+    # As above, but the peer's next call on the tag is cancelled during its vote: the task that
+    # withdraws the vote took the ended op's Commence for the vote's, and reported the abort of
+    # the op it had completed (a master still waiting for another participant's Done kicks it
+    # for a second Done).
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        p = comms[0]
+        await each(comms, lambda i, c: c.all_reduce(np.ones(100, np.float32), tag=3))  # a round: X may begin
+        held, released = _hold_armed_commences(master, p, 3, m.CollectiveWithdraw)
+        xs = [np.full(1000, i + 1.0, np.float32) for i in range(2)]
+        infos = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=3), within=SOON)
+        assert all(isinstance(info, pccl.ReduceInfo) for info in infos), infos
+        assert len(held) == 1, held
+        dones: list[m.CollectiveDone] = []
+
+        async def record(msg: m.Message) -> None:
+            if isinstance(msg, m.CollectiveDone):
+                dones.append(msg)
+
+        with hooks.intercept_master_sends(p, record):
+            with trio.move_on_after(0.2):  # the vote waits for the other peer, which never calls
+                await p.all_gather(np.ones(10, np.float32), tag=3)
+            with trio.fail_after(SOON):
+                while not released:
+                    await trio.sleep(0.01)
+                while 3 in hooks.phase_of(p).collectives:  # the withdrawal settled: the tag is free
+                    await trio.sleep(0.01)
+        assert dones == [], dones  # no abort reported for the op P completed
+        # The withdrawal settled (the tag is free again) and P is still a member: the tag's
+        # next op runs on both.
+        ys = [np.full(1000, i + 1.0, np.float32) for i in range(2)]
+        infos = await each(comms, lambda i, c: c.all_reduce(ys[i], tag=3), within=SOON)
+        assert all(isinstance(info, pccl.ReduceInfo) for info in infos), infos
+        assert all(np.array_equal(y, np.full(1000, 3.0, np.float32)) for y in ys)

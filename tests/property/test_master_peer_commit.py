@@ -234,6 +234,30 @@ def test_a_participant_that_committed_may_begin_the_next_use_before_the_others_d
     assert not h.ms.ops() and not h.kicks and h.ms.stale_groups() == frozenset()
 
 
+def test_a_participant_that_committed_may_vote_the_next_use_before_the_others_done() -> None:
+    # As with a Begin, for a vote (the next call had another op in flight, or is an
+    # all-gather): it was refused TAG_IN_USE, InvalidUsage to the caller, while the open op was
+    # only waiting for the others' Done.
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    seq = _begin(h, a)
+    _begin(h, b)
+    h.send(a, m.CollectiveDone(TAG, seq))
+    h.send(a, m.CollectiveInit(TAG, 4, 10, 0))  # a committed on its full set and went on
+    assert h.last(a, m.CollectiveRejected) is None and _verdict(h, a, seq) is None
+    h.send(b, m.CollectiveDone(TAG, seq))
+    assert _verdict(h, a, seq) is m.CollectiveComplete and _verdict(h, b, seq) is m.CollectiveComplete
+    h.send(b, m.CollectiveInit(TAG, 4, 10, 0))
+    commences = [h.last(conn, m.CollectiveCommence) for conn in (a, b)]
+    assert all(isinstance(c, m.CollectiveCommence) for c in commences), commences
+    seq2 = commences[0].seq  # type: ignore[union-attr]
+    assert seq2 != seq and not seq2 >> 63 and commences[1].seq == seq2  # type: ignore[union-attr]
+    for conn in (a, b):
+        h.send(conn, m.CollectiveDone(TAG, seq2))
+    assert _verdict(h, a, seq2) is m.CollectiveComplete and _verdict(h, b, seq2) is m.CollectiveComplete
+    assert not h.ms.ops() and not h.kicks and h.ms.stale_groups() == frozenset()
+
+
 def test_a_begin_of_a_lingering_op_joins_it() -> None:
     # a ran use 1 with b (a's Begin and Done of it in, b's still on their way), committed on
     # b's ack and began use 2; b's Begin of use 1 then arrives.  It must join use 1, not abort

@@ -92,7 +92,7 @@ EXPECTED: dict[tuple[State, Event], tuple[State, tuple[Effect, ...]]] = {
     (S.COMPLETED, E.COMMENCE): (S.COMPLETED, ()),  # peer commit: the acks beat the Commence
 }
 for _s in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.COMPLETED, S.ABORTED, S.LOST):
-    EXPECTED.update({(_s, e): (_s, ()) for e in LATE})
+    EXPECTED.update({(_s, e): (_s, ()) for e in LATE + (E.REJECT,)})
 for _s in (S.ABORTING, S.COMPLETING, S.CUT_OFF, S.GAVE_UP, S.FAILING, S.COMPLETED, S.ABORTED, S.LOST):
     EXPECTED.update({(_s, e): (S.LEFT, (X.RESTORE_INPUT,)) for e in LEAVE})
 
@@ -128,7 +128,7 @@ def test_every_refused_transition(pair: tuple[State, Event]) -> None:
 
 def test_counts_and_terminal_states() -> None:
     assert len(ALLOWED) + len(REFUSED) == len(State) * len(Event)
-    assert len(ALLOWED) == 99
+    assert len(ALLOWED) == 105
     assert TERMINAL_STATES == {S.REFUSED, S.LEFT, S.RELEASED}
 
 
@@ -238,3 +238,17 @@ def test_a_commence_after_a_peer_commit_changes_nothing() -> None:
     assert machine.handle(E.RING_DONE) == (X.REPORT_DONE,)
     assert machine.handle(E.COMPLETE) == (X.SETTLE,)
     assert machine.handle(E.COMMENCE) == () and machine.state is S.COMPLETED
+
+
+def test_a_rejection_after_the_op_ended_changes_nothing() -> None:
+    # A Rejected carries no seq: the refusal of an earlier begun op's Begin (STALE_RING) that
+    # every peer still committed on its acks reaches the tag's next begun op and aborts it;
+    # that op's own refusal then comes while it unwinds (or after).  An OpLifecycleError there
+    # ended the communicator.
+    machine = OpLifecycle(S.BEGUN)
+    assert machine.handle(E.REJECT) == (X.CANCEL_RING, X.SETTLE)
+    assert machine.handle(E.REJECT) == () and machine.state is S.ABORTING
+    assert machine.handle(E.RING_FAILED) == ()
+    assert machine.handle(E.REJECT) == () and machine.state is S.ABORTED
+    for state in (S.COMPLETING, S.CUT_OFF, S.COMPLETED, S.LOST):
+        assert OpLifecycle(state).handle(E.REJECT) == ()

@@ -64,7 +64,8 @@ not abort it: the op's :class:`~.peer_resolve.Resolution` (made on first need fr
 ``CollectiveComplete`` / ``CollectiveAbort``; an ask or answer for an op that ended hears its
 verdict again.  A held failure is a nack: a death then aborts at once.  A Begin of the tag's
 next use from a participant whose ``Done(ok)`` is in (it committed and went on) leaves the open
-op open, apart, for the others' reports instead of aborting it ``STALE_RING``.  And a
+op open, apart, for the others' reports instead of aborting it ``STALE_RING``; so does its vote
+of that use, instead of being refused ``TAG_IN_USE``.  And a
 participant whose ``Done(ok)`` is in is out of the op for the phase rules (it may vote
 ``update_topology()`` or sync), though it still waits in an op that is not armed for the
 phase-mismatch machine (someone has not begun: nobody can have committed).
@@ -142,6 +143,12 @@ class CollectiveOps:
         if op is not None and op.fast and peer_id in op.participants and peer_id not in op.began:
             self._join(op, peer_id, msg, begun=False)  # the others began this use of the tag
             return
+        if op is not None and op.seq is not None and op.peer_commit and peer_id in op.done:
+            # It committed the open op among its peers and votes the tag's next use before the
+            # others' Done reached the master: the open op stays open for them, apart (as for a
+            # Begin; refused TAG_IN_USE, the caller got InvalidUsage).
+            self._linger(op)
+            op = None
         if op is not None and (op.seq is not None or peer_id in op.inits):
             self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.TAG_IN_USE,
                                                           f"tag {msg.tag} is already in flight for this peer"))
