@@ -127,6 +127,7 @@ from ..errors import (
 from ..protocol import messages as m
 from ..protocol.op_lifecycle import Effect, Event, OpLifecycle, State
 from ..protocol.peer_commit import Phase
+from ..protocol.peer_ack import ack_seq
 from ..types import CollectiveInfo, Gathered, ReduceInfo, ReduceOp, Shard
 from ..collectives.backup import InputGuard
 from ..collectives.buffers import KernelRunner
@@ -183,6 +184,11 @@ class CollectiveService:
     def registry(self) -> SeqRegistry:
         """Seqs that ended on this peer under the current master (late frames discarded)."""
         return self._links.registry
+
+    @property
+    def kept_bytes(self) -> int:
+        """Payload bytes the current round's links keep in memory for ops not begun here."""
+        return self._links.kept_bytes
 
     # --- entry points (Communicator.all_reduce, all_reduce_many) ------------------------------
 
@@ -312,6 +318,12 @@ class CollectiveService:
                 # The data path retired the seq when its ring ended; an op that never reached
                 # it (its guard failed, say) must not hold later ops' lane threads back either.
                 registry.retire(answer.seq)
+                if answer.seq >> 63:
+                    # A begun op's acks too, with an agreement here or not (joined by a vote,
+                    # or Config.peer_commit off here while the others ack): otherwise frames
+                    # sent to this peer for it are kept until the next re-wire, and once
+                    # kept_limit fills, the next one parks at the head of its lane for good.
+                    registry.retire(op.agreement.seq if op.agreement is not None else ack_seq(answer.seq))
                 self._commits.untrack(op)
         finally:
             if not keep_route:

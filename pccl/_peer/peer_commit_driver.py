@@ -234,7 +234,7 @@ class PeerCommits:
                     try:
                         await self._agree(op, ag, links, acks[1])
                     finally:
-                        nursery.cancel_scope.cancel()  # a reader waiting for a header loses nothing
+                        nursery.cancel_scope.cancel()  # loses nothing (another op's frame: frame_finish)
             except BaseExceptionGroup as group:
                 raise single_exception(group) from None  # a Cancelled stays one (settle catches it)
         if ag.machine.phase is Phase.COMMITTED:

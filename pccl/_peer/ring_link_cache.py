@@ -41,6 +41,11 @@ class RingLinkCache:
             self._round = None
             self._links = None
 
+    @property
+    def kept_bytes(self) -> int:
+        """Payload bytes the current links keep in memory for ops not begun here (0 before any)."""
+        return 0 if self._links is None else self._links.kept_bytes
+
     async def links(self, p2p: P2PLinks) -> RingLinks:
         """The ring links of ``p2p``'s round, built on first use in the round.
 

@@ -74,6 +74,7 @@ from ..net.thread_io import ThreadCancel
 from ..protocol.algorithms import AllReduceAlgorithm
 from ..protocol.codec import DataHeader
 from ..protocol.peer_ack import ack_targets
+from .frame_finish import finish_discard, finish_payload
 from .lane_sends import LaneSends
 from .seq_registry import FrameAction, SeqRegistry, classify
 from .turns import ThreadTurns
@@ -437,9 +438,9 @@ class Inbox:
         Returns the payload size.  Raises :class:`ProtocolError` (after logging; the lane is
         then broken) if the frame of this op that arrives is not the expected one (peers
         disagree on the schedule, or a peer misbehaves), transport errors if the lane is
-        broken.  Cancellation while waiting for the frame loses nothing; cancellation during
-        the payload aborts the lane.  ``schedule_point``: as for
-        :meth:`~pccl.net.framed.FramedConnection.receive_data_into`.
+        broken.  Cancellation while waiting for the frame, or reading another op's (finished shielded:
+        :mod:`~pccl.collectives.frame_finish`), loses nothing; during its own payload it aborts
+        the lane.  ``schedule_point``: as for :meth:`~pccl.net.framed.FramedConnection.receive_data_into`.
         """
         nbytes = destination.nbytes
         while True:
@@ -470,7 +471,7 @@ class Inbox:
                     with self._cond:
                         self._parked = None
                     try:
-                        await self.connection.discard_data()
+                        await finish_discard(self.connection)  # a cancelled reader must not cut it
                     except BaseException:
                         self._repark_unread(header)
                         raise
@@ -481,7 +482,7 @@ class Inbox:
                         self._parked = None
                     payload = bytearray(header.nbytes)
                     try:
-                        await self.connection.receive_data_into(memoryview(payload))
+                        await finish_payload(self.connection, memoryview(payload))  # as a discard
                     except BaseException:
                         self._repark_unread(header)
                         raise

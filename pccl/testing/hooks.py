@@ -35,7 +35,7 @@ from ..protocol.phases import TopologyVote
 
 __all__ = [
     "PhaseSnapshot", "phase_of", "failure_of", "force_rewire", "hold_call_before_route",
-    "RingLanes", "ring_lanes", "send_on_lane", "receive_on_lane", "send_data_on_lane", "break_lane",
+    "RingLanes", "ring_lanes", "send_on_lane", "receive_on_lane", "send_data_on_lane", "break_lane", "kept_bytes",
     "send_raw", "open_route", "close_route", "drop_master_link", "intercept_master_sends",
     "after_master_link_sends", "fail_master_send", "after_acks", "hold_lane_send_lock", "crash",
     "Port", "AdmissionCounts", "listener_address", "admission_counts", "peer_admission_limits",
@@ -195,6 +195,12 @@ async def lanes_from_predecessor(comm: Communicator) -> int:
 def break_lane(comm: Communicator, from_peer: int, lane: int) -> None:
     """Abort ``comm``'s end of lane ``lane`` that ``from_peer`` dialled (a dropped connection)."""
     _session(comm).links.incoming[from_peer][lane].abort()
+
+
+def kept_bytes(comm: Communicator) -> int:
+    """Payload bytes ``comm``'s current links keep in memory now, over every inbox, for ops
+    that have not begun or ended here (frames read off a link for another op)."""
+    return internals_of(comm).all_reduce.kept_bytes
 
 
 # --- the master link ---------------------------------------------------------------------------

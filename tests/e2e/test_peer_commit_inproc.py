@@ -5,6 +5,8 @@ gives, and a peer that dies at an awkward moment splits nobody."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 from typing import Any
 
@@ -18,7 +20,7 @@ from pccl.communicator import internals_of, open_communicator
 from pccl.master import open_master
 from pccl.protocol import messages as m
 from pccl.protocol.master.events import MessageReceived, Send
-from pccl.testing import each, hooks, open_test_cluster
+from pccl.testing import admit, each, hooks, open_test_cluster
 
 TOKEN = "peer-commit"
 CFG = Config(peer_timeout=3.0, heartbeat_interval=0.3, connect_timeout=5.0, p2p_base_port=0,
@@ -193,6 +195,26 @@ async def test_a_silent_neighbour_puts_the_others_in_doubt_and_the_master_decide
         assert all(np.array_equal(x, np.full(10, 6.0, np.float32)) for x in xs)
         assert asked and sum(c.statistics().peer_commit_doubts for c in comms) >= 1
         assert mute.statistics().peer_commits == 1  # it heard everyone: it committed on its own
+
+
+async def test_a_peer_without_peer_commit_keeps_none_of_the_acks_the_others_send_it() -> None:
+    # Peers may differ: the third runs with peer_commit off, so it makes no agreement and reads
+    # no acks, but its neighbours ack every op to it.  A later op's reader reads those frames
+    # off its lanes into memory; once its call ended it must discard them (the acks' seq is
+    # retired there too), not keep them until a re-wire (they pile up to kept_limit, then
+    # park at the head of a lane and stall every op until the watchdog).
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _), \
+            trio.open_nursery() as nursery:
+        quiet, scope = await admit(nursery, master, comms, lambda: open_communicator(
+            master.address, token=TOKEN, config=dataclasses.replace(CFG, peer_commit=False)), soon=SOON)
+        everyone = [*comms, quiet]
+        for k in range(6):
+            xs = [np.full(3000, i + 1.0 + k, np.float32) for i in range(3)]
+            await each(everyone, lambda i, c: c.all_reduce(xs[i], tag=3))
+            assert all(np.array_equal(x, np.full(3000, 6.0 + 3 * k, np.float32)) for x in xs)
+        assert quiet.statistics().peer_commits == 0 and quiet.statistics().collectives_completed == 6
+        assert [hooks.kept_bytes(c) for c in everyone] == [0, 0, 0]
+        scope.cancel()
 
 
 async def test_a_master_that_cannot_resolve_peer_agreed_ops_is_refused_at_registration() -> None:

@@ -9,16 +9,22 @@ import pytest
 import trio
 import trio.testing
 
+from pccl.collectives.frame_finish import FINISH_FRAME_TIMEOUT
 from pccl.collectives.links import KEPT_BYTES_LIMIT, Inbox, RingLinks, SeqRegistry
+from pccl.config import Config
+from pccl.errors import TransferTimeout
 from pccl.net.framed import FramedConnection
 from pccl.net.thread_io import ThreadCancel
-from pccl.protocol.codec import DataHeader
+from pccl.protocol.codec import DataHeader, encode_data_prefix
+from pccl.protocol.messages import HandshakeRole
+from pccl.testing import memory_stream_pair
 
 from tcp_pairs import framed_tcp_pair
 
 BEGUN = (1 << 63) | 12345  # a begun op's derived seq, not known on the receiver (yet)
 NEVER = (1 << 63) | 777  # a begun op's derived seq that never starts on the receiver
 MASTER = 7  # an op the master commenced on the receiver
+ACKS = (1 << 63) | 4242  # an idle reader's seq (a peer-commit agreement's acks)
 LIMIT = 40_000
 FRAME = 16_384
 
@@ -112,3 +118,71 @@ async def test_frames_kept_for_an_op_that_never_begins_are_dropped_with_the_link
     finally:
         await sender.aclose()
         await receiver.aclose()
+
+
+@pytest.mark.parametrize("frame", ["kept", "late"])
+async def test_a_reader_cancelled_while_it_reads_another_ops_frame_finishes_it(frame: str) -> None:
+    """A reader idle on a lane holds its read role (a peer-commit agreement's ack reader, say);
+    another op's frame arrives and it starts reading it — into memory for that op (begun, not
+    known here), or into nothing (ended here: late) — and is cancelled midway, as the ack
+    readers are the moment their agreement ends.  The frame is finished: the lane stays intact
+    and its owner gets it whole (before, the cut aborted the connection, failing the op)."""
+    raw, wire = memory_stream_pair(record=False)
+    receiver = FramedConnection(wire, role=HandshakeRole.SERVER, config=Config())
+    registry = SeqRegistry()
+    inbox = Inbox(receiver, registry)
+    if frame == "late":
+        registry.retire(BEGUN)
+    payload = bytes(range(256)) * (FRAME // 256)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            reader = trio.CancelScope()
+
+            async def idle_reader() -> None:
+                with reader:
+                    await _receive(inbox, ACKS, 0, 8, "task")
+
+            nursery.start_soon(idle_reader)
+            await trio.testing.wait_all_tasks_blocked()
+            await raw.send_all(encode_data_prefix(DataHeader(BEGUN, 0, 0, 0, FRAME)) + payload[: FRAME // 2])
+            await trio.testing.wait_all_tasks_blocked()  # the reader waits for the payload's rest
+            reader.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert not receiver.broken
+            await raw.send_all(payload[FRAME // 2:])
+        assert inbox.kept_bytes == (FRAME if frame == "kept" else 0)
+        await raw.send_all(encode_data_prefix(DataHeader(ACKS, 0, 0, 0, 8)) + b"a" * 8)
+        assert await _receive(inbox, ACKS, 0, 8, "task") == b"a" * 8
+        if frame == "kept":
+            registry.started(BEGUN)
+            assert await _receive(inbox, BEGUN, 0, FRAME, "task") == payload
+    assert not receiver.broken and inbox.kept_bytes == 0
+    await receiver.aclose()
+
+
+async def test_a_cancelled_reader_waits_for_the_rest_of_another_ops_frame_only_so_long(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The sender stops midway through the frame: the cancelled reader gives up after
+    FINISH_FRAME_TIMEOUT, the connection aborted (its payload was cut) and TransferTimeout raised."""
+    raw, wire = memory_stream_pair(record=False)
+    receiver = FramedConnection(wire, role=HandshakeRole.SERVER, config=Config())
+    inbox = Inbox(receiver, SeqRegistry())
+    reader = trio.CancelScope()
+    start = trio.current_time()
+    raised: list[BaseException] = []
+    async with trio.open_nursery() as nursery:
+        async def idle_reader() -> None:
+            with reader:
+                try:
+                    await _receive(inbox, ACKS, 0, 8, "task")
+                except TransferTimeout as exc:
+                    raised.append(exc)
+
+        nursery.start_soon(idle_reader)
+        await trio.testing.wait_all_tasks_blocked()
+        await raw.send_all(encode_data_prefix(DataHeader(BEGUN, 0, 0, 0, FRAME)) + b"x" * 100)
+        await trio.testing.wait_all_tasks_blocked()
+        reader.cancel()
+    assert [type(e) for e in raised] == [TransferTimeout] and "did not arrive whole" in str(raised[0])
+    assert trio.current_time() - start >= FINISH_FRAME_TIMEOUT and receiver.broken
