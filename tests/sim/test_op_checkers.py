@@ -10,7 +10,7 @@ import pytest
 
 from pccl.protocol import messages as m
 from pccl_sim.engine.runner import Checker, run
-from pccl_sim.engine.schedule import Schedule
+from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
 from pccl_sim.engine.trace import Trace, TraceEvent
 from pccl_sim.workloads.pccl.op_checkers import (AgreedParameters, MasterRoundTrips, NoHungCall, OneVerdict,
                                                   OutcomeFollowsVerdict, PhaseRule, op_checkers)
@@ -203,6 +203,24 @@ def test_no_hung_call_fails_a_call_that_outlives_the_bound_unless_the_master_res
                                                          "(bound 10.0 s; without a Commence)")]
 
 
+def test_no_hung_call_ignores_a_call_a_corpse_begins_at_its_death_instant() -> None:
+    # seed 2474 (8 peers, --peer-commit): peer2 is killed as it sends a CollectiveInit; before its
+    # next checkpoint its dead code starts the call on tag 103 -- a call of no live process.
+    sim = _Sim(NoHungCall(10.0))
+    sim.event("peer2", "collective_call", tag=102, k=1)
+    sim.event("net", "kill", host="peer2")
+    sim.event("peer2", "collective_call", tag=103, k=1)
+    sim.now = 11.0
+    sim.event("monitor", "probe")
+    assert sim.failures() == []
+    sim.event("peer2", "start")  # a new life: its calls count again
+    sim.event("peer2", "collective_call", tag=103, k=1)
+    sim.now = 21.5
+    sim.event("monitor", "probe")
+    assert sim.failures() == [("liveness", "no-hung-call", "peer2: call #1 on tag 103 still runs 10.5 s after it "
+                                                         "began (bound 10.0 s; without a Commence)")]
+
+
 def test_round_trips_limit_fails_a_call_that_waited_for_more() -> None:
     sim = _Sim(MasterRoundTrips(limit=1))
     _op(sim)
@@ -233,3 +251,19 @@ def test_a_fault_free_run_passes_and_every_successful_call_took_two_round_trips(
 def test_a_real_run_fails_on_the_claim_it_breaks(params: dict[str, Any], source: str) -> None:
     trace = _run(**params)
     assert [f.source for f in trace.failures] == [source], trace.failures
+
+
+@pytest.mark.parametrize("peer_commit", [False, True])
+def test_a_peer_killed_as_it_sends_a_collective_init_leaves_no_hung_call(peer_commit: bool) -> None:
+    # The kill lands inside peer1's send; its concurrent calls' tasks run on to their next
+    # checkpoint and record their start after the kill (seed 2474 of the 8-peer peer-commit
+    # campaign).  The bound is below the run's length, so such a phantom would outlive it.
+    scenario = PcclScenario(peers=4, phases=("compute", "collectives"), fast_commit=True, peer_commit=peer_commit,
+                            liveness_bound=8.0)
+    trigger = Trigger("message", host="peer1", direction="send", message="CollectiveInit", nth=2)
+    trace = run(scenario, Schedule(seed=0, duration=4.0, quiet=9.6, scenario=scenario.to_json(),
+                                   events=[FaultEvent(1.0, "kill", host="peer1", trigger=trigger)]))
+    assert trace.ok, [f.message for f in trace.failures]
+    kill = next(e for e in trace.events if e.kind == "kill" and e.data.get("host") == "peer1")
+    assert [e for e in trace.events if e.source == "peer1" and e.seq > kill.seq and e.kind == "collective_call"]
+    assert trace.events[-1].t - kill.t > scenario.liveness_bound

@@ -26,7 +26,8 @@ it registers again (its ops ended with the old master connection).
   split docs/protocol.rst, "What it cannot give" (a), allows).
 * **liveness** — :class:`NoHungCall`: no collective call runs longer than ``bound`` (the
   scenario's liveness bound; a master restart starts every call's clock again: calls wait for
-  it by design).
+  it by design).  A host's calls end with its process; a call its corpse begins at its death
+  instant (before its next checkpoint, e.g. after a kill triggered by its own send) is none.
 * statistics — :class:`MasterRoundTrips`: the master's answers each successful call read about
   its op while it ran (``master_round_trips_<n>``: calls that waited for ``n``); with ``limit``
   set, a call that waited for more is a **liveness** failure.
@@ -324,6 +325,9 @@ class _Calls(Checker):
         self.failed = False
         self.sim: Simulation | None = None
         self.rings: dict[str, tuple[int, ...]] = {}  # host -> its ring's peer ids (its last TopologyComplete)
+        #: Hosts whose process ended and has not started again: code of a killed incarnation still runs
+        #: at its death instant (until its next checkpoint) and may record a call start; nobody waits for it.
+        self.dead: set[str] = set()
 
     def attach(self, sim: Simulation) -> None:
         if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
@@ -375,6 +379,8 @@ class _Calls(Checker):
     def on_event(self, sim: Simulation, event: TraceEvent) -> None:
         kind = event.kind
         if kind in CALL_STARTS:
+            if event.source in self.dead:
+                return  # a corpse's call, begun at its death instant: it hangs nobody
             self.calls[(event.source, event.data["tag"])] = _Call(event.data["k"], event.t)
         elif kind in CALL_ENDS:
             call = self.calls.pop((event.source, event.data["tag"]), None)
@@ -382,11 +388,13 @@ class _Calls(Checker):
                 self.ended(event.source, event.data, call, CALL_ENDS[kind])
         elif kind == "start":
             self._forget_host(event.source)
+            self.dead.discard(event.source)
             self.instance.pop(event.source, None)
             if event.source == "master":
                 self.master_started(event.t)
         elif kind in _HOST_ENDS and event.source == "net":
             self._forget_host(event.data.get("host") or "")
+            self.dead.add(event.data.get("host") or "")
         elif kind == "probe" and event.source == "monitor":
             self.tick(event.t)
 
