@@ -48,7 +48,8 @@ class ScratchArena:
     Fresh memory costs page faults on first touch — on this kind of machine writing 64 MiB of
     new pages takes 12-60 ms against ~2 ms for memory already mapped — and a training loop
     all-reduces buffers of the same sizes every step, so freed buffers are kept (up to
-    ``retain_bytes`` in total) and handed out again.  A buffer is taken whole by one user and
+    ``retain_bytes`` in total; a buffer given to a full arena evicts the oldest kept ones, so that
+    sizes no longer used make room for the current ones) and handed out again.  A buffer is taken whole by one user and
     given back when that user is done with it; :meth:`take` returns a uint8 array of at least the
     requested size (never more than twice as large).  Locked, so trio runs in several threads
     (the blocking facade, tests) may share it.
@@ -59,9 +60,10 @@ class ScratchArena:
         # Free buffers by size, oldest first, and the sizes present in order: a take finds the
         # smallest fitting buffer by bisection (a long-lived process, or a simulation of many
         # peers sharing this arena, keeps many of them).
-        self._free: dict[int, list[np.ndarray]] = {}
+        self._free: dict[int, list[tuple[int, np.ndarray]]] = {}  # (when given, buffer)
         self._sizes: list[int] = []
         self._retained = 0
+        self._given = 0
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> np.ndarray:
@@ -70,25 +72,34 @@ class ScratchArena:
             i = bisect.bisect_left(self._sizes, nbytes)
             if i < len(self._sizes) and self._sizes[i] <= 2 * nbytes:
                 size = self._sizes[i]
-                same = self._free[size]
-                buffer = same.pop(0)
-                if not same:
-                    del self._free[size]
-                    del self._sizes[i]
-                self._retained -= size
-                return buffer
+                return self._pop(size, i)
         return np.empty(nbytes, np.uint8)
 
     def give(self, buffer: np.ndarray) -> None:
         size = buffer.size
+        if size > self.retain_bytes:
+            return
         with self._lock:
-            if self._retained + size <= self.retain_bytes:
-                same = self._free.get(size)
-                if same is None:
-                    same = self._free[size] = []
-                    bisect.insort(self._sizes, size)
-                same.append(buffer)
-                self._retained += size
+            while self._retained + size > self.retain_bytes:  # evict the oldest kept buffer
+                oldest = min(self._sizes, key=lambda kept: self._free[kept][0][0])
+                self._pop(oldest, bisect.bisect_left(self._sizes, oldest))
+            same = self._free.get(size)
+            if same is None:
+                same = self._free[size] = []
+                bisect.insort(self._sizes, size)
+            same.append((self._given, buffer))
+            self._given += 1
+            self._retained += size
+
+    def _pop(self, size: int, index: int) -> np.ndarray:
+        """The oldest kept buffer of ``size`` (``self._sizes[index]``), no longer kept."""
+        same = self._free[size]
+        _, buffer = same.pop(0)
+        if not same:
+            del self._free[size]
+            del self._sizes[index]
+        self._retained -= size
+        return buffer
 
     @property
     def retained_bytes(self) -> int:
