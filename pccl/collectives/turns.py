@@ -37,6 +37,7 @@ comparison.
 
 from __future__ import annotations
 
+import collections
 import heapq
 from collections.abc import Callable
 from typing import Protocol
@@ -72,7 +73,9 @@ class ThreadTurns:
         #: Which ops may run beside each other past the slots (see :meth:`_admit`).
         self._beside = beside
         self._running = 0
-        self._running_beside = 0  # of _running, the ops admitted as ``beside``
+        #: Of _running, the ops admitted as ``beside``, by seq (recorded at admission: a turn
+        #: taken otherwise, by :meth:`try_take`, is not one of them whatever its seq).
+        self._beside_seqs: collections.Counter[int] = collections.Counter()
         #: Ops waiting for their turn: (rank in the commence order, counter, seq, event), a heap.
         self._waiting: list[tuple[int, int, int, trio.Event]] = []
         self._counter = 0  # ties (one seq used twice, as tests may) keep arrival order
@@ -133,8 +136,10 @@ class ThreadTurns:
         """An admitted op's threads have all returned: the next op may take its turn.  ``seq``:
         the op's, needed when these turns admit ops ``beside`` each other."""
         self._running -= 1
-        if self._beside is not None and seq is not None and self._beside(seq):
-            self._running_beside -= 1
+        if seq is not None and self._beside_seqs[seq]:
+            self._beside_seqs[seq] -= 1
+            if not self._beside_seqs[seq]:
+                del self._beside_seqs[seq]
         self._admit()
 
     def _admit(self) -> None:
@@ -146,7 +151,7 @@ class ThreadTurns:
         while self._waiting:
             rank, _, seq, event = self._waiting[0]
             side = self._beside is not None and self._beside(seq)
-            if self._running >= self._slots and not (side and self._running == self._running_beside):
+            if self._running >= self._slots and not (side and self._running == self._beside_seqs.total()):
                 return
             first = self._order.first_commenced()
             first_rank = None if first is None else self._order.rank(first)
@@ -155,5 +160,5 @@ class ThreadTurns:
             heapq.heappop(self._waiting)
             self._running += 1
             if side:
-                self._running_beside += 1
+                self._beside_seqs[seq] += 1
             event.set()

@@ -198,3 +198,27 @@ async def test_turns_follow_the_order_of_commencing_not_the_seqs() -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert ops.admitted == [begun, 1]
         ops.finish[1].set()
+
+
+async def test_a_turn_taken_outside_the_order_and_given_back_with_a_begun_seq_leaves_beside_intact() -> None:
+    # The partner links take a turn with try_take for an op outside the commence order and give
+    # it back with the op's seq (links.py).  That turn was never admitted beside others, so its
+    # return must not count as one: counted, the tally of ops beside went below zero and two
+    # begun ops of a crossing no longer ran side by side (each waited for the watchdog).
+    begun_x, begun_y, stray = (1 << 63) | 11, (1 << 63) | 22, (1 << 63) | 33
+    registry = SeqRegistry()
+    turns = ThreadTurns(registry, slots=1, beside=lambda seq: bool(seq >> 63))
+    assert turns.try_take()
+    turns.give_back(stray)
+    assert turns.running == 0
+    ops = Ops(turns)
+    for seq in (begun_x, begun_y):
+        registry.commenced(seq)
+    async with trio.open_nursery() as nursery:
+        for seq in (begun_x, begun_y):
+            nursery.start_soon(ops.op, seq)
+            await trio.testing.wait_all_tasks_blocked()
+        assert ops.admitted == [begun_x, begun_y] and turns.running == 2  # side by side
+        ops.finish[begun_x].set()
+        ops.finish[begun_y].set()
+    assert turns.running == 0 and turns.waiting == 0
