@@ -30,13 +30,10 @@ more than about twice the buffer.  Every edge is a partner link
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import trio
 
-from .._groups import single_exception
 from ..protocol.algorithms import power_of_two_below, tree_segment_elements
 from ..protocol.codec import DataHeader
 from ..protocol.scatter_gather import BlockMove, scatter_all_gather_plan
@@ -44,62 +41,24 @@ from .backup import InputBackup
 from .buffers import KernelRunner, ReduceArgs
 from .halving import block_bounds
 from .links import RingLinks
+from .tree_broadcast import PartnerBroadcastOp
 
 __all__ = ["ScatterAllGatherOp"]
 
 
-class ScatterAllGatherOp:
-    """One broadcast on this peer by scatter + all-gather (module docstring).
-
-    ``args`` as for :func:`~pccl.collectives.broadcast.broadcast_checked`, unquantized and
-    unsegmented (:func:`~pccl.protocol.algorithms.choose_broadcast` sends those along the chain).
-    """
+class ScatterAllGatherOp(PartnerBroadcastOp):
+    """One broadcast on this peer by scatter + all-gather (module docstring)."""
 
     def __init__(self, args: ReduceArgs, *, root: int, links: RingLinks, rank: int, world: int, seq: int,
                  backup: InputBackup | None, runner: KernelRunner) -> None:
-        assert args.quant is None and isinstance(args.src, np.ndarray) and isinstance(args.dst, np.ndarray)
-        self.src: np.ndarray = args.src
-        self.dst: np.ndarray = args.dst
-        self.in_place = args.in_place
-        self.root = root
-        self.links = links
-        self.rank = rank
-        self.world = world
-        self.seq = seq
-        self.backup = backup
-        self.runner = runner
-        self.tx_bytes = 0
-        self.rx_bytes = 0
-        self.count = self.src.size
+        super().__init__(args, root=root, links=links, rank=rank, world=world, seq=seq, backup=backup,
+                         runner=runner)
         self.size = power_of_two_below(world)
         self.plan = scatter_all_gather_plan(rank, world, root)
         self._per = tree_segment_elements(self.src.itemsize)
 
-    # --- what the executor asks ---------------------------------------------------------------
-
-    def moves_nothing(self) -> bool:
-        return self.count == 0
-
-    def release(self) -> None:
-        """Nothing to give back: the op has no scratch memory."""
-
-    # --- the run --------------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Run the op once its turn on the partner links came (cancellable while it waits);
-        raises one exception on failure (module docstring)."""
-        async with self.links.partner_turn(self.seq, f"broadcast seq {self.seq}"):
-            try:
-                await self._run()
-            except BaseExceptionGroup as group:
-                raise single_exception(group) from None
-
     async def _run(self) -> None:
-        if self.rank == self.root:
-            if not self.in_place:
-                await self._kernel(self.dst.nbytes, np.copyto, self.dst, self.src)
-        elif self.in_place and self.backup is not None:
-            await self._kernel(self.dst.nbytes, self.backup.save, 0, self.count)
+        await self._prepare()
         for _, moves in itertools.groupby(self.plan, key=lambda m: m.step):
             async with trio.open_nursery() as nursery:
                 receive = None
@@ -140,9 +99,3 @@ class ScatterAllGatherOp:
     def sent(self, k: int, nbytes: int) -> None:
         """Frame ``k`` of a move (``nbytes``) went to a partner."""
         self.tx_bytes += nbytes
-
-    async def _kernel(self, nbytes: int, fn: Callable[..., Any], *args: Any) -> None:
-        if self.runner.inline(nbytes):
-            fn(*args)
-        else:
-            await self.runner.run(nbytes, fn, *args)

@@ -42,11 +42,13 @@ from .backup import InputBackup
 from .buffers import KernelRunner, ReduceArgs
 from .links import RingLinks
 
-__all__ = ["TreeBroadcastOp"]
+__all__ = ["PartnerBroadcastOp", "TreeBroadcastOp"]
 
 
-class TreeBroadcastOp:
-    """One broadcast on this peer down the binomial tree (module docstring).
+class PartnerBroadcastOp:
+    """What the broadcasts over the partner links share (this tree, and the scatter +
+    all-gather of :mod:`.scatter_broadcast`): their state, the turn, the root's own bytes and a
+    receiver's backup.  A subclass runs its moves in :meth:`_run`.
 
     ``args`` as for :func:`~pccl.collectives.broadcast.broadcast_checked`, unquantized and
     unsegmented (:func:`~pccl.protocol.algorithms.choose_broadcast` sends those along the chain).
@@ -67,12 +69,7 @@ class TreeBroadcastOp:
         self.runner = runner
         self.tx_bytes = 0
         self.rx_bytes = 0
-        self.count = count = self.src.size
-        self.parent, self.children = broadcast_tree(rank, world, root)
-        per = tree_segment_elements(self.src.itemsize)
-        #: The segments' element ranges: one frame each, every peer cutting the same way.
-        self.segments = [(a, min(a + per, count)) for a in range(0, count, per)]
-        self._arrived = [trio.Event() for _ in self.segments]
+        self.count = self.src.size
 
     # --- what the executor asks ---------------------------------------------------------------
 
@@ -89,23 +86,56 @@ class TreeBroadcastOp:
         raises one exception on failure (module docstring)."""
         async with self.links.partner_turn(self.seq, f"broadcast seq {self.seq}"):
             try:
-                async with trio.open_nursery() as nursery:
-                    for child, step in self.children:
-                        nursery.start_soon(self._feed, child, step)
-                    await self._take_in()
+                await self._run()
             except BaseExceptionGroup as group:
                 raise single_exception(group) from None
 
-    async def _take_in(self) -> None:
-        """The root's buffer into ``dst`` (its own input, or every segment from the parent)."""
-        if self.parent is None:
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    async def _prepare(self) -> None:
+        """The root's input into ``dst`` (out of place), or a receiver's buffer into the backup
+        (in place) before its first frame lands."""
+        if self.rank == self.root:
             if not self.in_place:
                 await self._kernel(self.dst.nbytes, np.copyto, self.dst, self.src)
+        elif self.in_place and self.backup is not None:
+            await self._kernel(self.dst.nbytes, self.backup.save, 0, self.count)
+
+    async def _kernel(self, nbytes: int, fn: Callable[..., Any], *args: Any) -> None:
+        if self.runner.inline(nbytes):
+            fn(*args)
+        else:
+            await self.runner.run(nbytes, fn, *args)
+
+
+class TreeBroadcastOp(PartnerBroadcastOp):
+    """One broadcast on this peer down the binomial tree (module docstring)."""
+
+    def __init__(self, args: ReduceArgs, *, root: int, links: RingLinks, rank: int, world: int, seq: int,
+                 backup: InputBackup | None, runner: KernelRunner) -> None:
+        super().__init__(args, root=root, links=links, rank=rank, world=world, seq=seq, backup=backup,
+                         runner=runner)
+        count = self.count
+        self.parent, self.children = broadcast_tree(rank, world, root)
+        per = tree_segment_elements(self.src.itemsize)
+        #: The segments' element ranges: one frame each, every peer cutting the same way.
+        self.segments = [(a, min(a + per, count)) for a in range(0, count, per)]
+        self._arrived = [trio.Event() for _ in self.segments]
+
+    async def _run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for child, step in self.children:
+                nursery.start_soon(self._feed, child, step)
+            await self._take_in()
+
+    async def _take_in(self) -> None:
+        """The root's buffer into ``dst`` (its own input, or every segment from the parent)."""
+        await self._prepare()
+        if self.parent is None:
             for k in range(len(self.segments)):
                 self.arrived(k, 0)
             return
-        if self.in_place and self.backup is not None:
-            await self._kernel(self.dst.nbytes, self.backup.save, 0, self.count)
         parent, step = self.parent
         inbox = self.links.partners[parent]
         item = self.dst.itemsize
@@ -133,9 +163,3 @@ class TreeBroadcastOp:
             header = DataHeader(op_seq=self.seq, stream=k, step=step, offset=a * item, nbytes=(b - a) * item)
             await connection.send_data(header, self.dst[a:b].view(np.uint8).data)
             self.sent(k, header.nbytes)
-
-    async def _kernel(self, nbytes: int, fn: Callable[..., Any], *args: Any) -> None:
-        if self.runner.inline(nbytes):
-            fn(*args)
-        else:
-            await self.runner.run(nbytes, fn, *args)
