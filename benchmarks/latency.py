@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/latency.py [--peers 2 3 4] [--sizes 4 64 1K 16K 64K 256K 1M]
                                            [--iters 50] [--collectives all_reduce broadcast]
                                            [--clock group|slowest] [--[no-]fast-commit] [--peer-commit]
+                                           [--floor]
 
 Each peer process holds a pccl communicator and a Gloo process group (the cluster of
 ``interleaved_gloo.py``).  For every size, each iteration times one call of each configuration
@@ -27,7 +28,11 @@ master's vote: one round trip per collective instead of two); ``--no-fast-commit
 themselves: no master round trip in the steady state; needs fast commit).
 
 The table shows, per group size, size and collective, the median and the minimum over
-iterations of Gloo and of pccl, and Gloo's over pccl's (above 1: pccl faster).
+iterations of Gloo and of pccl, and Gloo's over pccl's (above 1: pccl faster).  ``--floor`` adds
+two more all-reduces, timed the same way in the same processes: the floor of pccl's protocol
+shape (``small_op_floor.py``: one-way Begin, the data, Done and the master's Complete, with
+nothing else around them), and the floor of peer commit's (the Done one-way, then an ack from
+every other peer), with their medians and minima.
 """
 
 from __future__ import annotations
@@ -42,10 +47,11 @@ from typing import Any
 
 import numpy as np
 
-from pccl.tools.bench import admit, format_size
+from pccl.tools.bench import admit, format_size, free_port
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from interleaved_gloo import checked_sizes, gloo_rank_of, pccl_barrier, run_cluster  # noqa: E402
+from small_op_floor import FloorPeer, start_master  # noqa: E402
 
 COLLECTIVES = ("all_reduce", "broadcast")
 DEFAULT_SIZES = ("4", "64", "1K", "16K", "64K", "256K", "1M")
@@ -56,7 +62,8 @@ Spans = dict[tuple[int, str], list[tuple[float, float]]]
 
 
 def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
-               configs: list[str], fast_commit: bool = False, peer_commit: bool = False) -> Spans:
+               configs: list[str], fast_commit: bool = False, peer_commit: bool = False,
+               floor_port: int = 0) -> Spans:
     import torch
     import torch.distributed as dist
     import trio
@@ -73,6 +80,7 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
             root = min(comm.ring)
             gloo_root = gloo_rank_of(comm, root, rank, world)
             barrier = pccl_barrier(comm)
+            floor = await FloorPeer.connect(rank, world, floor_port) if floor_port else None
             for nbytes in sizes:
                 src = np.random.default_rng(rank).standard_normal(nbytes // 4, dtype=np.float32)
                 buf = src.copy()
@@ -94,6 +102,11 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
                         await barrier()
                         if who == "gloo":
                             span = await trio.to_thread.run_sync(gloo, kind)
+                        elif who.startswith("floor"):
+                            assert floor is not None
+                            t0 = time.perf_counter()
+                            await floor.all_reduce(buf, tag=_TAGS[kind], acks=who == "floor-acks")
+                            span = (t0, time.perf_counter())
                         else:
                             t0 = time.perf_counter()
                             if kind == "all_reduce":
@@ -108,6 +121,8 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
                     if i == 0:
                         _check_agree(warm, nbytes)
             await barrier()  # nobody leaves while others time
+            if floor is not None:
+                floor.close()
         return spans
 
     try:
@@ -120,12 +135,15 @@ def _check_agree(warm: dict[str, np.ndarray], nbytes: int) -> None:
     """pccl's warm-up results equal Gloo's: a broadcast bit for bit, an all-reduce to float
     tolerance (the summation orders differ)."""
     for kind in COLLECTIVES:
-        ours, gloos = warm.get(f"pccl:{kind}"), warm.get(f"gloo:{kind}")
-        if ours is None or gloos is None:
-            continue
-        same = np.array_equal(ours, gloos) if kind == "broadcast" else np.allclose(ours, gloos, rtol=1e-4, atol=1e-5)
-        if not same:
-            raise RuntimeError(f"{format_size(nbytes)}: pccl's and Gloo's {kind} results differ")
+        gloos = warm.get(f"gloo:{kind}")
+        for who in ("pccl", "floor", "floor-acks"):
+            ours = warm.get(f"{who}:{kind}")
+            if ours is None or gloos is None:
+                continue
+            same = (np.array_equal(ours, gloos) if kind == "broadcast"
+                    else np.allclose(ours, gloos, rtol=1e-4, atol=1e-5))
+            if not same:
+                raise RuntimeError(f"{format_size(nbytes)}: {who}'s and Gloo's {kind} results differ")
 
 
 def group_times(per_rank: list[list[tuple[float, float]]]) -> list[float]:
@@ -143,8 +161,17 @@ CLOCKS = {"group": group_times, "slowest": slowest_times}
 
 def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float,
             clock: str = "group", fast_commit: bool = False, peer_commit: bool = False) -> list[dict[str, Any]]:
-    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, fast_commit, peer_commit), timeout,
-                           "pccl-latency-")
+    floor_master, floor_port = None, 0
+    if any(cfg.startswith("floor") for cfg in configs):
+        floor_port = free_port()
+        floor_master = start_master(world, floor_port)
+    try:
+        per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, fast_commit, peer_commit, floor_port),
+                               timeout, "pccl-latency-")
+    finally:
+        if floor_master is not None:
+            floor_master.terminate()
+            floor_master.join(5)
     rows = []
     for nbytes in sizes:
         for cfg in configs:
@@ -156,22 +183,27 @@ def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeou
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """One line per group size, size and collective: Gloo's and pccl's median and min (ms) and
-    Gloo's over pccl's."""
+    Gloo's over pccl's; with ``--floor``, the floor's median and min too."""
     by = {(r["N"], r["bytes"], r["cfg"]): r for r in rows}
+    floors = any(r["cfg"].startswith("floor") for r in rows)
     lines = [f"{'N':>3} {'size':>6} {'collective':>11} {'gloo med':>9} {'gloo min':>9} {'pccl med':>9} "
-             f"{'pccl min':>9} {'gloo/pccl med':>14} {'gloo/pccl min':>14}"]
+             f"{'pccl min':>9} {'gloo/pccl med':>14} {'gloo/pccl min':>14}"
+             + (f" {'floor med':>10} {'floor min':>10} {'acks med':>9} {'acks min':>9}" if floors else "")]
     for key in dict.fromkeys((r["N"], r["bytes"], r["cfg"].split(":")[1]) for r in rows):
         world, nbytes, kind = key
         gloo, ours = by.get((world, nbytes, f"gloo:{kind}")), by.get((world, nbytes, f"pccl:{kind}"))
+        floor, acks = by.get((world, nbytes, f"floor:{kind}")), by.get((world, nbytes, f"floor-acks:{kind}"))
 
-        def ms(row: dict[str, Any] | None, what: str) -> str:
-            return f"{row[what] * 1e3:>9.3f}" if row else f"{'-':>9}"
+        def ms(row: dict[str, Any] | None, what: str, width: int = 9) -> str:
+            return f"{row[what] * 1e3:>{width}.3f}" if row else f"{'-':>{width}}"
 
         def ratio(what: str) -> str:
             return f"{gloo[what] / ours[what]:>14.2f}" if gloo and ours else f"{'-':>14}"
 
         lines.append(f"{world:>3} {format_size(nbytes):>6} {kind:>11} {ms(gloo, 'median')} {ms(gloo, 'min')} "
-                     f"{ms(ours, 'median')} {ms(ours, 'min')} {ratio('median')} {ratio('min')}")
+                     f"{ms(ours, 'median')} {ms(ours, 'min')} {ratio('median')} {ratio('min')}"
+                     + (f" {ms(floor, 'median', 10)} {ms(floor, 'min', 10)} {ms(acks, 'median')} {ms(acks, 'min')}"
+                        if floors else ""))
     return "\n".join(lines)
 
 
@@ -191,11 +223,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], l
     parser.add_argument("--peer-commit", action="store_true",
                         help="pccl's peers also run with Config.peer_commit (completion agreed among them, "
                              "no master round trip in the steady state; needs fast commit)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time the floor of pccl's protocol shapes (small_op_floor.py) for all_reduce")
     args = parser.parse_args(argv)
     if args.peer_commit and not args.fast_commit:
         parser.error("--peer-commit needs fast commit")
     sizes = checked_sizes(parser, args)
     configs = [f"{who}:{kind}" for kind in dict.fromkeys(args.collectives) for who in ("gloo", "pccl")]
+    if args.floor and "all_reduce" in args.collectives:
+        configs += ["floor:all_reduce", "floor-acks:all_reduce"]
     return args, sizes, configs
 
 

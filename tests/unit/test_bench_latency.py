@@ -75,3 +75,62 @@ def test_fast_commit_follows_the_library_default_unless_told(latency: ModuleType
     assert latency.parse_args([])[0].fast_commit is pccl.Config().fast_commit is True
     assert latency.parse_args(["--fast-commit"])[0].fast_commit is True
     assert latency.parse_args(["--no-fast-commit"])[0].fast_commit is False
+
+
+def test_floor_adds_a_third_all_reduce_and_its_columns(latency: ModuleType) -> None:
+    assert latency.parse_args(["--floor"])[2][-2:] == ["floor:all_reduce", "floor-acks:all_reduce"]
+    assert "floor:all_reduce" not in latency.parse_args(["--floor", "--collectives", "broadcast"])[2]
+    rows = [{"N": 2, "bytes": 16 << 10, "cfg": "gloo:all_reduce", "median": 0.002, "min": 0.001},
+            {"N": 2, "bytes": 16 << 10, "cfg": "pccl:all_reduce", "median": 0.001, "min": 0.002},
+            {"N": 2, "bytes": 16 << 10, "cfg": "floor:all_reduce", "median": 0.0005, "min": 0.00025},
+            {"N": 2, "bytes": 16 << 10, "cfg": "floor-acks:all_reduce", "median": 0.0004, "min": 0.0002}]
+    header, line = latency.format_rows(rows).splitlines()
+    assert header.split()[-8:] == ["floor", "med", "floor", "min", "acks", "med", "acks", "min"]
+    assert line.split()[-4:] == ["0.500", "0.250", "0.400", "0.200"]
+
+
+def test_the_floor_sums_in_rank_order_on_real_sockets(latency: ModuleType) -> None:
+    """The floor's protocol shape runs (rendezvous, one-way Begin, data, Done, Complete) and every
+    peer holds the same sum: it is a reference for latency, so it must at least be right."""
+    import functools
+    import threading
+
+    import numpy as np
+    import trio
+
+    from pccl.tools.bench import free_port
+
+    floor = sys.modules["small_op_floor"]
+    world, port = 3, free_port()
+    ready = threading.Event()
+    master = threading.Thread(target=floor.run_master, args=(port, world, ready), daemon=True)
+    master.start()
+    assert ready.wait(10)
+    inputs = [np.random.default_rng(r).standard_normal(4096, dtype=np.float32) for r in range(world)]
+    bufs = [x.copy() for x in inputs]
+
+    async def main() -> None:
+        peers: list[object] = [None] * world
+
+        async def join(rank: int) -> None:
+            peers[rank] = await floor.FloorPeer.connect(rank, world, port)
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for rank in range(world):
+                    nursery.start_soon(join, rank)
+            for acks in (False, True, False):  # fast commit's shape, peer commit's, and back
+                async with trio.open_nursery() as nursery:
+                    for peer, buf in zip(peers, bufs):
+                        nursery.start_soon(functools.partial(peer.all_reduce, buf, acks=acks))  # type: ignore[attr-defined]
+        for peer in peers:
+            peer.close()  # type: ignore[attr-defined]
+
+    trio.run(main)
+    master.join(10)
+    assert not master.is_alive()  # the master ends when its peers hang up
+    # Each round sums the peers' current buffers in rank order; after round one all are equal.
+    step = inputs[0] + inputs[1] + inputs[2]
+    for _ in range(2):
+        step = step + step + step
+    assert all(np.array_equal(b, step) for b in bufs)
