@@ -5,7 +5,9 @@ collectives per step on tags ``tag … tag + concurrent - 1``, launched in tag o
 ``in_flight`` at once (PCCL's stress pattern: a later tag starts when an earlier one finished),
 each of the kind ``kinds[i % len(kinds)]`` — ``all_reduce``, ``broadcast``, ``all_gather``,
 ``reduce_scatter`` — optionally quantized, through the public API as a training loop calls
-them.  A broadcast's root is the smallest peer id of the ring the step began on (every accepted
+them.  With ``order: "shuffled"`` (all tags in flight at once) each peer launches its tags in an
+order of its own, a deterministic shuffle per peer and step: the peers begin different ops first
+and their ops cross on the links, which tag order never makes them do.  A broadcast's root is the smallest peer id of the ring the step began on (every accepted
 peer of the step agrees on it).  Peer ``p``'s input of its ``k``-th call on a tag is a pure
 function of ``(p, tag, k)`` (:func:`pccl_sim.workloads.pccl.collectives.phase_input`; an all-gather's
 element count varies with the peer), so the checker can rebuild every participant's input.
@@ -25,6 +27,7 @@ any other error are failures of the run.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,7 +60,10 @@ class CollectivesPhase(Phase):
     """Concurrent collectives of mixed kinds each step (module docstring).  Parameters:
     ``kinds`` (default all four), ``concurrent`` (default 4), ``in_flight`` (default
     ``concurrent``), ``n`` (elements, default 1000), ``quantization`` (``None``, ``"uint4"``,
-    ``"uint8"``, ``"uint16"``) and ``quant_block`` (as the all-reduce phase's), ``tag`` (first tag, default 100), ``dtype`` (default ``"float32"``)."""
+    ``"uint8"``, ``"uint16"``) and ``quant_block`` (as the all-reduce phase's), ``tag`` (first tag, default 100), ``dtype`` (default ``"float32"``),
+    ``order`` (``"tag"``, the default, or ``"shuffled"``: each peer its own launch order, which
+    needs ``in_flight`` equal to ``concurrent``: with fewer slots, peers holding different tags
+    would wait for each other for ever, a program's deadlock and not pccl's)."""
 
     name = "collectives"
     messages = {
@@ -86,6 +92,11 @@ class CollectivesPhase(Phase):
         self.dtype = str(params.get("dtype", "float32"))
         self.quantization = quantization_of(params)
         self.tag = int(params.get("tag", 100))
+        self.order = str(params.get("order", "tag"))
+        if self.order not in ("tag", "shuffled"):
+            raise ValueError(f'order must be "tag" or "shuffled", got {self.order!r}')
+        if self.order == "shuffled" and self.in_flight < self.concurrent:
+            raise ValueError("order shuffled needs in_flight equal to concurrent (fewer slots deadlock the program)")
         self._calls: dict[tuple[int, int], int] = {}
 
     def kind_of(self, tag: int) -> str:
@@ -95,9 +106,12 @@ class CollectivesPhase(Phase):
         ring = tuple(step.comm.ring)
         root = min(ring) if ring else step.comm.peer_id
         slots = trio.Semaphore(self.in_flight)
+        tags = list(range(self.tag, self.tag + self.concurrent))
+        if self.order == "shuffled":  # seeded by text: the same on every run, whatever PYTHONHASHSEED
+            random.Random(f"collectives-order:{step.comm.peer_id}:{step.step}").shuffle(tags)
         async with trio.open_nursery() as nursery:
-            for tag in range(self.tag, self.tag + self.concurrent):
-                await slots.acquire()  # in tag order: the next tag waits for a free slot
+            for tag in tags:
+                await slots.acquire()  # in launch order: the next tag waits for a free slot
                 nursery.start_soon(self._one_in_slot, step, tag, root, slots)
 
     async def _one_in_slot(self, step: StepContext, tag: int, root: int, slots: trio.Semaphore) -> None:
