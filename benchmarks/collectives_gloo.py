@@ -28,11 +28,16 @@ bytes), and from there to the return (the completion round trip through the mast
 call skips the vote; the ``vote`` span is then the call's own cost); ``--no-fast-commit`` votes.
 ``--peer-commit`` adds ``Config.peer_commit`` (the participants agree on completion among
 themselves; the ``done`` span is then the acks' round; needs fast commit).
+``--local-socket-buffer-size`` sets pccl's peers' ``Config.local_socket_buffer_size`` (``0``: the
+OS's autotuned buffers, as pccl's connections to other hosts have; Gloo's always are): the
+shaped loopback of ``--rate`` stands in for a network link, where pccl would not use its small
+same-host buffers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import random
@@ -55,7 +60,8 @@ CONFIGS = ("gloo:broadcast", "pccl:broadcast", "gloo:all_gather", "pccl:all_gath
 
 def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: list[int], iters: int,
                configs: list[str], phases: bool = False,
-               fast_commit: bool = False, peer_commit: bool = False) -> dict[tuple[int, str], list[float]]:
+               fast_commit: bool = False, peer_commit: bool = False,
+               local_socket_buffer_size: int | None = None) -> dict[tuple[int, str], list[float]]:
     import torch
     import torch.distributed as dist
     import trio
@@ -80,6 +86,8 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
     async def run() -> dict[tuple[int, str], list[float]]:
         out: dict[tuple[int, str], list[float]] = {}
         config = pccl.Config(fast_commit=fast_commit, peer_commit=peer_commit)
+        if local_socket_buffer_size is not None:
+            config = dataclasses.replace(config, local_socket_buffer_size=local_socket_buffer_size)
         async with pccl.open_communicator(f"127.0.0.1:{master_port}", config=config) as comm:
             await admit(comm, world)
             root = min(comm.ring)
@@ -174,9 +182,10 @@ def _peer_main(rank: int, world: int, master_port: int, gloo_file: str, sizes: l
 
 
 def measure(world: int, sizes: list[int], iters: int, configs: list[str], timeout: float,
-            phases: bool = False, fast_commit: bool = False, peer_commit: bool = False) -> list[dict[str, Any]]:
-    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, phases, fast_commit, peer_commit), timeout,
-                           "pccl-collectives-")
+            phases: bool = False, fast_commit: bool = False, peer_commit: bool = False,
+            local_socket_buffer_size: int | None = None) -> list[dict[str, Any]]:
+    per_rank = run_cluster(world, _peer_main, (sizes, iters, configs, phases, fast_commit, peer_commit,
+                                               local_socket_buffer_size), timeout, "pccl-collectives-")
     if phases:
         print(format_phases(world, per_rank), flush=True)
     rows = []
@@ -244,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-commit", action="store_true",
                         help="pccl's peers also run with Config.peer_commit (completion agreed among them, "
                              "no master round trip in the steady state; needs fast commit)")
+    parser.add_argument("--local-socket-buffer-size", type=parse_size,
+                        help="pccl's peers' Config.local_socket_buffer_size (e.g. 256K; 0: the OS's default and "
+                             "autotuning; default: the library's)")
     args = parser.parse_args(argv)
     if args.peer_commit and not args.fast_commit:
         parser.error("--peer-commit needs fast commit")
@@ -253,10 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     configs = args.configs.split(",")
     link = f"loopback shaped to {args.rate} (tbf)" if args.rate else "loopback"
     commit = "peer commit" if args.peer_commit else "fast commit" if args.fast_commit else "voted commit"
+    if args.local_socket_buffer_size is not None:
+        size = args.local_socket_buffer_size
+        commit += f", local socket buffers {format_size(size) if size else 'autotuned'}"
     print(f"# pccl vs Gloo, float32, {link}, pccl {commit}, interleaved; {args.iters} iterations", flush=True)
     for world in args.peers:
         print(format_rows(measure(world, sizes, args.iters, configs, args.timeout, args.phases, args.fast_commit,
-                                  args.peer_commit)),
+                                  args.peer_commit, args.local_socket_buffer_size)),
               flush=True)
     return 0
 
