@@ -87,7 +87,7 @@ from .. import messages as m
 from ..messages import CollectiveKind
 from .events import OpEnded, PeerFault
 from .kinds import KINDS, agreed_alike, kind_of
-from .op_records import Aborted, Op, OpInfo, OpsHost
+from .op_records import Aborted, Op, OpInfo, OpsHost, calls_waited_in, in_op, resolving
 from .peer_resolve import PHASES, Resolution, Send, Word, why_aborted
 from ..peer_commit import Answer, PeerCommitError, Verdict
 
@@ -642,24 +642,13 @@ class CollectiveOps:
         """The ops of ``group`` the peer voted for or takes part in."""
         # (A begun op's participant is in it once it began, and out of a peer-agreed one once
         # its Done(ok) is in: it may have committed, and every other participant was ready.)
-        return [op for op in self._open() if op.group == group and _in_op(op, peer_id)]
+        return [op for op in self._open() if op.group == group and in_op(op, peer_id)]
 
     def waiting_call(self, group: int, peer_id: int) -> str | None:
         """The calls the peer waits in for the others of ``group``, as the caller knows them
         (``all_reduce (tag 1, 2)``), when every op it is in still votes; ``None`` when it is in
         none, or in one that runs (it can still go on)."""
-        ops = []  # (of_peer's ops, in one pass: asked after every collective message)
-        for op in self._open():
-            # (A peer-agreed op's participant whose Done(ok) is in waits in it while it is not
-            # armed: someone has not begun, so nobody can have committed.)
-            if op.group == group and (peer_id in op.inits or (not op.fast and peer_id in op.participants)):
-                if op.seq is not None and (op.armed or not op.fast):
-                    return None  # it runs one: it can still go on
-                ops.append(op)
-        if not ops:
-            return None
-        return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
-                         for row in KINDS.values() if any(op.row is row for op in ops))
+        return calls_waited_in(self._open(), group, peer_id)
 
     def full_vote(self, group: int) -> bool:
         """Whether some vote of ``group`` that has not commenced has every member's Init (it
@@ -670,18 +659,4 @@ class CollectiveOps:
 
     def views(self) -> list[OpInfo]:
         return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done), o.row.kind,
-                       *_resolving(o)) for o in self._open()]
-
-
-def _resolving(op: Op) -> tuple[bool, frozenset[int]]:
-    """Whether ``op``'s resolution queries its participants, and who answered (or asked)."""
-    res = op.resolution
-    if res is None or not res.querying:
-        return False, frozenset()
-    return True, frozenset(res.answer_map)
-
-
-def _in_op(op: Op, peer_id: int) -> bool:
-    if op.peer_commit and peer_id in op.done:
-        return False
-    return peer_id in op.inits or (not op.fast and peer_id in op.participants)
+                       *resolving(o)) for o in self._open()]
