@@ -103,7 +103,7 @@ from typing import Any
 import numpy as np
 import trio
 
-from .collective_plans import Plan, StaleRing, Withdrawn, phase_mismatch_abort
+from .collective_plans import Plan, StaleRing, Withdrawn, phase_mismatch_abort, rejection
 from .op_attempt import OpAttempt, await_verdict
 from .agreement import Agreement
 from .call_gate import CallGate
@@ -116,13 +116,11 @@ from .ring_watchdog import RingWatchdog
 from ..errors import (
     CollectiveAborted,
     InvalidArgument,
-    InvalidUsage,
     MasterUnreachable,
     PCCLError,
     PeerDisconnected,
     PhaseMismatch,
     ProtocolError,
-    TooFewPeers,
 )
 from ..protocol import messages as m
 from ..protocol.op_lifecycle import Effect, Event, OpLifecycle, State
@@ -300,7 +298,7 @@ class CollectiveService:
                     keep_route = self._abandon(op, route.inbox)
                     raise
                 if isinstance(reply, m.CollectiveRejected):
-                    raise self._rejection(plan, reply)
+                    raise rejection(plan, reply, self._host.peer_id)
                 answer = reply
                 self._count_use(plan.tag)
             op.seq = answer.seq
@@ -384,28 +382,6 @@ class CollectiveService:
         seq while the others run the vote's op).  Seqs are unique in a master epoch, and a new
         master starts a new registry."""
         return self._links.registry.is_retired(commence.seq)
-
-    def _rejection(self, plan: Plan, answer: m.CollectiveRejected) -> Exception:
-        try:
-            code = m.RejectCode(answer.code)
-        except ValueError:
-            return ProtocolError(f"the master rejected tag {plan.tag} with unknown code {answer.code}")
-        detail = f" ({answer.detail})" if answer.detail else ""
-        if code is m.RejectCode.STALE_RING:
-            return StaleRing()
-        if code is m.RejectCode.TOO_FEW_PEERS:
-            return TooFewPeers(f"{plan.what} needs at least two peers in the group{detail}")
-        if code is m.RejectCode.TAG_IN_USE:
-            return InvalidUsage(f"{plan.what} is already in flight{detail}")
-        if code is m.RejectCode.PHASE_MISMATCH:
-            log.warning("peer %x: the master ended %s: %s", self._host.peer_id, plan.what, answer.detail)
-            return phase_mismatch_abort(plan.what, PhaseMismatch(answer.detail or "phase mismatch"))
-        if code is m.RejectCode.WITHDRAWN:
-            return ProtocolError(f"the master answered {plan.what} with a withdrawal it never got")
-        if code is m.RejectCode.ROOT_ABSENT:
-            # Retry-safe: the root may be a newcomer the next topology round accepts.
-            return CollectiveAborted(f"{plan.what} did not start: {answer.detail or 'its root is not a member'}")
-        return InvalidUsage(f"the peers' parameters for {plan.what} disagree{detail}")
 
     # --- the machine's effects -------------------------------------------------------------------
 
@@ -628,9 +604,9 @@ class CollectiveService:
         host.counters.collectives_aborted += 1
         self._spoiled = host.links  # an op failed on this ring: the next one votes
         if isinstance(final, m.CollectiveRejected):  # a Begin the master refused
-            raise self._rejection(plan, final)
+            raise rejection(plan, final, host.peer_id)
         if isinstance(final, m.CollectiveAbort) and final.code:  # a begun op: why, as a rejection says
-            raise self._rejection(plan, m.CollectiveRejected(final.tag, final.code, final.detail))
+            raise rejection(plan, m.CollectiveRejected(final.tag, final.code, final.detail), host.peer_id)
         if op.machine.state is State.LOST:
             host.raise_if_failed(op.epoch)
             raise MasterUnreachable(f"lost the master during {plan.what}")
