@@ -31,6 +31,9 @@ A beginner's withdrawal (its caller was cancelled before the arming Commence rea
 begun op: as that peer's abort once every participant began, with a held failure if there is
 one, otherwise ``CollectiveAbort(code=WITHDRAWN)`` to everyone who began it (and, remembered,
 to the others' Begin or vote of it), the ring left fresh: everyone retries the tag's next use.
+A withdrawal with ``torn`` (the peer's ring connections were cut mid-frame; also sent with
+nothing to withdraw) makes the group stale and ends each begun op of the group not armed yet
+with ``STALE_RING`` (docs/protocol.rst, "A withdrawal that tears a lane").
 
 Begins.  A peer may begin an op without a vote (docs/protocol.rst, "Design: one master round
 trip per collective"): ``CollectiveBegin(tag, seq, round, <the Init's fields>)`` with a derived
@@ -329,14 +332,25 @@ class CollectiveOps:
         op = self._ops.get((group, msg.tag))
         if op is not None and op.fast and peer_id in op.beginners and peer_id not in op.done | op.failed:
             self._withdraw_begun(op, peer_id)
-            return
-        if op is None or op.seq is not None or peer_id not in op.inits:
+        elif op is None or op.seq is not None or peer_id not in op.inits:
             # Commenced (the Commence on its way is the answer: the peer reports an abort), or
             # already answered (a rejection crossed the withdrawal): nothing to withdraw.
             log.debug("ignoring withdrawal of tag %d by peer %x: no vote of it waits", msg.tag, peer_id)
-            return
-        del op.inits[peer_id]
-        self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
+        else:
+            del op.inits[peer_id]
+            self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
+        if msg.torn:
+            self._torn(group, peer_id)
+
+    def _torn(self, group: int, peer_id: int) -> None:
+        """``peer_id``'s ring connections were left torn (a frame cut mid-way: see "Torn
+        lanes"): the group's ring is stale, and each begun op of the group that not every
+        participant has begun yet, which would run on the torn lane, ends STALE_RING (its
+        beginners re-wire and retry; one that began it later hears the same)."""
+        self._host.mark_stale(group)
+        why = f"peer {peer_id:x}'s ring connections were torn by a cancellation; re-wire before retrying"
+        for op in [op for op in self._ops.values() if op.group == group and op.fast and not op.armed]:
+            self._abort(op, why, code=m.RejectCode.STALE_RING)
 
     def _withdraw_begun(self, op: Op, peer_id: int) -> None:
         """``peer_id``, cancelled, withdraws its Begin of ``op`` (see "Withdrawing a Begin"):
