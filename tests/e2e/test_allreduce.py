@@ -459,9 +459,16 @@ class _GatedStream(Stream):
         return n
 
     async def receive_exactly_into(self, buffer: memoryview | bytearray) -> None:
-        await self._network.gate()
-        await self._inner.receive_exactly_into(buffer)
-        self._network.received += memoryview(buffer).nbytes
+        view = memoryview(buffer).cast("B")
+        network = self._network
+        if network.mid_frame and network.hold_after is not None and network.received < network.hold_after:
+            head = view[: max(0, network.hold_after - network.received)]  # up to the hold, then stop
+            await self._inner.receive_exactly_into(head)
+            network.received += head.nbytes
+            view = view[head.nbytes:]
+        await network.gate()
+        await self._inner.receive_exactly_into(view)
+        network.received += view.nbytes
 
     async def send_eof(self) -> None:
         await self._inner.send_eof()
@@ -495,6 +502,7 @@ class GatedNetwork(Network):
         self._master = master_address
         self.received = 0
         self.hold_after: int | None = None
+        self.mid_frame = False
         self.held = trio.Event()
         self._released = trio.Event()
 
@@ -505,8 +513,11 @@ class GatedNetwork(Network):
     async def listen(self, address: str, *, port_range: int = 1) -> Listener:
         return _GatedListener(await self._tcp.listen(address, port_range=port_range), self)
 
-    def hold_after_more(self, nbytes: int) -> None:
+    def hold_after_more(self, nbytes: int, *, mid_frame: bool = False) -> None:
+        """Hold the receives once ``nbytes`` more arrived: at the next receive call, or, with
+        ``mid_frame``, exactly there, inside a payload receive that spans that point."""
         self.hold_after = self.received + nbytes
+        self.mid_frame = mid_frame
 
     async def gate(self) -> None:
         if self.hold_after is not None and self.received >= self.hold_after and not self._released.is_set():
@@ -926,8 +937,9 @@ async def test_a_withdrawal_that_cuts_another_beginners_frame_does_not_abort_the
 @pytest.mark.parametrize("fast_commit", [True, False])
 async def test_a_receiver_cancelled_mid_payload_does_not_abort_the_next_call(fast_commit: bool) -> None:
     """Ring a -> b -> c; b's receives stop part-way through a's first frame (its network holds
-    them) and b's call is cancelled there: its payload receive is cut, which tears its lane from
-    a.  Fast commit: a and b began, c does not call, and b withdraws (a retries the tag's next
+    them, inside the payload) and b's call is cancelled there: its payload receive is cut, which
+    tears its lane from a (and its op's end aborts its lane to c, whose frame was under way).
+    Fast commit: a and b began, c does not call, and b withdraws (a retries the tag's next
     use, then b and c call).  Without it every peer called: the op had commenced, so a and c
     raise CollectiveAborted, as any cancellation mid-ring makes them, and all three call again.
     Either way those next calls return on every peer, and none of them counts as aborted."""
@@ -948,7 +960,7 @@ async def test_a_receiver_cancelled_mid_payload_does_not_abort_the_next_call(fas
             except pccl.PCCLError as exc:
                 infos[i] = exc
 
-        gate.hold_after_more(1 << 20)  # inside a's first frame (megabytes)
+        gate.hold_after_more(1 << 20, mid_frame=True)  # inside a's first frame (megabytes)
         with trio.fail_after(SOON):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(call, 0)
