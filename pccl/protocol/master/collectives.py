@@ -343,10 +343,10 @@ class CollectiveOps:
             self._torn(group, peer_id)
 
     def _torn(self, group: int, peer_id: int) -> None:
-        """``peer_id``'s ring connections were left torn (a frame cut mid-way: see "Torn
-        lanes"): the group's ring is stale, and each begun op of the group that not every
-        participant has begun yet, which would run on the torn lane, ends STALE_RING (its
-        beginners re-wire and retry; one that began it later hears the same)."""
+        """``peer_id``'s ring connections were left torn (a frame cut mid-way: docs/protocol.rst,
+        "A withdrawal that tears a lane"): the group's ring is stale, and each begun op of the
+        group that not every participant has begun yet, which would run on the torn lane, ends
+        STALE_RING (its beginners re-wire and retry; one that begins it later hears the same)."""
         self._host.mark_stale(group)
         why = f"peer {peer_id:x}'s ring connections were torn by a cancellation; re-wire before retrying"
         for op in [op for op in self._ops.values() if op.group == group and op.fast and not op.armed]:
