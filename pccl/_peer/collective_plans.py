@@ -24,6 +24,7 @@ the table :data:`~pccl.collectives.kinds.KIND_OPS`):
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import numpy as np
@@ -33,11 +34,14 @@ from ..collectives.buffers import KernelRunner, ReduceArgs
 from ..collectives.execute import execute
 from ..collectives.kinds import KIND_OPS, TAG_LIMIT, Call, KindOps, check_tag
 from ..collectives.links import RingLinks
-from ..errors import CollectiveAborted, PhaseMismatch
+from ..errors import CollectiveAborted, InvalidUsage, PhaseMismatch, ProtocolError, TooFewPeers
 from ..protocol import messages as m
 from ..protocol.messages import CollectiveKind
 
-__all__ = ["Plan", "TAG_LIMIT", "check_tag", "StaleRing", "Withdrawn", "phase_mismatch_abort"]
+__all__ = ["Plan", "TAG_LIMIT", "check_tag", "StaleRing", "Withdrawn", "phase_mismatch_abort", "rejection"]
+
+#: The service's logger: these lines are the collective path's, wherever the code sits.
+log = logging.getLogger("pccl._peer.collective_service")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,3 +144,28 @@ def phase_mismatch_abort(what: str, mismatch: PhaseMismatch) -> CollectiveAborte
     error = CollectiveAborted(f"{what} ended: {mismatch}")
     error.__cause__ = mismatch
     return error
+
+
+def rejection(plan: Plan, answer: m.CollectiveRejected, peer_id: int) -> Exception:
+    """What the caller of ``plan`` (on peer ``peer_id``) gets for the master's refusal ``answer``
+    (of its vote, or of its Begin): ``StaleRing`` to re-wire and retry, else its error."""
+    try:
+        code = m.RejectCode(answer.code)
+    except ValueError:
+        return ProtocolError(f"the master rejected tag {plan.tag} with unknown code {answer.code}")
+    detail = f" ({answer.detail})" if answer.detail else ""
+    if code is m.RejectCode.STALE_RING:
+        return StaleRing()
+    if code is m.RejectCode.TOO_FEW_PEERS:
+        return TooFewPeers(f"{plan.what} needs at least two peers in the group{detail}")
+    if code is m.RejectCode.TAG_IN_USE:
+        return InvalidUsage(f"{plan.what} is already in flight{detail}")
+    if code is m.RejectCode.PHASE_MISMATCH:
+        log.warning("peer %x: the master ended %s: %s", peer_id, plan.what, answer.detail)
+        return phase_mismatch_abort(plan.what, PhaseMismatch(answer.detail or "phase mismatch"))
+    if code is m.RejectCode.WITHDRAWN:
+        return ProtocolError(f"the master answered {plan.what} with a withdrawal it never got")
+    if code is m.RejectCode.ROOT_ABSENT:
+        # Retry-safe: the root may be a newcomer the next topology round accepts.
+        return CollectiveAborted(f"{plan.what} did not start: {answer.detail or 'its root is not a member'}")
+    return InvalidUsage(f"the peers' parameters for {plan.what} disagree{detail}")

@@ -67,6 +67,9 @@ peer's abort.  So does a call cancelled in an op it began whose arming ``Commenc
 the master ends the op (``Abort(WITHDRAWN)``: every participant retries the tag's next use, no
 re-wire; docs/protocol.rst, "Withdrawing a Begin").  Until then the tag is *abandoned*
 (:mod:`pccl._peer.phase`): a new call on it, a topology vote or a sync waits instead of failing.
+A cancellation that cut a frame mid-way (here, or by the master's abort of the withdrawn op on
+another beginner) tore a ring connection: the peer says so (``CollectiveWithdraw.torn``) and
+votes, the master marks the ring stale, and every member's next call re-wires before it runs.
 Once this peer has reported success the op's fate is the master's, and a cancellation does not
 decide it: the call waits for the master's final word (shielded, for at most ``peer_timeout``,
 the master's own heartbeat timeout and the watchdog's bound on a stalled ring) and ends as the
@@ -103,7 +106,7 @@ from typing import Any
 import numpy as np
 import trio
 
-from .collective_plans import Plan, StaleRing, Withdrawn, phase_mismatch_abort
+from .collective_plans import Plan, StaleRing, Withdrawn, phase_mismatch_abort, rejection
 from .op_attempt import OpAttempt, await_verdict
 from .agreement import Agreement
 from .call_gate import CallGate
@@ -116,13 +119,11 @@ from .ring_watchdog import RingWatchdog
 from ..errors import (
     CollectiveAborted,
     InvalidArgument,
-    InvalidUsage,
     MasterUnreachable,
     PCCLError,
     PeerDisconnected,
     PhaseMismatch,
     ProtocolError,
-    TooFewPeers,
 )
 from ..protocol import messages as m
 from ..protocol.op_lifecycle import Effect, Event, OpLifecycle, State
@@ -158,6 +159,8 @@ class CollectiveService:
         #: Fast path (``Config.fast_commit``): the ring connections an op failed on (no op
         #: begins on them again), and the uses of each tag since the round of ``_uses_round``.
         self._spoiled: P2PLinks | None = None
+        #: The torn ring connections the master was told of (:meth:`_tear_news`).
+        self._told_torn: P2PLinks | None = None
         self._uses_links: P2PLinks | None = None
         self._uses: dict[int, int] = {}
         self._commits = PeerCommits(host, self._step)  # Config.peer_commit, and the master's queries
@@ -300,13 +303,19 @@ class CollectiveService:
                     keep_route = self._abandon(op, route.inbox)
                     raise
                 if isinstance(reply, m.CollectiveRejected):
-                    raise self._rejection(plan, reply)
+                    raise rejection(plan, reply, self._host.peer_id)
                 answer = reply
                 self._count_use(plan.tag)
             op.seq = answer.seq
             self._commits.track(op)
             try:
                 return await self._run(op, answer, route)
+            except Withdrawn:
+                # Another participant withdrew: the master's abort cut this peer's ring, maybe
+                # mid-frame.  Torn, the ring must be re-wired before the tag's next use begins.
+                if self._tear_news():
+                    await self._tell_torn(plan.tag, epoch)
+                raise
             except trio.Cancelled:
                 if op.handoff is not None:
                     # This peer reported success and the master has not spoken: the op still
@@ -385,28 +394,6 @@ class CollectiveService:
         master starts a new registry."""
         return self._links.registry.is_retired(commence.seq)
 
-    def _rejection(self, plan: Plan, answer: m.CollectiveRejected) -> Exception:
-        try:
-            code = m.RejectCode(answer.code)
-        except ValueError:
-            return ProtocolError(f"the master rejected tag {plan.tag} with unknown code {answer.code}")
-        detail = f" ({answer.detail})" if answer.detail else ""
-        if code is m.RejectCode.STALE_RING:
-            return StaleRing()
-        if code is m.RejectCode.TOO_FEW_PEERS:
-            return TooFewPeers(f"{plan.what} needs at least two peers in the group{detail}")
-        if code is m.RejectCode.TAG_IN_USE:
-            return InvalidUsage(f"{plan.what} is already in flight{detail}")
-        if code is m.RejectCode.PHASE_MISMATCH:
-            log.warning("peer %x: the master ended %s: %s", self._host.peer_id, plan.what, answer.detail)
-            return phase_mismatch_abort(plan.what, PhaseMismatch(answer.detail or "phase mismatch"))
-        if code is m.RejectCode.WITHDRAWN:
-            return ProtocolError(f"the master answered {plan.what} with a withdrawal it never got")
-        if code is m.RejectCode.ROOT_ABSENT:
-            # Retry-safe: the root may be a newcomer the next topology round accepts.
-            return CollectiveAborted(f"{plan.what} did not start: {answer.detail or 'its root is not a member'}")
-        return InvalidUsage(f"the peers' parameters for {plan.what} disagree{detail}")
-
     # --- the machine's effects -------------------------------------------------------------------
 
     def _step(self, op: OpAttempt, event: Event,
@@ -466,6 +453,26 @@ class CollectiveService:
             f"no data moved on the ring connections for {self._host.config.peer_timeout:g} s")
         self._step(op, Event.STALL)
 
+    def _tear_news(self) -> bool:
+        """Whether this peer's ring connections are torn (``P2PLinks.torn``: a frame cut
+        mid-way) and the master does not know yet; if so they are marked told (the caller sends
+        ``CollectiveWithdraw.torn``) and spoiled: no op begins on them, the next one votes and
+        the master answers ``STALE_RING``, so every member re-wires before the ring runs again."""
+        p2p = self._host.links
+        if p2p is self._told_torn or not p2p.torn:
+            return False
+        self._told_torn = self._spoiled = p2p
+        log.info("peer %x: a cancellation left ring connections of round %d torn: the group re-wires before "
+                 "its next collective", self._host.peer_id, p2p.round)
+        return True
+
+    async def _tell_torn(self, tag: int, epoch: int) -> None:
+        """Tell the master this peer's ring is torn (a withdrawal with nothing to withdraw)."""
+        try:
+            await self._host.send_shielded(m.CollectiveWithdraw(tag, torn=True), epoch=epoch)
+        except PCCLError:
+            pass  # the master is gone: a new one starts a new round anyway
+
     # --- a cancelled call's tag -----------------------------------------------------------------
 
     def _abandon(self, op: OpAttempt, inbox: RouteInbox) -> bool:
@@ -495,7 +502,7 @@ class CollectiveService:
                 self._step(op, Event.MASTER_LOST)
                 return
             try:
-                await self._host.send_shielded(m.CollectiveWithdraw(tag), epoch=op.epoch)
+                await self._host.send_shielded(m.CollectiveWithdraw(tag, torn=self._tear_news()), epoch=op.epoch)
             except PCCLError:
                 self._step(op, Event.FAIL)
                 return  # the master is gone (the route closes) or the communicator failed
@@ -625,12 +632,17 @@ class CollectiveService:
         if isinstance(final, m.CollectiveAbort) and final.code == m.RejectCode.WITHDRAWN:
             # A participant withdrew its Begin: nothing failed, the call retries (not an abort).
             raise Withdrawn()
-        host.counters.collectives_aborted += 1
         self._spoiled = host.links  # an op failed on this ring: the next one votes
+        if final is not None and not isinstance(final, m.CollectiveComplete) and final.code == m.RejectCode.STALE_RING:
+            # The master refused the Begin, or ended the begun op before it ran everywhere, as
+            # stale (a torn lane, say): as a vote refused STALE_RING, the call re-wires and
+            # retries; nothing failed that the caller sees (not an abort).
+            raise StaleRing()
+        host.counters.collectives_aborted += 1
         if isinstance(final, m.CollectiveRejected):  # a Begin the master refused
-            raise self._rejection(plan, final)
+            raise rejection(plan, final, host.peer_id)
         if isinstance(final, m.CollectiveAbort) and final.code:  # a begun op: why, as a rejection says
-            raise self._rejection(plan, m.CollectiveRejected(final.tag, final.code, final.detail))
+            raise rejection(plan, m.CollectiveRejected(final.tag, final.code, final.detail), host.peer_id)
         if op.machine.state is State.LOST:
             host.raise_if_failed(op.epoch)
             raise MasterUnreachable(f"lost the master during {plan.what}")

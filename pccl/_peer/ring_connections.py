@@ -55,6 +55,14 @@ class P2PLinks:
         out = [c for lanes in self.outgoing.values() for c in lanes]
         return out + [c for lanes in self.incoming.values() for c in lanes.values()] + list(self.partners.values())
 
+    @property
+    def torn(self) -> bool:
+        """Whether a connection of the round is unusable on this side: a frame cut mid-way here
+        (a cancelled send or payload receive aborts its connection), or one that failed.  No op
+        may begin on such a round: its ring needs a re-wire (the master is told:
+        ``CollectiveWithdraw.torn``).  The other end of a cut learns of it only when it reads."""
+        return any(conn.broken or conn.frames.closed for conn in self.connections())
+
     def bytes_moved(self) -> int:
         """Bytes sent and received so far on this round's connections (the all-reduce's
         watchdog compares it over time)."""

@@ -134,6 +134,9 @@ class RingLanes:
     #: Lanes per peer this peer dialled, and per peer that dialled this one.
     outgoing: Mapping[int, int]
     incoming: Mapping[int, int]
+    #: The round's connections (lanes and partner links) that this peer knows to be unusable: a
+    #: frame cut mid-way here (a cancelled send or payload receive) or a failure closed them.
+    torn: int = 0
 
 
 def ring_lanes(comm: Communicator) -> RingLanes:
@@ -143,7 +146,8 @@ def ring_lanes(comm: Communicator) -> RingLanes:
         successor=links.successor, predecessor=links.predecessor,
         to_successor=tuple(_lane_id(c) for c in links.to_successor()),
         outgoing={peer: len(lanes) for peer, lanes in links.outgoing.items()},
-        incoming={peer: len(lanes) for peer, lanes in links.incoming.items()})
+        incoming={peer: len(lanes) for peer, lanes in links.incoming.items()},
+        torn=sum(1 for c in links.connections() if c.broken or c.frames.closed))
 
 
 def _outgoing_lane(comm: Communicator, lane: int) -> FramedConnection:

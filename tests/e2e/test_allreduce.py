@@ -459,9 +459,16 @@ class _GatedStream(Stream):
         return n
 
     async def receive_exactly_into(self, buffer: memoryview | bytearray) -> None:
-        await self._network.gate()
-        await self._inner.receive_exactly_into(buffer)
-        self._network.received += memoryview(buffer).nbytes
+        view = memoryview(buffer).cast("B")
+        network = self._network
+        if network.mid_frame and network.hold_after is not None and network.received < network.hold_after:
+            head = view[: max(0, network.hold_after - network.received)]  # up to the hold, then stop
+            await self._inner.receive_exactly_into(head)
+            network.received += head.nbytes
+            view = view[head.nbytes:]
+        await network.gate()
+        await self._inner.receive_exactly_into(view)
+        network.received += view.nbytes
 
     async def send_eof(self) -> None:
         await self._inner.send_eof()
@@ -495,6 +502,7 @@ class GatedNetwork(Network):
         self._master = master_address
         self.received = 0
         self.hold_after: int | None = None
+        self.mid_frame = False
         self.held = trio.Event()
         self._released = trio.Event()
 
@@ -505,8 +513,11 @@ class GatedNetwork(Network):
     async def listen(self, address: str, *, port_range: int = 1) -> Listener:
         return _GatedListener(await self._tcp.listen(address, port_range=port_range), self)
 
-    def hold_after_more(self, nbytes: int) -> None:
+    def hold_after_more(self, nbytes: int, *, mid_frame: bool = False) -> None:
+        """Hold the receives once ``nbytes`` more arrived: at the next receive call, or, with
+        ``mid_frame``, exactly there, inside a payload receive that spans that point."""
         self.hold_after = self.received + nbytes
+        self.mid_frame = mid_frame
 
     async def gate(self) -> None:
         if self.hold_after is not None and self.received >= self.hold_after and not self._released.is_set():
@@ -848,6 +859,135 @@ async def test_a_call_cancelled_during_the_vote_is_withdrawn_and_frees_its_tag()
         expected = ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM)
         assert np.array_equal(bufs[0], expected) and np.array_equal(bufs[1], expected)
         assert comms[0].statistics().collectives_aborted == comms[1].statistics().collectives_aborted == 0
+
+
+#: Elements of an all-reduce whose first data frame to a peer that does not read cannot fit in
+#: the loopback socket buffers (``Config.local_socket_buffer_size``, 256 KiB each side): a
+#: cancellation of that send always cuts the frame mid-way, so the lane is torn (its receiver is
+#: left with part of a frame) instead of only sometimes, as with the 100 000 elements above.
+TEARING = 4_000_000
+
+
+def _in_order(comms: list[pccl.Communicator]) -> list[pccl.Communicator]:
+    by_id = {c.peer_id: c for c in comms}
+    return [by_id[pid] for pid in comms[0].ring]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("fast_commit", [True, False])
+async def test_a_lone_call_cancelled_mid_frame_does_not_abort_the_next_call(fast_commit: bool, world: int) -> None:
+    """The test above with a buffer so large that the cut is certain: peer 0's lone call (fast
+    commit: it began, and its first frame to its successor waits in the socket buffers) is
+    cancelled mid-frame, which tears that lane.  The next call on the tag, on every peer, must
+    find the ring re-wired before it runs: it returns a ReduceInfo and nothing counts as aborted
+    (the torn lane made the next call abort on every peer).  Without fast commit the lone call
+    only voted: nothing moved, nothing tore, and the same holds."""
+    config = dataclasses.replace(CFG, fast_commit=fast_commit)
+    async with _in_process_group(world, config=config) as (master, comms, _):
+        inputs = _f32_inputs(world, TEARING, 6)
+        bufs = [x.copy() for x in inputs]
+        with trio.fail_after(SOON):
+            with trio.move_on_after(0.3) as waited:
+                await comms[0].all_reduce(bufs[0], tag=0)
+            assert waited.cancelled_caught and np.array_equal(bufs[0], inputs[0])
+            assert (pccl.testing.ring_lanes(comms[0]).torn > 0) is fast_commit  # the cut happened
+            await _until(lambda: not pccl.testing.master_snapshot(master).ops)  # withdrawn at the master
+            infos = await _all_reduce_all(comms, bufs, tag=0)
+        assert all(isinstance(i, pccl.ReduceInfo) for i in infos), infos
+        expected = ring_reference(_in_ring_order(comms, inputs), ReduceOp.SUM)
+        assert all(np.array_equal(b, expected) for b in bufs)
+        assert [c.statistics().collectives_aborted for c in comms] == [0] * world
+        assert all(pccl.testing.ring_lanes(c).torn == 0 for c in comms)  # on a re-wired ring
+
+
+async def test_a_withdrawal_that_cuts_another_beginners_frame_does_not_abort_the_next_call() -> None:
+    """Ring a -> b -> c.  a and b begin tag 0 (c does not call yet); b's first frame to c waits in
+    the socket buffers.  a is cancelled and withdraws: the master ends the op (WITHDRAWN) and its
+    abort cancels b's ring mid-frame, tearing b's lane to c, while a's own lanes may be whole.
+    b retries the tag's next use at once; once a and c call too, all three return (the torn lane
+    made every one of these calls abort) and nothing counts as aborted."""
+    async with _in_process_group(3) as (master, comms, _):
+        a, b, c = _in_order(comms)
+        inputs = _f32_inputs(3, TEARING, 7)
+        bufs = [x.copy() for x in inputs]  # in ring order
+        infos: list[Any] = [None] * 3
+
+        async def call(i: int) -> None:
+            try:
+                infos[i] = await (a, b, c)[i].all_reduce(bufs[i], tag=0)
+            except pccl.PCCLError as exc:
+                infos[i] = exc
+
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call, 1)
+                with trio.move_on_after(0.3) as waited:
+                    await a.all_reduce(bufs[0], tag=0)
+                assert waited.cancelled_caught and np.array_equal(bufs[0], inputs[0])
+                await _until(lambda: b.statistics().retries > 0)  # withdrawn: b retries
+                assert pccl.testing.ring_lanes(b).torn > 0  # the cut happened
+                nursery.start_soon(call, 0)
+                nursery.start_soon(call, 2)
+        assert all(isinstance(i, pccl.ReduceInfo) for i in infos), infos
+        expected = ring_reference(inputs, ReduceOp.SUM)
+        assert all(np.array_equal(x, expected) for x in bufs)
+        assert [comm.statistics().collectives_aborted for comm in (a, b, c)] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("fast_commit", [True, False])
+async def test_a_receiver_cancelled_mid_payload_does_not_abort_the_next_call(fast_commit: bool) -> None:
+    """Ring a -> b -> c; b's receives stop part-way through a's first frame (its network holds
+    them, inside the payload) and b's call is cancelled there: its payload receive is cut, which
+    tears its lane from a (and its op's end aborts its lane to c, whose frame was under way).
+    Fast commit: a and b began, c does not call, and b withdraws (a retries the tag's next
+    use, then b and c call).  Without it every peer called: the op had commenced, so a and c
+    raise CollectiveAborted, as any cancellation mid-ring makes them, and all three call again.
+    Either way those next calls return on every peer, and none of them counts as aborted."""
+    config = dataclasses.replace(CFG, fast_commit=fast_commit)
+    async with _in_process_group(3, config=config, network=dict.fromkeys(range(3), GatedNetwork)) as (
+            master, comms, networks):
+        a, b, c = _in_order(comms)
+        gate = networks[comms.index(b)]
+        inputs = _f32_inputs(3, TEARING, 8)
+        bufs = [x.copy() for x in inputs]  # in ring order
+        infos: list[Any] = [None] * 3
+        victim = trio.CancelScope()
+
+        async def call(i: int, scope: trio.CancelScope | None = None) -> None:
+            try:
+                with scope if scope is not None else contextlib.nullcontext():
+                    infos[i] = await (a, b, c)[i].all_reduce(bufs[i], tag=0)
+            except pccl.PCCLError as exc:
+                infos[i] = exc
+
+        gate.hold_after_more(1 << 20, mid_frame=True)  # inside a's first frame (megabytes)
+        with trio.fail_after(SOON):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call, 0)
+                if not fast_commit:
+                    nursery.start_soon(call, 2)
+                async with trio.open_nursery() as cancelled:
+                    cancelled.start_soon(call, 1, victim)
+                    await gate.held.wait()
+                    victim.cancel()
+                assert victim.cancelled_caught and infos[1] is None and np.array_equal(bufs[1], inputs[1])
+                assert pccl.testing.ring_lanes(b).torn > 0  # the cut happened
+                gate.release()
+                if fast_commit:
+                    await _until(lambda: a.statistics().retries > 0)  # withdrawn: a retries
+                    nursery.start_soon(call, 1)
+                    nursery.start_soon(call, 2)
+            if not fast_commit:
+                assert all(isinstance(infos[i], CollectiveAborted) for i in (0, 2)), infos
+                assert all(np.array_equal(x, want) for x, want in zip(bufs, inputs))
+                async with trio.open_nursery() as nursery:
+                    for i in range(3):
+                        nursery.start_soon(call, i)
+        assert all(isinstance(i, pccl.ReduceInfo) for i in infos), infos
+        expected = ring_reference(inputs, ReduceOp.SUM)
+        assert all(np.array_equal(x, expected) for x in bufs)
+        cancelled = 0 if fast_commit else 1  # a commenced op cancelled mid-ring aborts (b counts its own)
+        assert [comm.statistics().collectives_aborted for comm in (a, b, c)] == [cancelled] * 3
 
 
 async def test_a_call_cancelled_during_the_vote_does_not_block_the_next_step() -> None:

@@ -373,6 +373,72 @@ def test_a_withdrawn_begin_ends_the_op_at_once_and_everyone_retries_the_next_use
     assert not h.kicks
 
 
+def test_a_torn_withdrawal_makes_the_ring_stale_and_ends_the_begun_ops_not_armed() -> None:
+    """a withdraws its Begin with ``torn`` (its cancellation cut a frame): the op still ends
+    WITHDRAWN on a and b, but the group is stale, so the next use re-wires: c's Begin of the
+    withdrawn use hears the withdrawal, a Begin of the next use is refused STALE_RING, and votes
+    are refused STALE_RING at consensus."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, a)
+    _begin(h, b)
+    h.send(a, m.CollectiveWithdraw(TAG, torn=True))
+    for conn in (a, b):
+        abort = _abort(h, conn)
+        assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.WITHDRAWN
+    assert not h.ms.ops() and h.ms.stale_groups() == frozenset({0}) and not h.kicks
+    _begin(h, c)
+    abort = _abort(h, c)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.WITHDRAWN
+    _begin(h, b, n=1)
+    stale = h.last(b, m.CollectiveRejected)
+    assert isinstance(stale, m.CollectiveRejected) and stale.code == m.RejectCode.STALE_RING
+    for conn in (a, b, c):
+        h.send(conn, m.CollectiveInit(TAG, 4, 10, 0))
+    for conn in (a, c):
+        stale = h.last(conn, m.CollectiveRejected)
+        assert isinstance(stale, m.CollectiveRejected) and stale.code == m.RejectCode.STALE_RING
+    assert not h.ms.ops() and not h.kicks
+
+
+def test_a_torn_notice_ends_the_begun_ops_not_armed_as_stale_and_leaves_an_armed_one() -> None:
+    """b's ring was cut by another op's end (it withdraws nothing, ``torn``): c's begun op of
+    the next use, which b has not begun, ends STALE_RING (b's Begin of it hears the same), and
+    an op every participant began runs on."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    seq = _begin(h, c, n=1)
+    h.send(b, m.CollectiveWithdraw(TAG, torn=True))
+    abort = _abort(h, c)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.STALE_RING
+    assert not h.ms.ops() and h.ms.stale_groups() == frozenset({0}) and not h.kicks
+    _begin(h, b, n=1)
+    abort = _abort(h, b)
+    assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.STALE_RING
+    h = Harness()
+    a, b = accepted_cluster(h, [0, 0])
+    seq = _begin(h, a)
+    _begin(h, b)  # armed
+    h.send(b, m.CollectiveWithdraw(TAG + 1, torn=True))  # nothing to withdraw on that tag
+    assert _abort(h, a) is None and [op.seq for op in h.ms.ops()] == [seq]
+    assert h.ms.stale_groups() == frozenset({0}) and not h.kicks
+
+
+def test_a_torn_notice_re_checks_the_other_votes_of_its_group() -> None:
+    """The notice makes the group stale without aborting anything: another tag's vote waiting
+    on a member whose topology vote stands is rejected STALE_RING in the same event (the
+    harness asserts after every event that a full re-check finds nothing more to do)."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    h.send(c, m.VoteTopology(True))
+    h.send(b, m.CollectiveInit(TAG + 1, 4, 10, 0))  # held: a and c have not voted it
+    assert h.last(b, m.CollectiveRejected) is None
+    h.send(a, m.CollectiveWithdraw(TAG, torn=True))
+    rejected = h.last(b, m.CollectiveRejected)
+    assert isinstance(rejected, m.CollectiveRejected) and rejected.tag == TAG + 1
+    assert rejected.code == m.RejectCode.STALE_RING and not h.kicks
+
+
 def test_a_vote_for_a_withdrawn_use_hears_the_withdrawal_even_with_the_next_use_open() -> None:
     h = Harness()
     a, b, c = accepted_cluster(h, [0, 0, 0])

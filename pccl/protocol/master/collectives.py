@@ -31,6 +31,9 @@ A beginner's withdrawal (its caller was cancelled before the arming Commence rea
 begun op: as that peer's abort once every participant began, with a held failure if there is
 one, otherwise ``CollectiveAbort(code=WITHDRAWN)`` to everyone who began it (and, remembered,
 to the others' Begin or vote of it), the ring left fresh: everyone retries the tag's next use.
+A withdrawal with ``torn`` (the peer's ring connections were cut mid-frame; also sent with
+nothing to withdraw) makes the group stale and ends each begun op of the group not armed yet
+with ``STALE_RING`` (docs/protocol.rst, "A withdrawal that tears a lane").
 
 Begins.  A peer may begin an op without a vote (docs/protocol.rst, "Design: one master round
 trip per collective"): ``CollectiveBegin(tag, seq, round, <the Init's fields>)`` with a derived
@@ -87,7 +90,7 @@ from .. import messages as m
 from ..messages import CollectiveKind
 from .events import OpEnded, PeerFault
 from .kinds import KINDS, agreed_alike, kind_of
-from .op_records import Aborted, Op, OpInfo, OpsHost
+from .op_records import Aborted, Op, OpInfo, OpsHost, calls_waited_in, in_op, resolving
 from .peer_resolve import PHASES, Resolution, Send, Word, why_aborted
 from ..peer_commit import Answer, PeerCommitError, Verdict
 
@@ -329,14 +332,25 @@ class CollectiveOps:
         op = self._ops.get((group, msg.tag))
         if op is not None and op.fast and peer_id in op.beginners and peer_id not in op.done | op.failed:
             self._withdraw_begun(op, peer_id)
-            return
-        if op is None or op.seq is not None or peer_id not in op.inits:
+        elif op is None or op.seq is not None or peer_id not in op.inits:
             # Commenced (the Commence on its way is the answer: the peer reports an abort), or
             # already answered (a rejection crossed the withdrawal): nothing to withdraw.
             log.debug("ignoring withdrawal of tag %d by peer %x: no vote of it waits", msg.tag, peer_id)
-            return
-        del op.inits[peer_id]
-        self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
+        else:
+            del op.inits[peer_id]
+            self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.WITHDRAWN, "withdrawn by this peer"))
+        if msg.torn:
+            self._torn(group, peer_id)
+
+    def _torn(self, group: int, peer_id: int) -> None:
+        """``peer_id``'s ring connections were left torn (a frame cut mid-way: docs/protocol.rst,
+        "A withdrawal that tears a lane"): the group's ring is stale, and each begun op of the
+        group that not every participant has begun yet, which would run on the torn lane, ends
+        STALE_RING (its beginners re-wire and retry; one that begins it later hears the same)."""
+        self._host.mark_stale(group)
+        why = f"peer {peer_id:x}'s ring connections were torn by a cancellation; re-wire before retrying"
+        for op in [op for op in self._ops.values() if op.group == group and op.fast and not op.armed]:
+            self._abort(op, why, code=m.RejectCode.STALE_RING)
 
     def _withdraw_begun(self, op: Op, peer_id: int) -> None:
         """``peer_id``, cancelled, withdraws its Begin of ``op`` (see "Withdrawing a Begin"):
@@ -642,24 +656,13 @@ class CollectiveOps:
         """The ops of ``group`` the peer voted for or takes part in."""
         # (A begun op's participant is in it once it began, and out of a peer-agreed one once
         # its Done(ok) is in: it may have committed, and every other participant was ready.)
-        return [op for op in self._open() if op.group == group and _in_op(op, peer_id)]
+        return [op for op in self._open() if op.group == group and in_op(op, peer_id)]
 
     def waiting_call(self, group: int, peer_id: int) -> str | None:
         """The calls the peer waits in for the others of ``group``, as the caller knows them
         (``all_reduce (tag 1, 2)``), when every op it is in still votes; ``None`` when it is in
         none, or in one that runs (it can still go on)."""
-        ops = []  # (of_peer's ops, in one pass: asked after every collective message)
-        for op in self._open():
-            # (A peer-agreed op's participant whose Done(ok) is in waits in it while it is not
-            # armed: someone has not begun, so nobody can have committed.)
-            if op.group == group and (peer_id in op.inits or (not op.fast and peer_id in op.participants)):
-                if op.seq is not None and (op.armed or not op.fast):
-                    return None  # it runs one: it can still go on
-                ops.append(op)
-        if not ops:
-            return None
-        return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
-                         for row in KINDS.values() if any(op.row is row for op in ops))
+        return calls_waited_in(self._open(), group, peer_id)
 
     def full_vote(self, group: int) -> bool:
         """Whether some vote of ``group`` that has not commenced has every member's Init (it
@@ -670,18 +673,4 @@ class CollectiveOps:
 
     def views(self) -> list[OpInfo]:
         return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done), o.row.kind,
-                       *_resolving(o)) for o in self._open()]
-
-
-def _resolving(op: Op) -> tuple[bool, frozenset[int]]:
-    """Whether ``op``'s resolution queries its participants, and who answered (or asked)."""
-    res = op.resolution
-    if res is None or not res.querying:
-        return False, frozenset()
-    return True, frozenset(res.answer_map)
-
-
-def _in_op(op: Op, peer_id: int) -> bool:
-    if op.peer_commit and peer_id in op.done:
-        return False
-    return peer_id in op.inits or (not op.fast and peer_id in op.participants)
+                       *resolving(o)) for o in self._open()]

@@ -71,7 +71,8 @@ re-evaluated (to a fixed point) after every event — so a disconnect, kick or t
 lets every vote it was blocking complete (PCCL forgets some of these re-checks, reference §3.5).
 One exception keeps the per-op cost flat: a ``CollectiveInit``, ``CollectiveWithdraw``,
 successful ``CollectiveDone`` or ``CollectiveBegin`` that aborted nothing (an abort makes the
-group stale, which other votes read; a vote can abort a begun op), handled without a fault (and no timeout on the same event), changes
+group stale, which other votes read; a vote can abort a begun op; so does a withdrawal that says
+the ring is torn, which is re-checked in full), handled without a fault (and no timeout on the same event), changes
 only its own op, and nothing else waits for ops (topology votes and syncs *refuse* a peer with an op in
 flight instead of waiting for it), so only that op is re-checked.  A ``Heartbeat`` handled
 without a fault changes nothing any consensus reads (only ``last_heard``, which the timer
@@ -448,8 +449,8 @@ class MasterState(MasterViews):
         """The op whose re-check is all that ``msg`` (just handled without a fault) needs, or
         ``None`` for a full re-check (see "Re-checks" in the module docstring); ``aborts`` is
         the collectives' abort count before it was handled."""
-        if self._collectives.aborts != aborts:
-            return None  # an abort made the group stale: every vote of it is re-checked
+        if self._collectives.aborts != aborts or (isinstance(msg, m.CollectiveWithdraw) and msg.torn):
+            return None  # an abort (or a torn ring) made the group stale: every vote of it is re-checked
         if isinstance(msg, (m.CollectiveInit, m.CollectiveWithdraw, m.CollectiveBegin)) or (
                 isinstance(msg, m.CollectiveDone) and not msg.aborted):
             return (peer.group, msg.tag)

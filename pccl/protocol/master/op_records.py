@@ -1,20 +1,21 @@
 """The records of the master's collective-ops sub-machine (:mod:`.collectives`): what it needs
 from the master (``OpsHost``), its read-only view of an op (``OpInfo``), an op as it keeps it
-(``Op``) and a begun op's abort as its participants heard it (``Aborted``).  Sans-IO."""
+(``Op``) and a begun op's abort as its participants heard it (``Aborted``), and what the
+machine's views read off its ops (who is in one, which calls a peer waits in).  Sans-IO."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from .. import messages as m
 from ..messages import CollectiveKind
 from .events import OpEnded
-from .kinds import KindRow
+from .kinds import KINDS, KindRow
 from .peer_resolve import Resolution
 
-__all__ = ["Aborted", "Op", "OpInfo", "OpsHost"]
+__all__ = ["Aborted", "Op", "OpInfo", "OpsHost", "calls_waited_in", "in_op", "resolving"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,3 +106,34 @@ class Aborted:
     #: Participants never told of it (they had neither begun nor voted it): the first vote or
     #: Begin of each on the tag is that op's (see ``on_init``, ``on_begin``).
     untold: set[int]
+
+
+def resolving(op: Op) -> tuple[bool, frozenset[int]]:
+    """Whether ``op``'s resolution queries its participants, and who answered (or asked)."""
+    res = op.resolution
+    if res is None or not res.querying:
+        return False, frozenset()
+    return True, frozenset(res.answer_map)
+
+
+def in_op(op: Op, peer_id: int) -> bool:
+    """Whether ``peer_id`` voted for ``op`` or takes part in it (see ``CollectiveOps.of_peer``)."""
+    if op.peer_commit and peer_id in op.done:
+        return False
+    return peer_id in op.inits or (not op.fast and peer_id in op.participants)
+
+
+def calls_waited_in(ops: Iterable[Op], group: int, peer_id: int) -> str | None:
+    """``CollectiveOps.waiting_call`` over the open ``ops``."""
+    waited = []  # (of_peer's ops, in one pass: asked after every collective message)
+    for op in ops:
+        # (A peer-agreed op's participant whose Done(ok) is in waits in it while it is not
+        # armed: someone has not begun, so nobody can have committed.)
+        if op.group == group and (peer_id in op.inits or (not op.fast and peer_id in op.participants)):
+            if op.seq is not None and (op.armed or not op.fast):
+                return None  # it runs one: it can still go on
+            waited.append(op)
+    if not waited:
+        return None
+    return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in waited if op.row is row))})"
+                     for row in KINDS.values() if any(op.row is row for op in waited))

@@ -355,6 +355,11 @@ class CollectiveWithdraw(Message, tag=56):
     """Peer → master: withdraw my Init for ``tag`` (the call was cancelled before an answer)."""
 
     tag: U64
+    #: A frame cut mid-way left this peer's ring connections of the group's current round torn (a
+    #: cancelled send or payload receive, here or by a withdrawn op's end): the ring is stale, and
+    #: no op may begin on it.  Sent with no vote to withdraw too, as that notice alone (trailing:
+    #: an older master ignores it, an older peer never sends it).
+    torn: bool = False
 
 
 class CollectiveBegin(Message, tag=57):
