@@ -170,7 +170,7 @@ class CollectiveOps:
         key = (group, msg.tag)
         op = self._ops.get(key)
         ring = self._host.ring(group)
-        held = self._lingering.get(key, {}).get(msg.seq)
+        held = self._lingering[key].get(msg.seq) if key in self._lingering else None
         if held is not None and msg.round == held.round and peer_id in held.participants:
             if peer_id in held.began:
                 raise PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} begun twice")
@@ -516,8 +516,9 @@ class CollectiveOps:
     def check(self, key: tuple[int, int]) -> bool:
         """Check the ops of ``key`` (group, tag), if there are any; whether anything changed."""
         progressed = False
-        for held in list(self._lingering.get(key, {}).values()):
-            progressed |= self._check_op(held)
+        if self._lingering:  # (none in the steady state: no list built per message)
+            for held in list(self._lingering.get(key, {}).values()):
+                progressed |= self._check_op(held)
         op = self._ops.get(key)
         return self._check_op(op) or progressed if op is not None else progressed
 
@@ -649,7 +650,7 @@ class CollectiveOps:
         (``all_reduce (tag 1, 2)``), when every op it is in still votes; ``None`` when it is in
         none, or in one that runs (it can still go on)."""
         ops = []  # (of_peer's ops, in one pass: asked after every collective message)
-        for op in self._open():
+        for op in (self._open() if self._lingering else self._ops.values()):
             # (A peer-agreed op's participant whose Done(ok) is in waits in it while it is not
             # armed: someone has not begun, so nobody can have committed.)
             if op.group == group and (peer_id in op.inits or (not op.fast and peer_id in op.participants)):

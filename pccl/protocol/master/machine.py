@@ -114,6 +114,9 @@ from .sync import SyncHost, SyncRoundInfo, SyncState
 from .views import MasterViews
 
 _C, _R, _A, _RELAY = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED, PeerStatus.RELAY
+#: The messages whose handling (without a fault or an abort) changes only their own op (see
+#: "Re-checks"), besides a ``CollectiveDone`` that reports no failure.
+_OWN_OP_ONLY = frozenset({m.CollectiveInit, m.CollectiveWithdraw, m.CollectiveBegin})
 #: Candidates a peer may register (a host with a handful of interfaces has a few per port).
 MAX_CANDIDATES = 64
 
@@ -264,11 +267,7 @@ class MasterState(MasterViews):
         self._now = now
         only_op: tuple[int, int] | None = None  # see "Re-checks" in the module docstring
         recheck = True
-        if isinstance(event, PeerConnected):
-            if event.conn_id in self._roster.by_conn:
-                raise ValueError(f"shell bug: connection {event.conn_id} connected twice")
-            self._roster.connect(event.conn_id, event.observed_host, now)
-        elif isinstance(event, MessageReceived):
+        if isinstance(event, MessageReceived):  # (the common event first)
             peer = self._roster.by_conn.get(event.conn_id)
             if peer is not None:  # messages still queued from a removed peer are dropped
                 if peer.status is not _C or isinstance(event.msg, m.Register):
@@ -281,6 +280,10 @@ class MasterState(MasterViews):
                 else:
                     only_op = self._own_op_only(peer, event.msg, aborts)
                     recheck = type(event.msg) is not m.Heartbeat
+        elif isinstance(event, PeerConnected):
+            if event.conn_id in self._roster.by_conn:
+                raise ValueError(f"shell bug: connection {event.conn_id} connected twice")
+            self._roster.connect(event.conn_id, event.observed_host, now)
         elif isinstance(event, PeerDisconnected):
             if event.conn_id in self._roster.by_conn:
                 self._remove(event.conn_id, None, "disconnected")
@@ -450,9 +453,9 @@ class MasterState(MasterViews):
         the collectives' abort count before it was handled."""
         if self._collectives.aborts != aborts:
             return None  # an abort made the group stale: every vote of it is re-checked
-        if isinstance(msg, (m.CollectiveInit, m.CollectiveWithdraw, m.CollectiveBegin)) or (
-                isinstance(msg, m.CollectiveDone) and not msg.aborted):
-            return (peer.group, msg.tag)
+        kind = type(msg)
+        if kind in _OWN_OP_ONLY or (isinstance(msg, m.CollectiveDone) and not msg.aborted):
+            return (peer.group, msg.tag)  # type: ignore[attr-defined]
         return None
 
     def _settle(self) -> None:
