@@ -649,7 +649,13 @@ class CollectiveOps:
         """The calls the peer waits in for the others of ``group``, as the caller knows them
         (``all_reduce (tag 1, 2)``), when every op it is in still votes; ``None`` when it is in
         none, or in one that runs (it can still go on)."""
-        ops = []  # (of_peer's ops, in one pass: asked after every collective message)
+        ops = self.waiting_ops(group, peer_id)
+        return None if ops is None else call_name(ops)
+
+    def waiting_ops(self, group: int, peer_id: int) -> list[Op] | None:
+        """The ops of :meth:`waiting_call`, unnamed (asked after every collective message; the
+        name is formatted only for a phase mismatch)."""
+        ops = []  # (of_peer's ops, in one pass)
         for op in (self._open() if self._lingering else self._ops.values()):
             # (A peer-agreed op's participant whose Done(ok) is in waits in it while it is not
             # armed: someone has not begun, so nobody can have committed.)
@@ -657,10 +663,7 @@ class CollectiveOps:
                 if op.seq is not None and (op.armed or not op.fast):
                     return None  # it runs one: it can still go on
                 ops.append(op)
-        if not ops:
-            return None
-        return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
-                         for row in KINDS.values() if any(op.row is row for op in ops))
+        return ops or None
 
     def full_vote(self, group: int) -> bool:
         """Whether some vote of ``group`` that has not commenced has every member's Init (it
@@ -672,6 +675,12 @@ class CollectiveOps:
     def views(self) -> list[OpInfo]:
         return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done), o.row.kind,
                        *_resolving(o)) for o in self._open()]
+
+
+def call_name(ops: list[Op]) -> str:
+    """The calls ``ops`` are, as the caller knows them (``all_reduce (tag 1, 2)``)."""
+    return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
+                     for row in KINDS.values() if any(op.row is row for op in ops))
 
 
 def _resolving(op: Op) -> tuple[bool, frozenset[int]]:

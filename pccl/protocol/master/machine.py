@@ -101,7 +101,7 @@ from ..codec import MAX_DETAIL, clip_text
 from .events import (Close, Effect, Event, Fact, Kick, MessageReceived, OpEnded, PeerAccepted, PeerConnected,
                      PeerDisconnected, PeerFault, PeerJoined, ProtocolViolation, RelayJoined, Send, SetTimer, SyncEnded,
                      Tick)
-from .collectives import CollectiveOps, OpInfo, OpsHost
+from .collectives import CollectiveOps, OpInfo, OpsHost, call_name
 from .mismatch import MismatchHost, PhaseMismatches
 from .optimize import OptimizeHost, Optimizer
 from .paths import Paths, PathsHost
@@ -117,6 +117,12 @@ _C, _R, _A, _RELAY = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACC
 #: The messages whose handling (without a fault or an abort) changes only their own op (see
 #: "Re-checks"), besides a ``CollectiveDone`` that reports no failure.
 _OWN_OP_ONLY = frozenset({m.CollectiveInit, m.CollectiveWithdraw, m.CollectiveBegin})
+#: The call a standing topology vote waits in, and its name as the caller knows it (``_waits_in``).
+_VOTE_CALLS: dict[TopologyVote, tuple[ph.Call, Callable[[], str]]] = {
+    TopologyVote.ACCEPT: (ph.Call.TOPOLOGY_VOTE, "update_topology()".__str__),
+    TopologyVote.REWIRE: (ph.Call.TOPOLOGY_VOTE, "a re-wire after a failed all_reduce".__str__),
+    TopologyVote.OPTIMIZE: (ph.Call.OPTIMIZE_VOTE, "optimize_topology()".__str__),
+}
 #: Candidates a peer may register (a host with a handful of interfaces has a few per port).
 MAX_CANDIDATES = 64
 
@@ -530,28 +536,25 @@ class MasterState(MasterViews):
         ring = tuple(self._roster.peer(pid).endpoint() for pid in self._rings[group])
         return m.TopologyComplete(round_id, ring, self.membership_of(group))
 
-    def _waits_in(self, sync_waiting: frozenset[int], peer_id: int) -> tuple[ph.Call, str] | None:
-        """The call peer ``peer_id`` waits in for the others of its group, and its name as the
-        caller knows it; ``None`` when it is not known to wait for them (idle as far as the
-        master knows, in a round, or with a collective running: each can still go on)."""
+    def _waits_in(self, sync_waiting: frozenset[int], peer_id: int) -> tuple[ph.Call, Callable[[], str]] | None:
+        """The call peer ``peer_id`` waits in for the others of its group, and what gives its
+        name as the caller knows it (formatted only for a mismatch: a collective's name lists
+        its tags); ``None`` when it is not known to wait for them (idle as far as the master
+        knows, in a round, or with a collective running: each can still go on)."""
         peer = self._roster.by_conn[self._roster.by_id[peer_id]]
         if peer.round_scope is not None:
             return None
-        if peer.topology_vote is TopologyVote.ACCEPT:
-            return ph.Call.TOPOLOGY_VOTE, "update_topology()"
-        if peer.topology_vote is TopologyVote.REWIRE:
-            return ph.Call.TOPOLOGY_VOTE, "a re-wire after a failed all_reduce"
-        if peer.topology_vote is TopologyVote.OPTIMIZE:
-            return ph.Call.OPTIMIZE_VOTE, "optimize_topology()"
+        if peer.topology_vote is not None:
+            return _VOTE_CALLS[peer.topology_vote]
         if peer.peer_id in sync_waiting:
-            return ph.Call.SYNC, "sync_shared_state()"
-        call = self._collectives.waiting_call(peer.group, peer.peer_id)
-        return None if call is None else (ph.Call.COLLECTIVE, call)
+            return ph.Call.SYNC, "sync_shared_state()".__str__
+        ops = self._collectives.waiting_ops(peer.group, peer.peer_id)
+        return None if ops is None else (ph.Call.COLLECTIVE, functools.partial(call_name, ops))
 
     def _collectives_full_vote(self, group: int) -> bool:
         return self._collectives.full_vote(group)
 
-    def _waiting_calls(self, group: int) -> Callable[[int], tuple[ph.Call, str] | None]:
+    def _waiting_calls(self, group: int) -> Callable[[int], tuple[ph.Call, Callable[[], str]] | None]:
         # (asked after every collective message: a partial, not a lambda calling a method)
         return functools.partial(self._waits_in, self._sync_state.waiting_voters(group))
 
