@@ -480,6 +480,10 @@ class CollectiveOps:
         elif res.verdict is Verdict.ABORT and self._find(op.group, op.tag, op.seq) is op:
             self._abort(op, why_aborted(res))
 
+    def is_open(self, key: tuple[int, int], seq: int) -> bool:
+        """Whether op ``seq`` of ``key`` (group, tag) is open (not completed or aborted)."""
+        return self._find(*key, seq) is not None
+
     def _find(self, group: int, tag: int, seq: int) -> Op | None:
         op = self._ops.get((group, tag))
         if op is not None and op.seq == seq:
@@ -653,9 +657,8 @@ class CollectiveOps:
         return None if ops is None else call_name(ops)
 
     def waiting_ops(self, group: int, peer_id: int) -> list[Op] | None:
-        """The ops of :meth:`waiting_call`, unnamed (asked after every collective message; the
-        name is formatted only for a phase mismatch)."""
-        ops = []  # (of_peer's ops, in one pass)
+        """The ops of :meth:`waiting_call`, unnamed (named only for a phase mismatch)."""
+        ops = []  # (of_peer's ops, in one pass: asked after collective messages)
         for op in (self._open() if self._lingering else self._ops.values()):
             # (A peer-agreed op's participant whose Done(ok) is in waits in it while it is not
             # armed: someone has not begun, so nobody can have committed.)

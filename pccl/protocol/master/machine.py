@@ -76,6 +76,10 @@ only its own op, and nothing else waits for ops (topology votes and syncs *refus
 flight instead of waiting for it), so only that op is re-checked.  A ``Heartbeat`` handled
 without a fault changes nothing any consensus reads (only ``last_heard``, which the timer
 covers: an event at or past the deadline always re-checks everything), so it re-checks nothing.
+The phase-mismatch check of the own op's group goes with the op's re-check, except after a
+successful ``CollectiveDone`` that leaves its op open: it changed only the op's reports, which
+no member's wait reads, so the group's last check stands (a grace period that ends meanwhile is
+a deadline, met by the full re-check).
 The property tests check after every event that a full re-check would find nothing more to do.
 
 Out of phase.  One table, ``PHASES`` (:mod:`pccl.protocol.master.peers`), holds the phase
@@ -273,7 +277,9 @@ class MasterState(MasterViews):
         self._now = now
         only_op: tuple[int, int] | None = None  # see "Re-checks" in the module docstring
         recheck = True
+        msg: m.Message | None = None
         if isinstance(event, MessageReceived):  # (the common event first)
+            msg = event.msg
             peer = self._roster.by_conn.get(event.conn_id)
             if peer is not None:  # messages still queued from a removed peer are dropped
                 if peer.status is not _C or isinstance(event.msg, m.Register):
@@ -312,7 +318,9 @@ class MasterState(MasterViews):
         if only_op is not None:
             while self._collectives.check(only_op):
                 pass
-            if self._mismatches.check(only_op[0], self._now):
+            if isinstance(msg, m.CollectiveDone) and self._collectives.is_open(only_op, msg.seq):
+                pass  # it changed no member's wait: the group's mismatch check stands (see "Re-checks")
+            elif self._mismatches.check(only_op[0], self._now):
                 self._settle()
         elif recheck:
             self._settle()
