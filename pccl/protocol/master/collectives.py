@@ -87,7 +87,7 @@ from .. import messages as m
 from ..messages import CollectiveKind
 from .events import OpEnded, PeerFault
 from .kinds import KINDS, agreed_alike, kind_of
-from .op_records import Aborted, Op, OpInfo, OpsHost
+from .op_records import Aborted, Op, OpInfo, OpsHost, call_name
 from .peer_resolve import PHASES, Resolution, Send, Word, why_aborted
 from ..peer_commit import Answer, PeerCommitError, Verdict
 
@@ -678,12 +678,6 @@ class CollectiveOps:
     def views(self) -> list[OpInfo]:
         return [OpInfo(o.group, o.tag, frozenset(o.inits), o.seq, o.participants, frozenset(o.done), o.row.kind,
                        *_resolving(o)) for o in self._open()]
-
-
-def call_name(ops: list[Op]) -> str:
-    """The calls ``ops`` are, as the caller knows them (``all_reduce (tag 1, 2)``)."""
-    return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
-                     for row in KINDS.values() if any(op.row is row for op in ops))
 
 
 def _resolving(op: Op) -> tuple[bool, frozenset[int]]:

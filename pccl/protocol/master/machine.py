@@ -105,7 +105,8 @@ from ..codec import MAX_DETAIL, clip_text
 from .events import (Close, Effect, Event, Fact, Kick, MessageReceived, OpEnded, PeerAccepted, PeerConnected,
                      PeerDisconnected, PeerFault, PeerJoined, ProtocolViolation, RelayJoined, Send, SetTimer, SyncEnded,
                      Tick)
-from .collectives import CollectiveOps, OpInfo, OpsHost, call_name
+from .collectives import CollectiveOps, OpInfo, OpsHost
+from .op_records import call_name
 from .mismatch import MismatchHost, PhaseMismatches
 from .optimize import OptimizeHost, Optimizer
 from .paths import Paths, PathsHost

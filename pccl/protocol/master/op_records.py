@@ -11,10 +11,10 @@ from typing import NamedTuple
 from .. import messages as m
 from ..messages import CollectiveKind
 from .events import OpEnded
-from .kinds import KindRow
+from .kinds import KINDS, KindRow
 from .peer_resolve import Resolution
 
-__all__ = ["Aborted", "Op", "OpInfo", "OpsHost"]
+__all__ = ["Aborted", "Op", "OpInfo", "OpsHost", "call_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,3 +105,9 @@ class Aborted:
     #: Participants never told of it (they had neither begun nor voted it): the first vote or
     #: Begin of each on the tag is that op's (see ``on_init``, ``on_begin``).
     untold: set[int]
+
+
+def call_name(ops: list[Op]) -> str:
+    """The calls ``ops`` are, as the caller knows them (``all_reduce (tag 1, 2)``)."""
+    return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
+                     for row in KINDS.values() if any(op.row is row for op in ops))
