@@ -216,14 +216,14 @@ def test_the_check_after_an_init_asks_about_few_peers_at_any_group_size(monkeypa
     answer(feed(1, m.VoteTopology(True)))  # the first peer's vote accepts the others
     assert all(p.status is PeerStatus.ACCEPTED and p.topology_vote is None for p in ms.peers())
     asked = 0
-    waiting_call = co.CollectiveOps.waiting_call
+    waiting_ops = co.CollectiveOps.waiting_ops
 
-    def counting(self: co.CollectiveOps, group: int, peer_id: int) -> str | None:
+    def counting(self: co.CollectiveOps, group: int, peer_id: int) -> list[co.Op] | None:
         nonlocal asked
         asked += 1
-        return waiting_call(self, group, peer_id)
+        return waiting_ops(self, group, peer_id)
 
-    monkeypatch.setattr(co.CollectiveOps, "waiting_call", counting)
+    monkeypatch.setattr(co.CollectiveOps, "waiting_ops", counting)
     order = list(range(1, n + 1))
     for tag, shuffle in enumerate((False, True, True)):
         if shuffle:

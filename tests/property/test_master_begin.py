@@ -133,6 +133,25 @@ def test_a_late_begin_joins_its_op_after_a_finished_participant_left() -> None:
     assert not h.ms.ops() and not h.kicks
 
 
+def test_the_last_begin_that_leaves_everyone_waiting_starts_the_grace() -> None:
+    """The phase mismatch arises at a Begin (the member in update_topology() voted first): the
+    own-op path's mismatch check of that group must see it then, or the grace never starts
+    (no later event re-checks the group: the peers only heartbeat)."""
+    h = Harness()
+    a, b, c = accepted_cluster(h, [0, 0, 0])
+    h.send(c, m.VoteTopology(True))  # c waits in update_topology(), for a and b
+    seq = _begin(h, a)
+    assert not h.ms.mismatches_in_grace()  # b computes: nobody waits for it yet
+    _begin(h, b)
+    assert h.ms.mismatches_in_grace() == {0}
+    let_grace_pass(h)
+    for conn in (a, b):
+        abort = _abort(h, conn)
+        assert abort is not None and abort.seq == seq and abort.code == m.RejectCode.PHASE_MISMATCH
+    assert isinstance(h.last(c, m.TopologyRejected), m.TopologyRejected)
+    assert not h.ms.ops() and not h.kicks
+
+
 def test_a_begin_on_a_stale_ring_or_an_old_round_is_rejected_at_once() -> None:
     h = Harness()
     a, b = accepted_cluster(h, [0, 0])

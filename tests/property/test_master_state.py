@@ -71,10 +71,14 @@ class Harness:
             assert self.views() == views and all(isinstance(e, SetTimer) for e in out), event
         # handle() may re-check only the op a collective message touched: a full re-check right
         # after it must find nothing left to do (nothing to send, nothing to change).
-        before = (self.ms.ops(), self.ms.syncs(), self.ms.rounds_in_progress(), self.ms.peers())
+        # (the phase mismatches in their grace, and since when, included: the check of a group's
+        # mismatch is skipped after a Done that leaves its op open)
+        before = (self.ms.ops(), self.ms.syncs(), self.ms.rounds_in_progress(), self.ms.peers(),
+                  self.ms.mismatches_in_grace(), self.ms.next_deadline)
         more = self.ms.recheck()
         assert not more, f"after {event}: a full re-check found more to do: {more}"
-        after = (self.ms.ops(), self.ms.syncs(), self.ms.rounds_in_progress(), self.ms.peers())
+        after = (self.ms.ops(), self.ms.syncs(), self.ms.rounds_in_progress(), self.ms.peers(),
+                 self.ms.mismatches_in_grace(), self.ms.next_deadline)
         assert before == after, f"after {event}: a full re-check changed the state"
         self.effects_log.extend(out)
         topo: dict[int, set[tuple[int, int, int]]] = {}

@@ -90,7 +90,7 @@ from .. import messages as m
 from ..messages import CollectiveKind
 from .events import OpEnded, PeerFault
 from .kinds import KINDS, agreed_alike, kind_of
-from .op_records import Aborted, Op, OpInfo, OpsHost, calls_waited_in, in_op, resolving
+from .op_records import Aborted, Op, OpInfo, OpsHost, call_name, in_op, ops_waited_in, resolving
 from .peer_resolve import PHASES, Resolution, Send, Word, why_aborted
 from ..peer_commit import Answer, PeerCommitError, Verdict
 
@@ -173,7 +173,7 @@ class CollectiveOps:
         key = (group, msg.tag)
         op = self._ops.get(key)
         ring = self._host.ring(group)
-        held = self._lingering.get(key, {}).get(msg.seq)
+        held = self._lingering[key].get(msg.seq) if key in self._lingering else None
         if held is not None and msg.round == held.round and peer_id in held.participants:
             if peer_id in held.began:
                 raise PeerFault(KickReason.OUT_OF_PHASE, f"collective tag {msg.tag} begun twice")
@@ -494,6 +494,10 @@ class CollectiveOps:
         elif res.verdict is Verdict.ABORT and self._find(op.group, op.tag, op.seq) is op:
             self._abort(op, why_aborted(res))
 
+    def is_open(self, key: tuple[int, int], seq: int) -> bool:
+        """Whether op ``seq`` of ``key`` (group, tag) is open (not completed or aborted)."""
+        return self._find(*key, seq) is not None
+
     def _find(self, group: int, tag: int, seq: int) -> Op | None:
         op = self._ops.get((group, tag))
         if op is not None and op.seq == seq:
@@ -530,8 +534,9 @@ class CollectiveOps:
     def check(self, key: tuple[int, int]) -> bool:
         """Check the ops of ``key`` (group, tag), if there are any; whether anything changed."""
         progressed = False
-        for held in list(self._lingering.get(key, {}).values()):
-            progressed |= self._check_op(held)
+        if self._lingering:  # (none in the steady state: no list built per message)
+            for held in list(self._lingering.get(key, {}).values()):
+                progressed |= self._check_op(held)
         op = self._ops.get(key)
         return self._check_op(op) or progressed if op is not None else progressed
 
@@ -662,7 +667,12 @@ class CollectiveOps:
         """The calls the peer waits in for the others of ``group``, as the caller knows them
         (``all_reduce (tag 1, 2)``), when every op it is in still votes; ``None`` when it is in
         none, or in one that runs (it can still go on)."""
-        return calls_waited_in(self._open(), group, peer_id)
+        ops = self.waiting_ops(group, peer_id)
+        return None if ops is None else call_name(ops)
+
+    def waiting_ops(self, group: int, peer_id: int) -> list[Op] | None:
+        """The ops of :meth:`waiting_call`, unnamed (named only for a phase mismatch)."""
+        return ops_waited_in(self._open() if self._lingering else self._ops.values(), group, peer_id)
 
     def full_vote(self, group: int) -> bool:
         """Whether some vote of ``group`` that has not commenced has every member's Init (it

@@ -50,6 +50,12 @@ class MessageReceived:
     conn_id: int
     msg: m.Message
 
+    def __init__(self, conn_id: int, msg: m.Message) -> None:
+        # One per message received: the generated frozen __init__ (a call of
+        # ``object.__setattr__`` per field) costs about twice these two stores.
+        d = self.__dict__
+        d["conn_id"], d["msg"] = conn_id, msg
+
 
 @dataclasses.dataclass(frozen=True)
 class PeerDisconnected:
@@ -82,6 +88,12 @@ Event = PeerConnected | MessageReceived | PeerDisconnected | ProtocolViolation |
 class Send:
     conn_id: int
     msg: m.Message
+
+    def __init__(self, conn_id: int, msg: m.Message) -> None:
+        # One per message sent: the generated frozen __init__ (a call of
+        # ``object.__setattr__`` per field) costs about twice these two stores.
+        d = self.__dict__
+        d["conn_id"], d["msg"] = conn_id, msg
 
 
 @dataclasses.dataclass(frozen=True)

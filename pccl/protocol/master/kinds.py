@@ -58,13 +58,18 @@ __all__ = ["CollectiveKind", "KindRow", "KINDS", "kind_of", "agreed_alike", "roo
 # --- the kinds ---------------------------------------------------------------------------------
 
 
+#: kind value -> kind (a dict lookup: the enum's own call costs a few of them, and the master
+#: reads the kind of every vote and Begin).
+_KIND_OF_VALUE: dict[int, CollectiveKind] = {k.value: k for k in CollectiveKind}
+
+
 def kind_of(init: m.CollectiveInit) -> CollectiveKind:
     """The kind a vote asks for (the one place that reads the kind off the wire).  An Init
     without the trailing field is an all-reduce; an unknown kind is the peer's protocol error."""
-    try:
-        return CollectiveKind(init.kind)
-    except ValueError:
-        raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective tag {init.tag} asks for unknown kind {init.kind}") from None
+    kind = _KIND_OF_VALUE.get(init.kind)
+    if kind is None:
+        raise PeerFault(KickReason.PROTOCOL_ERROR, f"collective tag {init.tag} asks for unknown kind {init.kind}")
+    return kind
 
 
 def _name_of(enum_type: Any, value: int) -> str:

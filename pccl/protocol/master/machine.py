@@ -77,6 +77,10 @@ only its own op, and nothing else waits for ops (topology votes and syncs *refus
 flight instead of waiting for it), so only that op is re-checked.  A ``Heartbeat`` handled
 without a fault changes nothing any consensus reads (only ``last_heard``, which the timer
 covers: an event at or past the deadline always re-checks everything), so it re-checks nothing.
+The phase-mismatch check of the own op's group goes with the op's re-check, except after a
+successful ``CollectiveDone`` that leaves its op open: it changed only the op's reports, which
+no member's wait reads, so the group's last check stands (a grace period that ends meanwhile is
+a deadline, met by the full re-check).
 The property tests check after every event that a full re-check would find nothing more to do.
 
 Out of phase.  One table, ``PHASES`` (:mod:`pccl.protocol.master.peers`), holds the phase
@@ -103,6 +107,7 @@ from .events import (Close, Effect, Event, Fact, Kick, MessageReceived, OpEnded,
                      PeerDisconnected, PeerFault, PeerJoined, ProtocolViolation, RelayJoined, Send, SetTimer, SyncEnded,
                      Tick)
 from .collectives import CollectiveOps, OpInfo, OpsHost
+from .op_records import call_name
 from .mismatch import MismatchHost, PhaseMismatches
 from .optimize import OptimizeHost, Optimizer
 from .paths import Paths, PathsHost
@@ -115,6 +120,15 @@ from .sync import SyncHost, SyncRoundInfo, SyncState
 from .views import MasterViews
 
 _C, _R, _A, _RELAY = PeerStatus.CONNECTED, PeerStatus.REGISTERED, PeerStatus.ACCEPTED, PeerStatus.RELAY
+#: The messages whose handling (without a fault or an abort) changes only their own op (see
+#: "Re-checks"), besides a ``CollectiveDone`` that reports no failure.
+_OWN_OP_ONLY = frozenset({m.CollectiveInit, m.CollectiveWithdraw, m.CollectiveBegin})
+#: The call a standing topology vote waits in, and its name as the caller knows it (``_waits_in``).
+_VOTE_CALLS: dict[TopologyVote, tuple[ph.Call, Callable[[], str]]] = {
+    TopologyVote.ACCEPT: (ph.Call.TOPOLOGY_VOTE, "update_topology()".__str__),
+    TopologyVote.REWIRE: (ph.Call.TOPOLOGY_VOTE, "a re-wire after a failed all_reduce".__str__),
+    TopologyVote.OPTIMIZE: (ph.Call.OPTIMIZE_VOTE, "optimize_topology()".__str__),
+}
 #: Candidates a peer may register (a host with a handful of interfaces has a few per port).
 MAX_CANDIDATES = 64
 
@@ -265,11 +279,9 @@ class MasterState(MasterViews):
         self._now = now
         only_op: tuple[int, int] | None = None  # see "Re-checks" in the module docstring
         recheck = True
-        if isinstance(event, PeerConnected):
-            if event.conn_id in self._roster.by_conn:
-                raise ValueError(f"shell bug: connection {event.conn_id} connected twice")
-            self._roster.connect(event.conn_id, event.observed_host, now)
-        elif isinstance(event, MessageReceived):
+        msg: m.Message | None = None
+        if isinstance(event, MessageReceived):  # (the common event first)
+            msg = event.msg
             peer = self._roster.by_conn.get(event.conn_id)
             if peer is not None:  # messages still queued from a removed peer are dropped
                 if peer.status is not _C or isinstance(event.msg, m.Register):
@@ -282,6 +294,10 @@ class MasterState(MasterViews):
                 else:
                     only_op = self._own_op_only(peer, event.msg, aborts)
                     recheck = type(event.msg) is not m.Heartbeat
+        elif isinstance(event, PeerConnected):
+            if event.conn_id in self._roster.by_conn:
+                raise ValueError(f"shell bug: connection {event.conn_id} connected twice")
+            self._roster.connect(event.conn_id, event.observed_host, now)
         elif isinstance(event, PeerDisconnected):
             if event.conn_id in self._roster.by_conn:
                 self._remove(event.conn_id, None, "disconnected")
@@ -304,7 +320,9 @@ class MasterState(MasterViews):
         if only_op is not None:
             while self._collectives.check(only_op):
                 pass
-            if self._mismatches.check(only_op[0], self._now):
+            if isinstance(msg, m.CollectiveDone) and self._collectives.is_open(only_op, msg.seq):
+                pass  # it changed no member's wait: the group's mismatch check stands (see "Re-checks")
+            elif self._mismatches.check(only_op[0], self._now):
                 self._settle()
         elif recheck:
             self._settle()
@@ -451,9 +469,9 @@ class MasterState(MasterViews):
         the collectives' abort count before it was handled."""
         if self._collectives.aborts != aborts or (isinstance(msg, m.CollectiveWithdraw) and msg.torn):
             return None  # an abort (or a torn ring) made the group stale: every vote of it is re-checked
-        if isinstance(msg, (m.CollectiveInit, m.CollectiveWithdraw, m.CollectiveBegin)) or (
-                isinstance(msg, m.CollectiveDone) and not msg.aborted):
-            return (peer.group, msg.tag)
+        kind = type(msg)
+        if kind in _OWN_OP_ONLY or (isinstance(msg, m.CollectiveDone) and not msg.aborted):
+            return (peer.group, msg.tag)  # type: ignore[attr-defined]
         return None
 
     def _settle(self) -> None:
@@ -528,28 +546,25 @@ class MasterState(MasterViews):
         ring = tuple(self._roster.peer(pid).endpoint() for pid in self._rings[group])
         return m.TopologyComplete(round_id, ring, self.membership_of(group))
 
-    def _waits_in(self, sync_waiting: frozenset[int], peer_id: int) -> tuple[ph.Call, str] | None:
-        """The call peer ``peer_id`` waits in for the others of its group, and its name as the
-        caller knows it; ``None`` when it is not known to wait for them (idle as far as the
-        master knows, in a round, or with a collective running: each can still go on)."""
+    def _waits_in(self, sync_waiting: frozenset[int], peer_id: int) -> tuple[ph.Call, Callable[[], str]] | None:
+        """The call peer ``peer_id`` waits in for the others of its group, and what gives its
+        name as the caller knows it (formatted only for a mismatch: a collective's name lists
+        its tags); ``None`` when it is not known to wait for them (idle as far as the master
+        knows, in a round, or with a collective running: each can still go on)."""
         peer = self._roster.by_conn[self._roster.by_id[peer_id]]
         if peer.round_scope is not None:
             return None
-        if peer.topology_vote is TopologyVote.ACCEPT:
-            return ph.Call.TOPOLOGY_VOTE, "update_topology()"
-        if peer.topology_vote is TopologyVote.REWIRE:
-            return ph.Call.TOPOLOGY_VOTE, "a re-wire after a failed all_reduce"
-        if peer.topology_vote is TopologyVote.OPTIMIZE:
-            return ph.Call.OPTIMIZE_VOTE, "optimize_topology()"
+        if peer.topology_vote is not None:
+            return _VOTE_CALLS[peer.topology_vote]
         if peer.peer_id in sync_waiting:
-            return ph.Call.SYNC, "sync_shared_state()"
-        call = self._collectives.waiting_call(peer.group, peer.peer_id)
-        return None if call is None else (ph.Call.COLLECTIVE, call)
+            return ph.Call.SYNC, "sync_shared_state()".__str__
+        ops = self._collectives.waiting_ops(peer.group, peer.peer_id)
+        return None if ops is None else (ph.Call.COLLECTIVE, functools.partial(call_name, ops))
 
     def _collectives_full_vote(self, group: int) -> bool:
         return self._collectives.full_vote(group)
 
-    def _waiting_calls(self, group: int) -> Callable[[int], tuple[ph.Call, str] | None]:
+    def _waiting_calls(self, group: int) -> Callable[[int], tuple[ph.Call, Callable[[], str]] | None]:
         # (asked after every collective message: a partial, not a lambda calling a method)
         return functools.partial(self._waits_in, self._sync_state.waiting_voters(group))
 

@@ -60,8 +60,10 @@ class MismatchHost:
 
     #: the accepted peers of a group
     members: Callable[[int], list[int]]
-    #: for a group as it is now: member id -> the call it waits in for the others and its name as the caller knows it, ``None`` when it does not wait
-    waiting_calls: Callable[[int], Callable[[int], tuple[ph.Call, str] | None]]
+    #: for a group as it is now: member id -> the call it waits in for the others and what
+    #: gives its name as the caller knows it (asked only once every member waits), ``None``
+    #: when it does not wait
+    waiting_calls: Callable[[int], Callable[[int], tuple[ph.Call, Callable[[], str]] | None]]
     #: whether some collective vote of the group that has not commenced has every member's Init
     full_vote: Callable[[int], bool]
     #: withdraw every member's waiting vote with this detail
@@ -117,7 +119,7 @@ class PhaseMismatches:
             return None
         waits_in = self._host.waiting_calls(group)
         start = self._not_waiting.get(group, 0) % n
-        waits: dict[int, str] = {}
+        names: dict[int, Callable[[], str]] = {}
         kinds: set[ph.Call] = set()
         for i in range(start, start + n):  # from the member last found not waiting, round the list
             pid = members[i % n]
@@ -126,11 +128,13 @@ class PhaseMismatches:
                 self._not_waiting[group] = i % n
                 return None
             kinds.add(waiting[0])
-            waits[pid] = waiting[1]
+            names[pid] = waiting[1]
+        # (named only now: most checks meet a member that does not wait, and a name costs more
+        # than the rest of the check)
         if len(kinds) >= 2:
-            return waits, False
+            return {pid: name() for pid, name in names.items()}, False
         if kinds == {ph.Call.COLLECTIVE} and not self._host.full_vote(group):
-            return waits, True
+            return {pid: name() for pid, name in names.items()}, True
         return None
     def keep_only(self, groups: set[int]) -> None:
         """Forget the groups that have no accepted member any more."""

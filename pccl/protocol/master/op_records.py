@@ -15,7 +15,7 @@ from .events import OpEnded
 from .kinds import KINDS, KindRow
 from .peer_resolve import Resolution
 
-__all__ = ["Aborted", "Op", "OpInfo", "OpsHost", "calls_waited_in", "in_op", "resolving"]
+__all__ = ["Aborted", "Op", "OpInfo", "OpsHost", "call_name", "in_op", "ops_waited_in", "resolving"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +123,9 @@ def in_op(op: Op, peer_id: int) -> bool:
     return peer_id in op.inits or (not op.fast and peer_id in op.participants)
 
 
-def calls_waited_in(ops: Iterable[Op], group: int, peer_id: int) -> str | None:
-    """``CollectiveOps.waiting_call`` over the open ``ops``."""
-    waited = []  # (of_peer's ops, in one pass: asked after every collective message)
+def ops_waited_in(ops: Iterable[Op], group: int, peer_id: int) -> list[Op] | None:
+    """``CollectiveOps.waiting_ops`` over the open ``ops``."""
+    waited = []  # (of_peer's ops, in one pass: asked after collective messages)
     for op in ops:
         # (A peer-agreed op's participant whose Done(ok) is in waits in it while it is not
         # armed: someone has not begun, so nobody can have committed.)
@@ -133,7 +133,10 @@ def calls_waited_in(ops: Iterable[Op], group: int, peer_id: int) -> str | None:
             if op.seq is not None and (op.armed or not op.fast):
                 return None  # it runs one: it can still go on
             waited.append(op)
-    if not waited:
-        return None
-    return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in waited if op.row is row))})"
-                     for row in KINDS.values() if any(op.row is row for op in waited))
+    return waited or None
+
+
+def call_name(ops: list[Op]) -> str:
+    """The calls ``ops`` are, as the caller knows them (``all_reduce (tag 1, 2)``)."""
+    return ", ".join(f"{row.call} (tag {', '.join(str(t) for t in sorted(op.tag for op in ops if op.row is row))})"
+                     for row in KINDS.values() if any(op.row is row for op in ops))
