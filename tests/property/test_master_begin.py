@@ -495,3 +495,44 @@ def test_a_withdrawal_after_everyone_began_or_a_held_failure_is_an_abort() -> No
         abort = _abort(h, conn)
         assert abort is not None and abort.seq == seq and abort.code == 0 and "reported failure" in abort.detail
     assert not h.ms.ops() and h.ms.stale_groups() == frozenset({0}) and not h.kicks
+
+
+def test_held_votes_of_a_tag_whose_begin_was_refused_stale_are_refused_at_once() -> None:
+    # Sim seed 117 (order shuffled, fast and peer commit, a peer killed as it began): on the
+    # stale group b's Begin of TAG is refused STALE_RING, so b re-wires before it votes TAG
+    # again, and it waits for its own held vote of another tag first.  Held, a's vote of TAG
+    # could never meet b's: every member waited in votes of different tags, and the phase
+    # mismatch that ended them ended the voters' calls alone, while b's call re-wired and
+    # retried TAG alone (a second mismatch raised PhaseMismatch in update_topology()).
+    h = Harness()
+    a, b, c, d = accepted_cluster(h, [0, 0, 0, 0])
+    rnd = _round(h, a)
+    h.send(a, m.CollectiveInit(TAG, 4, 10, 0))  # a had another op in flight: it votes
+    h.kill(d)  # the group is stale
+    assert h.last(a, m.CollectiveRejected) is None
+    _begin(h, b, round_id=rnd)  # b began TAG: refused, it re-wires first
+    for conn in (a, b):
+        refused = h.last(conn, m.CollectiveRejected)
+        assert isinstance(refused, m.CollectiveRejected) and refused.tag == TAG
+        assert refused.code == m.RejectCode.STALE_RING, refused
+    assert not h.ms.ops()
+    h.send(c, m.CollectiveInit(TAG, 4, 10, 0))  # a vote after the refusal: refused at once too
+    refused = h.last(c, m.CollectiveRejected)
+    assert isinstance(refused, m.CollectiveRejected) and refused.code == m.RejectCode.STALE_RING
+    # Another tag's votes wait for b's vote as before (b never began that one).
+    h.send(a, m.CollectiveInit(TAG + 1, 4, 10, 0))
+    assert h.last(a, m.CollectiveRejected).tag == TAG and len(h.ms.ops()) == 1
+    # The re-wire ends the refusal's effect: the new round's votes of TAG wait for b's.
+    h.send(a, m.CollectiveWithdraw(TAG + 1))
+    for conn in (a, b, c):
+        h.send(conn, m.VoteTopology(False))
+    h.settle_rounds()
+    assert _round(h, a) != rnd and h.ms.stale_groups() == frozenset()
+    before = len(h.inbox[a])
+    h.send(a, m.CollectiveInit(TAG, 4, 10, 0))
+    assert len(h.inbox[a]) == before and len(h.ms.ops()) == 1  # held: b votes TAG on the new ring
+    h.send(b, m.CollectiveInit(TAG, 4, 10, 0))
+    h.send(c, m.CollectiveInit(TAG, 4, 10, 0))
+    commence = h.last(a, m.CollectiveCommence)
+    assert isinstance(commence, m.CollectiveCommence) and commence.tag == TAG
+    assert not h.kicks

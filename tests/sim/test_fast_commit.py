@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from pccl.protocol import messages as m
 from pccl_sim.engine.runner import Checker, Simulation, run
 from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
 from pccl_sim.engine.trace import Trace
@@ -150,3 +151,56 @@ def test_a_begun_op_and_the_ops_voted_after_it_take_turns_alike_on_every_peer(se
     assert trace.stats["collectives_aborted"] == 0
     assert trace.stats["collectives_completed"] > 100
     assert trace.stats["master_round_trips_2"] > 0  # the later tags voted (a mix, not one path)
+
+
+class _StaleBegins(Checker):
+    """The tags whose Begin the master refused STALE_RING, and those whose held votes it refused
+    because a non-voter re-wires (the moment the replay below must reach)."""
+
+    name = "stale-begins"
+
+    def __init__(self) -> None:
+        self.begun: dict[str, int] = {}  # peer -> the tag of its last Begin the master read
+        self.refused_begins: set[int] = set()
+        self.refused_votes: set[int] = set()
+
+    def attach(self, sim: Simulation) -> None:
+        assert sim.tap is not None
+        sim.tap.watch(self._wire, names=("CollectiveBegin", "CollectiveRejected"))
+
+    def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
+        if msg is None or host != "master":
+            return
+        if name == "CollectiveBegin" and direction == "recv":
+            self.begun[peer] = msg.tag
+        elif name == "CollectiveRejected" and direction == "send" and msg.code == m.RejectCode.STALE_RING:
+            if "since round" in msg.detail and self.begun.get(peer) == msg.tag:
+                self.refused_begins.add(msg.tag)
+            elif "re-wires it" in msg.detail:
+                self.refused_votes.add(msg.tag)
+
+
+@pytest.mark.parametrize("peer_commit", [True, False])
+def test_votes_of_a_tag_whose_begin_was_refused_stale_retry_with_it(peer_commit: bool) -> None:
+    """``shuffled_stale_begin_shrunk.json`` (seed 117 of a 40-seed campaign: 8 peers in two
+    sites, fast and peer commit, six collectives launched in each peer's own order; shrunk):
+    peer6 is killed as it starts its collectives, which makes the group stale.  Each peer
+    begins its first tag and votes the rest; the master refuses the Begins STALE_RING, and a
+    refused call re-wires only once its peer's other calls (held votes) end.  The master held
+    the others' votes of the refused tags, for which the refused peers could not vote: every
+    member waited in votes of different tags, and the phase mismatch that ended them ended the
+    voters' calls alone.  The refused calls re-wired and retried their tags alone while the
+    others went on to ``update_topology()``: a second phase mismatch raised ``PhaseMismatch``
+    there (crash at t = 5.75).  Now those votes are refused STALE_RING at once, and every
+    caller of the tag retries it on the re-wired ring.  Fast commit's refusal is the cause: with
+    ``peer_commit`` off the same schedule crashed alike (t = 5.80)."""
+    schedule = Schedule.load(SCHEDULES / "shuffled_stale_begin_shrunk.json")
+    assert [e.kind for e in schedule.events] == ["stall", "kill"]
+    scenario = scenario_from_json({**schedule.scenario, "peer_commit": peer_commit})
+    stale = _StaleBegins()
+    checkers = scenario.checkers
+    scenario.checkers = lambda: [stale, *checkers()]  # type: ignore[method-assign]
+    trace = run(scenario, schedule)
+    assert trace.ok, [str(f) for f in trace.failures]
+    assert stale.refused_begins & stale.refused_votes, "the replay no longer refuses a Begin of a tag others voted"
+    assert not [e for e in trace.events if "phase mismatch" in str(e.data.get("error", ""))]

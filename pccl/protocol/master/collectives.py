@@ -7,9 +7,10 @@ Collectives (per group, per tag).  Every accepted peer of the group sends ``Coll
 at consensus: the voters disagree on the op's kind or on what its row says must agree →
 ``PARAMETER_MISMATCH``; fewer voters than the row's minimum → ``TOO_FEW_PEERS``; stale ring →
 ``STALE_RING`` (each a ``CollectiveRejected`` to every voter) — also before consensus, to the
-voters so far, once a member that has not voted has a topology vote standing in a stale group
-(it votes again only on the re-wired ring, and the voters' held tags would keep them from that
-round: the cross-tag wait of concurrent calls after a failure); otherwise
+voters so far, once a member that has not voted has a topology vote standing in a stale group,
+or had its Begin of the tag refused ``STALE_RING`` in this round (it votes again only on the
+re-wired ring, and the voters' held tags would keep them from that round: the cross-tag wait of
+concurrent calls after a failure; a phase mismatch ended it for the voters alone); otherwise
 ``CollectiveCommence(tag, seq, ring)`` with a new global ``seq`` and the participants in the
 row's order.  A peer that reuses
 a tag it already voted (or that is running) gets ``TAG_IN_USE`` alone.  Each participant then
@@ -121,10 +122,14 @@ class CollectiveOps:
         self._lingering: dict[tuple[int, int], dict[int, Op]] = {}
         #: The seq of each (group, tag)'s last peer-agreed op that completed: a late ask hears it.
         self._committed: dict[tuple[int, int], int] = {}
+        #: group -> a round and the (tag, member) whose Begin was refused STALE_RING in it: that
+        #: member re-wires before it votes the tag again (``_check_vote``).
+        self._refused: dict[int, tuple[int | None, set[tuple[int, int]]]] = {}
 
     # --- messages -----------------------------------------------------------------------------
 
     def on_init(self, group: int, peer_id: int, msg: m.CollectiveInit) -> None:
+        self._refused.get(group, (None, set()))[1].discard((msg.tag, peer_id))  # it votes the tag again
         op = self._ops.get((group, msg.tag))
         aborted = self._aborted.get((group, msg.tag))
         if ((op is None or (aborted is not None and aborted.code == m.RejectCode.WITHDRAWN))
@@ -215,6 +220,10 @@ class CollectiveOps:
         if not joining and (self._host.is_stale(group) or ring is None or msg.round != self._host.round_of(group)):
             # Its ring is not the group's (any more): the op cannot run.  (A Begin of another
             # use of the tag after an abort lands here too: an abort makes the group stale.)
+            refused = self._refused.get(group)
+            if refused is None or refused[0] != self._host.round_of(group):
+                refused = self._refused[group] = (self._host.round_of(group), set())
+            refused[1].add((msg.tag, peer_id))
             self._host.send(peer_id, m.CollectiveRejected(msg.tag, m.RejectCode.STALE_RING,
                                                           f"group {group} lost a member or an op since round "
                                                           f"{msg.round}; re-wire before retrying"))
@@ -586,7 +595,9 @@ class CollectiveOps:
         if len(op.inits) < len(voters) or not all(pid in op.inits for pid in voters):
             if not self._host.is_stale(op.group):
                 return False
-            absent = [pid for pid in voters if pid not in op.inits and self._host.in_topology_vote(pid)]
+            rnd, refused = self._refused.get(op.group, (None, set()))
+            absent = [pid for pid in voters if pid not in op.inits and (self._host.in_topology_vote(pid) or (
+                rnd == self._host.round_of(op.group) and (op.tag, pid) in refused))]
             if not absent:
                 return False
             # A member re-wires its stale group before it votes again: this op cannot reach
