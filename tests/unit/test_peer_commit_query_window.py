@@ -74,7 +74,7 @@ def _window(sent: list[m.Message] | None = None) -> tuple[PeerCommits, Any, list
     async def send_shielded(msg: m.Message, *, epoch: int | None = None) -> None:
         (sent if sent is not None else answers).append(msg)
 
-    host = types.SimpleNamespace(peer_id=ME, counters=Counters(), on_query=None,
+    host = types.SimpleNamespace(peer_id=ME, counters=Counters(), on_query=None, master_instance=0, reconnecting=False,
                                  config=types.SimpleNamespace(peer_timeout=3600.0),
                                  spawn=lambda fn, *args: answers.append(args[0]) or True,
                                  send_shielded=send_shielded)
@@ -84,7 +84,7 @@ def _window(sent: list[m.Message] | None = None) -> tuple[PeerCommits, Any, list
     lane, inbox = _Lane(), _Inbox(ag)
     links = types.SimpleNamespace(to_next=(lane,), inboxes=(inbox,), send_channels=None, retire=lambda seq: None,
                                   ack_links=lambda position, n: {0: (inbox.connection, inbox), 2: (lane, silent)})
-    op = types.SimpleNamespace(seq=SEQ, agreement=ag, links=links, epoch=0, settled=trio.Event(),
+    op = types.SimpleNamespace(seq=SEQ, agreement=ag, links=links, epoch=0, instance=0, settled=trio.Event(),
                                ring_scope=trio.CancelScope(), machine=OpLifecycle(State.REPORTED),
                                plan=types.SimpleNamespace(what="all_reduce", tag=1))
 
@@ -138,10 +138,11 @@ def _links(n: int) -> list[RingLinks]:
 def _participant(ring: tuple[int, ...], position: int,
                  links: RingLinks) -> tuple[PeerCommits, Any, list[Event], Counters]:
     steps: list[Event] = []
-    host = types.SimpleNamespace(peer_id=ring[position], counters=Counters(), on_query=None,
+    host = types.SimpleNamespace(peer_id=ring[position], counters=Counters(), on_query=None, master_instance=0,
+                                 reconnecting=False,
                                  config=types.SimpleNamespace(peer_timeout=3600.0), spawn=lambda *a: True)
     op = types.SimpleNamespace(seq=SEQ, agreement=Agreement.of(ring, ring[position], 1, SEQ, INIT), links=links,
-                               epoch=0, settled=trio.Event(), ring_scope=trio.CancelScope(),
+                               epoch=0, instance=0, settled=trio.Event(), ring_scope=trio.CancelScope(),
                                machine=OpLifecycle(State.REPORTED), plan=types.SimpleNamespace(what="all_reduce", tag=1))
     pcs = PeerCommits(host, lambda op, event, word=None: steps.append(event))  # type: ignore[arg-type]
     pcs.track(op)
