@@ -40,7 +40,11 @@ class Agreement:
     #: master's word (``stop``, which also sets ``stopped``: a wait it ends is no silence).
     scope: trio.CancelScope | None = None
     stopped: bool = False
+    #: The master was lost while this op waited (ready, or in doubt: then the next master
+    #: hears of it, :meth:`pccl._peer.peer_commit_driver.PeerCommits.undecided`), and the phase
+    #: that report gave.
     master_lost: bool = False
+    reported: Phase | None = None
     #: Committed on a full set, the call's result not yet returned (the driver does that once
     #: its ack readers stopped, with no checkpoint before the call returns).
     result_due: bool = False

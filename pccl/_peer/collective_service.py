@@ -280,7 +280,7 @@ class CollectiveService:
         # and would record the seq as waiting again, holding every later large op back.)
         route.on_commence = registry.commenced if begin is None else None
         self._gate.hold()
-        op = OpAttempt(plan, epoch)
+        op = OpAttempt(plan, epoch, self._host.master_instance)
         keep_route = False
         try:
             if begin is not None:
@@ -432,8 +432,14 @@ class CollectiveService:
         """The master's message ``msg`` for ``op``'s tag (``None``: the route closed) while the op
         runs; the master's word on other seqs is ignored."""
         if msg is None:
-            if op.agreement is not None and op.agreement.machine.phase is Phase.READY:
-                op.agreement.master_lost = True  # ready needs no master: the acks go on
+            ag = op.agreement
+            if ag is not None and (ag.machine.phase is Phase.READY or (self._host.reconnecting and (
+                    ag.machine.phase is Phase.IN_DOUBT
+                    or (ag.machine.phase is Phase.RUNNING and op.machine.state is State.REPORTED)))):
+                # Ready needs no master: the acks go on (also once its Done(ok) is out, while the
+                # master is being got back: the lost one may have counted it ready).  In doubt,
+                # it asks the next master.
+                ag.master_lost = True
             else:
                 self._step(op, Event.MASTER_LOST)
         elif isinstance(msg, m.CollectiveComplete) and msg.seq == op.seq:

@@ -241,6 +241,11 @@ class PeerHost(Protocol):
         """The identity of the current master (from its ``Welcome``)."""
 
     @property
+    def reconnecting(self) -> bool:
+        """The master was lost and the session tries to get it back (not failed, not yet
+        registered again): what waits for a master's word may still get it, from the next."""
+
+    @property
     def master_address(self) -> str:
         """The master's address as given to ``open_communicator`` (also the address of the
         master's own relay)."""
@@ -314,6 +319,11 @@ class PeerHost(Protocol):
     #: service answers it, whether or not an op of its tag runs here: docs/protocol.rst,
     #: "Design: completion agreed among peers"); ``None``: queries are dropped.
     on_query: Callable[[m.CollectiveQuery, int], None] | None
+    #: Called as this peer registers again after losing its master: the peer-agreed ops it is
+    #: ready for and has no outcome of, for ``Register.undecided``; ``None``: none.
+    on_register: Callable[[], tuple[m.UndecidedOp, ...]] | None
+    #: Called once a registration after a lost master worked (``None``: nothing to do).
+    on_rejoined: Callable[[], None] | None
 
     async def dial(self, address: str) -> FramedConnection:
         """Connect to ``address`` (another peer's listener, a relay) and run the authenticated

@@ -32,6 +32,9 @@ class OpAttempt:
 
     plan: Plan
     epoch: int
+    #: The ``Welcome.instance`` of the master it began under: a restarted master resolves it
+    #: as that master's op (docs/protocol.rst, "A master restart while peers are in doubt").
+    instance: int = 0
     machine: OpLifecycle = dataclasses.field(default_factory=OpLifecycle)
     seq: int = 0
     #: A small in-place op's staged result or a larger one's input backup, kept until the

@@ -48,9 +48,12 @@ The rules as run here
   that would hear only through it fall in doubt too, and the master decides for all.
 * A failure before ready is reported to the master (``Done(aborted)``), whose ``Abort`` ends the
   op on the others: no peer nack (a fault costs one master round trip).
-* A ready participant never aborts on its own: the master's ``Abort`` ends it, as does a lost
-  master once it is in doubt (the master restart of the design is not wired: such a call ends
-  ``MasterUnreachable``, input restored).  Cancelled while ready, the call still waits,
+* A ready participant never aborts on its own: the master's ``Abort`` ends it, as does a
+  master lost for good once it is in doubt (``MasterUnreachable``, input restored).  While the
+  session gets a lost master back, it keeps the op (:meth:`PeerCommits.undecided` reports it
+  as the peer registers again, :meth:`PeerCommits.rejoined` asks about one that fell in doubt
+  after its report) and the new master's verdict ends it (docs/protocol.rst, "A master restart
+  while peers are in doubt").  Cancelled while ready, the call still waits,
   shielded, for at most ``peer_timeout``, for its set or the verdict; then it asks the master
   and hands the op to the background wait for the verdict (``ABANDONED``, as after a cancelled
   ``Done(ok)``).
@@ -108,9 +111,14 @@ class PeerCommits:
         self._host = host
         self._step = step  # CollectiveService._step
         self._ops: dict[int, OpAttempt] = {}  # seq -> op with a seq, while it is this service's
-        self._decided: collections.OrderedDict[int, tuple[m.CommitPhase, tuple[int, ...]]] = collections.OrderedDict()
+        #: Outcomes by (the op's master instance, seq): a restarted master asks about its
+        #: predecessor's ops, whose seqs this peer's later ops may reuse (round ids restart).
+        self._decided: collections.OrderedDict[tuple[int, int], tuple[m.CommitPhase, tuple[int, ...]]] = \
+            collections.OrderedDict()
         self._frozen: collections.OrderedDict[int, None] = collections.OrderedDict()
         host.on_query = self.on_query
+        host.on_register = self.undecided
+        host.on_rejoined = self.rejoined
 
     # --- bookkeeping (the service calls these) ----------------------------------------------------
 
@@ -125,12 +133,13 @@ class PeerCommits:
             return
         del self._ops[op.seq]
         ag = op.agreement
+        key = (op.instance, op.seq)
         if ag is not None and ag.machine.decided:
-            self._remember(op.seq, _WIRE[ag.machine.phase], ag.ids(ag.machine.known))
+            self._remember(key, _WIRE[ag.machine.phase], ag.ids(ag.machine.known))
         elif op.machine.state is State.COMPLETED:
-            self._remember(op.seq, m.CommitPhase.COMMITTED, ())
+            self._remember(key, m.CommitPhase.COMMITTED, ())
         elif op.machine.state not in _REPORTED:
-            self._remember(op.seq, m.CommitPhase.ABORTED, ())
+            self._remember(key, m.CommitPhase.ABORTED, ())
 
     def frozen(self, seq: int) -> bool:
         """Whether the master queried ``seq`` here before :meth:`settle` made it ready: never
@@ -138,8 +147,8 @@ class PeerCommits:
         doubt); either way only the master's verdict ends it."""
         return seq in self._frozen
 
-    def _remember(self, seq: int, phase: m.CommitPhase, known: tuple[int, ...]) -> None:
-        self._decided[seq] = (phase, known)
+    def _remember(self, key: tuple[int, int], phase: m.CommitPhase, known: tuple[int, ...]) -> None:
+        self._decided[key] = (phase, known)
         while len(self._decided) > _MEMORY:
             self._decided.popitem(last=False)
 
@@ -151,8 +160,13 @@ class PeerCommits:
     # --- the master's query -------------------------------------------------------------------
 
     def on_query(self, msg: m.CollectiveQuery, epoch: int) -> None:
-        """Answer the master's query on op ``msg.seq`` (synchronous: the master's reader)."""
+        """Answer the master's query on op ``msg.seq`` (synchronous: the master's reader); one
+        naming an earlier master (``msg.instance``: a restarted master resolves its op) is
+        answered on that master's op."""
+        instance = msg.instance or self._host.master_instance
         op = self._ops.get(msg.seq)
+        if op is not None and op.instance != instance:
+            op = None  # another master's op of the same seq (round ids restart with a master)
         ag = op.agreement if op is not None else None
         if ag is not None and ag.machine.phase is not Phase.RUNNING:
             ag.doubt(E.QUERY, self._host.counters)  # ready: in doubt now (frozen); decided: as it is
@@ -163,11 +177,19 @@ class PeerCommits:
             # doubt from now, as if ready (never committing on a full set: the master may decide
             # on this answer without the ids it would learn); settle() waits for the verdict.
             self._freeze(msg.seq)
+            if ag is not None:  # ready and in doubt, its known set its own id (nothing sent)
+                ag.machine.handle(E.RESULT_HELD)
+                ag.doubt(E.QUERY, self._host.counters)
             answer = (m.CommitPhase.IN_DOUBT, (self._host.peer_id,))
         elif op is not None and op.machine.state in (State.COMPLETED, State.ABORTED):
             answer = ((m.CommitPhase.COMMITTED if op.machine.state is State.COMPLETED else m.CommitPhase.ABORTED), ())
-        elif msg.seq in self._decided:
-            answer = self._decided[msg.seq]
+        elif (instance, msg.seq) in self._decided:
+            answer = self._decided[(instance, msg.seq)]
+        elif msg.instance and msg.instance != self._host.master_instance:
+            # An earlier master's op this peer has no outcome of: it never became ready for it
+            # here (a ready one is tracked until it decides), and never will (that master's
+            # rounds are over).
+            answer = (m.CommitPhase.ABORTED, ())
         else:
             # Running, or never begun here: the query freezes it into aborted (never ready).
             self._freeze(msg.seq)
@@ -178,7 +200,44 @@ class PeerCommits:
             answer = (m.CommitPhase.ABORTED, ())
         log.debug("peer %x: the master queried tag %d seq %d: answering %s", self._host.peer_id, msg.tag, msg.seq,
                   answer[0].name)
-        self._host.spawn(self._send, m.CollectiveAnswer(msg.tag, msg.seq, answer[0], answer[1]), epoch)
+        self._host.spawn(self._send, m.CollectiveAnswer(msg.tag, msg.seq, answer[0], answer[1], msg.instance), epoch)
+
+    # --- a lost master (docs/protocol.rst, "A master restart while peers are in doubt") -----------
+
+    def _waiting(self) -> list[tuple[OpAttempt, Agreement]]:
+        """The ops this peer is ready for (or in doubt about) with no outcome yet, also one whose
+        ``Done(ok)`` is out but that :meth:`settle` has not made ready yet."""
+        return [(op, ag) for op in self._ops.values() if (ag := op.agreement) is not None and not op.settled.is_set()
+                and (ag.machine.phase in (Phase.READY, Phase.IN_DOUBT)
+                     or (ag.machine.phase is Phase.RUNNING and op.machine.state is State.REPORTED))]
+
+    def undecided(self) -> tuple[m.UndecidedOp, ...]:
+        """What this peer reports as it registers again (``Register.undecided``): every op it is
+        ready for and has no outcome of, with its phase (in doubt: the report is its ask; one
+        whose ``Done(ok)`` is out is ready, its known set its own id)."""
+        reports = []
+        for op, ag in self._waiting():
+            phase = Phase.READY if ag.machine.phase is Phase.RUNNING else ag.machine.phase
+            known = ag.machine.known or frozenset({ag.position})
+            ag.reported = phase
+            reports.append(m.UndecidedOp(op.instance, op.plan.tag, op.seq, ag.ring, _WIRE[phase], ag.ids(known)))
+        return tuple(reports)
+
+    def rejoined(self) -> None:
+        """Registered again.  With a restarted master, an op that fell in doubt after its report
+        went out asks it now (the others were reported in doubt: that was their ask).  With the
+        same master (only this peer's connection broke), the master declared this peer dead in
+        its ops: they end here as a lost master's (``MasterUnreachable``, input restored)."""
+        for op, ag in self._waiting():
+            if not ag.master_lost:
+                continue
+            if op.instance == self._host.master_instance:
+                if ag.machine.phase is Phase.IN_DOUBT:
+                    self._step(op, Event.MASTER_LOST)  # (a ready one's acks go on, as before)
+                continue
+            ag.master_lost = False
+            if ag.machine.phase is Phase.IN_DOUBT and ag.reported is not Phase.IN_DOUBT:
+                self._host.spawn(self._ask, op, ag)
 
     async def _send(self, msg: m.Message, epoch: int) -> None:
         try:
@@ -205,7 +264,7 @@ class PeerCommits:
             except trio.Cancelled:
                 with trio.move_on_after(timeout) as waited:
                     waited.shield = True
-                    await self._exchange(op, ag, links, acks)
+                    await self._exchange(op, ag, links, acks, cancelled=True)
                 if op.machine.state is State.COMPLETED:
                     log.info("peer %x: %s seq %d was cancelled after it was ready; it committed, so the call "
                              "returns its result", self._host.peer_id, op.plan.what, op.seq)
@@ -220,10 +279,12 @@ class PeerCommits:
             acks[0].close()
             links.retire(ag.seq)
 
-    async def _exchange(self, op: OpAttempt, ag: Agreement, links: RingLinks, acks: _Acks) -> None:
+    async def _exchange(self, op: OpAttempt, ag: Agreement, links: RingLinks, acks: _Acks, *,
+                        cancelled: bool = False) -> None:
         """Acks until a full set, the master's word or a doubt; then, in doubt, the verdict.
         ``acks``: the channel into which the readers of every ack link (one task each, here) put
-        what they read; it outlives a cancelled call of this (the shielded retry reads on)."""
+        what they read; it outlives a cancelled call of this (the shielded retry reads on, and
+        does not wait for a lost master to come back: ``cancelled``)."""
         if ag.machine.phase is Phase.RUNNING:
             await self._effects(op, ag, links, ag.machine.handle(E.RESULT_HELD))
         if ag.machine.phase is Phase.READY and not op.settled.is_set():
@@ -243,8 +304,9 @@ class PeerCommits:
                 self._host.counters.peer_commits += 1
                 self._step(op, Event.COMPLETE, m.CollectiveComplete(op.plan.tag, op.seq))
             return
-        if ag.master_lost and not op.settled.is_set():
+        if ag.master_lost and not op.settled.is_set() and (cancelled or not self._host.reconnecting):
             self._step(op, Event.MASTER_LOST)  # in doubt, and no master to ask
+        # (Reconnecting: the next master hears of it at registration, :meth:`undecided`.)
         await op.settled.wait()
         if ag.machine.phase is Phase.READY or ag.machine.phase is Phase.IN_DOUBT:
             ag.machine.handle(E.COMMIT if op.machine.state is State.COMPLETED else E.ABORT)
@@ -308,10 +370,13 @@ class PeerCommits:
         if ag.machine.phase is Phase.READY:
             ag.doubt(E.PEER_LOST, self._host.counters)
         if ag.master_lost:
-            return
-        ask = m.CollectiveAsk(op.plan.tag, op.seq, _WIRE[ag.machine.phase], ag.ids(ag.machine.known))
+            return  # reported (in doubt) to the next master as this peer registers
+        # The op of a master before a restart: asked of the one now, naming its master.
+        earlier = op.instance != self._host.master_instance
+        ask = m.CollectiveAsk(op.plan.tag, op.seq, _WIRE[ag.machine.phase], ag.ids(ag.machine.known),
+                              op.instance if earlier else 0)
         try:
-            await self._host.send_shielded(ask, epoch=op.epoch)
+            await self._host.send_shielded(ask, epoch=self._host.master_epoch if earlier else op.epoch)
         except PCCLError:
             ag.master_lost = True
 

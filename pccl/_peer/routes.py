@@ -81,6 +81,10 @@ class Routes:
             route.deliver(msg)
         except trio.WouldBlock:
             raise Flooded(f"the master flooded collective tag {msg.tag}") from None
+        except trio.ClosedResourceError:
+            # Closed with the master it came from (a later master's verdict on an op in doubt
+            # reaches the op through its intercept instead).
+            log.debug("dropping %s for tag %d: its route closed", type(msg).__name__, msg.tag)
 
     # --- the sync ------------------------------------------------------------------------------
 

@@ -111,6 +111,8 @@ class PeerSession:
         self._votes = Votes(self)
         self._counters = Counters()
         self.on_query: Callable[[m.CollectiveQuery, int], None] | None = None
+        self.on_register: Callable[[], tuple[m.UndecidedOp, ...]] | None = None
+        self.on_rejoined: Callable[[], None] | None = None
         #: What the reader does with each message of the master, by type.
         self.dispatch: Dispatch = {
             m.Heartbeat: lambda link, msg: None,
@@ -175,6 +177,10 @@ class PeerSession:
     @property
     def master_epoch(self) -> int:
         return self._lifecycle.epoch
+
+    @property
+    def reconnecting(self) -> bool:
+        return self._failure is None and self._lifecycle.reconnecting
 
     @property
     def master_instance(self) -> int:
@@ -435,8 +441,9 @@ class PeerSession:
         its reader and heartbeat.  ``MasterUnreachable`` if the master does not answer in
         ``Config.connect_timeout`` or the connection breaks; ``Kicked``, ``ProtocolError``."""
         assert self._wiring is not None
+        undecided = self.on_register() if self.on_register is not None and self._peer_id else ()
         register = m.Register(self.peer_group, self._wiring.listener.port, self._shared_state_port,
-                              previous_peer_id=self._peer_id, candidates=self._candidates())
+                              previous_peer_id=self._peer_id, candidates=self._candidates(), undecided=undecided)
         welcome = await handshake(connection, register, timeout=self._config.connect_timeout,
                                   master_address=self.master_address)
         if self._config.peer_commit and not welcome.peer_commit:
@@ -544,6 +551,8 @@ class PeerSession:
             self._votes.begin_topology(TopologyVote.ACCEPT)
         log.warning("peer %x: reconnected to the master at %s (epoch %d); waiting to be accepted",
                     self._peer_id, self.master_address, self._lifecycle.epoch)
+        if self.on_rejoined is not None:
+            self.on_rejoined()  # the ops in doubt ask the new master
         self._notify_ready()
 
     # --- the master's messages (the dispatch table) --------------------------------------------

@@ -175,7 +175,7 @@ class _MasterServer:
         self.config = config
         self.nonce_source = rng  # None: cryptographic nonces (secrets); a seeded RNG in the simulator
         self.state = ms.MasterState(rng=rng if rng is not None else random.Random(), peer_timeout=config.peer_timeout,
-                                    own_relay=relay)
+                                    own_relay=relay, reconnect_timeout=config.master_reconnect_timeout)
         #: The master's own relay (``relay=True``), else None.
         self.hub = RelayHub(config) if relay else None
         self.conns: dict[int, Connection] = {}

@@ -65,7 +65,12 @@ MAGIC = b"\x89PCCL\r\n\x1a"
 #:    refuses the other's frames, the chain waits for the watchdog, every retry alike), and
 #:    peer-commit acks go to both ring neighbours and the partner links (a peer of 9 reads
 #:    them from its predecessor only and leaves the others in its inbox).
-PROTOCOL_VERSION = 10
+#: 11: a restarted master resolves the peer-agreed ops of the master before it: peers report
+#:    their undecided ones in ``Register.undecided``, and ``CollectiveAsk`` / ``CollectiveQuery``
+#:    / ``CollectiveAnswer`` name that master (``instance``).  A master of 10 would drop the
+#:    reports and only log the asks, leaving a participant in doubt until it gave up with its
+#:    input restored while another had returned the result (a split).
+PROTOCOL_VERSION = 11
 
 _PREAMBLE = struct.Struct(">8sI")
 PREAMBLE_SIZE = _PREAMBLE.size

@@ -19,8 +19,11 @@ is no survivor (the master declares it dead and fences it); what it decided bind
 survivors (``non_survivor_splits``).
 
 The master may declare dead any participant that crashed or was cut off, also after a restart
-(the design has every peer report its undecided ops when it registers again); partitions never
-heal here, so a fence that must survive a master restart is not walked.
+(every peer reports its undecided ops when it registers again, ``Register.undecided``: a ready
+one's report reaches the new master as its ``Done(ok)``, an in-doubt one's as its ask, and the
+master declares dead whoever has not registered within ``master_reconnect_timeout``:
+:mod:`pccl.protocol.master.orphans`); partitions never heal here, so a fence that must survive
+a master restart is not walked.
 
 The master is :class:`pccl.protocol.master.peer_resolve.Resolution` (a new one per master
 epoch), fed fast commit's one-way ``Done`` reports as well as asks, answers and deaths: a
@@ -255,6 +258,10 @@ def successors(world: World, rules: Rules) -> Iterator[tuple[str, World]]:
         restarted = _canon(replace(spent, master=Master(fresh, epoch=world.master.epoch + 1)))
         for i in range(n):
             if restarted.survivor(i):
+                # It registers again with its undecided op (Register.undecided): in doubt, that
+                # report is its ask (MASTER_LOST's ASK_MASTER); ready, its Done(ok).
+                if rules.done_reports and restarted.parts[i].phase is P.READY:
+                    restarted = replace(restarted, msgs=restarted.msgs | {("done", i, world.master.epoch + 1, True)})
                 restarted = _apply(restarted, i, E.MASTER_LOST, rules)
         yield "the master restarts", restarted
         if not world.master.resolving and world.master.res.verdict is None:

@@ -8,7 +8,9 @@ Done lost; the master queries P and Q.  P, in the window, answers {P}; Q answers
 lacks X, so the master aborts Q — and P, reading X's ack, committed (the review's split).
 
 Also the steady path on real (memory) links, ring lanes both ways and partner links: every
-participant commits on its acks alone, the last one ready late."""
+participant commits on its acks alone, the last one ready late.  And a restarted master's side
+(at the end): a query naming an earlier master is answered on that master's op, and the ops a
+peer reports as it registers again (``Register.undecided``)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from pccl._peer.peer_commit_driver import PeerCommits
 from pccl.protocol import messages as m
 from pccl.protocol.op_lifecycle import Event, OpLifecycle, State
 from pccl.protocol.peer_ack import Ack, encode_ack
+from pccl.protocol.peer_commit import Event as E
 from pccl.protocol.peer_commit import Phase
 from pccl.collectives.links import RingLinks
 from pccl.testing.streams import memory_mesh, memory_ring
@@ -74,7 +77,7 @@ def _window(sent: list[m.Message] | None = None) -> tuple[PeerCommits, Any, list
     async def send_shielded(msg: m.Message, *, epoch: int | None = None) -> None:
         (sent if sent is not None else answers).append(msg)
 
-    host = types.SimpleNamespace(peer_id=ME, counters=Counters(), on_query=None,
+    host = types.SimpleNamespace(peer_id=ME, counters=Counters(), on_query=None, master_instance=0, reconnecting=False,
                                  config=types.SimpleNamespace(peer_timeout=3600.0),
                                  spawn=lambda fn, *args: answers.append(args[0]) or True,
                                  send_shielded=send_shielded)
@@ -84,7 +87,7 @@ def _window(sent: list[m.Message] | None = None) -> tuple[PeerCommits, Any, list
     lane, inbox = _Lane(), _Inbox(ag)
     links = types.SimpleNamespace(to_next=(lane,), inboxes=(inbox,), send_channels=None, retire=lambda seq: None,
                                   ack_links=lambda position, n: {0: (inbox.connection, inbox), 2: (lane, silent)})
-    op = types.SimpleNamespace(seq=SEQ, agreement=ag, links=links, epoch=0, settled=trio.Event(),
+    op = types.SimpleNamespace(seq=SEQ, agreement=ag, links=links, epoch=0, instance=0, settled=trio.Event(),
                                ring_scope=trio.CancelScope(), machine=OpLifecycle(State.REPORTED),
                                plan=types.SimpleNamespace(what="all_reduce", tag=1))
 
@@ -138,10 +141,11 @@ def _links(n: int) -> list[RingLinks]:
 def _participant(ring: tuple[int, ...], position: int,
                  links: RingLinks) -> tuple[PeerCommits, Any, list[Event], Counters]:
     steps: list[Event] = []
-    host = types.SimpleNamespace(peer_id=ring[position], counters=Counters(), on_query=None,
+    host = types.SimpleNamespace(peer_id=ring[position], counters=Counters(), on_query=None, master_instance=0,
+                                 reconnecting=False,
                                  config=types.SimpleNamespace(peer_timeout=3600.0), spawn=lambda *a: True)
     op = types.SimpleNamespace(seq=SEQ, agreement=Agreement.of(ring, ring[position], 1, SEQ, INIT), links=links,
-                               epoch=0, settled=trio.Event(), ring_scope=trio.CancelScope(),
+                               epoch=0, instance=0, settled=trio.Event(), ring_scope=trio.CancelScope(),
                                machine=OpLifecycle(State.REPORTED), plan=types.SimpleNamespace(what="all_reduce", tag=1))
     pcs = PeerCommits(host, lambda op, event, word=None: steps.append(event))  # type: ignore[arg-type]
     pcs.track(op)
@@ -201,3 +205,65 @@ async def test_a_query_that_ends_a_ready_peers_ack_read_is_no_silence_it_asks_no
         op.settled.set()  # the master's verdict
     assert asks == [] and Event.COMPLETE not in steps
     assert not [r for r in caplog.records if "no ack" in r.getMessage()], caplog.text
+
+
+# --- a restarted master's queries and the reports of Register.undecided -----------------------
+# Round ids restart with a master, so a later op of this peer may have the seq of an earlier
+# master's op it committed: the query names that master (``CollectiveQuery.instance``), and the
+# answer is that op's, not the later one's.
+
+R_RING = (10, 11)
+R_SEQ = m.derived_seq(1, 4, 0)  # round 1 of either master, tag 4, its first use
+OLD, NEW = 0x01D, 0x2E3
+R_INIT = m.CollectiveInit(4, 4, 10, 0)
+
+
+def _restart_service() -> tuple[PeerCommits, Any, list[m.Message]]:
+    answers: list[m.Message] = []
+    host = types.SimpleNamespace(peer_id=ME, counters=Counters(), on_query=None, master_instance=OLD,
+                                 reconnecting=False, config=types.SimpleNamespace(peer_timeout=3600.0),
+                                 spawn=lambda fn, *args: answers.append(args[0]) or True)
+    return PeerCommits(host, lambda *a, **k: None), host, answers  # type: ignore[arg-type]
+
+
+def _restart_op(instance: int, state: State) -> Any:
+    return types.SimpleNamespace(seq=R_SEQ, instance=instance, agreement=Agreement.of(R_RING, ME, 1, R_SEQ, R_INIT),
+                                 epoch=0, settled=trio.Event(), ring_scope=trio.CancelScope(),
+                                 machine=OpLifecycle(state), plan=types.SimpleNamespace(what="all_reduce", tag=4))
+
+
+async def test_a_query_about_an_earlier_masters_op_is_answered_on_that_op_not_on_a_later_one_of_its_seq() -> None:
+    pcs, host, answers = _restart_service()
+    earlier = _restart_op(OLD, State.COMPLETED)
+    earlier.agreement.machine.handle(E.RESULT_HELD)
+    earlier.agreement.machine.receive_known({0, 1})  # committed on its full set
+    pcs.track(earlier)
+    pcs.untrack(earlier)
+    host.master_instance = NEW  # the master restarted; round 1 again, tag 4's first use again
+    later = _restart_op(NEW, State.BEGUN)
+    pcs.track(later)
+    pcs.on_query(m.CollectiveQuery(4, R_SEQ, OLD), 1)
+    assert answers == [m.CollectiveAnswer(4, R_SEQ, m.CommitPhase.COMMITTED, R_RING, OLD)]
+    assert not later.ring_scope.cancel_called and not pcs.frozen(R_SEQ)  # the later op runs on
+    # An earlier master's op it knows nothing of: never ready here, it answers aborted.
+    pcs.on_query(m.CollectiveQuery(4, R_SEQ + 1, OLD), 1)
+    assert answers[-1] == m.CollectiveAnswer(4, R_SEQ + 1, m.CommitPhase.ABORTED, (), OLD)
+
+
+async def test_the_ops_a_peer_reports_as_it_registers_again_are_those_it_is_ready_for_or_in_doubt_about() -> None:
+    pcs, host, _ = _restart_service()
+    doubt, ready, running, reported = (_restart_op(OLD, State.REPORTED) for _ in range(4))
+    for op, seq in zip((doubt, ready, running, reported), range(4)):
+        op.seq = R_SEQ + seq
+        pcs.track(op)
+    doubt.agreement.machine.handle(E.RESULT_HELD)
+    doubt.agreement.machine.handle(E.PEER_LOST)
+    ready.agreement.machine.handle(E.RESULT_HELD)
+    running.machine = OpLifecycle(State.BEGUN)  # its ring still runs: it is not ready
+    # ``reported``: its Done(ok) is out, settle() has not fed RESULT_HELD yet: ready, its own id
+    assert sorted(pcs.undecided(), key=lambda u: u.seq) == [
+        m.UndecidedOp(OLD, 4, R_SEQ, R_RING, m.CommitPhase.IN_DOUBT, (ME,)),
+        m.UndecidedOp(OLD, 4, R_SEQ + 1, R_RING, m.CommitPhase.READY, (ME,)),
+        m.UndecidedOp(OLD, 4, R_SEQ + 3, R_RING, m.CommitPhase.READY, (ME,)),
+    ]
+    assert doubt.agreement.reported is Phase.IN_DOUBT

@@ -110,6 +110,7 @@ from .collectives import CollectiveOps, OpInfo, OpsHost
 from .op_records import call_name
 from .mismatch import MismatchHost, PhaseMismatches
 from .optimize import OptimizeHost, Optimizer
+from .orphans import OrphanOps, OrphansHost
 from .paths import Paths, PathsHost
 from .rounds import Rounds, RoundsHost
 from .votes import TopologyVotes, VotesHost
@@ -155,7 +156,7 @@ class MasterState(MasterViews):
 
     def __init__(self, *, rng: RandomSource, peer_timeout: float, max_p2p_attempts: int = 3,
                  min_stripe: int = election.DEFAULT_MIN_STRIPE, mismatch_grace: float | None = None,
-                 own_relay: bool = False) -> None:
+                 own_relay: bool = False, reconnect_timeout: float = 60.0) -> None:
         if peer_timeout <= 0 or max_p2p_attempts < 1:
             raise ValueError("peer_timeout must be positive and max_p2p_attempts at least 1")
         grace = peer_timeout / 4 if mismatch_grace is None else mismatch_grace
@@ -235,6 +236,13 @@ class MasterState(MasterViews):
             in_topology_vote=lambda pid: self._roster.peer(pid).topology_vote is not None,
             round_of=self._ring_rounds.get,
         ))
+        # The peer-agreed ops of the master before a restart, as the peers report them
+        # (docs/protocol.rst, "A master restart while peers are in doubt").
+        self._orphans = OrphanOps(OrphansHost(
+            is_live=lambda pid: pid in self._roster.by_id,
+            send=lambda pid, msg: self._send(self._roster.peer(pid), msg),
+            report=self._report,
+        ), reconnect_timeout)
         self._paths = Paths(PathsHost(
             is_live=lambda pid: pid in self._roster.by_id,
             endpoint=lambda pid: self._roster.peer(pid).endpoint(),
@@ -259,8 +267,8 @@ class MasterState(MasterViews):
             m.CollectiveDone: lambda p, msg: self._collectives.on_done(p.group, p.peer_id, msg),
             m.CollectiveWithdraw: lambda p, msg: self._collectives.on_withdraw(p.group, p.peer_id, msg),
             m.CollectiveBegin: lambda p, msg: self._collectives.on_begin(p.group, p.peer_id, msg),
-            m.CollectiveAsk: lambda p, msg: self._collectives.on_ask(p.group, p.peer_id, msg),
-            m.CollectiveAnswer: lambda p, msg: self._collectives.on_answer(p.group, p.peer_id, msg),
+            m.CollectiveAsk: lambda p, msg: self._on_ask(p, msg, asked=True),
+            m.CollectiveAnswer: lambda p, msg: self._on_ask(p, msg, asked=False),
             m.SyncVote: lambda p, msg: self._sync_state.on_vote(p.group, p.peer_id, msg),
             m.SyncReport: lambda p, msg: self._sync_state.on_report(p.group, p.peer_id, msg),
             m.PathRequest: lambda p, msg: self._paths.on_request(p.peer_id, msg),
@@ -341,9 +349,9 @@ class MasterState(MasterViews):
         if at is None:
             return None
         deadline = at + self._peer_timeout
-        grace_ends = self._mismatches.deadline()
-        if grace_ends is not None:
-            deadline = min(deadline, grace_ends)
+        for other in (self._mismatches.deadline(), self._orphans.deadline() if self._orphans else None):
+            if other is not None:
+                deadline = min(deadline, other)
         return deadline
 
     def recheck(self) -> list[Effect]:
@@ -411,6 +419,25 @@ class MasterState(MasterViews):
         again = " again, keeping its id" if peer_id == msg.previous_peer_id else ""
         log.info("peer %x joined group %d from %s%s; waiting to be accepted", peer_id, msg.peer_group, peer.host,
                  again)
+        # (Reports of this master's own ops come from a peer that lost its connection to it: it
+        # was declared dead in them, and ends them so.)
+        undecided = tuple(u for u in msg.undecided if u.instance != self.instance)
+        if undecided or self._orphans:
+            self._orphans.registered(peer.group, peer_id, undecided, self._now)
+
+    def _on_ask(self, peer: PeerRecord, msg: m.CollectiveAsk | m.CollectiveAnswer, *, asked: bool) -> None:
+        """An ask or answer: of an op of the master before a restart (``msg.instance``), or of
+        this master's (only an accepted peer takes part in one)."""
+        if msg.instance and msg.instance != self.instance:
+            self._orphans.answered(peer.group, peer.peer_id, msg, asked=asked)
+        elif peer.status is not _A:
+            raise PeerFault(KickReason.OUT_OF_PHASE, f"{type(msg).__name__} while {peer.status.value}")
+        elif asked:
+            assert isinstance(msg, m.CollectiveAsk)
+            self._collectives.on_ask(peer.group, peer.peer_id, msg)
+        else:
+            assert isinstance(msg, m.CollectiveAnswer)
+            self._collectives.on_answer(peer.group, peer.peer_id, msg)
 
     def _on_relay_register(self, peer: PeerRecord, msg: m.RelayRegister) -> None:
         if msg.port == 0:
@@ -486,6 +513,8 @@ class MasterState(MasterViews):
             progressed |= self._votes.check_pending()
             progressed |= self._collectives.settle()
             progressed |= self._sync_state.settle()
+            if self._orphans:
+                progressed |= self._orphans.check(self._now)
             if not progressed:
                 groups = self._roster.accepted_groups()
                 self._mismatches.keep_only(groups)

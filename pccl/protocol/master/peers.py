@@ -84,8 +84,10 @@ PHASES: dict[type[m.Message], PhaseRow] = {
     m.ProbeReport: PhaseRow((_A,)),
     m.CollectiveDone: PhaseRow((_A,)),
     m.CollectiveWithdraw: PhaseRow((_A,)),
-    m.CollectiveAsk: PhaseRow((_A,)),
-    m.CollectiveAnswer: PhaseRow((_A,)),
+    # (registered too: for the ops of a master before a restart; this master's own only once
+    # accepted, checked by the handler)
+    m.CollectiveAsk: PhaseRow((_R, _A)),
+    m.CollectiveAnswer: PhaseRow((_R, _A)),
     m.SyncReport: PhaseRow((_A,)),
     **{kind: PhaseRow((_A,), tuple((a, REFUSAL_DETAIL[call, a]) for a in ph.RULES[call].refused_while))
        for kind, call in ph.CALL_OF_MESSAGE.items()},

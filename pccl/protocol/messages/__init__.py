@@ -45,7 +45,8 @@ from ._connectivity import (
     RelayWelcome,
     ReverseHello,
 )
-from ._peer_commit import PEER_COMMIT_MESSAGES, CollectiveAnswer, CollectiveAsk, CollectiveQuery, CommitPhase
+from ._peer_commit import (PEER_COMMIT_MESSAGES, CollectiveAnswer, CollectiveAsk, CollectiveQuery, CommitPhase,
+                           UndecidedOp)
 from ._point import (
     POINT_MESSAGES,
     PointAck,
@@ -92,6 +93,8 @@ class Register(Message, tag=1):
     restarted master gives it back when it can.  ``candidates``: where else the others may
     reach it (its advertised endpoints, then its interface addresses with the bound ports;
     an advertised endpoint with an empty host means the host the master observes).
+    ``undecided``: the peer-agreed ops of an earlier master this peer is ready for and has
+    no outcome of (docs/protocol.rst, "A master restart while peers are in doubt").
     """
 
     peer_group: U32
@@ -99,6 +102,7 @@ class Register(Message, tag=1):
     shared_state_port: U16
     previous_peer_id: U64 = 0
     candidates: tuple[Candidate, ...] = ()
+    undecided: tuple[UndecidedOp, ...] = ()
 
 
 class VoteTopology(Message, tag=2):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import enum
 
+import msgspec
+
 from ._base import U32, U64, Message
 
 
@@ -34,6 +36,10 @@ class CollectiveAsk(Message, tag=58):
     seq: U64
     phase: U32
     known: tuple[U64, ...] = ()
+    #: The ``Welcome.instance`` of the master the op began under, when that is a master before
+    #: a restart (0: this master's op): it knows the op from the participants' reports
+    #: (``Register.undecided``).
+    instance: U64 = 0
 
 
 class CollectiveQuery(Message, tag=59):
@@ -45,6 +51,8 @@ class CollectiveQuery(Message, tag=59):
 
     tag: U64
     seq: U64
+    #: As in ``CollectiveAsk``: the op of a master before a restart (0: this master's).
+    instance: U64 = 0
 
 
 class CollectiveAnswer(Message, tag=60):
@@ -55,6 +63,23 @@ class CollectiveAnswer(Message, tag=60):
 
     tag: U64
     seq: U64
+    phase: U32
+    known: tuple[U64, ...] = ()
+    #: As in ``CollectiveQuery`` (the query's own instance, echoed).
+    instance: U64 = 0
+
+
+class UndecidedOp(msgspec.Struct, frozen=True, array_like=True):
+    """A peer-agreed op this peer is ready for and has no outcome of, as it reports it when it
+    registers with a restarted master (``Register.undecided``): the op's master (``instance``,
+    that master's ``Welcome.instance``), ``tag``, ``seq``, its ``participants`` (peer ids, the
+    ring), and this participant's ``phase`` (``READY`` or ``IN_DOUBT``: then the report is its
+    ask) with its known set (peer ids)."""
+
+    instance: U64
+    tag: U64
+    seq: U64
+    participants: tuple[U64, ...]
     phase: U32
     known: tuple[U64, ...] = ()
 

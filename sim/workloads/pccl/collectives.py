@@ -221,6 +221,8 @@ class AllReduceAgreement(Checker):
         self.calls: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}  # (epoch, seq) -> {peer: (tag, k)}
         self.rings: dict[tuple[int, int], tuple[int, ...]] = {}  # (epoch, seq) -> participants, ring order
         self.peer_agreed: set[tuple[int, int]] = set()  # ops begun with peer_commit (Config.peer_commit)
+        self.wired: dict[str, tuple[int, ...]] = {}  # host -> the ring of its last ConnectToPeers
+        self.begun_on: dict[tuple[int, int], tuple[int, ...]] = {}  # peer-agreed op -> its beginner's ring
         self.seq_of: dict[tuple[int, int, int], tuple[int, int]] = {}  # (peer id, tag, k) -> (epoch, seq)
         self.results: dict[tuple[int, int], str] = {}  # (epoch, seq) -> digest of the first completer
         # A restarted master numbers ops from 1 again: seqs are keyed by the master's epoch.
@@ -233,7 +235,8 @@ class AllReduceAgreement(Checker):
     def attach(self, sim: Simulation) -> None:
         if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
             raise RuntimeError("AllReduceAgreement needs the wire (Scenario.sniff)")
-        sim.tap.watch(lambda *args: self._wire(*args), names=("Welcome", "CollectiveCommence", "CollectiveBegin"))
+        sim.tap.watch(lambda *args: self._wire(*args),
+                      names=("Welcome", "ConnectToPeers", "CollectiveCommence", "CollectiveBegin"))
 
     def _fail(self, sim: Simulation, message: str) -> None:
         if not self.failed:
@@ -248,6 +251,9 @@ class AllReduceAgreement(Checker):
         if name == "Welcome":
             self.peer_of_host[host] = msg.peer_id
             return
+        if name == "ConnectToPeers":
+            self.wired[host] = tuple(msg.ring)  # the ring its next ops begin on
+            return
         k = self.running.get((host, msg.tag))
         if k is None or host not in self.peer_of_host:
             return
@@ -258,6 +264,7 @@ class AllReduceAgreement(Checker):
             self.rings[op] = tuple(msg.ring)
         elif msg.peer_commit:  # it may commit among its peers before the arming Commence comes
             self.peer_agreed.add(op)
+            self.begun_on.setdefault(op, self.wired.get(host, ()))
         self.seq_of[(pid, msg.tag, k)] = op
 
     def on_event(self, sim: Simulation, event: TraceEvent) -> None:
@@ -291,11 +298,14 @@ class AllReduceAgreement(Checker):
         seq = op[1]
         ring = self.rings.get(op)
         if ring is None and op in self.peer_agreed:  # committed among its peers: its ring is the host's
-            ring = self.rings[op] = tuple(data["ring"])
+            # (that of its Begin when a later master decided it: the host's is that master's by now)
+            ring = self.rings[op] = tuple(data["ring"]) if op[0] == self.epoch else self.begun_on[op]
         if ring is None:  # bound by its Begin, but the Commence that says everyone began never came
             self._fail(sim, f"{host}: seq {op[1]} completed without the Commence that arms it")
             return
-        if tuple(data["ring"]) != ring or data["world_size"] != len(ring):
+        # (An op a later master decided — its participant was in doubt across a master restart —
+        # ends on a host whose ring is that master's by then: its world size still counts.)
+        if (tuple(data["ring"]) != ring and op[0] == self.epoch) or data["world_size"] != len(ring):
             self._fail(sim, f"{host}: all-reduce seq {seq} commenced on {len(ring)} peers {_ids(ring)} but reports "
                             f"world_size {data['world_size']} and ring {_ids(data['ring'])}")
             return

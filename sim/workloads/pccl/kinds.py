@@ -174,6 +174,8 @@ class CollectivesAgreement(Checker):
         self.calls: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}  # op -> {peer: (tag, k)}
         self.rings: dict[tuple[int, int], tuple[int, ...]] = {}
         self.peer_agreed: set[tuple[int, int]] = set()  # ops begun with peer_commit (Config.peer_commit)
+        self.wired: dict[str, tuple[int, ...]] = {}  # host -> the ring of its last ConnectToPeers
+        self.begun_on: dict[tuple[int, int], tuple[int, ...]] = {}  # peer-agreed op -> its beginner's ring
         self.roots: dict[tuple[int, int], int] = {}
         self.seq_of: dict[tuple[int, int, int], tuple[int, int]] = {}
         self.results: dict[tuple[int, int], str] = {}
@@ -185,7 +187,8 @@ class CollectivesAgreement(Checker):
     def attach(self, sim: Simulation) -> None:
         if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
             raise RuntimeError("CollectivesAgreement needs the wire (Scenario.sniff)")
-        sim.tap.watch(lambda *args: self._wire(*args), names=("Welcome", "CollectiveCommence", "CollectiveBegin"))
+        sim.tap.watch(lambda *args: self._wire(*args),
+                      names=("Welcome", "ConnectToPeers", "CollectiveCommence", "CollectiveBegin"))
 
     def _fail(self, sim: Simulation, message: str) -> None:
         if not self.failed:
@@ -200,6 +203,9 @@ class CollectivesAgreement(Checker):
         if name == "Welcome":
             self.peer_of_host[host] = msg.peer_id
             return
+        if name == "ConnectToPeers":
+            self.wired[host] = tuple(msg.ring)  # the ring its next ops begin on
+            return
         running = self.running.get((host, msg.tag))
         if running is None or host not in self.peer_of_host:
             return
@@ -210,6 +216,7 @@ class CollectivesAgreement(Checker):
             self.rings[op] = tuple(msg.ring)
         elif msg.peer_commit:  # it may commit among its peers before the arming Commence comes
             self.peer_agreed.add(op)
+            self.begun_on.setdefault(op, self.wired.get(host, ()))
         self.roots[op] = running[1]
         self.seq_of[(pid, msg.tag, running[0])] = op
 
@@ -243,11 +250,14 @@ class CollectivesAgreement(Checker):
             return
         ring = self.rings.get(op)
         if ring is None and op in self.peer_agreed:  # committed among its peers: its ring is the host's
-            ring = self.rings[op] = tuple(data["ring"])
+            # (that of its Begin when a later master decided it: the host's is that master's by now)
+            ring = self.rings[op] = tuple(data["ring"]) if op[0] == self.epoch else self.begun_on[op]
         if ring is None:  # bound by its Begin, but the Commence that says everyone began never came
             self._fail(sim, f"{host}: seq {op[1]} completed without the Commence that arms it")
             return
-        if tuple(data["ring"]) != ring or data["world_size"] != len(ring):
+        # (An op a later master decided — its participant was in doubt across a master restart —
+        # ends on a host whose ring is that master's by then: its world size still counts.)
+        if (tuple(data["ring"]) != ring and op[0] == self.epoch) or data["world_size"] != len(ring):
             self._fail(sim, f"{host}: {what} (seq {op[1]}) commenced on {_ids(ring)} but reports world_size "
                             f"{data['world_size']} and ring {_ids(data['ring'])}")
             return

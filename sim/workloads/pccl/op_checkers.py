@@ -74,10 +74,18 @@ class _PeerWire(Checker):
     name = "peer-wire"
     #: Messages the subclass reads (``Welcome`` and ``Register`` are always followed).
     NAMES: frozenset[str] = frozenset()
+    #: Whether what it remembers of a host outlives a registration that carries ops of an
+    #: earlier master over (``Register.undecided``); otherwise a registration starts afresh (a
+    #: carried op only waits for its verdict: no data path, no phase).
+    KEEPS_CARRIED = False
     kind = "safety"
 
     def __init__(self) -> None:
         self.instance: dict[str, int] = {}
+        #: Per host, the ops of an earlier master it reported undecided as it registered again
+        #: (``Register.undecided``: seq -> that master's instance): the new master's verdict on
+        #: one of them is that op's.
+        self.carried: dict[str, dict[int, int]] = {}
         self.hosts: dict[str, Any] = {}
         self.failed = False
         self.sim: Simulation | None = None
@@ -111,9 +119,20 @@ class _PeerWire(Checker):
             return
         if name == "Register":
             if direction == "send":
-                self.hosts.pop(host, None)
+                carried = {u.seq: u.instance for u in msg.undecided}
+                if not (carried and self.KEEPS_CARRIED):
+                    self.hosts.pop(host, None)
+                if carried:
+                    self.carried[host] = carried
+                else:
+                    self.carried.pop(host, None)
             return
-        self.message(host, direction, name, msg, (self.instance.get(host, 0), getattr(msg, "seq", 0)))
+        seq = getattr(msg, "seq", 0)
+        instance = self.instance.get(host, 0)
+        if name in ("CollectiveComplete", "CollectiveAbort") and seq in self.carried.get(host, {}):
+            # (once: the next master's own later ops may reuse the seq, its round ids restart)
+            instance = self.carried[host].pop(seq)
+        self.message(host, direction, name, msg, (instance, seq))
 
     def message(self, host: str, direction: str, name: str, msg: Any, op: Op) -> None:
         raise NotImplementedError
@@ -122,6 +141,7 @@ class _PeerWire(Checker):
         if event.kind == "start":
             self.hosts.pop(event.source, None)
             self.instance.pop(event.source, None)
+            self.carried.pop(event.source, None)
 
 
 # --- rule 1: one verdict --------------------------------------------------------------------------
@@ -141,6 +161,7 @@ class OneVerdict(_PeerWire):
     name = "one-verdict"
     NAMES = frozenset({"CollectiveCommence", "CollectiveBegin", "CollectiveDone", "CollectiveComplete",
                        "CollectiveAbort"})
+    KEEPS_CARRIED = True  # a carried op's verdict comes from the next master
 
     def __init__(self) -> None:
         super().__init__()
