@@ -166,6 +166,40 @@ def test_phase_rule_fails_on_a_commence_inside_a_topology_vote_and_a_round_over_
     assert sim.failures() == []
 
 
+def test_phase_rule_takes_a_begun_ops_late_arming_commence_for_none_and_still_fails_on_real_commences() -> None:
+    # Peer commit: peer0 began the op, committed it on its acks (its call returned), reported
+    # Done and voted a topology before the master's arming Commence (sent as the last Begin came
+    # in) reached it.  That Commence arms a watchdog; the Begin was the commencement.
+    def committed_and_voting() -> _Sim:
+        sim = _Sim(PhaseRule())
+        sim.event("peer0", "all_reduce_call", tag=0, k=1)
+        sim.wire("peer0", "send", m.CollectiveBegin(0, 1 << 63 | 5, 2, 4, 1, 0, peer_commit=True))
+        sim.event("peer0", "all_reduce", tag=0, k=1)
+        sim.wire("peer0", "send", m.CollectiveDone(0, 1 << 63 | 5, aborted=False))
+        sim.wire("peer0", "send", m.VoteTopology(True))
+        return sim
+    sim = committed_and_voting()
+    sim.wire("peer0", "recv", m.CollectiveCommence(0, 1 << 63 | 5, (1, 2)))
+    sim.wire("peer0", "recv", m.CollectiveComplete(0, 1 << 63 | 5))
+    assert sim.failures() == []
+    # Planted: the master commences another op of the tag (a vote's) in that topology vote.
+    sim = committed_and_voting()
+    sim.wire("peer0", "recv", m.CollectiveCommence(0, 1 << 63 | 5, (1, 2)))
+    sim.wire("peer0", "recv", m.CollectiveCommence(0, 6, (1, 2)))
+    assert sim.failures()[0][2] == ("peer0 was commenced on tag 0 seq 6 while its topology vote or round was "
+                                    "outstanding")
+    # Planted: a second Commence of the begun op is no arming one any more.
+    sim = committed_and_voting()
+    sim.wire("peer0", "recv", m.CollectiveCommence(0, 1 << 63 | 5, (1, 2)))
+    sim.wire("peer0", "recv", m.CollectiveCommence(0, 1 << 63 | 5, (1, 2)))
+    assert "while its topology vote or round was outstanding" in sim.failures()[0][2]
+    # Planted: a Begin inside the vote is still a commencement in it.
+    sim = committed_and_voting()
+    sim.wire("peer0", "send", m.CollectiveBegin(1, 1 << 63 | 6, 2, 4, 1, 0, peer_commit=True))
+    assert sim.failures()[0][2] == ("peer0 began tag 1 seq 9223372036854775814 while its topology vote or round "
+                                    "was outstanding")
+
+
 def test_outcome_follows_verdict_fails_when_a_call_ends_against_its_final_word() -> None:
     sim = _Sim(OutcomeFollowsVerdict())
     sim.event("peer0", "all_reduce_call", tag=7, k=3)

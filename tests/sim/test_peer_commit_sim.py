@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pccl.protocol import messages as m
-from pccl_sim.engine.runner import run
+from pccl_sim.engine.runner import Checker, run
 from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
 from pccl_sim.engine.trace import TraceEvent
 from pccl_sim.tools.campaign import CampaignSpec
@@ -52,6 +52,48 @@ def test_a_peer_killed_in_a_peer_agreed_op_hangs_and_splits_nobody(part: str, di
     after = trace.of_kind("triggered")[0].t
     assert {e.data["world_size"] for e in trace.of_kind("all_reduce") if e.t > after + 1} == {3}
     assert spec.command(0).endswith("--fast-commit --peer-commit")
+
+
+class _LateArming(Checker):
+    """Witness: a peer read a begun op's arming ``Commence`` after it had voted a topology."""
+
+    name = "late-arming"
+
+    def __init__(self) -> None:
+        self.voting: set[str] = set()
+        self.seen: list[tuple[str, int]] = []
+
+    def attach(self, sim: Any) -> None:
+        sim.tap.watch(self._wire, names={"VoteTopology", "TopologyComplete", "CollectiveCommence"})
+
+    def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
+        if name == "VoteTopology" and direction == "send":
+            self.voting.add(host)
+        elif name == "TopologyComplete" and direction == "recv":
+            self.voting.discard(host)
+        elif name == "CollectiveCommence" and direction == "recv" and host in self.voting:
+            self.seen.append((host, msg.seq))
+
+
+def test_a_begun_ops_arming_commence_read_after_its_peer_commit_and_a_topology_vote_is_no_phase_violation() -> None:
+    # No faults, 2 peers: peer1 begins last and commits at once; the master arms the op on both as
+    # peer1's Begin comes in while peer0, committed on peer1's acks, reports Done and votes its
+    # next step's topology.  The arming Commence reaches peer0 inside that vote: phase-rule took
+    # it for a commencement (a safety failure at t=0.4999) though the Begin was the commencement.
+    spec = CampaignSpec(scenario="pccl", profile="none", peers=2, duration=8.0, quiet=None,
+                        params=(("phases", ("compute", {"name": "all_reduce", "n": 1000})), ("fast_commit", True),
+                                ("peer_commit", True)))
+    scenario, schedule = spec.build(0)
+    witness = _LateArming()
+    scenario.checkers = lambda real=scenario.checkers: [*real(), witness]  # type: ignore[method-assign]
+    trace = run(scenario, schedule)
+    assert trace.ok, [f.message for f in trace.failures]
+    assert witness.seen and all(seq >> 63 for _, seq in witness.seen), witness.seen  # begun ops' (derived seq)
+    assert trace.stats["all_reduce_completed"] > 100 and trace.stats["all_reduce_aborted"] == 0
+    again = run(*spec.build(0))
+    assert again.ok and again.hash() == trace.hash()  # the seed replays the same run
+    assert spec.command(0) == ("pccl-sim replay --seed 0 --profile none --peers 2 --duration 8 --phases "
+                               "'[\"compute\",{\"name\":\"all_reduce\",\"n\":1000}]' --fast-commit --peer-commit")
 
 
 class _Sim:

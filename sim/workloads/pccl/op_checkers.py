@@ -250,6 +250,7 @@ class _Phases:
     sync: bool = False
     open_ops: dict[Op, int] = dataclasses.field(default_factory=dict)  # commenced, no final word read -> tag
     peer_agreed: set[Op] = dataclasses.field(default_factory=set)  # begun with peer_commit
+    begun: dict[Op, int] = dataclasses.field(default_factory=dict)  # began here, no arming Commence or final word read -> tag
 
 
 class PhaseRule(_PeerWire):
@@ -277,6 +278,7 @@ class PhaseRule(_PeerWire):
         elif name == "CollectiveBegin":
             if sent:
                 self._commenced(host, state, msg, op, "began")
+                state.begun[op] = msg.tag
                 if msg.peer_commit:
                     state.peer_agreed.add(op)
         elif sent:
@@ -293,13 +295,18 @@ class PhaseRule(_PeerWire):
             if name == "ConnectToPeers":
                 state.topology = True
         elif name == "CollectiveCommence":
-            if op not in state.open_ops:  # (a begun op's Commence only says everyone began)
+            # A begun op's one-way Commence only says everyone began (it arms the watchdog): its
+            # Begin was the commencement, checked as it went out.  It may come after the call
+            # committed the op on its acks (peer commit) and its host went on to vote a topology.
+            if state.begun.pop(op, None) is None and op not in state.open_ops:
                 self._commenced(host, state, msg, op, "was commenced on")
         elif name == "CollectiveRejected":  # (a Begin the master refused: that op never ran)
-            for key in [key for key, tag in state.open_ops.items() if tag == msg.tag]:
-                del state.open_ops[key]
+            for ops in (state.open_ops, state.begun):
+                for key in [key for key, tag in ops.items() if tag == msg.tag]:
+                    del ops[key]
         else:  # CollectiveComplete / CollectiveAbort
             state.open_ops.pop(op, None)
+            state.begun.pop(op, None)
 
     def on_event(self, sim: Simulation, event: TraceEvent) -> None:
         super().on_event(sim, event)
