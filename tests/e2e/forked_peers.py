@@ -12,6 +12,7 @@ DataLoader workers do).  A peer imports whatever else it needs itself.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -36,17 +37,55 @@ def _context() -> Any:
     return context
 
 
-def _run_script(script: str, args: list[str], out: str, err: str) -> None:
-    """In a forked peer: ``python script *args`` with its stdout and stderr written to ``out``
-    and ``err`` (an exception leaving it exits 1 with its traceback on stderr; ``sys.exit(n)``
-    exits ``n``)."""
-    for fd, path in ((1, out), (2, err)):
-        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+def _run_script(script: str, args: list[str], out: str, err: str | None) -> None:
+    """In a forked peer: ``python script *args`` with its stdout written to ``out`` and its
+    stderr to ``err`` (``None``: to ``out`` as well); an exception leaving it exits 1 with its
+    traceback on stderr, ``sys.exit(n)`` exits ``n``."""
+    for fd, path in ((1, out), (2, err or out)):
+        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         os.dup2(opened, fd)
         os.close(opened)
+    faulthandler.enable()  # a crash's tracebacks, as ``python -X faulthandler``
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(script))
     runpy.run_path(script, run_name="__main__")
+
+
+def _new_file(directory: str, prefix: str, suffix: str) -> str:
+    fd, path = tempfile.mkstemp(suffix, prefix, directory)
+    os.close(fd)
+    return path
+
+
+class Peer:
+    """``script *args`` in a process forked from the server, its output in new files of
+    ``directory`` named after ``name`` (stderr in the stdout file with ``merged``)."""
+
+    def __init__(self, script: pathlib.Path, args: Sequence[str], directory: str, name: str,
+                 merged: bool = False) -> None:
+        self.out = _new_file(directory, f"{name}-", ".out")
+        self.err = self.out if merged else _new_file(directory, f"{name}-", ".err")
+        self.process = _context().Process(target=_run_script, args=(str(script), list(args), self.out,
+                                                                    None if merged else self.err), name=name)
+        self.process.start()
+
+    def wait(self, timeout: float) -> int | None:
+        """Its exit code (minus the signal that killed it), or ``None`` if it still runs after
+        ``timeout`` s."""
+        self.process.join(max(0.0, timeout))
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        """SIGKILL it if it runs, and wait for it."""
+        if self.process.exitcode is None:
+            self.process.kill()
+        self.process.join(10)
+
+    def output(self) -> tuple[str, str]:
+        """Its stdout and stderr so far (the same text twice if merged)."""
+        out, err = (pathlib.Path(path).read_text(errors="replace") if os.path.exists(path) else ""
+                    for path in (self.out, self.err))
+        return out, err
 
 
 def run_scripts(script: pathlib.Path, args: Sequence[Sequence[str]], timeout: float,
@@ -55,34 +94,22 @@ def run_scripts(script: pathlib.Path, args: Sequence[Sequence[str]], timeout: fl
     ``(stdout, stderr)``.  The first to exit non-zero raises ``AssertionError(failed(index,
     exit code, stdout, stderr))`` at once, and every peer still running is killed then; at
     ``timeout`` s those still running are named and killed."""
-    context = _context()
     with tempfile.TemporaryDirectory(prefix="pccl-peers-") as tmp:
-        files = [(os.path.join(tmp, f"{i}.out"), os.path.join(tmp, f"{i}.err")) for i in range(len(args))]
-        procs = [context.Process(target=_run_script, args=(str(script), list(a), *f), name=f"peer{i}")
-                 for i, (a, f) in enumerate(zip(args, files))]
+        peers: list[Peer] = []
         try:
-            for proc in procs:
-                proc.start()
-            pending, deadline = {proc.sentinel: i for i, proc in enumerate(procs)}, time.monotonic() + timeout
+            for i, a in enumerate(args):
+                peers.append(Peer(script, a, tmp, f"peer{i}"))
+            pending, deadline = {p.process.sentinel: i for i, p in enumerate(peers)}, time.monotonic() + timeout
             while pending:
                 ended = multiprocessing.connection.wait(list(pending), max(0.0, deadline - time.monotonic()))
                 if not ended:
                     raise AssertionError(f"peers {sorted(pending.values())} still running after {timeout:g} s")
                 for sentinel in ended:
                     index = pending.pop(sentinel)  # type: ignore[call-overload]
-                    procs[index].join()
-                    if procs[index].exitcode != 0:
-                        raise AssertionError(failed(index, procs[index].exitcode, *_read(files[index])))
+                    code = peers[index].wait(10)
+                    if code != 0:
+                        raise AssertionError(failed(index, code, *peers[index].output()))
         finally:
-            for proc in procs:
-                if proc.pid is not None and proc.exitcode is None:
-                    proc.kill()
-            for proc in procs:
-                if proc.pid is not None:
-                    proc.join(10)
-        return [_read(f) for f in files]
-
-
-def _read(files: tuple[str, str]) -> tuple[str, str]:
-    out, err = (pathlib.Path(path).read_text(errors="replace") if os.path.exists(path) else "" for path in files)
-    return out, err
+            for peer in peers:
+                peer.kill()
+        return [peer.output() for peer in peers]
