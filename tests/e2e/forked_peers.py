@@ -18,10 +18,13 @@ import multiprocessing.connection
 import os
 import pathlib
 import runpy
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 #: What the fork server imports before it forks a peer (a module that fails to import there is
@@ -113,3 +116,57 @@ def run_scripts(script: pathlib.Path, args: Sequence[Sequence[str]], timeout: fl
             for peer in peers:
                 peer.kill()
         return [peer.output() for peer in peers]
+
+
+class ForkedPopen:
+    """The part of ``subprocess.Popen`` that child_process.py's ``Child`` and its tests use
+    (``poll``, ``wait``, ``send_signal``, ``kill``, ``returncode``, ``pid``, ``stdout`` as lines
+    of text, stderr merged), for ``script *args`` run as a :class:`Peer` in ``directory``.  Safe
+    to use from the thread reading ``stdout`` and another (multiprocessing's exit code is not:
+    two threads polling it at once can read the exit status twice and make it 255)."""
+
+    def __init__(self, script: pathlib.Path, args: Sequence[str], directory: str, name: str) -> None:
+        self._peer = Peer(script, args, directory, name, merged=True)
+        self._lock = threading.Lock()
+        self.pid: int = self._peer.process.pid  # type: ignore[assignment]
+        self.stdout = self._lines()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            return self._peer.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        multiprocessing.connection.wait([self._peer.process.sentinel], timeout)
+        code = self.poll()
+        if code is None:
+            raise subprocess.TimeoutExpired(self._peer.process.name, timeout or 0.0)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _lines(self) -> Iterator[str]:
+        """Its output's lines as they are written (each with its newline), to its exit."""
+        with open(self._peer.out, encoding="utf-8", errors="replace", newline="") as f:
+            part = ""
+            while True:
+                ended = self.poll() is not None  # before the read: nothing written before the exit is lost
+                chunk = f.read()
+                if chunk:
+                    lines = (part + chunk).split("\n")
+                    part = lines.pop()
+                    yield from (line + "\n" for line in lines)
+                elif ended:
+                    if part:
+                        yield part
+                    return
+                else:
+                    time.sleep(0.01)
