@@ -2,12 +2,13 @@
 
 A test that starts ``python script`` per peer paid for ``import torch`` (and torch.distributed's
 packages, pccl) in every one of them: 2-4 s of CPU each, about all of the CPU some of them spend
-(tests/torch's ported cases under ``init_process_group`` start 2 or 3 per world size, 40 in
-all).  :func:`run_scripts` runs the same script, as ``python script *args`` would (its
-``__main__``, ``sys.argv``, its directory first on ``sys.path``), in a process forked from a
-``multiprocessing`` fork server that has imported :data:`PRELOAD` (one server per test process,
-started by its first peer; forking a process that has only imported torch is what torch's
-DataLoader workers do).  A peer imports whatever else it needs itself.
+(tests/torch's nine ported modules run their cases under ``init_process_group`` in 2 and 3
+processes each, 45 in all).  :func:`run_scripts`, :class:`Peer` and :class:`ForkedPopen` run the
+same script, as ``python script *args`` would (its ``__main__``, ``sys.argv``, its directory
+first on ``sys.path``), in a process forked from a ``multiprocessing`` fork server that has
+imported :data:`PRELOAD` (one server per test process, started by its first peer; forking a
+process that has only imported torch is what torch's DataLoader workers do).  A peer imports
+whatever else it needs itself; its output goes to files, not pipes.
 """
 
 from __future__ import annotations
