@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import threading
+from typing import Any
 
 
 class Child:
-    """``cmd`` run with stdout and stderr merged into :attr:`lines` (one string per line)."""
+    """``cmd`` run with stdout and stderr merged into :attr:`lines` (one string per line); or,
+    given ``popen``, that process already started (forked_peers.py's ``ForkedPopen``)."""
 
-    def __init__(self, name: str, cmd: list[str]) -> None:
+    def __init__(self, name: str, cmd: list[str], popen: Any = None) -> None:
         self.name = name
-        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.popen = popen or subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()

@@ -2,7 +2,8 @@
 without its lineage — a newcomer offering revision 1000, a newcomer of another shape, a joiner
 arriving while the master restarts — and a run killed whole resumes from its checkpoints.
 
-Every peer is ``lineage_peer_process.py`` (a torch MLP and its AdamW state, ``pccl.blocking``),
+Every peer is ``lineage_peer_process.py`` (a torch MLP and its AdamW state, ``pccl.blocking``;
+forked from forked_peers.py's server, which has imported torch),
 the master is ``pccl master``; both are killed with SIGKILL where a test says so.
 """
 
@@ -13,6 +14,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -20,6 +22,7 @@ import pytest
 
 import pccl
 from child_process import Child
+from forked_peers import ForkedPopen
 from pccl.tools.bench import free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -48,6 +51,7 @@ class _Run:
         self.procs: list[_Proc] = []
         self.masters: list[_Proc] = []
         self.deadline = time.monotonic() + BOUND
+        self.directory = tempfile.TemporaryDirectory(prefix="pccl-lineage-")  # the forked peers' output
 
     def __enter__(self) -> _Run:
         return self
@@ -57,6 +61,7 @@ class _Run:
             if p.popen.poll() is None:
                 p.popen.kill()
             p.popen.wait(10)
+        self.directory.cleanup()
 
     def master(self, token: str | None = "lineage") -> _Proc:
         proc = self._spawn("master", [sys.executable, "-m", "pccl", "master", "--listen", self.address,
@@ -68,7 +73,11 @@ class _Run:
         return proc
 
     def peer(self, name: str, *args: str) -> _Proc:
-        return self._spawn(name, [sys.executable, str(HERE / "lineage_peer_process.py"), self.address, *args])
+        # forked from a server that has imported torch (forked_peers.py): not an import of it per peer
+        proc = _Proc(name, [], popen=ForkedPopen(HERE / "lineage_peer_process.py", [self.address, *args],
+                                                 self.directory.name, name))
+        self.procs.append(proc)
+        return proc
 
     def example(self, name: str, script: str, *args: str) -> _Proc:
         return self._spawn(name, [sys.executable, str(EXAMPLES / script), "--master", self.address, *args])

@@ -12,14 +12,13 @@ import concurrent.futures
 import json
 import math
 import pathlib
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 import pccl
 from pccl.testing import master_in_thread
+from forked_peers import run_scripts
 
 torch = pytest.importorskip("torch")
 
@@ -36,20 +35,11 @@ CFG = pccl.Config(peer_timeout=5.0, heartbeat_interval=0.3, connect_timeout=5.0,
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     store = tmp_path_factory.mktemp("gloo") / "store"
     with master_in_thread(CFG) as master:
-        procs = [subprocess.Popen([sys.executable, str(HERE / "torch_pg_peer.py"), master.address, str(store),
-                                   str(rank), str(WORLD)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for rank in range(WORLD)]
-        outs = []
-        try:
-            for proc in procs:
-                out, err = proc.communicate(timeout=120)
-                assert proc.returncode == 0, f"a peer failed:\n{out}\n{err}"
-                outs.append(json.loads(out.strip().splitlines()[-1]))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+        # forked from a server that has imported torch (forked_peers.py): not 3 imports of it
+        outputs = run_scripts(HERE / "torch_pg_peer.py", [[master.address, str(store), str(rank), str(WORLD)]
+                                                          for rank in range(WORLD)], 120,
+                              lambda index, code, out, err: f"a peer failed:\n{out}\n{err}")
+    outs = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     return outs
 
 

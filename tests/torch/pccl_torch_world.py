@@ -12,11 +12,9 @@ import concurrent.futures
 import contextlib
 import json
 import pathlib
-import subprocess
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
@@ -27,6 +25,7 @@ import pccl.blocking
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "e2e"))
 from pccl.testing import MasterThread, master_in_thread  # noqa: E402
+from forked_peers import run_scripts  # noqa: E402
 
 import pccl.torch  # noqa: E402
 import torch  # noqa: E402
@@ -112,32 +111,14 @@ def pccl_world(n: int) -> Iterator[World]:
 
 
 def run_peer_processes(script: pathlib.Path, args: list[list[str]], timeout: float) -> list[dict[str, Any]]:
-    """Start ``script`` once per argument list (``python script *args[i]``), wait for all, and
-    return each one's last stdout line as JSON.  The first peer to fail (exit non-zero) fails
-    the test at once with its output (a JSON report on its last stdout line: the tracebacks of
-    its failed cases) and its stderr; the others are killed then, and at ``timeout``."""
-    procs = [subprocess.Popen([sys.executable, str(script), *a], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for a in args]
-    with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:
-        outputs = [pool.submit(proc.communicate) for proc in procs]
-        try:
-            pending, deadline = set(outputs), time.monotonic() + timeout
-            while pending:
-                done, pending = concurrent.futures.wait(pending, max(0.0, deadline - time.monotonic()),
-                                                        return_when=concurrent.futures.FIRST_COMPLETED)
-                if not done:
-                    running = [i for i, f in enumerate(outputs) if f in pending]
-                    raise AssertionError(f"peers {running} still running after {timeout:g} s")
-                for f in done:
-                    index = outputs.index(f)
-                    if procs[index].returncode != 0:
-                        raise AssertionError(f"peer {index} failed (exit {procs[index].returncode}):\n"
-                                             f"{_failure(*f.result())}")
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-    return [json.loads(f.result()[0].strip().splitlines()[-1]) for f in outputs]
+    """Run ``script`` once per argument list (as ``python script *args[i]``, forked from a server
+    that has imported torch: forked_peers.py), wait for all, and return each one's last stdout
+    line as JSON.  The first peer to fail (exit non-zero) fails the test at once with its output
+    (a JSON report on its last stdout line: the tracebacks of its failed cases) and its stderr;
+    the others are killed then, and at ``timeout``."""
+    outputs = run_scripts(script, args, timeout,
+                          lambda index, code, out, err: f"peer {index} failed (exit {code}):\n{_failure(out, err)}")
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
 
 
 def _failure(out: str, err: str) -> str:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import pathlib
 import signal
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -21,44 +19,47 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from pccl_torch_world import CFG, master_in_thread  # noqa: E402
+from forked_peers import Peer  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 PEER = HERE / "torch_ddp_peer.py"
 STEPS = 12
 DIE_AT = 4
-BOUND = 180.0  # four processes importing torch on a loaded 2-core runner
+BOUND = 180.0  # four torch processes on a loaded 2-core runner
 
 
-def _start(master: str, port: int, rank: int, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-X", "faulthandler", str(PEER), master, str(port), str(rank), str(STEPS), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _start(directory: str, master: str, port: int, rank: int, *extra: str) -> Peer:
+    # forked from a server that has imported torch (forked_peers.py): the replacement joins
+    # without an import of torch the survivors would wait for
+    return Peer(PEER, [master, str(port), str(rank), str(STEPS), *extra], directory, f"rank{rank}", merged=True)
 
 
-def _report(proc: subprocess.Popen[str], deadline: float) -> tuple[dict[str, Any], str]:
-    out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    assert proc.returncode == 0, out
+def _report(peer: Peer, deadline: float) -> tuple[dict[str, Any], str]:
+    code = peer.wait(deadline - time.monotonic())
+    out = peer.output()[0]
+    assert code == 0, f"exit {code}:\n{out}"
     return json.loads(out.strip().splitlines()[-1]), out
 
 
-def test_torchs_ddp_survives_a_kill_mid_backward_and_a_replacement() -> None:
+def test_torchs_ddp_survives_a_kill_mid_backward_and_a_replacement(tmp_path: pathlib.Path) -> None:
     deadline = time.monotonic() + BOUND
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     with master_in_thread(CFG) as master:
-        procs = [_start(master.address, store.port, 0), _start(master.address, store.port, 1),
-                 _start(master.address, store.port, 2, "--die-at", str(DIE_AT))]
+        procs = [_start(str(tmp_path), master.address, store.port, 0),
+                 _start(str(tmp_path), master.address, store.port, 1),
+                 _start(str(tmp_path), master.address, store.port, 2, "--die-at", str(DIE_AT))]
         replacement = None
         try:
             victim = procs[2]
-            victim_out, _ = victim.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            assert victim.returncode == -signal.SIGKILL, victim_out
+            code = victim.wait(deadline - time.monotonic())
+            victim_out = victim.output()[0]
+            assert code == -signal.SIGKILL, f"exit {code}:\n{victim_out}"
             assert f"step {DIE_AT} world 3" in victim_out and f"step {DIE_AT + 1} " not in victim_out, victim_out
-            replacement = _start(master.address, store.port, 2)
+            replacement = _start(str(tmp_path), master.address, store.port, 2)
             reports = [_report(p, deadline) for p in (procs[0], procs[1], replacement)]
         finally:
             for p in [*procs, *([replacement] if replacement else [])]:
-                if p.poll() is None:
-                    p.kill()
-                    p.communicate()
+                p.kill()
     outputs = "\n\n".join(out for _, out in reports)
     assert [r["step"] for r, _ in reports] == [STEPS] * 3, outputs
     # The survivors' step DIE_AT + 1 failed with the victim (their buckets' all-reduces were
