@@ -267,6 +267,19 @@ def _hold_armed_commences(master: pccl.Master, peer: pccl.Communicator, tag: int
     return held, released
 
 
+async def _commit_x_with_its_commence_held(master: pccl.Master, comms: list[pccl.Communicator],
+                                          until: type[m.Message]) -> tuple[list[Send], list[int]]:
+    """A round, then op X (tag 3) begun on both peers and committed on its acks, with the
+    master's arming Commence to ``comms[0]`` held until it reads ``until`` on tag 3."""
+    await each(comms, lambda i, c: c.all_reduce(np.ones(100, np.float32), tag=3))  # a round: X may begin
+    held, released = _hold_armed_commences(master, comms[0], 3, until)
+    xs = [np.full(1000, i + 1.0, np.float32) for i in range(2)]
+    infos = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=3), within=SOON)
+    assert all(isinstance(info, pccl.ReduceInfo) for info in infos), infos
+    assert len(held) == 1, held  # X began on both and P's Commence was held
+    return held, released
+
+
 async def test_a_late_commence_of_an_op_committed_on_its_acks_is_not_taken_by_the_next_vote() -> None:
     # The master sends the Commence that arms a begun op to every participant, also to one whose
     # Done(ok) it already has; with peer commit that peer can commit on its acks, end the call
@@ -275,13 +288,7 @@ async def test_a_late_commence_of_an_op_committed_on_its_acks_is_not_taken_by_th
     # taken as the vote's answer, the peer ran the ended op's seq and the others' real op
     # stalled until the watchdog.  It must wait for its own Commence.
     async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
-        p = comms[0]
-        await each(comms, lambda i, c: c.all_reduce(np.ones(100, np.float32), tag=3))  # a round: X may begin
-        held, released = _hold_armed_commences(master, p, 3, m.CollectiveInit)
-        xs = [np.full(1000, i + 1.0, np.float32) for i in range(2)]
-        infos = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=3), within=SOON)
-        assert all(isinstance(info, pccl.ReduceInfo) for info in infos), infos
-        assert len(held) == 1, held  # X began on both and P's Commence was held
+        _, released = await _commit_x_with_its_commence_held(master, comms, m.CollectiveInit)
         gathered = await each(comms, lambda i, c: c.all_gather(np.full(10, i + 1.0, np.float32), tag=3),
                               within=SOON)
         assert released, "the held Commence was never sent"
@@ -299,12 +306,7 @@ async def test_a_late_commence_of_an_op_committed_on_its_acks_is_not_taken_for_a
     # for a second Done).
     async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
         p = comms[0]
-        await each(comms, lambda i, c: c.all_reduce(np.ones(100, np.float32), tag=3))  # a round: X may begin
-        held, released = _hold_armed_commences(master, p, 3, m.CollectiveWithdraw)
-        xs = [np.full(1000, i + 1.0, np.float32) for i in range(2)]
-        infos = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=3), within=SOON)
-        assert all(isinstance(info, pccl.ReduceInfo) for info in infos), infos
-        assert len(held) == 1, held
+        _, released = await _commit_x_with_its_commence_held(master, comms, m.CollectiveWithdraw)
         dones: list[m.CollectiveDone] = []
 
         async def record(msg: m.Message) -> None:
