@@ -209,6 +209,9 @@ class PeerLink:
         self.lingering = False
         #: Set once the task serving :attr:`incoming` has ended (and closed it).
         self.incoming_closed = trio.Event()
+        #: The seq whose ``PointAck`` the writer of :attr:`incoming` is handing to the connection
+        #: (its receive is the writer's to complete or fail, not :meth:`_end`'s).
+        self.acking: int | None = None
 
     def fail(self, error: PCCLError) -> None:
         """End the link: abort both connections, fail everything pending with ``error``."""
@@ -240,8 +243,9 @@ class PeerLink:
         for queue in self.posted.values():
             for recv in queue:
                 recv.finish(fresh_error(error))
-        for recv in self.receiving.values():
-            recv.finish(fresh_error(error))
+        for seq, recv in self.receiving.items():
+            if seq != self.acking:
+                recv.finish(fresh_error(error))
         if self.opening is not None:
             self.opening.set()
 
@@ -279,6 +283,14 @@ class PeerLink:
                 recv.release(restore=False)
                 recv.finish()
         self.reply(m.PointAck(seq), sent)
+
+    def unacked(self, seq: int | None) -> None:
+        """The ``PointAck`` of ``seq`` was not handed to the connection: if the link failed
+        meanwhile (which left that receive alone), the receive fails as the others did."""
+        self.acking = None
+        recv = self.receiving.get(seq) if seq is not None else None
+        if recv is not None and self.error is not None:
+            recv.finish(fresh_error(self.error))
 
     def tidy(self, tag: int) -> None:
         """Forget ``tag``'s empty queues (a loop may use a new tag every step)."""
@@ -408,6 +420,11 @@ class PointService:
                 else:
                     link.fail(PeerDisconnected(f"a recv from peer {link.peer:x} was cancelled mid-message; its "
                                                "connections were closed"))
+            if recv.seq is not None and link.acking == recv.seq:
+                # Its PointAck is being handed to the (now aborted) connection: the writer says
+                # at once whether it went out, and the array keeps the message only if it did.
+                with trio.CancelScope(shield=True):
+                    await recv.done.wait()
             if recv.error is not None:
                 await recv.restore()
             raise
@@ -575,7 +592,15 @@ class PointService:
                 with trio.move_on_after(self._interval()):
                     reply = await link.outbox.receive()
                 msg, sent = reply
-                await conn.send(msg)  # never under the timeout: a torn frame would break the connection
+                # An answer handed to the transport stands: a link failing while the send comes
+                # back (the peer read the PointAck and closed at once) leaves its receive to this.
+                link.acking = msg.seq if isinstance(msg, m.PointAck) else None
+                try:
+                    await conn.send(msg)  # never under the timeout: a torn frame would break the connection
+                except BaseException:
+                    link.unacked(link.acking)
+                    raise
+                link.acking = None
                 if sent is not None:
                     sent()
         except (PCCLError, trio.EndOfChannel) as exc:

@@ -39,7 +39,7 @@ __all__ = [
     "send_raw", "open_route", "close_route", "drop_master_link", "intercept_master_sends",
     "after_master_link_sends", "fail_master_send", "after_acks", "hold_lane_send_lock", "crash",
     "Port", "AdmissionCounts", "listener_address", "admission_counts", "peer_admission_limits",
-    "points_under_way", "hold_point_answers", "probe", "probe_bound", "run_kind",
+    "points_under_way", "hold_point_answers", "hold_point_acks_sent", "probe", "probe_bound", "run_kind",
 ]
 
 Port = Literal["ring", "sync"]
@@ -386,6 +386,36 @@ def hold_point_answers(comm: Communicator) -> Iterator[trio.Event]:
         yield release
     finally:
         session.open_peer = real  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def hold_point_acks_sent(comm: Communicator) -> Iterator[trio.Event]:
+    """For the block, each connection ``comm`` serves (from now on: the ones its senders dial)
+    holds its writer right after a ``PointAck`` was handed to the transport, until the event this
+    yields is set (shielded, as the transport's own schedule point after a write is): the
+    sender may read the answer, return and close meanwhile, as when this side's loop is slow to
+    come round after the write."""
+    points = _session(comm).points
+    real = points.serve
+    release = trio.Event()
+
+    async def serve(conn: FramedConnection, hello: m.PointHello) -> None:
+        send = conn.send
+
+        async def send_held(msg: m.Message) -> None:
+            await send(msg)
+            if isinstance(msg, m.PointAck):
+                with trio.CancelScope(shield=True):
+                    await release.wait()
+
+        conn.send = send_held  # type: ignore[method-assign,assignment]
+        await real(conn, hello)
+
+    points.serve = serve  # type: ignore[method-assign]
+    try:
+        yield release
+    finally:
+        del points.serve
 
 
 async def probe(comm: Communicator, request: m.ProbeRequest) -> m.ProbeReport:

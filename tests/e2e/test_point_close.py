@@ -13,6 +13,14 @@ close them.  Both ways a communicator closes: ``aclose()``, and a cancelled scop
 ``open_communicator`` (what the blocking communicator's ``close()`` does), which cancels the
 connections' tasks before the close reaches them (forced here: the close waits after its
 ``Leave`` until they have).
+
+The other way round too: a sender that closes right after its ``send`` returned — it read the
+receiver's ``PointAck`` — while the receiver has handed that answer to the connection but not yet
+come back to it (its writer was still in the transport's schedule point after the write): the
+sender's EOF reached the receiver's reader first, which failed the link and with it the receive
+although its answer was out (seen once on CI in the same torchft case, whose rank 0 destroys its
+process group right after its send).  A receive whose ``PointAck`` was handed to the transport
+completes, whatever the link does after.
 """
 
 from __future__ import annotations
@@ -65,4 +73,46 @@ async def test_a_receiver_closing_at_once_leaves_the_senders_call_complete(closi
                     release.set()
             assert np.array_equal(y, x)
             assert outcome == ["sent"], outcome
+            scope.cancel()
+
+
+
+@pytest.mark.parametrize("then", ["sender closes", "receive cancelled"])
+async def test_a_receive_whose_ack_was_handed_over_keeps_the_message(then: str) -> None:
+    """The sender reads the receiver's ``PointAck`` while the receiver's writer has not come back
+    from handing it to the transport (held).  Then the sender closes at once, or the receive is
+    cancelled (which fails the link): either way the message stands on both sides — the send
+    succeeded, the receiver's array keeps it (the cancelled receive raises ``Cancelled``, but
+    gives no old values back over a message its sender has been told was delivered)."""
+    async with open_test_cluster(1, token=None, config=CFG) as (master, (a,), _networks):
+        async with trio.open_nursery() as peers:
+            b, scope = await admit(peers, master, [a], lambda: pccl.open_communicator(master.address, config=CFG))
+            x = np.arange(1000, dtype=np.float32)
+            y = np.zeros_like(x)
+            outcome: list[object] = []
+            receiving = trio.CancelScope()
+
+            async def recv() -> None:
+                with receiving:
+                    try:
+                        await b.recv(y, from_=a.peer_id, tag=5)
+                        outcome.append("received")
+                    except pccl.PCCLError as exc:
+                        outcome.append(exc)
+                if receiving.cancelled_caught:
+                    outcome.append("cancelled")
+
+            with trio.fail_after(60), pccl.testing.hold_point_acks_sent(b) as release:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(recv)
+                    await a.send(x, to=b.peer_id, tag=5)
+                    # a has b's PointAck; b's writer has not come back from sending it (held).
+                    if then == "sender closes":
+                        await a.aclose()  # b's links see a's EOF before b's receive completes
+                    else:
+                        receiving.cancel()
+                    await trio.testing.wait_all_tasks_blocked()
+                    release.set()
+            assert outcome == ["received" if then == "sender closes" else "cancelled"], outcome
+            assert np.array_equal(y, x)
             scope.cancel()
