@@ -14,6 +14,7 @@ from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
 from pccl_sim.engine.trace import Trace, TraceEvent
 from pccl_sim.workloads.pccl.op_checkers import (AgreedParameters, MasterRoundTrips, NoHungCall, OneVerdict,
                                                   OutcomeFollowsVerdict, PhaseRule, op_checkers)
+from pccl_sim.workloads.pccl.orphan_waits import OrphanWaits
 from pccl_sim.workloads.pccl.scenario import PcclScenario
 
 
@@ -301,3 +302,40 @@ def test_a_peer_killed_as_it_sends_a_collective_init_leaves_no_hung_call(peer_co
     kill = next(e for e in trace.events if e.kind == "kill" and e.data.get("host") == "peer1")
     assert [e for e in trace.events if e.source == "peer1" and e.seq > kill.seq and e.kind == "collective_call"]
     assert trace.events[-1].t - kill.t > scenario.liveness_bound
+
+
+def test_no_hung_call_waits_out_a_restarted_masters_documented_wait_for_a_reported_op() -> None:
+    # A restarted master waits master_reconnect_timeout (here 60 s) from an op's first report for
+    # its participants that have not registered (seed 16, 2 peers, peer commit: the other
+    # participant died across the restart): the reporter's call waits that long by design, and
+    # only the bound after it is a hang.
+    waits = OrphanWaits(60.0)
+    sim = _Sim(waits, NoHungCall(10.0, waits))
+    sim.wire("peer0", "recv", m.Welcome(1, instance=5))
+    sim.event("peer0", "all_reduce_call", tag=7, k=1)
+    sim.wire("peer0", "send", m.CollectiveBegin(7, 9, 3, 4, 1, 0, peer_commit=True))
+    sim.now = 1.0
+    sim.event("master", "start")
+    sim.now = 2.0
+    sim.wire("peer0", "send", m.Register(0, 1, 2, previous_peer_id=1, undecided=(m.UndecidedOp(5, 7, 9, (1, 2), 0),)))
+    assert waits.waited_until() == 62.0  # running: it ends at its deadline
+    sim.now = 70.0
+    sim.event("monitor", "probe")
+    assert sim.failures() == []
+    sim.now = 72.5
+    sim.event("monitor", "probe")
+    assert sim.failures() == [("liveness", "no-hung-call", "peer0: call #1 on tag 7 still runs 10.5 s after a "
+                                                         "restarted master's wait for a reported op ended (bound "
+                                                         "10.0 s; in seq 9, final word None)")]
+    # The wait ended for the cluster when the reporter read the verdict (before its deadline).
+    sim.wire("peer0", "recv", m.Welcome(1, instance=6))
+    sim.now = 73.0
+    sim.wire("peer0", "recv", m.CollectiveAbort(7, 9))
+    assert waits.waited_until() == 62.0
+    # A call that begins after the wait ended has no allowance.
+    sim2 = _Sim(waits, NoHungCall(10.0, waits))
+    sim2.now = 73.0
+    sim2.event("peer1", "all_reduce_call", tag=8, k=1)
+    sim2.now = 83.5
+    sim2.event("monitor", "probe")
+    assert [f[1] for f in sim2.failures()] == ["no-hung-call"]
