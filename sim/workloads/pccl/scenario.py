@@ -58,6 +58,7 @@ from ...engine.tap import FrameFormat
 from .checkers import membership_checkers
 from .op_checkers import op_checkers
 from .orphan_waits import OrphanWaits
+from .split_checker import NoSplit
 from .frames import IDLE_MESSAGES, AllReduceParts, PcclFrames
 from .mutants import MASTER_VARIANTS, make_master_state
 from .network import KernelCost, PcclSimNetwork
@@ -360,7 +361,7 @@ class PcclScenario(Scenario):
         waits = OrphanWaits(self.config.master_reconnect_timeout)
         out: list[Checker] = [waits, *membership_checkers(self, waits), CoverageProbe(idle=IDLE_MESSAGES),
                               *op_checkers(self.liveness_bound, max_round_trips=self.max_master_round_trips,
-                                          master_state=self.master_state, waits=waits)]
+                                          master_state=self.master_state, waits=waits), NoSplit()]
         for phase in self.phases:
             out.extend(phase.checkers(self))
         return out
