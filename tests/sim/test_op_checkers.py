@@ -309,12 +309,18 @@ def test_a_peer_killed_as_it_sends_a_collective_init_leaves_no_hung_call(peer_co
 # --- no-split: a result on one peer, a raise on another -------------------------------------------
 
 
-def _peer_agreed(sim: _Sim, seq: int = 9) -> None:
-    """peer0 and peer1 (ids 1, 2) begin op ``seq`` with peer commit; peer0 commits on its set."""
+def _peer_agreed(sim: _Sim, seq: int = 9, *, done: bool = False) -> None:
+    """peer0 and peer1 (ids 1, 2) begin op ``seq`` with peer commit (and report ready, if
+    ``done``); peer0 commits on its set."""
     for i, host in enumerate(("peer0", "peer1")):
         sim.wire(host, "recv", m.Welcome(i + 1, instance=5))
+        sim.wire(host, "recv", m.TopologyComplete(1, (m.PeerEndpoint(1, "a", 1, 2), m.PeerEndpoint(2, "b", 1, 2)),
+                                                  m.Membership(2, 2, 1, 2)))
         sim.event(host, "all_reduce_call", tag=7, k=1)
         sim.wire(host, "send", m.CollectiveBegin(7, seq, 3, 4, 1, 0, peer_commit=True))
+    if done:
+        for host in ("peer0", "peer1"):
+            sim.wire(host, "send", m.CollectiveDone(7, seq, aborted=False))
     sim.event("peer0", "all_reduce", tag=7, k=1)  # committed among its peers: no final word
 
 
@@ -329,11 +335,14 @@ def test_no_split_fires_on_a_result_and_a_raise_the_masters_words_do_not_drive()
     sim.wire("peer0", "recv", m.CollectiveAbort(7, 9))
     assert sim.failures() == [("safety", "no-split", "seq 9 split: peer0 (call #1 on tag 7) returned its result, "
                                "peer1 (call #1 on tag 7) raised (read Abort); peer0 is a survivor (it read Abort)")]
-    # peer1 raises without any word from the master and keeps its master connection.
-    sim = _Sim(NoSplit())
-    _peer_agreed(sim)
+    # peer1 raises without any word from the master and keeps its master connection, after both
+    # reported ready: a split that only no-split sees (peer0's commit on a full set is valid,
+    # and nobody read a final word).
+    sim = _Sim(*op_checkers(100.0), NoSplit())
+    _peer_agreed(sim, done=True)
     sim.event("peer1", "all_reduce_aborted", tag=7, k=1, error="aborted")
-    sim.checkers[0].at_end(sim)  # type: ignore[arg-type]
+    for checker in sim.checkers:
+        checker.at_end(sim)  # type: ignore[arg-type]
     assert sim.failures() == [("safety", "no-split", "seq 9 split: peer0 (call #1 on tag 7) returned its result, "
                                "peer1 (call #1 on tag 7) raised (no final word read); peer1 neither read a final "
                                "word for it nor left it by the end of the run")]
