@@ -178,7 +178,7 @@ def run_seed(spec: CampaignSpec, seed: int, options: RunOptions | None = None) -
         fault_kinds=dict(Counter(e.kind for e in schedule.events)),
         phases=scenario.params.get("phases"),
         counters={k: v for k, v in stats.items()
-                  if (k.endswith(("_completed", "_aborted")) or k.startswith("master_round_trips_"))
+                  if (k.endswith(("_completed", "_aborted")) or k.startswith(("master_round_trips_", "split_")))
                   and isinstance(v, int)},
     )
 

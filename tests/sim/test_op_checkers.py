@@ -14,7 +14,9 @@ from pccl_sim.engine.schedule import FaultEvent, Schedule, Trigger
 from pccl_sim.engine.trace import Trace, TraceEvent
 from pccl_sim.workloads.pccl.op_checkers import (AgreedParameters, MasterRoundTrips, NoHungCall, OneVerdict,
                                                   OutcomeFollowsVerdict, PhaseRule, op_checkers)
+from pccl_sim.workloads.pccl.orphan_waits import OrphanWaits
 from pccl_sim.workloads.pccl.scenario import PcclScenario
+from pccl_sim.workloads.pccl.split_checker import NoSplit
 
 
 class _Tap:
@@ -278,13 +280,14 @@ def test_a_fault_free_run_passes_and_every_successful_call_took_two_round_trips(
     assert {k: v for k, v in trace.stats.items() if k.startswith("master_round_trips_")} == {"master_round_trips_2": calls}
 
 
-@pytest.mark.parametrize(("params", "source"), [
-    ({"max_master_round_trips": 1}, "master-round-trips"),  # today's protocol: Commence and Complete
-    ({"master": "split-verdict"}, "one-verdict"),  # a master that decides per participant
+@pytest.mark.parametrize(("params", "sources"), [
+    ({"max_master_round_trips": 1}, ["master-round-trips"]),  # today's protocol: Commence and Complete
+    # a master that decides per participant: its words split, and so do the calls' outcomes
+    ({"master": "split-verdict"}, ["one-verdict", "no-split"]),
 ])
-def test_a_real_run_fails_on_the_claim_it_breaks(params: dict[str, Any], source: str) -> None:
+def test_a_real_run_fails_on_the_claim_it_breaks(params: dict[str, Any], sources: list[str]) -> None:
     trace = _run(**params)
-    assert [f.source for f in trace.failures] == [source], trace.failures
+    assert [f.source for f in trace.failures] == sources, trace.failures
 
 
 @pytest.mark.parametrize("peer_commit", [False, True])
@@ -301,3 +304,123 @@ def test_a_peer_killed_as_it_sends_a_collective_init_leaves_no_hung_call(peer_co
     kill = next(e for e in trace.events if e.kind == "kill" and e.data.get("host") == "peer1")
     assert [e for e in trace.events if e.source == "peer1" and e.seq > kill.seq and e.kind == "collective_call"]
     assert trace.events[-1].t - kill.t > scenario.liveness_bound
+
+
+# --- no-split: a result on one peer, a raise on another -------------------------------------------
+
+
+def _peer_agreed(sim: _Sim, seq: int = 9, *, done: bool = False) -> None:
+    """peer0 and peer1 (ids 1, 2) begin op ``seq`` with peer commit (and report ready, if
+    ``done``); peer0 commits on its set."""
+    for i, host in enumerate(("peer0", "peer1")):
+        sim.wire(host, "recv", m.Welcome(i + 1, instance=5))
+        sim.wire(host, "recv", m.TopologyComplete(1, (m.PeerEndpoint(1, "a", 1, 2), m.PeerEndpoint(2, "b", 1, 2)),
+                                                  m.Membership(2, 2, 1, 2)))
+        sim.event(host, "all_reduce_call", tag=7, k=1)
+        sim.wire(host, "send", m.CollectiveBegin(7, seq, 3, 4, 1, 0, peer_commit=True))
+    if done:
+        for host in ("peer0", "peer1"):
+            sim.wire(host, "send", m.CollectiveDone(7, seq, aborted=False))
+    sim.event("peer0", "all_reduce", tag=7, k=1)  # committed among its peers: no final word
+
+
+def test_no_split_fires_on_a_result_and_a_raise_the_masters_words_do_not_drive() -> None:
+    # The master aborts peer1 while peer0, which returned the result, is still its participant:
+    # it hears the Abort too, so it is a survivor (rule 12).
+    sim = _Sim(NoSplit())
+    _peer_agreed(sim)
+    sim.wire("peer1", "recv", m.CollectiveAbort(7, 9))
+    sim.event("peer1", "all_reduce_aborted", tag=7, k=1, error="aborted")
+    assert sim.failures() == []  # peer0 may still be one the master declared dead
+    sim.wire("peer0", "recv", m.CollectiveAbort(7, 9))
+    assert sim.failures() == [("safety", "no-split", "seq 9 split: peer0 (call #1 on tag 7) returned its result, "
+                               "peer1 (call #1 on tag 7) raised (read Abort); peer0 is a survivor (it read Abort)")]
+    # peer1 raises without any word from the master and keeps its master connection, after both
+    # reported ready: a split that only no-split sees (peer0's commit on a full set is valid,
+    # and nobody read a final word).
+    sim = _Sim(*op_checkers(100.0), NoSplit())
+    _peer_agreed(sim, done=True)
+    sim.event("peer1", "all_reduce_aborted", tag=7, k=1, error="aborted")
+    for checker in sim.checkers:
+        checker.at_end(sim)  # type: ignore[arg-type]
+    assert sim.failures() == [("safety", "no-split", "seq 9 split: peer0 (call #1 on tag 7) returned its result, "
+                               "peer1 (call #1 on tag 7) raised (no final word read); peer1 neither read a final "
+                               "word for it nor left it by the end of the run")]
+
+
+def test_no_split_allows_the_documented_paths_where_a_participant_left_the_op() -> None:
+    # (a): the master declared the committer dead (it registers again without the op) and
+    # aborts the survivor.
+    sim = _Sim(NoSplit())
+    _peer_agreed(sim)
+    sim.wire("peer1", "recv", m.CollectiveAbort(7, 9))
+    sim.event("peer1", "all_reduce_aborted", tag=7, k=1, error="aborted")
+    sim.wire("peer0", "send", m.Register(0, 1, 2, previous_peer_id=1))
+    sim.checkers[0].at_end(sim)  # type: ignore[arg-type]
+    # Rule 2: peer1 lost its master before the verdict (it raised, then registered again without
+    # the op), or died.
+    for leaves in ("register", "kill"):
+        sim2 = _Sim(NoSplit())
+        _peer_agreed(sim2)
+        sim2.event("peer1", "all_reduce_aborted", tag=7, k=1, error="the master was lost")
+        if leaves == "register":
+            sim2.wire("peer1", "send", m.Register(0, 1, 2, previous_peer_id=2))
+        else:
+            sim2.event("net", "kill", host="peer1")
+        sim2.checkers[0].at_end(sim2)  # type: ignore[arg-type]
+        assert sim2.failures() == [], leaves
+    # ... but one that carries the op into its registration is still in it: the new master's
+    # Abort then makes it a survivor of a split.
+    sim3 = _Sim(NoSplit())
+    _peer_agreed(sim3)
+    sim3.wire("peer1", "send", m.Register(0, 1, 2, previous_peer_id=2,
+                                          undecided=(m.UndecidedOp(5, 7, 9, (1, 2), 0),)))
+    sim3.wire("peer1", "recv", m.Welcome(2, instance=6))
+    sim3.wire("peer1", "recv", m.CollectiveAbort(7, 9))  # the new master's verdict on the old op
+    sim3.event("peer1", "all_reduce_aborted", tag=7, k=1, error="aborted")
+    sim3.wire("peer0", "recv", m.CollectiveAbort(7, 9))
+    assert [f[1] for f in sim3.failures()] == ["no-split"]
+    assert sim.failures() == []
+    # A legal op (both read Complete) and a legal abort (both read Abort) are no split.
+    for verdicts in (("Complete", "Complete"), ("Abort", "Abort")):
+        sim4 = _Sim(NoSplit())
+        _op(sim4, verdicts=verdicts)
+        sim4.checkers[0].at_end(sim4)  # type: ignore[arg-type]
+        assert sim4.failures() == [], verdicts
+
+
+def test_no_hung_call_waits_out_a_restarted_masters_documented_wait_for_a_reported_op() -> None:
+    # A restarted master waits master_reconnect_timeout (here 60 s) from an op's first report for
+    # its participants that have not registered (seed 16, 2 peers, peer commit: the other
+    # participant died across the restart): the reporter's call waits that long by design, and
+    # only the bound after it is a hang.
+    waits = OrphanWaits(60.0)
+    sim = _Sim(waits, NoHungCall(10.0, waits))
+    sim.wire("peer0", "recv", m.Welcome(1, instance=5))
+    sim.event("peer0", "all_reduce_call", tag=7, k=1)
+    sim.wire("peer0", "send", m.CollectiveBegin(7, 9, 3, 4, 1, 0, peer_commit=True))
+    sim.now = 1.0
+    sim.event("master", "start")
+    sim.now = 2.0
+    sim.wire("peer0", "send", m.Register(0, 1, 2, previous_peer_id=1, undecided=(m.UndecidedOp(5, 7, 9, (1, 2), 0),)))
+    assert waits.waited_until() == 62.0  # running: it ends at its deadline
+    sim.now = 70.0
+    sim.event("monitor", "probe")
+    assert sim.failures() == []
+    sim.now = 72.5
+    sim.event("monitor", "probe")
+    assert sim.failures() == [("liveness", "no-hung-call", "peer0: call #1 on tag 7 still runs 10.5 s after a "
+                                                         "restarted master's wait for a reported op ended (bound "
+                                                         "10.0 s; in seq 9, final word None)")]
+    # The wait ended for the cluster when the reporter read the verdict (before its deadline).
+    sim.wire("peer0", "recv", m.Welcome(1, instance=6))
+    sim.now = 73.0
+    sim.wire("peer0", "recv", m.CollectiveAbort(7, 9))
+    assert waits.waited_until() == 62.0
+    # A call that begins after the wait ended has no allowance.
+    sim2 = _Sim(waits, NoHungCall(10.0, waits))
+    sim2.now = 73.0
+    sim2.event("peer1", "all_reduce_call", tag=8, k=1)
+    sim2.now = 83.5
+    sim2.event("monitor", "probe")
+    assert [f[1] for f in sim2.failures()] == ["no-hung-call"]

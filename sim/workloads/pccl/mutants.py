@@ -7,7 +7,7 @@ one classic distributed-systems bug planted in it.  The pccl scenario installs o
 :func:`pccl.testing.install_master_state`, never through a branch in pccl — and ``tests/sim/test_teeth.py`` shows a campaign finds it and the
 shrinker reduces the failing schedule to a handful of events.
 
-``MASTER_VARIANTS`` maps a name to a factory ``(rng, peer_timeout) -> MasterState``; ``"real"``
+``MASTER_VARIANTS`` maps a name to a factory ``(rng, peer_timeout, reconnect_timeout) -> MasterState``; ``"real"``
 is pccl's own machine.  Register more with :func:`register_master_variant`.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -28,6 +29,7 @@ __all__ = [
     "NewcomerRevisionWins",
     "LineageBlind",
     "SplitVerdict",
+    "OrphanWaitTenfold",
     "register_master_variant",
     "make_master_state",
 ]
@@ -111,6 +113,17 @@ class SplitVerdict(ms.MasterState):
         return effects
 
 
+class OrphanWaitTenfold(ms.MasterState):
+    """A restarted master that waits ten times ``master_reconnect_timeout`` (its rule:
+    docs/protocol.rst, "A master restart while peers are in doubt") for the absent participants
+    of an op a peer reported undecided: the reporters' calls hang ten minutes instead of one.
+    The liveness checkers allow the documented wait (:mod:`pccl_sim.workloads.pccl.orphan_waits`),
+    not this one."""
+
+    def __init__(self, *, reconnect_timeout: float = 60.0, **kwargs: Any) -> None:
+        super().__init__(reconnect_timeout=10 * reconnect_timeout, **kwargs)
+
+
 MASTER_VARIANTS: dict[str, MasterFactory] = {
     "real": ms.MasterState,
     "no-recheck-on-disconnect": NoRecheckOnDisconnect,
@@ -118,6 +131,7 @@ MASTER_VARIANTS: dict[str, MasterFactory] = {
     "newcomer-revision-wins": NewcomerRevisionWins,
     "lineage-blind": LineageBlind,
     "split-verdict": SplitVerdict,
+    "orphan-wait-tenfold": OrphanWaitTenfold,
 }
 
 

@@ -26,7 +26,10 @@ it registers again (its ops ended with the old master connection).
   split docs/protocol.rst, "What it cannot give" (a), allows).
 * **liveness** — :class:`NoHungCall`: no collective call runs longer than ``bound`` (the
   scenario's liveness bound; a master restart starts every call's clock again: calls wait for
-  it by design).  A host's calls end with its process; a call its corpse begins at its death
+  it by design; so does the end of a restarted master's wait, ``master_reconnect_timeout`` from
+  the first report, for the absent participants of a peer-agreed op a peer reported to it: the
+  reporters' calls wait for its verdict, and the calls of the reporters' rings for them —
+  :mod:`~pccl_sim.workloads.pccl.orphan_waits`).  A host's calls end with its process; a call its corpse begins at its death
   instant (before its next checkpoint, e.g. after a kill triggered by its own send) is none.
 * statistics — :class:`MasterRoundTrips`: the master's answers each successful call read about
   its op while it ran (``master_round_trips_<n>``: calls that waited for ``n``); with ``limit``
@@ -48,6 +51,7 @@ from pccl.protocol.messages import CollectiveKind
 
 from ...engine.runner import Checker, Simulation
 from ...engine.trace import TraceEvent
+from .orphan_waits import OrphanWaits
 
 __all__ = ["OneVerdict", "AgreedParameters", "PhaseRule", "OutcomeFollowsVerdict", "NoHungCall",
            "MasterRoundTrips", "op_checkers", "CALL_STARTS", "CALL_ENDS"]
@@ -501,22 +505,31 @@ class NoHungCall(_Calls):
 
     name = "no-hung-call"
 
-    def __init__(self, bound: float) -> None:
+    def __init__(self, bound: float, waits: OrphanWaits | None = None) -> None:
         super().__init__()
         self.bound = bound
+        self.waits = waits
 
     def master_started(self, t: float) -> None:
         for call in self.calls.values():  # they waited for the master, as they should
             call.started = max(call.started, t)
 
+    def _clock(self, call: _Call) -> float:
+        """When ``call``'s clock started: its start, or the end of a restarted master's
+        documented wait for a reported op that ran meanwhile (its deadline while it runs;
+        :mod:`~pccl_sim.workloads.pccl.orphan_waits`)."""
+        return call.started if self.waits is None else max(call.started, self.waits.waited_until())
+
     def tick(self, t: float) -> None:
         if self.failed or not self.calls:
             return
-        (host, tag), call = min(self.calls.items(), key=lambda item: item[1].started)
-        if t - call.started > self.bound:
+        (host, tag), call = min(self.calls.items(), key=lambda item: self._clock(item[1]))
+        began = self._clock(call)
+        if t - began > self.bound:
             state = "without a Commence" if call.op is None else f"in seq {call.op[1]}, final word {call.verdict}"
-            self._fail("liveness", f"{host}: call #{call.k} on tag {tag} still runs {t - call.started:.1f} s after it "
-                                   f"began (bound {self.bound:.1f} s; {state})")
+            since = "it began" if began == call.started else "a restarted master's wait for a reported op ended"
+            self._fail("liveness", f"{host}: call #{call.k} on tag {tag} still runs {t - began:.1f} s after {since} "
+                                   f"(bound {self.bound:.1f} s; {state})")
 
     def at_end(self, sim: Simulation) -> None:
         self.tick(sim.now)
@@ -547,8 +560,10 @@ class MasterRoundTrips(_Calls):
 
 
 def op_checkers(liveness_bound: float, *, max_round_trips: int | None = None,
-                master_state: Callable[[Simulation], Any] | None = None) -> list[Checker]:
+                master_state: Callable[[Simulation], Any] | None = None,
+                waits: OrphanWaits | None = None) -> list[Checker]:
     """The checkers of one collective's guarantees, for one run (``master_state``: the live
-    master's machine, or ``None`` while it is down)."""
+    master's machine, or ``None`` while it is down; ``waits``: a restarted master's documented
+    waits for reported ops, which :class:`NoHungCall` does not count)."""
     return [OneVerdict(), AgreedParameters(), PhaseRule(), OutcomeFollowsVerdict(master_state),
-            NoHungCall(liveness_bound), MasterRoundTrips(max_round_trips)]
+            NoHungCall(liveness_bound, waits), MasterRoundTrips(max_round_trips)]

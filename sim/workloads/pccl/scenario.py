@@ -57,6 +57,8 @@ from ...observe.coverage import CoverageProbe
 from ...engine.tap import FrameFormat
 from .checkers import membership_checkers
 from .op_checkers import op_checkers
+from .orphan_waits import OrphanWaits
+from .split_checker import NoSplit
 from .frames import IDLE_MESSAGES, AllReduceParts, PcclFrames
 from .mutants import MASTER_VARIANTS, make_master_state
 from .network import KernelCost, PcclSimNetwork
@@ -313,6 +315,12 @@ class PcclScenario(Scenario):
             if liveness_bound is not None
             else 2 * (2 * peer_timeout + self.backoff[1] + 4 * connect_timeout + 4 * step_time + reach)
         )
+        # With peer commit, a restarted master waits master_reconnect_timeout from the first
+        # report of a peer-agreed op for its absent participants (docs/protocol.rst, "A master
+        # restart while peers are in doubt"), and its reporters wait with it: the liveness clock
+        # starts after that wait (pccl_sim.workloads.pccl.orphan_waits), and the quiet window
+        # must hold both.
+        self.recovery_window = self.liveness_bound + (self.config.master_reconnect_timeout if peer_commit else 0.0)
         # After recovery, watch the cluster for longer than any timeout, then end the run.
         self.hold = 2 * peer_timeout + 2 * heartbeat_interval if hold == -1.0 else hold
         self._masters: dict[int, pccl.Master] = {}
@@ -349,9 +357,11 @@ class PcclScenario(Scenario):
         return PcclFrames()
 
     def checkers(self) -> list[Checker]:
-        out: list[Checker] = [*membership_checkers(self), CoverageProbe(idle=IDLE_MESSAGES),
+        # A restarted master's documented wait for a reported op (peer commit) is no hang.
+        waits = OrphanWaits(self.config.master_reconnect_timeout)
+        out: list[Checker] = [waits, *membership_checkers(self, waits), CoverageProbe(idle=IDLE_MESSAGES),
                               *op_checkers(self.liveness_bound, max_round_trips=self.max_master_round_trips,
-                                          master_state=self.master_state)]
+                                          master_state=self.master_state, waits=waits), NoSplit()]
         for phase in self.phases:
             out.extend(phase.checkers(self))
         return out
@@ -425,7 +435,8 @@ class PcclScenario(Scenario):
             if self.master_variant != "real":
                 # Swap in the broken machine before anyone can connect (a connect takes an RTT).
                 install_master_state(master, make_master_state(
-                    self.master_variant, rng=host.rng, peer_timeout=self.config.peer_timeout
+                    self.master_variant, rng=host.rng, peer_timeout=self.config.peer_timeout,
+                    reconnect_timeout=self.config.master_reconnect_timeout,
                 ))
             self._masters[host.incarnation] = master
             host.record("master_up", address=master.address)
@@ -513,8 +524,9 @@ def pccl_schedule(
 ) -> tuple[PcclScenario, Schedule]:
     """A generated fault schedule for the pccl scenario, and the scenario it describes.
 
-    ``quiet`` defaults to the scenario's liveness bound plus 20 %: the liveness verdict needs the
-    whole bound.  Phase-triggered kills aim at :data:`MEMBERSHIP_MESSAGES` and at the
+    ``quiet`` defaults to the scenario's :attr:`~PcclScenario.recovery_window` plus 20 %: the
+    liveness verdict needs the whole bound (and, with ``peer_commit``, a restarted master's wait
+    for a reported op before it).  Phase-triggered kills aim at :data:`MEMBERSHIP_MESSAGES` and at the
     control messages of the scenario's step phases (``Phase.messages``).  ``max_peers`` caps
     spawns (default: the profile's, at least ``peers``).  Without ``phases``, a named profile
     draws the seed's step body (:func:`~pccl_sim.workloads.pccl.profiles.profile_phases`).
@@ -547,7 +559,7 @@ def pccl_schedule(
         profile=rates,
         peers=peers,
         duration=duration,
-        quiet=quiet if quiet is not None else round(scenario.liveness_bound * 1.2, 3),
+        quiet=quiet if quiet is not None else round(scenario.recovery_window * 1.2, 3),
         scenario=scenario.to_json(),
         messages=tuple(directions),
         message_directions=directions,
