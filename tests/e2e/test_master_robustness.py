@@ -121,6 +121,22 @@ async def test_crafted_frames_after_registration_get_a_short_kick(body: bytes, r
             await _still_serves(master.address)
 
 
+async def test_a_data_frame_after_registration_gets_a_short_kick() -> None:
+    """The master reads control messages only: a data frame, arriving in the same receive right
+    behind a valid message, is a protocol error that costs that connection alone."""
+    with trio.fail_after(BOUND):
+        async with pccl.open_master("127.0.0.1:0", token=TOKEN, config=CFG) as master:
+            conn = await _registered(master.address)
+            header = codec.DataHeader(op_seq=1, stream=0, step=0, offset=0, nbytes=4)
+            await conn.stream.send_all(codec.encode_message(m.Heartbeat()) + codec.encode_data_prefix(header)
+                                       + bytes(4))
+            notice = await _kick_notice(conn)
+            await conn.aclose()
+            assert notice.reason == KickReason.PROTOCOL_ERROR
+            assert "data frame" in notice.detail
+            await _still_serves(master.address)
+
+
 async def test_a_lone_silent_peer_is_kicked_by_the_timer_alone() -> None:
     # No other connection sends anything, so no event but the master's own timer can notice.
     with trio.fail_after(BOUND):
