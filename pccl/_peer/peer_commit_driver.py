@@ -362,7 +362,9 @@ class PeerCommits:
             read = False
             ack: Ack | None = None
             with scope:
-                ack = await self._read_ack(op, ag, source, inbox)
+                # No schedule point after an ack read ahead whole: its merge (a commit, say)
+                # follows at once, and the call's next yield comes soon.
+                ack = await self._read_ack(op, ag, source, inbox, schedule_point=False)
                 read = True
             ag.scope = None
             silent = scope.cancelled_caught and not ag.stopped  # the master's word is no silence
@@ -454,14 +456,15 @@ class PeerCommits:
                 if ack is None:
                     return
 
-    async def _read_ack(self, op: OpAttempt, ag: Agreement, source: int, inbox: Inbox) -> Ack | None:
+    async def _read_ack(self, op: OpAttempt, ag: Agreement, source: int, inbox: Inbox, *,
+                        schedule_point: bool = True) -> Ack | None:
         """``source``'s next ack from ``inbox``; ``None`` (logged) when the link fails or
-        delivers a malformed ack."""
+        delivers a malformed ack.  ``schedule_point``: as for :meth:`Inbox.receive_into`."""
         n = len(ag.ring)
         buffer = bytearray(ack_size(n))
         try:
             await inbox.receive_into(seq=ag.seq, stream=0, step=ag.received.get(source, 0),
-                                     offset=0, destination=memoryview(buffer))
+                                     offset=0, destination=memoryview(buffer), schedule_point=schedule_point)
         except PCCLError as exc:
             log.info("peer %x: the ack link of %s seq %d from ring position %d failed: %s",
                      self._host.peer_id, op.plan.what, op.seq, source, exc)
