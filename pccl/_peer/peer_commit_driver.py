@@ -320,7 +320,8 @@ class PeerCommits:
         if ag.master_lost and not op.settled.is_set() and (cancelled or not self._host.reconnecting):
             self._step(op, Event.MASTER_LOST)  # in doubt, and no master to ask
         # (Reconnecting: the next master hears of it at registration, :meth:`undecided`.)
-        await op.settled.wait()
+        if not op.settled.is_set():  # (the master's word that ended the acks settled it: no pass)
+            await op.settled.wait()
         if ag.machine.phase is Phase.READY or ag.machine.phase is Phase.IN_DOUBT:
             ag.machine.handle(E.COMMIT if op.machine.state is State.COMPLETED else E.ABORT)
 
