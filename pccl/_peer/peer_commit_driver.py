@@ -352,11 +352,12 @@ class PeerCommits:
 
     async def _agree_one(self, op: OpAttempt, ag: Agreement, links: RingLinks, source: int, inbox: Inbox) -> None:
         """:meth:`_agree` for an op with one ack link (two participants), which this task reads
-        itself: no reader task, no channel and no nursery per op (their run-loop passes were a
-        third of a small all-reduce's at two peers).  The same rules: each wait for an ack is
-        ``ag.scope``, bounded by ``peer_timeout`` (silence: in doubt) and cancelled by the master's
-        word (:meth:`Agreement.stop`), cut where :meth:`_exchange` cancels its readers; a failed
-        link or a malformed ack puts it in doubt.  An ack read is merged before anything yields."""
+        itself: no reader task, no channel and no nursery per op (their run-loop passes were
+        more than a third of a small all-reduce's at two peers).  The same rules: each wait for
+        an ack is ``ag.scope``, bounded by ``peer_timeout`` (silence: in doubt) and cancelled by
+        the master's word (:meth:`Agreement.stop`), cut where :meth:`_exchange` cancels its
+        readers; a failed link or a malformed ack puts it in doubt; once a query put it in doubt
+        nothing read counts.  An ack read is merged before anything yields."""
         timeout = self._host.config.peer_timeout
         while ag.machine.phase is Phase.READY and not op.settled.is_set():
             scope = ag.scope = trio.CancelScope(deadline=trio.current_time() + timeout)
@@ -369,6 +370,8 @@ class PeerCommits:
                 read = True
             ag.scope = None
             silent = scope.cancelled_caught and not ag.stopped  # the master's word is no silence
+            if ag.machine.phase is not Phase.READY:
+                continue  # a query (ag.stop) put it in doubt meanwhile: as in _agree, nothing read counts
             if ack is not None:
                 await self._relay(op, ag, links, self._merge(op, ag, source, ack))
             elif (read or silent) and not op.settled.is_set():
