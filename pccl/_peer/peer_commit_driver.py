@@ -18,7 +18,9 @@ once ready and whenever it grows, to every ack target it has a link to
 (:func:`~pccl.protocol.peer_ack.ack_targets`: its ring neighbours both ways and the round's
 partner links), skipping a target known to hold all of it (it was told, or its own ack named
 it), and reads acks from all of them, one reader task per link; what came meanwhile is merged
-before one relay.  Each pair uses one connection both ends pick alike
+before one relay.  With one ack link (two participants) the call's own task reads it, with no
+reader task, channel or nursery per op (:meth:`PeerCommits._agree_one`: the same rules).  Each
+pair uses one connection both ends pick alike
 (:meth:`~pccl.collectives.links.RingLinks.ack_links`): the successor lane 0, a partner its
 partner link, the predecessor (unless a partner) lane 0 back the other way; ``step`` counts
 the acks on that connection.  So every id reaches everyone in
@@ -254,17 +256,20 @@ class PeerCommits:
         ag = op.agreement
         assert ag is not None and op.links is not None
         links, timeout = op.links, self._host.config.peer_timeout
-        acks: _Acks = trio.open_memory_channel[tuple[int, Ack | None]](math.inf)
+        sources = links.ack_links(ag.position, len(ag.ring))
+        # One ack link (two participants): the call's task reads it itself (_agree_one).
+        acks: _Acks | None = (trio.open_memory_channel[tuple[int, Ack | None]](math.inf)
+                              if len(sources) != 1 else None)
         try:
             if self.frozen(op.seq) or op.settled.is_set():
                 await op.settled.wait()  # queried before it was ready here: the verdict decides
                 return
             try:
-                await self._exchange(op, ag, links, acks)
+                await self._exchange(op, ag, links, sources, acks)
             except trio.Cancelled:
                 with trio.move_on_after(timeout) as waited:
                     waited.shield = True
-                    await self._exchange(op, ag, links, acks, cancelled=True)
+                    await self._exchange(op, ag, links, sources, acks, cancelled=True)
                 if op.machine.state is State.COMPLETED:
                     log.info("peer %x: %s seq %d was cancelled after it was ready; it committed, so the call "
                              "returns its result", self._host.peer_id, op.plan.what, op.seq)
@@ -276,21 +281,29 @@ class PeerCommits:
                                 self._host.peer_id, op.plan.what, op.seq, timeout)
                 raise
         finally:
-            acks[0].close()
+            if acks is not None:
+                acks[0].close()
             links.retire(ag.seq)
 
-    async def _exchange(self, op: OpAttempt, ag: Agreement, links: RingLinks, acks: _Acks, *,
+    async def _exchange(self, op: OpAttempt, ag: Agreement, links: RingLinks,
+                        sources: dict[int, tuple[FramedConnection, Inbox]], acks: _Acks | None, *,
                         cancelled: bool = False) -> None:
         """Acks until a full set, the master's word or a doubt; then, in doubt, the verdict.
+        ``sources``: the op's ack links (:meth:`~pccl.collectives.links.RingLinks.ack_links`);
         ``acks``: the channel into which the readers of every ack link (one task each, here) put
         what they read; it outlives a cancelled call of this (the shielded retry reads on, and
-        does not wait for a lost master to come back: ``cancelled``)."""
+        does not wait for a lost master to come back: ``cancelled``).  ``None`` for an op with
+        one ack link, which this task reads itself (:meth:`_agree_one`)."""
         if ag.machine.phase is Phase.RUNNING:
             await self._effects(op, ag, links, ag.machine.handle(E.RESULT_HELD))
-        if ag.machine.phase is Phase.READY and not op.settled.is_set():
+        if ag.machine.phase is Phase.READY and not op.settled.is_set() and acks is None:
+            ((source, (_, inbox)),) = sources.items()
+            await self._agree_one(op, ag, links, source, inbox)
+        elif ag.machine.phase is Phase.READY and not op.settled.is_set():
+            assert acks is not None
             try:
                 async with trio.open_nursery() as nursery:
-                    for source, (_, inbox) in links.ack_links(ag.position, len(ag.ring)).items():
+                    for source, (_, inbox) in sources.items():
                         nursery.start_soon(self._read_acks, op, ag, source, inbox, acks[0].clone())
                     try:
                         await self._agree(op, ag, links, acks[1])
@@ -307,7 +320,8 @@ class PeerCommits:
         if ag.master_lost and not op.settled.is_set() and (cancelled or not self._host.reconnecting):
             self._step(op, Event.MASTER_LOST)  # in doubt, and no master to ask
         # (Reconnecting: the next master hears of it at registration, :meth:`undecided`.)
-        await op.settled.wait()
+        if not op.settled.is_set():  # (the master's word that ended the acks settled it: no pass)
+            await op.settled.wait()
         if ag.machine.phase is Phase.READY or ag.machine.phase is Phase.IN_DOUBT:
             ag.machine.handle(E.COMMIT if op.machine.state is State.COMPLETED else E.ABORT)
 
@@ -332,14 +346,49 @@ class PeerCommits:
                         break
                     effects += self._merge(op, ag, source, ack) if ack is not None else ag.doubt(
                         E.PEER_LOST, self._host.counters)
-                relay = X.SEND_KNOWN in effects and ag.machine.phase in (Phase.READY, Phase.COMMITTED)
-                await self._effects(op, ag, links, ((X.SEND_KNOWN,) if relay else ())
-                                    + tuple(x for x in effects if x is not X.SEND_KNOWN))
+                await self._relay(op, ag, links, effects)
             elif (got is not None or silent) and not op.settled.is_set():
-                if got is None:
-                    log.info("peer %x: no ack of %s seq %d for %g s: asking the master", self._host.peer_id,
-                             op.plan.what, op.seq, timeout)
-                await self._effects(op, ag, links, ag.doubt(E.PEER_LOST, self._host.counters))
+                await self._silence(op, ag, links, read=got is not None)
+
+    async def _agree_one(self, op: OpAttempt, ag: Agreement, links: RingLinks, source: int, inbox: Inbox) -> None:
+        """:meth:`_agree` for an op with one ack link (two participants), which this task reads
+        itself: no reader task, no channel and no nursery per op (their run-loop passes were
+        more than a third of a small all-reduce's at two peers).  The same rules: each wait for
+        an ack is ``ag.scope``, bounded by ``peer_timeout`` (silence: in doubt) and cancelled by
+        the master's word (:meth:`Agreement.stop`), cut where :meth:`_exchange` cancels its
+        readers; a failed link or a malformed ack puts it in doubt; once a query put it in doubt
+        nothing read counts.  An ack read is merged before anything yields."""
+        timeout = self._host.config.peer_timeout
+        while ag.machine.phase is Phase.READY and not op.settled.is_set():
+            scope = ag.scope = trio.CancelScope(deadline=trio.current_time() + timeout)
+            read = False
+            ack: Ack | None = None
+            with scope:
+                # No schedule point after an ack read ahead whole: its merge (a commit, say)
+                # follows at once, and the call's next yield comes soon.
+                ack = await self._read_ack(op, ag, source, inbox, schedule_point=False)
+                read = True
+            ag.scope = None
+            silent = scope.cancelled_caught and not ag.stopped  # the master's word is no silence
+            if ag.machine.phase is not Phase.READY:
+                continue  # a query (ag.stop) put it in doubt meanwhile: as in _agree, nothing read counts
+            if ack is not None:
+                await self._relay(op, ag, links, self._merge(op, ag, source, ack))
+            elif (read or silent) and not op.settled.is_set():
+                await self._silence(op, ag, links, read=read)
+
+    async def _relay(self, op: OpAttempt, ag: Agreement, links: RingLinks, effects: tuple[X, ...]) -> None:
+        """Run what merging acks asked for: one relay of the known set for all of them, first."""
+        relay = X.SEND_KNOWN in effects and ag.machine.phase in (Phase.READY, Phase.COMMITTED)
+        await self._effects(op, ag, links, ((X.SEND_KNOWN,) if relay else ())
+                            + tuple(x for x in effects if x is not X.SEND_KNOWN))
+
+    async def _silence(self, op: OpAttempt, ag: Agreement, links: RingLinks, *, read: bool) -> None:
+        """No ack for ``peer_timeout`` (``read`` false) or a failed ack link: in doubt."""
+        if not read:
+            log.info("peer %x: no ack of %s seq %d for %g s: asking the master", self._host.peer_id,
+                     op.plan.what, op.seq, self._host.config.peer_timeout)
+        await self._effects(op, ag, links, ag.doubt(E.PEER_LOST, self._host.counters))
 
     def _merge(self, op: OpAttempt, ag: Agreement, source: int, ack: Ack) -> tuple[X, ...]:
         acceptance = accept(ack, op.seq, ag.digest)
@@ -404,26 +453,32 @@ class PeerCommits:
                          out: trio.MemorySendChannel[tuple[int, Ack | None]]) -> None:
         """Read ``source``'s acks from ``inbox`` into ``out`` until cancelled; ``(source, None)``
         and stop when the link fails or delivers a malformed ack."""
-        n = len(ag.ring)
         with out:
             while True:
-                buffer = bytearray(ack_size(n))
-                try:
-                    await inbox.receive_into(seq=ag.seq, stream=0, step=ag.received.get(source, 0),
-                                             offset=0, destination=memoryview(buffer))
-                except PCCLError as exc:
-                    log.info("peer %x: the ack link of %s seq %d from ring position %d failed: %s",
-                             self._host.peer_id, op.plan.what, op.seq, source, exc)
-                    out.send_nowait((source, None))
-                    return
-                ag.received[source] = ag.received.get(source, 0) + 1
-                try:
-                    ack = decode_ack(bytes(buffer), n)
-                except ProtocolError as exc:
-                    log.warning("peer %x: %s seq %d: %s", self._host.peer_id, op.plan.what, op.seq, exc)
-                    out.send_nowait((source, None))
-                    return
+                ack = await self._read_ack(op, ag, source, inbox)
                 out.send_nowait((source, ack))
+                if ack is None:
+                    return
+
+    async def _read_ack(self, op: OpAttempt, ag: Agreement, source: int, inbox: Inbox, *,
+                        schedule_point: bool = True) -> Ack | None:
+        """``source``'s next ack from ``inbox``; ``None`` (logged) when the link fails or
+        delivers a malformed ack.  ``schedule_point``: as for :meth:`Inbox.receive_into`."""
+        n = len(ag.ring)
+        buffer = bytearray(ack_size(n))
+        try:
+            await inbox.receive_into(seq=ag.seq, stream=0, step=ag.received.get(source, 0),
+                                     offset=0, destination=memoryview(buffer), schedule_point=schedule_point)
+        except PCCLError as exc:
+            log.info("peer %x: the ack link of %s seq %d from ring position %d failed: %s",
+                     self._host.peer_id, op.plan.what, op.seq, source, exc)
+            return None
+        ag.received[source] = ag.received.get(source, 0) + 1
+        try:
+            return decode_ack(bytes(buffer), n)
+        except ProtocolError as exc:
+            log.warning("peer %x: %s seq %d: %s", self._host.peer_id, op.plan.what, op.seq, exc)
+            return None
 
 
 

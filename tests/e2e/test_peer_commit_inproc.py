@@ -197,6 +197,90 @@ async def test_a_silent_neighbour_puts_the_others_in_doubt_and_the_master_decide
         assert mute.statistics().peer_commits == 1  # it heard everyone: it committed on its own
 
 
+async def test_two_peers_read_their_one_ack_link_in_the_calls_own_task() -> None:
+    # Two participants have one ack link each: the call reads it itself, with no reader task
+    # (and no nursery) per op, and every op still commits on its acks.
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        _without_completes(master)
+        await each(comms, lambda i, c: c.all_reduce(np.ones(10, np.float32), tag=5))  # a round: ops may begin
+        spawned: list[str] = []
+
+        class Spawns(trio.abc.Instrument):
+            def task_spawned(self, task: trio.lowlevel.Task) -> None:
+                spawned.append(task.name)
+
+        instrument = Spawns()
+        trio.lowlevel.add_instrument(instrument)
+        try:
+            for k in range(5):
+                xs = [np.full(100, i + 1.0 + k, np.float32) for i in range(2)]
+                await each(comms, lambda i, c: c.all_reduce(xs[i], tag=5))
+                assert all(np.array_equal(x, np.full(100, 3.0 + 2 * k, np.float32)) for x in xs)
+        finally:
+            trio.lowlevel.remove_instrument(instrument)
+        assert not [name for name in spawned if "_read_acks" in name], spawned
+        assert [c.statistics().peer_commits for c in comms] == [6, 6]
+
+
+async def test_a_silent_peer_puts_its_only_partner_in_doubt_and_the_master_decides() -> None:
+    # Two peers: the one ack link read in the call's own task.  Its partner's acks are lost and
+    # that partner's Done is held up: after peer_timeout of silence the reader asks the master,
+    # which queries the silent one (committed: it heard the reader's ack) and completes both.
+    cfg = dataclasses.replace(CFG, peer_timeout=1.0, heartbeat_interval=0.2)
+    async with open_test_cluster(2, token=TOKEN, config=cfg, soon=SOON) as (master, comms, _):
+        await each(comms, lambda i, c: c.all_reduce(np.ones(10, np.float32), tag=6))  # a round: ops may begin
+        mute = comms[1]
+        state = pccl.testing.master_state(master)
+        mute_conn = state.conn_of(mute.peer_id)
+        real = state.handle
+        asked: list[int] = []
+
+        def handle(event: Any, now: float) -> list[Any]:
+            if isinstance(event, MessageReceived) and isinstance(event.msg, m.CollectiveAsk):
+                asked.append(event.conn_id)
+            if (isinstance(event, MessageReceived) and event.conn_id == mute_conn
+                    and isinstance(event.msg, m.CollectiveDone)):
+                return []  # held up
+            return real(event, now)
+
+        state.handle = handle  # type: ignore[method-assign]
+        commits = internals_of(mute).all_reduce.peer_commits
+
+        async def no_ack(*args: Any) -> None:
+            pass  # its acks are lost
+
+        commits.send_ack = no_ack  # type: ignore[method-assign,assignment]
+        doubts = [c.statistics().peer_commit_doubts for c in comms]
+        xs = [np.full(10, i + 1.0, np.float32) for i in range(2)]
+        with trio.fail_after(SOON):
+            outcome = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=6))
+        assert all(isinstance(o, pccl.ReduceInfo) for o in outcome), outcome
+        assert all(np.array_equal(x, np.full(10, 3.0, np.float32)) for x in xs)
+        assert asked == [state.conn_of(comms[0].peer_id)]
+        assert comms[0].statistics().peer_commit_doubts == doubts[0] + 1
+
+
+async def test_a_partner_that_dies_right_after_its_ack_leaves_its_only_partner_committed() -> None:
+    # Two peers: the victim's Done(ok) is out and it dies right after its ack left, while the
+    # survivor reads its one ack link in the call's own task.  The survivor commits on that ack
+    # or, the link failing first, falls in doubt and the master (both Done(ok) in) completes
+    # the op: it never aborts an op the victim may have committed.
+    async with open_test_cluster(2, token=TOKEN, config=CFG, soon=SOON) as (master, comms, _):
+        await each(comms, lambda i, c: c.all_reduce(np.ones(10, np.float32), tag=8))  # a round: ops may begin
+        victim, survivor = comms[1], comms[0]
+
+        async def die() -> None:
+            hooks.crash(victim)
+
+        hooks.after_acks(victim, die)
+        xs = [np.full(500, i + 1.0, np.float32) for i in range(2)]
+        with trio.fail_after(SOON):
+            outcome = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=8))
+        assert isinstance(outcome[0], pccl.ReduceInfo), outcome
+        assert np.array_equal(xs[0], np.full(500, 3.0, np.float32))
+        assert survivor.statistics().collectives_aborted == 0
+
+
 async def test_a_peer_without_peer_commit_keeps_none_of_the_acks_the_others_send_it() -> None:
     # Peers may differ: the third runs with peer_commit off, so it makes no agreement and reads
     # no acks, but its neighbours ack every op to it.  A later op's reader reads those frames
