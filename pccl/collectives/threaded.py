@@ -14,7 +14,9 @@ thread (prepare a frame's payload — quantize, finalize — then a blocking sen
 *receiver* thread (take the lane's next frame of this op through the inbox, straight into its
 destination, then reduce / dequantize it right there).  They synchronize through a condition
 variable: the sender of ``(step, k)`` waits until ``(step - 1, k)`` was processed.  The Trio task
-waits for all of them without polling and is woken once.  Schedule, frames, arithmetic and
+waits for all of them without polling and is woken once.  The threads are
+:mod:`pccl.net.workers`', woken through a pipe with the GIL released, so the root's first bytes
+leave without waiting for the Trio thread to let the GIL go.  Schedule, frames, arithmetic and
 buffers are exactly those of the Trio path (the same :class:`~pccl.collectives.lane_op.LaneOp` methods), so results are
 bit-identical whichever path runs.  A lane with no frame of the op to send or receive (an idle
 link of a broadcast's chain, an empty contribution to an all-gather) has threads that return
@@ -50,6 +52,7 @@ import outcome
 import trio
 
 from ..errors import StreamClosed
+from ..net import workers
 from ..net.thread_io import Interrupted, ThreadCancel
 from .lane_op import LaneOp
 
@@ -109,9 +112,7 @@ class LaneThreads:
         try:
             for started, (fn, *args) in enumerate(jobs):
                 try:
-                    trio.lowlevel.start_thread_soon(
-                        functools.partial(self._guarded, fn, *args), done, name="pccl-ring-lane"
-                    )
+                    workers.start_soon(functools.partial(self._guarded, fn, *args), done, name="pccl-ring-lane")
                 except BaseException:  # no thread to be had: stop those already running
                     with self._lock:
                         self._running -= len(jobs) - started
