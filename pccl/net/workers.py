@@ -7,7 +7,7 @@ lets the GIL go (its next blocking system call, or the interpreter's 5 ms switch
 on a busy host the kernel often runs the woken worker at once on the waker's core, where it
 finds the GIL taken and sleeps again, while the Trio thread has lost its core (traced on the
 2-core box: a broadcast's first byte 1-20 ms after the hand-off, docs/performance.rst).  Here an
-idle worker waits in ``select`` on a pipe of its own; the hand-off is an ``os.write`` to that
+idle worker waits in ``poll`` on a pipe of its own; the hand-off is an ``os.write`` to that
 pipe, a system call during which the Trio thread does not hold the GIL, so the woken worker
 takes it and runs into its own first blocking call (a socket send, in which it lets the GIL go
 again) before the Trio thread goes on.
@@ -92,9 +92,10 @@ class _Worker:
 
     def _wait(self) -> bool:
         """Wait for the next job (``True``) or retire (``False``) after :data:`IDLE_TIMEOUT`."""
+        poller = select.poll()  # not select(): a busy process's pipe may be past FD_SETSIZE
+        poller.register(self.read_fd, select.POLLIN)
         while True:
-            readable, _, _ = select.select([self.read_fd], [], [], IDLE_TIMEOUT)
-            if readable:
+            if poller.poll(IDLE_TIMEOUT * 1000):
                 os.read(self.read_fd, 64)
                 return True
             with _lock:

@@ -112,3 +112,24 @@ async def test_a_ring_ops_lane_threads_are_these_workers(monkeypatch: pytest.Mon
     finally:
         await a.aclose()
         await b.aclose()
+
+
+def test_a_worker_whose_pipe_is_past_fd_setsize_still_wakes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers, "IDLE_TIMEOUT", 0.05)
+    run(lambda: None)
+    for _ in range(1200):  # the idle workers retire, so the next job starts a new one
+        if workers.idle_workers() == 0:
+            break
+        threading.Event().wait(0.01)
+    assert workers.idle_workers() == 0
+    monkeypatch.setattr(workers, "IDLE_TIMEOUT", 10.0)
+    held = []
+    try:
+        while not held or held[-1] < 1100:  # a process with many connections
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        first, _ = run(threading.get_ident)  # a new worker, its pipe past select()'s FD_SETSIZE
+        second, _ = run(threading.get_ident)  # handed over through that pipe
+        assert first.unwrap() == second.unwrap()
+    finally:
+        for fd in held:
+            os.close(fd)
