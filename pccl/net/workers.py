@@ -49,6 +49,8 @@ class _Worker:
     def __init__(self, job: tuple[Callable[[], Any], Callable[[outcome.Outcome[Any]], object], str]) -> None:
         self.job: tuple[Callable[[], Any], Callable[[outcome.Outcome[Any]], object], str] | None = job
         self.read_fd, self.write_fd = os.pipe()
+        self.poller = select.poll()  # not select(): a busy process's pipe may be past FD_SETSIZE
+        self.poller.register(self.read_fd, select.POLLIN)
         self.thread = threading.Thread(target=self._work, name=job[2], daemon=True)
         try:
             self.thread.start()
@@ -92,10 +94,8 @@ class _Worker:
 
     def _wait(self) -> bool:
         """Wait for the next job (``True``) or retire (``False``) after :data:`IDLE_TIMEOUT`."""
-        poller = select.poll()  # not select(): a busy process's pipe may be past FD_SETSIZE
-        poller.register(self.read_fd, select.POLLIN)
         while True:
-            if poller.poll(IDLE_TIMEOUT * 1000):
+            if self.poller.poll(IDLE_TIMEOUT * 1000):
                 os.read(self.read_fd, 64)
                 return True
             with _lock:
@@ -110,8 +110,8 @@ class _Worker:
 
 def start_soon(fn: Callable[[], Any], deliver: Callable[[outcome.Outcome[Any]], object], *, name: str) -> None:
     """Run ``fn`` in an idle worker (a new one if none is idle), then ``deliver(outcome)`` in
-    that thread.  Any thread may call it.  Raises (``RuntimeError``) only when no thread could
-    be started, and then ``fn`` does not run."""
+    that thread.  Any thread may call it.  Raises (``RuntimeError``, ``OSError``) only when no
+    thread could be started, and then ``fn`` does not run."""
     with _lock:
         worker = _idle.pop() if _idle else None
     if worker is None:
