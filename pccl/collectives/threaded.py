@@ -57,7 +57,7 @@ from ..net.thread_io import Interrupted, ThreadCancel
 from .lane_op import LaneOp
 
 
-__all__ = ["LaneThreads"]
+__all__ = ["LaneThreads", "receiver_first"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +90,9 @@ class LaneThreads:
         for lane in range(op.lanes):
             # Scratch is taken here, on the Trio thread (the arena bookkeeping is not per-thread).
             send_buf = op.take(op.send_scratch_nbytes) if op.send_scratch_nbytes else None
-            jobs.append((self._send_loop, lane, send_buf))
-            jobs.append((self._receive_loop, lane, op.take(op.stage_nbytes)))
+            send = (self._send_loop, lane, send_buf)
+            receive = (self._receive_loop, lane, op.take(op.stage_nbytes))
+            jobs.extend((receive, send) if receiver_first(op, lane) else (send, receive))
         task = trio.lowlevel.current_task()
         token = trio.lowlevel.current_trio_token()
         self._token = token
@@ -236,6 +237,21 @@ class LaneThreads:
         finally:
             with self._lock:
                 self._rx += received
+
+
+def receiver_first(op: LaneOp, lane: int) -> bool:
+    """Whether ``lane``'s receiver thread is started before its sender: when the lane receives
+    before it sends (a broadcast's peers past the root, which forward what came in) or sends
+    nothing (the chain's last peer, whose sender only saves the input backup meanwhile).  A
+    woken worker takes the GIL at once and holds it until its first blocking call, so the thread
+    started first runs first; the receiver must drain the socket from the start, or the
+    sender's bytes stop once the socket buffers are full (on a link whose rate is the limit, the
+    link idles meanwhile)."""
+    sends = op.schedule.send_frames(lane, op.lanes)
+    if not sends:
+        return True
+    receives = op.schedule.recv_frames(lane, op.lanes)
+    return bool(receives) and receives[0].step < sends[0].step
 
 
 def _abort_all(connections: list[object]) -> None:

@@ -12,12 +12,14 @@ import outcome
 import pytest
 import trio
 
-from pccl.collectives import RingLinks, ring_all_reduce
+from pccl.collectives import RingLinks, broadcast_checked, ring_all_reduce
+from pccl.collectives.buffers import ReduceArgs
 from pccl.config import Config
 from pccl.net import workers
 from pccl.types import ReduceOp
 
 from tcp_pairs import framed_tcp_pair
+from test_allreduce_ring import tcp_ring
 
 
 def run(fn: object) -> tuple[outcome.Outcome[object], str]:
@@ -133,3 +135,37 @@ def test_a_worker_whose_pipe_is_past_fd_setsize_still_wakes(monkeypatch: pytest.
     finally:
         for fd in held:
             os.close(fd)
+
+
+async def test_a_broadcasts_receivers_start_before_their_senders_past_the_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A woken worker runs first, so the thread that must drain the socket from the start (on
+    every peer past the root; the chain's last one sends nothing) is handed its job first."""
+    links = await tcp_ring(3, 1)
+    order: list[tuple[int, str]] = []
+    real = workers.start_soon
+
+    def recording(fn: Any, deliver: Any, *, name: str) -> None:
+        loop = fn.args[0]  # functools.partial(LaneThreads._guarded, <the lane's loop>, lane, buffer)
+        order.append((links.index(loop.__self__.op.links), loop.__name__))
+        real(fn, deliver, name=name)
+
+    monkeypatch.setattr(workers, "start_soon", recording)
+    try:
+        inputs = [np.arange(1_000_003, dtype=np.float32) + 1000 * r for r in range(3)]
+        xs = [x.copy() for x in inputs]
+
+        async def peer(r: int) -> None:
+            args = ReduceArgs.check(xs[r], None, ReduceOp.SUM, None)
+            await broadcast_checked(args, root=0, links=links[r], rank=r, world=3, seq=1, max_subchunk_bytes=1 << 20)
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for r in range(3):
+                    nursery.start_soon(peer, r)
+        assert all(np.array_equal(x, inputs[0]) for x in xs)
+        assert [loop for rank, loop in order if rank == 0] == ["_send_loop", "_receive_loop"]
+        assert [loop for rank, loop in order if rank == 1] == ["_receive_loop", "_send_loop"]
+        assert [loop for rank, loop in order if rank == 2] == ["_receive_loop", "_send_loop"]
+    finally:
+        for link in links:
+            await link.aclose()
