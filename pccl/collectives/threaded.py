@@ -14,7 +14,9 @@ thread (prepare a frame's payload — quantize, finalize — then a blocking sen
 *receiver* thread (take the lane's next frame of this op through the inbox, straight into its
 destination, then reduce / dequantize it right there).  They synchronize through a condition
 variable: the sender of ``(step, k)`` waits until ``(step - 1, k)`` was processed.  The Trio task
-waits for all of them without polling and is woken once.  Schedule, frames, arithmetic and
+waits for all of them without polling and is woken once.  The threads are
+:mod:`pccl.net.workers`', woken through a pipe with the GIL released, so the root's first bytes
+leave without waiting for the Trio thread to let the GIL go.  Schedule, frames, arithmetic and
 buffers are exactly those of the Trio path (the same :class:`~pccl.collectives.lane_op.LaneOp` methods), so results are
 bit-identical whichever path runs.  A lane with no frame of the op to send or receive (an idle
 link of a broadcast's chain, an empty contribution to an all-gather) has threads that return
@@ -50,11 +52,12 @@ import outcome
 import trio
 
 from ..errors import StreamClosed
+from ..net import workers
 from ..net.thread_io import Interrupted, ThreadCancel
 from .lane_op import LaneOp
 
 
-__all__ = ["LaneThreads"]
+__all__ = ["LaneThreads", "receiver_first"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +90,9 @@ class LaneThreads:
         for lane in range(op.lanes):
             # Scratch is taken here, on the Trio thread (the arena bookkeeping is not per-thread).
             send_buf = op.take(op.send_scratch_nbytes) if op.send_scratch_nbytes else None
-            jobs.append((self._send_loop, lane, send_buf))
-            jobs.append((self._receive_loop, lane, op.take(op.stage_nbytes)))
+            send = (self._send_loop, lane, send_buf)
+            receive = (self._receive_loop, lane, op.take(op.stage_nbytes))
+            jobs.extend((receive, send) if receiver_first(op, lane) else (send, receive))
         task = trio.lowlevel.current_task()
         token = trio.lowlevel.current_trio_token()
         self._token = token
@@ -109,9 +113,7 @@ class LaneThreads:
         try:
             for started, (fn, *args) in enumerate(jobs):
                 try:
-                    trio.lowlevel.start_thread_soon(
-                        functools.partial(self._guarded, fn, *args), done, name="pccl-ring-lane"
-                    )
+                    workers.start_soon(functools.partial(self._guarded, fn, *args), done, name="pccl-ring-lane")
                 except BaseException:  # no thread to be had: stop those already running
                     with self._lock:
                         self._running -= len(jobs) - started
@@ -235,6 +237,21 @@ class LaneThreads:
         finally:
             with self._lock:
                 self._rx += received
+
+
+def receiver_first(op: LaneOp, lane: int) -> bool:
+    """Whether ``lane``'s receiver thread is started before its sender: when the lane receives
+    before it sends (a broadcast's peers past the root, which forward what came in) or sends
+    nothing (the chain's last peer, whose sender only saves the input backup meanwhile).  A
+    woken worker takes the GIL at once and holds it until its first blocking call, so the thread
+    started first runs first; the receiver must drain the socket from the start, or the
+    sender's bytes stop once the socket buffers are full (on a link whose rate is the limit, the
+    link idles meanwhile)."""
+    sends = op.schedule.send_frames(lane, op.lanes)
+    if not sends:
+        return True
+    receives = op.schedule.recv_frames(lane, op.lanes)
+    return bool(receives) and receives[0].step < sends[0].step
 
 
 def _abort_all(connections: list[object]) -> None:
