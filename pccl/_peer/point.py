@@ -412,22 +412,26 @@ class PointService:
         try:
             link.match(tag)
             await recv.done.wait()
-        except BaseException:
+        except BaseException as exc:
             if not recv.done.is_set():
                 if recv.seq is None:
                     link.posted[tag].remove(recv)  # not matched: withdrawn, nothing else changes
                     link.tidy(tag)
+                elif link.acking == recv.seq:
+                    # All in, its PointAck being handed to the connection: nothing is half-read,
+                    # so the link stays, and the writer says at once whether the answer went out.
+                    with trio.CancelScope(shield=True):
+                        await recv.done.wait()
                 else:
                     link.fail(PeerDisconnected(f"a recv from peer {link.peer:x} was cancelled mid-message; its "
                                                "connections were closed"))
-            if recv.seq is not None and link.acking == recv.seq:
-                # Its PointAck is being handed to the (now aborted) connection: the writer says
-                # at once whether it went out, and the array keeps the message only if it did.
-                with trio.CancelScope(shield=True):
-                    await recv.done.wait()
             if recv.error is not None:
                 await recv.restore()
-            raise
+            # A receive whose answer went out is done (its sender is told the message arrived):
+            # it returns; a cancellation that came too late to stop it (``timeout=`` included)
+            # takes effect at the caller's next checkpoint.
+            if not (recv.done.is_set() and recv.error is None and isinstance(exc, trio.Cancelled)):
+                raise
         finally:
             if recv.seq is not None:
                 link.receiving.pop(recv.seq, None)
