@@ -424,3 +424,22 @@ def test_no_hung_call_waits_out_a_restarted_masters_documented_wait_for_a_report
     sim2.now = 83.5
     sim2.event("monitor", "probe")
     assert [f[1] for f in sim2.failures()] == ["no-hung-call"]
+
+
+def test_no_hung_call_allows_no_wait_for_an_op_reported_to_the_master_that_began_it() -> None:
+    # peer0's master connection breaks (the master does not restart) while it is ready for a
+    # peer-agreed op: it registers again with the op in Register.undecided, but that master
+    # (same instance) ignores the report and waits for nobody (it had declared peer0 dead in its
+    # ops).  No documented wait runs: a call that hangs meanwhile fails after the bound alone.
+    waits = OrphanWaits(60.0)
+    sim = _Sim(waits, NoHungCall(10.0, waits))
+    sim.wire("peer0", "recv", m.Welcome(1, instance=5))
+    sim.wire("peer1", "recv", m.Welcome(2, instance=5))
+    sim.event("peer1", "all_reduce_call", tag=8, k=1)
+    sim.now = 2.0
+    sim.wire("peer0", "send", m.Register(0, 1, 2, previous_peer_id=1, undecided=(m.UndecidedOp(5, 7, 9, (1, 2), 0),)))
+    sim.wire("peer0", "recv", m.Welcome(3, instance=5))
+    assert waits.waited_until() == float("-inf")
+    sim.now = 10.5
+    sim.event("monitor", "probe")
+    assert [f[1] for f in sim.failures()] == ["no-hung-call"]

@@ -25,10 +25,13 @@ carried op) and tells
   a hang elsewhere is found up to ``master_reconnect_timeout`` later, not missed), and
   :class:`~.checkers.FullMembershipLiveness` its own if that is after the quiet window began.
 
-A master restart starts the clocks afresh: the next master's deadline counts from the first
-report *to it*.  The waits are the master's rule, read from the config the scenario gives its
-hosts, not a bound of the checker: a master that waits longer than its rule (the mutant
-``orphan-wait-tenfold``, :mod:`pccl_sim.workloads.pccl.mutants`) still fails the run.
+An op of the live master (its ``instance``, read off a peer's ``Welcome``) that a peer whose
+connection broke reports as it registers again is no such wait: that master ignores the report
+(:mod:`pccl.protocol.master.machine`) and waits for nobody.  A master restart starts the clocks
+afresh: the next master's deadline counts from the first report *to it*.  The waits are the
+master's rule, read from the config the scenario gives its hosts, not a bound of the checker: a
+master that waits longer than its rule (the mutant ``orphan-wait-tenfold``,
+:mod:`pccl_sim.workloads.pccl.mutants`) still fails the run.
 """
 
 from __future__ import annotations
@@ -60,12 +63,16 @@ class OrphanWaits(Checker):
         self.ended: dict[Op, float] = {}
         #: host -> seq -> instance of the ops it carried into its last registration
         self.carried: dict[str, dict[int, int]] = {}
+        #: The live master's instance, once a peer read its Welcome (None: not known yet, or
+        #: the master restarted since).  It waits for no report of its own ops (a peer whose
+        #: connection broke reports them as it registers again; the master ignores them).
+        self.live: int | None = None
 
     def attach(self, sim: Simulation) -> None:
         if sim.tap is None:  # pragma: no cover - PcclScenario always sniffs
             raise RuntimeError("OrphanWaits needs the wire (Scenario.sniff)")
         self.sim = sim
-        sim.tap.watch(self._wire, names=("Register", "CollectiveComplete", "CollectiveAbort"))
+        sim.tap.watch(self._wire, names=("Register", "Welcome", "CollectiveComplete", "CollectiveAbort"))
 
     # --- what the liveness checkers ask -------------------------------------------------------
 
@@ -87,11 +94,16 @@ class OrphanWaits(Checker):
     def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
         if msg is None or not host.startswith("peer"):
             return
+        if name == "Welcome":
+            if direction == "recv":
+                self.live = msg.instance
+            return
         if name == "Register":
             if direction != "send":
                 return
             now = self._now()
-            carried = {u.seq: u.instance for u in msg.undecided}
+            # (An op of the live master is no orphan: it waits for nobody, pccl.protocol.master.machine.)
+            carried = {u.seq: u.instance for u in msg.undecided if u.instance != self.live}
             for op, hosts in list(self.waiting.items()):
                 if host in hosts and carried.get(op[1]) != op[0]:
                     self._stops(op, host, now)  # registered again without it: it no longer waits
@@ -129,6 +141,7 @@ class OrphanWaits(Checker):
                     self.ended[op] = min(self.ended.get(op, event.t), first + self.timeout, event.t)
                 self.first.clear()
                 self.waiting.clear()
+                self.live = None
             else:
                 self.carried.pop(event.source, None)
                 for op, hosts in list(self.waiting.items()):
