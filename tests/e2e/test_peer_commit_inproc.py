@@ -161,6 +161,32 @@ async def test_a_query_before_this_peer_began_freezes_it_out_of_the_op() -> None
         assert all(isinstance(o, pccl.ReduceInfo) for o in again), again
 
 
+def _mute(master: Any, mute: pccl.Communicator) -> list[int]:
+    """``mute`` sends no acks (they are lost: no one hears of it from it) and the master never
+    reads its ``CollectiveDone`` (held up): the connections the master reads a
+    ``CollectiveAsk`` from are listed in what this returns."""
+    state = pccl.testing.master_state(master)
+    mute_conn = state.conn_of(mute.peer_id)
+    real = state.handle
+    asked: list[int] = []
+
+    def handle(event: Any, now: float) -> list[Any]:
+        if isinstance(event, MessageReceived) and isinstance(event.msg, m.CollectiveAsk):
+            asked.append(event.conn_id)
+        if (isinstance(event, MessageReceived) and event.conn_id == mute_conn
+                and isinstance(event.msg, m.CollectiveDone)):
+            return []  # held up
+        return real(event, now)
+
+    state.handle = handle  # type: ignore[method-assign]
+
+    async def no_ack(*args: Any) -> None:
+        pass
+
+    internals_of(mute).all_reduce.peer_commits.send_ack = no_ack  # type: ignore[method-assign,assignment]
+    return asked
+
+
 async def test_a_silent_neighbour_puts_the_others_in_doubt_and_the_master_decides() -> None:
     # One peer sends no acks (its successor never hears of it) and its Done is held up on the
     # way to the master (no Complete either): the others fall in doubt after peer_timeout and
@@ -169,26 +195,7 @@ async def test_a_silent_neighbour_puts_the_others_in_doubt_and_the_master_decide
                  shared_state_base_port=0, fast_commit=True, peer_commit=True)
     async with open_test_cluster(3, token=TOKEN, config=cfg, soon=SOON) as (master, comms, _):
         mute = comms[2]
-        state = pccl.testing.master_state(master)
-        mute_conn = state.conn_of(mute.peer_id)
-        real = state.handle
-        asked: list[int] = []
-
-        def handle(event: Any, now: float) -> list[Any]:
-            if isinstance(event, MessageReceived) and isinstance(event.msg, m.CollectiveAsk):
-                asked.append(event.conn_id)
-            if (isinstance(event, MessageReceived) and event.conn_id == mute_conn
-                    and isinstance(event.msg, m.CollectiveDone)):
-                return []  # held up
-            return real(event, now)
-
-        state.handle = handle  # type: ignore[method-assign]
-        commits = internals_of(mute).all_reduce.peer_commits
-
-        async def no_ack(*args: Any) -> None:
-            pass  # its acks are lost: its successor never hears of it
-
-        commits.send_ack = no_ack  # type: ignore[method-assign,assignment]
+        asked = _mute(master, mute)
         xs = [np.full(10, i + 1.0, np.float32) for i in range(3)]
         outcome = await each(comms, lambda i, c: c.all_reduce(xs[i], tag=6))
         assert all(isinstance(o, pccl.ReduceInfo) for o in outcome), outcome
@@ -231,25 +238,7 @@ async def test_a_silent_peer_puts_its_only_partner_in_doubt_and_the_master_decid
         await each(comms, lambda i, c: c.all_reduce(np.ones(10, np.float32), tag=6))  # a round: ops may begin
         mute = comms[1]
         state = pccl.testing.master_state(master)
-        mute_conn = state.conn_of(mute.peer_id)
-        real = state.handle
-        asked: list[int] = []
-
-        def handle(event: Any, now: float) -> list[Any]:
-            if isinstance(event, MessageReceived) and isinstance(event.msg, m.CollectiveAsk):
-                asked.append(event.conn_id)
-            if (isinstance(event, MessageReceived) and event.conn_id == mute_conn
-                    and isinstance(event.msg, m.CollectiveDone)):
-                return []  # held up
-            return real(event, now)
-
-        state.handle = handle  # type: ignore[method-assign]
-        commits = internals_of(mute).all_reduce.peer_commits
-
-        async def no_ack(*args: Any) -> None:
-            pass  # its acks are lost
-
-        commits.send_ack = no_ack  # type: ignore[method-assign,assignment]
+        asked = _mute(master, mute)
         doubts = [c.statistics().peer_commit_doubts for c in comms]
         xs = [np.full(10, i + 1.0, np.float32) for i in range(2)]
         with trio.fail_after(SOON):
