@@ -1,13 +1,7 @@
-"""A master connection: its reading loop and its outbox.  The messages the machine sends a peer
-(or relay) go out in order, written at once when the socket takes them, else queued for the
-connection's writer task; a peer that lets :data:`OUTBOX_LIMIT` messages queue up is not reading
-(the server kicks it).  Used by :mod:`pccl.master.server`.
-
-Reading (:meth:`Connection.read`) drives the connection's frame core
-(:class:`pccl.net._frames.FrameCore`) and stream itself, as ``FramedConnection.receive`` does for
-one message, but for the connection's whole life: a message then costs no coroutine of its own
-and no taking and releasing of the receiving side — the master reads every vote, Begin and
-Done of every op, so this is per message of its steady state.
+"""A master connection's outbox: the messages the machine sends a peer (or relay) go out in
+order, written at once when the socket takes them, else queued for the connection's writer task;
+a peer that lets :data:`OUTBOX_LIMIT` messages queue up is not reading (the server kicks it).
+Used by :mod:`pccl.master.server`.
 """
 
 from __future__ import annotations
@@ -15,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
 
 import trio
 
@@ -23,7 +16,6 @@ from ..errors import PCCLError, TransportError
 from ..net.framed import FramedConnection
 from ..net.serving import HandshakeSlot
 from ..protocol import messages as m
-from ..protocol.codec import DataHeader
 
 __all__ = ["Connection", "Closing", "Flush", "OutboxItem", "OUTBOX_LIMIT", "KICK_NOTICE_TIMEOUT"]
 
@@ -70,27 +62,6 @@ class Connection:
     peer_id: int | None = None
     group: int = 0
     removed: bool = False  # kicked or left: its end is already in the events
-
-    async def read(self, deliver: Callable[[m.Message], None]) -> None:
-        """Receive control messages and hand each to ``deliver``, in order, until the connection
-        is :attr:`closing` (checked before each message).  Errors as for
-        ``FramedConnection.receive``: ``ProtocolError`` for a malformed or oversized frame or a
-        data frame, a ``TransportError`` when the connection is lost or closed; each message is a
-        cancellation point, as each ``receive`` is."""
-        frames = self.framed.frames
-        receive_into = self.framed.stream.receive_into
-        checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
-        frames.begin_receive()
-        try:
-            while not self.closing:
-                await checkpoint_if_cancelled()
-                while (frame := frames.next_frame()) is None:
-                    frames.received(await receive_into(frames.read_buffer()))
-                if isinstance(frame, DataHeader):
-                    raise frames.unexpected_frame(frame, "a control message")
-                deliver(frame)
-        finally:
-            frames.end_receive()
 
     def enqueue(self, msg: m.Message | Flush, now: float | None = None) -> bool:
         """Send ``msg`` after everything queued before it; False when the outbox is full (the

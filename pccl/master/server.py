@@ -474,23 +474,21 @@ class _MasterServer:
             conn.framed.abort()
 
     async def _reader(self, conn: Connection) -> None:
-        conn_id, feed, received = conn.conn_id, self.feed, ms.MessageReceived
-
-        def deliver(msg: m.Message) -> None:
-            feed(received(conn_id, msg))
-
-        try:
-            await conn.read(deliver)
-        except ProtocolError as exc:
-            reason = KickReason.FRAME_TOO_LARGE if isinstance(exc, FrameTooLarge) else KickReason.PROTOCOL_ERROR
-            self.feed(ms.ProtocolViolation(conn.conn_id, reason, str(exc)))
-        except TransportError as exc:
-            if conn.slot.released:
-                log.info("connection %d (%s) lost: %s", conn.conn_id, conn.framed.remote_address, exc)
-            else:
-                conn.slot.refuse(f"connection {conn.conn_id} lost before it registered: {exc}")
-            conn.scope.cancel()
-            return
+        while not conn.closing:
+            try:
+                msg = await conn.framed.receive()
+            except ProtocolError as exc:
+                reason = KickReason.FRAME_TOO_LARGE if isinstance(exc, FrameTooLarge) else KickReason.PROTOCOL_ERROR
+                self.feed(ms.ProtocolViolation(conn.conn_id, reason, str(exc)))
+                break
+            except TransportError as exc:
+                if conn.slot.released:
+                    log.info("connection %d (%s) lost: %s", conn.conn_id, conn.framed.remote_address, exc)
+                else:
+                    conn.slot.refuse(f"connection {conn.conn_id} lost before it registered: {exc}")
+                conn.scope.cancel()
+                return
+            self.feed(ms.MessageReceived(conn.conn_id, msg))
         # Kicked or leaving: the writer delivers the notice and closes; stop reading meanwhile.
         await trio.sleep_forever()
 
