@@ -54,7 +54,7 @@ from ...engine.trace import TraceEvent
 from .orphan_waits import OrphanWaits
 
 __all__ = ["OneVerdict", "AgreedParameters", "PhaseRule", "OutcomeFollowsVerdict", "NoHungCall",
-           "MasterRoundTrips", "op_checkers", "CALL_STARTS", "CALL_ENDS"]
+           "MasterRoundTrips", "op_checkers", "CALL_STARTS", "CALL_ENDS", "Op", "Call", "CallChecker"]
 
 #: Trace events that begin a collective call.
 CALL_STARTS = frozenset({"all_reduce_call", "collective_call"})
@@ -331,7 +331,7 @@ class PhaseRule(_PeerWire):
 
 
 @dataclasses.dataclass
-class _Call:
+class Call:
     k: int
     started: float
     op: Op | None = None  # bound by the Commence it read
@@ -341,7 +341,7 @@ class _Call:
     ring: tuple[int, ...] = ()  # its host's ring (peer ids) when it began its op
 
 
-class _Calls(Checker):
+class CallChecker(Checker):
     """Follows every collective call (by host and tag, from its ``*_call`` event to its end) and
     what its host read from the master meanwhile about the call's op; :meth:`ended` is told how
     each ended."""
@@ -353,7 +353,7 @@ class _Calls(Checker):
 
     def __init__(self) -> None:
         self.instance: dict[str, int] = {}
-        self.calls: dict[tuple[str, int], _Call] = {}
+        self.calls: dict[tuple[str, int], Call] = {}
         self.failed = False
         self.sim: Simulation | None = None
         self.rings: dict[str, tuple[int, ...]] = {}  # host -> its ring's peer ids (its last TopologyComplete)
@@ -413,7 +413,7 @@ class _Calls(Checker):
         if kind in CALL_STARTS:
             if event.source in self.dead:
                 return  # a corpse's call, begun at its death instant: it hangs nobody
-            self.calls[(event.source, event.data["tag"])] = _Call(event.data["k"], event.t)
+            self.calls[(event.source, event.data["tag"])] = Call(event.data["k"], event.t)
         elif kind in CALL_ENDS:
             call = self.calls.pop((event.source, event.data["tag"]), None)
             if call is not None:
@@ -430,7 +430,7 @@ class _Calls(Checker):
         elif kind == "probe" and event.source == "monitor":
             self.tick(event.t)
 
-    def ended(self, host: str, data: Mapping[str, Any], call: _Call, outcome: str) -> None:
+    def ended(self, host: str, data: Mapping[str, Any], call: Call, outcome: str) -> None:
         """A call ended: ``outcome`` is ``result``, ``aborted`` or ``alone``."""
 
     def read(self, host: str, name: str, msg: Any, op: Op) -> None:
@@ -443,7 +443,7 @@ class _Calls(Checker):
         """The scenario's periodic probe (a quiet cluster has no other events)."""
 
 
-class OutcomeFollowsVerdict(_Calls):
+class OutcomeFollowsVerdict(CallChecker):
     """A call ends as the master's final word it read says, or as its peers agreed (module
     docstring)."""
 
@@ -467,7 +467,7 @@ class OutcomeFollowsVerdict(_Calls):
         if not msg.aborted and host in self.ids:
             self.ready.setdefault(op, set()).add(self.ids[host])
 
-    def ended(self, host: str, data: Mapping[str, Any], call: _Call, outcome: str) -> None:
+    def ended(self, host: str, data: Mapping[str, Any], call: Call, outcome: str) -> None:
         what = f"{host}: call #{call.k} on tag {data['tag']}"
         if call.op is not None:
             what += f" (seq {call.op[1]})"
@@ -500,7 +500,7 @@ class OutcomeFollowsVerdict(_Calls):
         self._fail("safety", f"seq {op[1]} split: {host} committed it among its peers, {self.aborts[op]} read Abort")
 
 
-class NoHungCall(_Calls):
+class NoHungCall(CallChecker):
     """No collective call runs longer than ``bound`` seconds (module docstring)."""
 
     name = "no-hung-call"
@@ -514,7 +514,7 @@ class NoHungCall(_Calls):
         for call in self.calls.values():  # they waited for the master, as they should
             call.started = max(call.started, t)
 
-    def _clock(self, call: _Call) -> float:
+    def _clock(self, call: Call) -> float:
         """When ``call``'s clock started: its start, or the end of a restarted master's
         documented wait for a reported op that ran meanwhile (its deadline while it runs;
         :mod:`~pccl_sim.workloads.pccl.orphan_waits`)."""
@@ -535,7 +535,7 @@ class NoHungCall(_Calls):
         self.tick(sim.now)
 
 
-class MasterRoundTrips(_Calls):
+class MasterRoundTrips(CallChecker):
     """Counts the master's answers each successful call waited for (module docstring)."""
 
     name = "master-round-trips"
@@ -545,7 +545,7 @@ class MasterRoundTrips(_Calls):
         self.limit = limit
         self.histogram: dict[int, int] = {}
 
-    def ended(self, host: str, data: Mapping[str, Any], call: _Call, outcome: str) -> None:
+    def ended(self, host: str, data: Mapping[str, Any], call: Call, outcome: str) -> None:
         if outcome != "result":
             return
         n = call.answers

@@ -58,7 +58,7 @@ from typing import Any
 
 from ...engine.runner import Simulation
 from ...engine.trace import TraceEvent
-from .op_checkers import Op, _Call, _Calls
+from .op_checkers import Call, CallChecker, Op
 
 __all__ = ["NoSplit"]
 
@@ -74,12 +74,12 @@ class _End:
     tag: int
 
 
-class NoSplit(_Calls):
+class NoSplit(CallChecker):
     """One op never ends with a result on one peer and raised on another unless the master's
     words drive it (module docstring)."""
 
     name = "no-split"
-    EXTRA = ("Register",)  # watched; handled here, not by _Calls
+    EXTRA = ("Register",)  # watched; handled here, not by CallChecker
 
     def __init__(self) -> None:
         super().__init__()
@@ -136,7 +136,7 @@ class NoSplit(_Calls):
 
     # --- the calls ----------------------------------------------------------------------------
 
-    def ended(self, host: str, data: Mapping[str, Any], call: _Call, outcome: str) -> None:
+    def ended(self, host: str, data: Mapping[str, Any], call: Call, outcome: str) -> None:
         if call.op is None or outcome == "alone":
             return
         self.ends.setdefault(call.op, {})[host] = _End(host, "result" if outcome == "result" else "aborted",
