@@ -373,6 +373,7 @@ def test_no_split_allows_the_documented_paths_where_a_participant_left_the_op() 
     # Abort then makes it a survivor of a split.
     sim3 = _Sim(NoSplit())
     _peer_agreed(sim3)
+    sim3.event("master", "start")  # the master restarted: the next one hears the report
     sim3.wire("peer1", "send", m.Register(0, 1, 2, previous_peer_id=2,
                                           undecided=(m.UndecidedOp(5, 7, 9, (1, 2), 0),)))
     sim3.wire("peer1", "recv", m.Welcome(2, instance=6))
@@ -381,6 +382,17 @@ def test_no_split_allows_the_documented_paths_where_a_participant_left_the_op() 
     sim3.wire("peer0", "recv", m.CollectiveAbort(7, 9))
     assert [f[1] for f in sim3.failures()] == ["no-split"]
     assert sim.failures() == []
+    # Carried to the master that began it (no restart: the peer's connection broke), the op is
+    # left all the same: that master ignores the report and welcomes the peer under a new id,
+    # whose call raises with no word (campaign seed 543, 2 peers, peer commit).
+    sim5 = _Sim(NoSplit())
+    _peer_agreed(sim5, done=True)
+    sim5.wire("peer1", "send", m.Register(0, 1, 2, previous_peer_id=2,
+                                          undecided=(m.UndecidedOp(5, 7, 9, (1, 2), 1),)))
+    sim5.wire("peer1", "recv", m.Welcome(3, instance=5))
+    sim5.event("peer1", "all_reduce_aborted", tag=7, k=1, error="the master was lost")
+    sim5.checkers[0].at_end(sim5)  # type: ignore[arg-type]
+    assert sim5.failures() == []
     # A legal op (both read Complete) and a legal abort (both read Abort) are no split.
     for verdicts in (("Complete", "Complete"), ("Abort", "Abort")):
         sim4 = _Sim(NoSplit())

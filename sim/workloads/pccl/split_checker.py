@@ -26,7 +26,9 @@ raised on X when it is what the master said — B raised on its ``Abort`` while 
 master counts out, could not hear it — or what a lost master could no longer say — B raised
 without any word because it lost the connection that would carry one.  On the wire: one of
 them is no survivor of X — it *left* X: its process ended, or it registered again without
-carrying X (``Register.undecided``), before it read any final word for X — and it is the side
+carrying X (``Register.undecided``; carried to the master that began X, which ignores the
+report and welcomes it under a new id, X is left all the same), before it read any final word
+for X — and it is the side
 the documented path names:
 
 1. B read the master's ``CollectiveAbort`` for X and A left X (*What it cannot give* (a): a
@@ -88,13 +90,20 @@ class NoSplit(CallChecker):
         self.left: set[tuple[str, Op]] = set()  # (host, op): left before any final word
         self.open: dict[str, set[Op]] = {}  # host -> ops it is in with no word yet (this connection, or carried)
         self.carried: dict[str, dict[int, int]] = {}  # host -> seq -> instance carried into its registration
+        #: The live master's instance, read off a peer's ``Welcome`` (None: not known yet, or the
+        #: master restarted since): an op of it carried into a registration is left all the same.
+        self.live: int | None = None
 
     # --- the wire -----------------------------------------------------------------------------
 
     def _wire(self, host: str, direction: str, name: str, peer: str, msg: Any) -> None:
         if msg is not None and host.startswith("peer"):
+            if name == "Welcome" and direction == "recv":
+                self.live = msg.instance
             if name == "Register" and direction == "send":
-                carried = {u.seq: u.instance for u in msg.undecided}
+                # The master that began an op ignores its report (pccl.protocol.master.machine)
+                # and welcomes the peer under a new id: carried to it, the op is left (rule 2).
+                carried = {u.seq: u.instance for u in msg.undecided if u.instance != self.live}
                 kept = {(instance, seq) for seq, instance in carried.items()}
                 for op in self.open.pop(host, set()) - kept:
                     self._leaves(host, op)
@@ -128,6 +137,8 @@ class NoSplit(CallChecker):
             host = event.source
         elif event.kind in _HOST_ENDS and event.source == "net":
             host = event.data.get("host") or ""
+        if event.kind == "start" and event.source == "master":
+            self.live = None  # a restarted master hears the reports of the old one's ops
         if host is not None:
             self.carried.pop(host, None)
             for op in self.open.pop(host, set()):
