@@ -284,10 +284,10 @@ class PeerLink:
                 recv.finish()
         self.reply(m.PointAck(seq), sent)
 
-    def unacked(self, seq: int | None) -> None:
-        """The ``PointAck`` of ``seq`` was not handed to the connection: if the link failed
-        meanwhile (which left that receive alone), the receive fails as the others did."""
-        self.acking = None
+    def unacked(self) -> None:
+        """The ``PointAck`` of :attr:`acking` (if any) was not handed to the connection: if the
+        link failed meanwhile (which left that receive alone), the receive fails as the others did."""
+        seq, self.acking = self.acking, None
         recv = self.receiving.get(seq) if seq is not None else None
         if recv is not None and self.error is not None:
             recv.finish(fresh_error(self.error))
@@ -602,7 +602,7 @@ class PointService:
                 try:
                     await conn.send(msg)  # never under the timeout: a torn frame would break the connection
                 except BaseException:
-                    link.unacked(link.acking)
+                    link.unacked()
                     raise
                 link.acking = None
                 if sent is not None:
